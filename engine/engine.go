@@ -1,0 +1,283 @@
+// Package engine runs a job's life on any sandbox backend, once: queue and
+// concurrency limit, provision → inject files → exec → follow output →
+// collect → destroy, with timeouts, cancellation, recovery after a restart
+// and a cleanup loop for sandboxes nobody owns.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// Config tunes an Engine. Zero values get the defaults documented on each.
+type Config struct {
+	Defaults delegate.Defaults
+	// MaxConcurrent jobs run at once; more wait as pending. Default 4.
+	MaxConcurrent int
+	// OutputLimit bytes of a job's output are kept. Default 4 MiB.
+	OutputLimit int64
+	// CleanupInterval between sweeps for orphaned sandboxes. Default 30 s.
+	CleanupInterval time.Duration
+	// ProvisionTimeout bounds creating a sandbox and injecting files. Default 10 min.
+	ProvisionTimeout time.Duration
+	// PollInterval is how often a running job's output is collected and its
+	// stored status re-read (another process may have cancelled it). Default 200 ms.
+	PollInterval time.Duration
+	// Secret resolves a secret name to its value on the server.
+	Secret func(name string) (string, bool)
+	// OwnerAlive says whether the engine that owns a job is still running;
+	// default: same host and its process is alive. Tests inject their own.
+	OwnerAlive func(owner string) bool
+	Logger     *slog.Logger
+}
+
+// Engine drives jobs from a store through a backend.
+type Engine struct {
+	store   delegate.JobStore
+	backend sandbox.Backend
+	cfg     Config
+	log     *slog.Logger
+	owner   string
+	sem     chan struct{}
+
+	ctx    context.Context // the engine's life; cancelled by Close/Detach
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	closed chan struct{}
+
+	mu      sync.Mutex
+	runs    map[string]*run     // jobs this engine is driving
+	changed chan struct{}       // closed and replaced on every job change
+	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
+}
+
+// run is the engine's handle on one job it drives.
+type run struct {
+	cancel context.CancelFunc // aborts provisioning
+	kill   chan struct{}      // closed to kill the running process
+	once   sync.Once
+}
+
+func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
+
+// New makes an engine; Start begins work.
+func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = 4
+	}
+	if cfg.OutputLimit <= 0 {
+		cfg.OutputLimit = 4 << 20
+	}
+	if cfg.CleanupInterval <= 0 {
+		cfg.CleanupInterval = 30 * time.Second
+	}
+	if cfg.ProvisionTimeout <= 0 {
+		cfg.ProvisionTimeout = 10 * time.Minute
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 200 * time.Millisecond
+	}
+	if cfg.Secret == nil {
+		cfg.Secret = EnvSecret
+	}
+	if cfg.OwnerAlive == nil {
+		cfg.OwnerAlive = ownerAlive
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Engine{
+		store: store, backend: backend, cfg: cfg, log: cfg.Logger,
+		owner:   newOwner(),
+		sem:     make(chan struct{}, cfg.MaxConcurrent),
+		ctx:     ctx,
+		stop:    stop,
+		closed:  make(chan struct{}),
+		runs:    make(map[string]*run),
+		changed: make(chan struct{}),
+		suspect: make(map[string]struct{}),
+	}
+}
+
+// EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
+func EnvSecret(name string) (string, bool) { return os.LookupEnv("DELEGATE_SECRET_" + name) }
+
+// Owner is this engine's identity in the store.
+func (e *Engine) Owner() string { return e.owner }
+
+// Backend is the sandbox backend the engine drives.
+func (e *Engine) Backend() sandbox.Backend { return e.backend }
+
+// Start recovers jobs left by engines that have died and starts the
+// cleanup loop. It returns once recovery has been decided for every job.
+func (e *Engine) Start(ctx context.Context) error {
+	if err := e.recover(ctx); err != nil {
+		return fmt.Errorf("recover jobs: %w", err)
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.cleanupLoop()
+	}()
+	return nil
+}
+
+// Close stops the engine without touching running jobs: their sandboxes go
+// on, and the next engine to start re-attaches to them. Queued jobs stay
+// pending and are picked up the same way.
+func (e *Engine) Close() error {
+	e.stop()
+	e.wg.Wait()
+	return nil
+}
+
+// Submit validates a manifest, stores the job as pending and queues it.
+// It returns at once.
+func (e *Engine) Submit(ctx context.Context, m delegate.Manifest) (*delegate.Job, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	m.ApplyDefaults(e.cfg.Defaults)
+	if err := m.Validate(); err != nil { // the defaults themselves may be bad
+		return nil, fmt.Errorf("server defaults: %w", err)
+	}
+	for i, name := range m.Secrets {
+		if _, ok := e.cfg.Secret(name); !ok {
+			return nil, &delegate.FieldError{
+				Field: fmt.Sprintf("manifest.secrets[%d]", i),
+				Rule:  fmt.Sprintf("no secret %q on the server (set DELEGATE_SECRET_%s where delegate runs, or remove it)", name, name),
+			}
+		}
+	}
+	if m.AgentType == delegate.AgentClaude && m.Agent == nil {
+		m.Agent = &delegate.AgentConfig{}
+	}
+	now := time.Now().UTC()
+	job := &delegate.Job{
+		ID:        newJobID(),
+		Manifest:  m,
+		Status:    delegate.StatusPending,
+		Progress:  "queued",
+		CreatedAt: now,
+		UpdatedAt: now,
+		Backend:   e.backend.Name(),
+		Owner:     e.owner,
+	}
+	if err := e.store.CreateJob(ctx, job); err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	e.log.Info("job submitted", "job", job.ID, "agent", m.AgentType)
+	e.enqueue(job.ID)
+	return job, nil
+}
+
+// Get returns a job.
+func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
+	return e.store.GetJob(ctx, id)
+}
+
+// List returns a page of jobs, newest first.
+func (e *Engine) List(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
+	return e.store.ListJobs(ctx, f)
+}
+
+// Output returns up to max bytes of a job's kept output from offset.
+func (e *Engine) Output(ctx context.Context, id string, offset int64, max int) ([]byte, error) {
+	return e.store.ReadOutput(ctx, id, offset, max)
+}
+
+// Cancel ends a job that has not finished. It returns the job and whether
+// this call cancelled it (false when it had already finished).
+func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
+	job, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
+		if j.Status.Terminal() {
+			return delegate.ErrTerminal
+		}
+		j.Status = delegate.StatusCancelled
+		j.Error = "cancelled by request"
+		j.Progress = "cancelled"
+		j.FinishedAt = time.Now().UTC()
+		return nil
+	})
+	if errors.Is(err, delegate.ErrTerminal) {
+		job, err = e.store.GetJob(ctx, id)
+		return job, false, err
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	e.log.Info("job cancelled", "job", id)
+	e.mu.Lock()
+	if r := e.runs[id]; r != nil {
+		r.cancel()
+		r.killNow()
+	}
+	e.mu.Unlock()
+	e.notify()
+	return job, true, nil
+}
+
+// Wait blocks until the job is finished or ctx is done, and returns the
+// job as it is then. It sees changes made by other processes too.
+func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
+	for {
+		e.mu.Lock()
+		changed := e.changed
+		e.mu.Unlock()
+		job, err := e.store.GetJob(ctx, id)
+		if err != nil || job.Status.Terminal() {
+			return job, err
+		}
+		select {
+		case <-ctx.Done():
+			return job, nil
+		case <-changed:
+		case <-time.After(4 * e.cfg.PollInterval):
+		}
+	}
+}
+
+// Changed returns a channel closed at the next change to any job this
+// engine drives (for callers that follow jobs live).
+func (e *Engine) Changed() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.changed
+}
+
+func (e *Engine) notify() {
+	e.mu.Lock()
+	close(e.changed)
+	e.changed = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// update changes a stored job and wakes waiters.
+func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
+	j, err := e.store.UpdateJob(ctx, id, fn)
+	if err == nil {
+		e.notify()
+	}
+	return j, err
+}
+
+func newJobID() string {
+	var b [10]byte
+	rand.Read(b[:])
+	return "job-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// OutputLimit is how many bytes of a job's output are kept.
+func (e *Engine) OutputLimit() int64 { return e.cfg.OutputLimit }

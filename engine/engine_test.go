@@ -1,0 +1,414 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/mock"
+	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sqlite"
+)
+
+type fixture struct {
+	t       *testing.T
+	store   *sqlite.Store
+	backend *mock.Backend
+	eng     *engine.Engine
+	cfg     engine.Config
+}
+
+func newFixture(t *testing.T, cfg engine.Config) *fixture {
+	t.Helper()
+	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	cfg.Defaults = delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 10 * time.Millisecond
+	}
+	f := &fixture{t: t, store: store, backend: mock.New(), cfg: cfg}
+	f.eng = f.start(f.backend)
+	return f
+}
+
+func (f *fixture) start(b sandbox.Backend) *engine.Engine {
+	f.t.Helper()
+	eng := engine.New(f.store, b, f.cfg)
+	if err := eng.Start(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { eng.Close() })
+	return eng
+}
+
+func (f *fixture) submit(m delegate.Manifest) *delegate.Job {
+	f.t.Helper()
+	j, err := f.eng.Submit(context.Background(), m)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return j
+}
+
+func (f *fixture) started() *mock.Process {
+	f.t.Helper()
+	select {
+	case p := <-f.backend.Started:
+		return p
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("no process started")
+		return nil
+	}
+}
+
+func (f *fixture) wait(eng *engine.Engine, id string) *delegate.Job {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, err := eng.Wait(ctx, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if !j.Status.Terminal() {
+		f.t.Fatalf("job %s still %s", id, j.Status)
+	}
+	return j
+}
+
+func (f *fixture) output(id string) string {
+	b, err := f.store.ReadOutput(context.Background(), id, 0, 1<<20)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func script(task string) delegate.Manifest {
+	return delegate.Manifest{AgentType: delegate.AgentScript, Task: task}
+}
+
+func TestJobEndings(t *testing.T) {
+	tests := []struct {
+		name       string
+		exit       sandbox.Exit
+		wantStatus delegate.Status
+		wantError  string
+	}{
+		{"success", sandbox.Exit{Code: 0}, delegate.StatusSuccess, ""},
+		{"exit code", sandbox.Exit{Code: 3}, delegate.StatusFailed, "exit code 3"},
+		{"signal", sandbox.Exit{Code: 139, Signal: "segmentation fault"}, delegate.StatusFailed, "killed by signal segmentation fault"},
+		{"oom", sandbox.Exit{Code: 137, Signal: "killed", OOMKilled: true}, delegate.StatusFailed, "out of memory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, engine.Config{})
+			job := f.submit(script("echo hi"))
+			p := f.started()
+			p.Write([]byte("hello "))
+			p.Write([]byte("world"))
+			p.Finish(tc.exit)
+			j := f.wait(f.eng, job.ID)
+			if j.Status != tc.wantStatus || !strings.Contains(j.Error, tc.wantError) {
+				t.Fatalf("got %s %q, want %s %q", j.Status, j.Error, tc.wantStatus, tc.wantError)
+			}
+			if j.ExitCode == nil || *j.ExitCode != tc.exit.Code || j.OOMKilled != tc.exit.OOMKilled {
+				t.Fatalf("exit code %v oom %v", j.ExitCode, j.OOMKilled)
+			}
+			if got := f.output(job.ID); got != "hello world" || j.OutputBytes != 11 || j.OutputTruncated {
+				t.Fatalf("output %q bytes %d truncated %v", got, j.OutputBytes, j.OutputTruncated)
+			}
+			if j.StartedAt.IsZero() || j.FinishedAt.Before(j.StartedAt) {
+				t.Fatalf("timestamps %v %v", j.StartedAt, j.FinishedAt)
+			}
+			eventually(t, "sandbox destroyed", func() bool { return f.backend.Len() == 0 })
+		})
+	}
+}
+
+func TestCommandAndEnv(t *testing.T) {
+	t.Setenv("DELEGATE_SECRET_TOKEN", "s3cret")
+	f := newFixture(t, engine.Config{})
+	tricky := `it's "quoted"; $(rm -rf /) && echo pwned`
+	tests := []struct {
+		m        delegate.Manifest
+		wantArgs []string
+	}{
+		{script("echo hi"), []string{"/bin/sh", "-c", "echo hi"}},
+		{delegate.Manifest{AgentType: delegate.AgentScript, Task: tricky, Agent: &delegate.AgentConfig{Command: "make"}}, []string{"/bin/sh", "-c", "make"}},
+		{delegate.Manifest{AgentType: delegate.AgentCustom, Task: tricky, Agent: &delegate.AgentConfig{Command: "./run"}}, []string{"/bin/sh", "-c", "./run"}},
+		{delegate.Manifest{AgentType: delegate.AgentClaude, Task: tricky, Agent: &delegate.AgentConfig{ClaudeModel: "opus"}},
+			[]string{"claude", "-p", tricky, "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus"}},
+	}
+	for _, tc := range tests {
+		tc.m.Env = map[string]string{"FOO": "a b;c"}
+		tc.m.Secrets = []string{"TOKEN"}
+		tc.m.Files = []delegate.File{{Path: "in/data.txt", Content: "aGk="}}
+		job := f.submit(tc.m)
+		p := f.started()
+		if !slices.Equal(p.Cmd.Args, tc.wantArgs) {
+			t.Errorf("%s: args %q, want %q", tc.m.AgentType, p.Cmd.Args, tc.wantArgs)
+		}
+		for _, want := range []string{"FOO=a b;c", "TOKEN=s3cret", "DELEGATE_JOB_ID=" + job.ID, "DELEGATE_TASK=" + tc.m.Task, "HOME=/workspace"} {
+			if !slices.Contains(p.Cmd.Env, want) {
+				t.Errorf("%s: env lacks %q: %q", tc.m.AgentType, want, p.Cmd.Env)
+			}
+		}
+		if string(p.Sandbox.Files["/workspace/in/data.txt"]) != "hi" {
+			t.Errorf("file not injected: %v", p.Sandbox.Files)
+		}
+		if p.Sandbox.Spec.MemoryBytes != 64<<20 || p.Sandbox.Spec.CPU != 1 || p.Sandbox.Spec.DiskBytes != 16<<20 {
+			t.Errorf("spec %+v", p.Sandbox.Spec)
+		}
+		p.Finish(sandbox.Exit{})
+		f.wait(f.eng, job.ID)
+		stored, _ := f.store.GetJob(context.Background(), job.ID)
+		if strings.Contains(stored.Manifest.Task+strings.Join(slices.Collect(mapValues(stored.Manifest.Env)), ""), "s3cret") {
+			t.Error("secret value stored in the job record")
+		}
+	}
+}
+
+func mapValues(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for _, v := range m {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+func TestSubmitRejects(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	_, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Secrets: []string{"MISSING"}})
+	var fe *delegate.FieldError
+	if !errors.As(err, &fe) || fe.Field != "manifest.secrets[0]" || !strings.Contains(fe.Rule, "DELEGATE_SECRET_MISSING") {
+		t.Fatalf("unknown secret: %v", err)
+	}
+	if _, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: "nope"}); !errors.Is(err, delegate.ErrInvalid) {
+		t.Fatalf("bad manifest: %v", err)
+	}
+	jobs, _, _ := f.store.ListJobs(context.Background(), delegate.JobFilter{})
+	if len(jobs) != 0 {
+		t.Fatalf("rejected submissions were stored: %d", len(jobs))
+	}
+}
+
+func TestTimeoutKills(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	m := script("sleep 100")
+	m.Timeout = 1
+	job := f.submit(m)
+	p := f.started()
+	j := f.wait(f.eng, job.ID)
+	if j.Status != delegate.StatusTimeout || !strings.Contains(j.Error, "timed out after 1s") || !p.Killed() {
+		t.Fatalf("got %s %q killed=%v", j.Status, j.Error, p.Killed())
+	}
+	eventually(t, "sandbox destroyed", func() bool { return f.backend.Len() == 0 })
+}
+
+func TestCancel(t *testing.T) {
+	ctx := context.Background()
+	t.Run("running", func(t *testing.T) {
+		f := newFixture(t, engine.Config{})
+		job := f.submit(script("sleep 100"))
+		p := f.started()
+		j, cancelled, err := f.eng.Cancel(ctx, job.ID)
+		if err != nil || !cancelled || j.Status != delegate.StatusCancelled {
+			t.Fatalf("cancel: %v %v %v", j, cancelled, err)
+		}
+		eventually(t, "process killed", p.Killed)
+		eventually(t, "sandbox destroyed", func() bool { return f.backend.Len() == 0 })
+		p.Finish(sandbox.Exit{Code: 0}) // a late exit changes nothing
+		j = f.wait(f.eng, job.ID)
+		if j.Status != delegate.StatusCancelled {
+			t.Fatalf("after late exit: %s", j.Status)
+		}
+		// Cancelling again is harmless and says so.
+		if _, cancelled, err := f.eng.Cancel(ctx, job.ID); err != nil || cancelled {
+			t.Fatalf("second cancel: %v %v", cancelled, err)
+		}
+	})
+	t.Run("pending", func(t *testing.T) {
+		f := newFixture(t, engine.Config{MaxConcurrent: 1})
+		first := f.submit(script("sleep 100"))
+		p := f.started()
+		queued := f.submit(script("echo never"))
+		if _, _, err := f.eng.Cancel(ctx, queued.ID); err != nil {
+			t.Fatal(err)
+		}
+		p.Finish(sandbox.Exit{})
+		f.wait(f.eng, first.ID)
+		select {
+		case p := <-f.backend.Started:
+			t.Fatalf("cancelled pending job started: %v", p.Cmd.Args)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if j, _ := f.eng.Get(ctx, queued.ID); j.Status != delegate.StatusCancelled || !j.StartedAt.IsZero() {
+			t.Fatalf("queued job: %s", j.Status)
+		}
+	})
+	t.Run("provisioning", func(t *testing.T) {
+		f := newFixture(t, engine.Config{})
+		entered := make(chan struct{})
+		f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+			close(entered)
+			<-ctx.Done() // a slow provisioning step, aborted by the cancel
+			return ctx.Err()
+		}
+		job := f.submit(script("x"))
+		<-entered
+		if _, _, err := f.eng.Cancel(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+		j := f.wait(f.eng, job.ID)
+		if j.Status != delegate.StatusCancelled {
+			t.Fatalf("status %s", j.Status)
+		}
+	})
+	t.Run("by another process", func(t *testing.T) {
+		f := newFixture(t, engine.Config{})
+		job := f.submit(script("sleep 100"))
+		p := f.started()
+		// A second engine on the same store (like `delegate jobs cancel`).
+		other := engine.New(f.store, nil, engine.Config{})
+		if _, _, err := other.Cancel(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "process killed", p.Killed)
+	})
+}
+
+// TestFinishRaces: a process ending, a cancel and a timeout racing each
+// other must leave exactly one terminal status that never changes.
+func TestFinishRaces(t *testing.T) {
+	f := newFixture(t, engine.Config{MaxConcurrent: 8})
+	ctx := context.Background()
+	for i := range 20 {
+		m := script("race")
+		m.Timeout = 1
+		job := f.submit(m)
+		p := f.started()
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); p.Finish(sandbox.Exit{Code: i % 2}) }()
+		go func() { defer wg.Done(); f.eng.Cancel(ctx, job.ID) }()
+		wg.Wait()
+		j := f.wait(f.eng, job.ID)
+		time.Sleep(20 * time.Millisecond)
+		again, _ := f.eng.Get(ctx, job.ID)
+		if again.Status != j.Status || again.FinishedAt != j.FinishedAt {
+			t.Fatalf("round %d: terminal status moved from %s to %s", i, j.Status, again.Status)
+		}
+	}
+}
+
+func TestOutputLimit(t *testing.T) {
+	f := newFixture(t, engine.Config{OutputLimit: 10})
+	job := f.submit(script("yes"))
+	p := f.started()
+	p.Write([]byte(strings.Repeat("x", 100)))
+	p.Finish(sandbox.Exit{})
+	j := f.wait(f.eng, job.ID)
+	if got := f.output(job.ID); len(got) != 10 || j.OutputBytes != 100 || !j.OutputTruncated {
+		t.Fatalf("kept %d bytes, counted %d, truncated %v", len(got), j.OutputBytes, j.OutputTruncated)
+	}
+}
+
+func TestRecovery(t *testing.T) {
+	ctx := context.Background()
+	dead := func(string) bool { return false }
+	f := newFixture(t, engine.Config{MaxConcurrent: 2, OwnerAlive: dead})
+	running := f.submit(script("long"))
+	p := f.started()
+	p.Write([]byte("before "))
+	lost := f.submit(script("lost"))
+	lostProc := f.started()
+	eventually(t, "both running", func() bool {
+		a, _ := f.eng.Get(ctx, running.ID)
+		b, _ := f.eng.Get(ctx, lost.ID)
+		return a.Status == delegate.StatusRunning && b.Status == delegate.StatusRunning && a.OutputBytes == 7
+	})
+	queued := f.submit(script("queued"))
+	// The server dies: its goroutines stop, the sandboxes go on.
+	f.eng.Close()
+	f.backend.Destroy(ctx, lostProc.Sandbox.ID()) // this one did not survive
+
+	eng2 := f.start(f.backend)
+	p.Write([]byte("after"))
+	p.Finish(sandbox.Exit{})
+	if j := f.wait(eng2, running.ID); j.Status != delegate.StatusSuccess || f.output(running.ID) != "before after" {
+		t.Fatalf("re-attached job: %s %q output %q", j.Status, j.Error, f.output(running.ID))
+	}
+	if j := f.wait(eng2, lost.ID); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "sandbox lost after a server restart") {
+		t.Fatalf("lost job: %s %q", j.Status, j.Error)
+	}
+	q := f.started()
+	if q.Cmd.Args[2] != "queued" {
+		t.Fatalf("started %q, want the queued job", q.Cmd.Args)
+	}
+	q.Finish(sandbox.Exit{})
+	if j := f.wait(eng2, queued.ID); j.Status != delegate.StatusSuccess || j.Owner != eng2.Owner() {
+		t.Fatalf("queued job after restart: %s owner %q", j.Status, j.Owner)
+	}
+	eventually(t, "sandboxes destroyed", func() bool { return f.backend.Len() == 0 })
+}
+
+func TestRecoveryLeavesLiveOwners(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})
+	job := f.submit(script("long"))
+	p := f.started()
+	f.start(f.backend) // a second engine on the same data must not take the job
+	time.Sleep(50 * time.Millisecond)
+	p.Finish(sandbox.Exit{})
+	j := f.wait(f.eng, job.ID)
+	if j.Status != delegate.StatusSuccess || j.Owner != f.eng.Owner() {
+		t.Fatalf("%s owned by %q", j.Status, j.Owner)
+	}
+	_ = ctx
+}
+
+func TestSweepDestroysOrphans(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, engine.Config{CleanupInterval: 20 * time.Millisecond})
+	orphan, err := f.backend.Create(ctx, sandbox.Spec{JobID: "nobody"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := script("keep")
+	m.Lifecycle = delegate.LifecyclePersistent
+	kept := f.submit(m)
+	p := f.started()
+	p.Finish(sandbox.Exit{})
+	f.wait(f.eng, kept.ID)
+	eventually(t, "orphan destroyed", func() bool {
+		_, err := f.backend.Recover(ctx, orphan.ID())
+		return errors.Is(err, sandbox.ErrGone)
+	})
+	if _, err := f.backend.Recover(ctx, p.Sandbox.ID()); err != nil {
+		t.Fatalf("persistent job's sandbox was destroyed: %v", err)
+	}
+}

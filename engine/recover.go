@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+)
+
+var errSkip = errors.New("skip")
+
+// recover adopts the unfinished jobs of engines that are no longer alive:
+// pending jobs are queued again, running jobs are re-attached to their
+// sandbox if it is still there and failed with a reason otherwise, and jobs
+// caught mid-provisioning are failed (their half-made sandbox destroyed).
+func (e *Engine) recover(ctx context.Context) error {
+	var orphans []*delegate.Job
+	cursor := ""
+	for {
+		jobs, next, err := e.store.ListJobs(ctx, delegate.JobFilter{Active: true, Limit: 200, Cursor: cursor})
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			if j.Owner != e.owner && (j.Owner == "" || !e.cfg.OwnerAlive(j.Owner)) {
+				orphans = append(orphans, j)
+			}
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	// Oldest first, so that re-queued jobs keep their order.
+	for i := len(orphans) - 1; i >= 0; i-- {
+		e.adopt(ctx, orphans[i])
+	}
+	return nil
+}
+
+func (e *Engine) adopt(ctx context.Context, old *delegate.Job) {
+	job, err := e.update(ctx, old.ID, func(j *delegate.Job) error {
+		if j.Owner != old.Owner || j.Status.Terminal() {
+			return errSkip // another engine adopted it first, or it ended
+		}
+		j.Owner = e.owner
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, errSkip) {
+			e.log.Warn("adopt job", "job", old.ID, "err", err)
+		}
+		return
+	}
+	log := e.log.With("job", job.ID, "previous_owner", old.Owner)
+	switch job.Status {
+	case delegate.StatusPending:
+		log.Info("re-queued job after restart")
+		e.enqueue(job.ID)
+	case delegate.StatusProvisioning:
+		log.Info("failing job interrupted during provisioning")
+		e.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
+		if job.SandboxID != "" {
+			e.destroy(job.SandboxID, delegate.Manifest{})
+		}
+	case delegate.StatusRunning:
+		e.reattach(ctx, job)
+	}
+}
+
+// reattach follows a running job whose engine died, if its process is
+// still there; otherwise it fails the job and removes what is left.
+func (e *Engine) reattach(ctx context.Context, job *delegate.Job) {
+	log := e.log.With("job", job.ID, "sandbox", job.SandboxID)
+	fail := func(err error) {
+		log.Warn("job lost with its sandbox", "err", err)
+		e.finish(job.ID, delegate.StatusFailed, fmt.Sprintf("sandbox lost after a server restart: %v", err), nil)
+		if job.SandboxID != "" {
+			e.destroy(job.SandboxID, delegate.Manifest{})
+		}
+	}
+	if job.SandboxID == "" || job.ExecID == "" {
+		fail(errors.New("no sandbox was recorded"))
+		return
+	}
+	sb, err := e.backend.Recover(ctx, job.SandboxID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	proc, err := sb.Process(ctx, job.ExecID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	log.Info("re-attached to running job")
+	r, _ := e.register(job.ID)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer e.unregister(job.ID)
+		e.follow(r, job.ID, sb.ID(), proc, job.Manifest)
+	}()
+}
+
+// cleanupLoop adopts jobs of engines that died while this one runs and
+// destroys sandboxes no job owns.
+func (e *Engine) cleanupLoop() {
+	t := time.NewTicker(e.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+			if err := e.recover(e.ctx); err != nil && e.ctx.Err() == nil {
+				e.log.Warn("recover jobs", "err", err)
+			}
+			e.sweep(e.ctx)
+		}
+	}
+}
+
+// sweep destroys sandboxes that belong to no live job. A sandbox must be
+// found orphaned by two sweeps in a row, so that one being created right
+// now (not yet recorded on its job) is never taken.
+func (e *Engine) sweep(ctx context.Context) {
+	ids, err := e.backend.List(ctx)
+	if err != nil {
+		e.log.Warn("list sandboxes", "err", err)
+		return
+	}
+	seen := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		jobs, _, err := e.store.ListJobs(ctx, delegate.JobFilter{SandboxID: id, Limit: 1})
+		if err != nil {
+			e.log.Warn("sweep", "sandbox", id, "err", err)
+			continue
+		}
+		if len(jobs) == 1 {
+			j := jobs[0]
+			if !j.Status.Terminal() || j.Manifest.Lifecycle == delegate.LifecyclePersistent {
+				continue
+			}
+		}
+		seen[id] = struct{}{}
+		e.mu.Lock()
+		_, again := e.suspect[id]
+		e.mu.Unlock()
+		if !again {
+			continue
+		}
+		e.log.Info("destroying orphaned sandbox", "sandbox", id)
+		if err := e.backend.Destroy(ctx, id); err != nil {
+			e.log.Warn("destroy orphaned sandbox", "sandbox", id, "err", err)
+		}
+	}
+	e.mu.Lock()
+	e.suspect = seen
+	e.mu.Unlock()
+}

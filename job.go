@@ -1,0 +1,79 @@
+package delegate
+
+import (
+	"context"
+	"time"
+)
+
+// Job is one submitted manifest and everything known about its run.
+type Job struct {
+	ID       string   `json:"job_id"`
+	Manifest Manifest `json:"manifest"`
+	Status   Status   `json:"status"`
+	// Progress is the latest human-readable step ("provisioning sandbox").
+	Progress string `json:"progress,omitempty"`
+	// Error says why a job failed, timed out or was cancelled.
+	Error    string `json:"error,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	// OOMKilled is set when the kernel killed the job for its memory limit.
+	OOMKilled bool `json:"oom_killed,omitempty"`
+	// OutputBytes counts every byte the job wrote; only the first
+	// OutputLimit bytes are kept, and OutputTruncated says so.
+	OutputBytes     int64 `json:"output_bytes"`
+	OutputTruncated bool  `json:"output_truncated"`
+
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+
+	// Backend runs the job; SandboxID and ExecID let a restarted server find
+	// the job's sandbox and process again.
+	Backend   string `json:"backend,omitempty"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	ExecID    string `json:"exec_id,omitempty"`
+	// Owner is the engine instance driving the job (see Engine ownership).
+	Owner string `json:"-"`
+}
+
+// Duration is how long the job ran (from start to finish, or to now).
+func (j *Job) Duration(now time.Time) time.Duration {
+	if j.StartedAt.IsZero() {
+		return 0
+	}
+	end := j.FinishedAt
+	if end.IsZero() {
+		end = now
+	}
+	return end.Sub(j.StartedAt)
+}
+
+// JobFilter selects jobs for listing, newest first.
+type JobFilter struct {
+	Status Status // empty: any
+	Limit  int    // 0: a default page
+	Cursor string // opaque, from the previous page
+	Owner  string // empty: any
+	// SandboxID selects the job that owns a sandbox.
+	SandboxID string
+	// Active selects jobs that are not terminal (pending, provisioning, running).
+	Active bool
+}
+
+// JobStore keeps jobs durably. Implementations enforce the state machine in
+// UpdateJob so that no caller can move a job in a way Transition forbids.
+type JobStore interface {
+	CreateJob(ctx context.Context, job *Job) error
+	GetJob(ctx context.Context, id string) (*Job, error)
+	// ListJobs returns one page and the cursor of the next ("" at the end).
+	ListJobs(ctx context.Context, f JobFilter) ([]*Job, string, error)
+	// UpdateJob reads the job, lets fn change it and writes it back, all in
+	// one transaction. A status change fn makes is checked by Transition;
+	// the error from fn or from the check is returned and nothing is written.
+	UpdateJob(ctx context.Context, id string, fn func(*Job) error) (*Job, error)
+	// AppendOutput stores a chunk of output at the end of what is kept.
+	AppendOutput(ctx context.Context, id string, chunk []byte) error
+	// ReadOutput returns up to max kept bytes from offset.
+	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, error)
+	Close() error
+}

@@ -1,0 +1,396 @@
+package delegate
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// AgentType says how a job's work is started inside the sandbox.
+type AgentType string
+
+const (
+	AgentClaude AgentType = "claude" // the Claude CLI, task as its prompt
+	AgentScript AgentType = "script" // agent.command (or else task) through /bin/sh -c
+	AgentCustom AgentType = "custom" // agent.command, task in $DELEGATE_TASK
+)
+
+// Lifecycle says what happens to the sandbox after the job.
+type Lifecycle string
+
+const (
+	LifecycleEphemeral  Lifecycle = "ephemeral"
+	LifecyclePersistent Lifecycle = "persistent"
+)
+
+// StatusMode says how much of a running job the client wants to follow.
+type StatusMode string
+
+const (
+	StatusModeSimple    StatusMode = "simple"
+	StatusModeDetailed  StatusMode = "detailed"
+	StatusModeStreaming StatusMode = "streaming"
+)
+
+// Workspace is the job's working directory inside every sandbox.
+const Workspace = "/workspace"
+
+// Limits on what a manifest may carry. They keep one submission from
+// exhausting the server; they are generous for real work.
+const (
+	MaxTaskBytes      = 256 << 10
+	MaxFiles          = 1000
+	MaxFileBytesTotal = 64 << 20
+	MaxEnv            = 256
+	MaxEnvValueBytes  = 128 << 10
+	MaxSecrets        = 64
+	MaxTimeoutSeconds = 86400
+	MaxCPU            = 128
+	MinMemoryBytes    = 16 << 20
+	MinDiskBytes      = 1 << 20
+	MaxSizeBytes      = 1 << 40
+)
+
+// Manifest is what a client submits: the seed's fields, field for field.
+type Manifest struct {
+	Task       string            `json:"task,omitempty"`
+	AgentType  AgentType         `json:"agentType"`
+	Agent      *AgentConfig      `json:"agent,omitempty"`
+	Files      []File            `json:"files,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Secrets    []string          `json:"secrets,omitempty"`
+	Resources  *Resources        `json:"resources,omitempty"`
+	Timeout    int               `json:"timeout,omitempty"`
+	Lifecycle  Lifecycle         `json:"lifecycle,omitempty"`
+	VMTemplate string            `json:"vmTemplate,omitempty"`
+	StatusMode StatusMode        `json:"statusMode,omitempty"`
+}
+
+// AgentConfig tunes the agent.
+type AgentConfig struct {
+	Command     string `json:"command,omitempty"`
+	ClaudeModel string `json:"claudeModel,omitempty"`
+}
+
+// File is injected into the sandbox before the agent starts.
+type File struct {
+	Path    string `json:"path"`
+	Content string `json:"content"` // base64 (standard encoding)
+}
+
+// Resources asks for cpu cores, memory and workspace disk.
+type Resources struct {
+	CPU    float64 `json:"cpu,omitempty"`
+	Memory string  `json:"memory,omitempty"` // like 512M, 2G
+	Disk   string  `json:"disk,omitempty"`
+}
+
+// Defaults fill what a manifest leaves out.
+type Defaults struct {
+	Timeout    int
+	CPU        float64
+	Memory     string
+	Disk       string
+	VMTemplate string
+}
+
+var (
+	nameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	sizeRE  = regexp.MustCompile(`^([0-9]+)([KMGT]?)(I?B?)$`)
+	modelRE = regexp.MustCompile(`^[A-Za-z0-9._:\[\]-]{1,100}$`)
+)
+
+// ValidName reports whether s may be an environment variable or secret name.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// ParseSize reads a size like 512M, 2G, 1024K or 1048576 (bytes); K, M, G
+// and T are powers of 1024, with an optional "i" or "B" ("2GiB", "2GB").
+func ParseSize(s string) (int64, error) {
+	m := sizeRE.FindStringSubmatch(strings.ToUpper(strings.TrimSpace(s)))
+	if m == nil || (m[2] == "" && m[3] != "") {
+		return 0, fmt.Errorf("%q is not a size like 512M or 2G", s)
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	shift := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m[2]]
+	if n > MaxSizeBytes>>shift {
+		return 0, fmt.Errorf("%q is larger than 1T", s)
+	}
+	return n << shift, nil
+}
+
+// ParseManifest decodes JSON strictly and validates the result.
+func ParseManifest(data []byte) (Manifest, error) {
+	m, err := DecodeManifest(data)
+	if err != nil {
+		return Manifest{}, err
+	}
+	return m, m.Validate()
+}
+
+// DecodeManifest decodes JSON strictly (unknown fields are errors, so a typo
+// never turns into a silent default) without validating the values.
+func DecodeManifest(data []byte) (Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, jsonFieldError("manifest", err)
+	}
+	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
+		return Manifest{}, fieldErr("manifest", "must be a single JSON object")
+	}
+	return m, nil
+}
+
+func jsonFieldError(prefix string, err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return fieldErr(prefix+"."+typeErr.Field, "must be a JSON %s", jsonKind(typeErr.Type.Kind().String()))
+	}
+	msg := err.Error()
+	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return fieldErr(prefix+"."+strings.Trim(f, `"`), "unknown field (see the manifest reference)")
+	}
+	return fieldErr(prefix, "must be valid JSON: %s", strings.TrimPrefix(msg, "json: "))
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "float64", "int", "int64":
+		return "number"
+	case "map", "struct", "ptr":
+		return "object"
+	case "slice":
+		return "array"
+	}
+	return k
+}
+
+// Validate checks every field and returns the first problem as a *FieldError.
+func (m *Manifest) Validate() error {
+	switch m.AgentType {
+	case AgentClaude:
+		if strings.TrimSpace(m.Task) == "" {
+			return fieldErr("manifest.task", "is required for agentType claude (it is the prompt)")
+		}
+	case AgentScript:
+		if strings.TrimSpace(m.Task) == "" && (m.Agent == nil || strings.TrimSpace(m.Agent.Command) == "") {
+			return fieldErr("manifest.task", "is required for agentType script unless agent.command is set (it is the shell script to run)")
+		}
+	case AgentCustom:
+		if m.Agent == nil || strings.TrimSpace(m.Agent.Command) == "" {
+			return fieldErr("manifest.agent.command", "is required for agentType custom")
+		}
+	case "":
+		return fieldErr("manifest.agentType", "is required: one of claude, script, custom")
+	default:
+		return fieldErr("manifest.agentType", "must be one of claude, script, custom (got %q)", m.AgentType)
+	}
+	if len(m.Task) > MaxTaskBytes {
+		return fieldErr("manifest.task", "must be at most %d bytes (got %d)", MaxTaskBytes, len(m.Task))
+	}
+	if strings.ContainsRune(m.Task, 0) {
+		return fieldErr("manifest.task", "must not contain NUL bytes")
+	}
+	if m.Agent != nil {
+		if strings.ContainsRune(m.Agent.Command, 0) || len(m.Agent.Command) > MaxTaskBytes {
+			return fieldErr("manifest.agent.command", "must be at most %d bytes without NUL", MaxTaskBytes)
+		}
+		if m.Agent.ClaudeModel != "" && !modelRE.MatchString(m.Agent.ClaudeModel) {
+			return fieldErr("manifest.agent.claudeModel", "must be a model name such as sonnet or claude-sonnet-4-5 (letters, digits, . _ : - [ ])")
+		}
+		if m.Agent.ClaudeModel != "" && m.AgentType != AgentClaude {
+			return fieldErr("manifest.agent.claudeModel", "is only used with agentType claude")
+		}
+	}
+	if err := validateFiles(m.Files); err != nil {
+		return err
+	}
+	if len(m.Env) > MaxEnv {
+		return fieldErr("manifest.env", "must have at most %d variables", MaxEnv)
+	}
+	for k, v := range m.Env {
+		if !ValidName(k) {
+			return fieldErr("manifest.env", "name %q must match [A-Za-z_][A-Za-z0-9_]*", k)
+		}
+		if strings.HasPrefix(k, "DELEGATE_") {
+			return fieldErr("manifest.env."+k, "names starting with DELEGATE_ are reserved")
+		}
+		if len(v) > MaxEnvValueBytes || strings.ContainsRune(v, 0) {
+			return fieldErr("manifest.env."+k, "value must be at most %d bytes without NUL", MaxEnvValueBytes)
+		}
+	}
+	if len(m.Secrets) > MaxSecrets {
+		return fieldErr("manifest.secrets", "must name at most %d secrets", MaxSecrets)
+	}
+	for i, s := range m.Secrets {
+		if !ValidName(s) {
+			return fieldErr(fmt.Sprintf("manifest.secrets[%d]", i), "name %q must match [A-Za-z_][A-Za-z0-9_]*", s)
+		}
+		if _, clash := m.Env[s]; clash {
+			return fieldErr(fmt.Sprintf("manifest.secrets[%d]", i), "%q is also set in env; set it in one place", s)
+		}
+	}
+	if r := m.Resources; r != nil {
+		if r.CPU < 0 || r.CPU > MaxCPU {
+			return fieldErr("manifest.resources.cpu", "must be between 0.01 and %d cores (got %g)", MaxCPU, r.CPU)
+		}
+		if r.CPU != 0 && r.CPU < 0.01 {
+			return fieldErr("manifest.resources.cpu", "must be at least 0.01 cores (got %g)", r.CPU)
+		}
+		if err := checkSize("manifest.resources.memory", r.Memory, MinMemoryBytes); err != nil {
+			return err
+		}
+		if err := checkSize("manifest.resources.disk", r.Disk, MinDiskBytes); err != nil {
+			return err
+		}
+	}
+	if m.Timeout < 0 || m.Timeout > MaxTimeoutSeconds {
+		return fieldErr("manifest.timeout", "must be between 1 and %d seconds (got %d)", MaxTimeoutSeconds, m.Timeout)
+	}
+	switch m.Lifecycle {
+	case "", LifecycleEphemeral, LifecyclePersistent:
+	default:
+		return fieldErr("manifest.lifecycle", "must be ephemeral or persistent (got %q)", m.Lifecycle)
+	}
+	switch m.StatusMode {
+	case "", StatusModeSimple, StatusModeDetailed, StatusModeStreaming:
+	default:
+		return fieldErr("manifest.statusMode", "must be simple, detailed or streaming (got %q)", m.StatusMode)
+	}
+	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
+		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
+	}
+	return nil
+}
+
+func checkSize(field, s string, min int64) error {
+	if s == "" {
+		return nil
+	}
+	n, err := ParseSize(s)
+	if err != nil {
+		return fieldErr(field, "must be like 512M or 2G: %v", err)
+	}
+	if n < min {
+		return fieldErr(field, "must be at least %dM (got %s)", min>>20, s)
+	}
+	return nil
+}
+
+func validateFiles(files []File) error {
+	if len(files) > MaxFiles {
+		return fieldErr("manifest.files", "must have at most %d files", MaxFiles)
+	}
+	seen := make(map[string]int, len(files))
+	total := 0
+	for i, f := range files {
+		field := fmt.Sprintf("manifest.files[%d]", i)
+		p, err := WorkspacePath(f.Path)
+		if err != nil {
+			return fieldErr(field+".path", "%v", err)
+		}
+		if j, dup := seen[p]; dup {
+			return fieldErr(field+".path", "%s is also files[%d]", p, j)
+		}
+		seen[p] = i
+		n := base64.StdEncoding.DecodedLen(len(f.Content))
+		if _, err := base64.StdEncoding.DecodeString(f.Content); err != nil {
+			return fieldErr(field+".content", "must be standard base64: %v", err)
+		}
+		total += n
+		if total > MaxFileBytesTotal {
+			return fieldErr(field+".content", "files must total at most %d MiB", MaxFileBytesTotal>>20)
+		}
+	}
+	return nil
+}
+
+// WorkspacePath resolves a manifest file path: relative paths land under
+// /workspace, absolute ones must already be inside it. It returns the
+// cleaned absolute path, never /workspace itself.
+func WorkspacePath(p string) (string, error) {
+	if p == "" {
+		return "", errors.New("must not be empty")
+	}
+	if len(p) > 4096 || strings.ContainsRune(p, 0) {
+		return "", errors.New("must be at most 4096 bytes without NUL")
+	}
+	abs := p
+	if !path.IsAbs(p) {
+		abs = path.Join(Workspace, p)
+	}
+	abs = path.Clean(abs)
+	if !strings.HasPrefix(abs, Workspace+"/") {
+		return "", fmt.Errorf("%q must be relative or inside %s", p, Workspace)
+	}
+	for _, part := range strings.Split(strings.TrimPrefix(abs, Workspace+"/"), "/") {
+		if part == ".." {
+			return "", fmt.Errorf("%q must stay inside %s", p, Workspace)
+		}
+	}
+	return abs, nil
+}
+
+// ApplyDefaults fills empty fields from d, so that the stored manifest shows
+// the values the job really ran with.
+func (m *Manifest) ApplyDefaults(d Defaults) {
+	if m.Timeout == 0 {
+		m.Timeout = d.Timeout
+	}
+	if m.Resources == nil {
+		m.Resources = &Resources{}
+	}
+	if m.Resources.CPU == 0 {
+		m.Resources.CPU = d.CPU
+	}
+	if m.Resources.Memory == "" {
+		m.Resources.Memory = d.Memory
+	}
+	if m.Resources.Disk == "" {
+		m.Resources.Disk = d.Disk
+	}
+	if m.VMTemplate == "" {
+		m.VMTemplate = d.VMTemplate
+	}
+	if m.Lifecycle == "" {
+		m.Lifecycle = LifecycleEphemeral
+	}
+	if m.StatusMode == "" {
+		m.StatusMode = StatusModeSimple
+	}
+}
+
+// DecodedFiles returns the files with their content decoded and their path
+// resolved inside /workspace. Call it on a validated manifest.
+func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
+	out := make([]DecodedFile, 0, len(m.Files))
+	for i, f := range m.Files {
+		p, err := WorkspacePath(f.Path)
+		if err != nil {
+			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].path", i), "%v", err)
+		}
+		data, err := base64.StdEncoding.DecodeString(f.Content)
+		if err != nil {
+			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].content", i), "must be standard base64: %v", err)
+		}
+		out = append(out, DecodedFile{Path: p, Data: data})
+	}
+	return out, nil
+}
+
+// DecodedFile is a manifest file ready to write.
+type DecodedFile struct {
+	Path string // absolute, inside /workspace
+	Data []byte
+}

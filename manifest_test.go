@@ -1,0 +1,127 @@
+package delegate_test
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/delegate-dev/delegate"
+)
+
+func TestParseManifest(t *testing.T) {
+	b64 := base64.StdEncoding.EncodeToString([]byte("hello"))
+	tests := []struct {
+		name      string
+		json      string
+		wantField string // "" means valid
+		wantRule  string
+	}{
+		{"minimal script", `{"agentType":"script","task":"echo hi"}`, "", ""},
+		{"script via command", `{"agentType":"script","agent":{"command":"make test"}}`, "", ""},
+		{"custom", `{"agentType":"custom","agent":{"command":"python3 run.py"},"task":"anything"}`, "", ""},
+		{"claude", `{"agentType":"claude","task":"fix the bug","agent":{"claudeModel":"sonnet"}}`, "", ""},
+		{"full", `{"agentType":"script","task":"x","files":[{"path":"a/b.txt","content":"` + b64 + `"},{"path":"/workspace/c","content":""}],
+			"env":{"FOO":"bar"},"secrets":["API_KEY"],"resources":{"cpu":0.5,"memory":"512M","disk":"2G"},"timeout":60,
+			"lifecycle":"persistent","vmTemplate":"/srv/rootfs","statusMode":"streaming"}`, "", ""},
+		{"no agentType", `{"task":"x"}`, "manifest.agentType", "is required"},
+		{"bad agentType", `{"agentType":"docker","task":"x"}`, "manifest.agentType", "must be one of"},
+		{"script no task", `{"agentType":"script"}`, "manifest.task", "is required"},
+		{"custom no command", `{"agentType":"custom","task":"x"}`, "manifest.agent.command", "is required"},
+		{"claude no task", `{"agentType":"claude"}`, "manifest.task", "is required"},
+		{"unknown field", `{"agentType":"script","task":"x","timout":5}`, "manifest.timout", "unknown field"},
+		{"wrong type", `{"agentType":"script","task":"x","timeout":"5"}`, "manifest.timeout", "must be a JSON number"},
+		{"timeout high", `{"agentType":"script","task":"x","timeout":86401}`, "manifest.timeout", "between 1 and 86400"},
+		{"timeout negative", `{"agentType":"script","task":"x","timeout":-1}`, "manifest.timeout", "between 1 and 86400"},
+		{"memory bad", `{"agentType":"script","task":"x","resources":{"memory":"lots"}}`, "manifest.resources.memory", "like 512M"},
+		{"memory small", `{"agentType":"script","task":"x","resources":{"memory":"1M"}}`, "manifest.resources.memory", "at least 16M"},
+		{"disk huge", `{"agentType":"script","task":"x","resources":{"disk":"5T"}}`, "manifest.resources.disk", "larger than 1T"},
+		{"cpu high", `{"agentType":"script","task":"x","resources":{"cpu":1000}}`, "manifest.resources.cpu", "between"},
+		{"env name", `{"agentType":"script","task":"x","env":{"1BAD":"v"}}`, "manifest.env", "must match"},
+		{"env reserved", `{"agentType":"script","task":"x","env":{"DELEGATE_TASK":"v"}}`, "manifest.env.DELEGATE_TASK", "reserved"},
+		{"secret name", `{"agentType":"script","task":"x","secrets":["a-b"]}`, "manifest.secrets[0]", "must match"},
+		{"path escape", `{"agentType":"script","task":"x","files":[{"path":"../etc/passwd","content":""}]}`, "manifest.files[0].path", "inside /workspace"},
+		{"abs outside", `{"agentType":"script","task":"x","files":[{"path":"/etc/passwd","content":""}]}`, "manifest.files[0].path", "inside /workspace"},
+		{"workspace itself", `{"agentType":"script","task":"x","files":[{"path":"/workspace","content":""}]}`, "manifest.files[0].path", "inside /workspace"},
+		{"dup path", `{"agentType":"script","task":"x","files":[{"path":"a","content":""},{"path":"/workspace/a","content":""}]}`, "manifest.files[1].path", "also files[0]"},
+		{"bad base64", `{"agentType":"script","task":"x","files":[{"path":"a","content":"!!"}]}`, "manifest.files[0].content", "base64"},
+		{"lifecycle", `{"agentType":"script","task":"x","lifecycle":"forever"}`, "manifest.lifecycle", "ephemeral or persistent"},
+		{"statusMode", `{"agentType":"script","task":"x","statusMode":"loud"}`, "manifest.statusMode", "simple, detailed or streaming"},
+		{"model on script", `{"agentType":"script","task":"x","agent":{"claudeModel":"sonnet"}}`, "manifest.agent.claudeModel", "only used with"},
+		{"model chars", `{"agentType":"claude","task":"x","agent":{"claudeModel":"a b"}}`, "manifest.agent.claudeModel", "model name"},
+		{"two objects", `{"agentType":"script","task":"x"} {}`, "manifest", "single JSON object"},
+		{"not json", `nope`, "manifest", "valid JSON"},
+		{"NUL in task", `{"agentType":"script","task":"a\u0000b"}`, "manifest.task", "NUL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := delegate.ParseManifest([]byte(tc.json))
+			if tc.wantField == "" {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				return
+			}
+			var fe *delegate.FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("want a FieldError on %s, got %v", tc.wantField, err)
+			}
+			if fe.Field != tc.wantField || !strings.Contains(fe.Rule, tc.wantRule) {
+				t.Fatalf("got %q: %q; want %q containing %q", fe.Field, fe.Rule, tc.wantField, tc.wantRule)
+			}
+			if !errors.Is(err, delegate.ErrInvalid) {
+				t.Fatal("FieldError should match ErrInvalid")
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"512M": 512 << 20, "2G": 2 << 30, "2GiB": 2 << 30, "2gb": 2 << 30, "1024": 1024, "1K": 1024, "1T": 1 << 40} {
+		if got, err := delegate.ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "M", "1.5G", "-1G", "2X", "1iB", "99999999999999999999", "2T"} {
+		if _, err := delegate.ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) accepted", in)
+		}
+	}
+}
+
+func TestApplyDefaults(t *testing.T) {
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Resources: &delegate.Resources{Memory: "1G"}}
+	m.ApplyDefaults(delegate.Defaults{Timeout: 3600, CPU: 2, Memory: "2G", Disk: "10G", VMTemplate: "/t"})
+	if m.Timeout != 3600 || m.Resources.CPU != 2 || m.Resources.Memory != "1G" || m.Resources.Disk != "10G" ||
+		m.VMTemplate != "/t" || m.Lifecycle != delegate.LifecycleEphemeral || m.StatusMode != delegate.StatusModeSimple {
+		t.Fatalf("defaults applied wrong: %+v %+v", m, *m.Resources)
+	}
+}
+
+// FuzzParseManifest: no input may crash the parser, and whatever it accepts
+// must have every file path inside /workspace.
+func FuzzParseManifest(f *testing.F) {
+	f.Add([]byte(`{"agentType":"script","task":"echo hi"}`))
+	f.Add([]byte(`{"agentType":"custom","agent":{"command":"x"},"files":[{"path":"a/../b","content":"aGk="}]}`))
+	f.Add([]byte(`{"agentType":"claude","task":"t","resources":{"cpu":1,"memory":"1G","disk":"1G"},"timeout":5}`))
+	f.Add([]byte(`{"agentType":"script","task":"x","files":[{"path":"/workspace/../etc","content":""}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := delegate.ParseManifest(data)
+		if err != nil {
+			var fe *delegate.FieldError
+			if !errors.As(err, &fe) || fe.Field == "" || fe.Rule == "" {
+				t.Fatalf("error without field and rule: %v", err)
+			}
+			return
+		}
+		files, err := m.DecodedFiles()
+		if err != nil {
+			t.Fatalf("accepted manifest has undecodable files: %v", err)
+		}
+		for _, f := range files {
+			if !strings.HasPrefix(f.Path, delegate.Workspace+"/") || strings.Contains(f.Path, "/../") || strings.HasSuffix(f.Path, "/..") {
+				t.Fatalf("accepted path %q escapes /workspace", f.Path)
+			}
+		}
+	})
+}

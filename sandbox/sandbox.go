@@ -1,0 +1,110 @@
+// Package sandbox defines what the engine needs from an isolation backend:
+// create a sandbox, put files in it, run one command with its output kept,
+// read files back, destroy it, and find it again after a restart. A backend
+// is thin; the job's life (queue, timeouts, statuses) belongs to the engine.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"time"
+)
+
+// ErrGone: the sandbox or process no longer exists (destroyed, or lost
+// with its host). Recover returns it when there is nothing to re-attach to.
+var ErrGone = errors.New("sandbox gone")
+
+// Capabilities tell the engine (and users) what a backend really enforces,
+// rather than letting callers guess.
+type Capabilities struct {
+	FilesystemIsolation bool // the job sees its own root, not the host's
+	NetworkIsolation    bool // no network unless asked for
+	CPULimit            bool
+	MemoryLimit         bool
+	PidsLimit           bool
+	DiskLimit           bool
+	Recover             bool // a running sandbox survives a server restart
+	Templates           bool // vmTemplate is honoured
+}
+
+// Spec describes the sandbox a job needs.
+type Spec struct {
+	JobID       string
+	CPU         float64 // cores, may be fractional
+	MemoryBytes int64
+	DiskBytes   int64
+	Template    string // backend-specific: a rootfs dir (local), a VM template (proxmox)
+	Network     bool   // false: no network at all
+}
+
+// Command is the one process a job runs. Args[0] is looked up on the
+// sandbox's PATH (from Env) when it has no slash. Nothing here goes
+// through a shell: every element is passed to execve as is.
+type Command struct {
+	Args []string
+	Env  []string // KEY=VALUE, the complete environment
+	Dir  string   // working directory inside the sandbox, default /workspace
+	// OutputLimit caps the combined stdout+stderr the backend keeps.
+	// Exit.OutputBytes still counts everything the process wrote.
+	OutputLimit int64
+}
+
+// Exit is how a process ended.
+type Exit struct {
+	Code        int    // exit status; 128+signal when killed by a signal
+	Signal      string // e.g. "killed", empty when it exited normally
+	OOMKilled   bool   // the memory limit was hit and the kernel killed it
+	OutputBytes int64  // everything written, kept or not
+	Truncated   bool   // OutputBytes > OutputLimit
+	Killed      bool   // ended by Process.Kill
+}
+
+// Backend creates and re-finds sandboxes.
+type Backend interface {
+	Name() string
+	Capabilities() Capabilities
+	// Create provisions a sandbox. It must not leak anything if it fails.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Recover finds a sandbox created earlier (perhaps by another process of
+	// this server that has died), or returns ErrGone.
+	Recover(ctx context.Context, id string) (Sandbox, error)
+	// List returns the ids of every sandbox this backend holds, so that the
+	// cleanup loop can destroy what no job owns.
+	List(ctx context.Context) ([]string, error)
+	// Destroy removes a sandbox by id (all its processes, files, limits).
+	// Destroying what is already gone is not an error.
+	Destroy(ctx context.Context, id string) error
+}
+
+// Sandbox is one isolated machine (a namespace set, a VM).
+type Sandbox interface {
+	ID() string
+	// WriteFile writes a file (creating parent dirs) at an absolute path
+	// inside the sandbox, owned by the job's user.
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	// ReadFile reads a file inside the sandbox, at most max bytes.
+	ReadFile(ctx context.Context, path string, max int64) ([]byte, error)
+	// Exec starts the job's command. A sandbox runs one command.
+	Exec(ctx context.Context, cmd Command) (Process, error)
+	// Process returns the running (or finished) process started by Exec with
+	// that id, also after a restart; ErrGone if there is none.
+	Process(ctx context.Context, execID string) (Process, error)
+	Destroy(ctx context.Context) error
+}
+
+// Process is the job's command, running or finished.
+type Process interface {
+	ID() string
+	// ReadOutput returns kept output (stdout and stderr interleaved) from
+	// offset on, at most max bytes; empty when nothing new was written.
+	ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error)
+	// Wait blocks until the process ends or ctx is done.
+	Wait(ctx context.Context) (Exit, error)
+	// Kill ends the process and every process it started, at once.
+	Kill(ctx context.Context) error
+}
+
+// PollInterval is how often a backend that cannot be notified checks a
+// process it re-attached to.
+const PollInterval = 100 * time.Millisecond
