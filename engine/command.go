@@ -3,10 +3,16 @@ package engine
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
 )
+
+// deadlineGrace is how much later than the engine's own timeout the
+// backend's backstop deadline fires, so that a watched job always ends by
+// the engine's timer.
+const deadlineGrace = 5 * time.Second
 
 // basePath is the PATH every job starts with.
 const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -63,7 +69,10 @@ func (e *Engine) command(job *delegate.Job) (sandbox.Command, error) {
 	for _, k := range keys {
 		list = append(list, k+"="+env[k])
 	}
-	return sandbox.Command{Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: e.cfg.OutputLimit}, nil
+	return sandbox.Command{
+		Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: e.cfg.OutputLimit,
+		Deadline: time.Now().Add(time.Duration(m.Timeout)*time.Second + deadlineGrace),
+	}, nil
 }
 
 // ClaudeArgs is the Claude CLI command line for a job: the task is one

@@ -126,6 +126,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.recover(ctx); err != nil {
 		return fmt.Errorf("recover jobs: %w", err)
 	}
+	if e.backend != nil {
+		e.sweep(ctx)
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()

@@ -123,16 +123,17 @@ func (e *Engine) cleanupLoop() {
 	}
 }
 
-// sweep destroys sandboxes that belong to no live job. A sandbox must be
-// found orphaned by two sweeps in a row, so that one being created right
-// now (not yet recorded on its job) is never taken.
+// sweep destroys sandboxes that belong to no live job. The sandbox of a
+// finished ephemeral job goes at once (its destroy was interrupted). One
+// that no job names must be found by two sweeps in a row, so that a sandbox
+// being created right now (not yet recorded on its job) is never taken.
 func (e *Engine) sweep(ctx context.Context) {
 	ids, err := e.backend.List(ctx)
 	if err != nil {
 		e.log.Warn("list sandboxes", "err", err)
 		return
 	}
-	seen := make(map[string]struct{}, len(ids))
+	unknown := make(map[string]struct{})
 	for _, id := range ids {
 		jobs, _, err := e.store.ListJobs(ctx, delegate.JobFilter{SandboxID: id, Limit: 1})
 		if err != nil {
@@ -144,13 +145,14 @@ func (e *Engine) sweep(ctx context.Context) {
 			if !j.Status.Terminal() || j.Manifest.Lifecycle == delegate.LifecyclePersistent {
 				continue
 			}
-		}
-		seen[id] = struct{}{}
-		e.mu.Lock()
-		_, again := e.suspect[id]
-		e.mu.Unlock()
-		if !again {
-			continue
+		} else {
+			unknown[id] = struct{}{}
+			e.mu.Lock()
+			_, again := e.suspect[id]
+			e.mu.Unlock()
+			if !again {
+				continue
+			}
 		}
 		e.log.Info("destroying orphaned sandbox", "sandbox", id)
 		if err := e.backend.Destroy(ctx, id); err != nil {
@@ -158,6 +160,6 @@ func (e *Engine) sweep(ctx context.Context) {
 		}
 	}
 	e.mu.Lock()
-	e.suspect = seen
+	e.suspect = unknown
 	e.mu.Unlock()
 }

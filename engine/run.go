@@ -181,14 +181,19 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 		exit sandbox.Exit
 		err  error
 	}
+	// Wait on a context of its own: at engine shutdown a job being killed
+	// is still waited for.
+	waitCtx, stopWait := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWait()
 	done := make(chan waited, 1)
 	go func() {
-		exit, err := proc.Wait(ctx)
+		exit, err := proc.Wait(waitCtx)
 		done <- waited{exit, err}
 	}()
 
-	var timedOut bool
+	var timedOut, killing bool
 	kill := func() {
+		killing = true
 		if err := proc.Kill(context.WithoutCancel(ctx)); err != nil {
 			e.log.Warn("kill job", "job", id, "err", err)
 		}
@@ -197,9 +202,6 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 		select {
 		case w := <-done:
 			kept = e.pullOutput(context.WithoutCancel(ctx), id, proc, kept)
-			if ctx.Err() != nil && w.err != nil {
-				return // engine closing: the job goes on; recovery re-attaches
-			}
 			e.settle(id, m, sandboxID, w.exit, w.err, timedOut)
 			return
 		case <-ticker.C:
@@ -215,7 +217,18 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 			e.log.Info("job timed out", "job", id, "timeout", m.Timeout)
 			kill()
 		case <-ctx.Done():
-			// Engine closing: wait for nothing; the sandbox keeps running.
+			// Engine closing: a running job goes on, for the next engine to
+			// re-attach to; a job being killed is seen to its end, so that
+			// its sandbox is not left behind.
+			if !killing {
+				return
+			}
+			select {
+			case w := <-done:
+				e.pullOutput(context.WithoutCancel(ctx), id, proc, kept)
+				e.settle(id, m, sandboxID, w.exit, w.err, timedOut)
+			case <-time.After(10 * time.Second):
+			}
 			return
 		}
 	}
@@ -269,10 +282,12 @@ func (e *Engine) settle(id string, m delegate.Manifest, sandboxID string, exit s
 	switch {
 	case waitErr != nil:
 		status, reason = delegate.StatusFailed, fmt.Sprintf("lost the job's process: %v", waitErr)
-	case timedOut:
+	case timedOut || exit.DeadlineExceeded:
 		status, reason = delegate.StatusTimeout, fmt.Sprintf("timed out after %ds (manifest.timeout); every process of the job was killed", m.Timeout)
 	case exit.OOMKilled:
 		status, reason = delegate.StatusFailed, fmt.Sprintf("out of memory: killed by the kernel at the %s memory limit (raise resources.memory)", m.Resources.Memory)
+	case exit.Reason != "":
+		status, reason = delegate.StatusFailed, fmt.Sprintf("the sandbox failed: %s", exit.Reason)
 	case exit.Code != 0 && exit.Signal != "":
 		status, reason = delegate.StatusFailed, fmt.Sprintf("killed by signal %s (exit code %d)", exit.Signal, exit.Code)
 	case exit.Code != 0:
@@ -298,7 +313,7 @@ func (e *Engine) settle(id string, m delegate.Manifest, sandboxID string, exit s
 // size) are recorded.
 func (e *Engine) finish(id string, status delegate.Status, reason string, facts func(*delegate.Job)) {
 	ctx := context.WithoutCancel(e.ctx)
-	_, err := e.update(ctx, id, func(j *delegate.Job) error {
+	j, err := e.update(ctx, id, func(j *delegate.Job) error {
 		if facts != nil {
 			facts(j)
 		}
@@ -313,7 +328,7 @@ func (e *Engine) finish(id string, status delegate.Status, reason string, facts 
 		e.log.Error("finish job", "job", id, "err", err)
 		return
 	}
-	e.log.Info("job finished", "job", id, "status", status, "reason", reason)
+	e.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
 }
 
 // destroy removes an ephemeral job's sandbox; a persistent one is kept.

@@ -48,6 +48,10 @@ type Command struct {
 	// OutputLimit caps the combined stdout+stderr the backend keeps.
 	// Exit.OutputBytes still counts everything the process wrote.
 	OutputLimit int64
+	// Deadline, if set, is when the backend kills the process even if no
+	// server is watching it any more (a backstop: the engine enforces the
+	// job's timeout itself, a little earlier).
+	Deadline time.Time
 }
 
 // Exit is how a process ended.
@@ -58,6 +62,10 @@ type Exit struct {
 	OutputBytes int64  // everything written, kept or not
 	Truncated   bool   // OutputBytes > OutputLimit
 	Killed      bool   // ended by Process.Kill
+	// DeadlineExceeded: the backend killed it at Command.Deadline.
+	DeadlineExceeded bool
+	// Reason explains a failure of the sandbox itself, not of the command.
+	Reason string
 }
 
 // Backend creates and re-finds sandboxes.

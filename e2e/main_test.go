@@ -1,0 +1,198 @@
+// Package e2e tests the built delegate binary end to end: real MCP clients
+// (the go-sdk client over stdio and Streamable HTTP, the TypeScript SDK
+// client from npm) driving real jobs in the local sandbox.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "delegate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "delegate")
+	build := exec.Command("go", "build", "-o", binary, "../cmd/delegate")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build delegate:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// serverEnv is the environment of a delegate under test: small limits and
+// its own data dir.
+func serverEnv(dataDir string, extra ...string) []string {
+	e := append(os.Environ(), "DELEGATE_DATA_DIR="+dataDir, "DEFAULT_MEMORY=256M", "DEFAULT_DISK=64M", "DELEGATE_LOG_LEVEL=debug")
+	return append(e, extra...)
+}
+
+// syncBuffer collects a process's stderr for failure messages.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// stdioSession starts `delegate serve` and connects the go-sdk client to it.
+func stdioSession(t *testing.T, dataDir, protocol string) (*mcp.ClientSession, *exec.Cmd, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(binary, "serve")
+	cmd.Env = serverEnv(dataDir)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
+	cs, err := client.Connect(testContext(t), &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second},
+		&mcp.ClientSessionOptions{ProtocolVersion: protocol})
+	if err != nil {
+		t.Fatalf("connect over stdio: %v\nserver stderr:\n%s", err, stderr)
+	}
+	t.Cleanup(func() {
+		cs.Close()
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", stderr)
+		}
+	})
+	return cs, cmd, stderr
+}
+
+var urlRE = regexp.MustCompile(`url=(http://\S+/mcp)`)
+
+// httpServer starts `delegate serve --http 127.0.0.1:0` and returns its URL.
+func httpServer(t *testing.T, dataDir string) string {
+	t.Helper()
+	cmd := exec.Command(binary, "serve", "--http", "127.0.0.1:0")
+	cmd.Env = serverEnv(dataDir)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		for sc.Scan() {
+			stderr.Write(append(sc.Bytes(), '\n'))
+			if m := urlRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Error("server did not stop on SIGINT")
+		}
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", stderr)
+		}
+	})
+	select {
+	case url := <-found:
+		return url
+	case <-time.After(20 * time.Second):
+		t.Fatalf("server did not print its URL:\n%s", stderr)
+		return ""
+	}
+}
+
+func httpSession(t *testing.T, url, protocol string) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-http", Version: "1"}, nil)
+	cs, err := client.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: protocol})
+	if err != nil {
+		t.Fatalf("connect over HTTP: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// call calls a tool that must succeed and decodes its structured output.
+func call[T any](t *testing.T, cs *mcp.ClientSession, tool string, args any) T {
+	t.Helper()
+	res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	if res.IsError {
+		t.Fatalf("%s: tool error: %s", tool, text(res))
+	}
+	var out T
+	raw, _ := json.Marshal(res.StructuredContent)
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("%s: structured content %s: %v", tool, raw, err)
+	}
+	return out
+}
+
+// callErr calls a tool that must fail and returns its error text.
+func callErr(t *testing.T, cs *mcp.ClientSession, tool string, args any) string {
+	t.Helper()
+	res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	if !res.IsError {
+		t.Fatalf("%s: want a tool error, got %s", tool, text(res))
+	}
+	return text(res)
+}
+
+func text(res *mcp.CallToolResult) string {
+	var s string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			s += tc.Text
+		}
+	}
+	return s
+}

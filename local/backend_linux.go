@@ -1,0 +1,454 @@
+//go:build linux
+
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// Backend creates sandboxes on this host. It is safe for concurrent use.
+type Backend struct {
+	dir     string
+	selfExe string
+	pidsMax int
+	log     *slog.Logger
+	cg      cgroupLayout
+
+	mu sync.Mutex
+	// live holds the processes this server itself started (the shims are
+	// its children), so Wait can block on them instead of polling.
+	live map[string]*process
+	// creating holds the ids of sandboxes being created: List leaves them
+	// out, so a cleanup sweep cannot destroy one under Create's feet.
+	creating map[string]bool
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// Timeouts of Destroy's steps; the kernel is normally done in
+// milliseconds, these only bound a misbehaving host.
+const (
+	drainTimeout   = 5 * time.Second
+	shimGrace      = 10 * time.Second // a shim that has not written its pid by then never started
+	probeTimeout   = 15 * time.Second
+	needRootReason = "the local backend needs root (for user-namespace uid ranges and cgroup limits); run as root or use DELEGATE_BACKEND=proxmox"
+)
+
+// New returns a Backend after checking (Check) that this host can run it.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("local backend: Config.Dir is required")
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	self := cfg.SelfExe
+	if self == "" {
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("local backend: find own executable: %w", err)
+		}
+	}
+	if self, err = filepath.Abs(self); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	pids := cfg.PidsMax
+	if pids == 0 {
+		pids = DefaultPidsMax
+	}
+	if pids < 0 {
+		return nil, fmt.Errorf("local backend: PidsMax %d is negative", pids)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}}
+	if b.cg, err = b.check(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	// Mounts are found again by their path in /proc/self/mountinfo, which
+	// shows it without symlinks.
+	if b.dir, err = filepath.EvalSymlinks(dir); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self)
+	return b, nil
+}
+
+// Check reports why this host cannot run the backend, or nil. It runs a
+// probe sandbox (SelfExe must call Reexec) and prepares the parent cgroups
+// of sandboxes, so it has the same side effects as New.
+func (b *Backend) Check() error {
+	_, err := b.check()
+	return err
+}
+
+func (b *Backend) check() (cgroupLayout, error) {
+	if os.Geteuid() != 0 {
+		return cgroupLayout{}, errors.New(needRootReason)
+	}
+	if err := seccompSupported(); err != nil {
+		return cgroupLayout{}, err
+	}
+	if data, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(data)) == "0" {
+		return cgroupLayout{}, errors.New("the local backend needs user namespaces, which are disabled here (sysctl user.max_user_namespaces = 0)")
+	}
+	fd, err := unix.Openat2(unix.AT_FDCWD, "/", &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+	if err != nil {
+		return cgroupLayout{}, fmt.Errorf("the local backend needs openat2 (Linux 5.6 or later) to handle sandbox files safely: %w", err)
+	}
+	unix.Close(fd)
+	cg, err := hostCgroups()
+	if err != nil {
+		return cgroupLayout{}, fmt.Errorf("the local backend cannot enforce limits: %w", err)
+	}
+	st, err := os.Stat(b.selfExe)
+	if err != nil {
+		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
+		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", b.selfExe)
+	}
+	// Prove that SelfExe re-executes into the helpers (main calls Reexec)
+	// and that the kernel lets us create the namespaces, now rather than
+	// at the first job.
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg)
+	cmd.Env = helperEnv()
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil || string(out) != "ok\n" {
+		return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe failed (does main call local.Reexec first? can this kernel create user namespaces?): %v: %s",
+			err, strings.TrimSpace(stderr.String()+string(out)))
+	}
+	return cg, nil
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "local" }
+
+// Capabilities implements sandbox.Backend. Everything listed is enforced:
+// New fails on a host where it could not be.
+func (b *Backend) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		FilesystemIsolation: true,
+		NetworkIsolation:    true,
+		CPULimit:            true,
+		MemoryLimit:         true,
+		PidsLimit:           true,
+		DiskLimit:           true,
+		Recover:             true,
+		Templates:           true,
+	}
+}
+
+// Create implements sandbox.Backend.
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if spec.Network {
+		return nil, errors.New("network egress is not supported by the local backend yet; run the job without network or on the proxmox backend")
+	}
+	if spec.MemoryBytes <= 0 {
+		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
+	}
+	if spec.DiskBytes <= 0 {
+		return nil, fmt.Errorf("local backend: disk size must be positive (got %d bytes)", spec.DiskBytes)
+	}
+	if spec.CPU < 0 || math.IsNaN(spec.CPU) || math.IsInf(spec.CPU, 0) {
+		return nil, fmt.Errorf("local backend: cpu must be a positive number of cores or 0 for no limit (got %v)", spec.CPU)
+	}
+	if spec.Template != "" {
+		if err := validateTemplate(spec.Template); err != nil {
+			return nil, err
+		}
+	}
+	id, err := newID("sb-", 6)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(b.dir, id)
+	b.mu.Lock()
+	b.creating[id] = true
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.creating, id)
+		b.mu.Unlock()
+	}()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	created := false
+	defer func() {
+		if !created {
+			if err := b.destroy(id); err != nil {
+				b.log.Error("cleanup of a failed sandbox", "sandbox", id, "err", err)
+			}
+		}
+	}()
+	if err := b.provision(id, dir, spec); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	created = true
+	b.log.Info("sandbox created", "sandbox", id, "job", spec.JobID, "cpu", spec.CPU,
+		"memory", spec.MemoryBytes, "disk", spec.DiskBytes, "template", spec.Template)
+	return &sbox{b: b, id: id, dir: dir}, nil
+}
+
+// provision fills a new sandbox directory. Every step leaves a trace that
+// destroy can undo (state.json is written before the cgroups exist).
+func (b *Backend) provision(id, dir string, spec sandbox.Spec) error {
+	// Only init's group (the user namespace's root, host gid hostIDBase)
+	// may search the directory: init reaches its workspace, rootfs and
+	// template through it. Nothing in it is readable to that group.
+	if err := os.Chown(dir, 0, hostIDBase); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o710); err != nil {
+		return err
+	}
+	st := sandboxState{
+		ID:          id,
+		JobID:       spec.JobID,
+		Created:     time.Now().UTC(),
+		CPU:         spec.CPU,
+		MemoryBytes: spec.MemoryBytes,
+		DiskBytes:   spec.DiskBytes,
+		PidsMax:     b.pidsMax,
+		Template:    spec.Template,
+		Cgroup:      b.cg.names(id),
+	}
+	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
+		return err
+	}
+	for _, d := range []string{dirWorkspace, dirRootfs} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	ws := filepath.Join(dir, dirWorkspace)
+	// The tmpfs size is the disk limit. It is mounted here, in the host's
+	// mount namespace, so the server can write files before the job runs
+	// and read them after it ended. Its pages are memory, and count
+	// against the memory limit of whoever writes them.
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d",
+		spec.DiskBytes, max(spec.DiskBytes/4096, 16384), hostJobID, hostJobID)
+	if err := unix.Mount("tmpfs", ws, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount workspace tmpfs: %w", err)
+	}
+	if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make workspace private: %w", err)
+	}
+	if spec.Template != "" {
+		// A read-only bind here, made as host root, lets the unprivileged
+		// init reach a template whose path it could not search.
+		tpl := filepath.Join(dir, dirTemplate)
+		if err := os.Mkdir(tpl, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(spec.Template, tpl, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind vmTemplate %s: %w", spec.Template, err)
+		}
+		if err := unix.Mount("", tpl, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make template private: %w", err)
+		}
+		if err := readOnlyRecursive(tpl); err != nil {
+			return err
+		}
+	}
+	return st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax})
+}
+
+// validateTemplate checks that a vmTemplate is a usable rootfs directory.
+func validateTemplate(p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return fmt.Errorf("vmTemplate %q: the local backend needs the absolute, clean path of a root filesystem directory", p)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return fmt.Errorf("vmTemplate %q: %w", p, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("vmTemplate %q is not a directory; the local backend needs a root filesystem directory", p)
+	}
+	if st.Mode().Perm()&0o005 != 0o005 {
+		return fmt.Errorf("vmTemplate %q must be readable and searchable by all users (mode o+rx): the sandbox's init runs unprivileged", p)
+	}
+	root, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("vmTemplate %q: %w", p, err)
+	}
+	defer unix.Close(root)
+	for _, sh := range []string{"bin/sh", "usr/bin/sh"} {
+		// Resolved as the sandbox will: symlinks stay inside the template.
+		fd, err := unix.Openat2(root, sh, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+		if err != nil {
+			continue
+		}
+		var s unix.Stat_t
+		err = unix.Fstat(fd, &s)
+		unix.Close(fd)
+		if err == nil && s.Mode&unix.S_IFMT == unix.S_IFREG {
+			return nil
+		}
+	}
+	return fmt.Errorf("vmTemplate %q has no bin/sh or usr/bin/sh: it is not a root filesystem directory", p)
+}
+
+// Recover implements sandbox.Backend.
+func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	if !idPattern.MatchString(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, sandbox.ErrGone)
+	}
+	dir := filepath.Join(b.dir, id)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("sandbox %s: %w", id, sandbox.ErrGone)
+	}
+	return &sbox{b: b, id: id, dir: dir}, nil
+}
+
+// List implements sandbox.Backend.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(b.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && idPattern.MatchString(e.Name()) && !b.creating[e.Name()] {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Destroy implements sandbox.Backend.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("destroy sandbox: %q is not a local sandbox id", id)
+	}
+	return b.destroy(id)
+}
+
+// state reads a sandbox's state. When it is missing or unreadable (a
+// Create that failed early) the cgroup names are derived from the id, so
+// cleanup still finds them.
+func (b *Backend) state(dir, id string) (sandboxState, error) {
+	var st sandboxState
+	err := readJSON(filepath.Join(dir, fileState), &st)
+	if err != nil || st.Cgroup.Version == 0 {
+		st.Cgroup = b.cg.names(id)
+	}
+	return st, err
+}
+
+// destroy kills, unmounts, removes the cgroups and the directory, in that
+// order; what is already gone is skipped.
+func (b *Backend) destroy(id string) error {
+	dir := filepath.Join(b.dir, id)
+	defer func() {
+		b.mu.Lock()
+		delete(b.live, id)
+		b.mu.Unlock()
+	}()
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		// Nothing to find the sandbox by; groups under the usual names may
+		// still be there (a Destroy interrupted after its directory went).
+		b.cg.names(id).remove(0)
+		return nil
+	}
+	st, stErr := b.state(dir, id)
+	if stErr != nil && !errors.Is(stErr, os.ErrNotExist) {
+		b.log.Warn("destroy: unreadable sandbox state, using default cgroup names", "sandbox", id, "err", stErr)
+	}
+	var errs []error
+	killSandbox(dir, st.Cgroup)
+	if err := st.Cgroup.waitEmpty(drainTimeout); err != nil {
+		errs = append(errs, err)
+	}
+	b.waitShim(id, dir, drainTimeout)
+	if err := unmountAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := st.Cgroup.remove(drainTimeout); err != nil {
+		errs = append(errs, err)
+	}
+	// The directory goes last and only when all else is gone: while it
+	// exists, List shows the sandbox and a later Destroy can finish the job
+	// (and removing files through a mount would empty it, not free it).
+	if len(errs) == 0 {
+		if err := removeAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	b.log.Info("sandbox destroyed", "sandbox", id)
+	return nil
+}
+
+// removeAll retries because a shim that is just finishing may still add a
+// file while the directory is being emptied.
+func removeAll(dir string) error {
+	var err error
+	for range 5 {
+		if err = os.RemoveAll(dir); err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+// waitShim waits for the sandbox's shim to exit (it does right after
+// init), and kills it if it does not.
+func (b *Backend) waitShim(id, dir string, timeout time.Duration) {
+	b.mu.Lock()
+	p := b.live[id]
+	b.mu.Unlock()
+	if p != nil && p.done != nil {
+		select {
+		case <-p.done:
+			return
+		case <-time.After(timeout):
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		pid, alive := shimAlive(dir)
+		if !alive {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.log.Warn("sandbox shim did not exit; killing it", "sandbox", id, "pid", pid)
+			unix.Kill(pid, unix.SIGKILL)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

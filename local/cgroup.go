@@ -1,0 +1,29 @@
+package local
+
+// cgroupSet names a sandbox's cgroups: one directory per controller (in
+// cgroup v2 all three are the same directory). It is stored in state.json
+// so that a restarted server finds the groups it must kill and remove.
+type cgroupSet struct {
+	Version int    `json:"version"` // 1 or 2
+	Memory  string `json:"memory"`
+	CPU     string `json:"cpu"`
+	Pids    string `json:"pids"`
+}
+
+// dirs returns each distinct directory once, in a fixed order.
+func (c cgroupSet) dirs() []string {
+	var out []string
+	for _, d := range []string{c.Memory, c.CPU, c.Pids} {
+		if d == "" {
+			continue
+		}
+		dup := false
+		for _, o := range out {
+			dup = dup || o == d
+		}
+		if !dup {
+			out = append(out, d)
+		}
+	}
+	return out
+}

@@ -1,0 +1,40 @@
+// Package local is delegate's embedded default backend: a Linux namespace
+// sandbox on the machine the server runs on, with no external dependencies.
+//
+// Each sandbox is a directory under Config.Dir. Its process tree is
+//
+//	server → shim (SelfExe __sandbox-shim <dir>, its own session)
+//	       → init (SelfExe __sandbox-init, pid 1 of new user, mount, pid,
+//	               net, ipc, uts and cgroup namespaces)
+//	       → job  (the command, inside uid/gid 1000, no capabilities,
+//	               no_new_privs, a seccomp deny-list)
+//
+// The shim, not the server, owns the job: it collects the output into a
+// file and records how the job ended in exit.json, so the server can be
+// restarted (or killed) while jobs run and re-attach to them afterwards.
+//
+// Isolation: the job sees a read-only root built from the host's /usr,
+// /bin, /sbin, /lib*, /etc (or a template rootfs), a writable /workspace,
+// a private /tmp, its own /proc, a minimal /dev, an empty network namespace
+// with only loopback, and inside uids 0..65535 mapped to host uids
+// 100000..165535, so host files owned by root appear as nobody's.
+//
+// Limits: memory, cpu and pids through cgroups (v2 when the unified
+// hierarchy has those controllers, else v1). The workspace is a tmpfs of
+// Spec.DiskBytes; tmpfs pages are memory, so what a job writes to
+// /workspace or /tmp also counts against its memory limit.
+//
+// What the job can read: everything world-readable in the host's /usr,
+// /bin, /sbin, /lib* and /etc. Keep secrets (delegate's own configuration
+// included) out of world-readable files there.
+//
+// Deployment: the server must run as root. Shims are detached (own
+// session) so that jobs survive a server restart; a service manager must
+// not kill the whole control group when it stops the server (systemd:
+// KillMode=process), or running jobs die with it and are reported lost.
+//
+// The shared kernel makes this weaker than a virtual machine; keep the
+// Proxmox backend for hostile code.
+//
+// Programs that use this package must call Reexec first thing in main.
+package local

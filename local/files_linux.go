@@ -1,0 +1,180 @@
+//go:build linux
+
+package local
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// workspaceResolve confines every lookup below the workspace root and
+// refuses symlinks outright: the job owns the workspace and may have
+// planted links (to /etc, to the server's files) or swap them in while we
+// look, and only the kernel can resolve a path atomically.
+const workspaceResolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// workspaceRel maps an absolute sandbox path inside /workspace to a path
+// relative to the workspace root, or explains why it is not allowed.
+func workspaceRel(p string) (string, error) {
+	if !path.IsAbs(p) {
+		return "", fmt.Errorf("path %q must be absolute", p)
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", fmt.Errorf("path %q contains a NUL byte", p)
+	}
+	rel, ok := strings.CutPrefix(path.Clean(p), "/workspace/")
+	if !ok {
+		return "", fmt.Errorf("path %q is outside /workspace, the only place the local backend reads and writes", p)
+	}
+	return rel, nil
+}
+
+// openWorkspace opens the workspace root, making sure it is the tmpfs
+// (and not the empty directory under it, after an unmount).
+func openWorkspace(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open workspace: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		unix.Close(fd)
+		return -1, errors.New("the sandbox workspace is not mounted")
+	}
+	return fd, nil
+}
+
+// explain turns the errors of a confined lookup into words.
+func explain(op, p string, err error) error {
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return fmt.Errorf("%s %s: the path contains a symlink, which is not followed: %w", op, p, err)
+	case errors.Is(err, unix.EXDEV):
+		return fmt.Errorf("%s %s: the path leaves the workspace: %w", op, p, err)
+	case errors.Is(err, unix.ENXIO):
+		return fmt.Errorf("%s %s: not a regular file: %w", op, p, err)
+	}
+	return fmt.Errorf("%s %s: %w", op, p, err)
+}
+
+// checkRegular checks that fd is a regular file (not a FIFO a job planted
+// to block us, nor a device).
+func checkRegular(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return errors.New("not a regular file")
+	}
+	return nil
+}
+
+// writeWorkspaceFile writes data to p (inside /workspace), creating its
+// parent directories; everything it creates belongs to the job's user.
+func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
+	rel, err := workspaceRel(p)
+	if err != nil {
+		return fmt.Errorf("write file: %w", err)
+	}
+	cur, err := openWorkspace(wsDir)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	defer func() { unix.Close(cur) }()
+	parts := strings.Split(rel, "/")
+	for _, name := range parts[:len(parts)-1] {
+		created := false
+		switch err := unix.Mkdirat(cur, name, 0o755); {
+		case err == nil:
+			created = true
+		case !errors.Is(err, unix.EEXIST):
+			return explain("write", p, err)
+		}
+		next, err := unix.Openat2(cur, name, &unix.OpenHow{
+			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: workspaceResolve,
+		})
+		if err != nil {
+			var st unix.Stat_t
+			if unix.Fstatat(cur, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = unix.ELOOP // O_DIRECTORY|O_NOFOLLOW says ENOTDIR
+			}
+			return explain("write", p, err)
+		}
+		unix.Close(cur)
+		cur = next
+		if created {
+			if err := unix.Fchown(cur, hostJobID, hostJobID); err != nil {
+				return explain("write", p, err)
+			}
+		}
+	}
+	// No O_TRUNC before we know it is a regular file; O_NONBLOCK so a FIFO
+	// cannot make us wait.
+	fd, err := unix.Openat2(cur, parts[len(parts)-1], &unix.OpenHow{
+		Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC,
+		Mode:    0o600,
+		Resolve: workspaceResolve,
+	})
+	if err != nil {
+		return explain("write", p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	for _, step := range []func() error{
+		func() error { return checkRegular(fd) },
+		func() error { return unix.Ftruncate(fd, 0) },
+		func() error { return unix.Fchown(fd, hostJobID, hostJobID) },
+		func() error { return unix.Fchmod(fd, uint32(mode.Perm())) },
+		func() error { _, err := f.Write(data); return err },
+	} {
+		if err := step(); err != nil {
+			return explain("write", p, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		return explain("write", p, err)
+	}
+	return nil
+}
+
+// readWorkspaceFile reads at most max bytes of p (inside /workspace).
+func readWorkspaceFile(wsDir, p string, max int64) ([]byte, error) {
+	if max < 0 {
+		return nil, fmt.Errorf("read %s: negative max %d", p, max)
+	}
+	rel, err := workspaceRel(p)
+	if err != nil {
+		return nil, fmt.Errorf("read file: %w", err)
+	}
+	ws, err := openWorkspace(wsDir)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	defer unix.Close(ws)
+	fd, err := unix.Openat2(ws, rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC,
+		Resolve: workspaceResolve,
+	})
+	if err != nil {
+		return nil, explain("read", p, err)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	if err := checkRegular(fd); err != nil {
+		return nil, explain("read", p, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max))
+	if err != nil {
+		return nil, explain("read", p, err)
+	}
+	return data, nil
+}

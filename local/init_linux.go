@@ -1,0 +1,208 @@
+//go:build linux
+
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// defaultJobPath is searched when the command's environment has no PATH.
+const defaultJobPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Inherited descriptors of init (set up by the shim).
+const (
+	initSyncFD   = 3 // read: the initConfig, then EOF = "you are in your cgroups, go"
+	initStatusFD = 4 // write: one initStatus just before init exits
+)
+
+// runInit is pid 1 of the sandbox, uid 0 of its user namespace. It waits
+// for the shim's go-ahead, builds the root filesystem, locks itself down,
+// starts the job as an unprivileged user, reaps zombies until the job has
+// exited, and exits with the job's status. When init exits the kernel
+// kills everything left in the pid namespace.
+//
+// Setup failures go to stderr (the job's output) with setupPrefix, so a
+// user sees why a job did not run instead of a bare exit code.
+func runInit(args []string) int {
+	// unshare and the job's fork must happen on the same OS thread:
+	// namespaces belong to threads, and the job inherits from the one that
+	// forks it.
+	runtime.LockOSThread()
+	if len(args) == 1 && args[0] == probeArg {
+		if os.Getpid() == 1 && os.Getuid() == 0 {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "%sprobe: pid %d uid %d, want pid 1 uid 0\n", setupPrefix, os.Getpid(), os.Getuid())
+		return codeSetupFailed
+	}
+	// init remounts and pivots the root: only ever in the fresh namespaces
+	// the shim made, never when someone runs the hidden command by hand.
+	if os.Getpid() != 1 {
+		fmt.Fprintf(os.Stderr, "%s%s is internal: it runs only as pid 1 of a new sandbox\n", setupPrefix, initCommand)
+		return codeSetupFailed
+	}
+	// A known umask for the root we build and for the job, whatever the
+	// server's was.
+	syscall.Umask(0o022)
+	syscall.CloseOnExec(initSyncFD)
+	syscall.CloseOnExec(initStatusFD)
+	syncPipe := os.NewFile(initSyncFD, "sync")
+	statusPipe := os.NewFile(initStatusFD, "status")
+
+	report := func(s initStatus) int {
+		if data, err := json.Marshal(s); err == nil {
+			statusPipe.Write(data)
+		}
+		statusPipe.Close()
+		return s.Code
+	}
+	fail := func(code int, err error) int {
+		fmt.Fprintf(os.Stderr, "%s%v\n", setupPrefix, err)
+		return report(initStatus{Code: code, Reason: err.Error()})
+	}
+
+	data, err := io.ReadAll(syncPipe)
+	syncPipe.Close()
+	if err != nil {
+		return fail(codeSetupFailed, fmt.Errorf("read instructions: %w", err))
+	}
+	if len(data) == 0 {
+		return fail(codeSetupFailed, errors.New("the sandbox was never released (its shim went away)"))
+	}
+	var cfg initConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fail(codeSetupFailed, fmt.Errorf("decode instructions: %w", err))
+	}
+	if err := lockDown(cfg); err != nil {
+		return fail(codeSetupFailed, err)
+	}
+	path, err := jobPath(cfg.Args[0], cfg.Env, cfg.Dir)
+	if err != nil {
+		return fail(codeNotFound, err)
+	}
+	if st, err := os.Stat(cfg.Dir); err != nil || !st.IsDir() {
+		return fail(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", cfg.Dir))
+	}
+	pid, err := syscall.ForkExec(path, cfg.Args, &syscall.ProcAttr{
+		Dir:   cfg.Dir,
+		Env:   cfg.Env,
+		Files: []uintptr{0, 1, 1}, // stdout and stderr into the one output pipe
+		Sys: &syscall.SysProcAttr{
+			// Leaving uid 0 for a non-zero uid clears every capability, so
+			// the job runs with none even inside its user namespace.
+			Credential: &syscall.Credential{Uid: jobID, Gid: jobID, Groups: []uint32{}},
+		},
+	})
+	if err != nil {
+		code := codeCannotExec
+		if errors.Is(err, syscall.ENOENT) {
+			code = codeNotFound
+		}
+		return fail(code, fmt.Errorf("cannot run %q: %w", cfg.Args[0], err))
+	}
+	return report(reap(pid))
+}
+
+// lockDown turns the fresh namespaces into the sandbox: root filesystem,
+// hostname, loopback, then the restrictions that also bind init itself.
+func lockDown(cfg initConfig) error {
+	if len(cfg.Args) == 0 || cfg.Args[0] == "" {
+		return errors.New("no command")
+	}
+	// A cgroup namespace rooted at the sandbox's own group (init has been
+	// placed there) hides the host's cgroup paths. Cosmetic, so a kernel
+	// without it is not a reason to fail.
+	_ = unix.Unshare(unix.CLONE_NEWCGROUP)
+	if err := buildRoot(cfg); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte("sandbox")); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	// No core dumps: a core_pattern pipe helper would run on the host.
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		return fmt.Errorf("set RLIMIT_CORE: %w", err)
+	}
+	if err := dropBoundingSet(); err != nil {
+		return err
+	}
+	return installSeccomp()
+}
+
+// dropBoundingSet empties the capability bounding set, so nothing the job
+// executes can ever gain a capability, even a file capability.
+func dropBoundingSet() error {
+	for c := 0; c < 64; c++ {
+		err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+		if errors.Is(err, unix.EINVAL) {
+			return nil // past the last capability this kernel knows
+		}
+		if err != nil {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	return nil
+}
+
+// jobPath resolves the command like execvp would in the job: on the PATH
+// of the job's environment (not init's), relative entries against the
+// job's working directory.
+func jobPath(name string, env []string, dir string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil // execve resolves it against the working directory
+	}
+	pathEnv, found := defaultJobPath, false
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok && !found {
+			pathEnv, found = v, true // the first one, as getenv(3) sees it
+		}
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: command not found in PATH %q", name, pathEnv)
+}
+
+// reap waits for any child (pid 1 inherits every orphan of the sandbox and
+// must collect them) until the job itself has exited.
+func reap(job int) initStatus {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return initStatus{Code: codeSetupFailed, Reason: fmt.Sprintf("wait: %v", err)}
+		}
+		if pid != job {
+			continue
+		}
+		if ws.Signaled() {
+			return initStatus{Code: 128 + int(ws.Signal()), Signal: ws.Signal().String()}
+		}
+		return initStatus{Code: ws.ExitStatus()}
+	}
+}

@@ -1,0 +1,180 @@
+//go:build linux
+
+package local
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestIsolation runs one probe per sandbox; each script prints a verdict
+// the test checks, so a probe that cannot run fails rather than passes.
+func TestIsolation(t *testing.T) {
+	b := newBackend(t, 0)
+	tmpName := fmt.Sprintf("delegate-isolation-%d", time.Now().UnixNano())
+	t.Cleanup(func() { os.Remove(filepath.Join(os.TempDir(), tmpName)) })
+	tests := []struct {
+		name   string
+		needs  string // host program the probe uses
+		script string
+		want   []string
+	}{
+		{
+			name:   "root, /usr and /etc are read-only",
+			script: `for f in /x /usr/x /etc/x /bin/x /root/x /home/x; do if touch $f 2>/dev/null; then echo "WROTE $f"; else echo "denied $f"; fi; done`,
+			want:   []string{"denied /x\n", "denied /usr/x\n", "denied /etc/x\n", "denied /bin/x\n", "denied /root/x\n", "denied /home/x\n"},
+		},
+		{
+			name:   "/workspace and /tmp are writable",
+			script: `echo a > /workspace/f && echo a > /tmp/f && echo a > /dev/shm/f && echo writable`,
+			want:   []string{"writable\n"},
+		},
+		{
+			name:   "private /tmp",
+			script: `echo secret > /tmp/` + tmpName + ` && echo written`,
+			want:   []string{"written\n"},
+		},
+		{
+			name:   "host /root and /home are not visible",
+			script: `echo "root:[$(ls -A /root 2>&1)] home:[$(ls -A /home 2>&1)]"`,
+			want:   []string{"root:[] home:[]\n"},
+		},
+		{
+			name:   "host state and private directories are not there",
+			script: `for d in ` + b.dir + ` /var /opt /srv /run /mnt /media /sys; do if [ -e $d ]; then echo "SEEN $d"; else echo "absent $d"; fi; done`,
+			want:   []string{"absent " + b.dir + "\n", "absent /var\n", "absent /opt\n", "absent /run\n", "absent /mnt\n", "absent /sys\n"},
+		},
+		{
+			name:   "host root's files are nobody's",
+			script: `stat -c '%U' /etc/passwd; if cat /etc/shadow >/dev/null 2>&1; then echo "READ shadow"; else echo "shadow denied"; fi`,
+			want:   []string{"nobody\n", "shadow denied\n"},
+		},
+		{
+			name:   "uid 1000, no capabilities, no_new_privs, seccomp",
+			script: `id -u; id -g; echo "groups=[$(id -G)]"; grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status`,
+			want: []string{"1000\n1000\n", "Uid:\t1000\t1000\t1000\t1000\n", "Gid:\t1000\t1000\t1000\t1000\n", "groups=[1000]\n",
+				"CapInh:\t0000000000000000\n", "CapPrm:\t0000000000000000\n", "CapEff:\t0000000000000000\n",
+				"CapBnd:\t0000000000000000\n", "CapAmb:\t0000000000000000\n", "NoNewPrivs:\t1\n", "Seccomp:\t2\n"},
+		},
+		{
+			name:   "own pid namespace",
+			script: `echo "pid1=$(cat /proc/1/cmdline | tr '\0' ' ')"; n=$(ls /proc | grep -c '^[0-9]'); if [ $n -le 6 ]; then echo few; else echo "SEEN $n processes"; fi`,
+			want:   []string{"pid1=delegate-sandbox-init " + initCommand + " \n", "few\n"},
+		},
+		{
+			name:   "hostname",
+			script: `hostname`,
+			want:   []string{"sandbox\n"},
+		},
+		{
+			name:   "unshare fails",
+			needs:  "unshare",
+			script: `unshare -U true 2>&1; echo "rc=$?"; unshare -m true 2>&1; echo "rc=$?"`,
+			want:   []string{"Operation not permitted", "rc=1\n"},
+		},
+		{
+			name:   "mount fails",
+			needs:  "mount",
+			script: `mount -t tmpfs x /tmp 2>&1; echo "rc=$?"`,
+			want:   []string{"rc=32\n"},
+		},
+		{
+			name:   "minimal /dev",
+			script: `ls /dev | tr '\n' ' '; echo; echo x > /dev/null && head -c 4 /dev/urandom | wc -c`,
+			want:   []string{"fd full null random shm stderr stdin stdout tty urandom zero \n", "4\n"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.needs != "" {
+				if _, err := exec.LookPath(tt.needs); err != nil {
+					t.Skipf("%s is not installed on this host", tt.needs)
+				}
+			}
+			exit, out := sh(t, b, tt.script)
+			if exit.Code != 0 {
+				t.Errorf("exit = %+v", exit)
+			}
+			wantContains(t, out, tt.want...)
+			if strings.Contains(out, "WROTE") || strings.Contains(out, "SEEN") || strings.Contains(out, "READ") {
+				t.Errorf("isolation breach:\n%s", out)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(os.TempDir(), tmpName)); err == nil {
+		t.Errorf("the job's /tmp file appeared in the host's %s", os.TempDir())
+	}
+}
+
+func TestSeccompFromInside(t *testing.T) {
+	b := newBackend(t, 0)
+	sb := create(t, b, defaultSpec())
+	exit, out := runHelperIn(t, sb, "syscalls")
+	if exit.Code != 0 {
+		t.Fatalf("exit %+v:\n%s", exit, out)
+	}
+	wantContains(t, out,
+		"unshare=operation not permitted\n",
+		"mount=operation not permitted\n",
+		"keyctl=operation not permitted\n",
+		"ptrace=operation not permitted\n",
+		"bpf=operation not permitted\n",
+		"clone3=function not implemented\n",
+		"x32=operation not permitted\n",
+		"clone-newuser=fork/exec /bin/true: operation not permitted\n",
+		"clone-plain=ok\n")
+}
+
+func TestNetwork(t *testing.T) {
+	b := newBackend(t, 0)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{}, 10)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	addr := l.Addr().String()
+
+	// The same helper reaches the listener from the host, so a failure
+	// inside is the sandbox's doing, not the helper's.
+	self, _ := os.Executable()
+	cmd := exec.Command(self, addr)
+	cmd.Env = []string{testHelperEnv + "=connect"}
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "connected") {
+		t.Fatalf("control connection from the host failed: %v: %s", err, out)
+	}
+	<-accepted
+
+	for _, target := range []string{addr, "1.1.1.1:53", "[::1]:22"} {
+		exit, out := runHelperIn(t, create(t, b, defaultSpec()), "connect", target)
+		if exit.Code != 1 || !strings.Contains(out, "connect failed") {
+			t.Errorf("connect %s from inside: exit %+v, output %q; want a failure", target, exit, out)
+		}
+	}
+	select {
+	case <-accepted:
+		t.Error("the host's listener accepted a connection from the sandbox")
+	default:
+	}
+
+	exit, out := runHelperIn(t, create(t, b, defaultSpec()), "loopback")
+	if exit.Code != 0 || !strings.Contains(out, "loopback pong <nil>") {
+		t.Errorf("loopback inside: exit %+v, output %q", exit, out)
+	}
+}

@@ -1,0 +1,147 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// process is a sandbox's one command. done is set when this server
+// started the shim (its child); a process found again after a restart has
+// none and polls the sandbox directory instead.
+type process struct {
+	s       *sbox
+	id      string
+	done    chan struct{}
+	shimErr error // how the shim exited; read only after done is closed
+}
+
+var _ sandbox.Process = (*process)(nil)
+
+func (p *process) ID() string { return p.id }
+
+// ReadOutput implements sandbox.Process.
+func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
+	if offset < 0 || max < 0 {
+		return nil, fmt.Errorf("read output: negative offset %d or max %d", offset, max)
+	}
+	f, err := os.Open(p.s.path(fileOutput))
+	if errors.Is(err, os.ErrNotExist) {
+		if p.s.gone() {
+			return nil, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
+		}
+		return nil, nil // not started yet
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read output: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read output: %w", err)
+	}
+	n := min(int64(max), st.Size()-offset)
+	if n <= 0 {
+		return nil, nil
+	}
+	buf := make([]byte, n)
+	got, err := f.ReadAt(buf, offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read output: %w", err)
+	}
+	return buf[:got], nil
+}
+
+// readExit returns the recorded exit, os.ErrNotExist while there is none,
+// or sandbox.ErrGone when the sandbox itself has disappeared.
+func (p *process) readExit() (sandbox.Exit, error) {
+	var r exitRecord
+	if err := readJSON(p.s.path(fileExit), &r); err != nil {
+		if errors.Is(err, os.ErrNotExist) && p.s.gone() {
+			return sandbox.Exit{}, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
+		}
+		return sandbox.Exit{}, err
+	}
+	return sandbox.Exit{
+		Code:        r.Code,
+		Signal:      r.Signal,
+		OOMKilled:   r.OOMKilled,
+		OutputBytes: r.OutputBytes,
+		Truncated:   r.Truncated,
+		Killed:      r.Killed,
+
+		DeadlineExceeded: r.DeadlineExceeded,
+		Reason:           r.Reason,
+	}, nil
+}
+
+// Wait implements sandbox.Process.
+func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
+	if p.done != nil {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return sandbox.Exit{}, ctx.Err()
+		}
+		exit, err := p.readExit()
+		if errors.Is(err, os.ErrNotExist) {
+			return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
+		}
+		return exit, err
+	}
+	tick := time.NewTicker(sandbox.PollInterval)
+	defer tick.Stop()
+	for {
+		exit, err := p.readExit()
+		if !errors.Is(err, os.ErrNotExist) {
+			return exit, err
+		}
+		pid, alive := shimAlive(p.s.dir)
+		if !alive {
+			// It may have recorded the exit just before it ended.
+			if exit, err := p.readExit(); !errors.Is(err, os.ErrNotExist) {
+				return exit, err
+			}
+			if pid != 0 {
+				return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim (pid %d) is gone", pid))
+			}
+			if st, err := os.Stat(p.s.path(fileExec)); err != nil || time.Since(st.ModTime()) > shimGrace {
+				return sandbox.Exit{}, p.lostError("the sandbox shim never started")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return sandbox.Exit{}, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// lostError explains a process whose end was not recorded, with the tail
+// of the shim's log for whoever has to find out why.
+func (p *process) lostError(what string) error {
+	msg := fmt.Sprintf("sandbox %s: %s without recording how the command ended (killed or crashed); its result is lost", p.s.id, what)
+	if log, err := os.ReadFile(p.s.path(fileShimLog)); err == nil && len(log) > 0 {
+		tail := strings.TrimSpace(string(log[max(0, len(log)-500):]))
+		msg += "; shim log: " + tail
+	}
+	return errors.New(msg)
+}
+
+// Kill implements sandbox.Process. It returns once every process of the
+// sandbox has been sent SIGKILL; Wait then reports Killed.
+func (p *process) Kill(ctx context.Context) error {
+	if p.s.gone() {
+		return nil
+	}
+	st, _ := p.s.b.state(p.s.dir, p.s.id)
+	return killSandbox(p.s.dir, st.Cgroup)
+}

@@ -1,0 +1,271 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// sbox is one sandbox directory. It holds no state of its own: everything
+// is in the directory, so any number of sbox values (and servers, one
+// after another) can refer to the same sandbox.
+type sbox struct {
+	b   *Backend
+	id  string
+	dir string
+}
+
+var _ sandbox.Sandbox = (*sbox)(nil)
+
+func (s *sbox) ID() string { return s.id }
+
+func (s *sbox) Destroy(ctx context.Context) error { return s.b.destroy(s.id) }
+
+func (s *sbox) path(name string) string { return filepath.Join(s.dir, name) }
+
+// gone reports whether the sandbox directory has disappeared.
+func (s *sbox) gone() bool {
+	_, err := os.Lstat(s.dir)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// WriteFile implements sandbox.Sandbox; see writeWorkspaceFile.
+func (s *sbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := writeWorkspaceFile(s.path(dirWorkspace), p, data, mode); err != nil {
+		return s.goneOr(err)
+	}
+	return nil
+}
+
+// ReadFile implements sandbox.Sandbox; see readWorkspaceFile.
+func (s *sbox) ReadFile(ctx context.Context, p string, max int64) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	data, err := readWorkspaceFile(s.path(dirWorkspace), p, max)
+	if err != nil {
+		return nil, s.goneOr(err)
+	}
+	return data, nil
+}
+
+func (s *sbox) goneOr(err error) error {
+	if s.gone() {
+		return fmt.Errorf("sandbox %s: %w", s.id, sandbox.ErrGone)
+	}
+	return err
+}
+
+// validateCommand rejects what execve could not take, with a clear error
+// now instead of an obscure one from inside the sandbox.
+func validateCommand(cmd sandbox.Command) (execRecord, error) {
+	if len(cmd.Args) == 0 || cmd.Args[0] == "" {
+		return execRecord{}, errors.New("exec: the command has no program (Args[0] is empty)")
+	}
+	for i, a := range cmd.Args {
+		if strings.IndexByte(a, 0) >= 0 {
+			return execRecord{}, fmt.Errorf("exec: argument %d contains a NUL byte", i)
+		}
+	}
+	for i, e := range cmd.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.IndexByte(e, 0) >= 0 {
+			return execRecord{}, fmt.Errorf("exec: environment entry %d is not KEY=VALUE without NUL bytes", i)
+		}
+	}
+	dir := cmd.Dir
+	if dir == "" {
+		dir = "/workspace"
+	}
+	if !path.IsAbs(dir) || strings.IndexByte(dir, 0) >= 0 {
+		return execRecord{}, fmt.Errorf("exec: working directory %q must be an absolute path", dir)
+	}
+	limit := cmd.OutputLimit
+	if limit <= 0 {
+		limit = DefaultOutputLimit
+	}
+	return execRecord{Args: cmd.Args, Env: cmd.Env, Dir: path.Clean(dir), OutputLimit: limit, Deadline: cmd.Deadline}, nil
+}
+
+// Exec implements sandbox.Sandbox: it records the command and starts the
+// shim, which runs it. The shim is not tied to ctx nor to this process:
+// the job outlives a server restart.
+func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rec, err := validateCommand(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if s.gone() {
+		return nil, fmt.Errorf("sandbox %s: %w", s.id, sandbox.ErrGone)
+	}
+	if rec.ID, err = newID("ex-", 4); err != nil {
+		return nil, err
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	// O_EXCL makes "one command per sandbox" hold across goroutines and
+	// server processes alike.
+	f, err := os.OpenFile(s.path(fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("exec: sandbox %s already ran its one command", s.id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(s.path(fileExec))
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	logf, err := os.OpenFile(s.path(fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		os.Remove(s.path(fileExec))
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	shim := &exec.Cmd{
+		Path:   s.b.selfExe,
+		Args:   []string{s.b.selfExe, shimCommand, s.dir},
+		Env:    helperEnv(),
+		Stdout: logf, // never the server's stdout: that is the MCP channel
+		Stderr: logf,
+		// A session of its own: signals for the server's process group
+		// (Ctrl-C, a service stop) do not reach the job's supervisor.
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = shim.Start()
+	logf.Close()
+	if err != nil {
+		os.Remove(s.path(fileExec))
+		return nil, fmt.Errorf("exec: start sandbox shim: %w", err)
+	}
+	if err := writeFileAtomic(s.path(fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+		s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
+	}
+	p := &process{s: s, id: rec.ID, done: make(chan struct{})}
+	go func() {
+		p.shimErr = shim.Wait()
+		close(p.done)
+	}()
+	s.b.mu.Lock()
+	s.b.live[s.id] = p
+	s.b.mu.Unlock()
+	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", rec.ID, "shim", shim.Process.Pid)
+	return p, nil
+}
+
+// Process implements sandbox.Sandbox.
+func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
+	s.b.mu.Lock()
+	p := s.b.live[s.id]
+	s.b.mu.Unlock()
+	if p != nil && p.id == execID {
+		return p, nil
+	}
+	var rec execRecord
+	if err := readJSON(s.path(fileExec), &rec); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
+		}
+		return nil, err
+	}
+	if rec.ID != execID {
+		return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
+	}
+	return &process{s: s, id: execID}, nil
+}
+
+// killSandbox ends every process of a sandbox. The marker comes first:
+// the shim checks it after placing init in the cgroups and before letting
+// it run, so a Kill that races with the start is never lost.
+func killSandbox(dir string, cg cgroupSet) error {
+	if err := os.WriteFile(filepath.Join(dir, fileKilled), nil, 0o600); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // destroyed: nothing left to kill
+		}
+		return fmt.Errorf("kill: %w", err)
+	}
+	pids, err := cg.procs()
+	// pid 1 first: its death takes the whole pid namespace with it. Only
+	// signalled if it is in the sandbox's cgroup, so a recycled pid of
+	// some other process is never hit.
+	if initPID, perr := readPID(filepath.Join(dir, fileInitPID)); perr == nil {
+		for _, pid := range pids {
+			if pid == initPID {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	if kerr := cg.kill(); err == nil {
+		err = kerr
+	}
+	if err != nil {
+		return fmt.Errorf("kill: %w", err)
+	}
+	return nil
+}
+
+func readPID(file string) (int, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid in %s", file)
+	}
+	return pid, nil
+}
+
+// shimAlive reports whether the shim recorded in dir is still running.
+// The pid is trusted only if that process is still the shim of this
+// sandbox (pids are reused) and not a zombie.
+func shimAlive(dir string) (pid int, alive bool) {
+	pid, err := readPID(filepath.Join(dir, fileShimPID))
+	if err != nil {
+		return 0, false
+	}
+	return pid, isShimOf(pid, dir)
+}
+
+func isShimOf(pid int, dir string) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": comm may contain anything, so look after the
+	// last parenthesis.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	return len(args) == 3 && args[1] == shimCommand && args[2] == dir
+}

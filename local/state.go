@@ -1,0 +1,174 @@
+package local
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Hidden subcommands of SelfExe (see Reexec).
+const (
+	shimCommand = "__sandbox-shim"
+	initCommand = "__sandbox-init"
+	probeArg    = "--probe"
+	// setupPrefix starts every line the sandbox machinery itself writes into
+	// a job's output, so a user can tell it from the job's own output.
+	setupPrefix = "delegate-sandbox: "
+)
+
+// helperEnv is the whole environment of the shim and init: nothing of the
+// server's (its secrets stay out of the sandbox's pid 1). The one entry
+// only matters for binaries built with -race, which otherwise sleep a
+// second at exit, twice per job.
+func helperEnv() []string { return []string{"GORACE=atexit_sleep_ms=0"} }
+
+// The user namespace maps inside ids 0..idRange-1 to host ids
+// hostIDBase.. (one fixed range for every sandbox). Jobs run as inside
+// uid/gid jobID, which is host hostIDBase+jobID.
+const (
+	hostIDBase = 100000
+	idRange    = 65536
+	jobID      = 1000
+	hostJobID  = hostIDBase + jobID
+)
+
+// Exit codes of a sandbox that could not run its command.
+const (
+	codeSetupFailed = 125 // the sandbox itself could not be set up
+	codeCannotExec  = 126 // the command exists but could not be executed
+	codeNotFound    = 127 // the command was not found
+)
+
+// Files and directories inside a sandbox directory.
+const (
+	fileState    = "state.json" // sandboxState, written by Create
+	fileExec     = "exec.json"  // execRecord, written by Exec (exclusively)
+	fileExit     = "exit.json"  // exitRecord, written by the shim at the end
+	fileOutput   = "output"     // the kept output
+	fileKilled   = "killed"     // marker written by Kill before it kills
+	fileDeadline = "deadline"   // marker written by the shim when the deadline kills the job
+	fileShimPID  = "shim.pid"
+	fileInitPID  = "init.pid" // host pid of the sandbox's pid 1
+	fileShimLog  = "shim.log" // the shim's own stderr
+	dirWorkspace = "workspace"
+	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
+	dirTemplate  = "template" // read-only bind of Spec.Template
+)
+
+// idPattern is what newID produces; anything else is not one of ours,
+// which also keeps ids from being path tricks.
+var idPattern = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
+
+func newID(prefix string, nbytes int) (string, error) {
+	b := make([]byte, nbytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("random id: %w", err)
+	}
+	return prefix + hex.EncodeToString(b), nil
+}
+
+// sandboxState is what Create records; everything later (the shim, Kill,
+// Destroy, a restarted server) works from it.
+type sandboxState struct {
+	ID          string    `json:"id"`
+	JobID       string    `json:"jobId"`
+	Created     time.Time `json:"created"`
+	CPU         float64   `json:"cpu"`
+	MemoryBytes int64     `json:"memoryBytes"`
+	DiskBytes   int64     `json:"diskBytes"`
+	PidsMax     int       `json:"pidsMax"`
+	Template    string    `json:"template,omitempty"`
+	Cgroup      cgroupSet `json:"cgroup"`
+}
+
+// execRecord is the one command of a sandbox, as Exec received it.
+type execRecord struct {
+	ID          string   `json:"id"`
+	Args        []string `json:"args"`
+	Env         []string `json:"env"`
+	Dir         string   `json:"dir"`
+	OutputLimit int64    `json:"outputLimit"`
+	// Deadline is when the shim kills the job by itself, server or not.
+	Deadline time.Time `json:"deadline,omitzero"`
+}
+
+// exitRecord is how the command ended, written once by the shim.
+type exitRecord struct {
+	Code        int    `json:"code"`
+	Signal      string `json:"signal,omitempty"`
+	OOMKilled   bool   `json:"oomKilled"`
+	OutputBytes int64  `json:"outputBytes"`
+	Truncated   bool   `json:"truncated"`
+	Killed      bool   `json:"killed"`
+	// DeadlineExceeded: the shim killed the job at its deadline.
+	DeadlineExceeded bool `json:"deadlineExceeded,omitempty"`
+	// Reason explains a failure of the sandbox itself (not of the job);
+	// the same line is in the output.
+	Reason string `json:"reason,omitempty"`
+}
+
+// initConfig is what the shim sends init through the sync pipe.
+type initConfig struct {
+	Args     []string `json:"args"`
+	Env      []string `json:"env"`
+	Dir      string   `json:"dir"`
+	Template bool     `json:"template"`
+	TmpBytes int64    `json:"tmpBytes"`
+}
+
+// initStatus is what init reports to the shim just before it exits.
+type initStatus struct {
+	Code   int    `json:"code"`
+	Signal string `json:"signal,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// writeFileAtomic replaces path with data so that readers see the old file
+// or the new one, never a partial one (a rename within one directory).
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, werr := f.Write(data)
+	cerr := f.Close()
+	if werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Chmod(tmp, perm)
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, path)
+	}
+	if werr != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, werr)
+	}
+	return nil
+}
+
+func writeJSONAtomic(path string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	return writeFileAtomic(path, data, 0o600)
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}
