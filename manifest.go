@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"path"
 	"regexp"
 	"strconv"
@@ -82,7 +83,8 @@ type AgentConfig struct {
 // File is injected into the sandbox before the agent starts.
 type File struct {
 	Path    string `json:"path"`
-	Content string `json:"content"` // base64 (standard encoding)
+	Content string `json:"content"`        // base64 (standard encoding)
+	Mode    string `json:"mode,omitempty"` // octal permissions, e.g. "0755"; default "0644"
 }
 
 // Resources asks for cpu cores, memory and workspace disk.
@@ -105,6 +107,7 @@ var (
 	nameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	sizeRE  = regexp.MustCompile(`^([0-9]+)([KMGT]?)(I?B?)$`)
 	modelRE = regexp.MustCompile(`^[A-Za-z0-9._:\[\]-]{1,100}$`)
+	modeRE  = regexp.MustCompile(`^0?[0-7]{3}$`)
 )
 
 // ValidName reports whether s may be an environment variable or secret name.
@@ -304,6 +307,9 @@ func validateFiles(files []File) error {
 			return fieldErr(field+".path", "%s is also files[%d]", p, j)
 		}
 		seen[p] = i
+		if f.Mode != "" && !modeRE.MatchString(f.Mode) {
+			return fieldErr(field+".mode", "must be octal permissions like 0644 or 0755 (got %q)", f.Mode)
+		}
 		n := base64.StdEncoding.DecodedLen(len(f.Content))
 		if _, err := base64.StdEncoding.DecodeString(f.Content); err != nil {
 			return fieldErr(field+".content", "must be standard base64: %v", err)
@@ -384,7 +390,15 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 		if err != nil {
 			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].content", i), "must be standard base64: %v", err)
 		}
-		out = append(out, DecodedFile{Path: p, Data: data})
+		mode := fs.FileMode(0o644)
+		if f.Mode != "" {
+			m, err := strconv.ParseUint(f.Mode, 8, 32)
+			if err != nil || !modeRE.MatchString(f.Mode) {
+				return nil, fieldErr(fmt.Sprintf("manifest.files[%d].mode", i), "must be octal permissions like 0644 or 0755")
+			}
+			mode = fs.FileMode(m)
+		}
+		out = append(out, DecodedFile{Path: p, Data: data, Mode: mode})
 	}
 	return out, nil
 }
@@ -393,4 +407,5 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 type DecodedFile struct {
 	Path string // absolute, inside /workspace
 	Data []byte
+	Mode fs.FileMode
 }

@@ -116,7 +116,7 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job) (sandbox.Sand
 		return sb, nil, err
 	}
 	for _, f := range files {
-		if err := sb.WriteFile(ctx, f.Path, f.Data, 0o644); err != nil {
+		if err := sb.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
 			return sb, nil, fmt.Errorf("write %s: %w", f.Path, err)
 		}
 	}

@@ -41,7 +41,10 @@ func (p *progressLine) show(j *delegate.Job) {
 	if p.quiet {
 		return
 	}
-	msg := fmt.Sprintf("%s %s", j.Status, j.Progress)
+	msg := string(j.Status)
+	if j.Progress != "" && j.Progress != msg {
+		msg += ": " + j.Progress
+	}
 	if !p.tty {
 		if msg != p.last {
 			fmt.Fprintf(p.w, "delegate: %s %s\n", p.id, msg)
