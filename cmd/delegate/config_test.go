@@ -1,0 +1,86 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr []string // every variable the error must name
+		check   func(t *testing.T, c config)
+	}{
+		{"defaults", nil, nil, func(t *testing.T, c config) {
+			if c.Defaults.Timeout != 3600 || c.Defaults.CPU != 2 || c.Defaults.Memory != "2G" || c.Defaults.Disk != "10G" ||
+				c.CleanupInterval != 30*time.Second || c.MaxConcurrent != 4 || c.OutputLimit != 4<<20 || c.Backend != "local" {
+				t.Errorf("defaults: %+v", c)
+			}
+			if !strings.HasSuffix(c.DataDir, "/delegate") {
+				t.Errorf("data dir %q", c.DataDir)
+			}
+		}},
+		{"all set", map[string]string{
+			"DEFAULT_TIMEOUT": "60", "DEFAULT_CPU": "0.5", "DEFAULT_MEMORY": "512M", "DEFAULT_DISK": "1G",
+			"CLEANUP_INTERVAL_SECONDS": "5", "DEFAULT_VM_TEMPLATE": "/srv/rootfs", "DELEGATE_DATA_DIR": "/var/lib/delegate",
+			"DELEGATE_MAX_CONCURRENT": "9", "DELEGATE_OUTPUT_LIMIT": "1M", "DELEGATE_LOG_LEVEL": "debug",
+		}, nil, func(t *testing.T, c config) {
+			if c.Defaults.Timeout != 60 || c.Defaults.CPU != 0.5 || c.Defaults.Memory != "512M" || c.Defaults.Disk != "1G" ||
+				c.CleanupInterval != 5*time.Second || c.Defaults.VMTemplate != "/srv/rootfs" || c.DataDir != "/var/lib/delegate" ||
+				c.MaxConcurrent != 9 || c.OutputLimit != 1<<20 || c.LogLevel.String() != "DEBUG" {
+				t.Errorf("parsed: %+v", c)
+			}
+		}},
+		{"bad values", map[string]string{
+			"DEFAULT_TIMEOUT": "0", "DEFAULT_CPU": "lots", "DEFAULT_MEMORY": "1M", "DEFAULT_DISK": "big",
+			"CLEANUP_INTERVAL_SECONDS": "-3", "DELEGATE_MAX_CONCURRENT": "0", "DELEGATE_OUTPUT_LIMIT": "2G",
+			"DELEGATE_LOG_LEVEL": "loud", "DELEGATE_BACKEND": "docker",
+		}, []string{"DEFAULT_TIMEOUT", "DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_DISK", "CLEANUP_INTERVAL_SECONDS",
+			"DELEGATE_MAX_CONCURRENT", "DELEGATE_OUTPUT_LIMIT", "DELEGATE_LOG_LEVEL", "DELEGATE_BACKEND"}, nil},
+		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(func(k string) string { return tc.env[k] })
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.check(t, c)
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, name := range tc.wantErr {
+				if !strings.Contains(err.Error(), name+"=") {
+					t.Errorf("error does not name %s: %v", name, err)
+				}
+			}
+		})
+	}
+}
+
+func TestFlagsOverrideEnv(t *testing.T) {
+	c, err := loadConfig(func(k string) string {
+		return map[string]string{"DELEGATE_DATA_DIR": "/from/env", "DELEGATE_MAX_CONCURRENT": "2"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	c.addFlags(fs)
+	if err := fs.Parse([]string{"--data-dir", "/from/flag", "--max-concurrent", "7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.check(); err != nil || c.DataDir != "/from/flag" || c.MaxConcurrent != 7 {
+		t.Fatalf("flags did not override: %+v %v", c, err)
+	}
+	c.MaxConcurrent = 0
+	if err := c.check(); err == nil || !strings.Contains(err.Error(), "-max-concurrent") {
+		t.Fatalf("bad flag value: %v", err)
+	}
+}
