@@ -34,6 +34,35 @@ type Job struct {
 	ExecID    string `json:"exec_id,omitempty"`
 	// Owner is the engine instance driving the job (see Engine ownership).
 	Owner string `json:"-"`
+
+	// Result is the job's own summary: the text of a completion callback,
+	// or the Claude CLI's final result.
+	Result string `json:"result,omitempty"`
+	// IdempotencyKey makes a retried submission return the same job.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// TokenHash is the SHA-256 of the job's callback token; the token
+	// itself is only ever given to the sandbox.
+	TokenHash string `json:"-"`
+	// LastHeartbeat is the last sign of life from the job or its supervisor.
+	LastHeartbeat time.Time `json:"last_heartbeat,omitzero"`
+	// OutputRead is how far the backend's output has been consumed; it
+	// differs from the kept length when secrets were redacted.
+	OutputRead int64 `json:"-"`
+}
+
+// Event is one entry in a job's timeline (kept in statusMode detailed).
+type Event struct {
+	Time    time.Time `json:"time"`
+	Message string    `json:"message"`
+}
+
+// Artifact is a file collected from a job's workspace, stored by hash.
+type Artifact struct {
+	Name   string `json:"name"` // path relative to /workspace
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Skipped says why the file was not kept (over a size cap...).
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // Duration is how long the job ran (from start to finish, or to now).
@@ -56,6 +85,8 @@ type JobFilter struct {
 	Owner  string // empty: any
 	// SandboxID selects the job that owns a sandbox.
 	SandboxID string
+	// TokenHash selects the job whose callback token has this hash.
+	TokenHash string
 	// Active selects jobs that are not terminal (pending, provisioning, running).
 	Active bool
 }
@@ -75,5 +106,17 @@ type JobStore interface {
 	AppendOutput(ctx context.Context, id string, chunk []byte) error
 	// ReadOutput returns up to max kept bytes from offset.
 	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, error)
+	// OutputSize is how many bytes of output are kept.
+	OutputSize(ctx context.Context, id string) (int64, error)
+	// JobByIdempotencyKey finds the job submitted with key (ErrNotFound).
+	JobByIdempotencyKey(ctx context.Context, key string) (*Job, error)
+	// AddEvent appends to a job's timeline, keeping at most the last max.
+	AddEvent(ctx context.Context, id string, ev Event, max int) error
+	// Events returns a job's timeline, oldest first.
+	Events(ctx context.Context, id string) ([]Event, error)
+	// AddArtifact records a collected artifact.
+	AddArtifact(ctx context.Context, id string, a Artifact) error
+	// Artifacts lists a job's artifacts by name.
+	Artifacts(ctx context.Context, id string) ([]Artifact, error)
 	Close() error
 }

@@ -57,6 +57,7 @@ const (
 	MinMemoryBytes    = 16 << 20
 	MinDiskBytes      = 1 << 20
 	MaxSizeBytes      = 1 << 40
+	MaxArtifactGlobs  = 32
 )
 
 // Manifest is what a client submits: the seed's fields, field for field.
@@ -72,7 +73,19 @@ type Manifest struct {
 	Lifecycle  Lifecycle         `json:"lifecycle,omitempty"`
 	VMTemplate string            `json:"vmTemplate,omitempty"`
 	StatusMode StatusMode        `json:"statusMode,omitempty"`
+	// Artifacts are globs relative to /workspace; matching files are kept.
+	Artifacts []string `json:"artifacts,omitempty"`
+	// Network is none (default) or egress (default for claude).
+	Network Network `json:"network,omitempty"`
 }
+
+// Network says whether a job may reach the outside network.
+type Network string
+
+const (
+	NetworkNone   Network = "none"
+	NetworkEgress Network = "egress"
+)
 
 // AgentConfig tunes the agent.
 type AgentConfig struct {
@@ -271,6 +284,19 @@ func (m *Manifest) Validate() error {
 	default:
 		return fieldErr("manifest.statusMode", "must be simple, detailed or streaming (got %q)", m.StatusMode)
 	}
+	switch m.Network {
+	case "", NetworkNone, NetworkEgress:
+	default:
+		return fieldErr("manifest.network", "must be none or egress (got %q)", m.Network)
+	}
+	if len(m.Artifacts) > MaxArtifactGlobs {
+		return fieldErr("manifest.artifacts", "must have at most %d globs", MaxArtifactGlobs)
+	}
+	for i, g := range m.Artifacts {
+		if err := ValidArtifactGlob(g); err != nil {
+			return fieldErr(fmt.Sprintf("manifest.artifacts[%d]", i), "%v", err)
+		}
+	}
 	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
 		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
 	}
@@ -374,6 +400,12 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	}
 	if m.StatusMode == "" {
 		m.StatusMode = StatusModeSimple
+	}
+	if m.Network == "" {
+		m.Network = NetworkNone
+		if m.AgentType == AgentClaude {
+			m.Network = NetworkEgress // the CLI must reach the model's API
+		}
 	}
 }
 

@@ -26,6 +26,7 @@ func TestClaudeAgentStandIn(t *testing.T) {
 		"agent":     map[string]any{"claudeModel": "claude-sonnet-4-5"},
 		"files":     []map[string]any{{"path": "bin/claude", "mode": "0755", "content": base64.StdEncoding.EncodeToString([]byte(standInClaude))}},
 		"env":       map[string]string{"PATH": "/workspace/bin:/usr/bin:/bin"},
+		"network":   "none", // the stand-in needs none
 	}})
 	call[statusOut](t, cs, "wait_job", map[string]any{"job_id": sub.JobID})
 	res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": sub.JobID})

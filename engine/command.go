@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -20,7 +21,7 @@ const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // command builds the argv and environment for a job. The task and every
 // other untrusted string travel as whole argv elements or environment
 // values: nothing is spliced into a shell line.
-func (e *Engine) command(job *delegate.Job) (sandbox.Command, error) {
+func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	switch m.AgentType {
@@ -60,6 +61,13 @@ func (e *Engine) command(job *delegate.Job) (sandbox.Command, error) {
 	}
 	env["DELEGATE_JOB_ID"] = job.ID
 	env["DELEGATE_TASK"] = m.Task
+	env["DELEGATE_JOB_TOKEN"] = token
+	if e.cfg.CallbackURL != "" {
+		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(e.cfg.CallbackURL, "/") + "/callback/" + job.ID
+	}
+	if f := e.backend.Capabilities().StatusFile; f != "" {
+		env["DELEGATE_STATUS_FILE"] = f
+	}
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)

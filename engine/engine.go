@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,17 @@ type Config struct {
 	PollInterval time.Duration
 	// Secret resolves a secret name to its value on the server.
 	Secret func(name string) (string, bool)
+	// CallbackURL is the base URL sandboxes use to reach the callback
+	// server (CALLBACK_PUBLIC_URL); empty when there is none.
+	CallbackURL string
+	// HeartbeatThreshold: a running job with no sign of life for this long
+	// is failed ("lost heartbeat"). Default 120 s.
+	HeartbeatThreshold time.Duration
+	// ArtifactDir holds artifacts by sha256. ArtifactMaxFile and
+	// ArtifactMaxTotal cap one file and one job (defaults 16 MiB, 64 MiB).
+	ArtifactDir      string
+	ArtifactMaxFile  int64
+	ArtifactMaxTotal int64
 	// OwnerAlive says whether the engine that owns a job is still running;
 	// default: same host and its process is alive. Tests inject their own.
 	OwnerAlive func(owner string) bool
@@ -60,6 +72,7 @@ type Engine struct {
 	runs    map[string]*run     // jobs this engine is driving
 	changed chan struct{}       // closed and replaced on every job change
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
+	watches map[chan string]struct{}
 }
 
 // run is the engine's handle on one job it drives.
@@ -88,6 +101,18 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 200 * time.Millisecond
 	}
+	if cfg.HeartbeatThreshold <= 0 {
+		cfg.HeartbeatThreshold = 120 * time.Second
+	}
+	if cfg.ArtifactMaxFile <= 0 {
+		cfg.ArtifactMaxFile = 16 << 20
+	}
+	if cfg.ArtifactMaxTotal <= 0 {
+		cfg.ArtifactMaxTotal = 64 << 20
+	}
+	if cfg.ArtifactDir == "" {
+		cfg.ArtifactDir = filepath.Join(os.TempDir(), "delegate-artifacts")
+	}
 	if cfg.Secret == nil {
 		cfg.Secret = EnvSecret
 	}
@@ -108,6 +133,7 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 		runs:    make(map[string]*run),
 		changed: make(chan struct{}),
 		suspect: make(map[string]struct{}),
+		watches: make(map[chan string]struct{}),
 	}
 }
 
@@ -129,10 +155,23 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.backend != nil {
 		e.sweep(ctx)
 	}
-	e.wg.Add(1)
+	e.wg.Add(2)
 	go func() {
 		defer e.wg.Done()
 		e.cleanupLoop()
+	}()
+	go func() {
+		defer e.wg.Done()
+		t := time.NewTicker(max(e.cfg.HeartbeatThreshold/4, 100*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-t.C:
+				e.checkHeartbeats(e.ctx)
+			}
+		}
 	}()
 	return nil
 }
@@ -146,11 +185,34 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// SubmitOptions tune a submission.
+type SubmitOptions struct {
+	// IdempotencyKey: a second submission with the same key returns the
+	// first job instead of running the work twice.
+	IdempotencyKey string
+}
+
 // Submit validates a manifest, stores the job as pending and queues it.
 // It returns at once.
 func (e *Engine) Submit(ctx context.Context, m delegate.Manifest) (*delegate.Job, error) {
+	return e.SubmitWith(ctx, m, SubmitOptions{})
+}
+
+// SubmitWith is Submit with options.
+func (e *Engine) SubmitWith(ctx context.Context, m delegate.Manifest, opts SubmitOptions) (*delegate.Job, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
+	}
+	if k := opts.IdempotencyKey; k != "" {
+		if len(k) > 200 || strings.ContainsRune(k, 0) {
+			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
+		}
+		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
+			return job, nil
+		}
+	}
+	if m.Network == delegate.NetworkEgress && !e.backend.Capabilities().NetworkEgress {
+		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", e.backend.Name())}
 	}
 	m.ApplyDefaults(e.cfg.Defaults)
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
@@ -177,8 +239,16 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest) (*delegate.Job
 		UpdatedAt: now,
 		Backend:   e.backend.Name(),
 		Owner:     e.owner,
+
+		IdempotencyKey: opts.IdempotencyKey,
 	}
 	if err := e.store.CreateJob(ctx, job); err != nil {
+		if opts.IdempotencyKey != "" {
+			// A concurrent submission with the same key won the race.
+			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
+				return first, nil
+			}
+		}
 		return nil, fmt.Errorf("submit: %w", err)
 	}
 	e.log.Info("job submitted", "job", job.ID, "agent", m.AgentType)
@@ -199,6 +269,11 @@ func (e *Engine) List(ctx context.Context, f delegate.JobFilter) ([]*delegate.Jo
 // Output returns up to max bytes of a job's kept output from offset.
 func (e *Engine) Output(ctx context.Context, id string, offset int64, max int) ([]byte, error) {
 	return e.store.ReadOutput(ctx, id, offset, max)
+}
+
+// OutputSize is how many bytes of a job's output are kept.
+func (e *Engine) OutputSize(ctx context.Context, id string) (int64, error) {
+	return e.store.OutputSize(ctx, id)
 }
 
 // Cancel ends a job that has not finished. It returns the job and whether
@@ -228,7 +303,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 		r.killNow()
 	}
 	e.mu.Unlock()
-	e.notify()
+	e.notify(id)
 	return job, true, nil
 }
 
@@ -260,20 +335,45 @@ func (e *Engine) Changed() <-chan struct{} {
 	return e.changed
 }
 
-func (e *Engine) notify() {
+func (e *Engine) notify(id string) {
 	e.mu.Lock()
 	close(e.changed)
 	e.changed = make(chan struct{})
+	for w := range e.watches {
+		select {
+		case w <- id:
+		default: // a slow watcher misses a wake-up, not the state: it re-reads
+		}
+	}
 	e.mu.Unlock()
+}
+
+// Watch returns a channel that receives the id of every job this engine
+// changes, and a function to stop watching.
+func (e *Engine) Watch() (<-chan string, func()) {
+	w := make(chan string, 64)
+	e.mu.Lock()
+	e.watches[w] = struct{}{}
+	e.mu.Unlock()
+	return w, func() {
+		e.mu.Lock()
+		delete(e.watches, w)
+		e.mu.Unlock()
+	}
 }
 
 // update changes a stored job and wakes waiters.
 func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
 	j, err := e.store.UpdateJob(ctx, id, fn)
 	if err == nil {
-		e.notify()
+		e.notify(id)
 	}
 	return j, err
+}
+
+// Events returns a job's timeline (statusMode detailed).
+func (e *Engine) Events(ctx context.Context, id string) ([]delegate.Event, error) {
+	return e.store.Events(ctx, id)
 }
 
 func newJobID() string {

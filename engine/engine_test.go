@@ -19,6 +19,7 @@ import (
 
 type fixture struct {
 	t       *testing.T
+	dbPath  string
 	store   *sqlite.Store
 	backend *mock.Backend
 	eng     *engine.Engine
@@ -27,7 +28,8 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg engine.Config) *fixture {
 	t.Helper()
-	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	dbPath := filepath.Join(t.TempDir(), "jobs.db")
+	store, err := sqlite.Open(context.Background(), dbPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +38,10 @@ func newFixture(t *testing.T, cfg engine.Config) *fixture {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 10 * time.Millisecond
 	}
-	f := &fixture{t: t, store: store, backend: mock.New(), cfg: cfg}
+	if cfg.ArtifactDir == "" {
+		cfg.ArtifactDir = t.TempDir()
+	}
+	f := &fixture{t: t, dbPath: dbPath, store: store, backend: mock.New(), cfg: cfg}
 	f.eng = f.start(f.backend)
 	return f
 }

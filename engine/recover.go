@@ -101,7 +101,7 @@ func (e *Engine) reattach(ctx context.Context, job *delegate.Job) {
 	go func() {
 		defer e.wg.Done()
 		defer e.unregister(job.ID)
-		e.follow(r, job.ID, sb.ID(), proc, job.Manifest)
+		e.follow(r, job.ID, sb, proc, job.Manifest)
 	}()
 }
 

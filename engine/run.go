@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -87,7 +88,7 @@ func (e *Engine) run(id string) {
 		return
 	}
 	log.Info("job running", "sandbox", sb.ID())
-	e.follow(r, job.ID, sb.ID(), proc, m)
+	e.follow(r, job.ID, sb, proc, m)
 }
 
 // provision creates the sandbox, writes the files and starts the command.
@@ -120,7 +121,14 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job) (sandbox.Sand
 			return sb, nil, fmt.Errorf("write %s: %w", f.Path, err)
 		}
 	}
-	cmd, err := e.command(job)
+	token, tokenHash := newToken()
+	if _, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
+		j.TokenHash = tokenHash
+		return nil
+	}); err != nil {
+		return sb, nil, err
+	}
+	cmd, err := e.command(job, token)
 	if err != nil {
 		return sb, nil, err
 	}
@@ -132,7 +140,9 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job) (sandbox.Sand
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
 		}
-		j.Status, j.Progress, j.ExecID, j.StartedAt = delegate.StatusRunning, "running", proc.ID(), time.Now().UTC()
+		j.Status, j.Progress, j.ExecID = delegate.StatusRunning, "running", proc.ID()
+		j.StartedAt = time.Now().UTC()
+		j.LastHeartbeat = j.StartedAt
 		return nil
 	}); err != nil {
 		proc.Kill(context.WithoutCancel(ctx))
@@ -157,25 +167,36 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
+		Network:     job.Manifest.Network == delegate.NetworkEgress,
 	}, nil
 }
 
 // follow watches a running process until it ends, is killed, or times out,
-// moving its output into the store as it goes. Only the engine's own end
-// stops it early (the job then goes on, for the next engine to re-attach).
-func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m delegate.Manifest) {
+// moving its output and status lines into the store as it goes. Only the
+// engine's own end stops it early (the job then goes on, for the next
+// engine to re-attach to).
+func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Process, m delegate.Manifest) {
 	ctx := e.ctx
 	job, err := e.store.GetJob(ctx, id)
 	if err != nil {
 		e.log.Error("follow job", "job", id, "err", err)
 		return
 	}
-	kept := e.keptOutput(ctx, id)
+	t, err := e.newTracker(ctx, job, proc)
+	if err != nil {
+		e.log.Error("follow job", "job", id, "err", err)
+		return
+	}
 	deadline := job.StartedAt.Add(time.Duration(m.Timeout) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	ticker := time.NewTicker(e.cfg.PollInterval)
 	defer ticker.Stop()
+	// The supervisor's liveness is the job's heartbeat where the backend
+	// watches the process; it is written now and then, not on every tick.
+	beat := time.NewTicker(max(e.cfg.HeartbeatThreshold/4, e.cfg.PollInterval))
+	defer beat.Stop()
+	supervised := e.backend.Capabilities().Supervised
 
 	type waited struct {
 		exit sandbox.Exit
@@ -198,17 +219,28 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 			e.log.Warn("kill job", "job", id, "err", err)
 		}
 	}
+	end := func(w waited) {
+		t.collect(context.WithoutCancel(ctx), true)
+		e.settle(t, sb, w.exit, w.err, timedOut)
+	}
 	for {
 		select {
 		case w := <-done:
-			kept = e.pullOutput(context.WithoutCancel(ctx), id, proc, kept)
-			e.settle(id, m, sandboxID, w.exit, w.err, timedOut)
+			end(w)
 			return
 		case <-ticker.C:
-			kept = e.pullOutput(ctx, id, proc, kept)
-			// Another process (the CLI, another server) may have cancelled it.
-			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
+			t.collect(ctx, false)
+			// Another process (the CLI, a callback, a heartbeat check) may
+			// have ended it.
+			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() && !killing {
 				kill()
+			}
+		case <-beat.C:
+			if supervised {
+				e.update(ctx, id, func(j *delegate.Job) error {
+					j.LastHeartbeat = time.Now().UTC()
+					return nil
+				})
 			}
 		case <-r.kill:
 			kill()
@@ -225,8 +257,7 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 			}
 			select {
 			case w := <-done:
-				e.pullOutput(context.WithoutCancel(ctx), id, proc, kept)
-				e.settle(id, m, sandboxID, w.exit, w.err, timedOut)
+				end(w)
 			case <-time.After(10 * time.Second):
 			}
 			return
@@ -234,46 +265,156 @@ func (e *Engine) follow(r *run, id, sandboxID string, proc sandbox.Process, m de
 	}
 }
 
-// keptOutput is how many bytes of output the store already holds.
-func (e *Engine) keptOutput(ctx context.Context, id string) int64 {
-	var n int64
-	for {
-		b, err := e.store.ReadOutput(ctx, id, n, outputChunk)
-		if err != nil || len(b) == 0 {
-			return n
-		}
-		n += int64(len(b))
-	}
+// tracker moves one running job's output and status lines into the store:
+// secrets redacted, output capped, Claude's stream-json read as progress.
+type tracker struct {
+	e          *Engine
+	id         string
+	m          delegate.Manifest
+	proc       sandbox.Process
+	redact     *redactor
+	kept       int64  // output bytes stored
+	read       int64  // output bytes consumed from the process
+	pending    []byte // read but held back by the redactor
+	eventsRead int64
+	events     lineSplitter
+	claude     lineSplitter
 }
 
-// pullOutput copies new output from the process into the store.
-func (e *Engine) pullOutput(ctx context.Context, id string, proc sandbox.Process, kept int64) int64 {
-	for kept < e.cfg.OutputLimit {
-		b, err := proc.ReadOutput(ctx, kept, int(min(outputChunk, e.cfg.OutputLimit-kept)))
+func (e *Engine) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process) (*tracker, error) {
+	kept, err := e.store.OutputSize(ctx, job.ID)
+	if err != nil {
+		return nil, err
+	}
+	var secrets []string
+	for _, name := range job.Manifest.Secrets {
+		if v, ok := e.cfg.Secret(name); ok {
+			secrets = append(secrets, v)
+		}
+	}
+	// After a restart the status channel is read again from the start; the
+	// timeline may repeat a little, nothing is lost.
+	return &tracker{e: e, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept, read: job.OutputRead}, nil
+}
+
+// collect pulls what is new; final flushes what the redactor held back.
+func (t *tracker) collect(ctx context.Context, final bool) {
+	t.collectEvents(ctx, final)
+	t.collectOutput(ctx, final)
+}
+
+func (t *tracker) collectOutput(ctx context.Context, final bool) {
+	e := t.e
+	for {
+		b, err := t.proc.ReadOutput(ctx, t.read+int64(len(t.pending)), outputChunk)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn("read output", "job", id, "err", err)
+				e.log.Warn("read output", "job", t.id, "err", err)
 			}
-			return kept
+			return
 		}
-		if len(b) == 0 {
-			return kept
+		last := len(b) < outputChunk
+		t.pending = append(t.pending, b...)
+		out, used := t.redact.stream(t.pending, final && last)
+		if t.m.AgentType == delegate.AgentClaude {
+			for _, line := range t.claude.lines(out, final && last) {
+				t.claudeLine(ctx, line)
+			}
 		}
-		if err := e.store.AppendOutput(ctx, id, b); err != nil {
-			e.log.Warn("store output", "job", id, "err", err)
-			return kept
+		if room := e.cfg.OutputLimit - t.kept; int64(len(out)) > room {
+			out = out[:max(0, room)]
 		}
-		kept += int64(len(b))
-		e.update(ctx, id, func(j *delegate.Job) error {
-			j.OutputBytes = max(j.OutputBytes, kept)
-			return nil
-		})
+		if len(out) > 0 {
+			if err := e.store.AppendOutput(ctx, t.id, out); err != nil {
+				e.log.Warn("store output", "job", t.id, "err", err)
+				return
+			}
+		}
+		t.kept += int64(len(out))
+		t.read += int64(used)
+		t.pending = t.pending[used:]
+		if used > 0 || len(out) > 0 {
+			read, kept := t.read, t.kept
+			e.update(ctx, t.id, func(j *delegate.Job) error {
+				j.OutputRead = read
+				j.OutputBytes = max(j.OutputBytes, kept)
+				return nil
+			})
+		}
+		if last {
+			return
+		}
 	}
-	return kept
 }
 
-// settle records how the process ended and destroys an ephemeral sandbox.
-func (e *Engine) settle(id string, m delegate.Manifest, sandboxID string, exit sandbox.Exit, waitErr error, timedOut bool) {
+func (t *tracker) collectEvents(ctx context.Context, final bool) {
+	for {
+		b, err := t.proc.ReadEvents(ctx, t.eventsRead, 64<<10)
+		if err != nil || (len(b) == 0 && !final) {
+			return
+		}
+		t.eventsRead += int64(len(b))
+		for _, line := range t.events.lines(b, final && len(b) == 0) {
+			t.e.report(ctx, t.id, t.m, t.redact.string(parseStatusLine(line)), nil)
+		}
+		if len(b) == 0 {
+			return
+		}
+	}
+}
+
+func (t *tracker) claudeLine(ctx context.Context, line string) {
+	progress, result := parseClaudeLine(line)
+	if progress == "" && result == nil {
+		return
+	}
+	t.e.report(ctx, t.id, t.m, progress, result)
+}
+
+// report records a sign of life from a job: a progress message (kept in the
+// timeline in statusMode detailed), and perhaps its result text.
+func (e *Engine) report(ctx context.Context, id string, m delegate.Manifest, progress string, result *string) {
+	now := time.Now().UTC()
+	_, err := e.update(ctx, id, func(j *delegate.Job) error {
+		if j.Status.Terminal() {
+			return delegate.ErrTerminal
+		}
+		j.LastHeartbeat = now
+		if progress != "" {
+			j.Progress = progress
+		}
+		if result != nil {
+			j.Result = clipResult(*result)
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	if progress != "" && m.StatusMode == delegate.StatusModeDetailed {
+		if err := e.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: progress}, maxEvents); err != nil {
+			e.log.Warn("store event", "job", id, "err", err)
+		}
+	}
+}
+
+// maxEvents is how many timeline entries a job keeps.
+const maxEvents = 200
+
+// maxResult caps a job's result text.
+const maxResult = 64 << 10
+
+func clipResult(s string) string {
+	if len(s) > maxResult {
+		s = s[:maxResult]
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// settle records how the process ended, collects artifacts, and destroys an
+// ephemeral sandbox.
+func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool) {
+	id, m := t.id, t.m
 	var (
 		status = delegate.StatusSuccess
 		reason string
@@ -297,7 +438,12 @@ func (e *Engine) settle(id string, m delegate.Manifest, sandboxID string, exit s
 		c := exit.Code
 		code = &c
 	}
-	e.finish(id, status, reason, func(j *delegate.Job) {
+	// Artifacts are collected before the job is marked finished, so that a
+	// client that sees the end also sees them.
+	if len(m.Artifacts) > 0 && waitErr == nil {
+		e.collectArtifacts(context.WithoutCancel(e.ctx), id, m, sb)
+	}
+	e.finish(id, status, t.redact.string(reason), func(j *delegate.Job) {
 		j.ExitCode = code
 		j.OOMKilled = exit.OOMKilled
 		if waitErr == nil {
@@ -305,7 +451,7 @@ func (e *Engine) settle(id string, m delegate.Manifest, sandboxID string, exit s
 			j.OutputTruncated = exit.Truncated || j.OutputBytes > e.cfg.OutputLimit
 		}
 	})
-	e.destroy(sandboxID, m)
+	e.destroy(sb.ID(), m)
 }
 
 // finish moves the job to a terminal status. If it already is terminal (a

@@ -50,6 +50,7 @@ const (
 	fileExec     = "exec.json"  // execRecord, written by Exec (exclusively)
 	fileExit     = "exit.json"  // exitRecord, written by the shim at the end
 	fileOutput   = "output"     // the kept output
+	fileEvents   = "events"     // the job's status lines, kept by the shim
 	fileKilled   = "killed"     // marker written by Kill before it kills
 	fileDeadline = "deadline"   // marker written by the shim when the deadline kills the job
 	fileShimPID  = "shim.pid"

@@ -28,48 +28,67 @@ const (
 	maxWait = 50
 )
 
-// New builds the MCP server for an engine.
-func New(eng *engine.Engine, log *slog.Logger) *mcp.Server {
+// New builds the MCP server for an engine. Until ctx ends it tells
+// subscribed clients about every change to a job (resources job://{id} and
+// job://{id}/log).
+func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: Version},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
 				"wait_job blocks up to 50 s; get_job_result returns output and exit code.",
 			Logger: log,
+			// The SDK keeps the subscriptions; accepting them is enough.
+			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
 	h := &handlers{eng: eng}
+	addResources(s, eng)
+	go publishUpdates(ctx, s, eng)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "submit_job",
 		Description: "Start a job in a new isolated sandbox (no network; cwd /workspace); returns job_id at once. " +
 			"script: task via /bin/sh -c; custom: agent.command, task in $DELEGATE_TASK; claude: Claude CLI, task as prompt.",
-		InputSchema: submitSchema(),
-		Annotations: annotations(false, false, false),
+		InputSchema:  compact(submitSchema(), false),
+		Annotations:  annotations(false, false, false),
+		OutputSchema: outputSchema[SubmitOut](),
 	}, h.submit)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "get_job_status",
-		Description: "A job's status (pending, provisioning, running, success, failed, timeout, cancelled), progress and timestamps.",
-		Annotations: annotations(true, false, true),
+		Name:         "get_job_status",
+		Description:  "A job's status (pending, provisioning, running, success, failed, timeout, cancelled), progress and timestamps.",
+		Annotations:  annotations(true, false, true),
+		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "wait_job",
-		Description: "Wait until a job finishes or timeout_seconds (default and max 50) pass; returns its status. Then call get_job_result.",
-		InputSchema: waitSchema(),
-		Annotations: annotations(true, false, true),
+		Name:         "wait_job",
+		Description:  "Wait until a job finishes or timeout_seconds (default and max 50) pass; returns its status. Then get_job_result.",
+		InputSchema:  compact(waitSchema(), false),
+		Annotations:  annotations(true, false, true),
+		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "get_job_result",
-		Description: "Result of a finished job: exit_code, output (stdout+stderr; the last max_output_bytes, default 65536), error, artifacts. Fails while it runs.",
-		Annotations: annotations(true, false, true),
+		Name:         "get_job_result",
+		Description:  "Result of a finished job: exit_code, output (stdout+stderr; the last max_output_bytes, default 65536), error, artifacts. Fails while it runs.",
+		Annotations:  annotations(true, false, true),
+		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "cancel_job",
-		Description: "Kill an unfinished job's processes and destroy its sandbox. A finished job is left as it is.",
-		Annotations: annotations(false, true, true),
+		Name:         "get_job_logs",
+		Description:  "Output (stdout+stderr) from cursor on, at most max_bytes (default 65536), and next_cursor; readable while running in statusMode streaming.",
+		Annotations:  annotations(true, false, true),
+		OutputSchema: outputSchema[LogsOut](),
+	}, h.logs)
+	mcp.AddTool(s, &mcp.Tool{
+		Name:         "cancel_job",
+		Description:  "Kill an unfinished job's processes and destroy its sandbox. A finished job is left as it is.",
+		Annotations:  annotations(false, true, true),
+		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "list_jobs",
-		Description: "Jobs newest first, optionally only one status; pass next_cursor back as cursor for the next page.",
-		InputSchema: listSchema(),
-		Annotations: annotations(true, false, true),
+		Name:         "list_jobs",
+		Description:  "Jobs newest first, optionally only one status; pass next_cursor back as cursor for the next page.",
+		InputSchema:  compact(listSchema(), false),
+		Annotations:  annotations(true, false, true),
+		OutputSchema: outputSchema[ListOut](),
 	}, h.list)
 	return s
 }
@@ -90,7 +109,8 @@ type handlers struct{ eng *engine.Engine }
 
 // SubmitIn is submit_job's input.
 type SubmitIn struct {
-	Manifest delegate.Manifest `json:"manifest"`
+	Manifest       delegate.Manifest `json:"manifest"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"retrying with the same key returns the same job"`
 }
 
 // SubmitOut is submit_job's output.
@@ -100,7 +120,7 @@ type SubmitOut struct {
 }
 
 func (h *handlers) submit(ctx context.Context, _ *mcp.CallToolRequest, in SubmitIn) (*mcp.CallToolResult, SubmitOut, error) {
-	job, err := h.eng.Submit(ctx, in.Manifest)
+	job, err := h.eng.SubmitWith(ctx, in.Manifest, engine.SubmitOptions{IdempotencyKey: in.IdempotencyKey})
 	if err != nil {
 		return nil, SubmitOut{}, toolError(err)
 	}
@@ -124,6 +144,9 @@ type StatusOut struct {
 	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
 	DurationSeconds float64         `json:"duration_seconds"`
 	OutputBytes     int64           `json:"output_bytes"`
+	LastHeartbeat   *time.Time      `json:"last_heartbeat,omitempty"`
+	// Timeline is kept in statusMode detailed.
+	Timeline []delegate.Event `json:"timeline,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -132,7 +155,21 @@ func statusOf(j *delegate.Job) StatusOut {
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
+		LastHeartbeat: timePtr(j.LastHeartbeat),
 	}
+}
+
+// fullStatus adds the timeline of a detailed job.
+func fullStatus(ctx context.Context, eng *engine.Engine, j *delegate.Job) (StatusOut, error) {
+	out := statusOf(j)
+	if j.Manifest.StatusMode == delegate.StatusModeDetailed {
+		evs, err := eng.Events(ctx, j.ID)
+		if err != nil {
+			return out, err
+		}
+		out.Timeline = evs
+	}
+	return out, nil
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -149,7 +186,8 @@ func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in JobIn)
 	if err != nil {
 		return nil, StatusOut{}, toolError(err)
 	}
-	return nil, statusOf(j), nil
+	out, err := fullStatus(ctx, h.eng, j)
+	return nil, out, err
 }
 
 // WaitIn is wait_job's input.
@@ -158,16 +196,26 @@ type WaitIn struct {
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 }
 
-func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn) (*mcp.CallToolResult, StatusOut, error) {
+// WaitOut is where a job is after wait_job: small, because the next call
+// is get_job_result (or another wait).
+type WaitOut struct {
+	JobID    string          `json:"job_id"`
+	Status   delegate.Status `json:"status"`
+	Progress string          `json:"progress,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Done     bool            `json:"done"`
+}
+
+func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn) (*mcp.CallToolResult, WaitOut, error) {
 	if in.TimeoutSeconds < 0 || in.TimeoutSeconds > maxWait {
-		return nil, StatusOut{}, fmt.Errorf("timeout_seconds: must be between 1 and %d (got %d)", maxWait, in.TimeoutSeconds)
+		return nil, WaitOut{}, fmt.Errorf("timeout_seconds: must be between 1 and %d (got %d)", maxWait, in.TimeoutSeconds)
 	}
 	wait := time.Duration(in.TimeoutSeconds) * time.Second
 	if wait == 0 {
 		wait = maxWait * time.Second
 	}
 	if _, err := h.eng.Get(ctx, in.JobID); err != nil {
-		return nil, StatusOut{}, toolError(err)
+		return nil, WaitOut{}, toolError(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -177,12 +225,12 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn
 	}
 	j, err := h.eng.Wait(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
-		return nil, StatusOut{}, toolError(err)
+		return nil, WaitOut{}, toolError(err)
 	}
 	if j == nil {
-		return nil, StatusOut{}, fmt.Errorf("wait cancelled by the client")
+		return nil, WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return nil, statusOf(j), nil
+	return nil, WaitOut{JobID: j.ID, Status: j.Status, Progress: j.Progress, Error: j.Error, Done: j.Status.Terminal()}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -218,24 +266,18 @@ type ResultIn struct {
 
 // ResultOut is a finished job's result.
 type ResultOut struct {
-	JobID           string          `json:"job_id"`
-	Status          delegate.Status `json:"status"`
-	ExitCode        *int            `json:"exit_code,omitempty"`
-	Output          string          `json:"output"`
-	OutputOffset    int64           `json:"output_offset"`
-	OutputBytes     int64           `json:"output_bytes"`
-	OutputTruncated bool            `json:"output_truncated"`
-	Error           string          `json:"error,omitempty"`
-	OOMKilled       bool            `json:"oom_killed,omitempty"`
-	Artifacts       []Artifact      `json:"artifacts"`
-	DurationSeconds float64         `json:"duration_seconds"`
-}
-
-// Artifact is a file collected from the job's workspace.
-type Artifact struct {
-	Name   string `json:"name"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	JobID           string              `json:"job_id"`
+	Status          delegate.Status     `json:"status"`
+	ExitCode        *int                `json:"exit_code,omitempty"`
+	Output          string              `json:"output"`
+	OutputOffset    int64               `json:"output_offset"`
+	OutputBytes     int64               `json:"output_bytes"`
+	OutputTruncated bool                `json:"output_truncated"`
+	Error           string              `json:"error,omitempty"`
+	Result          string              `json:"result,omitempty"`
+	OOMKilled       bool                `json:"oom_killed,omitempty"`
+	Artifacts       []delegate.Artifact `json:"artifacts"`
+	DurationSeconds float64             `json:"duration_seconds"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in ResultIn) (*mcp.CallToolResult, ResultOut, error) {
@@ -261,9 +303,16 @@ func Result(ctx context.Context, eng *engine.Engine, id string, maxBytes int) (R
 	if !j.Status.Terminal() {
 		return ResultOut{}, fmt.Errorf("job %s is %s: %w; call wait_job (or get_job_status) until it finishes", id, j.Status, delegate.ErrNotFinished)
 	}
-	kept := min(j.OutputBytes, int64(eng.OutputLimit()))
+	kept, err := eng.OutputSize(ctx, id)
+	if err != nil {
+		return ResultOut{}, err
+	}
 	offset := max(0, kept-int64(maxBytes))
 	out, err := eng.Output(ctx, id, offset, maxBytes)
+	if err != nil {
+		return ResultOut{}, err
+	}
+	arts, err := eng.Artifacts(ctx, id)
 	if err != nil {
 		return ResultOut{}, err
 	}
@@ -271,7 +320,7 @@ func Result(ctx context.Context, eng *engine.Engine, id string, maxBytes int) (R
 		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode,
 		Output: strings.ToValidUTF8(trimPartialRune(out, offset > 0), "\uFFFD"), OutputOffset: offset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		Error: j.Error, OOMKilled: j.OOMKilled, Artifacts: []Artifact{},
+		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
 		DurationSeconds: seconds(j.Duration(time.Now())),
 	}, nil
 }
@@ -420,3 +469,33 @@ func mustSchema[T any]() *jsonschema.Schema {
 	}
 	return s
 }
+
+// compact removes what costs tokens in tools/list without telling a model
+// anything: "null" alternatives of optional fields (["null","array"] is
+// just "array" to a caller), and, in output schemas, additionalProperties
+// and required, which only a validator reads.
+func compact(s *jsonschema.Schema, output bool) *jsonschema.Schema {
+	if s == nil {
+		return nil
+	}
+	if len(s.Types) == 2 && s.Types[0] == "null" {
+		s.Type, s.Types = s.Types[1], nil
+	}
+	if output {
+		s.Required = nil
+		if s.AdditionalProperties != nil && s.AdditionalProperties.Not != nil {
+			s.AdditionalProperties = nil // the "false" schema
+		}
+	}
+	for _, p := range s.Properties {
+		compact(p, output)
+	}
+	compact(s.Items, output)
+	if s.AdditionalProperties != nil {
+		compact(s.AdditionalProperties, output)
+	}
+	return s
+}
+
+// outputSchema is the compact output schema of T.
+func outputSchema[T any]() *jsonschema.Schema { return compact(mustSchema[T](), true) }

@@ -21,18 +21,21 @@ type Backend struct {
 	CreateHook func(ctx context.Context, spec sandbox.Spec) error
 	// Started receives every process Exec starts.
 	Started chan *Process
+	// Caps is what Capabilities reports.
+	Caps sandbox.Capabilities
 }
 
 // New returns an empty backend.
 func New() *Backend {
-	return &Backend{sandboxes: map[string]*Sandbox{}, Started: make(chan *Process, 100)}
+	return &Backend{sandboxes: map[string]*Sandbox{}, Started: make(chan *Process, 100),
+		Caps: sandbox.Capabilities{Recover: true, Supervised: true, StatusFile: "/run/delegate/status"}}
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
 
 func (b *Backend) Name() string { return "mock" }
 
-func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{Recover: true} }
+func (b *Backend) Capabilities() sandbox.Capabilities { return b.Caps }
 
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	if b.CreateHook != nil {
@@ -114,6 +117,16 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, max int64) ([]byte,
 	return data[:min(int64(len(data)), max)], nil
 }
 
+func (s *Sandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []sandbox.FileInfo
+	for p, data := range s.Files {
+		out = append(out, sandbox.FileInfo{Path: p, Size: int64(len(data))})
+	}
+	return out, nil
+}
+
 func (s *Sandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
 	s.mu.Lock()
 	if s.proc != nil {
@@ -144,6 +157,7 @@ type Process struct {
 	Cmd     sandbox.Command
 	mu      sync.Mutex
 	output  []byte
+	events  []byte
 	exit    sandbox.Exit
 	done    chan struct{}
 	ended   bool
@@ -157,6 +171,13 @@ func (p *Process) Write(b []byte) {
 	defer p.mu.Unlock()
 	p.output = append(p.output, b...)
 	p.exit.OutputBytes += int64(len(b))
+}
+
+// Event appends to the status channel as if the job wrote it.
+func (p *Process) Event(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, line+"\n"...)
 }
 
 // Finish ends the process with exit.
@@ -185,6 +206,16 @@ func (p *Process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte
 		return nil, nil
 	}
 	b := p.output[offset:]
+	return append([]byte(nil), b[:min(len(b), max)]...), nil
+}
+
+func (p *Process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if offset >= int64(len(p.events)) {
+		return nil, nil
+	}
+	b := p.events[offset:]
 	return append([]byte(nil), b[:min(len(b), max)]...), nil
 }
 

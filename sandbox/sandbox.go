@@ -26,6 +26,13 @@ type Capabilities struct {
 	DiskLimit           bool
 	Recover             bool // a running sandbox survives a server restart
 	Templates           bool // vmTemplate is honoured
+	NetworkEgress       bool // Spec.Network can be honoured
+	// Supervised: the backend watches the process itself, so its liveness
+	// counts as the job's heartbeat.
+	Supervised bool
+	// StatusFile is where, inside the sandbox, the job can write status
+	// lines that Process.ReadEvents returns, network or not ("" if none).
+	StatusFile string
 }
 
 // Spec describes the sandbox a job needs.
@@ -93,6 +100,9 @@ type Sandbox interface {
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
 	// ReadFile reads a file inside the sandbox, at most max bytes.
 	ReadFile(ctx context.Context, path string, max int64) ([]byte, error)
+	// ListFiles lists the regular files under /workspace, recursively,
+	// without following symbolic links.
+	ListFiles(ctx context.Context) ([]FileInfo, error)
 	// Exec starts the job's command. A sandbox runs one command.
 	Exec(ctx context.Context, cmd Command) (Process, error)
 	// Process returns the running (or finished) process started by Exec with
@@ -107,6 +117,9 @@ type Process interface {
 	// ReadOutput returns kept output (stdout and stderr interleaved) from
 	// offset on, at most max bytes; empty when nothing new was written.
 	ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error)
+	// ReadEvents returns what the job wrote to its status channel (lines),
+	// from offset on, at most max bytes.
+	ReadEvents(ctx context.Context, offset int64, max int) ([]byte, error)
 	// Wait blocks until the process ends or ctx is done.
 	Wait(ctx context.Context) (Exit, error)
 	// Kill ends the process and every process it started, at once.
@@ -116,3 +129,9 @@ type Process interface {
 // PollInterval is how often a backend that cannot be notified checks a
 // process it re-attached to.
 const PollInterval = 100 * time.Millisecond
+
+// FileInfo is a file in the workspace.
+type FileInfo struct {
+	Path string // absolute, inside /workspace
+	Size int64
+}

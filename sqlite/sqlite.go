@@ -54,6 +54,29 @@ var migrations = []string{
 		data BLOB NOT NULL,
 		PRIMARY KEY (job_id, offset)
 	);`,
+	`ALTER TABLE jobs ADD COLUMN result TEXT NOT NULL DEFAULT '';
+	ALTER TABLE jobs ADD COLUMN idempotency_key TEXT;
+	ALTER TABLE jobs ADD COLUMN token_hash TEXT NOT NULL DEFAULT '';
+	ALTER TABLE jobs ADD COLUMN last_heartbeat INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE jobs ADD COLUMN output_read INTEGER NOT NULL DEFAULT 0;
+	CREATE UNIQUE INDEX jobs_idempotency_key ON jobs(idempotency_key) WHERE idempotency_key IS NOT NULL;
+	CREATE INDEX jobs_sandbox ON jobs(sandbox_id) WHERE sandbox_id != '';
+	CREATE INDEX jobs_token ON jobs(token_hash) WHERE token_hash != '';
+	CREATE TABLE job_events (
+		job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		seq INTEGER NOT NULL,
+		time INTEGER NOT NULL,
+		message TEXT NOT NULL,
+		PRIMARY KEY (job_id, seq)
+	);
+	CREATE TABLE job_artifacts (
+		job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		name TEXT NOT NULL,
+		size INTEGER NOT NULL,
+		sha256 TEXT NOT NULL,
+		skipped TEXT NOT NULL DEFAULT '',
+		PRIMARY KEY (job_id, name)
+	);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -108,7 +131,8 @@ func (s *Store) migrate(ctx context.Context) error {
 func (s *Store) Close() error { return s.db.Close() }
 
 const jobColumns = `id, status, manifest, progress, error, exit_code, oom_killed, output_bytes,
-	output_truncated, created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner`
+	output_truncated, created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner,
+	result, idempotency_key, token_hash, last_heartbeat, output_read`
 
 type scanner interface{ Scan(...any) error }
 
@@ -118,10 +142,13 @@ func scanJob(row scanner) (*delegate.Job, error) {
 		manifest                            string
 		exit                                sql.NullInt64
 		created, updated, started, finished int64
+		heartbeat                           int64
+		idem                                sql.NullString
 		oom, truncated                      bool
 	)
 	err := row.Scan(&j.ID, &j.Status, &manifest, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
-		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner)
+		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
+		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead)
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +162,7 @@ func scanJob(row scanner) (*delegate.Job, error) {
 	j.OOMKilled, j.OutputTruncated = oom, truncated
 	j.CreatedAt, j.UpdatedAt = fromNanos(created), fromNanos(updated)
 	j.StartedAt, j.FinishedAt = fromNanos(started), fromNanos(finished)
+	j.LastHeartbeat, j.IdempotencyKey = fromNanos(heartbeat), idem.String
 	return &j, nil
 }
 
@@ -157,13 +185,16 @@ func jobArgs(j *delegate.Job) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var exit any
+	var exit, idem any
 	if j.ExitCode != nil {
 		exit = *j.ExitCode
 	}
+	if j.IdempotencyKey != "" {
+		idem = j.IdempotencyKey
+	}
 	return []any{j.ID, string(j.Status), string(manifest), j.Progress, j.Error, exit, j.OOMKilled, j.OutputBytes,
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
-		j.Backend, j.SandboxID, j.ExecID, j.Owner}, nil
+		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead}, nil
 }
 
 // CreateJob inserts a new job.
@@ -175,7 +206,7 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO jobs (`+jobColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, args...)
+	_, err = s.db.ExecContext(ctx, `INSERT INTO jobs (`+jobColumns+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, args...)
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
@@ -228,6 +259,10 @@ func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate
 	if f.Owner != "" {
 		query += ` AND owner = ?`
 		args = append(args, f.Owner)
+	}
+	if f.TokenHash != "" {
+		query += ` AND token_hash = ?`
+		args = append(args, f.TokenHash)
 	}
 	if f.SandboxID != "" {
 		query += ` AND sandbox_id = ?`
@@ -326,7 +361,8 @@ func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job)
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE jobs SET status=?2, manifest=?3, progress=?4, error=?5, exit_code=?6,
 		oom_killed=?7, output_bytes=?8, output_truncated=?9, created_at=?10, updated_at=?11, started_at=?12,
-		finished_at=?13, backend=?14, sandbox_id=?15, exec_id=?16, owner=?17 WHERE id=?1`, args...)
+		finished_at=?13, backend=?14, sandbox_id=?15, exec_id=?16, owner=?17, result=?18, idempotency_key=?19,
+		token_hash=?20, last_heartbeat=?21, output_read=?22 WHERE id=?1`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("update job %s: %w", id, err)
 	}
@@ -375,4 +411,97 @@ func (s *Store) ReadOutput(ctx context.Context, id string, offset int64, max int
 		out = append(out, data[:min(len(data), max-len(out))]...)
 	}
 	return out, rows.Err()
+}
+
+// OutputSize is how many bytes of output are kept for the job.
+func (s *Store) OutputSize(ctx context.Context, id string) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(offset + length(data)), 0) FROM job_output WHERE job_id = ?`, id).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("output size of job %s: %w", id, err)
+	}
+	return n, nil
+}
+
+// JobByIdempotencyKey finds the job submitted with key.
+func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
+	j, err := scanJob(s.db.QueryRowContext(ctx, `SELECT `+jobColumns+` FROM jobs WHERE idempotency_key = ?`, key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("idempotency key %q: %w", key, delegate.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job by idempotency key: %w", err)
+	}
+	return j, nil
+}
+
+// AddEvent appends to the job's timeline and drops the oldest entries
+// beyond max.
+func (s *Store) AddEvent(ctx context.Context, id string, ev delegate.Event, max int) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("add event to job %s: %w", id, err)
+	}
+	defer tx.Rollback()
+	var seq int64
+	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = ?`, id).Scan(&seq); err != nil {
+		return fmt.Errorf("add event to job %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO job_events (job_id, seq, time, message) VALUES (?, ?, ?, ?)`,
+		id, seq, toNanos(ev.Time), ev.Message); err != nil {
+		return fmt.Errorf("add event to job %s: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM job_events WHERE job_id = ? AND seq <= ?`, id, seq-int64(max)); err != nil {
+		return fmt.Errorf("add event to job %s: %w", id, err)
+	}
+	return tx.Commit()
+}
+
+// Events returns the job's timeline, oldest first.
+func (s *Store) Events(ctx context.Context, id string) ([]delegate.Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`, id)
+	if err != nil {
+		return nil, fmt.Errorf("events of job %s: %w", id, err)
+	}
+	defer rows.Close()
+	var evs []delegate.Event
+	for rows.Next() {
+		var (
+			at  int64
+			msg string
+		)
+		if err := rows.Scan(&at, &msg); err != nil {
+			return nil, fmt.Errorf("events of job %s: %w", id, err)
+		}
+		evs = append(evs, delegate.Event{Time: fromNanos(at), Message: msg})
+	}
+	return evs, rows.Err()
+}
+
+// AddArtifact records (or replaces) a collected artifact.
+func (s *Store) AddArtifact(ctx context.Context, id string, a delegate.Artifact) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`,
+		id, a.Name, a.Size, a.SHA256, a.Skipped)
+	if err != nil {
+		return fmt.Errorf("add artifact to job %s: %w", id, err)
+	}
+	return nil
+}
+
+// Artifacts lists the job's artifacts by name.
+func (s *Store) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`, id)
+	if err != nil {
+		return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
+	}
+	defer rows.Close()
+	arts := []delegate.Artifact{}
+	for rows.Next() {
+		var a delegate.Artifact
+		if err := rows.Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped); err != nil {
+			return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
+		}
+		arts = append(arts, a)
+	}
+	return arts, rows.Err()
 }

@@ -39,7 +39,7 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 	if err := a.eng.Start(ctx); err != nil {
 		return err
 	}
-	server := mcpserver.New(a.eng, log)
+	server := mcpserver.New(ctx, a.eng, log)
 	if *httpAddr == "" {
 		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir)
 		err := server.Run(ctx, &mcp.StdioTransport{})

@@ -1,0 +1,65 @@
+package delegate
+
+import (
+	"errors"
+	"path"
+	"strings"
+)
+
+// ValidArtifactGlob checks an artifact pattern: relative to /workspace,
+// path.Match syntax per segment, and "**" for any number of directories.
+func ValidArtifactGlob(g string) error {
+	if g == "" || len(g) > 1024 || strings.ContainsRune(g, 0) {
+		return errors.New("must be a non-empty glob of at most 1024 bytes")
+	}
+	g = strings.TrimPrefix(g, Workspace+"/")
+	if path.IsAbs(g) {
+		return errors.New("must be relative to /workspace (like out/*.txt or **/*.log)")
+	}
+	for _, seg := range strings.Split(g, "/") {
+		if seg == ".." {
+			return errors.New("must stay inside /workspace (no ..)")
+		}
+		if seg == "**" {
+			continue
+		}
+		if _, err := path.Match(seg, ""); err != nil {
+			return errors.New("is not a valid glob (path.Match syntax, plus ** for any directories)")
+		}
+	}
+	return nil
+}
+
+// MatchArtifact reports whether name (relative to /workspace) matches
+// one of the globs.
+func MatchArtifact(globs []string, name string) bool {
+	parts := strings.Split(name, "/")
+	for _, g := range globs {
+		g = strings.TrimPrefix(g, Workspace+"/")
+		if matchSegments(strings.Split(g, "/"), parts) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchSegments(pattern, name []string) bool {
+	for len(pattern) > 0 {
+		if pattern[0] == "**" {
+			for i := 0; i <= len(name); i++ {
+				if matchSegments(pattern[1:], name[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(name) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(pattern[0], name[0]); !ok {
+			return false
+		}
+		pattern, name = pattern[1:], name[1:]
+	}
+	return len(name) == 0
+}

@@ -1,0 +1,174 @@
+// Package httpapi serves the callback endpoints through which a job
+// reports progress, heartbeats and completion, and a health check. It is an
+// adapter: authenticate, parse, call the engine, answer in small JSON.
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+)
+
+// DefaultBodyLimit caps a callback body.
+const DefaultBodyLimit = 1 << 20
+
+// Options tune the handler.
+type Options struct {
+	BodyLimit int64
+	Logger    *slog.Logger
+}
+
+// Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
+// GET /health.
+func Handler(eng *engine.Engine, opts Options) http.Handler {
+	if opts.BodyLimit <= 0 {
+		opts.BodyLimit = DefaultBodyLimit
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{eng: eng, opts: opts}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /callback/{job_id}/{kind}", h.callback)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	// Anything else gets a JSON 404/405, never the default HTML-ish text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/callback/") {
+			writeError(w, http.StatusMethodNotAllowed, "callbacks are POST /callback/{job_id}/complete|status|heartbeat")
+			return
+		}
+		writeError(w, http.StatusNotFound, "no such endpoint")
+	})
+	return mux
+}
+
+type handler struct {
+	eng  *engine.Engine
+	opts Options
+}
+
+// body is what a job may send; fields that do not apply are ignored so
+// that runners written for the original server keep working.
+type body struct {
+	JobID    *string  `json:"job_id"`
+	Status   string   `json:"status"`
+	Progress string   `json:"progress"`
+	Message  string   `json:"message"`
+	Percent  *float64 `json:"percent"`
+	Result   string   `json:"result"`
+	Output   string   `json:"output"`
+	Error    string   `json:"error"`
+	ExitCode *int     `json:"exit_code"`
+}
+
+func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
+	id, kind := r.PathValue("job_id"), r.PathValue("kind")
+	if kind != "complete" && kind != "status" && kind != "heartbeat" {
+		writeError(w, http.StatusNotFound, "unknown callback "+kind+": use complete, status or heartbeat")
+		return
+	}
+	token, ok := bearer(r)
+	if !ok {
+		writeError(w, http.StatusUnauthorized, "missing token: send Authorization: Bearer $DELEGATE_JOB_TOKEN")
+		return
+	}
+	if r.ContentLength > h.opts.BodyLimit {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
+		return
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.BodyLimit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "could not read the body")
+		return
+	}
+	var b body
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &b); err != nil {
+			writeError(w, http.StatusBadRequest, "body must be a JSON object: "+strings.TrimPrefix(err.Error(), "json: "))
+			return
+		}
+	} else if kind != "heartbeat" {
+		writeError(w, http.StatusBadRequest, "body must be a JSON object")
+		return
+	}
+	if b.JobID != nil && *b.JobID != id {
+		writeError(w, http.StatusBadRequest, "job_id in the body differs from the job in the path")
+		return
+	}
+	rep := engine.Report{Kind: kind}
+	switch kind {
+	case "status":
+		rep.Progress = firstOf(b.Progress, b.Message, b.Status)
+		if b.Percent != nil {
+			rep.Progress = strings.TrimSpace(fmt.Sprintf("%s (%.0f%%)", rep.Progress, *b.Percent))
+		}
+	case "complete":
+		switch b.Status {
+		case "success", "succeeded", "completed", "":
+			rep.Success = b.Error == "" && (b.ExitCode == nil || *b.ExitCode == 0)
+		case "failed", "failure", "error":
+		default:
+			writeError(w, http.StatusBadRequest, `status must be "success" or "failed"`)
+			return
+		}
+		rep.Result, rep.ErrorMsg, rep.ExitCode = firstOf(b.Result, b.Output), b.Error, b.ExitCode
+	}
+	job, err := h.eng.Callback(r.Context(), id, token, rep)
+	switch {
+	case errors.Is(err, engine.ErrUnauthenticated):
+		writeError(w, http.StatusUnauthorized, "unknown token for this job")
+	case errors.Is(err, engine.ErrForbidden):
+		writeError(w, http.StatusForbidden, "this token belongs to another job")
+	case errors.Is(err, engine.ErrFinished), errors.Is(err, delegate.ErrTerminal):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, delegate.ErrInvalidTransition), errors.Is(err, delegate.ErrInvalid):
+		writeError(w, http.StatusConflict, err.Error())
+	case err != nil:
+		h.opts.Logger.Error("callback", "job", id, "kind", kind, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error")
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+	}
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	token = strings.TrimSpace(token)
+	return token, ok && token != ""
+}
+
+func firstOf(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}

@@ -1,0 +1,95 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Jobs as resources: job://{id} is the status JSON, job://{id}/log the
+// output so far, job://{id}/artifacts/{name} an artifact.
+func addResources(s *mcp.Server, eng *engine.Engine) {
+	read := func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		return readResource(ctx, eng, req.Params.URI)
+	}
+	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job", URITemplate: "job://{id}", MIMEType: "application/json",
+		Description: "A job's status; subscribe for updates"}, read)
+	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-log", URITemplate: "job://{id}/log", MIMEType: "text/plain",
+		Description: "A job's output so far; subscribe for updates"}, read)
+	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-artifact", URITemplate: "job://{id}/artifacts/{+name}",
+		Description: "A file collected from a job"}, read)
+}
+
+func readResource(ctx context.Context, eng *engine.Engine, uri string) (*mcp.ReadResourceResult, error) {
+	rest, ok := strings.CutPrefix(uri, "job://")
+	if !ok {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	id, sub, _ := strings.Cut(rest, "/")
+	j, err := eng.Get(ctx, id)
+	if errors.Is(err, delegate.ErrNotFound) {
+		return nil, mcp.ResourceNotFoundError(uri)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case sub == "":
+		st, err := fullStatus(ctx, eng, j)
+		if err != nil {
+			return nil, err
+		}
+		data, _ := json.Marshal(st)
+		return contents(uri, "application/json", data), nil
+	case sub == "log":
+		n, err := eng.OutputSize(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out, err := eng.Output(ctx, id, 0, int(n))
+		if err != nil {
+			return nil, err
+		}
+		return contents(uri, "text/plain", out), nil
+	case strings.HasPrefix(sub, "artifacts/"):
+		_, data, err := eng.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
+		if errors.Is(err, delegate.ErrNotFound) {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if utf8.Valid(data) {
+			return contents(uri, "text/plain", data), nil
+		}
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/octet-stream", Blob: data}}}, nil
+	}
+	return nil, mcp.ResourceNotFoundError(uri)
+}
+
+func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {
+	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: mime, Text: strings.ToValidUTF8(string(data), "\uFFFD")}}}
+}
+
+// publishUpdates sends notifications/resources/updated for a job's status
+// and log resources whenever the engine changes the job. The SDK delivers
+// them only to the sessions subscribed to that URI.
+func publishUpdates(ctx context.Context, s *mcp.Server, eng *engine.Engine) {
+	changes, stop := eng.Watch()
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-changes:
+			s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
+			s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
+		}
+	}
+}
