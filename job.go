@@ -50,7 +50,8 @@ type Job struct {
 	OutputRead int64 `json:"-"`
 }
 
-// Event is one entry in a job's timeline (kept in statusMode detailed).
+// Event is one entry in a job's timeline (kept in statusMode detailed and
+// streaming).
 type Event struct {
 	Time    time.Time `json:"time"`
 	Message string    `json:"message"`

@@ -43,7 +43,8 @@ func TestMain(m *testing.M) {
 // serverEnv is the environment of a delegate under test: small limits and
 // its own data dir.
 func serverEnv(dataDir string, extra ...string) []string {
-	e := append(os.Environ(), "DELEGATE_DATA_DIR="+dataDir, "DEFAULT_MEMORY=256M", "DEFAULT_DISK=64M", "DELEGATE_LOG_LEVEL=debug")
+	e := append(os.Environ(), "DELEGATE_DATA_DIR="+dataDir, "DEFAULT_MEMORY=256M", "DEFAULT_DISK=64M", "DELEGATE_LOG_LEVEL=debug",
+		"CALLBACK_PORT=0")
 	return append(e, extra...)
 }
 
@@ -72,13 +73,19 @@ func testContext(t *testing.T) context.Context {
 }
 
 // stdioSession starts `delegate serve` and connects the go-sdk client to it.
-func stdioSession(t *testing.T, dataDir, protocol string) (*mcp.ClientSession, *exec.Cmd, *syncBuffer) {
+func stdioSession(t *testing.T, dataDir, protocol string, extraEnv ...string) (*mcp.ClientSession, *exec.Cmd, *syncBuffer) {
+	t.Helper()
+	return stdioSessionWith(t, dataDir, protocol, nil, extraEnv...)
+}
+
+// stdioSessionWith also takes client options (handlers for notifications).
+func stdioSessionWith(t *testing.T, dataDir, protocol string, opts *mcp.ClientOptions, extraEnv ...string) (*mcp.ClientSession, *exec.Cmd, *syncBuffer) {
 	t.Helper()
 	cmd := exec.Command(binary, "serve")
-	cmd.Env = serverEnv(dataDir)
+	cmd.Env = serverEnv(dataDir, extraEnv...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
-	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil)
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, opts)
 	cs, err := client.Connect(testContext(t), &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second},
 		&mcp.ClientSessionOptions{ProtocolVersion: protocol})
 	if err != nil {
@@ -96,10 +103,10 @@ func stdioSession(t *testing.T, dataDir, protocol string) (*mcp.ClientSession, *
 var urlRE = regexp.MustCompile(`url=(http://\S+/mcp)`)
 
 // httpServer starts `delegate serve --http 127.0.0.1:0` and returns its URL.
-func httpServer(t *testing.T, dataDir string) string {
+func httpServer(t *testing.T, dataDir string, extraEnv ...string) string {
 	t.Helper()
 	cmd := exec.Command(binary, "serve", "--http", "127.0.0.1:0")
-	cmd.Env = serverEnv(dataDir)
+	cmd.Env = serverEnv(dataDir, extraEnv...)
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +153,12 @@ func httpServer(t *testing.T, dataDir string) string {
 
 func httpSession(t *testing.T, url, protocol string) *mcp.ClientSession {
 	t.Helper()
-	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-http", Version: "1"}, nil)
+	return httpSessionWith(t, url, protocol, nil)
+}
+
+func httpSessionWith(t *testing.T, url, protocol string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-http", Version: "1"}, opts)
 	cs, err := client.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1},
 		&mcp.ClientSessionOptions{ProtocolVersion: protocol})
 	if err != nil {

@@ -45,6 +45,11 @@ func TestTypeScriptClient(t *testing.T) {
 					Output   string `json:"output"`
 				} `json:"result"`
 				BadError string `json:"badError"`
+				Logs     struct {
+					Followed     string `json:"followed"`
+					WhileRunning bool   `json:"whileRunning"`
+					LogUpdates   int    `json:"logUpdates"`
+				} `json:"logs"`
 			}
 			if err := json.Unmarshal(out, &report); err != nil {
 				t.Fatalf("report %q: %v", out, err)
@@ -56,6 +61,9 @@ func TestTypeScriptClient(t *testing.T) {
 			}
 			if !strings.Contains(report.BadError, "manifest.lifecycle") {
 				t.Fatalf("bad manifest error: %q", report.BadError)
+			}
+			if report.Logs.Followed != "tick 1\ntick 2\ntick 3\ntick 4\n" || !report.Logs.WhileRunning || report.Logs.LogUpdates < 2 {
+				t.Errorf("live logs through the TS client: %+v", report.Logs)
 			}
 			// The job runs for a second: wait_job reports its progress.
 			if len(report.Progress) == 0 {

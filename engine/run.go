@@ -391,7 +391,7 @@ func (e *Engine) report(ctx context.Context, id string, m delegate.Manifest, pro
 	if err != nil {
 		return
 	}
-	if progress != "" && m.StatusMode == delegate.StatusModeDetailed {
+	if progress != "" && m.StatusMode != delegate.StatusModeSimple {
 		if err := e.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: progress}, maxEvents); err != nil {
 			e.log.Warn("store event", "job", id, "err", err)
 		}

@@ -213,9 +213,15 @@ func TestCallbackRaces(t *testing.T) {
 		var wg sync.WaitGroup
 		codes := make([]int, 2)
 		wg.Add(3)
-		go func() { defer wg.Done(); codes[0], _ = e.post("/callback/"+j.ID+"/complete", token, `{"status":"success"}`) }()
+		go func() {
+			defer wg.Done()
+			codes[0], _ = e.post("/callback/"+j.ID+"/complete", token, `{"status":"success"}`)
+		}()
 		go func() { defer wg.Done(); e.eng.Cancel(ctx, j.ID) }()
-		go func() { defer wg.Done(); codes[1], _ = e.post("/callback/"+j.ID+"/status", token, `{"progress":"late"}`) }()
+		go func() {
+			defer wg.Done()
+			codes[1], _ = e.post("/callback/"+j.ID+"/status", token, `{"progress":"late"}`)
+		}()
 		if i%3 == 0 {
 			p.Finish(sandbox.Exit{Code: 1})
 		}

@@ -162,7 +162,7 @@ func statusOf(j *delegate.Job) StatusOut {
 // fullStatus adds the timeline of a detailed job.
 func fullStatus(ctx context.Context, eng *engine.Engine, j *delegate.Job) (StatusOut, error) {
 	out := statusOf(j)
-	if j.Manifest.StatusMode == delegate.StatusModeDetailed {
+	if j.Manifest.StatusMode != delegate.StatusModeSimple {
 		evs, err := eng.Events(ctx, j.ID)
 		if err != nil {
 			return out, err

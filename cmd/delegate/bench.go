@@ -36,7 +36,7 @@ func cmdBench(ctx context.Context, cfg config, args []string, stdout, stderr io.
 	cfg.DataDir = dir
 	cfg.MaxConcurrent = 1
 	cfg.Defaults.Memory, cfg.Defaults.Disk = "256M", "64M"
-	a, err := openApp(ctx, cfg, newLogger(stderr, slogWarn), true)
+	a, err := openApp(ctx, cfg, newLogger(stderr, slogWarn), true, "")
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +25,12 @@ type config struct {
 	CleanupInterval time.Duration
 	Defaults        delegate.Defaults
 	LogLevel        slog.Level
+
+	CallbackHost       string
+	CallbackPort       int
+	CallbackPublicURL  string
+	HeartbeatThreshold time.Duration
+	SecretsFile        string
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -42,6 +50,11 @@ var envVars = []envVar{
 	{"DEFAULT_DISK", "10G", "size of /workspace per job"},
 	{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs directory)"},
 	{"CLEANUP_INTERVAL_SECONDS", "30", "how often orphaned sandboxes are looked for"},
+	{"CALLBACK_HOST", "127.0.0.1", "address the callback server binds"},
+	{"CALLBACK_PORT", "8765", "port of the callback server (0: none)"},
+	{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
+	{"HEARTBEAT_THRESHOLD_SECONDS", "120", "a running job silent this long fails with lost heartbeat"},
+	{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
 }
 
 func defaultDataDir() string {
@@ -64,6 +77,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 		CleanupInterval: 30 * time.Second,
 		Defaults:        delegate.Defaults{Timeout: 3600, CPU: 2, Memory: "2G", Disk: "10G"},
 		LogLevel:        slog.LevelInfo,
+
+		CallbackHost:       "127.0.0.1",
+		CallbackPort:       8765,
+		HeartbeatThreshold: 120 * time.Second,
 	}
 	var errs []string
 	bad := func(name, rule string) { errs = append(errs, fmt.Sprintf("%s=%q: %s", name, getenv(name), rule)) }
@@ -126,6 +143,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 	cleanup := 30
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)
 	c.CleanupInterval = time.Duration(cleanup) * time.Second
+	str("CALLBACK_HOST", &c.CallbackHost)
+	intIn("CALLBACK_PORT", 0, 65535, &c.CallbackPort)
+	c.CallbackPublicURL = "http://" + net.JoinHostPort(c.CallbackHost, strconv.Itoa(c.CallbackPort))
+	if v := getenv("CALLBACK_PUBLIC_URL"); v != "" {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("CALLBACK_PUBLIC_URL", "must be an http(s) URL like http://10.0.0.5:8765")
+		} else {
+			c.CallbackPublicURL = strings.TrimSuffix(v, "/")
+		}
+	}
+	heartbeat := 120
+	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
+	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
+	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -16,7 +17,8 @@ const jobsUsage = `usage:
   delegate jobs list [--status S] [--limit N] [--cursor C] [--json]
   delegate jobs status ID [--json]
   delegate jobs result ID [--json]     output on stdout, outcome on stderr
-  delegate jobs cancel ID`
+  delegate jobs cancel ID
+  delegate jobs artifact ID NAME [-o FILE]   (default: stdout)`
 
 func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -29,6 +31,7 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	status := fs.String("status", "", "only jobs with this status (list)")
 	limit := fs.Int("limit", 20, "jobs per page (list)")
 	cursor := fs.String("cursor", "", "next_cursor of the previous page (list)")
+	outPath := fs.String("o", "", "write the artifact to FILE instead of stdout (artifact)")
 	cfg.addFlags(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -47,10 +50,15 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 			return usagef("jobs %s needs one job id\n%s", sub, jobsUsage)
 		}
 		id = fs.Arg(0)
+	case "artifact":
+		if fs.NArg() != 2 {
+			return usagef("jobs artifact needs a job id and an artifact name\n%s", jobsUsage)
+		}
+		id = fs.Arg(0)
 	default:
 		return usagef("unknown jobs command %q\n%s", sub, jobsUsage)
 	}
-	a, err := openApp(ctx, cfg, newLogger(stderr, max(cfg.LogLevel, slogWarn)), false)
+	a, err := openApp(ctx, cfg, newLogger(stderr, max(cfg.LogLevel, slogWarn)), false, "")
 	if err != nil {
 		return err
 	}
@@ -119,6 +127,19 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 			line += ": " + res.Error
 		}
 		fmt.Fprintln(stderr, line)
+	case "artifact":
+		art, data, err := a.eng.ReadArtifact(ctx, id, fs.Arg(1))
+		if err != nil {
+			return err
+		}
+		if *outPath == "" {
+			_, err = stdout.Write(data)
+			return err
+		}
+		if err := os.WriteFile(*outPath, data, 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "%s: %d bytes, sha256 %s\n", *outPath, art.Size, art.SHA256)
 	case "cancel":
 		j, cancelled, err := a.eng.Cancel(ctx, id)
 		if err != nil {

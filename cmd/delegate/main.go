@@ -112,8 +112,13 @@ type app struct {
 	eng   *engine.Engine
 }
 
-// openApp opens the store; with a backend it can also run jobs.
-func openApp(ctx context.Context, cfg config, log *slog.Logger, withBackend bool) (*app, error) {
+// openApp opens the store; with a backend it can also run jobs. Jobs get
+// callbackURL (empty: no callback server) to report to.
+func openApp(ctx context.Context, cfg config, log *slog.Logger, withBackend bool, callbackURL string) (*app, error) {
+	secrets, err := loadSecrets(cfg.SecretsFile)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir (DELEGATE_DATA_DIR): %w", err)
 	}
@@ -136,6 +141,11 @@ func openApp(ctx context.Context, cfg config, log *slog.Logger, withBackend bool
 		OutputLimit:     cfg.OutputLimit,
 		CleanupInterval: cfg.CleanupInterval,
 		Logger:          log,
+
+		CallbackURL:        callbackURL,
+		HeartbeatThreshold: cfg.HeartbeatThreshold,
+		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
+		Secret:             secretResolver(secrets),
 	})
 	return &app{cfg: cfg, log: log, store: store, eng: eng}, nil
 }

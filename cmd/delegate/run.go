@@ -60,7 +60,7 @@ func cmdRun(ctx context.Context, cfg config, args []string, stdout, stderr io.Wr
 	}
 
 	log := newLogger(stderr, max(cfg.LogLevel, slogWarn))
-	a, err := openApp(ctx, cfg, log, true)
+	a, err := openApp(ctx, cfg, log, true, "")
 	if err != nil {
 		return 0, err
 	}

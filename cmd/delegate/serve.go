@@ -6,10 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 
+	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -31,11 +35,20 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 	}
 	// stdout is the MCP channel in stdio mode: logs go to stderr only.
 	log := newLogger(stderr, cfg.LogLevel)
-	a, err := openApp(ctx, cfg, log, true)
+	callbacks, callbackURL := listenCallbacks(cfg, log)
+	a, err := openApp(ctx, cfg, log, true, callbackURL)
 	if err != nil {
+		if callbacks != nil {
+			callbacks.Close()
+		}
 		return err
 	}
 	defer a.Close()
+	if callbacks != nil {
+		srv := &http.Server{Handler: httpapi.Handler(a.eng, httpapi.Options{Logger: log}), ReadHeaderTimeout: 10 * time.Second}
+		go srv.Serve(callbacks)
+		defer srv.Close()
+	}
 	if err := a.eng.Start(ctx); err != nil {
 		return err
 	}
@@ -70,4 +83,26 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 		return err
 	}
 	return nil
+}
+
+// listenCallbacks binds the callback server. If the port is taken (most
+// often by another delegate on this machine, which serves the same data
+// dir's jobs just as well), jobs still run: they report through their
+// status file, and through that other server when CALLBACK_PUBLIC_URL
+// points at it.
+func listenCallbacks(cfg config, log *slog.Logger) (net.Listener, string) {
+	if cfg.CallbackPort == 0 {
+		return nil, ""
+	}
+	addr := net.JoinHostPort(cfg.CallbackHost, strconv.Itoa(cfg.CallbackPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Warn("no callback server: jobs report through their status file", "addr", addr, "err", err)
+		if os.Getenv("CALLBACK_PUBLIC_URL") != "" {
+			return nil, cfg.CallbackPublicURL
+		}
+		return nil, ""
+	}
+	log.Info("callback server listening", "addr", ln.Addr().String(), "public_url", cfg.CallbackPublicURL)
+	return ln, cfg.CallbackPublicURL
 }

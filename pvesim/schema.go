@@ -1,0 +1,342 @@
+package pvesim
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// The subset of the official API schema for the methods pvesim serves,
+// extracted by internal/schemagen (see schema/NOTICE.md: AGPL-3.0 data).
+//
+//go:generate go run ./internal/schemagen -in ../../shared/data/pve-api/pve9-api-schema.json -out schema/pve-api-subset.json -pve 9.x
+//go:embed schema/pve-api-subset.json
+var subsetJSON []byte
+
+// indexed is how many numbered keys a "name[n]" property stands for
+// (qemu-server's MAX_NETS, MAX_SCSI_DISKS and friends); the schema dump
+// folds net0..net31 into "net[n]", the running server checks each one.
+var indexed = map[string]int{
+	"net": 32, "ipconfig": 32, "ide": 4, "sata": 6, "scsi": 31, "virtio": 16,
+	"unused": 256, "usb": 14, "serial": 4, "parallel": 3, "hostpci": 16,
+	"numa": 8, "virtiofs": 10,
+}
+
+// Schema is the part of the official PVE API schema the simulator serves,
+// with the list of every method of the full API.
+type Schema struct {
+	// PVE is the version the schema describes (for example "9.x").
+	PVE     string
+	methods []*Method
+	all     []template // every method of the real API
+}
+
+// Method is one API method: what it takes, returns and needs.
+type Method struct {
+	Method     string // GET, POST, PUT, DELETE
+	Path       string // template, e.g. /nodes/{node}/qemu/{vmid}/clone
+	AllowToken bool
+	Protected  bool
+	ProxyTo    string // "node" when the call runs on the node it names
+	// Permissions is the schema's permission object (check expressions).
+	Permissions map[string]any
+	Params      *Prop
+	Returns     *Prop
+	tpl         template
+}
+
+// Prop is a JSON-schema-like property as PVE::JSONSchema understands it.
+type Prop struct {
+	Type       string
+	Optional   bool
+	Enum       []string
+	Minimum    string // as written in the schema (messages quote it)
+	Maximum    string
+	MinLength  int // -1 when unset
+	MaxLength  int
+	Pattern    string
+	Format     string           // a named format, e.g. pve-vmid, pve-tag-list
+	FormatObj  map[string]*Prop // an inline property-string format
+	DefaultKey bool
+	Alias      string
+	KeyAlias   string
+	Requires   string
+	Items      *Prop
+	Properties map[string]*Prop
+	// AdditionalProperties: nil when unset (allowed), else whether
+	// properties the schema does not name are allowed.
+	AdditionalProperties *bool
+	re                   *regexp.Regexp
+}
+
+type template struct {
+	method string
+	segs   []string
+}
+
+var (
+	defaultSchema     *Schema
+	defaultSchemaErr  error
+	defaultSchemaOnce sync.Once
+)
+
+// LoadSchema returns the embedded schema subset (parsed once).
+func LoadSchema() (*Schema, error) {
+	defaultSchemaOnce.Do(func() {
+		defaultSchema, defaultSchemaErr = parseSchema(subsetJSON)
+	})
+	return defaultSchema, defaultSchemaErr
+}
+
+func parseSchema(data []byte) (*Schema, error) {
+	var raw struct {
+		PVE     string `json:"pve"`
+		Methods []struct {
+			Method      string         `json:"method"`
+			Path        string         `json:"path"`
+			AllowToken  int            `json:"allowtoken"`
+			Protected   int            `json:"protected"`
+			ProxyTo     string         `json:"proxyto"`
+			Permissions map[string]any `json:"permissions"`
+			Parameters  map[string]any `json:"parameters"`
+			Returns     map[string]any `json:"returns"`
+		} `json:"methods"`
+		AllMethods []string `json:"all_methods"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber() // keep "maximum": 999999999 as written
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("pvesim schema: %w", err)
+	}
+	s := &Schema{PVE: raw.PVE}
+	for _, m := range raw.Methods {
+		params, err := parseProp(m.Parameters, true)
+		if err != nil {
+			return nil, fmt.Errorf("pvesim schema: %s %s parameters: %w", m.Method, m.Path, err)
+		}
+		returns, err := parseProp(m.Returns, true)
+		if err != nil {
+			return nil, fmt.Errorf("pvesim schema: %s %s returns: %w", m.Method, m.Path, err)
+		}
+		s.methods = append(s.methods, &Method{
+			Method: m.Method, Path: m.Path, AllowToken: m.AllowToken != 0, Protected: m.Protected != 0,
+			ProxyTo: m.ProxyTo, Permissions: m.Permissions, Params: params, Returns: returns,
+			tpl: newTemplate(m.Method, m.Path),
+		})
+	}
+	for _, key := range raw.AllMethods {
+		verb, path, ok := strings.Cut(key, " ")
+		if !ok {
+			return nil, fmt.Errorf("pvesim schema: bad method %q", key)
+		}
+		s.all = append(s.all, newTemplate(verb, path))
+	}
+	return s, nil
+}
+
+func newTemplate(method, path string) template {
+	return template{method: method, segs: splitPath(path)}
+}
+
+func splitPath(p string) []string {
+	p = strings.Trim(p, "/")
+	if p == "" {
+		return nil
+	}
+	return strings.Split(p, "/")
+}
+
+// match returns the path parameters if path fits the template.
+func (t template) match(method string, segs []string) (map[string]string, bool) {
+	if method != t.method || len(segs) != len(t.segs) {
+		return nil, false
+	}
+	var params map[string]string
+	for i, ts := range t.segs {
+		if strings.HasPrefix(ts, "{") && strings.HasSuffix(ts, "}") {
+			if segs[i] == "" {
+				return nil, false
+			}
+			if params == nil {
+				params = map[string]string{}
+			}
+			params[ts[1:len(ts)-1]] = segs[i]
+			continue
+		}
+		if ts != segs[i] {
+			return nil, false
+		}
+	}
+	return params, true
+}
+
+// Lookup finds the method serving method+path (a concrete path such as
+// /nodes/pve1/qemu/100/config) and its path parameters.
+func (s *Schema) Lookup(method, path string) (*Method, map[string]string, bool) {
+	segs := splitPath(path)
+	// Fixed segments win over parameters, as in PVE's router: try the
+	// templates with the most fixed segments first.
+	var best *Method
+	var bestParams map[string]string
+	bestFixed := -1
+	for _, m := range s.methods {
+		params, ok := m.tpl.match(method, segs)
+		if !ok {
+			continue
+		}
+		if fixed := len(segs) - len(params); fixed > bestFixed {
+			best, bestParams, bestFixed = m, params, fixed
+		}
+	}
+	return best, bestParams, best != nil
+}
+
+// InRealAPI reports whether the full PVE API has method+path, which the
+// simulator may not serve.
+func (s *Schema) InRealAPI(method, path string) bool {
+	segs := splitPath(path)
+	for _, t := range s.all {
+		if _, ok := t.match(method, segs); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Methods lists the methods of the subset, sorted by path and method.
+func (s *Schema) Methods() []*Method {
+	out := append([]*Method(nil), s.methods...)
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Path != out[j].Path {
+			return out[i].Path < out[j].Path
+		}
+		return out[i].Method < out[j].Method
+	})
+	return out
+}
+
+// parseProp converts a schema object. expand turns "net[n]" properties
+// into net0..net31, as the running server has them.
+func parseProp(m map[string]any, expand bool) (*Prop, error) {
+	if m == nil {
+		return nil, nil
+	}
+	p := &Prop{MinLength: -1, MaxLength: -1}
+	for k, v := range m {
+		var err error
+		switch k {
+		case "type":
+			s, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("type %v: only single types are supported", v)
+			}
+			p.Type = s
+		case "optional":
+			p.Optional = truthy(v)
+		case "default_key":
+			p.DefaultKey = truthy(v)
+		case "enum":
+			for _, e := range v.([]any) {
+				p.Enum = append(p.Enum, fmt.Sprint(e))
+			}
+		case "minimum":
+			p.Minimum = fmt.Sprint(v)
+		case "maximum":
+			p.Maximum = fmt.Sprint(v)
+		case "minLength":
+			p.MinLength, err = atoiAny(v)
+		case "maxLength":
+			p.MaxLength, err = atoiAny(v)
+		case "pattern":
+			p.Pattern = fmt.Sprint(v)
+			p.re, err = perlRegexp(p.Pattern)
+		case "format":
+			switch f := v.(type) {
+			case string:
+				p.Format = f
+			case map[string]any:
+				p.FormatObj = map[string]*Prop{}
+				for name, sub := range f {
+					sm, _ := sub.(map[string]any)
+					if p.FormatObj[name], err = parseProp(sm, false); err != nil {
+						return nil, fmt.Errorf("format %s: %w", name, err)
+					}
+				}
+			}
+		case "alias":
+			p.Alias = fmt.Sprint(v)
+		case "keyAlias":
+			p.KeyAlias = fmt.Sprint(v)
+		case "requires":
+			p.Requires = fmt.Sprint(v)
+		case "items":
+			sm, _ := v.(map[string]any)
+			p.Items, err = parseProp(sm, false)
+		case "additionalProperties":
+			switch a := v.(type) {
+			case map[string]any:
+				t := true // an object schema: allowed (we do not check them)
+				p.AdditionalProperties = &t
+			default:
+				b := truthy(a)
+				p.AdditionalProperties = &b
+			}
+		case "properties":
+			p.Properties = map[string]*Prop{}
+			for name, sub := range v.(map[string]any) {
+				sm, _ := sub.(map[string]any)
+				sp, err := parseProp(sm, false)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", name, err)
+				}
+				base, isIndexed := strings.CutSuffix(name, "[n]")
+				if !isIndexed || !expand {
+					p.Properties[name] = sp
+					continue
+				}
+				n, ok := indexed[base]
+				if !ok {
+					return nil, fmt.Errorf("%s: unknown count for an indexed property", name)
+				}
+				for i := range n {
+					p.Properties[fmt.Sprintf("%s%d", base, i)] = sp
+				}
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	return p, nil
+}
+
+func truthy(v any) bool {
+	switch t := v.(type) {
+	case bool:
+		return t
+	case json.Number:
+		return t.String() != "0"
+	case string:
+		return t != "" && t != "0"
+	}
+	return v != nil
+}
+
+func atoiAny(v any) (int, error) {
+	var n int
+	_, err := fmt.Sscan(fmt.Sprint(v), &n)
+	return n, err
+}
+
+// perlRegexp compiles a schema pattern the way PVE applies it:
+// m/^$pattern$/, where Perl's "$" also matches before a final newline.
+// "(?^:...)" is Perl's way of writing a group with default flags.
+func perlRegexp(p string) (*regexp.Regexp, error) {
+	p = strings.ReplaceAll(p, "(?^:", "(?:")
+	return regexp.Compile(`^(?:` + p + `)\n?$`)
+}
