@@ -89,6 +89,9 @@ func TestCLIRun(t *testing.T) {
 	if out != "local file\nhi there\n" || !strings.Contains(errOut, "exit code 7") {
 		t.Fatalf("jobs result: %q %q", out, errOut)
 	}
+	if out, errOut, code := delegateCLI(t, dataDir, "jobs", "logs", list.Jobs[2].JobID); out != "local file\nhi there\n" || code != 0 {
+		t.Fatalf("jobs logs: %q %d %s", out, code, errOut)
+	}
 	out, _, _ = delegateCLI(t, dataDir, "jobs", "cancel", list.Jobs[2].JobID)
 	if !strings.Contains(out, "already finished") {
 		t.Fatalf("jobs cancel of a finished job: %q", out)

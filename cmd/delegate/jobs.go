@@ -18,7 +18,8 @@ const jobsUsage = `usage:
   delegate jobs status ID [--json]
   delegate jobs result ID [--json]     output on stdout, outcome on stderr
   delegate jobs cancel ID
-  delegate jobs artifact ID NAME [-o FILE]   (default: stdout)`
+  delegate jobs artifact ID NAME [-o FILE]   (default: stdout)
+  delegate jobs logs ID [--follow]`
 
 func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -32,6 +33,7 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	limit := fs.Int("limit", 20, "jobs per page (list)")
 	cursor := fs.String("cursor", "", "next_cursor of the previous page (list)")
 	outPath := fs.String("o", "", "write the artifact to FILE instead of stdout (artifact)")
+	follow := fs.Bool("follow", false, "keep printing output until the job ends (logs)")
 	cfg.addFlags(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -45,7 +47,7 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 		if fs.NArg() != 0 {
 			return usagef("jobs list takes no argument (got %q)", fs.Arg(0))
 		}
-	case "status", "result", "cancel":
+	case "status", "result", "cancel", "logs":
 		if fs.NArg() != 1 {
 			return usagef("jobs %s needs one job id\n%s", sub, jobsUsage)
 		}
@@ -127,6 +129,26 @@ func cmdJobs(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 			line += ": " + res.Error
 		}
 		fmt.Fprintln(stderr, line)
+	case "logs":
+		cursor := ""
+		for {
+			l, err := mcpserver.Logs(ctx, a.eng, mcpserver.LogsIn{JobID: id, Cursor: cursor, MaxBytes: 1 << 20})
+			if err != nil {
+				return err
+			}
+			io.WriteString(stdout, l.Output)
+			cursor = l.NextCursor
+			if l.Done || (!*follow && l.Output == "") {
+				return nil
+			}
+			if l.Output == "" {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}
 	case "artifact":
 		art, data, err := a.eng.ReadArtifact(ctx, id, fs.Arg(1))
 		if err != nil {
