@@ -104,13 +104,8 @@ func (e *Engine) Callback(ctx context.Context, id, token string, rep Report) (*d
 		if err != nil {
 			return nil, err
 		}
-		// Whatever still runs is stopped and the sandbox collected by the
-		// job's follower, which sees the terminal status.
-		e.mu.Lock()
-		if r := e.runs[id]; r != nil {
-			r.killNow()
-		}
-		e.mu.Unlock()
+		// The job's follower sees the terminal status: it lets the process
+		// exit on its own for a moment, then stops whatever still runs.
 		return job, nil
 	default:
 		return nil, fmt.Errorf("%w: unknown report kind %q", delegate.ErrInvalid, rep.Kind)

@@ -212,7 +212,10 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 		done <- waited{exit, err}
 	}()
 
-	var timedOut, killing bool
+	var (
+		timedOut, killing bool
+		graceEnd          time.Time
+	)
 	kill := func() {
 		killing = true
 		if err := proc.Kill(context.WithoutCancel(ctx)); err != nil {
@@ -230,10 +233,18 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			return
 		case <-ticker.C:
 			t.collect(ctx, false)
-			// Another process (the CLI, a callback, a heartbeat check) may
-			// have ended it.
+			// Another process (the CLI, a callback) may have ended it. A job
+			// that reported its own completion gets a moment to exit by
+			// itself, so that its real exit code is kept; a cancelled one
+			// is killed at once.
 			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() && !killing {
-				kill()
+				if j.Status == delegate.StatusCancelled {
+					kill()
+				} else if graceEnd.IsZero() {
+					graceEnd = time.Now().Add(completionGrace)
+				} else if time.Now().After(graceEnd) {
+					kill()
+				}
 			}
 		case <-beat.C:
 			if supervised {
@@ -264,6 +275,10 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 		}
 	}
 }
+
+// completionGrace is how long a job that reported its completion may take
+// to exit on its own before it is killed.
+const completionGrace = 5 * time.Second
 
 // tracker moves one running job's output and status lines into the store:
 // secrets redacted, output capped, Claude's stream-json read as progress.
@@ -444,7 +459,9 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 		e.collectArtifacts(context.WithoutCancel(e.ctx), id, m, sb)
 	}
 	e.finish(id, status, t.redact.string(reason), func(j *delegate.Job) {
-		j.ExitCode = code
+		if j.ExitCode == nil { // a completion callback may have reported one
+			j.ExitCode = code
+		}
 		j.OOMKilled = exit.OOMKilled
 		if waitErr == nil {
 			j.OutputBytes = max(j.OutputBytes, exit.OutputBytes)

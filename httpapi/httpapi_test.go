@@ -170,8 +170,9 @@ func TestCompleteCallback(t *testing.T) {
 	if code != 200 || body["status"] != "success" {
 		t.Fatalf("complete: %d %v", code, body)
 	}
-	// The job said it is done: what still runs is stopped.
-	for range 500 {
+	// The job said it is done: what still runs is stopped (after a grace
+	// period for it to exit on its own).
+	for range 1500 {
 		if p.Killed() {
 			break
 		}
