@@ -155,25 +155,27 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.backend != nil {
 		e.sweep(ctx)
 	}
-	e.wg.Add(2)
+	e.every(e.cfg.CleanupInterval, e.cleanup)
+	e.every(max(e.cfg.HeartbeatThreshold/4, 100*time.Millisecond), e.checkHeartbeats)
+	return nil
+}
+
+// every runs fn at each interval until the engine closes.
+func (e *Engine) every(interval time.Duration, fn func(context.Context)) {
+	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		e.cleanupLoop()
-	}()
-	go func() {
-		defer e.wg.Done()
-		t := time.NewTicker(max(e.cfg.HeartbeatThreshold/4, 100*time.Millisecond))
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
 			case <-e.ctx.Done():
 				return
 			case <-t.C:
-				e.checkHeartbeats(e.ctx)
+				fn(e.ctx)
 			}
 		}
 	}()
-	return nil
 }
 
 // Close stops the engine without touching running jobs: their sandboxes go

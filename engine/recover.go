@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/delegate-dev/delegate"
 )
@@ -105,22 +104,13 @@ func (e *Engine) reattach(ctx context.Context, job *delegate.Job) {
 	}()
 }
 
-// cleanupLoop adopts jobs of engines that died while this one runs and
+// cleanup adopts jobs of engines that died while this one runs and
 // destroys sandboxes no job owns.
-func (e *Engine) cleanupLoop() {
-	t := time.NewTicker(e.cfg.CleanupInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-t.C:
-			if err := e.recover(e.ctx); err != nil && e.ctx.Err() == nil {
-				e.log.Warn("recover jobs", "err", err)
-			}
-			e.sweep(e.ctx)
-		}
+func (e *Engine) cleanup(ctx context.Context) {
+	if err := e.recover(ctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("recover jobs", "err", err)
 	}
+	e.sweep(ctx)
 }
 
 // sweep destroys sandboxes that belong to no live job. The sandbox of a

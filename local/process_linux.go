@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -30,34 +29,7 @@ func (p *process) ID() string { return p.id }
 
 // ReadOutput implements sandbox.Process.
 func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
-	if offset < 0 || max < 0 {
-		return nil, fmt.Errorf("read output: negative offset %d or max %d", offset, max)
-	}
-	f, err := os.Open(p.s.path(fileOutput))
-	if errors.Is(err, os.ErrNotExist) {
-		if p.s.gone() {
-			return nil, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
-		}
-		return nil, nil // not started yet
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read output: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("read output: %w", err)
-	}
-	n := min(int64(max), st.Size()-offset)
-	if n <= 0 {
-		return nil, nil
-	}
-	buf := make([]byte, n)
-	got, err := f.ReadAt(buf, offset)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("read output: %w", err)
-	}
-	return buf[:got], nil
+	return p.readLog(fileOutput, offset, max)
 }
 
 // readExit returns the recorded exit, os.ErrNotExist while there is none,
