@@ -35,6 +35,11 @@ type Backend struct {
 	// creating holds the ids of sandboxes being created: List leaves them
 	// out, so a cleanup sweep cannot destroy one under Create's feet.
 	creating map[string]bool
+
+	// netForce names the network helper to use instead of the preferred
+	// one found (tests run both); lookPath finds the helpers.
+	netForce string
+	lookPath func(string) (string, error)
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -77,7 +82,7 @@ func New(cfg Config) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}}
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath}
 	if b.cg, err = b.check(); err != nil {
 		return nil, err
 	}
@@ -148,11 +153,14 @@ func (b *Backend) check() (cgroupLayout, error) {
 func (b *Backend) Name() string { return "local" }
 
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
-// New fails on a host where it could not be.
+// New fails on a host where it could not be. NetworkEgress depends on a
+// network helper being installed, looked for now.
 func (b *Backend) Capabilities() sandbox.Capabilities {
+	_, netErr := findNetTool(b.netForce, b.lookPath)
 	return sandbox.Capabilities{
 		FilesystemIsolation: true,
 		NetworkIsolation:    true,
+		NetworkEgress:       netErr == nil,
 		CPULimit:            true,
 		MemoryLimit:         true,
 		PidsLimit:           true,
@@ -167,8 +175,13 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	var net *netTool
 	if spec.Network {
-		return nil, errors.New("network egress is not supported by the local backend yet; run the job without network or on the proxmox backend")
+		tool, err := findNetTool(b.netForce, b.lookPath)
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		net = &tool
 	}
 	if spec.MemoryBytes <= 0 {
 		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
@@ -208,18 +221,23 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 			}
 		}
 	}()
-	if err := b.provision(id, dir, spec); err != nil {
+	if err := b.provision(id, dir, spec, net); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	created = true
+	netName := "none"
+	if net != nil {
+		netName = net.Name
+	}
 	b.log.Info("sandbox created", "sandbox", id, "job", spec.JobID, "cpu", spec.CPU,
-		"memory", spec.MemoryBytes, "disk", spec.DiskBytes, "template", spec.Template)
+		"memory", spec.MemoryBytes, "disk", spec.DiskBytes, "template", spec.Template, "network", netName)
 	return &sbox{b: b, id: id, dir: dir}, nil
 }
 
 // provision fills a new sandbox directory. Every step leaves a trace that
-// destroy can undo (state.json is written before the cgroups exist).
-func (b *Backend) provision(id, dir string, spec sandbox.Spec) error {
+// destroy can undo (state.json is written before the cgroups exist). net
+// is the network helper the shim will start, nil for no network.
+func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool) error {
 	// Only init's group (the user namespace's root, host gid hostIDBase)
 	// may search the directory: init reaches its workspace, rootfs and
 	// template through it. Nothing in it is readable to that group.
@@ -239,6 +257,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec) error {
 		PidsMax:     b.pidsMax,
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),
+		Network:     net,
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
@@ -391,6 +410,11 @@ func (b *Backend) destroy(id string) error {
 		errs = append(errs, err)
 	}
 	b.waitShim(id, dir, drainTimeout)
+	// Normally gone with the cgroups; its record goes with the directory,
+	// so one that escaped them must be gone before that.
+	if err := waitNetHelperGone(dir, drainTimeout); err != nil {
+		errs = append(errs, err)
+	}
 	if err := unmountAll(dir); err != nil {
 		errs = append(errs, err)
 	}

@@ -19,6 +19,19 @@
 // with only loopback, and inside uids 0..65535 mapped to host uids
 // 100000..165535, so host files owned by root appear as nobody's.
 //
+// Network: none but the sandbox's own loopback, unless Spec.Network asks
+// for egress. Then a user-mode network helper on the host, pasta (package
+// passt, preferred) or slirp4netns, found on the server's PATH at Create,
+// serves a tap device in the sandbox's network namespace (10.0.2.100/24,
+// gateway 10.0.2.2, DNS forwarder 10.0.2.3, which a generated
+// /etc/resolv.conf names). The job reaches what the host reaches, except
+// the host's loopback: the helpers' mappings of the gateway (and pasta's
+// mirroring of host ports) onto the host's 127.0.0.1 are switched off. A
+// service listening on the host's other addresses is reachable. The shim
+// starts the helper before it lets the job run, puts it in the sandbox's
+// cgroups once it is ready, records it (net.json) and ends it with the
+// job; Kill and Destroy end it too.
+//
 // Limits: memory, cpu and pids through cgroups (v2 when the unified
 // hierarchy has those controllers, else v1). The workspace is a tmpfs of
 // Spec.DiskBytes; tmpfs pages are memory, so what a job writes to

@@ -306,7 +306,6 @@ func TestCreateValidation(t *testing.T) {
 		edit func(*sandbox.Spec)
 		want string
 	}{
-		{"network", func(s *sandbox.Spec) { s.Network = true }, "network egress is not supported by the local backend yet"},
 		{"no memory", func(s *sandbox.Spec) { s.MemoryBytes = 0 }, "memory"},
 		{"no disk", func(s *sandbox.Spec) { s.DiskBytes = 0 }, "disk"},
 		{"negative cpu", func(s *sandbox.Spec) { s.CPU = -1 }, "cpu"},

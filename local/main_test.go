@@ -55,6 +55,28 @@ func runHelper(name string, args []string) int {
 		c.Close()
 		fmt.Println("connected")
 		return 0
+	case "dial": // dial addr...: try a TCP connection to each, report each
+		for _, a := range args {
+			c, err := net.DialTimeout("tcp", a, 3*time.Second)
+			if err != nil {
+				fmt.Printf("dial %s: failed: %v\n", a, err)
+				continue
+			}
+			c.Close()
+			fmt.Printf("dial %s: connected\n", a)
+		}
+		return 0
+	case "resolve": // resolve name: look a name up with Go's own resolver
+		r := &net.Resolver{PreferGo: true}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		addrs, err := r.LookupHost(ctx, args[0])
+		if err != nil {
+			fmt.Printf("resolve failed: %v\n", err)
+			return 1
+		}
+		fmt.Printf("resolved %s: %v\n", args[0], addrs)
+		return 0
 	case "loopback": // talk to ourselves over 127.0.0.1
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

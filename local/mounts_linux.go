@@ -152,6 +152,14 @@ func buildRoot(cfg initConfig) error {
 	if err != nil {
 		return fmt.Errorf("populate root: %w", err)
 	}
+	if cfg.Network {
+		if err := bindResolvConf(root); errors.Is(err, errNoResolvConf) {
+			// Not fatal: the job may only need addresses.
+			fmt.Fprintf(os.Stderr, "%s%v\n", setupPrefix, err)
+		} else if err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
 	// Empty /root and /home (read-only, like the rest of the root): programs
 	// expect them, and they show that nothing of the host's is there.
 	for _, d := range []struct {

@@ -53,13 +53,6 @@ const (
 	netReadyTimeout = 10 * time.Second
 )
 
-// netTool is the helper of one sandbox, chosen by Create and recorded in
-// its state so that the shim, which has no PATH of its own, runs that one.
-type netTool struct {
-	Name string `json:"name"` // netToolPasta or netToolSlirp
-	Path string `json:"path"` // absolute
-}
-
 // findNetTool picks the helper: force when set (tests run both), else
 // pasta, else slirp4netns. It looks at each call, so installing a helper
 // needs no server restart.
@@ -130,7 +123,6 @@ func netHelperArgs(tool netTool, initPID int, pidFile string) []string {
 
 // netHelper is a running helper, a child of the shim.
 type netHelper struct {
-	tool    netTool
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once cmd.Wait has returned
 	waitErr error         // cmd.Wait's result, set before exited is closed
@@ -147,11 +139,11 @@ type netHelper struct {
 func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error) {
 	wd, err := os.Getwd()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sandbox directory: %w", err)
 	}
 	pidFile := filepath.Join(wd, fileNetReady)
 	log := &tailWriter{w: os.Stderr} // the shim's log
-	h := &netHelper{tool: tool, exited: make(chan struct{}), log: log}
+	h := &netHelper{exited: make(chan struct{}), log: log}
 	h.cmd = &exec.Cmd{
 		Path:   tool.Path,
 		Args:   netHelperArgs(tool, initPID, pidFile),
@@ -170,13 +162,13 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 	if tool.Name == netToolSlirp {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("ready-fd pipe: %w", err)
 		}
 		exitR, exitW, err := os.Pipe()
 		if err != nil {
 			r.Close()
 			w.Close()
-			return nil, err
+			return nil, fmt.Errorf("exit-fd pipe: %w", err)
 		}
 		readyR, h.exitW = r, exitW
 		childEnds = []*os.File{w, exitR}
@@ -197,7 +189,7 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 	// Recorded before anything can reap it (Wait is not called yet), so
 	// that its start time can be read: Kill and Destroy, of this server or
 	// of a later one, find it by this record.
-	recErr := recordNetHelper(tool.Name, pid)
+	recErr := recordNetHelper(filepath.Join(wd, fileNetHelper), tool.Name, pid)
 	go func() {
 		h.waitErr = h.cmd.Wait()
 		close(h.exited)
@@ -233,23 +225,28 @@ func (h *netHelper) waitReady(readyR *os.File, pidFile string) error {
 		// configured; EOF means it died first.
 		defer readyR.Close()
 		if err := readyR.SetReadDeadline(deadline); err != nil {
-			return err
+			return fmt.Errorf("ready-fd: %w", err)
 		}
 		var b [1]byte
-		if _, err := readyR.Read(b[:]); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("not ready after %v", netReadyTimeout)
-			}
-			<-h.exited
-			return fmt.Errorf("it exited (%v)", h.waitErr)
+		_, err := readyR.Read(b[:])
+		if err == nil {
+			return nil
 		}
-		return nil
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("not ready after %v", netReadyTimeout)
+		}
+		select {
+		case <-h.exited:
+			return fmt.Errorf("it exited (%v)", h.waitErr)
+		case <-time.After(time.Until(deadline)):
+			return errors.New("it closed its ready-fd without being ready")
+		}
 	}
 	// pasta writes its pid file after it has configured the namespace,
 	// right before it starts forwarding.
-	want := strconv.Itoa(h.cmd.Process.Pid) + "\n"
+	want := strconv.Itoa(h.cmd.Process.Pid)
 	for {
-		if data, err := os.ReadFile(pidFile); err == nil && string(data) == want {
+		if data, err := os.ReadFile(pidFile); err == nil && strings.TrimSpace(string(data)) == want {
 			return nil
 		}
 		select {
@@ -324,12 +321,12 @@ type netHelperRecord struct {
 	Start uint64 `json:"start"` // clock ticks after boot, /proc/<pid>/stat field 22
 }
 
-func recordNetHelper(tool string, pid int) error {
+func recordNetHelper(file, tool string, pid int) error {
 	start, _, err := procStart(pid)
 	if err != nil {
 		return err
 	}
-	return writeJSONAtomic(fileNetHelper, netHelperRecord{Tool: tool, PID: pid, Start: start})
+	return writeJSONAtomic(file, netHelperRecord{Tool: tool, PID: pid, Start: start})
 }
 
 // procStart returns a process's start time and whether it is a zombie.

@@ -219,6 +219,9 @@ func killSandbox(dir string, cg cgroupSet) error {
 			}
 		}
 	}
+	// The network helper, if any, is in the cgroups too; by its record
+	// it dies even if it is not (yet).
+	killNetHelper(dir)
 	if kerr := cg.kill(); err == nil {
 		err = kerr
 	}

@@ -198,6 +198,11 @@ func supervise(log *slog.Logger) exitRecord {
 	}()
 
 	pid := cmd.Process.Pid
+	var net *netHelper // the network helper, when the sandbox has network
+	killed := func() bool {
+		_, err := os.Stat(fileKilled)
+		return err == nil
+	}
 	release := func() error {
 		if err := writeFileAtomic(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
 			return err
@@ -205,9 +210,21 @@ func supervise(log *slog.Logger) exitRecord {
 		if err := st.Cgroup.addProc(pid); err != nil {
 			return fmt.Errorf("place the sandbox in its cgroups: %w", err)
 		}
+		if st.Network != nil {
+			// Configured while init still waits, so the job starts with
+			// its network.
+			h, err := startNetHelper(*st.Network, pid, st.Cgroup)
+			if err != nil {
+				if killed() {
+					return errKilledBeforeStart // Kill ended init or the helper
+				}
+				return fmt.Errorf("network: %w", err)
+			}
+			net = h
+		}
 		// Kill writes the marker before it kills what is in the cgroups:
 		// either it sees init there now, or init is never released.
-		if _, err := os.Stat(fileKilled); err == nil {
+		if killed() {
 			return errKilledBeforeStart
 		}
 		data, err := json.Marshal(initConfig{
@@ -216,6 +233,7 @@ func supervise(log *slog.Logger) exitRecord {
 			Dir:      ex.Dir,
 			Template: st.Template != "",
 			TmpBytes: min(st.DiskBytes, maxTmpBytes),
+			Network:  st.Network != nil,
 		})
 		if err != nil {
 			return err
@@ -243,6 +261,11 @@ func supervise(log *slog.Logger) exitRecord {
 	statusData, _ := io.ReadAll(statusR)
 	statusR.Close()
 	cmd.Wait()
+	if net != nil {
+		// The job is over (init's end took every process of the sandbox
+		// with it); its network goes too, before the end is recorded.
+		net.stop()
+	}
 	<-copied
 	outR.Close()
 
@@ -263,7 +286,7 @@ func supervise(log *slog.Logger) exitRecord {
 		log.Error("sandbox setup failed", "err", relErr)
 		rec.Code, rec.Signal, rec.Reason = codeSetupFailed, "", relErr.Error()
 	}
-	if _, err := os.Stat(fileKilled); err == nil {
+	if killed() {
 		// A Kill that came after the job had ended on its own changes
 		// nothing: only a job that died of a signal was killed.
 		rec.Killed = !haveStatus || s.Signal != ""

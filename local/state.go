@@ -56,6 +56,10 @@ const (
 	fileShimPID  = "shim.pid"
 	fileInitPID  = "init.pid" // host pid of the sandbox's pid 1
 	fileShimLog  = "shim.log" // the shim's own stderr
+	// fileNetHelper is the netHelperRecord of a sandbox with network.
+	fileNetHelper = "net.json"
+	// fileNetReady is written by pasta once the network is configured.
+	fileNetReady = "net.ready"
 	dirWorkspace = "workspace"
 	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
 	dirTemplate  = "template" // read-only bind of Spec.Template
@@ -85,6 +89,17 @@ type sandboxState struct {
 	PidsMax     int       `json:"pidsMax"`
 	Template    string    `json:"template,omitempty"`
 	Cgroup      cgroupSet `json:"cgroup"`
+	// Network is the helper that gives the sandbox network egress; nil:
+	// no network but its own loopback.
+	Network *netTool `json:"network,omitempty"`
+}
+
+// netTool is the network helper of one sandbox, chosen by Create and
+// recorded in its state so that the shim, which has no PATH of its own,
+// runs that one.
+type netTool struct {
+	Name string `json:"name"` // "pasta" or "slirp4netns"
+	Path string `json:"path"` // absolute
 }
 
 // execRecord is the one command of a sandbox, as Exec received it.
@@ -120,6 +135,8 @@ type initConfig struct {
 	Dir      string   `json:"dir"`
 	Template bool     `json:"template"`
 	TmpBytes int64    `json:"tmpBytes"`
+	// Network: the sandbox has egress, and DNS through its helper.
+	Network bool `json:"network,omitempty"`
 }
 
 // initStatus is what init reports to the shim just before it exits.

@@ -18,7 +18,7 @@ import (
 var formats = map[string]func(string) error{
 	"pve-vmid":       reFormat(`^[1-9][0-9]{2,8}$`, "value does not look like a valid VM ID"),
 	"pve-node":       reFormat(`^([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$`, "value does not look like a valid node name"),
-	"dns-name":       reFormat(`^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$`, "value does not look like a valid DNS name"),
+	"dns-name":       dnsName,
 	"pve-tag":        reFormat(`(?i)^[a-z0-9_][a-z0-9_\-+.]*$`, "invalid characters in tag"),
 	"mac-addr":       reFormat(`(?i)^[a-f0-9][02468ace](?::[a-f0-9]{2}){5}$`, "value does not look like a valid unicast MAC address"),
 	"pve-configid":   quotedFormat(`(?i)^[a-z][a-z0-9_-]+$`, "invalid configuration ID '%s'"),
@@ -44,7 +44,7 @@ var formats = map[string]func(string) error{
 		return errors.New("value does not look like a valid CIDR network\n")
 	},
 	"address": func(s string) error {
-		if _, err := netip.ParseAddr(s); err == nil || formats["dns-name"](s) == nil {
+		if _, err := netip.ParseAddr(s); err == nil || dnsName(s) == nil {
 			return nil
 		}
 		return fmt.Errorf("value does not look like a valid address: %s\n", s)
@@ -61,6 +61,8 @@ var formats = map[string]func(string) error{
 		return nil
 	},
 }
+
+var dnsName = reFormat(`^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$`, "value does not look like a valid DNS name")
 
 var (
 	urlencodedRe = regexp.MustCompile(`^[-%a-zA-Z0-9_.!~*'()]*\n?$`)

@@ -1,0 +1,273 @@
+package pve
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// maxResponse bounds an answer (file-read returns up to 16 MiB, which
+// JSON may grow several times).
+const maxResponse = 128 << 20
+
+// Client calls one Proxmox VE API endpoint. It is safe for concurrent
+// use.
+type Client struct {
+	cfg   Config
+	base  string
+	http  *http.Client
+	auth  string
+	limit *tokenBucket
+	log   *slog.Logger
+}
+
+// New checks cfg and returns a client. It does not contact the server.
+func New(cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("pve: %w", err)
+	}
+	tc, err := tlsConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pve: %w", err)
+	}
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		TLSClientConfig:     tc,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     90 * time.Second,
+		// pveproxy speaks HTTP/1.1, whose reason phrase carries the errors.
+		ForceAttemptHTTP2: false,
+		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{
+		cfg:   cfg,
+		base:  cfg.baseURL(),
+		http:  &http.Client{Transport: tr},
+		auth:  "PVEAPIToken=" + cfg.TokenID() + "=" + cfg.TokenValue,
+		limit: newTokenBucket(cfg.RateLimit, cfg.RateBurst),
+		log:   log,
+	}, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// params are a request's parameters: string, int, bool (sent as 0/1) or
+// []string values.
+type params map[string]any
+
+// envelope is the API's answer: {"data": ..., "total": n, "errors": {...}}.
+type envelope struct {
+	Data    json.RawMessage   `json:"data"`
+	Total   Int               `json:"total"`
+	Errors  map[string]string `json:"errors"`
+	Message string            `json:"message"`
+}
+
+// get, post, put and del call the API and decode "data" into out (nil:
+// ignore it).
+func (c *Client) get(ctx context.Context, path string, p params, out any) (*envelope, error) {
+	return c.call(ctx, http.MethodGet, path, p, out)
+}
+
+func (c *Client) post(ctx context.Context, path string, p params, out any) error {
+	_, err := c.call(ctx, http.MethodPost, path, p, out)
+	return err
+}
+
+func (c *Client) put(ctx context.Context, path string, p params, out any) error {
+	_, err := c.call(ctx, http.MethodPut, path, p, out)
+	return err
+}
+
+func (c *Client) del(ctx context.Context, path string, p params, out any) error {
+	_, err := c.call(ctx, http.MethodDelete, path, p, out)
+	return err
+}
+
+// call sends a request, retrying what is safe to retry: a GET after a
+// transport error or a transient status, and any request that never
+// left this process (the connection failed before it was written).
+func (c *Client) call(ctx context.Context, method, path string, p params, out any) (*envelope, error) {
+	delay := c.cfg.RetryDelay
+	for attempt := 0; ; attempt++ {
+		if err := c.limit.wait(ctx); err != nil {
+			return nil, err
+		}
+		env, sent, err := c.once(ctx, method, path, p)
+		if err == nil {
+			if out != nil && len(env.Data) > 0 && string(env.Data) != "null" {
+				if err := json.Unmarshal(env.Data, out); err != nil {
+					return nil, fmt.Errorf("pve: %s %s: decode answer: %w", method, path, err)
+				}
+			}
+			return env, nil
+		}
+		if ctx.Err() != nil || attempt >= c.cfg.RetryAttempts || !c.retryable(method, sent, err) {
+			return nil, err
+		}
+		// Jitter keeps many clients from retrying in step.
+		wait := time.Duration(float64(delay) * (0.8 + 0.4*rand.Float64()))
+		c.log.Debug("pve retry", "method", method, "path", path, "attempt", attempt+1, "in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay *= 2
+	}
+}
+
+// retryable decides whether a failed attempt may be repeated.
+func (c *Client) retryable(method string, sent bool, err error) bool {
+	var api *APIError
+	if errors.As(err, &api) {
+		return method == http.MethodGet && retryableStatus(api)
+	}
+	// A certificate the client refuses will not change by asking again.
+	var fp *FingerprintMismatchError
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	if errors.As(err, &fp) || errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &hn) {
+		return false
+	}
+	return method == http.MethodGet || !sent
+}
+
+// once sends one attempt. sent reports whether the request was written
+// to the connection (after which a POST may have been acted on).
+func (c *Client) once(ctx context.Context, method, path string, p params) (*envelope, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	u := c.base + path
+	var body io.Reader
+	query, err := encodeQuery(p)
+	if err != nil {
+		return nil, false, err
+	}
+	if method == http.MethodPost || method == http.MethodPut {
+		raw, err := encodeJSON(p)
+		if err != nil {
+			return nil, false, err
+		}
+		body = bytes.NewReader(raw)
+	} else if query != "" {
+		u += "?" + query
+	}
+	// The trace runs on the transport's goroutine.
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaders: func() { wrote.Store(true) },
+	})
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, false, fmt.Errorf("pve: %w", err)
+	}
+	req.Header.Set("Authorization", c.auth)
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	start := time.Now()
+	resp, err := c.http.Do(req)
+	sent := wrote.Load()
+	if err != nil {
+		c.log.Debug("pve request failed", "method", method, "path", path, "sent", sent, "err", err)
+		return nil, sent, fmt.Errorf("pve: %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	c.log.Debug("pve request", "method", method, "path", path, "status", resp.StatusCode, "duration", time.Since(start))
+	if err != nil {
+		return nil, true, fmt.Errorf("pve: %s %s: read answer: %w", method, path, err)
+	}
+	var env envelope
+	jerr := json.Unmarshal(raw, &env)
+	if resp.StatusCode/100 != 2 {
+		reason := strings.TrimSpace(strings.TrimPrefix(resp.Status, strconv.Itoa(resp.StatusCode)))
+		return nil, true, &APIError{Method: method, Path: path, StatusCode: resp.StatusCode, Reason: reason,
+			Errors: env.Errors, Message: env.Message}
+	}
+	if jerr != nil {
+		return nil, true, fmt.Errorf("pve: %s %s: answer is not the JSON envelope: %w", method, path, jerr)
+	}
+	return &env, true, nil
+}
+
+// encodeJSON writes a request body: bools as 0/1 (what every PVE
+// version accepts), arrays as arrays.
+func encodeJSON(p params) ([]byte, error) {
+	m := make(map[string]any, len(p))
+	for k, v := range p {
+		if b, ok := v.(bool); ok {
+			v = boolInt(b)
+		}
+		m[k] = v
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, fmt.Errorf("pve: encode request: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// encodeQuery writes parameters of a GET or DELETE; arrays repeat their
+// key, as a form does.
+func encodeQuery(p params) (string, error) {
+	v := url.Values{}
+	keys := make([]string, 0, len(p))
+	for k := range p {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		switch t := p[k].(type) {
+		case string:
+			v.Add(k, t)
+		case int:
+			v.Add(k, strconv.Itoa(t))
+		case int64:
+			v.Add(k, strconv.FormatInt(t, 10))
+		case bool:
+			v.Add(k, strconv.Itoa(boolInt(t)))
+		case []string:
+			for _, e := range t {
+				v.Add(k, e)
+			}
+		default:
+			return "", fmt.Errorf("pve: parameter %s: unsupported type %T", k, t)
+		}
+	}
+	return v.Encode(), nil
+}
+
+// vmPath is /nodes/{node}/qemu/{vmid}.
+func vmPath(node string, vmid int) string {
+	return "/nodes/" + url.PathEscape(node) + "/qemu/" + strconv.Itoa(vmid)
+}

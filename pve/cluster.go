@@ -1,0 +1,109 @@
+package pve
+
+import (
+	"context"
+	"strconv"
+	"strings"
+)
+
+// Version is GET /version.
+type Version struct {
+	Version string `json:"version"` // e.g. 9.1.1
+	Release string `json:"release"` // e.g. 9.1
+	RepoID  string `json:"repoid"`
+}
+
+// Version returns the API server's version.
+func (c *Client) Version(ctx context.Context) (Version, error) {
+	var v Version
+	_, err := c.get(ctx, "/version", nil, &v)
+	return v, err
+}
+
+// Node is one entry of GET /nodes.
+type Node struct {
+	Node           string `json:"node"`
+	Status         string `json:"status"` // online, offline, unknown
+	CPU            Number `json:"cpu"`    // load, 0..1
+	MaxCPU         Int    `json:"maxcpu"`
+	Mem            Int    `json:"mem"`
+	MaxMem         Int    `json:"maxmem"`
+	Uptime         Int    `json:"uptime"`
+	SSLFingerprint string `json:"ssl_fingerprint"`
+}
+
+// Nodes lists the cluster's nodes.
+func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
+	var out []Node
+	_, err := c.get(ctx, "/nodes", nil, &out)
+	return out, err
+}
+
+// Resource types for ClusterResources.
+const (
+	ResourceAll     = ""
+	ResourceVM      = "vm"
+	ResourceNode    = "node"
+	ResourceStorage = "storage"
+)
+
+// Resource is one entry of GET /cluster/resources.
+type Resource struct {
+	ID       string `json:"id"`   // qemu/100, node/pve1, storage/pve1/local-lvm
+	Type     string `json:"type"` // qemu, lxc, node, storage, sdn, ...
+	Node     string `json:"node"`
+	VMID     Int    `json:"vmid"`
+	Name     string `json:"name"`
+	Status   string `json:"status"` // running, stopped, unknown; online, offline; available
+	Template Bool   `json:"template"`
+	Lock     string `json:"lock"`
+	Tags     string `json:"tags"`
+	Pool     string `json:"pool"`
+	HAState  string `json:"hastate"`
+	CPU      Number `json:"cpu"`
+	MaxCPU   Number `json:"maxcpu"`
+	Mem      Int    `json:"mem"`
+	MaxMem   Int    `json:"maxmem"`
+	Disk     Int    `json:"disk"`
+	MaxDisk  Int    `json:"maxdisk"`
+	Uptime   Int    `json:"uptime"`
+	Storage  string `json:"storage"`
+}
+
+// TagList splits Tags ("a;b").
+func (r Resource) TagList() []string { return splitTags(r.Tags) }
+
+func splitTags(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
+}
+
+// ClusterResources lists the cluster's resources, all or of one type
+// (ResourceVM, ResourceNode, ResourceStorage).
+func (c *Client) ClusterResources(ctx context.Context, typ string) ([]Resource, error) {
+	p := params{}
+	if typ != "" {
+		p["type"] = typ
+	}
+	var out []Resource
+	_, err := c.get(ctx, "/cluster/resources", p, &out)
+	return out, err
+}
+
+// NextID returns a free vmid (Proxmox answers it as a string). It is
+// only free at the time of asking: a clone with it may still collide.
+func (c *Client) NextID(ctx context.Context) (int, error) {
+	var id Int
+	if _, err := c.get(ctx, "/cluster/nextid", nil, &id); err != nil {
+		return 0, err
+	}
+	return int(id), nil
+}
+
+// VMIDFree asks whether vmid is free (at the time of asking).
+func (c *Client) VMIDFree(ctx context.Context, vmid int) (bool, error) {
+	_, err := c.get(ctx, "/cluster/nextid", params{"vmid": strconv.Itoa(vmid)}, nil)
+	if IsAlreadyExists(err) {
+		return false, nil
+	}
+	return err == nil, err
+}

@@ -1,0 +1,242 @@
+package pvesim
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// agentFor is PVE's assert_agent_available: the VM has the agent
+// enabled, runs, and its agent answers. Call without s.mu held.
+func (c *call) agentFor() (*qga, int, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err != nil {
+		return nil, 0, err
+	}
+	if !v.agentEnabled() {
+		return nil, 0, dieErr("No QEMU guest agent configured")
+	}
+	if v.status != "running" {
+		return nil, 0, dieErr("VM %d is not running", v.vmid)
+	}
+	if err := s.agentUp(v); err != nil {
+		return nil, 0, dieErr("%s", err)
+	}
+	return v.guest.agent, v.vmid, nil
+}
+
+// agentErr reports a failed agent command like PVE: the agent's own
+// errors as "Agent error: ...", a silent agent as a QMP timeout, and a
+// guest that went away meanwhile as not running.
+func (c *call) agentErr(err error, vmid int, cmd string) error {
+	var ae *agentError
+	if errors.As(err, &ae) {
+		return dieErr("%s", ae.Error())
+	}
+	var api *apiError
+	if errors.As(err, &api) {
+		return api
+	}
+	c.s.mu.Lock()
+	v, ok := c.s.vms[vmid]
+	running := ok && v.status == "running" && v.guest != nil
+	c.s.mu.Unlock()
+	if !running {
+		return dieErr("VM %d is not running", vmid)
+	}
+	if errors.Is(err, errAgentTimeout) {
+		return dieErr("VM %d qmp command 'guest-%s' failed - got timeout", vmid, cmd)
+	}
+	return dieErr("VM %d qmp command 'guest-%s' failed - %v", vmid, cmd, err)
+}
+
+func (c *call) ctx() context.Context { return c.r.Context() }
+
+// POST .../agent/ping
+func hAgentPing(c *call) (any, error) {
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.ping(c.ctx(), 3*time.Second); err != nil {
+		if errors.Is(err, errAgentTimeout) {
+			return nil, dieErr("QEMU guest agent is not running")
+		}
+		return nil, c.agentErr(err, vmid, "ping")
+	}
+	return map[string]any{"result": map[string]any{}}, nil
+}
+
+// POST .../agent/exec: the command runs in the guest, in the background;
+// the answer is its pid.
+func hAgentExec(c *call) (any, error) {
+	var argv []string
+	if cmd, ok := c.params["command"].([]any); ok {
+		for _, a := range cmd {
+			argv = append(argv, fmt.Sprint(a))
+		}
+	}
+	var input []byte
+	if c.has("input-data") {
+		var err error
+		if input, err = fromLatin1(c.str("input-data")); err != nil {
+			return nil, err
+		}
+	}
+	if len(argv) == 0 && input == nil {
+		return nil, dieErr("command or input-data (or both) required")
+	}
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	if len(argv) == 0 {
+		return nil, dieErr("Agent error: Invalid parameter type for 'path', expected: string")
+	}
+	for _, arg := range argv {
+		for i := 0; i < len(arg); i++ {
+			if arg[i] == 0 {
+				return nil, dieErr("Agent error: Invalid JSON syntax")
+			}
+		}
+	}
+	pid, err := a.exec(c.ctx(), argv, input)
+	if err != nil {
+		return nil, c.agentErr(err, vmid, "exec")
+	}
+	return map[string]any{"pid": pid}, nil
+}
+
+// GET .../agent/exec-status: exited 0 until the process ended; then its
+// exit code (or signal) and its output, decoded, booleans as 0/1.
+func hAgentExecStatus(c *call) (any, error) {
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	st, err := a.execStatus(c.ctx(), c.int("pid"))
+	if err != nil {
+		return nil, c.agentErr(err, vmid, "exec-status")
+	}
+	res := map[string]any{"exited": 0}
+	if !st.Exited {
+		return res, nil
+	}
+	res["exited"] = 1
+	if st.ExitCode != nil {
+		res["exitcode"] = *st.ExitCode
+	}
+	if st.Signal != nil {
+		res["signal"] = *st.Signal
+	}
+	if len(st.Out) > 0 {
+		res["out-data"] = latin1(st.Out)
+		res["out-truncated"] = b2i(st.OutTruncated)
+	}
+	if len(st.Err) > 0 {
+		res["err-data"] = latin1(st.Err)
+		res["err-truncated"] = b2i(st.ErrTruncated)
+	}
+	return res, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// POST .../agent/file-write: the file is replaced. With encode=1 (the
+// default) PVE base64-encodes content itself, so it must be text whose
+// characters are bytes; with encode=0 content is already base64.
+func hAgentFileWrite(c *call) (any, error) {
+	content := c.str("content")
+	var data []byte
+	if c.boolOr("encode", true) {
+		var err error
+		if data, err = fromLatin1(content); err != nil {
+			return nil, err
+		}
+	}
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	if !c.boolOr("encode", true) {
+		if data, err = base64.StdEncoding.DecodeString(content); err != nil {
+			return nil, dieErr("Agent error: Base64 data is not valid")
+		}
+	}
+	if err := a.fileWrite(c.ctx(), c.str("file"), data); err != nil {
+		return nil, c.agentErr(err, vmid, "file-write")
+	}
+	return nil, nil
+}
+
+// maxFileRead is PVE's limit on agent/file-read.
+const maxFileRead = 16 << 20
+
+// GET .../agent/file-read: at most count bytes (16 MiB); truncated is 1
+// when the read stopped at count (PVE cannot tell that it also reached
+// the end of the file then).
+func hAgentFileRead(c *call) (any, error) {
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	count := int64(c.intOr("count", maxFileRead))
+	data, err := a.fileRead(c.ctx(), c.str("file"), int64(c.intOr("offset", 0)), count)
+	if err != nil {
+		return nil, c.agentErr(err, vmid, "file-read")
+	}
+	res := map[string]any{"bytes-read": len(data)}
+	if c.boolOr("decode", true) {
+		res["content"] = latin1(data)
+	} else {
+		res["content"] = base64.StdEncoding.EncodeToString(data)
+	}
+	if int64(len(data)) >= count {
+		res["truncated"] = 1
+	}
+	return res, nil
+}
+
+// GET .../agent/network-get-interfaces: loopback and one NIC with the
+// VM's net0 MAC and an address derived from its vmid. (The sandbox has
+// no network: the address is plausible, not reachable.)
+func hAgentNetwork(c *call) (any, error) {
+	_, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	c.s.mu.Lock()
+	mac := "bc:24:11:00:00:01"
+	if v, ok := c.s.vms[vmid]; ok {
+		if m := netMAC(v.conf["net0"]); m != "" {
+			mac = m
+		}
+	}
+	c.s.mu.Unlock()
+	stats := map[string]any{"rx-bytes": 0, "rx-packets": 0, "rx-errs": 0, "rx-dropped": 0,
+		"tx-bytes": 0, "tx-packets": 0, "tx-errs": 0, "tx-dropped": 0}
+	ip := "10.10." + strconv.Itoa(vmid/250%250) + "." + strconv.Itoa(vmid%250+2)
+	return map[string]any{"result": []any{
+		map[string]any{"name": "lo", "hardware-address": "00:00:00:00:00:00", "statistics": stats,
+			"ip-addresses": []any{
+				map[string]any{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
+				map[string]any{"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128},
+			}},
+		map[string]any{"name": "eth0", "hardware-address": strings.ToLower(mac), "statistics": stats,
+			"ip-addresses": []any{
+				map[string]any{"ip-address": ip, "ip-address-type": "ipv4", "prefix": 24},
+			}},
+	}}, nil
+}

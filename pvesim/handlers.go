@@ -1,0 +1,110 @@
+package pvesim
+
+import (
+	"strconv"
+	"strings"
+)
+
+// handlers serve the methods of the schema subset, by "METHOD path".
+var handlers map[string]func(*call) (any, error)
+
+func init() {
+	const p = "/nodes/{node}/qemu/{vmid}"
+	handlers = map[string]func(*call) (any, error){
+		"GET /version":                               hVersion,
+		"GET /nodes":                                 hNodes,
+		"GET /cluster/resources":                     hResources,
+		"GET /cluster/nextid":                        hNextID,
+		"POST " + p + "/clone":                       hClone,
+		"GET " + p + "/config":                       hGetConfig,
+		"POST " + p + "/config":                      func(c *call) (any, error) { return setConfig(c, true) },
+		"PUT " + p + "/config":                       func(c *call) (any, error) { return setConfig(c, false) },
+		"GET " + p + "/status/current":               hStatusCurrent,
+		"POST " + p + "/status/start":                hStart,
+		"POST " + p + "/status/stop":                 func(c *call) (any, error) { return stopVM(c, "qmstop") },
+		"POST " + p + "/status/shutdown":             func(c *call) (any, error) { return stopVM(c, "qmshutdown") },
+		"DELETE " + p:                                hDelete,
+		"PUT " + p + "/resize":                       hResize,
+		"GET /nodes/{node}/tasks/{upid}/status":      hTaskStatus,
+		"GET /nodes/{node}/tasks/{upid}/log":         hTaskLog,
+		"POST " + p + "/agent/ping":                  hAgentPing,
+		"POST " + p + "/agent/exec":                  hAgentExec,
+		"GET " + p + "/agent/exec-status":            hAgentExecStatus,
+		"POST " + p + "/agent/file-write":            hAgentFileWrite,
+		"GET " + p + "/agent/file-read":              hAgentFileRead,
+		"GET " + p + "/agent/network-get-interfaces": hAgentNetwork,
+	}
+}
+
+// Parameter access, after validation: integers and booleans are strings
+// of the right shape, or JSON booleans.
+
+func (c *call) has(name string) bool {
+	v, ok := c.params[name]
+	return ok && v != nil
+}
+
+func (c *call) str(name string) string {
+	switch v := c.params[name].(type) {
+	case string:
+		return v
+	case bool:
+		if v {
+			return "1"
+		}
+		return "0"
+	}
+	return ""
+}
+
+func (c *call) int(name string) int {
+	n, _ := strconv.Atoi(strings.TrimSpace(c.str(name)))
+	return n
+}
+
+func (c *call) intOr(name string, def int) int {
+	if !c.has(name) {
+		return def
+	}
+	return c.int(name)
+}
+
+func (c *call) boolOr(name string, def bool) bool {
+	if !c.has(name) {
+		return def
+	}
+	return c.str(name) == "1"
+}
+
+// noSkiplock refuses skiplock: only root@pam may use it, and a token
+// never is root@pam.
+func (c *call) noSkiplock() error {
+	if c.boolOr("skiplock", false) {
+		return paramErr("skiplock", "Only root may use this option.")
+	}
+	return nil
+}
+
+// latin1 is how PVE puts bytes into JSON: each byte becomes the character
+// with that code (Perl's JSON encoder on a byte string), so a client must
+// map characters back to bytes to get binary data.
+func latin1(b []byte) string {
+	r := make([]rune, len(b))
+	for i, c := range b {
+		r[i] = rune(c)
+	}
+	return string(r)
+}
+
+// fromLatin1 is the other way, as Perl's encode_base64 sees a decoded
+// string: characters up to 0xFF are bytes, above that it dies.
+func fromLatin1(s string) ([]byte, error) {
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		if r > 0xFF {
+			return nil, dieErr("Wide character in subroutine entry")
+		}
+		out = append(out, byte(r))
+	}
+	return out, nil
+}

@@ -1,0 +1,310 @@
+package pvesim
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate/local"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// Server is a simulated Proxmox VE cluster behind one HTTPS API endpoint.
+type Server struct {
+	opts    Options
+	schema  *Schema
+	log     *slog.Logger
+	cert    tls.Certificate
+	certPEM []byte
+	fp      string
+	backend sandbox.Backend
+	ownDir  string // a sandbox dir we created, removed by Close
+
+	ctx    context.Context // ends when the server closes: tasks stop
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // tasks and guest work in flight
+
+	mu       sync.Mutex
+	nodes    []*simNode
+	vms      map[int]*vm
+	tasks    map[string]*task
+	tokens   map[string]Token
+	pools    map[string]bool
+	faults   Faults
+	rng      *rand.Rand
+	requests []Request
+	pidSeq   int
+	closed   bool
+	// sandboxes are the guest sandboxes that exist, by id.
+	sandboxes map[string]bool
+
+	srv *http.Server
+	ln  net.Listener
+	url string
+}
+
+type simNode struct {
+	name    string
+	cpus    int
+	mem     int64
+	started time.Time
+}
+
+// Request is one API request as the simulator received it.
+type Request struct {
+	Time    time.Time
+	Method  string
+	Path    string // below /api2/json, e.g. /nodes/pve1/qemu/100/clone
+	Params  Params // query and body, merged (path parameters not included)
+	TokenID string // "" when not authenticated
+	Status  int
+	Reason  string // the HTTP reason phrase (Proxmox's message)
+}
+
+// New prepares a simulator; Start serves it.
+func New(opts Options) (*Server, error) {
+	opts.setDefaults()
+	schema, err := LoadSchema()
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	seen := map[string]bool{}
+	for _, n := range opts.Nodes {
+		if err := formats["pve-node"](n.Name); err != nil || seen[n.Name] {
+			return nil, fmt.Errorf("pvesim: bad or duplicate node name %q", n.Name)
+		}
+		if n.CPUs < 1 || n.MemoryBytes < 1<<30 {
+			return nil, fmt.Errorf("pvesim: node %s needs at least 1 CPU and 1 GiB", n.Name)
+		}
+		seen[n.Name] = true
+	}
+	cert, certPEM, err := selfSigned(opts.Hostnames)
+	if err != nil {
+		return nil, fmt.Errorf("pvesim: certificate: %w", err)
+	}
+	seed := opts.Seed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
+	s := &Server{
+		opts: opts, schema: schema, log: log, cert: cert, certPEM: certPEM,
+		fp:        fingerprint(cert.Certificate[0]),
+		vms:       map[int]*vm{},
+		tasks:     map[string]*task{},
+		tokens:    map[string]Token{},
+		pools:     map[string]bool{},
+		sandboxes: map[string]bool{},
+		faults:    opts.Faults.clone(),
+		rng:       rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
+		pidSeq:    0x1000,
+	}
+	for _, p := range opts.Pools {
+		s.pools[p] = true
+	}
+	for _, n := range opts.Nodes {
+		s.nodes = append(s.nodes, &simNode{name: n.Name, cpus: n.CPUs, mem: n.MemoryBytes, started: time.Now()})
+	}
+	s.backend = opts.Backend
+	if s.backend == nil {
+		dir := opts.SandboxDir
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "pvesim-guests-"); err != nil {
+				return nil, fmt.Errorf("pvesim: %w", err)
+			}
+			s.ownDir = dir
+		}
+		b, err := local.New(local.Config{Dir: dir, Logger: log.With("component", "guests")})
+		if err != nil {
+			if s.ownDir != "" {
+				os.RemoveAll(s.ownDir)
+			}
+			return nil, fmt.Errorf("pvesim: guests need the local sandbox backend: %w", err)
+		}
+		s.backend = b
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Start listens and serves in the background until Close (or ctx ends).
+func (s *Server) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("pvesim: %w", err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{
+		Handler: s,
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{s.cert},
+			MinVersion:   tls.VersionTLS12,
+			NextProtos:   []string{"http/1.1"},
+		},
+		// pveproxy speaks HTTP/1.1 only, and the reason phrases Proxmox
+		// puts its messages in do not exist in HTTP/2.
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	s.url = "https://" + net.JoinHostPort(host, port)
+	go func() {
+		if err := s.srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("pvesim serve", "err", err)
+		}
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.Close()
+		case <-s.ctx.Done():
+		}
+	}()
+	s.log.Info("pvesim listening", "url", s.url, "fingerprint", s.fp, "nodes", len(s.nodes))
+	return nil
+}
+
+// Close stops serving, ends tasks, stops every VM and removes the
+// sandboxes of their guests.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	var err error
+	if s.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = s.srv.Shutdown(ctx)
+		cancel()
+	}
+	s.wg.Wait() // tasks and boots see s.ctx end and return
+	s.mu.Lock()
+	var guests []*guest
+	for _, v := range s.vms {
+		if v.guest != nil {
+			guests = append(guests, v.guest)
+			v.guest = nil
+			v.status = "stopped"
+		}
+	}
+	leftover := slices.Collect(maps.Keys(s.sandboxes))
+	s.mu.Unlock()
+	for _, g := range guests {
+		g.destroy(s.backend)
+	}
+	for _, id := range leftover {
+		s.backend.Destroy(context.Background(), id)
+	}
+	if s.ownDir != "" {
+		os.RemoveAll(s.ownDir)
+	}
+	return err
+}
+
+// URL is the API's base, e.g. https://127.0.0.1:41234 (requests go to
+// URL()+"/api2/json/...").
+func (s *Server) URL() string { return s.url }
+
+// Fingerprint is the SHA-256 fingerprint of the server certificate, as
+// Proxmox prints it (AA:BB:...).
+func (s *Server) Fingerprint() string { return s.fp }
+
+// CertificatePEM is the self-signed server certificate.
+func (s *Server) CertificatePEM() []byte { return slices.Clone(s.certPEM) }
+
+// Schema returns the schema the simulator checks requests against.
+func (s *Server) Schema() *Schema { return s.schema }
+
+// AddToken registers an API token. Its ID is "user@realm!name".
+func (s *Server) AddToken(t Token) error {
+	if _, _, ok := splitTokenID(t.ID); !ok {
+		return fmt.Errorf("pvesim: token id %q is not user@realm!name", t.ID)
+	}
+	if t.Secret == "" {
+		return errors.New("pvesim: token secret is empty")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.Privileges = slices.Clone(t.Privileges)
+	s.tokens[t.ID] = t
+	return nil
+}
+
+// SetFaults replaces the injected faults.
+func (s *Server) SetFaults(f Faults) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = f.clone()
+}
+
+// Faults returns the injected faults.
+func (s *Server) Faults() Faults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.faults.clone()
+}
+
+// SetNodeOnline takes a node offline (unreachable) or back online.
+func (s *Server) SetNodeOnline(name string, online bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.node(name) == nil {
+		return fmt.Errorf("pvesim: no node %q", name)
+	}
+	off := slices.DeleteFunc(s.faults.OfflineNodes, func(n string) bool { return n == name })
+	if !online {
+		off = append(off, name)
+	}
+	s.faults.OfflineNodes = off
+	return nil
+}
+
+// Requests returns every request received so far, oldest first.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Request, len(s.requests))
+	for i, r := range s.requests {
+		r.Params = r.Params.Clone()
+		out[i] = r
+	}
+	return out
+}
+
+func (s *Server) node(name string) *simNode {
+	for _, n := range s.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// taskDelay is how long a task of that type takes.
+func (s *Server) taskDelay(typ string) time.Duration {
+	if d, ok := s.opts.TaskDelays[typ]; ok {
+		return d
+	}
+	return s.opts.TaskDelay
+}

@@ -1,0 +1,371 @@
+package pvesim
+
+import (
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// vm is a QEMU guest's configuration and run state.
+type vm struct {
+	vmid int
+	node string
+	// conf is the config file: key -> value as written (lock, template
+	// and description included).
+	conf    map[string]string
+	status  string // stopped, running
+	started time.Time
+	pid     int
+	// While running: what it was started with (capacity accounting), and
+	// its guest (nil until the start task has created it).
+	runCPUs int
+	runMem  int64
+	guest   *guest
+	rootfs  string // the local sandbox template its guests use
+	// clones counts clones of it in progress: they hold its config lock
+	// (shared), so what needs it exclusively times out.
+	clones int
+}
+
+// VM is a VM as tests see it.
+type VM struct {
+	VMID     int
+	Node     string
+	Name     string
+	Status   string // stopped, running
+	Template bool
+	Lock     string
+	Config   map[string]string
+	// Sandbox is the id of the guest's sandbox while it runs.
+	Sandbox string
+	// AgentUp: the guest agent answers.
+	AgentUp bool
+}
+
+// VMs lists the VMs by vmid.
+func (s *Server) VMs() []VM {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []VM
+	for _, id := range slices.Sorted(maps.Keys(s.vms)) {
+		out = append(out, s.vmView(s.vms[id]))
+	}
+	return out
+}
+
+// VM returns one VM.
+func (s *Server) VM(vmid int) (VM, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vms[vmid]
+	if !ok {
+		return VM{}, false
+	}
+	return s.vmView(v), true
+}
+
+func (s *Server) vmView(v *vm) VM {
+	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
+		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf)}
+	if v.guest != nil {
+		out.Sandbox = v.guest.sb.ID()
+		out.AgentUp = s.agentUp(v) == nil
+	}
+	return out
+}
+
+// AddTemplate creates a template VM (template: 1) on a node, like one
+// made with "qm template": its disk is a base volume linked clones share.
+func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSpec) error {
+	if err := formats["pve-vmid"](strconv.Itoa(vmid)); err != nil {
+		return fmt.Errorf("pvesim: vmid %d: %s", vmid, strings.TrimSpace(err.Error()))
+	}
+	if err := dnsName(name); err != nil {
+		return fmt.Errorf("pvesim: name %q: %s", name, strings.TrimSpace(err.Error()))
+	}
+	if spec.Cores == 0 {
+		spec.Cores = 2
+	}
+	if spec.MemoryMiB == 0 {
+		spec.MemoryMiB = 2048
+	}
+	if spec.DiskSize == "" {
+		spec.DiskSize = "8G"
+	}
+	if spec.Agent == "" {
+		spec.Agent = "1"
+	}
+	size, ok := parseSize(spec.DiskSize)
+	if !ok {
+		return fmt.Errorf("pvesim: disk size %q", spec.DiskSize)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.node(node) == nil {
+		return fmt.Errorf("pvesim: no node %q", node)
+	}
+	if _, exists := s.vms[vmid]; exists {
+		return fmt.Errorf("pvesim: VM %d exists", vmid)
+	}
+	conf := map[string]string{
+		"name":     name,
+		"template": "1",
+		"cores":    strconv.Itoa(spec.Cores),
+		"sockets":  "1",
+		"memory":   strconv.Itoa(spec.MemoryMiB),
+		"scsi0":    fmt.Sprintf("local-lvm:base-%d-disk-0,iothread=1,size=%s", vmid, formatSize(size)),
+		"scsihw":   "virtio-scsi-single",
+		"net0":     "virtio=" + randomMAC() + ",bridge=vmbr0,firewall=1",
+		"agent":    spec.Agent,
+		"ostype":   "l26",
+		"boot":     "order=scsi0;net0",
+		"smbios1":  "uuid=" + uuid(),
+		"vmgenid":  uuid(),
+		"meta":     fmt.Sprintf("creation-qemu=9.2.0,ctime=%d", time.Now().Unix()),
+	}
+	if spec.Tags != "" {
+		conf["tags"] = normalizeTags(spec.Tags)
+	}
+	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: conf, status: "stopped", rootfs: spec.Rootfs}
+	return nil
+}
+
+// configFile is where PVE keeps a VM's config, as its errors name it.
+func configFile(node string, vmid int) string {
+	return fmt.Sprintf("nodes/%s/qemu-server/%d.conf", node, vmid)
+}
+
+// loadVM is PVE::QemuConfig->load_config on the node a call runs on.
+// Call with s.mu held.
+func (c *call) loadVM() (*vm, error) {
+	node, vmid := c.str("node"), c.int("vmid")
+	v, ok := c.s.vms[vmid]
+	if !ok || v.node != node {
+		return nil, dieErr("Configuration file '%s' does not exist", configFile(node, vmid))
+	}
+	return v, nil
+}
+
+// checkLock is PVE::AbstractConfig->check_lock.
+func (v *vm) checkLock() error {
+	if l := v.conf["lock"]; l != "" {
+		return fmt.Errorf("VM is locked (%s)", l)
+	}
+	return nil
+}
+
+func (v *vm) isTemplate() bool { return v.conf["template"] == "1" }
+
+// digest is the SHA-1 of the config file, as GET config reports it and
+// the digest parameter checks it.
+func (v *vm) digest() string {
+	var b strings.Builder
+	for _, line := range strings.Split(v.conf["description"], "\n") {
+		if v.conf["description"] != "" {
+			b.WriteString("#" + line + "\n")
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(v.conf)) {
+		if k != "description" {
+			fmt.Fprintf(&b, "%s: %s\n", k, v.conf[k])
+		}
+	}
+	sum := sha1.Sum([]byte(b.String()))
+	return hex.EncodeToString(sum[:])
+}
+
+// memoryMiB reads the memory option ("[current=]N", default 512).
+func (v *vm) memoryMiB() int64 {
+	m := v.conf["memory"]
+	m = strings.TrimPrefix(m, "current=")
+	m, _, _ = strings.Cut(m, ",")
+	n, err := strconv.ParseInt(m, 10, 64)
+	if err != nil || n <= 0 {
+		return 512
+	}
+	return n
+}
+
+// vcpus is cores x sockets (or vcpus when set).
+func (v *vm) vcpus() int {
+	atoi := func(k string, def int) int {
+		if n, err := strconv.Atoi(v.conf[k]); err == nil && n > 0 {
+			return n
+		}
+		return def
+	}
+	return atoi("cores", 1) * atoi("sockets", 1)
+}
+
+// agentEnabled reads the agent option ("1" or "enabled=1,...").
+func (v *vm) agentEnabled() bool {
+	a, ok := v.conf["agent"]
+	if !ok {
+		return false
+	}
+	for _, part := range strings.Split(a, ",") {
+		k, val, hasKey := strings.Cut(part, "=")
+		if !hasKey {
+			val = k
+		} else if k != "enabled" {
+			continue
+		}
+		b, _ := parseBoolean(val)
+		return b == "1"
+	}
+	return false
+}
+
+var diskKeyRe = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
+
+// disks lists the config keys holding a disk (not a CD-ROM).
+func (v *vm) disks() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(v.conf)) {
+		if diskKeyRe.MatchString(k) && !strings.Contains(v.conf[k], "media=cdrom") {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// diskSize reads size= from a drive string.
+func diskSize(drive string) int64 {
+	for _, part := range strings.Split(drive, ",") {
+		if v, ok := strings.CutPrefix(part, "size="); ok {
+			if n, ok := parseSize(v); ok {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// withSize rewrites size= in a drive string.
+func withSize(drive string, size int64) string {
+	parts := strings.Split(drive, ",")
+	found := false
+	for i, p := range parts {
+		if strings.HasPrefix(p, "size=") {
+			parts[i] = "size=" + formatSize(size)
+			found = true
+		}
+	}
+	if !found {
+		parts = append(parts, "size="+formatSize(size))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (v *vm) maxDisk() int64 {
+	var total int64
+	for _, k := range v.disks() {
+		total += diskSize(v.conf[k])
+	}
+	return total
+}
+
+// volume is the volume id of a drive string ("local-lvm:vm-101-disk-0").
+func volume(drive string) string {
+	vol, _, _ := strings.Cut(drive, ",")
+	return vol
+}
+
+// baseVolume is the base volume a linked clone's volume is made from:
+// "local-lvm:base-9000-disk-0/vm-101-disk-0" -> "local-lvm:base-9000-disk-0".
+func baseVolume(vol string) (string, bool) {
+	storage, name, ok := strings.Cut(vol, ":")
+	if !ok {
+		return "", false
+	}
+	base, _, linked := strings.Cut(name, "/")
+	if !linked {
+		return "", false
+	}
+	return storage + ":" + base, true
+}
+
+// normalizeTags dedupes a tag list and writes it ";"-separated.
+func normalizeTags(s string) string {
+	var out []string
+	for _, t := range splitList(s) {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return strings.Join(out, ";")
+}
+
+// randomMAC is PVE::Tools::random_ether_addr with Proxmox's prefix.
+func randomMAC() string {
+	b := make([]byte, 3)
+	rand.Read(b)
+	return fmt.Sprintf("BC:24:11:%02X:%02X:%02X", b[0], b[1], b[2])
+}
+
+func uuid() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// withNewMAC gives a net device a new MAC, keeping its other options
+// (clones always get one; so does a net device set without one).
+func withNewMAC(net string) string {
+	parts := strings.Split(net, ",")
+	for i, p := range parts {
+		k, v, hasValue := strings.Cut(p, "=")
+		if isNICModel(k) {
+			parts[i] = k + "=" + randomMAC()
+			return strings.Join(parts, ",")
+		}
+		if k == "model" && hasValue {
+			parts[i] = v + "=" + randomMAC()
+			return strings.Join(parts, ",")
+		}
+		if !hasValue && isNICModel(p) {
+			parts[i] = p + "=" + randomMAC()
+			return strings.Join(parts, ",")
+		}
+	}
+	return net
+}
+
+func isNICModel(s string) bool {
+	switch s {
+	case "virtio", "e1000", "e1000e", "rtl8139", "vmxnet3", "ne2k_pci", "ne2k_isa", "pcnet", "i82551", "i82557b", "i82559er",
+		"e1000-82540em", "e1000-82544gc", "e1000-82545em":
+		return true
+	}
+	return false
+}
+
+// netMAC returns the MAC address of a net device string.
+func netMAC(net string) string {
+	for _, p := range strings.Split(net, ",") {
+		k, v, ok := strings.Cut(p, "=")
+		if ok && (isNICModel(k) || k == "macaddr") {
+			return v
+		}
+	}
+	return ""
+}
+
+// netBridge returns the bridge= of a net device string.
+func netBridge(net string) string {
+	for _, p := range strings.Split(net, ",") {
+		if v, ok := strings.CutPrefix(p, "bridge="); ok {
+			return v
+		}
+	}
+	return ""
+}
