@@ -242,3 +242,26 @@ func TestArtifactsAndSecrets(t *testing.T) {
 		t.Fatalf("unknown secret: %q", msg)
 	}
 }
+
+// TestStatusFile: a job with no network reports progress in one line of
+// shell, and the agent sees it as progress and a timeline.
+func TestStatusFile(t *testing.T) {
+	cs, _, _ := stdioSession(t, t.TempDir(), "")
+	sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "statusMode": "detailed",
+		"task": `echo "fetching" > "$DELEGATE_STATUS_FILE"; sleep 0.3; echo '{"progress":"testing","percent":75}' > "$DELEGATE_STATUS_FILE"; sleep 0.3`}})
+	call[statusOut](t, cs, "wait_job", map[string]any{"job_id": sub.JobID})
+	st := call[struct {
+		Status   string `json:"status"`
+		Timeline []struct {
+			Message string `json:"message"`
+		} `json:"timeline"`
+	}](t, cs, "get_job_status", map[string]any{"job_id": sub.JobID})
+	var msgs []string
+	for _, e := range st.Timeline {
+		msgs = append(msgs, e.Message)
+	}
+	if st.Status != "success" || strings.Join(msgs, "|") != "fetching|testing (75%)" {
+		t.Fatalf("status %s timeline %q", st.Status, msgs)
+	}
+}

@@ -167,6 +167,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		DiskLimit:           true,
 		Recover:             true,
 		Templates:           true,
+		// The shim watches the job's process for as long as it runs.
+		Supervised: true,
+		StatusFile: StatusFile,
 	}
 }
 
@@ -279,6 +282,9 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool) err
 	}
 	if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make workspace private: %w", err)
+	}
+	if err := makeStatusFIFO(dir); err != nil {
+		return err
 	}
 	if spec.Template != "" {
 		// A read-only bind here, made as host root, lets the unprivileged

@@ -177,6 +177,9 @@ func buildRoot(cfg initConfig) error {
 	if err := unix.Mount(dirWorkspace, filepath.Join(root, "workspace"), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind /workspace: %w", err)
 	}
+	if err := bindStatusFIFO(root); err != nil {
+		return err
+	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", cfg.TmpBytes)
 	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
 		return fmt.Errorf("mount /tmp: %w", err)

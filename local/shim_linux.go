@@ -196,6 +196,11 @@ func supervise(log *slog.Logger) exitRecord {
 		io.Copy(w, outR)
 		close(copied)
 	}()
+	bridge, err := startStatusBridge()
+	if err != nil {
+		// The job runs without its status channel rather than not at all.
+		log.Warn("status channel", "err", err)
+	}
 
 	pid := cmd.Process.Pid
 	var net *netHelper // the network helper, when the sandbox has network
@@ -268,6 +273,7 @@ func supervise(log *slog.Logger) exitRecord {
 	}
 	<-copied
 	outR.Close()
+	bridge.stop()
 
 	var rec exitRecord
 	var s initStatus

@@ -335,8 +335,10 @@ func atoiAny(v any) (int, error) {
 
 // perlRegexp compiles a schema pattern the way PVE applies it:
 // m/^$pattern$/, where Perl's "$" also matches before a final newline.
-// "(?^:...)" is Perl's way of writing a group with default flags.
+// Perl syntax Go lacks is rewritten: "(?^:" (a group with default flags)
+// and "(?>" (atomic; the same matches for a whole-string match) become
+// plain groups, and "{,n}" (Perl 5.34+) is "{0,n}".
 func perlRegexp(p string) (*regexp.Regexp, error) {
-	p = strings.ReplaceAll(p, "(?^:", "(?:")
+	p = strings.NewReplacer("(?^:", "(?:", "(?>", "(?:", "{,", "{0,").Replace(p)
 	return regexp.Compile(`^(?:` + p + `)\n?$`)
 }

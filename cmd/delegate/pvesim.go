@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/pvesim"
+)
+
+const pveSimUsage = `delegate pve-sim runs a simulated Proxmox VE cluster (for demos and tests of
+the Proxmox backend) and prints, on stdout, the environment that points
+"delegate serve" at it:
+
+  eval "$(delegate pve-sim --nodes 2 &)"    # or copy the export lines
+
+Guests really run commands, each in a local sandbox: run it as root.
+`
+
+// kvList is a repeatable KEY=VALUE flag.
+type kvList map[string]string
+
+func (l kvList) String() string { return fmt.Sprint(map[string]string(l)) }
+
+func (l kvList) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" || v == "" {
+		return fmt.Errorf("must be KEY=VALUE (got %q)", s)
+	}
+	l[k] = v
+	return nil
+}
+
+// strList is a repeatable flag.
+type strList []string
+
+func (l *strList) String() string     { return strings.Join(*l, ",") }
+func (l *strList) Set(s string) error { *l = append(*l, s); return nil }
+
+func cmdPveSim(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("pve-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, pveSimUsage, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	listen := fs.String("listen", "127.0.0.1:8006", "address of the simulated API (HTTPS)")
+	nodes := fs.Int("nodes", 1, "cluster nodes, named pve1..pveN")
+	nodeCPUs := fs.Int("node-cpus", 8, "cores per node (a VM may not have more vCPUs)")
+	nodeMemory := fs.String("node-memory", "32G", "memory per node; a VM that does not fit does not start")
+	bootDelay := fs.Duration("boot-delay", 5*time.Second, "from a started VM to an answering guest agent")
+	taskDelay := fs.Duration("task-delay", time.Second, "how long a task (clone, start, stop...) runs")
+	slowTasks := kvList{}
+	fs.Var(slowTasks, "slow-task", "TYPE=DURATION: tasks of a type (qmclone, qmstart, ...) take this long (repeatable)")
+	errorRate := fs.Float64("error-rate", 0, "share (0..1) of API requests answered with a random 500")
+	failTasks := kvList{}
+	fs.Var(failTasks, "fail-task", "TYPE=MESSAGE: every task of a type fails with this exit status (repeatable)")
+	agentDown := fs.Bool("agent-down", false, "guest agents never come up")
+	var offline strList
+	fs.Var(&offline, "offline-node", "NODE: start with this node offline (repeatable)")
+	templateID := fs.Int("template-id", 9000, "vmid of the template on the first node (the next nodes get the next ids)")
+	templateName := fs.String("template-name", "delegate-template", "name of the template VMs")
+	everyNode := fs.Bool("template-every-node", true, "put a template on every node (linked clones stay on their template's node)")
+	tokenID := fs.String("token-id", "root@pam!delegate", "API token id, user@realm!name")
+	tokenSecret := fs.String("token-secret", "", "API token secret (default: random)")
+	hostname := fs.String("hostname", "", "extra host name or address for the certificate (how clients reach the simulator)")
+	sandboxDir := fs.String("sandbox-dir", "", "directory of the guests' sandboxes (default: a temporary one)")
+	seed := fs.Int64("seed", 0, "seed of the random fault injection (0: random)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *nodes < 1 || *nodes > 64 {
+		return usagef("--nodes: must be from 1 to 64 (got %d)", *nodes)
+	}
+	if *nodeCPUs < 1 {
+		return usagef("--node-cpus: must be at least 1 (got %d)", *nodeCPUs)
+	}
+	mem, err := delegate.ParseSize(*nodeMemory)
+	if err != nil || mem < 1<<30 {
+		return usagef("--node-memory: must be a size of at least 1G, like 32G (got %q)", *nodeMemory)
+	}
+	if *errorRate < 0 || *errorRate > 1 {
+		return usagef("--error-rate: must be from 0 to 1 (got %v)", *errorRate)
+	}
+	if *bootDelay < 0 || *taskDelay <= 0 {
+		return usagef("--boot-delay must not be negative and --task-delay must be positive")
+	}
+	delays := map[string]time.Duration{}
+	for typ, v := range slowTasks {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return usagef("--slow-task %s=%s: the duration must be positive, like 10s", typ, v)
+		}
+		delays[typ] = d
+	}
+	user, tokenName, ok := strings.Cut(*tokenID, "!")
+	if !ok || !strings.Contains(user, "@") || tokenName == "" {
+		return usagef("--token-id: must be user@realm!name (got %q)", *tokenID)
+	}
+	secret := *tokenSecret
+	if secret == "" {
+		b := make([]byte, 16)
+		rand.Read(b)
+		secret = hex.EncodeToString(b)
+	}
+	host, port, err := net.SplitHostPort(*listen)
+	if err != nil {
+		return usagef("--listen: %v", err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	specs := pvesim.DefaultNodes(*nodes)
+	for i := range specs {
+		specs[i].CPUs, specs[i].MemoryBytes = *nodeCPUs, mem
+	}
+	for _, n := range offline {
+		found := false
+		for _, s := range specs {
+			found = found || s.Name == n
+		}
+		if !found {
+			return usagef("--offline-node %q: the nodes are pve1..pve%d", n, *nodes)
+		}
+	}
+	log := newLogger(stderr, cfg.LogLevel)
+	// --boot-delay 0 means no delay; pvesim reads 0 as "its default".
+	boot := *bootDelay
+	if boot == 0 {
+		boot = time.Nanosecond
+	}
+	hostnames := []string{host}
+	if *hostname != "" {
+		hostnames = append(hostnames, *hostname)
+	}
+	sim, err := pvesim.New(pvesim.Options{
+		Listen:     *listen,
+		Hostnames:  hostnames,
+		Nodes:      specs,
+		TaskDelay:  *taskDelay,
+		TaskDelays: delays,
+		BootDelay:  boot,
+		Faults: pvesim.Faults{
+			ErrorRate: *errorRate, TaskFailures: failTasks, AgentDown: *agentDown, OfflineNodes: offline,
+		},
+		Seed:       *seed,
+		SandboxDir: *sandboxDir,
+		Logger:     log,
+	})
+	if err != nil {
+		return err
+	}
+	defer sim.Close()
+	if err := sim.AddToken(pvesim.Token{ID: *tokenID, Secret: secret, Privileges: pvesim.RoleAdministrator}); err != nil {
+		return usageError{fmt.Errorf("--token-id: %w", err)}
+	}
+	var templates []string
+	for i, n := range specs {
+		if i > 0 && !*everyNode {
+			break
+		}
+		id := *templateID + i
+		if err := sim.AddTemplate(n.Name, id, *templateName, pvesim.TemplateSpec{Tags: "delegate"}); err != nil {
+			return usageError{fmt.Errorf("--template-id/--template-name: %w", err)}
+		}
+		templates = append(templates, fmt.Sprintf("%d on %s", id, n.Name))
+	}
+	if err := sim.Start(ctx); err != nil {
+		return err
+	}
+	u, _ := url.Parse(sim.URL())
+	if _, p, err := net.SplitHostPort(u.Host); err == nil {
+		port = p
+	}
+	fmt.Fprintf(stdout, "# pvesim: %d node(s), templates %s (named %s)\n", len(specs), strings.Join(templates, ", "), *templateName)
+	for _, kv := range [][2]string{
+		{"PROXMOX_HOST", host},
+		{"PROXMOX_PORT", port},
+		{"PROXMOX_USER", user},
+		{"PROXMOX_TOKEN_NAME", tokenName},
+		{"PROXMOX_TOKEN_VALUE", secret},
+		{"PROXMOX_SSL_MODE", "verify"},
+		{"PROXMOX_FINGERPRINT", sim.Fingerprint()},
+		{"DEFAULT_VM_TEMPLATE", fmt.Sprint(*templateID)},
+	} {
+		fmt.Fprintf(stdout, "export %s=%s\n", kv[0], shellQuote(kv[1]))
+	}
+	if f, ok := stdout.(interface{ Sync() error }); ok {
+		f.Sync()
+	}
+	log.Info("pve-sim ready", "url", sim.URL(), "nodes", len(specs))
+	<-ctx.Done()
+	return nil
+}
+
+// shellQuote quotes a value for the export lines when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("@%+=:,./-_", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
