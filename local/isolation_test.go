@@ -46,7 +46,7 @@ func TestIsolation(t *testing.T) {
 			want:   []string{"root:[] home:[]\n"},
 		},
 		{
-			name:   "host state and private directories are not there",
+			name: "host state and private directories are not there",
 			// /run holds only the job's status channel, not the host's /run.
 			script: `for d in ` + b.dir + ` /var /opt /srv /mnt /media /sys; do if [ -e $d ]; then echo "SEEN $d"; else echo "absent $d"; fi; done; echo "run: $(find /run | tr '\n' ' ')"`,
 			want: []string{"absent " + b.dir + "\n", "absent /var\n", "absent /opt\n", "absent /mnt\n", "absent /sys\n",
