@@ -261,10 +261,16 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			kill()
 		case <-ctx.Done():
 			// Engine closing: a running job goes on, for the next engine to
-			// re-attach to; a job being killed is seen to its end, so that
-			// its sandbox is not left behind.
+			// re-attach to; a job that has ended (or is being killed) is
+			// seen to its end, so that its sandbox is not left behind.
+			if !killing && graceEnd.IsZero() {
+				j, err := e.store.GetJob(context.WithoutCancel(ctx), id)
+				if err != nil || !j.Status.Terminal() {
+					return
+				}
+			}
 			if !killing {
-				return
+				kill()
 			}
 			select {
 			case w := <-done:

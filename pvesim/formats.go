@@ -62,6 +62,51 @@ var formats = map[string]func(string) error{
 	},
 }
 
+// objFormats are named formats that are property strings in PVE (their
+// keys are not in the schema dump): the ones a client sets.
+var objFormats = map[string]map[string]*Prop{
+	// ipconfigN: cloud-init addresses, "ip=dhcp" or "ip=10.0.0.5/24,gw=10.0.0.1".
+	"pve-qm-ipconfig": {
+		"ip":  {Type: "string", Format: "pve-ipv4-config", Optional: true, MinLength: -1, MaxLength: -1},
+		"gw":  {Type: "string", Format: "ipv4", Optional: true, MinLength: -1, MaxLength: -1},
+		"ip6": {Type: "string", Format: "pve-ipv6-config", Optional: true, MinLength: -1, MaxLength: -1},
+		"gw6": {Type: "string", Format: "ipv6", Optional: true, MinLength: -1, MaxLength: -1},
+	},
+}
+
+func init() {
+	ipv4 := func(s string) bool {
+		a, err := netip.ParseAddr(strings.TrimSuffix(s, "\n"))
+		return err == nil && a.Is4()
+	}
+	ipv6 := func(s string) bool {
+		a, err := netip.ParseAddr(strings.TrimSuffix(s, "\n"))
+		return err == nil && a.Is6()
+	}
+	cidr := func(s string, v4 bool) bool {
+		p, err := netip.ParsePrefix(strings.TrimSuffix(s, "\n"))
+		return err == nil && p.Addr().Is4() == v4 && p.Bits() > 7
+	}
+	check := func(ok func(string) bool, msg string) func(string) error {
+		return func(s string) error {
+			if !ok(s) {
+				return errors.New(msg + "\n")
+			}
+			return nil
+		}
+	}
+	formats["ipv4"] = check(ipv4, "value does not look like a valid IPv4 address")
+	formats["ipv6"] = check(ipv6, "value does not look like a valid IPv6 address")
+	formats["CIDRv4"] = check(func(s string) bool { return cidr(s, true) }, "value does not look like a valid IPv4 CIDR network")
+	formats["CIDRv6"] = check(func(s string) bool { return cidr(s, false) }, "value does not look like a valid IPv6 CIDR network")
+	formats["pve-ipv4-config"] = check(func(s string) bool {
+		return s == "dhcp" || s == "manual" || cidr(s, true)
+	}, "value does not look like a valid ipv4 network configuration")
+	formats["pve-ipv6-config"] = check(func(s string) bool {
+		return s == "auto" || s == "dhcp" || s == "manual" || cidr(s, false)
+	}, "value does not look like a valid ipv6 network configuration")
+}
+
 var dnsName = reFormat(`^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$`, "value does not look like a valid DNS name")
 
 var (
@@ -107,7 +152,7 @@ func Unchecked(s *Schema) []string {
 		if p.Format != "" {
 			name, _ := strings.CutSuffix(p.Format, "-list")
 			name, _ = strings.CutSuffix(name, "-opt")
-			if formats[name] == nil && formats[p.Format] == nil {
+			if formats[name] == nil && formats[p.Format] == nil && objFormats[p.Format] == nil {
 				seen[p.Format] = true
 			}
 		}
@@ -140,6 +185,10 @@ func checkFormat(schema *Prop, value, path string) error {
 	f := schema.Format
 	if f == "regex" {
 		return nil
+	}
+	if obj := objFormats[f]; obj != nil {
+		_, err := parsePropertyString(obj, value, path)
+		return err
 	}
 	if fn := formats[f]; fn != nil {
 		return fn(value)

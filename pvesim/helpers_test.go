@@ -143,3 +143,74 @@ func isClosed(err error) bool {
 	var ne net.Error
 	return err == io.EOF || strings.Contains(err.Error(), "closed") || (errorsAs(err, &ne) && !ne.Timeout())
 }
+
+// cloneAndBoot clones the template into id (linked unless opt says),
+// starts it and waits until its agent answers.
+func cloneAndBoot(t *testing.T, s *sim, id int, opt *pve.CloneOptions) int {
+	t.Helper()
+	ctx := ctxT(t)
+	o := pve.CloneOptions{}
+	if opt != nil {
+		o = *opt
+	}
+	o.NewID = id
+	upid, err := s.c.CloneVM(ctx, "pve1", tplID, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.c.WaitTask(ctx, "pve1", upid); err != nil {
+		t.Fatal(err)
+	}
+	if upid, err = s.c.StartVM(ctx, "pve1", id); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.c.WaitTask(ctx, "pve1", upid); err != nil {
+		t.Fatal(err)
+	}
+	waitAgent(t, s, id)
+	return id
+}
+
+func waitAgent(t *testing.T, s *sim, id int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := s.c.AgentPing(ctxT(t), "pve1", id)
+		if err == nil {
+			return
+		}
+		if !pve.IsAgentNotRunning(err) || time.Now().After(deadline) {
+			t.Fatalf("agent of %d: %v", id, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitExec polls exec-status until the command ended.
+func waitExec(t *testing.T, s *sim, id, pid int) pve.ExecStatus {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := s.c.AgentExecStatus(ctxT(t), "pve1", id, pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Exited {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec %d in %d did not end", pid, id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// run runs argv in the guest and waits for it.
+func run(t *testing.T, s *sim, id int, argv ...string) pve.ExecStatus {
+	t.Helper()
+	pid, err := s.c.AgentExec(ctxT(t), "pve1", id, argv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waitExec(t, s, id, pid)
+}

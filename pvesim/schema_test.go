@@ -72,10 +72,15 @@ func TestValidate(t *testing.T) {
 			"newid": "type check ('integer') failed - got 'abc'"}},
 		{"JSON boolean for an integer", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": true}, map[string]string{
 			"newid": "type check ('integer') failed - got JSON::PP::Boolean"}},
-		{"below minimum", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": "99"}, map[string]string{
-			"newid": "value must have a minimum value of 100"}},
-		{"above maximum", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": "1000000000"}, map[string]string{
-			"newid": "value must have a maximum value of 999999999"}},
+		// The format comes before minimum and maximum in check_prop.
+		{"vmid below 100", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": "99"}, map[string]string{
+			"newid": "invalid format - value does not look like a valid VM ID\n"}},
+		{"vmid too long", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": "1000000000"}, map[string]string{
+			"newid": "invalid format - value does not look like a valid VM ID\n"}},
+		{"below minimum", "POST", "/nodes/pve1/qemu/100/status/start", Params{"timeout": "-1"}, map[string]string{
+			"timeout": "value must have a minimum value of 0"}},
+		{"above maximum", "POST", "/nodes/pve1/qemu/100/config", Params{"background_delay": "31"}, map[string]string{
+			"background_delay": "value must have a maximum value of 30"}},
 		{"vmid in the path", "GET", "/nodes/pve1/qemu/abc/config", nil, map[string]string{
 			"vmid": "type check ('integer') failed - got 'abc'"}},
 		{"format dns-name", "POST", "/nodes/pve1/qemu/9000/clone", Params{"newid": "101", "name": "job_1"}, map[string]string{
@@ -118,6 +123,10 @@ func TestValidate(t *testing.T) {
 			"delete": "invalid format - invalid configuration ID '1bad'\n"}},
 		{"sshkeys urlencoded", "PUT", vm + "/config", Params{"sshkeys": "ssh-rsa AAAA"}, map[string]string{
 			"sshkeys": "invalid format - invalid urlencoded string: ssh-rsa AAAA\n"}},
+		{"ipconfig", "PUT", vm + "/config", Params{"ipconfig0": "ip=10.0.0.5/24,gw=10.0.0.1"}, nil},
+		{"ipconfig dhcp", "PUT", vm + "/config", Params{"ipconfig0": "ip=dhcp,ip6=auto"}, nil},
+		{"ipconfig bad", "PUT", vm + "/config", Params{"ipconfig0": "ip=10.0.0.5"}, map[string]string{
+			"ipconfig0": "invalid format - format error\nipconfig0.ip: invalid format - value does not look like a valid ipv4 network configuration\n\n"}},
 		{"exec array", "POST", vm + "/agent/exec", Params{"command": []any{"/bin/sh", "-c", "echo hi"}}, nil},
 		{"exec single value becomes an array", "POST", vm + "/agent/exec", Params{"command": "/bin/true"}, nil},
 		{"exec \"0\" stays a string", "POST", vm + "/agent/exec", Params{"command": "0"}, map[string]string{
@@ -130,7 +139,7 @@ func TestValidate(t *testing.T) {
 		{"file-read count max (a string in the schema)", "GET", vm + "/agent/file-read", Params{"file": "/x", "count": "16777217"}, map[string]string{
 			"count": "value must have a maximum value of 16777216"}},
 		{"nextid", "GET", "/cluster/nextid", Params{"vmid": "99"}, map[string]string{
-			"vmid": "value must have a minimum value of 100"}},
+			"vmid": "invalid format - value does not look like a valid VM ID\n"}},
 		{"path and body disagree", "POST", vm + "/agent/ping", Params{"vmid": "101"}, map[string]string{
 			"vmid": "duplicate parameter (already defined in URI) with conflicting values!"}},
 		{"path and body agree", "POST", vm + "/agent/ping", Params{"vmid": "100"}, nil},
