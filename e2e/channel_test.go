@@ -107,7 +107,7 @@ func TestCallbacksOverHTTP(t *testing.T) {
 // TestLiveLogs follows a streaming job with get_job_logs cursors and with a
 // resource subscription, over stdio and HTTP.
 func TestLiveLogs(t *testing.T) {
-	for _, transport := range []string{"stdio", "http"} {
+	for _, transport := range []string{"stdio", "http", "stdio-newest"} {
 		t.Run(transport, func(t *testing.T) {
 			var (
 				mu      sync.Mutex
@@ -119,9 +119,12 @@ func TestLiveLogs(t *testing.T) {
 				mu.Unlock()
 			}}
 			var cs *mcp.ClientSession
-			if transport == "stdio" {
+			switch transport {
+			case "stdio":
 				cs, _, _ = stdioSessionWith(t, t.TempDir(), "2025-11-25", opts)
-			} else {
+			case "stdio-newest": // 2026-07-28: updates come through subscriptions/listen
+				cs, _, _ = stdioSessionWith(t, t.TempDir(), "", opts)
+			default:
 				cs = httpSessionWith(t, httpServer(t, t.TempDir()), "2025-11-25", opts)
 			}
 			sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
