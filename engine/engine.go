@@ -316,7 +316,9 @@ func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 		e.mu.Lock()
 		changed := e.changed
 		e.mu.Unlock()
-		job, err := e.store.GetJob(ctx, id)
+		// A read of the local store: it must not fail because the caller's
+		// wait is up at that very moment.
+		job, err := e.store.GetJob(context.WithoutCancel(ctx), id)
 		if err != nil || job.Status.Terminal() {
 			return job, err
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/pve"
 )
 
 // config is everything the environment and flags decide. Environment names
@@ -31,6 +32,11 @@ type config struct {
 	CallbackPublicURL  string
 	HeartbeatThreshold time.Duration
 	SecretsFile        string
+
+	// Proxmox (DELEGATE_BACKEND=proxmox).
+	Proxmox       pve.Config
+	ProxmoxBridge string
+	ProxmoxVLAN   int
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -40,7 +46,7 @@ type envVar struct {
 
 var envVars = []envVar{
 	{"DELEGATE_DATA_DIR", "$XDG_STATE_HOME/delegate or ~/.local/state/delegate", "state directory: jobs.db, sandboxes"},
-	{"DELEGATE_BACKEND", "local", "sandbox backend (local)"},
+	{"DELEGATE_BACKEND", "local", "sandbox backend: local or proxmox"},
 	{"DELEGATE_MAX_CONCURRENT", "4", "jobs running at once; more wait as pending"},
 	{"DELEGATE_OUTPUT_LIMIT", "4M", "output kept per job (the rest is counted, not kept)"},
 	{"DELEGATE_LOG_LEVEL", "info", "debug, info, warn or error (logs go to stderr)"},
@@ -111,8 +117,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	str("DELEGATE_DATA_DIR", &c.DataDir)
 	str("DELEGATE_BACKEND", &c.Backend)
-	if c.Backend != "local" {
-		bad("DELEGATE_BACKEND", "must be local (the Proxmox backend is not built yet)")
+	if c.Backend != "local" && c.Backend != "proxmox" {
+		bad("DELEGATE_BACKEND", "must be local or proxmox")
 	}
 	intIn("DELEGATE_MAX_CONCURRENT", 1, 1024, &c.MaxConcurrent)
 	if v := getenv("DELEGATE_OUTPUT_LIMIT"); v != "" {
@@ -158,6 +164,18 @@ func loadConfig(getenv func(string) string) (config, error) {
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
+	if c.Backend == "proxmox" {
+		pc, err := pve.ConfigFromEnv(getenv)
+		if err != nil {
+			errs = append(errs, strings.TrimPrefix(err.Error(), "invalid Proxmox configuration:\n  "))
+		}
+		c.Proxmox = pc
+		str("PROXMOX_JOB_BRIDGE", &c.ProxmoxBridge)
+		intIn("PROXMOX_JOB_VLAN", 0, 4094, &c.ProxmoxVLAN)
+		if c.Defaults.VMTemplate == "" {
+			errs = append(errs, "DEFAULT_VM_TEMPLATE: must be set for the proxmox backend (a template's name or vmid)")
+		}
+	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}

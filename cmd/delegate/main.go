@@ -13,10 +13,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/local"
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sqlite"
 )
@@ -30,6 +33,8 @@ Usage:
   delegate jobs list|status|result|cancel [ID]
                                       read and manage stored jobs
   delegate bench [-n N]               measure sandbox start and job round trip
+  delegate pve-sim --listen ADDR --nodes N
+                                      run a Proxmox VE API simulator (prints the env to use it)
   delegate version
 
 Configuration comes from the environment (see the README); flags override it.
@@ -67,6 +72,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	case "jobs":
 		err = cmdJobs(ctx, cfg, rest, stdout, stderr)
+	case "pve-sim":
+		err = cmdPveSim(ctx, cfg, rest, stdout, stderr)
 	case "bench":
 		err = cmdBench(ctx, cfg, rest, stdout, stderr)
 	case "version", "--version":
@@ -127,19 +134,23 @@ func openApp(ctx context.Context, cfg config, log *slog.Logger, withBackend bool
 		return nil, err
 	}
 	var backend sandbox.Backend
+	poll := time.Duration(0) // the engine's default
 	if withBackend {
-		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+		backend, err = openBackend(ctx, cfg, log)
 		if err != nil {
 			store.Close()
-			return nil, fmt.Errorf("local backend: %w", err)
+			return nil, err
 		}
-		backend = b
+		if cfg.Backend == "proxmox" {
+			poll = time.Second // every poll is a few API calls
+		}
 	}
 	eng := engine.New(store, backend, engine.Config{
 		Defaults:        cfg.Defaults,
 		MaxConcurrent:   cfg.MaxConcurrent,
 		OutputLimit:     cfg.OutputLimit,
 		CleanupInterval: cfg.CleanupInterval,
+		PollInterval:    poll,
 		Logger:          log,
 
 		CallbackURL:        callbackURL,
@@ -148,6 +159,28 @@ func openApp(ctx context.Context, cfg config, log *slog.Logger, withBackend bool
 		Secret:             secretResolver(secrets),
 	})
 	return &app{cfg: cfg, log: log, store: store, eng: eng}, nil
+}
+
+// openBackend makes the sandbox backend DELEGATE_BACKEND names.
+func openBackend(ctx context.Context, cfg config, log *slog.Logger) (sandbox.Backend, error) {
+	switch cfg.Backend {
+	case "proxmox":
+		client, err := pve.New(cfg.Proxmox)
+		if err != nil {
+			return nil, fmt.Errorf("proxmox backend: %w", err)
+		}
+		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Logger: log})
+		if err := b.Check(ctx); err != nil {
+			return nil, fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err)
+		}
+		return b, nil
+	default:
+		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		return b, nil
+	}
 }
 
 func (a *app) Close() {
