@@ -17,12 +17,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/local"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 var binary string
 
 func TestMain(m *testing.M) {
+	// The Proxmox simulator's guests are local sandboxes of this binary.
+	if local.Reexec() {
+		return
+	}
 	dir, err := os.MkdirTemp("", "delegate-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -417,3 +417,38 @@ func TestSweepDestroysOrphans(t *testing.T) {
 		t.Fatalf("persistent job's sandbox was destroyed: %v", err)
 	}
 }
+
+// TestSweepSparesSandboxesBeingProvisioned: a sandbox made for a job that
+// is still provisioning (not yet recorded on the job) is not an orphan,
+// however many sweeps pass.
+func TestSweepSparesSandboxesBeingProvisioned(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
+	release := make(chan struct{})
+	entered := make(chan string, 1)
+	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+		entered <- spec.JobID
+		<-release
+		return nil
+	}
+	job := f.submit(script("slow provisioning"))
+	jobID := <-entered
+	// A sandbox of the job exists on the backend while Create is still at work.
+	f.backend.CreateHook = nil
+	inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: jobID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // many sweeps
+	if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
+		t.Fatalf("the sweep destroyed a sandbox of a job being provisioned: %v", err)
+	}
+	close(release)
+	f.started().Finish(sandbox.Exit{})
+	f.wait(f.eng, job.ID)
+	// Once the job is over, the extra sandbox is a leftover and goes.
+	eventually(t, "leftover destroyed", func() bool {
+		_, err := f.backend.Recover(ctx, inFlight.ID())
+		return errors.Is(err, sandbox.ErrGone)
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
 )
 
 var errSkip = errors.New("skip")
@@ -113,43 +114,65 @@ func (e *Engine) cleanup(ctx context.Context) {
 	e.sweep(ctx)
 }
 
-// sweep destroys sandboxes that belong to no live job. The sandbox of a
-// finished ephemeral job goes at once (its destroy was interrupted). One
-// that no job names must be found by two sweeps in a row, so that a sandbox
-// being created right now (not yet recorded on its job) is never taken.
+// sweep destroys sandboxes that belong to no live job: the sandbox of a
+// finished ephemeral job at once (its destroy was interrupted), one whose
+// job is gone or unknown after two sweeps in a row. A sandbox whose job is
+// still active is never taken: it may be being provisioned right now,
+// before the job records it.
 func (e *Engine) sweep(ctx context.Context) {
-	ids, err := e.backend.List(ctx)
+	infos, err := e.backend.List(ctx)
 	if err != nil {
 		e.log.Warn("list sandboxes", "err", err)
 		return
 	}
 	unknown := make(map[string]struct{})
-	for _, id := range ids {
-		jobs, _, err := e.store.ListJobs(ctx, delegate.JobFilter{SandboxID: id, Limit: 1})
+	for _, sb := range infos {
+		job, err := e.jobOfSandbox(ctx, sb)
 		if err != nil {
-			e.log.Warn("sweep", "sandbox", id, "err", err)
+			e.log.Warn("sweep", "sandbox", sb.ID, "err", err)
 			continue
 		}
-		if len(jobs) == 1 {
-			j := jobs[0]
-			if !j.Status.Terminal() || j.Manifest.Lifecycle == delegate.LifecyclePersistent {
-				continue
-			}
-		} else {
-			unknown[id] = struct{}{}
+		switch {
+		case job != nil && (!job.Status.Terminal() || job.Manifest.Lifecycle == delegate.LifecyclePersistent):
+			continue
+		case job == nil:
+			unknown[sb.ID] = struct{}{}
 			e.mu.Lock()
-			_, again := e.suspect[id]
+			_, again := e.suspect[sb.ID]
 			e.mu.Unlock()
 			if !again {
 				continue
 			}
+		case job.SandboxID != "" && job.SandboxID != sb.ID:
+			// A finished job whose sandbox is another one: this one is a
+			// leftover of a failed provisioning attempt.
 		}
-		e.log.Info("destroying orphaned sandbox", "sandbox", id)
-		if err := e.backend.Destroy(ctx, id); err != nil {
-			e.log.Warn("destroy orphaned sandbox", "sandbox", id, "err", err)
+		e.log.Info("destroying orphaned sandbox", "sandbox", sb.ID, "job", sb.JobID)
+		if err := e.backend.Destroy(ctx, sb.ID); err != nil {
+			e.log.Warn("destroy orphaned sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}
 	e.mu.Lock()
 	e.suspect = unknown
 	e.mu.Unlock()
+}
+
+// jobOfSandbox finds the job a sandbox belongs to: the one that recorded
+// it, else the one it was made for; nil if neither exists.
+func (e *Engine) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*delegate.Job, error) {
+	jobs, _, err := e.store.ListJobs(ctx, delegate.JobFilter{SandboxID: sb.ID, Limit: 1})
+	if err != nil {
+		return nil, err
+	}
+	if len(jobs) == 1 {
+		return jobs[0], nil
+	}
+	if sb.JobID == "" {
+		return nil, nil
+	}
+	job, err := e.store.GetJob(ctx, sb.JobID)
+	if errors.Is(err, delegate.ErrNotFound) {
+		return nil, nil
+	}
+	return job, err
 }

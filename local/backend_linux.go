@@ -355,20 +355,22 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, erro
 }
 
 // List implements sandbox.Backend.
-func (b *Backend) List(ctx context.Context) ([]string, error) {
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	ents, err := os.ReadDir(b.dir)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var ids []string
+	var out []sandbox.Info
 	for _, e := range ents {
 		if e.IsDir() && idPattern.MatchString(e.Name()) && !b.creating[e.Name()] {
-			ids = append(ids, e.Name())
+			var st sandboxState
+			readJSON(filepath.Join(b.dir, e.Name(), fileState), &st) // no state: no job to name
+			out = append(out, sandbox.Info{ID: e.Name(), JobID: st.JobID})
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 // Destroy implements sandbox.Backend.

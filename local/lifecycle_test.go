@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -113,8 +112,13 @@ func TestRecover(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids, err := b2.List(ctx)
-		if err != nil || !slices.Contains(ids, id) {
+		if err != nil || !listed(ids, id) {
 			t.Fatalf("List = %v, %v; want %s in it", ids, err, id)
+		}
+		for _, in := range ids {
+			if in.ID == id && in.JobID != defaultSpec().JobID {
+				t.Fatalf("List names job %q for %s, want %q", in.JobID, id, defaultSpec().JobID)
+			}
 		}
 		sb2, err := b2.Recover(ctx, id)
 		if err != nil {
@@ -207,7 +211,7 @@ func assertNoTrace(t *testing.T, b *Backend, id string, st sandboxState) {
 		t.Errorf("sandbox directory left (%v)", err)
 	}
 	ids, err := b.List(context.Background())
-	if err != nil || slices.Contains(ids, id) {
+	if err != nil || listed(ids, id) {
 		t.Errorf("List = %v, %v; still has %s", ids, err, id)
 	}
 }
@@ -474,11 +478,11 @@ func TestListHidesSandboxesBeingCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.creating[id] = true
-	if ids, _ := b.List(context.Background()); slices.Contains(ids, id) {
+	if ids, _ := b.List(context.Background()); listed(ids, id) {
 		t.Errorf("List shows a sandbox being created: %v", ids)
 	}
 	delete(b.creating, id)
-	if ids, _ := b.List(context.Background()); !slices.Contains(ids, id) {
+	if ids, _ := b.List(context.Background()); !listed(ids, id) {
 		t.Errorf("List = %v, want %s", ids, id)
 	}
 	if err := b.Destroy(context.Background(), id); err != nil {

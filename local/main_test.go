@@ -295,3 +295,13 @@ func wantContains(t testing.TB, out string, want ...string) {
 		}
 	}
 }
+
+// listed reports whether List's result has the sandbox id.
+func listed(infos []sandbox.Info, id string) bool {
+	for _, in := range infos {
+		if in.ID == id {
+			return true
+		}
+	}
+	return false
+}

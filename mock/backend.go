@@ -60,14 +60,14 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, erro
 	return nil, sandbox.ErrGone
 }
 
-func (b *Backend) List(ctx context.Context) ([]string, error) {
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	ids := make([]string, 0, len(b.sandboxes))
-	for id := range b.sandboxes {
-		ids = append(ids, id)
+	out := make([]sandbox.Info, 0, len(b.sandboxes))
+	for id, sb := range b.sandboxes {
+		out = append(out, sandbox.Info{ID: id, JobID: sb.Spec.JobID})
 	}
-	return ids, nil
+	return out, nil
 }
 
 func (b *Backend) Destroy(ctx context.Context, id string) error {

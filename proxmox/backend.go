@@ -411,19 +411,29 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, erro
 	return &vmSandbox{b: b, vmid: vmid, node: r.Node}, nil
 }
 
-// List implements sandbox.Backend: every VM tagged delegate.
-func (b *Backend) List(ctx context.Context) ([]string, error) {
+// List implements sandbox.Backend: every VM tagged delegate, with the
+// job named by its other tag. A VM whose clone task still runs has no
+// tags yet: it is left out, since its Create is still at work.
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
 	}
-	var ids []string
+	var out []sandbox.Info
 	for _, r := range resources {
-		if r.Type == "qemu" && !bool(r.Template) && slices.Contains(r.TagList(), Tag) {
-			ids = append(ids, sandboxID(int(r.VMID)))
+		tags := r.TagList()
+		if r.Type != "qemu" || bool(r.Template) || !slices.Contains(tags, Tag) {
+			continue
 		}
+		info := sandbox.Info{ID: sandboxID(int(r.VMID))}
+		for _, t := range tags {
+			if strings.HasPrefix(t, "job-") {
+				info.JobID = t
+			}
+		}
+		out = append(out, info)
 	}
-	return ids, nil
+	return out, nil
 }
 
 // Destroy implements sandbox.Backend.

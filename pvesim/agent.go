@@ -1,7 +1,6 @@
 package pvesim
 
 import (
-	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -57,15 +56,13 @@ func (c *call) agentErr(err error, vmid int, cmd string) error {
 	return dieErr("VM %d qmp command 'guest-%s' failed - %v", vmid, cmd, err)
 }
 
-func (c *call) ctx() context.Context { return c.r.Context() }
-
 // POST .../agent/ping
 func hAgentPing(c *call) (any, error) {
 	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}
-	if err := a.ping(c.ctx(), 3*time.Second); err != nil {
+	if err := a.ping(c.ctx, 3*time.Second); err != nil {
 		if errors.Is(err, errAgentTimeout) {
 			return nil, dieErr("QEMU guest agent is not running")
 		}
@@ -107,7 +104,7 @@ func hAgentExec(c *call) (any, error) {
 			}
 		}
 	}
-	pid, err := a.exec(c.ctx(), argv, input)
+	pid, err := a.exec(c.ctx, argv, input)
 	if err != nil {
 		return nil, c.agentErr(err, vmid, "exec")
 	}
@@ -121,7 +118,7 @@ func hAgentExecStatus(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := a.execStatus(c.ctx(), c.int("pid"))
+	st, err := a.execStatus(c.ctx, c.int("pid"))
 	if err != nil {
 		return nil, c.agentErr(err, vmid, "exec-status")
 	}
@@ -175,7 +172,7 @@ func hAgentFileWrite(c *call) (any, error) {
 			return nil, dieErr("Agent error: Base64 data is not valid")
 		}
 	}
-	if err := a.fileWrite(c.ctx(), c.str("file"), data); err != nil {
+	if err := a.fileWrite(c.ctx, c.str("file"), data); err != nil {
 		return nil, c.agentErr(err, vmid, "file-write")
 	}
 	return nil, nil
@@ -193,7 +190,7 @@ func hAgentFileRead(c *call) (any, error) {
 		return nil, err
 	}
 	count := int64(c.intOr("count", maxFileRead))
-	data, err := a.fileRead(c.ctx(), c.str("file"), int64(c.intOr("offset", 0)), count)
+	data, err := a.fileRead(c.ctx, c.str("file"), int64(c.intOr("offset", 0)), count)
 	if err != nil {
 		return nil, c.agentErr(err, vmid, "file-read")
 	}

@@ -58,15 +58,19 @@ func newSim(t *testing.T, opts Options) *sim {
 	return &sim{Server: s, c: newClient(t, s, "root@pam", "delegate", testTokenSecret)}
 }
 
-func newClient(t *testing.T, s *Server, user, token, secret string) *pve.Client {
+func newClient(t *testing.T, s *Server, user, token, secret string, tune ...func(*pve.Config)) *pve.Client {
 	t.Helper()
 	u, _ := url.Parse(s.URL())
 	port, _ := strconv.Atoi(u.Port())
-	c, err := pve.New(pve.Config{
+	cfg := pve.Config{
 		Host: u.Hostname(), Port: port, User: user, TokenName: token, TokenValue: secret,
 		SSLMode: pve.SSLVerify, Fingerprint: s.Fingerprint(),
 		TaskPollInterval: 10 * time.Millisecond, RetryDelay: 10 * time.Millisecond, RateLimit: -1,
-	})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	c, err := pve.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,9 +118,8 @@ func (s *sim) raw(t *testing.T, method, path, auth, ct, body string) rawResponse
 		req.Header.Set("Content-Type", ct)
 	}
 	req.Header.Set("Connection", "close")
-	if err := req.Write(conn); err != nil {
-		t.Fatal(err)
-	}
+	// The server may answer (and stop reading) before the body is sent.
+	go req.Write(conn)
 	data, err := io.ReadAll(conn)
 	if err != nil && !isClosed(err) {
 		t.Fatal(err)

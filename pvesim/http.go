@@ -2,6 +2,7 @@ package pvesim
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +49,7 @@ var splitAbsURI = regexp.MustCompile(`^/api2/+([a-z][a-z0-9]+)(/.*)?$`)
 type call struct {
 	s      *Server
 	r      *http.Request
+	ctx    context.Context // ends with the request or the simulator
 	m      *Method
 	params Params // merged and validated
 	token  Token
@@ -170,7 +172,17 @@ func writeError(w http.ResponseWriter, code int, reason, contentType string, bod
 	out.WriteString("\r\n")
 	out.Write(body)
 	buf.Writer.Write(out.Bytes())
-	buf.Writer.Flush()
+	if buf.Writer.Flush() != nil {
+		return
+	}
+	// Close gracefully: a client may still be sending a body we did not
+	// read (one too large, say), and closing with unread data resets the
+	// connection, which can destroy the answer before the client reads it.
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	io.Copy(io.Discard, io.LimitReader(buf.Reader, 2*maxPost))
 }
 
 // serve runs the checks in pveproxy's order and then the handler.
@@ -240,7 +252,11 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	if h == nil {
 		return nil, nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("Method '%s %s' not implemented", r.Method, rel)}
 	}
-	c := &call{s: s, r: r, m: meth, params: merged, token: tok}
+	// Guest work (agent calls) must not outlive the simulator.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	c := &call{s: s, r: r, ctx: ctx, m: meth, params: merged, token: tok}
 	data, err := h(c)
 	return data, c, err
 }

@@ -68,8 +68,9 @@ func DefaultNodes(n int) []NodeSpec {
 
 // Faults are the failures the simulator injects on purpose.
 type Faults struct {
-	// ErrorRate is the share (0..1) of authenticated API requests that
-	// fail with a 500 before they are acted upon.
+	// ErrorRate is the share (0..1) of requests (authenticated, to a
+	// method the simulator serves) answered with a 500 "pvesim: injected
+	// fault" before anything is checked or done.
 	ErrorRate float64
 	// TaskFailures makes every task of a type (qmclone, qmstart, ...) fail
 	// with that exit status instead of doing its work.

@@ -211,16 +211,14 @@ func hTaskLog(c *call) (any, error) {
 		return nil, err
 	}
 	start, limit := c.intOr("start", 0), c.intOr("limit", 50)
+	log := t.log
+	if len(log) == 0 {
+		log = []string{"no content"} // what PVE shows for an empty log
+	}
 	lines := []map[string]any{}
-	for i := start; i < len(t.log) && i < start+limit; i++ {
-		lines = append(lines, map[string]any{"n": i + 1, "t": t.log[i]})
+	for i := start; i < len(log) && i < start+limit; i++ {
+		lines = append(lines, map[string]any{"n": i + 1, "t": log[i]})
 	}
-	if len(t.log) == 0 || start >= len(t.log) {
-		// PVE answers an empty log with one line of its own.
-		if start == 0 && len(t.log) == 0 {
-			lines = []map[string]any{{"n": 1, "t": "no content"}}
-		}
-	}
-	c.total = max(len(t.log), 1)
+	c.total = len(log)
 	return lines, nil
 }

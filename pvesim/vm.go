@@ -319,21 +319,17 @@ func uuid() string {
 }
 
 // withNewMAC gives a net device a new MAC, keeping its other options
-// (clones always get one; so does a net device set without one).
+// (clones always get one; so does a net device set without one). The
+// model is the key whose value is the MAC: "virtio=BC:24:11:..".
 func withNewMAC(net string) string {
 	parts := strings.Split(net, ",")
 	for i, p := range parts {
-		k, v, hasValue := strings.Cut(p, "=")
+		k, _, _ := strings.Cut(p, "=")
+		if k == "model" {
+			_, k, _ = strings.Cut(p, "=")
+		}
 		if isNICModel(k) {
 			parts[i] = k + "=" + randomMAC()
-			return strings.Join(parts, ",")
-		}
-		if k == "model" && hasValue {
-			parts[i] = v + "=" + randomMAC()
-			return strings.Join(parts, ",")
-		}
-		if !hasValue && isNICModel(p) {
-			parts[i] = p + "=" + randomMAC()
 			return strings.Join(parts, ",")
 		}
 	}

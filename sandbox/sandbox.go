@@ -84,9 +84,9 @@ type Backend interface {
 	// Recover finds a sandbox created earlier (perhaps by another process of
 	// this server that has died), or returns ErrGone.
 	Recover(ctx context.Context, id string) (Sandbox, error)
-	// List returns the ids of every sandbox this backend holds, so that the
-	// cleanup loop can destroy what no job owns.
-	List(ctx context.Context) ([]string, error)
+	// List returns every sandbox this backend holds, so that the cleanup
+	// loop can destroy what no job owns.
+	List(ctx context.Context) ([]Info, error)
 	// Destroy removes a sandbox by id (all its processes, files, limits).
 	// Destroying what is already gone is not an error.
 	Destroy(ctx context.Context, id string) error
@@ -134,4 +134,11 @@ const PollInterval = 100 * time.Millisecond
 type FileInfo struct {
 	Path string // absolute, inside /workspace
 	Size int64
+}
+
+// Info names a sandbox and the job it was made for (from Spec.JobID; ""
+// when the backend cannot tell).
+type Info struct {
+	ID    string
+	JobID string
 }

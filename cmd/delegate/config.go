@@ -37,6 +37,8 @@ type config struct {
 	Proxmox       pve.Config
 	ProxmoxBridge string
 	ProxmoxVLAN   int
+	// ProxmoxAgentTimeout bounds the wait for a new VM's guest agent.
+	ProxmoxAgentTimeout time.Duration
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -172,6 +174,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		c.Proxmox = pc
 		str("PROXMOX_JOB_BRIDGE", &c.ProxmoxBridge)
 		intIn("PROXMOX_JOB_VLAN", 0, 4094, &c.ProxmoxVLAN)
+		agent := 300
+		intIn("PROXMOX_AGENT_TIMEOUT", 1, 3600, &agent)
+		c.ProxmoxAgentTimeout = time.Duration(agent) * time.Second
 		if c.Defaults.VMTemplate == "" {
 			errs = append(errs, "DEFAULT_VM_TEMPLATE: must be set for the proxmox backend (a template's name or vmid)")
 		}

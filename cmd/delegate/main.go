@@ -169,7 +169,8 @@ func openBackend(ctx context.Context, cfg config, log *slog.Logger) (sandbox.Bac
 		if err != nil {
 			return nil, fmt.Errorf("proxmox backend: %w", err)
 		}
-		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Logger: log})
+		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
+			AgentTimeout: cfg.ProxmoxAgentTimeout, Logger: log})
 		if err := b.Check(ctx); err != nil {
 			return nil, fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err)
 		}

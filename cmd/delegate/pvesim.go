@@ -192,7 +192,8 @@ func cmdPveSim(ctx context.Context, cfg config, args []string, stdout, stderr io
 		{"PROXMOX_TOKEN_VALUE", secret},
 		{"PROXMOX_SSL_MODE", "verify"},
 		{"PROXMOX_FINGERPRINT", sim.Fingerprint()},
-		{"DEFAULT_VM_TEMPLATE", fmt.Sprint(*templateID)},
+		// By name: every node's template has it (the backend also takes a vmid).
+		{"DEFAULT_VM_TEMPLATE", *templateName},
 	} {
 		fmt.Fprintf(stdout, "export %s=%s\n", kv[0], shellQuote(kv[1]))
 	}

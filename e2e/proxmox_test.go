@@ -1,0 +1,212 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/pvesim"
+)
+
+// simCluster starts a Proxmox VE simulator with a template on each node
+// and returns it with the environment that points delegate at it.
+func simCluster(t *testing.T, nodes int) (*pvesim.Server, []string) {
+	t.Helper()
+	sim, err := pvesim.New(pvesim.Options{
+		Nodes:            pvesim.DefaultNodes(nodes),
+		TaskDelay:        30 * time.Millisecond,
+		BootDelay:        300 * time.Millisecond,
+		AuthFailureDelay: -1,
+		SandboxDir:       t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	secret := fmt.Sprintf("%x", rand.Uint64())
+	if err := sim.AddToken(pvesim.Token{ID: "delegate@pve!e2e", Secret: secret, Privileges: pvesim.RoleAdministrator}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range nodes {
+		if err := sim.AddTemplate(fmt.Sprintf("pve%d", i+1), 9000+i, "debian-job", pvesim.TemplateSpec{Tags: "template"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
+	return sim, []string{
+		"DELEGATE_BACKEND=proxmox", "PROXMOX_HOST=" + host, "PROXMOX_PORT=" + port,
+		"PROXMOX_USER=delegate@pve", "PROXMOX_TOKEN_NAME=e2e", "PROXMOX_TOKEN_VALUE=" + secret,
+		"PROXMOX_SSL_MODE=verify", "PROXMOX_FINGERPRINT=" + sim.Fingerprint(), "DEFAULT_VM_TEMPLATE=debian-job",
+		"DEFAULT_MEMORY=512M", "DEFAULT_DISK=1G", "CLEANUP_INTERVAL_SECONDS=1",
+	}
+}
+
+// jobVMs counts the simulator's VMs that are not templates.
+func jobVMs(sim *pvesim.Server) []pvesim.VM {
+	var out []pvesim.VM
+	for _, v := range sim.VMs() {
+		if !v.Template {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func noVMsLeft(t *testing.T, sim *pvesim.Server) {
+	t.Helper()
+	for range 200 {
+		if len(jobVMs(sim)) == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("VMs left behind: %+v", jobVMs(sim))
+}
+
+// TestProxmoxJobs: the same MCP conversation as on the local backend, with
+// every job in its own VM of a simulated cluster.
+func TestProxmoxJobs(t *testing.T) {
+	sim, env := simCluster(t, 2)
+	cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
+
+	// Success, with a file larger than one 60 KiB file-write.
+	big := make([]byte, 200_000)
+	for i := range big {
+		big[i] = byte(rand.IntN(256))
+	}
+	sum := sha256.Sum256(big)
+	ok := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "statusMode": "streaming",
+		"files":     []map[string]any{{"path": "data/big.bin", "content": base64.StdEncoding.EncodeToString(big)}},
+		"artifacts": []string{"out/*"},
+		"task": `sha256sum data/big.bin | cut -d' ' -f1; echo "hashing" > "$DELEGATE_STATUS_FILE"
+			mkdir -p out; echo result > out/r.txt
+			for i in 1 2 3; do echo "tick $i"; sleep 0.5; done`}})
+	var followed strings.Builder
+	cursor, sawRunning := "", false
+	for range 300 {
+		l := call[logsOut](t, cs, "get_job_logs", map[string]any{"job_id": ok.JobID, "cursor": cursor})
+		followed.WriteString(l.Output)
+		sawRunning = sawRunning || (l.Output != "" && l.Status == "running")
+		cursor = l.NextCursor
+		if l.Done {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	want := hex.EncodeToString(sum[:]) + "\ntick 1\ntick 2\ntick 3\n"
+	if followed.String() != want || !sawRunning {
+		t.Fatalf("streamed %q (while running: %v), want %q", followed.String(), sawRunning, want)
+	}
+	res := call[struct {
+		Status    string `json:"status"`
+		Artifacts []struct {
+			Name string `json:"name"`
+		} `json:"artifacts"`
+	}](t, cs, "get_job_result", map[string]any{"job_id": ok.JobID})
+	if res.Status != "success" || len(res.Artifacts) != 1 || res.Artifacts[0].Name != "out/r.txt" {
+		t.Fatalf("result %+v", res)
+	}
+
+	// Failure, timeout, cancel.
+	fail := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "echo no >&2; exit 7"}})
+	slow := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "sleep 300", "timeout": 2}})
+	cancel := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "sleep 300"}})
+	waitFor(t, cs, cancel.JobID, "running")
+	call[struct{}](t, cs, "cancel_job", map[string]any{"job_id": cancel.JobID})
+	for id, want := range map[string]string{fail.JobID: "exit code 7", slow.JobID: "timed out after 2s", cancel.JobID: "cancelled by request"} {
+		st := call[statusOut](t, cs, "wait_job", map[string]any{"job_id": id, "timeout_seconds": 50})
+		if !strings.Contains(st.Error, want) {
+			t.Errorf("job %s: %+v, want %q", id, st, want)
+		}
+	}
+	noVMsLeft(t, sim)
+
+	// Every request the backend sent was one the real API accepts.
+	schema := sim.Schema()
+	for _, r := range sim.Requests() {
+		if _, _, err := schema.Validate(r.Method, r.Path, r.Params); err != nil {
+			t.Errorf("%s %s %v: %v", r.Method, r.Path, r.Params, err)
+		}
+	}
+}
+
+// TestProxmoxNoNetwork: a job that asks for no network gets a VM without
+// a NIC, and still runs (everything goes through the guest agent).
+func TestProxmoxNoNetwork(t *testing.T) {
+	sim, env := simCluster(t, 1)
+	cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
+	sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "sleep 1; echo offline ok"}})
+	waitFor(t, cs, sub.JobID, "running")
+	vms := jobVMs(sim)
+	if len(vms) != 1 {
+		t.Fatalf("%d job VMs", len(vms))
+	}
+	for k := range vms[0].Config {
+		if strings.HasPrefix(k, "net") {
+			t.Fatalf("a job without network has %s=%s", k, vms[0].Config[k])
+		}
+	}
+	if tags := vms[0].Config["tags"]; !strings.Contains(tags, "delegate") || !strings.Contains(tags, sub.JobID) {
+		t.Fatalf("tags %q", tags)
+	}
+	call[statusOut](t, cs, "wait_job", map[string]any{"job_id": sub.JobID})
+	if r := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": sub.JobID}); r.Output != "offline ok\n" {
+		t.Fatalf("%+v", r)
+	}
+	noVMsLeft(t, sim)
+}
+
+// TestProxmoxFaults: with faults injected, every job still ends in a
+// terminal state with a reason, and no VM is left behind.
+func TestProxmoxFaults(t *testing.T) {
+	cases := []struct {
+		name   string
+		faults pvesim.Faults
+		want   string // in the failed job's error; "" means it may succeed
+	}{
+		{"clone task fails", pvesim.Faults{TaskFailures: map[string]string{"qmclone": "storage full"}}, "storage full"},
+		{"start task fails", pvesim.Faults{TaskFailures: map[string]string{"qmstart": "kvm: failed"}}, "kvm: failed"},
+		{"agent never up", pvesim.Faults{AgentDown: true}, "did not answer"},
+		{"random API errors", pvesim.Faults{ErrorRate: 0.05}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sim, env := simCluster(t, 1)
+			sim.SetFaults(tc.faults)
+			env = append(env, "PROXMOX_AGENT_TIMEOUT=2")
+			cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
+			var ids []string
+			for range 2 {
+				ids = append(ids, call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "echo hi"}}).JobID)
+			}
+			for _, id := range ids {
+				var st statusOut
+				for range 6 {
+					if st = call[statusOut](t, cs, "wait_job", map[string]any{"job_id": id}); st.Status != "running" && st.Status != "pending" && st.Status != "provisioning" {
+						break
+					}
+				}
+				switch {
+				case st.Status == "success" && tc.want == "":
+				case st.Status == "failed" && st.Error != "" && strings.Contains(st.Error, tc.want):
+				default:
+					t.Errorf("job %s: %+v, want failed with %q", id, st, tc.want)
+				}
+			}
+			sim.SetFaults(pvesim.Faults{}) // the cleanup must be able to work
+			noVMsLeft(t, sim)
+		})
+	}
+}
+

@@ -1,0 +1,106 @@
+package pve
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	base := map[string]string{
+		"PROXMOX_HOST":        "pve.example.com",
+		"PROXMOX_USER":        "delegate@pve",
+		"PROXMOX_TOKEN_NAME":  "ci",
+		"PROXMOX_TOKEN_VALUE": "8d3f1c2e-0000-4000-8000-000000000000",
+	}
+	tests := []struct {
+		name    string
+		env     map[string]string // merged over base; "" deletes
+		wantErr []string          // variables the error must name
+		check   func(t *testing.T, c Config)
+	}{
+		{name: "minimal", check: func(t *testing.T, c Config) {
+			if c.Host != "pve.example.com" || c.User != "delegate@pve" || c.TokenName != "ci" || c.SSLMode != "" {
+				t.Errorf("%+v", c)
+			}
+			cc, err := c.withDefaults()
+			if err != nil || cc.Port != 8006 || cc.SSLMode != SSLStrict || cc.RetryAttempts != 3 || cc.Timeout != 30*time.Second {
+				t.Errorf("defaults: %+v %v", cc, err)
+			}
+		}},
+		{name: "everything", env: map[string]string{
+			"PROXMOX_PORT": "443", "PROXMOX_SSL_MODE": "verify", "PROXMOX_FINGERPRINT": strings.Repeat("ab:", 31) + "ab",
+			"PROXMOX_TIMEOUT": "45s", "PROXMOX_RETRY_ATTEMPTS": "5", "PROXMOX_RETRY_DELAY": "0.5",
+		}, check: func(t *testing.T, c Config) {
+			if c.Port != 443 || c.SSLMode != SSLVerify || c.Timeout != 45*time.Second || c.RetryAttempts != 5 || c.RetryDelay != 500*time.Millisecond {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{name: "no retries", env: map[string]string{"PROXMOX_RETRY_ATTEMPTS": "0"}, check: func(t *testing.T, c Config) {
+			if cc, _ := c.withDefaults(); cc.RetryAttempts != 0 {
+				t.Errorf("retries %d", cc.RetryAttempts)
+			}
+		}},
+		{name: "missing", env: map[string]string{"PROXMOX_HOST": "", "PROXMOX_TOKEN_VALUE": ""},
+			wantErr: []string{"PROXMOX_HOST: must be set", "PROXMOX_TOKEN_VALUE: must be set"}},
+		{name: "bad values", env: map[string]string{
+			"PROXMOX_PORT": "80000", "PROXMOX_SSL_MODE": "loose", "PROXMOX_TIMEOUT": "soon",
+			"PROXMOX_RETRY_ATTEMPTS": "-1", "PROXMOX_RETRY_DELAY": "-2s", "PROXMOX_FINGERPRINT": "12:34",
+		}, wantErr: []string{"PROXMOX_PORT", "PROXMOX_SSL_MODE", "PROXMOX_TIMEOUT", "PROXMOX_RETRY_ATTEMPTS", "PROXMOX_RETRY_DELAY", "PROXMOX_FINGERPRINT"}},
+		{name: "verify without CA or pin", env: map[string]string{"PROXMOX_SSL_MODE": "verify"}, wantErr: []string{"PROXMOX_SSL_MODE"}},
+		{name: "user without realm", env: map[string]string{"PROXMOX_USER": "delegate"}, wantErr: []string{"PROXMOX_USER"}},
+		{name: "token name with user", env: map[string]string{"PROXMOX_TOKEN_NAME": "delegate@pve!ci"}, wantErr: []string{"PROXMOX_TOKEN_NAME"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			c, err := ConfigFromEnv(func(k string) string { return env[k] })
+			if len(tt.wantErr) > 0 {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error does not name %s:\n%v", w, err)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestNewChecksConfig(t *testing.T) {
+	good := Config{Host: "h", User: "u@pve", TokenName: "tok", TokenValue: "v"}
+	if _, err := New(good); err != nil {
+		t.Fatal(err)
+	}
+	tests := []func(*Config){
+		func(c *Config) { c.Host = "" },
+		func(c *Config) { c.User = "root" },
+		func(c *Config) { c.TokenName = "" },
+		func(c *Config) { c.TokenValue = "" },
+		func(c *Config) { c.SSLMode = "yes" },
+		func(c *Config) { c.SSLMode = SSLVerify },
+		func(c *Config) { c.SSLMode, c.Fingerprint = SSLVerify, "zz" },
+		func(c *Config) { c.SSLMode, c.CAFile = SSLVerify, "/nonexistent/ca.pem" },
+		func(c *Config) { c.Port = 70000 },
+	}
+	for i, mod := range tests {
+		c := good
+		mod(&c)
+		if _, err := New(c); err == nil {
+			t.Errorf("case %d: %+v accepted", i, c)
+		}
+	}
+}

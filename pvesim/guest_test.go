@@ -1,0 +1,71 @@
+package pvesim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestOutputLimits: exec output beyond 16 MiB is cut and flagged; a
+// file read stops at count and says so (also when it reached the end).
+func TestOutputLimits(t *testing.T) {
+	s := newSim(t, Options{})
+	id := cloneAndBoot(t, s, 101, nil)
+	es := run(t, s, id, "/bin/sh", "-c", "head -c 17000000 /dev/zero | tr '\\0' x; echo done >&2")
+	if len(es.Stdout) != maxExecOutput || !es.StdoutTruncated || string(es.Stderr) != "done\n" || es.StderrTruncated {
+		t.Errorf("stdout %d bytes, truncated %v; stderr %q", len(es.Stdout), es.StdoutTruncated, es.Stderr)
+	}
+	if err := s.c.AgentFileWrite(ctxT(t), "pve1", id, "/tmp/ten", []byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		query     string
+		content   string
+		truncated bool
+	}{
+		{"", "0123456789", false},
+		{"&count=4", "0123", true},
+		{"&count=10", "0123456789", true}, // PVE cannot tell it reached the end
+		{"&count=11", "0123456789", false},
+		{"&offset=8", "89", false},
+	} {
+		r := s.raw(t, "GET", fmt.Sprintf("/api2/json/nodes/pve1/qemu/%d/agent/file-read?file=/tmp/ten%s", id, tt.query), "", "", "")
+		data, _ := r.Body["data"].(map[string]any)
+		if data["content"] != tt.content || (data["truncated"] == float64(1)) != tt.truncated || data["bytes-read"] != float64(len(tt.content)) {
+			t.Errorf("%s: %d %v", tt.query, r.Status, r.Body)
+		}
+	}
+	r := s.raw(t, "GET", fmt.Sprintf("/api2/json/nodes/pve1/qemu/%d/agent/file-read?file=/tmp/ten&decode=0", id), "", "", "")
+	if r.Body["data"].(map[string]any)["content"] != "MDEyMzQ1Njc4OQ==" {
+		t.Errorf("decode=0: %v", r.Body)
+	}
+	// encode=1 reads characters as bytes; a wider character fails like
+	// Perl's encode_base64.
+	r = s.raw(t, "POST", fmt.Sprintf("/api2/json/nodes/pve1/qemu/%d/agent/file-write", id), "", "application/json", `{"file":"/tmp/w","content":"€"}`)
+	if r.Status != 500 || r.Reason != "Wide character in subroutine entry" {
+		t.Errorf("wide character: %d %s", r.Status, r.Reason)
+	}
+}
+
+// TestCloseStopsGuests: closing the simulator leaves no guest behind.
+func TestCloseStopsGuests(t *testing.T) {
+	s := newSim(t, Options{})
+	id := cloneAndBoot(t, s, 101, nil)
+	marker := "sleep 4343." + strings.Repeat("7", 3)
+	if _, err := s.c.AgentExec(ctxT(t), "pve1", id, []string{"/bin/sh", "-c", "exec " + marker}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command", func() bool { return processRunning(marker) })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command to die", func() bool { return !processRunning(marker) })
+	assertNoGuests(t, s)
+	if _, err := s.c.Version(context.Background()); err == nil {
+		t.Error("still serving")
+	}
+	if vm, _ := s.VM(id); vm.Status != "stopped" {
+		t.Errorf("status %s", vm.Status)
+	}
+}

@@ -1,0 +1,174 @@
+package pvesim
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// GET .../status/current
+func hStatusCurrent(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err != nil {
+		return nil, err
+	}
+	res := map[string]any{
+		"vmid": v.vmid, "status": v.status, "qmpstatus": v.status, "cpus": v.vcpus(),
+		"maxmem": v.memoryMiB() << 20, "mem": 0, "maxdisk": v.maxDisk(), "disk": 0, "cpu": 0,
+		"uptime": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
+		"ha": map[string]any{"managed": 0},
+	}
+	if name := v.conf["name"]; name != "" {
+		res["name"] = name
+	}
+	if l := v.conf["lock"]; l != "" {
+		res["lock"] = l
+	}
+	if t := v.conf["tags"]; t != "" {
+		res["tags"] = t
+	}
+	if v.isTemplate() {
+		res["template"] = 1
+	}
+	if v.agentEnabled() {
+		res["agent"] = 1
+	}
+	if v.status == "running" {
+		res["pid"] = v.pid
+		res["uptime"] = int64(time.Since(v.started).Seconds())
+		res["mem"] = v.runMem * 2 / 5
+		res["cpu"] = 0.02
+		res["running-qemu"] = "9.2.0"
+		res["running-machine"] = "pc-i440fx-9.2+pve1"
+	}
+	return res, nil
+}
+
+// POST .../status/start: a qmstart task. "Already running", templates,
+// locks and a node without room fail the task, not the request.
+func hStart(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err == nil {
+		err = c.noSkiplock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	vmid, node := v.vmid, v.node
+	return s.startTask(c, node, "qmstart", strconv.Itoa(vmid), func(t *task) error {
+		return s.startVM(t, vmid, node)
+	}, nil), nil
+}
+
+// startVM is the start task's work.
+func (s *Server) startVM(t *task, vmid int, node string) error {
+	s.mu.Lock()
+	v, ok := s.vms[vmid]
+	if !ok || v.node != node {
+		s.mu.Unlock()
+		return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+	}
+	err := func() error {
+		if v.clones > 0 {
+			return lockTimeout(vmid)
+		}
+		if err := v.checkLock(); err != nil {
+			return err
+		}
+		if v.isTemplate() {
+			return errors.New("you can't start a vm if it's a template")
+		}
+		if v.status == "running" {
+			return fmt.Errorf("VM %d already running", vmid)
+		}
+		n := s.node(node)
+		if cpus := v.vcpus(); cpus > n.cpus {
+			return fmt.Errorf("MAX %d vcpus allowed per VM on this node", n.cpus)
+		}
+		for _, k := range slices.Sorted(maps.Keys(v.conf)) {
+			if b := netBridge(v.conf[k]); strings.HasPrefix(k, "net") && b != "" && b != "vmbr0" {
+				return fmt.Errorf("bridge '%s' does not exist", b)
+			}
+		}
+		used, _ := s.nodeUsage(node)
+		need := v.memoryMiB() << 20
+		if hostMemBase+used+need > n.mem {
+			// What KVM says when the host cannot give the guest its RAM.
+			t.logf("kvm: cannot set up guest memory 'pc.ram': Cannot allocate memory")
+			return errors.New("start failed: QEMU exited with code 1")
+		}
+		return nil
+	}()
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.pidSeq += 1 + s.rng.IntN(7)
+	v.status, v.started, v.pid = "running", time.Now(), s.pidSeq
+	v.runMem, v.runCPUs = v.memoryMiB()<<20, v.vcpus()
+	cpus, mem, disk, rootfs := v.runCPUs, v.runMem, v.maxDisk(), v.rootfs
+	s.mu.Unlock()
+
+	g, err := s.boot(s.ctx, vmid, cpus, mem, disk, rootfs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if s.vms[vmid] == v && v.guest == nil {
+			s.halt(v)
+		}
+		return fmt.Errorf("start failed: %v", err)
+	}
+	if s.vms[vmid] != v || v.status != "running" || v.guest != nil || s.closed {
+		// Stopped (or the simulator closed) while it was starting.
+		go s.destroyGuest(g)
+		return nil
+	}
+	v.guest = g
+	return nil
+}
+
+// stopVM is POST .../status/stop and .../status/shutdown: the VM stops
+// at the end of the task, and everything running in it dies.
+func stopVM(c *call, typ string) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err == nil {
+		err = c.noSkiplock()
+	}
+	if err != nil {
+		return nil, err
+	}
+	vmid, node := v.vmid, v.node
+	return s.startTask(c, node, typ, strconv.Itoa(vmid), func(t *task) error {
+		s.mu.Lock()
+		v, ok := s.vms[vmid]
+		if !ok || v.node != node {
+			s.mu.Unlock()
+			return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+		}
+		if err := v.checkLock(); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		if v.status != "running" {
+			s.mu.Unlock()
+			return nil
+		}
+		g := s.halt(v)
+		s.mu.Unlock()
+		s.destroyGuest(g)
+		return nil
+	}, nil), nil
+}
