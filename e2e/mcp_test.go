@@ -63,7 +63,7 @@ func TestToolsList(t *testing.T) {
 			t.Errorf("%s: annotations not set explicitly: %+v", tool.Name, a)
 		}
 	}
-	for _, want := range []string{"submit_job", "get_job_status", "get_job_result", "cancel_job", "list_jobs", "wait_job"} {
+	for _, want := range []string{"submit_job", "get_job_status", "get_job_result", "cancel_job", "list_jobs", "wait_job", "get_job_logs", "release_job"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("tool %s missing from %v", want, names)
 		}

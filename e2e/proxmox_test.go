@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
 )
 
@@ -210,3 +212,120 @@ func TestProxmoxFaults(t *testing.T) {
 	}
 }
 
+
+// TestProxmoxLifecycle: a persistent VM is kept and listed until
+// release_job; after a SIGKILL of the server the next one re-attaches to
+// the running job's VM; a tagged VM that belongs to no job is destroyed by
+// the cleanup loop; an offline node is avoided.
+func TestProxmoxLifecycle(t *testing.T) {
+	sim, env := simCluster(t, 2)
+	dataDir := t.TempDir()
+	cs, cmd, _ := stdioSession(t, dataDir, "", env...)
+
+	keep := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "echo kept > state.txt", "lifecycle": "persistent"}})
+	call[statusOut](t, cs, "wait_job", map[string]any{"job_id": keep.JobID})
+	time.Sleep(1500 * time.Millisecond) // a cleanup sweep or two
+	if vms := jobVMs(sim); len(vms) != 1 || vms[0].Status != "running" {
+		t.Fatalf("persistent VM: %+v", vms)
+	}
+	list := call[struct {
+		Jobs []struct {
+			JobID       string `json:"job_id"`
+			SandboxKept bool   `json:"sandbox_kept"`
+		} `json:"jobs"`
+	}](t, cs, "list_jobs", map[string]any{})
+	if len(list.Jobs) != 1 || !list.Jobs[0].SandboxKept {
+		t.Fatalf("list: %+v", list)
+	}
+	rel := call[struct {
+		Released bool `json:"released"`
+	}](t, cs, "release_job", map[string]any{"job_id": keep.JobID})
+	if !rel.Released || len(jobVMs(sim)) != 0 {
+		t.Fatalf("release: %+v, VMs %+v", rel, jobVMs(sim))
+	}
+	if again := call[struct {
+		Released bool `json:"released"`
+	}](t, cs, "release_job", map[string]any{"job_id": keep.JobID}); again.Released {
+		t.Fatal("released twice")
+	}
+
+	// Restart: the server dies while a job runs in its VM.
+	long := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "echo before; sleep 3; echo after; exit 5"}})
+	waitFor(t, cs, long.JobID, "running")
+	cmd.Process.Kill()
+	cmd.Wait()
+	// Meanwhile a VM tagged for a job nobody knows appears (a leftover).
+	cloneGhost(t, sim)
+
+	cs2, _, _ := stdioSession(t, dataDir, "", env...)
+	st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": long.JobID, "timeout_seconds": 50})
+	res := call[resultOut](t, cs2, "get_job_result", map[string]any{"job_id": long.JobID})
+	if st.Status != "failed" || res.ExitCode == nil || *res.ExitCode != 5 || res.Output != "before\nafter\n" {
+		t.Fatalf("re-attached job: %+v %q", res, res.Output)
+	}
+	// With pve1 offline, a new job lands on pve2.
+	sim.SetNodeOnline("pve1", false)
+	other := call[submitOut](t, cs2, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "sleep 1; echo moved"}})
+	waitFor(t, cs2, other.JobID, "running")
+	placed := false
+	for _, v := range jobVMs(sim) {
+		if strings.Contains(v.Config["tags"], other.JobID) {
+			placed = true
+			if v.Node != "pve2" {
+				t.Errorf("VM %d placed on %s while pve1 is offline", v.VMID, v.Node)
+			}
+		}
+	}
+	if !placed {
+		t.Errorf("no VM for job %s among %+v", other.JobID, jobVMs(sim))
+	}
+	if st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": other.JobID}); st.Status != "success" {
+		t.Fatalf("job on pve2: %+v", st)
+	}
+	sim.SetNodeOnline("pve1", true)
+	noVMsLeft(t, sim) // the ghost too
+}
+
+// cloneGhost makes a running VM tagged as delegate's for a job that does
+// not exist, through the simulator's API as a stray process would.
+func cloneGhost(t *testing.T, sim *pvesim.Server) {
+	t.Helper()
+	c := simClient(t, sim)
+	ctx := testContext(t)
+	vmid, err := c.NextID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upid, err := c.CloneVM(ctx, "pve2", 9001, pve.CloneOptions{NewID: vmid, Name: "ghost"})
+	if err == nil {
+		err = c.WaitTask(ctx, "pve2", upid)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	upid, err = c.SetVMConfigAsync(ctx, "pve2", vmid, pve.VMConfigUpdate{Tags: []string{"delegate", "job-ghost"}})
+	if err == nil {
+		err = c.WaitTask(ctx, "pve2", upid)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func simClient(t *testing.T, sim *pvesim.Server) *pve.Client {
+	t.Helper()
+	secret := "ghost-secret"
+	if err := sim.AddToken(pvesim.Token{ID: "ghost@pve!stray", Secret: secret, Privileges: pvesim.RoleAdministrator}); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
+	p, _ := strconv.Atoi(port)
+	c, err := pve.New(pve.Config{Host: host, Port: p, User: "ghost@pve", TokenName: "stray", TokenValue: secret,
+		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -388,3 +388,34 @@ func newJobID() string {
 
 // OutputLimit is how many bytes of a job's output are kept.
 func (e *Engine) OutputLimit() int64 { return e.cfg.OutputLimit }
+
+// Release destroys the sandbox a persistent job kept. It returns the job
+// and whether this call destroyed something (false: already released).
+func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, error) {
+	j, err := e.store.GetJob(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	if j.Manifest.Lifecycle != delegate.LifecyclePersistent {
+		return j, false, fmt.Errorf("job %s is ephemeral: its sandbox is destroyed when it ends: %w", id, delegate.ErrInvalid)
+	}
+	if !j.Status.Terminal() {
+		return j, false, fmt.Errorf("job %s is %s: %w; cancel_job it first, or wait for it to end", id, j.Status, delegate.ErrNotFinished)
+	}
+	if j.SandboxID == "" {
+		return j, false, nil
+	}
+	if err := e.backend.Destroy(ctx, j.SandboxID); err != nil {
+		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
+	}
+	j, err = e.update(ctx, id, func(j *delegate.Job) error {
+		j.SandboxID, j.ExecID = "", ""
+		j.Progress = "sandbox released"
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	e.log.Info("released sandbox", "job", id)
+	return j, true, nil
+}

@@ -133,8 +133,10 @@ func (e *Engine) sweep(ctx context.Context) {
 			continue
 		}
 		switch {
-		case job != nil && (!job.Status.Terminal() || job.Manifest.Lifecycle == delegate.LifecyclePersistent):
+		case job != nil && !job.Status.Terminal():
 			continue
+		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID:
+			continue // kept until release_job
 		case job == nil:
 			unknown[sb.ID] = struct{}{}
 			e.mu.Lock()

@@ -84,6 +84,12 @@ func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server 
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
 	mcp.AddTool(s, &mcp.Tool{
+		Name:         "release_job",
+		Description:  "Destroy the sandbox a finished job with lifecycle persistent kept.",
+		Annotations:  annotations(false, true, true),
+		OutputSchema: outputSchema[ReleaseOut](),
+	}, h.release)
+	mcp.AddTool(s, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs newest first, optionally only one status; pass next_cursor back as cursor for the next page.",
 		InputSchema:  compact(listSchema(), false),
@@ -348,6 +354,20 @@ func (h *handlers) cancel(ctx context.Context, _ *mcp.CallToolRequest, in JobIn)
 	return nil, CancelOut{JobID: j.ID, Status: j.Status, Cancelled: cancelled}, nil
 }
 
+// ReleaseOut says what release_job did.
+type ReleaseOut struct {
+	JobID    string `json:"job_id"`
+	Released bool   `json:"released" jsonschema:"false when it was already released"`
+}
+
+func (h *handlers) release(ctx context.Context, _ *mcp.CallToolRequest, in JobIn) (*mcp.CallToolResult, ReleaseOut, error) {
+	j, released, err := h.eng.Release(ctx, in.JobID)
+	if err != nil {
+		return nil, ReleaseOut{}, toolError(err)
+	}
+	return nil, ReleaseOut{JobID: j.ID, Released: released}, nil
+}
+
 // ListIn is list_jobs' input.
 type ListIn struct {
 	Status delegate.Status `json:"status,omitempty"`
@@ -369,6 +389,8 @@ type JobSummary struct {
 	Task      string             `json:"task"`
 	CreatedAt time.Time          `json:"created_at"`
 	ExitCode  *int               `json:"exit_code,omitempty"`
+	// SandboxKept: a persistent job's sandbox is still there (release_job).
+	SandboxKept bool `json:"sandbox_kept,omitempty"`
 }
 
 func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in ListIn) (*mcp.CallToolResult, ListOut, error) {
@@ -400,7 +422,8 @@ func List(ctx context.Context, eng *engine.Engine, in ListIn) (ListOut, error) {
 		if r := []rune(task); len(r) > 80 {
 			task = string(r[:79]) + "…"
 		}
-		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.Manifest.AgentType, Task: task, CreatedAt: j.CreatedAt, ExitCode: j.ExitCode})
+		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.Manifest.AgentType, Task: task, CreatedAt: j.CreatedAt, ExitCode: j.ExitCode,
+			SandboxKept: j.Status.Terminal() && j.Manifest.Lifecycle == delegate.LifecyclePersistent && j.SandboxID != ""})
 	}
 	return out, nil
 }

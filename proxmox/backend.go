@@ -135,12 +135,12 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
 	}
-	tpl, err := findTemplate(resources, tplName)
+	tpls, err := findTemplates(resources, tplName)
 	if err != nil {
 		return nil, err
 	}
 	memMiB := int(max(16, (spec.MemoryBytes+(1<<20)-1)>>20))
-	node, err := b.chooseNode(ctx, tpl, memMiB)
+	tpl, node, err := b.place(ctx, tpls, memMiB)
 	if err != nil {
 		return nil, err
 	}
@@ -156,11 +156,17 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	return s, nil
 }
 
-func findTemplate(resources []pve.Resource, name string) (pve.Resource, error) {
+// findTemplates finds the templates a job names (by name, which several
+// nodes may share, or by vmid).
+func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error) {
+	var out []pve.Resource
 	for _, r := range resources {
 		if r.Type == "qemu" && bool(r.Template) && (r.Name == name || strconv.Itoa(int(r.VMID)) == name) {
-			return r, nil
+			out = append(out, r)
 		}
+	}
+	if len(out) > 0 {
+		return out, nil
 	}
 	var names []string
 	for _, r := range resources {
@@ -169,38 +175,48 @@ func findTemplate(resources []pve.Resource, name string) (pve.Resource, error) {
 		}
 	}
 	sort.Strings(names)
-	return pve.Resource{}, fmt.Errorf("vmTemplate: no template %q on the cluster (templates: %s)", name, strings.Join(names, ", "))
+	return nil, fmt.Errorf("vmTemplate: no template %q on the cluster (templates: %s)", name, strings.Join(names, ", "))
 }
 
-// chooseNode picks an online node with room for the VM's memory: the
-// template's own node if it has room (a linked clone stays there), else
-// the one with the most free memory.
-func (b *Backend) chooseNode(ctx context.Context, tpl pve.Resource, memMiB int) (string, error) {
+// place picks the template to clone and the node for the VM: an online
+// node with room for its memory that holds one of the templates (a linked
+// clone, fast and thin), else the online node with the most free memory,
+// reached by a full clone from a template on an online node.
+func (b *Backend) place(ctx context.Context, tpls []pve.Resource, memMiB int) (pve.Resource, string, error) {
 	nodes, err := b.c.Nodes(ctx)
 	if err != nil {
-		return "", fmt.Errorf("proxmox: list nodes: %w", err)
+		return pve.Resource{}, "", fmt.Errorf("proxmox: list nodes: %w", err)
 	}
 	need := int64(memMiB) << 20
+	online := map[string]bool{}
 	best, bestFree := "", int64(-1)
 	for _, n := range nodes {
 		if n.Status != "online" {
 			continue
 		}
+		online[n.Node] = true
 		free := int64(n.MaxMem) - int64(n.Mem)
 		if free < need {
 			continue
 		}
-		if n.Node == tpl.Node {
-			return n.Node, nil
+		for _, t := range tpls {
+			if t.Node == n.Node {
+				return t, n.Node, nil
+			}
 		}
 		if free > bestFree {
 			best, bestFree = n.Node, free
 		}
 	}
 	if best == "" {
-		return "", fmt.Errorf("proxmox: no online node has %d MiB free for the VM (lower resources.memory or free the cluster)", memMiB)
+		return pve.Resource{}, "", fmt.Errorf("proxmox: no online node has %d MiB free for the VM (lower resources.memory or free the cluster)", memMiB)
 	}
-	return best, nil
+	for _, t := range tpls {
+		if online[t.Node] {
+			return t, best, nil
+		}
+	}
+	return pve.Resource{}, "", fmt.Errorf("vmTemplate: every node holding template %q is offline", tpls[0].Name)
 }
 
 // clone makes the VM: a linked clone on the template's node, a full clone

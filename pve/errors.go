@@ -70,7 +70,7 @@ func message(err error) (string, int) {
 }
 
 var (
-	notFoundRe = regexp.MustCompile(`^Configuration file '[^']*' does not exist$|does not exist$|^no such task$`)
+	notFoundRe = regexp.MustCompile(`^Configuration file '[^']*' does not exist$|^no such task$`)
 	lockedRe   = regexp.MustCompile(`^(?:VM|CT) is locked \(([^)]+)\)`)
 )
 

@@ -55,13 +55,8 @@ func (s *Server) dropSandbox(id string) {
 	s.mu.Unlock()
 }
 
-// destroy ends a guest: its processes die with its sandbox.
-func (g *guest) destroy(b sandbox.Backend) error {
-	return b.Destroy(context.Background(), g.sb.ID())
-}
-
-// halt takes a VM's guest away (the VM is stopped) and destroys it in the
-// background of the calling task. Call with s.mu held.
+// halt marks a VM stopped and takes its guest away; the caller destroys
+// it with destroyGuest once it released s.mu. Call with s.mu held.
 func (s *Server) halt(v *vm) *guest {
 	g := v.guest
 	v.guest = nil

@@ -48,7 +48,6 @@ var splitAbsURI = regexp.MustCompile(`^/api2/+([a-z][a-z0-9]+)(/.*)?$`)
 // call is one request on its way through the simulated API.
 type call struct {
 	s      *Server
-	r      *http.Request
 	ctx    context.Context // ends with the request or the simulator
 	m      *Method
 	params Params // merged and validated
@@ -117,6 +116,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) record(rec Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.requests) >= s.opts.MaxRequestLog {
+		// A long-running simulator (pve-sim) must not grow forever.
+		drop := max(1, s.opts.MaxRequestLog/10)
+		s.requests = append(s.requests[:0], s.requests[drop:]...)
+	}
 	s.requests = append(s.requests, rec)
 }
 
@@ -256,7 +260,7 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.ctx, cancel)()
-	c := &call{s: s, r: r, ctx: ctx, m: meth, params: merged, token: tok}
+	c := &call{s: s, ctx: ctx, m: meth, params: merged, token: tok}
 	data, err := h(c)
 	return data, c, err
 }

@@ -262,6 +262,10 @@ func assertNoGuests(t *testing.T, s *sim) {
 	if strings.Contains(string(mounts), s.opts.SandboxDir) {
 		t.Errorf("mounts left under %s", s.opts.SandboxDir)
 	}
+	// A sandbox's supervisor (the shim) names its directory.
+	if processRunning(s.opts.SandboxDir) {
+		t.Errorf("processes of %s left", s.opts.SandboxDir)
+	}
 }
 
 // processRunning looks for a host process whose command line contains s.

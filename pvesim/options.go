@@ -36,6 +36,9 @@ type Options struct {
 	// AuthFailureDelay delays every 401 like pveproxy does (3 s). Zero
 	// means the real 3 s; negative means no delay.
 	AuthFailureDelay time.Duration
+	// MaxRequestLog bounds the request log (Requests); the oldest go
+	// first. Default 100000.
+	MaxRequestLog int
 
 	// Faults to inject from the start; see SetFaults.
 	Faults Faults
@@ -170,6 +173,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.BootDelay == 0 {
 		o.BootDelay = 200 * time.Millisecond
+	}
+	if o.MaxRequestLog <= 0 {
+		o.MaxRequestLog = 100_000
 	}
 	switch {
 	case o.AuthFailureDelay == 0:

@@ -30,9 +30,11 @@ type Server struct {
 	backend sandbox.Backend
 	ownDir  string // a sandbox dir we created, removed by Close
 
-	ctx    context.Context // ends when the server closes: tasks stop
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // tasks and guest work in flight
+	ctx       context.Context // ends when the server closes: tasks stop
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // tasks and guest work in flight
+	closeOnce sync.Once
+	closeErr  error
 
 	mu       sync.Mutex
 	nodes    []*simNode
@@ -182,13 +184,15 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 // Close stops serving, ends tasks, stops every VM and removes the
-// sandboxes of their guests.
+// sandboxes of their guests. Every caller returns once that is done
+// (Start's watcher of its ctx may be closing at the same time).
 func (s *Server) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.close() })
+	return s.closeErr
+}
+
+func (s *Server) close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
@@ -200,21 +204,16 @@ func (s *Server) Close() error {
 	}
 	s.wg.Wait() // tasks and boots see s.ctx end and return
 	s.mu.Lock()
-	var guests []*guest
 	for _, v := range s.vms {
-		if v.guest != nil {
-			guests = append(guests, v.guest)
-			v.guest = nil
-			v.status = "stopped"
+		if v.status == "running" {
+			s.halt(v)
 		}
 	}
-	leftover := slices.Collect(maps.Keys(s.sandboxes))
+	// Every guest's sandbox, and any a cut-short boot left.
+	ids := slices.Collect(maps.Keys(s.sandboxes))
 	s.mu.Unlock()
-	for _, g := range guests {
-		g.destroy(s.backend)
-	}
-	for _, id := range leftover {
-		s.backend.Destroy(context.Background(), id)
+	for _, id := range ids {
+		s.dropSandbox(id)
 	}
 	if s.ownDir != "" {
 		os.RemoveAll(s.ownDir)

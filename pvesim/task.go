@@ -1,9 +1,11 @@
 package pvesim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,20 +46,12 @@ func (s *Server) Tasks() []Task {
 		out = append(out, Task{UPID: t.upid, Node: t.node, Type: t.typ, ID: t.id, Status: t.status,
 			ExitStatus: t.exitstatus, Log: append([]string(nil), t.log...)})
 	}
-	sortTasks(out)
+	slices.SortFunc(out, func(a, b Task) int {
+		ua, _ := parseUPID(a.UPID)
+		ub, _ := parseUPID(b.UPID)
+		return cmp.Or(cmp.Compare(ua.start, ub.start), cmp.Compare(ua.pid, ub.pid))
+	})
 	return out
-}
-
-func sortTasks(ts []Task) {
-	key := func(t Task) string {
-		u, _ := parseUPID(t.UPID)
-		return fmt.Sprintf("%08X%08X", u.start, u.pid)
-	}
-	for i := 1; i < len(ts); i++ {
-		for j := i; j > 0 && key(ts[j]) < key(ts[j-1]); j-- {
-			ts[j], ts[j-1] = ts[j-1], ts[j]
-		}
-	}
 }
 
 type upid struct {
