@@ -22,11 +22,19 @@ func cmdBench(ctx context.Context, cfg config, args []string, stdout, stderr io.
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 30, "runs of each measurement")
+	proxmoxSim := fs.Bool("proxmox-sim", false, "measure Proxmox jobs against a simulator with real-world latencies instead")
+	scale := fs.Float64("scale", 10, "with --proxmox-sim: divide the simulated latencies by this")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *n < 1 {
 		return usagef("-n: must be at least 1")
+	}
+	if *proxmoxSim {
+		if *scale < 1 {
+			return usagef("--scale: must be at least 1")
+		}
+		return benchProxmox(ctx, cfg, min(*n, 10), *scale, stdout, stderr)
 	}
 	dir, err := os.MkdirTemp("", "delegate-bench-")
 	if err != nil {
