@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/delegate-dev/delegate/pve"
 )
 
 // TestOutputLimits: exec output beyond 16 MiB is cut and flagged; a
@@ -68,4 +70,35 @@ func TestCloseStopsGuests(t *testing.T) {
 	if vm, _ := s.VM(id); vm.Status != "stopped" {
 		t.Errorf("status %s", vm.Status)
 	}
+}
+
+// TestConcurrentVMs: several VMs live at once, each running its own
+// commands, and all go away cleanly.
+func TestConcurrentVMs(t *testing.T) {
+	s := newSim(t, Options{})
+	t.Run("vms", func(t *testing.T) {
+		for i := range 4 {
+			id := 200 + i
+			t.Run(fmt.Sprint(id), func(t *testing.T) {
+				t.Parallel()
+				ctx := ctxT(t)
+				cloneAndBoot(t, s, id, nil)
+				for j := range 3 {
+					es := run(t, s, id, "/bin/sh", "-c", fmt.Sprintf("echo vm%d-%d", id, j))
+					if want := fmt.Sprintf("vm%d-%d\n", id, j); string(es.Stdout) != want {
+						t.Errorf("got %q, want %q", es.Stdout, want)
+					}
+				}
+				upid, _ := s.c.StopVM(ctx, "pve1", id)
+				if err := s.c.WaitTask(ctx, "", upid); err != nil {
+					t.Fatal(err)
+				}
+				upid, _ = s.c.DeleteVM(ctx, "pve1", id, pve.DeleteOptions{})
+				if err := s.c.WaitTask(ctx, "", upid); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	})
+	assertNoGuests(t, s)
 }

@@ -121,19 +121,21 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 
 	g, err := s.boot(s.ctx, vmid, cpus, mem, disk, rootfs)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err != nil {
 		if s.vms[vmid] == v && v.guest == nil {
 			s.halt(v)
 		}
+		s.mu.Unlock()
 		return fmt.Errorf("start failed: %v", err)
 	}
 	if s.vms[vmid] != v || v.status != "running" || v.guest != nil || s.closed {
 		// Stopped (or the simulator closed) while it was starting.
-		go s.destroyGuest(g)
+		s.mu.Unlock()
+		s.destroyGuest(g)
 		return nil
 	}
 	v.guest = g
+	s.mu.Unlock()
 	return nil
 }
 
