@@ -2,21 +2,51 @@ package pvesim
 
 import (
 	"bytes"
-	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
 )
 
 // The subset of the official API schema for the methods pvesim serves,
-// extracted by internal/schemagen (see schema/NOTICE.md: AGPL-3.0 data).
+// extracted by internal/schemagen, is AGPL-3.0 data (see
+// schema/NOTICE.md). It is kept in the source tree and read at run time,
+// never embedded in the delegate binary.
 //
 //go:generate go run ./internal/schemagen -in ../../shared/data/pve-api/pve9-api-schema.json -out schema/pve-api-subset.json -pve 9.x
-//go:embed schema/pve-api-subset.json
-var subsetJSON []byte
+
+// SchemaEnv names a schema file to use instead of the source tree's.
+const SchemaEnv = "DELEGATE_PVE_SCHEMA"
+
+// SchemaFile finds the schema subset: $DELEGATE_PVE_SCHEMA, else
+// pvesim/schema/pve-api-subset.json in the source tree this package was
+// built from, or under the current directory or its parent.
+func SchemaFile() (string, error) {
+	if p := os.Getenv(SchemaEnv); p != "" {
+		return p, nil
+	}
+	var candidates []string
+	if _, src, _, ok := runtime.Caller(0); ok && filepath.IsAbs(src) {
+		candidates = append(candidates, filepath.Join(filepath.Dir(src), "schema", "pve-api-subset.json"))
+	}
+	candidates = append(candidates,
+		filepath.Join("pvesim", "schema", "pve-api-subset.json"),
+		filepath.Join("schema", "pve-api-subset.json"),
+		filepath.Join("..", "pvesim", "schema", "pve-api-subset.json"))
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return c, nil
+		}
+	}
+	return "", errors.New("the Proxmox API schema subset (AGPL-3.0 data, not built into delegate) was not found: " +
+		"run from the delegate source tree or set " + SchemaEnv + " to pvesim/schema/pve-api-subset.json")
+}
 
 // indexed is how many numbered keys a "name[n]" property stands for
 // (qemu-server's MAX_NETS, MAX_SCSI_DISKS and friends); the schema dump
@@ -85,12 +115,30 @@ var (
 	defaultSchemaOnce sync.Once
 )
 
-// LoadSchema returns the embedded schema subset (parsed once).
+// LoadSchema reads the schema subset found by SchemaFile (once).
 func LoadSchema() (*Schema, error) {
 	defaultSchemaOnce.Do(func() {
-		defaultSchema, defaultSchemaErr = parseSchema(subsetJSON)
+		path, err := SchemaFile()
+		if err != nil {
+			defaultSchemaErr = err
+			return
+		}
+		defaultSchema, defaultSchemaErr = LoadSchemaFile(path)
 	})
 	return defaultSchema, defaultSchemaErr
+}
+
+// LoadSchemaFile reads a schema subset made by internal/schemagen.
+func LoadSchemaFile(path string) (*Schema, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pvesim schema: %w", err)
+	}
+	s, err := parseSchema(data)
+	if err != nil {
+		return nil, fmt.Errorf("pvesim schema %s: %w", path, err)
+	}
+	return s, nil
 }
 
 func parseSchema(data []byte) (*Schema, error) {
