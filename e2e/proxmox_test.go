@@ -19,14 +19,23 @@ import (
 // simCluster starts a Proxmox VE simulator with a template on each node
 // and returns it with the environment that points delegate at it.
 func simCluster(t *testing.T, nodes int) (*pvesim.Server, []string) {
+	return simClusterWith(t, nodes, nil)
+}
+
+// simClusterWith lets a test change the simulator's options.
+func simClusterWith(t *testing.T, nodes int, tune func(*pvesim.Options)) (*pvesim.Server, []string) {
 	t.Helper()
-	sim, err := pvesim.New(pvesim.Options{
+	opts := pvesim.Options{
 		Nodes:            pvesim.DefaultNodes(nodes),
 		TaskDelay:        30 * time.Millisecond,
 		BootDelay:        300 * time.Millisecond,
 		AuthFailureDelay: -1,
 		SandboxDir:       t.TempDir(),
-	})
+	}
+	if tune != nil {
+		tune(&opts)
+	}
+	sim, err := pvesim.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,15 +185,17 @@ func TestProxmoxFaults(t *testing.T) {
 		name   string
 		faults pvesim.Faults
 		want   string // in the failed job's error; "" means it may succeed
+		slow   map[string]time.Duration
 	}{
-		{"clone task fails", pvesim.Faults{TaskFailures: map[string]string{"qmclone": "storage full"}}, "storage full"},
-		{"start task fails", pvesim.Faults{TaskFailures: map[string]string{"qmstart": "kvm: failed"}}, "kvm: failed"},
-		{"agent never up", pvesim.Faults{AgentDown: true}, "did not answer"},
-		{"random API errors", pvesim.Faults{ErrorRate: 0.05}, ""},
+		{"slow clone and stop", pvesim.Faults{}, "", map[string]time.Duration{"qmclone": 2 * time.Second, "qmstop": time.Second}},
+		{"clone task fails", pvesim.Faults{TaskFailures: map[string]string{"qmclone": "storage full"}}, "storage full", nil},
+		{"start task fails", pvesim.Faults{TaskFailures: map[string]string{"qmstart": "kvm: failed"}}, "kvm: failed", nil},
+		{"agent never up", pvesim.Faults{AgentDown: true}, "did not answer", nil},
+		{"random API errors", pvesim.Faults{ErrorRate: 0.05}, "", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			sim, env := simCluster(t, 1)
+			sim, env := simClusterWith(t, 1, func(o *pvesim.Options) { o.TaskDelays = tc.slow })
 			sim.SetFaults(tc.faults)
 			env = append(env, "PROXMOX_AGENT_TIMEOUT=2")
 			cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
