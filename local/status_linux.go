@@ -89,14 +89,27 @@ func startStatusBridge() (*statusBridge, error) {
 }
 
 // stop lets what the job wrote before it ended be copied, then closes.
+// The job is gone, so nothing more can arrive: once the pipe is empty the
+// copy is ended at once (a read deadline in the past).
 func (b *statusBridge) stop() {
 	if b == nil {
 		return
 	}
-	// Whatever is still in the pipe is read before the deadline ends the copy.
-	b.fifo.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && b.pending() > 0; {
+		time.Sleep(time.Millisecond)
+	}
+	b.fifo.SetReadDeadline(time.Now())
 	<-b.done
 	b.fifo.Close()
+}
+
+// pending is how many bytes wait in the pipe (FIONREAD, alias TIOCINQ).
+func (b *statusBridge) pending() int {
+	n := 0
+	if rc, err := b.fifo.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+	}
+	return n
 }
 
 // cappedWriter keeps the first limit bytes and swallows the rest.
