@@ -223,7 +223,6 @@ func TestProxmoxFaults(t *testing.T) {
 	}
 }
 
-
 // TestProxmoxLifecycle: a persistent VM is kept and listed until
 // release_job; after a SIGKILL of the server the next one re-attaches to
 // the running job's VM; a tagged VM that belongs to no job is destroyed by
