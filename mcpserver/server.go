@@ -46,7 +46,7 @@ func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server 
 	go publishUpdates(ctx, s, eng)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "submit_job",
-		Description: "Start a job in a new isolated sandbox (no network; cwd /workspace); returns job_id at once. " +
+		Description: "Start a job in a new isolated sandbox (cwd /workspace; no network unless network egress); returns job_id at once. " +
 			"script: task via /bin/sh -c; custom: agent.command, task in $DELEGATE_TASK; claude: Claude CLI, task as prompt.",
 		InputSchema:  compact(submitSchema(), false),
 		Annotations:  annotations(false, false, false),
@@ -469,6 +469,8 @@ func submitSchema() *jsonschema.Schema {
 	p["lifecycle"].Description = "ephemeral (default) | persistent"
 	p["statusMode"].Description = "simple (default) | detailed | streaming"
 	p["vmTemplate"].Description = "local backend: a rootfs directory; Proxmox: a template"
+	p["artifacts"].Description = "globs under /workspace to keep, e.g. out/*.txt, **/*.log"
+	p["network"].Description = "none (default) | egress (default for claude)"
 	return s
 }
 
