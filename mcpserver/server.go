@@ -456,11 +456,10 @@ func submitSchema() *jsonschema.Schema {
 	m := s.Properties["manifest"]
 	m.Description = "Job manifest. Relative file paths land in /workspace, the working directory."
 	p := m.Properties
-	p["task"].Description = "The work: shell script (script), prompt (claude), or data in $DELEGATE_TASK (custom)."
 	p["agentType"].Description = "claude | script | custom"
 	p["files"].Items.Properties["content"].Description = "base64"
 	p["files"].Items.Properties["mode"].Description = "e.g. 0755 (default 0644)"
-	p["secrets"].Description = "names of secrets set on the server; injected as env vars"
+	p["secrets"].Description = "names of server-side secrets, injected as env vars"
 	r := p["resources"]
 	r.Properties["cpu"].Description = "cores (default 2)"
 	r.Properties["memory"].Description = "e.g. 512M, 2G (default 2G)"
