@@ -54,7 +54,7 @@ func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server 
 	}, h.submit)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:         "get_job_status",
-		Description:  "A job's status (pending, provisioning, running, success, failed, timeout, cancelled), progress and timestamps.",
+		Description:  "A job's status (pending, provisioning, running, success, failed, timeout, cancelled), progress, timeline (detailed, streaming) and timestamps.",
 		Annotations:  annotations(true, false, true),
 		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
