@@ -13,10 +13,7 @@ func hDelete(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := c.loadVM()
-	if err == nil {
-		err = c.noSkiplock()
-	}
+	v, err := c.loadVMToChange()
 	if err != nil {
 		return nil, err
 	}
@@ -70,10 +67,7 @@ func hResize(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := c.loadVM()
-	if err == nil {
-		err = c.noSkiplock()
-	}
+	v, err := c.loadVMToChange()
 	if err != nil {
 		return nil, err
 	}

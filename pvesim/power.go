@@ -57,10 +57,7 @@ func hStart(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := c.loadVM()
-	if err == nil {
-		err = c.noSkiplock()
-	}
+	v, err := c.loadVMToChange()
 	if err != nil {
 		return nil, err
 	}
@@ -145,10 +142,7 @@ func stopVM(c *call, typ string) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := c.loadVM()
-	if err == nil {
-		err = c.noSkiplock()
-	}
+	v, err := c.loadVMToChange()
 	if err != nil {
 		return nil, err
 	}

@@ -153,6 +153,19 @@ func (c *call) loadVM() (*vm, error) {
 	return v, nil
 }
 
+// loadVMToChange is loadVM for a call that changes the VM, which (like
+// PVE for a non-root user) refuses skiplock. Call with s.mu held.
+func (c *call) loadVMToChange() (*vm, error) {
+	v, err := c.loadVM()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.noSkiplock(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
 // checkLock is PVE::AbstractConfig->check_lock.
 func (v *vm) checkLock() error {
 	if l := v.conf["lock"]; l != "" {

@@ -63,10 +63,7 @@ var newDiskRe = regexp.MustCompile(`^([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?
 func setConfig(c *call, async bool) (any, error) {
 	s := c.s
 	s.mu.Lock()
-	v, err := c.loadVM()
-	if err == nil {
-		err = c.noSkiplock()
-	}
+	v, err := c.loadVMToChange()
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
