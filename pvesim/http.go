@@ -302,7 +302,7 @@ func readParams(r *http.Request) (Params, error) {
 				return nil, httpErr(http.StatusNotImplemented, "JSON body is not an object\n")
 			}
 			for k, e := range obj {
-				params[k] = fromJSON(e)
+				params[k] = jsonToParams(e)
 			}
 		default:
 			return nil, httpErr(506, fmt.Sprintf("upload 'Content-Type '%s' not implemented", ct))
@@ -359,27 +359,6 @@ func formUnescape(s string) string {
 		return u
 	}
 	return s
-}
-
-// fromJSON converts a decoded JSON value (UseNumber) to the Params model.
-func fromJSON(v any) any {
-	switch t := v.(type) {
-	case json.Number:
-		return perlNumber(t.String())
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = fromJSON(e)
-		}
-		return out
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[k] = fromJSON(e)
-		}
-		return out
-	}
-	return v // string, bool, nil
 }
 
 // injectError fails a request on purpose (Faults.ErrorRate).
