@@ -32,7 +32,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
 	return nil, errUnsupported
 }
-func (b *Backend) List(ctx context.Context) ([]string, error)   { return nil, errUnsupported }
-func (b *Backend) Destroy(ctx context.Context, id string) error { return errUnsupported }
-func runShim(args []string) int                                 { return 2 }
-func runInit(args []string) int                                 { return 2 }
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) { return nil, errUnsupported }
+func (b *Backend) Destroy(ctx context.Context, id string) error     { return errUnsupported }
+func runShim(args []string) int                                     { return 2 }
+func runInit(args []string) int                                     { return 2 }
