@@ -10,12 +10,18 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrInvalidTransition: the state machine forbids the change.
 	ErrInvalidTransition = errors.New("invalid status transition")
-	// ErrTerminal: the job has finished; its status is final.
+	// ErrTerminal: the job has finished; its status is final, and a late
+	// callback has nothing left to report.
 	ErrTerminal = errors.New("job already finished")
 	// ErrNotFinished: a result was asked for before the job ended.
 	ErrNotFinished = errors.New("job not finished")
 	// ErrInvalid: bad input (manifest, config, arguments).
 	ErrInvalid = errors.New("invalid input")
+	// ErrUnauthenticated: a callback came without a token, or with one no
+	// job has.
+	ErrUnauthenticated = errors.New("missing or unknown job token")
+	// ErrForbidden: a callback's token belongs to another job.
+	ErrForbidden = errors.New("token belongs to another job")
 )
 
 // FieldError names the field that is wrong and the rule it breaks, so that

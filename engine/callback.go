@@ -13,13 +13,6 @@ import (
 	"github.com/delegate-dev/delegate"
 )
 
-// Errors a callback can get; the HTTP layer maps them to status codes.
-var (
-	ErrUnauthenticated = errors.New("missing or unknown job token")        // 401
-	ErrForbidden       = errors.New("token belongs to another job")        // 403
-	ErrFinished        = errors.New("job has finished; nothing to report") // 409
-)
-
 // newToken makes a job's callback token and the hash that is stored. The
 // token itself exists only in the job's environment.
 func newToken() (token, hash string) {
@@ -34,53 +27,42 @@ func hashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Report is what a job sends to a callback endpoint.
-type Report struct {
-	Kind     string // status, heartbeat, complete
-	Progress string
-	// For complete:
-	Success  bool
-	Result   string
-	ErrorMsg string
-	ExitCode *int
-}
-
 // Callback authenticates a report from a job and applies it. A completion
 // moves the job along the state machine only: it can never bring back a
 // job that was cancelled or timed out.
-func (e *Engine) Callback(ctx context.Context, id, token string, rep Report) (*delegate.Job, error) {
+func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
 	if token == "" {
-		return nil, ErrUnauthenticated
+		return nil, delegate.ErrUnauthenticated
 	}
 	job, err := e.store.GetJob(ctx, id)
 	if err != nil {
 		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, ErrUnauthenticated // do not tell strangers which ids exist
+			return nil, delegate.ErrUnauthenticated // do not tell strangers which ids exist
 		}
 		return nil, err
 	}
 	hash := hashToken(token)
 	if job.TokenHash == "" || subtle.ConstantTimeCompare([]byte(hash), []byte(job.TokenHash)) != 1 {
 		if others, _, err := e.store.ListJobs(ctx, delegate.JobFilter{TokenHash: hash, Limit: 1}); err == nil && len(others) == 1 {
-			return nil, ErrForbidden
+			return nil, delegate.ErrForbidden
 		}
-		return nil, ErrUnauthenticated
+		return nil, delegate.ErrUnauthenticated
 	}
 	if job.Status.Terminal() {
-		return job, fmt.Errorf("job %s is %s: %w", id, job.Status, ErrFinished)
+		return job, fmt.Errorf("job %s is %s: %w; nothing to report", id, job.Status, delegate.ErrTerminal)
 	}
 	redact := e.redactorFor(job.Manifest)
 	switch rep.Kind {
-	case "heartbeat":
+	case delegate.ReportHeartbeat:
 		e.report(ctx, id, job.Manifest, "", nil)
-	case "status":
+	case delegate.ReportStatus:
 		e.report(ctx, id, job.Manifest, redact.string(clip(rep.Progress)), nil)
-	case "complete":
+	case delegate.ReportComplete:
 		status, reason := delegate.StatusSuccess, ""
 		if !rep.Success {
 			status, reason = delegate.StatusFailed, "the job reported failure"
-			if rep.ErrorMsg != "" {
-				reason = "the job reported failure: " + clip(rep.ErrorMsg)
+			if rep.Error != "" {
+				reason = "the job reported failure: " + clip(rep.Error)
 			}
 		}
 		result := redact.string(clipResult(rep.Result))
@@ -88,7 +70,7 @@ func (e *Engine) Callback(ctx context.Context, id, token string, rep Report) (*d
 		now := time.Now().UTC()
 		job, err = e.update(ctx, id, func(j *delegate.Job) error {
 			if j.Status.Terminal() {
-				return fmt.Errorf("job %s is %s: %w", id, j.Status, ErrFinished)
+				return fmt.Errorf("job %s is %s: %w; nothing to report", id, j.Status, delegate.ErrTerminal)
 			}
 			if j.Status != delegate.StatusRunning {
 				return fmt.Errorf("job %s is %s, not running: %w", id, j.Status, delegate.ErrInvalidTransition)

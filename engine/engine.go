@@ -21,16 +21,19 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
-// Config tunes an Engine. Zero values get the defaults documented on each.
+// Config tunes an Engine. Zero values get the defaults of package delegate
+// (delegate.DefaultMaxConcurrent...) or the one documented on the field.
 type Config struct {
+	// Defaults fill what a manifest leaves out; zero fields get
+	// delegate.ServerDefaults.
 	Defaults delegate.Defaults
-	// MaxConcurrent jobs run at once; more wait as pending. Default 4.
+	// MaxConcurrent jobs run at once; more wait as pending.
 	MaxConcurrent int
-	// OutputLimit bytes of a job's output are kept. Default 4 MiB.
+	// OutputLimit bytes of a job's output are kept.
 	OutputLimit int64
-	// CleanupInterval between sweeps for orphaned sandboxes. Default 30 s.
+	// CleanupInterval between sweeps for orphaned sandboxes.
 	CleanupInterval time.Duration
-	// ProvisionTimeout bounds creating a sandbox and injecting files. Default 10 min.
+	// ProvisionTimeout bounds creating a sandbox and injecting files.
 	ProvisionTimeout time.Duration
 	// PollInterval is how often a running job's output is collected and its
 	// stored status re-read (another process may have cancelled it). Default 200 ms.
@@ -41,10 +44,10 @@ type Config struct {
 	// server (CALLBACK_PUBLIC_URL); empty when there is none.
 	CallbackURL string
 	// HeartbeatThreshold: a running job with no sign of life for this long
-	// is failed ("lost heartbeat"). Default 120 s.
+	// is failed ("lost heartbeat").
 	HeartbeatThreshold time.Duration
 	// ArtifactDir holds artifacts by sha256. ArtifactMaxFile and
-	// ArtifactMaxTotal cap one file and one job (defaults 16 MiB, 64 MiB).
+	// ArtifactMaxTotal cap one file and one job.
 	ArtifactDir      string
 	ArtifactMaxFile  int64
 	ArtifactMaxTotal int64
@@ -86,29 +89,30 @@ func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
 
 // New makes an engine; Start begins work.
 func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
+	cfg.Defaults.Fill(delegate.ServerDefaults())
 	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = 4
+		cfg.MaxConcurrent = delegate.DefaultMaxConcurrent
 	}
 	if cfg.OutputLimit <= 0 {
-		cfg.OutputLimit = 4 << 20
+		cfg.OutputLimit = delegate.DefaultOutputLimit
 	}
 	if cfg.CleanupInterval <= 0 {
-		cfg.CleanupInterval = 30 * time.Second
+		cfg.CleanupInterval = delegate.DefaultCleanupInterval
 	}
 	if cfg.ProvisionTimeout <= 0 {
-		cfg.ProvisionTimeout = 10 * time.Minute
+		cfg.ProvisionTimeout = delegate.DefaultProvisionTimeout
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 200 * time.Millisecond
 	}
 	if cfg.HeartbeatThreshold <= 0 {
-		cfg.HeartbeatThreshold = 120 * time.Second
+		cfg.HeartbeatThreshold = delegate.DefaultHeartbeatThreshold
 	}
 	if cfg.ArtifactMaxFile <= 0 {
-		cfg.ArtifactMaxFile = 16 << 20
+		cfg.ArtifactMaxFile = delegate.DefaultArtifactMaxFile
 	}
 	if cfg.ArtifactMaxTotal <= 0 {
-		cfg.ArtifactMaxTotal = 64 << 20
+		cfg.ArtifactMaxTotal = delegate.DefaultArtifactMaxTotal
 	}
 	if cfg.ArtifactDir == "" {
 		cfg.ArtifactDir = filepath.Join(os.TempDir(), "delegate-artifacts")
@@ -142,9 +146,6 @@ func EnvSecret(name string) (string, bool) { return os.LookupEnv("DELEGATE_SECRE
 
 // Owner is this engine's identity in the store.
 func (e *Engine) Owner() string { return e.owner }
-
-// Backend is the sandbox backend the engine drives.
-func (e *Engine) Backend() sandbox.Backend { return e.backend }
 
 // Start recovers jobs left by engines that have died and starts the
 // cleanup loop. It returns once recovery has been decided for every job.
@@ -187,21 +188,9 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// SubmitOptions tune a submission.
-type SubmitOptions struct {
-	// IdempotencyKey: a second submission with the same key returns the
-	// first job instead of running the work twice.
-	IdempotencyKey string
-}
-
 // Submit validates a manifest, stores the job as pending and queues it.
 // It returns at once.
-func (e *Engine) Submit(ctx context.Context, m delegate.Manifest) (*delegate.Job, error) {
-	return e.SubmitWith(ctx, m, SubmitOptions{})
-}
-
-// SubmitWith is Submit with options.
-func (e *Engine) SubmitWith(ctx context.Context, m delegate.Manifest, opts SubmitOptions) (*delegate.Job, error) {
+func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -263,21 +252,6 @@ func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
 	return e.store.GetJob(ctx, id)
 }
 
-// List returns a page of jobs, newest first.
-func (e *Engine) List(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
-	return e.store.ListJobs(ctx, f)
-}
-
-// Output returns up to max bytes of a job's kept output from offset.
-func (e *Engine) Output(ctx context.Context, id string, offset int64, max int) ([]byte, error) {
-	return e.store.ReadOutput(ctx, id, offset, max)
-}
-
-// OutputSize is how many bytes of a job's output are kept.
-func (e *Engine) OutputSize(ctx context.Context, id string) (int64, error) {
-	return e.store.OutputSize(ctx, id)
-}
-
 // Cancel ends a job that has not finished. It returns the job and whether
 // this call cancelled it (false when it had already finished).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
@@ -331,14 +305,6 @@ func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 	}
 }
 
-// Changed returns a channel closed at the next change to any job this
-// engine drives (for callers that follow jobs live).
-func (e *Engine) Changed() <-chan struct{} {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.changed
-}
-
 func (e *Engine) notify(id string) {
 	e.mu.Lock()
 	close(e.changed)
@@ -352,20 +318,6 @@ func (e *Engine) notify(id string) {
 	e.mu.Unlock()
 }
 
-// Watch returns a channel that receives the id of every job this engine
-// changes, and a function to stop watching.
-func (e *Engine) Watch() (<-chan string, func()) {
-	w := make(chan string, 64)
-	e.mu.Lock()
-	e.watches[w] = struct{}{}
-	e.mu.Unlock()
-	return w, func() {
-		e.mu.Lock()
-		delete(e.watches, w)
-		e.mu.Unlock()
-	}
-}
-
 // update changes a stored job and wakes waiters.
 func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
 	j, err := e.store.UpdateJob(ctx, id, fn)
@@ -375,19 +327,11 @@ func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) e
 	return j, err
 }
 
-// Events returns a job's timeline (statusMode detailed).
-func (e *Engine) Events(ctx context.Context, id string) ([]delegate.Event, error) {
-	return e.store.Events(ctx, id)
-}
-
 func newJobID() string {
 	var b [10]byte
 	rand.Read(b[:])
 	return "job-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
-
-// OutputLimit is how many bytes of a job's output are kept.
-func (e *Engine) OutputLimit() int64 { return e.cfg.OutputLimit }
 
 // Release destroys the sandbox a persistent job kept. It returns the job
 // and whether this call destroyed something (false: already released).

@@ -58,7 +58,7 @@ func (f *fixture) start(b sandbox.Backend) *engine.Engine {
 
 func (f *fixture) submit(m delegate.Manifest) *delegate.Job {
 	f.t.Helper()
-	j, err := f.eng.Submit(context.Background(), m)
+	j, err := f.eng.Submit(context.Background(), m, delegate.SubmitOptions{})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -207,12 +207,12 @@ func mapValues(m map[string]string) func(func(string) bool) {
 
 func TestSubmitRejects(t *testing.T) {
 	f := newFixture(t, engine.Config{})
-	_, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Secrets: []string{"MISSING"}})
+	_, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Secrets: []string{"MISSING"}}, delegate.SubmitOptions{})
 	var fe *delegate.FieldError
 	if !errors.As(err, &fe) || fe.Field != "manifest.secrets[0]" || !strings.Contains(fe.Rule, "DELEGATE_SECRET_MISSING") {
 		t.Fatalf("unknown secret: %v", err)
 	}
-	if _, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: "nope"}); !errors.Is(err, delegate.ErrInvalid) {
+	if _, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: "nope"}, delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrInvalid) {
 		t.Fatalf("bad manifest: %v", err)
 	}
 	jobs, _, _ := f.store.ListJobs(context.Background(), delegate.JobFilter{})

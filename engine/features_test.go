@@ -30,7 +30,7 @@ func TestStatusChannelTimeline(t *testing.T) {
 	p.Event(`{"type":"heartbeat"}`)
 	p.Finish(sandbox.Exit{})
 	f.wait(f.eng, job.ID)
-	evs, err := f.eng.Events(context.Background(), job.ID)
+	evs, err := f.eng.Timeline(context.Background(), job.ID)
 	if err != nil || len(evs) != 2 || evs[0].Message != "step 1: fetching" || evs[1].Message != "step 2: building (50%)" {
 		t.Fatalf("timeline: %+v %v", evs, err)
 	}
@@ -41,7 +41,7 @@ func TestStatusChannelTimeline(t *testing.T) {
 	p.Event("step 1")
 	p.Finish(sandbox.Exit{})
 	f.wait(f.eng, job.ID)
-	if evs, _ := f.eng.Events(context.Background(), job.ID); len(evs) != 0 {
+	if evs, _ := f.eng.Timeline(context.Background(), job.ID); len(evs) != 0 {
 		t.Fatalf("simple mode kept a timeline: %+v", evs)
 	}
 }
@@ -61,7 +61,7 @@ func TestClaudeStreamJSON(t *testing.T) {
 	if j.Result != "Fixed the off-by-one." {
 		t.Fatalf("result %q", j.Result)
 	}
-	evs, _ := f.eng.Events(context.Background(), job.ID)
+	evs, _ := f.eng.Timeline(context.Background(), job.ID)
 	var msgs []string
 	for _, ev := range evs {
 		msgs = append(msgs, ev.Message)
@@ -89,7 +89,7 @@ func TestSecretRedaction(t *testing.T) {
 	if got := f.output(job.ID); got != "token is [REDACTED], again [REDACTED]\n" {
 		t.Fatalf("stored output %q", got)
 	}
-	evs, _ := f.eng.Events(context.Background(), job.ID)
+	evs, _ := f.eng.Timeline(context.Background(), job.ID)
 	if len(evs) != 1 || evs[0].Message != "using [REDACTED]" {
 		t.Fatalf("timeline %+v", evs)
 	}
@@ -163,15 +163,15 @@ func TestArtifacts(t *testing.T) {
 func TestIdempotencyKey(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
-	first, err := f.eng.SubmitWith(ctx, script("once"), engine.SubmitOptions{IdempotencyKey: "k1"})
+	first, err := f.eng.Submit(ctx, script("once"), delegate.SubmitOptions{IdempotencyKey: "k1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := f.eng.SubmitWith(ctx, script("once"), engine.SubmitOptions{IdempotencyKey: "k1"})
+	again, err := f.eng.Submit(ctx, script("once"), delegate.SubmitOptions{IdempotencyKey: "k1"})
 	if err != nil || again.ID != first.ID {
 		t.Fatalf("retry made %v (%v), want %s", again, err, first.ID)
 	}
-	other, _ := f.eng.SubmitWith(ctx, script("once"), engine.SubmitOptions{IdempotencyKey: "k2"})
+	other, _ := f.eng.Submit(ctx, script("once"), delegate.SubmitOptions{IdempotencyKey: "k2"})
 	if other.ID == first.ID {
 		t.Fatal("a different key returned the same job")
 	}

@@ -1,6 +1,7 @@
 // Package httpapi serves the callback endpoints through which a job
 // reports progress, heartbeats and completion, and a health check. It is an
-// adapter: authenticate, parse, call the engine, answer in small JSON.
+// adapter over delegate.JobService: parse, call the service, answer in
+// small JSON. The service authenticates the job's token.
 package httpapi
 
 import (
@@ -14,7 +15,6 @@ import (
 	"strings"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/engine"
 )
 
 // DefaultBodyLimit caps a callback body.
@@ -28,14 +28,14 @@ type Options struct {
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
 // GET /health.
-func Handler(eng *engine.Engine, opts Options) http.Handler {
+func Handler(svc delegate.JobService, opts Options) http.Handler {
 	if opts.BodyLimit <= 0 {
 		opts.BodyLimit = DefaultBodyLimit
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{eng: eng, opts: opts}
+	h := &handler{svc: svc, opts: opts}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /callback/{job_id}/{kind}", h.callback)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -53,7 +53,7 @@ func Handler(eng *engine.Engine, opts Options) http.Handler {
 }
 
 type handler struct {
-	eng  *engine.Engine
+	svc  delegate.JobService
 	opts Options
 }
 
@@ -72,9 +72,9 @@ type body struct {
 }
 
 func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
-	id, kind := r.PathValue("job_id"), r.PathValue("kind")
-	if kind != "complete" && kind != "status" && kind != "heartbeat" {
-		writeError(w, http.StatusNotFound, "unknown callback "+kind+": use complete, status or heartbeat")
+	id, kind := r.PathValue("job_id"), delegate.ReportKind(r.PathValue("kind"))
+	if kind != delegate.ReportComplete && kind != delegate.ReportStatus && kind != delegate.ReportHeartbeat {
+		writeError(w, http.StatusNotFound, "unknown callback "+string(kind)+": use complete, status or heartbeat")
 		return
 	}
 	token, ok := bearer(r)
@@ -102,7 +102,7 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "body must be a JSON object: "+strings.TrimPrefix(err.Error(), "json: "))
 			return
 		}
-	} else if kind != "heartbeat" {
+	} else if kind != delegate.ReportHeartbeat {
 		writeError(w, http.StatusBadRequest, "body must be a JSON object")
 		return
 	}
@@ -110,14 +110,14 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "job_id in the body differs from the job in the path")
 		return
 	}
-	rep := engine.Report{Kind: kind}
+	rep := delegate.Report{Kind: kind}
 	switch kind {
-	case "status":
+	case delegate.ReportStatus:
 		rep.Progress = firstOf(b.Progress, b.Message, b.Status)
 		if b.Percent != nil {
 			rep.Progress = strings.TrimSpace(fmt.Sprintf("%s (%.0f%%)", rep.Progress, *b.Percent))
 		}
-	case "complete":
+	case delegate.ReportComplete:
 		switch b.Status {
 		case "success", "succeeded", "completed", "":
 			rep.Success = b.Error == "" && (b.ExitCode == nil || *b.ExitCode == 0)
@@ -126,20 +126,20 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, `status must be "success" or "failed"`)
 			return
 		}
-		rep.Result, rep.ErrorMsg, rep.ExitCode = firstOf(b.Result, b.Output), b.Error, b.ExitCode
+		rep.Result, rep.Error, rep.ExitCode = firstOf(b.Result, b.Output), b.Error, b.ExitCode
 	}
-	job, err := h.eng.Callback(r.Context(), id, token, rep)
+	job, err := h.svc.Callback(r.Context(), id, token, rep)
 	switch {
-	case errors.Is(err, engine.ErrUnauthenticated):
+	case errors.Is(err, delegate.ErrUnauthenticated):
 		writeError(w, http.StatusUnauthorized, "unknown token for this job")
-	case errors.Is(err, engine.ErrForbidden):
+	case errors.Is(err, delegate.ErrForbidden):
 		writeError(w, http.StatusForbidden, "this token belongs to another job")
-	case errors.Is(err, engine.ErrFinished), errors.Is(err, delegate.ErrTerminal):
+	case errors.Is(err, delegate.ErrTerminal):
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, delegate.ErrInvalidTransition), errors.Is(err, delegate.ErrInvalid):
 		writeError(w, http.StatusConflict, err.Error())
 	case err != nil:
-		h.opts.Logger.Error("callback", "job", id, "kind", kind, "err", err)
+		h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
 		writeError(w, http.StatusInternalServerError, "internal error")
 	default:
 		writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})

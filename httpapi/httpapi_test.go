@@ -51,7 +51,7 @@ func newEnv(t *testing.T, cfg engine.Config) *env {
 // start submits a job and returns it once running, with its token.
 func (e *env) start(m delegate.Manifest) (*delegate.Job, *mock.Process, string) {
 	e.t.Helper()
-	j, err := e.eng.Submit(context.Background(), m)
+	j, err := e.eng.Submit(context.Background(), m, delegate.SubmitOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestCallbackStatusCodes(t *testing.T) {
 	if j.Progress != "compiling (50%)" || j.Status != delegate.StatusRunning {
 		t.Fatalf("after status callback: %s %q", j.Status, j.Progress)
 	}
-	evs, _ := e.eng.Events(context.Background(), a.ID)
+	evs, _ := e.eng.Timeline(context.Background(), a.ID)
 	if len(evs) == 0 || evs[len(evs)-1].Message != "compiling (50%)" {
 		t.Fatalf("timeline: %+v", evs)
 	}

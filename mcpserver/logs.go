@@ -2,12 +2,8 @@ package mcpserver
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/engine"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -29,77 +25,9 @@ type LogsOut struct {
 }
 
 func (h *handlers) logs(ctx context.Context, _ *mcp.CallToolRequest, in LogsIn) (*mcp.CallToolResult, LogsOut, error) {
-	out, err := Logs(ctx, h.eng, in)
+	l, err := h.svc.Logs(ctx, in.JobID, delegate.LogOptions{Cursor: in.Cursor, MaxBytes: in.MaxBytes})
 	if err != nil {
 		return nil, LogsOut{}, toolError(err)
 	}
-	return nil, out, nil
-}
-
-// Logs reads output from a cursor; the CLI uses it too.
-func Logs(ctx context.Context, eng *engine.Engine, in LogsIn) (LogsOut, error) {
-	max := in.MaxBytes
-	if max < 0 || max > 1<<20 {
-		return LogsOut{}, &delegate.FieldError{Field: "max_bytes", Rule: "must be between 1 and 1048576"}
-	}
-	if max == 0 {
-		max = defaultResultBytes
-	}
-	var offset int64
-	if in.Cursor != "" {
-		n, err := strconv.ParseInt(in.Cursor, 10, 64)
-		if err != nil || n < 0 {
-			return LogsOut{}, &delegate.FieldError{Field: "cursor", Rule: "must be a next_cursor from a previous get_job_logs call"}
-		}
-		offset = n
-	}
-	j, err := eng.Get(ctx, in.JobID)
-	if err != nil {
-		return LogsOut{}, err
-	}
-	if !j.Status.Terminal() && j.Manifest.StatusMode != delegate.StatusModeStreaming {
-		return LogsOut{}, fmt.Errorf("job %s is %s and was submitted with statusMode %s: its output is readable when it ends "+
-			"(submit with statusMode streaming to read it while it runs): %w", j.ID, j.Status, j.Manifest.StatusMode, delegate.ErrNotFinished)
-	}
-	b, err := eng.Output(ctx, j.ID, offset, max)
-	if err != nil {
-		return LogsOut{}, err
-	}
-	// Never split a UTF-8 sequence: hold an incomplete tail for next time.
-	b = trimIncompleteRune(b)
-	kept, err := eng.OutputSize(ctx, j.ID)
-	if err != nil {
-		return LogsOut{}, err
-	}
-	next := offset + int64(len(b))
-	return LogsOut{
-		JobID: j.ID, Status: j.Status,
-		Output:     strings.ToValidUTF8(string(b), "\uFFFD"),
-		NextCursor: strconv.FormatInt(next, 10),
-		Done:       j.Status.Terminal() && next >= kept,
-	}, nil
-}
-
-// trimIncompleteRune drops a UTF-8 sequence cut off at the end of b.
-func trimIncompleteRune(b []byte) []byte {
-	for i := 1; i <= 3 && i <= len(b); i++ {
-		c := b[len(b)-i]
-		if c < 0x80 {
-			return b
-		}
-		if c >= 0xC0 { // a start byte: is its sequence complete?
-			need := 2
-			if c >= 0xE0 {
-				need = 3
-			}
-			if c >= 0xF0 {
-				need = 4
-			}
-			if i < need {
-				return b[:len(b)-i]
-			}
-			return b
-		}
-	}
-	return b
+	return nil, LogsOut{JobID: l.JobID, Status: l.Status, Output: text(l.Output), NextCursor: l.NextCursor, Done: l.Done}, nil
 }

@@ -8,15 +8,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/engine"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Jobs as resources: job://{id} is the status JSON, job://{id}/log the
 // output so far, job://{id}/artifacts/{name} an artifact.
-func addResources(s *mcp.Server, eng *engine.Engine) {
+func addResources(s *mcp.Server, svc delegate.JobService) {
 	read := func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return readResource(ctx, eng, req.Params.URI)
+		return readResource(ctx, svc, req.Params.URI)
 	}
 	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job", URITemplate: "job://{id}", MIMEType: "application/json",
 		Description: "A job's status; subscribe for updates"}, read)
@@ -26,39 +25,34 @@ func addResources(s *mcp.Server, eng *engine.Engine) {
 		Description: "A file collected from a job"}, read)
 }
 
-func readResource(ctx context.Context, eng *engine.Engine, uri string) (*mcp.ReadResourceResult, error) {
+func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mcp.ReadResourceResult, error) {
 	rest, ok := strings.CutPrefix(uri, "job://")
 	if !ok {
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	id, sub, _ := strings.Cut(rest, "/")
-	j, err := eng.Get(ctx, id)
-	if errors.Is(err, delegate.ErrNotFound) {
-		return nil, mcp.ResourceNotFoundError(uri)
-	}
-	if err != nil {
-		return nil, err
-	}
 	switch {
 	case sub == "":
-		st, err := fullStatus(ctx, eng, j)
+		st, err := fullStatus(ctx, svc, id)
+		if errors.Is(err, delegate.ErrNotFound) {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
 		if err != nil {
 			return nil, err
 		}
 		data, _ := json.Marshal(st)
 		return contents(uri, "application/json", data), nil
 	case sub == "log":
-		n, err := eng.OutputSize(ctx, id)
-		if err != nil {
-			return nil, err
+		out, err := readLog(ctx, svc, id)
+		if errors.Is(err, delegate.ErrNotFound) {
+			return nil, mcp.ResourceNotFoundError(uri)
 		}
-		out, err := eng.Output(ctx, id, 0, int(n))
 		if err != nil {
 			return nil, err
 		}
 		return contents(uri, "text/plain", out), nil
 	case strings.HasPrefix(sub, "artifacts/"):
-		_, data, err := eng.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
+		_, data, err := svc.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
 		if errors.Is(err, delegate.ErrNotFound) {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
@@ -73,6 +67,24 @@ func readResource(ctx context.Context, eng *engine.Engine, uri string) (*mcp.Rea
 	return nil, mcp.ResourceNotFoundError(uri)
 }
 
+// readLog reads all of a job's output kept so far, page by page (under the
+// same rule as get_job_logs: while it runs, only in statusMode streaming).
+func readLog(ctx context.Context, svc delegate.JobService, id string) ([]byte, error) {
+	var out []byte
+	cursor := ""
+	for {
+		l, err := svc.Logs(ctx, id, delegate.LogOptions{Cursor: cursor, MaxBytes: delegate.MaxLogBytes})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l.Output...)
+		if l.Done || len(l.Output) == 0 {
+			return out, nil
+		}
+		cursor = l.NextCursor
+	}
+}
+
 func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: mime, Text: strings.ToValidUTF8(string(data), "\uFFFD")}}}
 }
@@ -80,16 +92,9 @@ func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {
 // publishUpdates sends notifications/resources/updated for a job's status
 // and log resources whenever the engine changes the job. The SDK delivers
 // them only to the sessions subscribed to that URI.
-func publishUpdates(ctx context.Context, s *mcp.Server, eng *engine.Engine) {
-	changes, stop := eng.Watch()
-	defer stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case id := <-changes:
-			s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
-			s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
-		}
+func publishUpdates(ctx context.Context, s *mcp.Server, svc delegate.JobService) {
+	for id := range svc.Watch(ctx) {
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
 	}
 }

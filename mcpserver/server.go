@@ -1,5 +1,6 @@
-// Package mcpserver exposes the engine as MCP tools (official go-sdk). It is
-// an adapter: parse arguments, call the engine, render. No job logic here.
+// Package mcpserver exposes a delegate.JobService as MCP tools and
+// resources (official go-sdk). It is an adapter: parse arguments, call the
+// service, render. What a job shows, and when, is the service's rule.
 package mcpserver
 
 import (
@@ -10,10 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/engine"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -21,17 +20,14 @@ import (
 // Version is reported to clients; cmd sets it at build time.
 var Version = "dev"
 
-const (
-	defaultResultBytes = 64 << 10
-	// maxWait keeps wait_job under the per-call timeouts of real clients
-	// (Claude Code gives up on a tool call after about a minute).
-	maxWait = 50
-)
+// maxWait keeps wait_job under the per-call timeouts of real clients
+// (Claude Code gives up on a tool call after about a minute).
+const maxWait = 50
 
-// New builds the MCP server for an engine. Until ctx ends it tells
+// New builds the MCP server over a job service. Until ctx ends it tells
 // subscribed clients about every change to a job (resources job://{id} and
 // job://{id}/log).
-func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server {
+func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: Version},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
@@ -41,9 +37,9 @@ func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server 
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
-	h := &handlers{eng: eng}
-	addResources(s, eng)
-	go publishUpdates(ctx, s, eng)
+	h := &handlers{svc: svc}
+	addResources(s, svc)
+	go publishUpdates(ctx, s, svc)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "submit_job",
 		Description: "Start a job in a new isolated sandbox (cwd /workspace; no network unless network egress); returns job_id at once. " +
@@ -67,13 +63,13 @@ func New(ctx context.Context, eng *engine.Engine, log *slog.Logger) *mcp.Server 
 	}, h.wait)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:         "get_job_result",
-		Description:  "Result of a finished job: exit_code, output (stdout+stderr; the last max_output_bytes, default 65536), error, artifacts. Fails while it runs.",
+		Description:  fmt.Sprintf("Result of a finished job: exit_code, output (stdout+stderr; the last max_output_bytes, default %d), error, artifacts. Fails while it runs.", delegate.DefaultOutputTail),
 		Annotations:  annotations(true, false, true),
 		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:         "get_job_logs",
-		Description:  "Output (stdout+stderr) from cursor on, at most max_bytes (default 65536), and next_cursor; readable while running in statusMode streaming.",
+		Description:  fmt.Sprintf("Output (stdout+stderr) from cursor on, at most max_bytes (default %d), and next_cursor; readable while running in statusMode streaming.", delegate.DefaultLogBytes),
 		Annotations:  annotations(true, false, true),
 		OutputSchema: outputSchema[LogsOut](),
 	}, h.logs)
@@ -111,7 +107,7 @@ func HTTPHandler(s *mcp.Server, sessionTimeout time.Duration, log *slog.Logger) 
 		&mcp.StreamableHTTPOptions{SessionTimeout: sessionTimeout, Logger: log})
 }
 
-type handlers struct{ eng *engine.Engine }
+type handlers struct{ svc delegate.JobService }
 
 // SubmitIn is submit_job's input.
 type SubmitIn struct {
@@ -126,7 +122,7 @@ type SubmitOut struct {
 }
 
 func (h *handlers) submit(ctx context.Context, _ *mcp.CallToolRequest, in SubmitIn) (*mcp.CallToolResult, SubmitOut, error) {
-	job, err := h.eng.SubmitWith(ctx, in.Manifest, engine.SubmitOptions{IdempotencyKey: in.IdempotencyKey})
+	job, err := h.svc.Submit(ctx, in.Manifest, delegate.SubmitOptions{IdempotencyKey: in.IdempotencyKey})
 	if err != nil {
 		return nil, SubmitOut{}, toolError(err)
 	}
@@ -151,7 +147,7 @@ type StatusOut struct {
 	DurationSeconds float64         `json:"duration_seconds"`
 	OutputBytes     int64           `json:"output_bytes"`
 	LastHeartbeat   *time.Time      `json:"last_heartbeat,omitempty"`
-	// Timeline is kept in statusMode detailed.
+	// Timeline is kept in statusMode detailed and streaming.
 	Timeline []delegate.Event `json:"timeline,omitempty"`
 }
 
@@ -165,15 +161,15 @@ func statusOf(j *delegate.Job) StatusOut {
 	}
 }
 
-// fullStatus adds the timeline of a detailed job.
-func fullStatus(ctx context.Context, eng *engine.Engine, j *delegate.Job) (StatusOut, error) {
+// fullStatus is a job's status with its timeline.
+func fullStatus(ctx context.Context, svc delegate.JobService, id string) (StatusOut, error) {
+	j, err := svc.Get(ctx, id)
+	if err != nil {
+		return StatusOut{}, err
+	}
 	out := statusOf(j)
-	if j.Manifest.StatusMode != delegate.StatusModeSimple {
-		evs, err := eng.Events(ctx, j.ID)
-		if err != nil {
-			return out, err
-		}
-		out.Timeline = evs
+	if out.Timeline, err = svc.Timeline(ctx, id); err != nil {
+		return StatusOut{}, err
 	}
 	return out, nil
 }
@@ -188,12 +184,11 @@ func timePtr(t time.Time) *time.Time {
 func seconds(d time.Duration) float64 { return float64(d.Milliseconds()) / 1000 }
 
 func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in JobIn) (*mcp.CallToolResult, StatusOut, error) {
-	j, err := h.eng.Get(ctx, in.JobID)
+	out, err := fullStatus(ctx, h.svc, in.JobID)
 	if err != nil {
 		return nil, StatusOut{}, toolError(err)
 	}
-	out, err := fullStatus(ctx, h.eng, j)
-	return nil, out, err
+	return nil, out, nil
 }
 
 // WaitIn is wait_job's input.
@@ -220,7 +215,7 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn
 	if wait == 0 {
 		wait = maxWait * time.Second
 	}
-	if _, err := h.eng.Get(ctx, in.JobID); err != nil {
+	if _, err := h.svc.Get(ctx, in.JobID); err != nil {
 		return nil, WaitOut{}, toolError(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
@@ -229,7 +224,7 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn
 	if token != nil {
 		go h.reportProgress(wctx, req, token, in.JobID)
 	}
-	j, err := h.eng.Wait(wctx, in.JobID)
+	j, err := h.svc.Wait(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
 		return nil, WaitOut{}, toolError(err)
 	}
@@ -242,10 +237,14 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in WaitIn
 // reportProgress sends a progress notification whenever the job's stored
 // progress changes, for clients that asked for them.
 func (h *handlers) reportProgress(ctx context.Context, req *mcp.CallToolRequest, token any, id string) {
+	changes := h.svc.Watch(ctx)
+	// Another process sharing the store changes jobs without telling this
+	// one: read again every second as well.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	last := ""
 	for n := 1; ; n++ {
-		changed := h.eng.Changed()
-		if j, err := h.eng.Get(ctx, id); err == nil && !j.Status.Terminal() {
+		if j, err := h.svc.Get(ctx, id); err == nil && !j.Status.Terminal() {
 			msg := string(j.Status)
 			if j.Progress != "" && j.Progress != msg {
 				msg += ": " + j.Progress
@@ -255,11 +254,21 @@ func (h *handlers) reportProgress(ctx context.Context, req *mcp.CallToolRequest,
 				req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: float64(n), Message: msg})
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-time.After(time.Second):
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				break wait
+			case changed, ok := <-changes:
+				if !ok {
+					return
+				}
+				if changed == id {
+					break wait
+				}
+			}
 		}
 	}
 }
@@ -287,57 +296,29 @@ type ResultOut struct {
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in ResultIn) (*mcp.CallToolResult, ResultOut, error) {
-	res, err := Result(ctx, h.eng, in.JobID, in.MaxOutputBytes)
+	r, err := h.svc.Result(ctx, in.JobID, delegate.ResultOptions{OutputTail: in.MaxOutputBytes})
 	if err != nil {
 		return nil, ResultOut{}, toolError(err)
 	}
-	return nil, res, nil
-}
-
-// Result builds a finished job's result; the CLI uses it too.
-func Result(ctx context.Context, eng *engine.Engine, id string, maxBytes int) (ResultOut, error) {
-	if maxBytes < 0 {
-		return ResultOut{}, &delegate.FieldError{Field: "max_output_bytes", Rule: "must be positive"}
-	}
-	if maxBytes == 0 {
-		maxBytes = defaultResultBytes
-	}
-	j, err := eng.Get(ctx, id)
-	if err != nil {
-		return ResultOut{}, err
-	}
-	if !j.Status.Terminal() {
-		return ResultOut{}, fmt.Errorf("job %s is %s: %w; call wait_job (or get_job_status) until it finishes", id, j.Status, delegate.ErrNotFinished)
-	}
-	kept, err := eng.OutputSize(ctx, id)
-	if err != nil {
-		return ResultOut{}, err
-	}
-	offset := max(0, kept-int64(maxBytes))
-	out, err := eng.Output(ctx, id, offset, maxBytes)
-	if err != nil {
-		return ResultOut{}, err
-	}
-	arts, err := eng.Artifacts(ctx, id)
-	if err != nil {
-		return ResultOut{}, err
-	}
-	return ResultOut{
-		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode,
-		Output: strings.ToValidUTF8(trimPartialRune(out, offset > 0), "\uFFFD"), OutputOffset: offset,
-		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
-		DurationSeconds: seconds(j.Duration(time.Now())),
+	return nil, ResultOut{
+		JobID: r.JobID, Status: r.Status, ExitCode: r.ExitCode,
+		Output: text(r.Output), OutputOffset: r.OutputOffset,
+		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
+		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: nonNil(r.Artifacts),
+		DurationSeconds: seconds(r.Duration),
 	}, nil
 }
 
-// trimPartialRune drops a UTF-8 sequence cut in two by the offset.
-func trimPartialRune(b []byte, cut bool) string {
-	for cut && len(b) > 0 && !utf8.RuneStart(b[0]) {
-		b = b[1:]
+// nonNil makes a missing list an empty one: the schema says array, not null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	return string(b)
+	return s
 }
+
+// text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
+func text(b []byte) string { return strings.ToValidUTF8(string(b), "\uFFFD") }
 
 // CancelOut says what cancel_job did.
 type CancelOut struct {
@@ -347,7 +328,7 @@ type CancelOut struct {
 }
 
 func (h *handlers) cancel(ctx context.Context, _ *mcp.CallToolRequest, in JobIn) (*mcp.CallToolResult, CancelOut, error) {
-	j, cancelled, err := h.eng.Cancel(ctx, in.JobID)
+	j, cancelled, err := h.svc.Cancel(ctx, in.JobID)
 	if err != nil {
 		return nil, CancelOut{}, toolError(err)
 	}
@@ -361,7 +342,7 @@ type ReleaseOut struct {
 }
 
 func (h *handlers) release(ctx context.Context, _ *mcp.CallToolRequest, in JobIn) (*mcp.CallToolResult, ReleaseOut, error) {
-	j, released, err := h.eng.Release(ctx, in.JobID)
+	j, released, err := h.svc.Release(ctx, in.JobID)
 	if err != nil {
 		return nil, ReleaseOut{}, toolError(err)
 	}
@@ -394,38 +375,16 @@ type JobSummary struct {
 }
 
 func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in ListIn) (*mcp.CallToolResult, ListOut, error) {
-	out, err := List(ctx, h.eng, in)
+	page, err := h.svc.List(ctx, delegate.ListOptions{Status: in.Status, Limit: in.Limit, Cursor: in.Cursor})
 	if err != nil {
 		return nil, ListOut{}, toolError(err)
 	}
+	out := ListOut{Jobs: make([]JobSummary, 0, len(page.Jobs)), NextCursor: page.NextCursor}
+	for _, j := range page.Jobs {
+		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.AgentType, Task: j.Task,
+			CreatedAt: j.CreatedAt, ExitCode: j.ExitCode, SandboxKept: j.SandboxKept})
+	}
 	return nil, out, nil
-}
-
-// List builds one page of job summaries; the CLI uses it too.
-func List(ctx context.Context, eng *engine.Engine, in ListIn) (ListOut, error) {
-	if in.Status != "" && !in.Status.Valid() {
-		return ListOut{}, &delegate.FieldError{Field: "status", Rule: fmt.Sprintf("must be one of %s (got %q)", statusNames(), in.Status)}
-	}
-	if in.Limit < 0 || in.Limit > 200 {
-		return ListOut{}, &delegate.FieldError{Field: "limit", Rule: fmt.Sprintf("must be between 1 and 200 (got %d)", in.Limit)}
-	}
-	jobs, next, err := eng.List(ctx, delegate.JobFilter{Status: in.Status, Limit: in.Limit, Cursor: in.Cursor})
-	if err != nil {
-		return ListOut{}, err
-	}
-	out := ListOut{Jobs: make([]JobSummary, 0, len(jobs)), NextCursor: next}
-	for _, j := range jobs {
-		task := j.Manifest.Task
-		if task == "" && j.Manifest.Agent != nil {
-			task = j.Manifest.Agent.Command
-		}
-		if r := []rune(task); len(r) > 80 {
-			task = string(r[:79]) + "…"
-		}
-		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.Manifest.AgentType, Task: task, CreatedAt: j.CreatedAt, ExitCode: j.ExitCode,
-			SandboxKept: j.Status.Terminal() && j.Manifest.Lifecycle == delegate.LifecyclePersistent && j.SandboxID != ""})
-	}
-	return out, nil
 }
 
 func statusNames() string {
@@ -442,6 +401,8 @@ func toolError(err error) error {
 	switch {
 	case errors.Is(err, delegate.ErrNotFound):
 		return fmt.Errorf("job_id: %w (list_jobs shows existing jobs)", err)
+	case errors.Is(err, delegate.ErrNotFinished):
+		return fmt.Errorf("%w (wait_job waits for it)", err)
 	default:
 		return err
 	}
@@ -482,7 +443,7 @@ func waitSchema() *jsonschema.Schema {
 func listSchema() *jsonschema.Schema {
 	s := mustSchema[ListIn]()
 	s.Properties["status"].Description = statusNames()
-	s.Properties["limit"].Description = "1..200 (default 20)"
+	s.Properties["limit"].Description = fmt.Sprintf("1..%d (default %d)", delegate.MaxPageSize, delegate.DefaultPageSize)
 	return s
 }
 

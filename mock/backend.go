@@ -1,6 +1,8 @@
-// Package mock is an in-memory sandbox backend for testing the engine's
-// logic (state machine races, recovery) without real processes. Each
-// process runs until the test ends it with Finish, or until it is killed.
+// Package mock holds hand-written test doubles. Backend is an in-memory
+// sandbox backend for testing the engine's logic (state machine races,
+// recovery) without real processes: each process runs until the test ends
+// it with Finish, or until it is killed. JobService stands in for the
+// engine when testing the adapters (MCP, HTTP, CLI).
 package mock
 
 import (

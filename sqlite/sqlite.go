@@ -225,20 +225,14 @@ func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
 	return j, nil
 }
 
-// DefaultPageSize and MaxPageSize bound ListJobs.
-const (
-	DefaultPageSize = 20
-	MaxPageSize     = 200
-)
-
 // ListJobs returns jobs newest first. The cursor is the opaque position
 // after the last job of the previous page.
 func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
 	limit := f.Limit
 	if limit <= 0 {
-		limit = DefaultPageSize
+		limit = delegate.DefaultPageSize
 	}
-	limit = min(limit, MaxPageSize)
+	limit = min(limit, delegate.MaxPageSize)
 	query := `SELECT seq, ` + jobColumns + ` FROM jobs WHERE 1=1`
 	var args []any
 	if f.Cursor != "" {

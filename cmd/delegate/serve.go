@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,28 +12,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	httpAddr := fs.String("http", "", "serve MCP Streamable HTTP at ADDR (e.g. 127.0.0.1:8080) instead of stdio")
-	sessionTimeout := fs.Duration("session-timeout", 30*time.Minute, "close idle HTTP sessions after this long")
-	cfg.addFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q", fs.Arg(0))
-	}
-	if err := cfg.check(); err != nil {
-		return usageError{err}
-	}
-	// stdout is the MCP channel in stdio mode: logs go to stderr only.
-	log := newLogger(stderr, cfg.LogLevel)
+// serve runs the MCP server (stdio or Streamable HTTP) and the callback
+// server over one engine until ctx ends.
+func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
 	callbacks, callbackURL := listenCallbacks(cfg, log)
 	a, err := openApp(ctx, cfg, log, true, callbackURL)
 	if err != nil {
@@ -53,7 +39,7 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 		return err
 	}
 	server := mcpserver.New(ctx, a.eng, log)
-	if *httpAddr == "" {
+	if opts.HTTPAddr == "" {
 		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir)
 		err := server.Run(ctx, &mcp.StdioTransport{})
 		if ctx.Err() != nil || errors.Is(err, io.EOF) {
@@ -61,12 +47,12 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 		}
 		return err
 	}
-	ln, err := net.Listen("tcp", *httpAddr)
+	ln, err := net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("--http: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpserver.HTTPHandler(server, *sessionTimeout, log))
+	mux.Handle("/mcp", mcpserver.HTTPHandler(server, opts.SessionTimeout, log))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
@@ -90,7 +76,7 @@ func cmdServe(ctx context.Context, cfg config, args []string, stderr io.Writer) 
 // dir's jobs just as well), jobs still run: they report through their
 // status file, and through that other server when CALLBACK_PUBLIC_URL
 // points at it.
-func listenCallbacks(cfg config, log *slog.Logger) (net.Listener, string) {
+func listenCallbacks(cfg cli.Config, log *slog.Logger) (net.Listener, string) {
 	if cfg.CallbackPort == 0 {
 		return nil, ""
 	}

@@ -1,10 +1,11 @@
-package main
+package cli
 
 import (
-	"flag"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 func TestLoadConfig(t *testing.T) {
@@ -12,9 +13,9 @@ func TestLoadConfig(t *testing.T) {
 		name    string
 		env     map[string]string
 		wantErr []string // every variable the error must name
-		check   func(t *testing.T, c config)
+		check   func(t *testing.T, c Config)
 	}{
-		{"defaults", nil, nil, func(t *testing.T, c config) {
+		{"defaults", nil, nil, func(t *testing.T, c Config) {
 			if c.Defaults.Timeout != 3600 || c.Defaults.CPU != 2 || c.Defaults.Memory != "2G" || c.Defaults.Disk != "10G" ||
 				c.CleanupInterval != 30*time.Second || c.MaxConcurrent != 4 || c.OutputLimit != 4<<20 || c.Backend != "local" {
 				t.Errorf("defaults: %+v", c)
@@ -27,7 +28,7 @@ func TestLoadConfig(t *testing.T) {
 			"DEFAULT_TIMEOUT": "60", "DEFAULT_CPU": "0.5", "DEFAULT_MEMORY": "512M", "DEFAULT_DISK": "1G",
 			"CLEANUP_INTERVAL_SECONDS": "5", "DEFAULT_VM_TEMPLATE": "/srv/rootfs", "DELEGATE_DATA_DIR": "/var/lib/delegate",
 			"DELEGATE_MAX_CONCURRENT": "9", "DELEGATE_OUTPUT_LIMIT": "1M", "DELEGATE_LOG_LEVEL": "debug",
-		}, nil, func(t *testing.T, c config) {
+		}, nil, func(t *testing.T, c Config) {
 			if c.Defaults.Timeout != 60 || c.Defaults.CPU != 0.5 || c.Defaults.Memory != "512M" || c.Defaults.Disk != "1G" ||
 				c.CleanupInterval != 5*time.Second || c.Defaults.VMTemplate != "/srv/rootfs" || c.DataDir != "/var/lib/delegate" ||
 				c.MaxConcurrent != 9 || c.OutputLimit != 1<<20 || c.LogLevel.String() != "DEBUG" {
@@ -44,7 +45,7 @@ func TestLoadConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := loadConfig(func(k string) string { return tc.env[k] })
+			c, err := LoadConfig(func(k string) string { return tc.env[k] })
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatal(err)
@@ -65,14 +66,15 @@ func TestLoadConfig(t *testing.T) {
 }
 
 func TestFlagsOverrideEnv(t *testing.T) {
-	c, err := loadConfig(func(k string) string {
+	c, err := LoadConfig(func(k string) string {
 		return map[string]string{"DELEGATE_DATA_DIR": "/from/env", "DELEGATE_MAX_CONCURRENT": "2"}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	c.addFlags(fs)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	c.addDataDirFlag(fs)
+	c.addConcurrencyFlag(fs)
 	if err := fs.Parse([]string{"--data-dir", "/from/flag", "--max-concurrent", "7"}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,10 @@
-package main
+package cli
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,9 +14,30 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/spf13/cobra"
+	flag "github.com/spf13/pflag"
 )
 
-const pveSimUsage = `delegate pve-sim runs a simulated Proxmox VE cluster (for demos and tests of
+// pveSimCmd runs cmdPveSim, which parses its own flags, so that
+// `delegate help pve-sim` and `delegate pve-sim --help` print the same.
+func (p *Program) pveSimCmd(cfg *Config) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:                "pve-sim [flags]",
+		Short:              "Run a Proxmox VE API simulator (prints the env to use it)",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cmdPveSim(cmd.Context(), *cfg, args, p.Stdout, p.Stderr)
+		},
+	}
+	cmd.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
+		cmdPveSim(cmd.Context(), *cfg, []string{"--help"}, p.Stdout, p.Stdout)
+	})
+	return cmd
+}
+
+const pveSimUsage = `Usage: delegate pve-sim [flags]
+
+delegate pve-sim runs a simulated Proxmox VE cluster (for demos and tests of
 the Proxmox backend) and prints, on stdout, the environment that points
 "delegate serve" at it:
 
@@ -29,6 +50,7 @@ Guests really run commands, each in a local sandbox: run it as root.
 type kvList map[string]string
 
 func (l kvList) String() string { return fmt.Sprint(map[string]string(l)) }
+func (l kvList) Type() string   { return "KEY=VALUE" }
 
 func (l kvList) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
@@ -43,9 +65,10 @@ func (l kvList) Set(s string) error {
 type strList []string
 
 func (l *strList) String() string     { return strings.Join(*l, ",") }
+func (l *strList) Type() string       { return "string" }
 func (l *strList) Set(s string) error { *l = append(*l, s); return nil }
 
-func cmdPveSim(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
+func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("pve-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -75,7 +98,10 @@ func cmdPveSim(ctx context.Context, cfg config, args []string, stdout, stderr io
 	sandboxDir := fs.String("sandbox-dir", "", "directory of the guests' sandboxes (default: a temporary one)")
 	seed := fs.Int64("seed", 0, "seed of the random fault injection (0: random)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -28,11 +29,11 @@ const (
 	realTask  = 300 * time.Millisecond // config, stop, destroy
 )
 
-// benchProxmox runs n jobs, one after the other, through the engine and
-// the Proxmox backend against a simulator whose latencies are the real
-// ones divided by scale, and prints submit→running, submit→done and the
-// API calls per job.
-func benchProxmox(ctx context.Context, cfg config, n int, scale float64, stdout, stderr io.Writer) error {
+// Proxmox runs n jobs, one after the other, through the engine and the
+// Proxmox backend against a simulator whose latencies are the real ones
+// divided by scale, and prints submit→running, submit→done and the API
+// calls per job.
+func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *slog.Logger) error {
 	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / scale) }
 	dir, err := os.MkdirTemp("", "delegate-bench-pve-")
 	if err != nil {
@@ -85,7 +86,7 @@ func benchProxmox(ctx context.Context, cfg config, n int, scale float64, stdout,
 	eng := engine.New(store, backend, engine.Config{
 		Defaults:     delegate.Defaults{Timeout: 600, CPU: 1, Memory: "512M", Disk: "1G"},
 		PollInterval: poll, ArtifactDir: dir + "/artifacts", CleanupInterval: time.Hour,
-		Logger: newLogger(stderr, slogWarn),
+		Logger: log,
 	})
 	if err := eng.Start(ctx); err != nil {
 		return err
@@ -97,7 +98,7 @@ func benchProxmox(ctx context.Context, cfg config, n int, scale float64, stdout,
 	for range n {
 		before := len(sim.Requests())
 		start := time.Now()
-		j, err := eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo hello"})
+		j, err := eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo hello"}, delegate.SubmitOptions{})
 		if err != nil {
 			return err
 		}

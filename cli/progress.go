@@ -1,16 +1,13 @@
-package main
+package cli
 
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 )
-
-const slogWarn = slog.LevelWarn
 
 // progressLine shows a job's state on stderr: a spinner line redrawn in
 // place on a terminal, or a plain line per change otherwise.

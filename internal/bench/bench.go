@@ -1,8 +1,10 @@
-package main
+// Package bench measures delegate on the machine it runs on: the sandbox
+// start and a job's round trip, and Proxmox jobs against the simulator.
+// `delegate bench` prints its figures.
+package bench
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,49 +17,40 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
-// cmdBench measures, in one run on this machine, plain exec of /bin/true,
+// App is a job service with the sandbox backend under it.
+type App struct {
+	Jobs    delegate.JobService
+	Backend sandbox.Backend
+	Close   func()
+}
+
+// Opener opens an App over a fresh data dir, running one job at a time
+// with small sandboxes (256M memory, 64M disk).
+type Opener func(ctx context.Context, dataDir string) (*App, error)
+
+// Local measures, in one run on this machine, plain exec of /bin/true,
 // the sandbox start of /bin/true, and a full job round trip through the
 // engine, and prints medians and ratios against plain exec.
-func cmdBench(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	n := fs.Int("n", 30, "runs of each measurement")
-	proxmoxSim := fs.Bool("proxmox-sim", false, "measure Proxmox jobs against a simulator with real-world latencies instead")
-	scale := fs.Float64("scale", 10, "with --proxmox-sim: divide the simulated latencies by this")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *n < 1 {
-		return usagef("-n: must be at least 1")
-	}
-	if *proxmoxSim {
-		if *scale < 1 {
-			return usagef("--scale: must be at least 1")
-		}
-		return benchProxmox(ctx, cfg, min(*n, 10), *scale, stdout, stderr)
-	}
+func Local(ctx context.Context, n int, open Opener, stdout io.Writer) error {
 	dir, err := os.MkdirTemp("", "delegate-bench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfg.DataDir = dir
-	cfg.MaxConcurrent = 1
-	cfg.Defaults.Memory, cfg.Defaults.Disk = "256M", "64M"
-	a, err := openApp(ctx, cfg, newLogger(stderr, slogWarn), true, "")
+	a, err := open(ctx, dir)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
 
-	plain := measure(*n, func() error { return exec.Command("/bin/true").Run() })
-	sandboxed := measure(*n, func() error { return sandboxTrue(ctx, a.eng.Backend()) })
-	job := measure(*n, func() error {
-		j, err := a.eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentCustom, Agent: &delegate.AgentConfig{Command: "exec /bin/true"}})
+	plain := measure(n, func() error { return exec.Command("/bin/true").Run() })
+	sandboxed := measure(n, func() error { return sandboxTrue(ctx, a.Backend) })
+	job := measure(n, func() error {
+		j, err := a.Jobs.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentCustom, Agent: &delegate.AgentConfig{Command: "exec /bin/true"}}, delegate.SubmitOptions{})
 		if err != nil {
 			return err
 		}
-		j, err = a.eng.Wait(ctx, j.ID)
+		j, err = a.Jobs.Wait(ctx, j.ID)
 		if err != nil {
 			return err
 		}
@@ -71,7 +64,7 @@ func cmdBench(ctx context.Context, cfg config, args []string, stdout, stderr io.
 			return r.err
 		}
 	}
-	fmt.Fprintf(stdout, "delegate bench: %d runs each, medians (p90) on %s\n", *n, hostDesc())
+	fmt.Fprintf(stdout, "delegate bench: %d runs each, medians (p90) on %s\n", n, hostDesc())
 	fmt.Fprintf(stdout, "%-44s %10s %10s %8s\n", "", "median", "p90", "ratio")
 	row := func(name string, r *result) {
 		fmt.Fprintf(stdout, "%-44s %8.2fms %8.2fms %7.1fx\n", name, ms(r.median()), ms(r.p90()), float64(r.median())/float64(plain.median()))

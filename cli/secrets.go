@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -48,6 +48,16 @@ func loadSecrets(path string) (map[string]string, error) {
 		return nil, fmt.Errorf("DELEGATE_SECRETS_FILE: %w", err)
 	}
 	return secrets, nil
+}
+
+// SecretResolver loads DELEGATE_SECRETS_FILE and returns what resolves a
+// job's secret names on the server.
+func (c Config) SecretResolver() (func(string) (string, bool), error) {
+	file, err := loadSecrets(c.SecretsFile)
+	if err != nil {
+		return nil, err
+	}
+	return secretResolver(file), nil
 }
 
 // secretResolver looks a secret up in DELEGATE_SECRET_<NAME>, then in the

@@ -1,7 +1,6 @@
-package main
+package cli
 
 import (
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,11 +13,12 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/pve"
+	"github.com/spf13/pflag"
 )
 
-// config is everything the environment and flags decide. Environment names
+// Config is everything the environment and flags decide. Environment names
 // follow the seed where it had one; flags override the environment.
-type config struct {
+type Config struct {
 	DataDir         string
 	Backend         string
 	MaxConcurrent   int
@@ -46,27 +46,37 @@ type envVar struct {
 	name, def, help string
 }
 
-var envVars = []envVar{
-	{"DELEGATE_DATA_DIR", "$XDG_STATE_HOME/delegate or ~/.local/state/delegate", "state directory: jobs.db, sandboxes"},
-	{"DELEGATE_BACKEND", "local", "sandbox backend: local or proxmox"},
-	{"DELEGATE_MAX_CONCURRENT", "4", "jobs running at once; more wait as pending"},
-	{"DELEGATE_OUTPUT_LIMIT", "4M", "output kept per job (the rest is counted, not kept)"},
-	{"DELEGATE_LOG_LEVEL", "info", "debug, info, warn or error (logs go to stderr)"},
-	{"DEFAULT_TIMEOUT", "3600", "job timeout in seconds when the manifest has none (1..86400)"},
-	{"DEFAULT_CPU", "2", "cpu cores per job"},
-	{"DEFAULT_MEMORY", "2G", "memory per job"},
-	{"DEFAULT_DISK", "10G", "size of /workspace per job"},
-	{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs directory)"},
-	{"CLEANUP_INTERVAL_SECONDS", "30", "how often orphaned sandboxes are looked for"},
-	{"CALLBACK_HOST", "127.0.0.1", "address the callback server binds"},
-	{"CALLBACK_PORT", "8765", "port of the callback server (0: none)"},
-	{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
-	{"HEARTBEAT_THRESHOLD_SECONDS", "120", "a running job silent this long fails with lost heartbeat"},
-	{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+// Defaults of the settings that are not job defaults of package delegate.
+const (
+	defaultCallbackHost = "127.0.0.1"
+	defaultCallbackPort = 8765
+)
+
+// envVars lists the settings for `delegate --help`.
+func envVars() []envVar {
+	return []envVar{
+		{"DELEGATE_DATA_DIR", "$XDG_STATE_HOME/delegate or ~/.local/state/delegate", "state directory: jobs.db, sandboxes"},
+		{"DELEGATE_BACKEND", "local", "sandbox backend: local or proxmox"},
+		{"DELEGATE_MAX_CONCURRENT", strconv.Itoa(delegate.DefaultMaxConcurrent), "jobs running at once; more wait as pending"},
+		{"DELEGATE_OUTPUT_LIMIT", fmt.Sprintf("%dM", delegate.DefaultOutputLimit>>20), "output kept per job (the rest is counted, not kept)"},
+		{"DELEGATE_LOG_LEVEL", "info", "debug, info, warn or error (logs go to stderr)"},
+		{"DEFAULT_TIMEOUT", strconv.Itoa(delegate.DefaultTimeoutSeconds), fmt.Sprintf("job timeout in seconds when the manifest has none (1..%d)", delegate.MaxTimeoutSeconds)},
+		{"DEFAULT_CPU", strconv.Itoa(delegate.DefaultCPU), "cpu cores per job"},
+		{"DEFAULT_MEMORY", delegate.DefaultMemory, "memory per job"},
+		{"DEFAULT_DISK", delegate.DefaultDisk, "size of /workspace per job"},
+		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs directory)"},
+		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
+		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
+		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
+		{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
+		{"HEARTBEAT_THRESHOLD_SECONDS", strconv.Itoa(int(delegate.DefaultHeartbeatThreshold.Seconds())), "a running job silent this long fails with lost heartbeat"},
+		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+	}
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+func defaultDataDir(getenv func(string) string) string {
+	if d := getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "delegate")
 	}
 	if home, err := os.UserHomeDir(); err == nil {
@@ -75,20 +85,20 @@ func defaultDataDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("delegate-%d", os.Getuid()))
 }
 
-// loadConfig reads the environment. Every error names the variable.
-func loadConfig(getenv func(string) string) (config, error) {
-	c := config{
-		DataDir:         defaultDataDir(),
+// LoadConfig reads the environment. Every error names the variable.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	c := Config{
+		DataDir:         defaultDataDir(getenv),
 		Backend:         "local",
-		MaxConcurrent:   4,
-		OutputLimit:     4 << 20,
-		CleanupInterval: 30 * time.Second,
-		Defaults:        delegate.Defaults{Timeout: 3600, CPU: 2, Memory: "2G", Disk: "10G"},
+		MaxConcurrent:   delegate.DefaultMaxConcurrent,
+		OutputLimit:     delegate.DefaultOutputLimit,
+		CleanupInterval: delegate.DefaultCleanupInterval,
+		Defaults:        delegate.ServerDefaults(),
 		LogLevel:        slog.LevelInfo,
 
-		CallbackHost:       "127.0.0.1",
-		CallbackPort:       8765,
-		HeartbeatThreshold: 120 * time.Second,
+		CallbackHost:       defaultCallbackHost,
+		CallbackPort:       defaultCallbackPort,
+		HeartbeatThreshold: delegate.DefaultHeartbeatThreshold,
 	}
 	var errs []string
 	bad := func(name, rule string) { errs = append(errs, fmt.Sprintf("%s=%q: %s", name, getenv(name), rule)) }
@@ -125,7 +135,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	intIn("DELEGATE_MAX_CONCURRENT", 1, 1024, &c.MaxConcurrent)
 	if v := getenv("DELEGATE_OUTPUT_LIMIT"); v != "" {
 		n, err := delegate.ParseSize(v)
-		if err != nil || n < 1024 || n > 1<<30 {
+		if err != nil || n < delegate.MinOutputLimit || n > delegate.MaxOutputLimit {
 			bad("DELEGATE_OUTPUT_LIMIT", "must be a size from 1K to 1G, like 4M")
 		} else {
 			c.OutputLimit = n
@@ -148,7 +158,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	size("DEFAULT_MEMORY", delegate.MinMemoryBytes, &c.Defaults.Memory)
 	size("DEFAULT_DISK", delegate.MinDiskBytes, &c.Defaults.Disk)
 	str("DEFAULT_VM_TEMPLATE", &c.Defaults.VMTemplate)
-	cleanup := 30
+	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)
 	c.CleanupInterval = time.Duration(cleanup) * time.Second
 	str("CALLBACK_HOST", &c.CallbackHost)
@@ -162,7 +172,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 			c.CallbackPublicURL = strings.TrimSuffix(v, "/")
 		}
 	}
-	heartbeat := 120
+	heartbeat := int(c.HeartbeatThreshold.Seconds())
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
@@ -187,24 +197,28 @@ func loadConfig(getenv func(string) string) (config, error) {
 	return c, nil
 }
 
-// addFlags lets flags override the environment for the settings that make
-// sense per command.
-func (c *config) addFlags(fs *flag.FlagSet) {
+// addDataDirFlag lets --data-dir override the environment.
+func (c *Config) addDataDirFlag(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "state directory (env DELEGATE_DATA_DIR)")
+}
+
+// addConcurrencyFlag lets --max-concurrent override the environment, for
+// the commands that run jobs.
+func (c *Config) addConcurrencyFlag(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxConcurrent, "max-concurrent", c.MaxConcurrent, "jobs running at once (env DELEGATE_MAX_CONCURRENT)")
 }
 
 // check validates what flags may have changed.
-func (c *config) check() error {
+func (c *Config) check() error {
 	if c.MaxConcurrent < 1 || c.MaxConcurrent > 1024 {
-		return fmt.Errorf("-max-concurrent: must be from 1 to 1024 (got %d)", c.MaxConcurrent)
+		return fmt.Errorf("--max-concurrent: must be from 1 to 1024 (got %d)", c.MaxConcurrent)
 	}
 	if c.DataDir == "" {
-		return fmt.Errorf("-data-dir: must not be empty")
+		return fmt.Errorf("--data-dir: must not be empty")
 	}
 	abs, err := filepath.Abs(c.DataDir)
 	if err != nil {
-		return fmt.Errorf("-data-dir: %w", err)
+		return fmt.Errorf("--data-dir: %w", err)
 	}
 	c.DataDir = abs
 	return nil

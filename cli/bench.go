@@ -1,0 +1,37 @@
+package cli
+
+import (
+	"log/slog"
+
+	"github.com/spf13/cobra"
+)
+
+func (p *Program) benchCmd(cfg *Config) *cobra.Command {
+	var opts BenchOptions
+	cmd := &cobra.Command{
+		Use:   "bench [flags]",
+		Short: "Measure sandbox start and job round trip",
+		Long: `Measure, in one run on this machine, plain exec of /bin/true, the sandbox
+start of /bin/true and a full job round trip through the engine, and print
+medians with ratios to plain exec. With --proxmox-sim, measure Proxmox jobs
+against the simulator with real-world latencies divided by --scale.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.Runs < 1 {
+				return usagef("--runs: must be at least 1")
+			}
+			if opts.ProxmoxSim {
+				if opts.Scale < 1 {
+					return usagef("--scale: must be at least 1")
+				}
+				opts.Runs = min(opts.Runs, 10)
+			}
+			return p.Bench(cmd.Context(), *cfg, opts, p.Stdout, newLogger(p.Stderr, slog.LevelWarn))
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVarP(&opts.Runs, "runs", "n", 30, "runs of each measurement (at most 10 with --proxmox-sim)")
+	fs.BoolVar(&opts.ProxmoxSim, "proxmox-sim", false, "measure Proxmox jobs against a simulator with real-world latencies instead")
+	fs.Float64Var(&opts.Scale, "scale", 10, "with --proxmox-sim: divide the simulated latencies by this")
+	return cmd
+}

@@ -1,0 +1,229 @@
+// Package cli is delegate's command line: the commands, their flags and
+// help, and what they print. The job commands (run, jobs) use a
+// delegate.JobService and nothing else; the commands that need more of the
+// program (serve, bench) call the functions that main wires in Program.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/spf13/cobra"
+)
+
+// Exit statuses of the delegate command itself. `delegate run` and
+// `delegate jobs result` otherwise exit with the job's own code.
+const (
+	ExitError = 1 // the command failed
+	ExitUsage = 2 // a mistake in the command line or the configuration
+	// ExitRunError is what `delegate run` exits with when delegate, not the
+	// job, failed (like docker run): the job's own codes pass through.
+	ExitRunError = 125
+	// ExitTimeout and ExitCancelled stand for a job that timed out or was
+	// cancelled (as timeout(1) and a shell's Ctrl-C do).
+	ExitTimeout   = 124
+	ExitCancelled = 130
+)
+
+// Program is what the commands need from the program around them.
+type Program struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Getenv reads the environment (os.Getenv; tests pass their own).
+	Getenv  func(string) string
+	Version string
+	// Open opens the job service over cfg's data dir. With runJobs it can
+	// run jobs too (a sandbox backend and a started engine); without, it
+	// only reads and changes stored jobs. close releases it.
+	Open func(ctx context.Context, cfg Config, log *slog.Logger, runJobs bool) (svc delegate.JobService, close func(), err error)
+	// Serve runs the MCP server until ctx ends.
+	Serve func(ctx context.Context, cfg Config, opts ServeOptions, log *slog.Logger) error
+	// Bench runs the benchmarks and prints their figures on out.
+	Bench func(ctx context.Context, cfg Config, opts BenchOptions, out io.Writer, log *slog.Logger) error
+	// PollInterval is how often a command that follows a job reads it
+	// again (another process may be driving it). Default 200 ms.
+	PollInterval time.Duration
+}
+
+// ServeOptions are the flags of `delegate serve`.
+type ServeOptions struct {
+	// HTTPAddr serves MCP over Streamable HTTP at this address; "" for stdio.
+	HTTPAddr       string
+	SessionTimeout time.Duration
+}
+
+// BenchOptions are the flags of `delegate bench`.
+type BenchOptions struct {
+	Runs int
+	// ProxmoxSim measures Proxmox jobs against the simulator, with the
+	// real-world latencies divided by Scale.
+	ProxmoxSim bool
+	Scale      float64
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// configError is an invalid setting in the environment.
+type configError struct{ error }
+
+// jobExit ends the command with a job's exit status; what to say about the
+// job has already been printed.
+type jobExit int
+
+func (e jobExit) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// Execute runs the command line args (without the program name) and
+// returns the exit status. Errors are printed once, on stderr.
+func Execute(ctx context.Context, p Program, args []string) int {
+	if p.PollInterval <= 0 {
+		p.PollInterval = 200 * time.Millisecond
+	}
+	if p.Getenv == nil {
+		p.Getenv = func(string) string { return "" }
+	}
+	root := p.root()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	var code jobExit
+	if errors.As(err, &code) {
+		return int(code)
+	}
+	name := "delegate"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	fmt.Fprintf(p.Stderr, "%s: %v\n", name, err)
+	inRun := cmd != nil && cmd.Name() == "run" && cmd.Parent() == root
+	var usage usageError
+	var config configError
+	switch {
+	case errors.As(err, &usage):
+		fmt.Fprintf(p.Stderr, "Run '%s --help' for usage.\n", name)
+		if inRun {
+			return ExitRunError
+		}
+		return ExitUsage
+	case inRun:
+		return ExitRunError
+	case errors.As(err, &config):
+		return ExitUsage
+	}
+	return ExitError
+}
+
+func (p *Program) root() *cobra.Command {
+	cfg, cfgErr := LoadConfig(p.Getenv)
+	root := &cobra.Command{
+		Use:   "delegate",
+		Short: "Run jobs in isolated sandboxes, for AI agents (over MCP) and people",
+		Long: "delegate runs jobs in isolated sandboxes, for AI agents (over MCP) and people.\n\n" +
+			"Configuration comes from the environment; flags override it.",
+		Version: p.Version,
+		Args:    cobra.ArbitraryArgs,
+		// The commands print their own errors, once (see Execute).
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if cfgErr != nil {
+				return configError{cfgErr}
+			}
+			if err := cfg.check(); err != nil {
+				return usageError{err}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(cmd, args[0])
+			}
+			return cmd.Help()
+		},
+	}
+	root.SetIn(p.Stdin)
+	root.SetOut(p.Stdout)
+	root.SetErr(p.Stderr)
+	root.SetVersionTemplate("delegate {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetUsageTemplate(root.UsageTemplate() + environmentHelp())
+	root.CompletionOptions.DisableDefaultCmd = true
+	cfg.addDataDirFlag(root.PersistentFlags())
+	root.AddCommand(
+		p.serveCmd(&cfg),
+		p.runCmd(&cfg),
+		p.jobsCmd(&cfg),
+		p.pveSimCmd(&cfg),
+		p.benchCmd(&cfg),
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the version",
+			Args:  noArgs,
+			Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "delegate", p.Version) },
+		},
+	)
+	return root
+}
+
+// environmentHelp is the settings table shown with the root command's
+// usage only.
+func environmentHelp() string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	for _, v := range envVars() {
+		line := v.help
+		if v.def != "" {
+			line += " (default " + v.def + ")"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", v.name, line)
+	}
+	tw.Flush()
+	text := strings.ReplaceAll(b.String(), "{{", "{{`{{`}}")
+	return "{{if not .HasParent}}\nEnvironment:\n" + text + "{{end}}"
+}
+
+func unknownCommand(cmd *cobra.Command, name string) error {
+	msg := fmt.Sprintf("unknown command %q for %q", name, cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(name); len(s) > 0 {
+		msg += fmt.Sprintf("; did you mean %q?", s[0])
+	}
+	return usageError{errors.New(msg)}
+}
+
+// noArgs and exactArgs check positional arguments as usage errors.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q", args[0])
+	}
+	return nil
+}
+
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < len(names) {
+			return usagef("missing %s", strings.Join(names[len(args):], " and "))
+		}
+		if len(args) > len(names) {
+			return usagef("unexpected argument %q", args[len(names)])
+		}
+		return nil
+	}
+}
+
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}

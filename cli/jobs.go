@@ -1,0 +1,347 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/spf13/cobra"
+)
+
+func (p *Program) jobsCmd(cfg *Config) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "jobs",
+		Short: "Read and manage stored jobs",
+		Long: `Read and manage the jobs stored in the data dir, the same ones the server
+sees: "jobs cancel" reaches a job that a running server is driving.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(cmd, args[0])
+			}
+			return cmd.Help()
+		},
+	}
+	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
+		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg))
+	return cmd
+}
+
+// withService runs fn with the job service over the data dir.
+func (p *Program) withService(ctx context.Context, cfg Config, fn func(delegate.JobService) error) error {
+	svc, closeSvc, err := p.Open(ctx, cfg, newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)), false)
+	if err != nil {
+		return err
+	}
+	defer closeSvc()
+	return fn(svc)
+}
+
+func (p *Program) printJSON(v any) error {
+	enc := json.NewEncoder(p.Stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func (p *Program) jobsListCmd(cfg *Config) *cobra.Command {
+	var (
+		status, cursor string
+		limit          int
+		asJSON         bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list [flags]",
+		Short: "List jobs, newest first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st := delegate.Status(status)
+			if status != "" && !st.Valid() {
+				return usagef("--status: must be one of %s (got %q)", statusList(), status)
+			}
+			return p.withService(cmd.Context(), *cfg, func(svc delegate.JobService) error {
+				page, err := svc.List(cmd.Context(), delegate.ListOptions{Status: st, Limit: limit, Cursor: cursor})
+				if err != nil {
+					return flagError(err)
+				}
+				if asJSON {
+					return p.printJSON(page)
+				}
+				tw := tabwriter.NewWriter(p.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "JOB\tSTATUS\tEXIT\tCREATED\tTASK")
+				for _, j := range page.Jobs {
+					exit := "-"
+					if j.ExitCode != nil {
+						exit = fmt.Sprint(*j.ExitCode)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%q\n", j.ID, j.Status, exit, j.CreatedAt.Local().Format(time.DateTime), j.Task)
+				}
+				tw.Flush()
+				if page.NextCursor != "" {
+					fmt.Fprintf(p.Stderr, "more: delegate jobs list --cursor %s\n", page.NextCursor)
+				}
+				return nil
+			})
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&status, "status", "", "only jobs with this status ("+statusList()+")")
+	fs.IntVar(&limit, "limit", delegate.DefaultPageSize, fmt.Sprintf("jobs per page (at most %d)", delegate.MaxPageSize))
+	fs.StringVar(&cursor, "cursor", "", "continue after the previous page (its next cursor)")
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func statusList() string {
+	names := make([]string, len(delegate.Statuses))
+	for i, s := range delegate.Statuses {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
+}
+
+// flagError turns the service's complaint about an option (a FieldError
+// naming status, limit or cursor) into a usage error naming the flag.
+func flagError(err error) error {
+	var fe *delegate.FieldError
+	if errors.As(err, &fe) {
+		return usagef("--%s: %s", strings.ReplaceAll(fe.Field, "_", "-"), fe.Rule)
+	}
+	return err
+}
+
+// statusJSON is a job with its timeline, as `jobs status --json` prints it.
+type statusJSON struct {
+	*delegate.Job
+	Timeline []delegate.Event `json:"timeline,omitempty"`
+}
+
+func (p *Program) jobsStatusCmd(cfg *Config) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status ID [flags]",
+		Short: "Show a job's status and timeline",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				j, err := svc.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				timeline, err := svc.Timeline(ctx, j.ID)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return p.printJSON(statusJSON{Job: j, Timeline: timeline})
+				}
+				p.printStatus(j, timeline)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: the job, its manifest and timeline")
+	return cmd
+}
+
+func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
+	w := p.Stdout
+	fmt.Fprintf(w, "%s %s", j.ID, j.Status)
+	if j.Progress != "" && j.Progress != string(j.Status) {
+		fmt.Fprintf(w, " (%s)", j.Progress)
+	}
+	if j.Error != "" {
+		fmt.Fprintf(w, ": %s", j.Error)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(name, format string, args ...any) {
+		fmt.Fprintf(tw, "  %s\t"+format+"\n", append([]any{name}, args...)...)
+	}
+	m := j.Manifest
+	row("agent", "%s, statusMode %s, lifecycle %s, backend %s", m.AgentType, m.StatusMode, m.Lifecycle, j.Backend)
+	row("created", "%s", j.CreatedAt.Local().Format(time.DateTime))
+	if !j.StartedAt.IsZero() {
+		row("started", "%s", j.StartedAt.Local().Format(time.DateTime))
+	}
+	if !j.FinishedAt.IsZero() {
+		row("finished", "%s, after %.1fs", j.FinishedAt.Local().Format(time.DateTime), j.Duration(time.Now()).Seconds())
+	}
+	if j.ExitCode != nil {
+		row("exit code", "%d", *j.ExitCode)
+	}
+	row("output", "%d bytes%s", j.OutputBytes, map[bool]string{true: " (truncated)"}[j.OutputTruncated])
+	tw.Flush()
+	if len(timeline) > 0 {
+		fmt.Fprintln(w, "timeline:")
+		for _, ev := range timeline {
+			fmt.Fprintf(w, "  %s  %s\n", ev.Time.Local().Format("15:04:05.000"), ev.Message)
+		}
+	}
+}
+
+// resultJSON is a result as `jobs result --json` prints it.
+type resultJSON struct {
+	*delegate.JobResult
+	Output          string  `json:"output"`
+	DurationSeconds float64 `json:"duration_seconds"`
+}
+
+func (p *Program) jobsResultCmd(cfg *Config) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "result ID [flags]",
+		Short: "Print a finished job's output and exit with its exit code",
+		Long: `Print a finished job's output on stdout and its outcome on stderr, and exit
+with the job's exit code (124 when it timed out, 130 when it was cancelled).`,
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				res, err := svc.Result(ctx, args[0], delegate.ResultOptions{OutputTail: int(delegate.MaxOutputLimit)})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if err := p.printJSON(resultJSON{JobResult: res, Output: strings.ToValidUTF8(string(res.Output), "\uFFFD"),
+						DurationSeconds: float64(res.Duration.Milliseconds()) / 1000}); err != nil {
+						return err
+					}
+				} else {
+					if _, err := p.Stdout.Write(res.Output); err != nil {
+						return err
+					}
+					line := fmt.Sprintf("%s %s in %.1fs", res.JobID, res.Status, res.Duration.Seconds())
+					if res.ExitCode != nil {
+						line += fmt.Sprintf(", exit code %d", *res.ExitCode)
+					}
+					if res.Error != "" {
+						line += ": " + res.Error
+					}
+					fmt.Fprintln(p.Stderr, line)
+				}
+				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (output, exit code, error, artifacts...)")
+	return cmd
+}
+
+func (p *Program) jobsLogsCmd(cfg *Config) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs ID [flags]",
+		Short: "Print a job's output",
+		Long: `Print a job's output. While it runs, its output is readable if it was
+submitted in statusMode streaming (delegate run does that); with --follow,
+the output of any other job is printed when the job ends.`,
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				return p.logs(ctx, svc, args[0], follow)
+			})
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing output until the job ends")
+	return cmd
+}
+
+func (p *Program) logs(ctx context.Context, svc delegate.JobService, id string, follow bool) error {
+	out := &logCopier{svc: svc, id: id, w: p.Stdout}
+	for {
+		done, err := out.copy(ctx)
+		switch {
+		case errors.Is(err, delegate.ErrNotFinished) && follow:
+			j, err := svc.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(p.Stderr, "delegate: %s is %s in statusMode %s: its output is printed when it ends\n", id, j.Status, j.Manifest.StatusMode)
+			if _, err := p.waitEnd(ctx, svc, id); err != nil || ctx.Err() != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return err
+		case done || !follow:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(p.PollInterval):
+		}
+	}
+}
+
+// waitEnd waits until the job has finished or ctx is done.
+func (p *Program) waitEnd(ctx context.Context, svc delegate.JobService, id string) (*delegate.Job, error) {
+	for {
+		j, err := svc.Wait(ctx, id)
+		if err != nil || j.Status.Terminal() || ctx.Err() != nil {
+			return j, err
+		}
+	}
+}
+
+func (p *Program) jobsCancelCmd(cfg *Config) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a job that has not finished",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				j, cancelled, err := svc.Cancel(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if cancelled {
+					fmt.Fprintf(p.Stdout, "%s cancelled\n", j.ID)
+				} else {
+					fmt.Fprintf(p.Stdout, "%s had already finished: %s\n", j.ID, j.Status)
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
+	var outPath string
+	cmd := &cobra.Command{
+		Use:   "artifact ID NAME [flags]",
+		Short: "Print or save a file kept from a job",
+		Args:  exactArgs("ID", "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				art, data, err := svc.ReadArtifact(ctx, args[0], args[1])
+				if err != nil {
+					return err
+				}
+				if outPath == "" {
+					_, err = p.Stdout.Write(data)
+					return err
+				}
+				if err := os.WriteFile(outPath, data, 0o644); err != nil {
+					return err
+				}
+				fmt.Fprintf(p.Stderr, "%s: %d bytes, sha256 %s\n", outPath, art.Size, art.SHA256)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&outPath, "output", "o", "", "write the artifact to `FILE` instead of stdout")
+	return cmd
+}

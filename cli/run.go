@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/spf13/cobra"
+)
+
+// runFlags are the flags of `delegate run`.
+type runFlags struct {
+	script, manifest string
+	timeout          int
+	memory           string
+	cpu              float64
+	quiet            bool
+	files, envs      []string
+}
+
+func (p *Program) runCmd(cfg *Config) *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run (--script CMD | --manifest FILE) [flags]",
+		Short: "Run one job and print its output",
+		Long: `Run one job in a new sandbox: its output goes to stdout as it is written,
+its progress to stderr, and delegate exits with the job's exit code (124 when
+it timed out, 130 when it was cancelled; Ctrl-C cancels it). When delegate
+itself fails (a bad flag, an invalid manifest, no sandbox) it exits 125.
+
+The job runs in statusMode streaming unless the manifest says otherwise, so
+"delegate jobs logs ID --follow" can follow it from another terminal.`,
+		Example: `  delegate run --script 'make test' --file Makefile --file src/main.c:src/main.c
+  delegate run --manifest job.json --timeout 600
+  echo '{"agentType":"script","task":"uname -a"}' | delegate run --manifest -`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (quote the script: --script 'cmd args')", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return p.run(cmd.Context(), *cfg, f)
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&f.script, "script", "", "shell script to run (agentType script)")
+	fs.StringVar(&f.manifest, "manifest", "", "manifest JSON `FILE` (- for stdin)")
+	fs.StringArrayVar(&f.files, "file", nil, "put `LOCAL[:REMOTE]` in the sandbox (repeatable; REMOTE relative to /workspace, default the base name)")
+	fs.StringArrayVar(&f.envs, "env", nil, "environment variable `KEY=VALUE` (repeatable)")
+	fs.IntVar(&f.timeout, "timeout", 0, "timeout in `seconds` (default: the manifest's, else DEFAULT_TIMEOUT)")
+	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M")
+	fs.Float64Var(&f.cpu, "cpu", 0, "cpu cores")
+	fs.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	cfg.addConcurrencyFlag(fs)
+	return cmd
+}
+
+// run runs one job and ends with its exit status (a jobExit).
+func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
+	m, err := buildManifest(p.Stdin, f)
+	if err != nil {
+		return err
+	}
+	log := newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn))
+	svc, closeSvc, err := p.Open(ctx, cfg, log, true)
+	if err != nil {
+		return err
+	}
+	defer closeSvc()
+	job, err := svc.Submit(ctx, m, delegate.SubmitOptions{})
+	if err != nil {
+		return err
+	}
+	progress := newProgressLine(p.Stderr, f.quiet, job.ID)
+	out := &logCopier{svc: svc, id: job.ID, w: p.Stdout, before: progress.clear}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		j, err := svc.Wait(wctx, job.ID)
+		cancel()
+		if err != nil {
+			return err
+		}
+		// Not the command's context: after a Ctrl-C the output still counts.
+		if _, err := out.copy(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, delegate.ErrNotFinished) {
+			return err
+		}
+		if j.Status.Terminal() {
+			progress.done(j)
+			return jobExit(exitCode(j))
+		}
+		if ctx.Err() != nil {
+			// Ctrl-C: cancel the job, and wait for it to be killed.
+			progress.clear()
+			fmt.Fprintf(p.Stderr, "delegate: cancelling %s\n", job.ID)
+			if _, _, err := svc.Cancel(context.WithoutCancel(ctx), job.ID); err != nil {
+				return err
+			}
+			ctx = context.WithoutCancel(ctx)
+			continue
+		}
+		progress.show(j)
+	}
+}
+
+// logCopier copies a job's output to w as it comes.
+type logCopier struct {
+	svc    delegate.JobService
+	id     string
+	w      io.Writer
+	before func() // called before anything is written
+	cursor string
+}
+
+// copy writes what is new and says whether all the output has been
+// written (the job has ended). While a job that does not stream its
+// output runs, it returns an error wrapping delegate.ErrNotFinished.
+func (c *logCopier) copy(ctx context.Context) (done bool, err error) {
+	for {
+		l, err := c.svc.Logs(ctx, c.id, delegate.LogOptions{Cursor: c.cursor, MaxBytes: delegate.MaxLogBytes})
+		if err != nil {
+			return false, err
+		}
+		if len(l.Output) > 0 {
+			if c.before != nil {
+				c.before()
+			}
+			if _, err := c.w.Write(l.Output); err != nil {
+				return false, err
+			}
+		}
+		c.cursor = l.NextCursor
+		if l.Done || len(l.Output) == 0 {
+			return l.Done, nil
+		}
+	}
+}
+
+// exitCode is the status a command ends with for a finished job.
+func exitCode(j *delegate.Job) int {
+	switch {
+	case j.Status == delegate.StatusTimeout:
+		return ExitTimeout
+	case j.Status == delegate.StatusCancelled:
+		return ExitCancelled
+	case j.ExitCode != nil:
+		return *j.ExitCode
+	case j.Status == delegate.StatusSuccess:
+		return 0
+	}
+	// Failed before its command ran or without an exit status (the
+	// sandbox could not be made, or was lost): delegate's failure.
+	return ExitRunError
+}
+
+func buildManifest(stdin io.Reader, f runFlags) (delegate.Manifest, error) {
+	var m delegate.Manifest
+	switch {
+	case f.script != "" && f.manifest != "":
+		return m, usagef("give --script or --manifest, not both")
+	case f.manifest != "":
+		var data []byte
+		var err error
+		if f.manifest == "-" {
+			data, err = io.ReadAll(stdin)
+		} else {
+			data, err = os.ReadFile(f.manifest)
+		}
+		if err != nil {
+			return m, fmt.Errorf("--manifest: %w", err)
+		}
+		// Validated by the service, after the flags are applied.
+		if m, err = delegate.DecodeManifest(data); err != nil {
+			return m, fmt.Errorf("--manifest %s: %w", f.manifest, err)
+		}
+	case f.script != "":
+		m = delegate.Manifest{AgentType: delegate.AgentScript, Task: f.script}
+	default:
+		return m, usagef("give --script CMD or --manifest FILE")
+	}
+	if m.StatusMode == "" {
+		m.StatusMode = delegate.StatusModeStreaming
+	}
+	for _, spec := range f.files {
+		localPath, remote, err := fileSpec(spec)
+		if err != nil {
+			return m, err
+		}
+		data, err := os.ReadFile(localPath)
+		if err != nil {
+			return m, fmt.Errorf("--file: %w", err)
+		}
+		m.Files = append(m.Files, delegate.File{Path: remote, Content: base64.StdEncoding.EncodeToString(data)})
+	}
+	for _, e := range f.envs {
+		k, v, ok := strings.Cut(e, "=")
+		if !ok || k == "" {
+			return m, usagef("--env %q: must be KEY=VALUE", e)
+		}
+		if m.Env == nil {
+			m.Env = map[string]string{}
+		}
+		m.Env[k] = v
+	}
+	if f.timeout != 0 {
+		m.Timeout = f.timeout
+	}
+	if f.memory != "" || f.cpu != 0 {
+		if m.Resources == nil {
+			m.Resources = &delegate.Resources{}
+		}
+		if f.memory != "" {
+			m.Resources.Memory = f.memory
+		}
+		if f.cpu != 0 {
+			m.Resources.CPU = f.cpu
+		}
+	}
+	return m, nil
+}
+
+// fileSpec reads --file LOCAL[:REMOTE]: without REMOTE the file lands in
+// /workspace under its base name.
+func fileSpec(spec string) (localPath, remote string, err error) {
+	localPath, remote, ok := strings.Cut(spec, ":")
+	if localPath == "" || (ok && remote == "") {
+		return "", "", usagef("--file %q: must be LOCAL or LOCAL:REMOTE", spec)
+	}
+	if !ok {
+		remote = filepath.Base(localPath)
+		if remote == "/" || remote == "." || remote == ".." {
+			return "", "", usagef("--file %q: name the file in the sandbox with LOCAL:REMOTE", spec)
+		}
+	}
+	return localPath, remote, nil
+}

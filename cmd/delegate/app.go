@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/delegate-dev/delegate/cli"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/local"
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sqlite"
+)
+
+// app is an open data dir: the store, the backend and the engine over them.
+type app struct {
+	store   *sqlite.Store
+	backend sandbox.Backend // nil when the app only reads jobs
+	eng     *engine.Engine
+}
+
+// openApp opens the store; with a backend it can also run jobs. Jobs get
+// callbackURL (empty: no callback server) to report to.
+func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend bool, callbackURL string) (*app, error) {
+	secret, err := cfg.SecretResolver()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir (DELEGATE_DATA_DIR): %w", err)
+	}
+	store, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "jobs.db"))
+	if err != nil {
+		return nil, err
+	}
+	var backend sandbox.Backend
+	poll := time.Duration(0) // the engine's default
+	if withBackend {
+		backend, err = openBackend(ctx, cfg, log)
+		if err != nil {
+			store.Close()
+			return nil, err
+		}
+		if cfg.Backend == "proxmox" {
+			poll = time.Second // every poll is a few API calls
+		}
+	}
+	eng := engine.New(store, backend, engine.Config{
+		Defaults:        cfg.Defaults,
+		MaxConcurrent:   cfg.MaxConcurrent,
+		OutputLimit:     cfg.OutputLimit,
+		CleanupInterval: cfg.CleanupInterval,
+		PollInterval:    poll,
+		Logger:          log,
+
+		CallbackURL:        callbackURL,
+		HeartbeatThreshold: cfg.HeartbeatThreshold,
+		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
+		Secret:             secret,
+	})
+	return &app{store: store, backend: backend, eng: eng}, nil
+}
+
+// openBackend makes the sandbox backend DELEGATE_BACKEND names.
+func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger) (sandbox.Backend, error) {
+	switch cfg.Backend {
+	case "proxmox":
+		client, err := pve.New(cfg.Proxmox)
+		if err != nil {
+			return nil, fmt.Errorf("proxmox backend: %w", err)
+		}
+		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
+			AgentTimeout: cfg.ProxmoxAgentTimeout, Logger: log})
+		if err := b.Check(ctx); err != nil {
+			return nil, fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err)
+		}
+		return b, nil
+	default:
+		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		return b, nil
+	}
+}
+
+func (a *app) Close() {
+	a.eng.Close()
+	a.store.Close()
+}

@@ -1,0 +1,174 @@
+package delegate
+
+import (
+	"context"
+	"time"
+)
+
+// JobService runs jobs and answers for them. The engine implements it; the
+// adapters (MCP tools, HTTP callbacks, the CLI, the dashboard) use nothing
+// else, so every rule about what a reader may see, and when, lives behind
+// it once: a result only when the job has finished, output while it runs
+// only in statusMode streaming, a timeline only in detailed or streaming,
+// page sizes and output sizes with their defaults and bounds.
+//
+// Errors wrap the sentinels of this package: ErrNotFound, ErrInvalid (a
+// *FieldError names the option at fault), ErrNotFinished, ErrTerminal,
+// ErrUnauthenticated and ErrForbidden.
+type JobService interface {
+	// Submit validates m, stores the job as pending and queues it. It
+	// returns at once.
+	Submit(ctx context.Context, m Manifest, opts SubmitOptions) (*Job, error)
+	// Get returns a job.
+	Get(ctx context.Context, id string) (*Job, error)
+	// List returns one page of jobs, newest first.
+	List(ctx context.Context, opts ListOptions) (*JobPage, error)
+	// Wait blocks until the job has finished or ctx is done, and returns
+	// the job as it is then (finished or not). It sees changes made by
+	// other processes sharing the store.
+	Wait(ctx context.Context, id string) (*Job, error)
+	// Cancel ends a job that has not finished. cancelled is false when it
+	// had already finished (the job is returned unchanged).
+	Cancel(ctx context.Context, id string) (job *Job, cancelled bool, err error)
+	// Release destroys the sandbox a finished persistent job kept.
+	// released is false when nothing was left to destroy.
+	Release(ctx context.Context, id string) (job *Job, released bool, err error)
+
+	// Result is a finished job's outcome; ErrNotFinished before it ends.
+	Result(ctx context.Context, id string, opts ResultOptions) (*JobResult, error)
+	// Logs reads a job's output from a cursor: once it has finished, or
+	// while it runs if it was submitted in statusMode streaming
+	// (ErrNotFinished otherwise).
+	Logs(ctx context.Context, id string, opts LogOptions) (*LogPage, error)
+	// Timeline is a job's progress history, oldest first; empty for a job
+	// in statusMode simple, which keeps none.
+	Timeline(ctx context.Context, id string) ([]Event, error)
+	// Artifacts lists the files kept from a job's workspace.
+	Artifacts(ctx context.Context, id string) ([]Artifact, error)
+	// ReadArtifact returns one artifact and its content, checked against
+	// its sha256 (ErrNotFound when the job has no such artifact).
+	ReadArtifact(ctx context.Context, id, name string) (Artifact, []byte, error)
+
+	// Callback authenticates a report a job sent with its token and
+	// applies it (ErrUnauthenticated, ErrForbidden, ErrTerminal once the
+	// job has finished).
+	Callback(ctx context.Context, id, token string, r Report) (*Job, error)
+
+	// Watch delivers the id of every job this service changes until ctx
+	// ends, then closes the channel. A slow reader misses wake-ups, never
+	// state: on each id, read the job again.
+	Watch(ctx context.Context) <-chan string
+}
+
+// SubmitOptions tune a submission.
+type SubmitOptions struct {
+	// IdempotencyKey: a second submission with the same key returns the
+	// first job instead of running the work twice.
+	IdempotencyKey string
+}
+
+// ListOptions select a page of jobs.
+type ListOptions struct {
+	Status Status // empty: any
+	// Limit is the page size: 0 for DefaultPageSize, at most MaxPageSize.
+	Limit int
+	// Cursor is the NextCursor of the previous page ("" for the first).
+	Cursor string
+}
+
+// JobPage is one page of jobs, newest first.
+type JobPage struct {
+	Jobs []JobSummary `json:"jobs"`
+	// NextCursor continues the listing; "" on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// JobSummary is a job as a list shows it.
+type JobSummary struct {
+	ID        string    `json:"job_id"`
+	Status    Status    `json:"status"`
+	AgentType AgentType `json:"agent_type"`
+	// Task is the start of the task (or the agent command), one line's worth.
+	Task       string    `json:"task"`
+	Progress   string    `json:"progress,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	ExitCode   *int      `json:"exit_code,omitempty"`
+	// SandboxKept: a finished persistent job's sandbox is still there
+	// (Release destroys it).
+	SandboxKept bool `json:"sandbox_kept,omitempty"`
+}
+
+// ResultOptions tune a result.
+type ResultOptions struct {
+	// OutputTail is how many bytes of the end of the kept output to
+	// include: 0 for DefaultOutputTail. More than is kept returns it all.
+	OutputTail int
+}
+
+// JobResult is a finished job's outcome.
+type JobResult struct {
+	JobID    string `json:"job_id"`
+	Status   Status `json:"status"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	// Output is the end of the kept output, from OutputOffset on, never
+	// starting inside a UTF-8 sequence. It is raw bytes: renderers that
+	// need text replace what is not UTF-8.
+	Output       []byte `json:"-"`
+	OutputOffset int64  `json:"output_offset"`
+	// OutputBytes counts all the job wrote; OutputTruncated says that only
+	// the first part was kept.
+	OutputBytes     int64      `json:"output_bytes"`
+	OutputTruncated bool       `json:"output_truncated"`
+	Error           string     `json:"error,omitempty"`
+	Result          string     `json:"result,omitempty"`
+	OOMKilled       bool       `json:"oom_killed,omitempty"`
+	Artifacts       []Artifact `json:"artifacts"`
+	StartedAt       time.Time  `json:"started_at,omitzero"`
+	FinishedAt      time.Time  `json:"finished_at,omitzero"`
+	// Duration is how long the job ran.
+	Duration time.Duration `json:"-"`
+}
+
+// LogOptions say which part of a job's output to read.
+type LogOptions struct {
+	// Cursor is the NextCursor of the previous page ("" from the start).
+	Cursor string
+	// MaxBytes is the most to return: 0 for DefaultLogBytes, at most
+	// MaxLogBytes.
+	MaxBytes int
+}
+
+// LogPage is a piece of a job's output.
+type LogPage struct {
+	JobID  string `json:"job_id"`
+	Status Status `json:"status"`
+	// Output is raw bytes that never end inside a UTF-8 sequence (an
+	// incomplete one is held for the next page).
+	Output []byte `json:"-"`
+	// NextCursor continues from the end of Output.
+	NextCursor string `json:"next_cursor"`
+	// Done: the job has finished and there is nothing after NextCursor.
+	Done bool `json:"done"`
+}
+
+// ReportKind is what a job says through a callback.
+type ReportKind string
+
+const (
+	ReportStatus    ReportKind = "status"    // a progress message
+	ReportHeartbeat ReportKind = "heartbeat" // a sign of life
+	ReportComplete  ReportKind = "complete"  // the job's own verdict
+)
+
+// Report is what a job sends to a callback endpoint.
+type Report struct {
+	Kind     ReportKind
+	Progress string
+	// For ReportComplete:
+	Success  bool
+	Result   string
+	Error    string
+	ExitCode *int
+}
