@@ -422,10 +422,11 @@ func submitSchema() *jsonschema.Schema {
 	p["files"].Items.Properties["mode"].Description = "e.g. 0755 (default 0644)"
 	p["secrets"].Description = "names of server-side secrets, injected as env vars"
 	r := p["resources"]
-	r.Properties["cpu"].Description = "cores (default 2)"
-	r.Properties["memory"].Description = "e.g. 512M, 2G (default 2G)"
-	r.Properties["disk"].Description = "size of /workspace, e.g. 1G (default 10G)"
-	p["timeout"].Description = "seconds, 1..86400 (default 3600)"
+	// The defaults a server configured with nothing uses.
+	r.Properties["cpu"].Description = fmt.Sprintf("cores (default %d)", delegate.DefaultCPU)
+	r.Properties["memory"].Description = fmt.Sprintf("e.g. 512M, 2G (default %s)", delegate.DefaultMemory)
+	r.Properties["disk"].Description = fmt.Sprintf("size of /workspace, e.g. 1G (default %s)", delegate.DefaultDisk)
+	p["timeout"].Description = fmt.Sprintf("seconds, 1..%d (default %d)", delegate.MaxTimeoutSeconds, delegate.DefaultTimeoutSeconds)
 	p["lifecycle"].Description = "ephemeral (default) | persistent"
 	p["statusMode"].Description = "simple (default) | detailed | streaming"
 	p["vmTemplate"].Description = "local backend: a rootfs directory; Proxmox: a template"
@@ -436,7 +437,7 @@ func submitSchema() *jsonschema.Schema {
 
 func waitSchema() *jsonschema.Schema {
 	s := mustSchema[WaitIn]()
-	s.Properties["timeout_seconds"].Description = "1..50 (default 50)"
+	s.Properties["timeout_seconds"].Description = fmt.Sprintf("1..%d (default %d)", maxWait, maxWait)
 	return s
 }
 
