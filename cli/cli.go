@@ -137,6 +137,9 @@ func (p *Program) root() *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Name() == "help" || cmd.Name() == "version" {
+				return nil // they read no configuration
+			}
 			if cfgErr != nil {
 				return configError{cfgErr}
 			}

@@ -167,8 +167,10 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", tc.args, r.code, r.stderr)
 		}
 	}
-	if r := h.run(t, "--help"); r.code != 0 {
-		t.Errorf("help with a bad environment: %d", r.code)
+	for _, args := range [][]string{{"--help"}, {"help", "jobs"}, {"version"}} {
+		if r := h.run(t, args...); r.code != 0 {
+			t.Errorf("%v with a bad environment: %d %s", args, r.code, r.stderr)
+		}
 	}
 }
 

@@ -30,7 +30,7 @@ func (p *Program) pveSimCmd(cfg *Config) *cobra.Command {
 		},
 	}
 	cmd.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
-		cmdPveSim(cmd.Context(), *cfg, []string{"--help"}, p.Stdout, p.Stdout)
+		cmdPveSim(context.Background(), *cfg, []string{"--help"}, p.Stdout, p.Stdout)
 	})
 	return cmd
 }
