@@ -118,6 +118,8 @@ func runHelper(name string, args []string) int {
 		report("clone-newuser", cmd.Run())
 		report("clone-plain", exec.Command("/bin/true").Run())
 		return 0
+	case "sockets": // which socket families and io_uring the sandbox allows
+		return runSocketProbes()
 	case "check": // New as whoever runs this
 		_, err := New(Config{Dir: args[0]})
 		fmt.Printf("New: %v\n", err)

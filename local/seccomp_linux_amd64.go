@@ -44,6 +44,27 @@ func deniedSyscalls() []uint32 {
 	}
 }
 
+// allowedSocketFamilies are the only address families a job may open a
+// socket of: local sockets, IP, and netlink (which libc and Go use to list
+// interfaces and routes). Every other family is kernel code a job has no
+// use for, and some reach past the sandbox: AF_VSOCK talks to the
+// hypervisor and shares its port space with the host whatever the
+// network namespace; AF_PACKET, AF_ALG, AF_KEY, AF_BLUETOOTH and the rest
+// are attack surface. socket and socketpair with another family fail with
+// EAFNOSUPPORT, as on a kernel built without it, so programs fall back.
+func allowedSocketFamilies() []uint32 {
+	return []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+}
+
+// enosysSyscalls fail with ENOSYS, as if this kernel did not have them, so
+// that programs use their fallback: clone3 (its flags sit in memory the
+// filter cannot read, and libc falls back to clone) and io_uring, whose
+// ring submits operations the kernel runs without a syscall the filter
+// would see (container runtimes refuse it by default for that reason).
+func enosysSyscalls() []uint32 {
+	return []uint32{unix.SYS_CLONE3, unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER}
+}
+
 // Offsets in struct seccomp_data.
 const (
 	seccompDataNr      = 0
@@ -60,9 +81,9 @@ type bpfInsn struct {
 }
 
 // seccompProgram returns the filter: wrong architecture → kill; x32 →
-// EPERM; clone with namespace flags → EPERM; clone3 → ENOSYS (its flags
-// sit in memory the filter cannot read, and libc falls back to clone on
-// ENOSYS); deniedSyscalls → EPERM; anything else is allowed.
+// EPERM; clone with namespace flags → EPERM; enosysSyscalls → ENOSYS;
+// socket and socketpair of a family not in allowedSocketFamilies →
+// EAFNOSUPPORT; deniedSyscalls → EPERM; anything else is allowed.
 func seccompProgram() ([]unix.SockFilter, error) {
 	const (
 		ld   = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
@@ -77,7 +98,11 @@ func seccompProgram() ([]unix.SockFilter, error) {
 		{code: ld, k: seccompDataNr},
 		{code: jge, k: x32SyscallBit, jt: "eperm"},
 		{code: jeq, k: unix.SYS_CLONE, jt: "clone"},
-		{code: jeq, k: unix.SYS_CLONE3, jt: "enosys"},
+		{code: jeq, k: unix.SYS_SOCKET, jt: "family"},
+		{code: jeq, k: unix.SYS_SOCKETPAIR, jt: "family"},
+	}
+	for _, nr := range enosysSyscalls() {
+		p = append(p, bpfInsn{code: jeq, k: nr, jt: "enosys"})
 	}
 	for _, nr := range deniedSyscalls() {
 		p = append(p, bpfInsn{code: jeq, k: nr, jt: "eperm"})
@@ -87,6 +112,15 @@ func seccompProgram() ([]unix.SockFilter, error) {
 		bpfInsn{label: "clone", code: ld, k: seccompDataArg0Low},
 		bpfInsn{code: jset, k: namespaceCloneFlags, jt: "eperm"},
 		bpfInsn{code: ret, k: unix.SECCOMP_RET_ALLOW},
+		// The family is an int: the kernel reads the low 32 bits only.
+		bpfInsn{label: "family", code: ld, k: seccompDataArg0Low},
+	)
+	for _, af := range allowedSocketFamilies() {
+		p = append(p, bpfInsn{code: jeq, k: af, jt: "family-ok"})
+	}
+	p = append(p,
+		bpfInsn{code: ret, k: unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)},
+		bpfInsn{label: "family-ok", code: ret, k: unix.SECCOMP_RET_ALLOW},
 		bpfInsn{label: "eperm", code: ret, k: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
 		bpfInsn{label: "enosys", code: ret, k: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
 		bpfInsn{label: "kill", code: ret, k: unix.SECCOMP_RET_KILL_PROCESS},
