@@ -26,7 +26,10 @@ type Backend struct {
 	selfExe string
 	pidsMax int
 	log     *slog.Logger
-	cg      cgroupLayout
+	// rootfsDir and defaultTemplate: see Config.
+	rootfsDir       string
+	defaultTemplate string
+	cg              cgroupLayout
 
 	mu sync.Mutex
 	// live holds the processes this server itself started (the shims are
@@ -82,17 +85,40 @@ func New(cfg Config) (*Backend, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath}
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
+		defaultTemplate: cfg.DefaultTemplate}
+	if cfg.RootfsDir != "" {
+		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
+			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)
+		}
+	}
+	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
+		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
+	}
 	if b.cg, err = b.check(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	// The sandboxes' records are the server's alone, whatever the umask
+	// or whoever made the directory.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
 	// Mounts are found again by their path in /proc/self/mountinfo, which
 	// shows it without symlinks.
 	if b.dir, err = filepath.EvalSymlinks(dir); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if b.rootfsDir != "" {
+		real := b.rootfsDir
+		if r, err := filepath.EvalSymlinks(real); err == nil {
+			real = r
+		}
+		if reason := b.forbiddenRoot(real); reason != "" {
+			return nil, fmt.Errorf("local backend: RootfsDir %s %s", b.rootfsDir, reason)
+		}
 	}
 	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self)
 	return b, nil
@@ -195,10 +221,14 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if spec.CPU < 0 || math.IsNaN(spec.CPU) || math.IsInf(spec.CPU, 0) {
 		return nil, fmt.Errorf("local backend: cpu must be a positive number of cores or 0 for no limit (got %v)", spec.CPU)
 	}
+	tpl := -1 // the template's root filesystem, open
 	if spec.Template != "" {
-		if err := validateTemplate(spec.Template); err != nil {
-			return nil, err
+		fd, err := b.openTemplate(spec.Template)
+		if err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
 		}
+		defer unix.Close(fd)
+		tpl = fd
 	}
 	id, err := newID("sb-", 6)
 	if err != nil {
@@ -224,7 +254,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 			}
 		}
 	}()
-	if err := b.provision(id, dir, spec, net); err != nil {
+	if err := b.provision(id, dir, spec, net, tpl); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	created = true
@@ -239,8 +269,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 
 // provision fills a new sandbox directory. Every step leaves a trace that
 // destroy can undo (state.json is written before the cgroups exist). net
-// is the network helper the shim will start, nil for no network.
-func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool) error {
+// is the network helper the shim will start, nil for no network; tpl the
+// template's root filesystem (openTemplate), -1 for none.
+func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl int) error {
 	// Only init's group (the user namespace's root, host gid hostIDBase)
 	// may search the directory: init reaches its workspace, rootfs and
 	// template through it. Nothing in it is readable to that group.
@@ -286,60 +317,26 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool) err
 	if err := makeStatusFIFO(dir); err != nil {
 		return err
 	}
-	if spec.Template != "" {
+	if tpl >= 0 {
 		// A read-only bind here, made as host root, lets the unprivileged
-		// init reach a template whose path it could not search.
-		tpl := filepath.Join(dir, dirTemplate)
-		if err := os.Mkdir(tpl, 0o755); err != nil {
+		// init reach a template whose path it could not search. It binds
+		// the directory that was checked, through its descriptor, not
+		// whatever its path names by now.
+		dst := filepath.Join(dir, dirTemplate)
+		if err := os.Mkdir(dst, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount(spec.Template, tpl, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", tpl), dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind vmTemplate %s: %w", spec.Template, err)
 		}
-		if err := unix.Mount("", tpl, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		if err := unix.Mount("", dst, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("make template private: %w", err)
 		}
-		if err := readOnlyRecursive(tpl); err != nil {
+		if err := readOnlyRecursive(dst); err != nil {
 			return err
 		}
 	}
 	return st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax})
-}
-
-// validateTemplate checks that a vmTemplate is a usable rootfs directory.
-func validateTemplate(p string) error {
-	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
-		return fmt.Errorf("vmTemplate %q: the local backend needs the absolute, clean path of a root filesystem directory", p)
-	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return fmt.Errorf("vmTemplate %q: %w", p, err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("vmTemplate %q is not a directory; the local backend needs a root filesystem directory", p)
-	}
-	if st.Mode().Perm()&0o005 != 0o005 {
-		return fmt.Errorf("vmTemplate %q must be readable and searchable by all users (mode o+rx): the sandbox's init runs unprivileged", p)
-	}
-	root, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("vmTemplate %q: %w", p, err)
-	}
-	defer unix.Close(root)
-	for _, sh := range []string{"bin/sh", "usr/bin/sh"} {
-		// Resolved as the sandbox will: symlinks stay inside the template.
-		fd, err := unix.Openat2(root, sh, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
-		if err != nil {
-			continue
-		}
-		var s unix.Stat_t
-		err = unix.Fstat(fd, &s)
-		unix.Close(fd)
-		if err == nil && s.Mode&unix.S_IFMT == unix.S_IFREG {
-			return nil
-		}
-	}
-	return fmt.Errorf("vmTemplate %q has no bin/sh or usr/bin/sh: it is not a root filesystem directory", p)
 }
 
 // Recover implements sandbox.Backend.

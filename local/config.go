@@ -10,6 +10,15 @@ type Config struct {
 	// SelfExe is the binary re-executed for the helper processes (shim and
 	// init); its main must call Reexec first. Default: os.Executable().
 	SelfExe string
+	// RootfsDir holds the root filesystems a job may name in vmTemplate
+	// (Spec.Template): each is a directory RootfsDir/NAME, owned by root
+	// and writable by none of the sandboxes' users. Empty: none.
+	RootfsDir string
+	// DefaultTemplate is the operator's default vmTemplate: a name, or the
+	// absolute path of a root filesystem, which Spec.Template may then
+	// name too (no other path). It is trusted configuration; it must not
+	// be "/" nor lead to Dir.
+	DefaultTemplate string
 	// PidsMax caps the processes and threads of one sandbox. Default 512.
 	PidsMax int
 	// Logger receives the backend's own events; nil discards them.

@@ -301,10 +301,9 @@ func TestCreateRollback(t *testing.T) {
 
 func TestCreateValidation(t *testing.T) {
 	b := newBackend(t, 0)
-	file := filepath.Join(t.TempDir(), "file")
-	os.WriteFile(file, nil, 0o644)
-	empty := t.TempDir()
-	os.Chmod(empty, 0o755)
+	b.rootfsDir = t.TempDir()
+	os.WriteFile(filepath.Join(b.rootfsDir, "file"), nil, 0o644)
+	os.Mkdir(filepath.Join(b.rootfsDir, "empty"), 0o755)
 	tests := []struct {
 		name string
 		edit func(*sandbox.Spec)
@@ -313,10 +312,10 @@ func TestCreateValidation(t *testing.T) {
 		{"no memory", func(s *sandbox.Spec) { s.MemoryBytes = 0 }, "memory"},
 		{"no disk", func(s *sandbox.Spec) { s.DiskBytes = 0 }, "disk"},
 		{"negative cpu", func(s *sandbox.Spec) { s.CPU = -1 }, "cpu"},
-		{"relative template", func(s *sandbox.Spec) { s.Template = "rootfs" }, "vmTemplate"},
-		{"missing template", func(s *sandbox.Spec) { s.Template = "/nonexistent/rootfs" }, "vmTemplate"},
-		{"template is a file", func(s *sandbox.Spec) { s.Template = file }, "vmTemplate"},
-		{"template without a shell", func(s *sandbox.Spec) { s.Template = empty }, "bin/sh"},
+		{"unknown template", func(s *sandbox.Spec) { s.Template = "rootfs" }, `no root filesystem "rootfs"`},
+		{"template path", func(s *sandbox.Spec) { s.Template = "/nonexistent/rootfs" }, "not a path"},
+		{"template is a file", func(s *sandbox.Spec) { s.Template = "file" }, "not a directory"},
+		{"template without a shell", func(s *sandbox.Spec) { s.Template = "empty" }, "bin/sh"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -338,7 +337,8 @@ func TestCreateValidation(t *testing.T) {
 }
 
 // buildRootfs makes a tiny root filesystem from the host's /bin/sh and the
-// libraries ldd says it needs, plus a marker file.
+// libraries ldd says it needs, plus a marker file, as "rootfs" in a new
+// directory (see useRootfs).
 func buildRootfs(t *testing.T) string {
 	t.Helper()
 	sh, err := filepath.EvalSymlinks("/bin/sh")
@@ -387,11 +387,18 @@ func buildRootfs(t *testing.T) string {
 	return root
 }
 
+// useRootfs makes the directory of root b's rootfs directory and returns
+// the name a Spec.Template gives for root.
+func useRootfs(b *Backend, root string) string {
+	b.rootfsDir = filepath.Dir(root)
+	return filepath.Base(root)
+}
+
 func TestTemplate(t *testing.T) {
 	b := newBackend(t, 0)
 	root := buildRootfs(t)
 	spec := defaultSpec()
-	spec.Template = root
+	spec.Template = useRootfs(b, root)
 	sb := create(t, b, spec)
 	if err := sb.WriteFile(context.Background(), "/workspace/in", []byte("injected\n"), 0o644); err != nil {
 		t.Fatal(err)

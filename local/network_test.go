@@ -270,7 +270,7 @@ func TestNetworkDNS(t *testing.T) {
 			}
 			tc.setup(t, etc)
 			spec := networkSpec()
-			spec.Template = root
+			spec.Template = useRootfs(b, root)
 			// dash builtins only: the template has nothing else.
 			exit, out := run(t, create(t, b, spec), "/bin/sh", "-c",
 				`while read -r l; do case "$l" in nameserver*) echo "$l";; esac; done < /etc/resolv.conf; echo done`)
