@@ -205,9 +205,13 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if m.Network == delegate.NetworkEgress && !e.backend.Capabilities().NetworkEgress {
 		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", e.backend.Name())}
 	}
+	chosenTemplate := m.VMTemplate != ""
 	m.ApplyDefaults(e.cfg.Defaults)
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
+	}
+	if err := e.checkTemplate(ctx, m.VMTemplate, chosenTemplate); err != nil {
+		return nil, err
 	}
 	for i, name := range m.Secrets {
 		if _, ok := e.cfg.Secret(name); !ok {

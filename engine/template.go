@@ -1,0 +1,34 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// checkTemplate asks the backend, when it can tell, whether it would take
+// the job's template, so that a bad vmTemplate fails the submission (a
+// field error) instead of the job's provisioning. fromManifest says the
+// submitter chose it; otherwise it is the server's default, and the fault
+// is the server's.
+func (e *Engine) checkTemplate(ctx context.Context, name string, fromManifest bool) error {
+	tc, ok := e.backend.(sandbox.TemplateChecker)
+	if !ok || name == "" {
+		return nil
+	}
+	err := tc.CheckTemplate(ctx, name)
+	if err == nil {
+		return nil
+	}
+	var te *sandbox.TemplateError
+	switch {
+	case errors.As(err, &te) && fromManifest:
+		return &delegate.FieldError{Field: "manifest.vmTemplate", Rule: te.Rule()}
+	case errors.As(err, &te):
+		return fmt.Errorf("the server's default vmTemplate cannot be used: %w", err)
+	}
+	return fmt.Errorf("check vmTemplate %q: %w", name, err)
+}
