@@ -20,6 +20,7 @@ import (
 // follow the seed where it had one; flags override the environment.
 type Config struct {
 	DataDir         string
+	RootfsDir       string // "": DataDir/rootfs (see LocalRootfsDir)
 	Backend         string
 	MaxConcurrent   int
 	OutputLimit     int64
@@ -64,7 +65,8 @@ func envVars() []envVar {
 		{"DEFAULT_CPU", strconv.Itoa(delegate.DefaultCPU), "cpu cores per job"},
 		{"DEFAULT_MEMORY", delegate.DefaultMemory, "memory per job"},
 		{"DEFAULT_DISK", delegate.DefaultDisk, "size of /workspace per job"},
-		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs directory)"},
+		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
+		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
@@ -158,6 +160,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	size("DEFAULT_MEMORY", delegate.MinMemoryBytes, &c.Defaults.Memory)
 	size("DEFAULT_DISK", delegate.MinDiskBytes, &c.Defaults.Disk)
 	str("DEFAULT_VM_TEMPLATE", &c.Defaults.VMTemplate)
+	if rule := templateRule(c.Defaults.VMTemplate, c.DataDir); rule != "" {
+		bad("DEFAULT_VM_TEMPLATE", rule)
+	}
+	str("DELEGATE_ROOTFS_DIR", &c.RootfsDir)
+	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
+		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
+	}
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)
 	c.CleanupInterval = time.Duration(cleanup) * time.Second
@@ -221,5 +230,47 @@ func (c *Config) check() error {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
 	c.DataDir = abs
+	if rule := templateRule(c.Defaults.VMTemplate, c.DataDir); rule != "" {
+		return fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %s", c.Defaults.VMTemplate, rule)
+	}
 	return nil
+}
+
+// LocalRootfsDir is where the local backend finds the root filesystems a
+// job names in vmTemplate.
+func (c *Config) LocalRootfsDir() string {
+	if c.RootfsDir != "" {
+		return c.RootfsDir
+	}
+	return filepath.Join(c.DataDir, "rootfs")
+}
+
+// templateRule says what is wrong with DEFAULT_VM_TEMPLATE, or "". It is
+// the operator's, trusted, and may be a path (a name is the backend's to
+// check), but never one that would show a job the host's root or
+// delegate's own data (other jobs' workspaces, the database): not "/", not
+// the data dir, nothing inside it and nothing above it.
+func templateRule(tpl, dataDir string) string {
+	if !strings.HasPrefix(tpl, "/") {
+		return ""
+	}
+	if filepath.Clean(tpl) != tpl {
+		return "must be a clean absolute path (no trailing slash, no . or ..)"
+	}
+	data, err := filepath.Abs(dataDir)
+	if err != nil {
+		return ""
+	}
+	within := func(p, dir string) bool { return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/") }
+	related := func(a, b string) bool { return within(a, b) || within(b, a) }
+	real := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return p
+	}
+	if related(tpl, data) || related(real(tpl), real(data)) {
+		return fmt.Sprintf("must not be /, the data dir (%s), nor a directory inside or above it: a job would see delegate's own data", data)
+	}
+	return ""
 }

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +44,36 @@ func TestLoadConfig(t *testing.T) {
 		}, []string{"DEFAULT_TIMEOUT", "DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_DISK", "CLEANUP_INTERVAL_SECONDS",
 			"DELEGATE_MAX_CONCURRENT", "DELEGATE_OUTPUT_LIMIT", "DELEGATE_LOG_LEVEL", "DELEGATE_BACKEND"}, nil},
 		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
+		{"rootfs dir", map[string]string{"DELEGATE_DATA_DIR": "/var/lib/delegate"}, nil, func(t *testing.T, c Config) {
+			if got := c.LocalRootfsDir(); got != "/var/lib/delegate/rootfs" {
+				t.Errorf("default rootfs dir %q", got)
+			}
+			c.RootfsDir = "/srv/rootfs"
+			if got := c.LocalRootfsDir(); got != "/srv/rootfs" {
+				t.Errorf("rootfs dir %q", got)
+			}
+		}},
+		{"rootfs dir set", map[string]string{"DELEGATE_ROOTFS_DIR": "/srv/rootfs"}, nil, func(t *testing.T, c Config) {
+			if c.LocalRootfsDir() != "/srv/rootfs" {
+				t.Errorf("rootfs dir %q", c.LocalRootfsDir())
+			}
+		}},
+		{"template by name", map[string]string{"DEFAULT_VM_TEMPLATE": "bookworm"}, nil, func(t *testing.T, c Config) {
+			if c.Defaults.VMTemplate != "bookworm" {
+				t.Errorf("template %q", c.Defaults.VMTemplate)
+			}
+		}},
+		{"relative rootfs dir", map[string]string{"DELEGATE_ROOTFS_DIR": "rootfs"}, []string{"DELEGATE_ROOTFS_DIR"}, nil},
+		// The operator's template may be a path, but never one that shows
+		// a job the host or delegate's own data.
+		{"template is the host's root", map[string]string{"DEFAULT_VM_TEMPLATE": "/"}, []string{"DEFAULT_VM_TEMPLATE"}, nil},
+		{"template is the data dir", map[string]string{"DEFAULT_VM_TEMPLATE": "/var/lib/delegate", "DELEGATE_DATA_DIR": "/var/lib/delegate"},
+			[]string{"DEFAULT_VM_TEMPLATE"}, nil},
+		{"template in the data dir", map[string]string{"DEFAULT_VM_TEMPLATE": "/var/lib/delegate/sandboxes/sb-0123456789ab/workspace",
+			"DELEGATE_DATA_DIR": "/var/lib/delegate"}, []string{"DEFAULT_VM_TEMPLATE"}, nil},
+		{"template above the data dir", map[string]string{"DEFAULT_VM_TEMPLATE": "/var/lib", "DELEGATE_DATA_DIR": "/var/lib/delegate"},
+			[]string{"DEFAULT_VM_TEMPLATE"}, nil},
+		{"template not clean", map[string]string{"DEFAULT_VM_TEMPLATE": "/srv/rootfs/../.."}, []string{"DEFAULT_VM_TEMPLATE"}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,5 +116,31 @@ func TestFlagsOverrideEnv(t *testing.T) {
 	c.MaxConcurrent = 0
 	if err := c.check(); err == nil || !strings.Contains(err.Error(), "-max-concurrent") {
 		t.Fatalf("bad flag value: %v", err)
+	}
+}
+
+// TestTemplateAfterDataDirFlag: --data-dir may move the data dir under the
+// default template; check sees it, naming the variable.
+func TestTemplateAfterDataDirFlag(t *testing.T) {
+	c, err := LoadConfig(func(k string) string {
+		return map[string]string{"DEFAULT_VM_TEMPLATE": "/srv/rootfs", "DELEGATE_DATA_DIR": "/var/lib/delegate"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DataDir = "/srv/rootfs/state"
+	if err := c.check(); err == nil || !strings.Contains(err.Error(), "DEFAULT_VM_TEMPLATE") {
+		t.Fatalf("check: %v", err)
+	}
+	// Through a symbolic link too.
+	dir := t.TempDir()
+	if err := os.Symlink(dir, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if rule := templateRule(filepath.Join(dir, "link"), filepath.Join(dir, "data")); rule == "" {
+		t.Fatal("a link to a directory above the data dir was accepted")
+	}
+	if rule := templateRule("/srv/rootfs", "/srv/rootfs-data"); rule != "" {
+		t.Fatalf("a sibling with a common prefix was refused: %s", rule)
 	}
 }

@@ -24,6 +24,9 @@ func New(cfg Config) (*Backend, error) { return nil, errUnsupported }
 // Check reports that the backend cannot run here.
 func (b *Backend) Check() error { return errUnsupported }
 
+// CheckTemplate reports that the backend cannot run here.
+func (b *Backend) CheckTemplate(ctx context.Context, name string) error { return errUnsupported }
+
 func (b *Backend) Name() string                       { return "local" }
 func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{} }
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
