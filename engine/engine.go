@@ -51,6 +51,10 @@ type Config struct {
 	ArtifactDir      string
 	ArtifactMaxFile  int64
 	ArtifactMaxTotal int64
+	// OpenBackend, for an engine made without a backend, opens one when
+	// it needs it: to stop the sandbox of a job it cancels that no live
+	// engine drives. Nil: such a job is left to the next server.
+	OpenBackend func(ctx context.Context) (sandbox.Backend, error)
 	// OwnerAlive says whether the engine that owns a job is still running;
 	// default: same host and its process is alive. Tests inject their own.
 	OwnerAlive func(owner string) bool
@@ -259,14 +263,14 @@ func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
 // Cancel ends a job that has not finished. It returns the job and whether
 // this call cancelled it (false when it had already finished).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
+	if job, cancelled, done, err := e.cancelOrphan(ctx, id); done {
+		return job, cancelled, err
+	}
 	job, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return delegate.ErrTerminal
 		}
-		j.Status = delegate.StatusCancelled
-		j.Error = "cancelled by request"
-		j.Progress = "cancelled"
-		j.FinishedAt = time.Now().UTC()
+		markCancelled(j)
 		return nil
 	})
 	if errors.Is(err, delegate.ErrTerminal) {

@@ -63,7 +63,7 @@ func (e *Engine) adopt(ctx context.Context, old *delegate.Job) {
 		log.Info("failing job interrupted during provisioning")
 		e.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
 		if job.SandboxID != "" {
-			e.destroy(job.SandboxID, delegate.Manifest{})
+			e.rollback(job.ID, job.SandboxID)
 		}
 	case delegate.StatusRunning:
 		e.reattach(ctx, job)

@@ -72,9 +72,10 @@ func (e *Engine) run(id string) {
 	sb, proc, err := e.provision(pctx, job)
 	cancelProvision()
 	if err != nil {
-		if e.ctx.Err() != nil && sb == nil {
-			return // shutting down mid-provisioning; recovery settles the job
-		}
+		// The command never ran (or was killed before it was recorded as
+		// running), also when the server is stopping: fail the job and
+		// roll its sandbox back now, rather than leave both to the next
+		// server that starts.
 		reason := fmt.Sprintf("provisioning failed: %v", err)
 		if e.ctx.Err() != nil {
 			reason = "the server stopped while the sandbox was being provisioned; submit the job again"
@@ -83,7 +84,7 @@ func (e *Engine) run(id string) {
 		}
 		e.finish(id, delegate.StatusFailed, reason, nil)
 		if sb != nil {
-			e.destroy(sb.ID(), m)
+			e.rollback(id, sb.ID())
 		}
 		return
 	}

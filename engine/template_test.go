@@ -41,7 +41,7 @@ func TestSubmitChecksTemplate(t *testing.T) {
 
 	m := script("ls /")
 	m.VMTemplate = "/"
-	_, err := eng.Submit(ctx, m)
+	_, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
 	var fe *delegate.FieldError
 	if !errors.As(err, &fe) || !errors.Is(err, delegate.ErrInvalid) || fe.Field != "manifest.vmTemplate" ||
 		!strings.Contains(fe.Rule, "available: bookworm, alpine") {
@@ -52,7 +52,7 @@ func TestSubmitChecksTemplate(t *testing.T) {
 	}
 
 	m.VMTemplate = "alpine"
-	job, err := eng.Submit(ctx, m)
+	job, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestSubmitChecksTemplate(t *testing.T) {
 	// The server's own default is the server's fault, not the submitter's.
 	f.cfg.Defaults.VMTemplate = "gone"
 	eng2 := f.start(tb)
-	_, err = eng2.Submit(ctx, script("true"))
+	_, err = eng2.Submit(ctx, script("true"), delegate.SubmitOptions{})
 	if err == nil || errors.As(err, &fe) || !strings.Contains(err.Error(), "default vmTemplate") {
 		t.Fatalf("bad default: %v", err)
 	}
@@ -74,7 +74,7 @@ func TestSubmitChecksTemplate(t *testing.T) {
 	tb.err = errors.New("cluster unreachable")
 	eng3 := f.start(tb)
 	m.VMTemplate = "alpine"
-	if _, err := eng3.Submit(ctx, m); err == nil || errors.Is(err, delegate.ErrInvalid) || !strings.Contains(err.Error(), "cluster unreachable") {
+	if _, err := eng3.Submit(ctx, m, delegate.SubmitOptions{}); err == nil || errors.Is(err, delegate.ErrInvalid) || !strings.Contains(err.Error(), "cluster unreachable") {
 		t.Fatalf("backend error: %v", err)
 	}
 }

@@ -39,6 +39,9 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		return nil, err
 	}
 	var backend sandbox.Backend
+	// Without one, the engine opens it only to stop the sandbox of a job
+	// it cancels that no server drives.
+	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log) }
 	poll := time.Duration(0) // the engine's default
 	if withBackend {
 		backend, err = openBackend(ctx, cfg, log)
@@ -62,6 +65,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		HeartbeatThreshold: cfg.HeartbeatThreshold,
 		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
 		Secret:             secret,
+		OpenBackend:        open,
 	})
 	return &app{store: store, backend: backend, eng: eng}, nil
 }
@@ -81,9 +85,15 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger) (sandbox
 		}
 		return b, nil
 	default:
-		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
+			DefaultTemplate: cfg.Defaults.VMTemplate, Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		if tpl := cfg.Defaults.VMTemplate; tpl != "" {
+			if err := b.CheckTemplate(ctx, tpl); err != nil {
+				return nil, fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %w", tpl, err)
+			}
 		}
 		return b, nil
 	}
