@@ -72,6 +72,13 @@ func (e *Engine) storeBlob(data []byte) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", err
 	}
+	// The server's alone, also if the directory was there before, made
+	// by someone else or with a looser mode.
+	for _, d := range []string{e.cfg.ArtifactDir, filepath.Dir(path)} {
+		if err := os.Chmod(d, 0o700); err != nil {
+			return "", err
+		}
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
 	if err != nil {
 		return "", err

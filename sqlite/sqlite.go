@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -82,6 +83,9 @@ var migrations = []string{
 // Open opens (creating if needed) the database file at path and brings its
 // schema up to date.
 func Open(ctx context.Context, path string) (*Store, error) {
+	if err := ownFiles(path); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "busy_timeout(10000)")
@@ -101,6 +105,24 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// ownFiles makes the database file, and the WAL and shared-memory files
+// an earlier run left, the server's alone (0600) whatever the umask: they
+// hold every job's manifest and output. SQLite makes new WAL and
+// shared-memory files with the database file's mode.
+func ownFiles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) migrate(ctx context.Context) error {
