@@ -7,14 +7,17 @@
 //	       → init (SelfExe __sandbox-init, pid 1 of new user, mount, pid,
 //	               net, ipc, uts and cgroup namespaces)
 //	       → job  (the command, inside uid/gid 1000, no capabilities,
-//	               no_new_privs, a seccomp deny-list)
+//	               no_new_privs, a seccomp filter: a deny-list of syscalls,
+//	               io_uring refused, sockets of unix, inet, inet6 and
+//	               netlink families only)
 //
 // The shim, not the server, owns the job: it collects the output into a
 // file and records how the job ended in exit.json, so the server can be
 // restarted (or killed) while jobs run and re-attach to them afterwards.
 //
 // Isolation: the job sees a read-only root built from the host's /usr,
-// /bin, /sbin, /lib*, /etc (or a template rootfs), a writable /workspace,
+// /bin, /sbin, /lib*, /etc (or a template: a root filesystem named in
+// Config.RootfsDir, never a path a job chooses), a writable /workspace,
 // a private /tmp, its own /proc, a minimal /dev, an empty network namespace
 // with only loopback, and inside uids 0..65535 mapped to host uids
 // 100000..165535, so host files owned by root appear as nobody's.
