@@ -26,8 +26,8 @@ func (e *Engine) cancelOrphan(ctx context.Context, id string) (job *delegate.Job
 	if old.Status.Terminal() {
 		return old, false, true, nil
 	}
-	if old.SandboxID == "" || old.Owner == e.owner || (old.Owner != "" && e.cfg.OwnerAlive(old.Owner)) {
-		return nil, false, false, nil // nothing to stop, or its engine does it
+	if old.Status == delegate.StatusPending || old.Owner == e.owner || (old.Owner != "" && e.cfg.OwnerAlive(old.Owner)) {
+		return nil, false, false, nil // nothing to stop yet, or its engine does it
 	}
 	log := e.log.With("job", id, "sandbox", old.SandboxID, "previous_owner", old.Owner)
 	backend, err := e.backendFor(ctx)
@@ -71,7 +71,8 @@ func markCancelled(j *delegate.Job) {
 // and destroys its sandbox. A job that had started its command is
 // followed to its end like any other (its last output and exit are
 // kept, an ephemeral sandbox destroyed, a persistent one kept for
-// release_job); a sandbox that never ran its command is rolled back.
+// release_job); a sandbox that never ran its command is rolled back,
+// also one its engine made but had not recorded yet.
 func (e *Engine) stopOrphan(ctx context.Context, backend sandbox.Backend, job *delegate.Job) {
 	if job.ExecID != "" {
 		sb, err := backend.Recover(ctx, job.SandboxID)
@@ -98,7 +99,21 @@ func (e *Engine) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 		}
 		e.log.Info("the cancelled job's process is gone", "job", job.ID, "err", err)
 	}
-	e.rollback(job.ID, job.SandboxID)
+	if job.SandboxID != "" {
+		e.rollback(job.ID, job.SandboxID)
+	}
+	// Its engine is gone and this one owns the job now: no sandbox for it
+	// is still being made, so every one made for it is a leftover.
+	infos, err := backend.List(ctx)
+	if err != nil {
+		e.log.Warn("list sandboxes", "err", err)
+		return
+	}
+	for _, in := range infos {
+		if in.JobID == job.ID && in.ID != job.SandboxID {
+			e.rollback(job.ID, in.ID)
+		}
+	}
 }
 
 // rollback destroys a sandbox whose command never ran (provisioning

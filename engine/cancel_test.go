@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,36 +82,50 @@ func TestCancelOrphan(t *testing.T) {
 }
 
 // TestCancelOrphanProvisioning: a job its server left half-provisioned
-// (a sandbox recorded, no command started) is cancelled and its sandbox
-// rolled back, persistent or not.
+// (a sandbox made, recorded on the job or not yet, no command started) is
+// cancelled and its sandbox rolled back, persistent or not.
 func TestCancelOrphanProvisioning(t *testing.T) {
-	ctx := context.Background()
-	f := newFixture(t, engine.Config{OwnerAlive: func(owner string) bool { return owner != "gone-host/1/2/3" }})
-	sb, err := f.backend.Create(ctx, sandbox.Spec{JobID: "job-half"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := script("x")
-	m.Lifecycle = delegate.LifecyclePersistent
-	now := time.Now().UTC()
-	if err := f.store.CreateJob(ctx, &delegate.Job{ID: "job-half", Manifest: m, Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now,
-		Backend: f.backend.Name(), Owner: "gone-host/1/2/3"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.UpdateJob(ctx, "job-half", func(j *delegate.Job) error {
-		j.Status, j.SandboxID = delegate.StatusProvisioning, sb.ID()
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	canceller := engine.New(f.store, f.backend, f.cfg)
-	defer canceller.Close()
-	j, cancelled, err := canceller.Cancel(ctx, "job-half")
-	if err != nil || !cancelled || j.Status != delegate.StatusCancelled || j.SandboxID != "" {
-		t.Fatalf("Cancel: %+v %v %v", j, cancelled, err)
-	}
-	if _, err := f.backend.Recover(ctx, sb.ID()); !errors.Is(err, sandbox.ErrGone) {
-		t.Fatalf("the half-made sandbox is still there: %v", err)
+	for _, recorded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("recorded=%v", recorded), func(t *testing.T) {
+			ctx := context.Background()
+			f := newFixture(t, engine.Config{OwnerAlive: func(owner string) bool { return owner != "gone-host/1/2/3" }})
+			sb, err := f.backend.Create(ctx, sandbox.Spec{JobID: "job-half"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := f.backend.Create(ctx, sandbox.Spec{JobID: "job-other"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := script("x")
+			m.Lifecycle = delegate.LifecyclePersistent
+			now := time.Now().UTC()
+			if err := f.store.CreateJob(ctx, &delegate.Job{ID: "job-half", Manifest: m, Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now,
+				Backend: f.backend.Name(), Owner: "gone-host/1/2/3"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.store.UpdateJob(ctx, "job-half", func(j *delegate.Job) error {
+				j.Status = delegate.StatusProvisioning
+				if recorded {
+					j.SandboxID = sb.ID()
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			canceller := engine.New(f.store, f.backend, f.cfg)
+			defer canceller.Close()
+			j, cancelled, err := canceller.Cancel(ctx, "job-half")
+			if err != nil || !cancelled || j.Status != delegate.StatusCancelled || j.SandboxID != "" {
+				t.Fatalf("Cancel: %+v %v %v", j, cancelled, err)
+			}
+			if _, err := f.backend.Recover(ctx, sb.ID()); !errors.Is(err, sandbox.ErrGone) {
+				t.Fatalf("the half-made sandbox is still there: %v", err)
+			}
+			if _, err := f.backend.Recover(ctx, other.ID()); err != nil {
+				t.Fatalf("another job's sandbox was destroyed: %v", err)
+			}
+		})
 	}
 }
 
