@@ -41,7 +41,7 @@ type Spec struct {
 	CPU         float64 // cores, may be fractional
 	MemoryBytes int64
 	DiskBytes   int64
-	Template    string // backend-specific: a rootfs dir (local), a VM template (proxmox)
+	Template    string // backend-specific: a root filesystem name (local), a VM template (proxmox)
 	Network     bool   // false: no network at all
 }
 
