@@ -261,7 +261,9 @@ func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
 }
 
 // Cancel ends a job that has not finished. It returns the job and whether
-// this call cancelled it (false when it had already finished).
+// this call cancelled it (false when it had already finished). The engine
+// driving the job kills it; a job that no live engine drives, this one
+// takes over and stops before Cancel returns (cancelOrphan).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
 	if job, cancelled, done, err := e.cancelOrphan(ctx, id); done {
 		return job, cancelled, err
