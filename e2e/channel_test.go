@@ -227,7 +227,10 @@ func TestArtifactsAndSecrets(t *testing.T) {
 	}
 	// The artifact is the job's own file, kept as it wrote it (secrets in
 	// files are the job's business); everything delegate stores itself is
-	// free of the value.
+	// free of the value. The sandbox's own files (the raw output the
+	// supervisor keeps while the job runs) go with the sandbox, which is
+	// destroyed just after the job is marked finished: wait for that.
+	waitSandboxesGone(t, dataDir)
 	var found []string
 	filepath.WalkDir(dataDir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() && !strings.Contains(p, string(filepath.Separator)+"artifacts"+string(filepath.Separator)) {
@@ -266,5 +269,21 @@ func TestStatusFile(t *testing.T) {
 	}
 	if st.Status != "success" || strings.Join(msgs, "|") != "fetching|testing (75%)" {
 		t.Fatalf("status %s timeline %q", st.Status, msgs)
+	}
+}
+
+// waitSandboxesGone waits until no sandbox is left in the data dir.
+func waitSandboxesGone(t *testing.T, dataDir string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		entries, err := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
+		if err != nil || len(entries) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandboxes left after the job ended: %d", len(entries))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
