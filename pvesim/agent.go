@@ -4,31 +4,53 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // agentFor is PVE's assert_agent_available: the VM has the agent
-// enabled, runs, and its agent answers. Call without s.mu held.
-func (c *call) agentFor() (*qga, int, error) {
+// enabled, runs, and its agent answers; then the QMP command cmd goes to
+// qemu-ga, which refuses it when its allow-list leaves it out (RHEL's
+// qemu-ga 10 does for exec and files: qemu's qmp-dispatch message, which
+// PVE reports as "Agent error: ..." in src/PVE/QemuServer/Agent.pm
+// check_agent_error). A call takes at least Options.AgentLatency. Call
+// without s.mu held.
+func (c *call) agentFor(cmd string) (*qga, int, error) {
 	s := c.s
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	v, err := c.loadVM()
+	if err == nil && !v.agentEnabled() {
+		err = dieErr("No QEMU guest agent configured")
+	}
+	if err == nil && v.status != "running" {
+		err = dieErr("VM %d is not running", v.vmid)
+	}
+	if err == nil {
+		if up := s.agentUp(v); up != nil {
+			err = dieErr("%s", up)
+		}
+	}
+	if err == nil && slices.Contains(v.agentDisabled, cmd) {
+		err = dieErr("Agent error: Command %s has been disabled: the command is not allowed", cmd)
+	}
+	var a *qga
+	var vmid int
+	if err == nil {
+		a, vmid = v.guest.agent, v.vmid
+	}
+	s.mu.Unlock()
 	if err != nil {
 		return nil, 0, err
 	}
-	if !v.agentEnabled() {
-		return nil, 0, dieErr("No QEMU guest agent configured")
+	if d := s.opts.AgentLatency; d > 0 {
+		select {
+		case <-time.After(d):
+		case <-c.ctx.Done():
+		}
 	}
-	if v.status != "running" {
-		return nil, 0, dieErr("VM %d is not running", v.vmid)
-	}
-	if err := s.agentUp(v); err != nil {
-		return nil, 0, dieErr("%s", err)
-	}
-	return v.guest.agent, v.vmid, nil
+	return a, vmid, nil
 }
 
 // agentErr reports a failed agent command like PVE: the agent's own
@@ -58,7 +80,7 @@ func (c *call) agentErr(err error, vmid int, cmd string) error {
 
 // POST .../agent/ping
 func hAgentPing(c *call) (any, error) {
-	a, vmid, err := c.agentFor()
+	a, vmid, err := c.agentFor("guest-ping")
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +112,7 @@ func hAgentExec(c *call) (any, error) {
 	if len(argv) == 0 && input == nil {
 		return nil, dieErr("command or input-data (or both) required")
 	}
-	a, vmid, err := c.agentFor()
+	a, vmid, err := c.agentFor("guest-exec")
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +136,7 @@ func hAgentExec(c *call) (any, error) {
 // GET .../agent/exec-status: exited 0 until the process ended; then its
 // exit code (or signal) and its output, decoded, booleans as 0/1.
 func hAgentExecStatus(c *call) (any, error) {
-	a, vmid, err := c.agentFor()
+	a, vmid, err := c.agentFor("guest-exec-status")
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +185,7 @@ func hAgentFileWrite(c *call) (any, error) {
 			return nil, err
 		}
 	}
-	a, vmid, err := c.agentFor()
+	a, vmid, err := c.agentFor("guest-file-open")
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +207,7 @@ const maxFileRead = 16 << 20
 // when the read stopped at count (PVE cannot tell that it also reached
 // the end of the file then).
 func hAgentFileRead(c *call) (any, error) {
-	a, vmid, err := c.agentFor()
+	a, vmid, err := c.agentFor("guest-file-open")
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +232,7 @@ func hAgentFileRead(c *call) (any, error) {
 // VM's net0 MAC and an address derived from its vmid. (The sandbox has
 // no network: the address is plausible, not reachable.)
 func hAgentNetwork(c *call) (any, error) {
-	_, vmid, err := c.agentFor()
+	_, vmid, err := c.agentFor("guest-network-get-interfaces")
 	if err != nil {
 		return nil, err
 	}

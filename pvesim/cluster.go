@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // hostMemBase is what a node's host uses before any VM runs.
@@ -13,7 +12,7 @@ const hostMemBase = 1536 << 20
 
 // GET /version
 func hVersion(c *call) (any, error) {
-	v := c.s.opts.Version
+	v := c.s.rel.version
 	parts := strings.SplitN(v, ".", 3)
 	release := v
 	if len(parts) >= 2 {
@@ -22,33 +21,43 @@ func hVersion(c *call) (any, error) {
 	return map[string]any{"version": v, "release": release, "repoid": "5bd1b3a6", "console": "xtermjs"}, nil
 }
 
-// nodeUsage is what running VMs take from a node. Call with s.mu held.
+// nodeUsage is what running VMs use of a node: the memory their guests
+// touch and their vCPUs. Call with s.mu held.
 func (s *Server) nodeUsage(node string) (mem int64, cpus int) {
 	for _, v := range s.vms {
 		if v.node == node && v.status == "running" {
-			mem += v.runMem
+			mem += guestUse(v.runMem)
 			cpus += v.runCPUs
 		}
 	}
 	return mem, cpus
 }
 
-func (s *Server) nodeEntry(n *simNode) map[string]any {
-	e := map[string]any{"id": "node/" + n.name, "type": "node", "node": n.name, "ssl_fingerprint": s.fp}
+// nodeEntry is a node in /nodes and /cluster/resources (pve-manager
+// PVE/API2Tools.pm extract_node_stats): without Sys.Audit on
+// /nodes/<node> the caller sees its status and level, not uptime, cpu,
+// mem, disk, maxcpu, maxmem or maxdisk (PVE/API2/Nodes.pm index,
+// PVE/API2/Cluster.pm resources). Call with s.mu held.
+func (c *call) nodeEntry(n *simNode, stats *statsSnapshot) map[string]any {
+	s := c.s
+	e := map[string]any{"id": "node/" + n.name, "type": "node", "node": n.name, "status": "unknown"}
+	audit := s.access.check(c.authid, "/nodes/"+n.name, "Sys.Audit") == nil
+	if d, ok := stats.nodes[n.name]; ok {
+		online := !s.faults.offline(n.name)
+		if online {
+			e["status"] = "online"
+			if audit {
+				e["uptime"], e["cpu"], e["mem"], e["disk"] = d.uptime, d.cpu, d.mem, d.disk
+			}
+		}
+		e["level"] = ""
+		if audit {
+			e["maxcpu"], e["maxmem"], e["maxdisk"] = d.maxcpu, d.maxmem, d.maxdisk
+		}
+	}
 	if s.faults.offline(n.name) {
 		e["status"] = "offline"
-		return e
 	}
-	mem, cpus := s.nodeUsage(n.name)
-	e["status"] = "online"
-	e["cpu"] = min(1.0, 0.01+0.1*float64(cpus)/float64(n.cpus))
-	e["maxcpu"] = n.cpus
-	e["mem"] = hostMemBase + mem
-	e["maxmem"] = n.mem
-	e["disk"] = int64(4) << 30
-	e["maxdisk"] = int64(100) << 30
-	e["uptime"] = int64(time.Since(n.started).Seconds()) + 86400
-	e["level"] = ""
 	return e
 }
 
@@ -57,27 +66,29 @@ func hNodes(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	stats := s.currentStats()
 	out := []map[string]any{}
 	for _, n := range s.nodes {
-		out = append(out, s.nodeEntry(n))
+		e := c.nodeEntry(n, stats)
+		e["ssl_fingerprint"] = s.fp
+		out = append(out, e)
 	}
 	return out, nil
 }
 
-// vmEntry is a VM in /cluster/resources. Call with s.mu held.
-func (s *Server) vmEntry(v *vm) map[string]any {
-	tpl := 0
-	if v.isTemplate() {
-		tpl = 1
-	}
-	e := map[string]any{
-		"id": "qemu/" + strconv.Itoa(v.vmid), "type": "qemu", "vmid": v.vmid, "node": v.node,
-		"status": v.status, "template": tpl, "maxcpu": v.vcpus(), "maxmem": v.memoryMiB() << 20,
-		"maxdisk": v.maxDisk(), "disk": 0, "mem": 0, "cpu": 0, "uptime": 0,
-		"netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
-	}
-	if name := v.conf["name"]; name != "" {
-		e["name"] = name
+// vmEntry is a VM in /cluster/resources: its figures from the last
+// pvestatd cycle (none for a VM made since: status "unknown"), lock and
+// tags from its config, its pool. Call with s.mu held.
+func (s *Server) vmEntry(v *vm, stats *statsSnapshot) map[string]any {
+	e := map[string]any{"id": "qemu/" + strconv.Itoa(v.vmid), "type": "qemu", "vmid": v.vmid, "node": v.node,
+		"status": "unknown"}
+	if d, ok := stats.vms[v.vmid]; ok && !s.faults.offline(v.node) {
+		e["status"], e["template"], e["maxcpu"], e["maxmem"], e["maxdisk"] = d.status, d.template, d.maxcpu, d.maxmem, d.maxdisk
+		e["uptime"], e["mem"], e["cpu"], e["disk"] = d.uptime, d.mem, d.cpu, 0
+		e["netin"], e["netout"], e["diskread"], e["diskwrite"] = 0, 0, 0, 0
+		if d.name != "" {
+			e["name"] = d.name
+		}
 	}
 	if l := v.conf["lock"]; l != "" {
 		e["lock"] = l
@@ -85,69 +96,75 @@ func (s *Server) vmEntry(v *vm) map[string]any {
 	if t := v.conf["tags"]; t != "" {
 		e["tags"] = t
 	}
-	if v.status == "running" {
-		e["uptime"] = int64(time.Since(v.started).Seconds())
-		e["mem"] = v.runMem * 2 / 5
-		e["cpu"] = 0.02
-	}
-	if s.faults.offline(v.node) {
-		// The cluster has not heard from the node: it knows the config,
-		// not the state.
-		e["status"] = "unknown"
-		for _, k := range []string{"uptime", "mem", "cpu", "netin", "netout", "diskread", "diskwrite"} {
-			delete(e, k)
+	for name, p := range s.access.pools {
+		if p.vms[v.vmid] {
+			e["pool"] = name
 		}
 	}
 	return e
 }
 
-// GET /cluster/resources: nodes, VMs, storage and SDN zones, filtered by
-// type and by what the token may see.
+// GET /cluster/resources: pools, VMs, nodes, storages and SDN zones, each
+// filtered by what the caller may see (pve-manager PVE/API2/Cluster.pm
+// resources): Pool.Audit on the pool, VM.Audit on the VM, Sys.Audit for a
+// node's figures, Datastore.Audit on the storage, SDN.Audit on the zone.
 func hResources(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	uc := s.access
 	typ := c.str("type")
+	stats := s.currentStats()
 	out := []map[string]any{}
-	if typ == "" || typ == "vm" {
-		if c.token.has("VM.Audit") {
-			for _, id := range slices.Sorted(maps.Keys(s.vms)) {
-				out = append(out, s.vmEntry(s.vms[id]))
+	if typ == "" {
+		for _, name := range slices.Sorted(maps.Keys(uc.pools)) {
+			if uc.check(c.authid, "/pool/"+name, "Pool.Audit") == nil {
+				out = append(out, map[string]any{"id": "/pool/" + name, "pool": name, "type": "pool"})
 			}
+		}
+	}
+	if typ == "" || typ == "vm" {
+		for _, id := range slices.Sorted(maps.Keys(s.vms)) {
+			if uc.check(c.authid, "/vms/"+strconv.Itoa(id), "VM.Audit") != nil {
+				continue
+			}
+			e := s.vmEntry(s.vms[id], stats)
+			if p, ok := e["pool"].(string); ok && uc.check(c.authid, "/pool/"+p, "Pool.Audit") != nil {
+				delete(e, "pool")
+			}
+			out = append(out, e)
 		}
 	}
 	if typ == "" || typ == "node" {
 		for _, n := range s.nodes {
-			out = append(out, s.nodeEntry(n))
+			out = append(out, c.nodeEntry(n, stats))
 		}
 	}
 	if typ == "" || typ == "storage" {
-		if c.token.has("Datastore.Audit") {
+		for _, st := range s.storages {
+			if uc.check(c.authid, "/storage/"+st.id, "Datastore.Audit") != nil {
+				continue
+			}
 			for _, n := range s.nodes {
-				status := "available"
-				if s.faults.offline(n.name) {
-					status = "unknown"
-				}
-				out = append(out,
-					map[string]any{"id": "storage/" + n.name + "/local", "type": "storage", "storage": "local",
-						"node": n.name, "status": status, "plugintype": "dir", "content": "iso,vztmpl,backup",
-						"shared": 0, "disk": int64(4) << 30, "maxdisk": int64(100) << 30},
-					map[string]any{"id": "storage/" + n.name + "/local-lvm", "type": "storage", "storage": "local-lvm",
-						"node": n.name, "status": status, "plugintype": "lvmthin", "content": "images,rootdir",
-						"shared": 0, "disk": int64(10) << 30, "maxdisk": int64(800) << 30})
+				out = append(out, s.storageEntry(st, n.name))
 			}
 		}
 	}
 	if typ == "" || typ == "sdn" {
-		for _, n := range s.nodes {
-			out = append(out, map[string]any{"id": "sdn/" + n.name + "/localnetwork", "type": "sdn",
-				"sdn": "localnetwork", "node": n.name, "status": "ok"})
+		if uc.check(c.authid, "/sdn/zones/localnetwork", "SDN.Audit") == nil {
+			for _, n := range s.nodes {
+				out = append(out, map[string]any{"id": "sdn/" + n.name + "/localnetwork", "type": "sdn",
+					"sdn": "localnetwork", "node": n.name, "status": "ok"})
+			}
 		}
 	}
 	return out, nil
 }
 
-// GET /cluster/nextid: a string, though the schema says integer.
+// GET /cluster/nextid: the lowest id no VM config uses, as a string
+// (though the schema says integer). It reserves nothing: the id is taken
+// when a clone's task writes the new config (pve-manager
+// PVE/API2/Cluster.pm nextid reads the vmlist and returns).
 func hNextID(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()

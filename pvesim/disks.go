@@ -24,42 +24,44 @@ func hDelete(c *call) (any, error) {
 	if v.status == "running" {
 		return nil, dieErr("VM %d is running - destroy failed", vmid)
 	}
-	return s.startTask(c, node, "qmdestroy", strconv.Itoa(vmid), func(t *task) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		v, ok := s.vms[vmid]
-		if !ok || v.node != node {
-			return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
-		}
-		if v.clones > 0 {
-			return lockTimeout(vmid)
-		}
-		if err := v.checkLock(); err != nil {
-			return err
-		}
-		if v.status == "running" {
-			return fmt.Errorf("VM %d is running - destroy failed", vmid)
-		}
-		for _, k := range v.disks() {
-			vol := volume(v.conf[k])
-			for _, other := range s.vms {
-				for _, ok := range other.disks() {
-					if base, linked := baseVolume(volume(other.conf[ok])); linked && base == vol {
-						return fmt.Errorf("base volume '%s' is still in use by linked cloned", vol)
+	return s.runTask(c, taskSpec{node: node, typ: "qmdestroy", id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			v, ok := s.vms[vmid]
+			if !ok || v.node != node {
+				return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+			}
+			if err := v.checkLock(); err != nil {
+				return err
+			}
+			if v.status == "running" {
+				return fmt.Errorf("VM %d is running - destroy failed", vmid)
+			}
+			for _, k := range v.disks() {
+				vol := volumeID(v.conf[k])
+				for _, other := range s.vms {
+					for _, ok := range other.disks() {
+						if base, linked := baseVolume(volumeID(other.conf[ok])); linked && base == vol {
+							return fmt.Errorf("base volume '%s' is still in use by linked cloned", vol)
+						}
 					}
 				}
 			}
-		}
-		for _, k := range v.disks() {
-			_, name, _ := strings.Cut(volume(v.conf[k]), ":")
-			if i := strings.LastIndexByte(name, '/'); i >= 0 {
-				name = name[i+1:]
+			for _, k := range v.disks() {
+				sid, name, _ := strings.Cut(volumeID(v.conf[k]), ":")
+				if st := s.storage(sid); st == nil || (st.typ != "lvm" && st.typ != "lvmthin") {
+					continue
+				}
+				if i := strings.LastIndexByte(name, '/'); i >= 0 {
+					name = name[i+1:]
+				}
+				t.logf("  Logical volume \"%s\" successfully removed.", name)
 			}
-			t.logf("  Logical volume \"%s\" successfully removed.", name)
-		}
-		delete(s.vms, vmid)
-		return nil
-	}, nil), nil
+			delete(s.vms, vmid)
+			s.access.dropVM(vmid)
+			return nil
+		}}), nil
 }
 
 // PUT .../resize: a resize task; disks grow, never shrink.
@@ -73,38 +75,43 @@ func hResize(c *call) (any, error) {
 	}
 	vmid, node := v.vmid, v.node
 	disk, size, digest := c.str("disk"), c.str("size"), c.str("digest")
-	return s.startTask(c, node, "resize", strconv.Itoa(vmid), func(t *task) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		v, ok := s.vms[vmid]
-		if !ok || v.node != node {
-			return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
-		}
-		if err := v.checkLock(); err != nil {
-			return err
-		}
-		if digest != "" && digest != v.digest() {
-			return errors.New("detected modified configuration - file changed by other user? Try again.")
-		}
-		drive, ok := v.conf[disk]
-		if !ok {
-			return fmt.Errorf("disk '%s' does not exist", disk)
-		}
-		if strings.Contains(drive, "media=cdrom") {
-			return errors.New("you can't resize a cdrom")
-		}
-		old := diskSize(drive)
-		grow := strings.HasPrefix(size, "+")
-		n, _ := parseSize(strings.TrimPrefix(size, "+"))
-		newSize := n
-		if grow {
-			newSize = old + n
-		}
-		if newSize < old {
-			return errors.New("shrinking disks is not supported")
-		}
-		t.logf("  Size of logical volume changed from %s to %s.", formatSize(old), formatSize(newSize))
-		v.conf[disk] = withSize(drive, newSize)
-		return nil
-	}, nil), nil
+	return s.runTask(c, taskSpec{node: node, typ: "resize", id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			v, ok := s.vms[vmid]
+			if !ok || v.node != node {
+				return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+			}
+			if digest != "" && digest != v.digest() {
+				return errors.New("checksum mismatch (file change by other user?)")
+			}
+			if err := v.checkLock(); err != nil {
+				return err
+			}
+			drive, ok := v.conf[disk]
+			if !ok {
+				return fmt.Errorf("disk '%s' does not exist", disk)
+			}
+			if isCDROM(drive) {
+				return errors.New("you can't resize a cdrom")
+			}
+			// qemu-server resize_vm: growing a disk allocates on its storage.
+			if err := c.s.access.check(c.authid, "/storage/"+storageOf(volumeID(drive)), "Datastore.AllocateSpace"); err != nil {
+				return err
+			}
+			old := diskSize(drive)
+			grow := strings.HasPrefix(size, "+")
+			n, _ := parseSize(strings.TrimPrefix(size, "+"))
+			newSize := n
+			if grow {
+				newSize = old + n
+			}
+			if newSize < old {
+				return errors.New("shrinking disks is not supported")
+			}
+			t.logf("  Size of logical volume changed from %s to %s.", formatSize(old), formatSize(newSize))
+			v.conf[disk] = withSize(drive, newSize)
+			return nil
+		}}), nil
 }

@@ -25,6 +25,16 @@ var formats = map[string]func(string) error{
 	"pve-bridge-id":  quotedFormat(`^[-_.\w\d]+$`, "invalid bridge ID '%s'"),
 	"pve-storage-id": quotedFormat(`(?i)^[a-z][a-z0-9\-_.]*[a-z0-9]$`, "storage ID '%s' contains illegal characters"),
 	"pve-poolid":     quotedFormat(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`, "pool name '%s' contains invalid characters"),
+	// pve-access-control: AccessControl.pm and Auth/Plugin.pm.
+	"pve-roleid":  quotedFormat(`^[A-Za-z0-9.\-_]+$`, "role name '%s' contains invalid characters"),
+	"pve-groupid": quotedFormat(`^[A-Za-z0-9.\-_]+$`, "group name '%s' contains invalid characters"),
+	"pve-userid":  verifyUsername,
+	"pve-tokenid": func(s string) error {
+		if _, _, ok := splitTokenID(s); !ok {
+			return fmt.Errorf("value '%s' does not look like a valid token ID\n", s)
+		}
+		return nil
+	},
 	"urlencoded": func(s string) error {
 		if !urlencodedRe.MatchString(s) {
 			return fmt.Errorf("invalid urlencoded string: %s\n", s)
@@ -152,7 +162,7 @@ func Unchecked(s *Schema) []string {
 		if p.Format != "" {
 			name, _ := strings.CutSuffix(p.Format, "-list")
 			name, _ = strings.CutSuffix(name, "-opt")
-			if formats[name] == nil && formats[p.Format] == nil && objFormats[p.Format] == nil {
+			if formats[name] == nil && formats[p.Format] == nil && objFormats[p.Format] == nil && p.formatFn == nil {
 				seen[p.Format] = true
 			}
 		}
@@ -181,6 +191,9 @@ func checkFormat(schema *Prop, value, path string) error {
 	if schema.FormatObj != nil {
 		_, err := parsePropertyString(schema.FormatObj, value, path)
 		return err
+	}
+	if schema.formatFn != nil {
+		return schema.formatFn(value)
 	}
 	f := schema.Format
 	if f == "regex" {
@@ -351,4 +364,21 @@ func formatSize(n int64) string {
 		i++
 	}
 	return strconv.FormatInt(n, 10) + units[i]
+}
+
+var usernameRe = regexp.MustCompile(`^[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+\n?$`)
+
+// verifyUsername is PVE::Auth::Plugin::verify_username, the pve-userid
+// format.
+func verifyUsername(s string) error {
+	n := perlLength(s)
+	switch {
+	case n < 3:
+		return fmt.Errorf("user name '%s' is too short\n", s)
+	case n > 64:
+		return fmt.Errorf("user name '%s' is too long (%d > 64)\n", s, n)
+	case !usernameRe.MatchString(s):
+		return fmt.Errorf("value '%s' does not look like a valid user name\n", s)
+	}
+	return nil
 }

@@ -16,8 +16,8 @@ import (
 	"time"
 )
 
-// maxPost is pve-http-server's limit on a request body (512 KiB since
-// the fix for #6230; it was 64 KiB before).
+// maxPost is the largest request body of any release (see release): what
+// an error answer drains of a body it did not read.
 const maxPost = 512 << 10
 
 // apiError is an error the way the PVE API server reports it: a status,
@@ -51,8 +51,8 @@ type call struct {
 	ctx    context.Context // ends with the request or the simulator
 	m      *Method
 	params Params // merged and validated
-	token  Token
-	total  int // the envelope's "total", when > 0
+	authid string // the caller: user@realm!token
+	total  int    // the envelope's "total", when > 0
 }
 
 // ServeHTTP implements the API: pveproxy's order of checks, then the
@@ -60,6 +60,12 @@ type call struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := Request{Time: start, Method: r.Method, Path: r.URL.Path}
+	if lat := s.requestLatency(); lat > 0 {
+		select {
+		case <-time.After(lat):
+		case <-r.Context().Done():
+		}
+	}
 	data, c, err := s.serve(r, &rec)
 	if err == nil {
 		body := map[string]any{"data": data}
@@ -209,12 +215,12 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	default:
 		return nil, nil, httpErr(http.StatusNotImplemented, fmt.Sprintf("method '%s' not available", r.Method))
 	}
-	tok, err := s.authenticate(r)
+	authid, err := s.authenticate(r)
 	if err != nil {
 		return nil, nil, err
 	}
-	rec.TokenID = tok.ID
-	params, err := readParams(r)
+	rec.TokenID = authid
+	params, err := readParams(r, s.rel.maxPost)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -241,7 +247,10 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	if !meth.AllowToken {
 		return nil, nil, &apiError{code: http.StatusForbidden, msg: fmt.Sprintf("Permission check failed (URI '%s' not available with API token, need proper ticket.)\n", rel)}
 	}
-	if err := checkPermissions(meth.Permissions, tok, merged); err != nil {
+	s.mu.Lock()
+	err = s.checkPermissions(meth.Permissions, authid, merged)
+	s.mu.Unlock()
+	if err != nil {
 		return nil, nil, err
 	}
 	if meth.ProxyTo == "node" {
@@ -260,7 +269,7 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.ctx, cancel)()
-	c := &call{s: s, ctx: ctx, m: meth, params: merged, token: tok}
+	c := &call{s: s, ctx: ctx, m: meth, params: merged, authid: authid}
 	data, err := h(c)
 	return data, c, err
 }
@@ -268,7 +277,7 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 // readParams decodes the body (form or JSON, POST and PUT only) and the
 // query string, query values winning, like pve-http-server's
 // extract_params.
-func readParams(r *http.Request) (Params, error) {
+func readParams(r *http.Request, maxPost int) (Params, error) {
 	params := Params{}
 	var body []byte
 	if r.ContentLength != 0 {
@@ -278,11 +287,11 @@ func readParams(r *http.Request) (Params, error) {
 		if r.ContentLength < 0 {
 			return nil, httpErr(http.StatusNotImplemented, "chunked transfer encoding not supported")
 		}
-		if r.ContentLength > maxPost {
+		if r.ContentLength > int64(maxPost) {
 			return nil, httpErr(http.StatusNotImplemented, "for data too large")
 		}
 		var err error
-		if body, err = io.ReadAll(io.LimitReader(r.Body, maxPost+1)); err != nil {
+		if body, err = io.ReadAll(io.LimitReader(r.Body, int64(maxPost)+1)); err != nil {
 			return nil, httpErr(http.StatusBadRequest, "bad request")
 		}
 		ct := r.Header.Get("Content-Type")
@@ -359,6 +368,17 @@ func formUnescape(s string) string {
 		return u
 	}
 	return s
+}
+
+// requestLatency is how long this request takes (Options.RequestLatency).
+func (s *Server) requestLatency() time.Duration {
+	span := s.opts.RequestLatency
+	if span.Max <= 0 {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return span.Min + time.Duration(s.rng.Int64N(int64(span.Max-span.Min)+1))
 }
 
 // injectError fails a request on purpose (Faults.ErrorRate).

@@ -54,8 +54,11 @@ func TestHTTPErrors(t *testing.T) {
 			status: 403, reason: "Permission check failed (/vms/9000, VM.Clone)", hasMessage: true},
 		{name: "read-only token starts", method: "POST", path: "/api2/json/nodes/pve1/qemu/9000/status/start", auth: ro,
 			status: 403, reason: "Permission check failed (/vms/9000, VM.PowerMgmt)", hasMessage: true},
+		// PVEAuditor has VM.GuestAgent.Audit on PVE 9, so it may ping, not exec.
 		{name: "read-only token pings the agent", method: "POST", path: "/api2/json/nodes/pve1/qemu/9000/agent/ping", auth: ro,
-			status: 403, reason: "Permission check failed (/vms/9000, VM.GuestAgent.Audit|VM.GuestAgent.Unrestricted)", hasMessage: true},
+			status: 500, reason: "VM 9000 is not running", hasMessage: true},
+		{name: "read-only token runs a command", method: "POST", path: "/api2/json/nodes/pve1/qemu/9000/agent/exec", auth: ro,
+			status: 403, reason: "Permission check failed (/vms/9000, VM.GuestAgent.Unrestricted)", hasMessage: true},
 		// Permissions come before parameters, as in pve-manager.
 		{name: "403 before 400", method: "POST", path: "/api2/json/nodes/pve1/qemu/9000/clone", auth: ro,
 			ct: "application/x-www-form-urlencoded", body: "bogus=1",

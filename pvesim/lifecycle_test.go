@@ -90,7 +90,7 @@ func testLifecycle(t *testing.T, full bool) {
 	// A stale digest is refused.
 	err = c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 2, Digest: strings.Repeat("0", 40)})
 	var api *pve.APIError
-	if !errors.As(err, &api) || api.Reason != "detected modified configuration - file changed by other user? Try again." {
+	if !errors.As(err, &api) || api.Reason != "checksum mismatch (file change by other user?)" {
 		t.Errorf("stale digest: %v", err)
 	}
 

@@ -21,10 +21,20 @@ type Options struct {
 	Nodes []NodeSpec
 	// Pools that exist (clone's pool parameter must name one).
 	Pools []string
-	// Version is what /version reports; default "9.1.1" (the schema is
-	// PVE 9.x).
-	Version string
+	// PVEVersion is the release to behave like: "8.2", "8.4" or "9.1"
+	// (the default). It chooses the schema (PVE 8.4's or 9's), the
+	// privileges (PVE 8's VM.Monitor or PVE 9's VM.GuestAgent.*), the
+	// request body cap (64 KiB before 8.4) and what /version reports.
+	PVEVersion string
+	// Storages of the cluster; default DefaultStorages() (local and
+	// local-lvm on each node). Add SharedStorage("ceph") for templates
+	// every node can clone.
+	Storages []StorageSpec
 
+	// Latency is a profile of timings: "fast" (the default, for tests) or
+	// "real" (a real cluster's: see RealLatency). Fields set here win over
+	// the profile.
+	Latency string
 	// TaskDelay is how long a task runs before it ends; default 50ms.
 	// TaskDelays overrides it per task type (qmclone, qmstart, qmstop,
 	// qmshutdown, qmdestroy, qmconfig, resize).
@@ -33,6 +43,26 @@ type Options struct {
 	// BootDelay is the time from a finished start task to a guest agent
 	// that answers; default 200ms.
 	BootDelay time.Duration
+	// RequestLatency: every API request takes this long (uniformly
+	// between Min and Max) before it is answered; default none.
+	RequestLatency Span
+	// AgentLatency is the least a guest-agent call takes (QMP to qemu-ga
+	// and back); default none.
+	AgentLatency time.Duration
+	// StatsInterval is pvestatd's cycle: /nodes and /cluster/resources
+	// report the node and VM figures (status, name, memory, cpu...) of the
+	// last cycle, and a VM created since has none of them yet. Zero (the
+	// default) reports them live.
+	StatsInterval time.Duration
+	// StorageLockHold is how long a clone holds its storage's lock for
+	// each disk (lvcreate and friends); default a quarter of the qmclone
+	// task's time. Parallel clones from one storage wait for each other,
+	// and give up after 10 s.
+	StorageLockHold time.Duration
+	// LockTimeoutScale multiplies PVE's lock time-outs (1 s for a
+	// clone's config locks, 10 s for the others), so tests can see them
+	// without waiting; default 1.
+	LockTimeoutScale float64
 	// AuthFailureDelay delays every 401 like pveproxy does (3 s). Zero
 	// means the real 3 s; negative means no delay.
 	AuthFailureDelay time.Duration
@@ -105,44 +135,17 @@ func (f Faults) offline(node string) bool {
 	return false
 }
 
-// Token is an API token: the header is
+// Token is an API token added with AddToken: the header is
 // "PVEAPIToken=<ID>=<Secret>" with ID "user@realm!name".
 type Token struct {
-	ID         string
-	Secret     string
-	Privileges []string // what it may do, on every path (see the Role lists)
+	ID     string
+	Secret string
+	// Privileges hold on every path: AddToken grants them on "/" to the
+	// token (privilege-separated) and to its user, through a built-in role
+	// with exactly these privileges (RoleAdministrator becomes
+	// Administrator, in the PVE 8 or 9 form) or a role made for them.
+	Privileges []string
 }
-
-// Privilege sets of PVE's built-in roles (PVE 9), for Token.Privileges.
-var (
-	// RoleAdministrator has every privilege.
-	RoleAdministrator = []string{
-		"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate", "Datastore.Audit",
-		"Group.Allocate", "Mapping.Audit", "Mapping.Modify", "Mapping.Use", "Permissions.Modify",
-		"Pool.Allocate", "Pool.Audit", "Realm.Allocate", "Realm.AllocateUser",
-		"SDN.Allocate", "SDN.Audit", "SDN.Use",
-		"Sys.AccessNetwork", "Sys.Audit", "Sys.Console", "Sys.Incoming", "Sys.Modify", "Sys.PowerMgmt", "Sys.Syslog",
-		"User.Modify",
-		"VM.Allocate", "VM.Audit", "VM.Backup", "VM.Clone", "VM.Config.CDROM", "VM.Config.CPU",
-		"VM.Config.Cloudinit", "VM.Config.Disk", "VM.Config.HWType", "VM.Config.Memory", "VM.Config.Network",
-		"VM.Config.Options", "VM.Console", "VM.GuestAgent.Audit", "VM.GuestAgent.FileRead",
-		"VM.GuestAgent.FileSystemMgmt", "VM.GuestAgent.FileWrite", "VM.GuestAgent.Unrestricted",
-		"VM.Migrate", "VM.PowerMgmt", "VM.Replicate", "VM.Snapshot", "VM.Snapshot.Rollback",
-	}
-	// RolePVEAuditor may only look.
-	RolePVEAuditor = []string{
-		"Datastore.Audit", "Mapping.Audit", "Pool.Audit", "SDN.Audit", "Sys.Audit", "VM.Audit",
-	}
-	// RolePVEVMAdmin manages VMs (and uses storage for them).
-	RolePVEVMAdmin = []string{
-		"Datastore.AllocateSpace", "Datastore.Audit", "Pool.Audit", "SDN.Use", "Sys.Audit",
-		"VM.Allocate", "VM.Audit", "VM.Backup", "VM.Clone", "VM.Config.CDROM", "VM.Config.CPU",
-		"VM.Config.Cloudinit", "VM.Config.Disk", "VM.Config.HWType", "VM.Config.Memory", "VM.Config.Network",
-		"VM.Config.Options", "VM.Console", "VM.GuestAgent.Audit", "VM.GuestAgent.FileRead",
-		"VM.GuestAgent.FileSystemMgmt", "VM.GuestAgent.FileWrite", "VM.GuestAgent.Unrestricted",
-		"VM.Migrate", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback",
-	}
-)
 
 // TemplateSpec describes a template VM made by AddTemplate.
 type TemplateSpec struct {
@@ -156,23 +159,103 @@ type TemplateSpec struct {
 	// Rootfs, if set, is the root filesystem directory its guests' local
 	// sandboxes use (sandbox.Spec.Template); default the host's view.
 	Rootfs string
+	// Sockets is the sockets option; default 1. A VM has sockets x cores
+	// vCPUs.
+	Sockets int
+	// BalloonMiB, if set, is the balloon option (the minimum memory the
+	// balloon driver may leave the guest).
+	BalloonMiB int
+	// Storage holds its disk; default local-lvm. It must have the
+	// template feature (not thick LVM).
+	Storage string
+	// AgentDisabledRPCs are guest-agent commands the guest's qemu-ga does
+	// not allow, as RHEL's does (see RHELAgentDisabledRPCs): calls that
+	// need them fail with "Agent error: Command guest-exec has been
+	// disabled: the command is not allowed".
+	AgentDisabledRPCs []string
 }
 
-func (o *Options) setDefaults() {
+// RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma 10's qemu-ga
+// leaves out of its default --allow-rpcs list: exec and the file calls
+// (seen in BassT23/Proxmox#256: "Agent error: Command guest-exec has been
+// disabled: the command is not allowed"). A template must allow them
+// (/etc/sysconfig/qemu-ga).
+func RHELAgentDisabledRPCs() []string {
+	return []string{"guest-exec", "guest-exec-status", "guest-file-open", "guest-file-close",
+		"guest-file-read", "guest-file-write", "guest-file-seek", "guest-file-flush"}
+}
+
+// Span is a range of durations.
+type Span struct{ Min, Max time.Duration }
+
+// RealLatency is the "real" profile: what a real cluster takes, measured
+// on real hardware (DESIGN.md): every API request 10-50 ms, a guest-agent
+// call ~25 ms, a linked clone ~2 s, a start ~1 s and then ~10 s of boot
+// and ~3 s more until the guest agent answers, a stop ~2 s, other tasks a
+// few hundred ms, and pvestatd's 10 s cycle (a new VM's figures are
+// missing for up to 10 s).
+func RealLatency() Options {
+	return Options{
+		TaskDelay: 300 * time.Millisecond,
+		TaskDelays: map[string]time.Duration{
+			"qmclone": 2 * time.Second, "qmstart": time.Second, "qmstop": 2 * time.Second,
+			"qmshutdown": 4 * time.Second, "qmdestroy": time.Second,
+		},
+		BootDelay:      12 * time.Second,
+		RequestLatency: Span{10 * time.Millisecond, 50 * time.Millisecond},
+		AgentLatency:   25 * time.Millisecond,
+		StatsInterval:  10 * time.Second,
+	}
+}
+
+func (o *Options) setDefaults() error {
 	if o.Listen == "" {
 		o.Listen = "127.0.0.1:0"
 	}
 	if len(o.Nodes) == 0 {
 		o.Nodes = DefaultNodes(1)
 	}
-	if o.Version == "" {
-		o.Version = "9.1.1"
+	if len(o.Storages) == 0 {
+		o.Storages = DefaultStorages()
+	}
+	switch o.Latency {
+	case "", "fast":
+	case "real":
+		real := RealLatency()
+		if o.TaskDelay == 0 {
+			o.TaskDelay = real.TaskDelay
+		}
+		delays := real.TaskDelays
+		for k, v := range o.TaskDelays {
+			delays[k] = v
+		}
+		o.TaskDelays = delays
+		if o.BootDelay == 0 {
+			o.BootDelay = real.BootDelay
+		}
+		if o.RequestLatency == (Span{}) {
+			o.RequestLatency = real.RequestLatency
+		}
+		if o.AgentLatency == 0 {
+			o.AgentLatency = real.AgentLatency
+		}
+		if o.StatsInterval == 0 {
+			o.StatsInterval = real.StatsInterval
+		}
+	default:
+		return fmt.Errorf("pvesim: latency %q: must be fast or real", o.Latency)
 	}
 	if o.TaskDelay == 0 {
 		o.TaskDelay = 50 * time.Millisecond
 	}
 	if o.BootDelay == 0 {
 		o.BootDelay = 200 * time.Millisecond
+	}
+	if o.RequestLatency.Max < o.RequestLatency.Min {
+		o.RequestLatency.Max = o.RequestLatency.Min
+	}
+	if o.LockTimeoutScale <= 0 {
+		o.LockTimeoutScale = 1
 	}
 	if o.MaxRequestLog <= 0 {
 		o.MaxRequestLog = 100_000
@@ -183,4 +266,5 @@ func (o *Options) setDefaults() {
 	case o.AuthFailureDelay < 0:
 		o.AuthFailureDelay = 0
 	}
+	return nil
 }

@@ -62,9 +62,9 @@ func hStart(c *call) (any, error) {
 		return nil, err
 	}
 	vmid, node := v.vmid, v.node
-	return s.startTask(c, node, "qmstart", strconv.Itoa(vmid), func(t *task) error {
-		return s.startVM(t, vmid, node)
-	}, nil), nil
+	return s.runTask(c, taskSpec{node: node, typ: "qmstart", id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}},
+		work:  func(t *task) error { return s.startVM(t, vmid, node) }}), nil
 }
 
 // startVM is the start task's work.
@@ -76,9 +76,6 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 		return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
 	}
 	err := func() error {
-		if v.clones > 0 {
-			return lockTimeout(vmid)
-		}
 		if err := v.checkLock(); err != nil {
 			return err
 		}
@@ -97,10 +94,11 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 				return fmt.Errorf("bridge '%s' does not exist", b)
 			}
 		}
-		used, _ := s.nodeUsage(node)
-		need := v.memoryMiB() << 20
-		if hostMemBase+used+need > n.mem {
-			// What KVM says when the host cannot give the guest its RAM.
+		// qemu-server does not refuse a start for lack of free memory (no
+		// such check in vm_start or config_to_command): QEMU maps guest RAM
+		// lazily and the kernel's heuristic overcommit lets it, unless the
+		// guest alone is larger than the host's RAM.
+		if need := v.memoryMiB() << 20; need > n.mem {
 			t.logf("kvm: cannot set up guest memory 'pc.ram': Cannot allocate memory")
 			return errors.New("start failed: QEMU exited with code 1")
 		}
@@ -147,24 +145,25 @@ func stopVM(c *call, typ string) (any, error) {
 		return nil, err
 	}
 	vmid, node := v.vmid, v.node
-	return s.startTask(c, node, typ, strconv.Itoa(vmid), func(t *task) error {
-		s.mu.Lock()
-		v, ok := s.vms[vmid]
-		if !ok || v.node != node {
+	return s.runTask(c, taskSpec{node: node, typ: typ, id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			v, ok := s.vms[vmid]
+			if !ok || v.node != node {
+				s.mu.Unlock()
+				return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+			}
+			if err := v.checkLock(); err != nil {
+				s.mu.Unlock()
+				return err
+			}
+			if v.status != "running" {
+				s.mu.Unlock()
+				return nil
+			}
+			g := s.halt(v)
 			s.mu.Unlock()
-			return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
-		}
-		if err := v.checkLock(); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		if v.status != "running" {
-			s.mu.Unlock()
+			s.destroyGuest(g)
 			return nil
-		}
-		g := s.halt(v)
-		s.mu.Unlock()
-		s.destroyGuest(g)
-		return nil
-	}, nil), nil
+		}}), nil
 }

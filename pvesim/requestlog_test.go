@@ -120,7 +120,7 @@ func TestResponsesMatchSchema(t *testing.T) {
 		{vm + "/agent/file-write", `{"file":"/tmp/g","content":"x"}`},
 		{"/nodes/pve1/qemu/9000/clone", `{"newid":777}`},
 		{vm + "/status/stop", ""},
-		{"/nodes/pve1/qemu/777/config", `{"description":"x"}`},
+		{"/nodes/pve1/qemu/150/config", `{"description":"x"}`},
 		{"/nodes/pve1/qemu/9000/status/shutdown", ""},
 	}
 	for _, pb := range posts {

@@ -20,9 +20,15 @@ import (
 // never embedded in the delegate binary.
 //
 //go:generate go run ./internal/schemagen -in ../../shared/data/pve-api/pve9-api-schema.json -out schema/pve-api-subset.json -pve 9.x
+//go:generate go run ./internal/schemagen -in ../../shared/data/pve-api/pve8-api-schema.json -out schema/pve8-api-subset.json -pve 8.4
 
-// SchemaEnv names a schema file to use instead of the source tree's.
+// SchemaEnv names a schema file to use instead of the source tree's (the
+// PVE 9 subset; the PVE 8 one, pve8-api-subset.json, is looked for next
+// to it).
 const SchemaEnv = "DELEGATE_PVE_SCHEMA"
+
+// pve8SchemaName is the PVE 8.4 subset's file, next to the PVE 9 one.
+const pve8SchemaName = "pve8-api-subset.json"
 
 // SchemaFile finds the schema subset: $DELEGATE_PVE_SCHEMA, else
 // pvesim/schema/pve-api-subset.json in the source tree this package was
@@ -102,6 +108,9 @@ type Prop struct {
 	// properties the schema does not name are allowed.
 	AdditionalProperties *bool
 	re                   *regexp.Regexp
+	// formatFn checks a named format whose rule depends on the release
+	// (pve-priv); it wins over the shared table of formats.
+	formatFn func(string) error
 }
 
 type template struct {
@@ -109,23 +118,46 @@ type template struct {
 	segs   []string
 }
 
-var (
-	defaultSchema     *Schema
-	defaultSchemaErr  error
-	defaultSchemaOnce sync.Once
-)
+// schemaCache holds each major release's schema, read once: the files
+// do not change while the program runs.
+type schemaCache struct {
+	once   sync.Once
+	schema *Schema
+	err    error
+}
 
-// LoadSchema reads the schema subset found by SchemaFile (once).
-func LoadSchema() (*Schema, error) {
-	defaultSchemaOnce.Do(func() {
+var schemas = map[int]*schemaCache{8: {}, 9: {}}
+
+// LoadSchema reads the PVE 9 schema subset found by SchemaFile (once).
+func LoadSchema() (*Schema, error) { return loadSchemaFor(9) }
+
+// LoadSchemaFor reads the schema subset of a release ("8.2", "8.4" use
+// the PVE 8.4 schema, "9.1" the PVE 9 one), once.
+func LoadSchemaFor(pveVersion string) (*Schema, error) {
+	rel, err := parseRelease(pveVersion)
+	if err != nil {
+		return nil, err
+	}
+	return loadSchemaFor(rel.major)
+}
+
+func loadSchemaFor(major int) (*Schema, error) {
+	c := schemas[major]
+	if c == nil {
+		return nil, fmt.Errorf("pvesim: no schema for PVE %d", major)
+	}
+	c.once.Do(func() {
 		path, err := SchemaFile()
 		if err != nil {
-			defaultSchemaErr = err
+			c.err = err
 			return
 		}
-		defaultSchema, defaultSchemaErr = LoadSchemaFile(path)
+		if major == 8 {
+			path = filepath.Join(filepath.Dir(path), pve8SchemaName)
+		}
+		c.schema, c.err = LoadSchemaFile(path)
 	})
-	return defaultSchema, defaultSchemaErr
+	return c.schema, c.err
 }
 
 // LoadSchemaFile reads a schema subset made by internal/schemagen.
@@ -177,6 +209,7 @@ func parseSchema(data []byte) (*Schema, error) {
 			tpl: newTemplate(m.Method, m.Path),
 		})
 	}
+	s.bindPrivileges()
 	for _, key := range raw.AllMethods {
 		verb, path, ok := strings.Cut(key, " ")
 		if !ok {
@@ -242,6 +275,59 @@ func (s *Schema) Lookup(method, path string) (*Method, map[string]string, bool) 
 		}
 	}
 	return best, bestParams, best != nil
+}
+
+// Privileges are the release's valid privileges, as its schema lists
+// them: GET /access/roles/{roleid} returns one boolean per privilege
+// (AccessControl.pm create_priv_properties).
+func (s *Schema) Privileges() map[string]bool {
+	out := map[string]bool{}
+	for _, m := range s.methods {
+		if m.Method == "GET" && m.Path == "/access/roles/{roleid}" && m.Returns != nil {
+			for p := range m.Returns.Properties {
+				out[p] = true
+			}
+		}
+	}
+	return out
+}
+
+// bindPrivileges gives the pve-priv formats (verify_privname) this
+// release's privileges: PVE 8 knows VM.Monitor, PVE 9 VM.GuestAgent.*.
+func (s *Schema) bindPrivileges() {
+	privs := s.Privileges()
+	check := func(v string) error {
+		if !privs[v] {
+			return fmt.Errorf("invalid privilege '%s'\n", v)
+		}
+		return nil
+	}
+	var walk func(p *Prop)
+	walk = func(p *Prop) {
+		if p == nil {
+			return
+		}
+		switch p.Format {
+		case "pve-priv":
+			p.formatFn = check
+		case "pve-priv-list":
+			p.formatFn = func(v string) error {
+				for _, priv := range splitList(v) {
+					if err := check(priv); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+		}
+		for _, sub := range p.Properties {
+			walk(sub)
+		}
+		walk(p.Items)
+	}
+	for _, m := range s.methods {
+		walk(m.Params)
+	}
 }
 
 // InRealAPI reports whether the full PVE API has method+path, which the
@@ -388,5 +474,13 @@ func atoiAny(v any) (int, error) {
 // plain groups, and "{,n}" (Perl 5.34+) is "{0,n}".
 func perlRegexp(p string) (*regexp.Regexp, error) {
 	p = strings.NewReplacer("(?^:", "(?:", "(?>", "(?:", "{,", "{0,").Replace(p)
+	// Go's repeat counts stop at 1000: a larger bound (the 4096 of a
+	// user's TFA "keys") is left open, a little laxer than Perl.
+	p = bigRepeatRe.ReplaceAllStringFunc(p, func(m string) string {
+		lo, _, _ := strings.Cut(strings.Trim(m, "{}"), ",")
+		return "{" + lo + ",}"
+	})
 	return regexp.Compile(`^(?:` + p + `)\n?$`)
 }
+
+var bigRepeatRe = regexp.MustCompile(`\{\d+,\d{4,}\}`)

@@ -2,7 +2,9 @@ package pvesim
 
 import (
 	"context"
+	"crypto/sha1"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,17 +39,26 @@ type Server struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	rel   release
+	locks *lockTable
+
 	mu       sync.Mutex
 	nodes    []*simNode
 	vms      map[int]*vm
 	tasks    map[string]*task
-	tokens   map[string]Token
-	pools    map[string]bool
-	faults   Faults
-	rng      *rand.Rand
-	requests []Request
-	pidSeq   int
-	closed   bool
+	access   *userConfig // users, tokens, roles, ACLs, pools
+	storages []*storage
+	// storageDigest is storage.cfg's digest, as GET /storage reports it.
+	storageDigest string
+	// stats is pvestatd's last broadcast (nil: figures are live).
+	stats *statsSnapshot
+	// offlineSince is when each offline node went away.
+	offlineSince map[string]time.Time
+	faults       Faults
+	rng          *rand.Rand
+	requests     []Request
+	pidSeq       int
+	closed       bool
 	// sandboxes are the guest sandboxes that exist, by id.
 	sandboxes map[string]bool
 
@@ -75,10 +87,35 @@ type Request struct {
 
 // New prepares a simulator; Start serves it.
 func New(opts Options) (*Server, error) {
-	opts.setDefaults()
-	schema, err := LoadSchema()
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	rel, err := parseRelease(opts.PVEVersion)
 	if err != nil {
 		return nil, err
+	}
+	schema, err := loadSchemaFor(rel.major)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StorageLockHold == 0 {
+		opts.StorageLockHold = opts.TaskDelay / 4
+		if d, ok := opts.TaskDelays["qmclone"]; ok {
+			opts.StorageLockHold = d / 4
+		}
+	}
+	var storages []*storage
+	for _, spec := range opts.Storages {
+		st, err := newStorage(spec)
+		if err != nil {
+			return nil, err
+		}
+		for _, other := range storages {
+			if other.id == st.id {
+				return nil, fmt.Errorf("pvesim: storage %s defined twice", st.id)
+			}
+		}
+		storages = append(storages, st)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -104,22 +141,27 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, schema: schema, log: log, cert: cert, certPEM: certPEM,
-		fp:        fingerprint(cert.Certificate[0]),
-		vms:       map[int]*vm{},
-		tasks:     map[string]*task{},
-		tokens:    map[string]Token{},
-		pools:     map[string]bool{},
-		sandboxes: map[string]bool{},
-		faults:    opts.Faults.clone(),
-		rng:       rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
-		pidSeq:    0x1000,
+		fp:           fingerprint(cert.Certificate[0]),
+		rel:          rel,
+		locks:        newLockTable(),
+		vms:          map[int]*vm{},
+		tasks:        map[string]*task{},
+		access:       newUserConfig(rel.major),
+		storages:     storages,
+		sandboxes:    map[string]bool{},
+		offlineSince: map[string]time.Time{},
+		rng:          rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
+		pidSeq:       0x1000,
 	}
 	for _, p := range opts.Pools {
-		s.pools[p] = true
+		s.access.pools[p] = &simPool{vms: map[int]bool{}}
 	}
+	sum := sha1.Sum([]byte(fmt.Sprint(opts.Storages)))
+	s.storageDigest = hex.EncodeToString(sum[:])
 	for _, n := range opts.Nodes {
 		s.nodes = append(s.nodes, &simNode{name: n.Name, cpus: n.CPUs, mem: n.MemoryBytes, started: time.Now()})
 	}
+	s.setFaults(opts.Faults)
 	s.backend = opts.Backend
 	if s.backend == nil {
 		dir := opts.SandboxDir
@@ -179,7 +221,8 @@ func (s *Server) Start(ctx context.Context) error {
 		case <-s.ctx.Done():
 		}
 	}()
-	s.log.Info("pvesim listening", "url", s.url, "fingerprint", s.fp, "nodes", len(s.nodes))
+	s.runStats()
+	s.log.Info("pvesim listening", "url", s.url, "fingerprint", s.fp, "nodes", len(s.nodes), "pve", s.rel.version)
 	return nil
 }
 
@@ -235,9 +278,15 @@ func (s *Server) CertificatePEM() []byte { return slices.Clone(s.certPEM) }
 // Schema returns the schema the simulator checks requests against.
 func (s *Server) Schema() *Schema { return s.schema }
 
-// AddToken registers an API token. Its ID is "user@realm!name".
+// AddToken registers an API token whose privileges hold on every path:
+// its user is created if needed (root@pam always exists), the token is
+// privilege-separated, and both get, on "/" with propagation, the
+// built-in role with exactly these privileges (in any release's form:
+// RoleAdministrator is Administrator) or else a role "token-<user>-<name>"
+// made for them. Its ID is "user@realm!name".
 func (s *Server) AddToken(t Token) error {
-	if _, _, ok := splitTokenID(t.ID); !ok {
+	userid, name, ok := splitTokenID(t.ID)
+	if !ok {
 		return fmt.Errorf("pvesim: token id %q is not user@realm!name", t.ID)
 	}
 	if t.Secret == "" {
@@ -245,8 +294,42 @@ func (s *Server) AddToken(t Token) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t.Privileges = slices.Clone(t.Privileges)
-	s.tokens[t.ID] = t
+	uc := s.access
+	role := ""
+	want := slices.Sorted(slices.Values(t.Privileges))
+	want = slices.Compact(want)
+	for _, major := range []int{uc.major, 8, 9} {
+		for r, privs := range builtinRoles(major) {
+			if r != "NoAccess" && len(privs) == len(want) && !slices.ContainsFunc(want, func(p string) bool { return !privs[p] }) {
+				role = r
+				break
+			}
+		}
+		if role != "" {
+			break
+		}
+	}
+	if role == "" {
+		role = "token-" + strings.NewReplacer("@", "-", "!", "-").Replace(t.ID)
+		privs := map[string]bool{}
+		for _, p := range want {
+			if !validPrivileges(uc.major)[p] {
+				return fmt.Errorf("pvesim: token %s: privilege %s does not exist in PVE %s", t.ID, p, s.rel.name)
+			}
+			privs[p] = true
+		}
+		uc.roles[role] = privs
+	}
+	u := uc.users[userid]
+	if u == nil {
+		u = &simUser{enable: true, tokens: map[string]*simToken{}}
+		uc.users[userid] = u
+	}
+	u.tokens[name] = &simToken{privsep: true, secret: t.Secret}
+	uc.grant("/", role, t.ID, true, true)
+	if userid != "root@pam" {
+		uc.grant("/", role, userid, false, true)
+	}
 	return nil
 }
 
@@ -254,7 +337,7 @@ func (s *Server) AddToken(t Token) error {
 func (s *Server) SetFaults(f Faults) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.faults = f.clone()
+	s.setFaults(f)
 }
 
 // Faults returns the injected faults.
@@ -271,11 +354,12 @@ func (s *Server) SetNodeOnline(name string, online bool) error {
 	if s.node(name) == nil {
 		return fmt.Errorf("pvesim: no node %q", name)
 	}
-	off := slices.DeleteFunc(s.faults.OfflineNodes, func(n string) bool { return n == name })
+	f := s.faults.clone()
+	f.OfflineNodes = slices.DeleteFunc(f.OfflineNodes, func(n string) bool { return n == name })
 	if !online {
-		off = append(off, name)
+		f.OfflineNodes = append(f.OfflineNodes, name)
 	}
-	s.faults.OfflineNodes = off
+	s.setFaults(f)
 	return nil
 }
 

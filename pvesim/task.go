@@ -105,50 +105,142 @@ func (t *task) finish(err error) {
 		t.logf("TASK OK")
 		return
 	}
-	msg := strings.TrimSuffix(err.Error(), "\n")
+	msg := taskMessage(err)
 	t.exitstatus = msg
 	t.logf("TASK ERROR: %s", msg)
+}
+
+// taskMessage is how fork_worker reports a task's error (pve-common
+// src/PVE/RESTEnvironment.pm): the error chomped, its newlines made
+// spaces. A PVE::Exception (a permission or parameter error) reads as
+// stringify makes it: its HTTP code first, then its parameter errors.
+func taskMessage(err error) string {
+	var msg string
+	var ae *apiError
+	var pe *ParamError
+	switch {
+	case errors.As(err, &pe):
+		var b strings.Builder
+		b.WriteString("400 Parameter verification failed.\n")
+		for _, k := range sortedKeys(pe.Errors) {
+			fmt.Fprintf(&b, "%s: %s\n", k, pe.Errors[k])
+		}
+		msg = b.String()
+	case errors.As(err, &ae) && ae.code != 500:
+		msg = fmt.Sprintf("%d %s", ae.code, ae.msg)
+	case errors.As(err, &ae):
+		msg = ae.msg
+	default:
+		msg = err.Error()
+	}
+	msg = strings.TrimSuffix(msg, "\n")
+	return strings.ReplaceAll(msg, "\n", " ")
 }
 
 // taskWork is a task's body. It runs without s.mu held (it may wait on
 // sandboxes) and takes the lock for what it changes.
 type taskWork func(t *task) error
 
-// startTask creates a task and runs it in the background: it waits the
-// task's delay, then fails it if a fault is injected for its type
-// (calling undo, with s.mu held, so the request leaves no trace) or runs
-// work. It returns the UPID. Call with s.mu held.
+// taskSpec describes a worker task (PVE's fork_worker and the locks its
+// code takes).
+type taskSpec struct {
+	node, typ, id string
+	// locks are config locks taken, in order, when the task begins and
+	// held until it ends (a clone's source and new VM, a start's VM...).
+	locks []taskLock
+	// begin runs with s.mu held once the locks are held, before the
+	// task's time passes (a clone writes the new VM's config then).
+	begin func(t *task) error
+	// delay is the task's time; default Options.TaskDelay(s).
+	delay *time.Duration
+	// work runs after the delay, without s.mu held.
+	work taskWork
+	// undo, with s.mu held, removes what begin made when the task is
+	// interrupted or fails by an injected fault.
+	undo func()
+}
+
+// taskLock is a VM config lock a task holds.
+type taskLock struct {
+	vmid    int
+	shared  bool
+	timeout time.Duration
+}
+
+// startTask creates a task and runs it in the background: it takes its
+// locks, runs begin, waits the task's time, then fails it if a fault is
+// injected for its type (calling undo, so the request leaves no trace) or
+// runs work. It returns the UPID. Call with s.mu held.
 func (s *Server) startTask(c *call, node, typ, id string, work taskWork, undo func()) string {
-	t := s.newTask(node, typ, id, c.token.ID)
-	delay := s.taskDelay(typ)
+	return s.runTask(c, taskSpec{node: node, typ: typ, id: id, work: work, undo: undo})
+}
+
+// runTask starts the task a spec describes and returns its UPID. Call
+// with s.mu held.
+func (s *Server) runTask(c *call, spec taskSpec) string {
+	t := s.newTask(spec.node, spec.typ, spec.id, c.authid)
+	delay := s.taskDelay(spec.typ)
+	if spec.delay != nil {
+		delay = *spec.delay
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		var releases []func()
+		unlock := func() {
+			for i := len(releases) - 1; i >= 0; i-- {
+				releases[i]()
+			}
+			releases = nil
+		}
+		defer unlock()
+		// The worker's locks go when its code returns, before the task
+		// is seen stopped.
+		end := func(err error) {
+			unlock()
+			s.mu.Lock()
+			t.finish(err)
+			s.mu.Unlock()
+		}
+		for _, l := range spec.locks {
+			release, err := s.lockConfig(s.ctx, spec.node, l.vmid, l.shared, l.timeout)
+			if err != nil {
+				end(err)
+				return
+			}
+			releases = append(releases, release)
+		}
+		undo := func() {}
+		if spec.begin != nil {
+			s.mu.Lock()
+			err := spec.begin(t)
+			s.mu.Unlock()
+			if err != nil {
+				end(err)
+				return
+			}
+		}
+		if spec.undo != nil {
+			undo = spec.undo
+		}
 		select {
 		case <-time.After(delay):
 		case <-s.ctx.Done():
 			s.mu.Lock()
-			if undo != nil {
-				undo()
-			}
-			t.finish(errors.New("interrupted by signal"))
+			undo()
 			s.mu.Unlock()
+			end(errors.New("interrupted by signal"))
 			return
 		}
 		s.mu.Lock()
-		if msg, ok := s.faults.TaskFailures[typ]; ok {
-			if undo != nil {
-				undo()
-			}
-			t.finish(errors.New(msg))
+		if msg, ok := s.faults.TaskFailures[spec.typ]; ok {
+			undo()
 			s.mu.Unlock()
+			end(errors.New(msg))
 			return
 		}
 		s.mu.Unlock()
-		err := work(t)
-		s.mu.Lock()
-		t.finish(err)
-		s.mu.Unlock()
+		end(spec.work(t))
 	}()
 	return t.upid
 }
@@ -164,9 +256,13 @@ func (c *call) findTask() (*task, error) {
 	if !ok || u.node != c.str("node") {
 		return nil, paramErr("upid", "no such task")
 	}
-	// Others' tasks need Sys.Audit on the node.
-	if t.user != c.token.ID && !c.token.has("Sys.Audit") {
-		return nil, permErr("/nodes/" + t.node + ", Sys.Audit")
+	// Others' tasks need Sys.Audit on the node; a token's tasks are its
+	// own and its user's (pve-manager PVE/API2/Tasks.pm $check_task_user).
+	owner, _, _ := strings.Cut(t.user, "!")
+	if c.authid != t.user && c.authid != owner {
+		if err := c.s.access.check(c.authid, "/nodes/"+c.str("node"), "Sys.Audit"); err != nil {
+			return nil, err
+		}
 	}
 	return t, nil
 }

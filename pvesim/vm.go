@@ -29,9 +29,9 @@ type vm struct {
 	runMem  int64
 	guest   *guest
 	rootfs  string // the local sandbox template its guests use
-	// clones counts clones of it in progress: they hold its config lock
-	// (shared), so what needs it exclusively times out.
-	clones int
+	// agentDisabled are the qemu-ga commands its guest does not allow
+	// (the template's OS image decides; clones inherit it).
+	agentDisabled []string
 }
 
 // VM is a VM as tests see it.
@@ -102,9 +102,18 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 	if spec.Agent == "" {
 		spec.Agent = "1"
 	}
+	if spec.Sockets == 0 {
+		spec.Sockets = 1
+	}
+	if spec.Storage == "" {
+		spec.Storage = "local-lvm"
+	}
 	size, ok := parseSize(spec.DiskSize)
 	if !ok {
 		return fmt.Errorf("pvesim: disk size %q", spec.DiskSize)
+	}
+	if spec.BalloonMiB > spec.MemoryMiB {
+		return fmt.Errorf("pvesim: balloon %d MiB is more than the memory, %d MiB", spec.BalloonMiB, spec.MemoryMiB)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -114,13 +123,24 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 	if _, exists := s.vms[vmid]; exists {
 		return fmt.Errorf("pvesim: VM %d exists", vmid)
 	}
+	st := s.storage(spec.Storage)
+	switch {
+	case st == nil:
+		return fmt.Errorf("pvesim: no storage %q", spec.Storage)
+	case !st.hasContent("images"):
+		return fmt.Errorf("pvesim: storage %s does not hold VM images (content %s)", st.id, st.content)
+	case !st.canTemplate():
+		// qemu-server's template call: the storage lacks the template
+		// feature (LVMPlugin), so no template can live there.
+		return fmt.Errorf("pvesim: storage %s (%s) cannot hold a template", st.id, st.typ)
+	}
 	conf := map[string]string{
 		"name":     name,
 		"template": "1",
 		"cores":    strconv.Itoa(spec.Cores),
-		"sockets":  "1",
+		"sockets":  strconv.Itoa(spec.Sockets),
 		"memory":   strconv.Itoa(spec.MemoryMiB),
-		"scsi0":    fmt.Sprintf("local-lvm:base-%d-disk-0,iothread=1,size=%s", vmid, formatSize(size)),
+		"scsi0":    fmt.Sprintf("%s:%s,iothread=1,size=%s", st.id, st.volName("base", vmid, 0, ""), formatSize(size)),
 		"scsihw":   "virtio-scsi-single",
 		"net0":     "virtio=" + randomMAC() + ",bridge=vmbr0,firewall=1",
 		"agent":    spec.Agent,
@@ -133,7 +153,11 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 	if spec.Tags != "" {
 		conf["tags"] = normalizeTags(spec.Tags)
 	}
-	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: conf, status: "stopped", rootfs: spec.Rootfs}
+	if spec.BalloonMiB > 0 {
+		conf["balloon"] = strconv.Itoa(spec.BalloonMiB)
+	}
+	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: conf, status: "stopped", rootfs: spec.Rootfs,
+		agentDisabled: slices.Clone(spec.AgentDisabledRPCs)}
 	return nil
 }
 
@@ -195,18 +219,10 @@ func (v *vm) digest() string {
 }
 
 // memoryMiB reads the memory option ("[current=]N", default 512).
-func (v *vm) memoryMiB() int64 {
-	m := v.conf["memory"]
-	m = strings.TrimPrefix(m, "current=")
-	m, _, _ = strings.Cut(m, ",")
-	n, err := strconv.ParseInt(m, 10, 64)
-	if err != nil || n <= 0 {
-		return 512
-	}
-	return n
-}
+func (v *vm) memoryMiB() int64 { return memoryOption(v.conf["memory"]) }
 
-// vcpus is cores x sockets (or vcpus when set).
+// vcpus is sockets x cores, the VM's maximum vCPUs (qemu-server
+// config_to_command: $maxcpus = $sockets * $cores).
 func (v *vm) vcpus() int {
 	atoi := func(k string, def int) int {
 		if n, err := strconv.Atoi(v.conf[k]); err == nil && n > 0 {
@@ -236,17 +252,48 @@ func (v *vm) agentEnabled() bool {
 	return false
 }
 
-var diskKeyRe = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
+var (
+	diskKeyRe = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
+	netKeyRe  = regexp.MustCompile(`^net\d+$`)
+)
 
-// disks lists the config keys holding a disk (not a CD-ROM).
-func (v *vm) disks() []string {
+// driveKeys lists the config keys holding a drive (disks and CD-ROMs).
+func (v *vm) driveKeys() []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(v.conf)) {
-		if diskKeyRe.MatchString(k) && !strings.Contains(v.conf[k], "media=cdrom") {
+		if diskKeyRe.MatchString(k) {
 			out = append(out, k)
 		}
 	}
 	return out
+}
+
+// disks lists the config keys holding a disk (not a CD-ROM).
+func (v *vm) disks() []string {
+	var out []string
+	for _, k := range v.driveKeys() {
+		if !isCDROM(v.conf[k]) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// isCDROM is drive_is_cdrom: a drive with media=cdrom (cloud-init drives
+// too).
+func isCDROM(drive string) bool {
+	for _, p := range strings.Split(drive, ",") {
+		if p == "media=cdrom" {
+			return true
+		}
+	}
+	return false
+}
+
+// storageOf is the storage of a volume id ("local-lvm:vm-100-disk-0").
+func storageOf(vol string) string {
+	sid, _, _ := strings.Cut(vol, ":")
+	return sid
 }
 
 // diskSize reads size= from a drive string.
@@ -285,8 +332,8 @@ func (v *vm) maxDisk() int64 {
 	return total
 }
 
-// volume is the volume id of a drive string ("local-lvm:vm-101-disk-0").
-func volume(drive string) string {
+// volumeID is the volume id of a drive string ("local-lvm:vm-101-disk-0").
+func volumeID(drive string) string {
 	vol, _, _ := strings.Cut(drive, ",")
 	return vol
 }
@@ -298,21 +345,24 @@ func baseVolume(vol string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	base, _, linked := strings.Cut(name, "/")
-	if !linked {
+	v := parseVolname(name)
+	if !v.linked {
 		return "", false
 	}
-	return storage + ":" + base, true
+	return storage + ":" + v.base, true
 }
 
-// normalizeTags dedupes a tag list and writes it ";"-separated.
+// normalizeTags is pve-guest-common's get_unique_tags with the default
+// tag style: lower case, sorted, without duplicates, ";"-separated.
 func normalizeTags(s string) string {
 	var out []string
 	for _, t := range splitList(s) {
+		t = strings.ToLower(t)
 		if !slices.Contains(out, t) {
 			out = append(out, t)
 		}
 	}
+	slices.Sort(out)
 	return strings.Join(out, ";")
 }
 
@@ -370,9 +420,12 @@ func netMAC(net string) string {
 }
 
 // netBridge returns the bridge= of a net device string.
-func netBridge(net string) string {
+func netBridge(net string) string { return netOption(net, "bridge") }
+
+// netOption returns an option (bridge, tag...) of a net device string.
+func netOption(net, key string) string {
 	for _, p := range strings.Split(net, ",") {
-		if v, ok := strings.CutPrefix(p, "bridge="); ok {
+		if v, ok := strings.CutPrefix(p, key+"="); ok {
 			return v
 		}
 	}

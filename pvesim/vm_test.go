@@ -34,8 +34,22 @@ func taskErr(t *testing.T, s *sim, upid string) *pve.TaskError {
 	return te
 }
 
-// TestCloneLock: the new VM is locked while the clone runs; the source's
-// config lock is held too.
+// waitVM waits until a VM exists (a clone's task writes its config when
+// it begins, just after the request).
+func waitVM(t *testing.T, s *sim, id int) {
+	t.Helper()
+	for range 1000 {
+		if _, ok := s.VM(id); ok {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("VM %d never appeared", id)
+}
+
+// TestCloneLock: while a clone runs, the new VM exists, locked "clone";
+// config changes are refused at once; a start or a destroy waits for the
+// clone's config locks (up to 10 s), as PVE's flock does.
 func TestCloneLock(t *testing.T) {
 	s := newSim(t, Options{TaskDelays: map[string]time.Duration{"qmclone": 600 * time.Millisecond}})
 	ctx := ctxT(t)
@@ -44,6 +58,7 @@ func TestCloneLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitVM(t, s, 101)
 	// While it runs: the new VM exists, locked, and says so.
 	conf, err := c.VMConfig(ctx, "pve1", 101)
 	if err != nil || conf.Lock != "clone" {
@@ -61,31 +76,150 @@ func TestCloneLock(t *testing.T) {
 	if !pve.IsLocked(err) || pve.LockReason(err) != "clone" || reasonOf(err) != "VM is locked (clone)" {
 		t.Errorf("config during clone: %v", err)
 	}
-	start, err := c.StartVM(ctx, "pve1", 101)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if te := taskErr(t, s, start); te.ExitStatus != "VM is locked (clone)" || !pve.IsLocked(te) {
-		t.Errorf("start during clone: %v", te)
-	}
-	// The template cannot be destroyed while cloned from.
-	del, err := c.DeleteVM(ctx, "pve1", tplID, pve.DeleteOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if te := taskErr(t, s, del); te.ExitStatus != "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout" {
-		t.Errorf("delete template during clone: %v", te)
-	}
 	// A second clone into the same id collides at once.
 	if _, err := c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: 101}); !pve.IsAlreadyExists(err) ||
 		reasonOf(err) != "unable to create VM 101: config file already exists" {
 		t.Errorf("collision: %v", err)
 	}
+	// A start waits for the clone, then works.
+	start, err := c.StartVM(ctx, "pve1", 101)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The template's destroy waits for the clone's shared lock, then finds
+	// the new linked clone using its base volume.
+	del, err := c.DeleteVM(ctx, "pve1", tplID, pve.DeleteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.WaitTask(ctx, "pve1", upid); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.WaitTask(ctx, "pve1", start); err != nil {
+		t.Errorf("start after the clone: %v", err)
+	}
+	if te := taskErr(t, s, del); te.ExitStatus != "base volume 'local-lvm:base-9000-disk-0' is still in use by linked cloned" {
+		t.Errorf("delete template during clone: %v", te)
+	}
 	if conf, _ := c.VMConfig(ctx, "pve1", 101); conf.Lock != "" || conf.Name != "Copy-of-VM-debian-tpl" {
 		t.Errorf("after clone: %+v", conf)
+	}
+}
+
+// TestCloneLockTimeout: what waits for a clone longer than PVE's lock
+// time-out gives up with lock_file_full's message (time-outs scaled down).
+func TestCloneLockTimeout(t *testing.T) {
+	s := newSim(t, Options{TaskDelays: map[string]time.Duration{"qmclone": time.Second}, LockTimeoutScale: 0.02})
+	ctx := ctxT(t)
+	upid, err := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: 101})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitVM(t, s, 101)
+	start, _ := s.c.StartVM(ctx, "pve1", 101)
+	if te := taskErr(t, s, start); te.ExitStatus != "can't lock file '/var/lock/qemu-server/lock-101.conf' - got timeout" {
+		t.Errorf("start during a long clone: %v", te)
+	}
+	if err := s.c.WaitTask(ctx, "", upid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNextIDCollision: nextid reserves nothing, so two clones may be
+// given the same id; both requests pass (the config does not exist yet)
+// and the task that loses fails with PVE's words: a lock time-out while
+// the winner clones, or "config file already exists" once it is done.
+func TestNextIDCollision(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		clone time.Duration
+		want  string
+	}{
+		{"winner still cloning", 1500 * time.Millisecond, "can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout"},
+		{"winner done", 100 * time.Millisecond, "unable to create VM 100: config file already exists"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, Options{TaskDelays: map[string]time.Duration{"qmclone": tc.clone}})
+			ctx := ctxT(t)
+			a, _ := s.c.NextID(ctx)
+			b, _ := s.c.NextID(ctx)
+			if a != 100 || b != 100 {
+				t.Fatalf("nextid %d, %d: want 100 twice (nothing is reserved)", a, b)
+			}
+			// Both tasks wait for the template's config lock (held here, as
+			// a config update would), so both pass the request's check.
+			release, err := s.lockConfig(ctx, "pve1", tplID, false, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			up1, err1 := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: a, Name: "first"})
+			up2, err2 := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: b, Name: "second"})
+			if err1 != nil || err2 != nil {
+				t.Fatalf("requests: %v, %v", err1, err2)
+			}
+			time.Sleep(100 * time.Millisecond)
+			release()
+			e1, e2 := s.c.WaitTask(ctx, "", up1), s.c.WaitTask(ctx, "", up2)
+			if (e1 == nil) == (e2 == nil) {
+				t.Fatalf("want one winner: %v, %v", e1, e2)
+			}
+			lost, winner := e1, "second"
+			if e1 == nil {
+				lost, winner = e2, "first"
+			}
+			var te *pve.TaskError
+			if !errors.As(lost, &te) || te.ExitStatus != tc.want {
+				t.Errorf("loser: %v, want %q", lost, tc.want)
+			}
+			if v, ok := s.VM(100); !ok || v.Name != winner || v.Lock != "" {
+				t.Errorf("VM 100 after the race: %+v (want %s's)", v, winner)
+			}
+		})
+	}
+}
+
+// TestStorageLock: parallel clones from one storage take turns on its
+// lock; one that waits longer than the time-out fails. A local storage's
+// lock is a node's flock, a shared one's pmxcfs's.
+func TestStorageLock(t *testing.T) {
+	for _, tc := range []struct {
+		storage string
+		want    string
+	}{
+		{"local-lvm", "clone failed: can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout"},
+		{"ceph", "clone failed: cfs-lock 'storage-ceph' error: got lock request timeout"},
+	} {
+		t.Run(tc.storage, func(t *testing.T) {
+			s := newSim(t, Options{Storages: append(DefaultStorages(), SharedStorage("ceph")),
+				StorageLockHold: 400 * time.Millisecond, LockTimeoutScale: 0.05}) // 500 ms
+			if err := s.AddTemplate("pve1", 9100, "tpl", TemplateSpec{Storage: tc.storage}); err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxT(t)
+			var upids []string
+			for _, id := range []int{101, 102, 103} {
+				upid, err := s.c.CloneVM(ctx, "pve1", 9100, pve.CloneOptions{NewID: id})
+				if err != nil {
+					t.Fatal(err)
+				}
+				upids = append(upids, upid)
+			}
+			var failed []string
+			for _, upid := range upids {
+				var te *pve.TaskError
+				if err := s.c.WaitTask(ctx, "", upid); errors.As(err, &te) {
+					failed = append(failed, te.ExitStatus)
+				} else if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(failed) != 1 || failed[0] != tc.want {
+				t.Errorf("failed clones: %q, want one with %q", failed, tc.want)
+			}
+			if n := len(s.VMs()); n != 1+2+1 {
+				t.Errorf("%d VMs: the failed clone left its config", n)
+			}
+		})
 	}
 }
 
@@ -125,11 +259,12 @@ func TestTemplates(t *testing.T) {
 		reason string
 	}{
 		{"linked clone of a VM", 200, pve.CloneOptions{NewID: 201}, ""},
-		{"explicit linked clone of a VM", 200, pve.CloneOptions{NewID: 204, Full: ptr(false)}, "Linked clone feature is not supported for drive 'scsi0'"},
+		{"explicit linked clone of a VM", 200, pve.CloneOptions{NewID: 204, Full: ptr(false)}, "Linked clone feature is not supported for 'local-lvm:vm-200-disk-0' (scsi0)"},
 		{"storage on a linked clone", tplID, pve.CloneOptions{NewID: 202, Storage: "local-lvm"}, "parameter 'storage' not allowed for linked clones"},
 		{"format on a linked clone", tplID, pve.CloneOptions{NewID: 202, Format: "qcow2"}, "parameter 'format' not allowed for linked clones"},
 		{"other node, local storage", tplID, pve.CloneOptions{NewID: 202, Target: "pve2"}, "can't clone VM to node 'pve2' (VM uses local storage)"},
-		{"unknown pool", tplID, pve.CloneOptions{NewID: 202, Pool: "jobs"}, "pool 'jobs' does not exist"},
+		// check_pool_exist raises a permission exception: a 403.
+		{"unknown pool", tplID, pve.CloneOptions{NewID: 202, Pool: "jobs"}, "Permission check failed (pool 'jobs' does not exist)"},
 		{"full clone to a storage", tplID, pve.CloneOptions{NewID: 203, Full: ptr(true), Storage: "local-lvm"}, ""},
 	}
 	for _, tt := range tests {
@@ -175,7 +310,9 @@ func TestTemplates(t *testing.T) {
 	}
 }
 
-// TestCapacity: a node's memory and cores bound what starts on it.
+// TestCapacity: a node's memory is reported, not enforced: PVE starts
+// VMs beyond it (QEMU maps guest memory lazily), and refuses only a VM
+// larger than the node; vCPUs (sockets x cores) may not exceed its cores.
 func TestCapacity(t *testing.T) {
 	s := newSim(t, Options{Nodes: []NodeSpec{{Name: "pve1", CPUs: 4, MemoryBytes: 6 << 30}}})
 	ctx := ctxT(t)
@@ -186,36 +323,36 @@ func TestCapacity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// 6 GiB, 1.5 of them the host's: two 2 GiB VMs fit, a third does not.
-	for _, id := range []int{101, 102} {
+	// Three 2 GiB VMs on 6 GiB, 1.5 of them the host's: all start.
+	for _, id := range []int{101, 102, 103} {
 		upid, _ := c.StartVM(ctx, "pve1", id)
 		if err := c.WaitTask(ctx, "", upid); err != nil {
 			t.Fatalf("start %d: %v", id, err)
 		}
 	}
-	upid, _ := c.StartVM(ctx, "pve1", 103)
-	te := taskErr(t, s, upid)
-	if te.ExitStatus != "start failed: QEMU exited with code 1" || !strings.Contains(strings.Join(te.Log, "\n"), "Cannot allocate memory") {
-		t.Errorf("third start: %v %q", te, te.Log)
-	}
 	nodes, _ := c.Nodes(ctx)
-	if len(nodes) != 1 || nodes[0].MaxMem != 6<<30 || nodes[0].Mem != hostMemBase+4<<30 || nodes[0].MaxCPU != 4 {
+	// mem counts what the guests use, not what they were given.
+	if len(nodes) != 1 || nodes[0].MaxMem != 6<<30 || int64(nodes[0].Mem) != hostMemBase+3*guestUse(2<<30) || nodes[0].MaxCPU != 4 {
 		t.Errorf("node: %+v", nodes)
 	}
-	// Starting it again after another stops works.
-	upid, _ = c.StopVM(ctx, "pve1", 101)
-	c.WaitTask(ctx, "", upid)
-	upid, _ = c.StartVM(ctx, "pve1", 103)
-	if err := c.WaitTask(ctx, "", upid); err != nil {
-		t.Errorf("start after room was made: %v", err)
-	}
 	// Already running: a failed task, not an HTTP error.
-	upid, _ = c.StartVM(ctx, "pve1", 103)
+	upid, _ := c.StartVM(ctx, "pve1", 103)
 	if te := taskErr(t, s, upid); te.ExitStatus != "VM 103 already running" {
 		t.Errorf("second start: %v", te)
 	}
+	upid, _ = c.StopVM(ctx, "pve1", 101)
+	c.WaitTask(ctx, "", upid)
+	// More memory than the node has.
+	if err := c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{MemoryMiB: 8192}); err != nil {
+		t.Fatal(err)
+	}
+	upid, _ = c.StartVM(ctx, "pve1", 101)
+	te := taskErr(t, s, upid)
+	if te.ExitStatus != "start failed: QEMU exited with code 1" || !strings.Contains(strings.Join(te.Log, "\n"), "Cannot allocate memory") {
+		t.Errorf("8 GiB on 6: %v %q", te, te.Log)
+	}
 	// More vCPUs than the node has.
-	if err := c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{Cores: 3, Sockets: 2}); err != nil {
+	if err := c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{MemoryMiB: 1024, Cores: 3, Sockets: 2}); err != nil {
 		t.Fatal(err)
 	}
 	upid, _ = c.StartVM(ctx, "pve1", 101)

@@ -3,9 +3,7 @@ package pvesim
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,7 +57,143 @@ var configMeta = map[string]bool{
 
 var newDiskRe = regexp.MustCompile(`^([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?)(,.*)?$`)
 
-// setConfig is POST (a qmconfig task) or PUT (synchronous) .../config.
+// The options each config privilege covers, as qemu-server's
+// src/PVE/API2/Qemu.pm lists them ($cpuoptions, $memoryoptions,
+// $hwtypeoptions, $generaloptions, $vmpoweroptions, $diskoptions,
+// $cloudinitoptions); allow-ksm and running-nets-host-mtu are PVE 9's.
+var (
+	cpuOptions     = setOf("cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus")
+	memoryOptions  = setOf("memory", "balloon", "shares", "allow-ksm")
+	hwTypeOptions  = setOf("acpi", "hotplug", "kvm", "machine", "runningmachine", "scsihw", "smbios1", "tablet", "vga", "watchdog", "audio0", "rng0")
+	generalOptions = setOf("agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime",
+		"migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate", "startup", "tdf", "template")
+	vmPowerOptions   = setOf("freeze")
+	diskOptions      = setOf("boot", "bootdisk", "vmstatestorage")
+	cloudinitOptions = setOf("cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys")
+	numaKeyRe        = regexp.MustCompile(`^numa\d+$`)
+	ipconfigKeyRe    = regexp.MustCompile(`^ipconfig\d+$`)
+	skipPermKeyRe    = regexp.MustCompile(`^(?:unused|serial|usb|hostpci|virtiofs)\d+$`)
+)
+
+func setOf(keys ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, k := range keys {
+		m[k] = true
+	}
+	return m
+}
+
+// checkModifyConfigPerm is qemu-server's $check_vm_modify_config_perm:
+// the privilege each option needs on /vms/<vmid>; drives, tags and a few
+// device options are checked elsewhere, and an option in no list is
+// root's ("only root can set 'args' config"). Call with s.mu held.
+func (c *call) checkModifyConfigPerm(vmid int, keys []string) error {
+	uc, path := c.s.access, "/vms/"+strconv.Itoa(vmid)
+	for _, opt := range keys {
+		var err error
+		switch {
+		case diskKeyRe.MatchString(opt), opt == "cdrom", skipPermKeyRe.MatchString(opt), opt == "tags":
+		case cpuOptions[opt], numaKeyRe.MatchString(opt):
+			err = uc.check(c.authid, path, "VM.Config.CPU")
+		case memoryOptions[opt]:
+			err = uc.check(c.authid, path, "VM.Config.Memory")
+		case hwTypeOptions[opt]:
+			err = uc.check(c.authid, path, "VM.Config.HWType")
+		case generalOptions[opt]:
+			err = uc.check(c.authid, path, "VM.Config.Options")
+			if err == nil && opt == "startup" {
+				err = uc.check(c.authid, "/", "Sys.Modify")
+			}
+		case vmPowerOptions[opt]:
+			err = uc.check(c.authid, path, "VM.PowerMgmt")
+		case diskOptions[opt]:
+			err = uc.check(c.authid, path, "VM.Config.Disk")
+		case netKeyRe.MatchString(opt), opt == "running-nets-host-mtu":
+			err = uc.check(c.authid, path, "VM.Config.Network")
+		case cloudinitOptions[opt], ipconfigKeyRe.MatchString(opt):
+			err = uc.checkAny(c.authid, path, "VM.Config.Cloudinit", "VM.Config.Network")
+		case opt == "vmstate":
+			err = uc.check(c.authid, path, "VM.Config.Disk", "VM.PowerMgmt")
+		default:
+			err = dieErr("only root can set '%s' config", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkDrivePerm is update_vm_api's $check_drive_perms: a cloud-init
+// drive needs VM.Config.Cloudinit and VM.Config.CDROM, a CD-ROM
+// VM.Config.CDROM, a disk VM.Config.Disk. Call with s.mu held.
+func (c *call) checkDrivePerm(vmid int, drive string) error {
+	path := "/vms/" + strconv.Itoa(vmid)
+	switch {
+	case isCDROM(drive) && strings.Contains(volumeID(drive), "cloudinit"):
+		return c.s.access.check(c.authid, path, "VM.Config.Cloudinit", "VM.Config.CDROM")
+	case isCDROM(drive):
+		return c.s.access.check(c.authid, path, "VM.Config.CDROM")
+	}
+	return c.s.access.check(c.authid, path, "VM.Config.Disk")
+}
+
+// checkStorageAccess is update_vm_api's $check_storage_access for the
+// drives set: a new disk ("storage:size") needs Datastore.AllocateSpace
+// on its storage, which must hold images. Call with s.mu held.
+func (c *call) checkStorageAccess(changes map[string]string) error {
+	for _, k := range sortedKeys(changes) {
+		if !diskKeyRe.MatchString(k) || isCDROM(changes[k]) {
+			continue
+		}
+		m := newDiskRe.FindStringSubmatch(changes[k])
+		if m == nil {
+			continue
+		}
+		if err := c.s.access.check(c.authid, "/storage/"+m[1], "Datastore.AllocateSpace"); err != nil {
+			return err
+		}
+		if st := c.s.storage(m[1]); st == nil {
+			return dieErr("storage '%s' does not exist", m[1])
+		} else if !st.hasContent("images") {
+			return paramErr("storage", fmt.Sprintf("storage '%s' does not support vm images", m[1]))
+		}
+	}
+	return nil
+}
+
+// checkConfig is update_vm_api's $load_and_check_config: the digest, the
+// config lock, and the balloon, which may not be larger than the memory
+// (the memory set, else the config's). Call with s.mu held.
+func checkConfig(v *vm, digest string, changes map[string]string) error {
+	if digest != "" && digest != v.digest() {
+		return errors.New("checksum mismatch (file change by other user?)")
+	}
+	if err := v.checkLock(); err != nil {
+		return err
+	}
+	mem, setMem := changes["memory"]
+	balloon, setBalloon := changes["balloon"]
+	if (setMem && mem != "" && mem != "0") || setBalloon {
+		if !setMem || mem == "" || mem == "0" {
+			mem = v.conf["memory"]
+		}
+		if !setBalloon {
+			balloon = v.conf["balloon"]
+		}
+		maxmem := memoryOption(mem)
+		if b, _ := strconv.ParseInt(balloon, 10, 64); b != 0 && b > maxmem {
+			return errors.New("balloon value too large (must be smaller than assigned memory)")
+		}
+	}
+	return nil
+}
+
+// setConfig is POST (a qmconfig task) or PUT (synchronous) .../config:
+// qemu-server's update_vm_api. What can be checked at once is (the
+// options, the privileges each needs, the config's digest, lock and
+// balloon); then, holding the VM's config lock (waiting up to 10 s), the
+// checks again and the changes.
 func setConfig(c *call, async bool) (any, error) {
 	s := c.s
 	s.mu.Lock()
@@ -76,38 +210,109 @@ func setConfig(c *call, async bool) (any, error) {
 		}
 	}
 	deletes := splitList(c.str("delete"))
-	for _, d := range deletes {
-		if _, both := changes[d]; both {
-			s.mu.Unlock()
-			return nil, paramErr("delete", fmt.Sprintf("you can't use '-%s' and -delete %s' at the same time", d, d))
+	early := func() error {
+		if len(deletes) == 0 && !c.has("revert") && len(changes) == 0 {
+			return dieErr("no options specified")
 		}
+		for _, d := range deletes {
+			if _, both := changes[d]; both {
+				return paramErr("delete", fmt.Sprintf("you can't use '-%s' and -delete %s' at the same time", d, d))
+			}
+			if c.m.Params.Properties[d] == nil || configMeta[d] {
+				return paramErr("delete", fmt.Sprintf("unknown option '%s'", d))
+			}
+		}
+		if err := c.checkModifyConfigPerm(vmid, deletes); err != nil {
+			return err
+		}
+		if err := c.checkModifyConfigPerm(vmid, sortedKeys(changes)); err != nil {
+			return err
+		}
+		if err := c.checkStorageAccess(changes); err != nil {
+			return err
+		}
+		if err := c.checkBridges(changes); err != nil {
+			return err
+		}
+		if err := checkConfig(v, c.str("digest"), changes); err != nil {
+			return dieErr("%s", err)
+		}
+		return nil
+	}
+	if err := early(); err != nil {
+		s.mu.Unlock()
+		return nil, err
 	}
 	digest := c.str("digest")
-	// apply runs with s.mu held.
+	// apply is $updatefn, with s.mu held.
 	apply := func(t *task) error {
 		v, ok := s.vms[vmid]
 		if !ok || v.node != node {
 			return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
 		}
-		if v.clones > 0 {
-			return lockTimeout(vmid)
-		}
-		if err := v.checkLock(); err != nil {
+		if err := checkConfig(v, digest, changes); err != nil {
 			return err
 		}
-		if digest != "" && digest != v.digest() {
-			return errors.New("detected modified configuration - file changed by other user? Try again.")
+		if t != nil {
+			var args []string
+			for _, k := range sortedKeys(c.params) {
+				if k != "node" && k != "vmid" && k != "digest" && k != "background_delay" {
+					val := c.str(k)
+					if k == "cipassword" {
+						val = "<hidden>"
+					}
+					args = append(args, "-"+k, val)
+				}
+			}
+			t.logf("update VM %d: %s", vmid, strings.Join(args, " "))
+		}
+		for _, d := range deletes {
+			old, set := v.conf[d]
+			switch {
+			case !set:
+			case diskKeyRe.MatchString(d):
+				if err := c.checkDrivePerm(vmid, old); err != nil {
+					return err
+				}
+			case d == "tags":
+				if err := c.s.access.check(c.authid, "/vms/"+strconv.Itoa(vmid), "VM.Config.Options"); err != nil {
+					return err
+				}
+			case netKeyRe.MatchString(d):
+				if err := c.checkBridges(map[string]string{d: old}); err != nil {
+					return err
+				}
+			}
+		}
+		for _, k := range sortedKeys(changes) {
+			old, set := v.conf[k]
+			switch {
+			case diskKeyRe.MatchString(k):
+				if set {
+					if err := c.checkDrivePerm(vmid, old); err != nil {
+						return err
+					}
+				}
+				if err := c.checkDrivePerm(vmid, changes[k]); err != nil {
+					return err
+				}
+			case k == "tags":
+				if err := c.s.access.check(c.authid, "/vms/"+strconv.Itoa(vmid), "VM.Config.Options"); err != nil {
+					return err
+				}
+			case netKeyRe.MatchString(k) && set:
+				if err := c.checkBridges(map[string]string{k: old}); err != nil {
+					return err
+				}
+			}
 		}
 		for _, d := range deletes {
 			delete(v.conf, d)
-			if t != nil {
-				t.logf("delete: %s", d)
-			}
 		}
-		for _, k := range slices.Sorted(maps.Keys(changes)) {
+		for _, k := range sortedKeys(changes) {
 			val := changes[k]
 			switch {
-			case strings.HasPrefix(k, "net"):
+			case netKeyRe.MatchString(k):
 				if netMAC(val) == "" {
 					val = withNewMAC(val)
 				}
@@ -117,28 +322,38 @@ func setConfig(c *call, async bool) (any, error) {
 				if m := newDiskRe.FindStringSubmatch(val); m != nil {
 					// "local-lvm:4" allocates a new 4 GiB volume.
 					size, _ := strconv.ParseFloat(m[2], 64)
-					val = fmt.Sprintf("%s:vm-%d-disk-%d,size=%s%s", m[1], vmid, v.nextDiskIndex(), formatSize(int64(size*(1<<30))), m[3])
+					st := s.storage(m[1])
+					val = fmt.Sprintf("%s:%s,size=%s%s", m[1], st.volName("full", vmid, v.nextDiskIndex(), ""), formatSize(int64(size*(1<<30))), m[3])
 				}
 			}
 			v.conf[k] = val
-			if t != nil {
-				t.logf("update VM %d: -%s %s", vmid, k, val)
-			}
 		}
 		return nil
 	}
 	if !async {
+		s.mu.Unlock()
+		release, err := s.lockConfig(c.ctx, node, vmid, false, configLockTimeout)
+		if err != nil {
+			return nil, dieErr("%s", err)
+		}
+		defer release()
+		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err := apply(nil); err != nil {
+			var api *apiError
+			if errors.As(err, &api) {
+				return nil, api
+			}
 			return nil, dieErr("%s", err)
 		}
 		return nil, nil
 	}
-	upid := s.startTask(c, node, "qmconfig", strconv.Itoa(vmid), func(t *task) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return apply(t)
-	}, nil)
+	upid := s.runTask(c, taskSpec{node: node, typ: "qmconfig", id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return apply(t)
+		}})
 	s.mu.Unlock()
 	if !c.has("background_delay") {
 		return upid, nil
@@ -152,13 +367,25 @@ func setConfig(c *call, async bool) (any, error) {
 		s.mu.Unlock()
 		if status == "stopped" {
 			if exit != "OK" {
-				return nil, dieErr("%s", exit)
+				return nil, dieErr("failed to update VM %d: %s", vmid, exit)
 			}
 			return nil, nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return upid, nil
+}
+
+// memoryOption is get_current_memory: the current= of a memory option
+// (default 512 MiB).
+func memoryOption(m string) int64 {
+	m = strings.TrimPrefix(m, "current=")
+	m, _, _ = strings.Cut(m, ",")
+	n, err := strconv.ParseInt(m, 10, 64)
+	if err != nil || n <= 0 {
+		return 512
+	}
+	return n
 }
 
 func (v *vm) nextDiskIndex() int {
