@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,9 +79,13 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	listen := fs.String("listen", "127.0.0.1:8006", "address of the simulated API (HTTPS)")
 	nodes := fs.Int("nodes", 1, "cluster nodes, named pve1..pveN")
 	nodeCPUs := fs.Int("node-cpus", 8, "cores per node (a VM may not have more vCPUs)")
-	nodeMemory := fs.String("node-memory", "32G", "memory per node; a VM that does not fit does not start")
+	nodeMemory := fs.String("node-memory", "32G", "memory per node, its maxmem (like PVE, starts are not refused for overcommit; a VM larger than the node does not start)")
 	bootDelay := fs.Duration("boot-delay", 5*time.Second, "from a started VM to an answering guest agent")
 	taskDelay := fs.Duration("task-delay", time.Second, "how long a task (clone, start, stop...) runs")
+	latency := fs.String("latency", "", "timings: fast, or real (a real cluster's: requests 10-50 ms, clone ~2 s, boot ~10 s, agent ~3 s later, 10 s stats cycle); overrides --boot-delay and --task-delay")
+	pveVersion := fs.String("pve-version", "9.1", "Proxmox VE release to behave like: "+strings.Join(pvesim.Releases(), ", ")+" (schema, privileges, body size cap)")
+	sharedStorage := fs.String("shared-storage", "", "ID: add a shared (Ceph RBD) storage and put the templates on it, so every node can clone them (one template is then enough: --template-every-node=false)")
+	leastPrivilege := fs.Bool("least-privilege", false, "print the env of a least-privilege token (role "+pvesim.JobRoleName+", user delegate@pve, token jobs) made through the simulator's access API, instead of the admin token")
 	slowTasks := kvList{}
 	fs.Var(slowTasks, "slow-task", "TYPE=DURATION: tasks of a type (qmclone, qmstart, ...) take this long (repeatable)")
 	errorRate := fs.Float64("error-rate", 0, "share (0..1) of API requests answered with a random 500")
@@ -121,6 +126,12 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	}
 	if *bootDelay < 0 || *taskDelay <= 0 {
 		return usagef("--boot-delay must not be negative and --task-delay must be positive")
+	}
+	if *latency != "" && *latency != "fast" && *latency != "real" {
+		return usagef("--latency: must be fast or real (got %q)", *latency)
+	}
+	if !slices.Contains(pvesim.Releases(), *pveVersion) {
+		return usagef("--pve-version: must be one of %s (got %q)", strings.Join(pvesim.Releases(), ", "), *pveVersion)
 	}
 	delays := map[string]time.Duration{}
 	for typ, v := range slowTasks {
@@ -170,10 +181,18 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	if *hostname != "" {
 		hostnames = append(hostnames, *hostname)
 	}
-	sim, err := pvesim.New(pvesim.Options{
+	storages := pvesim.DefaultStorages()
+	templateStorage := ""
+	if *sharedStorage != "" {
+		storages = append(storages, pvesim.SharedStorage(*sharedStorage))
+		templateStorage = *sharedStorage
+	}
+	opts := pvesim.Options{
 		Listen:     *listen,
 		Hostnames:  hostnames,
 		Nodes:      specs,
+		PVEVersion: *pveVersion,
+		Storages:   storages,
 		TaskDelay:  *taskDelay,
 		TaskDelays: delays,
 		BootDelay:  boot,
@@ -183,7 +202,12 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 		Seed:       *seed,
 		SandboxDir: *sandboxDir,
 		Logger:     log,
-	})
+	}
+	if *latency == "real" {
+		// The real profile's timings, except the tasks given explicitly.
+		opts.Latency, opts.TaskDelay, opts.BootDelay = "real", 0, 0
+	}
+	sim, err := pvesim.New(opts)
 	if err != nil {
 		return err
 	}
@@ -197,7 +221,7 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 			break
 		}
 		id := *templateID + i
-		if err := sim.AddTemplate(n.Name, id, *templateName, pvesim.TemplateSpec{Tags: "delegate"}); err != nil {
+		if err := sim.AddTemplate(n.Name, id, *templateName, pvesim.TemplateSpec{Tags: "delegate", Storage: templateStorage}); err != nil {
 			return usageError{fmt.Errorf("--template-id/--template-name: %w", err)}
 		}
 		templates = append(templates, fmt.Sprintf("%d on %s", id, n.Name))
@@ -209,7 +233,15 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	if _, p, err := net.SplitHostPort(u.Host); err == nil {
 		port = p
 	}
-	fmt.Fprintf(stdout, "# pvesim: %d node(s), templates %s (named %s)\n", len(specs), strings.Join(templates, ", "), *templateName)
+	fmt.Fprintf(stdout, "# pvesim: PVE %s, %d node(s), templates %s (named %s)\n", *pveVersion, len(specs), strings.Join(templates, ", "), *templateName)
+	if *leastPrivilege {
+		jt, err := sim.CreateJobToken(ctx, pvesim.Token{ID: *tokenID, Secret: secret})
+		if err != nil {
+			return fmt.Errorf("--least-privilege: %w", err)
+		}
+		fmt.Fprintf(stdout, "# least-privilege token: role %s (%s) on %s\n", jt.Role, strings.Join(jt.Privileges, ","), strings.Join(jt.Paths, " "))
+		user, tokenName, secret = jt.User, jt.TokenName, jt.Secret
+	}
 	for _, kv := range [][2]string{
 		{"PROXMOX_HOST", host},
 		{"PROXMOX_PORT", port},
