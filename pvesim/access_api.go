@@ -1,7 +1,6 @@
 package pvesim
 
 import (
-	"crypto/rand"
 	"fmt"
 	"maps"
 	"slices"
@@ -458,11 +457,4 @@ func hPermissions(c *call) (any, error) {
 		}
 	}
 	return out, nil
-}
-
-// randomSecret is a token secret for tools that make their own.
-func randomSecret() string {
-	b := make([]byte, 16)
-	rand.Read(b)
-	return fmt.Sprintf("%x", b)
 }

@@ -2,45 +2,198 @@
 // delegate's Proxmox backend without a Proxmox host: an HTTPS server with
 // a self-signed certificate (clients pin its SHA-256 fingerprint) that
 // speaks the API's JSON format under /api2/json, for the methods the
-// backend uses.
+// backend and an administrator setting it up use.
+//
+// The simulator is a claim about Proxmox: each rule below names where
+// Proxmox does the same (the repositories are github.com/proxmox/...; the
+// messages are Proxmox's own). It is never kinder or harsher than the
+// real thing on purpose; where it differs, "Known differences" says so.
+//
+// # Releases
+//
+// Options.PVEVersion (delegate pve-sim --pve-version) chooses 8.2, 8.4 or
+// 9.1. It decides the schema subset (PVE 8.4's for 8.x, 9's for 9.1:
+// schema/), the privileges (pve-access-control src/PVE/AccessControl.pm
+// $privgroups: PVE 8's VM.Monitor is PVE 9's VM.GuestAgent.Audit,
+// .FileRead, .FileWrite, .FileSystemMgmt and .Unrestricted, and agent
+// exec needs VM.GuestAgent.Unrestricted), the request body cap (64 KiB
+// before libpve-http-server-perl 5.2.1, 512 KiB from PVE 8.4: pve-http-
+// server src/PVE/APIServer/AnyEvent.pm $limit_max_post, fix #6230) and
+// what /version reports.
 //
 // # What it checks, like the real server
 //
 // Every request goes through pveproxy's order of checks: the /api2/json
 // prefix and method (501), the API token (401 "No ticket" or
-// "Authentication failed!", delayed 3 s), body rules (501 for a body on
-// GET/DELETE or over 512 KiB), the route (501 "Method 'GET /x' not
-// implemented"), parameters contradicting the path (400), the method's
-// permissions against the token's privileges (403 "Permission check
-// failed (/vms/100, VM.Allocate)"), the node (500 for an unknown node,
-// 595 for an offline one), and then the parameters against the official
-// schema (schema/pve-api-subset.json, PVE 9.x): unknown parameters, missing
+// "Authentication failed!", delayed 3 s; the user must exist, be enabled
+// and not expired, the token exist and not be expired: pve-manager
+// PVE/HTTPServer.pm auth_handler, AccessControl.pm verify_token), body
+// rules (501 for a body on GET/DELETE or over the release's cap), the
+// route (501 "Method 'GET /x' not implemented"), parameters contradicting
+// the path (400), the method's permissions (pve-access-control
+// src/PVE/RPCEnvironment.pm check_api2_permissions and
+// exec_api2_perm_check: perm, and, or, userid-param, userid-group,
+// perm-modify; 403 "Permission check failed (/vms/100, VM.Allocate)"),
+// the node (500 for an unknown node, 595 for an offline one), and then the
+// parameters against the official schema: unknown parameters, missing
 // ones, types (booleans are 0/1 or JSON booleans only; "true" is refused),
 // enums, minimum/maximum, maxLength, patterns, the named formats that
-// matter (pve-vmid, pve-node, dns-name, tags, MAC addresses, storage and
-// pool ids, config ids, CIDR, disk sizes...) and property strings (net0,
-// agent, memory...), with PVE::JSONSchema's messages in a 400
+// matter (pve-vmid, pve-node, dns-name, tags, MAC addresses, storage,
+// pool, role, user and token ids, privileges of the release, config ids,
+// CIDR, disk sizes...) and property strings (net0, agent, memory...), with
+// PVE::JSONSchema's messages in a 400
 // {"data":null,"errors":{param:msg},"message":"Parameter verification failed.\n"}.
 // Errors carry their message in the HTTP reason phrase, as Proxmox does
 // (the connection closes after an error, as pveproxy's does).
 //
+// # Access control
+//
+// user.cfg as pve-access-control has it (src/PVE/AccessControl.pm,
+// src/PVE/RPCEnvironment.pm): users (root@pam always exists and may do
+// everything), API tokens, roles, an ACL tree and pools.
+//   - Built-in roles are made as create_roles makes them from the
+//     release's privilege groups: PVE<Cat>Admin, PVE<Cat>User, PVEAuditor,
+//     PVEAdmin (without Mapping.Modify), PVETemplateUser, NoAccess,
+//     Administrator. PVEVMAdmin holds VM.* only: no Sys.Audit,
+//     Datastore.AllocateSpace or SDN.Use.
+//   - An ACL applies to its path and, with propagate, below; a token's or
+//     user's entries replace what was inherited; NoAccess wins; a pool's
+//     roles apply to its VMs (roles, $compile_acl_path).
+//   - A privilege-separated token has what its ACLs and its user's have
+//     in common (except root@pam's tokens); one without privsep has its
+//     user's (permissions).
+//   - The access API an administrator uses (src/PVE/API2/{Role,User,ACL,
+//     AccessControl}.pm): GET/POST /access/roles, GET/PUT/DELETE
+//     /access/roles/{roleid} (no "PVE" prefix; built-in roles cannot
+//     change), GET/POST /access/users, GET/DELETE /access/users/{userid},
+//     GET /access/users/{userid}/token, GET/POST/DELETE
+//     .../token/{tokenid} (POST answers the secret "value", a UUID, and
+//     "full-tokenid"; privsep defaults to 1), GET/PUT /access/acl (path,
+//     roles, users, tokens, propagate, delete; without Permissions.Modify
+//     only a subset of the caller's own privileges, never NoAccess), GET
+//     /access/permissions. Each checks what Proxmox checks: Sys.Modify on
+//     /access for roles, Realm.AllocateUser and User.Modify for users,
+//     Permissions.Modify (or the object's allocate privilege) for ACLs.
+//     Failures inside the user.cfg lock read "ACL update failed: ...".
+//   - Config updates check each option (qemu-server src/PVE/API2/Qemu.pm
+//     $check_vm_modify_config_perm): cores/sockets/cpu... VM.Config.CPU,
+//     memory/balloon VM.Config.Memory, name/description/agent...
+//     VM.Config.Options, netN VM.Config.Network (and SDN.Use on the
+//     bridge: check_bridge_access), ipconfigN and cloud-init options
+//     VM.Config.Cloudinit or VM.Config.Network, tags VM.Config.Options
+//     (pve-guest-common src/PVE/GuestHelpers.pm assert_tag_permissions),
+//     drives VM.Config.Disk (and Datastore.AllocateSpace on a new disk's
+//     storage), options in no list root only ("only root can set 'args'
+//     config"), deleted options too.
+//   - A clone needs VM.Clone, VM.Allocate on the new id (or its pool),
+//     Datastore.AllocateSpace on the storage of each disk and SDN.Use on
+//     /sdn/zones/localnetwork/<bridge> of each NIC ($check_storage_access_clone,
+//     check_bridge_access); an unknown pool is a 403 (check_pool_exist). A
+//     resize needs Datastore.AllocateSpace on the disk's storage
+//     (resize_vm).
+//   - Without Sys.Audit on /nodes/<node>, /nodes and /cluster/resources
+//     give a node's status and level only: no uptime, cpu, mem, disk,
+//     maxcpu, maxmem, maxdisk (pve-manager PVE/API2Tools.pm
+//     extract_node_stats, PVE/API2/Nodes.pm index, PVE/API2/Cluster.pm
+//     resources). /cluster/resources lists VMs with VM.Audit, storages
+//     with Datastore.Audit, the SDN zone with SDN.Audit, pools with
+//     Pool.Audit. Others' tasks need Sys.Audit on the node (PVE/API2/
+//     Tasks.pm).
+//   - skiplock is root@pam's ("Only root may use this option."), and a
+//     token is never root@pam.
+//   - In a task, a permission error is reported as fork_worker writes a
+//     PVE::Exception: "403 Permission check failed (...)" (pve-common
+//     src/PVE/RESTEnvironment.pm, src/PVE/Exception.pm stringify).
+//
 // # What it simulates
 //
-// A cluster of nodes with finite memory (starting a VM that does not fit
-// fails its task like KVM does) and cores (a VM may not have more vCPUs
-// than its node; like PVE, the sum may exceed the node's cores). Templates
-// (template: 1) with a base disk; linked clones (the default for a
-// template) and full clones; a linked clone of a non-template is refused,
-// as are storage/format on a linked clone and a vmid that exists. A clone
-// locks the new VM ("VM is locked (clone)") for the length of its task
-// and holds the source's config lock, so what needs it exclusively times
-// out. Long operations (clone, start, stop, shutdown, destroy, resize,
-// config by POST) return a UPID and run as tasks for a configurable time;
-// task status has no endtime and an exitstatus only once stopped; task
-// logs end with "TASK OK" or "TASK ERROR: ...". GET /cluster/nextid is a
-// string, booleans are 0/1, config integers are numbers and memory a
-// string, and bytes in JSON strings are one character per byte, like
-// Perl writes them.
+// A cluster of nodes with their memory and cores, storages, VMs and tasks.
+//   - Storages (Options.Storages, default local (dir) and local-lvm
+//     (lvmthin) on each node) have a shared flag: nfs, cifs and rbd always
+//     (pve-storage src/PVE/Storage/Plugin.pm @SHARED_STORAGE), dir and lvm
+//     when set. GET /storage and GET /nodes/{node}/storage list those the
+//     caller may audit or allocate on (src/PVE/API2/Storage/{Config,
+//     Status}.pm), /cluster/resources has one entry per node with shared.
+//     A template's disk is on any storage with the template feature (not
+//     thick LVM).
+//   - GET /cluster/nextid is the lowest unused id as a string and reserves
+//     nothing (pve-manager PVE/API2/Cluster.pm nextid).
+//   - A clone (qemu-server src/PVE/API2/Qemu.pm clone_vm) checks at once
+//     what $load_and_check checks: pool, target node, storage (it must
+//     hold images, and be shared for a target: "can't clone to
+//     non-shared storage 'x'"), the source's lock, storage/format only for
+//     full clones, privileges, "can't clone VM to node 'X' (VM uses local
+//     storage)" for a target when a disk is on local storage, "unable to
+//     create VM N: config file already exists" when the new id's config
+//     exists on this node, and per disk the clone (linked) or copy (full)
+//     feature: only base volumes of templates link, never on thick LVM
+//     ("Linked clone feature is not supported for 'local-lvm:vm-200-disk-0'
+//     (scsi0)"; pve-storage volume_has_feature). Then a qmclone task (its
+//     id is the source's vmid) takes a shared lock on the source's config
+//     and an exclusive one on the new id's, 1 s each ("can't lock file
+//     '/var/lock/qemu-server/lock-N.conf' - got timeout": pve-common
+//     src/PVE/Tools.pm lock_file_full), checks again and only then writes
+//     the new config, locked "clone". So two clones given the same id by
+//     nextid collide only when they overlap, and the loser's task fails:
+//     with the lock time-out while the winner clones, with "config file
+//     already exists" after, or with "close (rename) atomic file
+//     '/etc/pve/nodes/pve2/qemu-server/N.conf' failed: File exists" when
+//     the id is taken on another node (pve-cluster src/pmxcfs/memdb.c
+//     refuses a vmid another node has; pve-common src/PVE/File.pm). Each
+//     disk is cloned holding its storage's lock (pve-storage
+//     src/PVE/Storage.pm vdisk_clone/vdisk_alloc, Plugin.pm
+//     cluster_lock_storage): a node's flock for a local storage ("can't
+//     lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got
+//     timeout"), pmxcfs's for a shared one ("cfs-lock 'storage-ceph'
+//     error: got lock request timeout", pve-cluster src/PVE/Cluster.pm
+//     cfs_lock), 10 s each, for Options.StorageLockHold; a failure there
+//     ends the task "clone failed: ..." and removes the new config. With a
+//     target, the config moves to that node at the end.
+//   - Config locks wait like flock: a start, stop, shutdown, destroy,
+//     resize or config update takes its VM's config lock for the task's
+//     length, waiting up to 10 s (pve-guest-common src/PVE/AbstractConfig.pm
+//     lock_config), so a start during a clone waits for it. A config
+//     update is refused at once while the config has a lock ("VM is
+//     locked (clone)"), on a stale digest ("checksum mismatch (file change
+//     by other user?)") and when the balloon would be larger than the
+//     memory, the memory set or the config's ("balloon value too large
+//     (must be smaller than assigned memory)", update_vm_api
+//     $load_and_check_config), and checked again in the lock.
+//   - A VM has sockets x cores vCPUs (qemu-server src/PVE/QemuServer.pm
+//     config_to_command): more than the node's cores fails the start
+//     ("MAX 8 vcpus allowed per VM on this node"). Memory is not a reason
+//     to refuse a start (no such check in qemu-server: QEMU maps guest RAM
+//     lazily and Linux overcommits), except a VM larger than its node
+//     ("kvm: cannot set up guest memory 'pc.ram': Cannot allocate
+//     memory"). A node's maxmem is its memory (NodeSpec, delegate pve-sim
+//     --node-memory); its mem is the host's use plus what running guests
+//     touch (two fifths of their memory), not what they were given.
+//   - pvestatd (Options.StatsInterval; 10 s in the real profile): /nodes
+//     and /cluster/resources report the last cycle's figures, a VM made
+//     since has only id, vmid, node, type, status "unknown" (and lock,
+//     tags and pool, read from the config), pve-manager PVE/API2Tools.pm
+//     extract_vm_stats; an offline node's last figures stay 5 minutes
+//     (pve-cluster src/pmxcfs/status.c).
+//   - Tags are stored as pve-guest-common's get_unique_tags writes them:
+//     lower case, sorted, without duplicates.
+//   - Long operations (clone, start, stop, shutdown, destroy, resize,
+//     config by POST) return a UPID and run as tasks; task status has no
+//     endtime and an exitstatus only once stopped; task logs end with
+//     "TASK OK" or "TASK ERROR: ..."; booleans are 0/1, config integers
+//     are numbers and memory a string, and bytes in JSON strings are one
+//     character per byte, like Perl writes them.
+//
+// # Timings
+//
+// Options.Latency "fast" (the default) makes tasks take 50 ms and guests
+// boot in 200 ms, for tests. "real" (delegate pve-sim --latency real) is
+// a real cluster's, measured on real hardware: every request 10-50 ms, a
+// guest-agent call at least 25 ms, a clone ~2 s, a start ~1 s then ~10 s
+// of boot and ~3 s until the agent answers, a stop ~2 s, other tasks
+// 300 ms, and pvestatd's 10 s cycle. Each figure can be set on its own
+// (TaskDelay(s), BootDelay, RequestLatency, AgentLatency, StatsInterval,
+// StorageLockHold); LockTimeoutScale shortens PVE's lock time-outs for
+// tests.
 //
 // # Guests
 //
@@ -56,10 +209,16 @@
 // commands: /workspace and /tmp are writable, the rest of the root is
 // the host's /usr, /etc... read-only ("Read-only file system"), missing
 // files fail with the agent's "failed to open file '...' (mode: 'r'): No
-// such file or directory". Stopping or destroying the VM destroys its
-// sandbox and kills everything in it.
+// such file or directory". A template may have a qemu-ga that does not
+// allow some commands (TemplateSpec.AgentDisabledRPCs;
+// RHELAgentDisabledRPCs is RHEL/Rocky 10's default, without exec and the
+// file calls): they fail with "Agent error: Command guest-exec has been
+// disabled: the command is not allowed" (qemu's qmp-dispatch message, as
+// qemu-server src/PVE/QemuServer/Agent.pm check_agent_error reports it).
+// Stopping or destroying the VM destroys its sandbox and kills everything
+// in it.
 //
-// # Known differences from a real guest
+// # Known differences from a real cluster
 //
 //   - The agent keeps its spool in /workspace/.qga (requests, stdout and
 //     stderr of running commands): the guest's commands can see it.
@@ -74,8 +233,14 @@
 //   - A stop loses the guest's disk: the next start boots a fresh sandbox.
 //   - Config changes apply at once, also to a running VM (no pending
 //     section); memory and vCPUs of a running VM count as started.
-//   - Only API tokens authenticate (no tickets); a token's privileges
-//     hold on every path (no ACL tree, no privilege separation).
+//   - Only API tokens authenticate (no tickets), so nothing is ever
+//     root@pam itself; groups and realms other than pam and pve do not
+//     exist.
+//   - Guests touch a fixed share of their memory and the host does not
+//     run out: an overcommitted node never swaps or kills a guest. The
+//     node has no swap: a VM larger than its RAM does not start.
+//   - A PVE 8.2 cluster uses the PVE 8.4 schema subset (the methods used
+//     are the same).
 //   - Methods outside the subset answer 501 although real PVE has them
 //     (the simulator logs a warning naming them).
 //
@@ -92,4 +257,8 @@
 // VMs, Tasks and Requests show the state and every request received
 // (method, path, parameters, status, reason), so a test can check each
 // request a client sent against the schema with Schema.Validate.
+// AddToken makes an API token whose privileges hold everywhere;
+// CreateJobToken makes, through the access API, the least-privilege token
+// the documentation describes (JobRolePrivileges, JobACLPaths,
+// PveumCommands).
 package pvesim

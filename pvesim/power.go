@@ -43,7 +43,7 @@ func hStatusCurrent(c *call) (any, error) {
 	if v.status == "running" {
 		res["pid"] = v.pid
 		res["uptime"] = int64(time.Since(v.started).Seconds())
-		res["mem"] = v.runMem * 2 / 5
+		res["mem"] = guestUse(v.runMem)
 		res["cpu"] = 0.02
 		res["running-qemu"] = "9.2.0"
 		res["running-machine"] = "pc-i440fx-9.2+pve1"

@@ -45,6 +45,24 @@ func TestSchemaCoverage(t *testing.T) {
 	if !s.InRealAPI("POST", "/access/ticket") || s.InRealAPI("GET", "/nodes/pve1/nonsense") {
 		t.Error("InRealAPI does not know the full API")
 	}
+	// The PVE 8.4 subset has the same methods.
+	s8, err := LoadSchemaFor("8.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s8.PVE != "8.4" {
+		t.Errorf("PVE 8 schema version %q", s8.PVE)
+	}
+	var served8 []string
+	for _, m := range s8.Methods() {
+		served8 = append(served8, m.Method+" "+m.Path)
+		if !m.AllowToken {
+			t.Errorf("PVE 8 %s %s: refuses API tokens", m.Method, m.Path)
+		}
+	}
+	if !slices.Equal(served, served8) {
+		t.Errorf("PVE 8 subset %v, PVE 9 subset %v", served8, served)
+	}
 }
 
 func TestValidate(t *testing.T) {

@@ -422,3 +422,28 @@ func TestTaskLogPaging(t *testing.T) {
 }
 
 func int64ToInt(n int) pve.Int { return pve.Int(n) }
+
+// TestParallelClones: clones that do not share an id all succeed side by
+// side (the storage lock is held briefly by each).
+func TestParallelClones(t *testing.T) {
+	s := newSim(t, Options{TaskDelays: map[string]time.Duration{"qmclone": 200 * time.Millisecond}})
+	ctx := ctxT(t)
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			upid, err := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: 100 + i})
+			if err == nil {
+				err = s.c.WaitTask(ctx, "", upid)
+			}
+			errs <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := len(s.VMs()); n != 9 {
+		t.Errorf("%d VMs, want the template and 8 clones", n)
+	}
+}

@@ -196,13 +196,11 @@ func checkConfig(v *vm, digest string, changes map[string]string) error {
 // checks again and the changes.
 func setConfig(c *call, async bool) (any, error) {
 	s := c.s
-	s.mu.Lock()
-	v, err := c.loadVMToChange()
-	if err != nil {
-		s.mu.Unlock()
+	if err := c.noSkiplock(); err != nil {
 		return nil, err
 	}
-	vmid, node := v.vmid, v.node
+	s.mu.Lock()
+	vmid, node := c.int("vmid"), c.str("node")
 	changes := map[string]string{}
 	for k := range c.params {
 		if !configMeta[k] {
@@ -232,6 +230,10 @@ func setConfig(c *call, async bool) (any, error) {
 			return err
 		}
 		if err := c.checkBridges(changes); err != nil {
+			return err
+		}
+		v, err := c.loadVM()
+		if err != nil {
 			return err
 		}
 		if err := checkConfig(v, c.str("digest"), changes); err != nil {
