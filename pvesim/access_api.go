@@ -158,7 +158,10 @@ func userData(u *simUser, full bool) map[string]any {
 }
 
 func tokenInfo(name string, t *simToken) map[string]any {
-	out := map[string]any{"privsep": b2i(t.privsep), "expire": t.expire}
+	out := map[string]any{"privsep": b2i(t.privsep)}
+	if t.expire != 0 {
+		out["expire"] = t.expire
+	}
 	if name != "" {
 		out["tokenid"] = name
 	}
@@ -299,11 +302,7 @@ func hCreateToken(c *call) (any, error) {
 	tok := &simToken{privsep: c.boolOr("privsep", true), expire: int64(c.intOr("expire", 0)),
 		comment: c.str("comment"), secret: uuid()}
 	u.tokens[name] = tok
-	info := tokenInfo("", tok)
-	if !c.has("expire") {
-		delete(info, "expire")
-	}
-	return map[string]any{"info": info, "value": tok.secret, "full-tokenid": userid + "!" + name}, nil
+	return map[string]any{"info": tokenInfo("", tok), "value": tok.secret, "full-tokenid": userid + "!" + name}, nil
 }
 
 // DELETE /access/users/{userid}/token/{tokenid}
