@@ -87,7 +87,7 @@ type Options struct {
 type NodeSpec struct {
 	Name        string
 	CPUs        int   // host cores (a VM may not have more vCPUs)
-	MemoryBytes int64 // what running VMs may use in total
+	MemoryBytes int64 // its RAM, reported as maxmem (starts are not refused for overcommit)
 }
 
 // DefaultNodes returns n nodes pve1..pveN with 8 cores and 32 GiB each.
