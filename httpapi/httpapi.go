@@ -2,6 +2,10 @@
 // reports progress, heartbeats and completion, and a health check. It is an
 // adapter over delegate.JobService: parse, call the service, answer in
 // small JSON. The service authenticates the job's token.
+//
+// It also holds what bounds delegate's HTTP servers: the cap on live MCP
+// sessions (SessionLimiter), the body read limits (BodyTimeout) and the
+// refusal of foreign host names on loopback (LoopbackOnly).
 package httpapi
 
 import (
