@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/httpauth"
 	"github.com/spf13/cobra"
 )
 
@@ -57,6 +58,13 @@ type ServeOptions struct {
 	// HTTPAddr serves MCP over Streamable HTTP at this address; "" for stdio.
 	HTTPAddr       string
 	SessionTimeout time.Duration
+	// MaxSessions caps the live MCP sessions over HTTP.
+	MaxSessions int
+	// TLSCert and TLSKey serve HTTPS.
+	TLSCert, TLSKey string
+	// Token guards /mcp, /metrics and the dashboard; nil: nothing (only
+	// allowed on the loopback interface).
+	Token *httpauth.Token
 }
 
 // BenchOptions are the flags of `delegate bench`.

@@ -212,7 +212,7 @@ func TestServeAndBenchFlags(t *testing.T) {
 	var serveOpts cli.ServeOptions
 	h.serve = func(o cli.ServeOptions) error { serveOpts = o; return nil }
 	if r := h.run(t, "serve", "--http", "127.0.0.1:0", "--session-timeout", "1m"); r.code != 0 ||
-		serveOpts != (cli.ServeOptions{HTTPAddr: "127.0.0.1:0", SessionTimeout: time.Minute}) {
+		serveOpts != (cli.ServeOptions{HTTPAddr: "127.0.0.1:0", SessionTimeout: time.Minute, MaxSessions: 1000}) {
 		t.Errorf("serve: %d %+v %s", r.code, serveOpts, r.stderr)
 	}
 	h.serve = func(cli.ServeOptions) error { return fmt.Errorf("--http: address already in use") }

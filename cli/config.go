@@ -34,6 +34,12 @@ type Config struct {
 	HeartbeatThreshold time.Duration
 	SecretsFile        string
 
+	// HTTPToken and HTTPTokenFile are DELEGATE_HTTP_TOKEN and
+	// DELEGATE_HTTP_TOKEN_FILE as they are: `serve --http` reads them
+	// (LoadHTTPToken), the other commands never need the file.
+	HTTPToken     string
+	HTTPTokenFile string
+
 	// Proxmox (DELEGATE_BACKEND=proxmox).
 	Proxmox       pve.Config
 	ProxmoxBridge string
@@ -73,6 +79,8 @@ func envVars() []envVar {
 		{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
 		{"HEARTBEAT_THRESHOLD_SECONDS", strconv.Itoa(int(delegate.DefaultHeartbeatThreshold.Seconds())), "a running job silent this long fails with lost heartbeat"},
 		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
+		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
 	}
 }
@@ -185,6 +193,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
+	str("DELEGATE_HTTP_TOKEN", &c.HTTPToken)
+	str("DELEGATE_HTTP_TOKEN_FILE", &c.HTTPTokenFile)
+	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
+		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
+	}
 	if c.Backend == "proxmox" {
 		pc, err := pve.ConfigFromEnv(getenv)
 		if err != nil {

@@ -4,30 +4,42 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
 	"github.com/delegate-dev/delegate"
 )
 
+// openPrivate opens the file a setting names, if only its owner can read
+// it, as a key file must be.
+func openPrivate(setting, path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", setting, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", setting, err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		f.Close()
+		return nil, fmt.Errorf("%s=%s: mode %04o lets others read it: chmod 600 %s", setting, path, fi.Mode().Perm(), path)
+	}
+	return f, nil
+}
+
 // loadSecrets reads DELEGATE_SECRETS_FILE: NAME=value lines, # comments.
-// The file must be readable by its owner only, as a key file would be.
 func loadSecrets(path string) (map[string]string, error) {
 	if path == "" {
 		return nil, nil
 	}
-	f, err := os.Open(path)
+	f, err := openPrivate("DELEGATE_SECRETS_FILE", path)
 	if err != nil {
-		return nil, fmt.Errorf("DELEGATE_SECRETS_FILE: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("DELEGATE_SECRETS_FILE: %w", err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("DELEGATE_SECRETS_FILE=%s: mode %04o lets others read it: chmod 600 %s", path, fi.Mode().Perm(), path)
-	}
 	secrets := map[string]string{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
@@ -70,4 +82,27 @@ func secretResolver(file map[string]string) func(string) (string, bool) {
 		v, ok := file[name]
 		return v, ok
 	}
+}
+
+// LoadHTTPToken returns the token the HTTP server requires:
+// DELEGATE_HTTP_TOKEN, or the content of DELEGATE_HTTP_TOKEN_FILE (its
+// surrounding white space trimmed); "" when neither is set.
+func (c Config) LoadHTTPToken() (string, error) {
+	if c.HTTPTokenFile == "" {
+		return c.HTTPToken, nil
+	}
+	f, err := openPrivate("DELEGATE_HTTP_TOKEN_FILE", c.HTTPTokenFile)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4<<10))
+	if err != nil {
+		return "", fmt.Errorf("DELEGATE_HTTP_TOKEN_FILE: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("DELEGATE_HTTP_TOKEN_FILE=%s: the file is empty", c.HTTPTokenFile)
+	}
+	return token, nil
 }

@@ -59,6 +59,8 @@ type Config struct {
 	// default: same host and its process is alive. Tests inject their own.
 	OwnerAlive func(owner string) bool
 	Logger     *slog.Logger
+	// Observer, if set, hears sandbox starts and job ends (metrics).
+	Observer Observer
 }
 
 // Engine drives jobs from a store through a backend.

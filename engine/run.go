@@ -100,7 +100,7 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job) (sandbox.Sand
 	if err != nil {
 		return nil, nil, err
 	}
-	sb, err := e.backend.Create(ctx, spec)
+	sb, err := e.createSandbox(ctx, spec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -475,6 +475,7 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 			j.OutputTruncated = exit.Truncated || j.OutputBytes > e.cfg.OutputLimit
 		}
 	})
+	e.jobEnded(id)
 	e.destroy(sb.ID(), m)
 }
 

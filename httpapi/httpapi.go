@@ -2,6 +2,10 @@
 // reports progress, heartbeats and completion, and a health check. It is an
 // adapter over delegate.JobService: parse, call the service, answer in
 // small JSON. The service authenticates the job's token.
+//
+// It also holds what bounds delegate's HTTP servers: the cap on live MCP
+// sessions (SessionLimiter), the body read limits (BodyTimeout) and the
+// refusal of foreign host names on loopback (LoopbackOnly).
 package httpapi
 
 import (
@@ -24,6 +28,9 @@ const DefaultBodyLimit = 1 << 20
 type Options struct {
 	BodyLimit int64
 	Logger    *slog.Logger
+	// Answered, if set, hears the HTTP status of every callback answered
+	// (delegate_callbacks_total).
+	Answered func(code int)
 }
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
@@ -37,7 +44,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 	}
 	h := &handler{svc: svc, opts: opts}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /callback/{job_id}/{kind}", h.callback)
+	mux.Handle("POST /callback/{job_id}/{kind}", h.counted(http.HandlerFunc(h.callback)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -145,6 +152,31 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
 	}
 }
+
+// counted tells Options.Answered the status of each answer.
+func (h *handler) counted(next http.Handler) http.Handler {
+	if h.opts.Answered == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cw := &codeWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(cw, r)
+		h.opts.Answered(cw.code)
+	})
+}
+
+// codeWriter remembers the status an answer was written with.
+type codeWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *codeWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *codeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func bearer(r *http.Request) (string, bool) {
 	h := r.Header.Get("Authorization")

@@ -34,6 +34,8 @@ type Client struct {
 	auth  string
 	limit *tokenBucket
 	log   *slog.Logger
+	// observe hears each attempt (see Observe); nil: nobody listens.
+	observe Observer
 }
 
 // New checks cfg and returns a client. It does not contact the server.
@@ -194,6 +196,7 @@ func (c *Client) once(ctx context.Context, method, path string, p params) (*enve
 	}
 	start := time.Now()
 	resp, err := c.http.Do(req)
+	c.observed(method, path, resp)
 	sent := wrote.Load()
 	if err != nil {
 		c.log.Debug("pve request failed", "method", method, "path", path, "sent", sent, "err", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/local"
+	"github.com/delegate-dev/delegate/metrics"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -25,8 +26,9 @@ type app struct {
 }
 
 // openApp opens the store; with a backend it can also run jobs. Jobs get
-// callbackURL (empty: no callback server) to report to.
-func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend bool, callbackURL string) (*app, error) {
+// callbackURL (empty: no callback server) to report to. met, if not nil,
+// hears the engine and the Proxmox client.
+func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend bool, callbackURL string, met *metrics.Metrics) (*app, error) {
 	secret, err := cfg.SecretResolver()
 	if err != nil {
 		return nil, err
@@ -41,10 +43,10 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	var backend sandbox.Backend
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
-	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log) }
+	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met) }
 	poll := time.Duration(0) // the engine's default
 	if withBackend {
-		backend, err = openBackend(ctx, cfg, log)
+		backend, err = openBackend(ctx, cfg, log, met)
 		if err != nil {
 			store.Close()
 			return nil, err
@@ -52,6 +54,11 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		if cfg.Backend == "proxmox" {
 			poll = time.Second // every poll is a few API calls
 		}
+	}
+	var observer engine.Observer // nil unless there are metrics (not a nil *Metrics)
+	if met != nil {
+		observer = met
+		met.CountJobs(store)
 	}
 	eng := engine.New(store, backend, engine.Config{
 		Defaults:        cfg.Defaults,
@@ -66,17 +73,21 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
 		Secret:             secret,
 		OpenBackend:        open,
+		Observer:           observer,
 	})
 	return &app{store: store, backend: backend, eng: eng}, nil
 }
 
 // openBackend makes the sandbox backend DELEGATE_BACKEND names.
-func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger) (sandbox.Backend, error) {
+func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics) (sandbox.Backend, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
 		if err != nil {
 			return nil, fmt.Errorf("proxmox backend: %w", err)
+		}
+		if met != nil {
+			client.Observe(met.ProxmoxRequest)
 		}
 		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, Logger: log})

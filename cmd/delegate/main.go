@@ -39,7 +39,7 @@ func main() {
 
 // openService opens the engine over the data dir as the CLI's job service.
 func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (delegate.JobService, func(), error) {
-	a, err := openApp(ctx, cfg, log, runJobs, "")
+	a, err := openApp(ctx, cfg, log, runJobs, "", nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -61,7 +61,7 @@ func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io
 		cfg.DataDir = dataDir
 		cfg.MaxConcurrent = 1
 		cfg.Defaults.Memory, cfg.Defaults.Disk = "256M", "64M"
-		a, err := openApp(ctx, cfg, log, true, "")
+		a, err := openApp(ctx, cfg, log, true, "", nil)
 		if err != nil {
 			return nil, err
 		}

@@ -13,16 +13,23 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate/cli"
+	"github.com/delegate-dev/delegate/dashboard"
 	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/mcpserver"
+	"github.com/delegate-dev/delegate/metrics"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// serve runs the MCP server (stdio or Streamable HTTP) and the callback
-// server over one engine until ctx ends.
+// serve runs the MCP server (stdio or Streamable HTTP, with the dashboard
+// and the metrics beside it) and the callback server over one engine
+// until ctx ends.
 func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
+	var met *metrics.Metrics // only served over HTTP
+	if opts.HTTPAddr != "" {
+		met = metrics.New(metrics.Options{Logger: log})
+	}
 	callbacks, callbackURL := listenCallbacks(cfg, log)
-	a, err := openApp(ctx, cfg, log, true, callbackURL)
+	a, err := openApp(ctx, cfg, log, true, callbackURL, met)
 	if err != nil {
 		if callbacks != nil {
 			callbacks.Close()
@@ -31,7 +38,15 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	}
 	defer a.Close()
 	if callbacks != nil {
-		srv := &http.Server{Handler: httpapi.Handler(a.eng, httpapi.Options{Logger: log}), ReadHeaderTimeout: 10 * time.Second}
+		cbOpts := httpapi.Options{Logger: log}
+		if met != nil {
+			cbOpts.Answered = met.CallbackAnswered
+		}
+		srv := &http.Server{
+			Handler:           httpapi.BodyTimeout(httpapi.Handler(a.eng, cbOpts), httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout),
+			ReadHeaderTimeout: httpapi.HeaderTimeout,
+			IdleTimeout:       2 * time.Minute,
+		}
 		go srv.Serve(callbacks)
 		defer srv.Close()
 	}
@@ -47,28 +62,68 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		}
 		return err
 	}
+	return serveHTTP(ctx, cfg, opts, server, a, met, log)
+}
+
+// serveHTTP serves /mcp, the dashboard, /metrics and /health until ctx ends.
+func serveHTTP(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, server *mcp.Server, a *app, met *metrics.Metrics, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("--http: %w", err)
 	}
+	sessions := httpapi.LimitSessions(mcpserver.HTTPHandler(server, opts.SessionTimeout, log), opts.MaxSessions, opts.SessionTimeout)
+	met.CountSessions(sessions.Len)
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpserver.HTTPHandler(server, opts.SessionTimeout, log))
+	mux.Handle("/mcp", opts.Token.Require(sessions))
+	mux.Handle("GET /metrics", opts.Token.Require(met.Handler()))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.Handle("/", dashboard.Handler(a.eng, dashboard.Options{Token: opts.Token, Logger: log}))
+	srv := &http.Server{
+		Handler:           httpapi.LoopbackOnly(httpapi.BodyTimeout(mux, httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout)),
+		ReadHeaderTimeout: httpapi.HeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		// Requests live within the server's life: at shutdown the event
+		// streams (MCP's and the dashboard's) end instead of holding it.
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(shutdown)
 	}()
-	log.Info("serving MCP over Streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "data_dir", cfg.DataDir)
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
+	tls := opts.TLSCert != ""
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	base := scheme + ln.Addr().String()
+	auth := "none (loopback only)"
+	if opts.Token != nil {
+		auth = "DELEGATE_HTTP_TOKEN"
+		if !tls && !isLoopback(ln.Addr()) {
+			log.Warn("the token travels in clear text over plain HTTP: serve with --tls-cert and --tls-key, or behind a TLS proxy")
+		}
+	}
+	log.Info("serving MCP over Streamable HTTP", "url", base+"/mcp", "dashboard", base+"/", "metrics", base+"/metrics",
+		"auth", auth, "max_sessions", opts.MaxSessions, "data_dir", cfg.DataDir)
+	if tls {
+		err = srv.ServeTLS(ln, opts.TLSCert, opts.TLSKey)
+	} else {
+		err = srv.Serve(ln)
+	}
+	if !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("--http: %w", err)
 	}
 	return nil
+}
+
+func isLoopback(addr net.Addr) bool {
+	tcp, ok := addr.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
 }
 
 // listenCallbacks binds the callback server. If the port is taken (most

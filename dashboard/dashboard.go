@@ -1,0 +1,269 @@
+// Package dashboard is delegate's web page for people: the list of jobs
+// and each job's status, timeline, output and artifacts, updated live,
+// with a cancel button. It is an adapter over delegate.JobService like the
+// MCP tools: parse, call the service, render. Pages are rendered on the
+// server with html/template (everything a job controls is escaped); the
+// one script and the style sheet are embedded; no external resource is
+// loaded, and the Content-Security-Policy says so to the browser.
+package dashboard
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/httpauth"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// contentSecurityPolicy allows this server's own script, style and live
+// updates, and nothing else: no inline script, no other origin, no frames.
+const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
+	"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+// Options tune the dashboard.
+type Options struct {
+	// Token, if set, is asked for: as a bearer token, or once through
+	// the sign-in form, which leaves a session cookie. nil: no sign-in
+	// (a server on the loopback interface without DELEGATE_HTTP_TOKEN).
+	Token *httpauth.Token
+	// Poll is how often the live views read the jobs again, to see what
+	// other processes sharing the data dir did; default 1s. Changes this
+	// process makes are shown at once.
+	Poll   time.Duration
+	Logger *slog.Logger
+}
+
+// Handler serves the dashboard: GET / (the job list), /jobs/{id} (a job),
+// their live updates, downloads, cancel, and sign-in. Requests their
+// context ends (the server's BaseContext) end the live streams.
+func Handler(svc delegate.JobService, opts Options) http.Handler {
+	if opts.Poll <= 0 {
+		opts.Poll = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &dash{svc: svc, opts: opts, log: opts.Logger, pages: parsePages()}
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		panic(err) // the embedded tree is part of the binary
+	}
+	// Cross-origin POSTs (a page elsewhere submitting a form here) are
+	// refused: with the SameSite=Strict cookie, this keeps cancel and
+	// sign-in from being triggered by another site.
+	csrf := http.NewCrossOriginProtection()
+	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.fail(w, r, http.StatusForbidden, "This form was sent from another site: refused.")
+	}))
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /login", d.loginPage)
+	mux.Handle("POST /login", csrf.Handler(http.HandlerFunc(d.login)))
+	mux.Handle("POST /logout", csrf.Handler(http.HandlerFunc(d.logout)))
+	mux.Handle("GET /{$}", d.guard(d.list))
+	mux.Handle("GET /events", d.guard(d.listEvents))
+	mux.Handle("GET /jobs/{id}", d.guard(d.job))
+	mux.Handle("GET /jobs/{id}/events", d.guard(d.jobEvents))
+	mux.Handle("GET /jobs/{id}/output", d.guard(d.output))
+	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
+	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		d.fail(w, r, http.StatusNotFound, "No such page.")
+	})
+	return headers(mux)
+}
+
+type dash struct {
+	svc   delegate.JobService
+	opts  Options
+	log   *slog.Logger
+	pages map[string]*template.Template
+}
+
+// headers sets what every answer of the dashboard carries.
+func headers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		if !strings.HasPrefix(r.URL.Path, "/static/") {
+			h.Set("Cache-Control", "no-store") // job data: never from a cache
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// guard lets a request through if it is signed in (or carries the token);
+// a page request otherwise gets 401 and the sign-in form, anything else
+// a plain 401.
+func (d *dash) guard(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.opts.Token.Allowed(r) {
+			next(w, r)
+			return
+		}
+		httpauth.Challenge(w, r)
+		if r.Method == http.MethodGet && wantsHTML(r) {
+			d.render(w, r, http.StatusUnauthorized, "login", loginView{Next: r.URL.RequestURI()})
+			return
+		}
+		http.Error(w, "unauthorized: sign in at /login, or send Authorization: Bearer <DELEGATE_HTTP_TOKEN>", http.StatusUnauthorized)
+	})
+}
+
+// wantsHTML: a browser navigating (not a script's fetch or EventSource).
+func wantsHTML(r *http.Request) bool {
+	if r.Header.Get("Sec-Fetch-Mode") == "navigate" {
+		return true
+	}
+	a := r.Header.Get("Accept")
+	return strings.Contains(a, "text/html") || a == ""
+}
+
+type loginView struct {
+	Next  string
+	Error string
+}
+
+func (d *dash) loginPage(w http.ResponseWriter, r *http.Request) {
+	next := localPath(r.URL.Query().Get("next"))
+	if d.opts.Token == nil || d.opts.Token.Allowed(r) {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	d.render(w, r, http.StatusOK, "login", loginView{Next: next})
+}
+
+func (d *dash) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	if err := r.ParseForm(); err != nil {
+		d.fail(w, r, http.StatusBadRequest, "The sign-in form could not be read.")
+		return
+	}
+	next := localPath(r.PostForm.Get("next"))
+	if d.opts.Token == nil {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	if !d.opts.Token.Match(r.PostForm.Get("token")) {
+		d.log.Warn("dashboard: failed sign-in", "remote", r.RemoteAddr)
+		d.render(w, r, http.StatusUnauthorized, "login", loginView{Next: next, Error: "That is not the token this server was started with."})
+		return
+	}
+	d.opts.Token.StartSession(w, r)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (d *dash) logout(w http.ResponseWriter, r *http.Request) {
+	httpauth.EndSession(w, r)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// localPath keeps a redirect on this server: a path, not a URL that
+// leads elsewhere ("//evil.example", "https://...", "/\evil").
+func localPath(p string) string {
+	if p == "" || p[0] != '/' || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
+		return "/"
+	}
+	u, err := url.Parse(p)
+	if err != nil || u.Host != "" || u.Scheme != "" {
+		return "/"
+	}
+	return p
+}
+
+// fail answers an error page (or plain text to a script).
+func (d *dash) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	if !wantsHTML(r) {
+		http.Error(w, msg, code)
+		return
+	}
+	d.render(w, r, code, "error", errorView{Code: code, Status: http.StatusText(code), Message: msg})
+}
+
+type errorView struct {
+	Code    int
+	Status  string
+	Message string
+}
+
+// serviceError answers what the service said, in words for people.
+func (d *dash) serviceError(w http.ResponseWriter, r *http.Request, err error) {
+	var fe *delegate.FieldError
+	switch {
+	case errors.Is(err, delegate.ErrNotFound):
+		d.fail(w, r, http.StatusNotFound, "No such job.")
+	case errors.As(err, &fe):
+		d.fail(w, r, http.StatusBadRequest, fe.Error())
+	case errors.Is(err, delegate.ErrNotFinished):
+		d.fail(w, r, http.StatusConflict, err.Error())
+	case r.Context().Err() != nil:
+		// The browser went away.
+	default:
+		d.log.Error("dashboard", "path", r.URL.Path, "err", err)
+		d.fail(w, r, http.StatusInternalServerError, "Something went wrong reading the jobs; the server's log says what.")
+	}
+}
+
+// signedIn says whether to offer the sign-out button.
+func (d *dash) signedIn(r *http.Request) bool {
+	return d.opts.Token != nil && d.opts.Token.Session(r)
+}
+
+// jobURL is a job's page.
+func jobURL(id string) string { return "/jobs/" + url.PathEscape(id) }
+
+// artifactURL is an artifact's download, each segment of its name
+// escaped (names are the job's to choose: "?", "#", "%" and ".." stay
+// parts of the name).
+func artifactURL(id, name string) string {
+	segs := strings.Split(name, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return jobURL(id) + "/artifacts/" + strings.Join(segs, "/")
+}
+
+// listURL is the list with a filter and a page.
+func listURL(status, cursor string) string {
+	q := url.Values{}
+	if status != "" {
+		q.Set("status", status)
+	}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	if len(q) == 0 {
+		return "/"
+	}
+	return "/?" + q.Encode()
+}
+
+func formatBytes(n int64) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d B", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	case n < 1<<30:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}

@@ -1,0 +1,266 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"mime"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// parsePages parses each page with the layout and the shared partials.
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"jobURL":      jobURL,
+		"artifactURL": artifactURL,
+		"listURL":     listURL,
+		"bytes":       formatBytes,
+		"clock":       clock,
+		"iso":         func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"duration":    formatDuration,
+		"terminal":    func(s delegate.Status) bool { return s.Terminal() },
+	}
+	pages := map[string]*template.Template{}
+	for _, name := range []string{"list", "job", "login", "error"} {
+		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS,
+			"templates/layout.html", "templates/partials.html", "templates/"+name+".html"))
+	}
+	return pages
+}
+
+// render writes a whole page.
+func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page string, data any) {
+	var buf bytes.Buffer
+	view := struct {
+		Page     any
+		SignedIn bool
+	}{data, d.signedIn(r)}
+	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
+		d.log.Error("dashboard: render", "page", page, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	w.Write(buf.Bytes())
+}
+
+// fragment renders one of a page's live parts to a string.
+func (d *dash) fragment(page, name string, data any) (string, error) {
+	var buf bytes.Buffer
+	if err := d.pages[page].ExecuteTemplate(&buf, name, data); err != nil {
+		return "", err
+	}
+	return buf.String(), nil
+}
+
+// listView is the job list: a page of jobs, with its filter.
+type listView struct {
+	Status   delegate.Status
+	Cursor   string
+	Statuses []delegate.Status
+	Jobs     []delegate.JobSummary
+	Next     string // cursor of the next page
+	Now      time.Time
+	LiveURL  string
+}
+
+// readList reads the page of jobs a request asks for.
+func (d *dash) readList(ctx context.Context, status delegate.Status, cursor string) (listView, error) {
+	page, err := d.svc.List(ctx, delegate.ListOptions{Status: status, Cursor: cursor})
+	if err != nil {
+		return listView{}, err
+	}
+	live := "/events"
+	if q := strings.TrimPrefix(listURL(string(status), cursor), "/"); q != "" {
+		live += q
+	}
+	return listView{Status: status, Cursor: cursor, Statuses: delegate.Statuses, Jobs: page.Jobs, Next: page.NextCursor,
+		Now: time.Now(), LiveURL: live}, nil
+}
+
+func listQuery(r *http.Request) (delegate.Status, string) {
+	q := r.URL.Query()
+	return delegate.Status(q.Get("status")), q.Get("cursor")
+}
+
+func (d *dash) list(w http.ResponseWriter, r *http.Request) {
+	status, cursor := listQuery(r)
+	v, err := d.readList(r.Context(), status, cursor)
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	d.render(w, r, http.StatusOK, "list", v)
+}
+
+// jobView is one job's page.
+type jobView struct {
+	Job       *delegate.Job
+	Task      string
+	Timeline  []delegate.Event
+	Simple    bool // statusMode simple: no timeline is kept
+	Result    *delegate.JobResult
+	Output    string // the result's output as text
+	Shown     int64  // bytes of output shown (the end of what is kept)
+	Kept      int64  // bytes of output kept
+	Artifacts []delegate.Artifact
+	// LiveLog: the job runs in statusMode streaming, its output is
+	// followed live.
+	LiveLog bool
+	Now     time.Time
+	Notice  string
+	LiveURL string
+}
+
+// readJob reads all a job's page shows.
+func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
+	j, err := d.svc.Get(ctx, id)
+	if err != nil {
+		return jobView{}, err
+	}
+	v := jobView{Job: j, Task: j.Manifest.Task, Simple: j.Manifest.StatusMode == delegate.StatusModeSimple, Now: time.Now(),
+		LiveURL: jobURL(j.ID) + "/events"}
+	if v.Task == "" && j.Manifest.Agent != nil {
+		v.Task = j.Manifest.Agent.Command
+	}
+	if v.Timeline, err = d.svc.Timeline(ctx, id); err != nil {
+		return jobView{}, err
+	}
+	if !j.Status.Terminal() {
+		v.LiveLog = j.Manifest.StatusMode == delegate.StatusModeStreaming
+		return v, nil
+	}
+	res, err := d.svc.Result(ctx, id, delegate.ResultOptions{})
+	if errors.Is(err, delegate.ErrNotFinished) {
+		return v, nil // it finished between the two reads: the next update shows it
+	}
+	if err != nil {
+		return jobView{}, err
+	}
+	v.Result, v.Output, v.Artifacts = res, strings.ToValidUTF8(string(res.Output), "\uFFFD"), res.Artifacts
+	v.Shown, v.Kept = int64(len(res.Output)), res.OutputOffset+int64(len(res.Output))
+	return v, nil
+}
+
+// notices are what a redirect may ask the job page to say (a fixed set:
+// nothing from the query string is shown as it is).
+var notices = map[string]string{
+	"cancelled": "Cancelled: its processes are being killed and its sandbox destroyed.",
+	"finished":  "It had already finished: nothing was cancelled.",
+}
+
+func (d *dash) job(w http.ResponseWriter, r *http.Request) {
+	v, err := d.readJob(r.Context(), r.PathValue("id"))
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	v.Notice = notices[r.URL.Query().Get("notice")]
+	d.render(w, r, http.StatusOK, "job", v)
+}
+
+func (d *dash) cancel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	_, cancelled, err := d.svc.Cancel(r.Context(), id)
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	notice := "finished"
+	if cancelled {
+		notice = "cancelled"
+		d.log.Info("dashboard: job cancelled", "job", id, "remote", r.RemoteAddr)
+	}
+	http.Redirect(w, r, jobURL(id)+"?notice="+notice, http.StatusSeeOther)
+}
+
+// output downloads all the output a job has kept, as it is.
+func (d *dash) output(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	page, err := d.svc.Logs(r.Context(), id, delegate.LogOptions{MaxBytes: delegate.MaxLogBytes})
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Disposition", attachment(id+"-output.txt"))
+	w.Header().Set("Content-Security-Policy", "sandbox")
+	for {
+		if _, err := w.Write(page.Output); err != nil || page.Done || len(page.Output) == 0 {
+			return
+		}
+		if page, err = d.svc.Logs(r.Context(), id, delegate.LogOptions{Cursor: page.NextCursor, MaxBytes: delegate.MaxLogBytes}); err != nil {
+			d.log.Warn("dashboard: output download", "job", id, "err", err)
+			return
+		}
+	}
+}
+
+// artifact downloads one artifact. It is always an attachment of an
+// opaque type: a job's file is never rendered as a page of this origin.
+func (d *dash) artifact(w http.ResponseWriter, r *http.Request) {
+	id, name := r.PathValue("id"), r.PathValue("name")
+	a, data, err := d.svc.ReadArtifact(r.Context(), id, name)
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", attachment(path.Base(a.Name)))
+	h.Set("Content-Security-Policy", "sandbox")
+	h.Set("Content-Length", fmt.Sprint(len(data)))
+	w.Write(data)
+}
+
+// attachment is a Content-Disposition that saves a file under name.
+func attachment(name string) string {
+	if v := mime.FormatMediaType("attachment", map[string]string{"filename": name}); v != "" {
+		return v
+	}
+	return "attachment"
+}
+
+func clock(t, now time.Time) string {
+	if t.IsZero() {
+		return "–"
+	}
+	t, now = t.UTC(), now.UTC()
+	if t.YearDay() == now.YearDay() && t.Year() == now.Year() {
+		return t.Format("15:04:05")
+	}
+	if t.Year() == now.Year() {
+		return t.Format("Jan 2 15:04")
+	}
+	return t.Format("2006-01-02 15:04")
+}
+
+// formatDuration is how long a job ran (to now while it runs).
+func formatDuration(started, finished, now time.Time) string {
+	if started.IsZero() {
+		return "–"
+	}
+	if finished.IsZero() {
+		finished = now
+	}
+	d := finished.Sub(started)
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm %02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
+}

@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// Observer hears what this engine does, for metrics. It is called on the
+// engine's goroutines: its methods must return at once.
+//
+// The engine calls it from two places only (one line each), so that the
+// job's life stays readable: createSandbox in provision, and jobEnded in
+// settle.
+type Observer interface {
+	// SandboxStarted: the backend created a sandbox in d.
+	SandboxStarted(backend string, d time.Duration)
+	// JobEnded: a job this engine ran has ended in status, after running
+	// for ran (from its start to its end).
+	JobEnded(backend string, status delegate.Status, ran time.Duration)
+}
+
+// createSandbox is backend.Create, timed for the observer.
+func (e *Engine) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	began := time.Now()
+	sb, err := e.backend.Create(ctx, spec)
+	if err == nil && e.cfg.Observer != nil {
+		e.cfg.Observer.SandboxStarted(e.backend.Name(), time.Since(began))
+	}
+	return sb, err
+}
+
+// jobEnded tells the observer how a job this engine followed ended, as the
+// store has it (a cancel or a completion callback may have decided it).
+func (e *Engine) jobEnded(id string) {
+	if e.cfg.Observer == nil {
+		return
+	}
+	j, err := e.store.GetJob(context.WithoutCancel(e.ctx), id)
+	if err != nil || !j.Status.Terminal() {
+		return
+	}
+	e.cfg.Observer.JobEnded(j.Backend, j.Status, j.Duration(time.Now()))
+}

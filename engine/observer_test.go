@@ -1,0 +1,88 @@
+package engine_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// observer records what the engine tells it.
+type observer struct {
+	mu     sync.Mutex
+	starts []string
+	ends   []string
+	ran    []time.Duration
+}
+
+func (o *observer) SandboxStarted(backend string, d time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.starts = append(o.starts, backend)
+}
+
+func (o *observer) JobEnded(backend string, status delegate.Status, ran time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.ends = append(o.ends, backend+"/"+string(status))
+	o.ran = append(o.ran, ran)
+}
+
+func (o *observer) seen() ([]string, []string, []time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.starts...), append([]string(nil), o.ends...), append([]time.Duration(nil), o.ran...)
+}
+
+func TestObserverHearsStartsAndEnds(t *testing.T) {
+	obs := &observer{}
+	f := newFixture(t, engine.Config{Observer: obs})
+	ctx := context.Background()
+
+	ok := f.submit(script("true"))
+	p := f.started()
+	time.Sleep(20 * time.Millisecond) // it runs a little while
+	p.Finish(sandbox.Exit{Code: 0})
+	f.wait(f.eng, ok.ID)
+
+	cancelled := f.submit(script("sleep 100"))
+	f.started()
+	if _, _, err := f.eng.Cancel(ctx, cancelled.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.wait(f.eng, cancelled.ID)
+
+	// A job cancelled while its sandbox was being created never ran:
+	// neither a start nor an end to observe.
+	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error { <-ctx.Done(); return ctx.Err() }
+	never := f.submit(script("true"))
+	if _, _, err := f.eng.Cancel(ctx, never.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.wait(f.eng, never.ID)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		starts, ends, ran := obs.seen()
+		if len(ends) >= 2 {
+			if len(starts) != 2 || starts[0] != "mock" {
+				t.Errorf("sandbox starts %v, want two on mock", starts)
+			}
+			if len(ends) != 2 || ends[0] != "mock/success" || ends[1] != "mock/cancelled" {
+				t.Errorf("job ends %v, want mock/success then mock/cancelled", ends)
+			}
+			if ran[0] < 20*time.Millisecond || ran[0] > 5*time.Second {
+				t.Errorf("the first job ran %s, want at least the 20ms it was held", ran[0])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("observer heard starts %v, ends %v", starts, ends)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
