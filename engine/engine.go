@@ -55,6 +55,10 @@ type Config struct {
 	// it needs it: to stop the sandbox of a job it cancels that no live
 	// engine drives. Nil: such a job is left to the next server.
 	OpenBackend func(ctx context.Context) (sandbox.Backend, error)
+	// AdmissionRetry: a job waiting for capacity (see sandbox.Admitter)
+	// asks again this often, besides whenever this engine frees room.
+	// Default 5 s.
+	AdmissionRetry time.Duration
 	// OwnerAlive says whether the engine that owns a job is still running;
 	// default: same host and its process is alive. Tests inject their own.
 	OwnerAlive func(owner string) bool
@@ -82,6 +86,7 @@ type Engine struct {
 	changed chan struct{}       // closed and replaced on every job change
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
 	watches map[chan string]struct{}
+	room    chan struct{} // closed and replaced when this engine frees room
 }
 
 // run is the engine's handle on one job it drives.
@@ -114,6 +119,9 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.HeartbeatThreshold <= 0 {
 		cfg.HeartbeatThreshold = delegate.DefaultHeartbeatThreshold
 	}
+	if cfg.AdmissionRetry <= 0 {
+		cfg.AdmissionRetry = 5 * time.Second
+	}
 	if cfg.ArtifactMaxFile <= 0 {
 		cfg.ArtifactMaxFile = delegate.DefaultArtifactMaxFile
 	}
@@ -144,6 +152,7 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 		changed: make(chan struct{}),
 		suspect: make(map[string]struct{}),
 		watches: make(map[chan string]struct{}),
+		room:    make(chan struct{}),
 	}
 }
 
@@ -364,6 +373,7 @@ func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, e
 	if err := e.backend.Destroy(ctx, j.SandboxID); err != nil {
 		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
 	}
+	e.roomFreed()
 	j, err = e.update(ctx, id, func(j *delegate.Job) error {
 		j.SandboxID, j.ExecID = "", ""
 		j.Progress = "sandbox released"

@@ -14,18 +14,31 @@ import (
 // outputChunk is how much output is moved from the sandbox to the store at once.
 const outputChunk = 256 << 10
 
-// enqueue runs the job when a concurrency slot is free.
+// enqueue runs the job when a concurrency slot is free and the backend
+// has room for it (see admission.go). A job waiting for room does not
+// hold a slot.
 func (e *Engine) enqueue(id string) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		select {
-		case e.sem <- struct{}{}:
-		case <-e.ctx.Done():
-			return // stays pending; the next engine picks it up
+		for {
+			select {
+			case e.sem <- struct{}{}:
+			case <-e.ctx.Done():
+				return // stays pending; the next engine picks it up
+			}
+			adm, res := e.admit(id)
+			if res == admitted {
+				e.run(id, adm)
+				<-e.sem
+				e.roomFreed()
+				return
+			}
+			<-e.sem
+			if res == admitDrop || !e.waitForRoom(id) {
+				return
+			}
 		}
-		defer func() { <-e.sem }()
-		e.run(id)
 	}()
 }
 
@@ -47,8 +60,12 @@ func (e *Engine) unregister(id string) {
 	e.mu.Unlock()
 }
 
-// run takes a pending job through provisioning to its end.
-func (e *Engine) run(id string) {
+// run takes a pending job through provisioning to its end. adm is the
+// room the backend reserved for it (nil: none was needed).
+func (e *Engine) run(id string, adm sandbox.Admission) {
+	if adm != nil {
+		defer adm.Release() // a no-op once Create has used it
+	}
 	r, ctx := e.register(id)
 	defer e.unregister(id)
 	log := e.log.With("job", id)
@@ -69,7 +86,7 @@ func (e *Engine) run(id string) {
 	m := job.Manifest
 
 	pctx, cancelProvision := context.WithTimeout(ctx, e.cfg.ProvisionTimeout)
-	sb, proc, err := e.provision(pctx, job)
+	sb, proc, err := e.provision(pctx, job, adm)
 	cancelProvision()
 	if err != nil {
 		// The command never ran (or was killed before it was recorded as
@@ -94,12 +111,13 @@ func (e *Engine) run(id string) {
 
 // provision creates the sandbox, writes the files and starts the command.
 // It returns the sandbox even on error when there is one to clean up.
-func (e *Engine) provision(ctx context.Context, job *delegate.Job) (sandbox.Sandbox, sandbox.Process, error) {
+func (e *Engine) provision(ctx context.Context, job *delegate.Job, adm sandbox.Admission) (sandbox.Sandbox, sandbox.Process, error) {
 	m := job.Manifest
 	spec, err := sandboxSpec(job)
 	if err != nil {
 		return nil, nil, err
 	}
+	spec.Admission, spec.Progress = adm, e.stepper(ctx, job.ID)
 	sb, err := e.createSandbox(ctx, spec)
 	if err != nil {
 		return nil, nil, err
@@ -512,5 +530,7 @@ func (e *Engine) destroy(sandboxID string, m delegate.Manifest) {
 	if err := e.backend.Destroy(ctx, sandboxID); err != nil {
 		// The cleanup loop will try again.
 		e.log.Warn("destroy sandbox", "sandbox", sandboxID, "err", err)
+		return
 	}
+	e.roomFreed()
 }

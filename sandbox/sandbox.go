@@ -43,6 +43,19 @@ type Spec struct {
 	DiskBytes   int64
 	Template    string // backend-specific: a root filesystem name (local), a VM template (proxmox)
 	Network     bool   // false: no network at all
+	// Progress, if set, is told each step of Create as it begins, in words
+	// a user reads ("cloning from debian-12 on pve1"). It must not block.
+	Progress func(step string)
+	// Admission is the room an Admitter reserved for this sandbox, if
+	// any: Create uses it instead of placing the sandbox again.
+	Admission Admission
+}
+
+// Step reports a provisioning step through Progress, if there is one.
+func (s Spec) Step(step string) {
+	if s.Progress != nil {
+		s.Progress(step)
+	}
 }
 
 // Command is the one process a job runs. Args[0] is looked up on the
