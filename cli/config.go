@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -46,6 +48,8 @@ type Config struct {
 	ProxmoxVLAN   int
 	// ProxmoxAgentTimeout bounds the wait for a new VM's guest agent.
 	ProxmoxAgentTimeout time.Duration
+	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
+	ProxmoxNodeMemory map[string]int64
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -212,6 +216,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		if c.Defaults.VMTemplate == "" {
 			errs = append(errs, "DEFAULT_VM_TEMPLATE: must be set for the proxmox backend (a template's name or vmid)")
 		}
+		if v := getenv("PROXMOX_NODE_MEMORY"); v != "" {
+			m, err := parseNodeMemory(v)
+			if err != nil {
+				bad("PROXMOX_NODE_MEMORY", err.Error())
+			}
+			c.ProxmoxNodeMemory = m
+		}
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
@@ -286,4 +297,25 @@ func templateRule(tpl, dataDir string) string {
 		return fmt.Sprintf("must not be /, the data dir (%s), nor a directory inside or above it: a job would see delegate's own data", data)
 	}
 	return ""
+}
+
+// parseNodeMemory reads PROXMOX_NODE_MEMORY: a size for every node
+// ("64G"), sizes by node ("pve1=64G,pve2=32G"), or both ("32G,pve1=64G").
+func parseNodeMemory(v string) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, part := range strings.Split(v, ",") {
+		node, size, named := strings.Cut(strings.TrimSpace(part), "=")
+		if !named {
+			node, size = "", node
+		}
+		n, err := delegate.ParseSize(size)
+		if err != nil || n < 1<<30 || (named && node == "") {
+			return nil, errors.New("must be a size of at least 1G for every node (64G), sizes by node (pve1=64G,pve2=32G), or both (32G,pve1=64G)")
+		}
+		if _, dup := out[node]; dup {
+			return nil, fmt.Errorf("%q is given twice", cmp.Or(node, "the size for every node"))
+		}
+		out[node] = n
+	}
+	return out, nil
 }

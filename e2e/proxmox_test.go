@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -266,8 +268,18 @@ func TestProxmoxLifecycle(t *testing.T) {
 	waitFor(t, cs, long.JobID, "running")
 	cmd.Process.Kill()
 	cmd.Wait()
-	// Meanwhile a VM tagged for a job nobody knows appears (a leftover).
-	cloneGhost(t, sim)
+	// Meanwhile a VM of this server for a job nobody knows appears (a
+	// leftover), and VMs that only look like delegate's: one of another
+	// delegate server, one merely tagged.
+	instance, err := os.ReadFile(filepath.Join(dataDir, "proxmox-instance"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := cloneGhost(t, sim, "delegate-"+strings.TrimSpace(string(instance))+"-job-ghost", "delegate;delegate-"+strings.TrimSpace(string(instance))+";job-ghost")
+	foreign := []int{
+		cloneGhost(t, sim, "delegate-otherone-job-ghost", "delegate;delegate-otherone;job-ghost"),
+		cloneGhost(t, sim, "ghost", "delegate;delegate-"+strings.TrimSpace(string(instance))+";job-ghost"),
+	}
 
 	cs2, _, _ := stdioSession(t, dataDir, "", env...)
 	st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": long.JobID, "timeout_seconds": 50})
@@ -295,12 +307,26 @@ func TestProxmoxLifecycle(t *testing.T) {
 		t.Fatalf("job on pve2: %+v", st)
 	}
 	sim.SetNodeOnline("pve1", true)
-	noVMsLeft(t, sim) // the ghost too
+	// The ghost is gone, the VMs that are not this server's are not.
+	for range 200 {
+		if _, ok := sim.VM(ghost); !ok {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, ok := sim.VM(ghost); ok {
+		t.Fatalf("ghost VM %d left behind", ghost)
+	}
+	for _, vmid := range foreign {
+		if _, ok := sim.VM(vmid); !ok {
+			t.Errorf("VM %d, not this server's, was destroyed", vmid)
+		}
+	}
 }
 
-// cloneGhost makes a running VM tagged as delegate's for a job that does
-// not exist, through the simulator's API as a stray process would.
-func cloneGhost(t *testing.T, sim *pvesim.Server) {
+// cloneGhost makes a running VM with this name and tags, through the
+// simulator's API as a stray process would, and returns its vmid.
+func cloneGhost(t *testing.T, sim *pvesim.Server, name, tags string) int {
 	t.Helper()
 	c := simClient(t, sim)
 	ctx := testContext(t)
@@ -308,20 +334,21 @@ func cloneGhost(t *testing.T, sim *pvesim.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upid, err := c.CloneVM(ctx, "pve2", 9001, pve.CloneOptions{NewID: vmid, Name: "ghost"})
+	upid, err := c.CloneVM(ctx, "pve2", 9001, pve.CloneOptions{NewID: vmid, Name: name})
 	if err == nil {
 		err = c.WaitTask(ctx, "pve2", upid)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	upid, err = c.SetVMConfigAsync(ctx, "pve2", vmid, pve.VMConfigUpdate{Tags: []string{"delegate", "job-ghost"}})
+	upid, err = c.SetVMConfigAsync(ctx, "pve2", vmid, pve.VMConfigUpdate{Tags: strings.Split(tags, ";")})
 	if err == nil {
 		err = c.WaitTask(ctx, "pve2", upid)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	return vmid
 }
 
 func simClient(t *testing.T, sim *pvesim.Server) *pve.Client {

@@ -15,15 +15,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
 )
-
-// Tag marks every VM delegate creates, so that the cleanup loop can find
-// the ones no job owns.
-const Tag = "delegate"
 
 // Paths inside the guest. /tmp/delegate holds delegate's own files, so
 // that the workspace holds only the job's.
@@ -52,7 +49,16 @@ type Config struct {
 	// AgentLostAfter: a job whose agent has not answered for this long is
 	// lost. Default 2 min.
 	AgentLostAfter time.Duration
-	Logger         *slog.Logger
+	// Instance names this delegate server among those sharing the
+	// cluster (see owner.go): it touches no VM that is not its own. Keep
+	// it stable across restarts (StableInstanceID), or a restarted server
+	// cannot recover its jobs. Default: a random one.
+	Instance string
+	// NodeMemory is what VMs may use on a node, by node name, "" for
+	// every node not named (PROXMOX_NODE_MEMORY). Unset, it is the node's
+	// maxmem less HostReserve, which needs Sys.Audit on /nodes.
+	NodeMemory map[string]int64
+	Logger     *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster.
@@ -60,12 +66,26 @@ type Backend struct {
 	c   *pve.Client
 	cfg Config
 	log *slog.Logger
+
+	placeMu  sync.Mutex // one placement at a time: see placement.go
+	holdMu   sync.Mutex
+	holds    map[*hold]struct{}
+	blindWhy string
+
+	idMu    sync.Mutex
+	cloning map[int]bool // vmids handed out whose clone task has not ended
+
+	tplMu sync.Mutex
+	tpls  map[int]*templateInfo
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend  = (*Backend)(nil)
+	_ sandbox.Admitter = (*Backend)(nil)
+)
 
 // New makes a backend over a client.
-func New(c *pve.Client, cfg Config) *Backend {
+func New(c *pve.Client, cfg Config) (*Backend, error) {
 	if cfg.AgentTimeout <= 0 {
 		cfg.AgentTimeout = 5 * time.Minute
 	}
@@ -78,8 +98,23 @@ func New(c *pve.Client, cfg Config) *Backend {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Backend{c: c, cfg: cfg, log: cfg.Logger}
+	if cfg.Instance == "" {
+		cfg.Instance = NewInstanceID()
+	}
+	if err := checkInstance(cfg.Instance); err != nil {
+		return nil, err
+	}
+	for node, m := range cfg.NodeMemory {
+		if m < 1<<30 {
+			return nil, fmt.Errorf("proxmox: node memory of %q must be at least 1G (got %d bytes)", node, m)
+		}
+	}
+	return &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
+		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}}, nil
 }
+
+// Instance is the id this backend's VMs carry.
+func (b *Backend) Instance() string { return b.cfg.Instance }
 
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "proxmox" }
@@ -109,51 +144,38 @@ func (b *Backend) Check(ctx context.Context) error {
 	return nil
 }
 
-// sandboxID names a VM; vmids are unique across a cluster.
-func sandboxID(vmid int) string { return "vm-" + strconv.Itoa(vmid) }
-
-func parseID(id string) (int, error) {
-	n, err := strconv.Atoi(strings.TrimPrefix(id, "vm-"))
-	if err != nil || !strings.HasPrefix(id, "vm-") || n < 100 {
-		return 0, fmt.Errorf("proxmox: %q is not a sandbox id: %w", id, sandbox.ErrGone)
-	}
-	return n, nil
-}
-
-// Create implements sandbox.Backend: choose a node, clone the template,
-// size and tag the VM, start it, and wait for its guest agent. Whatever
-// fails, the VM is destroyed.
+// Create implements sandbox.Backend: clone the template where Admit
+// placed the VM, size and tag it, start it, and wait for its guest
+// agent. Whatever fails, the VM is destroyed (if it is still ours).
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	tplName := spec.Template
-	if tplName == "" {
-		tplName = b.cfg.Template
+	h, _ := spec.Admission.(*hold)
+	if h == nil || h.b != b {
+		var err error
+		if h, err = b.place(ctx, spec); err != nil {
+			return nil, err
+		}
+		defer h.Release()
 	}
-	if tplName == "" {
-		return nil, errors.New("vmTemplate: no template given and DEFAULT_VM_TEMPLATE is not set")
-	}
-	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
-	if err != nil {
-		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
-	}
-	tpls, err := findTemplates(resources, tplName)
-	if err != nil {
-		return nil, err
-	}
-	memMiB := int(max(16, (spec.MemoryBytes+(1<<20)-1)>>20))
-	tpl, node, err := b.place(ctx, tpls, memMiB)
+	o := owner{b.cfg.Instance, spec.JobID}
+	spec.Step(fmt.Sprintf("cloning from %s on %s", templateLabel(h.tpl), h.node))
+	vmid, err := b.clone(ctx, h, o)
 	if err != nil {
 		return nil, err
 	}
-	vmid, err := b.clone(ctx, tpl, node, spec)
-	if err != nil {
-		return nil, err
-	}
-	s := &vmSandbox{b: b, vmid: vmid, node: node}
-	if err := b.configure(ctx, s, tpl, spec, memMiB); err != nil {
-		b.destroyVM(context.WithoutCancel(ctx), node, vmid)
+	h.bind(vmid)
+	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
+	if err := b.configure(ctx, s, h, spec); err != nil {
+		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return nil, err
 	}
 	return s, nil
+}
+
+func templateLabel(t pve.Resource) string {
+	if t.Name != "" {
+		return t.Name
+	}
+	return strconv.Itoa(int(t.VMID))
 }
 
 // findTemplates finds the templates a job names (by name, which several
@@ -178,99 +200,27 @@ func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error
 	return nil, fmt.Errorf("vmTemplate: no template %q on the cluster (templates: %s)", name, strings.Join(names, ", "))
 }
 
-// place picks the template to clone and the node for the VM: an online
-// node with room for its memory that holds one of the templates (a linked
-// clone, fast and thin), else the online node with the most free memory,
-// reached by a full clone from a template on an online node.
-func (b *Backend) place(ctx context.Context, tpls []pve.Resource, memMiB int) (pve.Resource, string, error) {
-	nodes, err := b.c.Nodes(ctx)
-	if err != nil {
-		return pve.Resource{}, "", fmt.Errorf("proxmox: list nodes: %w", err)
-	}
-	need := int64(memMiB) << 20
-	online := map[string]bool{}
-	best, bestFree := "", int64(-1)
-	for _, n := range nodes {
-		if n.Status != "online" {
-			continue
-		}
-		online[n.Node] = true
-		free := int64(n.MaxMem) - int64(n.Mem)
-		if free < need {
-			continue
-		}
-		for _, t := range tpls {
-			if t.Node == n.Node {
-				return t, n.Node, nil
-			}
-		}
-		if free > bestFree {
-			best, bestFree = n.Node, free
-		}
-	}
-	if best == "" {
-		return pve.Resource{}, "", fmt.Errorf("proxmox: no online node has %d MiB free for the VM (lower resources.memory or free the cluster)", memMiB)
-	}
-	for _, t := range tpls {
-		if online[t.Node] {
-			return t, best, nil
-		}
-	}
-	return pve.Resource{}, "", fmt.Errorf("vmTemplate: every node holding template %q is offline", tpls[0].Name)
-}
-
-// clone makes the VM: a linked clone on the template's node, a full clone
-// with a target elsewhere. A vmid taken by a racing clone is retried.
-func (b *Backend) clone(ctx context.Context, tpl pve.Resource, node string, spec sandbox.Spec) (int, error) {
-	full := node != tpl.Node
-	for attempt := 0; ; attempt++ {
-		vmid, err := b.c.NextID(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("proxmox: next vmid: %w", err)
-		}
-		opt := pve.CloneOptions{NewID: vmid, Name: "delegate-" + spec.JobID, Description: "delegate job " + spec.JobID, Full: &full}
-		if full {
-			opt.Target = node
-		}
-		upid, err := b.c.CloneVM(ctx, tpl.Node, int(tpl.VMID), opt)
-		if err != nil {
-			if pve.IsAlreadyExists(err) && attempt < 5 {
-				continue // another clone took the id between nextid and clone
-			}
-			return 0, fmt.Errorf("proxmox: clone template %d: %w", tpl.VMID, err)
-		}
-		if err := b.c.WaitTask(ctx, tpl.Node, upid); err != nil {
-			b.destroyVM(context.WithoutCancel(ctx), node, vmid)
-			if pve.IsAlreadyExists(err) && attempt < 5 {
-				continue
-			}
-			return 0, fmt.Errorf("proxmox: clone template %d: %w", tpl.VMID, err)
-		}
-		b.log.Info("cloned", "template", tpl.VMID, "vmid", vmid, "node", node, "full", full)
-		return vmid, nil
-	}
-}
-
-// configure sizes, tags and starts the VM and waits for its agent.
-func (b *Backend) configure(ctx context.Context, s *vmSandbox, tpl pve.Resource, spec sandbox.Spec, memMiB int) error {
-	cfg, err := b.c.VMConfig(ctx, s.node, s.vmid)
-	if err != nil {
-		return fmt.Errorf("proxmox: read config of %d: %w", s.vmid, err)
-	}
+// configure sizes and tags the VM, starts it and waits for its agent.
+// What the template has (its NICs, its disk) was read at placement: the
+// clone has the same.
+func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec sandbox.Spec) error {
 	desc := fmt.Sprintf("delegate job %s\n(destroyed when the job ends)", spec.JobID)
 	u := pve.VMConfigUpdate{
 		Cores:       max(1, int(math.Ceil(spec.CPU))),
-		MemoryMiB:   memMiB,
-		Tags:        []string{Tag, tagOf(spec.JobID)},
+		Sockets:     1, // a template's sockets would multiply the cores
+		MemoryMiB:   h.memMiB,
+		Tags:        s.owner.tags(),
 		Description: &desc,
+		// No balloon: the job gets the memory it asked for, and a
+		// template's balloon larger than that memory is refused.
+		Options: map[string]string{"balloon": "0"},
 	}
 	if spec.CPU > 0 && spec.CPU != math.Ceil(spec.CPU) {
-		u.Options = map[string]string{"cpulimit": strconv.FormatFloat(spec.CPU, 'f', 2, 64)}
+		u.Options["cpulimit"] = strconv.FormatFloat(spec.CPU, 'f', 2, 64)
 	}
-	nets := netKeys(cfg)
 	switch {
 	case !spec.Network:
-		u.Delete = nets // no NIC: the job reaches nothing, the agent still works
+		u.Delete = h.info.nets // no NIC: the job reaches nothing, the agent still works
 	case b.cfg.Bridge != "":
 		net := "virtio,bridge=" + b.cfg.Bridge
 		if b.cfg.VLAN > 0 {
@@ -278,48 +228,28 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, tpl pve.Resource,
 		}
 		u.Nets = map[int]string{0: net}
 	}
-	upid, err := b.c.SetVMConfigAsync(ctx, s.node, s.vmid, u)
-	if err == nil {
-		err = b.c.WaitTask(ctx, s.node, upid)
+	if err := b.c.SetVMConfig(ctx, s.node, s.vmid, u); err != nil {
+		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, privilegeHint(err))
 	}
-	if err != nil {
-		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, err)
-	}
-	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
+	if disk, size := h.info.bootDisk, h.info.bootSize; disk != "" && spec.DiskBytes > size {
 		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
 		if err == nil {
 			err = b.c.WaitTask(ctx, s.node, upid)
 		}
 		if err != nil {
-			return fmt.Errorf("proxmox: resize %s of VM %d: %w", disk, s.vmid, err)
+			return fmt.Errorf("proxmox: resize %s of VM %d: %w", disk, s.vmid, privilegeHint(err))
 		}
 	}
-	upid, err = b.c.StartVM(ctx, s.node, s.vmid)
+	spec.Step(fmt.Sprintf("starting VM %d", s.vmid))
+	upid, err := b.c.StartVM(ctx, s.node, s.vmid)
 	if err == nil {
 		err = b.c.WaitTask(ctx, s.node, upid)
 	}
 	if err != nil {
-		return fmt.Errorf("proxmox: start VM %d: %w", s.vmid, err)
+		return fmt.Errorf("proxmox: start VM %d: %w", s.vmid, privilegeHint(err))
 	}
-	if err := b.waitAgent(ctx, s); err != nil {
-		return err
-	}
-	// The workspace, and delegate's own directory, exist before files come.
-	if _, err := s.run(ctx, []string{"/bin/mkdir", "-p", workspace, guestDir}); err != nil {
-		return fmt.Errorf("proxmox: prepare VM %d: %w", s.vmid, err)
-	}
-	return nil
-}
-
-// tagOf makes a job id a valid Proxmox tag (lower case, [a-z0-9_+.-]).
-func tagOf(jobID string) string {
-	var sb strings.Builder
-	for _, r := range strings.ToLower(jobID) {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("_+.-", r) {
-			sb.WriteRune(r)
-		}
-	}
-	return sb.String()
+	spec.Step("waiting for the guest agent")
+	return b.waitAgent(ctx, s)
 }
 
 func netKeys(cfg pve.VMConfig) []string {
@@ -374,7 +304,10 @@ func parseSize(s string) int64 {
 	return int64(n * float64(mult))
 }
 
-// waitAgent polls the guest agent until it answers.
+// waitAgent polls the guest agent until it answers. Until its deadline
+// every error that may pass is waited out: the agent not up yet, and any
+// transient 5xx or transport error; what cannot pass (the VM gone or
+// stopped, no agent configured, a refused token) ends the wait at once.
 func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
 	deadline := time.Now().Add(b.cfg.AgentTimeout)
 	for {
@@ -382,8 +315,11 @@ func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
 		if err == nil {
 			return nil
 		}
-		if !pve.IsAgentNotRunning(err) && !pve.IsAgentError(err) {
-			return fmt.Errorf("proxmox: guest agent of VM %d: %w", s.vmid, err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if lastingAgentError(err) {
+			return fmt.Errorf("proxmox: guest agent of VM %d: %w", s.vmid, privilegeHint(err))
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("proxmox: the guest agent of VM %d did not answer within %s (is qemu-guest-agent installed and enabled in the template?): %w",
@@ -397,7 +333,24 @@ func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
 	}
 }
 
-// locate finds a VM's node; ErrGone if it does not exist.
+// lastingAgentError: an agent call failed in a way waiting cannot change.
+func lastingAgentError(err error) bool {
+	var api *pve.APIError
+	if errors.As(err, &api) && api.StatusCode >= 400 && api.StatusCode < 500 {
+		return true // refused: parameters, token, privileges
+	}
+	return pve.IsNotFound(err) || pve.IsVMNotRunning(err) || pve.IsAgentNotConfigured(err)
+}
+
+// privilegeHint names the privilege a 403 says the token lacks.
+func privilegeHint(err error) error {
+	if path, priv := pve.MissingPrivilege(err); priv != "" {
+		return fmt.Errorf("the API token lacks %s on %s (see the README for the role delegate needs): %w", priv, path, err)
+	}
+	return err
+}
+
+// locate finds a VM's listing; ErrGone if it does not exist.
 func (b *Backend) locate(ctx context.Context, vmid int) (pve.Resource, error) {
 	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
 	if err != nil {
@@ -411,9 +364,9 @@ func (b *Backend) locate(ctx context.Context, vmid int) (pve.Resource, error) {
 	return pve.Resource{}, fmt.Errorf("proxmox: VM %d: %w", vmid, sandbox.ErrGone)
 }
 
-// Recover implements sandbox.Backend: a VM of ours that still runs.
+// Recover implements sandbox.Backend: a VM of ours that still exists.
 func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	vmid, err := parseID(id)
+	vmid, job, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
@@ -421,15 +374,31 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(r.TagList(), Tag) {
-		return nil, fmt.Errorf("proxmox: VM %d is not delegate's: %w", vmid, sandbox.ErrGone)
+	o := owner{b.cfg.Instance, job}
+	cfg, err := b.c.VMConfig(ctx, r.Node, vmid)
+	if pve.IsNotFound(err) {
+		return nil, fmt.Errorf("proxmox: VM %d: %w", vmid, sandbox.ErrGone)
 	}
-	return &vmSandbox{b: b, vmid: vmid, node: r.Node}, nil
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: read config of VM %d: %w", vmid, err)
+	}
+	if !o.owns(cfg) {
+		return nil, fmt.Errorf("proxmox: VM %d is not this server's VM of %s (it is named %q): %w", vmid, orLegacy(job), cfg.Name, sandbox.ErrGone)
+	}
+	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o}, nil
 }
 
-// List implements sandbox.Backend: every VM tagged delegate, with the
-// job named by its other tag. A VM whose clone task still runs has no
-// tags yet: it is left out, since its Create is still at work.
+func orLegacy(job string) string {
+	if job == "" {
+		return "its job"
+	}
+	return "job " + job
+}
+
+// List implements sandbox.Backend: this instance's VMs, each with its
+// job, as /cluster/resources shows them (see listedJob). A VM with a
+// lock is left out: an operation (its clone, most likely) is at work on
+// it, and the sweep must wait for it to end.
 func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
 	if err != nil {
@@ -437,43 +406,41 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	}
 	var out []sandbox.Info
 	for _, r := range resources {
-		tags := r.TagList()
-		if r.Type != "qemu" || bool(r.Template) || !slices.Contains(tags, Tag) {
+		if r.Lock != "" {
 			continue
 		}
-		info := sandbox.Info{ID: sandboxID(int(r.VMID))}
-		for _, t := range tags {
-			if strings.HasPrefix(t, "job-") {
-				info.JobID = t
-			}
+		if job := listedJob(r, b.cfg.Instance); job != "" {
+			out = append(out, sandbox.Info{ID: sandboxID(int(r.VMID), job), JobID: job})
 		}
-		out = append(out, info)
 	}
 	return out, nil
 }
 
-// Destroy implements sandbox.Backend.
+// Destroy implements sandbox.Backend. A VM that is no longer the one the
+// id names (destroyed, its vmid reused by another owner) is left alone.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	vmid, err := parseID(id)
+	vmid, job, err := parseID(id)
 	if err != nil {
 		return nil // not ours: nothing to destroy
 	}
 	r, err := b.locate(ctx, vmid)
 	if errors.Is(err, sandbox.ErrGone) {
+		b.dropHolds(vmid)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if bool(r.Template) || !slices.Contains(r.TagList(), Tag) {
-		return fmt.Errorf("proxmox: refusing to destroy VM %d: it is not a VM delegate made", vmid)
-	}
-	return b.destroyVM(ctx, r.Node, vmid)
+	return b.destroyVM(ctx, r.Node, vmid, owner{b.cfg.Instance, job})
 }
 
 // destroyVM stops (at once: the guest is not trusted to shut down) and
-// deletes a VM with its disks, retrying while it is locked.
-func (b *Backend) destroyVM(ctx context.Context, node string, vmid int) error {
+// deletes a VM with its disks, retrying while it is locked, after making
+// sure that it is o's: a vmid may have been reused by anyone since.
+func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner) error {
+	if ok, err := b.ownedBy(ctx, node, vmid, o); err != nil || !ok {
+		return err
+	}
 	var last error
 	for attempt := range 20 {
 		if attempt > 0 {
@@ -488,6 +455,7 @@ func (b *Backend) destroyVM(ctx context.Context, node string, vmid int) error {
 			err = b.c.WaitTask(ctx, node, upid)
 		}
 		if err != nil && pve.IsNotFound(err) {
+			b.dropHolds(vmid)
 			return nil
 		}
 		if err != nil && !pve.IsVMNotRunning(err) {
@@ -503,10 +471,29 @@ func (b *Backend) destroyVM(ctx context.Context, node string, vmid int) error {
 			err = b.c.WaitTask(ctx, node, upid)
 		}
 		if err == nil || pve.IsNotFound(err) {
-			b.log.Info("destroyed VM", "vmid", vmid, "node", node)
+			b.dropHolds(vmid)
+			b.log.Info("destroyed VM", "vmid", vmid, "node", node, "job", o.job)
 			return nil
 		}
 		last = err
 	}
-	return fmt.Errorf("proxmox: destroy VM %d: %w", vmid, last)
+	return fmt.Errorf("proxmox: destroy VM %d: %w", vmid, privilegeHint(last))
+}
+
+// ownedBy reads a VM's config and says whether it is o's. A VM that does
+// not exist is not (and that is no error).
+func (b *Backend) ownedBy(ctx context.Context, node string, vmid int, o owner) (bool, error) {
+	cfg, err := b.c.VMConfig(ctx, node, vmid)
+	if pve.IsNotFound(err) {
+		b.dropHolds(vmid)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("proxmox: read config of VM %d: %w", vmid, privilegeHint(err))
+	}
+	if !o.owns(cfg) {
+		b.log.Info("leaving alone a VM that is not ours", "vmid", vmid, "name", cfg.Name, "want", o.vmName())
+		return false, nil
+	}
+	return true, nil
 }

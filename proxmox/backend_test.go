@@ -33,13 +33,21 @@ func TestHelpers(t *testing.T) {
 	if nets := netKeys(cfg); strings.Join(nets, ",") != "net0,net2" {
 		t.Errorf("netKeys = %v", nets)
 	}
-	for _, id := range []string{"vm-99", "vm-x", "100", ""} {
-		if _, err := parseID(id); err == nil {
+}
+
+func TestSandboxIDs(t *testing.T) {
+	for _, id := range []string{"vm-99", "vm-x", "100", "", "vm-100-x", "vm-100-", "vm--job-1"} {
+		if _, _, err := parseID(id); err == nil {
 			t.Errorf("parseID(%q) accepted", id)
 		}
 	}
-	if n, err := parseID(sandboxID(123)); err != nil || n != 123 {
-		t.Errorf("round trip: %d %v", n, err)
+	for _, tc := range []struct {
+		vmid int
+		job  string
+	}{{123, "job-abc"}, {100, ""}, {999999999, "job-x-y"}} {
+		if n, job, err := parseID(sandboxID(tc.vmid, tc.job)); err != nil || n != tc.vmid || job != tc.job {
+			t.Errorf("round trip of %d %q: %d %q %v", tc.vmid, tc.job, n, job, err)
+		}
 	}
 }
 

@@ -20,16 +20,19 @@ import (
 
 // vmSandbox is one job's VM.
 type vmSandbox struct {
-	b    *Backend
-	vmid int
-	node string
+	b     *Backend
+	vmid  int
+	node  string
+	owner owner
 }
 
 var _ sandbox.Sandbox = (*vmSandbox)(nil)
 
-func (s *vmSandbox) ID() string { return sandboxID(s.vmid) }
+func (s *vmSandbox) ID() string { return sandboxID(s.vmid, s.owner.job) }
 
-func (s *vmSandbox) Destroy(ctx context.Context) error { return s.b.destroyVM(ctx, s.node, s.vmid) }
+func (s *vmSandbox) Destroy(ctx context.Context) error {
+	return s.b.destroyVM(ctx, s.node, s.vmid, s.owner)
+}
 
 // result is how a command run through the agent ended.
 type result struct {
@@ -101,7 +104,8 @@ func (s *vmSandbox) WriteFile(ctx context.Context, p string, data []byte, mode f
 	}
 	var nonce [6]byte
 	rand.Read(nonce[:])
-	prefix := guestDir + "/part-" + hex.EncodeToString(nonce[:]) + "-"
+	// /tmp exists in every guest; delegate's own directory is made later.
+	prefix := "/tmp/delegate-part-" + hex.EncodeToString(nonce[:]) + "-"
 	args := []string{"/bin/sh", "-c", joinScript, "delegate-join", strconv.FormatUint(uint64(mode.Perm()), 8), p}
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
 		part := prefix + strconv.Itoa(i)
@@ -166,7 +170,7 @@ exit $rc`
 
 // setupScript prepares the status channel: a FIFO the job writes lines to
 // (echo "step" > "$DELEGATE_STATUS_FILE") and a reader that keeps them.
-const setupScript = `rm -f -- "$1" "$2" "$3" "$3.exit" && : > "$2" && : > "$3" && mkfifo -m 0666 -- "$1"`
+const setupScript = `mkdir -p /workspace "${1%/*}" && rm -f -- "$1" "$2" "$3" "$3.exit" && : > "$2" && : > "$3" && mkfifo -m 0666 -- "$1"`
 
 // Exec implements sandbox.Sandbox. The environment is passed with env -i
 // as argv elements; QEMU's agent has no other way to set it.
@@ -357,6 +361,10 @@ func (p *process) Kill(ctx context.Context) error {
 	}
 	p.killed = true
 	p.mu.Unlock()
+	// The VM is stopped only if it is still this job's.
+	if ok, err := p.s.b.ownedBy(ctx, p.s.node, p.s.vmid, p.s.owner); err != nil || !ok {
+		return err
+	}
 	upid, err := p.s.b.c.StopVM(ctx, p.s.node, p.s.vmid)
 	if err == nil {
 		err = p.s.b.c.WaitTask(ctx, p.s.node, upid)

@@ -223,7 +223,21 @@ func TestErrorMapping(t *testing.T) {
 			}},
 		{name: "vmid taken", code: 400, reason: "Parameter verification failed.", errs: map[string]string{"vmid": "VM 101 already exists"},
 			is: []func(error) bool{IsParamError, IsAlreadyExists}},
-		{name: "forbidden", code: 403, reason: "Permission check failed (/vms/100, VM.Allocate)", is: []func(error) bool{IsForbidden}},
+		{name: "forbidden", code: 403, reason: "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)", is: []func(error) bool{IsForbidden},
+			check: func(t *testing.T, err error) {
+				if path, priv := MissingPrivilege(err); path != "/storage/local-lvm" || priv != "Datastore.AllocateSpace" {
+					t.Errorf("missing privilege %q on %q", priv, path)
+				}
+			}},
+		{name: "linked clone", code: 500, reason: "Linked clone feature is not supported for 'local:9000/base-9000-disk-0.raw' (scsi0)",
+			is: []func(error) bool{IsLinkedCloneUnsupported}, isNot: []func(error) bool{IsAlreadyExists, IsLocked}},
+		{name: "lock timeout", code: 500, reason: "can't lock file '/var/lock/qemu-server/lock-101.conf' - got timeout",
+			isNot: []func(error) bool{IsLocked, IsAlreadyExists},
+			check: func(t *testing.T, err error) {
+				if LockTimeout(err) != VMLockFile(101) {
+					t.Errorf("lock file %q", LockTimeout(err))
+				}
+			}},
 		{name: "unauthorized", code: 401, reason: "No ticket", is: []func(error) bool{IsUnauthorized}},
 	}
 	for _, tt := range tests {

@@ -68,6 +68,10 @@ type Resource struct {
 	MaxDisk  Int    `json:"maxdisk"`
 	Uptime   Int    `json:"uptime"`
 	Storage  string `json:"storage"`
+	// Shared (storage): the storage is reachable from every node.
+	Shared     Bool   `json:"shared"`
+	PluginType string `json:"plugintype"` // storage: dir, lvmthin, zfspool, rbd...
+	Content    string `json:"content"`    // storage: images,rootdir,...
 }
 
 // TagList splits Tags ("a;b").

@@ -181,3 +181,41 @@ func retryableStatus(err *APIError) bool {
 	}
 	return false
 }
+
+var lockTimeoutRe = regexp.MustCompile(`can't lock file '([^']+)' - got timeout`)
+
+// LockTimeout returns the file of "can't lock file '/var/lock/...' - got
+// timeout" (another operation held the lock too long), or "".
+func LockTimeout(err error) string {
+	msg, _ := message(err)
+	if m := lockTimeoutRe.FindStringSubmatch(msg); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// VMLockFile is the file Proxmox locks to change a VM's config: a lock
+// time-out on it means another operation holds that vmid.
+func VMLockFile(vmid int) string {
+	return fmt.Sprintf("/var/lock/qemu-server/lock-%d.conf", vmid)
+}
+
+// IsLinkedCloneUnsupported: the storage of a disk cannot make linked
+// clones ("Linked clone feature is not supported for 'local:...' (scsi0)"):
+// clone it full instead.
+func IsLinkedCloneUnsupported(err error) bool {
+	msg, _ := message(err)
+	return strings.Contains(msg, "Linked clone feature is not supported")
+}
+
+var permRe = regexp.MustCompile(`^Permission check failed \(([^,]+), ([^)]+)\)`)
+
+// MissingPrivilege returns the path and privilege of a 403 "Permission
+// check failed (/storage/local-lvm, Datastore.AllocateSpace)", or "", "".
+func MissingPrivilege(err error) (path, privilege string) {
+	msg, _ := message(err)
+	if m := permRe.FindStringSubmatch(msg); m != nil {
+		return m[1], m[2]
+	}
+	return "", ""
+}

@@ -89,8 +89,17 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		if met != nil {
 			client.Observe(met.ProxmoxRequest)
 		}
-		b := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
-			AgentTimeout: cfg.ProxmoxAgentTimeout, Logger: log})
+		// One instance per data dir: a restarted server finds its VMs, and
+		// servers with other data dirs leave them alone.
+		instance, err := proxmox.StableInstanceID(cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("proxmox backend: instance id: %w", err)
+		}
+		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
+			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("proxmox backend: %w", err)
+		}
 		if err := b.Check(ctx); err != nil {
 			return nil, fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err)
 		}

@@ -77,7 +77,10 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		return err
 	}
 	poll := div(time.Second)
-	backend := proxmox.New(client, proxmox.Config{Template: "bench-template", PollInterval: poll})
+	backend, err := proxmox.New(client, proxmox.Config{Template: "bench-template", PollInterval: poll})
+	if err != nil {
+		return err
+	}
 	store, err := sqlite.Open(ctx, dir+"/jobs.db")
 	if err != nil {
 		return err

@@ -1,0 +1,130 @@
+package proxmox
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/delegate-dev/delegate/pve"
+)
+
+// Cloning. Proxmox's /cluster/nextid reserves nothing: the new VM's
+// config is written by the clone task, so two clones started together can
+// be given the same vmid, and the loser's task fails ("unable to create VM
+// N: config file already exists", or a time-out on the lock of N). Within
+// one server, vmids are handed out under one lock and ids whose clone is
+// still in flight are skipped; between servers, a collision is retried
+// with another id. After a failed clone the vmid is checked before
+// anything is cleaned up: it may belong to the clone that won.
+
+// maxCloneAttempts bounds the retries of collisions and lock time-outs.
+const maxCloneAttempts = 6
+
+// allocate returns a vmid no clone of this server is using.
+func (b *Backend) allocate(ctx context.Context) (int, error) {
+	b.idMu.Lock()
+	defer b.idMu.Unlock()
+	id, err := b.c.NextID(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("proxmox: next vmid: %w", privilegeHint(err))
+	}
+	for b.cloning[id] {
+		// Ours, in flight: the next id, if Proxmox has no VM there either.
+		for id++; b.cloning[id]; id++ {
+		}
+		free, err := b.c.VMIDFree(ctx, id)
+		if err != nil {
+			return 0, fmt.Errorf("proxmox: is vmid %d free: %w", id, err)
+		}
+		if !free {
+			id++
+		}
+	}
+	b.cloning[id] = true
+	return id, nil
+}
+
+// allocated ends the hand-out of a vmid: its clone task ended, and the
+// vmid is now Proxmox's to report as taken (or free).
+func (b *Backend) allocated(id int) {
+	b.idMu.Lock()
+	delete(b.cloning, id)
+	b.idMu.Unlock()
+}
+
+// clone makes the job's VM on the hold's node, named for its owner in
+// the clone call itself, and returns its vmid.
+func (b *Backend) clone(ctx context.Context, h *hold, o owner) (int, error) {
+	tpl := h.tpl
+	for attempt := 1; ; attempt++ {
+		vmid, err := b.allocate(ctx)
+		if err != nil {
+			return 0, err
+		}
+		h.cloning(vmid)
+		full := b.isFull(h.info)
+		opt := pve.CloneOptions{NewID: vmid, Name: o.vmName(), Description: "delegate job " + o.job, Full: &full}
+		if h.target {
+			opt.Target = h.node
+		}
+		err = b.cloneOnce(ctx, tpl, opt, h.node, o)
+		b.allocated(vmid)
+		switch {
+		case err == nil:
+			b.log.Info("cloned", "template", tpl.VMID, "vmid", vmid, "node", h.node, "full", full, "job", o.job)
+			return vmid, nil
+		case !full && pve.IsLinkedCloneUnsupported(err):
+			// Refused before anything was made: this storage cannot link.
+			b.log.Info("the template's storage cannot make linked clones: full clones from now on", "template", tpl.VMID, "err", err)
+			b.cloneFull(h.info)
+			attempt--
+			continue
+		case ctx.Err() != nil:
+			return 0, fmt.Errorf("proxmox: clone template %d: %w", tpl.VMID, ctx.Err())
+		case attempt < maxCloneAttempts && retryClone(err):
+			b.log.Info("clone collided, retrying with another vmid", "vmid", vmid, "attempt", attempt, "err", err)
+			wait := time.Duration(50+rand.IntN(200)) * time.Millisecond * time.Duration(attempt)
+			select {
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			case <-time.After(wait):
+			}
+		default:
+			return 0, fmt.Errorf("proxmox: clone template %s (%d) on %s: %w", templateLabel(tpl), tpl.VMID, tpl.Node, privilegeHint(err))
+		}
+	}
+}
+
+// cloneOnce starts one clone and waits for its task. If it fails, what
+// the vmid now holds is destroyed only if it is this owner's. If ctx ends
+// meanwhile, the task (which goes on in Proxmox) is still waited for, a
+// while, so that its VM is not left behind.
+func (b *Backend) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.CloneOptions, node string, o owner) error {
+	upid, err := b.c.CloneVM(ctx, tpl.Node, int(tpl.VMID), opt)
+	if err != nil {
+		return err // refused before a task began: nothing was made
+	}
+	err = b.c.WaitTask(ctx, tpl.Node, upid)
+	if err == nil {
+		return nil
+	}
+	cleanup := context.WithoutCancel(ctx)
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		cleanup, cancel = context.WithTimeout(cleanup, 5*time.Minute)
+		defer cancel()
+		if werr := b.c.WaitTask(cleanup, tpl.Node, upid); werr != nil {
+			return err // it failed anyway (or still runs): Proxmox removes a failed clone
+		}
+	}
+	b.destroyVM(cleanup, node, opt.NewID, o)
+	return err
+}
+
+// retryClone: the clone failed in a way another vmid, or another moment,
+// can fix: the vmid was taken, or a lock (of the new VM, the template or
+// the storage) was held too long.
+func retryClone(err error) bool {
+	return pve.IsAlreadyExists(err) || pve.LockTimeout(err) != "" || pve.IsLocked(err)
+}

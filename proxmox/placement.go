@@ -1,0 +1,441 @@
+package proxmox
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// Placement. A job's VM goes to a node that holds its template (a linked
+// clone stays on its template's node), or to any node when the template's
+// disks are on shared storage. The room on a node is the memory VMs may
+// use there less the configured memory of every VM that runs on it or is
+// about to: running VMs, VMs being cloned or otherwise locked, delegate's
+// VMs of any instance, and the clones this server has in flight. Proxmox's
+// own "mem" is no use for this: it lags ~10 s and counts what guests use,
+// not what they were given.
+//
+// What VMs may use on a node: PROXMOX_NODE_MEMORY if the operator set it,
+// else the node's maxmem less HostReserve. Without Sys.Audit on /nodes
+// Proxmox does not show maxmem; without the setting either, placement is
+// blind: jobs go to their template's node unchecked, and the log says so.
+
+// HostReserve is what a node keeps for itself when its capacity comes
+// from maxmem: Proxmox asks for 2 GB for the OS and its services.
+const HostReserve = 2 << 30
+
+// hold is room reserved on a node for one VM: from Admit until the VM
+// is destroyed (or the reservation is released unused). It is the
+// sandbox.Admission the proxmox backend hands out.
+type hold struct {
+	b      *Backend
+	node   string
+	tpl    pve.Resource // the template to clone
+	info   *templateInfo
+	target bool // clone with target (the template's disks are shared)
+	memMiB int
+
+	// Guarded by b.holdMu.
+	vmid int  // the vmid being cloned, then the VM's
+	used bool // Create made the VM: the hold ends when the VM is destroyed
+}
+
+// Release implements sandbox.Admission.
+func (h *hold) Release() {
+	h.b.holdMu.Lock()
+	defer h.b.holdMu.Unlock()
+	if !h.used {
+		delete(h.b.holds, h)
+	}
+}
+
+// cloning records the vmid a clone for this hold is trying, so that the
+// listing does not count it twice.
+func (h *hold) cloning(vmid int) {
+	h.b.holdMu.Lock()
+	defer h.b.holdMu.Unlock()
+	h.vmid = vmid
+}
+
+// bind records the VM that now holds the room; Release no longer frees it.
+func (h *hold) bind(vmid int) {
+	h.b.holdMu.Lock()
+	defer h.b.holdMu.Unlock()
+	h.vmid, h.used = vmid, true
+}
+
+// dropHolds forgets the room of a VM that is gone.
+func (b *Backend) dropHolds(vmid int) {
+	b.holdMu.Lock()
+	defer b.holdMu.Unlock()
+	for h := range b.holds {
+		if h.vmid == vmid {
+			delete(b.holds, h)
+		}
+	}
+}
+
+// memMiB is the VM memory a spec asks for.
+func memMiB(spec sandbox.Spec) int {
+	return int(max(16, (spec.MemoryBytes+(1<<20)-1)>>20))
+}
+
+// Admit implements sandbox.Admitter: it chooses the template and node of
+// a job's VM and reserves the room there. One placement runs at a time,
+// so that two jobs never count the same room.
+func (b *Backend) Admit(ctx context.Context, spec sandbox.Spec) (sandbox.Admission, error) {
+	h, err := b.place(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (b *Backend) place(ctx context.Context, spec sandbox.Spec) (*hold, error) {
+	tplName := spec.Template
+	if tplName == "" {
+		tplName = b.cfg.Template
+	}
+	if tplName == "" {
+		return nil, fmt.Errorf("vmTemplate: no template given and DEFAULT_VM_TEMPLATE is not set")
+	}
+	b.placeMu.Lock()
+	defer b.placeMu.Unlock()
+	resources, err := b.c.ClusterResources(ctx, pve.ResourceAll)
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: read the cluster's resources: %w", err)
+	}
+	tpls, err := findTemplates(resources, tplName)
+	if err != nil {
+		return nil, err
+	}
+	cl := b.survey(ctx, resources)
+	need := memMiB(spec)
+
+	// The candidates: every online node that holds one of the templates,
+	// and every online node if a template's disks are all shared.
+	type cand struct {
+		node   string
+		tpl    pve.Resource
+		info   *templateInfo
+		target bool
+	}
+	var cands []cand
+	seen := map[string]bool{}
+	for _, t := range tpls {
+		if cl.nodes[t.Node] == nil {
+			continue
+		}
+		info, err := b.template(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		if !seen[t.Node] {
+			seen[t.Node] = true
+			cands = append(cands, cand{t.Node, t, info, false})
+		}
+	}
+	for _, t := range tpls {
+		if cl.nodes[t.Node] == nil {
+			continue
+		}
+		info, _ := b.template(ctx, t) // cached above
+		if info == nil || !cl.shared(t.Node, info.storages) {
+			continue
+		}
+		for _, n := range cl.order {
+			if !seen[n] {
+				seen[n] = true
+				cands = append(cands, cand{n, t, info, true})
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("vmTemplate: every node holding template %q is offline", tplName)
+	}
+
+	known := false
+	for _, c := range cands {
+		if cl.nodes[c.node].capacity > 0 {
+			known = true
+		}
+	}
+	if !known {
+		// Blind: Proxmox shows no node memory to this token and the
+		// operator set none. The template's own node is the best guess.
+		b.blind(cl.why)
+		c := cands[0]
+		return b.reserve(c.node, c.tpl, c.info, c.target, need), nil
+	}
+
+	best, bestFree := -1, int64(0)
+	var views []string
+	biggest := int64(0)
+	for i, c := range cands {
+		n := cl.nodes[c.node]
+		if n.capacity <= 0 {
+			continue
+		}
+		free := n.capacity - n.used - b.heldOn(c.node, cl.vmids)
+		biggest = max(biggest, n.capacity)
+		views = append(views, fmt.Sprintf("%s %d of %d MiB", c.node, max(0, free)>>20, n.capacity>>20))
+		// A linked clone on the template's node beats a clone elsewhere;
+		// then the most room.
+		if free >= int64(need)<<20 && (best < 0 || (cands[best].target && !c.target) || (cands[best].target == c.target && free > bestFree)) {
+			best, bestFree = i, free
+		}
+	}
+	if best < 0 {
+		if int64(need)<<20 > biggest {
+			return nil, fmt.Errorf("resources.memory: %d MiB is more than any node that can run template %q has for VMs (at most %d MiB; PROXMOX_NODE_MEMORY or the nodes' memory less %d MiB for the host)",
+				need, tplName, biggest>>20, HostReserve>>20)
+		}
+		return nil, &sandbox.CapacityError{Reason: fmt.Sprintf("no node has %d MiB free for a VM of template %q (free: %s)", need, tplName, strings.Join(views, ", "))}
+	}
+	c := cands[best]
+	return b.reserve(c.node, c.tpl, c.info, c.target, need), nil
+}
+
+func (b *Backend) reserve(node string, tpl pve.Resource, info *templateInfo, target bool, need int) *hold {
+	h := &hold{b: b, node: node, tpl: tpl, info: info, target: target, memMiB: need}
+	b.holdMu.Lock()
+	b.holds[h] = struct{}{}
+	b.holdMu.Unlock()
+	return h
+}
+
+// heldOn is the memory this server has reserved on a node, for VMs not
+// yet in the listing (or counted by their hold instead). A hold whose VM
+// is no longer listed is gone (destroyed by another process): it is
+// dropped.
+func (b *Backend) heldOn(node string, listed map[int]bool) int64 {
+	b.holdMu.Lock()
+	defer b.holdMu.Unlock()
+	var sum int64
+	for h := range b.holds {
+		if h.used && !listed[h.vmid] {
+			delete(b.holds, h)
+			continue
+		}
+		if h.node == node {
+			sum += int64(h.memMiB) << 20
+		}
+	}
+	return sum
+}
+
+// holdsVM reports whether a hold of this server counts a VM.
+func (b *Backend) holdsVM(vmid int) bool {
+	b.holdMu.Lock()
+	defer b.holdMu.Unlock()
+	for h := range b.holds {
+		if h.vmid == vmid {
+			return true
+		}
+	}
+	return false
+}
+
+// blind logs, once per reason, that placement cannot see node memory.
+func (b *Backend) blind(why string) {
+	b.holdMu.Lock()
+	again := b.blindWhy == why
+	b.blindWhy = why
+	b.holdMu.Unlock()
+	if !again {
+		b.log.Warn("placement is blind: jobs go to their template's node without a capacity check", "why", why)
+	}
+}
+
+// nodeRoom is what placement knows of one online node.
+type nodeRoom struct {
+	capacity int64 // what VMs may use; 0 when unknown
+	used     int64 // configured memory of the VMs that count
+}
+
+// clusterView is one reading of /cluster/resources.
+type clusterView struct {
+	nodes    map[string]*nodeRoom // online nodes
+	order    []string             // online nodes by name
+	storages map[string]bool      // "node/storage" -> shared
+	vmids    map[int]bool         // every VM listed
+	why      string               // why no capacity is known, if so
+}
+
+func (cl *clusterView) shared(node string, storages []string) bool {
+	if len(storages) == 0 {
+		return false
+	}
+	for _, s := range storages {
+		if !cl.storages[node+"/"+s] {
+			return false
+		}
+	}
+	return true
+}
+
+// survey reads the nodes' capacity and the memory their VMs hold.
+func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *clusterView {
+	cl := &clusterView{nodes: map[string]*nodeRoom{}, storages: map[string]bool{}, vmids: map[int]bool{}}
+	noMaxMem := false
+	for _, r := range resources {
+		switch r.Type {
+		case "node":
+			if r.Status != "online" {
+				continue
+			}
+			n := &nodeRoom{}
+			if m, ok := b.cfg.NodeMemory[r.Node]; ok {
+				n.capacity = m
+			} else if m, ok := b.cfg.NodeMemory[""]; ok {
+				n.capacity = m
+			} else if r.MaxMem > 0 {
+				n.capacity = max(1, int64(r.MaxMem)-HostReserve)
+			} else {
+				noMaxMem = true
+			}
+			cl.nodes[r.Node] = n
+			cl.order = append(cl.order, r.Node)
+		case "storage":
+			if bool(r.Shared) {
+				cl.storages[r.Node+"/"+r.Storage] = true
+			}
+		case "qemu", "lxc":
+			cl.vmids[int(r.VMID)] = true
+		}
+	}
+	sort.Strings(cl.order)
+	if noMaxMem {
+		cl.why = "Proxmox shows this API token no node memory (it lacks Sys.Audit on /nodes) and PROXMOX_NODE_MEMORY is not set"
+	}
+	lookups := 0
+	for _, r := range resources {
+		n := cl.nodes[r.Node]
+		if n == nil || (r.Type != "qemu" && r.Type != "lxc") || bool(r.Template) || b.holdsVM(int(r.VMID)) {
+			continue
+		}
+		fresh := r.Status == "" || r.Status == "unknown" // no RRD data yet: a VM seconds old
+		ours := strings.HasPrefix(r.Name, Tag+"-") || hasTagPrefix(r, Tag)
+		if !(r.Status == "running" || r.Lock != "" || ours || (fresh && r.Type == "qemu")) {
+			continue
+		}
+		mem := int64(r.MaxMem)
+		if mem == 0 && r.Type == "qemu" && lookups < maxMemoryLookups {
+			// Fresh VMs are listed without maxmem: their config says.
+			lookups++
+			if cfg, err := b.c.VMConfig(ctx, r.Node, int(r.VMID)); err == nil && !bool(cfg.Template) {
+				mem = int64(cfg.MemoryMiB()) << 20
+			}
+		}
+		n.used += mem
+	}
+	return cl
+}
+
+// maxMemoryLookups bounds the config reads of one placement.
+const maxMemoryLookups = 8
+
+func hasTagPrefix(r pve.Resource, prefix string) bool {
+	for _, t := range r.TagList() {
+		if t == prefix || strings.HasPrefix(t, prefix+"-") {
+			return true
+		}
+	}
+	return false
+}
+
+// templateInfo is what delegate needs of a template's config: it does
+// not change while it is a template, so it is read once in a while.
+type templateInfo struct {
+	read     time.Time
+	storages []string // of its disks
+	nets     []string // netN keys
+	bootDisk string
+	bootSize int64
+	full     bool // its storage cannot make linked clones
+}
+
+// templateTTL: a template is read again after this long (it may have
+// been replaced under the same vmid).
+const templateTTL = 10 * time.Minute
+
+func (b *Backend) template(ctx context.Context, t pve.Resource) (*templateInfo, error) {
+	b.tplMu.Lock()
+	info := b.tpls[int(t.VMID)]
+	b.tplMu.Unlock()
+	if info != nil && time.Since(info.read) < templateTTL {
+		return info, nil
+	}
+	cfg, err := b.c.VMConfig(ctx, t.Node, int(t.VMID))
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: read template %d: %w", t.VMID, privilegeHint(err))
+	}
+	info = &templateInfo{read: time.Now(), nets: netKeys(cfg), storages: diskStorages(cfg)}
+	info.bootDisk, info.bootSize = bootDisk(cfg)
+	b.tplMu.Lock()
+	if old := b.tpls[int(t.VMID)]; old != nil {
+		info.full = old.full
+	}
+	b.tpls[int(t.VMID)] = info
+	b.tplMu.Unlock()
+	return info, nil
+}
+
+// cloneFull remembers that a template's storage cannot link.
+func (b *Backend) cloneFull(info *templateInfo) {
+	b.tplMu.Lock()
+	info.full = true
+	b.tplMu.Unlock()
+}
+
+func (b *Backend) isFull(info *templateInfo) bool {
+	b.tplMu.Lock()
+	defer b.tplMu.Unlock()
+	return info.full
+}
+
+// diskStorages lists the storages of a VM's disks (not CD-ROMs).
+func diskStorages(cfg pve.VMConfig) []string {
+	var out []string
+	for k := range cfg.Raw {
+		if !isDiskKey(k) {
+			continue
+		}
+		v := cfg.Option(k)
+		vol, _, _ := strings.Cut(v, ",")
+		if strings.Contains(v, "media=cdrom") || vol == "none" || vol == "" {
+			continue
+		}
+		if sid, _, ok := strings.Cut(vol, ":"); ok && !containsStr(out, sid) {
+			out = append(out, sid)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func isDiskKey(k string) bool {
+	for _, bus := range []string{"scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"} {
+		if n, ok := strings.CutPrefix(k, bus); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
