@@ -144,3 +144,46 @@ func TestTemplateAfterDataDirFlag(t *testing.T) {
 		t.Fatalf("a sibling with a common prefix was refused: %s", rule)
 	}
 }
+
+func TestParseNodeMemory(t *testing.T) {
+	tests := []struct {
+		in   string
+		want map[string]int64
+	}{
+		{"64G", map[string]int64{"": 64 << 30}},
+		{"pve1=64G,pve2=32G", map[string]int64{"pve1": 64 << 30, "pve2": 32 << 30}},
+		{"32G, pve1=64G", map[string]int64{"": 32 << 30, "pve1": 64 << 30}},
+		{"512M", nil},
+		{"pve1=", nil},
+		{"=4G", nil},
+		{"4G,8G", nil},
+		{"pve1=4G,pve1=8G", nil},
+		{"lots", nil},
+	}
+	for _, tc := range tests {
+		got, err := parseNodeMemory(tc.in)
+		if tc.want == nil {
+			if err == nil {
+				t.Errorf("%q accepted: %v", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || len(got) != len(tc.want) {
+			t.Errorf("%q: %v %v", tc.in, got, err)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%q: %v", tc.in, got)
+			}
+		}
+	}
+	// Through the environment, the error names the variable.
+	_, err := LoadConfig(func(k string) string {
+		return map[string]string{"DELEGATE_BACKEND": "proxmox", "PROXMOX_HOST": "pve", "PROXMOX_USER": "u@pve", "PROXMOX_TOKEN_NAME": "t",
+			"PROXMOX_TOKEN_VALUE": "v", "DEFAULT_VM_TEMPLATE": "tpl", "PROXMOX_NODE_MEMORY": "1M"}[k]
+	})
+	if err == nil || !strings.Contains(err.Error(), "PROXMOX_NODE_MEMORY=") {
+		t.Errorf("err = %v", err)
+	}
+}

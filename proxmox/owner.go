@@ -64,38 +64,36 @@ const instanceFile = "proxmox-instance"
 // data dirs never touch each other's VMs.
 func StableInstanceID(dir string) (string, error) {
 	path := filepath.Join(dir, instanceFile)
-	for range 2 {
-		b, err := os.ReadFile(path)
-		if err == nil {
-			id := strings.TrimSpace(string(b))
-			if err := checkInstance(id); err != nil {
-				return "", fmt.Errorf("%s: %w (delete the file to make a new one, which forgets the VMs of the old one)", path, err)
-			}
-			return id, nil
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Written aside, then linked into place: a link never replaces a
+		// file, so two servers starting together on one data dir agree,
+		// and no reader ever sees the file half-written.
+		tmp, terr := os.CreateTemp(dir, instanceFile+".*")
+		if terr != nil {
+			return "", terr
 		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return "", err
-		}
-		// O_EXCL: two servers starting together on one data dir agree.
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		id := NewInstanceID()
-		_, werr := f.WriteString(id + "\n")
-		if cerr := f.Close(); werr == nil {
+		defer os.Remove(tmp.Name())
+		_, werr := tmp.WriteString(NewInstanceID() + "\n")
+		if cerr := tmp.Close(); werr == nil {
 			werr = cerr
 		}
 		if werr != nil {
-			os.Remove(path)
 			return "", werr
 		}
-		return id, nil
+		if lerr := os.Link(tmp.Name(), path); lerr != nil && !errors.Is(lerr, fs.ErrExist) {
+			return "", lerr
+		}
+		b, err = os.ReadFile(path)
 	}
-	return "", fmt.Errorf("%s: could not read or create it", path)
+	if err != nil {
+		return "", err
+	}
+	id := strings.TrimSpace(string(b))
+	if err := checkInstance(id); err != nil {
+		return "", fmt.Errorf("%s: %w (delete the file to make a new one, which forgets the VMs of the old one)", path, err)
+	}
+	return id, nil
 }
 
 // owner names what a VM belongs to: an instance and a job.
