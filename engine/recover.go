@@ -135,6 +135,8 @@ func (e *Engine) sweep(ctx context.Context) {
 		switch {
 		case job != nil && !job.Status.Terminal():
 			continue
+		case job != nil && e.drives(job.ID):
+			continue // finished, and its sandbox is being destroyed right now
 		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID:
 			continue // kept until release_job
 		case job == nil:
@@ -177,4 +179,12 @@ func (e *Engine) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*delegate.J
 		return nil, nil
 	}
 	return job, err
+}
+
+// drives reports whether this engine is driving a job (it has not let go
+// of it yet: it may be destroying its sandbox).
+func (e *Engine) drives(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.runs[id] != nil
 }

@@ -77,6 +77,10 @@ type Backend struct {
 
 	tplMu sync.Mutex
 	tpls  map[int]*templateInfo
+
+	// nodes remembers where this server's VMs are, so that destroying
+	// one needs no listing of the cluster. Guarded by holdMu.
+	nodes map[int]string
 }
 
 var (
@@ -110,7 +114,7 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 		}
 	}
 	return &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
-		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}}, nil
+		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{}}, nil
 }
 
 // Instance is the id this backend's VMs carry.
@@ -163,6 +167,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return nil, err
 	}
 	h.bind(vmid)
+	b.remember(vmid, h.node)
 	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
 	if err := b.configure(ctx, s, h, spec); err != nil {
 		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
@@ -385,7 +390,22 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, erro
 	if !o.owns(cfg) {
 		return nil, fmt.Errorf("proxmox: VM %d is not this server's VM of %s (it is named %q): %w", vmid, orLegacy(job), cfg.Name, sandbox.ErrGone)
 	}
+	b.remember(vmid, r.Node)
 	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o}, nil
+}
+
+// remember notes the node of a VM of this server.
+func (b *Backend) remember(vmid int, node string) {
+	b.holdMu.Lock()
+	b.nodes[vmid] = node
+	b.holdMu.Unlock()
+}
+
+// nodeOf is the node this server last saw a VM on ("" if unknown).
+func (b *Backend) nodeOf(vmid int) string {
+	b.holdMu.Lock()
+	defer b.holdMu.Unlock()
+	return b.nodes[vmid]
 }
 
 func orLegacy(job string) string {
@@ -423,6 +443,19 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return nil // not ours: nothing to destroy
 	}
+	o := owner{b.cfg.Instance, job}
+	if node := b.nodeOf(vmid); node != "" {
+		ok, found, err := b.owned(ctx, node, vmid, o)
+		switch {
+		case err != nil:
+			return err
+		case found && !ok:
+			return nil
+		case found:
+			return b.remove(ctx, node, vmid, o)
+		}
+		// Not there (any more): it may have migrated.
+	}
 	r, err := b.locate(ctx, vmid)
 	if errors.Is(err, sandbox.ErrGone) {
 		b.dropHolds(vmid)
@@ -431,16 +464,22 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return b.destroyVM(ctx, r.Node, vmid, owner{b.cfg.Instance, job})
+	return b.destroyVM(ctx, r.Node, vmid, o)
 }
 
 // destroyVM stops (at once: the guest is not trusted to shut down) and
-// deletes a VM with its disks, retrying while it is locked, after making
-// sure that it is o's: a vmid may have been reused by anyone since.
+// deletes a VM with its disks, after making sure that it is o's: a vmid
+// may have been reused by anyone since.
 func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner) error {
 	if ok, err := b.ownedBy(ctx, node, vmid, o); err != nil || !ok {
 		return err
 	}
+	return b.remove(ctx, node, vmid, o)
+}
+
+// remove stops and deletes a VM known to be o's, retrying while it is
+// locked.
+func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) error {
 	var last error
 	for attempt := range 20 {
 		if attempt > 0 {
@@ -483,17 +522,23 @@ func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner)
 // ownedBy reads a VM's config and says whether it is o's. A VM that does
 // not exist is not (and that is no error).
 func (b *Backend) ownedBy(ctx context.Context, node string, vmid int, o owner) (bool, error) {
+	ok, _, err := b.owned(ctx, node, vmid, o)
+	return ok, err
+}
+
+// owned is ownedBy that also says whether the VM was found on node.
+func (b *Backend) owned(ctx context.Context, node string, vmid int, o owner) (ok, found bool, err error) {
 	cfg, err := b.c.VMConfig(ctx, node, vmid)
 	if pve.IsNotFound(err) {
 		b.dropHolds(vmid)
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("proxmox: read config of VM %d: %w", vmid, privilegeHint(err))
+		return false, false, fmt.Errorf("proxmox: read config of VM %d: %w", vmid, privilegeHint(err))
 	}
 	if !o.owns(cfg) {
 		b.log.Info("leaving alone a VM that is not ours", "vmid", vmid, "name", cfg.Name, "want", o.vmName())
-		return false, nil
+		return false, true, nil
 	}
-	return true, nil
+	return true, true, nil
 }

@@ -36,7 +36,9 @@ func TestListedJob(t *testing.T) {
 }
 
 func TestOwns(t *testing.T) {
-	cfg := func(name string, template bool) pve.VMConfig { return pve.VMConfig{Name: name, Template: pve.Bool(template)} }
+	cfg := func(name string, template bool) pve.VMConfig {
+		return pve.VMConfig{Name: name, Template: pve.Bool(template)}
+	}
 	o := owner{"abcd1234", "job-x1"}
 	if o.vmName() != "delegate-abcd1234-job-x1" {
 		t.Fatalf("name %q", o.vmName())

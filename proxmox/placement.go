@@ -70,12 +70,13 @@ func (h *hold) bind(vmid int) {
 	h.vmid, h.used = vmid, true
 }
 
-// dropHolds forgets the room of a VM that is gone.
+// dropHolds forgets the room (and the node) of a VM that is gone.
 func (b *Backend) dropHolds(vmid int) {
 	b.holdMu.Lock()
 	defer b.holdMu.Unlock()
+	delete(b.nodes, vmid)
 	for h := range b.holds {
-		if h.vmid == vmid {
+		if h.used && h.vmid == vmid { // not a reservation still cloning
 			delete(b.holds, h)
 		}
 	}

@@ -16,13 +16,13 @@ func TestSurvey(t *testing.T) {
 		{Type: "storage", Node: "pve1", Storage: "ceph", Shared: true},
 		{Type: "storage", Node: "pve1", Storage: "local-lvm"},
 		{Type: "qemu", VMID: 9000, Node: "pve1", Template: true, MaxMem: 2 * gib, Status: "stopped"},
-		{Type: "qemu", VMID: 100, Node: "pve1", Status: "running", MaxMem: 4 * gib},                        // counts
-		{Type: "qemu", VMID: 101, Node: "pve1", Status: "stopped", MaxMem: 8 * gib},                        // someone's, stopped
-		{Type: "qemu", VMID: 102, Node: "pve1", Status: "stopped", Lock: "clone", MaxMem: 1 * gib},         // being cloned
+		{Type: "qemu", VMID: 100, Node: "pve1", Status: "running", MaxMem: 4 * gib},                                     // counts
+		{Type: "qemu", VMID: 101, Node: "pve1", Status: "stopped", MaxMem: 8 * gib},                                     // someone's, stopped
+		{Type: "qemu", VMID: 102, Node: "pve1", Status: "stopped", Lock: "clone", MaxMem: 1 * gib},                      // being cloned
 		{Type: "qemu", VMID: 103, Node: "pve2", Status: "stopped", Tags: "delegate;delegate-ffff0000", MaxMem: 2 * gib}, // another delegate, starting
 		{Type: "lxc", VMID: 104, Node: "pve2", Status: "running", MaxMem: 512 << 20},
 		{Type: "qemu", VMID: 105, Node: "pve2", Status: "running", MaxMem: 3 * gib}, // ours, counted by its hold
-		{Type: "qemu", VMID: 106, Node: "pve3", Status: "unknown"},                 // offline node
+		{Type: "qemu", VMID: 106, Node: "pve3", Status: "unknown"},                  // offline node
 	}
 	b, err := New(nil, Config{Instance: "abcd1234"})
 	if err != nil {

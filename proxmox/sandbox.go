@@ -168,9 +168,15 @@ rc=$?
 echo "$rc" > "$0.exit"
 exit $rc`
 
-// setupScript prepares the status channel: a FIFO the job writes lines to
-// (echo "step" > "$DELEGATE_STATUS_FILE") and a reader that keeps them.
-const setupScript = `mkdir -p /workspace "${1%/*}" && rm -f -- "$1" "$2" "$3" "$3.exit" && : > "$2" && : > "$3" && mkfifo -m 0666 -- "$1"`
+// startScript prepares the job's files and its status channel (a FIFO
+// the job writes lines to, echo "step" > "$DELEGATE_STATUS_FILE", and a
+// reader that keeps them; the reader lives until the VM goes), then
+// becomes the runner: one agent call starts it all.
+const startScript = `s=$1 e=$2 o=$3; shift 3
+mkdir -p /workspace "${s%/*}" && rm -f -- "$s" "$e" "$o" "$o.exit" && : > "$e" && : > "$o" && mkfifo -m 0666 -- "$s" || {
+  echo "delegate: could not prepare $s, $e and $o" >&2; exit 125; }
+cat <>"$s" >>"$e" 2>/dev/null &
+exec "$@"`
 
 // Exec implements sandbox.Sandbox. The environment is passed with env -i
 // as argv elements; QEMU's agent has no other way to set it.
@@ -183,21 +189,15 @@ func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Proc
 			return nil, fmt.Errorf("exec: environment entry %q is not KEY=VALUE", k)
 		}
 	}
-	if _, err := s.runOK(ctx, []string{"/bin/sh", "-c", setupScript, "delegate-setup", StatusFile, guestEvents, guestOutput}); err != nil {
-		return nil, fmt.Errorf("exec: prepare VM %d: %w", s.vmid, err)
-	}
-	// The reader never exits by itself: it lives until the VM is destroyed.
-	if _, err := s.b.c.AgentExec(ctx, s.node, s.vmid, []string{"/bin/sh", "-c", `exec cat <>"$1" >>"$2"`, "delegate-status", StatusFile, guestEvents}, nil); err != nil {
-		return nil, fmt.Errorf("exec: start the status reader in VM %d: %w", s.vmid, err)
-	}
-	argv := append([]string{"/usr/bin/env", "-i"}, cmd.Env...)
+	argv := []string{"/bin/sh", "-c", startScript, "delegate-start", StatusFile, guestEvents, guestOutput, "/usr/bin/env", "-i"}
+	argv = append(argv, cmd.Env...)
 	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput)
 	argv = append(argv, cmd.Args...)
 	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, argv, nil)
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: %w", cmd.Args[0], s.vmid, err)
 	}
-	return &process{s: s, pid: pid}, nil
+	return newProcess(s, pid), nil
 }
 
 // Process implements sandbox.Sandbox: execID is "pid:N".
@@ -206,54 +206,144 @@ func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process
 	if err != nil || !strings.HasPrefix(execID, "pid:") {
 		return nil, fmt.Errorf("proxmox: process %q: %w", execID, sandbox.ErrGone)
 	}
-	return &process{s: s, pid: n}, nil
+	return newProcess(s, n), nil
 }
 
-// process is the job's command in a VM.
+// readScript is one poll of a running job, in one agent call: the size
+// of its output, the output and the status lines from given offsets, its
+// exit status if it ended, and whether its runner still lives. A header
+// line gives the lengths, so any bytes pass. Arguments: output file,
+// events file, output offset and count, events offset and count, pid.
+const readScript = `o=$1 e=$2 f=/tmp/delegate-read.$$
+tail -c +"$3" -- "$o" 2>/dev/null | head -c "$4" > "$f.o"
+tail -c +"$5" -- "$e" 2>/dev/null | head -c "$6" > "$f.e"
+a=1; kill -0 "$7" 2>/dev/null || a=0
+x=$(cat -- "$o.exit" 2>/dev/null)
+printf '%s %s %s %s %s\n' $(($(wc -c 2>/dev/null <"$o" || echo 0))) $(($(wc -c < "$f.o"))) $(($(wc -c < "$f.e"))) "$a" "${x:--}"
+cat -- "$f.o" "$f.e"; rm -f -- "$f.o" "$f.e"`
+
+// Default amounts a poll reads of each stream (the engine's own chunks).
+const (
+	outputChunk = 256 << 10
+	eventsChunk = 64 << 10
+)
+
+// process is the job's command in a VM. Its output, status lines and
+// exit status are read together (see readScript): each poll is one agent
+// call, shared by ReadOutput, ReadEvents and Wait.
 type process struct {
 	s   *vmSandbox
 	pid int
 
-	mu     sync.Mutex
-	exit   *sandbox.Exit // once known (the agent forgets a pid it reported)
-	killed bool
+	mu              sync.Mutex
+	exit            *sandbox.Exit // once known (the agent forgets a pid it reported)
+	killed          bool
+	snap            *snapshot // the latest poll, until its parts are used
+	polled          time.Time // when the latest poll answered
+	outMax          int       // what ReadOutput asks for at once
+	nextOut, nextEv int64     // where the next reads will start
+}
+
+func newProcess(s *vmSandbox, pid int) *process {
+	return &process{s: s, pid: pid, outMax: outputChunk}
+}
+
+// snapshot is one poll's answer.
+type snapshot struct {
+	outOff, evOff int64
+	out, ev       []byte
+	outUsed       bool
+	evUsed        bool
+	outSize       int64
+	alive         bool
+	code          *int
 }
 
 func (p *process) ID() string { return "pid:" + strconv.Itoa(p.pid) }
 
-// ReadOutput implements sandbox.Process with tail(1) in the guest.
+// poll reads the guest once (the caller holds p.mu).
+func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax int) (*snapshot, error) {
+	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", readScript, "delegate-read", guestOutput, guestEvents,
+		strconv.FormatInt(outOff+1, 10), strconv.Itoa(outMax), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid)})
+	if err != nil {
+		return nil, err
+	}
+	head, body, ok := bytes.Cut(out, []byte{'\n'})
+	f := strings.Fields(string(head))
+	if !ok || len(f) != 5 {
+		return nil, fmt.Errorf("read the job in VM %d: unexpected answer %q", p.s.vmid, head)
+	}
+	var n [3]int64
+	for i := range n {
+		if n[i], err = strconv.ParseInt(f[i], 10, 64); err != nil || n[i] < 0 {
+			return nil, fmt.Errorf("read the job in VM %d: unexpected answer %q", p.s.vmid, head)
+		}
+	}
+	if int64(len(body)) != n[1]+n[2] {
+		return nil, fmt.Errorf("read the job in VM %d: %d bytes, want %d", p.s.vmid, len(body), n[1]+n[2])
+	}
+	snap := &snapshot{outOff: outOff, evOff: evOff, out: body[:n[1]], ev: body[n[1]:], outSize: n[0], alive: f[3] == "1"}
+	if code, err := strconv.Atoi(f[4]); err == nil {
+		snap.code = &code
+	}
+	p.snap, p.polled = snap, time.Now()
+	return snap, nil
+}
+
+// fresh: a poll younger than this is good for the reads that follow it
+// (the engine reads events and output one after the other).
+func (p *process) fresh() bool {
+	return p.snap != nil && time.Since(p.polled) < p.s.b.cfg.PollInterval/2
+}
+
+// ReadOutput implements sandbox.Process.
 func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
-	return p.readGuestFile(ctx, guestOutput, offset, max)
+	if offset < 0 || max <= 0 {
+		return nil, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.killed {
+		return nil, nil // the VM is stopped: what was read is all there is
+	}
+	p.outMax = max
+	snap := p.snap
+	if !p.fresh() || snap.outUsed || snap.outOff != offset || len(snap.out) > max {
+		var err error
+		if snap, err = p.poll(ctx, offset, p.nextEv, max, eventsChunk); err != nil {
+			return nil, err
+		}
+	}
+	snap.outUsed = true
+	p.nextOut = offset + int64(len(snap.out))
+	return snap.out, nil
 }
 
 // ReadEvents implements sandbox.Process.
 func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte, error) {
-	return p.readGuestFile(ctx, guestEvents, offset, max)
-}
-
-func (p *process) readGuestFile(ctx context.Context, file string, offset int64, max int) ([]byte, error) {
 	if offset < 0 || max <= 0 {
 		return nil, nil
 	}
-	if p.isKilled() {
-		return nil, nil // the VM is stopped: what was read is all there is
-	}
-	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", `tail -c +"$1" -- "$2" 2>/dev/null | head -c "$3"`, "delegate-read",
-		strconv.FormatInt(offset+1, 10), file, strconv.Itoa(max)})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (p *process) isKilled() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.killed
+	if p.killed {
+		return nil, nil
+	}
+	snap := p.snap
+	if !p.fresh() || snap.evUsed || snap.evOff != offset || len(snap.ev) > max {
+		var err error
+		if snap, err = p.poll(ctx, p.nextOut, offset, p.outMax, max); err != nil {
+			return nil, err
+		}
+	}
+	snap.evUsed = true
+	p.nextEv = offset + int64(len(snap.ev))
+	return snap.ev, nil
 }
 
-// Wait implements sandbox.Process: poll the agent until the command has
-// exited. An agent that stays silent for AgentLostAfter loses the job.
+// Wait implements sandbox.Process: it polls until the command has
+// exited, using the engine's reads when they come often enough. An agent
+// that stays silent for AgentLostAfter loses the job.
 func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 	lastSeen := time.Now()
 	for {
@@ -263,17 +353,23 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 			p.mu.Unlock()
 			return e, nil
 		}
-		killed := p.killed
-		p.mu.Unlock()
-		if killed {
+		if p.killed {
+			p.mu.Unlock()
 			return p.record(sandbox.Exit{Code: 137, Signal: "killed", Killed: true}), nil
 		}
-		exit, done, err := p.poll(ctx)
+		var err error
+		snap, next := p.snap, p.polled.Add(p.s.b.cfg.PollInterval)
+		if snap == nil || !time.Now().Before(next) {
+			snap, err = p.poll(ctx, p.nextOut, p.nextEv, p.outMax, eventsChunk)
+			next = time.Now().Add(p.s.b.cfg.PollInterval)
+		}
+		p.mu.Unlock()
 		switch {
-		case err == nil && done:
-			return p.record(exit), nil
 		case err == nil:
 			lastSeen = time.Now()
+			if e, done := p.ended(ctx, snap); done {
+				return p.record(e), nil
+			}
 		case pve.IsVMNotRunning(err) || pve.IsNotFound(err):
 			if p.isKilled() {
 				continue
@@ -285,61 +381,46 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		select {
 		case <-ctx.Done():
 			return sandbox.Exit{}, ctx.Err()
-		case <-time.After(p.s.b.cfg.PollInterval):
+		case <-time.After(max(time.Until(next), 10*time.Millisecond)):
 		}
 	}
 }
 
-// poll asks the agent once. When it no longer knows the pid (a previous
-// server saw it exit), the exit status file tells.
-func (p *process) poll(ctx context.Context) (sandbox.Exit, bool, error) {
+// ended reads a poll: the exit status file says how the job ended; a
+// runner that is gone without one (it was killed, or could not start)
+// is asked of the agent.
+func (p *process) ended(ctx context.Context, snap *snapshot) (sandbox.Exit, bool) {
+	if snap.code != nil {
+		return sandbox.Exit{Code: *snap.code, OutputBytes: snap.outSize}, true
+	}
+	if snap.alive {
+		return sandbox.Exit{}, false
+	}
 	st, err := p.s.b.c.AgentExecStatus(ctx, p.s.node, p.s.vmid, p.pid)
-	if err != nil {
-		if pve.IsAgentError(err) && !pve.IsAgentNotRunning(err) {
-			if e, ok := p.exitFromFile(ctx); ok {
-				return e, true, nil
-			}
+	if err == nil && !st.Exited {
+		return sandbox.Exit{}, false // not reaped yet
+	}
+	e := sandbox.Exit{Code: -1, OutputBytes: snap.outSize, Reason: fmt.Sprintf("the job's process in VM %d ended without an exit status", p.s.vmid)}
+	if err == nil {
+		switch {
+		case st.ExitCode != nil:
+			e.Code = *st.ExitCode
+		case st.Signal != nil:
+			e.Code, e.Signal = 128+*st.Signal, "signal "+strconv.Itoa(*st.Signal)
 		}
-		return sandbox.Exit{}, false, err
-	}
-	if !st.Exited {
-		return sandbox.Exit{}, false, nil
-	}
-	e := sandbox.Exit{Code: -1}
-	switch {
-	case st.ExitCode != nil:
-		e.Code = *st.ExitCode
-	case st.Signal != nil:
-		e.Code, e.Signal = 128+*st.Signal, "signal "+strconv.Itoa(*st.Signal)
-	}
-	if n, err := p.outputSize(ctx); err == nil {
-		e.OutputBytes = n
-	}
-	return e, true, nil
-}
-
-func (p *process) exitFromFile(ctx context.Context) (sandbox.Exit, bool) {
-	out, err := p.s.runOK(ctx, []string{"/bin/cat", guestOutput + ".exit"})
-	if err != nil {
-		return sandbox.Exit{}, false
-	}
-	code, err := strconv.Atoi(strings.TrimSpace(string(out)))
-	if err != nil {
-		return sandbox.Exit{}, false
-	}
-	e := sandbox.Exit{Code: code}
-	if n, err := p.outputSize(ctx); err == nil {
-		e.OutputBytes = n
+		if msg := strings.TrimSpace(string(st.Stderr)); msg != "" {
+			e.Reason = msg
+		} else if st.ExitCode != nil || st.Signal != nil {
+			e.Reason = ""
+		}
 	}
 	return e, true
 }
 
-func (p *process) outputSize(ctx context.Context) (int64, error) {
-	out, err := p.s.runOK(ctx, []string{"/usr/bin/stat", "-c", "%s", guestOutput})
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+func (p *process) isKilled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.killed
 }
 
 func (p *process) record(e sandbox.Exit) sandbox.Exit {
