@@ -25,20 +25,26 @@ const maxCloneAttempts = 6
 func (b *Backend) allocate(ctx context.Context) (int, error) {
 	b.idMu.Lock()
 	defer b.idMu.Unlock()
-	id, err := b.c.NextID(ctx)
+	first, err := b.c.NextID(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("proxmox: next vmid: %w", privilegeHint(err))
 	}
-	for b.cloning[id] {
-		// Ours, in flight: the next id, if Proxmox has no VM there either.
-		for id++; b.cloning[id]; id++ {
+	// Proxmox's answer may be an id a clone of ours is still making: the
+	// next one that is neither ours in flight nor taken is.
+	id := first
+	for ; ; id++ {
+		if b.cloning[id] {
+			continue
+		}
+		if id == first {
+			break
 		}
 		free, err := b.c.VMIDFree(ctx, id)
 		if err != nil {
 			return 0, fmt.Errorf("proxmox: is vmid %d free: %w", id, err)
 		}
-		if !free {
-			id++
+		if free {
+			break
 		}
 	}
 	b.cloning[id] = true
