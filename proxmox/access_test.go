@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -176,6 +177,30 @@ func TestTemplateShapes(t *testing.T) {
 			p := func(k string) string { return fmt.Sprint(r.Params[k]) }
 			if p("sockets") != "1" || p("cores") != "1" || p("memory") != "512" || p("balloon") != "0" {
 				t.Errorf("config %v", r.Params)
+			}
+		}
+	}
+}
+
+// TestReadmeLeastPrivilege: the README gives exactly the role, user,
+// token and ACL lines the simulator's access API makes in the test above
+// (one definition: pvesim.PveumCommands), and says what each privilege
+// is for.
+func TestReadmeLeastPrivilege(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, version := range []string{"8.4", "9.1"} {
+		for _, line := range pvesim.PveumCommands(version, []string{"local-lvm"}, []string{"vmbr0"}) {
+			if !strings.Contains(readme, "\n"+line+"\n") {
+				t.Errorf("README lacks the line\n%s", line)
+			}
+		}
+		for _, priv := range pvesim.JobRolePrivileges(version) {
+			if !strings.Contains(readme, "| `"+priv+"`") && !strings.Contains(readme, "`"+priv+"` (") && !strings.Contains(readme, "/ `"+priv+"`") {
+				t.Errorf("README does not say what %s is for", priv)
 			}
 		}
 	}
