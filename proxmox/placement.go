@@ -112,7 +112,7 @@ func (b *Backend) place(ctx context.Context, spec sandbox.Spec) (*hold, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: read the cluster's resources: %w", err)
 	}
-	tpls, err := findTemplates(resources, tplName)
+	tpls, err := b.findTemplates(ctx, resources, tplName)
 	if err != nil {
 		return nil, err
 	}
@@ -341,6 +341,31 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 
 // maxMemoryLookups bounds the config reads of one placement.
 const maxMemoryLookups = 8
+
+// findTemplates finds the templates a job names. Proxmox lists a VM's
+// name and template flag from its statistics, which a VM made in the last
+// ~10 s does not have yet: if none matches, those VMs' configs are read.
+func (b *Backend) findTemplates(ctx context.Context, resources []pve.Resource, name string) ([]pve.Resource, error) {
+	tpls, err := findTemplates(resources, name)
+	if err == nil {
+		return tpls, nil
+	}
+	found, lookups := false, 0
+	for i, r := range resources {
+		if r.Type != "qemu" || r.Name != "" || lookups >= 2*maxMemoryLookups {
+			continue
+		}
+		lookups++
+		cfg, cerr := b.c.VMConfig(ctx, r.Node, int(r.VMID))
+		if cerr == nil && bool(cfg.Template) {
+			resources[i].Name, resources[i].Template, found = cfg.Name, true, true
+		}
+	}
+	if !found {
+		return nil, err
+	}
+	return findTemplates(resources, name)
+}
 
 func hasTagPrefix(r pve.Resource, prefix string) bool {
 	for _, t := range r.TagList() {
