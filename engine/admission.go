@@ -26,34 +26,38 @@ const (
 )
 
 // admit tries once to reserve room for a pending job. The caller holds a
-// run slot.
-func (e *Engine) admit(id string) (sandbox.Admission, admitResult) {
+// run slot. When the job must wait, room is the signal of room freed
+// since the attempt began (none is missed between the two).
+func (e *Engine) admit(id string) (adm sandbox.Admission, res admitResult, room <-chan struct{}) {
 	a, ok := e.backend.(sandbox.Admitter)
 	if !ok {
-		return nil, admitted
+		return nil, admitted, nil
 	}
+	e.mu.Lock()
+	room = e.room
+	e.mu.Unlock()
 	ctx := e.ctx
 	job, err := e.store.GetJob(ctx, id)
 	if err != nil {
 		if ctx.Err() == nil {
 			e.log.Error("admit job", "job", id, "err", err)
 		}
-		return nil, admitDrop
+		return nil, admitDrop, nil
 	}
 	if job.Status != delegate.StatusPending {
-		return nil, admitDrop // cancelled while it waited
+		return nil, admitDrop, nil // cancelled while it waited
 	}
 	spec, err := sandboxSpec(job)
 	if err != nil {
 		e.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
-		return nil, admitDrop
+		return nil, admitDrop, nil
 	}
-	adm, err := a.Admit(ctx, spec)
+	adm, err = a.Admit(ctx, spec)
 	switch {
 	case err == nil:
-		return adm, admitted
+		return adm, admitted, nil
 	case ctx.Err() != nil:
-		return nil, admitDrop // closing: the job stays pending for the next engine
+		return nil, admitDrop, nil // closing: the job stays pending for the next engine
 	case errors.Is(err, sandbox.ErrNoCapacity):
 		reason := err.Error()
 		var ce *sandbox.CapacityError
@@ -61,10 +65,10 @@ func (e *Engine) admit(id string) (sandbox.Admission, admitResult) {
 			reason = ce.Reason
 		}
 		e.waiting(ctx, job, "waiting for capacity: "+reason)
-		return nil, admitWait
+		return nil, admitWait, room
 	default:
 		e.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
-		return nil, admitDrop
+		return nil, admitDrop, nil
 	}
 }
 
@@ -94,10 +98,7 @@ func (e *Engine) waiting(ctx context.Context, job *delegate.Job, msg string) {
 
 // waitForRoom blocks until room may have been freed, and reports whether
 // the job should try again (false: it ended meanwhile, or the engine closes).
-func (e *Engine) waitForRoom(id string) bool {
-	e.mu.Lock()
-	room := e.room
-	e.mu.Unlock()
+func (e *Engine) waitForRoom(id string, room <-chan struct{}) bool {
 	retry := time.NewTimer(e.cfg.AdmissionRetry)
 	defer retry.Stop()
 	for {

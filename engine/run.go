@@ -27,7 +27,7 @@ func (e *Engine) enqueue(id string) {
 			case <-e.ctx.Done():
 				return // stays pending; the next engine picks it up
 			}
-			adm, res := e.admit(id)
+			adm, res, room := e.admit(id)
 			if res == admitted {
 				e.run(id, adm)
 				<-e.sem
@@ -35,7 +35,7 @@ func (e *Engine) enqueue(id string) {
 				return
 			}
 			<-e.sem
-			if res == admitDrop || !e.waitForRoom(id) {
+			if res == admitDrop || !e.waitForRoom(id, room) {
 				return
 			}
 		}
