@@ -52,7 +52,7 @@ func (c *call) cloneCheck() (*cloneSource, error) {
 		}
 	}
 	src, ok := s.vms[vmid]
-	if !ok || src.node != node {
+	if !ok || src.node != node || src.ct {
 		return nil, dieErr("Configuration file '%s' does not exist", configFile(node, vmid))
 	}
 	if err := src.checkLock(); err != nil {
@@ -103,7 +103,7 @@ func (c *call) cloneCheck() (*cloneSource, error) {
 	if target != "" && !shared {
 		return nil, dieErr("can't clone VM to node '%s' (VM uses local storage)", target)
 	}
-	if other, exists := s.vms[newid]; exists && other.node == node {
+	if other, exists := s.vms[newid]; exists && other.node == node && !other.ct {
 		return nil, dieErr("unable to create VM %d: config file already exists", newid)
 	}
 	out := &cloneSource{src: src, full: full}
@@ -189,8 +189,9 @@ func hClone(c *call) (any, error) {
 		if plan, err = c.cloneCheck(); err != nil {
 			return err
 		}
-		if other, exists := s.vms[newid]; exists && other.node != node {
-			// pmxcfs refuses a config whose vmid another node has.
+		if other, exists := s.vms[newid]; exists && (other.node != node || other.ct) {
+			// pmxcfs refuses a config whose vmid another node (or a
+			// container) has.
 			return fmt.Errorf("close (rename) atomic file '/etc/pve/%s' failed: File exists", configFile(node, newid))
 		}
 		nv = &vm{vmid: newid, node: node, conf: map[string]string{"lock": "clone"}, status: "stopped",
@@ -242,7 +243,7 @@ func hClone(c *call) (any, error) {
 		conf := map[string]string{}
 		for k, val := range plan.src.conf {
 			switch {
-			case k == "template" || k == "lock" || strings.HasPrefix(k, "unused"):
+			case k == "template" || k == "lock" || k == "parent" || strings.HasPrefix(k, "unused"):
 			case netKeyRe.MatchString(k):
 				conf[k] = withNewMAC(val)
 			default:

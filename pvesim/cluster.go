@@ -80,7 +80,7 @@ func hNodes(c *call) (any, error) {
 // pvestatd cycle (none for a VM made since: status "unknown"), lock and
 // tags from its config, its pool. Call with s.mu held.
 func (s *Server) vmEntry(v *vm, stats *statsSnapshot) map[string]any {
-	e := map[string]any{"id": "qemu/" + strconv.Itoa(v.vmid), "type": "qemu", "vmid": v.vmid, "node": v.node,
+	e := map[string]any{"id": v.typ() + "/" + strconv.Itoa(v.vmid), "type": v.typ(), "vmid": v.vmid, "node": v.node,
 		"status": "unknown"}
 	if d, ok := stats.vms[v.vmid]; ok && !s.faults.offline(v.node) {
 		e["status"], e["template"], e["maxcpu"], e["maxmem"], e["maxdisk"] = d.status, d.template, d.maxcpu, d.maxmem, d.maxdisk

@@ -176,8 +176,68 @@
 //     (pve-cluster src/pmxcfs/status.c).
 //   - Tags are stored as pve-guest-common's get_unique_tags writes them:
 //     lower case, sorted, without duplicates.
-//   - Long operations (clone, start, stop, shutdown, destroy, resize,
-//     config by POST) return a UPID and run as tasks; task status has no
+//   - A reboot (qemu-server vm_reboot) is refused at once for a VM that
+//     does not run ("VM 100 not running"); its qmreboot task shuts the
+//     guest down and boots a new one. GET /nodes/{node}/qemu is
+//     vmstatus's list (src/PVE/QemuServer.pm vmstatus): templates
+//     included, "VM <id>" for a VM without a name.
+//   - Containers (pve-container src/PVE/API2/LXC.pm, LXC/Status.pm,
+//     src/PVE/LXC.pm vmstatus; AddContainer makes them) share the VMs' id
+//     space (nextid skips them, and a VM clone onto a container's id fails
+//     as pmxcfs refuses it) and their config locks ("CT is locked
+//     (backup)"). Unlike a VM, a container that runs is refused a start at
+//     once ("CT 200 already running"), one that does not run a stop or
+//     shutdown ("CT 200 not running") and a reboot ("VM 200 not running":
+//     pve-container's words); a running one is not destroyed without force
+//     ("unable to destroy CT 200 - container is running"); a template does
+//     not start ("you can't start a CT if it's a template"). Tasks are
+//     vzstart, vzstop, vzshutdown, vzreboot and vzdestroy.
+//   - Snapshots of VMs (pve-guest-common src/PVE/AbstractConfig.pm
+//     snapshot_create, snapshot_rollback, snapshot_delete; qemu-server
+//     src/PVE/API2/Qemu.pm snapshot, rollback, delsnapshot and
+//     src/PVE/QemuConfig.pm): a snapshot is a copy of the config (without
+//     lock, digest, description and unused disks) in the config file.
+//     Creating one (qmsnapshot) locks the VM "snapshot" between its prepare
+//     and commit steps; "current" and "pending" are reserved names, a
+//     template has none ("you can't take a snapshot if it's a template"),
+//     a name is used once ("snapshot name 's1' already used"), and every
+//     disk must be on a storage that snapshots (pve-storage
+//     volume_has_feature: not thick LVM: "snapshot feature is not
+//     available"). A rollback (qmrollback) stops the VM, locks it
+//     "rollback", and makes the snapshot's config the VM's again, keeping
+//     its description and unused disks, with a new vmgenid and the
+//     snapshot as parent; a snapshot taken with RAM (vmstate), or start,
+//     boots it afterwards. On ZFS only the most recent snapshot rolls back
+//     (ZFSPoolPlugin volume_rollback_is_possible: "can't rollback, 'a' is
+//     not most recent snapshot on 'tank:vm-132-disk-0'"). Deleting one
+//     (qmdelsnapshot) locks "snapshot-delete" and gives its children its
+//     parent; its request is forked before anything is loaded, so an
+//     unknown VM or snapshot fails the task, not the request.
+//   - GET /nodes/{node}/tasks (pve-manager PVE/API2/Tasks.pm node_tasks):
+//     finished tasks, the last ended first, with endtime and their exit
+//     status (source active: the running ones, status RUNNING; all: both),
+//     filtered by user, type, vmid, errors, start time and status type
+//     (PVE::UPID normalize_status_type), paged by start and limit, with the
+//     count of all that match as total; without Sys.Audit on the node a
+//     caller sees its own tasks only.
+//   - GET /nodes/{node}/storage/{storage}/content (pve-storage
+//     src/PVE/API2/Storage/Content.pm, Storage.pm volume_list and
+//     check_volume_access, Plugin.pm list_volumes): the guests' volumes
+//     (images for a VM, rootdir for a container, vmid their owner), and
+//     ISO images, container templates and backups put there by
+//     AddVolume, sorted by volid; each as the caller may see it:
+//     Datastore.Allocate sees all, ISOs and templates need
+//     Datastore.AllocateSpace or Datastore.Audit, a disk Datastore.Audit
+//     and VM.Config.Disk on its guest, a backup Datastore.AllocateSpace
+//     and VM.Backup.
+//   - GET /cluster/status (pve-manager PVE/API2/Cluster.pm get_status):
+//     for a cluster (more than one node; Options.ClusterName) its name,
+//     node count, config version and quorum (more than half the nodes
+//     online), then each node with its id, whether it answered (the
+//     first), whether it is online; a lone node is one entry, nodeid 0.
+//     It needs Sys.Audit on /.
+//   - Long operations (clone, start, stop, shutdown, reboot, destroy,
+//     resize, config by POST, snapshots) return a UPID and run as tasks; task status has no
 //     endtime and an exitstatus only once stopped; task logs end with
 //     "TASK OK" or "TASK ERROR: ..."; booleans are 0/1, config integers
 //     are numbers and memory a string, and bytes in JSON strings are one
@@ -239,6 +299,17 @@
 //   - Guests touch a fixed share of their memory and the host does not
 //     run out: an overcommitted node never swaps or kills a guest. The
 //     node has no swap: a VM larger than its RAM does not start.
+//   - A container runs nothing: it has a status, an uptime, memory
+//     figures and a config, but no processes (the API has no exec for
+//     containers, so nothing a client does could see inside one). It is
+//     made by AddContainer, not through POST /nodes/{node}/lxc, and has no
+//     snapshots, clones or config changes.
+//   - A snapshot rollback restores the VM's config only: disk contents are
+//     not modelled (a stopped VM's disk is lost anyway), and a snapshot
+//     taken with RAM boots the VM afresh instead of resuming it.
+//   - Quorum is reported, not enforced: a cluster without quorum still
+//     accepts changes (a real one answers "cluster not ready - no
+//     quorum?").
 //   - A PVE 8.2 cluster uses the PVE 8.4 schema subset (the methods used
 //     are the same).
 //   - Methods outside the subset answer 501 although real PVE has them

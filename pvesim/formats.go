@@ -24,7 +24,22 @@ var formats = map[string]func(string) error{
 	"pve-configid":   quotedFormat(`(?i)^[a-z][a-z0-9_-]+$`, "invalid configuration ID '%s'"),
 	"pve-bridge-id":  quotedFormat(`^[-_.\w\d]+$`, "invalid bridge ID '%s'"),
 	"pve-storage-id": quotedFormat(`(?i)^[a-z][a-z0-9\-_.]*[a-z0-9]$`, "storage ID '%s' contains illegal characters"),
-	"pve-poolid":     quotedFormat(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`, "pool name '%s' contains invalid characters"),
+	// pve-storage Plugin.pm verify_content; pve-common JSONSchema.pm
+	// verify_task_status_type.
+	"pve-storage-content": func(s string) error {
+		if !slices.Contains(validContent, s) {
+			return fmt.Errorf("invalid content type '%s'\n", s)
+		}
+		return nil
+	},
+	"pve-task-status-type": func(s string) error {
+		switch strings.ToLower(s) {
+		case "ok", "error", "warning", "unknown":
+			return nil
+		}
+		return fmt.Errorf("invalid status '%s'\n", s)
+	},
+	"pve-poolid": quotedFormat(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`, "pool name '%s' contains invalid characters"),
 	// pve-access-control: AccessControl.pm and Auth/Plugin.pm.
 	"pve-roleid":  quotedFormat(`^[A-Za-z0-9.\-_]+$`, "role name '%s' contains invalid characters"),
 	"pve-groupid": quotedFormat(`^[A-Za-z0-9.\-_]+$`, "group name '%s' contains invalid characters"),

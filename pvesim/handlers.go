@@ -10,6 +10,7 @@ var handlers map[string]func(*call) (any, error)
 
 func init() {
 	const p = "/nodes/{node}/qemu/{vmid}"
+	const ct = "/nodes/{node}/lxc/{vmid}"
 	handlers = map[string]func(*call) (any, error){
 		"GET /version":                                  hVersion,
 		"GET /nodes":                                    hNodes,
@@ -51,6 +52,23 @@ func init() {
 		"GET /access/acl":                               hACL,
 		"PUT /access/acl":                               hUpdateACL,
 		"GET /access/permissions":                       hPermissions,
+		"GET /nodes/{node}/qemu":                        hVMList,
+		"POST " + p + "/status/reboot":                  hReboot,
+		"GET " + p + "/snapshot":                        hSnapshotList,
+		"POST " + p + "/snapshot":                       hSnapshotCreate,
+		"DELETE " + p + "/snapshot/{snapname}":          hSnapshotDelete,
+		"POST " + p + "/snapshot/{snapname}/rollback":   hSnapshotRollback,
+		"GET /nodes/{node}/lxc":                         hCTList,
+		"GET " + ct + "/config":                         hCTConfig,
+		"GET " + ct + "/status/current":                 hCTStatus,
+		"POST " + ct + "/status/start":                  hCTStart,
+		"POST " + ct + "/status/stop":                   func(c *call) (any, error) { return stopCT(c, "vzstop") },
+		"POST " + ct + "/status/shutdown":               func(c *call) (any, error) { return stopCT(c, "vzshutdown") },
+		"POST " + ct + "/status/reboot":                 hCTReboot,
+		"DELETE " + ct:                                  hCTDelete,
+		"GET /nodes/{node}/tasks":                       hTaskList,
+		"GET /nodes/{node}/storage/{storage}/content":   hStorageContent,
+		"GET /cluster/status":                           hClusterStatus,
 	}
 }
 

@@ -52,7 +52,9 @@ type call struct {
 	m      *Method
 	params Params // merged and validated
 	authid string // the caller: user@realm!token
-	total  int    // the envelope's "total", when > 0
+	total  int    // the envelope's "total", when > 0 or totalSet
+	// totalSet: the method always sends total (0 included).
+	totalSet bool
 }
 
 // ServeHTTP implements the API: pveproxy's order of checks, then the
@@ -69,7 +71,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	data, c, err := s.serve(r, &rec)
 	if err == nil {
 		body := map[string]any{"data": data}
-		if c != nil && c.total > 0 {
+		if c != nil && (c.total > 0 || c.totalSet) {
 			body["total"] = c.total
 		}
 		raw, jerr := json.Marshal(body)

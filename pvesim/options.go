@@ -21,6 +21,9 @@ type Options struct {
 	Nodes []NodeSpec
 	// Pools that exist (clone's pool parameter must name one).
 	Pools []string
+	// ClusterName is the cluster's name in /cluster/status when it has
+	// more than one node; default "pvesim".
+	ClusterName string
 	// PVEVersion is the release to behave like: "8.2", "8.4" or "9.1"
 	// (the default). It chooses the schema (PVE 8.4's or 9's), the
 	// privileges (PVE 8's VM.Monitor or PVE 9's VM.GuestAgent.*), the
@@ -37,7 +40,9 @@ type Options struct {
 	Latency string
 	// TaskDelay is how long a task runs before it ends; default 50ms.
 	// TaskDelays overrides it per task type (qmclone, qmstart, qmstop,
-	// qmshutdown, qmdestroy, qmconfig, resize).
+	// qmshutdown, qmreboot, qmdestroy, qmconfig, resize, qmsnapshot,
+	// qmrollback, qmdelsnapshot, vzstart, vzstop, vzshutdown, vzreboot,
+	// vzdestroy).
 	TaskDelay  time.Duration
 	TaskDelays map[string]time.Duration
 	// BootDelay is the time from a finished start task to a guest agent
@@ -214,6 +219,9 @@ func (o *Options) setDefaults() error {
 	}
 	if len(o.Nodes) == 0 {
 		o.Nodes = DefaultNodes(1)
+	}
+	if o.ClusterName == "" {
+		o.ClusterName = "pvesim"
 	}
 	if len(o.Storages) == 0 {
 		o.Storages = DefaultStorages()

@@ -167,3 +167,98 @@ func stopVM(c *call, typ string) (any, error) {
 			return nil
 		}}), nil
 }
+
+// POST .../status/reboot: refused at once when the VM does not run
+// (qemu-server vm_reboot); the qmreboot task shuts the guest down and
+// starts it again, so everything that ran in it is gone and its agent
+// answers again after a boot.
+func hReboot(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err != nil {
+		return nil, err
+	}
+	if v.status != "running" {
+		return nil, dieErr("VM %d not running", v.vmid)
+	}
+	vmid, node := v.vmid, v.node
+	return s.runTask(c, taskSpec{node: node, typ: "qmreboot", id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			v, ok := s.vms[vmid]
+			if !ok || v.node != node {
+				s.mu.Unlock()
+				return fmt.Errorf("Configuration file '%s' does not exist", configFile(node, vmid))
+			}
+			if err := v.checkLock(); err != nil {
+				s.mu.Unlock()
+				return err
+			}
+			if v.status != "running" {
+				s.mu.Unlock()
+				return fmt.Errorf("VM %d not running", vmid)
+			}
+			g := s.halt(v)
+			s.mu.Unlock()
+			s.destroyGuest(g)
+			return s.startVM(t, vmid, node)
+		}}), nil
+}
+
+// vmListEntry is a VM's entry of qemu-server's vmstatus, as GET
+// /nodes/{node}/qemu gives it (qmpstatus and the running QEMU only with
+// full). Call with s.mu held.
+func (s *Server) vmListEntry(v *vm, full bool) map[string]any {
+	name := v.conf["name"]
+	if name == "" {
+		name = "VM " + strconv.Itoa(v.vmid)
+	}
+	e := map[string]any{
+		"vmid": v.vmid, "status": v.status, "name": name, "cpus": min(s.guestCPUs(v), s.node(v.node).cpus),
+		"maxmem": v.memoryMiB() << 20, "maxdisk": v.maxDisk(), "disk": 0,
+		"uptime": 0, "cpu": 0, "mem": 0, "memhost": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
+	}
+	if v.isTemplate() {
+		e["template"] = 1
+	}
+	if l := v.conf["lock"]; l != "" {
+		e["lock"] = l
+	}
+	if t, ok := v.conf["tags"]; ok {
+		e["tags"] = t
+	}
+	if v.status == "running" {
+		e["pid"] = v.pid
+		e["uptime"] = int64(time.Since(v.started).Seconds())
+		e["mem"] = guestUse(v.runMem)
+		e["memhost"] = guestUse(v.runMem)
+		e["cpu"] = 0.02
+	}
+	if full {
+		e["qmpstatus"] = v.status
+		if v.status == "running" {
+			e["running-qemu"] = "9.2.0"
+			e["running-machine"] = "pc-i440fx-9.2+pve1"
+		}
+	}
+	return e
+}
+
+// GET /nodes/{node}/qemu: the node's VMs (templates too) the caller may
+// audit.
+func hVMList(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []map[string]any{}
+	for _, id := range slices.Sorted(maps.Keys(s.vms)) {
+		v := s.vms[id]
+		if v.ct || v.node != c.str("node") || s.access.check(c.authid, "/vms/"+strconv.Itoa(id), "VM.Audit") != nil {
+			continue
+		}
+		out = append(out, s.vmListEntry(v, c.boolOr("full", false)))
+	}
+	return out, nil
+}

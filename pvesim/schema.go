@@ -55,12 +55,13 @@ func SchemaFile() (string, error) {
 }
 
 // indexed is how many numbered keys a "name[n]" property stands for
-// (qemu-server's MAX_NETS, MAX_SCSI_DISKS and friends); the schema dump
+// (qemu-server's MAX_NETS, MAX_SCSI_DISKS and friends, pve-container's
+// MAX_MOUNT_POINTS, MAX_DEVICES and MAX_LXC_NETWORKS); the schema dump
 // folds net0..net31 into "net[n]", the running server checks each one.
 var indexed = map[string]int{
 	"net": 32, "ipconfig": 32, "ide": 4, "sata": 6, "scsi": 31, "virtio": 16,
 	"unused": 256, "usb": 14, "serial": 4, "parallel": 3, "hostpci": 16,
-	"numa": 8, "virtiofs": 10,
+	"numa": 8, "virtiofs": 10, "mp": 256, "dev": 256,
 }
 
 // Schema is the part of the official PVE API schema the simulator serves,

@@ -48,6 +48,7 @@ type Server struct {
 	tasks    map[string]*task
 	access   *userConfig // users, tokens, roles, ACLs, pools
 	storages []*storage
+	files    []storageFile // ISO images, templates, backups (AddVolume)
 	// storageDigest is storage.cfg's digest, as GET /storage reports it.
 	storageDigest string
 	// stats is pvestatd's last broadcast (nil: figures are live).
@@ -58,6 +59,7 @@ type Server struct {
 	rng          *rand.Rand
 	requests     []Request
 	pidSeq       int
+	snapSeq      int // snapshots made so far (their order)
 	closed       bool
 	// sandboxes are the guest sandboxes that exist, by id.
 	sandboxes map[string]bool

@@ -69,8 +69,11 @@ func (s *Server) collectStats() *statsSnapshot {
 			}
 			continue
 		}
-		st := vmStats{name: v.conf["name"], status: v.status, maxcpu: v.vcpus(),
+		st := vmStats{name: v.conf["name"], status: v.status, maxcpu: s.guestCPUs(v),
 			maxmem: v.memoryMiB() << 20, maxdisk: v.maxDisk()}
+		if v.ct {
+			st.name = ctName(v)
+		}
 		if v.isTemplate() {
 			st.template = 1
 		}

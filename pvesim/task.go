@@ -20,7 +20,7 @@ type task struct {
 	id         string
 	user       string // user@realm!token for a token
 	pid, pstrt int
-	start      time.Time
+	start, end time.Time
 	status     string // running, stopped
 	exitstatus string
 	log        []string
@@ -100,6 +100,7 @@ func (t *task) finish(err error) {
 		return
 	}
 	t.status = "stopped"
+	t.end = time.Now()
 	if err == nil {
 		t.exitstatus = "OK"
 		t.logf("TASK OK")
@@ -256,15 +257,137 @@ func (c *call) findTask() (*task, error) {
 	if !ok || u.node != c.str("node") {
 		return nil, paramErr("upid", "no such task")
 	}
-	// Others' tasks need Sys.Audit on the node; a token's tasks are its
-	// own and its user's (pve-manager PVE/API2/Tasks.pm $check_task_user).
-	owner, _, _ := strings.Cut(t.user, "!")
-	if c.authid != t.user && c.authid != owner {
+	// Others' tasks need Sys.Audit on the node.
+	if !ownTask(t, c.authid) {
 		if err := c.s.access.check(c.authid, "/nodes/"+c.str("node"), "Sys.Audit"); err != nil {
 			return nil, err
 		}
 	}
 	return t, nil
+}
+
+// ownTask is pve-manager PVE/API2/Tasks.pm $check_task_user: a token sees
+// its own tasks, a user its own and its tokens'.
+func ownTask(t *task, authid string) bool {
+	owner, _, _ := strings.Cut(t.user, "!")
+	return authid == t.user || authid == owner
+}
+
+// statusType is PVE::UPID::normalize_status_type.
+func statusType(status string) string {
+	switch {
+	case status == "" || status == "unexpected status":
+		return "unknown"
+	case status == "OK":
+		return "ok"
+	case warningsRe.MatchString(status):
+		return "warning"
+	}
+	return "error"
+}
+
+var warningsRe = regexp.MustCompile(`^WARNINGS: \d+$`)
+
+// GET /nodes/{node}/tasks (pve-manager PVE/API2/Tasks.pm node_tasks): by
+// default the node's finished tasks ("archive"), the last ended first;
+// "active" lists the running ones (status RUNNING), "all" both. Without
+// Sys.Audit on the node a caller sees only its own tasks. Filters: user
+// (a case-blind substring), type, vmid, errors, since/until (start
+// time), status types; start and limit page through what matches, and
+// total counts it.
+func hTaskList(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	node := c.str("node")
+	start, limit := c.intOr("start", 0), c.intOr("limit", 50)
+	source := c.str("source")
+	if source == "" {
+		source = "archive"
+	}
+	types := map[string]bool{"ok": true, "warning": true, "error": true, "unknown": true}
+	errorsOnly := c.boolOr("errors", false)
+	if c.has("statusfilter") && !errorsOnly {
+		types = map[string]bool{}
+		for _, f := range splitList(c.str("statusfilter")) {
+			types[strings.ToLower(f)] = true
+		}
+	} else if errorsOnly {
+		types["ok"] = false
+	}
+	auditor := s.access.check(c.authid, "/nodes/"+node, "Sys.Audit") == nil
+	var active, archived []*task
+	for _, t := range s.tasks {
+		if t.node != node {
+			continue
+		}
+		if t.status == "stopped" {
+			archived = append(archived, t)
+		} else {
+			active = append(active, t)
+		}
+	}
+	slices.SortFunc(active, func(a, b *task) int { return cmp.Or(b.start.Compare(a.start), cmp.Compare(b.pid, a.pid)) })
+	slices.SortFunc(archived, func(a, b *task) int {
+		return cmp.Or(b.end.Compare(a.end), b.start.Compare(a.start), cmp.Compare(b.pid, a.pid))
+	})
+	count := 0
+	out := []map[string]any{}
+	keep := func(t *task, status string) bool {
+		if f := c.str("userfilter"); f != "" && !strings.Contains(strings.ToLower(t.user), strings.ToLower(f)) {
+			return false
+		}
+		if !auditor && !ownTask(t, c.authid) {
+			return false
+		}
+		if f := c.str("typefilter"); f != "" && t.typ != f {
+			return false
+		}
+		if c.has("vmid") && t.id != c.str("vmid") {
+			return false
+		}
+		if c.has("since") && t.start.Unix() < int64(c.int("since")) {
+			return false
+		}
+		if c.has("until") && t.start.Unix() > int64(c.int("until")) {
+			return false
+		}
+		if !types[statusType(status)] {
+			return false
+		}
+		count++
+		return count > start && len(out) < limit
+	}
+	entry := func(t *task) map[string]any {
+		e := map[string]any{"upid": t.upid, "node": t.node, "pid": t.pid, "pstart": t.pstrt,
+			"starttime": t.start.Unix(), "type": t.typ, "id": t.id}
+		user, token, isToken := strings.Cut(t.user, "!")
+		e["user"] = user
+		if isToken {
+			e["tokenid"] = token
+		}
+		return e
+	}
+	if source == "active" || source == "all" {
+		for _, t := range active {
+			if keep(t, "") {
+				e := entry(t)
+				e["status"] = "RUNNING"
+				out = append(out, e)
+			}
+		}
+	}
+	if source != "active" {
+		for _, t := range archived {
+			if keep(t, t.exitstatus) {
+				e := entry(t)
+				e["endtime"], e["status"] = t.end.Unix(), t.exitstatus
+				out = append(out, e)
+			}
+		}
+	}
+	c.total, c.totalSet = count, true
+	return out, nil
 }
 
 // GET /nodes/{node}/tasks/{upid}/status: no endtime, and exitstatus only

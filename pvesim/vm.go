@@ -13,10 +13,12 @@ import (
 	"time"
 )
 
-// vm is a QEMU guest's configuration and run state.
+// vm is a guest's configuration and run state: a QEMU VM, or an LXC
+// container (ct). Both share one id space, as pmxcfs's vmlist has it.
 type vm struct {
 	vmid int
 	node string
+	ct   bool // an LXC container (it runs nothing: see lxc.go)
 	// conf is the config file: key -> value as written (lock, template
 	// and description included).
 	conf    map[string]string
@@ -32,6 +34,8 @@ type vm struct {
 	// agentDisabled are the qemu-ga commands its guest does not allow
 	// (the template's OS image decides; clones inherit it).
 	agentDisabled []string
+	// snapshots are the [snapname] sections of its config file.
+	snapshots map[string]*snapshot
 }
 
 // VM is a VM as tests see it.
@@ -47,6 +51,10 @@ type VM struct {
 	Sandbox string
 	// AgentUp: the guest agent answers.
 	AgentUp bool
+	// Type is qemu or lxc.
+	Type string
+	// Snapshots are the names of its snapshots, oldest first.
+	Snapshots []string
 }
 
 // VMs lists the VMs by vmid.
@@ -73,7 +81,11 @@ func (s *Server) VM(vmid int) (VM, bool) {
 
 func (s *Server) vmView(v *vm) VM {
 	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
-		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf)}
+		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf), Type: v.typ(),
+		Snapshots: v.snapshotNames()}
+	if v.ct {
+		out.Name = v.conf["hostname"]
+	}
 	if v.guest != nil {
 		out.Sandbox = v.guest.sb.ID()
 		out.AgentUp = s.agentUp(v) == nil
@@ -166,12 +178,20 @@ func configFile(node string, vmid int) string {
 	return fmt.Sprintf("nodes/%s/qemu-server/%d.conf", node, vmid)
 }
 
-// loadVM is PVE::QemuConfig->load_config on the node a call runs on.
-// Call with s.mu held.
+// typ is the guest's type as the API names it.
+func (v *vm) typ() string {
+	if v.ct {
+		return "lxc"
+	}
+	return "qemu"
+}
+
+// loadVM is PVE::QemuConfig->load_config on the node a call runs on (a
+// container's id has no QEMU config there). Call with s.mu held.
 func (c *call) loadVM() (*vm, error) {
 	node, vmid := c.str("node"), c.int("vmid")
 	v, ok := c.s.vms[vmid]
-	if !ok || v.node != node {
+	if !ok || v.node != node || v.ct {
 		return nil, dieErr("Configuration file '%s' does not exist", configFile(node, vmid))
 	}
 	return v, nil
@@ -190,9 +210,13 @@ func (c *call) loadVMToChange() (*vm, error) {
 	return v, nil
 }
 
-// checkLock is PVE::AbstractConfig->check_lock.
+// checkLock is PVE::AbstractConfig->check_lock ("VM" or "CT" is its
+// guest_type).
 func (v *vm) checkLock() error {
 	if l := v.conf["lock"]; l != "" {
+		if v.ct {
+			return fmt.Errorf("CT is locked (%s)", l)
+		}
 		return fmt.Errorf("VM is locked (%s)", l)
 	}
 	return nil
@@ -213,6 +237,15 @@ func (v *vm) digest() string {
 		if k != "description" {
 			fmt.Fprintf(&b, "%s: %s\n", k, v.conf[k])
 		}
+	}
+	// The file's snapshot sections follow, so a snapshot changes it too.
+	for _, name := range v.snapshotNames() {
+		sn := v.snapshots[name]
+		fmt.Fprintf(&b, "\n[%s]\n", name)
+		for _, k := range slices.Sorted(maps.Keys(sn.conf)) {
+			fmt.Fprintf(&b, "%s: %s\n", k, sn.conf[k])
+		}
+		fmt.Fprintf(&b, "snaptime: %d\nsnapstate: %s\n", sn.snaptime, sn.snapstate)
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	return hex.EncodeToString(sum[:])
@@ -253,15 +286,21 @@ func (v *vm) agentEnabled() bool {
 }
 
 var (
-	diskKeyRe = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
-	netKeyRe  = regexp.MustCompile(`^net\d+$`)
+	diskKeyRe     = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
+	ctVolumeKeyRe = regexp.MustCompile(`^rootfs$|^mp\d+$`)
+	netKeyRe      = regexp.MustCompile(`^net\d+$`)
 )
 
-// driveKeys lists the config keys holding a drive (disks and CD-ROMs).
+// driveKeys lists the config keys holding a drive (disks and CD-ROMs;
+// a container's root and mount points).
 func (v *vm) driveKeys() []string {
+	re := diskKeyRe
+	if v.ct {
+		re = ctVolumeKeyRe
+	}
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(v.conf)) {
-		if diskKeyRe.MatchString(k) {
+		if re.MatchString(k) {
 			out = append(out, k)
 		}
 	}

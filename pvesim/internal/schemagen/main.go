@@ -64,6 +64,23 @@ var Methods = []string{
 	"GET /access/acl",
 	"PUT /access/acl",
 	"GET /access/permissions",
+	"GET /nodes/{node}/qemu",
+	"POST /nodes/{node}/qemu/{vmid}/status/reboot",
+	"GET /nodes/{node}/qemu/{vmid}/snapshot",
+	"POST /nodes/{node}/qemu/{vmid}/snapshot",
+	"DELETE /nodes/{node}/qemu/{vmid}/snapshot/{snapname}",
+	"POST /nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback",
+	"GET /nodes/{node}/lxc",
+	"GET /nodes/{node}/lxc/{vmid}/config",
+	"GET /nodes/{node}/lxc/{vmid}/status/current",
+	"POST /nodes/{node}/lxc/{vmid}/status/start",
+	"POST /nodes/{node}/lxc/{vmid}/status/stop",
+	"POST /nodes/{node}/lxc/{vmid}/status/shutdown",
+	"POST /nodes/{node}/lxc/{vmid}/status/reboot",
+	"DELETE /nodes/{node}/lxc/{vmid}",
+	"GET /nodes/{node}/tasks",
+	"GET /nodes/{node}/storage/{storage}/content",
+	"GET /cluster/status",
 }
 
 // keep lists the schema keys validation and permission checks use; the
