@@ -231,8 +231,8 @@ type ShutdownIn struct {
 	VMID      int    `json:"vmid"`
 	Type      string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
 	Force     bool   `json:"force,omitempty" jsonschema:"act even on a VM a running delegate job owns"`
-	Timeout   int  `json:"timeout,omitempty" jsonschema:"seconds to wait for the guest"`
-	ForceStop bool `json:"forceStop,omitempty" jsonschema:"stop it if it does not shut down in time"`
+	Timeout   int    `json:"timeout,omitempty" jsonschema:"seconds to wait for the guest"`
+	ForceStop bool   `json:"forceStop,omitempty" jsonschema:"stop it if it does not shut down in time"`
 }
 
 func (t *tools) shutdown(ctx context.Context, in *ShutdownIn) (TaskOut, error) {
@@ -267,7 +267,7 @@ type DeleteIn struct {
 	VMID  int    `json:"vmid"`
 	Type  string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
 	Force bool   `json:"force,omitempty" jsonschema:"act even on a VM a running delegate job owns"`
-	Purge bool `json:"purge,omitempty" jsonschema:"also remove it from backup, replication and HA configs"`
+	Purge bool   `json:"purge,omitempty" jsonschema:"also remove it from backup, replication and HA configs"`
 }
 
 func (in *DeleteIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMID, Type: in.Type} }
