@@ -50,6 +50,15 @@ type Config struct {
 	ProxmoxAgentTimeout time.Duration
 	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
 	ProxmoxNodeMemory map[string]int64
+
+	// Toolsets are the MCP tools serve offers (DELEGATE_TOOLSETS, --toolsets:
+	// jobs, proxmox); ProxmoxAllowElevated lets the proxmox tools change
+	// anything (PROXMOX_ALLOW_ELEVATED).
+	Toolsets             []string
+	ProxmoxAllowElevated bool
+	// proxmoxErr is what is wrong with PROXMOX_* when the backend is not
+	// proxmox (the proxmox toolset needs them).
+	proxmoxErr error
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -86,6 +95,8 @@ func envVars() []envVar {
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
+		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
 	}
 }
 
@@ -202,6 +213,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
+	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {
 		pc, err := pve.ConfigFromEnv(getenv)
 		if err != nil {

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,5 +186,81 @@ func TestParseNodeMemory(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "PROXMOX_NODE_MEMORY=") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// TestToolsetsConfig: DELEGATE_TOOLSETS (default jobs) and --toolsets,
+// PROXMOX_ALLOW_ELEVATED; unknown names and a proxmox toolset without the
+// PROXMOX_* token fail, naming the variables.
+func TestToolsetsConfig(t *testing.T) {
+	token := map[string]string{"PROXMOX_HOST": "pve.example", "PROXMOX_USER": "delegate@pve", "PROXMOX_TOKEN_NAME": "jobs",
+		"PROXMOX_TOKEN_VALUE": "secret"}
+	env := func(extra map[string]string, withToken bool) func(string) string {
+		return func(k string) string {
+			if v, ok := extra[k]; ok {
+				return v
+			}
+			if withToken {
+				return token[k]
+			}
+			return ""
+		}
+	}
+	tests := []struct {
+		name      string
+		env       map[string]string
+		token     bool
+		want      []string // the toolsets
+		elevated  bool
+		wantError []string // what the error must name
+	}{
+		{"default", nil, false, []string{"jobs"}, false, nil},
+		{"both, elevated", map[string]string{"DELEGATE_TOOLSETS": "jobs, proxmox", "PROXMOX_ALLOW_ELEVATED": "true"}, true,
+			[]string{"jobs", "proxmox"}, true, nil},
+		{"proxmox alone, twice", map[string]string{"DELEGATE_TOOLSETS": "proxmox,proxmox"}, true, []string{"proxmox"}, false, nil},
+		{"unknown", map[string]string{"DELEGATE_TOOLSETS": "jobs,docker"}, true, nil, false,
+			[]string{`DELEGATE_TOOLSETS="jobs,docker"`, `unknown toolset "docker"`, "jobs, proxmox"}},
+		{"empty list", map[string]string{"DELEGATE_TOOLSETS": ","}, false, nil, false, []string{"DELEGATE_TOOLSETS", "at least one"}},
+		{"proxmox without a token", map[string]string{"DELEGATE_TOOLSETS": "proxmox"}, false, nil, false,
+			[]string{"DELEGATE_TOOLSETS includes proxmox", "PROXMOX_HOST: must be set", "PROXMOX_TOKEN_VALUE: must be set"}},
+		{"bad elevated", map[string]string{"PROXMOX_ALLOW_ELEVATED": "yes please"}, false, nil, false, []string{"PROXMOX_ALLOW_ELEVATED=", "true or false"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadConfig(env(tc.env, tc.token))
+			if tc.wantError != nil {
+				if err == nil {
+					t.Fatal("accepted")
+				}
+				for _, w := range tc.wantError {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error does not say %q: %v", w, err)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.Toolsets, tc.want) || c.ProxmoxAllowElevated != tc.elevated {
+				t.Errorf("toolsets %v elevated %v", c.Toolsets, c.ProxmoxAllowElevated)
+			}
+		})
+	}
+
+	// --toolsets overrides the environment, with the same rules.
+	c, err := LoadConfig(env(nil, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UseToolsets("proxmox"); err == nil || !strings.Contains(err.Error(), "PROXMOX_HOST: must be set") {
+		t.Errorf("--toolsets proxmox without a token: %v", err)
+	}
+	if err := c.UseToolsets("jobs,nope"); err == nil || !strings.Contains(err.Error(), "--toolsets (env DELEGATE_TOOLSETS)") {
+		t.Errorf("--toolsets nope: %v", err)
+	}
+	c, _ = LoadConfig(env(nil, true))
+	if err := c.UseToolsets("proxmox"); err != nil || !c.HasToolset("proxmox") || c.HasToolset("jobs") || c.Proxmox.Host != "pve.example" {
+		t.Errorf("--toolsets proxmox: %v %v %+v", err, c.Toolsets, c.Proxmox)
 	}
 }

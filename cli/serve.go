@@ -14,6 +14,7 @@ import (
 
 func (p *Program) serveCmd(cfg *Config) *cobra.Command {
 	var opts ServeOptions
+	var toolsets string
 	cmd := &cobra.Command{
 		Use:   "serve [flags]",
 		Short: "Serve MCP on stdio, or over Streamable HTTP at ADDR/mcp with a dashboard",
@@ -37,6 +38,11 @@ server's jobs in the dashboard.`,
 			if err := opts.check(cmd.Context(), *cfg); err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("toolsets") {
+				if err := cfg.UseToolsets(toolsets); err != nil {
+					return usageError{err}
+				}
+			}
 			// stdout is the MCP channel in stdio mode: logs go to stderr only.
 			return p.Serve(cmd.Context(), *cfg, opts, newLogger(p.Stderr, cfg.LogLevel))
 		},
@@ -47,6 +53,7 @@ server's jobs in the dashboard.`,
 	fs.IntVar(&opts.MaxSessions, "max-sessions", httpapi.DefaultMaxSessions, "live MCP sessions kept at most over HTTP; past it the longest idle is closed")
 	fs.StringVar(&opts.TLSCert, "tls-cert", "", "serve HTTPS with this certificate `FILE` (PEM; with --tls-key)")
 	fs.StringVar(&opts.TLSKey, "tls-key", "", "the private key `FILE` of --tls-cert (PEM)")
+	fs.StringVar(&toolsets, "toolsets", strings.Join(cfg.Toolsets, ","), "MCP tools to offer: `LIST` of jobs, proxmox (env DELEGATE_TOOLSETS)")
 	cfg.addConcurrencyFlag(fs)
 	return cmd
 }

@@ -24,7 +24,7 @@ import (
 type ExecIn struct {
 	Node    string          `json:"node"`
 	VMID    int             `json:"vmid"`
-	Type    string          `json:"type,omitempty" jsonschema:"qemu (default); lxc has no exec in the API"`
+	Type    string          `json:"type,omitempty" jsonschema:"default qemu (lxc: no exec in the API)"`
 	Command json.RawMessage `json:"command"`
 }
 

@@ -49,7 +49,7 @@ func (t *tools) getNodes(ctx context.Context, _ *NoArgs) (NodesOut, error) {
 // ListIn selects guests.
 type ListIn struct {
 	Node string `json:"node,omitempty" jsonschema:"default: every node"`
-	Type string `json:"type,omitempty" jsonschema:"qemu or lxc; default both"`
+	Type string `json:"type,omitempty" jsonschema:"default both"`
 }
 
 // GuestOut is a guest in a list.
@@ -181,8 +181,8 @@ func (t *tools) guestConfig(ctx context.Context, in *Guest) (ConfigOut, error) {
 type PowerIn struct {
 	Node  string `json:"node"`
 	VMID  int    `json:"vmid"`
-	Type  string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
-	Force bool   `json:"force,omitempty" jsonschema:"act even on a VM a running delegate job owns"`
+	Type  string `json:"type,omitempty" jsonschema:"default qemu"`
+	Force bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 func (in *PowerIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMID, Type: in.Type} }
@@ -229,8 +229,8 @@ func (t *tools) stop(ctx context.Context, in *PowerIn) (TaskOut, error) {
 type ShutdownIn struct {
 	Node      string `json:"node"`
 	VMID      int    `json:"vmid"`
-	Type      string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
-	Force     bool   `json:"force,omitempty" jsonschema:"act even on a VM a running delegate job owns"`
+	Type      string `json:"type,omitempty" jsonschema:"default qemu"`
+	Force     bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 	Timeout   int    `json:"timeout,omitempty" jsonschema:"seconds to wait for the guest"`
 	ForceStop bool   `json:"forceStop,omitempty" jsonschema:"stop it if it does not shut down in time"`
 }
@@ -265,9 +265,9 @@ func (in *ShutdownIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMI
 type DeleteIn struct {
 	Node  string `json:"node"`
 	VMID  int    `json:"vmid"`
-	Type  string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
-	Force bool   `json:"force,omitempty" jsonschema:"act even on a VM a running delegate job owns"`
-	Purge bool   `json:"purge,omitempty" jsonschema:"also remove it from backup, replication and HA configs"`
+	Type  string `json:"type,omitempty" jsonschema:"default qemu"`
+	Force bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
+	Purge bool   `json:"purge,omitempty" jsonschema:"also from backup, replication, HA jobs"`
 }
 
 func (in *DeleteIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMID, Type: in.Type} }

@@ -10,12 +10,12 @@ import (
 type NodeTaskIn struct {
 	Node       string `json:"node"`
 	Action     string `json:"action" jsonschema:"list, status or log"`
-	UPID       string `json:"upid,omitempty" jsonschema:"the task (status, log)"`
-	Start      int    `json:"start,omitempty" jsonschema:"skip this many tasks or log lines"`
-	Limit      int    `json:"limit,omitempty" jsonschema:"at most this many (default 50, max 1000)"`
-	Source     string `json:"source,omitempty" jsonschema:"list: archive, active or all (default)"`
-	TypeFilter string `json:"typefilter,omitempty" jsonschema:"list: only tasks of this type, e.g. qmstart"`
-	VMID       int    `json:"vmid,omitempty" jsonschema:"list: only this guest's tasks"`
+	UPID       string `json:"upid,omitempty" jsonschema:"status, log"`
+	Start      int    `json:"start,omitempty" jsonschema:"skip this many"`
+	Limit      int    `json:"limit,omitempty" jsonschema:"default 50, max 1000"`
+	Source     string `json:"source,omitempty" jsonschema:"list: archive, active, all (default)"`
+	TypeFilter string `json:"typefilter,omitempty" jsonschema:"list: e.g. qmstart"`
+	VMID       int    `json:"vmid,omitempty" jsonschema:"list: this guest's"`
 }
 
 // NodeTaskOut answers each action: list fills Tasks and Total, status the
@@ -124,10 +124,10 @@ type SnapshotIn struct {
 	Node        string `json:"node"`
 	VMID        int    `json:"vmid"`
 	Action      string `json:"action" jsonschema:"list, create, rollback or delete"`
-	SnapName    string `json:"snapname,omitempty" jsonschema:"create, rollback, delete: a letter, then letters, digits, _ or -"`
+	SnapName    string `json:"snapname,omitempty" jsonschema:"letter, then letters, digits, _ or -"`
 	Description string `json:"description,omitempty" jsonschema:"create"`
 	VMState     bool   `json:"vmstate,omitempty" jsonschema:"create: also save the RAM"`
-	Force       bool   `json:"force,omitempty" jsonschema:"rollback even a VM a running delegate job owns"`
+	Force       bool   `json:"force,omitempty" jsonschema:"rollback even if a running delegate job owns it"`
 }
 
 // SnapshotOut answers list (Snapshots, Parent: the one the VM is based

@@ -213,7 +213,7 @@ func guestType(s string) (pve.GuestType, error) {
 type Guest struct {
 	Node string `json:"node"`
 	VMID int    `json:"vmid"`
-	Type string `json:"type,omitempty" jsonschema:"qemu (default) or lxc"`
+	Type string `json:"type,omitempty" jsonschema:"default qemu"`
 }
 
 // check validates the reference and returns its type.

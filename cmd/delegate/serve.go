@@ -53,7 +53,10 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	if err := a.eng.Start(ctx); err != nil {
 		return err
 	}
-	server := mcpserver.New(ctx, a.eng, log)
+	server, err := newMCPServer(ctx, cfg, a.eng, log)
+	if err != nil {
+		return err
+	}
 	if opts.HTTPAddr == "" {
 		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir)
 		err := server.Run(ctx, &mcp.StdioTransport{})
