@@ -97,6 +97,7 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	templateID := fs.Int("template-id", 9000, "vmid of the template on the first node (the next nodes get the next ids)")
 	templateName := fs.String("template-name", "delegate-template", "name of the template VMs")
 	everyNode := fs.Bool("template-every-node", true, "put a template on every node (linked clones stay on their template's node)")
+	containers := fs.Int("containers", 0, "running LXC containers to add on the first node, ids 200.. (for the proxmox toolset's container tools)")
 	tokenID := fs.String("token-id", "root@pam!delegate", "API token id, user@realm!name")
 	tokenSecret := fs.String("token-secret", "", "API token secret (default: random)")
 	hostname := fs.String("hostname", "", "extra host name or address for the certificate (how clients reach the simulator)")
@@ -225,6 +226,14 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 			return usageError{fmt.Errorf("--template-id/--template-name: %w", err)}
 		}
 		templates = append(templates, fmt.Sprintf("%d on %s", id, n.Name))
+	}
+	if *containers < 0 || *containers > 100 {
+		return usagef("--containers: must be from 0 to 100 (got %d)", *containers)
+	}
+	for i := range *containers {
+		if err := sim.AddContainer(specs[0].Name, 200+i, fmt.Sprintf("ct-%d", i+1), pvesim.ContainerSpec{Running: true}); err != nil {
+			return fmt.Errorf("--containers: %w", err)
+		}
 	}
 	if err := sim.Start(ctx); err != nil {
 		return err
