@@ -1,9 +1,7 @@
 package delegate
 
 import (
-	"bytes"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,17 +60,19 @@ const (
 
 // Manifest is what a client submits: the seed's fields, field for field.
 type Manifest struct {
-	Task       string            `json:"task,omitempty"`
-	AgentType  AgentType         `json:"agentType"`
-	Agent      *AgentConfig      `json:"agent,omitempty"`
-	Files      []File            `json:"files,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Secrets    []string          `json:"secrets,omitempty"`
-	Resources  *Resources        `json:"resources,omitempty"`
-	Timeout    int               `json:"timeout,omitempty"`
-	Lifecycle  Lifecycle         `json:"lifecycle,omitempty"`
-	VMTemplate string            `json:"vmTemplate,omitempty"`
-	StatusMode StatusMode        `json:"statusMode,omitempty"`
+	Task      string            `json:"task,omitempty"`
+	AgentType AgentType         `json:"agentType"`
+	Agent     *AgentConfig      `json:"agent,omitempty"`
+	Files     []File            `json:"files,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Secrets   []string          `json:"secrets,omitempty"`
+	Resources *Resources        `json:"resources,omitempty"`
+	// Timeout is in seconds, counted from running; nil asks for the
+	// server's default (0 is not "no timeout": it is refused).
+	Timeout    *int       `json:"timeout,omitempty"`
+	Lifecycle  Lifecycle  `json:"lifecycle,omitempty"`
+	VMTemplate string     `json:"vmTemplate,omitempty"`
+	StatusMode StatusMode `json:"statusMode,omitempty"`
 	// Artifacts are globs relative to /workspace; matching files are kept.
 	Artifacts []string `json:"artifacts,omitempty"`
 	// Network is none (default) or egress (default for claude).
@@ -153,43 +153,29 @@ func ParseManifest(data []byte) (Manifest, error) {
 	return m, m.Validate()
 }
 
-// DecodeManifest decodes JSON strictly (unknown fields are errors, so a typo
-// never turns into a silent default) without validating the values.
+// DecodeManifest decodes JSON strictly (see DecodeJSON: an unknown field
+// or a duplicate key is an error, so that a typo never turns into a silent
+// default) without validating the values.
 func DecodeManifest(data []byte) (Manifest, error) {
 	var m Manifest
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
-		return Manifest{}, jsonFieldError("manifest", err)
-	}
-	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
-		return Manifest{}, fieldErr("manifest", "must be a single JSON object")
+	if err := DecodeJSON(data, &m, "manifest"); err != nil {
+		return Manifest{}, err
 	}
 	return m, nil
 }
 
-func jsonFieldError(prefix string, err error) error {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) && typeErr.Field != "" {
-		return fieldErr(prefix+"."+typeErr.Field, "must be a JSON %s", jsonKind(typeErr.Type.Kind().String()))
-	}
-	msg := err.Error()
-	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return fieldErr(prefix+"."+strings.Trim(f, `"`), "unknown field (see the manifest reference)")
-	}
-	return fieldErr(prefix, "must be valid JSON: %s", strings.TrimPrefix(msg, "json: "))
+// OneOf lists the agent types, for messages.
+func (AgentType) OneOf() []string {
+	return []string{string(AgentClaude), string(AgentScript), string(AgentCustom)}
 }
 
-func jsonKind(k string) string {
-	switch k {
-	case "float64", "int", "int64":
-		return "number"
-	case "map", "struct", "ptr":
-		return "object"
-	case "slice":
-		return "array"
+// TimeoutSeconds is the job's timeout once ApplyDefaults has run (the
+// server's default before that).
+func (m *Manifest) TimeoutSeconds() int {
+	if m.Timeout == nil {
+		return DefaultTimeoutSeconds
 	}
-	return k
+	return *m.Timeout
 }
 
 // Validate checks every field and returns the first problem as a *FieldError.
@@ -271,8 +257,8 @@ func (m *Manifest) Validate() error {
 			return err
 		}
 	}
-	if m.Timeout < 0 || m.Timeout > MaxTimeoutSeconds {
-		return fieldErr("manifest.timeout", "must be between 1 and %d seconds (got %d)", MaxTimeoutSeconds, m.Timeout)
+	if t := m.Timeout; t != nil && (*t < 1 || *t > MaxTimeoutSeconds) {
+		return fieldErr("manifest.timeout", "must be between 1 and %d seconds (got %d; leave it out for the default)", MaxTimeoutSeconds, *t)
 	}
 	switch m.Lifecycle {
 	case "", LifecycleEphemeral, LifecyclePersistent:
@@ -337,8 +323,8 @@ func validateFiles(files []File) error {
 			return fieldErr(field+".mode", "must be octal permissions like 0644 or 0755 (got %q)", f.Mode)
 		}
 		n := base64.StdEncoding.DecodedLen(len(f.Content))
-		if _, err := base64.StdEncoding.DecodeString(f.Content); err != nil {
-			return fieldErr(field+".content", "must be standard base64: %v", err)
+		if err := checkBase64(f.Content); err != nil {
+			return fieldErr(field+".content", "%v", err)
 		}
 		total += n
 		if total > MaxFileBytesTotal {
@@ -377,8 +363,8 @@ func WorkspacePath(p string) (string, error) {
 // ApplyDefaults fills empty fields from d, so that the stored manifest shows
 // the values the job really ran with.
 func (m *Manifest) ApplyDefaults(d Defaults) {
-	if m.Timeout == 0 {
-		m.Timeout = d.Timeout
+	if m.Timeout == nil {
+		m.Timeout = new(d.Timeout)
 	}
 	if m.Resources == nil {
 		m.Resources = &Resources{}
@@ -420,7 +406,7 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 		}
 		data, err := base64.StdEncoding.DecodeString(f.Content)
 		if err != nil {
-			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].content", i), "must be standard base64: %v", err)
+			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].content", i), "%v", errNotBase64)
 		}
 		mode := fs.FileMode(0o644)
 		if f.Mode != "" {
@@ -440,4 +426,16 @@ type DecodedFile struct {
 	Path string // absolute, inside /workspace
 	Data []byte
 	Mode fs.FileMode
+}
+
+// errNotBase64 is the rule a file's content breaks when it is not base64.
+var errNotBase64 = errors.New("not base64 (standard alphabet with = padding, as `base64` prints it)")
+
+// checkBase64 checks s without keeping what it decodes to: files may total
+// 64 MiB, and validation should not hold a second copy of them.
+func checkBase64(s string) error {
+	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(s))); err != nil {
+		return errNotBase64
+	}
+	return nil
 }

@@ -24,13 +24,36 @@ func TestParseManifest(t *testing.T) {
 		{"full", `{"agentType":"script","task":"x","files":[{"path":"a/b.txt","content":"` + b64 + `"},{"path":"/workspace/c","content":"","mode":"0755"}],
 			"env":{"FOO":"bar"},"secrets":["API_KEY"],"resources":{"cpu":0.5,"memory":"512M","disk":"2G"},"timeout":60,
 			"lifecycle":"persistent","vmTemplate":"/srv/rootfs","statusMode":"streaming"}`, "", ""},
-		{"no agentType", `{"task":"x"}`, "manifest.agentType", "is required"},
+		{"no agentType", `{"task":"x"}`, "manifest.agentType", "required (one of claude, script, custom)"},
 		{"bad agentType", `{"agentType":"docker","task":"x"}`, "manifest.agentType", "must be one of"},
 		{"script no task", `{"agentType":"script"}`, "manifest.task", "is required"},
 		{"custom no command", `{"agentType":"custom","task":"x"}`, "manifest.agent.command", "is required"},
 		{"claude no task", `{"agentType":"claude"}`, "manifest.task", "is required"},
 		{"unknown field", `{"agentType":"script","task":"x","timout":5}`, "manifest.timout", "unknown field"},
-		{"wrong type", `{"agentType":"script","task":"x","timeout":"5"}`, "manifest.timeout", "must be a JSON number"},
+		{"wrong type", `{"agentType":"script","task":"x","timeout":"5"}`, "manifest.timeout", "must be an integer (got a string)"},
+		{"fraction", `{"agentType":"script","task":"x","timeout":1.5}`, "manifest.timeout", "must be an integer (got 1.5)"},
+		{"integral float", `{"agentType":"script","task":"x","timeout":60.0}`, "", ""},
+		{"timeout zero", `{"agentType":"script","task":"x","timeout":0}`, "manifest.timeout", "between 1 and 86400"},
+		{"timeout null is absent", `{"agentType":"script","task":"x","timeout":null}`, "", ""},
+		{"null manifest", `null`, "manifest", "required (an object)"},
+		{"array manifest", `[]`, "manifest", "must be an object (got an array)"},
+		{"duplicate key", `{"agentType":"script","task":"a","task":"b"}`, "manifest.task", "duplicate key"},
+		{"duplicate escaped", `{"agentType":"script","task":"a","t\u0061sk":"b"}`, "manifest.task", "duplicate key"},
+		{"duplicate after null", `{"agentType":"script","task":"a","timeout":null,"timeout":5}`, "manifest.timeout", "duplicate key"},
+		{"duplicate env", `{"agentType":"script","task":"a","env":{"A":"1","A":"2"}}`, "manifest.env.A", "duplicate key"},
+		{"duplicate in a file", `{"agentType":"script","task":"a","files":[{"path":"a","content":"","path":"b"}]}`, "manifest.files[0].path", "duplicate key"},
+		{"case is not folded", `{"agentType":"script","Task":"x"}`, "manifest.Task", "unknown field"},
+		{"env not string", `{"agentType":"script","task":"x","env":{"A":1}}`, "manifest.env.A", "must be a string (got a number)"},
+		{"files not array", `{"agentType":"script","task":"x","files":{}}`, "manifest.files", "must be an array (got an object)"},
+		{"file null", `{"agentType":"script","task":"x","files":[null]}`, "manifest.files[0]", "must be an object (got null)"},
+		{"file without content", `{"agentType":"script","task":"x","files":[{"path":"a"}]}`, "manifest.files[0].content", "required (a string)"},
+		{"third file not base64", `{"agentType":"script","task":"x","files":[{"path":"a","content":""},{"path":"b","content":"aGk="},{"path":"c","content":"aGk"}]}`, "manifest.files[2].content", "not base64"},
+		{"wrapped base64", `{"agentType":"script","task":"x","files":[{"path":"a","content":"aGVs\nbG8="}]}`, "", ""},
+		{"invalid UTF-8", "{\"agentType\":\"script\",\"task\":\"a\xffb\"}", "manifest.task", "not valid UTF-8"},
+		{"lone surrogate", `{"agentType":"script","task":"a\ud800b"}`, "manifest.task", "lone UTF-16 surrogate"},
+		{"surrogate pair", `{"agentType":"script","task":"\ud83d\ude00"}`, "", ""},
+		{"raw newline in string", "{\"agentType\":\"script\",\"task\":\"a\nb\"}", "manifest.task", "control character"},
+		{"trailing comma", `{"agentType":"script","task":"x",}`, "manifest", "not valid JSON"},
 		{"timeout high", `{"agentType":"script","task":"x","timeout":86401}`, "manifest.timeout", "between 1 and 86400"},
 		{"timeout negative", `{"agentType":"script","task":"x","timeout":-1}`, "manifest.timeout", "between 1 and 86400"},
 		{"memory bad", `{"agentType":"script","task":"x","resources":{"memory":"lots"}}`, "manifest.resources.memory", "like 512M"},
@@ -51,7 +74,7 @@ func TestParseManifest(t *testing.T) {
 		{"statusMode", `{"agentType":"script","task":"x","statusMode":"loud"}`, "manifest.statusMode", "simple, detailed or streaming"},
 		{"model on script", `{"agentType":"script","task":"x","agent":{"claudeModel":"sonnet"}}`, "manifest.agent.claudeModel", "only used with"},
 		{"model chars", `{"agentType":"claude","task":"x","agent":{"claudeModel":"a b"}}`, "manifest.agent.claudeModel", "model name"},
-		{"two objects", `{"agentType":"script","task":"x"} {}`, "manifest", "single JSON object"},
+		{"two objects", `{"agentType":"script","task":"x"} {}`, "manifest", "single JSON value"},
 		{"not json", `nope`, "manifest", "valid JSON"},
 		{"NUL in task", `{"agentType":"script","task":"a\u0000b"}`, "manifest.task", "NUL"},
 	}
@@ -94,7 +117,7 @@ func TestParseSize(t *testing.T) {
 func TestApplyDefaults(t *testing.T) {
 	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Resources: &delegate.Resources{Memory: "1G"}}
 	m.ApplyDefaults(delegate.Defaults{Timeout: 3600, CPU: 2, Memory: "2G", Disk: "10G", VMTemplate: "/t"})
-	if m.Timeout != 3600 || m.Resources.CPU != 2 || m.Resources.Memory != "1G" || m.Resources.Disk != "10G" ||
+	if *m.Timeout != 3600 || m.Resources.CPU != 2 || m.Resources.Memory != "1G" || m.Resources.Disk != "10G" ||
 		m.VMTemplate != "/t" || m.Lifecycle != delegate.LifecycleEphemeral || m.StatusMode != delegate.StatusModeSimple {
 		t.Fatalf("defaults applied wrong: %+v %+v", m, *m.Resources)
 	}

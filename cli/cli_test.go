@@ -279,7 +279,7 @@ func TestRun(t *testing.T) {
 	if len(m.Files) != 2 || m.Files[0].Path != "input.txt" || m.Files[1].Path != "in/copy.txt" || m.Files[0].Content != data {
 		t.Errorf("files: %+v", m.Files)
 	}
-	if m.StatusMode != delegate.StatusModeStreaming || m.Env["A"] != "b=c" || m.Timeout != 60 || m.Task != "make" {
+	if m.StatusMode != delegate.StatusModeStreaming || m.Env["A"] != "b=c" || m.Timeout == nil || *m.Timeout != 60 || m.Task != "make" {
 		t.Errorf("manifest: %+v", m)
 	}
 	if len(r.runJobs) != 1 || !r.runJobs[0] {

@@ -20,6 +20,7 @@ import (
 type runFlags struct {
 	script, manifest string
 	timeout          int
+	timeoutSet       bool // --timeout given, even as 0 (which the service refuses)
 	memory           string
 	cpu              float64
 	quiet            bool
@@ -48,6 +49,7 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.timeoutSet = cmd.Flags().Changed("timeout")
 			return p.run(cmd.Context(), *cfg, f)
 		},
 	}
@@ -211,8 +213,8 @@ func buildManifest(stdin io.Reader, f runFlags) (delegate.Manifest, error) {
 		}
 		m.Env[k] = v
 	}
-	if f.timeout != 0 {
-		m.Timeout = f.timeout
+	if f.timeoutSet {
+		m.Timeout = new(f.timeout)
 	}
 	if f.memory != "" || f.cpu != 0 {
 		if m.Resources == nil {

@@ -153,7 +153,7 @@ func TestListFilterAndPage(t *testing.T) {
 
 func runningJob(mode delegate.StatusMode) *delegate.Job {
 	return &delegate.Job{ID: "job-1", Status: delegate.StatusRunning, Progress: "compiling " + hostile, Backend: "local",
-		Manifest:  delegate.Manifest{Task: "make && " + hostile, AgentType: delegate.AgentScript, StatusMode: mode, Timeout: 60},
+		Manifest:  delegate.Manifest{Task: "make && " + hostile, AgentType: delegate.AgentScript, StatusMode: mode, Timeout: new(60)},
 		CreatedAt: t0, StartedAt: t0}
 }
 

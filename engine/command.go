@@ -79,7 +79,7 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 	}
 	return sandbox.Command{
 		Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: e.cfg.OutputLimit,
-		Deadline: time.Now().Add(time.Duration(m.Timeout)*time.Second + deadlineGrace),
+		Deadline: time.Now().Add(time.Duration(m.TimeoutSeconds())*time.Second + deadlineGrace),
 	}, nil
 }
 

@@ -224,7 +224,7 @@ func TestSubmitRejects(t *testing.T) {
 func TestTimeoutKills(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	m := script("sleep 100")
-	m.Timeout = 1
+	m.Timeout = new(1)
 	job := f.submit(m)
 	p := f.started()
 	j := f.wait(f.eng, job.ID)
@@ -313,7 +313,7 @@ func TestFinishRaces(t *testing.T) {
 	ctx := context.Background()
 	for i := range 20 {
 		m := script("race")
-		m.Timeout = 1
+		m.Timeout = new(1)
 		job := f.submit(m)
 		p := f.started()
 		var wg sync.WaitGroup

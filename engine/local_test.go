@@ -262,12 +262,12 @@ func TestLocalTimeoutCountsFromRunning(t *testing.T) {
 	// 2 s of provisioning + 1.5 s of work > the 3 s timeout, which the
 	// work alone is well within.
 	ok, err := server.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1.5; echo finished",
-		Timeout: 3, Files: files}, delegate.SubmitOptions{})
+		Timeout: new(3), Files: files}, delegate.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	long, err := server.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "exec sleep 1000",
-		Timeout: 1, Files: files}, delegate.SubmitOptions{})
+		Timeout: new(1), Files: files}, delegate.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -206,7 +206,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 		e.log.Error("follow job", "job", id, "err", err)
 		return
 	}
-	deadline := job.StartedAt.Add(time.Duration(m.Timeout) * time.Second)
+	deadline := job.StartedAt.Add(time.Duration(m.TimeoutSeconds()) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	ticker := time.NewTicker(e.cfg.PollInterval)
@@ -276,7 +276,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			kill()
 		case <-timer.C:
 			timedOut = true
-			e.log.Info("job timed out", "job", id, "timeout", m.Timeout)
+			e.log.Info("job timed out", "job", id, "timeout", m.TimeoutSeconds())
 			kill()
 		case <-ctx.Done():
 			// Engine closing: a running job goes on, for the next engine to
@@ -464,7 +464,7 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 	case waitErr != nil:
 		status, reason = delegate.StatusFailed, fmt.Sprintf("lost the job's process: %v", waitErr)
 	case timedOut || exit.DeadlineExceeded:
-		status, reason = delegate.StatusTimeout, fmt.Sprintf("timed out after %ds (manifest.timeout); every process of the job was killed", m.Timeout)
+		status, reason = delegate.StatusTimeout, fmt.Sprintf("timed out after %ds (manifest.timeout); every process of the job was killed", m.TimeoutSeconds())
 	case exit.OOMKilled:
 		status, reason = delegate.StatusFailed, fmt.Sprintf("out of memory: killed by the kernel at the %s memory limit (raise resources.memory)", m.Resources.Memory)
 	case exit.Reason != "":

@@ -209,7 +209,7 @@ func TestCallbackRaces(t *testing.T) {
 	ctx := context.Background()
 	for i := range 15 {
 		m := script()
-		m.Timeout = 1
+		m.Timeout = new(1)
 		j, p, token := e.start(m)
 		var wg sync.WaitGroup
 		codes := make([]int, 2)

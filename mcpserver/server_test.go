@@ -206,7 +206,7 @@ func TestSubmit(t *testing.T) {
 	if out.JobID != "job-9" || out.Status != delegate.StatusPending {
 		t.Errorf("output %+v", out)
 	}
-	if got.AgentType != delegate.AgentScript || got.Task != "echo hi" || got.Timeout != 30 || got.Env["A"] != "b" || gotOpts.IdempotencyKey != "k1" {
+	if got.AgentType != delegate.AgentScript || got.Task != "echo hi" || got.Timeout == nil || *got.Timeout != 30 || got.Env["A"] != "b" || gotOpts.IdempotencyKey != "k1" {
 		t.Errorf("the service got %+v %+v", got, gotOpts)
 	}
 }

@@ -160,7 +160,10 @@ func (r *recorder) steps(id string) []string {
 
 func (s *server) submit(t *testing.T, task, memory string, timeout int) *delegate.Job {
 	t.Helper()
-	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: task, Timeout: timeout}
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: task}
+	if timeout != 0 { // 0: the default
+		m.Timeout = new(timeout)
+	}
 	if memory != "" {
 		m.Resources = &delegate.Resources{Memory: memory}
 	}
