@@ -531,3 +531,62 @@ func TestJobsArtifact(t *testing.T) {
 		t.Errorf("missing: %d %q", r.code, r.stderr)
 	}
 }
+
+// TestJobTextIsEscaped: what a job controls reaches the operator's
+// terminal in delegate's own lines with its control characters escaped
+// (no title change, no cursor moves, no forged lines), while the job's
+// output on stdout stays byte for byte what it wrote.
+func TestJobTextIsEscaped(t *testing.T) {
+	const evil = "\x1b]0;owned\x07red \x1b[31mtext\r\ndelegate: job-1 success\u202e\xff"
+	const escaped = `\x1b]0;owned\x07red \x1b[31mtext\r\ndelegate: job-1 success\u202e\xff`
+	const output = "raw \x1b[1mbold\x1b[0m\r\n\xff\x00 stays\n"
+	clean := func(t *testing.T, what, s string) {
+		t.Helper()
+		if strings.ContainsAny(s, "\x1b\x07\r\u202e") || strings.Contains(s, "\xff") || strings.Count(s, "delegate: job-1 success") > strings.Count(s, escaped) {
+			t.Errorf("%s carries the job's control characters: %q", what, s)
+		}
+		if !strings.Contains(s, escaped) {
+			t.Errorf("%s does not show the job's text escaped: %q", what, s)
+		}
+	}
+
+	final := job("job-1", delegate.StatusFailed, intp(1))
+	final.Error = evil
+	h := newHarness()
+	svc, _ := runService(t, final, output)
+	wait := svc.WaitFn
+	svc.WaitFn = func(ctx context.Context, id string) (*delegate.Job, error) {
+		j, err := wait(ctx, id)
+		if j != nil && j.Status == delegate.StatusRunning {
+			j.Progress = evil
+		}
+		return j, err
+	}
+	h.svc = svc
+	r := h.run(t, "run", "--script", "make")
+	if r.stdout != output {
+		t.Errorf("run: stdout %q, want the output byte for byte %q", r.stdout, output)
+	}
+	clean(t, "run's progress", r.stderr)
+
+	j := job("job-1", delegate.StatusFailed, intp(1))
+	j.Progress, j.Error = evil, evil
+	h.svc.GetFn = func(ctx context.Context, id string) (*delegate.Job, error) { return j, nil }
+	h.svc.TimelineFn = func(ctx context.Context, id string) ([]delegate.Event, error) {
+		return []delegate.Event{{Time: time.Now(), Message: evil}}, nil
+	}
+	r = h.run(t, "jobs", "status", "job-1")
+	clean(t, "jobs status", r.stdout)
+	if n := strings.Count(r.stdout, escaped); n != 3 {
+		t.Errorf("jobs status shows the progress, error and timeline escaped %d times, want 3:\n%s", n, r.stdout)
+	}
+
+	h.svc.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
+		return &delegate.JobResult{JobID: id, Status: delegate.StatusFailed, ExitCode: intp(1), Output: []byte(output), Error: evil}, nil
+	}
+	r = h.run(t, "jobs", "result", "job-1")
+	if r.stdout != output {
+		t.Errorf("jobs result: stdout %q, want %q", r.stdout, output)
+	}
+	clean(t, "jobs result", r.stderr)
+}

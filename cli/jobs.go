@@ -156,10 +156,10 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
 	w := p.Stdout
 	fmt.Fprintf(w, "%s %s", j.ID, j.Status)
 	if j.Progress != "" && j.Progress != string(j.Status) {
-		fmt.Fprintf(w, " (%s)", j.Progress)
+		fmt.Fprintf(w, " (%s)", safe(j.Progress))
 	}
 	if j.Error != "" {
-		fmt.Fprintf(w, ": %s", j.Error)
+		fmt.Fprintf(w, ": %s", safe(j.Error))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -183,7 +183,7 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
 	if len(timeline) > 0 {
 		fmt.Fprintln(w, "timeline:")
 		for _, ev := range timeline {
-			fmt.Fprintf(w, "  %s  %s\n", ev.Time.Local().Format("15:04:05.000"), ev.Message)
+			fmt.Fprintf(w, "  %s  %s\n", ev.Time.Local().Format("15:04:05.000"), safe(ev.Message))
 		}
 	}
 }
@@ -224,7 +224,7 @@ with the job's exit code (124 when it timed out, 130 when it was cancelled).`,
 						line += fmt.Sprintf(", exit code %d", *res.ExitCode)
 					}
 					if res.Error != "" {
-						line += ": " + res.Error
+						line += ": " + safe(res.Error)
 					}
 					fmt.Fprintln(p.Stderr, line)
 				}

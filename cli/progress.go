@@ -40,7 +40,7 @@ func (p *progressLine) show(j *delegate.Job) {
 	}
 	msg := string(j.Status)
 	if j.Progress != "" && j.Progress != msg {
-		msg += ": " + j.Progress
+		msg += ": " + safe(j.Progress)
 	}
 	if !p.tty {
 		if msg != p.last {
@@ -68,7 +68,7 @@ func (p *progressLine) done(j *delegate.Job) {
 	}
 	line := fmt.Sprintf("delegate: %s %s in %.1fs", j.ID, j.Status, j.Duration(time.Now()).Seconds())
 	if j.Error != "" {
-		line += ": " + j.Error
+		line += ": " + safe(j.Error)
 	}
 	if j.OutputTruncated {
 		line += fmt.Sprintf(" (output truncated: %d bytes written, first kept)", j.OutputBytes)
