@@ -308,7 +308,7 @@ func validateFiles(files []File) error {
 		return fieldErr("manifest.files", "must have at most %d files", MaxFiles)
 	}
 	seen := make(map[string]int, len(files))
-	total := 0
+	var total int64
 	for i, f := range files {
 		field := fmt.Sprintf("manifest.files[%d]", i)
 		p, err := WorkspacePath(f.Path)
@@ -322,8 +322,8 @@ func validateFiles(files []File) error {
 		if f.Mode != "" && !modeRE.MatchString(f.Mode) {
 			return fieldErr(field+".mode", "must be octal permissions like 0644 or 0755 (got %q)", f.Mode)
 		}
-		n := base64.StdEncoding.DecodedLen(len(f.Content))
-		if err := checkBase64(f.Content); err != nil {
+		n, err := checkBase64(f.Content)
+		if err != nil {
 			return fieldErr(field+".content", "%v", err)
 		}
 		total += n
@@ -431,11 +431,13 @@ type DecodedFile struct {
 // errNotBase64 is the rule a file's content breaks when it is not base64.
 var errNotBase64 = errors.New("not base64 (standard alphabet with = padding, as `base64` prints it)")
 
-// checkBase64 checks s without keeping what it decodes to: files may total
-// 64 MiB, and validation should not hold a second copy of them.
-func checkBase64(s string) error {
-	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(s))); err != nil {
-		return errNotBase64
+// checkBase64 checks s and counts the bytes it decodes to, without keeping
+// them: files may total 64 MiB, and validation should not hold a second
+// copy of them.
+func checkBase64(s string) (int64, error) {
+	n, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(s)))
+	if err != nil {
+		return 0, errNotBase64
 	}
-	return nil
+	return n, nil
 }

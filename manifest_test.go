@@ -3,6 +3,7 @@ package delegate_test
 import (
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -149,4 +150,26 @@ func FuzzParseManifest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestFilesTotal: files may total exactly MaxFileBytesTotal (base64
+// padding is not counted as content), and not a byte more.
+func TestFilesTotal(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		ok    bool
+	}{
+		{[]int{delegate.MaxFileBytesTotal}, true},
+		{[]int{delegate.MaxFileBytesTotal - 1, 1}, true},
+		{[]int{delegate.MaxFileBytesTotal, 1}, false},
+		{[]int{delegate.MaxFileBytesTotal + 1}, false},
+	} {
+		m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "x"}
+		for i, n := range tc.sizes {
+			m.Files = append(m.Files, delegate.File{Path: fmt.Sprintf("f%d", i), Content: base64.StdEncoding.EncodeToString(make([]byte, n))})
+		}
+		if err := m.Validate(); (err == nil) != tc.ok {
+			t.Errorf("files of %v bytes: %v", tc.sizes, err)
+		}
+	}
 }
