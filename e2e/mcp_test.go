@@ -58,9 +58,19 @@ func TestToolsList(t *testing.T) {
 		if tool.OutputSchema == nil {
 			t.Errorf("%s has no outputSchema", tool.Name)
 		}
+		// Hints whose default would be wrong are given.
 		a := tool.Annotations
-		if a == nil || a.DestructiveHint == nil || a.OpenWorldHint == nil {
-			t.Errorf("%s: annotations not set explicitly: %+v", tool.Name, a)
+		switch {
+		case a == nil:
+			t.Errorf("%s has no annotations", tool.Name)
+		case tool.Name == "submit_job" && (a.ReadOnlyHint || a.DestructiveHint == nil || *a.DestructiveHint):
+			t.Errorf("submit_job: not read-only, not destructive: %+v", a)
+		case tool.Name != "submit_job" && (a.OpenWorldHint == nil || *a.OpenWorldHint):
+			t.Errorf("%s: closed world: %+v", tool.Name, a)
+		case strings.HasPrefix(tool.Name, "get_") || tool.Name == "list_jobs" || tool.Name == "wait_job":
+			if !a.ReadOnlyHint {
+				t.Errorf("%s: read-only: %+v", tool.Name, a)
+			}
 		}
 	}
 	for _, want := range []string{"submit_job", "get_job_status", "get_job_result", "cancel_job", "list_jobs", "wait_job", "get_job_logs", "release_job"} {
@@ -68,10 +78,10 @@ func TestToolsList(t *testing.T) {
 			t.Errorf("tool %s missing from %v", want, names)
 		}
 	}
-	raw, _ := json.Marshal(res)
-	t.Logf("tools/list is %d bytes", len(raw))
-	if len(raw) > 8192 {
-		t.Errorf("tools/list is %d bytes, over the 8 KB budget", len(raw))
+	raw, _ := json.Marshal(res.Tools)
+	t.Logf("tools/list's tools are %d bytes", len(raw))
+	if len(raw) > 5000 {
+		t.Errorf("tools/list's tools are %d bytes, over the 5,000-byte budget", len(raw))
 	}
 }
 
@@ -149,6 +159,9 @@ func lifecycle(t *testing.T, cs *mcp.ClientSession) {
 		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "files": []map[string]string{{"path": "../x", "content": ""}}}}, "manifest.files[0].path"},
 		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "resources": map[string]any{"memory": "lots"}}}, "manifest.resources.memory"},
 		{map[string]any{"manifest": map[string]any{"agentType": "custom", "task": "x"}}, "manifest.agent.command: is required"},
+		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "timeout": 0}}, "manifest.timeout: must be between 1 and 86400"},
+		{map[string]any{"manifest": nil}, "manifest: required (an object)"},
+		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "timeout": "60"}}, "manifest.timeout: must be an integer (got a string)"},
 	} {
 		if msg := callErr(t, cs, "submit_job", tc.args); !strings.Contains(msg, tc.want) {
 			t.Errorf("submit %v: %q, want %q", tc.args, msg, tc.want)

@@ -16,7 +16,6 @@ type LogsIn struct {
 
 // LogsOut is a piece of a job's output.
 type LogsOut struct {
-	JobID      string          `json:"job_id"`
 	Status     delegate.Status `json:"status"`
 	Output     string          `json:"output"`
 	NextCursor string          `json:"next_cursor"`
@@ -24,10 +23,10 @@ type LogsOut struct {
 	Done bool `json:"done"`
 }
 
-func (h *handlers) logs(ctx context.Context, _ *mcp.CallToolRequest, in LogsIn) (*mcp.CallToolResult, LogsOut, error) {
+func (h *handlers) logs(ctx context.Context, _ *mcp.CallToolRequest, in *LogsIn) (LogsOut, error) {
 	l, err := h.svc.Logs(ctx, in.JobID, delegate.LogOptions{Cursor: in.Cursor, MaxBytes: in.MaxBytes})
 	if err != nil {
-		return nil, LogsOut{}, toolError(err)
+		return LogsOut{}, err
 	}
-	return nil, LogsOut{JobID: l.JobID, Status: l.Status, Output: text(l.Output), NextCursor: l.NextCursor, Done: l.Done}, nil
+	return LogsOut{Status: l.Status, Output: text(l.Output), NextCursor: l.NextCursor, Done: l.Done}, nil
 }

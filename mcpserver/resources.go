@@ -40,7 +40,10 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		if err != nil {
 			return nil, err
 		}
-		data, _ := json.Marshal(st)
+		data, _ := json.Marshal(struct {
+			JobID string `json:"job_id"`
+			StatusOut
+		}{id, st})
 		return contents(uri, "application/json", data), nil
 	case sub == "log":
 		out, err := readLog(ctx, svc, id)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -144,9 +145,39 @@ func fullService() *service {
 	return s
 }
 
+// toolTypes are each tool's input and output types, the source of its
+// schemas.
+var toolTypes = map[string]struct{ in, out reflect.Type }{
+	"submit_job":     {reflect.TypeFor[mcpserver.SubmitIn](), reflect.TypeFor[mcpserver.SubmitOut]()},
+	"wait_job":       {reflect.TypeFor[mcpserver.WaitIn](), reflect.TypeFor[mcpserver.WaitOut]()},
+	"get_job_status": {reflect.TypeFor[mcpserver.JobIn](), reflect.TypeFor[mcpserver.StatusOut]()},
+	"get_job_result": {reflect.TypeFor[mcpserver.ResultIn](), reflect.TypeFor[mcpserver.ResultOut]()},
+	"get_job_logs":   {reflect.TypeFor[mcpserver.LogsIn](), reflect.TypeFor[mcpserver.LogsOut]()},
+	"cancel_job":     {reflect.TypeFor[mcpserver.JobIn](), reflect.TypeFor[mcpserver.CancelOut]()},
+	"release_job":    {reflect.TypeFor[mcpserver.JobIn](), reflect.TypeFor[mcpserver.ReleaseOut]()},
+	"list_jobs":      {reflect.TypeFor[mcpserver.ListIn](), reflect.TypeFor[mcpserver.ListOut]()},
+}
+
+func resolve(t *testing.T, schema any) *jsonschema.Resolved {
+	t.Helper()
+	raw, _ := json.Marshal(schema)
+	var s jsonschema.Schema
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatalf("schema %s: %v", raw, err)
+	}
+	r, err := s.Resolve(nil)
+	if err != nil {
+		t.Fatalf("schema %s does not resolve: %v", raw, err)
+	}
+	return r
+}
+
 // TestToolOutputsMatchSchemas: every tool's structured output validates
-// against the output schema it declares in tools/list (as a client sees
-// it, after the schemas were made compact).
+// against the output schema it declares in tools/list, declares every
+// field it has (the published schema names the fields without their
+// types), and has the types of its Go output type (the typed schema,
+// checked here so that clients need not pay for it); its text content is
+// the same JSON.
 func TestToolOutputsMatchSchemas(t *testing.T) {
 	cs := connect(t, fullService(), nil)
 	tools, err := cs.ListTools(context.Background(), nil)
@@ -157,19 +188,19 @@ func TestToolOutputsMatchSchemas(t *testing.T) {
 		"submit_job": {"manifest": map[string]any{"agentType": "script", "task": "make"}},
 		"list_jobs":  {"status": "success", "limit": 5},
 	}
-	if len(tools.Tools) != 8 {
-		t.Errorf("%d tools", len(tools.Tools))
+	if len(tools.Tools) != len(toolTypes) {
+		t.Errorf("%d tools, want %d", len(tools.Tools), len(toolTypes))
 	}
 	for _, tool := range tools.Tools {
 		t.Run(tool.Name, func(t *testing.T) {
-			raw, _ := json.Marshal(tool.OutputSchema)
-			var schema jsonschema.Schema
-			if err := json.Unmarshal(raw, &schema); err != nil {
-				t.Fatalf("output schema %s: %v", raw, err)
+			types, ok := toolTypes[tool.Name]
+			if !ok {
+				t.Fatalf("no types known for %s", tool.Name)
 			}
-			resolved, err := schema.Resolve(nil)
+			published := resolve(t, tool.OutputSchema)
+			typed, err := jsonschema.ForType(types.out, nil)
 			if err != nil {
-				t.Fatalf("output schema does not resolve: %v", err)
+				t.Fatal(err)
 			}
 			a := args[tool.Name]
 			if a == nil {
@@ -182,11 +213,48 @@ func TestToolOutputsMatchSchemas(t *testing.T) {
 			var instance any
 			out, _ := json.Marshal(res.StructuredContent)
 			json.Unmarshal(out, &instance)
-			if err := resolved.Validate(instance); err != nil {
-				t.Fatalf("structured output %s does not match the declared schema %s: %v", out, raw, err)
+			if err := published.Validate(instance); err != nil {
+				t.Errorf("structured output %s does not match the declared schema: %v", out, err)
+			}
+			if err := resolve(t, typed).Validate(instance); err != nil {
+				t.Errorf("structured output %s does not match the typed schema of %s: %v", out, types.out, err)
+			}
+			raw, _ := json.Marshal(tool.OutputSchema)
+			var declared map[string]any
+			json.Unmarshal(raw, &declared)
+			if missing := undeclared(instance, declared, ""); len(missing) > 0 {
+				t.Errorf("output fields %v are not in the declared schema %s", missing, raw)
+			}
+			var fromText any
+			if err := json.Unmarshal([]byte(errorText(res)), &fromText); err != nil || !reflect.DeepEqual(fromText, instance) {
+				t.Errorf("text content %s is not the structured content %s", errorText(res), out)
 			}
 		})
 	}
+}
+
+// undeclared lists the fields of a JSON value that the schema (as JSON)
+// does not name.
+func undeclared(v any, schema map[string]any, path string) []string {
+	var missing []string
+	switch v := v.(type) {
+	case map[string]any:
+		props, _ := schema["properties"].(map[string]any)
+		for k, sub := range v {
+			p, ok := props[k].(map[string]any)
+			if !ok {
+				missing = append(missing, path+k)
+				continue
+			}
+			missing = append(missing, undeclared(sub, p, path+k+".")...)
+		}
+	case []any:
+		items, _ := schema["items"].(map[string]any)
+		for _, e := range v {
+			missing = append(missing, undeclared(e, items, path)...)
+		}
+	}
+	return missing
 }
 
 func TestSubmit(t *testing.T) {
@@ -259,7 +327,7 @@ func TestResultAndLogsRendering(t *testing.T) {
 	if gotResult.OutputTail != 100 {
 		t.Errorf("max_output_bytes became %+v", gotResult)
 	}
-	if r.Output != "ok \uFFFD\n" || r.OutputOffset != 7 || r.DurationSeconds != 1.5 || len(r.Artifacts) != 1 {
+	if r.Output != "ok \uFFFD\n" || r.DurationSeconds != 1.5 || len(r.Artifacts) != 1 {
 		t.Errorf("result %+v", r)
 	}
 	var l mcpserver.LogsOut
@@ -394,7 +462,10 @@ func TestResources(t *testing.T) {
 		}
 		return res.Contents[0]
 	}
-	var st mcpserver.StatusOut
+	var st struct {
+		JobID string `json:"job_id"`
+		mcpserver.StatusOut
+	}
 	if err := json.Unmarshal([]byte(read("job://job-1").Text), &st); err != nil || st.JobID != "job-1" || len(st.Timeline) != 2 {
 		t.Errorf("status resource: %+v %v", st, err)
 	}

@@ -59,7 +59,7 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	}
 	if opts.HTTPAddr == "" {
 		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir)
-		err := server.Run(ctx, &mcp.StdioTransport{})
+		err := server.Run(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout, mcpserver.Limits{}, log))
 		if ctx.Err() != nil || errors.Is(err, io.EOF) {
 			return nil
 		}

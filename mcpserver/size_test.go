@@ -1,0 +1,111 @@
+package mcpserver_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/mcpserver"
+)
+
+// maxToolsListBytes is what the default toolset may cost an agent session:
+// the compact JSON of tools/list's tools array.
+const maxToolsListBytes = 5000
+
+// TestToolsListSize prints the bytes of tools/list as the server writes
+// them (through the stdio transport, raw) and fails above the budget.
+//
+//	go test -run ToolsListSize -v ./mcpserver/
+func TestToolsListSize(t *testing.T) {
+	rw := rawSession(t)
+	rw.send(t, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	rw.receive(t)
+	rw.send(t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	rw.send(t, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	var resp struct {
+		Result struct {
+			Tools json.RawMessage `json:"tools"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(rw.receive(t), &resp); err != nil {
+		t.Fatal(err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, resp.Result.Tools); err != nil {
+		t.Fatal(err)
+	}
+	var tools []json.RawMessage
+	json.Unmarshal(resp.Result.Tools, &tools)
+	for _, tool := range tools {
+		var name struct{ Name string }
+		json.Unmarshal(tool, &name)
+		t.Logf("%-15s %5d bytes", name.Name, len(tool))
+	}
+	t.Logf("tools/list: %d tools, %d bytes (budget %d)", len(tools), compact.Len(), maxToolsListBytes)
+	if compact.Len() > maxToolsListBytes {
+		t.Errorf("tools/list is %d bytes, over the budget of %d", compact.Len(), maxToolsListBytes)
+	}
+}
+
+// rawConn speaks newline-delimited JSON-RPC to a server over the stdio
+// transport, byte for byte.
+type rawConn struct {
+	w   io.Writer
+	r   *bufio.Reader
+	ctx context.Context
+}
+
+func rawSession(t *testing.T) *rawConn {
+	return rawSessionWith(t, fullService(), mcpserver.Limits{})
+}
+
+// rawSessionWith serves svc with the given limits.
+func rawSessionWith(t *testing.T, svc *service, lim mcpserver.Limits) *rawConn {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	server := mcpserver.New(ctx, svc, slog.New(slog.DiscardHandler))
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ss, err := server.Connect(ctx, mcpserver.StdioTransport(inR, outW, lim, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); inW.Close(); ss.Close() })
+	return &rawConn{w: inW, r: bufio.NewReaderSize(outR, 1<<20), ctx: ctx}
+}
+
+func (c *rawConn) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := io.WriteString(c.w, line+"\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// receive reads the next message the server writes.
+func (c *rawConn) receive(t *testing.T) []byte {
+	t.Helper()
+	type line struct {
+		data []byte
+		err  error
+	}
+	ch := make(chan line, 1)
+	go func() {
+		b, err := c.r.ReadBytes('\n')
+		ch <- line{b, err}
+	}()
+	select {
+	case l := <-ch:
+		if l.err != nil {
+			t.Fatalf("reading the server: %v", l.err)
+		}
+		return bytes.TrimSpace(l.data)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message from the server in 10 s")
+		return nil
+	}
+}

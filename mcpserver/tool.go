@@ -1,0 +1,88 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// addTool registers a tool with the non-generic Server.AddTool: the SDK
+// then neither validates the arguments nor the output against their JSON
+// schemas on every call (a third of a call's CPU, and its messages name
+// no field a person would recognise). Instead the arguments are decoded
+// by delegate.DecodeJSON into In, whose rules the published input schema
+// states (TestInputSchemasDescribeWhatIsAccepted), and Out, the source of
+// the output schema, is encoded once for both the structured and the text
+// content.
+func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		var in In
+		args := req.Params.Arguments
+		if len(args) == 0 {
+			args = json.RawMessage("{}") // no arguments: as if an empty object
+		}
+		if err := delegate.DecodeJSON(args, &in, ""); err != nil {
+			return errorResult(argumentError(err)), nil
+		}
+		out, err := h(ctx, req, &in)
+		if err != nil {
+			return errorResult(toolError(err)), nil
+		}
+		data, err := encode(out)
+		if err != nil {
+			return nil, fmt.Errorf("%s: encoding the result: %w", t.Name, err)
+		}
+		return &mcp.CallToolResult{
+			StructuredContent: json.RawMessage(data),
+			// Clients from before structured content read the same JSON
+			// as text.
+			Content: []mcp.Content{&mcp.TextContent{Text: string(data)}},
+		}, nil
+	})
+}
+
+// encode is json.Marshal without HTML escaping: job output full of < and
+// & stays as short as it was.
+func encode(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+func errorResult(err error) *mcp.CallToolResult {
+	var res mcp.CallToolResult
+	res.SetError(err)
+	return &res
+}
+
+// argumentError names the arguments themselves when the error is about
+// them as a whole (not an object, not JSON).
+func argumentError(err error) error {
+	var fe *delegate.FieldError
+	if errors.As(err, &fe) && fe.Field == "" {
+		return &delegate.FieldError{Field: "arguments", Rule: fe.Rule}
+	}
+	return err
+}
+
+// toolError turns a service error into a message that tells the agent
+// what to do next.
+func toolError(err error) error {
+	switch {
+	case errors.Is(err, delegate.ErrNotFound):
+		return fmt.Errorf("job_id: %w (list_jobs shows existing jobs)", err)
+	case errors.Is(err, delegate.ErrNotFinished):
+		return fmt.Errorf("%w (wait_job waits for it)", err)
+	default:
+		return err
+	}
+}
