@@ -1,11 +1,15 @@
 package mcpserver_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -157,4 +161,77 @@ func benchEngine(b *testing.B) delegate.JobService {
 	}
 	b.Cleanup(func() { eng.Close(); store.Close() })
 	return eng
+}
+
+// BenchmarkRawCall measures the server alone: a client that writes
+// prebuilt request lines on a pipe and reads response lines, with no
+// client SDK of its own (the TypeScript client the harness uses costs
+// little more than that).
+//
+//	go test -run '^$' -bench RawCall -benchtime 5000x ./mcpserver/
+func BenchmarkRawCall(b *testing.B) {
+	for _, svc := range []struct {
+		name string
+		make func(b *testing.B) delegate.JobService
+	}{
+		{"mock", func(*testing.B) delegate.JobService { return benchMock() }},
+		{"engine", benchEngine},
+	} {
+		b.Run(svc.name, func(b *testing.B) {
+			s := svc.make(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			b.Cleanup(cancel)
+			server := mcpserver.New(ctx, s, slog.New(slog.DiscardHandler))
+			toServerR, toServerW, _ := os.Pipe()
+			toClientR, toClientW, _ := os.Pipe()
+			ss, err := server.Connect(ctx, mcpserver.StdioTransport(toServerR, toClientW, mcpserver.Limits{}, nil), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { toServerW.Close(); ss.Close() })
+			in := bufio.NewReader(toClientR)
+			id := 0
+			roundTrip := func(method, params string) []byte {
+				id++
+				line := `{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"` + method + `","params":` + params + "}\n"
+				if _, err := io.WriteString(toServerW, line); err != nil {
+					b.Fatal(err)
+				}
+				resp, err := in.ReadBytes('\n')
+				if err != nil {
+					b.Fatal(err)
+				}
+				return resp
+			}
+			roundTrip("initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}`)
+			io.WriteString(toServerW, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
+			submit := `{"name":"submit_job","arguments":{"manifest":{"task":"bench task","agentType":"script","agent":{"command":"sleep 86400"},"timeout":86400}}}`
+			var ids []string
+			for range 200 {
+				var r struct {
+					Result struct {
+						StructuredContent struct {
+							JobID string `json:"job_id"`
+						} `json:"structuredContent"`
+					} `json:"result"`
+				}
+				json.Unmarshal(roundTrip("tools/call", submit), &r)
+				ids = append(ids, r.Result.StructuredContent.JobID)
+			}
+			b.Run("get_job_status", func(b *testing.B) {
+				i := 0
+				benchCalls(b, func() error {
+					i++
+					roundTrip("tools/call", `{"name":"get_job_status","arguments":{"job_id":"`+ids[(i*7919)%len(ids)]+`"}}`)
+					return nil
+				})
+			})
+			b.Run("submit_job", func(b *testing.B) {
+				benchCalls(b, func() error {
+					roundTrip("tools/call", submit)
+					return nil
+				})
+			})
+		})
+	}
 }

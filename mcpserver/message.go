@@ -28,9 +28,12 @@ const (
 	// manifest may carry (delegate.MaxFileBytesTotal, 64 MiB, is 85.3 MiB
 	// as base64) and the rest of it.
 	MaxMessageBytes = 96 << 20
-	// DefaultInFlightBytes lets two requests of the largest size be read
-	// and handled at once; handling one costs a few times its size.
-	DefaultInFlightBytes = 2 * MaxMessageBytes
+	// DefaultInFlightBytes lets one request of the largest size be read
+	// and handled at a time, beside smaller ones. Handling a message costs
+	// several times its size for a while (the SDK copies it as it parses
+	// it: 85 MiB of files took about 800 MiB), so this bounds the server's
+	// memory near a GiB, whatever the clients send.
+	DefaultInFlightBytes = 128 << 20
 )
 
 func (l Limits) withDefaults() Limits {

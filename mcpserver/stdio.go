@@ -216,51 +216,84 @@ func (c *stdioConn) readFrame() (frame []byte, taken int64, err error) {
 		}
 		return nil
 	}
-	var buf []byte
+	// A long line is kept in blocks and joined once, at its size: growing
+	// one slice would copy it over and over.
+	var blocks [][]byte
+	size := 0
 	for {
 		chunk, rerr := c.in.ReadSlice('\n')
-		if int64(len(buf)+len(chunk)) > c.lim.MaxMessage+2 { // +2: the line's \r\n
+		if int64(size+len(chunk)) > c.lim.MaxMessage+2 { // +2: the line's \r\n
 			c.release(taken)
-			c.skipLine(buf, chunk, rerr)
+			c.skipLine(blocks, chunk, rerr)
 			return nil, 0, nil
 		}
-		if err := take(len(buf) + len(chunk)); err != nil {
+		if err := take(size + len(chunk)); err != nil {
 			c.release(taken)
 			return nil, 0, err
 		}
-		if rerr == nil && buf == nil {
+		if rerr == nil && blocks == nil {
 			// The usual case: the whole line was in the reader's buffer.
-			buf = bytes.Clone(chunk)
+			frame = bytes.Clone(chunk)
 			break
 		}
-		buf = append(buf, chunk...)
+		blocks = appendBlock(blocks, chunk)
+		size += len(chunk)
 		if rerr == nil {
+			frame = join(blocks, size)
 			break
 		}
 		if errors.Is(rerr, bufio.ErrBufferFull) {
 			continue
 		}
-		if len(bytes.TrimSpace(buf)) > 0 && errors.Is(rerr, io.EOF) {
-			break // a last message without its newline
+		if errors.Is(rerr, io.EOF) && len(bytes.TrimSpace(blocks[0])) > 0 {
+			frame = join(blocks, size) // a last message without its newline
+			break
 		}
 		c.release(taken)
 		return nil, 0, rerr
 	}
-	buf = bytes.TrimSpace(buf)
-	if len(buf) == 0 {
+	frame = bytes.TrimSpace(frame)
+	if len(frame) == 0 {
 		c.release(taken)
 		return nil, 0, nil
 	}
-	return buf, taken, nil
+	return frame, taken, nil
+}
+
+// appendBlock adds p to the last block, or to a new one twice as large.
+func appendBlock(blocks [][]byte, p []byte) [][]byte {
+	if n := len(blocks); n > 0 && cap(blocks[n-1])-len(blocks[n-1]) >= len(p) {
+		blocks[n-1] = append(blocks[n-1], p...)
+		return blocks
+	}
+	size := 256 << 10
+	if n := len(blocks); n > 0 {
+		size = min(2*cap(blocks[n-1]), 16<<20)
+	}
+	return append(blocks, append(make([]byte, 0, max(size, len(p))), p...))
+}
+
+func join(blocks [][]byte, size int) []byte {
+	if len(blocks) == 1 {
+		return blocks[0]
+	}
+	out := make([]byte, 0, size)
+	for _, b := range blocks {
+		out = append(out, b...)
+	}
+	return out
 }
 
 // skipLine discards the rest of a line too large to read, finding the
 // request's id on the way, and answers it.
-func (c *stdioConn) skipLine(buf, chunk []byte, rerr error) {
+func (c *stdioConn) skipLine(blocks [][]byte, chunk []byte, rerr error) {
 	var ids idScanner
-	ids.write(buf)
+	size := int64(len(chunk))
+	for _, b := range blocks {
+		ids.write(b)
+		size += int64(len(b))
+	}
 	ids.write(chunk)
-	size := int64(len(buf) + len(chunk))
 	for errors.Is(rerr, bufio.ErrBufferFull) {
 		chunk, rerr = c.in.ReadSlice('\n')
 		ids.write(chunk)
