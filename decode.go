@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -39,11 +40,23 @@ import (
 // Supported: structs, pointers, strings, bools, ints, floats, slices, maps
 // with string keys, json.RawMessage.
 func DecodeJSON(data []byte, v any, prefix string) error {
+	return new(JSONDecoder).Decode(data, v, prefix)
+}
+
+// A JSONDecoder decodes as DecodeJSON does, and remembers what it learnt
+// of the Go types it decoded into, for a decoder that runs on every
+// request. It is safe for concurrent use; the zero value is ready.
+type JSONDecoder struct {
+	fields sync.Map // reflect.Type → []structField
+}
+
+// Decode is DecodeJSON.
+func (jd *JSONDecoder) Decode(data []byte, v any, prefix string) error {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return fmt.Errorf("DecodeJSON: want a non-nil pointer, got %T", v)
 	}
-	d := jsonDecoder{data: data}
+	d := jsonDecoder{data: data, types: jd}
 	d.skipSpace()
 	if d.pos == len(d.data) {
 		return fieldErr(prefix, "required (%s)", kindName(rv.Elem().Type()))
@@ -84,6 +97,7 @@ func CheckJSON(data []byte, prefix string) error {
 const maxJSONDepth = 64
 
 type jsonDecoder struct {
+	types *JSONDecoder
 	data  []byte
 	pos   int
 	depth int
@@ -294,7 +308,10 @@ type structField struct {
 	required bool
 }
 
-func fieldsOf(t reflect.Type) []structField {
+func (jd *JSONDecoder) fieldsOf(t reflect.Type) []structField {
+	if f, ok := jd.fields.Load(t); ok {
+		return f.([]structField)
+	}
 	fields := make([]structField, 0, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -312,6 +329,7 @@ func fieldsOf(t reflect.Type) []structField {
 		}
 		fields = append(fields, structField{name: name, index: i, required: !optional})
 	}
+	jd.fields.Store(t, fields)
 	return fields
 }
 
@@ -329,24 +347,25 @@ func (d *jsonDecoder) object(rv reflect.Value, path string) error {
 		return err
 	}
 	defer func() { d.depth-- }()
-	fields := fieldsOf(rv.Type())
+	fields := d.types.fieldsOf(rv.Type())
 	var seen uint64 // by position in fields; structs of ours have few
 	if len(fields) > 64 {
 		return fmt.Errorf("DecodeJSON: %s has more than 64 fields", rv.Type())
 	}
 	given := func(i int) bool { return seen&(1<<i) != 0 }
 	d.pos++ // {
-	err := d.members(path, func(key string, keyPath func() string) error {
+	err := d.members(path, func(key string) error {
+		keyPath := join(path, key)
 		i := slices.IndexFunc(fields, func(f structField) bool { return f.name == key })
 		if i < 0 {
 			names := make([]string, len(fields))
 			for j, f := range fields {
 				names[j] = f.name
 			}
-			return fieldErr(keyPath(), "unknown field (known: %s)", strings.Join(names, ", "))
+			return fieldErr(keyPath, "unknown field (known: %s)", strings.Join(names, ", "))
 		}
 		if given(i) {
-			return fieldErr(keyPath(), "duplicate key")
+			return fieldErr(keyPath, "duplicate key")
 		}
 		seen |= 1 << i
 		fv := rv.Field(fields[i].index)
@@ -354,9 +373,9 @@ func (d *jsonDecoder) object(rv reflect.Value, path string) error {
 			// null: as if absent.
 			seen &^= 1 << i
 			fv.SetZero()
-			return d.literal("null", keyPath())
+			return d.literal("null", keyPath)
 		}
-		return d.value(fv, keyPath())
+		return d.value(fv, keyPath)
 	})
 	if err != nil {
 		return err
@@ -380,16 +399,17 @@ func (d *jsonDecoder) mapValue(rv reflect.Value, path string) error {
 		rv.Set(reflect.MakeMap(t))
 	}
 	d.pos++ // {
-	return d.members(path, func(key string, keyPath func() string) error {
+	return d.members(path, func(key string) error {
+		keyPath := join(path, key)
 		k := reflect.ValueOf(key).Convert(t.Key())
 		if rv.MapIndex(k).IsValid() {
-			return fieldErr(keyPath(), "duplicate key")
+			return fieldErr(keyPath, "duplicate key")
 		}
 		if d.peek() == 'n' {
-			return fieldErr(keyPath(), "must be %s (got null)", kindName(t.Elem()))
+			return fieldErr(keyPath, "must be %s (got null)", kindName(t.Elem()))
 		}
 		ev := reflect.New(t.Elem()).Elem()
-		if err := d.value(ev, keyPath()); err != nil {
+		if err := d.value(ev, keyPath); err != nil {
 			return err
 		}
 		rv.SetMapIndex(k, ev)
@@ -399,7 +419,7 @@ func (d *jsonDecoder) mapValue(rv reflect.Value, path string) error {
 
 // members reads the members of an object after its '{', calling member
 // with the cursor on each value; member must consume it.
-func (d *jsonDecoder) members(path string, member func(key string, keyPath func() string) error) error {
+func (d *jsonDecoder) members(path string, member func(key string) error) error {
 	d.skipSpace()
 	if d.pos < len(d.data) && d.peek() == '}' {
 		d.pos++
@@ -415,7 +435,7 @@ func (d *jsonDecoder) members(path string, member func(key string, keyPath func(
 		if err != nil {
 			return err
 		}
-		keyPath := func() string { return join(path, key) }
+		keyPath := func() string { return join(path, key) } // on errors only
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.peek() != ':' {
 			return d.syntax(keyPath(), "':'")
@@ -433,7 +453,7 @@ func (d *jsonDecoder) members(path string, member func(key string, keyPath func(
 		} else if slices.Contains(nulls, key) {
 			return fieldErr(keyPath(), "duplicate key")
 		}
-		if err := member(key, keyPath); err != nil {
+		if err := member(key); err != nil {
 			return err
 		}
 		d.skipSpace()
@@ -509,21 +529,22 @@ func (d *jsonDecoder) skipValue(path string) error {
 		d.pos++
 		var keys []string // objects in messages are small; a map beyond a few
 		var set map[string]struct{}
-		return d.members(path, func(key string, keyPath func() string) error {
+		return d.members(path, func(key string) error {
+			keyPath := join(path, key)
 			if set != nil {
 				if _, dup := set[key]; dup {
-					return fieldErr(keyPath(), "duplicate key")
+					return fieldErr(keyPath, "duplicate key")
 				}
 				set[key] = struct{}{}
 			} else if slices.Contains(keys, key) {
-				return fieldErr(keyPath(), "duplicate key")
+				return fieldErr(keyPath, "duplicate key")
 			} else if keys = append(keys, key); len(keys) > 16 {
 				set = make(map[string]struct{}, 2*len(keys))
 				for _, k := range keys {
 					set[k] = struct{}{}
 				}
 			}
-			return d.skipValue(keyPath())
+			return d.skipValue(keyPath)
 		})
 	case c == '[':
 		if err := d.enter(path); err != nil {

@@ -23,6 +23,7 @@ import (
 func limitBodies(next http.Handler, lim Limits, log *slog.Logger) http.Handler {
 	lim = lim.withDefaults()
 	budget := semaphore.NewWeighted(lim.InFlight)
+	dec := new(delegate.JSONDecoder)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
@@ -65,7 +66,7 @@ func limitBodies(next http.Handler, lim Limits, log *slog.Logger) http.Handler {
 		case err != nil:
 			return // the client went away
 		}
-		if jerr, id := checkBody(body.Bytes()); jerr != nil {
+		if jerr, id := checkBody(dec, body.Bytes()); jerr != nil {
 			refuse(w, http.StatusBadRequest, id, jerr)
 			return
 		}
@@ -95,16 +96,16 @@ func scanID(s *idScanner, r io.Reader, lim Limits) []byte {
 
 // checkBody checks a POSTed message (or batch) by the rules of
 // decodeMessage, which the SDK's reader does not have.
-func checkBody(data []byte) (*jsonrpc.Error, []byte) {
+func checkBody(dec *delegate.JSONDecoder, data []byte) (*jsonrpc.Error, []byte) {
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '[' {
 		var batch []wireMessage
-		if err := delegate.DecodeJSON(data, &batch, ""); err != nil {
+		if err := dec.Decode(data, &batch, ""); err != nil {
 			return messageError(err), nil
 		}
 		return nil, nil
 	}
-	if _, id, jerr := decodeMessage(data); jerr != nil {
+	if _, id, jerr := decodeMessage(dec, data); jerr != nil {
 		return jerr, id
 	}
 	return nil, nil

@@ -70,9 +70,9 @@ type wireMessage struct {
 // so is a member JSON-RPC does not have. The message's params alias data.
 // On error it returns the message's id as far as it can be found, and a
 // JSON-RPC error to answer with.
-func decodeMessage(data []byte) (jsonrpc.Message, json.RawMessage, *jsonrpc.Error) {
+func decodeMessage(dec *delegate.JSONDecoder, data []byte) (jsonrpc.Message, json.RawMessage, *jsonrpc.Error) {
 	var w wireMessage
-	if err := delegate.DecodeJSON(data, &w, ""); err != nil {
+	if err := dec.Decode(data, &w, ""); err != nil {
 		return nil, findID(data), messageError(err)
 	}
 	fail := func(format string, args ...any) (jsonrpc.Message, json.RawMessage, *jsonrpc.Error) {

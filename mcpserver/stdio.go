@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sync/semaphore"
@@ -66,6 +67,7 @@ type stdioConn struct {
 	lim Limits
 	log *slog.Logger
 	in  *bufio.Reader
+	dec delegate.JSONDecoder
 
 	// budget holds the bytes of the messages read and not yet answered;
 	// held says how many each request holds until its response is written.
@@ -184,7 +186,7 @@ func (c *stdioConn) next() (jsonrpc.Message, error) {
 				Message: "invalid request: JSON-RPC batches are not supported (MCP has none since 2025-06-18)"})
 			continue
 		}
-		msg, id, jerr := decodeMessage(frame)
+		msg, id, jerr := decodeMessage(&c.dec, frame)
 		if jerr != nil {
 			c.release(taken)
 			c.answer(id, jerr)

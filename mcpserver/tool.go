@@ -19,14 +19,14 @@ import (
 // states (TestInputSchemasDescribeWhatIsAccepted), and Out, the source of
 // the output schema, is encoded once for both the structured and the text
 // content.
-func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+func addTool[In, Out any](s *mcp.Server, dec *delegate.JSONDecoder, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
 	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
 		args := req.Params.Arguments
 		if len(args) == 0 {
 			args = json.RawMessage("{}") // no arguments: as if an empty object
 		}
-		if err := delegate.DecodeJSON(args, &in, ""); err != nil {
+		if err := dec.Decode(args, &in, ""); err != nil {
 			return errorResult(argumentError(err)), nil
 		}
 		out, err := h(ctx, req, &in)
