@@ -48,6 +48,9 @@ type Job struct {
 	// OutputRead is how far the backend's output has been consumed; it
 	// differs from the kept length when secrets were redacted.
 	OutputRead int64 `json:"-"`
+	// TimelineDropped counts the timeline entries dropped to keep the
+	// newest MaxTimeline.
+	TimelineDropped int64 `json:"timeline_dropped,omitempty"`
 }
 
 // Event is one entry in a job's timeline (kept in statusMode detailed and
@@ -92,26 +95,63 @@ type JobFilter struct {
 	Active bool
 }
 
+// MaxTimeline is how many entries a job's timeline keeps: the newest.
+// Older ones are dropped and counted (Job.TimelineDropped).
+const MaxTimeline = 200
+
+// JobProgress is what a job reported since its progress was last stored,
+// coalesced: the latest message, result and sign of life, and the
+// timeline entries in between.
+type JobProgress struct {
+	ID string
+	// Progress is the latest message ("": unchanged).
+	Progress string
+	// Result, when set, is the job's own summary so far.
+	Result *string
+	// Heartbeat is the latest sign of life (zero: unchanged).
+	Heartbeat time.Time
+	// Events are appended to the timeline, oldest first.
+	Events []Event
+	// Dropped counts timeline entries dropped before they were stored.
+	Dropped int64
+}
+
 // JobStore keeps jobs durably. Implementations enforce the state machine in
 // UpdateJob so that no caller can move a job in a way Transition forbids.
+//
+// A job's manifest is immutable once created. Its files are kept apart from
+// the job (they are only needed to provision it): jobs returned by GetJob
+// and ListJobs have no Manifest.Files; JobFiles reads them.
 type JobStore interface {
 	CreateJob(ctx context.Context, job *Job) error
+	// GetJob returns the job (without its manifest's files).
 	GetJob(ctx context.Context, id string) (*Job, error)
+	// JobFiles returns the files of the job's manifest.
+	JobFiles(ctx context.Context, id string) ([]File, error)
 	// ListJobs returns one page and the cursor of the next ("" at the end).
 	ListJobs(ctx context.Context, f JobFilter) ([]*Job, string, error)
-	// UpdateJob reads the job, lets fn change it and writes it back, all in
-	// one transaction. A status change fn makes is checked by Transition;
-	// the error from fn or from the check is returned and nothing is written.
+	// UpdateJob reads the job, lets fn change it and writes back the
+	// fields fn changed (never the manifest), all in one transaction. A
+	// status change fn makes is checked by Transition; the error from fn
+	// or from the check is returned and nothing is written.
 	UpdateJob(ctx context.Context, id string, fn func(*Job) error) (*Job, error)
-	// AppendOutput stores a chunk of output at the end of what is kept.
-	AppendOutput(ctx context.Context, id string, chunk []byte) error
+	// SaveProgress stores the coalesced progress of many jobs in one
+	// transaction. A job that has finished keeps its progress, result and
+	// heartbeat; its events are still added to its timeline, which keeps
+	// the newest MaxTimeline entries. An unknown job is skipped.
+	SaveProgress(ctx context.Context, batch []JobProgress) error
+	// AppendOutput stores a chunk of output at the end of what is kept,
+	// and records in the same transaction that the backend's output was
+	// consumed up to read (Job.OutputRead).
+	AppendOutput(ctx context.Context, id string, chunk []byte, read int64) error
 	// ReadOutput returns up to max kept bytes from offset.
 	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, error)
 	// OutputSize is how many bytes of output are kept.
 	OutputSize(ctx context.Context, id string) (int64, error)
 	// JobByIdempotencyKey finds the job submitted with key (ErrNotFound).
 	JobByIdempotencyKey(ctx context.Context, key string) (*Job, error)
-	// AddEvent appends to a job's timeline, keeping at most the last max.
+	// AddEvent appends one entry to a job's timeline, keeping the newest
+	// max (at most MaxTimeline) and counting those it drops.
 	AddEvent(ctx context.Context, id string, ev Event, max int) error
 	// Events returns a job's timeline, oldest first.
 	Events(ctx context.Context, id string) ([]Event, error)
@@ -119,5 +159,9 @@ type JobStore interface {
 	AddArtifact(ctx context.Context, id string, a Artifact) error
 	// Artifacts lists a job's artifacts by name.
 	Artifacts(ctx context.Context, id string) ([]Artifact, error)
+	// Finishes counts the jobs that have reached a terminal status, in
+	// every process sharing the store: a cheap way to notice that one
+	// did without reading every job.
+	Finishes(ctx context.Context) (int64, error)
 	Close() error
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -27,72 +28,220 @@ func hashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Callback authenticates a report from a job and applies it. A completion
+// A callback is authenticated against an index of the running jobs'
+// token hashes kept in memory; a job this engine has not seen (another
+// process — serve, delegate run — sharing the data dir and the callback
+// port may have started it) is looked up in the store once and then kept.
+// The comparison is constant-time over the SHA-256 of the token.
+
+// tokenEntry is what a callback needs to know about a job, without a store
+// read: its token hash, whether it has finished, how to record its reports.
+type tokenEntry struct {
+	hash     [sha256.Size]byte
+	timeline bool // statusMode keeps a timeline
+	redact   *redactor
+
+	mu      sync.Mutex
+	status  delegate.Status
+	foreign int64 // Engine.foreign when status was read
+}
+
+type tokenIndex struct {
+	mu   sync.RWMutex
+	byID map[string]*tokenEntry
+}
+
+func newTokenIndex() *tokenIndex { return &tokenIndex{byID: make(map[string]*tokenEntry)} }
+
+func (x *tokenIndex) get(id string) *tokenEntry {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.byID[id]
+}
+
+func (x *tokenIndex) put(id string, ent *tokenEntry) {
+	x.mu.Lock()
+	x.byID[id] = ent
+	x.mu.Unlock()
+}
+
+func (x *tokenIndex) forget(id string) {
+	x.mu.Lock()
+	delete(x.byID, id)
+	x.mu.Unlock()
+}
+
+// byHash finds the job whose token has this hash, among those indexed.
+func (x *tokenIndex) byHash(sum [sha256.Size]byte) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, ent := range x.byID {
+		if subtle.ConstantTimeCompare(ent.hash[:], sum[:]) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// indexJob makes the index entry of a job that has a token.
+func (e *Engine) indexJob(j *delegate.Job, foreign int64) (*tokenEntry, bool) {
+	raw, err := hex.DecodeString(j.TokenHash)
+	if err != nil || len(raw) != sha256.Size {
+		return nil, false
+	}
+	ent := &tokenEntry{
+		timeline: j.Manifest.StatusMode != delegate.StatusModeSimple,
+		redact:   e.redactorFor(j.Manifest),
+		status:   j.Status,
+		foreign:  foreign,
+	}
+	copy(ent.hash[:], raw)
+	return ent, true
+}
+
+// tokenEntry returns the index entry of job id, reading the store for a
+// job not indexed yet; nil when the job does not exist or has no token.
+func (e *Engine) tokenEntry(ctx context.Context, id string) (*tokenEntry, error) {
+	if ent := e.tokens.get(id); ent != nil {
+		return ent, nil
+	}
+	foreign := e.foreign.Load()
+	job, err := e.store.GetJob(ctx, id)
+	if errors.Is(err, delegate.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ent, ok := e.indexJob(job, foreign)
+	if !ok {
+		return nil, nil // no token yet: nothing can authenticate
+	}
+	if !job.Status.Terminal() {
+		e.tokens.put(id, ent)
+	}
+	return ent, nil
+}
+
+// currentStatus is the job's status, read again from the store only if a
+// job has finished somewhere since it was last read (another process may
+// have cancelled this one).
+func (e *Engine) currentStatus(ctx context.Context, id string, ent *tokenEntry) (delegate.Status, error) {
+	now := e.foreign.Load()
+	ent.mu.Lock()
+	st, seen := ent.status, ent.foreign
+	ent.mu.Unlock()
+	if st.Terminal() || seen == now {
+		return st, nil
+	}
+	job, err := e.store.GetJob(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	ent.mu.Lock()
+	ent.status, ent.foreign = job.Status, now
+	ent.mu.Unlock()
+	if job.Status.Terminal() {
+		e.tokens.forget(id)
+	}
+	return job.Status, nil
+}
+
+// Callback authenticates a report from a job and applies it. A status or a
+// heartbeat is coalesced in memory (see progressBuffer) and answered at
+// once: the job returned then carries its ID, Status, Progress and
+// LastHeartbeat only. A completion is stored before Callback returns, and
 // moves the job along the state machine only: it can never bring back a
 // job that was cancelled or timed out.
 func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
 	if token == "" {
 		return nil, delegate.ErrUnauthenticated
 	}
-	job, err := e.store.GetJob(ctx, id)
+	sum := sha256.Sum256([]byte(token))
+	ent, err := e.tokenEntry(ctx, id)
 	if err != nil {
-		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, delegate.ErrUnauthenticated // do not tell strangers which ids exist
-		}
 		return nil, err
 	}
-	hash := hashToken(token)
-	if job.TokenHash == "" || subtle.ConstantTimeCompare([]byte(hash), []byte(job.TokenHash)) != 1 {
-		if others, _, err := e.store.ListJobs(ctx, delegate.JobFilter{TokenHash: hash, Limit: 1}); err == nil && len(others) == 1 {
+	if ent == nil {
+		return nil, delegate.ErrUnauthenticated // do not tell strangers which ids exist
+	}
+	if subtle.ConstantTimeCompare(sum[:], ent.hash[:]) != 1 {
+		// Do tell a job that it used its own token on another job's
+		// endpoint.
+		if e.tokens.byHash(sum) {
+			return nil, delegate.ErrForbidden
+		}
+		if others, _, err := e.store.ListJobs(ctx, delegate.JobFilter{TokenHash: hex.EncodeToString(sum[:]), Limit: 1}); err == nil && len(others) == 1 {
 			return nil, delegate.ErrForbidden
 		}
 		return nil, delegate.ErrUnauthenticated
 	}
-	if job.Status.Terminal() {
-		return job, fmt.Errorf("job %s is %s: %w; nothing to report", id, job.Status, delegate.ErrTerminal)
+	status, err := e.currentStatus(ctx, id, ent)
+	if err != nil {
+		return nil, err
 	}
-	redact := e.redactorFor(job.Manifest)
-	switch rep.Kind {
-	case delegate.ReportHeartbeat:
-		e.report(ctx, id, job.Manifest, "", nil)
-	case delegate.ReportStatus:
-		e.report(ctx, id, job.Manifest, redact.string(clip(rep.Progress)), nil)
-	case delegate.ReportComplete:
-		status, reason := delegate.StatusSuccess, ""
-		if !rep.Success {
-			status, reason = delegate.StatusFailed, "the job reported failure"
-			if rep.Error != "" {
-				reason = "the job reported failure: " + clip(rep.Error)
-			}
-		}
-		result := redact.string(clipResult(rep.Result))
-		reason = redact.string(reason)
-		now := time.Now().UTC()
-		job, err = e.update(ctx, id, func(j *delegate.Job) error {
-			if j.Status.Terminal() {
-				return fmt.Errorf("job %s is %s: %w; nothing to report", id, j.Status, delegate.ErrTerminal)
-			}
-			if j.Status != delegate.StatusRunning {
-				return fmt.Errorf("job %s is %s, not running: %w", id, j.Status, delegate.ErrInvalidTransition)
-			}
-			j.Status, j.Error, j.Result, j.FinishedAt, j.LastHeartbeat = status, reason, result, now, now
-			j.Progress = string(status)
-			if rep.ExitCode != nil && j.ExitCode == nil {
-				c := *rep.ExitCode
-				j.ExitCode = &c
-			}
-			return nil
-		})
+	if status.Terminal() {
+		job, err := e.store.GetJob(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		// The job's follower sees the terminal status: it lets the process
-		// exit on its own for a moment, then stops whatever still runs.
-		return job, nil
+		return job, fmt.Errorf("job %s is %s: %w; nothing to report", id, job.Status, delegate.ErrTerminal)
+	}
+	now := time.Now().UTC()
+	switch rep.Kind {
+	case delegate.ReportHeartbeat:
+		e.progress.report(id, "", nil, ent.timeline, now)
+	case delegate.ReportStatus:
+		e.progress.report(id, ent.redact.string(clip(rep.Progress)), nil, ent.timeline, now)
+	case delegate.ReportComplete:
+		return e.complete(ctx, id, ent, rep, now)
 	default:
 		return nil, fmt.Errorf("%w: unknown report kind %q", delegate.ErrInvalid, rep.Kind)
 	}
-	return e.store.GetJob(ctx, id)
+	job := &delegate.Job{ID: id, Status: status, LastHeartbeat: now}
+	e.progress.overlay(job)
+	return job, nil
+}
+
+// complete records a job's own verdict, durably, before it answers.
+func (e *Engine) complete(ctx context.Context, id string, ent *tokenEntry, rep delegate.Report, now time.Time) (*delegate.Job, error) {
+	status, reason := delegate.StatusSuccess, ""
+	if !rep.Success {
+		status, reason = delegate.StatusFailed, "the job reported failure"
+		if rep.Error != "" {
+			reason = "the job reported failure: " + clip(rep.Error)
+		}
+	}
+	result := ent.redact.string(clipResult(rep.Result))
+	reason = ent.redact.string(reason)
+	// A request cut off by its client must not leave the job half-reported.
+	ctx = context.WithoutCancel(ctx)
+	e.flushJob(ctx, id)
+	job, err := e.update(ctx, id, func(j *delegate.Job) error {
+		if j.Status.Terminal() {
+			return fmt.Errorf("job %s is %s: %w; nothing to report", id, j.Status, delegate.ErrTerminal)
+		}
+		if j.Status != delegate.StatusRunning {
+			return fmt.Errorf("job %s is %s, not running: %w", id, j.Status, delegate.ErrInvalidTransition)
+		}
+		j.Status, j.Error, j.Result, j.FinishedAt, j.LastHeartbeat = status, reason, result, now, now
+		j.Progress = string(status)
+		if rep.ExitCode != nil && j.ExitCode == nil {
+			c := *rep.ExitCode
+			j.ExitCode = &c
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ent.mu.Lock()
+	ent.status = job.Status
+	ent.mu.Unlock()
+	e.ended(id, job.Status)
+	// The job's follower sees the terminal status: it lets the process
+	// exit on its own for a moment, then stops whatever still runs.
+	return job, nil
 }
 
 func (e *Engine) redactorFor(m delegate.Manifest) *redactor {
@@ -116,7 +265,7 @@ func (e *Engine) checkHeartbeats(ctx context.Context) {
 	e.mu.Unlock()
 	now := time.Now()
 	for _, id := range ids {
-		j, err := e.store.GetJob(ctx, id)
+		j, err := e.Get(ctx, id)
 		if err != nil || j.Status != delegate.StatusRunning {
 			continue
 		}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -87,6 +88,16 @@ type Engine struct {
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
 	watches map[chan string]struct{}
 	room    chan struct{} // closed and replaced when this engine frees room
+
+	progress  *progressBuffer // reports not stored yet
+	flushStop chan struct{}   // closed by Close once the rest has stopped
+	flushDone chan struct{}   // closed when the last progress is stored
+	closeOnce sync.Once
+	tokens    *tokenIndex // callback tokens of running jobs
+	// own counts the jobs this engine has finished; foreign moves when the
+	// store's finish counter shows that another process finished one
+	// (see watchFinishes).
+	own, foreign atomic.Int64
 }
 
 // run is the engine's handle on one job it drives.
@@ -94,6 +105,9 @@ type run struct {
 	cancel context.CancelFunc // aborts provisioning
 	kill   chan struct{}      // closed to kill the running process
 	once   sync.Once
+	// end is the terminal status the job reached while it still runs (a
+	// completion callback, a cancel, here or in another process).
+	end atomic.Pointer[delegate.Status]
 }
 
 func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
@@ -141,7 +155,7 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Engine{
+	e := &Engine{
 		store: store, backend: backend, cfg: cfg, log: cfg.Logger,
 		owner:   newOwner(),
 		sem:     make(chan struct{}, cfg.MaxConcurrent),
@@ -153,7 +167,16 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 		suspect: make(map[string]struct{}),
 		watches: make(map[chan string]struct{}),
 		room:    make(chan struct{}),
+
+		progress:  newProgressBuffer(),
+		flushStop: make(chan struct{}),
+		flushDone: make(chan struct{}),
+		tokens:    newTokenIndex(),
 	}
+	// Progress is stored by one flusher from the start: even an engine that
+	// is never started (the CLI reading jobs) may record some.
+	go e.flushLoop()
+	return e
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
@@ -165,6 +188,12 @@ func (e *Engine) Owner() string { return e.owner }
 // Start recovers jobs left by engines that have died and starts the
 // cleanup loop. It returns once recovery has been decided for every job.
 func (e *Engine) Start(ctx context.Context) error {
+	// Finishes from now on are watched for (see watchFinishes).
+	own := e.own.Load()
+	finishes, err := e.store.Finishes(ctx)
+	if err != nil {
+		return err
+	}
 	if err := e.recover(ctx); err != nil {
 		return fmt.Errorf("recover jobs: %w", err)
 	}
@@ -173,6 +202,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.every(e.cfg.CleanupInterval, e.cleanup)
 	e.every(max(e.cfg.HeartbeatThreshold/4, 100*time.Millisecond), e.checkHeartbeats)
+	e.every(e.cfg.PollInterval, e.watchFinishes(finishes, own))
 	return nil
 }
 
@@ -200,6 +230,9 @@ func (e *Engine) every(interval time.Duration, fn func(context.Context)) {
 func (e *Engine) Close() error {
 	e.stop()
 	e.wg.Wait()
+	// Nothing reports any more: store what was reported last.
+	e.closeOnce.Do(func() { close(e.flushStop) })
+	<-e.flushDone
 	return nil
 }
 
@@ -261,14 +294,19 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		}
 		return nil, fmt.Errorf("submit: %w", err)
 	}
-	e.log.Info("job submitted", "job", job.ID, "agent", m.AgentType)
+	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	e.enqueue(job.ID)
 	return job, nil
 }
 
-// Get returns a job.
+// Get returns a job, with the progress it reported that is not stored yet.
 func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
-	return e.store.GetJob(ctx, id)
+	j, err := e.store.GetJob(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	e.progress.overlay(j)
+	return j, nil
 }
 
 // Cancel ends a job that has not finished. It returns the job and whether
@@ -279,7 +317,8 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 	if job, cancelled, done, err := e.cancelOrphan(ctx, id); done {
 		return job, cancelled, err
 	}
-	job, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
+	e.flushJob(ctx, id)
+	job, err := e.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return delegate.ErrTerminal
 		}
@@ -300,7 +339,6 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 		r.killNow()
 	}
 	e.mu.Unlock()
-	e.notify(id)
 	return job, true, nil
 }
 
@@ -313,7 +351,7 @@ func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 		e.mu.Unlock()
 		// A read of the local store: it must not fail because the caller's
 		// wait is up at that very moment.
-		job, err := e.store.GetJob(context.WithoutCancel(ctx), id)
+		job, err := e.Get(context.WithoutCancel(ctx), id)
 		if err != nil || job.Status.Terminal() {
 			return job, err
 		}
@@ -326,10 +364,16 @@ func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 	}
 }
 
+// notify wakes waiters, and tells watchers that job id changed ("": some
+// job, changed by another process).
 func (e *Engine) notify(id string) {
 	e.mu.Lock()
 	close(e.changed)
 	e.changed = make(chan struct{})
+	if id == "" {
+		e.mu.Unlock()
+		return
+	}
 	for w := range e.watches {
 		select {
 		case w <- id:
@@ -339,13 +383,70 @@ func (e *Engine) notify(id string) {
 	e.mu.Unlock()
 }
 
-// update changes a stored job and wakes waiters.
+// update changes a stored job and wakes waiters. Every change of status
+// this engine makes goes through here, so that the job's end is known to
+// its follower and the callback index at once.
 func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
-	j, err := e.store.UpdateJob(ctx, id, fn)
-	if err == nil {
-		e.notify(id)
+	var before delegate.Status
+	j, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
+		before = j.Status
+		return fn(j)
+	})
+	if err != nil {
+		return j, err
 	}
-	return j, err
+	if !before.Terminal() && j.Status.Terminal() {
+		e.own.Add(1)
+		e.ended(id, j.Status)
+	}
+	e.notify(id)
+	return j, nil
+}
+
+// ended records that job id has reached a terminal status: its follower
+// (if this engine drives it) winds it up, and callbacks are refused.
+func (e *Engine) ended(id string, st delegate.Status) {
+	e.tokens.forget(id)
+	e.mu.Lock()
+	r := e.runs[id]
+	e.mu.Unlock()
+	if r != nil {
+		r.end.Store(&st)
+	}
+}
+
+// watchFinishes notices jobs this engine drives that another process has
+// finished (a cancel from the CLI, a completion received by another
+// server): one cheap read of the store's finish counter per poll, and a
+// read of the jobs only when another process has finished one.
+func (e *Engine) watchFinishes(lastStore, lastOwn int64) func(context.Context) {
+	return func(ctx context.Context) {
+		own := e.own.Load()
+		n, err := e.store.Finishes(ctx)
+		if err != nil {
+			return
+		}
+		foreign := n - lastStore - (own - lastOwn)
+		lastStore, lastOwn = n, own
+		if foreign == 0 {
+			return
+		}
+		e.foreign.Add(1) // callbacks re-read the status of the jobs they index
+		e.mu.Lock()
+		ids := make([]string, 0, len(e.runs))
+		for id, r := range e.runs {
+			if r.end.Load() == nil {
+				ids = append(ids, id)
+			}
+		}
+		e.mu.Unlock()
+		for _, id := range ids {
+			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
+				e.ended(id, j.Status)
+			}
+		}
+		e.notify("") // waiters read again
+	}
 }
 
 func newJobID() string {

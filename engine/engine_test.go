@@ -18,7 +18,7 @@ import (
 )
 
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	dbPath  string
 	store   *sqlite.Store
 	backend *mock.Backend
@@ -26,7 +26,7 @@ type fixture struct {
 	cfg     engine.Config
 }
 
-func newFixture(t *testing.T, cfg engine.Config) *fixture {
+func newFixture(t testing.TB, cfg engine.Config) *fixture {
 	t.Helper()
 	dbPath := filepath.Join(t.TempDir(), "jobs.db")
 	store, err := sqlite.Open(context.Background(), dbPath)

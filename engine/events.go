@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -74,6 +75,46 @@ func (l *lineSplitter) lines(b []byte, final bool) []string {
 		l.partial = nil
 	}
 	return out
+}
+
+// tail is lines for a flood: it returns only the last keep complete lines
+// in b (plus what was held from before), and how many complete lines came
+// before them, without making strings of those. final flushes an
+// unterminated last line.
+func (l *lineSplitter) tail(b []byte, final bool, keep int) (lines []string, skipped int) {
+	buf := append(l.partial, b...)
+	rest := buf
+	if end := bytes.LastIndexByte(buf, '\n'); end >= 0 {
+		complete := buf[:end]
+		rest = buf[end+1:]
+		// Walk back keep lines from the end, then count the others.
+		start := len(complete)
+		for len(lines) < keep {
+			i := bytes.LastIndexByte(complete[:start], '\n')
+			lines = append(lines, string(complete[i+1:start]))
+			if i < 0 {
+				start = -1
+				break
+			}
+			start = i
+		}
+		if start > 0 {
+			skipped = bytes.Count(complete[:start], []byte{'\n'}) + 1
+		}
+		slices.Reverse(lines)
+	}
+	if len(rest) > 64<<10 { // a "line" this long is not a status line
+		rest = rest[:0]
+	}
+	l.partial = append(l.partial[:0:0], rest...)
+	if final && len(l.partial) > 0 {
+		if len(lines) == keep && keep > 0 {
+			lines, skipped = lines[1:], skipped+1
+		}
+		lines = append(lines, string(l.partial))
+		l.partial = nil
+	}
+	return lines, skipped
 }
 
 // claudeEvent is the part of the Claude CLI's stream-json output we read.

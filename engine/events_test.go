@@ -55,3 +55,36 @@ func TestParseClaudeLine(t *testing.T) {
 		}
 	}
 }
+
+func TestLineSplitterTail(t *testing.T) {
+	tests := []struct {
+		name    string
+		chunks  []string
+		final   bool
+		keep    int
+		lines   []string
+		skipped int
+	}{
+		{"fewer than keep", []string{"a\nb\n"}, false, 3, []string{"a", "b"}, 0},
+		{"more than keep", []string{"1\n2\n3\n4\n5\n"}, false, 2, []string{"4", "5"}, 3},
+		{"exactly keep", []string{"1\n2\n"}, false, 2, []string{"1", "2"}, 0},
+		{"partial held", []string{"1\n2\n3", "x\n"}, false, 1, []string{"3x"}, 1},
+		{"empty lines count", []string{"\n\n\nz\n"}, false, 1, []string{"z"}, 3},
+		{"final flushes", []string{"1\n2\nlast"}, true, 2, []string{"2", "last"}, 1},
+		{"no newline yet", []string{"abc"}, false, 2, nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var l lineSplitter
+			var lines []string
+			skipped := 0
+			for i, c := range tc.chunks {
+				got, s := l.tail([]byte(c), tc.final && i == len(tc.chunks)-1, tc.keep)
+				lines, skipped = got, skipped+s
+			}
+			if !reflect.DeepEqual(lines, tc.lines) || skipped != tc.skipped {
+				t.Fatalf("got %q skipped %d, want %q skipped %d", lines, skipped, tc.lines, tc.skipped)
+			}
+		})
+	}
+}

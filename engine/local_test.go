@@ -147,6 +147,16 @@ func TestLocalCancelOrphan(t *testing.T) {
 	}
 	j := waitStatus(t, server, job.ID, delegate.StatusRunning)
 	initPID := readPID(t, filepath.Join(f.lcfg.Dir, j.SandboxID, "init.pid"))
+	// Running is recorded at exec: wait until the job has said it started.
+	for i := 0; ; i++ {
+		if out, _ := f.store.ReadOutput(ctx, job.ID, 0, 100); string(out) == "started\n" {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the job never printed that it started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	server.Close() // stops without touching the job
 	if err := syscall.Kill(initPID, 0); err != nil {
 		t.Fatalf("the job died with its server: %v", err)

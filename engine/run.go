@@ -105,7 +105,7 @@ func (e *Engine) run(id string, adm sandbox.Admission) {
 		}
 		return
 	}
-	log.Info("job running", "sandbox", sb.ID())
+	log.Debug("job running", "sandbox", sb.ID())
 	e.follow(r, job.ID, sb, proc, m)
 }
 
@@ -131,7 +131,14 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job, adm sandbox.A
 	}); err != nil {
 		return sb, nil, err
 	}
-	files, err := m.DecodedFiles()
+	// The files are kept apart from the job: read only here.
+	raw, err := e.store.JobFiles(ctx, job.ID)
+	if err != nil {
+		return sb, nil, err
+	}
+	withFiles := m
+	withFiles.Files = raw
+	files, err := withFiles.DecodedFiles()
 	if err != nil {
 		return sb, nil, err
 	}
@@ -141,11 +148,15 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job, adm sandbox.A
 		}
 	}
 	token, tokenHash := newToken()
-	if _, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
+	withToken, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
 		j.TokenHash = tokenHash
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		return sb, nil, err
+	}
+	if ent, ok := e.indexJob(withToken, e.foreign.Load()); ok {
+		e.tokens.put(job.ID, ent)
 	}
 	cmd, err := e.command(job, token)
 	if err != nil {
@@ -194,6 +205,10 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 // moving its output and status lines into the store as it goes. Only the
 // engine's own end stops it early (the job then goes on, for the next
 // engine to re-attach to).
+//
+// Each tick does a bounded amount of work (see collect), so that a job
+// flooding its output or status channel cannot keep the loop from its
+// timer: a job is killed at its timeout whatever it writes.
 func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Process, m delegate.Manifest) {
 	ctx := e.ctx
 	job, err := e.store.GetJob(ctx, id)
@@ -212,7 +227,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 	ticker := time.NewTicker(e.cfg.PollInterval)
 	defer ticker.Stop()
 	// The supervisor's liveness is the job's heartbeat where the backend
-	// watches the process; it is written now and then, not on every tick.
+	// watches the process; it is recorded now and then, not on every tick.
 	beat := time.NewTicker(max(e.cfg.HeartbeatThreshold/4, e.cfg.PollInterval))
 	defer beat.Stop()
 	supervised := e.backend.Capabilities().Supervised
@@ -220,6 +235,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 	type waited struct {
 		exit sandbox.Exit
 		err  error
+		at   time.Time
 	}
 	// Wait on a context of its own: at engine shutdown a job being killed
 	// is still waited for.
@@ -228,7 +244,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 	done := make(chan waited, 1)
 	go func() {
 		exit, err := proc.Wait(waitCtx)
-		done <- waited{exit, err}
+		done <- waited{exit, err, time.Now().UTC()}
 	}()
 
 	var (
@@ -241,9 +257,17 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			e.log.Warn("kill job", "job", id, "err", err)
 		}
 	}
+	timeout := func() {
+		if timedOut {
+			return
+		}
+		timedOut = true
+		e.log.Info("job timed out", "job", id, "timeout", m.TimeoutSeconds())
+		kill()
+	}
 	end := func(w waited) {
 		t.collect(context.WithoutCancel(ctx), true)
-		e.settle(t, sb, w.exit, w.err, timedOut)
+		e.settle(t, sb, w.exit, w.err, timedOut, w.at)
 	}
 	for {
 		select {
@@ -251,13 +275,18 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			end(w)
 			return
 		case <-ticker.C:
+			if !time.Now().Before(deadline) {
+				timeout() // the timer is due too; do not let a busy tick delay it
+				continue
+			}
 			t.collect(ctx, false)
-			// Another process (the CLI, a callback) may have ended it. A job
-			// that reported its own completion gets a moment to exit by
-			// itself, so that its real exit code is kept; a cancelled one
-			// is killed at once.
-			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() && !killing {
-				if j.Status == delegate.StatusCancelled {
+			// This engine, or another process (the CLI, a callback
+			// received by another server), may have ended it. A job that
+			// reported its own completion gets a moment to exit by itself,
+			// so that its real exit code is kept; a cancelled one is
+			// killed at once.
+			if st := r.end.Load(); st != nil && !killing {
+				if *st == delegate.StatusCancelled {
 					kill()
 				} else if graceEnd.IsZero() {
 					graceEnd = time.Now().Add(completionGrace)
@@ -267,17 +296,12 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			}
 		case <-beat.C:
 			if supervised {
-				e.update(ctx, id, func(j *delegate.Job) error {
-					j.LastHeartbeat = time.Now().UTC()
-					return nil
-				})
+				e.progress.report(id, "", nil, false, time.Now().UTC())
 			}
 		case <-r.kill:
 			kill()
 		case <-timer.C:
-			timedOut = true
-			e.log.Info("job timed out", "job", id, "timeout", m.TimeoutSeconds())
-			kill()
+			timeout()
 		case <-ctx.Done():
 			// Engine closing: a running job goes on, for the next engine to
 			// re-attach to; a job that has ended (or is being killed) is
@@ -317,9 +341,18 @@ type tracker struct {
 	read       int64  // output bytes consumed from the process
 	pending    []byte // read but held back by the redactor
 	eventsRead int64
+	latest     int64 // lines of an overflowed status channel seen (sandbox.LatestEvent)
 	events     lineSplitter
 	claude     lineSplitter
 }
+
+// What one tick of the follow loop moves at most; the rest waits for the
+// next tick (the end of the job drains everything).
+const (
+	outputPerTick = 4 * outputChunk
+	eventsPerTick = 256 << 10
+	eventsChunk   = 64 << 10
+)
 
 func (e *Engine) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process) (*tracker, error) {
 	kept, err := e.store.OutputSize(ctx, job.ID)
@@ -337,7 +370,8 @@ func (e *Engine) newTracker(ctx context.Context, job *delegate.Job, proc sandbox
 	return &tracker{e: e, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept, read: job.OutputRead}, nil
 }
 
-// collect pulls what is new; final flushes what the redactor held back.
+// collect pulls what is new, a bounded amount per call; final drains
+// everything, and flushes what the redactor held back.
 func (t *tracker) collect(ctx context.Context, final bool) {
 	t.collectEvents(ctx, final)
 	t.collectOutput(ctx, final)
@@ -345,7 +379,7 @@ func (t *tracker) collect(ctx context.Context, final bool) {
 
 func (t *tracker) collectOutput(ctx context.Context, final bool) {
 	e := t.e
-	for {
+	for moved := 0; final || moved < outputPerTick; {
 		b, err := t.proc.ReadOutput(ctx, t.read+int64(len(t.pending)), outputChunk)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -353,19 +387,21 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 			}
 			return
 		}
+		moved += len(b)
 		last := len(b) < outputChunk
 		t.pending = append(t.pending, b...)
 		out, used := t.redact.stream(t.pending, final && last)
 		if t.m.AgentType == delegate.AgentClaude {
 			for _, line := range t.claude.lines(out, final && last) {
-				t.claudeLine(ctx, line)
+				t.claudeLine(line)
 			}
 		}
 		if room := e.cfg.OutputLimit - t.kept; int64(len(out)) > room {
 			out = out[:max(0, room)]
 		}
-		if len(out) > 0 {
-			if err := e.store.AppendOutput(ctx, t.id, out); err != nil {
+		if used > 0 || len(out) > 0 {
+			// The chunk and how far the output was read, in one write.
+			if err := e.store.AppendOutput(ctx, t.id, out, t.read+int64(used)); err != nil {
 				e.log.Warn("store output", "job", t.id, "err", err)
 				return
 			}
@@ -373,73 +409,98 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 		t.kept += int64(len(out))
 		t.read += int64(used)
 		t.pending = t.pending[used:]
-		if used > 0 || len(out) > 0 {
-			read, kept := t.read, t.kept
-			e.update(ctx, t.id, func(j *delegate.Job) error {
-				j.OutputRead = read
-				j.OutputBytes = max(j.OutputBytes, kept)
-				return nil
-			})
-		}
 		if last {
 			return
 		}
 	}
 }
 
+// collectEvents reads the status channel. Under a flood only the newest
+// lines matter (the progress is the last one, the timeline keeps the
+// newest MaxTimeline): the others are counted, never parsed.
 func (t *tracker) collectEvents(ctx context.Context, final bool) {
-	for {
-		b, err := t.proc.ReadEvents(ctx, t.eventsRead, 64<<10)
-		if err != nil || (len(b) == 0 && !final) {
+	keep := 1
+	if t.timeline() {
+		keep = delegate.MaxTimeline
+	}
+	budget := eventsPerTick
+	if final {
+		budget = maxEventsAtEnd
+	}
+	for moved := 0; moved < budget; {
+		b, err := t.proc.ReadEvents(ctx, t.eventsRead, eventsChunk)
+		if err != nil {
 			return
 		}
 		t.eventsRead += int64(len(b))
-		for _, line := range t.events.lines(b, final && len(b) == 0) {
-			t.e.report(ctx, t.id, t.m, t.redact.string(parseStatusLine(line)), nil)
-		}
+		moved += len(b)
+		lines, skipped := t.events.tail(b, final && len(b) == 0, keep)
+		t.statusLines(lines, skipped)
 		if len(b) == 0 {
+			t.collectLatest(ctx)
 			return
 		}
 	}
 }
 
-func (t *tracker) claudeLine(ctx context.Context, line string) {
+// maxEventsAtEnd bounds what is read of the status channel when the job
+// has ended (the local backend keeps at most 1 MiB of it anyway).
+const maxEventsAtEnd = 8 << 20
+
+// collectLatest reads the latest line of a status channel that overflowed
+// (sandbox.LatestEvent): lines past its cap are not kept, the latest is.
+func (t *tracker) collectLatest(ctx context.Context) {
+	le, ok := t.proc.(sandbox.LatestEvent)
+	if !ok {
+		return
+	}
+	line, count, err := le.LatestEvent(ctx)
+	if err != nil || count <= t.latest {
+		return
+	}
+	skipped := count - t.latest - 1
+	t.latest = count
+	t.statusLines([]string{line}, int(skipped))
+}
+
+func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }
+
+// statusLines records status lines as progress (the timeline gets each,
+// the progress the last), and counts lines skipped unread.
+func (t *tracker) statusLines(lines []string, skipped int) {
+	now := time.Now().UTC()
+	if skipped > 0 {
+		if t.timeline() {
+			t.e.progress.dropped(t.id, int64(skipped))
+		}
+		t.e.progress.report(t.id, "", nil, false, now)
+	}
+	for _, line := range lines {
+		t.e.progress.report(t.id, t.redact.string(parseStatusLine(line)), nil, t.timeline(), now)
+	}
+}
+
+func (t *tracker) claudeLine(line string) {
 	progress, result := parseClaudeLine(line)
 	if progress == "" && result == nil {
 		return
 	}
-	t.e.report(ctx, t.id, t.m, progress, result)
+	if result != nil { // read from the output, which is redacted already
+		r := clipResult(*result)
+		result = &r
+	}
+	t.e.progress.report(t.id, progress, result, t.timeline(), time.Now().UTC())
 }
 
 // report records a sign of life from a job: a progress message (kept in the
-// timeline in statusMode detailed), and perhaps its result text.
+// timeline in statusMode detailed and streaming), and perhaps its result
+// text. It is coalesced in memory and stored within progressEvery.
 func (e *Engine) report(ctx context.Context, id string, m delegate.Manifest, progress string, result *string) {
-	now := time.Now().UTC()
-	_, err := e.update(ctx, id, func(j *delegate.Job) error {
-		if j.Status.Terminal() {
-			return delegate.ErrTerminal
-		}
-		j.LastHeartbeat = now
-		if progress != "" {
-			j.Progress = progress
-		}
-		if result != nil {
-			j.Result = clipResult(*result)
-		}
-		return nil
-	})
-	if err != nil {
-		return
-	}
-	if progress != "" && m.StatusMode != delegate.StatusModeSimple {
-		if err := e.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: progress}, maxEvents); err != nil {
-			e.log.Warn("store event", "job", id, "err", err)
-		}
-	}
+	e.progress.report(id, progress, result, m.StatusMode != delegate.StatusModeSimple, time.Now().UTC())
 }
 
 // maxEvents is how many timeline entries a job keeps.
-const maxEvents = 200
+const maxEvents = delegate.MaxTimeline
 
 // maxResult caps a job's result text.
 const maxResult = 64 << 10
@@ -453,7 +514,7 @@ func clipResult(s string) string {
 
 // settle records how the process ended, collects artifacts, and destroys an
 // ephemeral sandbox.
-func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool) {
+func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
 	id, m := t.id, t.m
 	var (
 		status = delegate.StatusSuccess
@@ -483,7 +544,7 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 	if len(m.Artifacts) > 0 && waitErr == nil {
 		e.collectArtifacts(context.WithoutCancel(e.ctx), id, m, sb)
 	}
-	e.finish(id, status, t.redact.string(reason), func(j *delegate.Job) {
+	e.finishAt(id, status, t.redact.string(reason), endedAt, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
@@ -499,9 +560,17 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 
 // finish moves the job to a terminal status. If it already is terminal (a
 // cancel won the race), the status stays, and only facts (exit code, output
-// size) are recorded.
+// size) are recorded. The job's pending progress is stored first, and the
+// end is stored before finish returns.
 func (e *Engine) finish(id string, status delegate.Status, reason string, facts func(*delegate.Job)) {
+	e.finishAt(id, status, reason, time.Now().UTC(), facts)
+}
+
+// finishAt is finish for a job that ended at a known time (its process
+// exited then): its duration does not include what was done after.
+func (e *Engine) finishAt(id string, status delegate.Status, reason string, at time.Time, facts func(*delegate.Job)) {
 	ctx := context.WithoutCancel(e.ctx)
+	e.flushJob(ctx, id)
 	j, err := e.update(ctx, id, func(j *delegate.Job) error {
 		if facts != nil {
 			facts(j)
@@ -509,7 +578,7 @@ func (e *Engine) finish(id string, status delegate.Status, reason string, facts 
 		if j.Status.Terminal() {
 			return nil
 		}
-		j.Status, j.Error, j.FinishedAt = status, reason, time.Now().UTC()
+		j.Status, j.Error, j.FinishedAt = status, reason, at
 		j.Progress = string(status)
 		return nil
 	})
@@ -517,6 +586,7 @@ func (e *Engine) finish(id string, status delegate.Status, reason string, facts 
 		e.log.Error("finish job", "job", id, "err", err)
 		return
 	}
+	e.tokens.forget(id)
 	e.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
 }
 

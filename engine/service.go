@@ -37,6 +37,7 @@ func (e *Engine) List(ctx context.Context, opts delegate.ListOptions) (*delegate
 	}
 	page := &delegate.JobPage{Jobs: make([]delegate.JobSummary, 0, len(jobs)), NextCursor: next}
 	for _, j := range jobs {
+		e.progress.overlay(j)
 		page.Jobs = append(page.Jobs, summary(j))
 	}
 	return page, nil
@@ -189,8 +190,10 @@ func trimIncompleteRune(b []byte) []byte {
 	return b
 }
 
-// Timeline returns a job's progress history. Only statusMode detailed and
-// streaming keep one.
+// Timeline returns a job's progress history, the newest
+// delegate.MaxTimeline entries (Job.TimelineDropped counts the others),
+// with those not stored yet. Only statusMode detailed and streaming keep
+// one.
 func (e *Engine) Timeline(ctx context.Context, id string) ([]delegate.Event, error) {
 	j, err := e.store.GetJob(ctx, id)
 	if err != nil {
@@ -199,7 +202,12 @@ func (e *Engine) Timeline(ctx context.Context, id string) ([]delegate.Event, err
 	if j.Manifest.StatusMode == delegate.StatusModeSimple {
 		return nil, nil
 	}
-	return e.store.Events(ctx, id)
+	evs, err := e.store.Events(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	evs, _ = e.progress.timeline(id, evs)
+	return evs, nil
 }
 
 // Watch delivers the id of every job this engine changes until ctx ends.

@@ -155,3 +155,14 @@ type Info struct {
 	ID    string
 	JobID string
 }
+
+// LatestEvent may be implemented by a Process whose status channel keeps
+// only the latest line once what ReadEvents returns has reached its cap
+// (a job flooding the channel must not grow it without end, and its last
+// word is what matters).
+type LatestEvent interface {
+	// LatestEvent returns the last complete line written after the cap
+	// was reached, and how many lines were written after it in all (0:
+	// the cap was never reached).
+	LatestEvent(ctx context.Context) (line string, count int64, err error)
+}

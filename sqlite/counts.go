@@ -18,7 +18,7 @@ func (s *Store) CountJobs(ctx context.Context) (map[delegate.Status]int, error) 
 	for _, st := range delegate.Statuses {
 		counts[st] = 0
 	}
-	rows, err := s.db.QueryContext(ctx, countQuery)
+	rows, err := s.rdb.QueryContext(ctx, countQuery)
 	if err != nil {
 		return nil, fmt.Errorf("count jobs: %w", err)
 	}

@@ -14,7 +14,7 @@ func TestCountJobsUsesTheStatusIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	rows, err := s.db.Query("EXPLAIN QUERY PLAN " + countQuery)
+	rows, err := s.rdb.Query("EXPLAIN QUERY PLAN " + countQuery)
 	if err != nil {
 		t.Fatal(err)
 	}

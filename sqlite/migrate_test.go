@@ -32,11 +32,58 @@ func TestMigrateKeepsJobs(t *testing.T) {
 	if err != nil || j.Status != "success" || j.Manifest.Task != "x" {
 		t.Fatalf("old job after migration: %+v %v", j, err)
 	}
-	if _, err := s.db.Exec(`PRAGMA user_version = 99`); err != nil {
+	if _, err := s.wdb.Exec(`PRAGMA user_version = 99`); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	if _, err := Open(ctx, path); err == nil || !strings.Contains(err.Error(), "newer than this delegate") {
 		t.Fatalf("newer schema: %v", err)
+	}
+}
+
+// TestMigrateMovesManifests: a database of schema 2 with a job whose
+// manifest carries files gets its manifest moved out of the job row, the
+// files apart, and the count of finished jobs.
+func TestMigrateMovesManifests(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(migrations[0] + `;` + migrations[1] + `; PRAGMA user_version = 2;
+		INSERT INTO jobs (id, status, manifest, created_at, updated_at, progress) VALUES
+			('files', 'running', '{"agentType":"script","task":"x","files":[{"path":"a.txt","content":"aGk="}],"env":{"K":"v"}}', 1, 1, 'step 1'),
+			('plain', 'success', '{"agentType":"script","task":"y"}', 2, 2, 'success');
+		INSERT INTO job_events (job_id, seq, time, message) VALUES ('files', 1, 1, 'step 1');`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	j, err := s.GetJob(ctx, "files")
+	if err != nil || j.Manifest.Task != "x" || j.Manifest.Env["K"] != "v" || len(j.Manifest.Files) != 0 || j.Progress != "step 1" {
+		t.Fatalf("migrated job: %+v %v", j, err)
+	}
+	files, err := s.JobFiles(ctx, "files")
+	if err != nil || len(files) != 1 || files[0].Path != "a.txt" || files[0].Content != "aGk=" {
+		t.Fatalf("migrated files: %+v %v", files, err)
+	}
+	if files, err := s.JobFiles(ctx, "plain"); err != nil || len(files) != 0 {
+		t.Fatalf("files of a job without: %+v %v", files, err)
+	}
+	if n, err := s.Finishes(ctx); err != nil || n != 1 {
+		t.Fatalf("finishes after migration: %d %v", n, err)
+	}
+	var cols int
+	if err := s.rdb.QueryRow(`SELECT count(*) FROM pragma_table_info('jobs') WHERE name = 'manifest'`).Scan(&cols); err != nil || cols != 0 {
+		t.Fatalf("jobs still has a manifest column (%d) %v", cols, err)
+	}
+	if evs, err := s.Events(ctx, "files"); err != nil || len(evs) != 1 {
+		t.Fatalf("events: %+v %v", evs, err)
 	}
 }

@@ -64,10 +64,11 @@ func TestCreateGetSurvivesReopen(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendOutput(ctx, "j1", []byte("hello ")); err != nil {
+	// AppendOutput raises output_bytes to what is kept (11 > 10).
+	if err := s.AppendOutput(ctx, "j1", []byte("hello "), 6); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendOutput(ctx, "j1", []byte("world")); err != nil {
+	if err := s.AppendOutput(ctx, "j1", []byte("world"), 11); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -78,7 +79,7 @@ func TestCreateGetSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Status != delegate.StatusFailed || got.ExitCode == nil || *got.ExitCode != 3 || got.Error != "exit 3" ||
-		got.OutputBytes != 10 || !got.OutputTruncated || got.Manifest.Env["A"] != "b" || got.StartedAt.IsZero() || got.FinishedAt.IsZero() {
+		got.OutputBytes != 11 || !got.OutputTruncated || got.Manifest.Env["A"] != "b" || got.StartedAt.IsZero() || got.FinishedAt.IsZero() {
 		t.Fatalf("after reopen: %+v", got)
 	}
 	for _, tc := range []struct {

@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// Progress is coalesced in memory and stored in batches. A job may report
+// thousands of lines a second (its status file, callbacks, Claude's
+// stream-json); what a reader needs is the latest message, the newest
+// timeline entries and a recent sign of life. So every report only
+// changes the job's entry here, and a flusher stores the entries of all
+// jobs in one transaction, each job at most every progressEvery, and at
+// once when the job ends (finish flushes it before the terminal write).
+//
+// Reads see what is not stored yet: the engine lays the pending entry over
+// what the store returns (overlay), so nothing waits for a flush.
+//
+// Durability: progress may be lost with the process (up to progressEvery
+// of it); what must survive — a job's end, its output, its token — is
+// written through, before the call that caused it returns.
+
+// progressEvery is how often one job's progress is stored at most.
+const progressEvery = 250 * time.Millisecond
+
+// gatherDelay lets reports that arrive together share one transaction.
+const gatherDelay = 2 * time.Millisecond
+
+// pending is one job's progress not stored yet.
+type pending struct {
+	p         delegate.JobProgress
+	dirty     bool
+	lastFlush time.Time
+}
+
+type progressBuffer struct {
+	mu   sync.Mutex
+	jobs map[string]*pending
+	wake chan struct{} // a job has something to store
+}
+
+func newProgressBuffer() *progressBuffer {
+	return &progressBuffer{jobs: make(map[string]*pending), wake: make(chan struct{}, 1)}
+}
+
+// report records a sign of life, and perhaps a progress message (kept in
+// the timeline when timeline is set) and a result text.
+func (b *progressBuffer) report(id, progress string, result *string, timeline bool, now time.Time) {
+	b.mu.Lock()
+	p := b.entry(id)
+	p.p.Heartbeat = now
+	if progress != "" {
+		p.p.Progress = progress
+		if timeline {
+			p.addEvents(delegate.Event{Time: now, Message: progress})
+		}
+	}
+	if result != nil {
+		r := *result
+		p.p.Result = &r
+	}
+	b.mu.Unlock()
+	b.poke()
+}
+
+// dropped counts timeline entries a job sent that were never kept.
+func (b *progressBuffer) dropped(id string, n int64) {
+	if n <= 0 {
+		return
+	}
+	b.mu.Lock()
+	b.entry(id).p.Dropped += n
+	b.mu.Unlock()
+	b.poke()
+}
+
+func (b *progressBuffer) entry(id string) *pending {
+	p := b.jobs[id]
+	if p == nil {
+		p = &pending{}
+		b.jobs[id] = p
+	}
+	p.p.ID = id
+	p.dirty = true
+	return p
+}
+
+// addEvents appends to the pending timeline, keeping the newest
+// MaxTimeline and counting the rest.
+func (p *pending) addEvents(evs ...delegate.Event) {
+	p.p.Events = append(p.p.Events, evs...)
+	if over := len(p.p.Events) - delegate.MaxTimeline; over > 0 {
+		p.p.Dropped += int64(over)
+		p.p.Events = append(p.p.Events[:0], p.p.Events[over:]...)
+	}
+}
+
+func (b *progressBuffer) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes what is due (all of it with force) and says when the next
+// job becomes due (zero: nothing is waiting).
+func (b *progressBuffer) take(now time.Time, force bool) (batch []delegate.JobProgress, next time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, p := range b.jobs {
+		if !p.dirty {
+			if now.Sub(p.lastFlush) >= progressEvery {
+				delete(b.jobs, id) // quiet: nothing to hold back any more
+			}
+			continue
+		}
+		due := p.lastFlush.Add(progressEvery)
+		if force || !now.Before(due) {
+			batch = append(batch, p.p)
+			p.p = delegate.JobProgress{}
+			p.dirty, p.lastFlush = false, now
+			continue
+		}
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	return batch, next
+}
+
+// takeJob removes one job's pending progress, due or not.
+func (b *progressBuffer) takeJob(id string) (delegate.JobProgress, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.jobs[id]
+	if p == nil || !p.dirty {
+		return delegate.JobProgress{}, false
+	}
+	delete(b.jobs, id)
+	return p.p, true
+}
+
+// overlay lays a job's pending progress over the job as stored.
+func (b *progressBuffer) overlay(j *delegate.Job) {
+	if j == nil || j.Status.Terminal() {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.jobs[j.ID]
+	if p == nil || !p.dirty {
+		return
+	}
+	if p.p.Progress != "" {
+		j.Progress = p.p.Progress
+	}
+	if p.p.Result != nil {
+		j.Result = *p.p.Result
+	}
+	if p.p.Heartbeat.After(j.LastHeartbeat) {
+		j.LastHeartbeat = p.p.Heartbeat
+	}
+	j.TimelineDropped += p.p.Dropped
+}
+
+// timeline lays the pending timeline entries after the stored ones,
+// keeping the newest MaxTimeline, and returns how many more that drops.
+func (b *progressBuffer) timeline(id string, stored []delegate.Event) ([]delegate.Event, int64) {
+	b.mu.Lock()
+	p := b.jobs[id]
+	var more []delegate.Event
+	if p != nil && p.dirty {
+		more = append(more, p.p.Events...)
+	}
+	b.mu.Unlock()
+	if len(more) == 0 {
+		return stored, 0
+	}
+	all := append(stored, more...)
+	over := max(0, len(all)-delegate.MaxTimeline)
+	return all[over:], int64(over)
+}
+
+// flushLoop stores pending progress until the engine has closed (every
+// other goroutine of it has ended), then stores what is left.
+func (e *Engine) flushLoop() {
+	defer close(e.flushDone)
+	b := e.progress
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-e.flushStop:
+			e.flush(true)
+			return
+		case <-b.wake:
+		case <-timer.C:
+		}
+		// Let the reports that arrive together go in one transaction.
+		select {
+		case <-e.flushStop:
+			e.flush(true)
+			return
+		case <-time.After(gatherDelay):
+		}
+		next := e.flush(false)
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), gatherDelay))
+		}
+	}
+}
+
+// flush stores what is due (everything with force) in one transaction and
+// tells watchers; it returns when more will be due.
+func (e *Engine) flush(force bool) time.Time {
+	batch, next := e.progress.take(time.Now(), force)
+	if len(batch) == 0 {
+		return next
+	}
+	if err := e.store.SaveProgress(context.WithoutCancel(e.ctx), batch); err != nil {
+		// Progress is not worth stopping for: the next report replaces it.
+		e.log.Warn("store progress", "jobs", len(batch), "err", err)
+		return next
+	}
+	for _, p := range batch {
+		e.notify(p.ID)
+	}
+	return next
+}
+
+// flushJob stores a job's pending progress now (before its end is
+// written, so that its last messages come before it).
+func (e *Engine) flushJob(ctx context.Context, id string) {
+	p, ok := e.progress.takeJob(id)
+	if !ok {
+		return
+	}
+	if err := e.store.SaveProgress(ctx, []delegate.JobProgress{p}); err != nil {
+		e.log.Warn("store progress", "job", id, "err", err)
+	}
+}

@@ -1,0 +1,124 @@
+package sqlite_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sqlite"
+)
+
+// The store's hot paths (docs/BENCHMARKS.md, "Where the time goes"):
+//
+//	go test -run X -bench . -benchtime 2s ./sqlite/
+
+func openBench(b *testing.B) *sqlite.Store {
+	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "jobs.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+func BenchmarkUpdateJob(b *testing.B) {
+	for _, size := range []int{0, 10 << 20} {
+		b.Run(fmt.Sprintf("file=%dMB", size>>20), func(b *testing.B) {
+			ctx := context.Background()
+			s := openBench(b)
+			j := newJob("j1")
+			if size > 0 {
+				j.Manifest.Files = []delegate.File{{Path: "big", Content: base64.StdEncoding.EncodeToString(make([]byte, size))}}
+			}
+			if err := s.CreateJob(ctx, j); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := s.UpdateJob(ctx, "j1", func(j *delegate.Job) error { j.Progress = fmt.Sprint("step ", i); return nil }); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSaveProgress: one group commit of 16 jobs' coalesced progress.
+func BenchmarkSaveProgress(b *testing.B) {
+	ctx := context.Background()
+	s := openBench(b)
+	batch := make([]delegate.JobProgress, 16)
+	for i := range batch {
+		id := fmt.Sprint("j", i)
+		if err := s.CreateJob(ctx, newJob(id)); err != nil {
+			b.Fatal(err)
+		}
+		batch[i] = delegate.JobProgress{ID: id, Events: []delegate.Event{{Time: time.Now(), Message: "step"}}}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range batch {
+			batch[k].Progress = fmt.Sprint("step ", i)
+			batch[k].Heartbeat = time.Now()
+		}
+		if err := s.SaveProgress(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/job")
+}
+
+func BenchmarkGetJob(b *testing.B) {
+	ctx := context.Background()
+	s := openBench(b)
+	if err := s.CreateJob(ctx, newJob("j1")); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := s.GetJob(ctx, "j1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCreateJob(b *testing.B) {
+	ctx := context.Background()
+	s := openBench(b)
+	b.ResetTimer()
+	for i := range b.N {
+		if err := s.CreateJob(ctx, newJob(fmt.Sprint("j", i))); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCreateJobParallel: 16 submitters at once share commits.
+func BenchmarkCreateJobParallel(b *testing.B) {
+	ctx := context.Background()
+	s := openBench(b)
+	var n atomic.Int64
+	b.SetParallelism(8) // 16 goroutines on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := s.CreateJob(ctx, newJob(fmt.Sprint("j", n.Add(1)))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	reportGroups(b, s)
+}
+
+// reportGroups reports how many writes a commit carried on average.
+func reportGroups(b *testing.B, s *sqlite.Store) {
+	st := s.WriteStats()
+	if st.Commits > 0 {
+		b.ReportMetric(float64(st.Writes)/float64(st.Commits), "writes/commit")
+	}
+}

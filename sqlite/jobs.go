@@ -1,0 +1,579 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// jobColumns are the columns of the job row after id, in the order of
+// rowValues. The manifest is not among them: it is immutable and lives in
+// job_manifests (its files in job_files).
+var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
+	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
+	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped"}
+
+// colUpdatedAt is the index of updated_at in jobColumns.
+const colUpdatedAt = 8
+
+var selectJob = `SELECT id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs`
+
+// statements are prepared once per connection (database/sql keeps them per
+// connection of the pool).
+type statements struct {
+	getJob, jobByKey, manifest, files, outputEnd, readOutput, events, artifacts, finishes *sql.Stmt // readers
+	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wOutputEnd, wInsertOutput,
+	wOutputDone, wProgress, wEventsSpan, wInsertEvent, wTrimEvents, wFinished, wArtifact *sql.Stmt // writer
+}
+
+func (s *Store) prepare(ctx context.Context) error {
+	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
+	for _, p := range []struct {
+		db   *sql.DB
+		dst  **sql.Stmt
+		text string
+	}{
+		{s.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
+		{s.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
+		{s.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE job_id = ?`},
+		{s.rdb, &s.stmt.files, `SELECT files FROM job_files WHERE job_id = ?`},
+		{s.rdb, &s.stmt.outputEnd, outputEnd},
+		{s.rdb, &s.stmt.readOutput, `SELECT offset, data FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
+		{s.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
+		{s.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`},
+		{s.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
+
+		{s.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?`},
+		{s.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE job_id = ?`},
+		{s.wdb, &s.stmt.wInsertJob, `INSERT INTO jobs (id, ` + strings.Join(jobColumns, ", ") + `) VALUES (` + placeholders + `)`},
+		{s.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (job_id, manifest) VALUES (?, ?)`},
+		{s.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (job_id, files) VALUES (?, ?)`},
+		{s.wdb, &s.stmt.wOutputEnd, outputEnd},
+		{s.wdb, &s.stmt.wInsertOutput, `INSERT INTO job_output (job_id, offset, data) VALUES (?, ?, ?)`},
+		{s.wdb, &s.stmt.wOutputDone, `UPDATE jobs SET output_read = ?2, output_bytes = max(output_bytes, ?3), updated_at = ?4 WHERE id = ?1`},
+		{s.wdb, &s.stmt.wProgress, `UPDATE jobs SET
+			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,
+			result = CASE WHEN ?3 IS NOT NULL AND status IN ` + active + ` THEN ?3 ELSE result END,
+			last_heartbeat = CASE WHEN ?4 > last_heartbeat AND status IN ` + active + ` THEN ?4 ELSE last_heartbeat END,
+			timeline_dropped = timeline_dropped + ?5,
+			updated_at = ?6
+			WHERE id = ?1`},
+		{s.wdb, &s.stmt.wEventsSpan, `SELECT COALESCE((SELECT min(seq) FROM job_events WHERE job_id = ?1), 1), COALESCE((SELECT max(seq) FROM job_events WHERE job_id = ?1), 0)`},
+		{s.wdb, &s.stmt.wInsertEvent, `INSERT INTO job_events (job_id, seq, time, message) VALUES (?, ?, ?, ?)`},
+		{s.wdb, &s.stmt.wTrimEvents, `DELETE FROM job_events WHERE job_id = ? AND seq <= ?`},
+		{s.wdb, &s.stmt.wFinished, `UPDATE counters SET value = value + 1 WHERE name = 'finishes'`},
+		{s.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},
+	} {
+		st, err := p.db.PrepareContext(ctx, p.text)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", p.text, err)
+		}
+		*p.dst = st
+	}
+	return nil
+}
+
+// active is the SQL list of the statuses that are not terminal.
+const active = `('pending', 'provisioning', 'running')`
+
+// outputEnd is where the next output chunk of a job goes (the primary key
+// finds the last chunk; no scan of the others).
+const outputEnd = `SELECT offset + length(data) FROM job_output WHERE job_id = ? ORDER BY offset DESC LIMIT 1`
+
+type scanner interface{ Scan(...any) error }
+
+// scanJob reads a job row (without its manifest).
+func scanJob(row scanner, extra ...any) (*delegate.Job, error) {
+	var (
+		j                                   delegate.Job
+		exit                                sql.NullInt64
+		created, updated, started, finished int64
+		heartbeat                           int64
+		idem                                sql.NullString
+		oom, truncated                      bool
+	)
+	dest := append(extra, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
+		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
+		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped)
+	if err := row.Scan(dest...); err != nil {
+		return nil, err
+	}
+	if exit.Valid {
+		c := int(exit.Int64)
+		j.ExitCode = &c
+	}
+	j.OOMKilled, j.OutputTruncated = oom, truncated
+	j.CreatedAt, j.UpdatedAt = fromNanos(created), fromNanos(updated)
+	j.StartedAt, j.FinishedAt = fromNanos(started), fromNanos(finished)
+	j.LastHeartbeat, j.IdempotencyKey = fromNanos(heartbeat), idem.String
+	return &j, nil
+}
+
+// rowValues are the job's column values in jobColumns order. They are all
+// comparable, so that a change is found with !=.
+func rowValues(j *delegate.Job) []any {
+	var exit, idem any
+	if j.ExitCode != nil {
+		exit = int64(*j.ExitCode)
+	}
+	if j.IdempotencyKey != "" {
+		idem = j.IdempotencyKey
+	}
+	return []any{string(j.Status), j.Progress, j.Error, exit, j.OOMKilled, j.OutputBytes,
+		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
+		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
+		j.TimelineDropped}
+}
+
+func toNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+// CreateJob inserts a new job, its manifest and the manifest's files.
+func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
+	if !j.Status.Valid() {
+		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
+	}
+	m := j.Manifest
+	files := m.Files
+	m.Files = nil
+	manifest, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("create job %s: %w", j.ID, err)
+	}
+	var filesJSON []byte
+	if len(files) > 0 {
+		if filesJSON, err = json.Marshal(files); err != nil {
+			return fmt.Errorf("create job %s: %w", j.ID, err)
+		}
+	}
+	args := append([]any{j.ID}, rowValues(j)...)
+	err = s.w.do(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...); err != nil {
+			return err
+		}
+		if _, err := tx.Stmt(s.stmt.wInsertManifest).Exec(j.ID, manifest); err != nil {
+			return err
+		}
+		if filesJSON != nil {
+			if _, err := tx.Stmt(s.stmt.wInsertFiles).Exec(j.ID, filesJSON); err != nil {
+				return err
+			}
+		}
+		if j.Status.Terminal() {
+			if _, err := tx.Stmt(s.stmt.wFinished).Exec(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create job %s: %w", j.ID, err)
+	}
+	s.manifests.put(j.ID, cloneManifest(m))
+	return nil
+}
+
+// GetJob returns the job or an error wrapping delegate.ErrNotFound.
+func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
+	j, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+	}
+	if err == nil {
+		err = s.withManifest(ctx, s.stmt.manifest, j)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get job %s: %w", id, err)
+	}
+	return j, nil
+}
+
+// withManifest sets the job's manifest, parsed once per process: it never
+// changes.
+func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job) error {
+	if m, ok := s.manifests.get(j.ID); ok {
+		j.Manifest = m
+		return nil
+	}
+	var text string
+	if err := stmt.QueryRowContext(ctx, j.ID).Scan(&text); err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	var m delegate.Manifest
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		return fmt.Errorf("stored manifest: %w", err)
+	}
+	s.manifests.put(j.ID, m)
+	j.Manifest = cloneManifest(m)
+	return nil
+}
+
+// JobFiles returns the files of the job's manifest.
+func (s *Store) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
+	var text string
+	err := s.stmt.files.QueryRowContext(ctx, id).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, err := s.GetJob(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("files of job %s: %w", id, err)
+	}
+	var files []delegate.File
+	if err := json.Unmarshal([]byte(text), &files); err != nil {
+		return nil, fmt.Errorf("files of job %s: %w", id, err)
+	}
+	return files, nil
+}
+
+// JobByIdempotencyKey finds the job submitted with key.
+func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
+	j, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("idempotency key %q: %w", key, delegate.ErrNotFound)
+	}
+	if err == nil {
+		err = s.withManifest(ctx, s.stmt.manifest, j)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job by idempotency key: %w", err)
+	}
+	return j, nil
+}
+
+// ListJobs returns jobs newest first. The cursor is the opaque position
+// after the last job of the previous page.
+func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = delegate.DefaultPageSize
+	}
+	limit = min(limit, delegate.MaxPageSize)
+	query := `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs WHERE 1=1`
+	var args []any
+	if f.Cursor != "" {
+		seq, err := decodeCursor(f.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		query += ` AND seq < ?`
+		args = append(args, seq)
+	}
+	if f.Status != "" {
+		query += ` AND status = ?`
+		args = append(args, string(f.Status))
+	}
+	if f.Active {
+		query += ` AND status IN ` + active
+	}
+	if f.Owner != "" {
+		query += ` AND owner = ?`
+		args = append(args, f.Owner)
+	}
+	if f.TokenHash != "" {
+		query += ` AND token_hash = ?`
+		args = append(args, f.TokenHash)
+	}
+	if f.SandboxID != "" {
+		query += ` AND sandbox_id = ?`
+		args = append(args, f.SandboxID)
+	}
+	query += ` ORDER BY seq DESC LIMIT ?`
+	args = append(args, limit+1)
+	jobs, seqs, err := s.listRows(ctx, query, args)
+	if err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	next := ""
+	if len(jobs) > limit {
+		jobs = jobs[:limit]
+		next = encodeCursor(seqs[limit-1])
+	}
+	if err := s.withManifests(ctx, jobs); err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	return jobs, next, nil
+}
+
+func (s *Store) listRows(ctx context.Context, query string, args []any) ([]*delegate.Job, []int64, error) {
+	rows, err := s.rdb.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var (
+		jobs []*delegate.Job
+		seqs []int64
+	)
+	for rows.Next() {
+		var seq int64
+		j, err := scanJob(rows, &seq)
+		if err != nil {
+			return nil, nil, err
+		}
+		jobs, seqs = append(jobs, j), append(seqs, seq)
+	}
+	return jobs, seqs, rows.Err()
+}
+
+// withManifests sets the manifests of a page of jobs, reading those not
+// parsed yet in one query.
+func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job) error {
+	var missing []any
+	byID := map[string]*delegate.Job{}
+	for _, j := range jobs {
+		if m, ok := s.manifests.get(j.ID); ok {
+			j.Manifest = m
+			continue
+		}
+		missing = append(missing, j.ID)
+		byID[j.ID] = j
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	rows, err := s.rdb.QueryContext(ctx, `SELECT job_id, manifest FROM job_manifests WHERE job_id IN (`+
+		strings.TrimSuffix(strings.Repeat("?,", len(missing)), ",")+`)`, missing...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, text string
+		if err := rows.Scan(&id, &text); err != nil {
+			return err
+		}
+		var m delegate.Manifest
+		if err := json.Unmarshal([]byte(text), &m); err != nil {
+			return fmt.Errorf("job %s: stored manifest: %w", id, err)
+		}
+		s.manifests.put(id, m)
+		if j := byID[id]; j != nil {
+			j.Manifest = cloneManifest(m)
+			delete(byID, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for id := range byID {
+		return fmt.Errorf("job %s: no stored manifest", id)
+	}
+	return nil
+}
+
+func encodeCursor(seq int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("seq:" + strconv.FormatInt(seq, 10)))
+}
+
+func decodeCursor(c string) (int64, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		if n, ok := cutSeq(string(raw)); ok {
+			return n, nil
+		}
+	}
+	return 0, &delegate.FieldError{Field: "cursor", Rule: "must be a cursor returned by a previous list_jobs call"}
+}
+
+func cutSeq(s string) (int64, bool) {
+	if len(s) < 5 || s[:4] != "seq:" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s[4:], 10, 64)
+	return n, err == nil && n > 0
+}
+
+// UpdateJob is a transactional read-modify-write that writes only the
+// columns fn changed; see delegate.JobStore.
+func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
+	var out *delegate.Job
+	err := s.w.do(ctx, func(tx *sql.Tx) error {
+		j, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("update job %s: %w", id, err)
+		}
+		if err := s.withManifest(context.Background(), tx.Stmt(s.stmt.wManifest), j); err != nil {
+			return fmt.Errorf("update job %s: %w", id, err)
+		}
+		before := rowValues(j)
+		status := j.Status
+		if err := fn(j); err != nil {
+			return err
+		}
+		if j.Status != status {
+			if err := delegate.Transition(status, j.Status); err != nil {
+				return fmt.Errorf("job %s: %w", id, err)
+			}
+		}
+		j.ID = id
+		after := rowValues(j)
+		changed := false
+		for i := range after {
+			changed = changed || (i != colUpdatedAt && after[i] != before[i])
+		}
+		if !changed && after[colUpdatedAt] == before[colUpdatedAt] {
+			out = j
+			return nil
+		}
+		if after[colUpdatedAt] == before[colUpdatedAt] {
+			j.UpdatedAt = time.Now().UTC()
+			after = rowValues(j)
+		}
+		var mask uint64
+		var args []any
+		for i := range after {
+			if after[i] != before[i] {
+				mask |= 1 << i
+				args = append(args, after[i])
+			}
+		}
+		if err := s.execUpdate(tx, mask, append(args, id)); err != nil {
+			return fmt.Errorf("update job %s: %w", id, err)
+		}
+		if !status.Terminal() && j.Status.Terminal() {
+			if _, err := tx.Stmt(s.stmt.wFinished).Exec(); err != nil {
+				return fmt.Errorf("update job %s: %w", id, err)
+			}
+		}
+		out = j
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// execUpdate runs the UPDATE that writes the columns in mask (bit i is
+// jobColumns[i]). Its statement is prepared once, after the transaction
+// that first needed it (the one write connection is busy until then).
+func (s *Store) execUpdate(tx *sql.Tx, mask uint64, args []any) error {
+	s.updMu.Lock()
+	st := s.updates[mask]
+	if st == nil {
+		s.wanted = append(s.wanted, mask)
+	}
+	s.updMu.Unlock()
+	if st != nil {
+		_, err := tx.Stmt(st).Exec(args...)
+		return err
+	}
+	_, err := tx.Exec(updateSQL(mask), args...)
+	return err
+}
+
+func updateSQL(mask uint64) string {
+	var sets []string
+	for i, c := range jobColumns {
+		if mask&(1<<i) != 0 {
+			sets = append(sets, c+" = ?")
+		}
+	}
+	return `UPDATE jobs SET ` + strings.Join(sets, ", ") + ` WHERE id = ?`
+}
+
+// prepareWanted prepares the UPDATE statements that writes needed; the
+// writer calls it between transactions.
+func (s *Store) prepareWanted() {
+	s.updMu.Lock()
+	defer s.updMu.Unlock()
+	for _, mask := range s.wanted {
+		if s.updates[mask] != nil {
+			continue
+		}
+		if st, err := s.wdb.Prepare(updateSQL(mask)); err == nil {
+			s.updates[mask] = st
+		}
+	}
+	s.wanted = nil
+}
+
+// manifestCacheSize bounds how many parsed manifests are kept.
+const manifestCacheSize = 4096
+
+// manifestCache keeps parsed manifests (without files) by job id. A
+// manifest never changes once stored, so nothing is ever invalidated; when
+// full, an arbitrary part is forgotten.
+type manifestCache struct {
+	mu  sync.Mutex
+	m   map[string]delegate.Manifest
+	max int
+}
+
+func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
+	c.mu.Lock()
+	m, ok := c.m[id]
+	c.mu.Unlock()
+	if !ok {
+		return delegate.Manifest{}, false
+	}
+	return cloneManifest(m), true
+}
+
+func (c *manifestCache) put(id string, m delegate.Manifest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]delegate.Manifest)
+	}
+	if len(c.m) >= c.max {
+		n := c.max / 8
+		for k := range c.m {
+			delete(c.m, k)
+			if n--; n <= 0 {
+				break
+			}
+		}
+	}
+	c.m[id] = m
+}
+
+// cloneManifest copies what a caller could change in place (maps, slices,
+// pointed-to structs), so that the cached manifest stays as stored.
+func cloneManifest(m delegate.Manifest) delegate.Manifest {
+	m.Files = slices.Clone(m.Files)
+	m.Env = maps.Clone(m.Env)
+	m.Secrets = slices.Clone(m.Secrets)
+	m.Artifacts = slices.Clone(m.Artifacts)
+	if m.Agent != nil {
+		a := *m.Agent
+		m.Agent = &a
+	}
+	if m.Resources != nil {
+		r := *m.Resources
+		m.Resources = &r
+	}
+	if m.Timeout != nil {
+		t := *m.Timeout
+		m.Timeout = &t
+	}
+	return m
+}

@@ -1,0 +1,168 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// gatherFor is the longest a leader waits for the writers of the previous
+// group to queue again: a fraction of one commit.
+const gatherFor = 50 * time.Microsecond
+
+// writer serialises every write through the one write connection and
+// commits them in groups: writers that arrive while a transaction is being
+// committed queue up, and the first of them then commits all of their
+// changes in a single transaction (each in a savepoint of its own, so that
+// one failing write does not undo the others). Under load, N concurrent
+// writes cost one commit instead of N; alone, a write costs what it did.
+//
+// Durability is the database's: WAL with synchronous=NORMAL, so a write
+// that returned survives the process being killed (it is in the WAL, in
+// the kernel's page cache), though not a power cut before the next
+// checkpoint.
+type writer struct {
+	db *sql.DB
+	// between, if set, runs after a group has committed, while the write
+	// connection is free and no other write can start.
+	between func()
+
+	mu    sync.Mutex
+	queue []*writeOp
+	busy  bool // a leader is committing
+	// lastGroup is how many writes the last commit carried.
+	lastGroup int
+
+	commits, writes atomic.Int64 // transactions committed, writes in them
+}
+
+type writeOp struct {
+	fn   func(tx *sql.Tx) error
+	err  error
+	wake chan bool // true: lead the next group; false: done, err is set
+}
+
+// do runs fn in a write transaction and returns once that transaction has
+// committed (or fn's error). fn may run in another goroutine, in a
+// transaction shared with other writes; it must not call the store.
+// Once queued, a write is not abandoned when ctx ends: it is quick, and a
+// caller cancelled mid-way must not leave half of its changes.
+func (w *writer) do(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	op := &writeOp{fn: fn, wake: make(chan bool, 1)}
+	w.mu.Lock()
+	w.queue = append(w.queue, op)
+	if w.busy {
+		w.mu.Unlock()
+		if lead := <-op.wake; !lead {
+			return op.err
+		}
+		w.mu.Lock()
+	}
+	// This goroutine leads: it commits everything queued so far, its own
+	// write included, then hands the lead to the first write that queued
+	// meanwhile.
+	w.busy = true
+	if wanted := w.lastGroup; wanted > 1 && len(w.queue) < wanted {
+		// The writers of the last group are likely on their way back
+		// (they were all waiting on that commit): let them queue, for a
+		// moment, rather than commit alone and make them wait for this.
+		w.mu.Unlock()
+		for start := time.Now(); time.Since(start) < gatherFor; {
+			runtime.Gosched()
+			w.mu.Lock()
+			n := len(w.queue)
+			w.mu.Unlock()
+			if n >= wanted {
+				break
+			}
+		}
+		w.mu.Lock()
+	}
+	group := w.queue
+	w.queue = nil
+	w.lastGroup = len(group)
+	w.mu.Unlock()
+
+	w.commit(group)
+	if w.between != nil {
+		w.between()
+	}
+
+	w.mu.Lock()
+	if len(w.queue) > 0 {
+		w.queue[0].wake <- true
+	} else {
+		w.busy = false
+	}
+	w.mu.Unlock()
+	for _, o := range group {
+		if o != op {
+			o.wake <- false
+		}
+	}
+	return op.err
+}
+
+// commit runs a group of writes in one transaction.
+func (w *writer) commit(group []*writeOp) {
+	ctx := context.Background()
+	fail := func(err error) {
+		for _, o := range group {
+			if o.err == nil {
+				o.err = err
+			}
+		}
+	}
+	tx, err := w.db.BeginTx(ctx, nil)
+	if err != nil {
+		fail(fmt.Errorf("begin: %w", err))
+		return
+	}
+	if len(group) == 1 {
+		// Alone: fn's error undoes the whole transaction.
+		if err := group[0].fn(tx); err != nil {
+			group[0].err = err
+			tx.Rollback()
+			return
+		}
+	} else {
+		ok := 0
+		for _, o := range group {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT w`); err != nil {
+				o.err = err
+				continue
+			}
+			if o.err = o.fn(tx); o.err != nil {
+				if _, err := tx.ExecContext(ctx, `ROLLBACK TO w`); err != nil {
+					tx.Rollback()
+					fail(fmt.Errorf("roll back one write: %w", err))
+					return
+				}
+			} else {
+				ok++
+			}
+			if _, err := tx.ExecContext(ctx, `RELEASE w`); err != nil {
+				tx.Rollback()
+				fail(fmt.Errorf("release: %w", err))
+				return
+			}
+		}
+		if ok == 0 {
+			tx.Rollback()
+			return
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		fail(fmt.Errorf("commit: %w", err))
+		return
+	}
+	w.commits.Add(1)
+	w.writes.Add(int64(len(group)))
+}
