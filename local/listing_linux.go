@@ -65,6 +65,12 @@ func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte
 	return p.readLog(fileEvents, offset, max)
 }
 
+// LatestEvent implements sandbox.LatestEvent: the latest status line once
+// the events file is full.
+func (p *process) LatestEvent(ctx context.Context) (string, int64, error) {
+	return readLatest(p.s.path(fileEventsLatest))
+}
+
 // readLog reads part of a file the shim appends to (output, events).
 func (p *process) readLog(name string, offset int64, max int) ([]byte, error) {
 	if offset < 0 || max < 0 {

@@ -46,17 +46,20 @@ const (
 
 // Files and directories inside a sandbox directory.
 const (
-	fileState      = "state.json" // sandboxState, written by Create
-	fileExec       = "exec.json"  // execRecord, written by Exec (exclusively)
-	fileExit       = "exit.json"  // exitRecord, written by the shim at the end
-	fileOutput     = "output"     // the kept output
-	fileEvents     = "events"     // the job's status lines, kept by the shim
-	fileStatusFIFO = "status"     // the status channel, bound at StatusFile inside
-	fileKilled     = "killed"     // marker written by Kill before it kills
-	fileDeadline   = "deadline"   // marker written by the shim when the deadline kills the job
-	fileShimPID    = "shim.pid"
-	fileInitPID    = "init.pid" // host pid of the sandbox's pid 1
-	fileShimLog    = "shim.log" // the shim's own stderr
+	fileState  = "state.json" // sandboxState, written by Create
+	fileExec   = "exec.json"  // execRecord, written by Exec (exclusively)
+	fileExit   = "exit.json"  // exitRecord, written by the shim at the end
+	fileOutput = "output"     // the kept output
+	fileEvents = "events"     // the job's status lines, kept by the shim
+	// fileEventsLatest is the latest status line once the events file is
+	// full, and how many came after it was full.
+	fileEventsLatest = "events.latest"
+	fileStatusFIFO   = "status"   // the status channel, bound at StatusFile inside
+	fileKilled       = "killed"   // marker written by Kill before it kills
+	fileDeadline     = "deadline" // marker written by the shim when the deadline kills the job
+	fileShimPID      = "shim.pid"
+	fileInitPID      = "init.pid" // host pid of the sandbox's pid 1
+	fileShimLog      = "shim.log" // the shim's own stderr
 	// fileNetHelper is the netHelperRecord of a sandbox with network.
 	fileNetHelper = "net.json"
 	// fileNetReady is written by pasta once the network is configured.

@@ -1,11 +1,14 @@
 package local
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,7 +22,8 @@ import (
 const (
 	// StatusFile is the channel's path inside the sandbox.
 	StatusFile = "/run/delegate/status"
-	// maxEventsBytes caps the events file: status lines are small.
+	// maxEventsBytes caps the events file: status lines are small. Past
+	// it only the latest line is kept (fileEventsLatest).
 	maxEventsBytes = 1 << 20
 )
 
@@ -58,11 +62,27 @@ func bindStatusFIFO(root string) error {
 }
 
 // statusBridge copies status lines from the FIFO into the events file
-// until stop, keeping at most maxEventsBytes.
+// until stop. The file keeps the first maxEventsBytes of whole lines; past
+// that, only the latest line is kept (in the latest file, with the count
+// of lines since the cap), so that a job flooding the channel neither
+// fills the disk nor hides its last word. Once over the cap the bridge
+// reads at a bounded pace: the flooding writer waits on the full pipe
+// instead of spinning.
 type statusBridge struct {
 	fifo *os.File
+	copy *statusCopier
 	done chan struct{}
 }
+
+const (
+	// maxStatusLine cuts longer lines (they are not status lines).
+	maxStatusLine = 64 << 10
+	// latestEvery is how often the latest line is written while a flood
+	// goes on.
+	latestEvery = 100 * time.Millisecond
+	// floodPause is the pause between reads once over the cap.
+	floodPause = 10 * time.Millisecond
+)
 
 // startStatusBridge opens the FIFO read-write, so that it never reports
 // end-of-file between two writers, and starts copying.
@@ -79,13 +99,160 @@ func startStatusBridge() (*statusBridge, error) {
 		fifo.Close()
 		return nil, fmt.Errorf("open the events file: %w", err)
 	}
-	b := &statusBridge{fifo: fifo, done: make(chan struct{})}
+	c := &statusCopier{out: out, latestPath: fileEventsLatest, limit: maxEventsBytes}
+	if st, err := out.Stat(); err == nil {
+		c.written = st.Size()
+	}
+	b := &statusBridge{fifo: fifo, copy: c, done: make(chan struct{})}
 	go func() {
 		defer close(b.done)
 		defer out.Close()
-		io.Copy(&cappedWriter{w: out, limit: maxEventsBytes}, fifo)
+		c.run(fifo)
 	}()
 	return b, nil
+}
+
+// statusCopier splits the channel into lines and keeps them (see
+// statusBridge).
+type statusCopier struct {
+	out        io.Writer
+	latestPath string
+	limit      int64
+
+	stopping   atomic.Bool
+	written    int64  // bytes in the events file
+	partial    []byte // the start of a line not ended yet
+	cut        bool   // the current line is over maxStatusLine: drop the rest
+	full       bool   // the events file is at its cap
+	latest     []byte // the latest line past the cap
+	count      int64  // lines past the cap
+	dirty      bool   // latest not written yet
+	lastLatest time.Time
+}
+
+func (c *statusCopier) run(fifo *os.File) {
+	buf := make([]byte, 64<<10)
+	for {
+		// Wake up for the latest line when one is due; stop sets
+		// stopping, then a deadline in the past, which must win.
+		var deadline time.Time
+		if c.dirty {
+			deadline = c.lastLatest.Add(latestEvery)
+		}
+		fifo.SetReadDeadline(deadline)
+		if c.stopping.Load() {
+			fifo.SetReadDeadline(time.Now())
+		}
+		n, err := fifo.Read(buf)
+		c.feed(buf[:n])
+		if c.dirty && time.Since(c.lastLatest) >= latestEvery {
+			c.writeLatest()
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && !c.stopping.Load() {
+				continue // the latest line was due
+			}
+			break
+		}
+		if c.full {
+			time.Sleep(floodPause)
+		}
+	}
+	c.end()
+}
+
+// feed takes what was read from the channel.
+func (c *statusCopier) feed(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			c.addPartial(b)
+			return
+		}
+		c.addPartial(b[:i])
+		b = b[i+1:]
+		c.line()
+		if c.full && len(b) > 0 {
+			// Past the cap only the last line matters: count the others.
+			if j := bytes.LastIndexByte(b, '\n'); j >= 0 {
+				c.count += int64(bytes.Count(b[:j], []byte{'\n'}))
+				prev := bytes.LastIndexByte(b[:j], '\n')
+				c.addPartial(b[prev+1 : j])
+				c.line()
+				b = b[j+1:]
+			}
+		}
+	}
+}
+
+func (c *statusCopier) addPartial(b []byte) {
+	if c.cut {
+		return
+	}
+	if room := maxStatusLine - len(c.partial); len(b) > room {
+		b, c.cut = b[:room], true
+	}
+	c.partial = append(c.partial, b...)
+}
+
+// line ends the current line.
+func (c *statusCopier) line() {
+	c.cut = false
+	if !c.full && c.written+int64(len(c.partial))+1 <= c.limit {
+		c.partial = append(c.partial, '\n')
+		if _, err := c.out.Write(c.partial); err == nil {
+			c.written += int64(len(c.partial))
+		}
+	} else {
+		c.full = true
+		c.latest = append(c.latest[:0], c.partial...)
+		c.count++
+		c.dirty = true
+	}
+	c.partial = c.partial[:0]
+}
+
+// end keeps what the job wrote last without a newline, and the latest
+// line.
+func (c *statusCopier) end() {
+	if len(c.partial) > 0 {
+		if !c.full && c.written+int64(len(c.partial)) <= c.limit {
+			c.out.Write(c.partial) // as the job left it: the engine ends it
+		} else {
+			c.line()
+		}
+	}
+	if c.dirty {
+		c.writeLatest()
+	}
+}
+
+// writeLatest publishes the latest line past the cap: its count, a
+// newline, the line.
+func (c *statusCopier) writeLatest() {
+	data := append(strconv.AppendInt(nil, c.count, 10), '\n')
+	data = append(data, c.latest...)
+	if err := writeFileAtomic(c.latestPath, data, 0o600); err == nil {
+		c.dirty = false
+	}
+	c.lastLatest = time.Now()
+}
+
+// readLatest reads what writeLatest wrote (zero when nothing was).
+func readLatest(path string) (line string, count int64, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	head, rest, ok := bytes.Cut(data, []byte{'\n'})
+	n, perr := strconv.ParseInt(string(head), 10, 64)
+	if !ok || perr != nil {
+		return "", 0, fmt.Errorf("%s: not a latest-line record", path)
+	}
+	return string(rest), n, nil
 }
 
 // stop lets what the job wrote before it ended be copied, then closes.
@@ -98,6 +265,7 @@ func (b *statusBridge) stop() {
 	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && b.pending() > 0; {
 		time.Sleep(time.Millisecond)
 	}
+	b.copy.stopping.Store(true)
 	b.fifo.SetReadDeadline(time.Now())
 	<-b.done
 	b.fifo.Close()
@@ -110,22 +278,4 @@ func (b *statusBridge) pending() int {
 		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
 	}
 	return n
-}
-
-// cappedWriter keeps the first limit bytes and swallows the rest.
-type cappedWriter struct {
-	w     io.Writer
-	limit int64
-	n     int64
-}
-
-func (c *cappedWriter) Write(p []byte) (int, error) {
-	if room := c.limit - c.n; room > 0 {
-		k := min(int64(len(p)), room)
-		if _, err := c.w.Write(p[:k]); err != nil {
-			return 0, err
-		}
-		c.n += k
-	}
-	return len(p), nil
 }
