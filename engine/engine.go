@@ -90,6 +90,7 @@ type Engine struct {
 	room    chan struct{} // closed and replaced when this engine frees room
 
 	progress  *progressBuffer // reports not stored yet
+	flushMu   sync.Mutex      // one flush at a time
 	flushStop chan struct{}   // closed by Close once the rest has stopped
 	flushDone chan struct{}   // closed when the last progress is stored
 	closeOnce sync.Once
@@ -301,11 +302,12 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 
 // Get returns a job, with the progress it reported that is not stored yet.
 func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
+	unstored := e.progress.snapshot(id)
 	j, err := e.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	e.progress.overlay(j)
+	unstored.apply(j)
 	return j, nil
 }
 

@@ -29,11 +29,12 @@ const progressEvery = 250 * time.Millisecond
 // gatherDelay lets reports that arrive together share one transaction.
 const gatherDelay = 2 * time.Millisecond
 
-// pending is one job's progress not stored yet.
+// pending is one job's progress not stored yet: p since the last flush,
+// flying what that flush is storing (still laid over reads until it is in).
 type pending struct {
-	p         delegate.JobProgress
-	dirty     bool
-	lastFlush time.Time
+	p, flying       delegate.JobProgress
+	dirty, inFlight bool
+	lastFlush       time.Time
 }
 
 type progressBuffer struct {
@@ -105,23 +106,22 @@ func (b *progressBuffer) poke() {
 	}
 }
 
-// take removes what is due (all of it with force) and says when the next
-// job becomes due (zero: nothing is waiting).
+// take hands over what is due (all of it with force) to be stored, and
+// says when the next job becomes due (zero: nothing is waiting). What it
+// hands over stays visible to reads until landed.
 func (b *progressBuffer) take(now time.Time, force bool) (batch []delegate.JobProgress, next time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for id, p := range b.jobs {
 		if !p.dirty {
-			if now.Sub(p.lastFlush) >= progressEvery {
+			if !p.inFlight && now.Sub(p.lastFlush) >= progressEvery {
 				delete(b.jobs, id) // quiet: nothing to hold back any more
 			}
 			continue
 		}
 		due := p.lastFlush.Add(progressEvery)
 		if force || !now.Before(due) {
-			batch = append(batch, p.p)
-			p.p = delegate.JobProgress{}
-			p.dirty, p.lastFlush = false, now
+			batch = append(batch, p.hand(now))
 			continue
 		}
 		if next.IsZero() || due.Before(next) {
@@ -131,7 +131,15 @@ func (b *progressBuffer) take(now time.Time, force bool) (batch []delegate.JobPr
 	return batch, next
 }
 
-// takeJob removes one job's pending progress, due or not.
+// hand moves the pending progress to flying.
+func (p *pending) hand(now time.Time) delegate.JobProgress {
+	p.flying, p.inFlight = p.p, true
+	p.p = delegate.JobProgress{}
+	p.dirty, p.lastFlush = false, now
+	return p.flying
+}
+
+// takeJob hands over one job's pending progress, due or not.
 func (b *progressBuffer) takeJob(id string) (delegate.JobProgress, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -139,39 +147,83 @@ func (b *progressBuffer) takeJob(id string) (delegate.JobProgress, bool) {
 	if p == nil || !p.dirty {
 		return delegate.JobProgress{}, false
 	}
-	delete(b.jobs, id)
-	return p.p, true
+	return p.hand(time.Now()), true
 }
 
-// overlay lays a job's pending progress over the job as stored.
-func (b *progressBuffer) overlay(j *delegate.Job) {
-	if j == nil || j.Status.Terminal() {
-		return
-	}
+// landed says that what was handed over for these jobs is stored.
+func (b *progressBuffer) landed(batch []delegate.JobProgress) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p := b.jobs[j.ID]
-	if p == nil || !p.dirty {
-		return
+	for _, bp := range batch {
+		if p := b.jobs[bp.ID]; p != nil {
+			p.flying, p.inFlight = delegate.JobProgress{}, false
+		}
 	}
-	if p.p.Progress != "" {
-		j.Progress = p.p.Progress
-	}
-	if p.p.Result != nil {
-		j.Result = *p.p.Result
-	}
-	if p.p.Heartbeat.After(j.LastHeartbeat) {
-		j.LastHeartbeat = p.p.Heartbeat
-	}
-	j.TimelineDropped += p.p.Dropped
 }
 
-// timeline lays the pending timeline entries after the stored ones,
-// keeping the newest MaxTimeline, and returns how many more that drops.
+// overlay lays a job's progress not stored yet over the job as stored.
+func (b *progressBuffer) overlay(j *delegate.Job) {
+	if j != nil {
+		b.snapshot(j.ID).apply(j)
+	}
+}
+
+// progressSnapshot is a copy of a job's progress not stored yet.
+type progressSnapshot []delegate.JobProgress
+
+// snapshot copies what is not stored yet of job id. A reader takes it
+// before it reads the store, so that a flush landing in between is seen
+// in one or the other (a moment's double count of dropped entries at
+// worst, never a step back).
+func (b *progressBuffer) snapshot(id string) progressSnapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.jobs[id]
+	if p == nil {
+		return nil
+	}
+	var s progressSnapshot
+	if p.inFlight {
+		s = append(s, p.flying)
+	}
+	if p.dirty {
+		s = append(s, p.p)
+	}
+	return s
+}
+
+func (s progressSnapshot) apply(j *delegate.Job) {
+	if j.Status.Terminal() {
+		return
+	}
+	for i := range s {
+		apply(j, &s[i])
+	}
+}
+
+func apply(j *delegate.Job, p *delegate.JobProgress) {
+	if p.Progress != "" {
+		j.Progress = p.Progress
+	}
+	if p.Result != nil {
+		j.Result = *p.Result
+	}
+	if p.Heartbeat.After(j.LastHeartbeat) {
+		j.LastHeartbeat = p.Heartbeat
+	}
+	j.TimelineDropped += p.Dropped
+}
+
+// timeline lays the timeline entries not stored yet after the stored
+// ones, keeping the newest MaxTimeline, and returns how many more that
+// drops.
 func (b *progressBuffer) timeline(id string, stored []delegate.Event) ([]delegate.Event, int64) {
 	b.mu.Lock()
 	p := b.jobs[id]
 	var more []delegate.Event
+	if p != nil && p.inFlight {
+		more = append(more, p.flying.Events...)
+	}
 	if p != nil && p.dirty {
 		more = append(more, p.p.Events...)
 	}
@@ -216,11 +268,15 @@ func (e *Engine) flushLoop() {
 // flush stores what is due (everything with force) in one transaction and
 // tells watchers; it returns when more will be due.
 func (e *Engine) flush(force bool) time.Time {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
 	batch, next := e.progress.take(time.Now(), force)
 	if len(batch) == 0 {
 		return next
 	}
-	if err := e.store.SaveProgress(context.WithoutCancel(e.ctx), batch); err != nil {
+	err := e.store.SaveProgress(context.WithoutCancel(e.ctx), batch)
+	e.progress.landed(batch)
+	if err != nil {
 		// Progress is not worth stopping for: the next report replaces it.
 		e.log.Warn("store progress", "jobs", len(batch), "err", err)
 		return next
@@ -232,13 +288,18 @@ func (e *Engine) flush(force bool) time.Time {
 }
 
 // flushJob stores a job's pending progress now (before its end is
-// written, so that its last messages come before it).
+// written, so that its last messages come before it). Flushes are one at
+// a time, so that an older batch never lands after a newer one.
 func (e *Engine) flushJob(ctx context.Context, id string) {
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
 	p, ok := e.progress.takeJob(id)
 	if !ok {
 		return
 	}
-	if err := e.store.SaveProgress(ctx, []delegate.JobProgress{p}); err != nil {
+	err := e.store.SaveProgress(ctx, []delegate.JobProgress{p})
+	e.progress.landed([]delegate.JobProgress{p})
+	if err != nil {
 		e.log.Warn("store progress", "job", id, "err", err)
 	}
 }
