@@ -410,21 +410,23 @@ func TestJobsStatusShowsTimeline(t *testing.T) {
 	h := newHarness()
 	j := job("job-1", delegate.StatusRunning, nil)
 	j.Progress = "step 2/3"
+	j.TimelineDropped = 7
 	h.svc.GetFn = func(ctx context.Context, id string) (*delegate.Job, error) { return j, nil }
 	h.svc.TimelineFn = func(ctx context.Context, id string) ([]delegate.Event, error) {
 		return []delegate.Event{{Time: time.Now(), Message: "step 1/3"}, {Time: time.Now(), Message: "step 2/3"}}, nil
 	}
 	r := h.run(t, "jobs", "status", "job-1")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "job-1 running (step 2/3)\n") || !strings.Contains(r.stdout, "timeline:") ||
-		!strings.Contains(r.stdout, "step 1/3") {
+		!strings.Contains(r.stdout, "step 1/3") || !strings.Contains(r.stdout, "(7 earlier entries dropped)") {
 		t.Fatalf("status: %d\n%s", r.code, r.stdout)
 	}
 	r = h.run(t, "jobs", "status", "job-1", "--json")
 	var got struct {
-		JobID    string           `json:"job_id"`
-		Timeline []delegate.Event `json:"timeline"`
+		JobID           string           `json:"job_id"`
+		Timeline        []delegate.Event `json:"timeline"`
+		TimelineDropped int64            `json:"timeline_dropped"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.JobID != "job-1" || len(got.Timeline) != 2 {
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.JobID != "job-1" || len(got.Timeline) != 2 || got.TimelineDropped != 7 {
 		t.Fatalf("status --json: %v %s", err, r.stdout)
 	}
 	h.svc.GetFn = func(ctx context.Context, id string) (*delegate.Job, error) {

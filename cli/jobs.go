@@ -182,6 +182,9 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
 	tw.Flush()
 	if len(timeline) > 0 {
 		fmt.Fprintln(w, "timeline:")
+		if j.TimelineDropped > 0 {
+			fmt.Fprintf(w, "  (%d earlier entries dropped)\n", j.TimelineDropped)
+		}
 		for _, ev := range timeline {
 			fmt.Fprintf(w, "  %s  %s\n", ev.Time.Local().Format("15:04:05.000"), safe(ev.Message))
 		}

@@ -199,8 +199,10 @@ type StatusOut struct {
 	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
 	DurationSeconds float64         `json:"duration_seconds"`
 	OutputBytes     int64           `json:"output_bytes"`
-	// Timeline is kept in statusMode detailed and streaming.
-	Timeline []delegate.Event `json:"timeline,omitempty"`
+	// Timeline is kept in statusMode detailed and streaming: the newest
+	// entries; TimelineDropped counts the older ones dropped.
+	Timeline        []delegate.Event `json:"timeline,omitempty"`
+	TimelineDropped int64            `json:"timeline_dropped,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -208,6 +210,7 @@ func statusOf(j *delegate.Job) StatusOut {
 		Status: j.Status, Progress: j.Progress, Error: j.Error, CreatedAt: j.CreatedAt,
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
+		TimelineDropped: j.TimelineDropped,
 	}
 }
 

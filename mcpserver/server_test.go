@@ -114,7 +114,7 @@ func finishedJob(id string) *delegate.Job {
 		ID: id, Status: delegate.StatusFailed, Progress: "failed", Error: "exit code 3", ExitCode: &code,
 		Manifest:  delegate.Manifest{AgentType: delegate.AgentScript, Task: "make", StatusMode: delegate.StatusModeDetailed},
 		CreatedAt: t0, UpdatedAt: t0.Add(3 * time.Second), StartedAt: t0.Add(time.Second), FinishedAt: t0.Add(3 * time.Second),
-		LastHeartbeat: t0.Add(2 * time.Second), OutputBytes: 12,
+		LastHeartbeat: t0.Add(2 * time.Second), OutputBytes: 12, TimelineDropped: 3,
 	}
 }
 
@@ -351,7 +351,7 @@ func TestStatusAndList(t *testing.T) {
 	cs := connect(t, s, nil)
 	var st mcpserver.StatusOut
 	structured(t, call(t, cs, "get_job_status", map[string]any{"job_id": "job-1"}), &st)
-	if st.Status != delegate.StatusFailed || len(st.Timeline) != 2 || st.DurationSeconds != 2 || st.StartedAt == nil || !st.StartedAt.Equal(t0.Add(time.Second)) {
+	if st.Status != delegate.StatusFailed || len(st.Timeline) != 2 || st.TimelineDropped != 3 || st.DurationSeconds != 2 || st.StartedAt == nil || !st.StartedAt.Equal(t0.Add(time.Second)) {
 		t.Errorf("status %+v", st)
 	}
 	var l mcpserver.ListOut
