@@ -226,7 +226,6 @@ func (s *Store) Close() error {
 	return err
 }
 
-
 // WriteStats are counts of this store's writes since it was opened.
 type WriteStats struct {
 	Commits int64 // transactions committed
