@@ -27,7 +27,7 @@ var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_kille
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
 
-var selectJob = `SELECT id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs`
+var selectJob = `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs`
 
 // statements are prepared once per connection (database/sql keeps them per
 // connection of the pool).
@@ -46,8 +46,8 @@ func (s *Store) prepare(ctx context.Context) error {
 	}{
 		{s.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
 		{s.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
-		{s.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE job_id = ?`},
-		{s.rdb, &s.stmt.files, `SELECT files FROM job_files WHERE job_id = ?`},
+		{s.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
+		{s.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
 		{s.rdb, &s.stmt.outputEnd, outputEnd},
 		{s.rdb, &s.stmt.readOutput, `SELECT offset, data FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
 		{s.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
@@ -55,10 +55,10 @@ func (s *Store) prepare(ctx context.Context) error {
 		{s.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
 
 		{s.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?`},
-		{s.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE job_id = ?`},
+		{s.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
 		{s.wdb, &s.stmt.wInsertJob, `INSERT INTO jobs (id, ` + strings.Join(jobColumns, ", ") + `) VALUES (` + placeholders + `)`},
-		{s.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (job_id, manifest) VALUES (?, ?)`},
-		{s.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (job_id, files) VALUES (?, ?)`},
+		{s.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (seq, manifest) VALUES (?, ?)`},
+		{s.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (seq, files) VALUES (?, ?)`},
 		{s.wdb, &s.stmt.wOutputEnd, outputEnd},
 		{s.wdb, &s.stmt.wInsertOutput, `INSERT INTO job_output (job_id, offset, data) VALUES (?, ?, ?)`},
 		{s.wdb, &s.stmt.wOutputDone, `UPDATE jobs SET output_read = ?2, output_bytes = max(output_bytes, ?3), updated_at = ?4 WHERE id = ?1`},
@@ -93,9 +93,10 @@ const outputEnd = `SELECT offset + length(data) FROM job_output WHERE job_id = ?
 
 type scanner interface{ Scan(...any) error }
 
-// scanJob reads a job row (without its manifest).
-func scanJob(row scanner, extra ...any) (*delegate.Job, error) {
+// scanJob reads a job row (without its manifest) and its rowid.
+func scanJob(row scanner) (*delegate.Job, int64, error) {
 	var (
+		seq                                 int64
 		j                                   delegate.Job
 		exit                                sql.NullInt64
 		created, updated, started, finished int64
@@ -103,11 +104,11 @@ func scanJob(row scanner, extra ...any) (*delegate.Job, error) {
 		idem                                sql.NullString
 		oom, truncated                      bool
 	)
-	dest := append(extra, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
+	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped)
 	if err := row.Scan(dest...); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if exit.Valid {
 		c := int(exit.Int64)
@@ -117,7 +118,7 @@ func scanJob(row scanner, extra ...any) (*delegate.Job, error) {
 	j.CreatedAt, j.UpdatedAt = fromNanos(created), fromNanos(updated)
 	j.StartedAt, j.FinishedAt = fromNanos(started), fromNanos(finished)
 	j.LastHeartbeat, j.IdempotencyKey = fromNanos(heartbeat), idem.String
-	return &j, nil
+	return &j, seq, nil
 }
 
 // rowValues are the job's column values in jobColumns order. They are all
@@ -170,14 +171,19 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 	}
 	args := append([]any{j.ID}, rowValues(j)...)
 	err = s.w.do(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...); err != nil {
+		res, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Stmt(s.stmt.wInsertManifest).Exec(j.ID, manifest); err != nil {
+		seq, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Stmt(s.stmt.wInsertManifest).Exec(seq, manifest); err != nil {
 			return err
 		}
 		if filesJSON != nil {
-			if _, err := tx.Stmt(s.stmt.wInsertFiles).Exec(j.ID, filesJSON); err != nil {
+			if _, err := tx.Stmt(s.stmt.wInsertFiles).Exec(seq, filesJSON); err != nil {
 				return err
 			}
 		}
@@ -197,12 +203,12 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 
 // GetJob returns the job or an error wrapping delegate.ErrNotFound.
 func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
-	j, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
+	j, seq, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
 	}
 	if err == nil {
-		err = s.withManifest(ctx, s.stmt.manifest, j)
+		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get job %s: %w", id, err)
@@ -212,13 +218,13 @@ func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
 
 // withManifest sets the job's manifest, parsed once per process: it never
 // changes.
-func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job) error {
+func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job, seq int64) error {
 	if m, ok := s.manifests.get(j.ID); ok {
 		j.Manifest = m
 		return nil
 	}
 	var text string
-	if err := stmt.QueryRowContext(ctx, j.ID).Scan(&text); err != nil {
+	if err := stmt.QueryRowContext(ctx, seq).Scan(&text); err != nil {
 		return fmt.Errorf("manifest: %w", err)
 	}
 	var m delegate.Manifest
@@ -252,12 +258,12 @@ func (s *Store) JobFiles(ctx context.Context, id string) ([]delegate.File, error
 
 // JobByIdempotencyKey finds the job submitted with key.
 func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
-	j, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
+	j, seq, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("idempotency key %q: %w", key, delegate.ErrNotFound)
 	}
 	if err == nil {
-		err = s.withManifest(ctx, s.stmt.manifest, j)
+		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("job by idempotency key: %w", err)
@@ -273,7 +279,7 @@ func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate
 		limit = delegate.DefaultPageSize
 	}
 	limit = min(limit, delegate.MaxPageSize)
-	query := `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs WHERE 1=1`
+	query := selectJob + ` WHERE 1=1`
 	var args []any
 	if f.Cursor != "" {
 		seq, err := decodeCursor(f.Cursor)
@@ -313,7 +319,7 @@ func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate
 		jobs = jobs[:limit]
 		next = encodeCursor(seqs[limit-1])
 	}
-	if err := s.withManifests(ctx, jobs); err != nil {
+	if err := s.withManifests(ctx, jobs, seqs); err != nil {
 		return nil, "", fmt.Errorf("list jobs: %w", err)
 	}
 	return jobs, next, nil
@@ -330,8 +336,7 @@ func (s *Store) listRows(ctx context.Context, query string, args []any) ([]*dele
 		seqs []int64
 	)
 	for rows.Next() {
-		var seq int64
-		j, err := scanJob(rows, &seq)
+		j, seq, err := scanJob(rows)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -342,46 +347,51 @@ func (s *Store) listRows(ctx context.Context, query string, args []any) ([]*dele
 
 // withManifests sets the manifests of a page of jobs, reading those not
 // parsed yet in one query.
-func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job) error {
+func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job, seqs []int64) error {
 	var missing []any
-	byID := map[string]*delegate.Job{}
-	for _, j := range jobs {
+	bySeq := map[int64]*delegate.Job{}
+	for i, j := range jobs {
 		if m, ok := s.manifests.get(j.ID); ok {
 			j.Manifest = m
 			continue
 		}
-		missing = append(missing, j.ID)
-		byID[j.ID] = j
+		missing = append(missing, seqs[i])
+		bySeq[seqs[i]] = j
 	}
 	if len(missing) == 0 {
 		return nil
 	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT job_id, manifest FROM job_manifests WHERE job_id IN (`+
+	rows, err := s.rdb.QueryContext(ctx, `SELECT seq, manifest FROM job_manifests WHERE seq IN (`+
 		strings.TrimSuffix(strings.Repeat("?,", len(missing)), ",")+`)`, missing...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id, text string
-		if err := rows.Scan(&id, &text); err != nil {
+		var (
+			seq  int64
+			text string
+		)
+		if err := rows.Scan(&seq, &text); err != nil {
 			return err
+		}
+		j := bySeq[seq]
+		if j == nil {
+			continue
 		}
 		var m delegate.Manifest
 		if err := json.Unmarshal([]byte(text), &m); err != nil {
-			return fmt.Errorf("job %s: stored manifest: %w", id, err)
+			return fmt.Errorf("job %s: stored manifest: %w", j.ID, err)
 		}
-		s.manifests.put(id, m)
-		if j := byID[id]; j != nil {
-			j.Manifest = cloneManifest(m)
-			delete(byID, id)
-		}
+		s.manifests.put(j.ID, m)
+		j.Manifest = cloneManifest(m)
+		delete(bySeq, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for id := range byID {
-		return fmt.Errorf("job %s: no stored manifest", id)
+	for _, j := range bySeq {
+		return fmt.Errorf("job %s: no stored manifest", j.ID)
 	}
 	return nil
 }
@@ -413,14 +423,14 @@ func cutSeq(s string) (int64, bool) {
 func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
 	var out *delegate.Job
 	err := s.w.do(ctx, func(tx *sql.Tx) error {
-		j, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
+		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
 		}
 		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
-		if err := s.withManifest(context.Background(), tx.Stmt(s.stmt.wManifest), j); err != nil {
+		if err := s.withManifest(context.Background(), tx.Stmt(s.stmt.wManifest), j, seq); err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
 		before := rowValues(j)

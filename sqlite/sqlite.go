@@ -92,23 +92,62 @@ var migrations = []string{
 	// The manifest leaves the job row: SQLite rewrites a whole row on any
 	// update, and a manifest may carry 64 MiB of files (and large task and
 	// env values), so every progress line rewrote them all. The manifest
-	// (immutable) and its files now live in tables of their own; the job
-	// row holds only what changes. The timeline counts what it dropped,
-	// and a counter of finished jobs lets a process notice that another
-	// one finished a job without reading every job.
-	`CREATE TABLE job_manifests (
-		job_id TEXT PRIMARY KEY NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+	// (immutable) and its files now live in tables of their own, keyed by
+	// the job's rowid (no index to maintain); the job row holds only what
+	// changes, and loses AUTOINCREMENT (one page less per insert: jobs are
+	// never deleted, so rowids are not reused). The timeline counts what
+	// it dropped, and a counter of finished jobs lets a process notice
+	// that another one finished a job without reading every job.
+	// (Run with foreign keys off: see migrate.)
+	`CREATE TABLE jobs_v3 (
+		seq INTEGER PRIMARY KEY,
+		id TEXT NOT NULL UNIQUE,
+		status TEXT NOT NULL,
+		progress TEXT NOT NULL DEFAULT '',
+		error TEXT NOT NULL DEFAULT '',
+		exit_code INTEGER,
+		oom_killed INTEGER NOT NULL DEFAULT 0,
+		output_bytes INTEGER NOT NULL DEFAULT 0,
+		output_truncated INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL,
+		started_at INTEGER NOT NULL DEFAULT 0,
+		finished_at INTEGER NOT NULL DEFAULT 0,
+		backend TEXT NOT NULL DEFAULT '',
+		sandbox_id TEXT NOT NULL DEFAULT '',
+		exec_id TEXT NOT NULL DEFAULT '',
+		owner TEXT NOT NULL DEFAULT '',
+		result TEXT NOT NULL DEFAULT '',
+		idempotency_key TEXT,
+		token_hash TEXT NOT NULL DEFAULT '',
+		last_heartbeat INTEGER NOT NULL DEFAULT 0,
+		output_read INTEGER NOT NULL DEFAULT 0,
+		timeline_dropped INTEGER NOT NULL DEFAULT 0
+	);
+	INSERT INTO jobs_v3 (seq, id, status, progress, error, exit_code, oom_killed, output_bytes, output_truncated,
+		created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner, result,
+		idempotency_key, token_hash, last_heartbeat, output_read)
+	SELECT seq, id, status, progress, error, exit_code, oom_killed, output_bytes, output_truncated,
+		created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner, result,
+		idempotency_key, token_hash, last_heartbeat, output_read FROM jobs;
+	CREATE TABLE job_manifests (
+		seq INTEGER PRIMARY KEY REFERENCES jobs(seq) ON DELETE CASCADE,
 		manifest TEXT NOT NULL
 	);
+	INSERT INTO job_manifests (seq, manifest) SELECT seq, json_remove(manifest, '$.files') FROM jobs;
 	CREATE TABLE job_files (
-		job_id TEXT PRIMARY KEY NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		seq INTEGER PRIMARY KEY REFERENCES jobs(seq) ON DELETE CASCADE,
 		files TEXT NOT NULL
 	);
-	INSERT INTO job_manifests (job_id, manifest) SELECT id, json_remove(manifest, '$.files') FROM jobs;
-	INSERT INTO job_files (job_id, files) SELECT id, json_extract(manifest, '$.files') FROM jobs
+	INSERT INTO job_files (seq, files) SELECT seq, json_extract(manifest, '$.files') FROM jobs
 		WHERE json_type(manifest, '$.files') = 'array';
-	ALTER TABLE jobs DROP COLUMN manifest;
-	ALTER TABLE jobs ADD COLUMN timeline_dropped INTEGER NOT NULL DEFAULT 0;
+	DROP TABLE jobs;
+	ALTER TABLE jobs_v3 RENAME TO jobs;
+	DELETE FROM sqlite_sequence WHERE name = 'jobs';
+	CREATE INDEX jobs_status ON jobs(status, seq);
+	CREATE UNIQUE INDEX jobs_idempotency_key ON jobs(idempotency_key) WHERE idempotency_key IS NOT NULL;
+	CREATE INDEX jobs_sandbox ON jobs(sandbox_id) WHERE sandbox_id != '';
+	CREATE INDEX jobs_token ON jobs(token_hash) WHERE token_hash != '';
 	CREATE TABLE counters (
 		name TEXT PRIMARY KEY NOT NULL,
 		value INTEGER NOT NULL
@@ -191,7 +230,20 @@ func ownFiles(path string) error {
 const readers = 4
 
 func (s *Store) migrate(ctx context.Context) error {
-	tx, err := s.wdb.BeginTx(ctx, nil)
+	// A migration that rebuilds a table must not cascade its drop to the
+	// tables that refer to it: foreign keys are off while migrations run
+	// (a pragma that does nothing inside a transaction), and checked before
+	// the commit.
+	conn, err := s.wdb.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `PRAGMA foreign_keys = OFF`); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `PRAGMA foreign_keys = ON`)
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -203,10 +255,22 @@ func (s *Store) migrate(ctx context.Context) error {
 	if version > len(migrations) {
 		return fmt.Errorf("database schema version %d is newer than this delegate (%d): upgrade delegate", version, len(migrations))
 	}
+	if version == len(migrations) {
+		return nil
+	}
 	for i := version; i < len(migrations); i++ {
 		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
 			return fmt.Errorf("migration %d: %w", i+1, err)
 		}
+	}
+	rows, err := tx.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return err
+	}
+	broken := rows.Next()
+	rows.Close()
+	if broken {
+		return fmt.Errorf("migration %d left rows without the job they refer to", len(migrations))
 	}
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
 		return err
