@@ -70,6 +70,10 @@ type ServeOptions struct {
 // BenchOptions are the flags of `delegate bench`.
 type BenchOptions struct {
 	Runs int
+	// Load runs this many sleeping jobs at once instead (0: no), each
+	// sleeping for Sleep, with the concurrency limit raised to Load.
+	Load  int
+	Sleep time.Duration
 	// ProxmoxSim measures Proxmox jobs against the simulator, with the
 	// real-world latencies divided by Scale.
 	ProxmoxSim bool

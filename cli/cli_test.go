@@ -222,7 +222,7 @@ func TestServeAndBenchFlags(t *testing.T) {
 	var benchOpts cli.BenchOptions
 	h.bench = func(o cli.BenchOptions) error { benchOpts = o; return nil }
 	if r := h.run(t, "bench", "-n", "50", "--proxmox-sim", "--scale", "20"); r.code != 0 ||
-		benchOpts != (cli.BenchOptions{Runs: 10, ProxmoxSim: true, Scale: 20}) {
+		benchOpts != (cli.BenchOptions{Runs: 10, ProxmoxSim: true, Scale: 20, Sleep: 20 * time.Second}) {
 		t.Errorf("bench: %d %+v", r.code, benchOpts)
 	}
 }

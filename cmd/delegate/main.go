@@ -57,6 +57,22 @@ func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io
 	if opts.ProxmoxSim {
 		return bench.Proxmox(ctx, opts.Runs, opts.Scale, out, log)
 	}
+	if opts.Load > 0 {
+		return bench.Load(ctx, opts.Load, opts.Sleep, func(ctx context.Context, dataDir string, n int) (*bench.App, error) {
+			cfg.DataDir = dataDir
+			cfg.MaxConcurrent = n
+			cfg.Defaults.Memory, cfg.Defaults.Disk = "64M", "16M"
+			a, err := openApp(ctx, cfg, log, true, "", nil)
+			if err != nil {
+				return nil, err
+			}
+			if err := a.eng.Start(ctx); err != nil {
+				a.Close()
+				return nil, err
+			}
+			return &bench.App{Jobs: a.eng, Backend: a.backend, Close: a.Close}, nil
+		}, out)
+	}
 	return bench.Local(ctx, opts.Runs, func(ctx context.Context, dataDir string) (*bench.App, error) {
 		cfg.DataDir = dataDir
 		cfg.MaxConcurrent = 1
