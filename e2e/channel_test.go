@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io/fs"
@@ -285,5 +286,46 @@ func waitSandboxesGone(t *testing.T, dataDir string) {
 			t.Fatalf("sandboxes left after the job ended: %d", len(entries))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStatusFlood: `timeout 5 yes > "$DELEGATE_STATUS_FILE"` once kept the
+// server busy for minutes. Now the flooding job (with a 4 MB file in its
+// manifest) is killed at its 2 s timeout and records a duration within
+// the timeout plus the 5 s kill grace; meanwhile another job runs to its
+// end and the tools answer; the timeline keeps the newest entries and
+// counts the others.
+func TestStatusFlood(t *testing.T) {
+	cs, _, _ := stdioSession(t, t.TempDir(), "")
+	file := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("0123456789abcdef"), 4<<20/16))
+	flood := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "statusMode": "detailed", "timeout": 2,
+		"files": []map[string]any{{"path": "big.bin", "content": file}},
+		"task":  `timeout 5 yes > "$DELEGATE_STATUS_FILE"; echo never`}})
+	waitFor(t, cs, flood.JobID, "running")
+	time.Sleep(500 * time.Millisecond) // let it flood
+
+	other := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "echo other"}})
+	st := call[statusOut](t, cs, "wait_job", map[string]any{"job_id": other.JobID, "timeout_seconds": 30})
+	if st.Status != "success" {
+		t.Fatalf("the other job: %+v", st)
+	}
+	if res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": other.JobID}); res.Output != "other\n" {
+		t.Fatalf("the other job's output: %q", res.Output)
+	}
+
+	st = call[statusOut](t, cs, "wait_job", map[string]any{"job_id": flood.JobID, "timeout_seconds": 30})
+	res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": flood.JobID})
+	if st.Status != "timeout" || res.DurationSeconds > 2+5 {
+		t.Fatalf("flooding job: %+v, ran %.1fs", st, res.DurationSeconds)
+	}
+	full := call[struct {
+		Progress        string `json:"progress"`
+		Timeline        []any  `json:"timeline"`
+		TimelineDropped int64  `json:"timeline_dropped"`
+	}](t, cs, "get_job_status", map[string]any{"job_id": flood.JobID})
+	if len(full.Timeline) != 200 || full.TimelineDropped < 1000 {
+		t.Fatalf("flooding job's timeline: %d entries, %d dropped", len(full.Timeline), full.TimelineDropped)
 	}
 }

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -129,4 +131,84 @@ func readPIDFile(t *testing.T, path string) int {
 		t.Fatal(err)
 	}
 	return pid
+}
+
+// TestKillAfterCompletion: the server is killed (SIGKILL) right after it
+// answered a batch of progress reports and a completion callback. The
+// completion was stored before it was answered (with the reports before
+// it), so the next server has the job finished with the job's own result
+// and its timeline, and removes its sandbox.
+func TestKillAfterCompletion(t *testing.T) {
+	dataDir := t.TempDir()
+	port := freePort(t)
+	cs, cmd, _ := stdioSession(t, dataDir, "", fmt.Sprintf("CALLBACK_PORT=%d", port))
+	sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "statusMode": "streaming",
+		// A test-only job that shows its credentials, so the test can act as it.
+		"task": `echo "$DELEGATE_CALLBACK_URL $DELEGATE_JOB_TOKEN"; sleep 300`}})
+	waitFor(t, cs, sub.JobID, "running")
+	var url, token string
+	for range 100 {
+		out := call[logsOut](t, cs, "get_job_logs", map[string]any{"job_id": sub.JobID}).Output
+		if f := strings.Fields(out); len(f) == 2 {
+			url, token = f[0], f[1]
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if token == "" {
+		t.Fatal("the job did not show its callback credentials")
+	}
+	post := func(kind, body string) {
+		req, _ := http.NewRequest("POST", url+"/"+kind, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", kind, resp.StatusCode)
+		}
+	}
+	for i := range 50 {
+		post("status", fmt.Sprintf(`{"progress":"step %d"}`, i))
+	}
+	post("complete", `{"status":"success","result":"all 50 steps"}`)
+	cmd.Process.Kill() // at once: no chance to store anything more
+	cmd.Wait()
+
+	cs2, _, _ := stdioSession(t, dataDir, "")
+	st := call[struct {
+		Status   string `json:"status"`
+		Timeline []struct {
+			Message string `json:"message"`
+		} `json:"timeline"`
+	}](t, cs2, "get_job_status", map[string]any{"job_id": sub.JobID})
+	res := call[struct {
+		Status string `json:"status"`
+		Result string `json:"result"`
+	}](t, cs2, "get_job_result", map[string]any{"job_id": sub.JobID})
+	if st.Status != "success" || res.Result != "all 50 steps" {
+		t.Fatalf("after the kill: status %q, result %q", st.Status, res.Result)
+	}
+	var steps []string
+	for _, ev := range st.Timeline {
+		if strings.HasPrefix(ev.Message, "step ") {
+			steps = append(steps, ev.Message)
+		}
+	}
+	if len(steps) != 50 || steps[49] != "step 49" {
+		t.Fatalf("timeline after the kill: %d steps %v", len(steps), steps)
+	}
+	// The finished job's sandbox (its process still sleeping) is removed
+	// by the new server.
+	for range 100 {
+		entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
+		if len(entries) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("the finished job's sandbox was left behind")
 }
