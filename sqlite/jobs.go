@@ -74,6 +74,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		{s.wdb, &s.stmt.wTrimEvents, `DELETE FROM job_events WHERE job_id = ? AND seq <= ?`},
 		{s.wdb, &s.stmt.wFinished, `UPDATE counters SET value = value + 1 WHERE name = 'finishes'`},
 		{s.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},
+		{s.wdb, &s.w.savepoint, `SAVEPOINT w`},
+		{s.wdb, &s.w.rollbackTo, `ROLLBACK TO w`},
+		{s.wdb, &s.w.release, `RELEASE w`},
 	} {
 		st, err := p.db.PrepareContext(ctx, p.text)
 		if err != nil {

@@ -30,6 +30,9 @@ type writer struct {
 	// between, if set, runs after a group has committed, while the write
 	// connection is free and no other write can start.
 	between func()
+	// savepoint, rollbackTo and release are prepared on db (parsing them
+	// for every write of a group cost as much as the write).
+	savepoint, rollbackTo, release *sql.Stmt
 
 	mu    sync.Mutex
 	queue []*writeOp
@@ -134,13 +137,14 @@ func (w *writer) commit(group []*writeOp) {
 		}
 	} else {
 		ok := 0
+		savepoint, rollbackTo, release := tx.Stmt(w.savepoint), tx.Stmt(w.rollbackTo), tx.Stmt(w.release)
 		for _, o := range group {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT w`); err != nil {
+			if _, err := savepoint.Exec(); err != nil {
 				o.err = err
 				continue
 			}
 			if o.err = o.fn(tx); o.err != nil {
-				if _, err := tx.ExecContext(ctx, `ROLLBACK TO w`); err != nil {
+				if _, err := rollbackTo.Exec(); err != nil {
 					tx.Rollback()
 					fail(fmt.Errorf("roll back one write: %w", err))
 					return
@@ -148,7 +152,7 @@ func (w *writer) commit(group []*writeOp) {
 			} else {
 				ok++
 			}
-			if _, err := tx.ExecContext(ctx, `RELEASE w`); err != nil {
+			if _, err := release.Exec(); err != nil {
 				tx.Rollback()
 				fail(fmt.Errorf("release: %w", err))
 				return

@@ -1,0 +1,134 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/mock"
+)
+
+// The engine's hot paths over a real SQLite store and the in-memory
+// backend (docs/BENCHMARKS.md, "Where the time goes"):
+//
+//	go test -run X -bench . -benchtime 2s ./engine/
+
+// BenchmarkCallback: authenticated status and heartbeat reports from a
+// running job, from many goroutines (as the callback server gets them).
+func BenchmarkCallback(b *testing.B) {
+	for _, kind := range []delegate.ReportKind{delegate.ReportStatus, delegate.ReportHeartbeat} {
+		b.Run(string(kind), func(b *testing.B) {
+			f := newFixture(b, engine.Config{})
+			ctx := context.Background()
+			m := script("work")
+			m.StatusMode = delegate.StatusModeDetailed
+			j := f.submit(m)
+			p := f.started()
+			for {
+				if j, _ := f.eng.Get(ctx, j.ID); j.Status == delegate.StatusRunning {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			token := tokenOf(b, p)
+			before := f.store.WriteStats()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := f.eng.Callback(ctx, j.ID, token, delegate.Report{Kind: kind, Progress: "step 3/10"}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(f.store.WriteStats().Writes-before.Writes)/b.Elapsed().Seconds(), "writes/s")
+		})
+	}
+}
+
+var day = 86400
+
+// BenchmarkSubmit: one submission at a time, stored before it returns
+// (the job waits behind a running one).
+func BenchmarkSubmit(b *testing.B) {
+	f := newFixture(b, engine.Config{MaxConcurrent: 1})
+	f.backend.Started = make(chan *mock.Process, 1)
+	ctx := context.Background()
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "bench", Agent: &delegate.AgentConfig{Command: "sleep 86400"}, Timeout: &day}
+	f.submit(m)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSubmitParallel: 16 submitters at once share commits.
+func BenchmarkSubmitParallel(b *testing.B) {
+	f := newFixture(b, engine.Config{MaxConcurrent: 1})
+	f.backend.Started = make(chan *mock.Process, 1)
+	ctx := context.Background()
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "bench", Agent: &delegate.AgentConfig{Command: "sleep 86400"}, Timeout: &day}
+	f.submit(m)
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkStatus: what get_job_status reads (the job and its timeline).
+func BenchmarkStatus(b *testing.B) {
+	f := newFixture(b, engine.Config{MaxConcurrent: 1})
+	ctx := context.Background()
+	m := script("bench")
+	m.StatusMode = delegate.StatusModeDetailed
+	f.submit(m)
+	j := f.submit(m) // pending behind the first
+	b.ResetTimer()
+	for range b.N {
+		if _, err := f.eng.Get(ctx, j.ID); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := f.eng.Timeline(ctx, j.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStatusFlood: how long the engine takes to follow 100,000 status
+// lines (with a timeline) until the last one is the job's progress.
+func BenchmarkStatusFlood(b *testing.B) {
+	const lines = 100_000
+	for range b.N {
+		b.StopTimer()
+		f := newFixture(b, engine.Config{})
+		ctx := context.Background()
+		m := script("flood")
+		m.StatusMode = delegate.StatusModeDetailed
+		j := f.submit(m)
+		p := f.started()
+		for i := range lines {
+			p.Event(fmt.Sprint("line ", i))
+		}
+		before := f.store.WriteStats()
+		b.StartTimer()
+		for {
+			if j, _ := f.eng.Get(ctx, j.ID); j.Progress == fmt.Sprint("line ", lines-1) {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(f.store.WriteStats().Writes-before.Writes), "writes")
+		f.eng.Close()
+	}
+}
