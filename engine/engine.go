@@ -389,6 +389,12 @@ func (e *Engine) notify(id string) {
 // this engine makes goes through here, so that the job's end is known to
 // its follower and the callback index at once.
 func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
+	return e.updateThen(ctx, id, nil, fn)
+}
+
+// updateThen is update, with stored (if set) called with the job as
+// stored before anyone is told of the change.
+func (e *Engine) updateThen(ctx context.Context, id string, stored func(*delegate.Job), fn func(*delegate.Job) error) (*delegate.Job, error) {
 	var before delegate.Status
 	j, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
 		before = j.Status
@@ -396,6 +402,9 @@ func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) e
 	})
 	if err != nil {
 		return j, err
+	}
+	if stored != nil {
+		stored(j)
 	}
 	if !before.Terminal() && j.Status.Terminal() {
 		e.own.Add(1)

@@ -296,3 +296,38 @@ func TestCallbackOtherProcess(t *testing.T) {
 	p2.Finish(sandbox.Exit{}) // it exits on its own within the grace
 	eventually(t, "sandbox destroyed", func() bool { return f.backend.Len() == 0 })
 }
+
+// TestWatchersHearOfOutput: output and coalesced progress of a running job
+// reach watchers (the MCP server's log and status subscriptions), not only
+// changes of status.
+func TestWatchersHearOfOutput(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	m := script("talk")
+	m.StatusMode = delegate.StatusModeStreaming
+	job := f.submit(m)
+	p := f.started()
+	running(t, f.eng, job.ID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	heard := func(what string, act func()) {
+		t.Helper()
+		w := f.eng.Watch(ctx)
+		act()
+		deadline := time.After(5 * time.Second)
+		for {
+			select {
+			case id := <-w:
+				if id == job.ID {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no change of %s heard after %s", job.ID, what)
+			}
+		}
+	}
+	heard("output", func() { p.Write([]byte("hello\n")) })
+	heard("a status line", func() { p.Event("step 1") })
+	if j, _ := f.eng.Get(context.Background(), job.ID); j.Status != delegate.StatusRunning {
+		t.Fatalf("job %s before its end", j.Status)
+	}
+}

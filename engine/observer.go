@@ -33,13 +33,11 @@ func (e *Engine) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.
 }
 
 // jobEnded tells the observer how a job this engine followed ended, as the
-// store has it (a cancel or a completion callback may have decided it).
-func (e *Engine) jobEnded(id string) {
-	if e.cfg.Observer == nil {
-		return
-	}
-	j, err := e.store.GetJob(context.WithoutCancel(e.ctx), id)
-	if err != nil || !j.Status.Terminal() {
+// store has it (a cancel or a completion callback may have decided it). It
+// is called before anyone waiting for the job is woken, so that whoever
+// sees the end also sees it counted.
+func (e *Engine) jobEnded(j *delegate.Job) {
+	if e.cfg.Observer == nil || !j.Status.Terminal() {
 		return
 	}
 	e.cfg.Observer.JobEnded(j.Backend, j.Status, j.Duration(time.Now()))

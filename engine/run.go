@@ -405,6 +405,9 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 				e.log.Warn("store output", "job", t.id, "err", err)
 				return
 			}
+			if len(out) > 0 {
+				e.notify(t.id) // subscribers of job://{id}/log
+			}
 		}
 		t.kept += int64(len(out))
 		t.read += int64(used)
@@ -544,7 +547,7 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 	if len(m.Artifacts) > 0 && waitErr == nil {
 		e.collectArtifacts(context.WithoutCancel(e.ctx), id, m, sb)
 	}
-	e.finishAt(id, status, t.redact.string(reason), endedAt, func(j *delegate.Job) {
+	e.finishAt(id, status, t.redact.string(reason), endedAt, e.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
@@ -554,7 +557,6 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 			j.OutputTruncated = exit.Truncated || j.OutputBytes > e.cfg.OutputLimit
 		}
 	})
-	e.jobEnded(id)
 	e.destroy(sb.ID(), m)
 }
 
@@ -563,15 +565,16 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 // size) are recorded. The job's pending progress is stored first, and the
 // end is stored before finish returns.
 func (e *Engine) finish(id string, status delegate.Status, reason string, facts func(*delegate.Job)) {
-	e.finishAt(id, status, reason, time.Now().UTC(), facts)
+	e.finishAt(id, status, reason, time.Now().UTC(), nil, facts)
 }
 
 // finishAt is finish for a job that ended at a known time (its process
-// exited then): its duration does not include what was done after.
-func (e *Engine) finishAt(id string, status delegate.Status, reason string, at time.Time, facts func(*delegate.Job)) {
+// exited then): its duration does not include what was done after. stored,
+// if set, sees the finished job before anyone waiting for it is woken.
+func (e *Engine) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
 	ctx := context.WithoutCancel(e.ctx)
 	e.flushJob(ctx, id)
-	j, err := e.update(ctx, id, func(j *delegate.Job) error {
+	j, err := e.updateThen(ctx, id, stored, func(j *delegate.Job) error {
 		if facts != nil {
 			facts(j)
 		}
