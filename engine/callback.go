@@ -71,6 +71,16 @@ func (x *tokenIndex) forget(id string) {
 	x.mu.Unlock()
 }
 
+func (x *tokenIndex) ids() []string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ids := make([]string, 0, len(x.byID))
+	for id := range x.byID {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // byHash finds the job whose token has this hash, among those indexed.
 func (x *tokenIndex) byHash(sum [sha256.Size]byte) bool {
 	x.mu.RLock()

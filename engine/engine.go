@@ -443,15 +443,20 @@ func (e *Engine) watchFinishes(lastStore, lastOwn int64) func(context.Context) {
 			return
 		}
 		e.foreign.Add(1) // callbacks re-read the status of the jobs they index
+		check := make(map[string]bool)
 		e.mu.Lock()
-		ids := make([]string, 0, len(e.runs))
 		for id, r := range e.runs {
 			if r.end.Load() == nil {
-				ids = append(ids, id)
+				check[id] = true
 			}
 		}
 		e.mu.Unlock()
-		for _, id := range ids {
+		// The callback index also holds jobs that other processes drive:
+		// forget those that have ended, so that it holds running jobs only.
+		for _, id := range e.tokens.ids() {
+			check[id] = true
+		}
+		for id := range check {
 			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
 				e.ended(id, j.Status)
 			}

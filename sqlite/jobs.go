@@ -200,7 +200,7 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
-	s.manifests.put(j.ID, cloneManifest(m))
+	s.manifests.put(j.ID, cloneManifest(m), len(manifest))
 	return nil
 }
 
@@ -234,7 +234,7 @@ func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Jo
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
 		return fmt.Errorf("stored manifest: %w", err)
 	}
-	s.manifests.put(j.ID, m)
+	s.manifests.put(j.ID, m, len(text))
 	j.Manifest = cloneManifest(m)
 	return nil
 }
@@ -386,7 +386,7 @@ func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job, seqs []
 		if err := json.Unmarshal([]byte(text), &m); err != nil {
 			return fmt.Errorf("job %s: stored manifest: %w", j.ID, err)
 		}
-		s.manifests.put(j.ID, m)
+		s.manifests.put(j.ID, m, len(text))
 		j.Manifest = cloneManifest(m)
 		delete(bySeq, seq)
 	}
@@ -529,44 +529,60 @@ func (s *Store) prepareWanted() {
 	s.wanted = nil
 }
 
-// manifestCacheSize bounds how many parsed manifests are kept.
-const manifestCacheSize = 4096
+// The manifest cache holds at most manifestCacheBytes of manifests (as
+// stored, in JSON), none over manifestCacheMax: a task may be 256 KiB and
+// its env 32 MiB, and those are rarely read again.
+const (
+	manifestCacheBytes = 16 << 20
+	manifestCacheMax   = 64 << 10
+)
 
 // manifestCache keeps parsed manifests (without files) by job id. A
 // manifest never changes once stored, so nothing is ever invalidated; when
 // full, an arbitrary part is forgotten.
 type manifestCache struct {
-	mu  sync.Mutex
-	m   map[string]delegate.Manifest
-	max int
+	mu    sync.Mutex
+	m     map[string]cachedManifest
+	bytes int
+}
+
+type cachedManifest struct {
+	m    delegate.Manifest
+	size int
 }
 
 func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
 	c.mu.Lock()
-	m, ok := c.m[id]
+	e, ok := c.m[id]
 	c.mu.Unlock()
 	if !ok {
 		return delegate.Manifest{}, false
 	}
-	return cloneManifest(m), true
+	return cloneManifest(e.m), true
 }
 
-func (c *manifestCache) put(id string, m delegate.Manifest) {
+// put keeps m, whose stored JSON is size bytes.
+func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
+	if size > manifestCacheMax {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = make(map[string]delegate.Manifest)
+		c.m = make(map[string]cachedManifest)
 	}
-	if len(c.m) >= c.max {
-		n := c.max / 8
-		for k := range c.m {
-			delete(c.m, k)
-			if n--; n <= 0 {
-				break
-			}
+	if old, ok := c.m[id]; ok {
+		c.bytes -= old.size
+	}
+	for k, e := range c.m { // map order: an arbitrary victim
+		if c.bytes+size <= manifestCacheBytes {
+			break
 		}
+		delete(c.m, k)
+		c.bytes -= e.size
 	}
-	c.m[id] = m
+	c.m[id] = cachedManifest{m: m, size: size}
+	c.bytes += size
 }
 
 // cloneManifest copies what a caller could change in place (maps, slices,

@@ -185,7 +185,6 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	wdb.SetMaxIdleConns(1)
 	s := &Store{wdb: wdb, updates: map[uint64]*sql.Stmt{}}
 	s.w = writer{db: wdb, between: s.prepareWanted}
-	s.manifests.max = manifestCacheSize
 	if err := s.migrate(ctx); err != nil {
 		wdb.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
