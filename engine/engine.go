@@ -75,7 +75,8 @@ type Engine struct {
 	cfg     Config
 	log     *slog.Logger
 	owner   string
-	sem     chan struct{}
+	slots   int      // free run slots (Config.MaxConcurrent at first); under mu
+	queue   []string // jobs waiting for a slot, first in first out; under mu
 
 	ctx    context.Context // the engine's life; cancelled by Close/Detach
 	stop   context.CancelFunc
@@ -159,7 +160,7 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 	e := &Engine{
 		store: store, backend: backend, cfg: cfg, log: cfg.Logger,
 		owner:   newOwner(),
-		sem:     make(chan struct{}, cfg.MaxConcurrent),
+		slots:   cfg.MaxConcurrent,
 		ctx:     ctx,
 		stop:    stop,
 		closed:  make(chan struct{}),

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -329,5 +330,31 @@ func TestWatchersHearOfOutput(t *testing.T) {
 	heard("a status line", func() { p.Event("step 1") })
 	if j, _ := f.eng.Get(context.Background(), job.ID); j.Status != delegate.StatusRunning {
 		t.Fatalf("job %s before its end", j.Status)
+	}
+}
+
+// TestPendingJobsHoldNoGoroutine: jobs waiting for a run slot are queued,
+// not parked goroutines (each one was work for every garbage collection),
+// and start in the order they came.
+func TestPendingJobsHoldNoGoroutine(t *testing.T) {
+	f := newFixture(t, engine.Config{MaxConcurrent: 1})
+	first := f.submit(script("first"))
+	p := f.started()
+	before := runtime.NumGoroutine()
+	var queued []string
+	for i := range 2000 {
+		queued = append(queued, f.submit(script(fmt.Sprint("queued ", i))).ID)
+	}
+	if n := runtime.NumGoroutine() - before; n > 50 {
+		t.Fatalf("2000 pending jobs added %d goroutines", n)
+	}
+	p.Finish(sandbox.Exit{})
+	f.wait(f.eng, first.ID)
+	for _, id := range queued[:3] {
+		next := f.started()
+		if next.Sandbox.Spec.JobID != id {
+			t.Fatalf("started %s, want %s (first in, first out)", next.Sandbox.Spec.JobID, id)
+		}
+		next.Finish(sandbox.Exit{})
 	}
 }

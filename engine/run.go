@@ -14,31 +14,68 @@ import (
 // outputChunk is how much output is moved from the sandbox to the store at once.
 const outputChunk = 256 << 10
 
-// enqueue runs the job when a concurrency slot is free and the backend
-// has room for it (see admission.go). A job waiting for room does not
-// hold a slot.
-func (e *Engine) enqueue(id string) {
+// enqueue runs the job when a run slot is free and the backend has room
+// for it (see admission.go). A job waiting for a slot is only an id in a
+// queue, not a goroutine: thousands may wait, and every goroutine is work
+// for the garbage collector (a parked goroutine per pending job once took
+// a third of the server's CPU in stack scans). A job waiting for room
+// holds no slot.
+func (e *Engine) enqueue(id string) { e.queueJob(id, false) }
+
+// queueJob starts the job in a free slot, or queues it (at the front: a
+// job that has waited for room already).
+func (e *Engine) queueJob(id string, front bool) {
+	e.mu.Lock()
+	if e.slots > 0 {
+		e.slots--
+		e.mu.Unlock()
+		e.startSlot(id)
+		return
+	}
+	if front {
+		e.queue = append([]string{id}, e.queue...)
+	} else {
+		e.queue = append(e.queue, id)
+	}
+	e.mu.Unlock()
+}
+
+// releaseSlot hands a run slot to the next queued job, or gives it back.
+// Once the engine closes, queued jobs stay pending for the next engine.
+func (e *Engine) releaseSlot() {
+	e.mu.Lock()
+	if len(e.queue) > 0 && e.ctx.Err() == nil {
+		id := e.queue[0]
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		e.startSlot(id)
+		return
+	}
+	e.slots++
+	e.mu.Unlock()
+}
+
+// startSlot runs a job in the slot the caller holds.
+func (e *Engine) startSlot(id string) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		for {
-			select {
-			case e.sem <- struct{}{}:
-			case <-e.ctx.Done():
-				return // stays pending; the next engine picks it up
-			}
-			adm, res, room := e.admit(id)
-			if res == admitted {
-				e.run(id, adm)
-				<-e.sem
-				e.roomFreed()
-				return
-			}
-			<-e.sem
-			if res == admitDrop || !e.waitForRoom(id, room) {
-				return
-			}
+		if e.ctx.Err() != nil {
+			e.releaseSlot() // stays pending; the next engine picks it up
+			return
 		}
+		adm, res, room := e.admit(id)
+		if res == admitted {
+			e.run(id, adm)
+			e.releaseSlot()
+			e.roomFreed()
+			return
+		}
+		e.releaseSlot()
+		if res == admitDrop || !e.waitForRoom(id, room) {
+			return
+		}
+		e.queueJob(id, true)
 	}()
 }
 
