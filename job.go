@@ -126,6 +126,9 @@ type JobStore interface {
 	CreateJob(ctx context.Context, job *Job) error
 	// GetJob returns the job (without its manifest's files).
 	GetJob(ctx context.Context, id string) (*Job, error)
+	// JobManifest returns the job's manifest (without its files): cheap,
+	// for it never changes.
+	JobManifest(ctx context.Context, id string) (Manifest, error)
 	// JobFiles returns the files of the job's manifest.
 	JobFiles(ctx context.Context, id string) ([]File, error)
 	// ListJobs returns one page and the cursor of the next ("" at the end).

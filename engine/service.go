@@ -195,11 +195,11 @@ func trimIncompleteRune(b []byte) []byte {
 // with those not stored yet. Only statusMode detailed and streaming keep
 // one.
 func (e *Engine) Timeline(ctx context.Context, id string) ([]delegate.Event, error) {
-	j, err := e.store.GetJob(ctx, id)
+	m, err := e.store.JobManifest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if j.Manifest.StatusMode == delegate.StatusModeSimple {
+	if m.StatusMode == delegate.StatusModeSimple {
 		return nil, nil
 	}
 	evs, err := e.store.Events(ctx, id)

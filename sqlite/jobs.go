@@ -32,7 +32,7 @@ var selectJob = `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM job
 // statements are prepared once per connection (database/sql keeps them per
 // connection of the pool).
 type statements struct {
-	getJob, jobByKey, manifest, files, outputEnd, readOutput, events, artifacts, finishes *sql.Stmt // readers
+	getJob, jobByKey, manifest, manifestByID, files, outputEnd, readOutput, events, artifacts, finishes *sql.Stmt // readers
 	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wOutputEnd, wInsertOutput,
 	wOutputDone, wProgress, wEventsSpan, wInsertEvent, wTrimEvents, wFinished, wArtifact *sql.Stmt // writer
 }
@@ -48,6 +48,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{s.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
 		{s.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
 		{s.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
+		{s.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
 		{s.rdb, &s.stmt.outputEnd, outputEnd},
 		{s.rdb, &s.stmt.readOutput, `SELECT offset, data FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
 		{s.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
@@ -237,6 +238,28 @@ func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Jo
 	s.manifests.put(j.ID, m, len(text))
 	j.Manifest = cloneManifest(m)
 	return nil
+}
+
+// JobManifest returns the job's manifest (without its files), from the
+// cache when it was read before.
+func (s *Store) JobManifest(ctx context.Context, id string) (delegate.Manifest, error) {
+	if m, ok := s.manifests.get(id); ok {
+		return m, nil
+	}
+	var text string
+	err := s.stmt.manifestByID.QueryRowContext(ctx, id).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) {
+		return delegate.Manifest{}, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+	}
+	if err != nil {
+		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
+	}
+	var m delegate.Manifest
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
+	}
+	s.manifests.put(id, m, len(text))
+	return cloneManifest(m), nil
 }
 
 // JobFiles returns the files of the job's manifest.

@@ -206,3 +206,33 @@ func TestManifestIsImmutable(t *testing.T) {
 		t.Fatalf("files of an unknown job: %v %v", files, err)
 	}
 }
+
+// TestJobManifest: a job's manifest alone, cached or read, without files.
+func TestJobManifest(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	s := open(t, path)
+	j := newJob("a")
+	j.Manifest.StatusMode = delegate.StatusModeDetailed
+	j.Manifest.Files = []delegate.File{{Path: "a.txt", Content: "aGk="}}
+	if err := s.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cached", "read by another store"} {
+		store := s
+		if name != "cached" {
+			store = open(t, path)
+		}
+		m, err := store.JobManifest(ctx, "a")
+		if err != nil || m.StatusMode != delegate.StatusModeDetailed || m.Task != "echo a" || len(m.Files) != 0 {
+			t.Fatalf("%s: %+v %v", name, m, err)
+		}
+		m.Env["A"] = "changed" // a copy
+	}
+	if m, _ := s.JobManifest(ctx, "a"); m.Env["A"] != "b" {
+		t.Fatalf("the cached manifest was changed through a copy: %v", m.Env)
+	}
+	if _, err := s.JobManifest(ctx, "nope"); !errors.Is(err, delegate.ErrNotFound) {
+		t.Fatalf("unknown job: %v", err)
+	}
+}
