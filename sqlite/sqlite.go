@@ -5,9 +5,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
-	"errors"
 	"os"
 	"sync"
 
