@@ -43,6 +43,12 @@ type Backend struct {
 	// one found (tests run both); lookPath finds the helpers.
 	netForce string
 	lookPath func(string) (string, error)
+
+	// seccomp is the jobs' filter (seccompProgram), made once.
+	seccomp []byte
+	// goHelpers makes every sandbox use the Go helpers, also where the C
+	// ones would do (tests run both).
+	goHelpers bool
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -98,6 +104,11 @@ func New(cfg Config) (*Backend, error) {
 	if b.cg, err = b.check(); err != nil {
 		return nil, err
 	}
+	prog, err := seccompProgram()
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	b.seccomp = seccompBytes(prog)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
@@ -158,19 +169,29 @@ func (b *Backend) check() (cgroupLayout, error) {
 	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
 		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", b.selfExe)
 	}
-	// Prove that SelfExe re-executes into the helpers (main calls Reexec)
-	// and that the kernel lets us create the namespaces, now rather than
-	// at the first job.
+	// Prove that SelfExe re-executes into the helpers (main calls Reexec;
+	// the C ones, when built in) and that the kernel lets us create the
+	// namespaces, now rather than at the first job.
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg)
-	cmd.Env = helperEnv()
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil || string(out) != "ok\n" {
-		return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe failed (does main call local.Reexec first? can this kernel create user namespaces?): %v: %s",
-			err, strings.TrimSpace(stderr.String()+string(out)))
+	probes := []bool{false}
+	if haveCHelper {
+		probes = []bool{true, false}
+	}
+	for _, c := range probes {
+		var stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg)
+		cmd.Env = helperEnv(c)
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil || string(out) != "ok\n" {
+			which := "Go"
+			if c {
+				which = "C"
+			}
+			return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe (%s helpers) failed (does main call local.Reexec first? can this kernel create user namespaces?): %v: %s",
+				which, err, strings.TrimSpace(stderr.String()+string(out)))
+		}
 	}
 	return cg, nil
 }
@@ -333,7 +354,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 			return fmt.Errorf("make template private: %w", err)
 		}
 		if err := readOnlyRecursive(dst); err != nil {
-			return err
+			return fmt.Errorf("make the template read-only: %w", err)
 		}
 	}
 	return st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax})

@@ -4,8 +4,8 @@
 // Each sandbox is a directory under Config.Dir. Its process tree is
 //
 //	server → shim (SelfExe __sandbox-shim <dir>, its own session)
-//	       → init (SelfExe __sandbox-init, pid 1 of new user, mount, pid,
-//	               net, ipc, uts and cgroup namespaces)
+//	       → init (pid 1 of new user, mount, pid, net, ipc, uts and
+//	               cgroup namespaces)
 //	       → job  (the command, inside uid/gid 1000, no capabilities,
 //	               no_new_privs, a seccomp filter: a deny-list of syscalls,
 //	               io_uring refused, sockets of unix, inet, inet6 and
@@ -14,6 +14,22 @@
 // The shim, not the server, owns the job: it collects the output into a
 // file and records how the job ended in exit.json, so the server can be
 // restarted (or killed) while jobs run and re-attach to them afterwards.
+//
+// The server computes everything the shim and init need, a plan (plan.go:
+// the command, its environment, the limits, and the steps that build the
+// root filesystem), and writes it into the shim's descriptor 3; the
+// environment never touches the disk. The helpers that carry a plan out
+// exist twice, from the same plan:
+//
+//   - in C (helper_linux.c), compiled into binaries built with cgo (the
+//     default where a C compiler is installed: `go build`, `go run`): a
+//     constructor catches the shim's start before the Go runtime does,
+//     and init is a fork of the shim, not a second program. A sandbox
+//     then starts in a few milliseconds and its two supervisors take
+//     well under a MiB (docs/BENCHMARKS.md).
+//   - in Go (shim_linux.go, init_linux.go), for binaries built without
+//     cgo and for sandboxes with network, whose helper only the Go shim
+//     starts: two start-ups of this binary per sandbox, slower, larger.
 //
 // Isolation: the job sees a read-only root built from the host's /usr,
 // /bin, /sbin, /lib*, /etc (or a template: a root filesystem named in

@@ -21,15 +21,17 @@ const defaultJobPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 
 // Inherited descriptors of init (set up by the shim).
 const (
-	initSyncFD   = 3 // read: the initConfig, then EOF = "you are in your cgroups, go"
+	initSyncFD   = 3 // read: the plan, then EOF = "you are in your cgroups, go"
 	initStatusFD = 4 // write: one initStatus just before init exits
 )
 
-// runInit is pid 1 of the sandbox, uid 0 of its user namespace. It waits
-// for the shim's go-ahead, builds the root filesystem, locks itself down,
-// starts the job as an unprivileged user, reaps zombies until the job has
-// exited, and exits with the job's status. When init exits the kernel
-// kills everything left in the pid namespace.
+// runInit is pid 1 of the sandbox, uid 0 of its user namespace (the Go
+// helper; helper_linux.c has the same for the C one). It waits for the
+// shim's go-ahead, which brings the plan, carries out the plan's steps
+// (root filesystem, restrictions), starts the job as an unprivileged
+// user, reaps zombies until the job has exited, and exits with the job's
+// status. When init exits the kernel kills everything left in the pid
+// namespace.
 //
 // Setup failures go to stderr (the job's output) with setupPrefix, so a
 // user sees why a job did not run instead of a bare exit code.
@@ -79,28 +81,31 @@ func runInit(args []string) int {
 	if len(data) == 0 {
 		return fail(codeSetupFailed, errors.New("the sandbox was never released (its shim went away)"))
 	}
-	var cfg initConfig
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return fail(codeSetupFailed, fmt.Errorf("decode instructions: %w", err))
-	}
-	if err := lockDown(cfg); err != nil {
+	p, err := unmarshalPlan(data)
+	if err != nil {
 		return fail(codeSetupFailed, err)
 	}
-	path, err := jobPath(cfg.Args[0], cfg.Env, cfg.Dir)
+	if len(p.Args) == 0 || p.Args[0] == "" {
+		return fail(codeSetupFailed, errors.New("no command"))
+	}
+	if err := runOps(p.Ops, p.Seccomp); err != nil {
+		return fail(codeSetupFailed, err)
+	}
+	path, err := jobPath(p.Args[0], p.Env, p.Dir)
 	if err != nil {
 		return fail(codeNotFound, err)
 	}
-	if st, err := os.Stat(cfg.Dir); err != nil || !st.IsDir() {
-		return fail(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", cfg.Dir))
+	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
+		return fail(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir))
 	}
-	pid, err := syscall.ForkExec(path, cfg.Args, &syscall.ProcAttr{
-		Dir:   cfg.Dir,
-		Env:   cfg.Env,
+	pid, err := syscall.ForkExec(path, p.Args, &syscall.ProcAttr{
+		Dir:   p.Dir,
+		Env:   p.Env,
 		Files: []uintptr{0, 1, 1}, // stdout and stderr into the one output pipe
 		Sys: &syscall.SysProcAttr{
 			// Leaving uid 0 for a non-zero uid clears every capability, so
 			// the job runs with none even inside its user namespace.
-			Credential: &syscall.Credential{Uid: jobID, Gid: jobID, Groups: []uint32{}},
+			Credential: &syscall.Credential{Uid: p.JobID, Gid: p.JobID, Groups: []uint32{}},
 		},
 	})
 	if err != nil {
@@ -108,38 +113,9 @@ func runInit(args []string) int {
 		if errors.Is(err, syscall.ENOENT) {
 			code = codeNotFound
 		}
-		return fail(code, fmt.Errorf("cannot run %q: %w", cfg.Args[0], err))
+		return fail(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
 	}
 	return report(reap(pid))
-}
-
-// lockDown turns the fresh namespaces into the sandbox: root filesystem,
-// hostname, loopback, then the restrictions that also bind init itself.
-func lockDown(cfg initConfig) error {
-	if len(cfg.Args) == 0 || cfg.Args[0] == "" {
-		return errors.New("no command")
-	}
-	// A cgroup namespace rooted at the sandbox's own group (init has been
-	// placed there) hides the host's cgroup paths. Cosmetic, so a kernel
-	// without it is not a reason to fail.
-	_ = unix.Unshare(unix.CLONE_NEWCGROUP)
-	if err := buildRoot(cfg); err != nil {
-		return err
-	}
-	if err := unix.Sethostname([]byte("sandbox")); err != nil {
-		return fmt.Errorf("set hostname: %w", err)
-	}
-	if err := loopbackUp(); err != nil {
-		return err
-	}
-	// No core dumps: a core_pattern pipe helper would run on the host.
-	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
-		return fmt.Errorf("set RLIMIT_CORE: %w", err)
-	}
-	if err := dropBoundingSet(); err != nil {
-		return err
-	}
-	return installSeccomp()
 }
 
 // dropBoundingSet empties the capability bounding set, so nothing the job
@@ -151,7 +127,7 @@ func dropBoundingSet() error {
 			return nil // past the last capability this kernel knows
 		}
 		if err != nil {
-			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+			return fmt.Errorf("capability %d: %w", c, err)
 		}
 	}
 	return nil
@@ -201,7 +177,7 @@ func reap(job int) initStatus {
 			continue
 		}
 		if ws.Signaled() {
-			return initStatus{Code: 128 + int(ws.Signal()), Signal: ws.Signal().String()}
+			return initStatus{Code: 128 + int(ws.Signal()), Signo: int(ws.Signal())}
 		}
 		return initStatus{Code: ws.ExitStatus()}
 	}

@@ -147,7 +147,7 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 	h.cmd = &exec.Cmd{
 		Path:   tool.Path,
 		Args:   netHelperArgs(tool, initPID, pidFile),
-		Env:    helperEnv(),
+		Env:    helperEnv(false),
 		Stdout: log,
 		Stderr: log,
 		SysProcAttr: &syscall.SysProcAttr{
@@ -398,13 +398,14 @@ var errNoResolvConf = errors.New("network: the sandbox's root has no /etc/resolv
 // template's), so a file of our own is bound over that one entry; the
 // host's resolvers it named are often on the host's loopback, which the
 // job cannot reach. init runs it before the pivot, with root (relative to
-// the current directory) the new root, still writable.
-func bindResolvConf(root string) error {
+// the current directory) the new root, still writable; content is the
+// file's (netResolvConf).
+func bindResolvConf(root, content string) error {
 	// The file is made on the root's own tmpfs and unlinked once bound:
 	// the mount keeps it, and nothing of the sandbox directory (nor a
 	// second copy) shows in the sandbox.
 	src := filepath.Join(root, ".resolv.conf")
-	if err := os.WriteFile(src, []byte(netResolvConf), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
 		return fmt.Errorf("write resolv.conf: %w", err)
 	}
 	defer os.Remove(src)

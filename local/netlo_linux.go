@@ -15,19 +15,19 @@ import (
 func loopbackUp() error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("loopback: %w", err)
+		return err
 	}
 	defer unix.Close(fd)
 	ifr, err := unix.NewIfreq("lo")
 	if err != nil {
-		return fmt.Errorf("loopback: %w", err)
+		return err
 	}
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback: get flags: %w", err)
+		return fmt.Errorf("get flags: %w", err)
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("loopback: set flags: %w", err)
+		return fmt.Errorf("set flags: %w", err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -41,6 +42,9 @@ func (p *process) readExit() (sandbox.Exit, error) {
 			return sandbox.Exit{}, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
 		}
 		return sandbox.Exit{}, err
+	}
+	if r.Signal == "" && r.Signo > 0 {
+		r.Signal = syscall.Signal(r.Signo).String()
 	}
 	return sandbox.Exit{
 		Code:        r.Code,

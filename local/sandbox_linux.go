@@ -103,8 +103,9 @@ func validateCommand(cmd sandbox.Command) (execRecord, error) {
 	return execRecord{Args: cmd.Args, Env: cmd.Env, Dir: path.Clean(dir), OutputLimit: limit, Deadline: cmd.Deadline}, nil
 }
 
-// Exec implements sandbox.Sandbox: it records the command and starts the
-// shim, which runs it. The shim is not tied to ctx nor to this process:
+// Exec implements sandbox.Sandbox: it records the command (without its
+// environment) and starts the shim, which runs it from the plan written
+// into its descriptor 3. The shim is not tied to ctx nor to this process:
 // the job outlives a server restart.
 func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
 	if err := ctx.Err(); err != nil {
@@ -117,12 +118,22 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if s.gone() {
 		return nil, fmt.Errorf("sandbox %s: %w", s.id, sandbox.ErrGone)
 	}
+	st, err := s.b.state(s.dir, s.id)
+	if err != nil {
+		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
+	}
 	if rec.ID, err = newID("ex-", 4); err != nil {
 		return nil, err
 	}
+	env := rec.Env
+	rec.Env = nil // the job's secrets stay off the disk
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
+	}
+	pl, err := s.b.buildPlan(s.dir, st, rec, env)
+	if err != nil {
+		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
 	// O_EXCL makes "one command per sandbox" hold across goroutines and
 	// server processes alike.
@@ -141,28 +152,12 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 		os.Remove(s.path(fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	logf, err := os.OpenFile(s.path(fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	shim, err := s.b.startShim(s.dir, pl)
 	if err != nil {
 		os.Remove(s.path(fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	shim := &exec.Cmd{
-		Path:   s.b.selfExe,
-		Args:   []string{s.b.selfExe, shimCommand, s.dir},
-		Env:    helperEnv(),
-		Stdout: logf, // never the server's stdout: that is the MCP channel
-		Stderr: logf,
-		// A session of its own: signals for the server's process group
-		// (Ctrl-C, a service stop) do not reach the job's supervisor.
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	err = shim.Start()
-	logf.Close()
-	if err != nil {
-		os.Remove(s.path(fileExec))
-		return nil, fmt.Errorf("exec: start sandbox shim: %w", err)
-	}
-	if err := writeFileAtomic(s.path(fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+	if err := os.WriteFile(s.path(fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
 		s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
 	}
 	p := &process{s: s, id: rec.ID, done: make(chan struct{})}
@@ -175,6 +170,53 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	s.b.mu.Unlock()
 	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", rec.ID, "shim", shim.Process.Pid)
 	return p, nil
+}
+
+// startShim starts the shim of the sandbox in dir and hands it the plan.
+// The C helpers take sandboxes without network when this binary has them
+// (cgo); the Go ones take the others. A shim that fails later records why
+// in exit.json, which Wait reports.
+func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
+	logf, err := os.OpenFile(filepath.Join(dir, fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	planR, planW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer planW.Close()
+	shim := &exec.Cmd{
+		Path:       b.selfExe,
+		Args:       []string{b.selfExe, shimCommand, dir},
+		Env:        helperEnv(b.useCHelper(pl)),
+		Dir:        dir,
+		Stdout:     logf, // never the server's stdout: that is the MCP channel
+		Stderr:     logf,
+		ExtraFiles: []*os.File{planR}, // planFD
+		// A session of its own: signals for the server's process group
+		// (Ctrl-C, a service stop) do not reach the job's supervisor.
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = shim.Start()
+	planR.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox shim: %w", err)
+	}
+	// The shim reads the plan first thing; a shim that died before
+	// reading it records nothing, and Wait says so.
+	if _, err := planW.Write(pl.marshal()); err != nil {
+		b.log.Warn("write the sandbox plan", "sandbox", filepath.Base(dir), "err", err)
+	}
+	return shim, nil
+}
+
+// useCHelper: the C helpers run a plan when this binary has them, the
+// plan needs no network helper (only the Go shim starts one), and the
+// tests do not ask for the Go ones.
+func (b *Backend) useCHelper(pl *plan) bool {
+	return haveCHelper && pl.Net.Name == "" && !b.goHelpers
 }
 
 // Process implements sandbox.Sandbox.

@@ -166,27 +166,28 @@ func seccompSupported() error { return nil }
 
 // installSeccomp sets no_new_privs (required to load a filter without
 // CAP_SYS_ADMIN, and it keeps setuid binaries from regaining privileges)
-// and loads the filter into every thread of the process (TSYNC), so a job
-// forked from any Go thread inherits it.
-func installSeccomp() error {
-	prog, err := seccompProgram()
+// and loads the filter (seccompBytes of seccompProgram, from the plan)
+// into every thread of the process (TSYNC), so a job forked from any Go
+// thread inherits it.
+func installSeccomp(filter []byte) error {
+	prog, err := seccompFilter(filter)
 	if err != nil {
 		return err
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("seccomp: set no_new_privs: %w", err)
+		return fmt.Errorf("set no_new_privs: %w", err)
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
 		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	if errno != 0 {
-		return fmt.Errorf("seccomp: load filter: %w", errno)
+		return fmt.Errorf("load the filter: %w", errno)
 	}
 	if r != 0 {
-		return fmt.Errorf("seccomp: thread %d could not be synchronised", r)
+		return fmt.Errorf("thread %d could not be synchronised", r)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -21,19 +22,23 @@ import (
 const initCloneFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 	syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
 
+// planFD is the shim's descriptor of the plan (see plan.go).
+const planFD = 3
+
 // errKilledBeforeStart: Kill came before the job was released.
 var errKilledBeforeStart = errors.New("killed before start")
 
 // initCmd prepares init: the shim's own binary (through /proc/self/exe,
 // which needs no search permission on the directories above it, unlike
 // SelfExe's path for an unprivileged uid), in fresh namespaces, as uid 0
-// of a user namespace mapped to an unprivileged host range.
-func initCmd(stdin, out *os.File, extra []*os.File, args ...string) *exec.Cmd {
-	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostIDBase, Size: idRange}}
+// of a user namespace mapped to an unprivileged host range (hostID and
+// size: the plan's; the probe has none and uses the defaults).
+func initCmd(stdin, out *os.File, extra []*os.File, hostID, size uint32, args ...string) *exec.Cmd {
+	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostID), Size: int(size)}}
 	return &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       append([]string{"delegate-sandbox-init", initCommand}, args...),
-		Env:        helperEnv(),
+		Env:        helperEnv(false),
 		Stdin:      stdin,
 		Stdout:     out,
 		Stderr:     out,
@@ -56,10 +61,12 @@ func initCmd(stdin, out *os.File, extra []*os.File, args ...string) *exec.Cmd {
 	}
 }
 
-// runShim supervises one sandboxed command. It runs in a session of its
-// own so that a server crash or restart does not end the job, and it
-// keeps everything (pids, output, exit status) in the sandbox directory
-// for the server to find.
+// runShim supervises one sandboxed command (the Go helper; see
+// helper_linux.c for the C one). It runs in a session of its own so that
+// a server crash or restart does not end the job, and it keeps
+// everything (pids, output, exit status) in the sandbox directory, its
+// working directory, for the server to find. The plan comes on
+// descriptor 3.
 func runShim(args []string) int {
 	// init's parent-death signal fires when the thread that forked it
 	// exits, so that thread must live as long as the shim.
@@ -68,7 +75,7 @@ func runShim(args []string) int {
 		return shimProbe()
 	}
 	if len(args) != 1 || !filepath.IsAbs(args[0]) {
-		fmt.Fprintln(os.Stderr, "usage: "+shimCommand+" <absolute sandbox dir>")
+		fmt.Fprintln(os.Stderr, "usage: "+shimCommand+" <absolute sandbox dir> (a plan on descriptor 3)")
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("sandbox", filepath.Base(args[0]))
@@ -98,12 +105,33 @@ func shimProbe() int {
 		return 1
 	}
 	defer devnull.Close()
-	if err := initCmd(devnull, os.Stderr, nil, probeArg).Run(); err != nil {
+	if err := initCmd(devnull, os.Stderr, nil, hostIDBase, idRange, probeArg).Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init probe: %v\n", err)
 		return 1
 	}
 	fmt.Println("ok")
 	return 0
+}
+
+// readPlan reads the plan the server writes into descriptor 3.
+func readPlan() (*plan, []byte, error) {
+	f := os.NewFile(planFD, "plan")
+	if f == nil {
+		return nil, nil, errors.New("no plan: descriptor 3 is not open")
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPlanBytes+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the plan: %w", err)
+	}
+	if len(data) == 0 {
+		return nil, nil, errors.New("no plan: the server went away before it sent one")
+	}
+	if len(data) > maxPlanBytes {
+		return nil, nil, fmt.Errorf("the plan is larger than %d bytes", maxPlanBytes)
+	}
+	p, err := unmarshalPlan(data)
+	return p, data, err
 }
 
 // outputWriter keeps the first limit bytes and counts all of them. It
@@ -128,15 +156,10 @@ func (w *outputWriter) Write(p []byte) (int, error) {
 // supervise runs the command and returns how it ended. Paths are relative
 // to the sandbox directory.
 func supervise(log *slog.Logger) exitRecord {
-	if err := writeFileAtomic(fileShimPID, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		log.Error("record shim pid", "err", err)
-	}
-	var st sandboxState
-	var ex execRecord
-	loadErr := errors.Join(readJSON(fileState, &st), readJSON(fileExec, &ex))
-	w := &outputWriter{limit: ex.OutputLimit}
-	if w.limit <= 0 {
-		w.limit = DefaultOutputLimit // unreadable exec.json: still show why
+	p, planData, loadErr := readPlan()
+	w := &outputWriter{limit: DefaultOutputLimit} // unreadable plan: still show why
+	if loadErr == nil && p.OutputLimit > 0 {
+		w.limit = p.OutputLimit
 	}
 	out, err := os.OpenFile(fileOutput, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -152,13 +175,6 @@ func supervise(log *slog.Logger) exitRecord {
 	}
 	if loadErr != nil {
 		return fail(loadErr)
-	}
-	// The environment often carries the job's secrets. init gets it
-	// through a pipe below; on disk it is no longer needed.
-	scrubbed := ex
-	scrubbed.Env = nil
-	if err := writeJSONAtomic(fileExec, scrubbed); err != nil {
-		log.Warn("remove the environment from exec.json", "err", err)
 	}
 	// Supplementary groups would follow init and the job into the sandbox
 	// and still grant host group access (root's group!) there.
@@ -182,7 +198,7 @@ func supervise(log *slog.Logger) exitRecord {
 	if err != nil {
 		return fail(err)
 	}
-	cmd := initCmd(devnull, outW, []*os.File{syncR, statusW})
+	cmd := initCmd(devnull, outW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange)
 	startErr := cmd.Start()
 	for _, f := range []*os.File{syncR, statusW, outW, devnull} {
 		f.Close()
@@ -212,13 +228,13 @@ func supervise(log *slog.Logger) exitRecord {
 		if err := writeFileAtomic(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
 			return err
 		}
-		if err := st.Cgroup.addProc(pid); err != nil {
+		if err := p.Cgroup.addProc(pid); err != nil {
 			return fmt.Errorf("place the sandbox in its cgroups: %w", err)
 		}
-		if st.Network != nil {
+		if p.Net.Name != "" {
 			// Configured while init still waits, so the job starts with
 			// its network.
-			h, err := startNetHelper(*st.Network, pid, st.Cgroup)
+			h, err := startNetHelper(p.Net, pid, p.Cgroup)
 			if err != nil {
 				if killed() {
 					return errKilledBeforeStart // Kill ended init or the helper
@@ -232,31 +248,19 @@ func supervise(log *slog.Logger) exitRecord {
 		if killed() {
 			return errKilledBeforeStart
 		}
-		data, err := json.Marshal(initConfig{
-			Args:     ex.Args,
-			Env:      ex.Env,
-			Dir:      ex.Dir,
-			Template: st.Template != "",
-			TmpBytes: min(st.DiskBytes, maxTmpBytes),
-			Network:  st.Network != nil,
-		})
-		if err != nil {
-			return err
-		}
-		_, err = syncW.Write(data)
+		_, err := syncW.Write(planData)
 		return err
 	}
+	var deadlineHit atomic.Bool
 	relErr := release()
 	if relErr != nil {
 		// Killed before the EOF below, so init never gets to act on it.
 		cmd.Process.Kill()
-	} else if !ex.Deadline.IsZero() {
+	} else if d := p.deadlineTime(); !d.IsZero() {
 		// The backstop for a job that no server watches any more.
-		deadline := time.AfterFunc(time.Until(ex.Deadline), func() {
-			if err := os.WriteFile(fileDeadline, nil, 0o600); err != nil {
-				log.Error("deadline marker", "err", err)
-			}
-			if err := killSandbox(".", st.Cgroup); err != nil {
+		deadline := time.AfterFunc(time.Until(d), func() {
+			deadlineHit.Store(true)
+			if err := killSandbox(".", p.Cgroup); err != nil {
 				log.Error("kill at deadline", "err", err)
 			}
 		})
@@ -281,26 +285,24 @@ func supervise(log *slog.Logger) exitRecord {
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	switch {
 	case haveStatus:
-		rec.Code, rec.Signal, rec.Reason = s.Code, s.Signal, s.Reason
+		rec.Code, rec.Signo, rec.Reason = s.Code, s.Signo, s.Reason
 	case ws.Signaled():
-		rec.Code, rec.Signal = 128+int(ws.Signal()), ws.Signal().String()
+		rec.Code, rec.Signo = 128+int(ws.Signal()), int(ws.Signal())
 	default:
 		rec.Code = ws.ExitStatus()
 	}
 	if relErr != nil && !errors.Is(relErr, errKilledBeforeStart) {
 		fmt.Fprintf(w, "%s%v\n", setupPrefix, relErr)
 		log.Error("sandbox setup failed", "err", relErr)
-		rec.Code, rec.Signal, rec.Reason = codeSetupFailed, "", relErr.Error()
+		rec.Code, rec.Signo, rec.Reason = codeSetupFailed, 0, relErr.Error()
 	}
 	if killed() {
 		// A Kill that came after the job had ended on its own changes
 		// nothing: only a job that died of a signal was killed.
-		rec.Killed = !haveStatus || s.Signal != ""
+		rec.Killed = !haveStatus || s.Signo != 0
 	}
-	if _, err := os.Stat(fileDeadline); err == nil {
-		rec.DeadlineExceeded = true
-	}
-	if n, err := st.Cgroup.oomKills(); err != nil {
+	rec.DeadlineExceeded = deadlineHit.Load()
+	if n, err := p.Cgroup.oomKills(); err != nil {
 		log.Warn("read oom counter", "err", err)
 	} else {
 		rec.OOMKilled = n > 0

@@ -22,10 +22,24 @@ const (
 )
 
 // helperEnv is the whole environment of the shim and init: nothing of the
-// server's (its secrets stay out of the sandbox's pid 1). The one entry
-// only matters for binaries built with -race, which otherwise sleep a
-// second at exit, twice per job.
-func helperEnv() []string { return []string{"GORACE=atexit_sleep_ms=0"} }
+// server's (its secrets stay out of the sandbox's pid 1). GORACE only
+// matters for binaries built with -race, which otherwise sleep a second at
+// exit, twice per job. With c, the C helpers of this binary take the
+// shim's part (see helper_linux.c); without, the Go ones do.
+func helperEnv(c bool) []string {
+	env := []string{"GORACE=atexit_sleep_ms=0"}
+	if c {
+		env = append(env, helperSelectEnv+"="+helperSelectC)
+	}
+	return env
+}
+
+// helperSelectEnv=helperSelectC in a shim's environment hands it to the
+// C helpers, before the Go runtime starts.
+const (
+	helperSelectEnv = "DELEGATE_SANDBOX_HELPER"
+	helperSelectC   = "c"
+)
 
 // The user namespace maps inside ids 0..idRange-1 to host ids
 // hostIDBase.. (one fixed range for every sandbox). Jobs run as inside
@@ -108,9 +122,10 @@ type netTool struct {
 
 // execRecord is the one command of a sandbox, as Exec received it.
 type execRecord struct {
-	ID          string   `json:"id"`
-	Args        []string `json:"args"`
-	Env         []string `json:"env"`
+	ID   string   `json:"id"`
+	Args []string `json:"args"`
+	// Env goes to the shim in the plan, never to disk (exec.json).
+	Env         []string `json:"env,omitempty"`
 	Dir         string   `json:"dir"`
 	OutputLimit int64    `json:"outputLimit"`
 	// Deadline is when the shim kills the job by itself, server or not.
@@ -119,7 +134,10 @@ type execRecord struct {
 
 // exitRecord is how the command ended, written once by the shim.
 type exitRecord struct {
-	Code        int    `json:"code"`
+	Code int `json:"code"`
+	// Signo is the signal that ended the command, 0 for none. Signal, its
+	// name, is only in records of shims before Signo; the server names it.
+	Signo       int    `json:"signo,omitempty"`
 	Signal      string `json:"signal,omitempty"`
 	OOMKilled   bool   `json:"oomKilled"`
 	OutputBytes int64  `json:"outputBytes"`
@@ -132,21 +150,10 @@ type exitRecord struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// initConfig is what the shim sends init through the sync pipe.
-type initConfig struct {
-	Args     []string `json:"args"`
-	Env      []string `json:"env"`
-	Dir      string   `json:"dir"`
-	Template bool     `json:"template"`
-	TmpBytes int64    `json:"tmpBytes"`
-	// Network: the sandbox has egress, and DNS through its helper.
-	Network bool `json:"network,omitempty"`
-}
-
 // initStatus is what init reports to the shim just before it exits.
 type initStatus struct {
 	Code   int    `json:"code"`
-	Signal string `json:"signal,omitempty"`
+	Signo  int    `json:"signo,omitempty"`
 	Reason string `json:"reason,omitempty"`
 }
 

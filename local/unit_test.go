@@ -135,7 +135,16 @@ func TestCgroupSetDirs(t *testing.T) {
 	}
 }
 
-func TestJobPath(t *testing.T) {
+// jobPathCase is a command lookup and its answer ("" for none).
+type jobPathCase struct {
+	name, prog string
+	env        []string
+	want       string
+}
+
+// jobPathCases makes a directory of programs and the lookups to try in
+// it; both helpers' lookups must give the same answers.
+func jobPathCases(t *testing.T) (string, []jobPathCase) {
 	dir := t.TempDir()
 	for _, f := range []struct {
 		name string
@@ -148,18 +157,20 @@ func TestJobPath(t *testing.T) {
 		}
 	}
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
-	tests := []struct {
-		name, prog string
-		env        []string
-		want       string
-	}{
+	return dir, []jobPathCase{
 		{"first PATH entry wins", "tool", []string{"PATH=" + a + ":" + b}, filepath.Join(a, "tool")},
 		{"first PATH variable wins", "tool", []string{"PATH=" + b, "PATH=" + a}, filepath.Join(b, "tool")},
 		{"not executable is skipped", "data", []string{"PATH=" + a}, ""},
 		{"relative PATH entry is against the working dir", "tool2", []string{"PATH=rel"}, filepath.Join(dir, "rel/tool2")},
+		{"empty PATH entry is the working dir", "tool", []string{"PATH=:" + b}, filepath.Join(b, "tool")},
 		{"a slash means no lookup", "./x/y", []string{"PATH=" + a}, "./x/y"},
 		{"missing", "nope", []string{"PATH=" + a}, ""},
+		{"empty PATH", "tool", []string{"PATH="}, ""},
 	}
+}
+
+func TestJobPath(t *testing.T) {
+	dir, tests := jobPathCases(t)
 	for _, tt := range tests {
 		got, err := jobPath(tt.prog, tt.env, dir)
 		if got != tt.want || (err != nil) != (tt.want == "") {

@@ -72,8 +72,21 @@ func Local(ctx context.Context, n int, open Opener, stdout io.Writer) error {
 	row("plain exec /bin/true (baseline)", plain)
 	row("sandbox /bin/true (create+exec+wait+destroy)", sandboxed)
 	row("job round trip (submit -> success, sqlite)", job)
+	// What a running sandbox costs besides its job: its supervisors'
+	// memory, alone and among others (shared pages are shared by more).
+	for _, k := range []int{1, 10} {
+		m, err := sandboxMemory(ctx, a.Backend, k)
+		if err != nil {
+			return fmt.Errorf("supervisor memory: %w", err)
+		}
+		fmt.Fprintf(stdout, "%-44s %8.0fKiB  (%d processes: anon %.0f KiB, file %.0f KiB per sandbox)\n",
+			fmt.Sprintf("memory per running sandbox, %d running (PSS)", k), kib(m.PerSandbox()), m.Processes,
+			kib(m.PSSAnon/int64(k)), kib(m.PSSFile/int64(k)))
+	}
 	return nil
 }
+
+func kib(b int64) float64 { return float64(b) / 1024 }
 
 func sandboxTrue(ctx context.Context, b sandbox.Backend) error {
 	sb, err := b.Create(ctx, sandbox.Spec{JobID: "bench", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 64 << 20})

@@ -1,0 +1,48 @@
+//go:build linux && cgo
+
+package local
+
+/*
+#cgo CFLAGS: -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
+#include <stdlib.h>
+const char *dsh_constants(void);
+const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv);
+const char *dsh_quote(const char *s);
+*/
+import "C"
+
+import (
+	"strings"
+	"unsafe"
+)
+
+// haveCHelper: this binary has the C helpers (helper_linux.c), which
+// take the sandboxes without network.
+const haveCHelper = true
+
+// cConstants is what helper_linux.c holds of this package's constants,
+// for TestCHelperConstants.
+func cConstants() string { return C.GoString(C.dsh_constants()) }
+
+// cJobPath is helper_linux.c's jobPath, for TestJobPath: the path found
+// (or "") and the PATH searched.
+func cJobPath(name string, env []string, dir string) (path, pathEnv string) {
+	block := strings.Join(env, "\x00") + "\x00"
+	cname, cblock, cdir := C.CString(name), C.CString(block), C.CString(dir)
+	defer C.free(unsafe.Pointer(cname))
+	defer C.free(unsafe.Pointer(cblock))
+	defer C.free(unsafe.Pointer(cdir))
+	var pe *C.char
+	path = C.GoString(C.dsh_job_path(cname, cblock, C.int(len(block)), cdir, &pe))
+	if pe != nil {
+		pathEnv = C.GoString(pe)
+	}
+	return path, pathEnv
+}
+
+// cQuote is helper_linux.c's rendering of %q, for TestCQuote.
+func cQuote(s string) string {
+	cs := C.CString(s)
+	defer C.free(unsafe.Pointer(cs))
+	return C.GoString(C.dsh_quote(cs))
+}

@@ -1,0 +1,1253 @@
+//go:build linux && cgo
+
+/*
+ * The sandbox's helpers in C: the shim (supervisor) and init (pid 1), for
+ * binaries built with cgo. They do what shim_linux.go and init_linux.go
+ * do, from the same plan (plan.go), so that a sandbox costs two small C
+ * processes instead of two start-ups of the Go runtime and of every
+ * package of this large binary (see docs/BENCHMARKS.md, "Sandbox start").
+ *
+ * The server starts SelfExe __sandbox-shim <dir> with
+ * DELEGATE_SANDBOX_HELPER=c in its environment. The constructor below
+ * runs at load time, before the Go runtime, and never returns in that
+ * case: the process is the shim, and init is a fork of it (no second
+ * exec). In every other process of this binary it returns at once.
+ *
+ * What a sandbox is (its root filesystem, its restrictions, its seccomp
+ * filter) is decided in Go: init carries out the plan's steps as they
+ * come. The Go helpers remain for builds without cgo and for sandboxes
+ * with network (only the Go shim starts a network helper).
+ *
+ * Only async-signal-safe, single-threaded C: no Go, no threads.
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Shared with Go (TestCHelperConstants compares them). */
+#define PLAN_MAGIC 0x44535031u
+#define PLAN_VERSION 1u
+#define MAX_PLAN_BYTES (64u << 20)
+#define SHIM_COMMAND "__sandbox-shim"
+#define INIT_COMMAND "__sandbox-init"
+#define INIT_ARGV0 "delegate-sandbox-init"
+#define PROBE_ARG "--probe"
+#define SELECT_ENV "DELEGATE_SANDBOX_HELPER"
+#define SELECT_C "c"
+#define SETUP_PREFIX "delegate-sandbox: "
+#define CODE_SETUP_FAILED 125
+#define CODE_CANNOT_EXEC 126
+#define CODE_NOT_FOUND 127
+#define DEFAULT_OUTPUT_LIMIT (16LL << 20)
+#define DEFAULT_JOB_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define FILE_OUTPUT "output"
+#define FILE_EVENTS "events"
+#define FILE_STATUS_FIFO "status"
+#define FILE_KILLED "killed"
+#define FILE_INIT_PID "init.pid"
+#define FILE_EXIT "exit.json"
+#define PLAN_FD 3
+
+enum {
+	OP_MOUNT = 1,
+	OP_MKDIR,
+	OP_TOUCH,
+	OP_SYMLINK,
+	OP_READ_ONLY,
+	OP_PIVOT,
+	OP_UNSHARE_CGROUP,
+	OP_HOSTNAME,
+	OP_LOOPBACK,
+	OP_NO_CORE_DUMPS,
+	OP_DROP_BOUNDING,
+	OP_SECCOMP,
+	OP_RESOLV_CONF,
+};
+
+/* Newer than some C libraries' headers. */
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#ifndef CLONE_NEWCGROUP
+#define CLONE_NEWCGROUP 0x02000000
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#define DSH_MOUNT_ATTR_RDONLY 0x1ULL
+#define DSH_MOUNT_ATTR_NOSUID 0x2ULL
+#define DSH_MOUNT_ATTR_NODEV 0x4ULL
+struct dsh_mount_attr {
+	uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+/* statfs f_flags (the ST_ values of statvfs). */
+#define DSH_ST_NOEXEC 8
+#define DSH_ST_NOATIME 1024
+#define DSH_ST_NODIRATIME 2048
+#define DSH_ST_RELATIME 4096
+
+/* ---------- small tools ---------- */
+
+static int write_all(int fd, const void *buf, size_t n) {
+	const char *p = buf;
+	while (n > 0) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* read_all reads fd to its end, at most max bytes (more is an error,
+ * EFBIG). The buffer has a NUL after the data. */
+static char *read_all(int fd, size_t max, size_t *len) {
+	size_t cap = 4096, n = 0;
+	char *b = malloc(cap + 1);
+	if (b == NULL)
+		return NULL;
+	for (;;) {
+		if (n == cap) {
+			if (cap >= max) {
+				free(b);
+				errno = EFBIG;
+				return NULL;
+			}
+			cap = cap * 2 > max ? max : cap * 2;
+			char *nb = realloc(b, cap + 1);
+			if (nb == NULL) {
+				free(b);
+				return NULL;
+			}
+			b = nb;
+		}
+		ssize_t k = read(fd, b + n, cap - n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			free(b);
+			return NULL;
+		}
+		if (k == 0)
+			break;
+		n += (size_t)k;
+	}
+	b[n] = 0;
+	*len = n;
+	return b;
+}
+
+/* errtext is strerror as Go spells errno values: lower-case first. */
+static const char *errtext(int e) {
+	static char buf[128];
+	snprintf(buf, sizeof buf, "%s", strerror(e));
+	if (buf[0] >= 'A' && buf[0] <= 'Z' && !(buf[1] >= 'A' && buf[1] <= 'Z'))
+		buf[0] = (char)(buf[0] - 'A' + 'a');
+	return buf;
+}
+
+/* quote writes s as Go's %q does for printable text. */
+static void quote(char *out, size_t cap, const char *s) {
+	size_t o = 0;
+#define PUT(c) do { if (o + 1 < cap) out[o++] = (c); } while (0)
+	PUT('"');
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		unsigned char c = *p;
+		if (c == '"' || c == '\\') {
+			PUT('\\');
+			PUT((char)c);
+		} else if (c == '\n') {
+			PUT('\\');
+			PUT('n');
+		} else if (c == '\t') {
+			PUT('\\');
+			PUT('t');
+		} else if (c < 0x20 || c == 0x7f) {
+			static const char hex[] = "0123456789abcdef";
+			PUT('\\');
+			PUT('x');
+			PUT(hex[c >> 4]);
+			PUT(hex[c & 15]);
+		} else {
+			PUT((char)c);
+		}
+	}
+	PUT('"');
+#undef PUT
+	out[o < cap ? o : cap - 1] = 0;
+}
+
+static void logmsg(const char *fmt, ...) {
+	char buf[4096];
+	int n = snprintf(buf, sizeof buf, "delegate-sandbox-shim: ");
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = (int)sizeof buf - 2;
+	buf[n++] = '\n';
+	write_all(2, buf, (size_t)n);
+}
+
+/* write_file_atomic replaces name (in the working directory) with data,
+ * mode 0600, through a rename: readers see all or nothing. */
+static int write_file_atomic(const char *name, const char *data, size_t n) {
+	char tmp[256];
+	snprintf(tmp, sizeof tmp, ".%s.tmp-c", name);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -1;
+	if (write_all(fd, data, n) < 0 || fchmod(fd, 0600) < 0) {
+		int e = errno;
+		close(fd);
+		unlink(tmp);
+		errno = e;
+		return -1;
+	}
+	if (close(fd) < 0 || rename(tmp, name) < 0) {
+		int e = errno;
+		unlink(tmp);
+		errno = e;
+		return -1;
+	}
+	return 0;
+}
+
+/* ---------- the plan ---------- */
+
+struct op {
+	uint32_t code;
+	uint64_t n;
+	char *label;
+	char *s[4];
+};
+
+struct plan {
+	int64_t output_limit, max_events, deadline_ns;
+	uint32_t cg_version;
+	char *cg_memory, *cg_cpu, *cg_pids;
+	uint32_t host_id_base, id_range, job_id;
+	char **args, **env;
+	char *dir;
+	unsigned char *seccomp;
+	uint32_t seccomp_len;
+	uint32_t nops;
+	struct op *ops;
+	char *net_name, *net_path;
+};
+
+struct rd {
+	const unsigned char *p, *end;
+	int err;
+};
+
+static const unsigned char *rd_take(struct rd *r, uint64_t n) {
+	if (r->err || n > (uint64_t)(r->end - r->p)) {
+		r->err = 1;
+		return NULL;
+	}
+	const unsigned char *p = r->p;
+	r->p += n;
+	return p;
+}
+
+static uint32_t rd_u32(struct rd *r) {
+	uint32_t v = 0;
+	const unsigned char *p = rd_take(r, 4);
+	if (p)
+		memcpy(&v, p, 4);
+	return v;
+}
+
+static uint64_t rd_u64(struct rd *r) {
+	uint64_t v = 0;
+	const unsigned char *p = rd_take(r, 8);
+	if (p)
+		memcpy(&v, p, 8);
+	return v;
+}
+
+/* rd_str returns a NUL-terminated copy ("" after an error). */
+static char *rd_str(struct rd *r, uint32_t *lenp) {
+	uint32_t n = rd_u32(r);
+	const unsigned char *p = rd_take(r, n);
+	char *s = malloc((size_t)n + 1);
+	if (s == NULL) {
+		r->err = 1;
+		return NULL;
+	}
+	if (p)
+		memcpy(s, p, n);
+	else
+		n = 0;
+	s[n] = 0;
+	if (lenp)
+		*lenp = n;
+	return s;
+}
+
+static uint32_t rd_count(struct rd *r, uint64_t min) {
+	uint64_t n = rd_u32(r);
+	if (!r->err && n * min > (uint64_t)(r->end - r->p))
+		r->err = 1;
+	return r->err ? 0 : (uint32_t)n;
+}
+
+static char **rd_strs(struct rd *r) {
+	uint32_t n = rd_count(r, 4);
+	char **v = calloc((size_t)n + 1, sizeof *v);
+	if (v == NULL) {
+		r->err = 1;
+		return NULL;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t len;
+		v[i] = rd_str(r, &len);
+		if (v[i] != NULL && strlen(v[i]) != len)
+			r->err = 1; /* a NUL inside: execve could not take it */
+	}
+	return v;
+}
+
+static int parse_plan(const char *data, size_t len, struct plan *p, char *err, size_t errcap) {
+	struct rd r = {(const unsigned char *)data, (const unsigned char *)data + len, 0};
+	uint32_t magic = rd_u32(&r), version = rd_u32(&r);
+	if (!r.err && (magic != PLAN_MAGIC || version != PLAN_VERSION)) {
+		snprintf(err, errcap, "sandbox plan: version %#x/%u, this helper knows %#x/%u (the server binary was replaced while it ran: restart it)",
+			 magic, version, PLAN_MAGIC, PLAN_VERSION);
+		return -1;
+	}
+	memset(p, 0, sizeof *p);
+	p->output_limit = (int64_t)rd_u64(&r);
+	p->max_events = (int64_t)rd_u64(&r);
+	p->deadline_ns = (int64_t)rd_u64(&r);
+	p->cg_version = rd_u32(&r);
+	p->cg_memory = rd_str(&r, NULL);
+	p->cg_cpu = rd_str(&r, NULL);
+	p->cg_pids = rd_str(&r, NULL);
+	p->host_id_base = rd_u32(&r);
+	p->id_range = rd_u32(&r);
+	p->job_id = rd_u32(&r);
+	p->args = rd_strs(&r);
+	p->env = rd_strs(&r);
+	p->dir = rd_str(&r, NULL);
+	p->seccomp = (unsigned char *)rd_str(&r, &p->seccomp_len);
+	p->nops = rd_count(&r, 4 + 8 + 5 * 4);
+	p->ops = calloc((size_t)p->nops + 1, sizeof *p->ops);
+	if (p->ops == NULL)
+		r.err = 1;
+	for (uint32_t i = 0; i < p->nops && !r.err; i++) {
+		struct op *o = &p->ops[i];
+		o->code = rd_u32(&r);
+		o->n = rd_u64(&r);
+		o->label = rd_str(&r, NULL);
+		for (int j = 0; j < 4; j++)
+			o->s[j] = rd_str(&r, NULL);
+	}
+	p->net_name = rd_str(&r, NULL);
+	p->net_path = rd_str(&r, NULL);
+	if (!r.err && r.p != r.end)
+		r.err = 1;
+	if (r.err) {
+		snprintf(err, errcap, "sandbox plan: truncated or malformed");
+		return -1;
+	}
+	if (p->args == NULL || p->args[0] == NULL || p->args[0][0] == 0) {
+		snprintf(err, errcap, "sandbox plan: no command");
+		return -1;
+	}
+	return 0;
+}
+
+/* ---------- init: pid 1 of the sandbox ---------- */
+
+/* detail names the part of a step that failed, if not the whole. */
+static const char *detail;
+
+static int read_only_recursive(const char *path) {
+	struct dsh_mount_attr attr = {DSH_MOUNT_ATTR_RDONLY | DSH_MOUNT_ATTR_NOSUID | DSH_MOUNT_ATTR_NODEV, 0, 0, 0};
+	if (syscall(SYS_mount_setattr, AT_FDCWD, path, AT_RECURSIVE | AT_SYMLINK_NOFOLLOW, &attr, sizeof attr) == 0)
+		return 0;
+	if (errno != ENOSYS)
+		return -1;
+	/* Before mount_setattr (5.12): a remount of the top mount, keeping
+	 * the flags the kernel locks in a user namespace. */
+	struct statfs st;
+	if (statfs(path, &st) < 0)
+		return -1;
+	unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV;
+	if (st.f_flags & DSH_ST_NOEXEC)
+		flags |= MS_NOEXEC;
+	if (st.f_flags & DSH_ST_NOATIME)
+		flags |= MS_NOATIME;
+	if (st.f_flags & DSH_ST_NODIRATIME)
+		flags |= MS_NODIRATIME;
+	if (st.f_flags & DSH_ST_RELATIME)
+		flags |= MS_RELATIME;
+	return mount("", path, "", flags, NULL);
+}
+
+static int pivot(const char *root) {
+	if (chdir(root) < 0)
+		return -1;
+	/* pivot_root(".", ".") stacks the old root on the new one; the detach
+	 * removes it without needing a directory for it. */
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		return -1;
+	if (umount2(".", MNT_DETACH) < 0) {
+		detail = "detach the old root";
+		return -1;
+	}
+	return chdir("/");
+}
+
+static int loopback_up(void) {
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof ifr);
+	strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+	int rc = ioctl(fd, SIOCGIFFLAGS, &ifr);
+	if (rc < 0) {
+		detail = "get flags";
+	} else {
+		ifr.ifr_flags |= IFF_UP;
+		rc = ioctl(fd, SIOCSIFFLAGS, &ifr);
+		if (rc < 0)
+			detail = "set flags";
+	}
+	int e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
+static char capdetail[32];
+
+static int drop_bounding_set(void) {
+	for (int c = 0; c < 64; c++) {
+		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) == 0)
+			continue;
+		if (errno == EINVAL)
+			return 0; /* past the last capability this kernel knows */
+		snprintf(capdetail, sizeof capdetail, "capability %d", c);
+		detail = capdetail;
+		return -1;
+	}
+	return 0;
+}
+
+static int install_seccomp(const struct plan *p) {
+	if (p->seccomp_len == 0 || p->seccomp_len % sizeof(struct sock_filter) != 0 ||
+	    p->seccomp_len / sizeof(struct sock_filter) > 0xffff) {
+		errno = EINVAL;
+		detail = "the plan's filter";
+		return -1;
+	}
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
+		detail = "set no_new_privs";
+		return -1;
+	}
+	struct sock_fprog prog = {(unsigned short)(p->seccomp_len / sizeof(struct sock_filter)), (struct sock_filter *)p->seccomp};
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0) {
+		detail = "load the filter";
+		return -1;
+	}
+	return 0;
+}
+
+static int run_op(const struct plan *p, const struct op *o) {
+	detail = NULL;
+	switch (o->code) {
+	case OP_MOUNT:
+		return mount(o->s[0], o->s[1], o->s[2], (unsigned long)o->n, o->s[3][0] ? o->s[3] : NULL);
+	case OP_MKDIR:
+		if (mkdir(o->s[0], (mode_t)o->n) < 0 && errno != EEXIST)
+			return -1;
+		return 0;
+	case OP_TOUCH: {
+		int fd = open(o->s[0], O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		return fd < 0 ? -1 : close(fd);
+	}
+	case OP_SYMLINK:
+		return symlink(o->s[0], o->s[1]);
+	case OP_READ_ONLY:
+		return read_only_recursive(o->s[0]);
+	case OP_PIVOT:
+		return pivot(o->s[0]);
+	case OP_UNSHARE_CGROUP:
+		unshare(CLONE_NEWCGROUP); /* cosmetic: not a reason to fail */
+		return 0;
+	case OP_HOSTNAME:
+		return sethostname(o->s[0], strlen(o->s[0]));
+	case OP_LOOPBACK:
+		return loopback_up();
+	case OP_NO_CORE_DUMPS: {
+		struct rlimit rl = {0, 0};
+		return setrlimit(RLIMIT_CORE, &rl);
+	}
+	case OP_DROP_BOUNDING:
+		return drop_bounding_set();
+	case OP_SECCOMP:
+		return install_seccomp(p);
+	}
+	detail = "a step the C helpers do not have";
+	errno = ENOSYS;
+	return -1;
+}
+
+/* init_report sends the shim how the job ended: code, signal number and a
+ * reason, on descriptor 4, then exits with code. */
+static void init_report(int code, int signo, const char *reason) __attribute__((noreturn));
+static void init_report(int code, int signo, const char *reason) {
+	uint32_t len = reason ? (uint32_t)strlen(reason) : 0;
+	char head[12];
+	int32_t c = code, s = signo;
+	memcpy(head, &c, 4);
+	memcpy(head + 4, &s, 4);
+	memcpy(head + 8, &len, 4);
+	if (write_all(4, head, sizeof head) == 0 && len > 0)
+		write_all(4, reason, len);
+	close(4);
+	_exit(code);
+}
+
+/* init_fail writes a set-up failure into the job's output and reports it. */
+static void init_fail(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void init_fail(int code, const char *fmt, ...) {
+	char msg[4096];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	char line[4200];
+	int n = snprintf(line, sizeof line, "%s%s\n", SETUP_PREFIX, msg);
+	if (n > (int)sizeof line - 1)
+		n = (int)sizeof line - 1;
+	write_all(2, line, (size_t)n);
+	init_report(code, 0, msg);
+}
+
+static void path_join(char *out, size_t cap, const char *a, const char *b) {
+	size_t la = strlen(a);
+	snprintf(out, cap, "%s%s%s", a, (la > 0 && a[la - 1] == '/') ? "" : "/", b);
+}
+
+/* job_path resolves the command like execvp would in the job: on the
+ * PATH of the job's environment (not init's), relative entries against
+ * the job's working directory (jobPath in init_linux.go). It returns
+ * NULL when not found, with pathenv the PATH searched. */
+static const char *job_path(const char *name, char *const *env, const char *dir, char *buf, size_t cap, const char **pathenv) {
+	if (strchr(name, '/'))
+		return name;
+	const char *pe = DEFAULT_JOB_PATH;
+	for (char *const *e = env; e && *e; e++) {
+		if (strncmp(*e, "PATH=", 5) == 0) {
+			pe = *e + 5; /* the first one, as getenv(3) sees it */
+			break;
+		}
+	}
+	*pathenv = pe;
+	if (*pe == 0)
+		return NULL; /* an empty PATH has no entries */
+	for (const char *seg = pe;;) {
+		const char *end = strchrnul(seg, ':');
+		char d[4096], p[4096];
+		size_t n = (size_t)(end - seg);
+		if (n == 0)
+			snprintf(d, sizeof d, ".");
+		else
+			snprintf(d, sizeof d, "%.*s", (int)n, seg);
+		if (d[0] != '/') {
+			char rel[4096];
+			path_join(rel, sizeof rel, dir, d);
+			snprintf(d, sizeof d, "%s", rel);
+		}
+		path_join(p, sizeof p, d, name);
+		struct stat st;
+		if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111)) {
+			snprintf(buf, cap, "%s", p);
+			return buf;
+		}
+		if (*end == 0)
+			return NULL;
+		seg = end + 1;
+	}
+}
+
+/* hide_argv makes /proc/1/cmdline read as the Go init's does, instead of
+ * the shim's (which names the sandbox directory on the host). */
+static void hide_argv(size_t cmdline_len) {
+	extern char *program_invocation_name;
+	char *a = program_invocation_name;
+	static const char want[] = INIT_ARGV0 "\0" INIT_COMMAND;
+	if (a == NULL || cmdline_len < sizeof want)
+		return;
+	memset(a, 0, cmdline_len);
+	memcpy(a, want, sizeof want);
+}
+
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, size_t cmdline_len) __attribute__((noreturn));
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, size_t cmdline_len) {
+	/* Nobody would collect the output or the exit status of a sandbox
+	 * whose shim is gone; end it rather than orphan it. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	/* Descriptors: 0 stays (/dev/null), 1 and 2 are the job's output, 3
+	 * the go-ahead, 4 the report; nothing else. */
+	int a = fcntl(sync_r, F_DUPFD_CLOEXEC, 10), b = fcntl(status_w, F_DUPFD_CLOEXEC, 10);
+	if (a < 0 || b < 0 || dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0 || dup3(a, 3, O_CLOEXEC) < 0 || dup3(b, 4, O_CLOEXEC) < 0)
+		_exit(CODE_SETUP_FAILED);
+	if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
+		for (int fd = 5; fd < 4096; fd++)
+			close(fd);
+	/* The job gets default signal dispositions, whatever the shim had. */
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			signal(sig, SIG_DFL);
+
+	char go = 0;
+	ssize_t n;
+	do
+		n = read(3, &go, 1);
+	while (n < 0 && errno == EINTR);
+	close(3);
+	if (n != 1 || go != 'g')
+		init_fail(CODE_SETUP_FAILED, "the sandbox was never released (its shim went away)");
+	/* The shim has written the id maps: become uid 0 of the namespace
+	 * (without this the process would be the overflow uid). */
+	if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		init_fail(CODE_SETUP_FAILED, "become root of the user namespace: %s", errtext(errno));
+	hide_argv(cmdline_len);
+	umask(022); /* a known umask for the root we build and for the job */
+
+	for (uint32_t i = 0; i < p->nops; i++) {
+		const struct op *o = &p->ops[i];
+		if (run_op(p, o) < 0) {
+			int e = errno;
+			if (detail)
+				init_fail(CODE_SETUP_FAILED, "%s: %s: %s", o->label, detail, errtext(e));
+			init_fail(CODE_SETUP_FAILED, "%s: %s", o->label, errtext(e));
+		}
+	}
+
+	char pathbuf[4096], q1[4200], q2[4200];
+	const char *pathenv = DEFAULT_JOB_PATH;
+	const char *path = job_path(p->args[0], p->env, p->dir, pathbuf, sizeof pathbuf, &pathenv);
+	if (path == NULL) {
+		quote(q1, sizeof q1, p->args[0]);
+		quote(q2, sizeof q2, pathenv);
+		init_fail(CODE_NOT_FOUND, "%s: command not found in PATH %s", q1, q2);
+	}
+	struct stat st;
+	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
+
+	/* vfork: the child shares init's memory until it executes the job,
+	 * so it only makes system calls and leaves its errno here. */
+	volatile int child_errno = 0;
+	uid_t id = p->job_id;
+	pid_t pid = vfork();
+	if (pid == 0) {
+		/* Leaving uid 0 for a non-zero uid clears every capability, so
+		 * the job runs with none even inside its user namespace. */
+		if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, id, id, id) < 0 ||
+		    syscall(SYS_setresuid, id, id, id) < 0 || chdir(p->dir) < 0) {
+			child_errno = errno;
+			_exit(127);
+		}
+		execve(path, p->args, p->env);
+		child_errno = errno;
+		_exit(127);
+	}
+	int e = pid < 0 ? errno : child_errno;
+	if (pid > 0 && e != 0)
+		waitpid(pid, NULL, 0);
+	if (e != 0) {
+		quote(q1, sizeof q1, p->args[0]);
+		init_fail(e == ENOENT ? CODE_NOT_FOUND : CODE_CANNOT_EXEC, "cannot run %s: %s", q1, errtext(e));
+	}
+	close(1);
+	close(2);
+
+	/* pid 1 inherits every orphan of the sandbox and must collect them,
+	 * until the job itself has exited. */
+	for (;;) {
+		int ws;
+		pid_t w = wait4(-1, &ws, 0, NULL);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			char msg[128];
+			snprintf(msg, sizeof msg, "wait: %s", errtext(errno));
+			init_report(CODE_SETUP_FAILED, 0, msg);
+		}
+		if (w != pid)
+			continue;
+		if (WIFSIGNALED(ws))
+			init_report(128 + WTERMSIG(ws), WTERMSIG(ws), NULL);
+		init_report(WEXITSTATUS(ws), 0, NULL);
+	}
+}
+
+/* ---------- the shim ---------- */
+
+/* outw keeps the first limit bytes of the job's output and counts all. */
+struct outw {
+	int fd;
+	int64_t limit, n;
+	int err;
+};
+
+static void out_write(struct outw *w, const char *p, size_t len) {
+	int64_t keep = w->limit - w->n;
+	if (keep > 0 && !w->err && w->fd >= 0) {
+		size_t k = (int64_t)len < keep ? len : (size_t)keep;
+		if (write_all(w->fd, p, k) < 0)
+			w->err = errno;
+	}
+	w->n += (int64_t)len;
+}
+
+static void out_printf(struct outw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out_printf(struct outw *w, const char *fmt, ...) {
+	char buf[4200];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 1)
+		n = (int)sizeof buf - 1;
+	out_write(w, buf, (size_t)n);
+}
+
+/* bridge copies the status FIFO into the events file, keeping the first
+ * limit bytes (startStatusBridge). */
+struct bridge {
+	int fifo, events;
+	int64_t limit, n;
+};
+
+static void bridge_drain(struct bridge *b) {
+	char buf[65536];
+	for (;;) {
+		ssize_t k = read(b->fifo, buf, sizeof buf);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return; /* EAGAIN: nothing more for now */
+		int64_t room = b->limit - b->n;
+		if (room > 0 && b->events >= 0) {
+			size_t w = k < room ? (size_t)k : (size_t)room;
+			if (write_all(b->events, buf, w) == 0)
+				b->n += (int64_t)w;
+		}
+	}
+}
+
+static const char *cg_dirs(const struct plan *p, int i) {
+	const char *d[3] = {p->cg_memory, p->cg_cpu, p->cg_pids};
+	/* Each distinct directory once (in cgroup v2 they are one). */
+	for (int j = 0; j < i; j++)
+		if (strcmp(d[j], d[i]) == 0)
+			return NULL;
+	return d[i][0] ? d[i] : NULL;
+}
+
+static int cg_write(const char *dir, const char *file, const char *value, char *err, size_t errcap) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", dir, file);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0) {
+		snprintf(err, errcap, "cgroup: open %s: %s", path, errtext(errno));
+		return -1;
+	}
+	if (write_all(fd, value, strlen(value)) < 0) {
+		snprintf(err, errcap, "cgroup: write \"%s\" to %s: %s", value, path, errtext(errno));
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+/* cg_kill sends SIGKILL to every process in the sandbox's groups. */
+static void cg_kill(const struct plan *p) {
+	char err[512];
+	if (p->cg_version == 2 && cg_write(p->cg_memory, "cgroup.kill", "1", err, sizeof err) == 0)
+		return;
+	for (int i = 0; i < 3; i++) {
+		const char *d = cg_dirs(p, i);
+		if (d == NULL)
+			continue;
+		char path[4096];
+		snprintf(path, sizeof path, "%s/cgroup.procs", d);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		size_t len;
+		char *data = read_all(fd, 1 << 20, &len);
+		close(fd);
+		for (char *s = data; s && *s;) {
+			char *end;
+			long pid = strtol(s, &end, 10);
+			if (end == s)
+				break;
+			if (pid > 0)
+				kill((pid_t)pid, SIGKILL);
+			s = end;
+		}
+		free(data);
+	}
+}
+
+/* cg_oom_kills is how many processes the kernel OOM-killed in the
+ * memory group, -1 if that cannot be read. */
+static long cg_oom_kills(const struct plan *p) {
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", p->cg_memory, p->cg_version == 2 ? "memory.events" : "memory.oom_control");
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	size_t len;
+	char *data = read_all(fd, 1 << 16, &len);
+	close(fd);
+	long n = -1;
+	for (char *line = data; line && *line;) {
+		char *next = strchrnul(line, '\n');
+		if (strncmp(line, "oom_kill ", 9) == 0)
+			n = strtol(line + 9, NULL, 10);
+		line = *next ? next + 1 : next;
+	}
+	free(data);
+	return n;
+}
+
+struct rec {
+	int code, signo, oom, truncated, killed, deadline;
+	int64_t output_bytes;
+	char reason[4096];
+};
+
+static void json_str(char *out, size_t cap, const char *s) {
+	size_t o = 0;
+	for (const unsigned char *p = (const unsigned char *)s; *p && o + 8 < cap; p++) {
+		if (*p == '"' || *p == '\\') {
+			out[o++] = '\\';
+			out[o++] = (char)*p;
+		} else if (*p < 0x20) {
+			o += (size_t)snprintf(out + o, cap - o, "\\u%04x", *p);
+		} else {
+			out[o++] = (char)*p;
+		}
+	}
+	out[o] = 0;
+}
+
+/* write_exit records how the command ended (exitRecord in state.go). */
+static int write_exit(const struct rec *r) {
+	char reason[8400], buf[9000];
+	json_str(reason, sizeof reason, r->reason);
+	int n = snprintf(buf, sizeof buf,
+			 "{\"code\":%d,\"signo\":%d,\"oomKilled\":%s,\"outputBytes\":%lld,\"truncated\":%s,\"killed\":%s,\"deadlineExceeded\":%s,\"reason\":\"%s\"}",
+			 r->code, r->signo, r->oom ? "true" : "false", (long long)r->output_bytes, r->truncated ? "true" : "false",
+			 r->killed ? "true" : "false", r->deadline ? "true" : "false", reason);
+	if (n < 0 || n >= (int)sizeof buf) {
+		errno = EOVERFLOW;
+		return -1;
+	}
+	return write_file_atomic(FILE_EXIT, buf, (size_t)n);
+}
+
+static int exists(const char *name) {
+	struct stat st;
+	return lstat(name, &st) == 0;
+}
+
+/* finish_failed records a sandbox that could not start its command. */
+static int finish_failed(struct outw *w, const char *msg) {
+	struct rec r;
+	memset(&r, 0, sizeof r);
+	out_printf(w, "%s%s\n", SETUP_PREFIX, msg);
+	logmsg("sandbox setup failed: %s", msg);
+	r.code = CODE_SETUP_FAILED;
+	snprintf(r.reason, sizeof r.reason, "%s", msg);
+	r.output_bytes = w->n;
+	r.truncated = w->n > w->limit;
+	if (write_exit(&r) < 0) {
+		logmsg("cannot record the exit status: %s", errtext(errno));
+		return 1;
+	}
+	return 0;
+}
+
+static int write_id_maps(pid_t pid, const struct plan *p) {
+	char path[64], map[64];
+	int n = snprintf(map, sizeof map, "0 %u %u\n", p->host_id_base, p->id_range);
+	const char *files[2] = {"uid_map", "gid_map"};
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, files[i]);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd < 0)
+			return -1;
+		if (write_all(fd, map, (size_t)n) < 0) {
+			int e = errno;
+			close(fd);
+			errno = e;
+			return -1;
+		}
+		close(fd);
+	}
+	return 0;
+}
+
+static int64_t now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* shim_main supervises one sandboxed command (runShim/supervise in
+ * shim_linux.go): it starts init in fresh namespaces, places it in the
+ * sandbox's cgroups, lets it go, keeps the output and the status lines,
+ * enforces the deadline, and records how the command ended in exit.json.
+ * It returns the shim's exit status. */
+static int shim_main(size_t cmdline_len) {
+	signal(SIGPIPE, SIG_IGN); /* a dead init must not take the shim along */
+	struct outw w = {-1, DEFAULT_OUTPUT_LIMIT, 0, 0};
+	size_t len = 0;
+	char *data = read_all(PLAN_FD, MAX_PLAN_BYTES, &len);
+	int rerr = errno;
+	close(PLAN_FD);
+	struct plan p;
+	char err[4096] = "";
+	if (data == NULL)
+		snprintf(err, sizeof err, "read the plan: %s", errtext(rerr));
+	else if (len == 0)
+		snprintf(err, sizeof err, "no plan: the server went away before it sent one");
+	else if (parse_plan(data, len, &p, err, sizeof err) == 0 && p.output_limit > 0)
+		w.limit = p.output_limit;
+	w.fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (w.fd < 0)
+		logmsg("open output file: %s", errtext(errno));
+	if (err[0])
+		return finish_failed(&w, err);
+	if (p.net_name[0])
+		return finish_failed(&w, "network: the C helpers start no network helper (the server gives such sandboxes to the Go ones)");
+	/* Supplementary groups would follow init and the job into the
+	 * sandbox and still grant host group access (root's group!) there. */
+	if (setgroups(0, NULL) < 0) {
+		snprintf(err, sizeof err, "drop supplementary groups: %s", errtext(errno));
+		return finish_failed(&w, err);
+	}
+
+	int syncp[2], statusp[2], outp[2];
+	if (pipe2(syncp, O_CLOEXEC) < 0 || pipe2(statusp, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0) {
+		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
+		return finish_failed(&w, err);
+	}
+	int pidfd = -1;
+	/* fork-like: no new stack, the child runs on a copy of this one. */
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+						 CLONE_PIDFD | SIGCHLD,
+				   NULL, &pidfd, NULL, NULL);
+	if (pid == 0)
+		init_main(&p, syncp[0], statusp[1], outp[1], cmdline_len);
+	int cerr = errno;
+	close(syncp[0]);
+	close(statusp[1]);
+	close(outp[1]);
+	if (pid < 0) {
+		snprintf(err, sizeof err, "start the sandbox init: %s", errtext(cerr));
+		return finish_failed(&w, err);
+	}
+
+	struct bridge br = {-1, -1, p.max_events, 0};
+	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+	if (br.fifo >= 0) {
+		br.events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (br.events < 0)
+			logmsg("status channel: open the events file: %s", errtext(errno));
+	} else if (errno != ENOENT) {
+		logmsg("status channel: open: %s", errtext(errno));
+	}
+
+	/* Release: maps, pid record, cgroups, then the go-ahead, unless Kill
+	 * came first (it writes its marker before it kills what is in the
+	 * cgroups: either it sees init there now, or init never goes). */
+	char relerr[4096] = "";
+	int killed_before_start = 0;
+	char num[32];
+	int nn = snprintf(num, sizeof num, "%d", (int)pid);
+	if (write_id_maps(pid, &p) < 0) {
+		snprintf(relerr, sizeof relerr, "map the sandbox's users: %s", errtext(errno));
+	} else if (write_file_atomic(FILE_INIT_PID, num, (size_t)nn) < 0) {
+		snprintf(relerr, sizeof relerr, "write %s: %s", FILE_INIT_PID, errtext(errno));
+	} else {
+		for (int i = 0; i < 3 && !relerr[0]; i++) {
+			const char *d = cg_dirs(&p, i);
+			char e2[3000];
+			if (d && cg_write(d, "cgroup.procs", num, e2, sizeof e2) < 0)
+				snprintf(relerr, sizeof relerr, "place the sandbox in its cgroups: %s", e2);
+		}
+	}
+	if (!relerr[0] && exists(FILE_KILLED))
+		killed_before_start = 1;
+	if (relerr[0] || killed_before_start || write_all(syncp[1], "g", 1) < 0) {
+		if (!relerr[0] && !killed_before_start)
+			snprintf(relerr, sizeof relerr, "release the sandbox init: %s", errtext(errno));
+		kill(pid, SIGKILL); /* before the EOF below: init never acts */
+	}
+	close(syncp[1]);
+
+	/* Until init has exited: output, status lines, deadline. */
+	int deadline_hit = 0;
+	struct pollfd fds[3] = {{outp[0], POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
+	char buf[65536];
+	for (;;) {
+		int timeout = -1;
+		if (p.deadline_ns != 0 && !deadline_hit && !relerr[0] && !killed_before_start) {
+			int64_t left = p.deadline_ns - now_ns();
+			if (left <= 0) {
+				/* The backstop for a job that no server watches. */
+				deadline_hit = 1;
+				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+				if (fd >= 0)
+					close(fd);
+				kill(pid, SIGKILL);
+				cg_kill(&p);
+				continue;
+			}
+			timeout = left / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left / 1000000 + 1);
+		}
+		int k = poll(fds, 3, timeout);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			logmsg("poll: %s", errtext(errno));
+			break;
+		}
+		if (fds[0].revents) {
+			ssize_t r = read(outp[0], buf, sizeof buf);
+			if (r > 0)
+				out_write(&w, buf, (size_t)r);
+			else if (r == 0 || errno != EINTR)
+				fds[0].fd = -1; /* the job closed its output; it may still run */
+		}
+		if (fds[1].revents)
+			bridge_drain(&br);
+		if (fds[2].revents)
+			break;
+	}
+	int ws = 0;
+	while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
+		;
+	/* init's end took every process of the sandbox with it: what is left
+	 * in the pipes is all there will be. */
+	if (fds[0].fd >= 0) {
+		for (;;) {
+			ssize_t r = read(outp[0], buf, sizeof buf);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			out_write(&w, buf, (size_t)r);
+		}
+	}
+	close(outp[0]);
+	if (br.fifo >= 0) {
+		bridge_drain(&br);
+		close(br.fifo);
+	}
+	if (br.events >= 0)
+		close(br.events);
+
+	struct rec r;
+	memset(&r, 0, sizeof r);
+	size_t slen = 0;
+	char *sdata = read_all(statusp[0], 1 << 16, &slen);
+	close(statusp[0]);
+	int have_status = sdata != NULL && slen >= 12;
+	int32_t scode = 0, ssig = 0;
+	if (have_status) {
+		uint32_t rl;
+		memcpy(&scode, sdata, 4);
+		memcpy(&ssig, sdata + 4, 4);
+		memcpy(&rl, sdata + 8, 4);
+		if (rl > slen - 12)
+			rl = (uint32_t)(slen - 12);
+		r.code = scode;
+		r.signo = ssig;
+		snprintf(r.reason, sizeof r.reason, "%.*s", (int)rl, sdata + 12);
+	} else if (WIFSIGNALED(ws)) {
+		r.code = 128 + WTERMSIG(ws);
+		r.signo = WTERMSIG(ws);
+	} else {
+		r.code = WEXITSTATUS(ws);
+	}
+	free(sdata);
+	if (relerr[0]) {
+		out_printf(&w, "%s%s\n", SETUP_PREFIX, relerr);
+		logmsg("sandbox setup failed: %s", relerr);
+		r.code = CODE_SETUP_FAILED;
+		r.signo = 0;
+		snprintf(r.reason, sizeof r.reason, "%s", relerr);
+	}
+	/* A Kill that came after the job had ended on its own changes
+	 * nothing: only a job that died of a signal was killed. */
+	if (exists(FILE_KILLED))
+		r.killed = !have_status || ssig != 0;
+	r.deadline = deadline_hit;
+	long ooms = cg_oom_kills(&p);
+	if (ooms < 0)
+		logmsg("read oom counter: %s", errtext(errno));
+	r.oom = ooms > 0;
+	r.output_bytes = w.n;
+	r.truncated = w.n > w.limit;
+	if (w.err)
+		logmsg("write output file: %s", errtext(w.err));
+	if (write_exit(&r) < 0) {
+		logmsg("cannot record the exit status: %s", errtext(errno));
+		return 1;
+	}
+	return 0;
+}
+
+/* probe_main starts an init that only checks it is pid 1 and uid 0
+ * (shimProbe in shim_linux.go). */
+static int probe_main(void) {
+	int sync[2];
+	if (pipe2(sync, O_CLOEXEC) < 0)
+		return 1;
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD,
+				   NULL, NULL, NULL, NULL);
+	if (pid == 0) {
+		char c;
+		close(sync[1]);
+		if (read(sync[0], &c, 1) != 1 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+			_exit(CODE_SETUP_FAILED);
+		_exit(getpid() == 1 && getuid() == 0 ? 0 : CODE_SETUP_FAILED);
+	}
+	close(sync[0]);
+	if (pid < 0) {
+		logmsg("sandbox init probe: %s", errtext(errno));
+		return 1;
+	}
+	struct plan p;
+	memset(&p, 0, sizeof p);
+	p.host_id_base = 100000;
+	p.id_range = 65536;
+	int ok = write_id_maps(pid, &p) == 0 && write_all(sync[1], "g", 1) == 0;
+	if (!ok)
+		logmsg("sandbox init probe: map the users: %s", errtext(errno));
+	close(sync[1]);
+	int ws;
+	while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
+		;
+	if (!ok || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+		logmsg("sandbox init probe: not pid 1 and uid 0 in fresh namespaces (status %#x)", ws);
+		return 1;
+	}
+	return write_all(1, "ok\n", 3) == 0 ? 0 : 1;
+}
+
+/* The dispatch, at load time, before the Go runtime: cheap (one getenv)
+ * in every process that is not a C shim. */
+__attribute__((constructor)) static void delegate_sandbox_helper(void) {
+	const char *sel = getenv(SELECT_ENV);
+	if (sel == NULL || strcmp(sel, SELECT_C) != 0)
+		return;
+	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	size_t len = 0;
+	char *cmd = read_all(fd, 1 << 20, &len);
+	close(fd);
+	if (cmd == NULL)
+		return;
+	/* argv: SelfExe __sandbox-shim <dir>|--probe */
+	char *args[4] = {NULL, NULL, NULL, NULL};
+	int n = 0;
+	for (size_t i = 0; i < len && n < 4; i += strlen(cmd + i) + 1)
+		args[n++] = cmd + i;
+	if (n != 3 || strcmp(args[1], SHIM_COMMAND) != 0)
+		return; /* not ours after all: the Go side will say what is wrong */
+	if (strcmp(args[2], PROBE_ARG) == 0)
+		_exit(probe_main());
+	if (args[2][0] != '/' || chdir(args[2]) < 0) {
+		logmsg("cannot enter the sandbox directory %s: %s", args[2], errtext(errno));
+		_exit(1);
+	}
+	_exit(shim_main(len));
+}
+
+/* ---------- for the Go tests (helper_cgo_linux.go) ---------- */
+
+const char *dsh_constants(void) {
+	static char buf[1024];
+	snprintf(buf, sizeof buf,
+		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
+		 "files=%s,%s,%s,%s,%s,%s plan_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
+		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
+		 FILE_EVENTS, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
+		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
+		 OP_SECCOMP, OP_RESOLV_CONF);
+	return buf;
+}
+
+/* dsh_job_path is job_path for TestJobPath; env is NUL-separated. It
+ * returns the path, or "" with the PATH searched in *pathenv. */
+const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv) {
+	static char buf[4096];
+	static char *env[64];
+	int n = 0;
+	for (int i = 0; i < envlen && n < 63; i += (int)strlen(envblock + i) + 1)
+		env[n++] = (char *)envblock + i;
+	env[n] = NULL;
+	const char *p = job_path(name, env, dir, buf, sizeof buf, pathenv);
+	return p ? p : "";
+}
+
+/* dsh_quote is quote, for TestCQuote. */
+const char *dsh_quote(const char *s) {
+	static char buf[4200];
+	quote(buf, sizeof buf, s);
+	return buf;
+}

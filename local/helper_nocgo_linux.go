@@ -1,0 +1,6 @@
+//go:build linux && !cgo
+
+package local
+
+// haveCHelper: built without cgo, this binary has only the Go helpers.
+const haveCHelper = false

@@ -1,0 +1,151 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// helperModes are the helpers this binary has: the C ones (cgo builds)
+// and the Go ones. The whole suite runs with the default (C where built
+// in; scripts/test also runs it without cgo); TestHelpers runs the same
+// sandbox lives with each, so both are always tested.
+func helperModes() []string {
+	if haveCHelper {
+		return []string{"C", "Go"}
+	}
+	return []string{"Go"}
+}
+
+func TestHelpers(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			t.Run("isolation", func(t *testing.T) {
+				exit, out := sh(t, b, `id -u; id -G; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status
+					set -- $(tr '\0' ' ' < /proc/1/cmdline); echo "pid1=$*"; hostname; ls /dev | tr '\n' ' '; echo
+					touch /usr/x 2>/dev/null || echo ro; echo w > /workspace/w && echo w > /tmp/w && echo rw
+					if [ -e /var ] || [ -e `+b.dir+` ]; then echo SEEN; fi; ulimit -c; echo "umask $(umask)"`)
+				if exit.Code != 0 || strings.Contains(out, "SEEN") {
+					t.Errorf("exit %+v:\n%s", exit, out)
+				}
+				wantContains(t, out, "1000\n1000\n", "CapEff:\t0000000000000000\n", "CapBnd:\t0000000000000000\n",
+					"NoNewPrivs:\t1\n", "Seccomp:\t2\n", "pid1=delegate-sandbox-init "+initCommand+"\n", "sandbox\n",
+					"fd full null random shm stderr stdin stdout tty urandom zero \n", "ro\nrw\n", "0\n", "umask 0022\n")
+			})
+			t.Run("exit, signal, lookup", func(t *testing.T) {
+				for _, c := range []struct {
+					args []string
+					code int
+					sig  string
+					out  string
+				}{
+					{[]string{"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, 3, "", "out\nerr\n"},
+					{[]string{"/bin/sh", "-c", "kill -TERM $$"}, 143, "terminated", ""},
+					{[]string{"no-such-command"}, codeNotFound, "", setupPrefix + `"no-such-command": command not found in PATH "/usr/local/bin:/usr/bin:/bin"` + "\n"},
+					{[]string{"/etc/passwd"}, codeCannotExec, "", setupPrefix + `cannot run "/etc/passwd": permission denied` + "\n"},
+				} {
+					exit, out := run(t, create(t, b, defaultSpec()), c.args...)
+					if exit.Code != c.code || exit.Signal != c.sig || out != c.out || exit.OutputBytes != int64(len(out)) {
+						t.Errorf("%q: exit %+v, output %q; want %d %q %q", c.args, exit, out, c.code, c.sig, c.out)
+					}
+				}
+			})
+			t.Run("output limit and status lines", func(t *testing.T) {
+				sb := create(t, b, defaultSpec())
+				p, err := sb.Exec(context.Background(), sandbox.Command{
+					Args: []string{"/bin/sh", "-c", `echo step1 > $DELEGATE_STATUS_FILE; i=0; while [ $i -lt 1000 ]; do echo 0123456789; i=$((i+1)); done`},
+					Env:  []string{"PATH=/usr/bin:/bin", "DELEGATE_STATUS_FILE=" + StatusFile}, OutputLimit: 25,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				exit, out := finish(t, p)
+				ev, _ := p.ReadEvents(context.Background(), 0, 100)
+				if exit.Code != 0 || !exit.Truncated || exit.OutputBytes != 11000 || out != "0123456789\n0123456789\n012" || string(ev) != "step1\n" {
+					t.Errorf("exit %+v, output %q, events %q", exit, out, ev)
+				}
+			})
+			t.Run("deadline", func(t *testing.T) {
+				sb := create(t, b, defaultSpec())
+				p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 1000 & sleep 1000"}, Env: testEnv,
+					Deadline: time.Now().Add(300 * time.Millisecond)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if exit, _ := finish(t, p); !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 || exit.Signal != "killed" {
+					t.Errorf("exit %+v", exit)
+				}
+				if pids, err := stateOf(t, sb).Cgroup.procs(); err != nil || len(pids) != 0 {
+					t.Errorf("left in the cgroups: %v %v", pids, err)
+				}
+			})
+			t.Run("kill", func(t *testing.T) {
+				sb := create(t, b, defaultSpec())
+				p := start(t, sb, "/bin/sh", "-c", "sleep 1000 & echo started; wait")
+				waitFor(10*time.Second, func() bool { out, _ := p.ReadOutput(context.Background(), 0, 10); return len(out) > 0 })
+				if err := p.Kill(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if exit, _ := finish(t, p); !exit.Killed || exit.Code != 137 {
+					t.Errorf("exit %+v", exit)
+				}
+			})
+			t.Run("set-up failure", func(t *testing.T) {
+				sb := create(t, b, defaultSpec())
+				if err := os.Remove(sb.path(dirRootfs)); err != nil {
+					t.Fatal(err)
+				}
+				exit, out := run(t, sb, "/bin/echo", "should not run")
+				want := setupPrefix + "mount root tmpfs: no such file or directory\n"
+				if exit.Code != codeSetupFailed || out != want || exit.Reason != strings.TrimSpace(strings.TrimPrefix(want, setupPrefix)) {
+					t.Errorf("exit %+v, output %q; want %q", exit, out, want)
+				}
+			})
+		})
+	}
+}
+
+// TestShimWithoutPlan: a shim whose server went away before it sent the
+// plan records that, with either helper.
+func TestShimWithoutPlan(t *testing.T) {
+	canRun(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			cmd := exec.Command(self, shimCommand, dir)
+			cmd.Env = helperEnv(mode == "C")
+			cmd.Dir = dir
+			cmd.ExtraFiles = []*os.File{r}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("shim: %v: %s", err, out)
+			}
+			var rec exitRecord
+			if err := readJSON(filepath.Join(dir, fileExit), &rec); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := os.ReadFile(filepath.Join(dir, fileOutput))
+			if rec.Code != codeSetupFailed || !strings.Contains(rec.Reason, "no plan") || !strings.HasPrefix(string(out), setupPrefix+"no plan") {
+				t.Errorf("exit record %+v, output %q", rec, out)
+			}
+		})
+	}
+}

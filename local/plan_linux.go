@@ -1,0 +1,266 @@
+//go:build linux
+
+package local
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// devNodes are the host devices bound into the sandbox's /dev.
+var devNodes = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// devLinks are the usual symbolic links of /dev.
+var devLinks = [...]struct{ name, target string }{
+	{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"}, {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
+}
+
+// buildPlan is the plan of the command rec (with its environment env) in
+// the sandbox whose directory is dir and whose state is st.
+func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []string) (*plan, error) {
+	ops, err := rootOps(dir, st)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{
+		OutputLimit: rec.OutputLimit,
+		MaxEvents:   maxEventsBytes,
+		Cgroup:      st.Cgroup,
+		HostIDBase:  hostIDBase,
+		IDRange:     idRange,
+		JobID:       jobID,
+		Args:        rec.Args,
+		Env:         env,
+		Dir:         rec.Dir,
+		Seccomp:     b.seccomp,
+		Ops:         ops,
+	}
+	if !rec.Deadline.IsZero() {
+		p.Deadline = rec.Deadline.UnixNano()
+	}
+	if st.Network != nil {
+		p.Net = *st.Network
+	}
+	return p, nil
+}
+
+// rootOps are init's steps: the job's root filesystem under dirRootfs,
+// built from the host's hostViewDirs or from the template, made the root,
+// then the restrictions that also bind init itself. Entries of the host
+// or the template are looked at now, by the server, which sees what init
+// will see before its pivot.
+func rootOps(dir string, st sandboxState) ([]op, error) {
+	var ops []op
+	add := func(code opCode, n uint64, label string, s ...string) {
+		o := op{code: code, n: n, label: label}
+		copy(o.s[:], s)
+		ops = append(ops, o)
+	}
+	root := dirRootfs
+	at := func(p ...string) string { return filepath.Join(append([]string{root}, p...)...) }
+
+	// A cgroup namespace rooted at the sandbox's own group (init has been
+	// placed there) hides the host's cgroup paths.
+	add(opUnshareCgroup, 0, "cgroup namespace")
+	// Nothing we mount may propagate back to the host.
+	add(opMount, unix.MS_REC|unix.MS_PRIVATE, "make mounts private", "", "/", "", "")
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount root tmpfs", "tmpfs", root, "tmpfs", "mode=0755,size=1m,nr_inodes=4096")
+
+	// Symbolic links as the same links (Debian's /bin → usr/bin),
+	// directories and files as read-only binds.
+	srcDir, names := "/", hostViewDirs[:]
+	if st.Template != "" {
+		srcDir, names = dirTemplate, nil
+		ents, err := os.ReadDir(filepath.Join(dir, dirTemplate))
+		if err != nil {
+			return nil, fmt.Errorf("read template: %w", err)
+		}
+		for _, e := range ents {
+			if !slices.Contains(templateSkip[:], e.Name()) {
+				names = append(names, e.Name())
+			}
+		}
+	}
+	have := map[string]bool{}
+	for _, name := range names {
+		src := filepath.Join(srcDir, name) // as init sees it, before its pivot
+		here := src                        // as the server sees it
+		if srcDir != "/" {
+			here = filepath.Join(dir, src)
+		}
+		fi, err := os.Lstat(here)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("populate root: %w", err)
+		}
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(here)
+			if err != nil {
+				return nil, fmt.Errorf("populate root: %w", err)
+			}
+			add(opSymlink, 0, "populate root: link /"+name, target, at(name))
+		case fi.IsDir():
+			add(opMkdir, 0o755, "populate root: create /"+name, at(name))
+			add(opMount, unix.MS_BIND|unix.MS_REC, "populate root: bind "+src, src, at(name))
+			add(opReadOnly, 0, "populate root: make /"+name+" read-only", at(name))
+		case fi.Mode().IsRegular():
+			add(opTouch, 0, "populate root: create /"+name, at(name))
+			add(opMount, unix.MS_BIND|unix.MS_REC, "populate root: bind "+src, src, at(name))
+			add(opReadOnly, 0, "populate root: make /"+name+" read-only", at(name))
+		default:
+			continue // devices, sockets, fifos of a template: not ours to give
+		}
+		have[name] = true
+	}
+	if st.Network != nil {
+		add(opResolvConf, 0, "network", root, netResolvConf)
+	}
+	// Empty /root and /home (read-only, like the rest of the root): programs
+	// expect them, and they show that nothing of the host's is there. The
+	// others are mount points. (Mount points' own modes do not show.)
+	for _, name := range []string{"root", "home", "workspace", "tmp", "proc", "dev"} {
+		if !have[name] {
+			add(opMkdir, 0o755, "create /"+name, at(name))
+		}
+	}
+	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
+	if _, err := os.Lstat(filepath.Join(dir, fileStatusFIFO)); err == nil {
+		// The status channel at StatusFile, bound before the root is
+		// made read-only.
+		statusDir := filepath.Dir(StatusFile)
+		add(opMkdir, 0o755, "status channel", at(filepath.Dir(statusDir)))
+		add(opMkdir, 0o755, "status channel", at(statusDir))
+		add(opTouch, 0, "status channel", at(StatusFile))
+		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
+	}
+	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
+
+	// A minimal /dev: a few harmless host devices bound in (a device node
+	// made on our own tmpfs would not open: user-namespace mounts are
+	// nodev), the usual links, and a private /dev/shm.
+	add(opMount, unix.MS_NOSUID|unix.MS_NOEXEC, "mount /dev", "tmpfs", at("dev"), "tmpfs", "mode=0755,size=64k,nr_inodes=64")
+	for _, n := range devNodes {
+		add(opTouch, 0, "create /dev/"+n, at("dev", n))
+		add(opMount, unix.MS_BIND, "bind /dev/"+n, "/dev/"+n, at("dev", n))
+	}
+	for _, l := range devLinks {
+		add(opSymlink, 0, "create /dev/"+l.name, l.target, at("dev", l.name))
+	}
+	add(opMkdir, 0o755, "create /dev/shm", at("dev", "shm"))
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /dev/shm", "tmpfs", at("dev", "shm"), "tmpfs", tmpOpts)
+	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, "make /dev read-only", "", at("dev"), "", "")
+	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "make root read-only", "", root, "", "")
+	add(opPivot, 0, "pivot_root", root)
+
+	add(opHostname, 0, "set hostname", "sandbox")
+	// Jobs often talk to themselves over 127.0.0.1 (test servers, language
+	// servers); this loopback is the sandbox's own.
+	add(opLoopback, 0, "loopback")
+	// No core dumps: a core_pattern pipe helper would run on the host.
+	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
+	add(opDropBounding, 0, "drop the capability bounding set")
+	add(opSeccomp, 0, "seccomp")
+	return ops, nil
+}
+
+// runOps carries out init's steps (the Go helper's way; helper_linux.c
+// has the same for the C one). prog is the plan's seccomp filter.
+func runOps(ops []op, prog []byte) error {
+	for _, o := range ops {
+		if err := runOp(o, prog); err != nil {
+			return fmt.Errorf("%s: %w", o.label, err)
+		}
+	}
+	return nil
+}
+
+func runOp(o op, prog []byte) error {
+	switch o.code {
+	case opMount:
+		return unix.Mount(o.s[0], o.s[1], o.s[2], uintptr(o.n), o.s[3])
+	case opMkdir:
+		if err := unix.Mkdir(o.s[0], uint32(o.n)); err != nil && !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+		return nil
+	case opTouch:
+		return touch(o.s[0])
+	case opSymlink:
+		return unix.Symlink(o.s[0], o.s[1])
+	case opReadOnly:
+		return readOnlyRecursive(o.s[0])
+	case opPivot:
+		return pivot(o.s[0])
+	case opUnshareCgroup:
+		_ = unix.Unshare(unix.CLONE_NEWCGROUP) // cosmetic: not a reason to fail
+		return nil
+	case opHostname:
+		return unix.Sethostname([]byte(o.s[0]))
+	case opLoopback:
+		return loopbackUp()
+	case opNoCoreDumps:
+		return unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
+	case opDropBounding:
+		return dropBoundingSet()
+	case opSeccomp:
+		return installSeccomp(prog)
+	case opResolvConf:
+		err := bindResolvConf(o.s[0], o.s[1])
+		if errors.Is(err, errNoResolvConf) {
+			// Not fatal: the job may only need addresses.
+			fmt.Fprintf(os.Stderr, "%s%v\n", setupPrefix, err)
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("unknown step %d", o.code)
+}
+
+// touch creates the empty file p if it is missing.
+func touch(p string) error {
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// seccompBytes is the filter as the plan carries it (struct sock_filter
+// is 8 bytes, the same in Go and C).
+func seccompBytes(prog []unix.SockFilter) []byte {
+	if len(prog) == 0 {
+		return nil
+	}
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&prog[0])), len(prog)*int(unsafe.Sizeof(prog[0])))...)
+}
+
+// seccompFilter is the reverse of seccompBytes.
+func seccompFilter(b []byte) ([]unix.SockFilter, error) {
+	size := int(unsafe.Sizeof(unix.SockFilter{}))
+	if len(b) == 0 || len(b)%size != 0 || len(b)/size > 0xffff {
+		return nil, fmt.Errorf("seccomp: a filter of %d bytes", len(b))
+	}
+	prog := make([]unix.SockFilter, len(b)/size)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&prog[0])), len(b)), b)
+	return prog, nil
+}
+
+// deadlineTime is the plan's deadline as a time (zero: none).
+func (p *plan) deadlineTime() time.Time {
+	if p.Deadline == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, p.Deadline)
+}

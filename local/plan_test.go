@@ -1,0 +1,67 @@
+package local
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func testPlan() *plan {
+	return &plan{
+		OutputLimit: 1 << 20, MaxEvents: 1 << 10, Deadline: 1234567890123,
+		Cgroup:     cgroupSet{Version: 1, Memory: "/m/sb", CPU: "/c/sb", Pids: "/p/sb"},
+		HostIDBase: hostIDBase, IDRange: idRange, JobID: jobID,
+		Args: []string{"/bin/sh", "-c", "echo 'a b'", ""}, Env: []string{"PATH=/bin", "SECRET=x=y"}, Dir: "/workspace",
+		Seccomp: []byte{1, 2, 3, 4, 5, 6, 7, 8},
+		Ops: []op{
+			{code: opMount, n: 7, label: "mount /proc", s: [4]string{"proc", "rootfs/proc", "proc", ""}},
+			{code: opSeccomp, label: "seccomp"},
+		},
+		Net: netTool{Name: "pasta", Path: "/usr/bin/pasta"},
+	}
+}
+
+func TestPlanRoundTrip(t *testing.T) {
+	for _, p := range []*plan{testPlan(), {Args: []string{"x"}}} {
+		got, err := unmarshalPlan(p.marshal())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Empty and nil lists decode alike.
+		if len(p.Env) == 0 {
+			got.Env = p.Env
+		}
+		if len(p.Seccomp) == 0 {
+			got.Seccomp = p.Seccomp
+		}
+		if !reflect.DeepEqual(got, p) {
+			t.Errorf("round trip:\n got %+v\nwant %+v", got, p)
+		}
+	}
+}
+
+// TestPlanRejects: a helper never acts on a plan it does not fully
+// understand, and a bad length cannot make it allocate without bound.
+func TestPlanRejects(t *testing.T) {
+	good := testPlan().marshal()
+	other := testPlan().marshal()
+	other[4]++ // the version
+	huge := (&plan{}).marshal()
+	copy(huge[len(huge)-3*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings
+	tests := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "truncated"},
+		{"cut short", good[:len(good)-1], "truncated"},
+		{"trailing bytes", append(append([]byte(nil), good...), 0), "too many"},
+		{"another version", other, "restart"},
+		{"huge count", huge, "truncated"},
+	}
+	for _, tt := range tests {
+		if _, err := unmarshalPlan(tt.data); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err = %v, want one mentioning %q", tt.name, err, tt.want)
+		}
+	}
+}
