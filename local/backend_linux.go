@@ -431,7 +431,12 @@ func (b *Backend) destroy(id string) error {
 		b.log.Warn("destroy: unreadable sandbox state, using default cgroup names", "sandbox", id, "err", stErr)
 	}
 	var errs []error
-	killSandbox(dir, st.Cgroup)
+	// A sandbox whose command has ended has nothing left to kill (its pid
+	// namespace went with init) nor to release; otherwise Kill's marker
+	// first, so that an init not yet released never is.
+	if !b.ended(id, dir) {
+		killSandbox(dir, st.Cgroup)
+	}
 	if err := st.Cgroup.waitEmpty(drainTimeout); err != nil {
 		errs = append(errs, err)
 	}
@@ -441,7 +446,7 @@ func (b *Backend) destroy(id string) error {
 	if err := waitNetHelperGone(dir, drainTimeout); err != nil {
 		errs = append(errs, err)
 	}
-	if err := unmountAll(dir); err != nil {
+	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
@@ -451,7 +456,7 @@ func (b *Backend) destroy(id string) error {
 	// exists, List shows the sandbox and a later Destroy can finish the job
 	// (and removing files through a mount would empty it, not free it).
 	if len(errs) == 0 {
-		if err := removeAll(dir); err != nil {
+		if err := removeSandboxDir(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -460,6 +465,59 @@ func (b *Backend) destroy(id string) error {
 	}
 	b.log.Info("sandbox destroyed", "sandbox", id)
 	return nil
+}
+
+// ended reports whether the sandbox's command has ended and its shim is
+// gone.
+func (b *Backend) ended(id, dir string) bool {
+	if _, err := os.Lstat(filepath.Join(dir, fileExit)); err != nil {
+		return false
+	}
+	b.mu.Lock()
+	p := b.live[id]
+	b.mu.Unlock()
+	if p != nil && p.done != nil {
+		select {
+		case <-p.done:
+			return true
+		default:
+			return false
+		}
+	}
+	_, alive := shimAlive(dir)
+	return !alive
+}
+
+// sandboxFiles and sandboxDirs are what a sandbox directory holds. Knowing
+// them, Destroy removes them one by one instead of walking the directory.
+var (
+	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileStatusFIFO, fileKilled,
+		fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
+	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate}
+)
+
+// removeSandboxDir removes the sandbox directory, whose mounts are gone.
+// Anything it does not know of (a temporary file a crash left, a mount it
+// did not make) makes it fall back to finding every mount below the
+// directory and removing what is left: removing files through a mount
+// would empty it, not free it. rmdir never does that.
+func removeSandboxDir(dir string) error {
+	for _, f := range sandboxFiles {
+		if err := unix.Unlink(filepath.Join(dir, f)); err != nil && !errors.Is(err, unix.ENOENT) {
+			break // the general way below says what is wrong
+		}
+	}
+	for _, d := range sandboxDirs {
+		unix.Rmdir(filepath.Join(dir, d))
+	}
+	err := unix.Rmdir(dir)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err := unmountAll(dir); err != nil {
+		return err
+	}
+	return removeAll(dir)
 }
 
 // removeAll retries because a shim that is just finishing may still add a

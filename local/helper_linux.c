@@ -249,6 +249,19 @@ static int write_file_atomic(const char *name, const char *data, size_t n) {
 	return 0;
 }
 
+/* write_pid_file writes a pid record in one write: a reader sees it
+ * empty (no pid yet), or whole. */
+static int write_pid_file(const char *name, const char *data, size_t n) {
+	int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -1;
+	int rc = write_all(fd, data, n);
+	int e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
 /* ---------- the plan ---------- */
 
 struct op {
@@ -624,18 +637,28 @@ static void hide_argv(size_t cmdline_len) {
 	memcpy(a, want, sizeof want);
 }
 
-static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, size_t cmdline_len) __attribute__((noreturn));
-static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, size_t cmdline_len) {
+/* init_main is init: sync_r brings the go-ahead, status_w takes the
+ * report, out_w is the job's output; tasks are the v1 groups' "tasks"
+ * files, opened by the shim (ntasks 0 when the shim places init itself). */
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, const int *tasks, int ntasks, size_t cmdline_len)
+	__attribute__((noreturn));
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, const int *tasks, int ntasks, size_t cmdline_len) {
 	/* Nobody would collect the output or the exit status of a sandbox
 	 * whose shim is gone; end it rather than orphan it. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	/* Descriptors: 0 stays (/dev/null), 1 and 2 are the job's output, 3
-	 * the go-ahead, 4 the report; nothing else. */
-	int a = fcntl(sync_r, F_DUPFD_CLOEXEC, 10), b = fcntl(status_w, F_DUPFD_CLOEXEC, 10);
+	 * the go-ahead, 4 the report, 5.. the tasks files; nothing else. */
+	int a = fcntl(sync_r, F_DUPFD_CLOEXEC, 10), b = fcntl(status_w, F_DUPFD_CLOEXEC, 10), t[3] = {-1, -1, -1};
+	for (int i = 0; i < ntasks && i < 3; i++)
+		if ((t[i] = fcntl(tasks[i], F_DUPFD_CLOEXEC, 10)) < 0)
+			_exit(CODE_SETUP_FAILED);
 	if (a < 0 || b < 0 || dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0 || dup3(a, 3, O_CLOEXEC) < 0 || dup3(b, 4, O_CLOEXEC) < 0)
 		_exit(CODE_SETUP_FAILED);
-	if (syscall(SYS_close_range, 5, ~0U, 0) < 0)
-		for (int fd = 5; fd < 4096; fd++)
+	for (int i = 0; i < ntasks && i < 3; i++)
+		if (dup3(t[i], 5 + i, O_CLOEXEC) < 0)
+			_exit(CODE_SETUP_FAILED);
+	if (syscall(SYS_close_range, 5 + ntasks, ~0U, 0) < 0)
+		for (int fd = 5 + ntasks; fd < 4096; fd++)
 			close(fd);
 	/* The job gets default signal dispositions, whatever the shim had. */
 	for (int sig = 1; sig < NSIG; sig++)
@@ -654,6 +677,20 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	 * (without this the process would be the overflow uid). */
 	if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
 		init_fail(CODE_SETUP_FAILED, "become root of the user namespace: %s", errtext(errno));
+	/* Into the sandbox's cgroups before anything else. A thread that
+	 * moves itself through a v1 "tasks" file spares the kernel the
+	 * global lock (and its RCU grace period, milliseconds) that moving a
+	 * process by pid takes. The shim opened the files: the kernel checks
+	 * the opener's credentials. */
+	for (int i = 0; i < ntasks; i++) {
+		if (write_all(5 + i, "0", 1) < 0)
+			init_fail(CODE_SETUP_FAILED, "place the sandbox in its cgroups: cgroup: write \"0\" to tasks: %s", errtext(errno));
+		close(5 + i);
+	}
+	/* Kill writes its marker before it kills what is in the cgroups:
+	 * either it sees init there now, or init goes no further. */
+	if (ntasks > 0 && access(FILE_KILLED, F_OK) == 0)
+		init_report(128 + SIGKILL, SIGKILL, NULL);
 	hide_argv(cmdline_len);
 	umask(022); /* a known umask for the root we build and for the job */
 
@@ -758,11 +795,23 @@ static void out_printf(struct outw *w, const char *fmt, ...) {
 }
 
 /* bridge copies the status FIFO into the events file, keeping the first
- * limit bytes (startStatusBridge). */
+ * limit bytes (startStatusBridge). The file is made with the first line:
+ * most jobs never write one. */
 struct bridge {
 	int fifo, events;
 	int64_t limit, n;
 };
+
+static int bridge_events(struct bridge *b) {
+	if (b->events < 0) {
+		b->events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (b->events < 0) {
+			logmsg("status channel: open the events file: %s", errtext(errno));
+			b->limit = 0; /* no file: what comes is dropped, not retried */
+		}
+	}
+	return b->events;
+}
 
 static void bridge_drain(struct bridge *b) {
 	char buf[65536];
@@ -773,7 +822,7 @@ static void bridge_drain(struct bridge *b) {
 		if (k <= 0)
 			return; /* EAGAIN: nothing more for now */
 		int64_t room = b->limit - b->n;
-		if (room > 0 && b->events >= 0) {
+		if (room > 0 && bridge_events(b) >= 0) {
 			size_t w = k < room ? (size_t)k : (size_t)room;
 			if (write_all(b->events, buf, w) == 0)
 				b->n += (int64_t)w;
@@ -982,14 +1031,33 @@ static int shim_main(size_t cmdline_len) {
 		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
 		return finish_failed(&w, err);
 	}
+	/* cgroup v1: init places itself (init_main), through the groups'
+	 * "tasks" files opened here; v2: the shim places it, below. */
+	int tasks[3], ntasks = 0;
+	if (p.cg_version == 1) {
+		for (int i = 0; i < 3; i++) {
+			const char *d = cg_dirs(&p, i);
+			if (d == NULL)
+				continue;
+			char path[4096];
+			snprintf(path, sizeof path, "%s/tasks", d);
+			if ((tasks[ntasks] = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+				snprintf(err, sizeof err, "place the sandbox in its cgroups: cgroup: open %s: %s", path, errtext(errno));
+				return finish_failed(&w, err);
+			}
+			ntasks++;
+		}
+	}
 	int pidfd = -1;
 	/* fork-like: no new stack, the child runs on a copy of this one. */
 	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
 						 CLONE_PIDFD | SIGCHLD,
 				   NULL, &pidfd, NULL, NULL);
 	if (pid == 0)
-		init_main(&p, syncp[0], statusp[1], outp[1], cmdline_len);
+		init_main(&p, syncp[0], statusp[1], outp[1], tasks, ntasks, cmdline_len);
 	int cerr = errno;
+	for (int i = 0; i < ntasks; i++)
+		close(tasks[i]);
 	close(syncp[0]);
 	close(statusp[1]);
 	close(outp[1]);
@@ -1000,26 +1068,24 @@ static int shim_main(size_t cmdline_len) {
 
 	struct bridge br = {-1, -1, p.max_events, 0};
 	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-	if (br.fifo >= 0) {
-		br.events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		if (br.events < 0)
-			logmsg("status channel: open the events file: %s", errtext(errno));
-	} else if (errno != ENOENT) {
+	if (br.fifo < 0 && errno != ENOENT) {
 		logmsg("status channel: open: %s", errtext(errno));
 	}
 
-	/* Release: maps, pid record, cgroups, then the go-ahead, unless Kill
-	 * came first (it writes its marker before it kills what is in the
-	 * cgroups: either it sees init there now, or init never goes). */
+	/* Release: maps, pid record, cgroups (v2; init places itself in v1
+	 * groups), then the go-ahead, unless Kill came first (it writes its
+	 * marker before it kills what is in the cgroups: either it sees init
+	 * there now, or init never goes; init checks again once placed). */
 	char relerr[4096] = "";
 	int killed_before_start = 0;
 	char num[32];
 	int nn = snprintf(num, sizeof num, "%d", (int)pid);
-	if (write_id_maps(pid, &p) < 0) {
+	int mapped = write_id_maps(pid, &p);
+	if (mapped < 0) {
 		snprintf(relerr, sizeof relerr, "map the sandbox's users: %s", errtext(errno));
-	} else if (write_file_atomic(FILE_INIT_PID, num, (size_t)nn) < 0) {
+	} else if (write_pid_file(FILE_INIT_PID, num, (size_t)nn) < 0) {
 		snprintf(relerr, sizeof relerr, "write %s: %s", FILE_INIT_PID, errtext(errno));
-	} else {
+	} else if (ntasks == 0) {
 		for (int i = 0; i < 3 && !relerr[0]; i++) {
 			const char *d = cg_dirs(&p, i);
 			char e2[3000];

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -68,6 +69,30 @@ func pivot(root string) error {
 		return fmt.Errorf("detach the old root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// unmountSandbox removes the mounts Create makes in the sandbox directory
+// dir, in the server's mount namespace: the workspace tmpfs and the
+// template's bind (which may carry mounts of its own: a lazy detach takes
+// them all). Mounts anyone else made there are left to removeSandboxDir,
+// which finds them.
+func unmountSandbox(dir string) error {
+	for _, d := range []string{dirWorkspace, dirTemplate} {
+		p := filepath.Join(dir, d)
+		for range 8 { // stacked mounts need one round each
+			err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
+			if errors.Is(err, unix.EBUSY) {
+				err = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+			}
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				break // not (or no longer) a mount point
+			}
+			if err != nil {
+				return fmt.Errorf("unmount %s: %w", p, err)
+			}
+		}
+	}
+	return nil
 }
 
 // mountsUnder lists the mount points at or below dir, deepest (and most

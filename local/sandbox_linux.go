@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // sbox is one sandbox directory. It holds no state of its own: everything
@@ -172,7 +174,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	return p, nil
 }
 
-// startShim starts the shim of the sandbox in dir and hands it the plan.
+// startShim starts the shim of the sandbox in dir with the plan.
 // The C helpers take sandboxes without network when this binary has them
 // (cgo); the Go ones take the others. A shim that fails later records why
 // in exit.json, which Wait reports.
@@ -182,11 +184,21 @@ func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	planR, planW, err := os.Pipe()
+	// The plan is complete before the shim starts: it reads it at once.
+	// A memfd holds it (and the job's environment) in memory only, for
+	// as long as a descriptor of it is open.
+	fd, err := unix.MemfdCreate("delegate-sandbox-plan", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("plan: %w", err)
 	}
-	defer planW.Close()
+	planFile := os.NewFile(uintptr(fd), "plan")
+	defer planFile.Close()
+	if _, err := planFile.Write(pl.marshal()); err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	if _, err := planFile.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
 	shim := &exec.Cmd{
 		Path:       b.selfExe,
 		Args:       []string{b.selfExe, shimCommand, dir},
@@ -194,20 +206,14 @@ func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
 		Dir:        dir,
 		Stdout:     logf, // never the server's stdout: that is the MCP channel
 		Stderr:     logf,
-		ExtraFiles: []*os.File{planR}, // planFD
+		ExtraFiles: []*os.File{planFile}, // planFD
 		// A session of its own: signals for the server's process group
 		// (Ctrl-C, a service stop) do not reach the job's supervisor.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	err = shim.Start()
-	planR.Close()
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox shim: %w", err)
-	}
-	// The shim reads the plan first thing; a shim that died before
-	// reading it records nothing, and Wait says so.
-	if _, err := planW.Write(pl.marshal()); err != nil {
-		b.log.Warn("write the sandbox plan", "sandbox", filepath.Base(dir), "err", err)
 	}
 	return shim, nil
 }

@@ -225,7 +225,8 @@ func supervise(log *slog.Logger) exitRecord {
 		return err == nil
 	}
 	release := func() error {
-		if err := writeFileAtomic(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		// One write: a reader sees no pid yet, or all of it.
+		if err := os.WriteFile(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
 			return err
 		}
 		if err := p.Cgroup.addProc(pid); err != nil {
