@@ -2,20 +2,44 @@ package local
 
 import "os"
 
-// Reexec runs a sandbox helper when this process was started as one
-// (os.Args[1] is one of the hidden helper subcommands) and then exits;
-// otherwise it returns false at once. Call it first thing in main, before
-// flags are parsed or anything is written to stdout, and in TestMain of
-// tests that use this package.
+// The helpers (see doc.go) are this binary re-executed. The C ones, when
+// built in, take over before the Go runtime starts; the Go ones are
+// dispatched here, in this package's initialisation, which Go runs after
+// that of the packages this one imports and before that of the many
+// packages of a program that do not come before it (the Go
+// specification orders initialisation by import path among packages whose
+// imports are done): the sqlite driver, the MCP SDK, the CLI and the rest
+// never initialise in a helper, which starts in about half the time and
+// memory (docs/BENCHMARKS.md).
+func init() {
+	if code, ok := dispatchHelper(); ok {
+		os.Exit(code)
+	}
+}
+
+// Reexec runs a sandbox helper when this process was started as one and
+// then exits; otherwise it returns false at once. The helpers are
+// dispatched when this package is initialised (see above), so by the
+// time main calls it there is nothing left to do; it stays for programs
+// that call it first thing in main, and for tests' TestMain.
 func Reexec() bool {
+	if code, ok := dispatchHelper(); ok {
+		os.Exit(code)
+	}
+	return false
+}
+
+// dispatchHelper runs the helper os.Args names (the hidden subcommands), if
+// any, and returns its exit status.
+func dispatchHelper() (int, bool) {
 	if len(os.Args) < 2 {
-		return false
+		return 0, false
 	}
 	switch os.Args[1] {
 	case shimCommand:
-		os.Exit(runShim(os.Args[2:]))
+		return runShim(os.Args[2:]), true
 	case initCommand:
-		os.Exit(runInit(os.Args[2:]))
+		return runInit(os.Args[2:]), true
 	}
-	return false
+	return 0, false
 }

@@ -27,7 +27,9 @@ const (
 // exit, twice per job. With c, the C helpers of this binary take the
 // shim's part (see helper_linux.c); without, the Go ones do.
 func helperEnv(c bool) []string {
-	env := []string{"GORACE=atexit_sleep_ms=0"}
+	// One P is all a Go helper needs (it copies output and waits), and
+	// set, it spares the runtime reading the cgroup limits at start.
+	env := []string{"GORACE=atexit_sleep_ms=0", "GOMAXPROCS=1"}
 	if c {
 		env = append(env, helperSelectEnv+"="+helperSelectC)
 	}
