@@ -491,8 +491,8 @@ func (b *Backend) ended(id, dir string) bool {
 // sandboxFiles and sandboxDirs are what a sandbox directory holds. Knowing
 // them, Destroy removes them one by one instead of walking the directory.
 var (
-	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileStatusFIFO, fileKilled,
-		fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
+	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileEventsLatest, fileStatusFIFO,
+		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
 	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate}
 )
 

@@ -67,6 +67,7 @@
 #define DEFAULT_JOB_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define FILE_OUTPUT "output"
 #define FILE_EVENTS "events"
+#define FILE_EVENTS_LATEST "events.latest"
 #define FILE_STATUS_FIFO "status"
 #define FILE_KILLED "killed"
 #define FILE_INIT_PID "init.pid"
@@ -272,7 +273,7 @@ struct op {
 };
 
 struct plan {
-	int64_t output_limit, max_events, deadline_ns;
+	int64_t output_limit, max_events, max_status_line, latest_every_ns, flood_pause_ns, deadline_ns;
 	uint32_t cg_version;
 	char *cg_memory, *cg_cpu, *cg_pids;
 	uint32_t host_id_base, id_range, job_id;
@@ -369,6 +370,9 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	memset(p, 0, sizeof *p);
 	p->output_limit = (int64_t)rd_u64(&r);
 	p->max_events = (int64_t)rd_u64(&r);
+	p->max_status_line = (int64_t)rd_u64(&r);
+	p->latest_every_ns = (int64_t)rd_u64(&r);
+	p->flood_pause_ns = (int64_t)rd_u64(&r);
 	p->deadline_ns = (int64_t)rd_u64(&r);
 	p->cg_version = rd_u32(&r);
 	p->cg_memory = rd_str(&r, NULL);
@@ -403,6 +407,10 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	}
 	if (p->args == NULL || p->args[0] == NULL || p->args[0][0] == 0) {
 		snprintf(err, errcap, "sandbox plan: no command");
+		return -1;
+	}
+	if (p->max_status_line <= 0 || p->max_status_line > (16 << 20) || p->max_events < 0) {
+		snprintf(err, errcap, "sandbox plan: status channel limits %lld/%lld", (long long)p->max_events, (long long)p->max_status_line);
 		return -1;
 	}
 	return 0;
@@ -794,26 +802,117 @@ static void out_printf(struct outw *w, const char *fmt, ...) {
 	out_write(w, buf, (size_t)n);
 }
 
-/* bridge copies the status FIFO into the events file, keeping the first
- * limit bytes (startStatusBridge). The file is made with the first line:
- * most jobs never write one. */
+/* bridge splits the status channel (a FIFO) into lines and keeps them,
+ * as the Go shim's statusBridge (status_linux.go) does: the events file
+ * keeps the first max_events bytes of whole lines; past that, only the
+ * latest line is kept, with how many lines came after the cap, in
+ * events.latest (rewritten at most every latest_every, and at the end),
+ * and the channel is read at a bounded pace (a flooding writer waits on
+ * the full pipe). A line longer than max_status_line is cut. The events
+ * file is made with the first line: most jobs never write one. */
 struct bridge {
 	int fifo, events;
-	int64_t limit, n;
+	int64_t limit, written;
+	char *partial, *latest; /* max_status_line (+1 for the newline) */
+	size_t plen, llen, maxline;
+	int cut, full, dirty;
+	int64_t count;
+	int64_t every_ns, pause_ns, last_latest, paused_until; /* CLOCK_MONOTONIC */
 };
+
+static int64_t mono_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int bridge_events(struct bridge *b) {
 	if (b->events < 0) {
 		b->events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		if (b->events < 0) {
 			logmsg("status channel: open the events file: %s", errtext(errno));
-			b->limit = 0; /* no file: what comes is dropped, not retried */
+			b->limit = 0; /* no file: lines go to the latest record */
 		}
 	}
 	return b->events;
 }
 
-static void bridge_drain(struct bridge *b) {
+static void br_add_partial(struct bridge *b, const char *p, size_t n) {
+	if (b->cut)
+		return;
+	size_t room = b->maxline - b->plen;
+	if (n > room) {
+		n = room;
+		b->cut = 1;
+	}
+	memcpy(b->partial + b->plen, p, n);
+	b->plen += n;
+}
+
+/* br_line ends the current line. */
+static void br_line(struct bridge *b) {
+	b->cut = 0;
+	if (!b->full && b->written + (int64_t)b->plen + 1 <= b->limit) {
+		b->partial[b->plen] = '\n';
+		if (bridge_events(b) >= 0 && write_all(b->events, b->partial, b->plen + 1) == 0)
+			b->written += (int64_t)b->plen + 1;
+	} else {
+		b->full = 1;
+		memcpy(b->latest, b->partial, b->plen);
+		b->llen = b->plen;
+		b->count++;
+		b->dirty = 1;
+	}
+	b->plen = 0;
+}
+
+static void br_feed(struct bridge *b, const char *p, size_t n) {
+	while (n > 0) {
+		const char *nl = memchr(p, '\n', n);
+		if (nl == NULL) {
+			br_add_partial(b, p, n);
+			return;
+		}
+		br_add_partial(b, p, (size_t)(nl - p));
+		n -= (size_t)(nl + 1 - p);
+		p = nl + 1;
+		br_line(b);
+		if (b->full && n > 0) {
+			/* Past the cap only the last line matters: count the others. */
+			const char *j = memrchr(p, '\n', n);
+			if (j != NULL) {
+				for (const char *q = p; q < j; q++)
+					b->count += *q == '\n';
+				const char *prev = memrchr(p, '\n', (size_t)(j - p));
+				const char *from = prev ? prev + 1 : p;
+				br_add_partial(b, from, (size_t)(j - from));
+				br_line(b);
+				n -= (size_t)(j + 1 - p);
+				p = j + 1;
+			}
+		}
+	}
+}
+
+/* br_write_latest publishes the latest line past the cap: its count, a
+ * newline, the line. */
+static void br_write_latest(struct bridge *b) {
+	char *data = malloc(b->llen + 32);
+	if (data != NULL) {
+		int k = snprintf(data, 32, "%lld\n", (long long)b->count);
+		memcpy(data + k, b->latest, b->llen);
+		if (write_file_atomic(FILE_EVENTS_LATEST, data, (size_t)k + b->llen) == 0)
+			b->dirty = 0;
+		else
+			logmsg("status channel: write %s: %s", FILE_EVENTS_LATEST, errtext(errno));
+		free(data);
+	}
+	b->last_latest = mono_ns();
+}
+
+/* br_read takes what the channel holds: all of it (drain: the job is
+ * gone), or one read. */
+static void br_read(struct bridge *b, int drain) {
 	char buf[65536];
 	for (;;) {
 		ssize_t k = read(b->fifo, buf, sizeof buf);
@@ -821,13 +920,30 @@ static void bridge_drain(struct bridge *b) {
 			continue;
 		if (k <= 0)
 			return; /* EAGAIN: nothing more for now */
-		int64_t room = b->limit - b->n;
-		if (room > 0 && bridge_events(b) >= 0) {
-			size_t w = k < room ? (size_t)k : (size_t)room;
-			if (write_all(b->events, buf, w) == 0)
-				b->n += (int64_t)w;
+		br_feed(b, buf, (size_t)k);
+		if (b->dirty && mono_ns() - b->last_latest >= b->every_ns)
+			br_write_latest(b);
+		if (!drain) {
+			if (b->full)
+				b->paused_until = mono_ns() + b->pause_ns;
+			return;
 		}
 	}
+}
+
+/* br_end keeps what the job wrote last without a newline, and the latest
+ * line. */
+static void br_end(struct bridge *b) {
+	if (b->plen > 0) {
+		if (!b->full && b->written + (int64_t)b->plen <= b->limit) {
+			if (bridge_events(b) >= 0 && write_all(b->events, b->partial, b->plen) == 0)
+				b->written += (int64_t)b->plen; /* as the job left it */
+		} else {
+			br_line(b);
+		}
+	}
+	if (b->dirty)
+		br_write_latest(b);
 }
 
 static const char *cg_dirs(const struct plan *p, int i) {
@@ -1066,10 +1182,21 @@ static int shim_main(size_t cmdline_len) {
 		return finish_failed(&w, err);
 	}
 
-	struct bridge br = {-1, -1, p.max_events, 0};
+	struct bridge br;
+	memset(&br, 0, sizeof br);
+	br.events = -1;
+	br.limit = p.max_events;
+	br.maxline = (size_t)p.max_status_line;
+	br.every_ns = p.latest_every_ns;
+	br.pause_ns = p.flood_pause_ns;
+	br.last_latest = INT64_MIN / 2; /* the first latest line is due at once */
 	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-	if (br.fifo < 0 && errno != ENOENT) {
+	if (br.fifo < 0 && errno != ENOENT)
 		logmsg("status channel: open: %s", errtext(errno));
+	if (br.fifo >= 0 && ((br.partial = malloc(br.maxline + 1)) == NULL || (br.latest = malloc(br.maxline)) == NULL)) {
+		logmsg("status channel: %s", errtext(errno));
+		close(br.fifo);
+		br.fifo = -1;
 	}
 
 	/* Release: maps, pid record, cgroups (v2; init places itself in v1
@@ -1107,7 +1234,7 @@ static int shim_main(size_t cmdline_len) {
 	struct pollfd fds[3] = {{outp[0], POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
 	char buf[65536];
 	for (;;) {
-		int timeout = -1;
+		int64_t wait_ns = -1; /* -1: no time limit */
 		if (p.deadline_ns != 0 && !deadline_hit && !relerr[0] && !killed_before_start) {
 			int64_t left = p.deadline_ns - now_ns();
 			if (left <= 0) {
@@ -1120,8 +1247,25 @@ static int shim_main(size_t cmdline_len) {
 				cg_kill(&p);
 				continue;
 			}
-			timeout = left / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left / 1000000 + 1);
+			wait_ns = left;
 		}
+		if (br.fifo >= 0) {
+			int64_t t = mono_ns();
+			if (br.dirty) {
+				int64_t due = br.last_latest + br.every_ns - t;
+				if (due <= 0) {
+					br_write_latest(&br);
+					continue;
+				}
+				wait_ns = wait_ns < 0 || due < wait_ns ? due : wait_ns;
+			}
+			/* Past the cap the channel is read at a bounded pace. */
+			int paused = br.paused_until > t;
+			fds[1].fd = paused ? -1 : br.fifo;
+			if (paused)
+				wait_ns = wait_ns < 0 || br.paused_until - t < wait_ns ? br.paused_until - t : wait_ns;
+		}
+		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
 		int k = poll(fds, 3, timeout);
 		if (k < 0) {
 			if (errno == EINTR)
@@ -1136,8 +1280,8 @@ static int shim_main(size_t cmdline_len) {
 			else if (r == 0 || errno != EINTR)
 				fds[0].fd = -1; /* the job closed its output; it may still run */
 		}
-		if (fds[1].revents)
-			bridge_drain(&br);
+		if (fds[1].fd >= 0 && fds[1].revents)
+			br_read(&br, 0);
 		if (fds[2].revents)
 			break;
 	}
@@ -1158,11 +1302,14 @@ static int shim_main(size_t cmdline_len) {
 	}
 	close(outp[0]);
 	if (br.fifo >= 0) {
-		bridge_drain(&br);
+		br_read(&br, 1);
+		br_end(&br);
 		close(br.fifo);
 	}
 	if (br.events >= 0)
 		close(br.events);
+	free(br.partial);
+	free(br.latest);
 
 	struct rec r;
 	memset(&r, 0, sizeof r);
@@ -1289,10 +1436,10 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s plan_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s plan_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
-		 FILE_EVENTS, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
+		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
 		 OP_SECCOMP, OP_RESOLV_CONF);
 	return buf;

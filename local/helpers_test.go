@@ -75,6 +75,19 @@ func TestHelpers(t *testing.T) {
 					t.Errorf("exit %+v, output %q, events %q", exit, out, ev)
 				}
 			})
+			t.Run("status flood keeps the latest line", func(t *testing.T) {
+				p := start(t, create(t, b, defaultSpec()), "/bin/sh", "-c",
+					`yes flood | head -n 200000 > `+StatusFile+`; printf 'the end\nno newline' > `+StatusFile)
+				if exit, _ := finish(t, p); exit.Code != 0 {
+					t.Fatalf("exit %+v", exit)
+				}
+				ev, _ := p.ReadEvents(context.Background(), 0, 2<<20)
+				kept := maxEventsBytes / len("flood\n")
+				line, count, err := p.(sandbox.LatestEvent).LatestEvent(context.Background())
+				if len(ev) != kept*len("flood\n") || line != "no newline" || count != int64(200000-kept+2) || err != nil {
+					t.Errorf("events %d bytes (want %d), latest %q after %d lines (want %d), %v", len(ev), kept*len("flood\n"), line, count, 200000-kept+2, err)
+				}
+			})
 			t.Run("deadline", func(t *testing.T) {
 				sb := create(t, b, defaultSpec())
 				p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 1000 & sleep 1000"}, Env: testEnv,

@@ -78,18 +78,24 @@ type op struct {
 // the sandbox directory, the helpers' working directory.
 type plan struct {
 	OutputLimit int64
-	MaxEvents   int64 // bytes of status lines kept
-	Deadline    int64 // Unix nanoseconds; 0: none
-	Cgroup      cgroupSet
-	HostIDBase  uint32
-	IDRange     uint32
-	JobID       uint32
-	Args        []string
-	Env         []string
-	Dir         string
-	Seccomp     []byte // struct sock_filter[], as the kernel takes them
-	Ops         []op
-	Net         netTool // Name "": no network helper
+	// The status channel (statusBridge): bytes of whole lines kept in the
+	// events file, longest line, how often the latest line past that is
+	// written, and the pause between reads past it.
+	MaxEvents     int64
+	MaxStatusLine int64
+	LatestEvery   int64 // nanoseconds
+	FloodPause    int64 // nanoseconds
+	Deadline      int64 // Unix nanoseconds; 0: none
+	Cgroup        cgroupSet
+	HostIDBase    uint32
+	IDRange       uint32
+	JobID         uint32
+	Args          []string
+	Env           []string
+	Dir           string
+	Seccomp       []byte // struct sock_filter[], as the kernel takes them
+	Ops           []op
+	Net           netTool // Name "": no network helper
 }
 
 func (p *plan) marshal() []byte {
@@ -98,6 +104,9 @@ func (p *plan) marshal() []byte {
 	w.u32(planVersion)
 	w.u64(uint64(p.OutputLimit))
 	w.u64(uint64(p.MaxEvents))
+	w.u64(uint64(p.MaxStatusLine))
+	w.u64(uint64(p.LatestEvery))
+	w.u64(uint64(p.FloodPause))
 	w.u64(uint64(p.Deadline))
 	w.u32(uint32(p.Cgroup.Version))
 	w.str(p.Cgroup.Memory)
@@ -132,6 +141,9 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p := &plan{}
 	p.OutputLimit = int64(r.u64())
 	p.MaxEvents = int64(r.u64())
+	p.MaxStatusLine = int64(r.u64())
+	p.LatestEvery = int64(r.u64())
+	p.FloodPause = int64(r.u64())
 	p.Deadline = int64(r.u64())
 	p.Cgroup.Version = int(r.u32())
 	p.Cgroup.Memory = r.str()

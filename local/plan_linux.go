@@ -30,17 +30,20 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 		return nil, err
 	}
 	p := &plan{
-		OutputLimit: rec.OutputLimit,
-		MaxEvents:   maxEventsBytes,
-		Cgroup:      st.Cgroup,
-		HostIDBase:  hostIDBase,
-		IDRange:     idRange,
-		JobID:       jobID,
-		Args:        rec.Args,
-		Env:         env,
-		Dir:         rec.Dir,
-		Seccomp:     b.seccomp,
-		Ops:         ops,
+		OutputLimit:   rec.OutputLimit,
+		MaxEvents:     maxEventsBytes,
+		MaxStatusLine: maxStatusLine,
+		LatestEvery:   int64(latestEvery),
+		FloodPause:    int64(floodPause),
+		Cgroup:        st.Cgroup,
+		HostIDBase:    hostIDBase,
+		IDRange:       idRange,
+		JobID:         jobID,
+		Args:          rec.Args,
+		Env:           env,
+		Dir:           rec.Dir,
+		Seccomp:       b.seccomp,
+		Ops:           ops,
 	}
 	if !rec.Deadline.IsZero() {
 		p.Deadline = rec.Deadline.UnixNano()
