@@ -3,7 +3,6 @@
 package local
 
 /*
-#cgo CFLAGS: -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation
 #include <stdlib.h>
 const char *dsh_constants(void);
 const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv);

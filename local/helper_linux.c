@@ -828,7 +828,7 @@ static int64_t mono_ns(void) {
 
 static int bridge_events(struct bridge *b) {
 	if (b->events < 0) {
-		b->events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		b->events = open(FILE_EVENTS, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
 		if (b->events < 0) {
 			logmsg("status channel: open the events file: %s", errtext(errno));
 			b->limit = 0; /* no file: lines go to the latest record */
@@ -1128,7 +1128,7 @@ static int shim_main(size_t cmdline_len) {
 		snprintf(err, sizeof err, "no plan: the server went away before it sent one");
 	else if (parse_plan(data, len, &p, err, sizeof err) == 0 && p.output_limit > 0)
 		w.limit = p.output_limit;
-	w.fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	w.fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (w.fd < 0)
 		logmsg("open output file: %s", errtext(errno));
 	if (err[0])
@@ -1190,7 +1190,7 @@ static int shim_main(size_t cmdline_len) {
 	br.every_ns = p.latest_every_ns;
 	br.pause_ns = p.flood_pause_ns;
 	br.last_latest = INT64_MIN / 2; /* the first latest line is due at once */
-	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 	if (br.fifo < 0 && errno != ENOENT)
 		logmsg("status channel: open: %s", errtext(errno));
 	if (br.fifo >= 0 && ((br.partial = malloc(br.maxline + 1)) == NULL || (br.latest = malloc(br.maxline)) == NULL)) {
@@ -1240,7 +1240,7 @@ static int shim_main(size_t cmdline_len) {
 			if (left <= 0) {
 				/* The backstop for a job that no server watches. */
 				deadline_hit = 1;
-				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 				if (fd >= 0)
 					close(fd);
 				kill(pid, SIGKILL);
@@ -1268,10 +1268,11 @@ static int shim_main(size_t cmdline_len) {
 		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
 		int k = poll(fds, 3, timeout);
 		if (k < 0) {
-			if (errno == EINTR)
-				continue;
-			logmsg("poll: %s", errtext(errno));
-			break;
+			if (errno != EINTR) {
+				logmsg("poll: %s", errtext(errno));
+				usleep(10000); /* ENOMEM passes; giving up would block the job */
+			}
+			continue;
 		}
 		if (fds[0].revents) {
 			ssize_t r = read(outp[0], buf, sizeof buf);
