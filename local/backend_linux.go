@@ -52,6 +52,8 @@ type Backend struct {
 	// removing counts the sandbox directories being deleted in the
 	// background (discard).
 	removing sync.WaitGroup
+	// netns has network namespaces ready for the C helpers.
+	netns *netnsPool
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -95,7 +97,7 @@ func New(cfg Config) (*Backend, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
-		defaultTemplate: cfg.DefaultTemplate}
+		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log)}
 	if cfg.RootfsDir != "" {
 		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
 			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)

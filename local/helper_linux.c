@@ -73,6 +73,7 @@
 #define FILE_INIT_PID "init.pid"
 #define FILE_EXIT "exit.json"
 #define PLAN_FD 3
+#define NETNS_FD 4
 
 enum {
 	OP_MOUNT = 1,
@@ -284,6 +285,7 @@ struct plan {
 	uint32_t nops;
 	struct op *ops;
 	char *net_name, *net_path;
+	uint32_t netns; /* join the network namespace on NETNS_FD */
 };
 
 struct rd {
@@ -399,6 +401,7 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	}
 	p->net_name = rd_str(&r, NULL);
 	p->net_path = rd_str(&r, NULL);
+	p->netns = rd_u32(&r);
 	if (!r.err && r.p != r.end)
 		r.err = 1;
 	if (r.err) {
@@ -1164,9 +1167,20 @@ static int shim_main(size_t cmdline_len) {
 			ntasks++;
 		}
 	}
+	/* A network namespace made ahead of need by the server (loopback up),
+	 * or a new one. The shim itself does no networking. */
+	unsigned long newnet = CLONE_NEWNET;
+	if (p.netns) {
+		if (setns(NETNS_FD, CLONE_NEWNET) < 0) {
+			snprintf(err, sizeof err, "join the sandbox's network namespace: %s", errtext(errno));
+			return finish_failed(&w, err);
+		}
+		close(NETNS_FD);
+		newnet = 0;
+	}
 	int pidfd = -1;
 	/* fork-like: no new stack, the child runs on a copy of this one. */
-	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | newnet | CLONE_NEWIPC | CLONE_NEWUTS |
 						 CLONE_PIDFD | SIGCHLD,
 				   NULL, &pidfd, NULL, NULL);
 	if (pid == 0)
@@ -1437,10 +1451,10 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s plan_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
-		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
+		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
 		 OP_SECCOMP, OP_RESOLV_CONF);
 	return buf;

@@ -96,6 +96,9 @@ type plan struct {
 	Seccomp       []byte // struct sock_filter[], as the kernel takes them
 	Ops           []op
 	Net           netTool // Name "": no network helper
+	// Netns: the shim joins the network namespace on its descriptor
+	// netnsFD (a C shim; its loopback is up) instead of making one.
+	Netns bool
 }
 
 func (p *plan) marshal() []byte {
@@ -130,6 +133,11 @@ func (p *plan) marshal() []byte {
 	}
 	w.str(p.Net.Name)
 	w.str(p.Net.Path)
+	var netns uint32
+	if p.Netns {
+		netns = 1
+	}
+	w.u32(netns)
 	return w.b
 }
 
@@ -166,6 +174,7 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	}
 	p.Net.Name = r.str()
 	p.Net.Path = r.str()
+	p.Netns = r.u32() != 0
 	if r.err == nil && len(r.b) != 0 {
 		r.err = fmt.Errorf("%d bytes too many", len(r.b))
 	}

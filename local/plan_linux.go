@@ -23,9 +23,10 @@ var devLinks = [...]struct{ name, target string }{
 }
 
 // buildPlan is the plan of the command rec (with its environment env) in
-// the sandbox whose directory is dir and whose state is st.
-func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []string) (*plan, error) {
-	ops, err := rootOps(dir, st)
+// the sandbox whose directory is dir and whose state is st. With netns,
+// the shim will join a ready network namespace (its loopback up).
+func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []string, netns bool) (*plan, error) {
+	ops, err := rootOps(dir, st, !netns)
 	if err != nil {
 		return nil, err
 	}
@@ -44,6 +45,7 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 		Dir:           rec.Dir,
 		Seccomp:       b.seccomp,
 		Ops:           ops,
+		Netns:         netns,
 	}
 	if !rec.Deadline.IsZero() {
 		p.Deadline = rec.Deadline.UnixNano()
@@ -56,10 +58,11 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 
 // rootOps are init's steps: the job's root filesystem under dirRootfs,
 // built from the host's hostViewDirs or from the template, made the root,
-// then the restrictions that also bind init itself. Entries of the host
-// or the template are looked at now, by the server, which sees what init
-// will see before its pivot.
-func rootOps(dir string, st sandboxState) ([]op, error) {
+// then the restrictions that also bind init itself (and loopback up in a
+// network namespace init makes). Entries of the host or the template are
+// looked at now, by the server, which sees what init will see before its
+// pivot.
+func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -170,7 +173,9 @@ func rootOps(dir string, st sandboxState) ([]op, error) {
 	add(opHostname, 0, "set hostname", "sandbox")
 	// Jobs often talk to themselves over 127.0.0.1 (test servers, language
 	// servers); this loopback is the sandbox's own.
-	add(opLoopback, 0, "loopback")
+	if loopback {
+		add(opLoopback, 0, "loopback")
+	}
 	// No core dumps: a core_pattern pipe helper would run on the host.
 	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
 	add(opDropBounding, 0, "drop the capability bounding set")

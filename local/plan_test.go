@@ -17,7 +17,8 @@ func testPlan() *plan {
 			{code: opMount, n: 7, label: "mount /proc", s: [4]string{"proc", "rootfs/proc", "proc", ""}},
 			{code: opSeccomp, label: "seccomp"},
 		},
-		Net: netTool{Name: "pasta", Path: "/usr/bin/pasta"},
+		Net:   netTool{Name: "pasta", Path: "/usr/bin/pasta"},
+		Netns: true,
 	}
 }
 
@@ -47,7 +48,7 @@ func TestPlanRejects(t *testing.T) {
 	other := testPlan().marshal()
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
-	copy(huge[len(huge)-3*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings
+	copy(huge[len(huge)-4*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings and Netns
 	tests := []struct {
 		name string
 		data []byte

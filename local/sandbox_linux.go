@@ -133,7 +133,18 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	pl, err := s.b.buildPlan(s.dir, st, rec, env)
+	// The C helpers take sandboxes without network when this binary has
+	// them; the Go ones the others (only the Go shim starts a network
+	// helper), and all of them when the tests ask.
+	c := haveCHelper && st.Network == nil && !s.b.goHelpers
+	var netns *os.File
+	if c {
+		netns = s.b.netns.take()
+		if netns != nil {
+			defer netns.Close() // the shim has its own once started
+		}
+	}
+	pl, err := s.b.buildPlan(s.dir, st, rec, env, netns != nil)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
@@ -154,7 +165,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 		os.Remove(s.path(fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	shim, err := s.b.startShim(s.dir, pl)
+	shim, err := s.b.startShim(s.dir, pl, c, netns)
 	if err != nil {
 		os.Remove(s.path(fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
@@ -174,11 +185,11 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	return p, nil
 }
 
-// startShim starts the shim of the sandbox in dir with the plan.
-// The C helpers take sandboxes without network when this binary has them
-// (cgo); the Go ones take the others. A shim that fails later records why
-// in exit.json, which Wait reports.
-func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
+// startShim starts the shim of the sandbox in dir with the plan, the C
+// one with c, and with netns (when the plan says so) the network
+// namespace to join. A shim that fails later records why in exit.json,
+// which Wait reports.
+func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec.Cmd, error) {
 	logf, err := os.OpenFile(filepath.Join(dir, fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -202,7 +213,7 @@ func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
 	shim := &exec.Cmd{
 		Path:       b.selfExe,
 		Args:       []string{b.selfExe, shimCommand, dir},
-		Env:        helperEnv(b.useCHelper(pl)),
+		Env:        helperEnv(c),
 		Dir:        dir,
 		Stdout:     logf, // never the server's stdout: that is the MCP channel
 		Stderr:     logf,
@@ -211,18 +222,14 @@ func (b *Backend) startShim(dir string, pl *plan) (*exec.Cmd, error) {
 		// (Ctrl-C, a service stop) do not reach the job's supervisor.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if pl.Netns {
+		shim.ExtraFiles = append(shim.ExtraFiles, netns) // netnsFD
+	}
 	err = shim.Start()
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox shim: %w", err)
 	}
 	return shim, nil
-}
-
-// useCHelper: the C helpers run a plan when this binary has them, the
-// plan needs no network helper (only the Go shim starts one), and the
-// tests do not ask for the Go ones.
-func (b *Backend) useCHelper(pl *plan) bool {
-	return haveCHelper && pl.Net.Name == "" && !b.goHelpers
 }
 
 // Process implements sandbox.Sandbox.

@@ -22,8 +22,12 @@ import (
 const initCloneFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 	syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
 
-// planFD is the shim's descriptor of the plan (see plan.go).
-const planFD = 3
+// The shim's descriptors: the plan (plan.go) and, for a C shim whose
+// plan says Netns, the network namespace to join.
+const (
+	planFD  = 3
+	netnsFD = 4
+)
 
 // errKilledBeforeStart: Kill came before the job was released.
 var errKilledBeforeStart = errors.New("killed before start")
@@ -172,6 +176,9 @@ func supervise(log *slog.Logger) exitRecord {
 		fmt.Fprintf(w, "%s%v\n", setupPrefix, err)
 		log.Error("sandbox setup failed", "err", err)
 		return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}
+	}
+	if loadErr == nil && p.Netns {
+		loadErr = errors.New("the Go helpers join no network namespace made ahead (the server gives such plans to the C ones)")
 	}
 	if loadErr != nil {
 		return fail(loadErr)

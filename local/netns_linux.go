@@ -1,0 +1,114 @@
+//go:build linux
+
+package local
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// netnsPool makes empty network namespaces, loopback up, ahead of need:
+// making one is the costliest step of a sandbox's start (about half a
+// millisecond, and bringing up its loopback another tenth), so a C shim
+// joins a ready one instead (plan.Netns) when there is one, and makes its
+// own when there is none. The namespaces belong to the host's user
+// namespace, not the sandbox's: nothing in the sandbox can reconfigure
+// them (not even its init, which never needs to). The sandboxes with
+// network, which the Go helpers start, make their own.
+type netnsPool struct {
+	log   *slog.Logger
+	idle  time.Duration // the maker stops after this long unused
+	ready chan *os.File
+
+	mu      sync.Mutex
+	running bool
+}
+
+const (
+	netnsPoolSize = 2
+	netnsPoolIdle = 10 * time.Second
+)
+
+func newNetnsPool(log *slog.Logger) *netnsPool {
+	return &netnsPool{log: log, idle: netnsPoolIdle, ready: make(chan *os.File, netnsPoolSize)}
+}
+
+// take returns a ready namespace, which the caller closes once the shim
+// has it, or nil; either way it has the maker running.
+func (p *netnsPool) take() *os.File {
+	var f *os.File
+	select {
+	case f = <-p.ready:
+	default:
+	}
+	p.start()
+	return f
+}
+
+func (p *netnsPool) start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		p.running = true
+		go p.make()
+	}
+}
+
+// make fills the pool, and stops (closing what nobody took) once it has
+// been full for p.idle.
+func (p *netnsPool) make() {
+	// The namespaces are made one after the other as this thread's own,
+	// so it is not given back to the Go scheduler (no UnlockOSThread):
+	// it ends with this goroutine.
+	runtime.LockOSThread()
+	defer func() {
+		p.mu.Lock()
+		p.running = false
+		p.mu.Unlock()
+	}()
+	idle := time.NewTimer(p.idle)
+	defer idle.Stop()
+	for {
+		f, err := newNetns()
+		if err != nil {
+			p.log.Warn("make a network namespace ahead of need", "err", err)
+			return
+		}
+		idle.Reset(p.idle)
+		select {
+		case p.ready <- f:
+		case <-idle.C:
+			f.Close()
+			for {
+				select {
+				case f := <-p.ready:
+					f.Close()
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// newNetns moves the calling thread (locked) into a new network
+// namespace, brings its loopback up, and returns a descriptor of it.
+func newNetns() (*os.File, error) {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return nil, fmt.Errorf("unshare: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return nil, fmt.Errorf("loopback: %w", err)
+	}
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "netns"), nil
+}

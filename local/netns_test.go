@@ -1,0 +1,122 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestNetnsPool: the namespaces made ahead are new ones, each its own,
+// loopback up and nothing else; the maker stops, and lets go of what it
+// made, once nobody takes any.
+func TestNetnsPool(t *testing.T) {
+	canRun(t)
+	p := newNetnsPool(slog.New(slog.DiscardHandler))
+	p.idle = 200 * time.Millisecond
+	var got []*os.File
+	for len(got) < 2 {
+		if f := p.take(); f != nil {
+			got = append(got, f)
+		} else {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	host, _ := os.Readlink("/proc/self/ns/net")
+	a, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", got[0].Fd()))
+	b, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", got[1].Fd()))
+	if !strings.HasPrefix(a, "net:[") || a == host || b == host || a == b {
+		t.Errorf("namespaces %s and %s, the host's %s: want two new ones", a, b, host)
+	}
+	for _, f := range got {
+		if ifaces, err := inNetns(f, probeLoopback); err != nil || ifaces != "lo up 127.0.0.1" {
+			t.Errorf("in a namespace made ahead: %q, %v; want only loopback, up", ifaces, err)
+		}
+		f.Close()
+	}
+	if !waitFor(5*time.Second, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.running && len(p.ready) == 0
+	}) {
+		t.Error("the maker did not stop, or kept namespaces, once unused")
+	}
+}
+
+// inNetns runs fn on a thread moved into the network namespace f; the
+// thread ends with it.
+func inNetns(f *os.File, fn func() (string, error)) (string, error) {
+	type result struct {
+		s   string
+		err error
+	}
+	ch := make(chan result)
+	go func() {
+		runtime.LockOSThread() // never unlocked: this thread's namespace is not the process's
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{"", err}
+			return
+		}
+		s, err := fn()
+		ch <- result{s, err}
+	}()
+	r := <-ch
+	return r.s, r.err
+}
+
+// probeLoopback describes the interfaces: "lo up 127.0.0.1" for a fresh
+// sandbox namespace.
+func probeLoopback() (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, i := range ifs {
+		state := "down"
+		if i.Flags&net.FlagUp != 0 {
+			state = "up"
+		}
+		addrs, _ := i.Addrs()
+		var as []string
+		for _, a := range addrs {
+			if ip, _, err := net.ParseCIDR(a.String()); err == nil && ip.To4() != nil {
+				as = append(as, ip.String())
+			}
+		}
+		out = append(out, strings.Join(append([]string{i.Name, state}, as...), " "))
+	}
+	return strings.Join(out, "; "), nil
+}
+
+// TestSandboxNetnsIsItsOwn: sandboxes running at once (their namespaces
+// from the pool or not) each have a network namespace of their own.
+func TestSandboxNetnsIsItsOwn(t *testing.T) {
+	b := newBackend(t, 0)
+	host, _ := os.Readlink("/proc/self/ns/net")
+	seen := map[string]bool{host: true}
+	for i := range 4 {
+		sb := create(t, b, defaultSpec())
+		p := start(t, sb, "/bin/sh", "-c", "readlink /proc/self/ns/net; sleep 60")
+		var out []byte
+		waitFor(10*time.Second, func() bool {
+			out, _ = p.ReadOutput(context.Background(), 0, 100)
+			return strings.HasSuffix(string(out), "\n")
+		})
+		ns := strings.TrimSpace(string(out))
+		if !strings.HasPrefix(ns, "net:[") || seen[ns] {
+			t.Errorf("sandbox %d: network namespace %q, seen before (the host's is %s): %v", i, ns, host, seen)
+		}
+		seen[ns] = true
+		defer p.Kill(context.Background())
+	}
+}
