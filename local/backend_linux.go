@@ -142,7 +142,8 @@ func New(cfg Config) (*Backend, error) {
 }
 
 // Check reports why this host cannot run the backend, or nil. It runs a
-// probe sandbox (SelfExe must call Reexec) and prepares the parent cgroups
+// probe sandbox (SelfExe must be a program that links this package) and
+// prepares the parent cgroups
 // of sandboxes, so it has the same side effects as New.
 func (b *Backend) Check() error {
 	_, err := b.check()
@@ -175,8 +176,8 @@ func (b *Backend) check() (cgroupLayout, error) {
 	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
 		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", b.selfExe)
 	}
-	// Prove that SelfExe re-executes into the helpers (main calls Reexec;
-	// the C ones, when built in) and that the kernel lets us create the
+	// Prove that SelfExe re-executes into the helpers (the Go ones and,
+	// when built in, the C ones) and that the kernel lets us create the
 	// namespaces, now rather than at the first job.
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
@@ -195,7 +196,7 @@ func (b *Backend) check() (cgroupLayout, error) {
 			if c {
 				which = "C"
 			}
-			return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe (%s helpers) failed (does main call local.Reexec first? can this kernel create user namespaces?): %v: %s",
+			return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe (%s helpers) failed (is SelfExe a program that links the local package? can this kernel create user namespaces?): %v: %s",
 				which, err, strings.TrimSpace(stderr.String()+string(out)))
 		}
 	}

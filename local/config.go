@@ -8,7 +8,8 @@ type Config struct {
 	// created with mode 0700 if missing.
 	Dir string
 	// SelfExe is the binary re-executed for the helper processes (shim and
-	// init); its main must call Reexec first. Default: os.Executable().
+	// init): any program that links this package, whose helpers run
+	// before its main (see Reexec). Default: os.Executable().
 	SelfExe string
 	// RootfsDir holds the root filesystems a job may name in vmTemplate
 	// (Spec.Template): each is a directory RootfsDir/NAME, owned by root

@@ -68,5 +68,6 @@
 // The shared kernel makes this weaker than a virtual machine; keep the
 // Proxmox backend for hostile code.
 //
-// Programs that use this package must call Reexec first thing in main.
+// The helpers run before main of any program that links this package
+// (see Reexec), so such a program is its own SelfExe.
 package local

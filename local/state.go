@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Hidden subcommands of SelfExe (see Reexec).
+// Hidden subcommands of SelfExe (see Reexec and helper_linux.c).
 const (
 	shimCommand = "__sandbox-shim"
 	initCommand = "__sandbox-init"
