@@ -28,6 +28,7 @@ type netnsPool struct {
 
 	mu      sync.Mutex
 	running bool
+	failed  bool // making one failed: sandboxes make their own from then on
 }
 
 const (
@@ -54,7 +55,7 @@ func (p *netnsPool) take() *os.File {
 func (p *netnsPool) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.running {
+	if !p.running && !p.failed {
 		p.running = true
 		go p.make()
 	}
@@ -77,7 +78,10 @@ func (p *netnsPool) make() {
 	for {
 		f, err := newNetns()
 		if err != nil {
-			p.log.Warn("make a network namespace ahead of need", "err", err)
+			p.log.Warn("cannot make network namespaces ahead of need; each sandbox makes its own", "err", err)
+			p.mu.Lock()
+			p.failed = true
+			p.mu.Unlock()
 			return
 		}
 		idle.Reset(p.idle)
