@@ -49,9 +49,6 @@ type Backend struct {
 	// goHelpers makes every sandbox use the Go helpers, also where the C
 	// ones would do (tests run both).
 	goHelpers bool
-	// removing counts the sandbox directories being deleted in the
-	// background (discard).
-	removing sync.WaitGroup
 	// netns has network namespaces ready for the C helpers.
 	netns *netnsPool
 }
@@ -136,7 +133,6 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: RootfsDir %s %s", b.rootfsDir, reason)
 		}
 	}
-	b.emptyTrash()
 	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self)
 	return b, nil
 }
@@ -463,7 +459,7 @@ func (b *Backend) destroy(id string) error {
 	// exists, List shows the sandbox and a later Destroy can finish the job
 	// (and removing files through a mount would empty it, not free it).
 	if len(errs) == 0 {
-		if err := b.discard(id, dir); err != nil {
+		if err := removeSandboxDir(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -493,60 +489,6 @@ func (b *Backend) ended(id, dir string) bool {
 	}
 	_, alive := shimAlive(dir)
 	return !alive
-}
-
-// trashDir, in Config.Dir, holds the directories of destroyed sandboxes
-// while they are deleted in the background: a rename is one step, a
-// dozen files are a dozen, on the way to the next sandbox. List does not
-// take it for a sandbox.
-const trashDir = ".trash"
-
-// discard moves the directory of a destroyed sandbox (its mounts and
-// processes gone) to the trash and deletes it in the background; when it
-// cannot be moved, it deletes it now.
-func (b *Backend) discard(id, dir string) error {
-	trash := filepath.Join(b.dir, trashDir)
-	to := filepath.Join(trash, id)
-	err := os.Rename(dir, to)
-	if errors.Is(err, os.ErrNotExist) {
-		if _, serr := os.Lstat(dir); errors.Is(serr, os.ErrNotExist) {
-			return nil // another Destroy was first
-		}
-		if err := os.Mkdir(trash, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return removeSandboxDir(dir)
-		}
-		err = os.Rename(dir, to)
-	}
-	if err != nil {
-		return removeSandboxDir(dir)
-	}
-	b.removing.Add(1)
-	go func() {
-		defer b.removing.Done()
-		if err := removeSandboxDir(to); err != nil {
-			b.log.Warn("remove the directory of a destroyed sandbox", "sandbox", id, "err", err)
-		}
-	}()
-	return nil
-}
-
-// emptyTrash removes what a server that stopped left in the trash.
-func (b *Backend) emptyTrash() {
-	trash := filepath.Join(b.dir, trashDir)
-	ents, err := os.ReadDir(trash)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		b.removing.Add(1)
-		go func() {
-			defer b.removing.Done()
-			// Another server may be removing it too: only the first says.
-			if err := removeSandboxDir(filepath.Join(trash, e.Name())); err != nil {
-				b.log.Debug("empty the trash", "entry", e.Name(), "err", err)
-			}
-		}()
-	}
 }
 
 // sandboxFiles and sandboxDirs are what a sandbox directory holds. Knowing

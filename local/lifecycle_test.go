@@ -210,10 +210,6 @@ func assertNoTrace(t *testing.T, b *Backend, id string, st sandboxState) {
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("sandbox directory left (%v)", err)
 	}
-	b.removing.Wait()
-	if _, err := os.Lstat(filepath.Join(b.dir, trashDir, id)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("sandbox directory left in the trash (%v)", err)
-	}
 	ids, err := b.List(context.Background())
 	if err != nil || listed(ids, id) {
 		t.Errorf("List = %v, %v; still has %s", ids, err, id)
@@ -290,12 +286,8 @@ func TestCreateRollback(t *testing.T) {
 	if ids, _ := b.List(ctx); len(ids) != 0 {
 		t.Errorf("List after a failed Create = %v", ids)
 	}
-	b.removing.Wait()
-	if ents, _ := os.ReadDir(b.dir); len(ents) > 1 || len(ents) == 1 && ents[0].Name() != trashDir {
+	if ents, _ := os.ReadDir(b.dir); len(ents) != 0 {
 		t.Errorf("left in the state directory: %v", ents)
-	}
-	if ents, _ := os.ReadDir(filepath.Join(b.dir, trashDir)); len(ents) != 0 {
-		t.Errorf("left in the trash: %v", ents)
 	}
 	for _, parent := range []string{good.Memory, good.CPU} {
 		if _, err := os.Stat(filepath.Join(parent, id)); !errors.Is(err, os.ErrNotExist) {
@@ -577,33 +569,5 @@ func TestDeadline(t *testing.T) {
 	}
 	if exit, _ := finish(t, p); exit.DeadlineExceeded || exit.Killed || exit.Code != 0 {
 		t.Fatalf("in-time job: %+v", exit)
-	}
-}
-
-// TestTrashEmptiedAtStart: what a server that stopped left in the trash
-// (a destroyed sandbox's directory, being deleted) goes when the next
-// backend starts on the directory.
-func TestTrashEmptiedAtStart(t *testing.T) {
-	canRun(t)
-	dir := t.TempDir()
-	left := filepath.Join(dir, trashDir, "sb-0123456789ab")
-	if err := os.MkdirAll(filepath.Join(left, dirWorkspace), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{fileOutput, ".state.json.tmp123"} {
-		if err := os.WriteFile(filepath.Join(left, f), []byte("x"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b, err := New(Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.removing.Wait()
-	if _, err := os.Lstat(left); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("left in the trash after New (%v)", err)
-	}
-	if ids, _ := b.List(context.Background()); len(ids) != 0 {
-		t.Errorf("List shows the trash: %v", ids)
 	}
 }
