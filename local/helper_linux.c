@@ -72,6 +72,7 @@
 #define FILE_KILLED "killed"
 #define FILE_INIT_PID "init.pid"
 #define FILE_EXIT "exit.json"
+#define FILE_SHIM_LOG "shim.log"
 #define PLAN_FD 3
 #define NETNS_FD 4
 
@@ -214,6 +215,11 @@ static void quote(char *out, size_t cap, const char *s) {
 	out[o < cap ? o : cap - 1] = 0;
 }
 
+/* A shim logs to shim.log, made with the first message (a C shim that
+ * has nothing to say leaves none: the server gives it no stderr); the
+ * probe logs to its stderr. */
+static int logfd = -1, log_to_file = 0;
+
 static void logmsg(const char *fmt, ...) {
 	char buf[4096];
 	int n = snprintf(buf, sizeof buf, "delegate-sandbox-shim: ");
@@ -224,7 +230,9 @@ static void logmsg(const char *fmt, ...) {
 	if (n > (int)sizeof buf - 2)
 		n = (int)sizeof buf - 2;
 	buf[n++] = '\n';
-	write_all(2, buf, (size_t)n);
+	if (logfd < 0 && log_to_file)
+		logfd = open(FILE_SHIM_LOG, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+	write_all(logfd >= 0 ? logfd : 2, buf, (size_t)n);
 }
 
 /* write_file_atomic replaces name (in the working directory) with data,
@@ -778,13 +786,20 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 
 /* outw keeps the first limit bytes of the job's output and counts all. */
 struct outw {
-	int fd;
+	int fd; /* made with the first byte to keep: a quiet job leaves none */
 	int64_t limit, n;
 	int err;
 };
 
 static void out_write(struct outw *w, const char *p, size_t len) {
 	int64_t keep = w->limit - w->n;
+	if (keep > 0 && !w->err && w->fd < 0 && len > 0) {
+		w->fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (w->fd < 0) {
+			w->err = errno;
+			logmsg("open output file: %s", errtext(errno));
+		}
+	}
 	if (keep > 0 && !w->err && w->fd >= 0) {
 		size_t k = (int64_t)len < keep ? len : (size_t)keep;
 		if (write_all(w->fd, p, k) < 0)
@@ -1131,9 +1146,6 @@ static int shim_main(size_t cmdline_len) {
 		snprintf(err, sizeof err, "no plan: the server went away before it sent one");
 	else if (parse_plan(data, len, &p, err, sizeof err) == 0 && p.output_limit > 0)
 		w.limit = p.output_limit;
-	w.fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (w.fd < 0)
-		logmsg("open output file: %s", errtext(errno));
 	if (err[0])
 		return finish_failed(&w, err);
 	if (p.net_name[0])
@@ -1438,6 +1450,7 @@ __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 		return; /* not ours after all: the Go side will say what is wrong */
 	if (strcmp(args[2], PROBE_ARG) == 0)
 		_exit(probe_main());
+	log_to_file = 1;
 	if (args[2][0] != '/' || chdir(args[2]) < 0) {
 		logmsg("cannot enter the sandbox directory %s: %s", args[2], errtext(errno));
 		_exit(1);
@@ -1451,10 +1464,10 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
-		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
+		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
 		 OP_SECCOMP, OP_RESOLV_CONF);
 	return buf;

@@ -148,8 +148,16 @@ func TestShimWithoutPlan(t *testing.T) {
 			cmd.Env = helperEnv(mode == "C")
 			cmd.Dir = dir
 			cmd.ExtraFiles = []*os.File{r}
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("shim: %v: %s", err, out)
+			logged, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("shim: %v: %s", err, logged)
+			}
+			if mode == "C" {
+				// The C shim writes its own log, made with its first message.
+				logged, _ = os.ReadFile(filepath.Join(dir, fileShimLog))
+			}
+			if !strings.Contains(string(logged), "no plan") {
+				t.Errorf("the shim's log does not say why: %q", logged)
 			}
 			var rec exitRecord
 			if err := readJSON(filepath.Join(dir, fileExit), &rec); err != nil {

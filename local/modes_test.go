@@ -78,7 +78,9 @@ func TestRecordModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, f := range []string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileStatusFIFO, fileShimPID, fileInitPID, fileShimLog} {
+			// (The C shim writes a log only when it has something to say;
+			// the walk above checks it whenever it is there.)
+			for _, f := range []string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileStatusFIFO, fileShimPID, fileInitPID} {
 				if !slices.Contains(seen, f) {
 					t.Errorf("%s was not checked (files: %v)", f, seen)
 				}

@@ -190,11 +190,16 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 // namespace to join. A shim that fails later records why in exit.json,
 // which Wait reports.
 func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec.Cmd, error) {
-	logf, err := os.OpenFile(filepath.Join(dir, fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
+	// The Go shim's stderr is its log (a panic goes there); the C shim
+	// opens the log itself when it has something to say.
+	var logf *os.File
+	if !c {
+		var err error
+		if logf, err = os.OpenFile(filepath.Join(dir, fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
+			return nil, err
+		}
+		defer logf.Close()
 	}
-	defer logf.Close()
 	// The plan is complete before the shim starts: it reads it at once.
 	// A memfd holds it (and the job's environment) in memory only, for
 	// as long as a descriptor of it is open.
@@ -215,12 +220,14 @@ func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec
 		Args:       []string{b.selfExe, shimCommand, dir},
 		Env:        helperEnv(c),
 		Dir:        dir,
-		Stdout:     logf, // never the server's stdout: that is the MCP channel
-		Stderr:     logf,
 		ExtraFiles: []*os.File{planFile}, // planFD
 		// A session of its own: signals for the server's process group
 		// (Ctrl-C, a service stop) do not reach the job's supervisor.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	if logf != nil {
+		// Never the server's stdout: that is the MCP channel.
+		shim.Stdout, shim.Stderr = logf, logf
 	}
 	if pl.Netns {
 		shim.ExtraFiles = append(shim.ExtraFiles, netns) // netnsFD
