@@ -1450,11 +1450,15 @@ __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 		return; /* not ours after all: the Go side will say what is wrong */
 	if (strcmp(args[2], PROBE_ARG) == 0)
 		_exit(probe_main());
-	log_to_file = 1;
-	if (args[2][0] != '/' || chdir(args[2]) < 0) {
+	if (args[2][0] != '/') {
+		logmsg("usage: %s <absolute sandbox dir> (a plan on descriptor %d)", SHIM_COMMAND, PLAN_FD);
+		_exit(2);
+	}
+	if (chdir(args[2]) < 0) {
 		logmsg("cannot enter the sandbox directory %s: %s", args[2], errtext(errno));
 		_exit(1);
 	}
+	log_to_file = 1;
 	_exit(shim_main(len));
 }
 
