@@ -7,6 +7,7 @@ package local
 const char *dsh_constants(void);
 const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv);
 const char *dsh_quote(const char *s);
+const char *dsh_cgroups(int version, const char *memory, const char *cpu, const char *pids, long *ooms);
 */
 import "C"
 
@@ -44,4 +45,16 @@ func cQuote(s string) string {
 	cs := C.CString(s)
 	defer C.free(unsafe.Pointer(cs))
 	return C.GoString(C.dsh_quote(cs))
+}
+
+// cCgroups is what helper_linux.c makes of a cgroup set: its distinct
+// directories and the OOM kills counted in the memory one.
+func cCgroups(c cgroupSet) (dirs []string, ooms int) {
+	cm, cc, cp := C.CString(c.Memory), C.CString(c.CPU), C.CString(c.Pids)
+	defer C.free(unsafe.Pointer(cm))
+	defer C.free(unsafe.Pointer(cc))
+	defer C.free(unsafe.Pointer(cp))
+	var n C.long
+	out := C.GoString(C.dsh_cgroups(C.int(c.Version), cm, cc, cp, &n))
+	return strings.Fields(out), int(n)
 }

@@ -82,3 +82,31 @@ func TestCHelperOnlyForShims(t *testing.T) {
 		t.Errorf("the test binary with %s set: %v:\n%s", helperSelectEnv, err, out)
 	}
 }
+
+// TestCCgroups: the C shim reads a cgroup set as the Go code does, in
+// both layouts (v2 is not on every test host: its files are made here).
+func TestCCgroups(t *testing.T) {
+	dir := t.TempDir()
+	v1 := filepath.Join(dir, "v1")
+	v2 := filepath.Join(dir, "v2")
+	os.MkdirAll(v1, 0o755)
+	os.MkdirAll(v2, 0o755)
+	os.WriteFile(filepath.Join(v1, "memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 0o644)
+	os.WriteFile(filepath.Join(v2, "memory.events"), []byte("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n"), 0o644)
+	for _, tt := range []struct {
+		set  cgroupSet
+		ooms int
+	}{
+		{cgroupSet{Version: 1, Memory: v1, CPU: filepath.Join(dir, "cpu"), Pids: filepath.Join(dir, "pids")}, 3},
+		{cgroupSet{Version: 2, Memory: v2, CPU: v2, Pids: v2}, 2},
+		{cgroupSet{Version: 2, Memory: filepath.Join(dir, "gone"), CPU: v2, Pids: v2}, -1},
+	} {
+		dirs, ooms := cCgroups(tt.set)
+		if fmt.Sprint(dirs) != fmt.Sprint(tt.set.dirs()) || ooms != tt.ooms {
+			t.Errorf("%+v: C has dirs %v and %d OOM kills, want %v and %d", tt.set, dirs, ooms, tt.set.dirs(), tt.ooms)
+		}
+		if n, err := tt.set.oomKills(); tt.ooms >= 0 && (err != nil || n != tt.ooms) {
+			t.Errorf("%+v: Go reads %d OOM kills (%v), want %d", tt.set, n, err, tt.ooms)
+		}
+	}
+}

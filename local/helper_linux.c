@@ -1496,3 +1496,23 @@ const char *dsh_quote(const char *s) {
 	quote(buf, sizeof buf, s);
 	return buf;
 }
+
+/* dsh_cgroups is, for TestCCgroups, the distinct directories of a set
+ * (newline-separated) and the OOM kills read from it (-1: unreadable). */
+const char *dsh_cgroups(int version, const char *memory, const char *cpu, const char *pids, long *ooms) {
+	static char buf[3 * 4096 + 4];
+	struct plan p;
+	memset(&p, 0, sizeof p);
+	p.cg_version = (uint32_t)version;
+	p.cg_memory = (char *)memory;
+	p.cg_cpu = (char *)cpu;
+	p.cg_pids = (char *)pids;
+	buf[0] = 0;
+	for (int i = 0; i < 3; i++) {
+		const char *d = cg_dirs(&p, i);
+		if (d != NULL)
+			snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s\n", d);
+	}
+	*ooms = cg_oom_kills(&p);
+	return buf;
+}
