@@ -1,14 +1,10 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -82,7 +78,9 @@ func Load(ctx context.Context, n int, sleep time.Duration, open LoadOpener, stdo
 		if allStarted == 0 && started == n {
 			allStarted = time.Since(start)
 			if counts[delegate.StatusRunning] == n {
-				memPerSB, memSampled = supervisorPSS(filepath.Join(dir, "sandboxes"))
+				if m, ok, err := SupervisorMemory(a.Backend); ok && err == nil && m.Sandboxes > 0 {
+					memPerSB, memSampled = float64(m.PerSandbox())/1024, m.Sandboxes
+				}
 			}
 		}
 		ended := started - counts[delegate.StatusRunning]
@@ -132,53 +130,4 @@ func countJobs(ctx context.Context, jobs delegate.JobService, ids map[string]boo
 		}
 		cursor = page.NextCursor
 	}
-}
-
-// supervisorPSS is the mean proportional set size (KiB) of the supervisor
-// processes of each local sandbox under dir (those named in shim.pid and
-// init.pid; the job's own processes are not counted), and how many
-// sandboxes were measured.
-func supervisorPSS(dir string) (float64, int) {
-	sandboxes, _ := filepath.Glob(filepath.Join(dir, "sb-*"))
-	var total, measured int
-	for _, sb := range sandboxes {
-		kib, ok := 0, false
-		for _, f := range []string{"shim.pid", "init.pid"} {
-			b, err := os.ReadFile(filepath.Join(sb, f))
-			if err != nil {
-				continue
-			}
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err != nil {
-				continue
-			}
-			if pss, err := pssKiB(pid); err == nil {
-				kib, ok = kib+pss, true
-			}
-		}
-		if ok {
-			total += kib
-			measured++
-		}
-	}
-	if measured == 0 {
-		return 0, 0
-	}
-	return float64(total) / float64(measured), measured
-}
-
-// pssKiB reads a process's proportional set size.
-func pssKiB(pid int) (int, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "Pss:"); ok {
-			return strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
-		}
-	}
-	return 0, fmt.Errorf("pid %d: no Pss in smaps_rollup", pid)
 }
