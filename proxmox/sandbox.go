@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"path"
 	"strconv"
 	"strings"
@@ -158,14 +159,34 @@ func (s *vmSandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
 	return files, nil
 }
 
-// runnerScript runs the job's command in /workspace with its output in
-// guestOutput and its exit status kept in guestOutput.exit, so that a
-// restarted server can still learn how it ended. $0 is the output file;
-// the command comes as "$@": nothing of the job is parsed by this shell.
-const runnerScript = `cd /workspace || exit 125
-"$@" >>"$0" 2>&1 </dev/null
+// runnerScript runs the job's command in its working directory with its
+// output in guestOutput and its exit status kept in guestOutput.exit, so
+// that a restarted server can still learn how it ended. $0 is the output
+// file, $1 the working directory, $2 the seconds until the command's
+// deadline (0: none); the command comes as "$@": nothing of the job is
+// parsed by this shell.
+//
+// The deadline is a backstop that holds when no server watches: a
+// watchdog started with the job kills it, and everything it started, when
+// the time is up, and marks the exit status ("137:deadline"). The command
+// runs in a session of its own (setsid) so that the watchdog can kill its
+// whole process group without touching the guest agent's; it runs in the
+// foreground, so that it keeps the signal dispositions a background job
+// would lose (SIGINT and SIGQUIT ignored). Its output is redirected by
+// the command's own shell: dash reports a foreground command killed by a
+// signal ("Killed") on the stderr the command was given.
+const runnerScript = `o=$0 d=$1 t=$2; shift 2
+rm -f -- "$o.pid" "$o.deadline"
+cd -- "$d" 2>/dev/null || { echo "delegate: cannot enter the working directory $d" >>"$o"; echo 125 >"$o.exit"; exit 125; }
+w=
+if [ "$t" -gt 0 ]; then
+  ( sleep "$t"; : >"$o.deadline"; p=$(cat -- "$o.pid" 2>/dev/null) && kill -s KILL -- "-$p" "$p" ) >/dev/null 2>&1 </dev/null &
+  w=$!
+fi
+/bin/sh -c 'exec >>"$0" 2>&1 </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
 rc=$?
-echo "$rc" > "$0.exit"
+[ -n "$w" ] && kill "$w" 2>/dev/null
+if [ -e "$o.deadline" ]; then echo "$rc:deadline" >"$o.exit"; else echo "$rc" >"$o.exit"; fi
 exit $rc`
 
 // startScript prepares the job's files and its status channel (a FIFO
@@ -179,46 +200,88 @@ cat <>"$s" >>"$e" 2>/dev/null &
 exec "$@"`
 
 // Exec implements sandbox.Sandbox. The environment is passed with env -i
-// as argv elements; QEMU's agent has no other way to set it.
+// as argv elements; QEMU's agent has no other way to set it. Every field
+// of the command is honoured: Dir (default /workspace), Deadline (a
+// watchdog in the guest, see runnerScript) and OutputLimit (no more is
+// read out of the guest, and Exit says what was cut).
 func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
-	if len(cmd.Args) == 0 {
-		return nil, errors.New("exec: empty command")
+	if len(cmd.Args) == 0 || cmd.Args[0] == "" {
+		return nil, errors.New("exec: the command has no program (Args[0] is empty)")
+	}
+	for i, a := range cmd.Args {
+		if strings.ContainsRune(a, 0) {
+			return nil, fmt.Errorf("exec: argument %d contains a NUL byte", i)
+		}
 	}
 	for _, kv := range cmd.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
 			return nil, fmt.Errorf("exec: environment entry %q is not KEY=VALUE", k)
 		}
 	}
+	dir := cmd.Dir
+	if dir == "" {
+		dir = workspace
+	}
+	if !path.IsAbs(dir) || strings.ContainsRune(dir, 0) {
+		return nil, fmt.Errorf("exec: working directory %q must be an absolute path", dir)
+	}
 	argv := []string{"/bin/sh", "-c", startScript, "delegate-start", StatusFile, guestEvents, guestOutput, "/usr/bin/env", "-i"}
 	argv = append(argv, cmd.Env...)
-	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput)
+	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput, path.Clean(dir), strconv.FormatInt(deadlineSeconds(cmd.Deadline, time.Now()), 10))
 	argv = append(argv, cmd.Args...)
 	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, argv, nil)
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: %w", cmd.Args[0], s.vmid, err)
 	}
-	return newProcess(s, pid), nil
+	return newProcess(s, pid, max(0, cmd.OutputLimit)), nil
 }
 
-// Process implements sandbox.Sandbox: execID is "pid:N".
+// deadlineSeconds is how long the guest's watchdog waits: whole seconds
+// until the deadline, at least one; 0 when there is none.
+func deadlineSeconds(deadline, now time.Time) int64 {
+	if deadline.IsZero() {
+		return 0
+	}
+	return max(1, int64(math.Ceil(deadline.Sub(now).Seconds())))
+}
+
+// Process implements sandbox.Sandbox: execID is "pid:N", or "pid:N:L"
+// when at most L bytes of output are kept.
 func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
-	n, err := strconv.Atoi(strings.TrimPrefix(execID, "pid:"))
-	if err != nil || !strings.HasPrefix(execID, "pid:") {
+	pid, limit, err := parseExecID(execID)
+	if err != nil {
 		return nil, fmt.Errorf("proxmox: process %q: %w", execID, sandbox.ErrGone)
 	}
-	return newProcess(s, n), nil
+	return newProcess(s, pid, limit), nil
+}
+
+func parseExecID(id string) (pid int, limit int64, err error) {
+	rest, ok := strings.CutPrefix(id, "pid:")
+	num, lim, hasLimit := strings.Cut(rest, ":")
+	pid, perr := strconv.Atoi(num)
+	if !ok || perr != nil || pid <= 0 {
+		return 0, 0, errors.New("not a process id")
+	}
+	if hasLimit {
+		if limit, err = strconv.ParseInt(lim, 10, 64); err != nil || limit < 0 {
+			return 0, 0, errors.New("not a process id")
+		}
+	}
+	return pid, limit, nil
 }
 
 // readScript is one poll of a running job, in one agent call: the size
 // of its output, the output and the status lines from given offsets, its
 // exit status if it ended, and whether its runner still lives. A header
-// line gives the lengths, so any bytes pass. Arguments: output file,
+// line gives the lengths, so any bytes pass. The exit status and the
+// runner's liveness are read before the output: a poll that says the
+// job ended holds all of its output. Arguments: output file,
 // events file, output offset and count, events offset and count, pid.
 const readScript = `o=$1 e=$2 f=/tmp/delegate-read.$$
-tail -c +"$3" -- "$o" 2>/dev/null | head -c "$4" > "$f.o"
-tail -c +"$5" -- "$e" 2>/dev/null | head -c "$6" > "$f.e"
 a=1; kill -0 "$7" 2>/dev/null || a=0
 x=$(cat -- "$o.exit" 2>/dev/null)
+tail -c +"$3" -- "$o" 2>/dev/null | head -c "$4" > "$f.o"
+tail -c +"$5" -- "$e" 2>/dev/null | head -c "$6" > "$f.e"
 printf '%s %s %s %s %s\n' $(($(wc -c 2>/dev/null <"$o" || echo 0))) $(($(wc -c < "$f.o"))) $(($(wc -c < "$f.e"))) "$a" "${x:--}"
 cat -- "$f.o" "$f.e"; rm -f -- "$f.o" "$f.e"`
 
@@ -232,8 +295,9 @@ const (
 // exit status are read together (see readScript): each poll is one agent
 // call, shared by ReadOutput, ReadEvents and Wait.
 type process struct {
-	s   *vmSandbox
-	pid int
+	s     *vmSandbox
+	pid   int
+	limit int64 // output kept (0: all)
 
 	mu              sync.Mutex
 	exit            *sandbox.Exit // once known (the agent forgets a pid it reported)
@@ -244,8 +308,8 @@ type process struct {
 	nextOut, nextEv int64     // where the next reads will start
 }
 
-func newProcess(s *vmSandbox, pid int) *process {
-	return &process{s: s, pid: pid, outMax: outputChunk}
+func newProcess(s *vmSandbox, pid int, limit int64) *process {
+	return &process{s: s, pid: pid, limit: limit, outMax: outputChunk}
 }
 
 // snapshot is one poll's answer.
@@ -257,14 +321,30 @@ type snapshot struct {
 	outSize       int64
 	alive         bool
 	code          *int
+	deadline      bool // the guest's watchdog killed the command
 }
 
-func (p *process) ID() string { return "pid:" + strconv.Itoa(p.pid) }
+func (p *process) ID() string {
+	id := "pid:" + strconv.Itoa(p.pid)
+	if p.limit > 0 {
+		id += ":" + strconv.FormatInt(p.limit, 10)
+	}
+	return id
+}
+
+// keep is how much of a read of max bytes from offset the output limit
+// lets through.
+func (p *process) keep(offset int64, max int) int {
+	if p.limit <= 0 {
+		return max
+	}
+	return int(min(int64(max), p.limit-min(offset, p.limit)))
+}
 
 // poll reads the guest once (the caller holds p.mu).
 func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax int) (*snapshot, error) {
 	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", readScript, "delegate-read", guestOutput, guestEvents,
-		strconv.FormatInt(outOff+1, 10), strconv.Itoa(outMax), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid)})
+		strconv.FormatInt(outOff+1, 10), strconv.Itoa(p.keep(outOff, outMax)), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid)})
 	if err != nil {
 		return nil, err
 	}
@@ -283,8 +363,9 @@ func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax i
 		return nil, fmt.Errorf("read the job in VM %d: %d bytes, want %d", p.s.vmid, len(body), n[1]+n[2])
 	}
 	snap := &snapshot{outOff: outOff, evOff: evOff, out: body[:n[1]], ev: body[n[1]:], outSize: n[0], alive: f[3] == "1"}
-	if code, err := strconv.Atoi(f[4]); err == nil {
-		snap.code = &code
+	code, mark, _ := strings.Cut(f[4], ":")
+	if n, err := strconv.Atoi(code); err == nil {
+		snap.code, snap.deadline = &n, mark == "deadline"
 	}
 	p.snap, p.polled = snap, time.Now()
 	return snap, nil
@@ -391,7 +472,11 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 // is asked of the agent.
 func (p *process) ended(ctx context.Context, snap *snapshot) (sandbox.Exit, bool) {
 	if snap.code != nil {
-		return sandbox.Exit{Code: *snap.code, OutputBytes: snap.outSize}, true
+		e := sandbox.Exit{Code: *snap.code, OutputBytes: snap.outSize, Truncated: p.limit > 0 && snap.outSize > p.limit}
+		if snap.deadline {
+			e.DeadlineExceeded, e.Signal = true, "killed"
+		}
+		return e, true
 	}
 	if snap.alive {
 		return sandbox.Exit{}, false
@@ -400,7 +485,7 @@ func (p *process) ended(ctx context.Context, snap *snapshot) (sandbox.Exit, bool
 	if err == nil && !st.Exited {
 		return sandbox.Exit{}, false // not reaped yet
 	}
-	e := sandbox.Exit{Code: -1, OutputBytes: snap.outSize, Reason: fmt.Sprintf("the job's process in VM %d ended without an exit status", p.s.vmid)}
+	e := sandbox.Exit{Code: -1, OutputBytes: snap.outSize, Truncated: p.limit > 0 && snap.outSize > p.limit, Reason: fmt.Sprintf("the job's process in VM %d ended without an exit status", p.s.vmid)}
 	if err == nil {
 		switch {
 		case st.ExitCode != nil:

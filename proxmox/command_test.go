@@ -1,0 +1,112 @@
+package proxmox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// vm makes one VM through the backend alone (no engine: nobody watches
+// the command but the test).
+func vm(t *testing.T) (*proxmox.Backend, sandbox.Sandbox) {
+	t.Helper()
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(context.Background(), sandbox.Spec{JobID: "job-cmd", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Destroy(context.Background()) })
+	return b, sb
+}
+
+func runCmd(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if cmd.Env == nil {
+		cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	}
+	p, err := sb.Exec(ctx, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := p.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.ReadOutput(ctx, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exit, string(out)
+}
+
+// TestCommandContract: the Proxmox backend honours every field of
+// sandbox.Command: Dir, Deadline (a kill in the guest that needs no
+// server, of the command and what it started) and OutputLimit.
+func TestCommandContract(t *testing.T) {
+	_, sb := vm(t)
+
+	t.Run("dir", func(t *testing.T) {
+		exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"pwd"}, Dir: "/tmp"})
+		if exit.Code != 0 || out != "/tmp\n" {
+			t.Fatalf("%+v %q", exit, out)
+		}
+		exit, out = runCmd(t, sb, sandbox.Command{Args: []string{"pwd"}})
+		if exit.Code != 0 || out != "/workspace\n" {
+			t.Fatalf("default dir: %+v %q", exit, out)
+		}
+		exit, out = runCmd(t, sb, sandbox.Command{Args: []string{"pwd"}, Dir: "/workspace/missing"})
+		if exit.Code != 125 || !strings.Contains(out, "cannot enter the working directory /workspace/missing") {
+			t.Fatalf("missing dir: %+v %q", exit, out)
+		}
+		if _, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"pwd"}, Dir: "tmp"}); err == nil {
+			t.Fatal("a relative dir was taken")
+		}
+	})
+
+	t.Run("deadline", func(t *testing.T) {
+		// The command starts a child that would write a file after the
+		// deadline: the watchdog kills both.
+		start := time.Now()
+		exit, out := runCmd(t, sb, sandbox.Command{
+			Args:     []string{"/bin/sh", "-c", "(sleep 3; echo late > /workspace/late) & echo started; sleep 60"},
+			Deadline: time.Now().Add(1500 * time.Millisecond),
+		})
+		took := time.Since(start)
+		if !exit.DeadlineExceeded || exit.Code != 137 || out != "started\n" || took > 10*time.Second {
+			t.Fatalf("%+v %q after %s", exit, out, took)
+		}
+		time.Sleep(3 * time.Second)
+		exit, out = runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "cat /workspace/late 2>&1 || echo none"}})
+		if out != "cat: /workspace/late: No such file or directory\nnone\n" {
+			t.Fatalf("the command's child outlived the deadline: %q", out)
+		}
+		// A command that ends in time is not marked.
+		exit, _ = runCmd(t, sb, sandbox.Command{Args: []string{"true"}, Deadline: time.Now().Add(time.Minute)})
+		if exit.DeadlineExceeded || exit.Code != 0 {
+			t.Fatalf("%+v", exit)
+		}
+	})
+
+	t.Run("output limit", func(t *testing.T) {
+		exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "seq 1 1000"}, OutputLimit: 100})
+		if len(out) != 100 || !strings.HasPrefix(out, "1\n2\n") || !exit.Truncated || exit.OutputBytes != 3893 {
+			t.Fatalf("%+v %d bytes kept", exit, len(out))
+		}
+		exit, out = runCmd(t, sb, sandbox.Command{Args: []string{"echo", "hi"}, OutputLimit: 100})
+		if exit.Truncated || out != "hi\n" || exit.OutputBytes != 3 {
+			t.Fatalf("%+v %q", exit, out)
+		}
+	})
+}
