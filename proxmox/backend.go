@@ -10,12 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
@@ -81,6 +81,9 @@ type Backend struct {
 	// nodes remembers where this server's VMs are, so that destroying
 	// one needs no listing of the cluster. Guarded by holdMu.
 	nodes map[int]string
+
+	// pool is the warm pool, once KeepPool was called (pool.go).
+	pool atomic.Pointer[pool]
 }
 
 var (
@@ -148,19 +151,46 @@ func (b *Backend) Check(ctx context.Context) error {
 	return nil
 }
 
-// Create implements sandbox.Backend: clone the template where Admit
-// placed the VM, size and tag it, start it, and wait for its guest
-// agent. Whatever fails, the VM is destroyed (if it is still ours).
+// Create implements sandbox.Backend: take a warm VM of the pool if
+// Admit reserved one, else clone the template where Admit placed the VM,
+// size and tag it, start it, and wait for its guest agent. Whatever
+// fails, the VM is destroyed (if it is still ours).
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	h, _ := spec.Admission.(*hold)
 	if h == nil || h.b != b {
 		var err error
-		if h, err = b.place(ctx, spec); err != nil {
+		if h, err = b.admit(ctx, spec); err != nil {
 			return nil, err
 		}
 		defer h.Release()
 	}
 	o := owner{b.cfg.Instance, spec.JobID}
+	for attempt := 1; h.pooled != nil; attempt++ {
+		v := h.pooled
+		s, err := b.claim(ctx, h.pool, v, spec, o)
+		h.pool.forget(v)
+		if err == nil {
+			h.bind(v.vmid)
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// Taken by another server, gone, or stopped: another warm VM, or
+		// a cold start.
+		b.log.Info("could not take a pool VM", "vmid", v.vmid, "job", spec.JobID, "err", err)
+		if attempt >= 3 {
+			h = nil
+		} else {
+			h = b.poolHold(ctx, spec)
+		}
+		if h == nil {
+			if h, err = b.place(ctx, spec, false); err != nil {
+				return nil, err
+			}
+		}
+		defer h.Release()
+	}
 	spec.Step(fmt.Sprintf("cloning from %s on %s", templateLabel(h.tpl), h.node))
 	vmid, err := b.clone(ctx, h, o)
 	if err != nil {
@@ -169,7 +199,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	h.bind(vmid)
 	b.remember(vmid, h.node)
 	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
-	if err := b.configure(ctx, s, h, spec); err != nil {
+	if err := b.configure(ctx, s, h, spec, jobDescription(spec.JobID)); err != nil {
 		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return nil, err
 	}
@@ -208,10 +238,10 @@ func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error
 // configure sizes and tags the VM, starts it and waits for its agent.
 // What the template has (its NICs, its disk) was read at placement: the
 // clone has the same.
-func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec sandbox.Spec) error {
-	desc := fmt.Sprintf("delegate job %s\n(destroyed when the job ends)", spec.JobID)
+func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec sandbox.Spec, desc string) error {
+	sh := shapeOf(spec.CPU, spec.MemoryBytes)
 	u := pve.VMConfigUpdate{
-		Cores:       max(1, int(math.Ceil(spec.CPU))),
+		Cores:       sh.cores,
 		Sockets:     1, // a template's sockets would multiply the cores
 		MemoryMiB:   h.memMiB,
 		Tags:        s.owner.tags(),
@@ -220,8 +250,8 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 		// template's balloon larger than that memory is refused.
 		Options: map[string]string{"balloon": "0"},
 	}
-	if spec.CPU > 0 && spec.CPU != math.Ceil(spec.CPU) {
-		u.Options["cpulimit"] = strconv.FormatFloat(spec.CPU, 'f', 2, 64)
+	if sh.cpulimit > 0 {
+		u.Options["cpulimit"] = strconv.FormatFloat(sh.cpulimit, 'f', 2, 64)
 	}
 	switch {
 	case !spec.Network:
@@ -243,6 +273,15 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 		}
 		if err != nil {
 			return fmt.Errorf("proxmox: resize %s of VM %d: %w", disk, s.vmid, privilegeHint(err))
+		}
+	}
+	// Idle pool VMs destroyed to make room for this one: it starts once
+	// they are gone, so that the node never holds both.
+	for _, v := range h.evict {
+		select {
+		case <-v.gone:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	spec.Step(fmt.Sprintf("starting VM %d", s.vmid))
@@ -478,7 +517,8 @@ func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner)
 }
 
 // remove stops and deletes a VM known to be o's, retrying while it is
-// locked.
+// locked. Before each retry the VM's owner is read again: another
+// process may have destroyed it meanwhile, and its vmid been reused.
 func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) error {
 	var last error
 	for attempt := range 20 {
@@ -487,6 +527,16 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(b.cfg.PollInterval):
+			}
+			ok, found, err := b.owned(ctx, node, vmid, o)
+			switch {
+			case err != nil:
+				last = err
+				continue
+			case !found:
+				return nil
+			case !ok:
+				return nil
 			}
 		}
 		upid, err := b.c.StopVM(ctx, node, vmid)
@@ -512,6 +562,9 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 		if err == nil || pve.IsNotFound(err) {
 			b.dropHolds(vmid)
 			b.log.Info("destroyed VM", "vmid", vmid, "node", node, "job", o.job)
+			if p := b.pool.Load(); p != nil {
+				p.poke() // room freed: the pool may refill
+			}
 			return nil
 		}
 		last = err

@@ -108,8 +108,18 @@ func (o owner) vmName() string { return namePrefix(o.instance) + tagOf(o.job) }
 // instanceTag marks the VMs of one instance.
 func instanceTag(instance string) string { return Tag + "-" + instance }
 
-// tags are the tags written right after the clone.
-func (o owner) tags() []string { return []string{Tag, instanceTag(o.instance), tagOf(o.job)} }
+// tags are the tags written right after the clone: a job's VM has its
+// job's id, a pool VM the pool's tag (its readiness is another tag).
+func (o owner) tags() []string {
+	if o.pool() {
+		return []string{Tag, instanceTag(o.instance), PoolTag}
+	}
+	return []string{Tag, instanceTag(o.instance), tagOf(o.job)}
+}
+
+// pool reports whether the owner is the warm pool: then job is
+// "pool-<id>", not a job's id.
+func (o owner) pool() bool { return strings.HasPrefix(o.job, "pool-") }
 
 // namePrefix starts the name of every VM of an instance.
 func namePrefix(instance string) string { return Tag + "-" + instance + "-" }

@@ -2,6 +2,7 @@ package proxmox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -41,6 +42,14 @@ type hold struct {
 	target bool // clone with target (the template's disks are shared)
 	memMiB int
 
+	// pooled is the warm VM reserved for the job instead (pool.go): its
+	// room is counted already, as a VM of the cluster.
+	pooled *poolVM
+	pool   *pool
+	// evict are idle pool VMs destroyed to make this room: the VM starts
+	// once they are gone.
+	evict []*poolVM
+
 	// Guarded by b.holdMu.
 	vmid int  // the vmid being cloned, then the VM's
 	used bool // Create made the VM: the hold ends when the VM is destroyed
@@ -49,9 +58,13 @@ type hold struct {
 // Release implements sandbox.Admission.
 func (h *hold) Release() {
 	h.b.holdMu.Lock()
-	defer h.b.holdMu.Unlock()
-	if !h.used {
+	used := h.used
+	if !used && h.pooled == nil {
 		delete(h.b.holds, h)
+	}
+	h.b.holdMu.Unlock()
+	if !used && h.pooled != nil {
+		h.pool.release(h.pooled)
 	}
 }
 
@@ -91,14 +104,51 @@ func memMiB(spec sandbox.Spec) int {
 // a job's VM and reserves the room there. One placement runs at a time,
 // so that two jobs never count the same room.
 func (b *Backend) Admit(ctx context.Context, spec sandbox.Spec) (sandbox.Admission, error) {
-	h, err := b.place(ctx, spec)
+	h, err := b.admit(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
-func (b *Backend) place(ctx context.Context, spec sandbox.Spec) (*hold, error) {
+// admit reserves a warm VM of the pool if one fits, else room for a
+// cold one.
+func (b *Backend) admit(ctx context.Context, spec sandbox.Spec) (*hold, error) {
+	if h := b.poolHold(ctx, spec); h != nil {
+		return h, nil
+	}
+	return b.place(ctx, spec, false)
+}
+
+// poolHold reserves a warm VM for a job, or returns nil.
+func (b *Backend) poolHold(ctx context.Context, spec sandbox.Spec) *hold {
+	p := b.pool.Load()
+	if p == nil {
+		return nil
+	}
+	v := p.take(ctx, spec)
+	if v == nil {
+		return nil
+	}
+	p.fed(spec.JobID)
+	return &hold{b: b, node: v.node, memMiB: v.shape.memMiB, pooled: v, pool: p}
+}
+
+// place finds room for a new VM. forPool: it is for the warm pool,
+// which never takes room from jobs.
+func (b *Backend) place(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
+	h, err := b.placeOnce(ctx, spec, forPool)
+	if p := b.pool.Load(); p != nil && !forPool {
+		if errors.Is(err, sandbox.ErrNoCapacity) {
+			p.starve(spec.JobID)
+		} else {
+			p.fed(spec.JobID)
+		}
+	}
+	return h, err
+}
+
+func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
 	tplName := spec.Template
 	if tplName == "" {
 		tplName = b.cfg.Template
@@ -178,18 +228,43 @@ func (b *Backend) place(ctx context.Context, spec sandbox.Spec) (*hold, error) {
 	best, bestFree := -1, int64(0)
 	var views []string
 	biggest := int64(0)
+	frees := make([]int64, len(cands))
 	for i, c := range cands {
 		n := cl.nodes[c.node]
 		if n.capacity <= 0 {
 			continue
 		}
 		free := n.capacity - n.used - b.heldOn(c.node, cl.vmids)
+		frees[i] = free
 		biggest = max(biggest, n.capacity)
 		views = append(views, fmt.Sprintf("%s %d of %d MiB", c.node, max(0, free)>>20, n.capacity>>20))
 		// A linked clone on the template's node beats a clone elsewhere;
 		// then the most room.
 		if free >= int64(need)<<20 && (best < 0 || (cands[best].target && !c.target) || (cands[best].target == c.target && free > bestFree)) {
 			best, bestFree = i, free
+		}
+	}
+	if p := b.pool.Load(); best < 0 && p != nil && !forPool && int64(need)<<20 <= biggest {
+		// Idle pool VMs give way to a job: those of a node where they
+		// make enough room (a linked clone's node first) are destroyed.
+		order := make([]int, 0, len(cands))
+		for i, c := range cands {
+			if !c.target && cl.nodes[c.node].capacity > 0 {
+				order = append(order, i)
+			}
+		}
+		for i, c := range cands {
+			if c.target && cl.nodes[c.node].capacity > 0 {
+				order = append(order, i)
+			}
+		}
+		for _, i := range order {
+			c := cands[i]
+			if victims := p.evict(ctx, c.node, frees[i], int64(need)<<20); victims != nil {
+				h := b.reserve(c.node, c.tpl, c.info, c.target, need)
+				h.evict = victims
+				return h, nil
+			}
 		}
 	}
 	if best < 0 {
@@ -380,6 +455,7 @@ func hasTagPrefix(r pve.Resource, prefix string) bool {
 // not change while it is a template, so it is read once in a while.
 type templateInfo struct {
 	read     time.Time
+	digest   string   // of its config: a pool VM remembers it
 	storages []string // of its disks
 	nets     []string // netN keys
 	bootDisk string
@@ -402,7 +478,7 @@ func (b *Backend) template(ctx context.Context, t pve.Resource) (*templateInfo, 
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: read template %d: %w", t.VMID, privilegeHint(err))
 	}
-	info = &templateInfo{read: time.Now(), nets: netKeys(cfg), storages: diskStorages(cfg)}
+	info = &templateInfo{read: time.Now(), digest: cfg.Digest, nets: netKeys(cfg), storages: diskStorages(cfg)}
 	info.bootDisk, info.bootSize = bootDisk(cfg)
 	b.tplMu.Lock()
 	if old := b.tpls[int(t.VMID)]; old != nil {

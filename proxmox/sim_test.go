@@ -95,17 +95,27 @@ type server struct {
 
 func newServer(t *testing.T, c *pve.Client, pcfg proxmox.Config, ecfg engine.Config) *server {
 	t.Helper()
+	return newServerAt(t, c, pcfg, ecfg, filepath.Join(t.TempDir(), "jobs.db"))
+}
+
+// newServerAt is newServer with the job store at a given path (two
+// servers of one data dir share it).
+func newServerAt(t *testing.T, c *pve.Client, pcfg proxmox.Config, ecfg engine.Config, db string) *server {
+	t.Helper()
 	if pcfg.Template == "" {
 		pcfg.Template = "debian-job"
 	}
 	if pcfg.PollInterval == 0 {
 		pcfg.PollInterval = 50 * time.Millisecond
 	}
+	if os.Getenv("SIM_TEST_LOG") != "" {
+		pcfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("server", pcfg.Instance)
+	}
 	b, err := proxmox.New(c, pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	st, err := sqlite.Open(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,803 @@
+package proxmox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// The warm pool. A cold job waits ~15 s for its VM (clone, boot, guest
+// agent); a warm one takes a VM that is already booted with its agent
+// answering, and runs within a second. The pool keeps PoolConfig.Size
+// such VMs of the default template, sized to the pool's shape and
+// without a NIC (a pool VM never serves a job that asks for network),
+// each owned by this instance like any of its VMs (owner.go) and named
+// "delegate-<instance>-pool-<id>", tagged "delegate-pool", and
+// "delegate-ready" once its agent answers.
+//
+// A job whose template, size and network fit takes a ready VM with one
+// config update checked against the VM's digest (compare and set): the
+// update renames and tags it for the job, and fails if anything changed
+// the config since it was read, so two jobs never get one VM, even from
+// two servers. The job's VM is then like any other: destroyed when the
+// job ends, never serving another. An empty pool means a cold start,
+// never a wait.
+//
+// One server per data dir keeps the pool (a lock file decides); the
+// others take VMs from it by reading the cluster's listing. The keeper
+// refills it in the background, counts its VMs against the nodes' room
+// (they are placed like jobs), adopts the pool it finds when it starts
+// (VMs of a previous run: those that no longer fit the settings, or whose
+// agent does not answer, are destroyed), and gives way to jobs: an idle
+// VM is destroyed to make room for a job that waits for capacity, and no
+// VM is made while jobs wait. The cleanup sweep never sees pool VMs: they
+// carry no job (List).
+
+// Pool tags, besides "delegate" and the instance's.
+const (
+	PoolTag  = "delegate-pool"  // a VM of the warm pool
+	ReadyTag = "delegate-ready" // a pool VM whose guest agent answers
+)
+
+// PoolConfig is the warm pool (PROXMOX_POOL_*).
+type PoolConfig struct {
+	// Size is how many ready VMs to keep; 0 keeps none (and destroys the
+	// pool of an earlier run).
+	Size int
+	// The shape of the pool's VMs; jobs of exactly this CPU and memory,
+	// and at most this disk, take them.
+	CPU         float64
+	MemoryBytes int64
+	DiskBytes   int64
+	// LockFile, if set, makes one process keep the pool: the one that
+	// holds an exclusive lock on it. The others take VMs from the pool
+	// but do not make or destroy any. Use a file in the data dir.
+	LockFile string
+	// CheckInterval is how often the pool reads the cluster's listing (to
+	// see VMs taken by other servers, stopped or gone) and a follower
+	// tries for the lock; default 10 s.
+	CheckInterval time.Duration
+	// Parallel is how many pool VMs are made at once; default 2.
+	Parallel int
+}
+
+// shape is a VM's size as delegate configures it.
+type shape struct {
+	cores    int
+	cpulimit float64 // 0: whole cores
+	memMiB   int
+}
+
+func shapeOf(cpu float64, memBytes int64) shape {
+	s := shape{cores: max(1, int(math.Ceil(cpu))), memMiB: int(max(16, (memBytes+(1<<20)-1)>>20))}
+	if cpu > 0 && cpu != math.Ceil(cpu) {
+		s.cpulimit = math.Round(cpu*100) / 100
+	}
+	return s
+}
+
+func (s shape) String() string {
+	cpu := strconv.Itoa(s.cores)
+	if s.cpulimit > 0 {
+		cpu = strconv.FormatFloat(s.cpulimit, 'f', -1, 64)
+	}
+	return fmt.Sprintf("%s CPU, %d MiB", cpu, s.memMiB)
+}
+
+// shapeOfConfig reads the shape delegate gave a VM; ok is false if the
+// VM is not sized the way delegate sizes (sockets, balloon).
+func shapeOfConfig(cfg pve.VMConfig) (shape, bool) {
+	s := shape{cores: max(1, int(cfg.Cores)), memMiB: cfg.MemoryMiB()}
+	if v := cfg.Option("cpulimit"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return s, false
+		}
+		if f > 0 {
+			s.cpulimit = math.Round(f*100) / 100
+		}
+	}
+	if int(cfg.Sockets) > 1 || (cfg.Option("balloon") != "0" && cfg.Option("balloon") != strconv.Itoa(s.memMiB)) {
+		return s, false
+	}
+	return s, true
+}
+
+type poolState int
+
+const (
+	poolStarting poolState = iota // being cloned, configured and booted
+	poolReady                     // its agent answers: a job may take it
+	poolReserved                  // a job's admission holds it
+	poolRetiring                  // being destroyed
+)
+
+var poolStates = []string{"starting", "ready", "claiming", "retiring"}
+
+func (s poolState) String() string { return poolStates[s] }
+
+// poolVM is one VM of the pool.
+type poolVM struct {
+	vmid  int
+	node  string
+	owner owner
+	// digest is the config's digest when the VM became ready; "" when it
+	// was found in a listing (a follower's): it is read before a claim.
+	digest string
+	shape  shape
+	disk   int64 // its boot disk's size
+	state  poolState
+	gone   chan struct{} // closed once retired
+}
+
+// pool keeps the warm pool of a Backend.
+type pool struct {
+	b     *Backend
+	cfg   PoolConfig
+	shape shape
+	log   *slog.Logger
+	kick  chan struct{}
+	wg    sync.WaitGroup
+
+	mu       sync.Mutex
+	vms      map[int]*poolVM
+	lock     *os.File // held while this process keeps the pool
+	adopted  bool
+	making   int
+	failures int
+	nextTry  time.Time
+	hungry   map[string]time.Time // jobs refused room, by job id
+	waitLog  bool
+}
+
+// hungerWindow: a job refused room this recently holds up the pool's
+// refills (the engine asks again every few seconds while a job waits).
+const hungerWindow = time.Minute
+
+// KeepPool keeps the warm pool in the background until ctx ends or stop
+// is called; stop waits a while for the VMs being made. Only a
+// long-running server keeps a pool; every process of an instance may
+// take VMs from it once KeepPool was called.
+func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), err error) {
+	if cfg.Size < 0 || cfg.Size > 100 {
+		return nil, fmt.Errorf("proxmox: pool size %d must be from 0 to 100", cfg.Size)
+	}
+	if cfg.CPU <= 0 || cfg.MemoryBytes < 16<<20 {
+		return nil, fmt.Errorf("proxmox: pool VMs need a CPU and at least 16 MiB (got %g CPU, %d bytes)", cfg.CPU, cfg.MemoryBytes)
+	}
+	if b.cfg.Template == "" {
+		return nil, errors.New("proxmox: the pool needs a default template")
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = 10 * time.Second
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 2
+	}
+	p := &pool{b: b, cfg: cfg, shape: shapeOf(cfg.CPU, cfg.MemoryBytes), log: b.log.With("pool", b.cfg.Template),
+		kick: make(chan struct{}, 1), vms: map[int]*poolVM{}, hungry: map[string]time.Time{}}
+	if !b.pool.CompareAndSwap(nil, p) {
+		return nil, errors.New("proxmox: the backend already keeps a pool")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p.wg.Add(1)
+	go p.run(ctx)
+	return func() {
+		cancel()
+		done := make(chan struct{})
+		go func() { p.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			p.log.Warn("the pool's VMs being made are left to the next start (it destroys them)")
+		}
+	}, nil
+}
+
+// Pool says how the warm pool stands.
+type PoolCount struct {
+	Template, State string
+	Count           int
+}
+
+// PoolVMs counts the pool's VMs by state (nil when the backend keeps no
+// pool, or another process keeps it).
+func (b *Backend) PoolVMs() []PoolCount {
+	p := b.pool.Load()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lock == nil && p.cfg.LockFile != "" {
+		return nil
+	}
+	counts := make([]int, len(poolStates))
+	for _, v := range p.vms {
+		counts[v.state]++
+	}
+	out := make([]PoolCount, len(poolStates))
+	for i, n := range counts {
+		out[i] = PoolCount{Template: b.cfg.Template, State: poolStates[i], Count: n}
+	}
+	return out
+}
+
+func (p *pool) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the keeper's loop: take the lock (or try again later), adopt
+// what a previous run left, then keep the pool at its size.
+func (p *pool) run(ctx context.Context) {
+	defer p.wg.Done()
+	defer p.unlock()
+	tick := time.NewTicker(p.cfg.CheckInterval)
+	defer tick.Stop()
+	list := true
+	for {
+		if p.lead() {
+			if list {
+				p.sync(ctx)
+			}
+			p.fill(ctx)
+		}
+		list = false
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		case <-tick.C:
+			list = true
+		}
+	}
+}
+
+// lead reports whether this process keeps the pool, taking the lock if
+// it is free.
+func (p *pool) lead() bool {
+	if p.cfg.LockFile == "" {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lock != nil {
+		return true
+	}
+	f, err := os.OpenFile(p.cfg.LockFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		p.log.Warn("pool lock", "err", err)
+		return false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if !p.waitLog {
+			p.waitLog = true
+			p.log.Info("another process keeps the warm pool; this one takes VMs from it", "lock", p.cfg.LockFile)
+		}
+		return false
+	}
+	p.lock = f
+	p.log.Info("keeping the warm pool", "size", p.cfg.Size, "shape", p.shape.String())
+	return true
+}
+
+func (p *pool) unlock() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lock != nil {
+		p.lock.Close()
+		p.lock = nil
+	}
+}
+
+func (p *pool) leader() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.LockFile == "" || p.lock != nil
+}
+
+// fill makes or retires VMs to bring the pool to its size.
+func (p *pool) fill(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	live := 0
+	var ready []*poolVM
+	for _, v := range p.vms {
+		switch v.state {
+		case poolReady:
+			ready = append(ready, v)
+			live++
+		case poolStarting, poolReserved:
+			live++
+		}
+	}
+	for excess := live - p.cfg.Size; excess > 0 && len(ready) > 0; excess-- {
+		v := ready[len(ready)-1]
+		ready = ready[:len(ready)-1]
+		p.log.Info("pool larger than its size: destroying a VM", "vmid", v.vmid, "size", p.cfg.Size)
+		p.retireLocked(ctx, v)
+	}
+	deficit := p.cfg.Size - live
+	if deficit <= 0 || ctx.Err() != nil || time.Now().Before(p.nextTry) {
+		return
+	}
+	for id, t := range p.hungry {
+		if time.Since(t) > hungerWindow {
+			delete(p.hungry, id)
+		}
+	}
+	if len(p.hungry) > 0 {
+		return // jobs wait for room: they come first
+	}
+	for ; deficit > 0 && p.making < p.cfg.Parallel; deficit-- {
+		p.making++
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			err := p.make(ctx)
+			p.mu.Lock()
+			p.making--
+			switch {
+			case err == nil:
+				p.failures = 0
+			case ctx.Err() != nil:
+			case errors.Is(err, sandbox.ErrNoCapacity):
+				// Room may be freed by a job's end (which pokes the pool) or
+				// elsewhere: look again at the next check.
+				p.nextTry = time.Now().Add(p.cfg.CheckInterval)
+				p.log.Debug("no room for a pool VM", "err", err)
+			default:
+				p.failures++
+				wait := min(5*time.Minute, 5*time.Second<<min(p.failures-1, 6))
+				p.nextTry = time.Now().Add(wait)
+				p.log.Warn("could not make a pool VM", "err", err, "retry_in", wait)
+			}
+			p.mu.Unlock()
+			p.poke()
+		}()
+	}
+}
+
+var poolDescRe = regexp.MustCompile(`(?m)^delegate-pool template=(\d+) template-digest=([0-9a-f]*)$`)
+
+func poolDescription(tpl int, digest string) string {
+	return fmt.Sprintf("delegate warm pool VM: a job takes it, then it is destroyed\ndelegate-pool template=%d template-digest=%s", tpl, digest)
+}
+
+func jobDescription(job string) string {
+	return fmt.Sprintf("delegate job %s\n(destroyed when the job ends)", job)
+}
+
+// make clones, configures and boots one pool VM, and marks it ready once
+// its agent answers.
+func (p *pool) make(ctx context.Context) error {
+	b := p.b
+	spec := sandbox.Spec{CPU: p.cfg.CPU, MemoryBytes: p.cfg.MemoryBytes, DiskBytes: p.cfg.DiskBytes}
+	h, err := b.place(ctx, spec, true)
+	if err != nil {
+		return err
+	}
+	defer h.Release()
+	o := owner{b.cfg.Instance, "pool-" + NewInstanceID()}
+	spec.JobID = o.job
+	vmid, err := b.clone(ctx, h, o)
+	if err != nil {
+		return err
+	}
+	h.bind(vmid)
+	b.remember(vmid, h.node)
+	v := &poolVM{vmid: vmid, node: h.node, owner: o, shape: p.shape, state: poolStarting, gone: make(chan struct{})}
+	p.mu.Lock()
+	p.vms[vmid] = v
+	p.mu.Unlock()
+	fail := func(err error) error {
+		p.mu.Lock()
+		delete(p.vms, vmid)
+		p.mu.Unlock()
+		close(v.gone)
+		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
+		return err
+	}
+	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
+	if err := b.configure(ctx, s, h, spec, poolDescription(int(h.tpl.VMID), h.info.digest)); err != nil {
+		return fail(err)
+	}
+	if err := b.c.SetVMConfig(ctx, h.node, vmid, pve.VMConfigUpdate{Tags: append(o.tags(), ReadyTag)}); err != nil {
+		return fail(fmt.Errorf("proxmox: mark pool VM %d ready: %w", vmid, privilegeHint(err)))
+	}
+	cfg, err := b.c.VMConfig(ctx, h.node, vmid)
+	if err != nil {
+		return fail(fmt.Errorf("proxmox: read pool VM %d: %w", vmid, err))
+	}
+	_, size := bootDisk(cfg)
+	p.mu.Lock()
+	v.digest, v.disk, v.state = cfg.Digest, size, poolReady
+	p.mu.Unlock()
+	p.log.Info("pool VM ready", "vmid", vmid, "node", h.node)
+	return nil
+}
+
+// retireLocked destroys a pool VM in the background (p.mu held).
+func (p *pool) retireLocked(ctx context.Context, v *poolVM) {
+	v.state = poolRetiring
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		p.retire(ctx, v)
+	}()
+}
+
+// retire destroys a pool VM unless it was taken meanwhile. First the VM
+// loses its ready tag, in an update checked against its digest: a job
+// that read it ready can no longer take it.
+func (p *pool) retire(ctx context.Context, v *poolVM) {
+	b := p.b
+	defer func() {
+		p.mu.Lock()
+		if p.vms[v.vmid] == v {
+			delete(p.vms, v.vmid)
+		}
+		p.mu.Unlock()
+		close(v.gone)
+		p.poke()
+	}()
+	cfg, err := b.c.VMConfig(ctx, v.node, v.vmid)
+	switch {
+	case pve.IsNotFound(err):
+		b.dropHolds(v.vmid)
+		return
+	case err != nil:
+		p.log.Warn("retire pool VM: read its config", "vmid", v.vmid, "err", err)
+		return // the next check finds it again
+	case !v.owner.owns(cfg):
+		return // a job took it
+	}
+	if slices.Contains(cfg.TagList(), ReadyTag) {
+		if err := b.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Tags: v.owner.tags(), Digest: cfg.Digest}); err != nil {
+			p.log.Info("pool VM changed before it could be retired (a job took it?)", "vmid", v.vmid, "err", err)
+			return
+		}
+	}
+	if err := b.remove(ctx, v.node, v.vmid, v.owner); err != nil {
+		p.log.Warn("retire pool VM", "vmid", v.vmid, "err", err)
+	}
+}
+
+// sync reads the cluster's listing: VMs of the pool that are gone,
+// taken by another process's job or stopped are forgotten or retired;
+// pool VMs of this instance it does not know (a previous run's) are
+// adopted if they are ready and fit, else retired.
+func (p *pool) sync(ctx context.Context) {
+	b := p.b
+	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.Warn("pool: list VMs", "err", err)
+		}
+		return
+	}
+	listed := map[int]pve.Resource{}
+	for _, r := range resources {
+		if r.Type == "qemu" {
+			listed[int(r.VMID)] = r
+		}
+	}
+	var found []pve.Resource
+	p.mu.Lock()
+	for id, v := range p.vms {
+		if v.state == poolStarting || v.state == poolRetiring {
+			continue
+		}
+		r, ok := listed[id]
+		switch {
+		case !ok || !slices.Contains(r.TagList(), PoolTag):
+			delete(p.vms, id) // gone, or another process's job took it
+			p.log.Info("pool VM gone or taken elsewhere", "vmid", id)
+		case v.state == poolReady && (r.Status == "stopped" || r.Lock != ""):
+			p.log.Info("pool VM no longer running: destroying it", "vmid", id, "status", r.Status, "lock", r.Lock)
+			p.retireLocked(ctx, v)
+		}
+	}
+	for _, r := range resources {
+		// A VM this process is making or made has a hold (it may be
+		// listed between its clone and its entry in the pool).
+		if _, known := p.vms[int(r.VMID)]; !known && r.Lock == "" && isPoolListing(r, b.cfg.Instance) && !b.inFlight(int(r.VMID)) && !b.holdsVM(int(r.VMID)) {
+			found = append(found, r)
+		}
+	}
+	first := !p.adopted
+	p.adopted = true
+	p.mu.Unlock()
+	if len(found) == 0 {
+		return
+	}
+	var tpls []pve.Resource
+	if t, err := b.findTemplates(ctx, resources, b.cfg.Template); err == nil {
+		tpls = t
+	}
+	for _, r := range found {
+		p.adopt(ctx, r, tpls, first)
+	}
+}
+
+// isPoolListing: a listing that may be a pool VM of the instance (its
+// config says for sure). A pool VM is tagged once configured; until
+// then only its name says, and a job's VM always has its job's tag.
+func isPoolListing(r pve.Resource, instance string) bool {
+	if r.Type != "qemu" || bool(r.Template) {
+		return false
+	}
+	tags := r.TagList()
+	if slices.Contains(tags, instanceTag(instance)) && slices.Contains(tags, PoolTag) {
+		return true
+	}
+	return strings.HasPrefix(r.Name, namePrefix(instance)+"pool-") &&
+		!slices.ContainsFunc(tags, func(t string) bool { return strings.HasPrefix(t, "job-") })
+}
+
+// inFlight: a clone of this process is making the VM.
+func (b *Backend) inFlight(vmid int) bool {
+	b.idMu.Lock()
+	defer b.idMu.Unlock()
+	return b.cloning[vmid]
+}
+
+// adopt takes into the pool a VM found in the listing, if it is a ready
+// pool VM of this instance that fits the settings and answers; any
+// other pool VM of the instance is retired.
+func (p *pool) adopt(ctx context.Context, r pve.Resource, tpls []pve.Resource, first bool) {
+	b := p.b
+	vmid := int(r.VMID)
+	cfg, err := b.c.VMConfig(ctx, r.Node, vmid)
+	if err != nil {
+		if !pve.IsNotFound(err) {
+			p.log.Warn("pool: read a VM found", "vmid", vmid, "err", err)
+		}
+		return
+	}
+	job, ok := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+	if !ok || !strings.HasPrefix(job, "pool-") || bool(cfg.Template) {
+		return
+	}
+	v := &poolVM{vmid: vmid, node: r.Node, owner: owner{b.cfg.Instance, job}, digest: cfg.Digest, gone: make(chan struct{})}
+	_, v.disk = bootDisk(cfg)
+	why := p.unfit(ctx, cfg, r, tpls)
+	if why == "" {
+		if err := b.c.AgentPing(ctx, r.Node, vmid); err != nil {
+			why = "its guest agent does not answer: " + err.Error()
+		}
+	}
+	v.shape, _ = shapeOfConfig(cfg)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, known := p.vms[vmid]; known {
+		return
+	}
+	p.vms[vmid] = v
+	if why != "" {
+		p.log.Info("destroying a pool VM found", "vmid", vmid, "why", why)
+		p.retireLocked(ctx, v)
+		return
+	}
+	v.state = poolReady
+	if first {
+		p.log.Info("adopted a pool VM of an earlier run", "vmid", vmid, "node", r.Node)
+	} else {
+		p.log.Info("adopted a pool VM", "vmid", vmid, "node", r.Node)
+	}
+}
+
+// unfit says why a pool VM cannot serve this pool's jobs ("" if it can).
+func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls []pve.Resource) string {
+	if r.Status != "running" {
+		return "it is " + r.Status
+	}
+	if !slices.Contains(cfg.TagList(), ReadyTag) {
+		return "it was never ready"
+	}
+	if len(netKeys(cfg)) > 0 {
+		return "it has a NIC"
+	}
+	if s, ok := shapeOfConfig(cfg); !ok || s != p.shape {
+		return fmt.Sprintf("it is %s, the pool's VMs are %s", s, p.shape)
+	}
+	m := poolDescRe.FindStringSubmatch(cfg.Description)
+	if m == nil {
+		return "its description does not name its template"
+	}
+	tpl, _ := strconv.Atoi(m[1])
+	i := slices.IndexFunc(tpls, func(t pve.Resource) bool { return int(t.VMID) == tpl })
+	if i < 0 {
+		return fmt.Sprintf("its template %d is not the pool's template %q", tpl, p.b.cfg.Template)
+	}
+	info, err := p.b.template(ctx, tpls[i])
+	if err != nil {
+		return "its template cannot be read: " + err.Error()
+	}
+	if info.digest != m[2] {
+		return fmt.Sprintf("its template %d changed since it was made", tpl)
+	}
+	return ""
+}
+
+// fits reports whether a job may take a VM of this pool.
+func (p *pool) fits(spec sandbox.Spec) bool {
+	return !spec.Network && (spec.Template == "" || spec.Template == p.b.cfg.Template) &&
+		shapeOf(spec.CPU, spec.MemoryBytes) == p.shape
+}
+
+// take reserves a ready VM for a job, if the job fits the pool and one
+// fits the job. The keeper knows its VMs; another process looks for
+// them in the cluster's listing.
+func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
+	if !p.fits(spec) {
+		return nil
+	}
+	if p.leader() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var best *poolVM
+		for _, v := range p.vms {
+			if v.state == poolReady && spec.DiskBytes <= v.disk && (best == nil || v.vmid < best.vmid) {
+				best = v
+			}
+		}
+		if best != nil {
+			best.state = poolReserved
+		}
+		return best
+	}
+	resources, err := p.b.c.ClusterResources(ctx, pve.ResourceVM)
+	if err != nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range resources {
+		tags := r.TagList()
+		if r.Type != "qemu" || r.Status != "running" || r.Lock != "" || p.vms[int(r.VMID)] != nil ||
+			!slices.Contains(tags, instanceTag(p.b.cfg.Instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) {
+			continue
+		}
+		// Its name, shape and disk are checked in its config, at the claim.
+		v := &poolVM{vmid: int(r.VMID), node: r.Node, shape: p.shape, state: poolReserved, gone: make(chan struct{})}
+		p.vms[v.vmid] = v
+		return v
+	}
+	return nil
+}
+
+// release gives back a VM a job reserved and did not take.
+func (p *pool) release(v *poolVM) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.vms[v.vmid] != v || v.state != poolReserved {
+		return
+	}
+	if v.digest == "" {
+		delete(p.vms, v.vmid) // found in a listing: not this process's to keep
+		return
+	}
+	v.state = poolReady
+}
+
+// forget drops a VM from the pool: a job took it, or it could not be
+// taken.
+func (p *pool) forget(v *poolVM) {
+	p.mu.Lock()
+	if p.vms[v.vmid] == v {
+		delete(p.vms, v.vmid)
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
+// starve notes a job refused room; fed that it got some.
+func (p *pool) starve(job string) {
+	if job == "" {
+		return
+	}
+	p.mu.Lock()
+	p.hungry[job] = time.Now()
+	p.mu.Unlock()
+}
+
+func (p *pool) fed(job string) {
+	p.mu.Lock()
+	_, was := p.hungry[job]
+	delete(p.hungry, job)
+	p.mu.Unlock()
+	if was {
+		p.poke()
+	}
+}
+
+// evict chooses idle VMs on a node whose memory, with free, makes room
+// for need bytes, and retires them; nil if the node's idle VMs are not
+// enough. Only the keeper evicts (it knows which VMs are idle).
+func (p *pool) evict(ctx context.Context, node string, free, need int64) []*poolVM {
+	if !p.leader() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var idle []*poolVM
+	for _, v := range p.vms {
+		if v.state == poolReady && v.node == node {
+			idle = append(idle, v)
+		}
+	}
+	sort.Slice(idle, func(i, j int) bool { return idle[i].shape.memMiB > idle[j].shape.memMiB })
+	var out []*poolVM
+	for _, v := range idle {
+		if free >= need {
+			break
+		}
+		free += int64(v.shape.memMiB) << 20
+		out = append(out, v)
+	}
+	if free < need {
+		return nil
+	}
+	for _, v := range out {
+		p.log.Info("destroying an idle pool VM to make room for a job", "vmid", v.vmid, "node", node)
+		p.retireLocked(ctx, v)
+	}
+	return out
+}
+
+// claim takes a reserved pool VM for a job: one config update, checked
+// against the VM's digest, renames and tags it for the job. Then the
+// agent is asked once: a VM that stopped since it was ready is not
+// given to the job.
+func (b *Backend) claim(ctx context.Context, p *pool, v *poolVM, spec sandbox.Spec, o owner) (*vmSandbox, error) {
+	spec.Step(fmt.Sprintf("taking warm VM %d on %s", v.vmid, v.node))
+	digest := v.digest
+	if digest == "" {
+		cfg, err := b.c.VMConfig(ctx, v.node, v.vmid)
+		if err != nil {
+			return nil, fmt.Errorf("proxmox: read pool VM %d: %w", v.vmid, err)
+		}
+		job, _ := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+		s, ok := shapeOfConfig(cfg)
+		_, disk := bootDisk(cfg)
+		if !strings.HasPrefix(job, "pool-") || !slices.Contains(cfg.TagList(), ReadyTag) || !ok || s != p.shape ||
+			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || !poolDescRe.MatchString(cfg.Description) {
+			return nil, fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape", v.vmid)
+		}
+		digest = cfg.Digest
+	}
+	desc := jobDescription(o.job)
+	err := b.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Name: o.vmName(), Tags: o.tags(), Description: &desc, Digest: digest})
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: take pool VM %d: %w", v.vmid, privilegeHint(err))
+	}
+	b.remember(v.vmid, v.node)
+	s := &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o}
+	if err := b.c.AgentPing(ctx, v.node, v.vmid); err != nil {
+		go b.destroyVM(context.WithoutCancel(ctx), v.node, v.vmid, o)
+		return nil, fmt.Errorf("proxmox: the guest agent of pool VM %d: %w", v.vmid, err)
+	}
+	b.log.Info("took a pool VM", "vmid", v.vmid, "node", v.node, "job", o.job)
+	return s, nil
+}
