@@ -59,6 +59,19 @@ type Config struct {
 	// proxmoxErr is what is wrong with PROXMOX_* when the backend is not
 	// proxmox (the proxmox toolset needs them).
 	proxmoxErr error
+
+	// ProxmoxPool is the warm pool `serve` keeps (PROXMOX_POOL_*).
+	ProxmoxPool PoolConfig
+}
+
+// PoolConfig is the warm pool of booted Proxmox VMs: how many, and their
+// shape (jobs of exactly that CPU and memory, and at most that disk,
+// take them).
+type PoolConfig struct {
+	Size        int
+	CPU         float64
+	MemoryBytes int64
+	DiskBytes   int64
 }
 
 // envVar documents one setting; the README's table is written from these.
@@ -235,6 +248,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			}
 			c.ProxmoxNodeMemory = m
 		}
+		c.ProxmoxPool = loadPool(getenv, c.Defaults, bad)
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
@@ -330,4 +344,47 @@ func parseNodeMemory(v string) (map[string]int64, error) {
 		out[node] = n
 	}
 	return out, nil
+}
+
+// MaxPoolSize bounds PROXMOX_POOL_SIZE.
+const MaxPoolSize = 100
+
+// loadPool reads PROXMOX_POOL_*: the pool's shape defaults to the job
+// defaults (DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_DISK), so that jobs that
+// ask for nothing take its VMs.
+func loadPool(getenv func(string) string, d delegate.Defaults, bad func(name, rule string)) PoolConfig {
+	p := PoolConfig{CPU: d.CPU}
+	p.MemoryBytes, _ = delegate.ParseSize(d.Memory)
+	p.DiskBytes, _ = delegate.ParseSize(d.Disk)
+	if v := getenv("PROXMOX_POOL_SIZE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > MaxPoolSize {
+			bad("PROXMOX_POOL_SIZE", fmt.Sprintf("must be a whole number from 0 (no pool) to %d", MaxPoolSize))
+		} else {
+			p.Size = n
+		}
+	}
+	if v := getenv("PROXMOX_POOL_CPU"); v != "" {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || n < 0.01 || n > delegate.MaxCPU {
+			bad("PROXMOX_POOL_CPU", fmt.Sprintf("must be a number of cores from 0.01 to %d", delegate.MaxCPU))
+		} else {
+			p.CPU = n
+		}
+	}
+	for _, sz := range []struct {
+		name string
+		min  int64
+		dst  *int64
+	}{{"PROXMOX_POOL_MEMORY", delegate.MinMemoryBytes, &p.MemoryBytes}, {"PROXMOX_POOL_DISK", delegate.MinDiskBytes, &p.DiskBytes}} {
+		if v := getenv(sz.name); v != "" {
+			n, err := delegate.ParseSize(v)
+			if err != nil || n < sz.min {
+				bad(sz.name, fmt.Sprintf("must be a size like 512M or 2G, at least %dM", sz.min>>20))
+			} else {
+				*sz.dst = n
+			}
+		}
+	}
+	return p
 }

@@ -264,3 +264,52 @@ func TestToolsetsConfig(t *testing.T) {
 		t.Errorf("--toolsets proxmox: %v %v %+v", err, c.Toolsets, c.Proxmox)
 	}
 }
+
+func TestPoolConfig(t *testing.T) {
+	base := map[string]string{"DELEGATE_BACKEND": "proxmox", "PROXMOX_HOST": "pve", "PROXMOX_USER": "u@pve", "PROXMOX_TOKEN_NAME": "jobs",
+		"PROXMOX_TOKEN_VALUE": "v", "DEFAULT_VM_TEMPLATE": "tpl"}
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr []string
+		want    PoolConfig
+	}{
+		// The pool's shape is the job defaults' unless set.
+		{"defaults", nil, nil, PoolConfig{Size: 0, CPU: 2, MemoryBytes: 2 << 30, DiskBytes: 10 << 30}},
+		{"job defaults", map[string]string{"PROXMOX_POOL_SIZE": "2", "DEFAULT_CPU": "1", "DEFAULT_MEMORY": "512M", "DEFAULT_DISK": "4G"}, nil,
+			PoolConfig{Size: 2, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 4 << 30}},
+		{"its own shape", map[string]string{"PROXMOX_POOL_SIZE": "3", "PROXMOX_POOL_CPU": "0.5", "PROXMOX_POOL_MEMORY": "1G", "PROXMOX_POOL_DISK": "8G"}, nil,
+			PoolConfig{Size: 3, CPU: 0.5, MemoryBytes: 1 << 30, DiskBytes: 8 << 30}},
+		{"bad", map[string]string{"PROXMOX_POOL_SIZE": "-1", "PROXMOX_POOL_CPU": "0", "PROXMOX_POOL_MEMORY": "1M", "PROXMOX_POOL_DISK": "lots"},
+			[]string{"PROXMOX_POOL_SIZE", "PROXMOX_POOL_CPU", "PROXMOX_POOL_MEMORY", "PROXMOX_POOL_DISK"}, PoolConfig{}},
+		{"too big", map[string]string{"PROXMOX_POOL_SIZE": "101"}, []string{"PROXMOX_POOL_SIZE"}, PoolConfig{}},
+		{"not a number", map[string]string{"PROXMOX_POOL_SIZE": "two"}, []string{"PROXMOX_POOL_SIZE"}, PoolConfig{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadConfig(func(k string) string {
+				if v, ok := tc.env[k]; ok {
+					return v
+				}
+				return base[k]
+			})
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.ProxmoxPool != tc.want {
+					t.Fatalf("%+v, want %+v", c.ProxmoxPool, tc.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, name := range tc.wantErr {
+				if !strings.Contains(err.Error(), name+"=") {
+					t.Errorf("error does not name %s: %v", name, err)
+				}
+			}
+		})
+	}
+}

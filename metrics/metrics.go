@@ -26,15 +26,15 @@ type JobCounter interface {
 	CountJobs(ctx context.Context) (map[delegate.Status]int, error)
 }
 
-// PoolCounter reports a warm pool's VMs. The warm pool (not built yet)
-// implements it and is passed to CountPool, which fills
-// delegate_pool_vms{template,state}.
+// PoolCounter reports a warm pool's VMs (the Proxmox backend's, through
+// an adapter in cmd/delegate); CountPool fills
+// delegate_pool_vms{template,state} from it.
 type PoolCounter interface {
 	PoolVMs(ctx context.Context) ([]PoolVMs, error)
 }
 
-// PoolVMs is how many of a template's pooled VMs are in one state
-// (booting, ready, leased...: the pool names its states).
+// PoolVMs is how many of a template's pooled VMs are in one state (the
+// Proxmox pool's: starting, ready, claiming, retiring).
 type PoolVMs struct {
 	Template, State string
 	Count           int

@@ -157,7 +157,8 @@ type pool struct {
 	vms      map[int]*poolVM
 	lock     *os.File // held while this process keeps the pool
 	adopted  bool
-	making   int
+	making   int // VMs being made
+	unlisted int // of which not yet in vms (still cloning)
 	failures int
 	nextTry  time.Time
 	hungry   map[string]time.Time // jobs refused room, by job id
@@ -194,15 +195,24 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 		return nil, errors.New("proxmox: the backend already keeps a pool")
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	// The pool of an earlier run is adopted before KeepPool returns (a
+	// while at most), so that the first jobs find it.
+	adopted := false
+	if p.lead() {
+		first, cancelFirst := context.WithTimeout(ctx, 10*time.Second)
+		p.sync(first)
+		cancelFirst()
+		adopted = p.isAdopted()
+	}
 	p.wg.Add(1)
-	go p.run(ctx)
+	go p.run(ctx, !adopted)
 	return func() {
 		cancel()
 		done := make(chan struct{})
 		go func() { p.wg.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(15 * time.Second):
+		case <-time.After(5 * time.Second):
 			p.log.Warn("the pool's VMs being made are left to the next start (it destroys them)")
 		}
 	}, nil
@@ -246,12 +256,11 @@ func (p *pool) poke() {
 
 // run is the keeper's loop: take the lock (or try again later), adopt
 // what a previous run left, then keep the pool at its size.
-func (p *pool) run(ctx context.Context) {
+func (p *pool) run(ctx context.Context, list bool) {
 	defer p.wg.Done()
 	defer p.unlock()
 	tick := time.NewTicker(p.cfg.CheckInterval)
 	defer tick.Stop()
-	list := true
 	for {
 		if p.lead() {
 			if list {
@@ -308,6 +317,12 @@ func (p *pool) unlock() {
 	}
 }
 
+func (p *pool) isAdopted() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.adopted
+}
+
 func (p *pool) leader() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -318,7 +333,7 @@ func (p *pool) leader() bool {
 func (p *pool) fill(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	live := 0
+	live := p.unlisted
 	var ready []*poolVM
 	for _, v := range p.vms {
 		switch v.state {
@@ -349,12 +364,17 @@ func (p *pool) fill(ctx context.Context) {
 	}
 	for ; deficit > 0 && p.making < p.cfg.Parallel; deficit-- {
 		p.making++
+		p.unlisted++
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			err := p.make(ctx)
+			listed := false
+			err := p.make(ctx, &listed)
 			p.mu.Lock()
 			p.making--
+			if !listed {
+				p.unlisted--
+			}
 			switch {
 			case err == nil:
 				p.failures = 0
@@ -387,8 +407,8 @@ func jobDescription(job string) string {
 }
 
 // make clones, configures and boots one pool VM, and marks it ready once
-// its agent answers.
-func (p *pool) make(ctx context.Context) error {
+// its agent answers. listed is set once the VM is in p.vms.
+func (p *pool) make(ctx context.Context, listed *bool) error {
 	b := p.b
 	spec := sandbox.Spec{CPU: p.cfg.CPU, MemoryBytes: p.cfg.MemoryBytes, DiskBytes: p.cfg.DiskBytes}
 	h, err := b.place(ctx, spec, true)
@@ -407,12 +427,20 @@ func (p *pool) make(ctx context.Context) error {
 	v := &poolVM{vmid: vmid, node: h.node, owner: o, shape: p.shape, state: poolStarting, gone: make(chan struct{})}
 	p.mu.Lock()
 	p.vms[vmid] = v
+	p.unlisted--
+	*listed = true
 	p.mu.Unlock()
 	fail := func(err error) error {
 		p.mu.Lock()
 		delete(p.vms, vmid)
 		p.mu.Unlock()
 		close(v.gone)
+		if ctx.Err() != nil {
+			// Shutting down: the next start adopts the VM if it became
+			// ready, and destroys it if not.
+			p.log.Info("pool VM left half-made to the next start", "vmid", vmid)
+			return err
+		}
 		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return err
 	}
@@ -505,15 +533,15 @@ func (p *pool) sync(ctx context.Context) {
 	var found []pve.Resource
 	p.mu.Lock()
 	for id, v := range p.vms {
-		if v.state == poolStarting || v.state == poolRetiring {
-			continue
+		if v.state != poolReady {
+			continue // being made, taken or retired: that ends on its own
 		}
 		r, ok := listed[id]
 		switch {
 		case !ok || !slices.Contains(r.TagList(), PoolTag):
 			delete(p.vms, id) // gone, or another process's job took it
 			p.log.Info("pool VM gone or taken elsewhere", "vmid", id)
-		case v.state == poolReady && (r.Status == "stopped" || r.Lock != ""):
+		case r.Status == "stopped" || r.Lock != "":
 			p.log.Info("pool VM no longer running: destroying it", "vmid", id, "status", r.Status, "lock", r.Lock)
 			p.retireLocked(ctx, v)
 		}

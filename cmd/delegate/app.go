@@ -123,3 +123,39 @@ func (a *app) Close() {
 	a.eng.Close()
 	a.store.Close()
 }
+
+// keepPool starts the Proxmox warm pool: only a server keeps one (one
+// per data dir: the lock file decides; the others take VMs from it).
+// With PROXMOX_POOL_SIZE=0 it still runs once, to destroy the pool an
+// earlier run left. It returns nil for another backend.
+func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	b, ok := a.backend.(*proxmox.Backend)
+	if !ok {
+		return nil, nil
+	}
+	p := cfg.ProxmoxPool
+	stop, err = b.KeepPool(ctx, proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
+		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")})
+	if err != nil {
+		return nil, fmt.Errorf("warm pool (PROXMOX_POOL_*): %w", err)
+	}
+	if p.Size > 0 {
+		log.Info("warm pool", "size", p.Size, "template", cfg.Defaults.VMTemplate, "cpu", p.CPU, "memory", p.MemoryBytes>>20,
+			"disk", p.DiskBytes>>20, "takes", "jobs of this cpu and memory, at most this disk, no network, the default template")
+	}
+	if met != nil {
+		met.CountPool(poolCounter{b})
+	}
+	return stop, nil
+}
+
+// poolCounter reads the warm pool for the metrics.
+type poolCounter struct{ b *proxmox.Backend }
+
+func (p poolCounter) PoolVMs(context.Context) ([]metrics.PoolVMs, error) {
+	var out []metrics.PoolVMs
+	for _, c := range p.b.PoolVMs() {
+		out = append(out, metrics.PoolVMs{Template: c.Template, State: c.State, Count: c.Count})
+	}
+	return out, nil
+}

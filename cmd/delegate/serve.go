@@ -50,6 +50,12 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		go srv.Serve(callbacks)
 		defer srv.Close()
 	}
+	// The pool first: jobs the engine starts at once may take its VMs.
+	if stop, err := keepPool(ctx, cfg, a, met, log); err != nil {
+		return err
+	} else if stop != nil {
+		defer stop()
+	}
 	if err := a.eng.Start(ctx); err != nil {
 		return err
 	}
