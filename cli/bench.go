@@ -14,8 +14,10 @@ func (p *Program) benchCmd(cfg *Config) *cobra.Command {
 		Short: "Measure sandbox start and job round trip, or many jobs at once",
 		Long: `Measure, in one run on this machine, plain exec of /bin/true, the sandbox
 start of /bin/true and a full job round trip through the engine, and print
-medians with ratios to plain exec. With --proxmox-sim, measure Proxmox jobs
-against the simulator with real-world latencies divided by --scale.
+medians with ratios to plain exec. With --proxmox-sim, measure Proxmox jobs,
+cold (a clone each) and warm (from a pool of booted VMs), against the
+simulator at a real cluster's timings (divided by --scale, if given): submit
+to running, submit to done and API calls per job.
 
 With --load N, submit N jobs that sleep for --sleep, all at once, with the
 concurrency limit raised to N, and print the time until every submission
@@ -38,15 +40,18 @@ the memory each running sandbox adds, and the jobs lost (must be 0).`,
 				if opts.Scale < 1 {
 					return usagef("--scale: must be at least 1")
 				}
+				if !cmd.Flags().Changed("runs") {
+					opts.Runs = 3 // each cold run takes ~20 s at real timings
+				}
 				opts.Runs = min(opts.Runs, 10)
 			}
 			return p.Bench(cmd.Context(), *cfg, opts, p.Stdout, newLogger(p.Stderr, slog.LevelWarn))
 		},
 	}
 	fs := cmd.Flags()
-	fs.IntVarP(&opts.Runs, "runs", "n", 30, "runs of each measurement (at most 10 with --proxmox-sim)")
+	fs.IntVarP(&opts.Runs, "runs", "n", 30, "runs of each measurement (with --proxmox-sim: default 3, at most 10)")
 	fs.BoolVar(&opts.ProxmoxSim, "proxmox-sim", false, "measure Proxmox jobs against a simulator with real-world latencies instead")
-	fs.Float64Var(&opts.Scale, "scale", 10, "with --proxmox-sim: divide the simulated latencies by this")
+	fs.Float64Var(&opts.Scale, "scale", 1, "with --proxmox-sim: divide the simulated latencies by this (1: real timings)")
 	fs.IntVar(&opts.Load, "load", 0, "run `N` sleeping jobs at once instead, with the concurrency limit raised to N")
 	fs.DurationVar(&opts.Sleep, "sleep", 20*time.Second, "with --load: how long each job sleeps")
 	return cmd

@@ -84,6 +84,8 @@ type Backend struct {
 
 	// pool is the warm pool, once KeepPool was called (pool.go).
 	pool atomic.Pointer[pool]
+	// tplList is the cluster's templates, for CheckTemplate.
+	tplList templateList
 }
 
 var (
@@ -541,7 +543,7 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 		}
 		upid, err := b.c.StopVM(ctx, node, vmid)
 		if err == nil {
-			err = b.c.WaitTask(ctx, node, upid)
+			err = b.waitQuietly(ctx, node, upid)
 		}
 		if err != nil && pve.IsNotFound(err) {
 			b.dropHolds(vmid)
@@ -557,7 +559,7 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 		}
 		upid, err = b.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true, DestroyUnreferencedDisks: true})
 		if err == nil {
-			err = b.c.WaitTask(ctx, node, upid)
+			err = b.waitQuietly(ctx, node, upid)
 		}
 		if err == nil || pve.IsNotFound(err) {
 			b.dropHolds(vmid)
@@ -570,6 +572,32 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 		last = err
 	}
 	return fmt.Errorf("proxmox: destroy VM %d: %w", vmid, privilegeHint(last))
+}
+
+// waitQuietly waits for a task nobody waits on (a stop or delete after
+// the job ended): it looks every PollInterval, first after half of it,
+// rather than WaitTask's quick first polls. A failed task is read by
+// WaitTask, which fetches its log.
+func (b *Backend) waitQuietly(ctx context.Context, node, upid string) error {
+	wait := b.cfg.PollInterval / 2
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		st, err := b.c.TaskStatus(ctx, node, upid)
+		if err != nil {
+			return err
+		}
+		if !st.Running() {
+			if st.OK() {
+				return nil
+			}
+			return b.c.WaitTask(ctx, node, upid)
+		}
+		wait = b.cfg.PollInterval
+	}
 }
 
 // ownedBy reads a VM's config and says whether it is o's. A VM that does

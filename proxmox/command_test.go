@@ -2,10 +2,13 @@ package proxmox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pvesim"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -109,4 +112,65 @@ func TestCommandContract(t *testing.T) {
 			t.Fatalf("%+v %q", exit, out)
 		}
 	})
+}
+
+// TestCheckTemplate: a job naming a template that does not exist is
+// refused at submission (a field error listing the templates), from a
+// list of the cluster's templates read now and then; one made after the
+// list was read is found.
+func TestCheckTemplate(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	listings := func() int {
+		n := 0
+		for _, r := range sim.Requests() {
+			if r.Path == "/cluster/resources" && r.TokenID == token {
+				n++
+			}
+		}
+		return n
+	}
+	submit := func(tpl string) error {
+		_, err := s.eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", VMTemplate: tpl}, delegate.SubmitOptions{})
+		return err
+	}
+	var fe *delegate.FieldError
+	if err := submit("nope"); !errors.As(err, &fe) || fe.Field != "manifest.vmTemplate" || !strings.Contains(fe.Rule, "available: debian-job (9000)") {
+		t.Fatalf("unknown template: %v", err)
+	}
+	// The check alone (no engine, whose sweep lists the cluster too).
+	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.CheckTemplate(ctx, "debian-job"); err != nil {
+		t.Fatal(err)
+	}
+	before := listings()
+	for range 5 {
+		if err := b.CheckTemplate(ctx, "debian-job"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.CheckTemplate(ctx, "9000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := listings() - before; n != 0 {
+		t.Errorf("%d listings for 10 checks of a known template", n)
+	}
+	var te *sandbox.TemplateError
+	if err := b.CheckTemplate(ctx, "nope"); !errors.As(err, &te) {
+		t.Fatalf("unknown template: %v", err)
+	}
+	// A template made since the list was read is found (the list is read
+	// again for a name it lacks, at most every few seconds).
+	time.Sleep(5100 * time.Millisecond)
+	if err := sim.AddTemplate("pve1", 9100, "brand-new", pvesim.TemplateSpec{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CheckTemplate(ctx, "brand-new"); err != nil {
+		t.Fatalf("a new template: %v", err)
+	}
 }

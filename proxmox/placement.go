@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -427,8 +428,8 @@ func (b *Backend) findTemplates(ctx context.Context, resources []pve.Resource, n
 	}
 	found, lookups := false, 0
 	for i, r := range resources {
-		if r.Type != "qemu" || r.Name != "" || lookups >= 2*maxMemoryLookups {
-			continue
+		if r.Type != "qemu" || r.Name != "" || lookups >= 2*maxMemoryLookups || slices.Contains(r.TagList(), instanceTag(b.cfg.Instance)) {
+			continue // this instance's VMs are clones, never templates
 		}
 		lookups++
 		cfg, cerr := b.c.VMConfig(ctx, r.Node, int(r.VMID))

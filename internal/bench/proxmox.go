@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,19 +22,15 @@ import (
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
-// Latencies measured on real Proxmox hardware (see DESIGN.md): a linked
-// clone ~2 s, boot ~10 s, guest agent up ~3 s after boot.
-const (
-	realClone = 2 * time.Second
-	realBoot  = 10 * time.Second
-	realAgent = 3 * time.Second
-	realTask  = 300 * time.Millisecond // config, stop, destroy
-)
-
-// Proxmox runs n jobs, one after the other, through the engine and the
-// Proxmox backend against a simulator whose latencies are the real ones
-// divided by scale, and prints submit→running, submit→done and the API
-// calls per job.
+// Proxmox measures Proxmox jobs through the engine and the Proxmox
+// backend against the simulator at a real cluster's timings
+// (pvesim.RealLatency: requests 10-50 ms, agent calls 25 ms, clone 2 s,
+// start 1 s, boot and agent 12 s, stop 2 s), every one divided by scale:
+// n cold jobs (a clone each), then n warm ones (a VM of a pool of two,
+// which is refilled between jobs), each for an echo job and a one-second
+// job. It prints the medians of submit -> running, submit -> done and
+// the Proxmox API calls of each job, from its submission until its VM is
+// destroyed.
 func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *slog.Logger) error {
 	div := func(d time.Duration) time.Duration { return time.Duration(float64(d) / scale) }
 	dir, err := os.MkdirTemp("", "delegate-bench-pve-")
@@ -40,11 +38,19 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		return err
 	}
 	defer os.RemoveAll(dir)
+	real := pvesim.RealLatency()
+	delays := map[string]time.Duration{}
+	for k, v := range real.TaskDelays {
+		delays[k] = div(v)
+	}
 	sim, err := pvesim.New(pvesim.Options{
 		Nodes:            pvesim.DefaultNodes(1),
-		TaskDelay:        div(realTask),
-		TaskDelays:       map[string]time.Duration{"qmclone": div(realClone)},
-		BootDelay:        div(realBoot + realAgent),
+		TaskDelay:        div(real.TaskDelay),
+		TaskDelays:       delays,
+		BootDelay:        div(real.BootDelay),
+		RequestLatency:   pvesim.Span{Min: div(real.RequestLatency.Min), Max: div(real.RequestLatency.Max)},
+		AgentLatency:     div(real.AgentLatency),
+		StatsInterval:    div(real.StatsInterval),
 		AuthFailureDelay: -1,
 		SandboxDir:       dir + "/guests",
 	})
@@ -72,12 +78,14 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 	if err != nil {
 		return err
 	}
+	pc.TaskPollInterval = div(pc.TaskPollInterval)
 	client, err := pve.New(pc)
 	if err != nil {
 		return err
 	}
+	// What `serve` uses: polls every second.
 	poll := div(time.Second)
-	backend, err := proxmox.New(client, proxmox.Config{Template: "bench-template", PollInterval: poll})
+	backend, err := proxmox.New(client, proxmox.Config{Template: "bench-template", PollInterval: poll, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -86,56 +94,203 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		return err
 	}
 	defer store.Close()
+	defaults := delegate.Defaults{Timeout: 600, CPU: 1, Memory: "512M", Disk: "1G"}
 	eng := engine.New(store, backend, engine.Config{
-		Defaults:     delegate.Defaults{Timeout: 600, CPU: 1, Memory: "512M", Disk: "1G"},
-		PollInterval: poll, ArtifactDir: dir + "/artifacts", CleanupInterval: time.Hour,
-		Logger: log,
+		Defaults: defaults, PollInterval: poll, ArtifactDir: dir + "/artifacts", CleanupInterval: time.Hour, Logger: log,
 	})
 	if err := eng.Start(ctx); err != nil {
 		return err
 	}
 	defer eng.Close()
 
-	var toRunning, toDone []time.Duration
-	var calls []int
+	b := &pveBench{sim: sim, eng: eng, backend: backend}
+	tasks := []string{"echo hello", "sleep 1"}
+	fmt.Fprintf(stdout, "delegate bench --proxmox-sim: %d runs of each, simulated latencies = real / %g (requests %s-%s, agent calls %s, clone %s, start %s, boot+agent %s, stop %s), polls every %s\n",
+		n, scale, div(real.RequestLatency.Min), div(real.RequestLatency.Max), div(real.AgentLatency), delays["qmclone"],
+		delays["qmstart"], div(real.BootDelay), delays["qmstop"], poll)
+	cold := map[string]*samples{}
+	for _, task := range tasks {
+		if cold[task], err = b.run(ctx, task, n, false); err != nil {
+			return fmt.Errorf("cold %q: %w", task, err)
+		}
+	}
+	stop, err := backend.KeepPool(ctx, proxmox.PoolConfig{Size: 2, CPU: defaults.CPU, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,
+		CheckInterval: div(10 * time.Second)})
+	if err != nil {
+		return err
+	}
+	defer stop()
+	warm := map[string]*samples{}
+	before := len(sim.Requests())
+	for _, task := range tasks {
+		if warm[task], err = b.run(ctx, task, n, true); err != nil {
+			return fmt.Errorf("warm %q: %w", task, err)
+		}
+	}
+	if err := b.poolFull(ctx); err != nil {
+		return err
+	}
+	upkeep := len(sim.Requests()) - before
+	for _, s := range warm {
+		for _, c := range s.calls {
+			upkeep -= c
+		}
+	}
+
+	// Times as measured: with scale > 1 the simulated waits are shorter,
+	// the jobs' own time (sleep 1) and the engine's are not.
+	at := func(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
+	fmt.Fprintf(stdout, "%-34s %22s %22s\n", "median of "+strconv.Itoa(n), "cold (clone)", "warm (pool of 2)")
+	for _, task := range tasks {
+		c, w := cold[task], warm[task]
+		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: submit -> running", task), at(median(c.running)), at(median(w.running)))
+		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: submit -> done", task), at(median(c.done)), at(median(w.done)))
+		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: API calls", task), c.callRange(), w.callRange())
+	}
+	made := poolMade(sim)
+	if made > 0 {
+		fmt.Fprintf(stdout, "warm pool upkeep: %d API calls for %d VMs made (%.0f per VM: clone, configure, start, agent wait, ready mark; and a listing every %s)\n",
+			upkeep, made, float64(upkeep)/float64(made), div(10*time.Second))
+	}
+	return nil
+}
+
+type pveBench struct {
+	sim     *pvesim.Server
+	eng     *engine.Engine
+	backend *proxmox.Backend
+}
+
+type samples struct {
+	running, done []time.Duration
+	calls         []int
+}
+
+func (s *samples) callRange() string {
+	c := slices.Clone(s.calls)
+	slices.Sort(c)
+	return fmt.Sprintf("%d (%d-%d)", c[len(c)/2], c[0], c[len(c)-1])
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// run runs n jobs one after the other. Warm: each starts with the pool
+// full, and its calls are those about its VM (the pool's refill, which
+// runs meanwhile, is not the job's); cold: no pool runs, and every call
+// from submission to the VM's destruction is the job's.
+func (b *pveBench) run(ctx context.Context, task string, n int, warm bool) (*samples, error) {
+	s := &samples{}
 	for range n {
-		before := len(sim.Requests())
+		if warm {
+			if err := b.poolFull(ctx); err != nil {
+				return nil, err
+			}
+		}
+		before := len(b.sim.Requests())
 		start := time.Now()
-		j, err := eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo hello"}, delegate.SubmitOptions{})
+		j, err := b.eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: task}, delegate.SubmitOptions{})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		running := time.Duration(0)
+		var cur *delegate.Job
 		for {
-			cur, err := eng.Get(ctx, j.ID)
-			if err != nil {
-				return err
+			if cur, err = b.eng.Get(ctx, j.ID); err != nil {
+				return nil, err
 			}
 			if running == 0 && cur.Status != delegate.StatusPending && cur.Status != delegate.StatusProvisioning {
 				running = time.Since(start)
 			}
 			if cur.Status.Terminal() {
-				if cur.Status != delegate.StatusSuccess {
-					return fmt.Errorf("job %s: %s %s", cur.ID, cur.Status, cur.Error)
-				}
 				break
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		toRunning, toDone = append(toRunning, running), append(toDone, time.Since(start))
-		// Wait for the VM to be destroyed, so that each job's calls are its own.
-		for len(sim.VMs()) > 1 {
-			time.Sleep(10 * time.Millisecond)
+		if cur.Status != delegate.StatusSuccess {
+			return nil, fmt.Errorf("job %s: %s %s", cur.ID, cur.Status, cur.Error)
 		}
-		calls = append(calls, len(sim.Requests())-before)
+		s.running, s.done = append(s.running, running), append(s.done, time.Since(start))
+		vmid, _, _ := strings.Cut(strings.TrimPrefix(cur.SandboxID, "vm-"), "-")
+		// Wait for the VM to be destroyed: its calls are the job's too.
+		for {
+			if _, ok := b.sim.VM(atoi(vmid)); !ok {
+				break
+			}
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return nil, err
+			}
+		}
+		reqs := b.sim.Requests()[before:]
+		if !warm {
+			s.calls = append(s.calls, len(reqs))
+			continue
+		}
+		s.calls = append(s.calls, aboutVM(reqs, vmid))
 	}
-	med := func(ds []time.Duration) time.Duration { s := slices.Clone(ds); slices.Sort(s); return s[len(s)/2] }
-	fmt.Fprintf(stdout, "delegate bench --proxmox-sim: %d jobs, simulated latencies = real / %g (clone %s, boot %s, agent %s)\n",
-		n, scale, div(realClone), div(realBoot), div(realAgent))
-	fmt.Fprintf(stdout, "%-28s %12s %16s\n", "", "median", "x scale (real)")
-	fmt.Fprintf(stdout, "%-28s %10.0fms %14.1fs\n", "submit -> running", ms(med(toRunning)), med(toRunning).Seconds()*scale)
-	fmt.Fprintf(stdout, "%-28s %10.0fms %14.1fs\n", "submit -> done (echo hello)", ms(med(toDone)), med(toDone).Seconds()*scale)
-	slices.Sort(calls)
-	fmt.Fprintf(stdout, "Proxmox API calls per job: median %d (min %d, max %d), with polls every %s\n", calls[len(calls)/2], calls[0], calls[len(calls)-1], poll)
-	return nil
+	return s, nil
+}
+
+// aboutVM counts the requests about one VM: on its paths, and on its
+// tasks (a UPID names the VM, except a clone's, which names its source).
+func aboutVM(reqs []pvesim.Request, vmid string) int {
+	on := regexp.MustCompile(`/qemu/` + vmid + `(/|$)`)
+	task := regexp.MustCompile(`/tasks/UPID:[^/]*:qm[a-z]+:` + vmid + `:`)
+	n := 0
+	for _, r := range reqs {
+		if on.MatchString(r.Path) || task.MatchString(r.Path) {
+			n++
+		}
+	}
+	return n
+}
+
+// poolFull waits until the pool has its two VMs ready.
+func (b *pveBench) poolFull(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		ready, other := 0, 0
+		for _, c := range b.backend.PoolVMs() {
+			if c.State == "ready" {
+				ready = c.Count
+			} else {
+				other += c.Count
+			}
+		}
+		if ready == 2 && other == 0 {
+			return nil
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("the pool was not ready within 5 minutes: %+v", b.backend.PoolVMs())
+}
+
+// poolMade counts the pool VMs cloned.
+func poolMade(sim *pvesim.Server) int {
+	n := 0
+	for _, r := range sim.Requests() {
+		if strings.HasSuffix(r.Path, "/clone") && r.Status == 200 && strings.Contains(fmt.Sprint(r.Params["name"]), "-pool-") {
+			n++
+		}
+	}
+	return n
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
 }
