@@ -140,7 +140,10 @@ type poolVM struct {
 	digest string
 	shape  shape
 	disk   int64 // its boot disk's size
-	state  poolState
+	// tpls are the vmids of the templates it may have been cloned from,
+	// when it was found in a listing (its description is checked).
+	tpls  []int
+	state poolState
 	gone   chan struct{} // closed once retired
 }
 
@@ -400,6 +403,11 @@ var poolDescRe = regexp.MustCompile(`(?m)^delegate-pool template=(\d+) template-
 
 func poolDescription(tpl int, digest string) string {
 	return fmt.Sprintf("delegate warm pool VM: a job takes it, then it is destroyed\ndelegate-pool template=%d template-digest=%s", tpl, digest)
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 func jobDescription(job string) string {
@@ -699,16 +707,23 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 	if err != nil {
 		return nil
 	}
+	var tpls []int
+	for _, r := range resources {
+		if r.Type == "qemu" && bool(r.Template) && (r.Name == p.b.cfg.Template || strconv.Itoa(int(r.VMID)) == p.b.cfg.Template) {
+			tpls = append(tpls, int(r.VMID))
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, r := range resources {
 		tags := r.TagList()
 		if r.Type != "qemu" || r.Status != "running" || r.Lock != "" || p.vms[int(r.VMID)] != nil ||
-			!slices.Contains(tags, instanceTag(p.b.cfg.Instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) {
+			!slices.Contains(tags, instanceTag(p.b.cfg.Instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) ||
+			(r.MaxMem > 0 && int(r.MaxMem>>20) != p.shape.memMiB) || (r.MaxCPU > 0 && int(r.MaxCPU) != p.shape.cores) {
 			continue
 		}
 		// Its name, shape and disk are checked in its config, at the claim.
-		v := &poolVM{vmid: int(r.VMID), node: r.Node, shape: p.shape, state: poolReserved, gone: make(chan struct{})}
+		v := &poolVM{vmid: int(r.VMID), node: r.Node, shape: p.shape, tpls: tpls, state: poolReserved, gone: make(chan struct{})}
 		p.vms[v.vmid] = v
 		return v
 	}
@@ -809,9 +824,10 @@ func (b *Backend) claim(ctx context.Context, p *pool, v *poolVM, spec sandbox.Sp
 		job, _ := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
 		s, ok := shapeOfConfig(cfg)
 		_, disk := bootDisk(cfg)
+		m := poolDescRe.FindStringSubmatch(cfg.Description)
 		if !strings.HasPrefix(job, "pool-") || !slices.Contains(cfg.TagList(), ReadyTag) || !ok || s != p.shape ||
-			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || !poolDescRe.MatchString(cfg.Description) {
-			return nil, fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape", v.vmid)
+			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || m == nil || !slices.Contains(v.tpls, atoi(m[1])) {
+			return nil, fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape and template", v.vmid)
 		}
 		digest = cfg.Digest
 	}
