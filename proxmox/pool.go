@@ -144,7 +144,7 @@ type poolVM struct {
 	// when it was found in a listing (its description is checked).
 	tpls  []int
 	state poolState
-	gone   chan struct{} // closed once retired
+	gone  chan struct{} // closed once retired
 }
 
 // pool keeps the warm pool of a Backend.
