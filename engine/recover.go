@@ -137,6 +137,8 @@ func (e *Engine) sweep(ctx context.Context) {
 			continue
 		case job != nil && e.drives(job.ID):
 			continue // finished, and its sandbox is being destroyed right now
+		case job != nil && job.Owner != "" && job.Owner != e.owner && e.cfg.OwnerAlive(job.Owner):
+			continue // another live engine's: it destroys it (or its sweep does)
 		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID:
 			continue // kept until release_job
 		case job == nil:

@@ -557,6 +557,14 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 			// A stop can fail on a VM that is already stopped; the delete
 			// below tells the truth.
 		}
+		if err != nil && attempt == 0 {
+			// Not stopped by us: it may have been destroyed by another
+			// process since its owner was read, and its vmid taken by a
+			// new VM (not running yet). Read the owner again.
+			if ok, found, oerr := b.owned(ctx, node, vmid, o); oerr == nil && (!found || !ok) {
+				return nil
+			}
+		}
 		upid, err = b.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true, DestroyUnreferencedDisks: true})
 		if err == nil {
 			err = b.waitQuietly(ctx, node, upid)
