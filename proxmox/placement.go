@@ -261,7 +261,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		}
 		for _, i := range order {
 			c := cands[i]
-			if victims := p.evict(ctx, c.node, frees[i], int64(need)<<20); victims != nil {
+			if victims := p.evict(ctx, c.node, frees[i], int64(need)<<20, resources); victims != nil {
 				h := b.reserve(c.node, c.tpl, c.info, c.target, need)
 				h.evict = victims
 				return h, nil

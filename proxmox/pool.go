@@ -505,6 +505,13 @@ func (p *pool) retire(ctx context.Context, v *poolVM) {
 	case err != nil:
 		p.log.Warn("retire pool VM: read its config", "vmid", v.vmid, "err", err)
 		return // the next check finds it again
+	case v.owner.instance == "":
+		// Found in a listing: its name says which pool VM it is.
+		job, ok := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+		if !ok || !strings.HasPrefix(job, "pool-") {
+			return // a job took it
+		}
+		v.owner = owner{b.cfg.Instance, job}
 	case !v.owner.owns(cfg):
 		return // a job took it
 	}
@@ -777,17 +784,27 @@ func (p *pool) fed(job string) {
 
 // evict chooses idle VMs on a node whose memory, with free, makes room
 // for need bytes, and retires them; nil if the node's idle VMs are not
-// enough. Only the keeper evicts (it knows which VMs are idle).
-func (p *pool) evict(ctx context.Context, node string, free, need int64) []*poolVM {
-	if !p.leader() {
-		return nil
-	}
+// enough. The keeper knows which VMs are idle; another process finds
+// them in the listing (ready pool VMs), and its retire's digest check
+// leaves alone one the keeper gave a job meanwhile.
+func (p *pool) evict(ctx context.Context, node string, free, need int64, resources []pve.Resource) []*poolVM {
+	leader := p.leader()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var idle []*poolVM
-	for _, v := range p.vms {
-		if v.state == poolReady && v.node == node {
-			idle = append(idle, v)
+	if leader {
+		for _, v := range p.vms {
+			if v.state == poolReady && v.node == node {
+				idle = append(idle, v)
+			}
+		}
+	} else {
+		for _, r := range resources {
+			tags := r.TagList()
+			if r.Type == "qemu" && r.Node == node && r.Status == "running" && r.Lock == "" && r.MaxMem > 0 && p.vms[int(r.VMID)] == nil &&
+				slices.Contains(tags, instanceTag(p.b.cfg.Instance)) && slices.Contains(tags, PoolTag) && slices.Contains(tags, ReadyTag) {
+				idle = append(idle, &poolVM{vmid: int(r.VMID), node: node, shape: shape{memMiB: int(r.MaxMem >> 20)}, gone: make(chan struct{})})
+			}
 		}
 	}
 	sort.Slice(idle, func(i, j int) bool { return idle[i].shape.memMiB > idle[j].shape.memMiB })
@@ -804,6 +821,7 @@ func (p *pool) evict(ctx context.Context, node string, free, need int64) []*pool
 	}
 	for _, v := range out {
 		p.log.Info("destroying an idle pool VM to make room for a job", "vmid", v.vmid, "node", node)
+		p.vms[v.vmid] = v
 		p.retireLocked(ctx, v)
 	}
 	return out

@@ -388,13 +388,29 @@ func TestPoolRestart(t *testing.T) {
 // that does not fit gets room from one of them (destroyed before the
 // job's VM starts), and the pool does not take the room back while it runs.
 func TestPoolGivesWay(t *testing.T) {
+	t.Run("to the keeper's job", func(t *testing.T) { givesWay(t, false) })
+	// A server of the same data dir that does not keep the pool finds
+	// its idle VMs in the cluster's listing.
+	t.Run("to another server's job", func(t *testing.T) { givesWay(t, true) })
+}
+
+func givesWay(t *testing.T, other bool) {
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
-	s := newServer(t, c, proxmox.Config{NodeMemory: map[string]int64{"": 4 << 30}}, engine.Config{})
+	dir := t.TempDir()
+	alive := func(string) bool { return true }
+	pcfg := proxmox.Config{Instance: "give1234", NodeMemory: map[string]int64{"": 4 << 30}}
+	keeper := newServerAt(t, c, pcfg, engine.Config{OwnerAlive: alive}, filepath.Join(dir, "jobs.db"))
 	cfg := poolCfg(2)
 	cfg.MemoryBytes = 2 << 30
-	keepPool(t, s, cfg)
-	waitReady(t, s.backend, 2)
+	cfg.LockFile = filepath.Join(dir, "proxmox-pool.lock")
+	keepPool(t, keeper, cfg)
+	waitReady(t, keeper.backend, 2)
+	s := keeper
+	if other {
+		s = newServerAt(t, c, pcfg, engine.Config{OwnerAlive: alive}, filepath.Join(dir, "jobs.db"))
+		keepPool(t, s, cfg)
+	}
 	type seen struct{ mem, poolWithJob int }
 	stop := make(chan struct{})
 	peak := make(chan seen)
@@ -444,5 +460,5 @@ func TestPoolGivesWay(t *testing.T) {
 		t.Errorf("%d pool VMs beside the job, want 1", most.poolWithJob)
 	}
 	// Once the job is gone, the pool takes the room back.
-	waitReady(t, s.backend, 2)
+	waitReady(t, keeper.backend, 2)
 }
