@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // readyPoolVMs lists the simulator's pool VMs whose agent answered.
@@ -114,8 +118,7 @@ func TestProxmoxWarmPool(t *testing.T) {
 	}
 
 	// A restart adopts the pool: the next job is warm, with no new clone.
-	cs.Close()
-	cmd.Wait()
+	stopServer(t, cs, cmd)
 	made := clones(sim)
 	cs, cmd, _ = stdioSession(t, dataDir, "", append(env, "PROXMOX_POOL_SIZE=2")...)
 	sub = call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "echo adopted"}})
@@ -129,14 +132,32 @@ func TestProxmoxWarmPool(t *testing.T) {
 	}
 
 	// A smaller size shrinks the pool; 0 removes it.
-	cs.Close()
-	cmd.Wait()
+	stopServer(t, cs, cmd)
 	cs, cmd, _ = stdioSession(t, dataDir, "", append(env, "PROXMOX_POOL_SIZE=1")...)
 	waitPool(t, sim, 1, 30*time.Second)
-	cs.Close()
-	cmd.Wait()
+	stopServer(t, cs, cmd)
 	stdioSession(t, dataDir, "", append(env, "PROXMOX_POOL_SIZE=0")...)
 	noVMsLeft(t, sim)
 }
 
 var vmPathRe = regexp.MustCompile(`^/nodes/[^/]+/qemu/(\d+)$`)
+
+// stopServer closes a stdio session and waits until its server has
+// exited (the transport reaps it: a second Wait on the command could
+// block for ever).
+func stopServer(t *testing.T, cs *mcp.ClientSession, cmd *exec.Cmd) {
+	t.Helper()
+	cs.Close()
+	pid := cmd.Process.Pid
+	for range 600 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return // reaped
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
+			return // exited
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the server (pid %d) did not exit", pid)
+}
