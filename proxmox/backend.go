@@ -573,7 +573,7 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 			b.dropHolds(vmid)
 			b.log.Info("destroyed VM", "vmid", vmid, "node", node, "job", o.job)
 			if p := b.pool.Load(); p != nil {
-				p.poke() // room freed: the pool may refill
+				p.roomFreed()
 			}
 			return nil
 		}

@@ -160,8 +160,9 @@ type pool struct {
 	vms      map[int]*poolVM
 	lock     *os.File // held while this process keeps the pool
 	adopted  bool
-	making   int // VMs being made
-	unlisted int // of which not yet in vms (still cloning)
+	noRoom   bool // nextTry waits for room, not after an error
+	making   int  // VMs being made
+	unlisted int  // of which not yet in vms (still cloning)
 	failures int
 	nextTry  time.Time
 	hungry   map[string]time.Time // jobs refused room, by job id
@@ -221,7 +222,7 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 	}, nil
 }
 
-// Pool says how the warm pool stands.
+// PoolCount is how many of the pool's VMs are in a state.
 type PoolCount struct {
 	Template, State string
 	Count           int
@@ -250,6 +251,17 @@ func (b *Backend) PoolVMs() []PoolCount {
 	return out
 }
 
+// roomFreed: a VM of this server was destroyed; a refill that found no
+// room may try again at once.
+func (p *pool) roomFreed() {
+	p.mu.Lock()
+	if p.noRoom {
+		p.nextTry, p.noRoom = time.Time{}, false
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
 func (p *pool) poke() {
 	select {
 	case p.kick <- struct{}{}:
@@ -266,7 +278,8 @@ func (p *pool) run(ctx context.Context, list bool) {
 	defer tick.Stop()
 	for {
 		if p.lead() {
-			if list {
+			// A process that has just taken the pool over adopts it first.
+			if list || !p.isAdopted() {
 				p.sync(ctx)
 			}
 			p.fill(ctx)
@@ -378,14 +391,15 @@ func (p *pool) fill(ctx context.Context) {
 			if !listed {
 				p.unlisted--
 			}
+			p.noRoom = false
 			switch {
 			case err == nil:
 				p.failures = 0
 			case ctx.Err() != nil:
 			case errors.Is(err, sandbox.ErrNoCapacity):
-				// Room may be freed by a job's end (which pokes the pool) or
-				// elsewhere: look again at the next check.
-				p.nextTry = time.Now().Add(p.cfg.CheckInterval)
+				// Room may be freed by the end of one of this server's VMs
+				// (roomFreed), or elsewhere: look again at the next check.
+				p.nextTry, p.noRoom = time.Now().Add(p.cfg.CheckInterval), true
 				p.log.Debug("no room for a pool VM", "err", err)
 			default:
 				p.failures++
