@@ -143,14 +143,20 @@ type JobStore interface {
 	// heartbeat; its events are still added to its timeline, which keeps
 	// the newest MaxTimeline entries. An unknown job is skipped.
 	SaveProgress(ctx context.Context, batch []JobProgress) error
-	// AppendOutput stores a chunk of output at the end of what is kept,
-	// and records in the same transaction that the backend's output was
-	// consumed up to read (Job.OutputRead).
-	AppendOutput(ctx context.Context, id string, chunk []byte, read int64) error
-	// ReadOutput returns up to max kept bytes from offset.
-	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, error)
+	// AppendOutput stores a chunk of output (its pieces in the order
+	// written, each of one stream) at the end of what is kept, and records
+	// in the same transaction that the backend's output was consumed up to
+	// read (Job.OutputRead).
+	AppendOutput(ctx context.Context, id string, chunk []Output, read int64) error
+	// ReadOutput returns up to max kept bytes from offset (offsets count
+	// both streams together), as pieces in the order written.
+	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]Output, error)
 	// OutputSize is how many bytes of output are kept.
 	OutputSize(ctx context.Context, id string) (int64, error)
+	// StreamTail returns the last max bytes kept of one stream, and how
+	// many bytes of that stream are kept in all. StreamStdout includes
+	// output kept before the streams were told apart (StreamCombined).
+	StreamTail(ctx context.Context, id string, s Stream, max int) (tail []byte, kept int64, err error)
 	// JobByIdempotencyKey finds the job submitted with key (ErrNotFound).
 	JobByIdempotencyKey(ctx context.Context, key string) (*Job, error)
 	// AddEvent appends one entry to a job's timeline, keeping the newest

@@ -102,23 +102,36 @@ type JobSummary struct {
 
 // ResultOptions tune a result.
 type ResultOptions struct {
-	// OutputTail is how many bytes of the end of the kept output to
-	// include: 0 for DefaultOutputTail. More than is kept returns it all.
+	// OutputTail is how many bytes of the end of the kept stdout, and of
+	// the kept stderr, to include: 0 for DefaultOutputTail. More than is
+	// kept returns it all.
 	OutputTail int
 }
 
 // JobResult is a finished job's outcome.
+//
+// Its output is the job's stdout and, apart, its stderr, as a program's
+// caller sees them: stdout stays data a caller can parse, errors are
+// beside it, no byte is sent twice, and each stream's end is there
+// however much the other wrote. The two interleaved, in the order they
+// were written, are the job's log (JobService.Logs).
 type JobResult struct {
 	JobID    string `json:"job_id"`
 	Status   Status `json:"status"`
 	ExitCode *int   `json:"exit_code,omitempty"`
-	// Output is the end of the kept output, from OutputOffset on, never
-	// starting inside a UTF-8 sequence. It is raw bytes: renderers that
-	// need text replace what is not UTF-8.
+	// Output is the end of the kept stdout, from OutputOffset (bytes of
+	// kept stdout before it) on, never starting inside a UTF-8 sequence.
+	// Output kept before delegate told the streams apart is stdout and
+	// stderr together, and is here. It is raw bytes: renderers that need
+	// text replace what is not UTF-8.
 	Output       []byte `json:"-"`
 	OutputOffset int64  `json:"output_offset"`
-	// OutputBytes counts all the job wrote; OutputTruncated says that only
-	// the first part was kept.
+	// Stderr is the end of the kept stderr, from StderrOffset on, as
+	// Output is of stdout.
+	Stderr       []byte `json:"-"`
+	StderrOffset int64  `json:"stderr_offset"`
+	// OutputBytes counts all the job wrote, to both streams;
+	// OutputTruncated says that only the first part was kept.
 	OutputBytes     int64      `json:"output_bytes"`
 	OutputTruncated bool       `json:"output_truncated"`
 	Error           string     `json:"error,omitempty"`
@@ -138,15 +151,23 @@ type LogOptions struct {
 	// MaxBytes is the most to return: 0 for DefaultLogBytes, at most
 	// MaxLogBytes.
 	MaxBytes int
+	// Tail reads the last MaxBytes kept instead (Cursor is not used).
+	Tail bool
 }
 
-// LogPage is a piece of a job's output.
+// LogPage is a piece of a job's log: its stdout and stderr interleaved,
+// in the order they were written.
 type LogPage struct {
 	JobID  string `json:"job_id"`
 	Status Status `json:"status"`
 	// Output is raw bytes that never end inside a UTF-8 sequence (an
 	// incomplete one is held for the next page).
 	Output []byte `json:"-"`
+	// Streams are Output's bytes (the same memory) as pieces of one
+	// stream each, in order.
+	Streams []Output `json:"-"`
+	// Offset is where Output starts in the kept output.
+	Offset int64 `json:"-"`
 	// NextCursor continues from the end of Output.
 	NextCursor string `json:"next_cursor"`
 	// Done: the job has finished and there is nothing after NextCursor.

@@ -95,7 +95,7 @@ func (f *fixture) output(id string) string {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return string(b)
+	return string(delegate.JoinOutput(b))
 }
 
 // eventually polls cond for up to 5 s.

@@ -149,7 +149,7 @@ func TestLocalCancelOrphan(t *testing.T) {
 	initPID := readPID(t, filepath.Join(f.lcfg.Dir, j.SandboxID, "init.pid"))
 	// Running is recorded at exec: wait until the job has said it started.
 	for i := 0; ; i++ {
-		if out, _ := f.store.ReadOutput(ctx, job.ID, 0, 100); string(out) == "started\n" {
+		if out, _ := f.store.ReadOutput(ctx, job.ID, 0, 100); string(delegate.JoinOutput(out)) == "started\n" {
 			break
 		}
 		if i == 1000 {
@@ -176,8 +176,8 @@ func TestLocalCancelOrphan(t *testing.T) {
 	if left := f.leftovers(t); len(left) > 0 {
 		t.Errorf("left after cancel: %v", left)
 	}
-	out, _ := f.store.ReadOutput(ctx, job.ID, 0, 1<<20)
-	if string(out) != "started\n" || j.ExitCode == nil {
+	outs, _ := f.store.ReadOutput(ctx, job.ID, 0, 1<<20)
+	if out := delegate.JoinOutput(outs); string(out) != "started\n" || j.ExitCode == nil {
 		t.Errorf("output %q, exit code %v", out, j.ExitCode)
 	}
 }

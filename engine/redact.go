@@ -13,8 +13,9 @@ const Redacted = "[REDACTED]"
 const minSecretLen = 4
 
 // redactor removes secret values from a stream. A value split across two
-// chunks is still caught: the last len(longest)-1 bytes of each chunk are
-// held back until more arrives or the stream ends.
+// chunks is still caught: the end of a chunk that could be the start of a
+// secret (at most len(longest)-1 bytes) is held back until more arrives
+// or the stream ends. The rest goes on at once.
 type redactor struct {
 	secrets [][]byte // longest first, so a secret containing another wins
 	hold    int
@@ -64,7 +65,7 @@ func (r *redactor) stream(buf []byte, final bool) (out []byte, consumed int) {
 	}
 	cut := len(buf)
 	if !final {
-		cut = max(0, len(buf)-r.hold)
+		cut = len(buf) - r.partial(buf)
 		// Do not cut inside an occurrence that straddles the cut.
 		for _, s := range r.secrets {
 			from := max(0, cut-len(s)+1)
@@ -74,4 +75,17 @@ func (r *redactor) stream(buf []byte, final bool) (out []byte, consumed int) {
 		}
 	}
 	return r.replace(append([]byte(nil), buf[:cut]...)), cut
+}
+
+// partial is the length of the longest end of b that is the start of a
+// secret but not all of it: more bytes could make it one.
+func (r *redactor) partial(b []byte) int {
+	for i := max(0, len(b)-r.hold); i < len(b); i++ { // the longest first
+		for _, s := range r.secrets {
+			if len(s) > len(b)-i && s[0] == b[i] && bytes.HasPrefix(s, b[i:]) {
+				return len(b) - i
+			}
+		}
+	}
+	return 0
 }

@@ -369,18 +369,33 @@ const completionGrace = 5 * time.Second
 // tracker moves one running job's output and status lines into the store:
 // secrets redacted, output capped, Claude's stream-json read as progress.
 type tracker struct {
-	e          *Engine
-	id         string
-	m          delegate.Manifest
-	proc       sandbox.Process
-	redact     *redactor
-	kept       int64  // output bytes stored
-	read       int64  // output bytes consumed from the process
-	pending    []byte // read but held back by the redactor
+	e      *Engine
+	id     string
+	m      delegate.Manifest
+	proc   sandbox.Process
+	redact *redactor
+	kept   int64 // output bytes stored
+	// next is where the next read of the process's output starts; read
+	// is what the store records as consumed (Job.OutputRead), where a
+	// restarted engine reads on from (see collectOutput).
+	next, read int64
+	// held is, per stream, what the redactor holds back (it could be the
+	// start of a secret): the output is redacted stream by stream.
+	held       [3]heldOutput
 	eventsRead int64
 	latest     int64 // lines of an overflowed status channel seen (sandbox.LatestEvent)
 	events     lineSplitter
 	claude     lineSplitter
+}
+
+// heldOutput is the end of one stream the redactor holds back.
+type heldOutput struct {
+	data []byte
+	at   int64 // where data starts in the process's output
+	// last: data is the last of the process's output read so far (no
+	// byte of another stream came after it), so reading again from at
+	// finds it, and nothing after it.
+	last bool
 }
 
 // What one tick of the follow loop moves at most; the rest waits for the
@@ -404,7 +419,8 @@ func (e *Engine) newTracker(ctx context.Context, job *delegate.Job, proc sandbox
 	}
 	// After a restart the status channel is read again from the start; the
 	// timeline may repeat a little, nothing is lost.
-	return &tracker{e: e, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept, read: job.OutputRead}, nil
+	return &tracker{e: e, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept,
+		next: job.OutputRead, read: job.OutputRead}, nil
 }
 
 // collect pulls what is new, a bounded amount per call; final drains
@@ -414,45 +430,144 @@ func (t *tracker) collect(ctx context.Context, final bool) {
 	t.collectOutput(ctx, final)
 }
 
+// collectOutput moves new output into the store. Each stream is redacted
+// on its own (a secret split by output of the other stream is still
+// caught), and the streams keep their order, except that what the
+// redactor holds back of one stream (the possible start of a secret, a
+// few bytes, rarely any) goes on when more of that stream comes, after
+// what the other stream wrote meanwhile.
+//
+// What the store records as read is where a restarted engine reads on
+// from: everything before it is stored, except what was held back of a
+// stream that the other one has written after since (a restart loses
+// those few bytes rather than store the other stream's twice).
 func (t *tracker) collectOutput(ctx context.Context, final bool) {
 	e := t.e
 	for moved := 0; final || moved < outputPerTick; {
-		b, err := t.proc.ReadOutput(ctx, t.read+int64(len(t.pending)), outputChunk)
+		outs, err := t.proc.ReadOutput(ctx, t.next, outputChunk)
 		if err != nil {
 			if ctx.Err() == nil {
 				e.log.Warn("read output", "job", t.id, "err", err)
 			}
 			return
 		}
-		moved += len(b)
-		last := len(b) < outputChunk
-		t.pending = append(t.pending, b...)
-		out, used := t.redact.stream(t.pending, final && last)
-		if t.m.AgentType == delegate.AgentClaude {
-			for _, line := range t.claude.lines(out, final && last) {
-				t.claudeLine(line)
+		n := 0
+		var chunk []delegate.Output
+		for _, o := range outs {
+			chunk = t.redactPiece(chunk, stream(o.Stream), o.Data)
+			n += len(o.Data)
+		}
+		moved += n
+		last := n < outputChunk
+		if final && last {
+			chunk = t.flushHeld(chunk)
+		}
+		read := t.next
+		for _, h := range t.held {
+			if len(h.data) > 0 && h.last {
+				read = h.at
 			}
 		}
-		if room := e.cfg.OutputLimit - t.kept; int64(len(out)) > room {
-			out = out[:max(0, room)]
+		if t.m.AgentType == delegate.AgentClaude {
+			for _, o := range chunk {
+				if o.Stream != delegate.StreamStderr { // stream-json is on stdout
+					for _, line := range t.claude.lines(o.Data, false) {
+						t.claudeLine(line)
+					}
+				}
+			}
+			if final && last {
+				for _, line := range t.claude.lines(nil, true) {
+					t.claudeLine(line)
+				}
+			}
 		}
-		if used > 0 || len(out) > 0 {
+		chunk, stored := capOutput(chunk, e.cfg.OutputLimit-t.kept)
+		if read != t.read || stored > 0 {
 			// The chunk and how far the output was read, in one write.
-			if err := e.store.AppendOutput(ctx, t.id, out, t.read+int64(used)); err != nil {
+			if err := e.store.AppendOutput(ctx, t.id, chunk, read); err != nil {
 				e.log.Warn("store output", "job", t.id, "err", err)
 				return
 			}
-			if len(out) > 0 {
+			if stored > 0 {
 				e.notify(t.id) // subscribers of job://{id}/log
 			}
 		}
-		t.kept += int64(len(out))
-		t.read += int64(used)
-		t.pending = t.pending[used:]
+		t.kept += stored
+		t.read = read
 		if last {
 			return
 		}
 	}
+}
+
+// redactPiece redacts data, the next output of stream s, after what was
+// held back of s, adds what can go on to chunk, and holds back the rest.
+func (t *tracker) redactPiece(chunk []delegate.Output, s delegate.Stream, data []byte) []delegate.Output {
+	h := &t.held[s]
+	prior := len(h.data)
+	buf := append(h.data, data...)
+	out, used := t.redact.stream(buf, false)
+	chunk = delegate.AppendOutput(chunk, s, out)
+	switch rest := buf[used:]; {
+	case len(rest) == 0:
+		h.data = nil
+	case used >= prior: // only the end of data is held
+		h.data, h.at, h.last = rest, t.next+int64(used-prior), true
+	default: // some of what was held still is, and data with it
+		h.data, h.at = rest, h.at+int64(used)
+	}
+	t.next += int64(len(data))
+	for i := range t.held {
+		if delegate.Stream(i) != s && len(data) > 0 {
+			t.held[i].last = false // data came after it
+		}
+	}
+	return chunk
+}
+
+// flushHeld adds what is held back to chunk, in the order it was written:
+// the output has ended.
+func (t *tracker) flushHeld(chunk []delegate.Output) []delegate.Output {
+	for {
+		first := -1
+		for i, h := range t.held {
+			if len(h.data) > 0 && (first < 0 || h.at < t.held[first].at) {
+				first = i
+			}
+		}
+		if first < 0 {
+			return chunk
+		}
+		out, _ := t.redact.stream(t.held[first].data, true)
+		chunk = delegate.AppendOutput(chunk, delegate.Stream(first), out)
+		t.held[first].data = nil
+	}
+}
+
+// capOutput cuts chunk to at most room bytes and says how many it holds.
+func capOutput(chunk []delegate.Output, room int64) ([]delegate.Output, int64) {
+	var n int64
+	for i, o := range chunk {
+		if int64(len(o.Data)) >= room-n {
+			chunk[i].Data = o.Data[:max(0, room-n)]
+			n += int64(len(chunk[i].Data))
+			return chunk[:i+1], n
+		}
+		n += int64(len(o.Data))
+	}
+	return chunk, n
+}
+
+// stream is the domain's name of a sandbox's stream.
+func stream(s sandbox.Stream) delegate.Stream {
+	switch s {
+	case sandbox.Stdout:
+		return delegate.StreamStdout
+	case sandbox.Stderr:
+		return delegate.StreamStderr
+	}
+	return delegate.StreamCombined
 }
 
 // collectEvents reads the status channel. Under a flood only the newest

@@ -87,17 +87,13 @@ func (e *Engine) Result(ctx context.Context, id string, opts delegate.ResultOpti
 	if !j.Status.Terminal() {
 		return nil, fmt.Errorf("job %s is %s: %w: its result is there when it ends", id, j.Status, delegate.ErrNotFinished)
 	}
-	kept, err := e.store.OutputSize(ctx, id)
+	out, outOffset, err := e.streamTail(ctx, id, delegate.StreamStdout, tail)
 	if err != nil {
 		return nil, err
 	}
-	offset := max(0, kept-int64(tail))
-	out, err := e.store.ReadOutput(ctx, id, offset, int(kept-offset))
+	errs, errOffset, err := e.streamTail(ctx, id, delegate.StreamStderr, tail)
 	if err != nil {
 		return nil, err
-	}
-	if offset > 0 {
-		out, offset = trimLeadingPartialRune(out, offset)
 	}
 	arts, err := e.store.Artifacts(ctx, id)
 	if err != nil {
@@ -108,11 +104,25 @@ func (e *Engine) Result(ctx context.Context, id string, opts delegate.ResultOpti
 	}
 	return &delegate.JobResult{
 		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode,
-		Output: out, OutputOffset: offset,
+		Output: out, OutputOffset: outOffset, Stderr: errs, StderrOffset: errOffset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
 		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
 	}, nil
+}
+
+// streamTail reads the end of one stream kept, at most tail bytes, and
+// where it starts in that stream.
+func (e *Engine) streamTail(ctx context.Context, id string, s delegate.Stream, tail int) ([]byte, int64, error) {
+	b, kept, err := e.store.StreamTail(ctx, id, s, tail)
+	if err != nil {
+		return nil, 0, err
+	}
+	offset := kept - int64(len(b))
+	if offset > 0 {
+		b, offset = trimLeadingPartialRune(b, offset)
+	}
+	return b, offset, nil
 }
 
 // trimLeadingPartialRune drops the continuation bytes of a UTF-8 sequence
@@ -136,7 +146,7 @@ func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) 
 		size = delegate.DefaultLogBytes
 	}
 	var offset int64
-	if opts.Cursor != "" {
+	if opts.Cursor != "" && !opts.Tail {
 		n, err := strconv.ParseInt(opts.Cursor, 10, 64)
 		if err != nil || n < 0 {
 			return nil, &delegate.FieldError{Field: "cursor", Rule: "must be a next_cursor from a previous read of the logs"}
@@ -155,9 +165,18 @@ func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) 
 	if err != nil {
 		return nil, err
 	}
-	b, err := e.store.ReadOutput(ctx, j.ID, offset, size)
+	if opts.Tail {
+		offset = max(0, kept-int64(size))
+	}
+	pieces, err := e.store.ReadOutput(ctx, j.ID, offset, size)
 	if err != nil {
 		return nil, err
+	}
+	b := delegate.JoinOutput(pieces)
+	var from int64 // bytes trimmed from the start
+	if opts.Tail && offset > 0 {
+		b, from = trimLeadingPartialRune(b, 0)
+		offset += from
 	}
 	// Never split a UTF-8 sequence: hold an incomplete tail for the next
 	// page, unless this is the end of a finished job's output (then it is
@@ -167,10 +186,28 @@ func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) 
 	}
 	next := offset + int64(len(b))
 	return &delegate.LogPage{
-		JobID: j.ID, Status: j.Status, Output: b,
+		JobID: j.ID, Status: j.Status, Output: b, Streams: streamsOf(pieces, int(from), b), Offset: offset,
 		NextCursor: strconv.FormatInt(next, 10),
 		Done:       j.Status.Terminal() && next >= kept,
 	}, nil
+}
+
+// streamsOf cuts b, the bytes of pieces without the first skip and cut
+// at its length, into pieces of the same streams: slices of b.
+func streamsOf(pieces []delegate.Output, skip int, b []byte) []delegate.Output {
+	var out []delegate.Output
+	for _, p := range pieces {
+		if len(b) == 0 {
+			break
+		}
+		d := min(skip, len(p.Data))
+		skip -= d
+		if k := min(len(p.Data)-d, len(b)); k > 0 {
+			out = append(out, delegate.Output{Stream: p.Stream, Data: b[:k:k]})
+			b = b[k:]
+		}
+	}
+	return out
 }
 
 // trimIncompleteRune drops a UTF-8 sequence cut off at the end of b.

@@ -494,7 +494,7 @@ func (b *Backend) ended(id, dir string) bool {
 // sandboxFiles and sandboxDirs are what a sandbox directory holds. Knowing
 // them, Destroy removes them one by one instead of walking the directory.
 var (
-	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileEvents, fileEventsLatest, fileStatusFIFO,
+	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
 		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
 	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate}
 )

@@ -11,8 +11,10 @@
 //	               io_uring refused, sockets of unix, inet, inet6 and
 //	               netlink families only)
 //
-// The shim, not the server, owns the job: it collects the output into a
-// file and records how the job ended in exit.json, so the server can be
+// The shim, not the server, owns the job: it collects the job's stdout and
+// stderr (two pipes) into one file, in the order it reads them, with a
+// record of which bytes are from which (streams.go), and records how the
+// job ended in exit.json, so the server can be
 // restarted (or killed) while jobs run and re-attach to them afterwards.
 //
 // The server computes everything the shim and init need, a plan (plan.go:

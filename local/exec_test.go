@@ -124,9 +124,9 @@ func TestOutputLimitAndReadOutput(t *testing.T) {
 		{1000, 10, ""},
 		{11, 0, ""},
 	} {
-		got, err := p.ReadOutput(context.Background(), c.offset, c.max)
-		if err != nil || string(got) != c.want {
-			t.Errorf("ReadOutput(%d, %d) = %q, %v; want %q", c.offset, c.max, got, err, c.want)
+		outs, err := p.ReadOutput(context.Background(), c.offset, c.max)
+		if got := sandbox.Join(outs); err != nil || string(got) != c.want {
+			t.Errorf("ReadOutput(%d, %d) = %q, %v; want %q", c.offset, c.max, tagged(outs), err, c.want)
 		}
 	}
 	if _, err := p.ReadOutput(context.Background(), -1, 10); err == nil {

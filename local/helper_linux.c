@@ -66,6 +66,7 @@
 #define DEFAULT_OUTPUT_LIMIT (16LL << 20)
 #define DEFAULT_JOB_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define FILE_OUTPUT "output"
+#define FILE_STREAMS "output.streams"
 #define FILE_EVENTS "events"
 #define FILE_EVENTS_LATEST "events.latest"
 #define FILE_STATUS_FIFO "status"
@@ -581,7 +582,7 @@ static void init_report(int code, int signo, const char *reason) {
 	_exit(code);
 }
 
-/* init_fail writes a set-up failure into the job's output and reports it. */
+/* init_fail writes a set-up failure into the job's stderr and reports it. */
 static void init_fail(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void init_fail(int code, const char *fmt, ...) {
 	char msg[4096];
@@ -657,21 +658,23 @@ static void hide_argv(size_t cmdline_len) {
 }
 
 /* init_main is init: sync_r brings the go-ahead, status_w takes the
- * report, out_w is the job's output; tasks are the v1 groups' "tasks"
- * files, opened by the shim (ntasks 0 when the shim places init itself). */
-static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, const int *tasks, int ntasks, size_t cmdline_len)
-	__attribute__((noreturn));
-static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, const int *tasks, int ntasks, size_t cmdline_len) {
+ * report, out_w and err_w are the job's stdout and stderr; tasks are the
+ * v1 groups' "tasks" files, opened by the shim (ntasks 0 when the shim
+ * places init itself). */
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, int err_w, const int *tasks, int ntasks,
+		      size_t cmdline_len) __attribute__((noreturn));
+static void init_main(const struct plan *p, int sync_r, int status_w, int out_w, int err_w, const int *tasks, int ntasks,
+		      size_t cmdline_len) {
 	/* Nobody would collect the output or the exit status of a sandbox
 	 * whose shim is gone; end it rather than orphan it. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-	/* Descriptors: 0 stays (/dev/null), 1 and 2 are the job's output, 3
+	/* Descriptors: 0 stays (/dev/null), 1 and 2 the job's stdout and stderr, 3
 	 * the go-ahead, 4 the report, 5.. the tasks files; nothing else. */
 	int a = fcntl(sync_r, F_DUPFD_CLOEXEC, 10), b = fcntl(status_w, F_DUPFD_CLOEXEC, 10), t[3] = {-1, -1, -1};
 	for (int i = 0; i < ntasks && i < 3; i++)
 		if ((t[i] = fcntl(tasks[i], F_DUPFD_CLOEXEC, 10)) < 0)
 			_exit(CODE_SETUP_FAILED);
-	if (a < 0 || b < 0 || dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0 || dup3(a, 3, O_CLOEXEC) < 0 || dup3(b, 4, O_CLOEXEC) < 0)
+	if (a < 0 || b < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || dup3(a, 3, O_CLOEXEC) < 0 || dup3(b, 4, O_CLOEXEC) < 0)
 		_exit(CODE_SETUP_FAILED);
 	for (int i = 0; i < ntasks && i < 3; i++)
 		if (dup3(t[i], 5 + i, O_CLOEXEC) < 0)
@@ -784,25 +787,42 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 
 /* ---------- the shim ---------- */
 
-/* outw keeps the first limit bytes of the job's output and counts all. */
+/* outw keeps the first limit bytes of the job's stdout and stderr, in
+ * the order it is given them, with a record of which stream they are
+ * from (streams.go), and counts all of them (outputWriter in
+ * shim_linux.go). */
+enum { STREAM_STDOUT = 1, STREAM_STDERR = 2 };
 struct outw {
-	int fd; /* made with the first byte to keep: a quiet job leaves none */
+	int fd, sfd; /* made with the first byte to keep: a quiet job leaves none */
 	int64_t limit, n;
+	int cur; /* the stream of the last byte kept */
 	int err;
 };
 
-static void out_write(struct outw *w, const char *p, size_t len) {
+static void out_write(struct outw *w, int stream, const char *p, size_t len) {
 	int64_t keep = w->limit - w->n;
 	if (keep > 0 && !w->err && w->fd < 0 && len > 0) {
-		w->fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-		if (w->fd < 0) {
+		/* The stream records first: a reader that sees a byte sees its record. */
+		w->sfd = open(FILE_STREAMS, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (w->sfd >= 0)
+			w->fd = open(FILE_OUTPUT, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (w->sfd < 0 || w->fd < 0) {
 			w->err = errno;
 			logmsg("open output file: %s", errtext(errno));
 		}
 	}
-	if (keep > 0 && !w->err && w->fd >= 0) {
+	if (keep > 0 && !w->err && w->fd >= 0 && len > 0) {
+		if (stream != w->cur) {
+			uint64_t v = (uint64_t)w->n << 2 | (uint64_t)stream;
+			unsigned char rec[8];
+			for (int i = 0; i < 8; i++)
+				rec[i] = (unsigned char)(v >> (8 * i)); /* little-endian */
+			if (write_all(w->sfd, rec, sizeof rec) < 0)
+				w->err = errno;
+			w->cur = stream;
+		}
 		size_t k = (int64_t)len < keep ? len : (size_t)keep;
-		if (write_all(w->fd, p, k) < 0)
+		if (!w->err && write_all(w->fd, p, k) < 0)
 			w->err = errno;
 	}
 	w->n += (int64_t)len;
@@ -817,7 +837,7 @@ static void out_printf(struct outw *w, const char *fmt, ...) {
 	va_end(ap);
 	if (n > (int)sizeof buf - 1)
 		n = (int)sizeof buf - 1;
-	out_write(w, buf, (size_t)n);
+	out_write(w, STREAM_STDERR, buf, (size_t)n); /* the sandbox's own words */
 }
 
 /* bridge splits the status channel (a FIFO) into lines and keeps them,
@@ -1133,7 +1153,7 @@ static int64_t now_ns(void) {
  * It returns the shim's exit status. */
 static int shim_main(size_t cmdline_len) {
 	signal(SIGPIPE, SIG_IGN); /* a dead init must not take the shim along */
-	struct outw w = {-1, DEFAULT_OUTPUT_LIMIT, 0, 0};
+	struct outw w = {-1, -1, DEFAULT_OUTPUT_LIMIT, 0, 0, 0};
 	size_t len = 0;
 	char *data = read_all(PLAN_FD, MAX_PLAN_BYTES, &len);
 	int rerr = errno;
@@ -1157,8 +1177,8 @@ static int shim_main(size_t cmdline_len) {
 		return finish_failed(&w, err);
 	}
 
-	int syncp[2], statusp[2], outp[2];
-	if (pipe2(syncp, O_CLOEXEC) < 0 || pipe2(statusp, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0) {
+	int syncp[2], statusp[2], outp[2], errp[2];
+	if (pipe2(syncp, O_CLOEXEC) < 0 || pipe2(statusp, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
 		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
 		return finish_failed(&w, err);
 	}
@@ -1196,13 +1216,14 @@ static int shim_main(size_t cmdline_len) {
 						 CLONE_PIDFD | SIGCHLD,
 				   NULL, &pidfd, NULL, NULL);
 	if (pid == 0)
-		init_main(&p, syncp[0], statusp[1], outp[1], tasks, ntasks, cmdline_len);
+		init_main(&p, syncp[0], statusp[1], outp[1], errp[1], tasks, ntasks, cmdline_len);
 	int cerr = errno;
 	for (int i = 0; i < ntasks; i++)
 		close(tasks[i]);
 	close(syncp[0]);
 	close(statusp[1]);
 	close(outp[1]);
+	close(errp[1]);
 	if (pid < 0) {
 		snprintf(err, sizeof err, "start the sandbox init: %s", errtext(cerr));
 		return finish_failed(&w, err);
@@ -1255,9 +1276,12 @@ static int shim_main(size_t cmdline_len) {
 	}
 	close(syncp[1]);
 
-	/* Until init has exited: output, status lines, deadline. */
+	/* Until init has exited: output, status lines, deadline. When both
+	 * streams are ready, stdout is read first: the kernel keeps no order
+	 * between two pipes. */
 	int deadline_hit = 0;
-	struct pollfd fds[3] = {{outp[0], POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
+	struct pollfd fds[4] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
+	const int streams[2] = {STREAM_STDOUT, STREAM_STDERR};
 	char buf[65536];
 	for (;;) {
 		int64_t wait_ns = -1; /* -1: no time limit */
@@ -1287,12 +1311,12 @@ static int shim_main(size_t cmdline_len) {
 			}
 			/* Past the cap the channel is read at a bounded pace. */
 			int paused = br.paused_until > t;
-			fds[1].fd = paused ? -1 : br.fifo;
+			fds[2].fd = paused ? -1 : br.fifo;
 			if (paused)
 				wait_ns = wait_ns < 0 || br.paused_until - t < wait_ns ? br.paused_until - t : wait_ns;
 		}
 		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
-		int k = poll(fds, 3, timeout);
+		int k = poll(fds, 4, timeout);
 		if (k < 0) {
 			if (errno != EINTR) {
 				logmsg("poll: %s", errtext(errno));
@@ -1300,16 +1324,18 @@ static int shim_main(size_t cmdline_len) {
 			}
 			continue;
 		}
-		if (fds[0].revents) {
-			ssize_t r = read(outp[0], buf, sizeof buf);
+		for (int i = 0; i < 2; i++) {
+			if (fds[i].fd < 0 || !fds[i].revents)
+				continue;
+			ssize_t r = read(fds[i].fd, buf, sizeof buf);
 			if (r > 0)
-				out_write(&w, buf, (size_t)r);
+				out_write(&w, streams[i], buf, (size_t)r);
 			else if (r == 0 || errno != EINTR)
-				fds[0].fd = -1; /* the job closed its output; it may still run */
+				fds[i].fd = -1; /* the job closed it; it may still run */
 		}
-		if (fds[1].fd >= 0 && fds[1].revents)
+		if (fds[2].fd >= 0 && fds[2].revents)
 			br_read(&br, 0);
-		if (fds[2].revents)
+		if (fds[3].revents)
 			break;
 	}
 	int ws = 0;
@@ -1317,17 +1343,18 @@ static int shim_main(size_t cmdline_len) {
 		;
 	/* init's end took every process of the sandbox with it: what is left
 	 * in the pipes is all there will be. */
-	if (fds[0].fd >= 0) {
-		for (;;) {
-			ssize_t r = read(outp[0], buf, sizeof buf);
+	for (int i = 0; i < 2; i++) {
+		while (fds[i].fd >= 0) {
+			ssize_t r = read(fds[i].fd, buf, sizeof buf);
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r <= 0)
 				break;
-			out_write(&w, buf, (size_t)r);
+			out_write(&w, streams[i], buf, (size_t)r);
 		}
 	}
 	close(outp[0]);
+	close(errp[0]);
 	if (br.fifo >= 0) {
 		br_read(&br, 1);
 		br_end(&br);
@@ -1382,6 +1409,10 @@ static int shim_main(size_t cmdline_len) {
 	r.truncated = w.n > w.limit;
 	if (w.err)
 		logmsg("write output file: %s", errtext(w.err));
+	if (w.fd >= 0)
+		close(w.fd);
+	if (w.sfd >= 0)
+		close(w.sfd);
 	if (write_exit(&r) < 0) {
 		logmsg("cannot record the exit status: %s", errtext(errno));
 		return 1;
@@ -1468,10 +1499,10 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
-		 FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
+		 FILE_STREAMS, FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
 		 OP_SECCOMP, OP_RESOLV_CONF);
 	return buf;

@@ -60,6 +60,36 @@ func TestHelpers(t *testing.T) {
 					}
 				}
 			})
+			t.Run("stdout and stderr apart", func(t *testing.T) {
+				// Byte-exact, each in its stream, and in the order written:
+				// stdout before stderr when both are ready (the shim's
+				// order), a pause before each later switch.
+				p := start(t, create(t, b, defaultSpec()), "/bin/sh", "-c",
+					`echo out; echo err >&2; sleep 0.3; printf 'no newline'; sleep 0.3; printf '\001\000\377' >&2; sleep 0.3; echo end`)
+				exit, out := finishTagged(t, p)
+				want := "[stdout]out\n[stderr]err\n[stdout]no newline[stderr]\x01\x00\xff[stdout]end\n"
+				if exit.Code != 0 || out != want || exit.OutputBytes != 25 {
+					t.Errorf("exit %+v, output %q; want %q", exit, out, want)
+				}
+				// Read from inside a piece, a few bytes at a time.
+				var all []sandbox.Output
+				for off := int64(2); ; off += 5 {
+					outs, err := p.ReadOutput(context.Background(), off, 5)
+					if err != nil || len(outs) == 0 {
+						break
+					}
+					for _, o := range outs {
+						all = sandbox.Append(all, o.Stream, o.Data)
+					}
+				}
+				if got := tagged(all); got != "[stdout]t\n"+strings.TrimPrefix(want, "[stdout]out\n") {
+					t.Errorf("read 5 bytes at a time from 2: %q", got)
+				}
+				exit, out = run(t, create(t, b, defaultSpec()), "/bin/sh", "-c", "echo only >&2; exit 4")
+				if exit.Code != 4 || out != "only\n" {
+					t.Errorf("exit %+v, output %q", exit, out)
+				}
+			})
 			t.Run("output limit and status lines", func(t *testing.T) {
 				sb := create(t, b, defaultSpec())
 				p, err := sb.Exec(context.Background(), sandbox.Command{
@@ -118,9 +148,9 @@ func TestHelpers(t *testing.T) {
 				if err := os.Remove(sb.path(dirRootfs)); err != nil {
 					t.Fatal(err)
 				}
-				exit, out := run(t, sb, "/bin/echo", "should not run")
-				want := setupPrefix + "mount root tmpfs: no such file or directory\n"
-				if exit.Code != codeSetupFailed || out != want || exit.Reason != strings.TrimSpace(strings.TrimPrefix(want, setupPrefix)) {
+				exit, out := finishTagged(t, start(t, sb, "/bin/echo", "should not run"))
+				want := "[stderr]" + setupPrefix + "mount root tmpfs: no such file or directory\n"
+				if exit.Code != codeSetupFailed || out != want || exit.Reason != strings.TrimSpace(strings.TrimPrefix(want, "[stderr]"+setupPrefix)) {
 					t.Errorf("exit %+v, output %q; want %q", exit, out, want)
 				}
 			})
@@ -166,6 +196,11 @@ func TestShimWithoutPlan(t *testing.T) {
 			out, _ := os.ReadFile(filepath.Join(dir, fileOutput))
 			if rec.Code != codeSetupFailed || !strings.Contains(rec.Reason, "no plan") || !strings.HasPrefix(string(out), setupPrefix+"no plan") {
 				t.Errorf("exit record %+v, output %q", rec, out)
+			}
+			// The sandbox's own words are on the job's stderr.
+			outs, err := splitStreams(filepath.Join(dir, fileStreams), 0, out)
+			if err != nil || len(outs) != 1 || outs[0].Stream != sandbox.Stderr {
+				t.Errorf("streams of the output: %q, %v", tagged(outs), err)
 			}
 		})
 	}

@@ -33,7 +33,7 @@ const (
 // status. When init exits the kernel kills everything left in the pid
 // namespace.
 //
-// Setup failures go to stderr (the job's output) with setupPrefix, so a
+// Setup failures go to stderr (the job's stderr) with setupPrefix, so a
 // user sees why a job did not run instead of a bare exit code.
 func runInit(args []string) int {
 	// unshare and the job's fork must happen on the same OS thread:
@@ -101,7 +101,7 @@ func runInit(args []string) int {
 	pid, err := syscall.ForkExec(path, p.Args, &syscall.ProcAttr{
 		Dir:   p.Dir,
 		Env:   p.Env,
-		Files: []uintptr{0, 1, 1}, // stdout and stderr into the one output pipe
+		Files: []uintptr{0, 1, 2}, // the shim's stdout and stderr pipes
 		Sys: &syscall.SysProcAttr{
 			// Leaving uid 0 for a non-zero uid clears every capability, so
 			// the job runs with none even inside its user namespace.

@@ -213,7 +213,28 @@ func finish(t testing.TB, p sandbox.Process) (sandbox.Exit, string) {
 	if err != nil {
 		t.Fatalf("ReadOutput: %v", err)
 	}
-	return exit, string(out)
+	return exit, string(sandbox.Join(out))
+}
+
+// tagged renders output pieces as "[stream]data", in order.
+func tagged(outs []sandbox.Output) string {
+	var b strings.Builder
+	for _, o := range outs {
+		fmt.Fprintf(&b, "[%s]%s", o.Stream, o.Data)
+	}
+	return b.String()
+}
+
+// finishTagged waits for p and returns how it ended and its output as
+// tagged renders it.
+func finishTagged(t testing.TB, p sandbox.Process) (sandbox.Exit, string) {
+	t.Helper()
+	exit, _ := finish(t, p)
+	out, err := p.ReadOutput(context.Background(), 0, 1<<20)
+	if err != nil {
+		t.Fatalf("ReadOutput: %v", err)
+	}
+	return exit, tagged(out)
 }
 
 func run(t testing.TB, sb sandbox.Sandbox, args ...string) (sandbox.Exit, string) {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,7 +110,8 @@ func TestSandboxNetnsIsItsOwn(t *testing.T) {
 		p := start(t, sb, "/bin/sh", "-c", "readlink /proc/self/ns/net; sleep 60")
 		var out []byte
 		waitFor(10*time.Second, func() bool {
-			out, _ = p.ReadOutput(context.Background(), 0, 100)
+			outs, _ := p.ReadOutput(context.Background(), 0, 100)
+			out = sandbox.Join(outs)
 			return strings.HasSuffix(string(out), "\n")
 		})
 		ns := strings.TrimSpace(string(out))

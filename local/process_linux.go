@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -29,8 +30,74 @@ var _ sandbox.Process = (*process)(nil)
 func (p *process) ID() string { return p.id }
 
 // ReadOutput implements sandbox.Process.
-func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
-	return p.readLog(fileOutput, offset, max)
+func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sandbox.Output, error) {
+	data, err := p.readLog(fileOutput, offset, max)
+	if err != nil || len(data) == 0 {
+		return nil, err
+	}
+	return splitStreams(p.s.path(fileStreams), offset, data)
+}
+
+// splitStreams cuts data, the output from offset on, into pieces by the
+// stream records in the file at path (streams.go). Without the file (the
+// shim of a server from before the streams were told apart) it is all
+// Combined.
+func splitStreams(path string, offset int64, data []byte) ([]sandbox.Output, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return []sandbox.Output{{Stream: sandbox.Combined, Data: data}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", fileStreams, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", fileStreams, err)
+	}
+	n := st.Size() / streamRecordSize // a record being written is not there yet
+	var rerr error
+	at := func(i int64) int64 {
+		var b [streamRecordSize]byte
+		if _, err := f.ReadAt(b[:], i*streamRecordSize); err != nil {
+			rerr = err
+			return 0
+		}
+		off, _ := decodeStreamRecord(b[:])
+		return off
+	}
+	// The last record at or before offset says the stream of data[0]:
+	// a binary search, for a job switching streams often has many.
+	first := int64(sort.Search(int(n), func(i int) bool { return at(int64(i)) > offset })) - 1
+	if rerr != nil {
+		return nil, fmt.Errorf("read %s: %w", fileStreams, rerr)
+	}
+	var (
+		outs []sandbox.Output
+		pos  = offset // where the piece being cut starts
+		cur  = sandbox.Combined
+		end  = offset + int64(len(data))
+		buf  = make([]byte, 512*streamRecordSize)
+	)
+	for i := max(first, 0); i < n && pos < end; {
+		k, err := f.ReadAt(buf[:min(int64(len(buf)), (n-i)*streamRecordSize)], i*streamRecordSize)
+		if k < streamRecordSize && err != nil {
+			return nil, fmt.Errorf("read %s: %w", fileStreams, err)
+		}
+		for j := 0; j+streamRecordSize <= k && pos < end; j, i = j+streamRecordSize, i+1 {
+			off, s := decodeStreamRecord(buf[j:])
+			if off > pos {
+				cut := min(off, end)
+				outs = sandbox.Append(outs, cur, data[pos-offset:cut-offset])
+				pos = cut
+			}
+			cur = s
+		}
+	}
+	if pos < end {
+		outs = sandbox.Append(outs, cur, data[pos-offset:])
+	}
+	return outs, nil
 }
 
 // readExit returns the recorded exit, os.ErrNotExist while there is none,

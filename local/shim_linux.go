@@ -13,9 +13,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // initCloneFlags are the namespaces init is born in.
@@ -37,15 +41,15 @@ var errKilledBeforeStart = errors.New("killed before start")
 // SelfExe's path for an unprivileged uid), in fresh namespaces, as uid 0
 // of a user namespace mapped to an unprivileged host range (hostID and
 // size: the plan's; the probe has none and uses the defaults).
-func initCmd(stdin, out *os.File, extra []*os.File, hostID, size uint32, args ...string) *exec.Cmd {
+func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint32, args ...string) *exec.Cmd {
 	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostID), Size: int(size)}}
 	return &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       append([]string{"delegate-sandbox-init", initCommand}, args...),
 		Env:        helperEnv(false),
 		Stdin:      stdin,
-		Stdout:     out,
-		Stderr:     out,
+		Stdout:     stdout,
+		Stderr:     stderr,
 		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  initCloneFlags,
@@ -109,7 +113,7 @@ func shimProbe() int {
 		return 1
 	}
 	defer devnull.Close()
-	if err := initCmd(devnull, os.Stderr, nil, hostIDBase, idRange, probeArg).Run(); err != nil {
+	if err := initCmd(devnull, os.Stderr, os.Stderr, nil, hostIDBase, idRange, probeArg).Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init probe: %v\n", err)
 		return 1
 	}
@@ -138,23 +142,98 @@ func readPlan() (*plan, []byte, error) {
 	return p, data, err
 }
 
-// outputWriter keeps the first limit bytes and counts all of them. It
-// never fails, so the pipe keeps draining and the job is never blocked or
-// killed by SIGPIPE because its output is too large.
+// outputWriter keeps the first limit bytes of the job's stdout and
+// stderr, in the order it is given them, with a record of which stream
+// they are from (streams.go), and counts all of them. It never fails, so
+// the pipes keep draining and the job is never blocked or killed by
+// SIGPIPE because its output is too large. Its files are made with the
+// first byte to keep, the record of streams first: a quiet job leaves
+// none, as with the C shim.
 type outputWriter struct {
-	f        *os.File
+	mu       sync.Mutex // the two streams are copied by two goroutines
+	f, sf    *os.File   // the output and its stream records
 	limit, n int64
-	err      error // first write error; later output is only counted
+	cur      sandbox.Stream // the stream of the last byte kept
+	err      error          // first error; later output is only counted
 }
 
-func (w *outputWriter) Write(p []byte) (int, error) {
-	if keep := w.limit - w.n; keep > 0 && w.err == nil && w.f != nil {
-		if _, err := w.f.Write(p[:min(int64(len(p)), keep)]); err != nil {
-			w.err = err
-		}
+// stream is an io.Writer of one stream into w.
+type stream struct {
+	w *outputWriter
+	s sandbox.Stream
+}
+
+func (s stream) Write(p []byte) (int, error) {
+	s.w.write(s.s, p)
+	return len(p), nil
+}
+
+func (w *outputWriter) write(s sandbox.Stream, p []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if keep := w.limit - w.n; keep > 0 && len(p) > 0 && w.err == nil {
+		w.keep(s, p[:min(int64(len(p)), keep)])
 	}
 	w.n += int64(len(p))
-	return len(p), nil
+}
+
+func (w *outputWriter) keep(s sandbox.Stream, p []byte) {
+	if w.f == nil {
+		flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC | syscall.O_CLOEXEC | syscall.O_NOFOLLOW
+		if w.sf, w.err = os.OpenFile(fileStreams, flags, 0o600); w.err != nil {
+			return
+		}
+		if w.f, w.err = os.OpenFile(fileOutput, flags, 0o600); w.err != nil {
+			return
+		}
+	}
+	if s != w.cur {
+		rec := encodeStreamRecord(w.n, s)
+		if _, w.err = w.sf.Write(rec[:]); w.err != nil {
+			return
+		}
+		w.cur = s
+	}
+	_, w.err = w.f.Write(p)
+}
+
+func (w *outputWriter) close() {
+	for _, f := range []*os.File{w.f, w.sf} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// copyOutput copies the job's stdout and stderr (the read ends of two
+// pipes, which it closes) into w until both are closed, as the C shim
+// does: when both are ready, stdout is read first (the kernel keeps no
+// order between two pipes).
+func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
+	fds := []unix.PollFd{{Fd: int32(stdout), Events: unix.POLLIN}, {Fd: int32(stderr), Events: unix.POLLIN}}
+	streams := [2]sandbox.Stream{sandbox.Stdout, sandbox.Stderr}
+	buf := make([]byte, 64<<10)
+	for fds[0].Fd >= 0 || fds[1].Fd >= 0 {
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if !errors.Is(err, unix.EINTR) {
+				log.Warn("poll the output", "err", err)
+				time.Sleep(10 * time.Millisecond) // ENOMEM passes; giving up would block the job
+			}
+			continue
+		}
+		for i := range fds {
+			if fds[i].Fd < 0 || fds[i].Revents == 0 {
+				continue
+			}
+			n, err := unix.Read(int(fds[i].Fd), buf)
+			if n > 0 {
+				w.write(streams[i], buf[:n])
+			} else if n == 0 || !errors.Is(err, unix.EINTR) {
+				unix.Close(int(fds[i].Fd))
+				fds[i].Fd = -1 // poll skips it from now on
+			}
+		}
+	}
 }
 
 // supervise runs the command and returns how it ended. Paths are relative
@@ -165,15 +244,11 @@ func supervise(log *slog.Logger) exitRecord {
 	if loadErr == nil && p.OutputLimit > 0 {
 		w.limit = p.OutputLimit
 	}
-	out, err := os.OpenFile(fileOutput, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		log.Error("open output file", "err", err)
-	} else {
-		w.f = out
-		defer out.Close()
-	}
+	defer w.close()
+	// What the sandbox machinery itself says goes to the job's stderr.
+	stderr := stream{w, sandbox.Stderr}
 	fail := func(err error) exitRecord {
-		fmt.Fprintf(w, "%s%v\n", setupPrefix, err)
+		fmt.Fprintf(stderr, "%s%v\n", setupPrefix, err)
 		log.Error("sandbox setup failed", "err", err)
 		return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}
 	}
@@ -197,26 +272,34 @@ func supervise(log *slog.Logger) exitRecord {
 	if err != nil {
 		return fail(err)
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return fail(err)
+	// The job's stdout and stderr: plain blocking pipes, which copyOutput
+	// polls as the C shim does.
+	var outP, errP [2]int
+	if err := unix.Pipe2(outP[:], unix.O_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("pipe: %w", err))
 	}
+	if err := unix.Pipe2(errP[:], unix.O_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("pipe: %w", err))
+	}
+	outW, errW := os.NewFile(uintptr(outP[1]), "stdout"), os.NewFile(uintptr(errP[1]), "stderr")
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		return fail(err)
 	}
-	cmd := initCmd(devnull, outW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange)
+	cmd := initCmd(devnull, outW, errW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange)
 	startErr := cmd.Start()
-	for _, f := range []*os.File{syncR, statusW, outW, devnull} {
+	for _, f := range []*os.File{syncR, statusW, outW, errW, devnull} {
 		f.Close()
 	}
 	if startErr != nil {
 		syncW.Close()
+		unix.Close(outP[0])
+		unix.Close(errP[0])
 		return fail(fmt.Errorf("start the sandbox init: %w", startErr))
 	}
 	copied := make(chan struct{})
 	go func() {
-		io.Copy(w, outR)
+		copyOutput(w, outP[0], errP[0], log)
 		close(copied)
 	}()
 	bridge, err := startStatusBridge()
@@ -284,7 +367,6 @@ func supervise(log *slog.Logger) exitRecord {
 		net.stop()
 	}
 	<-copied
-	outR.Close()
 	bridge.stop()
 
 	var rec exitRecord
@@ -300,7 +382,7 @@ func supervise(log *slog.Logger) exitRecord {
 		rec.Code = ws.ExitStatus()
 	}
 	if relErr != nil && !errors.Is(relErr, errKilledBeforeStart) {
-		fmt.Fprintf(w, "%s%v\n", setupPrefix, relErr)
+		fmt.Fprintf(stderr, "%s%v\n", setupPrefix, relErr)
 		log.Error("sandbox setup failed", "err", relErr)
 		rec.Code, rec.Signo, rec.Reason = codeSetupFailed, 0, relErr.Error()
 	}

@@ -65,8 +65,11 @@ const (
 	fileState  = "state.json" // sandboxState, written by Create
 	fileExec   = "exec.json"  // execRecord, written by Exec (exclusively)
 	fileExit   = "exit.json"  // exitRecord, written by the shim at the end
-	fileOutput = "output"     // the kept output
-	fileEvents = "events"     // the job's status lines, kept by the shim
+	fileOutput = "output"     // the kept output, stdout and stderr interleaved
+	// fileStreams says which stream each byte of fileOutput is from (see
+	// streams.go); a sandbox of a server from before it has none.
+	fileStreams = "output.streams"
+	fileEvents  = "events" // the job's status lines, kept by the shim
 	// fileEventsLatest is the latest status line once the events file is
 	// full, and how many came after it was full.
 	fileEventsLatest = "events.latest"

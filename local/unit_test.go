@@ -179,21 +179,35 @@ func TestJobPath(t *testing.T) {
 	}
 }
 
+// TestOutputWriter: the Go shim keeps the first limit bytes of both
+// streams in the order given, records each change of stream, counts all,
+// and makes no file for a job that writes nothing.
 func TestOutputWriter(t *testing.T) {
-	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
-	if err != nil {
-		t.Fatal(err)
+	t.Chdir(t.TempDir()) // the shim's files are relative to its directory
+	quiet := &outputWriter{limit: 10}
+	quiet.close()
+	if _, err := os.Stat(fileOutput); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a quiet job's output file: %v", err)
 	}
-	w := &outputWriter{f: f, limit: 10}
-	for _, s := range []string{"hello ", "world, ", "and more"} {
-		if n, err := io.WriteString(w, s); n != len(s) || err != nil {
+	w := &outputWriter{limit: 10}
+	out, errs := stream{w, sandbox.Stdout}, stream{w, sandbox.Stderr}
+	for _, c := range []struct {
+		w io.Writer
+		s string
+	}{{out, "hel"}, {out, "lo "}, {errs, "wor"}, {out, "ld, "}, {errs, "and more"}} {
+		if n, err := io.WriteString(c.w, c.s); n != len(c.s) || err != nil {
 			t.Fatalf("Write = %d, %v", n, err)
 		}
 	}
-	f.Close()
-	data, _ := os.ReadFile(f.Name())
-	if string(data) != "hello worl" || w.n != 21 {
-		t.Errorf("kept %q, counted %d; want %q, 21", data, w.n, "hello worl")
+	w.close()
+	data, _ := os.ReadFile(fileOutput)
+	outs, err := splitStreams(fileStreams, 0, data)
+	if want := "[stdout]hello [stderr]wor[stdout]l"; tagged(outs) != want || err != nil || w.n != 21 {
+		t.Errorf("kept %q (%v), counted %d; want %q, 21", tagged(outs), err, w.n, want)
+	}
+	recs, _ := os.ReadFile(fileStreams)
+	if len(recs) != 3*streamRecordSize {
+		t.Errorf("%d bytes of stream records, want 3 records", len(recs))
 	}
 }
 

@@ -158,7 +158,7 @@ type Process struct {
 	Sandbox *Sandbox
 	Cmd     sandbox.Command
 	mu      sync.Mutex
-	output  []byte
+	output  []sandbox.Output
 	events  []byte
 	exit    sandbox.Exit
 	done    chan struct{}
@@ -167,11 +167,17 @@ type Process struct {
 
 func (p *Process) ID() string { return "exec" }
 
-// Write appends output as if the process wrote it.
-func (p *Process) Write(b []byte) {
+// Write appends to stdout as if the process wrote it.
+func (p *Process) Write(b []byte) { p.WriteStream(sandbox.Stdout, b) }
+
+// WriteStderr appends to stderr as if the process wrote it.
+func (p *Process) WriteStderr(b []byte) { p.WriteStream(sandbox.Stderr, b) }
+
+// WriteStream appends output of stream s as if the process wrote it.
+func (p *Process) WriteStream(s sandbox.Stream, b []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.output = append(p.output, b...)
+	p.output = sandbox.Append(p.output, s, append([]byte(nil), b...))
 	p.exit.OutputBytes += int64(len(b))
 }
 
@@ -201,14 +207,22 @@ func (p *Process) Killed() bool {
 	return p.exit.Killed
 }
 
-func (p *Process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
+func (p *Process) ReadOutput(ctx context.Context, offset int64, n int) ([]sandbox.Output, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if offset >= int64(len(p.output)) {
-		return nil, nil
+	var outs []sandbox.Output
+	var pos int64 // where the piece starts
+	for _, o := range p.output {
+		end := pos + int64(len(o.Data))
+		if end > offset && n > 0 {
+			b := o.Data[max(0, offset-pos):]
+			b = b[:min(len(b), n)]
+			outs = append(outs, sandbox.Output{Stream: o.Stream, Data: append([]byte(nil), b...)})
+			n -= len(b)
+		}
+		pos = end
 	}
-	b := p.output[offset:]
-	return append([]byte(nil), b[:min(len(b), max)]...), nil
+	return outs, nil
 }
 
 func (p *Process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte, error) {

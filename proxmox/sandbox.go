@@ -378,7 +378,15 @@ func (p *process) fresh() bool {
 }
 
 // ReadOutput implements sandbox.Process.
-func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
+func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sandbox.Output, error) {
+	b, err := p.readOutput(ctx, offset, max)
+	if len(b) == 0 {
+		return nil, err
+	}
+	return []sandbox.Output{{Stream: sandbox.Combined, Data: b}}, err
+}
+
+func (p *process) readOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
 	if offset < 0 || max <= 0 {
 		return nil, nil
 	}

@@ -200,7 +200,7 @@ func (s *server) output(t *testing.T, id string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	return string(delegate.JoinOutput(b))
 }
 
 func noJobVMs(t *testing.T, sim *pvesim.Server) {

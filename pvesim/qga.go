@@ -134,7 +134,8 @@ func startAgent(ctx context.Context, sb sandbox.Sandbox) (*qga, error) {
 			return a, nil
 		}
 		if a.exited() {
-			out, _ := proc.ReadOutput(ctx, 0, 4096)
+			outs, _ := proc.ReadOutput(ctx, 0, 4096)
+			out := sandbox.Join(outs)
 			return nil, fmt.Errorf("guest agent ended at start: %s", strings.TrimSpace(string(out)))
 		}
 		if time.Now().After(deadline) {

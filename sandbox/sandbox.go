@@ -65,8 +65,8 @@ type Command struct {
 	Args []string
 	Env  []string // KEY=VALUE, the complete environment
 	Dir  string   // working directory inside the sandbox, default /workspace
-	// OutputLimit caps the combined stdout+stderr the backend keeps.
-	// Exit.OutputBytes still counts everything the process wrote.
+	// OutputLimit caps the stdout and stderr the backend keeps, both
+	// together. Exit.OutputBytes still counts everything the process wrote.
 	OutputLimit int64
 	// Deadline, if set, is when the backend kills the process even if no
 	// server is watching it any more (a backstop: the engine enforces the
@@ -127,9 +127,11 @@ type Sandbox interface {
 // Process is the job's command, running or finished.
 type Process interface {
 	ID() string
-	// ReadOutput returns kept output (stdout and stderr interleaved) from
-	// offset on, at most max bytes; empty when nothing new was written.
-	ReadOutput(ctx context.Context, offset int64, max int) ([]byte, error)
+	// ReadOutput returns kept output from offset on, at most max bytes in
+	// all, as pieces in the order they were written (stdout and stderr
+	// interleaved), each from one stream; nothing when nothing new was
+	// written. Offsets count the bytes of both streams together.
+	ReadOutput(ctx context.Context, offset int64, max int) ([]Output, error)
 	// ReadEvents returns what the job wrote to its status channel (lines),
 	// from offset on, at most max bytes.
 	ReadEvents(ctx context.Context, offset int64, max int) ([]byte, error)
@@ -137,6 +139,65 @@ type Process interface {
 	Wait(ctx context.Context) (Exit, error)
 	// Kill ends the process and every process it started, at once.
 	Kill(ctx context.Context) error
+}
+
+// Stream says which of a process's outputs a piece of output came from.
+type Stream uint8
+
+const (
+	// Combined: stdout and stderr together, not told apart (output a
+	// sandbox made before streams were kept apart).
+	Combined Stream = iota
+	Stdout
+	Stderr
+)
+
+func (s Stream) String() string {
+	switch s {
+	case Stdout:
+		return "stdout"
+	case Stderr:
+		return "stderr"
+	}
+	return "combined"
+}
+
+// Output is a piece of a process's output from one stream.
+type Output struct {
+	Stream Stream
+	Data   []byte
+}
+
+// Join returns the bytes of outs one after the other: the output as one
+// interleaved stream.
+func Join(outs []Output) []byte {
+	n := 0
+	for _, o := range outs {
+		n += len(o.Data)
+	}
+	if n == 0 {
+		return nil
+	}
+	b := make([]byte, 0, n)
+	for _, o := range outs {
+		b = append(b, o.Data...)
+	}
+	return b
+}
+
+// Append adds data from stream s after outs, to the last piece when it
+// is of the same stream. A piece it starts holds data itself (its
+// capacity clipped, so that adding to it later copies rather than writes
+// over what follows data in its array).
+func Append(outs []Output, s Stream, data []byte) []Output {
+	if len(data) == 0 {
+		return outs
+	}
+	if n := len(outs); n > 0 && outs[n-1].Stream == s {
+		outs[n-1].Data = append(outs[n-1].Data, data...)
+		return outs
+	}
+	return append(outs, Output{Stream: s, Data: data[:len(data):len(data)]})
 }
 
 // PollInterval is how often a backend that cannot be notified checks a

@@ -61,7 +61,7 @@ func TestIdempotencyEventsArtifacts(t *testing.T) {
 	if n, err := s.OutputSize(ctx, "a"); err != nil || n != 0 {
 		t.Fatalf("output size %d %v", n, err)
 	}
-	s.AppendOutput(ctx, "a", []byte("12345"), 5)
+	s.AppendOutput(ctx, "a", stdout("12345"), 5)
 	if n, _ := s.OutputSize(ctx, "a"); n != 5 {
 		t.Fatalf("output size %d", n)
 	}

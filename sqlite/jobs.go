@@ -32,7 +32,8 @@ var selectJob = `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM job
 // statements are prepared once per connection (database/sql keeps them per
 // connection of the pool).
 type statements struct {
-	getJob, jobByKey, manifest, manifestByID, files, outputEnd, readOutput, events, artifacts, finishes *sql.Stmt // readers
+	getJob, jobByKey, manifest, manifestByID, files, outputEnd, readOutput, stdoutTail, stderrTail, stderrKept,
+	events, artifacts, finishes *sql.Stmt // readers
 	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wOutputEnd, wInsertOutput,
 	wOutputDone, wProgress, wEventsSpan, wInsertEvent, wTrimEvents, wFinished, wArtifact *sql.Stmt // writer
 }
@@ -50,7 +51,11 @@ func (s *Store) prepare(ctx context.Context) error {
 		{s.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
 		{s.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
 		{s.rdb, &s.stmt.outputEnd, outputEnd},
-		{s.rdb, &s.stmt.readOutput, `SELECT offset, data FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
+		{s.rdb, &s.stmt.readOutput, `SELECT offset, data, stream, runs FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
+		// The rows with some of a stream, from the end (see the migration).
+		{s.rdb, &s.stmt.stdoutTail, `SELECT data, stream, runs FROM job_output WHERE job_id = ? AND stream != 2 ORDER BY offset DESC`},
+		{s.rdb, &s.stmt.stderrTail, `SELECT data, stream, runs FROM job_output WHERE job_id = ? AND stream >= 2 ORDER BY offset DESC`},
+		{s.rdb, &s.stmt.stderrKept, `SELECT stderr_kept FROM jobs WHERE id = ?`},
 		{s.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
 		{s.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`},
 		{s.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
@@ -61,8 +66,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		{s.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (seq, manifest) VALUES (?, ?)`},
 		{s.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (seq, files) VALUES (?, ?)`},
 		{s.wdb, &s.stmt.wOutputEnd, outputEnd},
-		{s.wdb, &s.stmt.wInsertOutput, `INSERT INTO job_output (job_id, offset, data) VALUES (?, ?, ?)`},
-		{s.wdb, &s.stmt.wOutputDone, `UPDATE jobs SET output_read = ?2, output_bytes = max(output_bytes, ?3), updated_at = ?4 WHERE id = ?1`},
+		{s.wdb, &s.stmt.wInsertOutput, `INSERT INTO job_output (job_id, offset, data, stream, runs) VALUES (?, ?, ?, ?, ?)`},
+		{s.wdb, &s.stmt.wOutputDone, `UPDATE jobs SET output_read = ?2, output_bytes = max(output_bytes, ?3), updated_at = ?4,
+			stderr_kept = stderr_kept + ?5 WHERE id = ?1`},
 		{s.wdb, &s.stmt.wProgress, `UPDATE jobs SET
 			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,
 			result = CASE WHEN ?3 IS NOT NULL AND status IN ` + active + ` THEN ?3 ELSE result END,

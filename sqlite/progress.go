@@ -114,19 +114,21 @@ func (s *Store) Events(ctx context.Context, id string) ([]delegate.Event, error)
 
 // AppendOutput adds a chunk after the output kept so far and records how
 // far the backend's output was consumed, in one transaction (a restarted
-// engine then reads on from exactly there).
-func (s *Store) AppendOutput(ctx context.Context, id string, chunk []byte, read int64) error {
+// engine then reads on from exactly there). The chunk is one row, however
+// many times it changes streams.
+func (s *Store) AppendOutput(ctx context.Context, id string, chunk []delegate.Output, read int64) error {
+	data, stream, runs, stderr := encodeChunk(chunk)
 	err := s.w.do(ctx, func(tx *sql.Tx) error {
 		end, err := scanEnd(tx.Stmt(s.stmt.wOutputEnd).QueryRow(id))
 		if err != nil {
 			return err
 		}
-		if len(chunk) > 0 {
-			if _, err := tx.Stmt(s.stmt.wInsertOutput).Exec(id, end, chunk); err != nil {
+		if len(data) > 0 {
+			if _, err := tx.Stmt(s.stmt.wInsertOutput).Exec(id, end, data, stream, runs); err != nil {
 				return err
 			}
 		}
-		_, err = tx.Stmt(s.stmt.wOutputDone).Exec(id, read, end+int64(len(chunk)), time.Now().UTC().UnixNano())
+		_, err = tx.Stmt(s.stmt.wOutputDone).Exec(id, read, end+int64(len(data)), time.Now().UTC().UnixNano(), stderr)
 		return err
 	})
 	if err != nil {
@@ -144,8 +146,9 @@ func scanEnd(row *sql.Row) (int64, error) {
 	return end, err
 }
 
-// ReadOutput returns up to max kept bytes of output from offset.
-func (s *Store) ReadOutput(ctx context.Context, id string, offset int64, max int) ([]byte, error) {
+// ReadOutput returns up to max kept bytes of output from offset, as pieces
+// of one stream each.
+func (s *Store) ReadOutput(ctx context.Context, id string, offset int64, max int) ([]delegate.Output, error) {
 	if offset < 0 || max < 0 {
 		return nil, fmt.Errorf("read output of job %s: %w: negative offset or size", id, delegate.ErrInvalid)
 	}
@@ -154,22 +157,37 @@ func (s *Store) ReadOutput(ctx context.Context, id string, offset int64, max int
 		return nil, fmt.Errorf("read output of job %s: %w", id, err)
 	}
 	defer rows.Close()
-	var out []byte
-	for rows.Next() && len(out) < max {
+	var (
+		out  []delegate.Output
+		left = max
+	)
+	for left > 0 && rows.Next() {
 		var (
-			at   int64
-			data []byte
+			at     int64
+			data   []byte
+			stream int
+			runs   []byte
 		)
-		if err := rows.Scan(&at, &data); err != nil {
+		if err := rows.Scan(&at, &data, &stream, &runs); err != nil {
 			return nil, fmt.Errorf("read output of job %s: %w", id, err)
 		}
-		if at < offset {
-			data = data[offset-at:]
+		pieces, err := decodeChunk(data, stream, runs)
+		if err != nil {
+			return nil, fmt.Errorf("read output of job %s at %d: %w", id, at, err)
 		}
-		out = append(out, data[:min(len(data), max-len(out))]...)
+		skip := max0(offset - at) // the part of the row before offset
+		for _, p := range pieces {
+			d := p.Data[min(int64(len(p.Data)), skip):]
+			skip -= int64(len(p.Data)) - int64(len(d))
+			d = d[:min(len(d), left)]
+			out = delegate.AppendOutput(out, p.Stream, d)
+			left -= len(d)
+		}
 	}
 	return out, rows.Err()
 }
+
+func max0(n int64) int64 { return max(n, 0) }
 
 // OutputSize is how many bytes of output are kept for the job.
 func (s *Store) OutputSize(ctx context.Context, id string) (int64, error) {
@@ -178,6 +196,71 @@ func (s *Store) OutputSize(ctx context.Context, id string) (int64, error) {
 		return 0, fmt.Errorf("output size of job %s: %w", id, err)
 	}
 	return n, nil
+}
+
+// StreamTail returns the last max bytes kept of one stream and how many
+// are kept in all. The rows are read from the end; stderr's through its
+// index.
+func (s *Store) StreamTail(ctx context.Context, id string, stream delegate.Stream, max int) ([]byte, int64, error) {
+	if max < 0 || (stream != delegate.StreamStdout && stream != delegate.StreamStderr) {
+		return nil, 0, fmt.Errorf("tail of the output of job %s: %w: stream %s, size %d", id, delegate.ErrInvalid, stream, max)
+	}
+	var stderrKept int64
+	if err := s.stmt.stderrKept.QueryRowContext(ctx, id).Scan(&stderrKept); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, fmt.Errorf("job %s: %w", id, delegate.ErrNotFound)
+		}
+		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
+	}
+	kept := stderrKept
+	q := s.stmt.stderrTail
+	if stream == delegate.StreamStdout {
+		size, err := s.OutputSize(ctx, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		kept, q = size-stderrKept, s.stmt.stdoutTail
+	}
+	if kept == 0 || max == 0 {
+		return nil, kept, nil
+	}
+	rows, err := q.QueryContext(ctx, id)
+	if err != nil {
+		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
+	}
+	defer rows.Close()
+	var parts [][]byte // newest first
+	n := 0
+	for n < max && rows.Next() {
+		var (
+			data []byte
+			st   int
+			runs []byte
+		)
+		if err := rows.Scan(&data, &st, &runs); err != nil {
+			return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
+		}
+		pieces, err := decodeChunk(data, st, runs)
+		if err != nil {
+			return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
+		}
+		for i := len(pieces) - 1; i >= 0 && n < max; i-- {
+			p := pieces[i]
+			if p.Stream == stream || (stream == delegate.StreamStdout && p.Stream == delegate.StreamCombined) {
+				d := p.Data[max0(int64(len(p.Data)-(max-n))):]
+				parts = append(parts, d)
+				n += len(d)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
+	}
+	tail := make([]byte, 0, n)
+	for i := len(parts) - 1; i >= 0; i-- {
+		tail = append(tail, parts[i]...)
+	}
+	return tail, kept, nil
 }
 
 // AddArtifact records (or replaces) a collected artifact.

@@ -154,6 +154,17 @@ var migrations = []string{
 	);
 	INSERT INTO counters (name, value)
 		SELECT 'finishes', count(*) FROM jobs WHERE status IN ('success', 'failed', 'timeout', 'cancelled');`,
+	// A job's output keeps its stdout and stderr apart, in the order
+	// written. A row is still one append, its bytes in order; stream says
+	// which stream they are from: 0 both together, not told apart (every
+	// row from before), 1 stdout, 2 stderr, 3 both (runs says which bytes
+	// are which, see streams.go). The tail of stderr is read through an
+	// index of the rows that have some (most output is stdout), and a job
+	// counts the stderr bytes it keeps. Existing rows are not rewritten.
+	`ALTER TABLE job_output ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE job_output ADD COLUMN runs BLOB;
+	CREATE INDEX job_output_stderr ON job_output(job_id, offset) WHERE stream >= 2;
+	ALTER TABLE jobs ADD COLUMN stderr_kept INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its

@@ -65,10 +65,10 @@ func TestCreateGetSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// AppendOutput raises output_bytes to what is kept (11 > 10).
-	if err := s.AppendOutput(ctx, "j1", []byte("hello "), 6); err != nil {
+	if err := s.AppendOutput(ctx, "j1", stdout("hello "), 6); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendOutput(ctx, "j1", []byte("world"), 11); err != nil {
+	if err := s.AppendOutput(ctx, "j1", stdout("world"), 11); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -87,8 +87,8 @@ func TestCreateGetSurvivesReopen(t *testing.T) {
 		max  int
 		want string
 	}{{0, 100, "hello world"}, {3, 100, "lo world"}, {6, 3, "wor"}, {0, 8, "hello wo"}, {11, 5, ""}, {20, 5, ""}} {
-		out, err := s.ReadOutput(ctx, "j1", tc.off, tc.max)
-		if err != nil || string(out) != tc.want {
+		outs, err := s.ReadOutput(ctx, "j1", tc.off, tc.max)
+		if out := delegate.JoinOutput(outs); err != nil || string(out) != tc.want {
 			t.Errorf("ReadOutput(%d,%d) = %q, %v; want %q", tc.off, tc.max, out, err, tc.want)
 		}
 	}

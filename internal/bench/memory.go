@@ -62,7 +62,7 @@ func sandboxMemory(ctx context.Context, b sandbox.Backend, n int) (local.Supervi
 			if err != nil {
 				return local.SupervisorMemory{}, err
 			}
-			if strings.HasPrefix(string(out), "up") {
+			if strings.HasPrefix(string(sandbox.Join(out)), "up") {
 				break
 			}
 			if time.Now().After(deadline) {
