@@ -257,10 +257,16 @@ func runService(t *testing.T, final *delegate.Job, output string) (*mock.JobServ
 			n := min(len(output), waits*len(output)/2)
 			var at int
 			fmt.Sscan(opts.Cursor, &at)
-			return &delegate.LogPage{JobID: id, Output: []byte(output[at:n]), NextCursor: fmt.Sprint(n), Done: waits >= 3 && n == len(output)}, nil
+			return &delegate.LogPage{JobID: id, Output: []byte(output[at:n]), NextCursor: fmt.Sprint(n), Done: waits >= 3 && n == len(output),
+				Streams: streams(output[at:n])}, nil
 		},
 	}
 	return svc, &submitted
+}
+
+// streams is output all from stdout, as pieces of a log page.
+func streams(output string) []delegate.Output {
+	return delegate.AppendOutput(nil, delegate.StreamStdout, []byte(output))
 }
 
 func TestRun(t *testing.T) {
@@ -437,6 +443,40 @@ func TestJobsStatusShowsTimeline(t *testing.T) {
 	}
 }
 
+// TestRunSplitsStreams: the job's stdout goes to stdout and its stderr
+// to stderr, byte for byte, as the pages of its log bring them; the
+// outcome comes after on stderr.
+func TestRunSplitsStreams(t *testing.T) {
+	h := newHarness()
+	pages := [][]delegate.Output{
+		{{Stream: delegate.StreamStdout, Data: []byte("out\n")}, {Stream: delegate.StreamStderr, Data: []byte("err\xff\n")}},
+		{{Stream: delegate.StreamStderr, Data: []byte("no newline")}, {Stream: delegate.StreamStdout, Data: []byte("end\n")}},
+		// Output kept before the streams were told apart goes to stdout.
+		{{Stream: delegate.StreamCombined, Data: []byte("both")}},
+	}
+	var served int
+	h.svc = &mock.JobService{
+		SubmitFn: func(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
+			return &delegate.Job{ID: "job-1", Status: delegate.StatusPending, Manifest: m}, nil
+		},
+		WaitFn: func(ctx context.Context, id string) (*delegate.Job, error) {
+			return job(id, delegate.StatusFailed, intp(2)), nil
+		},
+		LogsFn: func(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
+			if served == len(pages) {
+				return &delegate.LogPage{JobID: id, NextCursor: "x", Done: true}, nil
+			}
+			p := pages[served]
+			served++
+			return &delegate.LogPage{JobID: id, Output: delegate.JoinOutput(p), Streams: p, NextCursor: fmt.Sprint(served)}, nil
+		},
+	}
+	r := h.run(t, "run", "--script", "x", "-q")
+	if r.code != 2 || r.stdout != "out\nend\nboth" || !strings.HasPrefix(r.stderr, "err\xff\nno newline") || !strings.Contains(r.stderr, "job-1 failed") {
+		t.Fatalf("run: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
 func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 	for _, tc := range []struct {
 		status delegate.Status
@@ -451,10 +491,11 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 		var got delegate.ResultOptions
 		h.svc.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
 			got = opts
-			return &delegate.JobResult{JobID: id, Status: tc.status, ExitCode: tc.exit, Output: []byte("out\xff\n"), Duration: time.Second, Error: "why"}, nil
+			return &delegate.JobResult{JobID: id, Status: tc.status, ExitCode: tc.exit, Output: []byte("out\xff\n"), Stderr: []byte("err\n"),
+				Duration: time.Second, Error: "why"}, nil
 		}
 		r := h.run(t, "jobs", "result", "job-1")
-		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.Contains(r.stderr, "job-1 "+string(tc.status)+" in 1.0s") {
+		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.HasPrefix(r.stderr, "err\njob-1 "+string(tc.status)+" in 1.0s") {
 			t.Errorf("%s: exit %d stdout %q stderr %q", tc.status, r.code, r.stdout, r.stderr)
 		}
 		if got.OutputTail < int(delegate.MaxOutputLimit) {
@@ -463,10 +504,11 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 		r = h.run(t, "jobs", "result", "--json", "job-1")
 		var res struct {
 			Output          string  `json:"output"`
+			Stderr          string  `json:"stderr"`
 			DurationSeconds float64 `json:"duration_seconds"`
 			Status          string  `json:"status"`
 		}
-		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != tc.code || res.Output != "out\uFFFD\n" || res.DurationSeconds != 1 {
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != tc.code || res.Output != "out\uFFFD\n" || res.Stderr != "err\n" || res.DurationSeconds != 1 {
 			t.Errorf("%s --json: exit %d %v %s", tc.status, r.code, err, r.stdout)
 		}
 	}

@@ -195,6 +195,7 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
 type resultJSON struct {
 	*delegate.JobResult
 	Output          string  `json:"output"`
+	Stderr          string  `json:"stderr"`
 	DurationSeconds float64 `json:"duration_seconds"`
 }
 
@@ -203,8 +204,10 @@ func (p *Program) jobsResultCmd(cfg *Config) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "result ID [flags]",
 		Short: "Print a finished job's output and exit with its exit code",
-		Long: `Print a finished job's output on stdout and its outcome on stderr, and exit
-with the job's exit code (124 when it timed out, 130 when it was cancelled).`,
+		Long: `Print a finished job's stdout on stdout, its stderr then its outcome on
+stderr, and exit with the job's exit code (124 when it timed out, 130 when it
+was cancelled). "delegate jobs logs ID" prints the two interleaved, in the
+order they were written.`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -215,11 +218,14 @@ with the job's exit code (124 when it timed out, 130 when it was cancelled).`,
 				}
 				if asJSON {
 					if err := p.printJSON(resultJSON{JobResult: res, Output: strings.ToValidUTF8(string(res.Output), "\uFFFD"),
-						DurationSeconds: float64(res.Duration.Milliseconds()) / 1000}); err != nil {
+						Stderr: strings.ToValidUTF8(string(res.Stderr), "\uFFFD"), DurationSeconds: float64(res.Duration.Milliseconds()) / 1000}); err != nil {
 						return err
 					}
 				} else {
 					if _, err := p.Stdout.Write(res.Output); err != nil {
+						return err
+					}
+					if _, err := p.Stderr.Write(res.Stderr); err != nil {
 						return err
 					}
 					line := fmt.Sprintf("%s %s in %.1fs", res.JobID, res.Status, res.Duration.Seconds())
@@ -235,7 +241,7 @@ with the job's exit code (124 when it timed out, 130 when it was cancelled).`,
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (output, exit code, error, artifacts...)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (output, stderr, exit code, error, artifacts...)")
 	return cmd
 }
 
@@ -244,7 +250,8 @@ func (p *Program) jobsLogsCmd(cfg *Config) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "logs ID [flags]",
 		Short: "Print a job's output",
-		Long: `Print a job's output. While it runs, its output is readable if it was
+		Long: `Print a job's output: its stdout and stderr interleaved, in the order they
+were written, on stdout. While it runs, its output is readable if it was
 submitted in statusMode streaming (delegate run does that); with --follow,
 the output of any other job is printed when the job ends.`,
 		Args: exactArgs("ID"),

@@ -32,8 +32,9 @@ func (p *Program) runCmd(cfg *Config) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run (--script CMD | --manifest FILE) [flags]",
 		Short: "Run one job and print its output",
-		Long: `Run one job in a new sandbox: its output goes to stdout as it is written,
-its progress to stderr, and delegate exits with the job's exit code (124 when
+		Long: `Run one job in a new sandbox: its stdout goes to stdout and its stderr to
+stderr as they are written, byte for byte, its progress to stderr too (-q for
+none), and delegate exits with the job's exit code (124 when
 it timed out, 130 when it was cancelled; Ctrl-C cancels it). When delegate
 itself fails (a bad flag, an invalid manifest, no sandbox) it exits 125.
 
@@ -84,7 +85,7 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		return err
 	}
 	progress := newProgressLine(p.Stderr, f.quiet, job.ID)
-	out := &logCopier{svc: svc, id: job.ID, w: p.Stdout, before: progress.clear}
+	out := &logCopier{svc: svc, id: job.ID, w: p.Stdout, errw: p.Stderr, before: progress.clear}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		j, err := svc.Wait(wctx, job.ID)
@@ -114,11 +115,13 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 	}
 }
 
-// logCopier copies a job's output to w as it comes.
+// logCopier copies a job's output to w as it comes: its stdout and
+// stderr interleaved, or, with errw, its stderr to errw.
 type logCopier struct {
 	svc    delegate.JobService
 	id     string
 	w      io.Writer
+	errw   io.Writer
 	before func() // called before anything is written
 	cursor string
 }
@@ -136,7 +139,7 @@ func (c *logCopier) copy(ctx context.Context) (done bool, err error) {
 			if c.before != nil {
 				c.before()
 			}
-			if _, err := c.w.Write(l.Output); err != nil {
+			if err := c.write(l); err != nil {
 				return false, err
 			}
 		}
@@ -145,6 +148,23 @@ func (c *logCopier) copy(ctx context.Context) (done bool, err error) {
 			return l.Done, nil
 		}
 	}
+}
+
+func (c *logCopier) write(l *delegate.LogPage) error {
+	if c.errw == nil || len(l.Streams) == 0 {
+		_, err := c.w.Write(l.Output)
+		return err
+	}
+	for _, o := range l.Streams {
+		w := c.w // output kept before the streams were told apart too
+		if o.Stream == delegate.StreamStderr {
+			w = c.errw
+		}
+		if _, err := w.Write(o.Data); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // exitCode is the status a command ends with for a finished job.

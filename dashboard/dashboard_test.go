@@ -201,7 +201,7 @@ func TestJobPageWhenFinished(t *testing.T) {
 		TimelineFn: func(ctx context.Context, id string) ([]delegate.Event, error) { return nil, nil },
 		ResultFn: func(ctx context.Context, id string, o delegate.ResultOptions) (*delegate.JobResult, error) {
 			return &delegate.JobResult{JobID: id, Status: j.Status, ExitCode: j.ExitCode,
-				Output: []byte("line 1\n" + hostile + "\n\xff\xfe end"), OutputOffset: 10, OutputBytes: 5000,
+				Output: []byte("stdout only"), OutputOffset: 10, OutputBytes: 5000,
 				Result: "summary " + hostile,
 				Artifacts: []delegate.Artifact{
 					{Name: "out/report <1>.txt", Size: 2048, SHA256: "ab12"},
@@ -210,9 +210,22 @@ func TestJobPageWhenFinished(t *testing.T) {
 				}}, nil
 		},
 	}
+	// The page shows the end of the log: both streams, stderr marked.
+	svc.LogsFn = func(ctx context.Context, id string, o delegate.LogOptions) (*delegate.LogPage, error) {
+		if !o.Tail || o.MaxBytes != delegate.DefaultOutputTail {
+			t.Errorf("log read with %+v, want its tail", o)
+		}
+		streams := []delegate.Output{{Stream: delegate.StreamStdout, Data: []byte("line 1\n" + hostile + "\n")},
+			{Stream: delegate.StreamStderr, Data: []byte("oops " + hostile + "\n")}, {Stream: delegate.StreamStdout, Data: []byte("\xff\xfe end")}}
+		return &delegate.LogPage{JobID: id, Status: j.Status, Output: delegate.JoinOutput(streams), Streams: streams, Offset: 10, Done: true}, nil
+	}
 	page := get(t, dashboard.Handler(svc, dashboard.Options{}), "/jobs/job-1").Body.String()
+	if strings.Contains(page, "stdout only") {
+		t.Error("the page shows the result's stdout, not the log")
+	}
 	for _, want := range []string{
 		"line 1\n&lt;script&gt;", "\uFFFD end", // invalid UTF-8 shown as a replacement character
+		`<span class="stderr">oops &lt;script&gt;`,
 		`summary &lt;script&gt;`,
 		`None kept: the job was submitted with statusMode simple.`,
 		`showing the last`, `href="/jobs/job-1/output" download`,

@@ -103,14 +103,18 @@ func (d *dash) list(w http.ResponseWriter, r *http.Request) {
 
 // jobView is one job's page.
 type jobView struct {
-	Job       *delegate.Job
-	Task      string
-	Timeline  []delegate.Event
-	Simple    bool // statusMode simple: no timeline is kept
-	Result    *delegate.JobResult
-	Output    string // the result's output as text
-	Shown     int64  // bytes of output shown (the end of what is kept)
-	Kept      int64  // bytes of output kept
+	Job      *delegate.Job
+	Task     string
+	Timeline []delegate.Event
+	Simple   bool // statusMode simple: no timeline is kept
+	Result   *delegate.JobResult
+	// Output is the end of the job's log as text (stdout and stderr
+	// interleaved, stderr marked), Shown its bytes, Kept the bytes of the
+	// whole log, Cut whether Output is only its end.
+	Output    []logPiece
+	Shown     int64
+	Kept      int64
+	Cut       bool
 	Artifacts []delegate.Artifact
 	// LiveLog: the job runs in statusMode streaming, its output is
 	// followed live.
@@ -145,9 +149,35 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	if err != nil {
 		return jobView{}, err
 	}
-	v.Result, v.Output, v.Artifacts = res, strings.ToValidUTF8(string(res.Output), "\uFFFD"), res.Artifacts
-	v.Shown, v.Kept = int64(len(res.Output)), res.OutputOffset+int64(len(res.Output))
+	// The log's end, not the result's stdout: the page shows both
+	// streams, in the order they were written.
+	log, err := d.svc.Logs(ctx, id, delegate.LogOptions{Tail: true, MaxBytes: delegate.DefaultOutputTail})
+	if err != nil {
+		return jobView{}, err
+	}
+	v.Result, v.Artifacts = res, res.Artifacts
+	v.Output = logPieces(log)
+	v.Shown, v.Kept, v.Cut = int64(len(log.Output)), log.Offset+int64(len(log.Output)), log.Offset > 0
 	return v, nil
+}
+
+// logPiece is a piece of a log as the page shows it.
+type logPiece struct {
+	Text   string
+	Stderr bool
+}
+
+// logPieces is a log page as text, piece by piece; a page without its
+// streams is one piece.
+func logPieces(l *delegate.LogPage) []logPiece {
+	if len(l.Streams) == 0 {
+		return []logPiece{{Text: strings.ToValidUTF8(string(l.Output), "\uFFFD")}}
+	}
+	var out []logPiece
+	for _, o := range l.Streams {
+		out = append(out, logPiece{Text: strings.ToValidUTF8(string(o.Data), "\uFFFD"), Stderr: o.Stream == delegate.StreamStderr})
+	}
+	return out
 }
 
 // notices are what a redirect may ask the job page to say (a fixed set:

@@ -28,6 +28,7 @@ type resultOut struct {
 	Status          string  `json:"status"`
 	ExitCode        *int    `json:"exit_code"`
 	Output          string  `json:"output"`
+	Stderr          string  `json:"stderr"`
 	OutputBytes     int64   `json:"output_bytes"`
 	OutputTruncated bool    `json:"output_truncated"`
 	Error           string  `json:"error"`

@@ -63,7 +63,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.status)
 	addTool(s, dec, &mcp.Tool{
 		Name:         "get_job_result",
-		Description:  "Exit code, output tail and artifacts of a finished job.",
+		Description:  "Exit code, ends of stdout (output) and stderr, artifacts of a finished job.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
@@ -334,9 +334,12 @@ type ResultIn struct {
 type ResultOut struct {
 	Status   delegate.Status `json:"status"`
 	ExitCode *int            `json:"exit_code,omitempty"`
-	// Output is the end of the kept output; OutputBytes counts all the job
-	// wrote, OutputTruncated says that only the first part was kept.
+	// Output is the end of the kept stdout, Stderr of the kept stderr
+	// (delegate.JobResult says why apart; get_job_logs has the two
+	// interleaved); OutputBytes counts all the job wrote to both,
+	// OutputTruncated says that only the first part was kept.
 	Output          string `json:"output"`
+	Stderr          string `json:"stderr"`
 	OutputBytes     int64  `json:"output_bytes"`
 	OutputTruncated bool   `json:"output_truncated"`
 	Error           string `json:"error,omitempty"`
@@ -357,7 +360,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
 	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output),
+		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),

@@ -130,7 +130,7 @@ func fullService() *service {
 	}
 	s.WaitFn = func(ctx context.Context, id string) (*delegate.Job, error) { return finishedJob(id), nil }
 	s.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
-		return &delegate.JobResult{JobID: id, Status: delegate.StatusFailed, ExitCode: &code, Output: []byte("out\n"), OutputBytes: 4,
+		return &delegate.JobResult{JobID: id, Status: delegate.StatusFailed, ExitCode: &code, Output: []byte("out\n"), Stderr: []byte("err\n"), OutputBytes: 8,
 			Error: "exit code 3", Duration: 2 * time.Second}, nil // Artifacts nil: rendered as an empty list
 	}
 	s.LogsFn = func(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
@@ -313,7 +313,7 @@ func TestResultAndLogsRendering(t *testing.T) {
 	var gotResult delegate.ResultOptions
 	s.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
 		gotResult = opts
-		return &delegate.JobResult{JobID: id, Status: delegate.StatusSuccess, Output: []byte("ok \xff\n"), OutputOffset: 7,
+		return &delegate.JobResult{JobID: id, Status: delegate.StatusSuccess, Output: []byte("ok \xff\n"), OutputOffset: 7, Stderr: []byte("warn \xfe\n"),
 			Duration: 1500 * time.Millisecond, Artifacts: []delegate.Artifact{{Name: "out.txt", Size: 3, SHA256: strings.Repeat("a", 64)}}}, nil
 	}
 	var gotLogs delegate.LogOptions
@@ -327,7 +327,7 @@ func TestResultAndLogsRendering(t *testing.T) {
 	if gotResult.OutputTail != 100 {
 		t.Errorf("max_output_bytes became %+v", gotResult)
 	}
-	if r.Output != "ok \uFFFD\n" || r.DurationSeconds != 1.5 || len(r.Artifacts) != 1 {
+	if r.Output != "ok \uFFFD\n" || r.Stderr != "warn \uFFFD\n" || r.DurationSeconds != 1.5 || len(r.Artifacts) != 1 {
 		t.Errorf("result %+v", r)
 	}
 	var l mcpserver.LogsOut
