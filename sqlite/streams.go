@@ -38,6 +38,13 @@ func encodeChunk(chunk []delegate.Output) (data []byte, stream int, runs []byte,
 	if n == 0 {
 		return nil, 0, nil, 0
 	}
+	if !mixed {
+		for _, o := range chunk {
+			if len(o.Data) == n { // one piece: no copy
+				return o.Data, first, nil, stderr
+			}
+		}
+	}
 	data = make([]byte, 0, n)
 	for _, o := range chunk {
 		data = append(data, o.Data...)
