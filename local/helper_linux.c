@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -828,6 +829,53 @@ static void out_write(struct outw *w, int stream, const char *p, size_t len) {
 	w->n += (int64_t)len;
 }
 
+/* outs are the job's stdout and stderr, read through an epoll set: epoll
+ * lists ready descriptors in the order they became ready, so when both
+ * streams have something the one written to first is read first (poll
+ * over two pipes cannot tell; the kernel keeps no order between them).
+ * Each ready stream is read once per round, up to a buffer. */
+struct outs {
+	int ep, fd[2];
+};
+
+static int outs_init(struct outs *o, int out, int err) {
+	o->fd[0] = out;
+	o->fd[1] = err;
+	if ((o->ep = epoll_create1(EPOLL_CLOEXEC)) < 0)
+		return -1;
+	for (uint32_t i = 0; i < 2; i++) {
+		struct epoll_event ev = {.events = EPOLLIN, .data = {.u32 = i}};
+		if (epoll_ctl(o->ep, EPOLL_CTL_ADD, o->fd[i], &ev) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* outs_read reads what is ready, in the order it became ready; it
+ * returns how many streams it found ready (0: none, -1: interrupted). */
+static int outs_read(struct outs *o, struct outw *w, char *buf, size_t cap) {
+	static const int streams[2] = {STREAM_STDOUT, STREAM_STDERR};
+	struct epoll_event evs[2];
+	int n = epoll_wait(o->ep, evs, 2, 0);
+	for (int i = 0; i < n; i++) {
+		uint32_t k = evs[i].data.u32;
+		if (k > 1 || o->fd[k] < 0)
+			continue;
+		ssize_t r = read(o->fd[k], buf, cap);
+		if (r > 0) {
+			out_write(w, streams[k], buf, (size_t)r);
+		} else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+			/* The job closed it (it may still run). */
+			epoll_ctl(o->ep, EPOLL_CTL_DEL, o->fd[k], NULL);
+			close(o->fd[k]);
+			o->fd[k] = -1;
+		}
+	}
+	return n;
+}
+
+static int outs_open(const struct outs *o) { return o->fd[0] >= 0 || o->fd[1] >= 0; }
+
 static void out_printf(struct outw *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void out_printf(struct outw *w, const char *fmt, ...) {
 	char buf[4200];
@@ -1182,6 +1230,11 @@ static int shim_main(size_t cmdline_len) {
 		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
 		return finish_failed(&w, err);
 	}
+	struct outs os;
+	if (outs_init(&os, outp[0], errp[0]) < 0) {
+		snprintf(err, sizeof err, "epoll: %s", errtext(errno));
+		return finish_failed(&w, err);
+	}
 	/* cgroup v1: init places itself (init_main), through the groups'
 	 * "tasks" files opened here; v2: the shim places it, below. */
 	int tasks[3], ntasks = 0;
@@ -1276,12 +1329,9 @@ static int shim_main(size_t cmdline_len) {
 	}
 	close(syncp[1]);
 
-	/* Until init has exited: output, status lines, deadline. When both
-	 * streams are ready, stdout is read first: the kernel keeps no order
-	 * between two pipes. */
+	/* Until init has exited: output, status lines, deadline. */
 	int deadline_hit = 0;
-	struct pollfd fds[4] = {{outp[0], POLLIN, 0}, {errp[0], POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
-	const int streams[2] = {STREAM_STDOUT, STREAM_STDERR};
+	struct pollfd fds[3] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
 	char buf[65536];
 	for (;;) {
 		int64_t wait_ns = -1; /* -1: no time limit */
@@ -1311,12 +1361,12 @@ static int shim_main(size_t cmdline_len) {
 			}
 			/* Past the cap the channel is read at a bounded pace. */
 			int paused = br.paused_until > t;
-			fds[2].fd = paused ? -1 : br.fifo;
+			fds[1].fd = paused ? -1 : br.fifo;
 			if (paused)
 				wait_ns = wait_ns < 0 || br.paused_until - t < wait_ns ? br.paused_until - t : wait_ns;
 		}
 		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
-		int k = poll(fds, 4, timeout);
+		int k = poll(fds, 3, timeout);
 		if (k < 0) {
 			if (errno != EINTR) {
 				logmsg("poll: %s", errtext(errno));
@@ -1324,18 +1374,11 @@ static int shim_main(size_t cmdline_len) {
 			}
 			continue;
 		}
-		for (int i = 0; i < 2; i++) {
-			if (fds[i].fd < 0 || !fds[i].revents)
-				continue;
-			ssize_t r = read(fds[i].fd, buf, sizeof buf);
-			if (r > 0)
-				out_write(&w, streams[i], buf, (size_t)r);
-			else if (r == 0 || errno != EINTR)
-				fds[i].fd = -1; /* the job closed it; it may still run */
-		}
-		if (fds[2].fd >= 0 && fds[2].revents)
+		if (fds[0].revents)
+			outs_read(&os, &w, buf, sizeof buf);
+		if (fds[1].fd >= 0 && fds[1].revents)
 			br_read(&br, 0);
-		if (fds[3].revents)
+		if (fds[2].revents)
 			break;
 	}
 	int ws = 0;
@@ -1343,18 +1386,16 @@ static int shim_main(size_t cmdline_len) {
 		;
 	/* init's end took every process of the sandbox with it: what is left
 	 * in the pipes is all there will be. */
-	for (int i = 0; i < 2; i++) {
-		while (fds[i].fd >= 0) {
-			ssize_t r = read(fds[i].fd, buf, sizeof buf);
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0)
-				break;
-			out_write(&w, streams[i], buf, (size_t)r);
-		}
+	while (outs_open(&os)) {
+		int n = outs_read(&os, &w, buf, sizeof buf);
+		if (n == 0 || (n < 0 && errno != EINTR))
+			break;
 	}
-	close(outp[0]);
-	close(errp[0]);
+	for (int i = 0; i < 2; i++)
+		if (os.fd[i] >= 0)
+			close(os.fd[i]);
+	if (os.ep >= 0)
+		close(os.ep);
 	if (br.fifo >= 0) {
 		br_read(&br, 1);
 		br_end(&br);

@@ -89,6 +89,12 @@ func TestHelpers(t *testing.T) {
 				if exit.Code != 4 || out != "only\n" {
 					t.Errorf("exit %+v, output %q", exit, out)
 				}
+				// Without a pause: the stream written to first is read first
+				// (the shims read in the order the pipes became ready).
+				exit, out = finishTagged(t, start(t, create(t, b, defaultSpec()), "/bin/sh", "-c", "echo err >&2; echo out"))
+				if want := "[stderr]err\n[stdout]out\n"; exit.Code != 0 || out != want {
+					t.Errorf("exit %+v, output %q; want %q", exit, out, want)
+				}
 			})
 			t.Run("output limit and status lines", func(t *testing.T) {
 				sb := create(t, b, defaultSpec())

@@ -207,30 +207,56 @@ func (w *outputWriter) close() {
 
 // copyOutput copies the job's stdout and stderr (the read ends of two
 // pipes, which it closes) into w until both are closed, as the C shim
-// does: when both are ready, stdout is read first (the kernel keeps no
-// order between two pipes).
+// does: through an epoll set, which lists ready descriptors in the order
+// they became ready, so that when both streams have something the one
+// written to first is read first (poll over two pipes cannot tell; the
+// kernel keeps no order between them). Each ready stream is read once
+// per round, up to a buffer.
 func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
-	fds := []unix.PollFd{{Fd: int32(stdout), Events: unix.POLLIN}, {Fd: int32(stderr), Events: unix.POLLIN}}
+	fds := [2]int{stdout, stderr}
 	streams := [2]sandbox.Stream{sandbox.Stdout, sandbox.Stderr}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	for i := 0; err == nil && i < 2; i++ {
+		err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fds[i], &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(i)})
+	}
+	if err != nil {
+		// Never leave the pipes unread (a job would block on a full one).
+		log.Warn("epoll: the output is read without its order across streams", "err", err)
+		var wg sync.WaitGroup
+		for i := range fds {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				io.Copy(stream{w, streams[i]}, os.NewFile(uintptr(fds[i]), streams[i].String()))
+			}()
+		}
+		wg.Wait()
+		return
+	}
+	defer unix.Close(ep)
 	buf := make([]byte, 64<<10)
-	for fds[0].Fd >= 0 || fds[1].Fd >= 0 {
-		if _, err := unix.Poll(fds, -1); err != nil {
+	events := make([]unix.EpollEvent, 2)
+	for open := 2; open > 0; {
+		n, err := unix.EpollWait(ep, events, -1)
+		if err != nil {
 			if !errors.Is(err, unix.EINTR) {
-				log.Warn("poll the output", "err", err)
+				log.Warn("wait for the output", "err", err)
 				time.Sleep(10 * time.Millisecond) // ENOMEM passes; giving up would block the job
 			}
 			continue
 		}
-		for i := range fds {
-			if fds[i].Fd < 0 || fds[i].Revents == 0 {
+		for _, ev := range events[:n] {
+			i := ev.Fd
+			if i < 0 || i > 1 || fds[i] < 0 {
 				continue
 			}
-			n, err := unix.Read(int(fds[i].Fd), buf)
-			if n > 0 {
-				w.write(streams[i], buf[:n])
-			} else if n == 0 || !errors.Is(err, unix.EINTR) {
-				unix.Close(int(fds[i].Fd))
-				fds[i].Fd = -1 // poll skips it from now on
+			k, err := unix.Read(fds[i], buf)
+			if k > 0 {
+				w.write(streams[i], buf[:k])
+			} else if k == 0 || !errors.Is(err, unix.EINTR) {
+				unix.EpollCtl(ep, unix.EPOLL_CTL_DEL, fds[i], nil)
+				unix.Close(fds[i])
+				fds[i], open = -1, open-1
 			}
 		}
 	}

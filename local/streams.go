@@ -14,8 +14,11 @@ import (
 // of that stream. A record is written before the bytes it describes,
 // and only when the stream changes, so a job writing to one stream only
 // has one record; a reader that sees a byte sees its record. The order
-// of the two streams is the order in which the shim read them: bytes
-// written to both within the same instant may be read in either order.
+// of the two streams is the order in which the shim read them, which it
+// reads in the order they became ready (epoll): only when a stream is
+// written to again before the shim has read the other stream's bytes
+// written in between do that stream's two writes come together, before
+// the other's.
 const streamRecordSize = 8
 
 // encodeStreamRecord is the record for output of stream s from offset on.
