@@ -451,6 +451,9 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 			}
 			return
 		}
+		// What this read changes, undone if it cannot be stored (the
+		// next tick reads it again).
+		next, held := t.next, t.held
 		n := 0
 		var chunk []delegate.Output
 		for _, o := range outs {
@@ -468,25 +471,12 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 				read = h.at
 			}
 		}
-		if t.m.AgentType == delegate.AgentClaude {
-			for _, o := range chunk {
-				if o.Stream != delegate.StreamStderr { // stream-json is on stdout
-					for _, line := range t.claude.lines(o.Data, false) {
-						t.claudeLine(line)
-					}
-				}
-			}
-			if final && last {
-				for _, line := range t.claude.lines(nil, true) {
-					t.claudeLine(line)
-				}
-			}
-		}
-		chunk, stored := capOutput(chunk, e.cfg.OutputLimit-t.kept)
+		kept, stored := capOutput(chunk, e.cfg.OutputLimit-t.kept)
 		if read != t.read || stored > 0 {
 			// The chunk and how far the output was read, in one write.
-			if err := e.store.AppendOutput(ctx, t.id, chunk, read); err != nil {
+			if err := e.store.AppendOutput(ctx, t.id, kept, read); err != nil {
 				e.log.Warn("store output", "job", t.id, "err", err)
+				t.next, t.held = next, held
 				return
 			}
 			if stored > 0 {
@@ -495,6 +485,9 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 		}
 		t.kept += stored
 		t.read = read
+		if t.m.AgentType == delegate.AgentClaude {
+			t.claudeOutput(chunk, final && last) // all of it, kept or not
+		}
 		if last {
 			return
 		}
@@ -545,18 +538,35 @@ func (t *tracker) flushHeld(chunk []delegate.Output) []delegate.Output {
 	}
 }
 
-// capOutput cuts chunk to at most room bytes and says how many it holds.
+// capOutput returns the first room bytes of chunk (chunk itself is left
+// as it is) and how many that is.
 func capOutput(chunk []delegate.Output, room int64) ([]delegate.Output, int64) {
 	var n int64
 	for i, o := range chunk {
 		if int64(len(o.Data)) >= room-n {
-			chunk[i].Data = o.Data[:max(0, room-n)]
-			n += int64(len(chunk[i].Data))
-			return chunk[:i+1], n
+			kept := append([]delegate.Output(nil), chunk[:i+1]...)
+			kept[i].Data = o.Data[:max(0, room-n)]
+			return kept, n + int64(len(kept[i].Data))
 		}
 		n += int64(len(o.Data))
 	}
 	return chunk, n
+}
+
+// claudeOutput reads Claude's stream-json, which is on stdout, as progress.
+func (t *tracker) claudeOutput(chunk []delegate.Output, final bool) {
+	for _, o := range chunk {
+		if o.Stream != delegate.StreamStderr {
+			for _, line := range t.claude.lines(o.Data, false) {
+				t.claudeLine(line)
+			}
+		}
+	}
+	if final {
+		for _, line := range t.claude.lines(nil, true) {
+			t.claudeLine(line)
+		}
+	}
 }
 
 // stream is the domain's name of a sandbox's stream.
