@@ -15,8 +15,14 @@ import (
 // delegateCLI runs the binary and returns stdout, stderr and exit code.
 func delegateCLI(t *testing.T, dataDir string, args ...string) (string, string, int) {
 	t.Helper()
+	return delegateCLIEnv(t, dataDir, nil, args...)
+}
+
+// delegateCLIEnv is delegateCLI with more environment.
+func delegateCLIEnv(t *testing.T, dataDir string, env []string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.CommandContext(testContext(t), binary, args...)
-	cmd.Env = serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn")
+	cmd.Env = append(serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn"), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

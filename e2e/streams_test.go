@@ -61,3 +61,25 @@ func TestRunStreams(t *testing.T) {
 		t.Errorf("job://%s/log: %+v %v", second, rr, err)
 	}
 }
+
+// TestProxmoxRunStreams: on the Proxmox backend (the simulator, whose
+// guests run commands for real), a job's stdout and stderr stay apart
+// too: delegate run, get_job_result and the interleaved log.
+func TestProxmoxRunStreams(t *testing.T) {
+	sim, env := simCluster(t, 1)
+	dataDir := t.TempDir()
+	out, errOut, code := delegateCLIEnv(t, dataDir, env, "run", "-q", "--script", "echo out; echo err >&2; sleep 0.3; echo more; exit 2")
+	if out != "out\nmore\n" || !strings.HasPrefix(errOut, "err\n") || code != 2 {
+		t.Fatalf("run: stdout %q, stderr %q, exit %d", out, errOut, code)
+	}
+	id := newestJob(t, dataDir)
+	cs, _, _ := stdioSession(t, dataDir, "", env...)
+	r := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": id})
+	if r.Output != "out\nmore\n" || r.Stderr != "err\n" || r.ExitCode == nil || *r.ExitCode != 2 {
+		t.Errorf("get_job_result: %+v", r)
+	}
+	if l := call[logsOut](t, cs, "get_job_logs", map[string]any{"job_id": id}); l.Output != "out\nerr\nmore\n" || !l.Done {
+		t.Errorf("get_job_logs: %+v", l)
+	}
+	noVMsLeft(t, sim)
+}

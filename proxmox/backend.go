@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"slices"
 	"sort"
 	"strconv"
@@ -58,7 +59,11 @@ type Config struct {
 	// every node not named (PROXMOX_NODE_MEMORY). Unset, it is the node's
 	// maxmem less HostReserve, which needs Sys.Audit on /nodes.
 	NodeMemory map[string]int64
-	Logger     *slog.Logger
+	// GuestPerl is the perl in the templates' guests that keeps a job's
+	// stdout and stderr apart (streams.go). Default /usr/bin/perl; a
+	// guest without it gives the two together.
+	GuestPerl string
+	Logger    *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster.
@@ -106,6 +111,12 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.GuestPerl == "" {
+		cfg.GuestPerl = "/usr/bin/perl"
+	}
+	if !path.IsAbs(cfg.GuestPerl) || strings.ContainsRune(cfg.GuestPerl, 0) {
+		return nil, fmt.Errorf("proxmox: the guest's perl %q must be an absolute path", cfg.GuestPerl)
 	}
 	if cfg.Instance == "" {
 		cfg.Instance = NewInstanceID()

@@ -3,6 +3,7 @@ package proxmox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +19,15 @@ import (
 // the command but the test).
 func vm(t *testing.T) (*proxmox.Backend, sandbox.Sandbox) {
 	t.Helper()
+	return vmWith(t, proxmox.Config{})
+}
+
+func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Sandbox) {
+	t.Helper()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
-	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond})
+	cfg.Template, cfg.PollInterval = "debian-job", 50*time.Millisecond
+	b, err := proxmox.New(c, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +40,17 @@ func vm(t *testing.T) (*proxmox.Backend, sandbox.Sandbox) {
 }
 
 func runCmd(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit, string) {
+	t.Helper()
+	exit, p := runProc(t, sb, cmd)
+	out, err := p.ReadOutput(context.Background(), 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exit, string(sandbox.Join(out))
+}
+
+// runProc runs cmd to its end and returns the process.
+func runProc(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit, sandbox.Process) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -47,11 +65,60 @@ func runCmd(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := p.ReadOutput(ctx, 0, 1<<20)
+	return exit, p
+}
+
+// tagged reads a process's output from offset, max bytes at a time, and
+// renders it as "[stream]data", in order.
+func tagged(t *testing.T, p sandbox.Process, offset int64, max int) string {
+	t.Helper()
+	var all []sandbox.Output
+	for {
+		outs, err := p.ReadOutput(context.Background(), offset, max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(outs) == 0 {
+			break
+		}
+		for _, o := range outs {
+			all = sandbox.Append(all, o.Stream, o.Data)
+			offset += int64(len(o.Data))
+		}
+	}
+	var b strings.Builder
+	for _, o := range all {
+		fmt.Fprintf(&b, "[%s]%s", o.Stream, o.Data)
+	}
+	return b.String()
+}
+
+// TestCommandStreams: where the guest has perl, a command's stdout and
+// stderr are kept apart, byte for byte, in the order written (a pause
+// before each change of stream: when both have something at once, stdout
+// is read first), also read by a process found again after a restart,
+// from any offset; without perl they come together.
+func TestCommandStreams(t *testing.T) {
+	_, sb := vm(t)
+	script := `echo out; echo err >&2; sleep 0.3; printf 'a\000b\377'; sleep 0.3; printf x >&2; sleep 0.3; echo end; exit 3`
+	exit, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", script}})
+	want := "[stdout]out\n[stderr]err\n[stdout]a\x00b\xff[stderr]x[stdout]end\n"
+	if got := tagged(t, p, 0, 1<<20); exit.Code != 3 || exit.OutputBytes != 17 || got != want {
+		t.Fatalf("exit %+v, output %q; want %q", exit, got, want)
+	}
+	again, err := sb.Process(context.Background(), p.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return exit, string(out)
+	if got := tagged(t, again, 2, 3); got != "[stdout]t\n"+strings.TrimPrefix(want, "[stdout]out\n") {
+		t.Errorf("found again, from 2, 3 bytes at a time: %q", got)
+	}
+
+	_, sb = vmWith(t, proxmox.Config{GuestPerl: "/nonexistent/perl"})
+	exit, p = runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo out; echo err >&2"}})
+	if got := tagged(t, p, 0, 1<<20); exit.Code != 0 || got != "[combined]out\nerr\n" {
+		t.Fatalf("without perl: exit %+v, output %q", exit, got)
+	}
 }
 
 // TestCommandContract: the Proxmox backend honours every field of

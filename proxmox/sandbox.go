@@ -160,11 +160,13 @@ func (s *vmSandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
 }
 
 // runnerScript runs the job's command in its working directory with its
-// output in guestOutput and its exit status kept in guestOutput.exit, so
-// that a restarted server can still learn how it ended. $0 is the output
-// file, $1 the working directory, $2 the seconds until the command's
-// deadline (0: none); the command comes as "$@": nothing of the job is
-// parsed by this shell.
+// output in guestOutput (its stdout and stderr told apart where the guest
+// has perl: see streams.go) and its exit status kept in guestOutput.exit,
+// so that a restarted server can still learn how it ended. $0 is the
+// output file, $1 the working directory, $2 the seconds until the
+// command's deadline (0: none), $3 the supervisor (supervisorScript), $4
+// the perl to run it with; the command comes as "$@": nothing of the job
+// is parsed by this shell.
 //
 // The deadline is a backstop that holds when no server watches: a
 // watchdog started with the job kills it, and everything it started, when
@@ -173,9 +175,10 @@ func (s *vmSandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
 // whole process group without touching the guest agent's; it runs in the
 // foreground, so that it keeps the signal dispositions a background job
 // would lose (SIGINT and SIGQUIT ignored). Its output is redirected by
-// the command's own shell: dash reports a foreground command killed by a
-// signal ("Killed") on the stderr the command was given.
-const runnerScript = `o=$0 d=$1 t=$2; shift 2
+// the command's own shell, or given by the supervisor, which exits with
+// its status: dash reports a foreground command killed by a signal
+// ("Killed") on the stderr the command was given.
+const runnerScript = `o=$0 d=$1 t=$2 s=$3 pl=$4; shift 4
 rm -f -- "$o.pid" "$o.deadline"
 cd -- "$d" 2>/dev/null || { echo "delegate: cannot enter the working directory $d" >>"$o"; echo 125 >"$o.exit"; exit 125; }
 w=
@@ -183,7 +186,11 @@ if [ "$t" -gt 0 ]; then
   ( sleep "$t"; : >"$o.deadline"; p=$(cat -- "$o.pid" 2>/dev/null) && kill -s KILL -- "-$p" "$p" ) >/dev/null 2>&1 </dev/null &
   w=$!
 fi
-/bin/sh -c 'exec >>"$0" 2>&1 </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
+if [ -x "$pl" ]; then
+  "$pl" -e "$s" -- "$o" /bin/sh -c 'exec </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
+else
+  /bin/sh -c 'exec >>"$0" 2>&1 </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
+fi
 rc=$?
 [ -n "$w" ] && kill "$w" 2>/dev/null
 if [ -e "$o.deadline" ]; then echo "$rc:deadline" >"$o.exit"; else echo "$rc" >"$o.exit"; fi
@@ -194,7 +201,7 @@ exit $rc`
 // reader that keeps them; the reader lives until the VM goes), then
 // becomes the runner: one agent call starts it all.
 const startScript = `s=$1 e=$2 o=$3; shift 3
-mkdir -p /workspace "${s%/*}" && rm -f -- "$s" "$e" "$o" "$o.exit" && : > "$e" && : > "$o" && mkfifo -m 0666 -- "$s" || {
+mkdir -p /workspace "${s%/*}" && rm -f -- "$s" "$e" "$o" "$o.exit" "$o.streams" && : > "$e" && : > "$o" && mkfifo -m 0666 -- "$s" || {
   echo "delegate: could not prepare $s, $e and $o" >&2; exit 125; }
 cat <>"$s" >>"$e" 2>/dev/null &
 exec "$@"`
@@ -227,7 +234,8 @@ func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Proc
 	}
 	argv := []string{"/bin/sh", "-c", startScript, "delegate-start", StatusFile, guestEvents, guestOutput, "/usr/bin/env", "-i"}
 	argv = append(argv, cmd.Env...)
-	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput, path.Clean(dir), strconv.FormatInt(deadlineSeconds(cmd.Deadline, time.Now()), 10))
+	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput, path.Clean(dir), strconv.FormatInt(deadlineSeconds(cmd.Deadline, time.Now()), 10),
+		supervisorScript, s.b.cfg.GuestPerl)
 	argv = append(argv, cmd.Args...)
 	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, argv, nil)
 	if err != nil {
@@ -271,19 +279,27 @@ func parseExecID(id string) (pid int, limit int64, err error) {
 }
 
 // readScript is one poll of a running job, in one agent call: the size
-// of its output, the output and the status lines from given offsets, its
-// exit status if it ended, and whether its runner still lives. A header
-// line gives the lengths, so any bytes pass. The exit status and the
-// runner's liveness are read before the output: a poll that says the
-// job ended holds all of its output. Arguments: output file,
-// events file, output offset and count, events offset and count, pid.
+// of its output, the output, the status lines and the stream records
+// (streams.go) from given offsets, its exit status if it ended, and
+// whether its runner still lives. A header line gives the lengths (and
+// the size of the stream records, -1 when there are none), so any bytes
+// pass. The exit status and the runner's liveness are read before the
+// output, and the output before its stream records: a poll that says the
+// job ended holds all of its output, and a record of every byte of it.
+// Arguments: output file, events file, output offset and count, events
+// offset and count, pid, records offset and count.
 const readScript = `o=$1 e=$2 f=/tmp/delegate-read.$$
 a=1; kill -0 "$7" 2>/dev/null || a=0
 x=$(cat -- "$o.exit" 2>/dev/null)
 tail -c +"$3" -- "$o" 2>/dev/null | head -c "$4" > "$f.o"
 tail -c +"$5" -- "$e" 2>/dev/null | head -c "$6" > "$f.e"
-printf '%s %s %s %s %s\n' $(($(wc -c 2>/dev/null <"$o" || echo 0))) $(($(wc -c < "$f.o"))) $(($(wc -c < "$f.e"))) "$a" "${x:--}"
-cat -- "$f.o" "$f.e"; rm -f -- "$f.o" "$f.e"`
+r=-1; [ -e "$o.streams" ] && r=$(($(wc -c <"$o.streams")))
+tail -c +"$8" -- "$o.streams" 2>/dev/null | head -c "$9" > "$f.s"
+printf '%s %s %s %s %s %s %s\n' $(($(wc -c 2>/dev/null <"$o" || echo 0))) $(($(wc -c < "$f.o"))) $(($(wc -c < "$f.e"))) "$a" "${x:--}" $(($(wc -c < "$f.s"))) "$r"
+cat -- "$f.o" "$f.e" "$f.s"; rm -f -- "$f.o" "$f.e" "$f.s"`
+
+// recordsChunk is the most of the stream records a poll reads.
+const recordsChunk = 64 << 10
 
 // Default amounts a poll reads of each stream (the engine's own chunks).
 const (
@@ -306,6 +322,7 @@ type process struct {
 	polled          time.Time // when the latest poll answered
 	outMax          int       // what ReadOutput asks for at once
 	nextOut, nextEv int64     // where the next reads will start
+	streams         streamRecs
 }
 
 func newProcess(s *vmSandbox, pid int, limit int64) *process {
@@ -322,6 +339,9 @@ type snapshot struct {
 	alive         bool
 	code          *int
 	deadline      bool // the guest's watchdog killed the command
+	// records: the output's stream records were read to their end (or
+	// there are none, and noStreams is set: no perl in the guest).
+	records, noStreams bool
 }
 
 func (p *process) ID() string {
@@ -344,13 +364,14 @@ func (p *process) keep(offset int64, max int) int {
 // poll reads the guest once (the caller holds p.mu).
 func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax int) (*snapshot, error) {
 	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", readScript, "delegate-read", guestOutput, guestEvents,
-		strconv.FormatInt(outOff+1, 10), strconv.Itoa(p.keep(outOff, outMax)), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid)})
+		strconv.FormatInt(outOff+1, 10), strconv.Itoa(p.keep(outOff, outMax)), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid),
+		strconv.FormatInt(p.streams.read+int64(len(p.streams.partial))+1, 10), strconv.Itoa(recordsChunk)})
 	if err != nil {
 		return nil, err
 	}
 	head, body, ok := bytes.Cut(out, []byte{'\n'})
 	f := strings.Fields(string(head))
-	if !ok || len(f) != 5 {
+	if !ok || len(f) != 7 {
 		return nil, fmt.Errorf("read the job in VM %d: unexpected answer %q", p.s.vmid, head)
 	}
 	var n [3]int64
@@ -359,10 +380,19 @@ func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax i
 			return nil, fmt.Errorf("read the job in VM %d: unexpected answer %q", p.s.vmid, head)
 		}
 	}
-	if int64(len(body)) != n[1]+n[2] {
-		return nil, fmt.Errorf("read the job in VM %d: %d bytes, want %d", p.s.vmid, len(body), n[1]+n[2])
+	recLen, err1 := strconv.ParseInt(f[5], 10, 64)
+	recSize, err2 := strconv.ParseInt(f[6], 10, 64)
+	if err1 != nil || err2 != nil || recLen < 0 || recSize < -1 {
+		return nil, fmt.Errorf("read the job in VM %d: unexpected answer %q", p.s.vmid, head)
 	}
-	snap := &snapshot{outOff: outOff, evOff: evOff, out: body[:n[1]], ev: body[n[1]:], outSize: n[0], alive: f[3] == "1"}
+	if int64(len(body)) != n[1]+n[2]+recLen {
+		return nil, fmt.Errorf("read the job in VM %d: %d bytes, want %d", p.s.vmid, len(body), n[1]+n[2]+recLen)
+	}
+	if err := p.streams.add(body[n[1]+n[2]:]); err != nil {
+		return nil, fmt.Errorf("read the job in VM %d: %w", p.s.vmid, err)
+	}
+	snap := &snapshot{outOff: outOff, evOff: evOff, out: body[:n[1]], ev: body[n[1] : n[1]+n[2]], outSize: n[0], alive: f[3] == "1",
+		noStreams: recSize < 0, records: recSize < 0 || p.streams.read == recSize}
 	code, mark, _ := strings.Cut(f[4], ":")
 	if n, err := strconv.Atoi(code); err == nil {
 		snap.code, snap.deadline = &n, mark == "deadline"
@@ -379,14 +409,6 @@ func (p *process) fresh() bool {
 
 // ReadOutput implements sandbox.Process.
 func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sandbox.Output, error) {
-	b, err := p.readOutput(ctx, offset, max)
-	if len(b) == 0 {
-		return nil, err
-	}
-	return []sandbox.Output{{Stream: sandbox.Combined, Data: b}}, err
-}
-
-func (p *process) readOutput(ctx context.Context, offset int64, max int) ([]byte, error) {
 	if offset < 0 || max <= 0 {
 		return nil, nil
 	}
@@ -394,6 +416,10 @@ func (p *process) readOutput(ctx context.Context, offset int64, max int) ([]byte
 	defer p.mu.Unlock()
 	if p.killed {
 		return nil, nil // the VM is stopped: what was read is all there is
+	}
+	if offset < p.streams.from {
+		// Read again from before the records kept: read them all again.
+		p.streams, p.snap = streamRecs{}, nil
 	}
 	p.outMax = max
 	snap := p.snap
@@ -404,8 +430,18 @@ func (p *process) readOutput(ctx context.Context, offset int64, max int) ([]byte
 		}
 	}
 	snap.outUsed = true
-	p.nextOut = offset + int64(len(snap.out))
-	return snap.out, nil
+	if len(snap.out) == 0 {
+		return nil, nil
+	}
+	outs := []sandbox.Output{{Stream: sandbox.Combined, Data: snap.out}}
+	if !snap.noStreams {
+		outs = p.streams.split(offset, snap.out, snap.records)
+	}
+	for _, o := range outs {
+		offset += int64(len(o.Data))
+	}
+	p.nextOut = offset
+	return outs, nil
 }
 
 // ReadEvents implements sandbox.Process.
