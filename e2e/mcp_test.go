@@ -128,9 +128,10 @@ func lifecycle(t *testing.T, cs *mcp.ClientSession) {
 		t.Fatalf("wait_job: %+v", st)
 	}
 	res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": sub.JobID})
-	want := "from a file\n" + nasty + "\nerr\nclean\n"
-	if res.Output != want || res.ExitCode == nil || *res.ExitCode != 3 || res.OutputBytes != int64(len(want)) || res.OutputTruncated {
-		t.Fatalf("result: %+v\nwant output %q", res, want)
+	// stdout and stderr come apart; output_bytes counts both.
+	want, wantErr := "from a file\n"+nasty+"\nclean\n", "err\n"
+	if res.Output != want || res.Stderr != wantErr || res.ExitCode == nil || *res.ExitCode != 3 || res.OutputBytes != int64(len(want)+len(wantErr)) || res.OutputTruncated {
+		t.Fatalf("result: %+v\nwant output %q, stderr %q", res, want, wantErr)
 	}
 
 	// A long job: the result is refused while it runs, then cancel kills it.
