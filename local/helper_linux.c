@@ -680,9 +680,16 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	for (int i = 0; i < ntasks && i < 3; i++)
 		if (dup3(t[i], 5 + i, O_CLOEXEC) < 0)
 			_exit(CODE_SETUP_FAILED);
-	if (syscall(SYS_close_range, 5 + ntasks, ~0U, 0) < 0)
-		for (int fd = 5 + ntasks; fd < 4096; fd++)
-			close(fd);
+	if (syscall(SYS_close_range, 5 + ntasks, ~0U, 0) < 0) {
+		/* Before Linux 5.9: one by one, up to the highest a descriptor
+		 * is likely to have (a leaked one may be far above 4096). */
+		struct rlimit rl;
+		long max = 4096;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max > (rlim_t)max)
+			max = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1 << 20) ? 1L << 20 : (long)rl.rlim_max;
+		for (long fd = 5 + ntasks; fd < max; fd++)
+			close((int)fd);
+	}
 	/* The job gets default signal dispositions, whatever the shim had. */
 	for (int sig = 1; sig < NSIG; sig++)
 		if (sig != SIGKILL && sig != SIGSTOP)

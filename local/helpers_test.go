@@ -7,11 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // helperModes are the helpers this binary has: the C ones (cgo builds)
@@ -207,6 +209,36 @@ func TestShimWithoutPlan(t *testing.T) {
 			outs, err := splitStreams(filepath.Join(dir, fileStreams), 0, out)
 			if err != nil || len(outs) != 1 || outs[0].Stream != sandbox.Stderr {
 				t.Errorf("streams of the output: %q, %v", tagged(outs), err)
+			}
+		})
+	}
+}
+
+// TestJobDescriptors: the job holds its stdin, stdout and stderr and
+// nothing else, even when the server itself was given descriptors
+// without close-on-exec (a parent that leaks them: a shell, an MCP
+// client). A directory descriptor of the host's root would let the job
+// out of its root; a pipe would be shared by every sandbox.
+func TestJobDescriptors(t *testing.T) {
+	canRun(t)
+	root, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY, 0) // no O_CLOEXEC: leaked on purpose
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(root); unix.Close(p[0]); unix.Close(p[1]) })
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			// The shell's descriptors, listed while it waits for ls alone
+			// (a pipeline or a redirection would hold one of its own).
+			exit, out := sh(t, b, `ls /proc/$$/fd; ls /proc/$$/fd/`+strconv.Itoa(root)+`/ 2>/dev/null || true`)
+			if exit.Code != 0 || out != "0\n1\n2\n" {
+				t.Errorf("the job's descriptors (want 0 1 2, and no view of the host's root through %d): exit %+v\n%s", root, exit, out)
 			}
 		})
 	}

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -88,6 +90,11 @@ func runInit(args []string) int {
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return fail(codeSetupFailed, errors.New("no command"))
 	}
+	// Only stdin, stdout and stderr go to the job (the C init closes the
+	// rest; the Go one cannot, its runtime owns some).
+	if err := closeOnExecFrom3(); err != nil {
+		return fail(codeSetupFailed, err)
+	}
 	if err := runOps(p.Ops, p.Seccomp); err != nil {
 		return fail(codeSetupFailed, err)
 	}
@@ -116,6 +123,47 @@ func runInit(args []string) int {
 		return fail(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
 	}
 	return report(reap(pid))
+}
+
+// closeRangeCloexec is CLOSE_RANGE_CLOEXEC of close_range(2), which
+// golang.org/x/sys/unix does not name.
+const closeRangeCloexec = 1 << 2
+
+// closeOnExecFrom3 marks every descriptor from 3 up close-on-exec. A
+// helper may hold descriptors nobody meant it to have: the server's own
+// parent (a shell, an MCP client) may have left some without
+// close-on-exec, and such a descriptor passes through every exec after
+// it, into the job (a directory of the host's would let it out of its
+// root) and into the network helper.
+func closeOnExecFrom3() error {
+	err := unix.CloseRange(3, math.MaxUint32, closeRangeCloexec)
+	if err == nil {
+		return nil
+	}
+	// Before Linux 5.11: one by one, as /proc lists them.
+	if lerr := closeOnExecListed(); lerr != nil {
+		return fmt.Errorf("close inherited descriptors: %w (and one by one: %v)", err, lerr)
+	}
+	return nil
+}
+
+// closeOnExecListed is closeOnExecFrom3 without close_range.
+func closeOnExecListed() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		// The listing's own descriptor is closed by now (EBADF).
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && !errors.Is(err, unix.EBADF) {
+			return fmt.Errorf("descriptor %d: %w", fd, err)
+		}
+	}
+	return nil
 }
 
 // dropBoundingSet empties the capability bounding set, so nothing the job

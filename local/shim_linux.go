@@ -284,6 +284,11 @@ func supervise(log *slog.Logger) exitRecord {
 	if loadErr != nil {
 		return fail(loadErr)
 	}
+	// Whatever this shim was given beyond its plan must not reach the
+	// network helper nor init (closeOnExecFrom3).
+	if err := closeOnExecFrom3(); err != nil {
+		return fail(err)
+	}
 	// Supplementary groups would follow init and the job into the sandbox
 	// and still grant host group access (root's group!) there.
 	if err := syscall.Setgroups(nil); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 func TestWorkspaceRel(t *testing.T) {
@@ -268,5 +269,28 @@ func TestInitRefusesOutsideSandbox(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != codeSetupFailed || !strings.Contains(string(out), "only as pid 1") {
 		t.Errorf("init outside a sandbox: %v, %q", err, out)
+	}
+}
+
+// TestCloseOnExecListed: the way without close_range marks every
+// descriptor from 3 up, and leaves 0, 1 and 2 alone.
+func TestCloseOnExecListed(t *testing.T) {
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	before, err := unix.FcntlInt(0, unix.F_GETFD, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closeOnExecListed(); err != nil {
+		t.Fatal(err)
+	}
+	if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("descriptor %d: flags %#x, %v; want close-on-exec", fd, flags, err)
+	}
+	if after, err := unix.FcntlInt(0, unix.F_GETFD, 0); err != nil || after != before {
+		t.Errorf("descriptor 0: flags %#x, then %#x (%v)", before, after, err)
 	}
 }
