@@ -6,9 +6,11 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,6 +241,26 @@ func TestJobDescriptors(t *testing.T) {
 			exit, out := sh(t, b, `ls /proc/$$/fd; ls /proc/$$/fd/`+strconv.Itoa(root)+`/ 2>/dev/null || true`)
 			if exit.Code != 0 || out != "0\n1\n2\n" {
 				t.Errorf("the job's descriptors (want 0 1 2, and no view of the host's root through %d): exit %+v\n%s", root, exit, out)
+			}
+		})
+	}
+}
+
+// TestJobSignalDispositions: the job starts with every signal at its
+// default disposition, whatever the server ignored (a server started
+// with nohup, or in the background by a shell, ignores SIGHUP or
+// SIGINT, and ignored signals survive exec).
+func TestJobSignalDispositions(t *testing.T) {
+	canRun(t)
+	signal.Ignore(syscall.SIGHUP, syscall.SIGINT)
+	t.Cleanup(func() { signal.Reset(syscall.SIGHUP, syscall.SIGINT) })
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			exit, out := sh(t, b, `grep -E '^Sig(Ign|Blk):' /proc/self/status`)
+			if want := "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"; exit.Code != 0 || out != want {
+				t.Errorf("exit %+v, output %q; want %q", exit, out, want)
 			}
 		})
 	}

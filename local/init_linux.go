@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -95,6 +96,12 @@ func runInit(args []string) int {
 	if err := closeOnExecFrom3(); err != nil {
 		return fail(codeSetupFailed, err)
 	}
+	// The job starts with every signal at its default disposition, as
+	// with the C init. Ignored signals survive exec, and the Go runtime
+	// leaves SIGHUP and SIGINT ignored when it was started so (a server
+	// run with nohup, or in the background by a shell); handled here,
+	// they are reset at the job's exec like every other.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT)
 	if err := runOps(p.Ops, p.Seccomp); err != nil {
 		return fail(codeSetupFailed, err)
 	}
