@@ -66,6 +66,9 @@
 // session) so that jobs survive a server restart; a service manager must
 // not kill the whole control group when it stops the server (systemd:
 // KillMode=process), or running jobs die with it and are reported lost.
+// A kernel.core_pattern that pipes to a helper (systemd-coredump, apport)
+// is handed the crashes of jobs too, as root on the host, whatever the
+// sandbox's RLIMIT_CORE: keep it a plain file name on such a host.
 //
 // The shared kernel makes this weaker than a virtual machine; keep the
 // Proxmox backend for hostile code.

@@ -176,7 +176,11 @@ func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
 	if loopback {
 		add(opLoopback, 0, "loopback")
 	}
-	// No core dumps: a core_pattern pipe helper would run on the host.
+	// No core files in the sandbox. This does not keep a crash from
+	// reaching a core_pattern pipe helper ("|/usr/lib/systemd/...",
+	// apport) on the host: the kernel ignores RLIMIT_CORE for pipes
+	// unless it is 1, and a job may lower its soft limit to 0 again. A
+	// host that runs hostile jobs keeps core_pattern a plain file name.
 	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
 	add(opDropBounding, 0, "drop the capability bounding set")
 	add(opSeccomp, 0, "seccomp")
