@@ -2,10 +2,8 @@ package proxmox
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -91,18 +89,7 @@ func (f *fakeCluster) backend(t *testing.T) *Backend {
 	t.Helper()
 	srv := httptest.NewTLSServer(http.HandlerFunc(f.handler))
 	t.Cleanup(srv.Close)
-	host, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
-	p, _ := strconv.Atoi(port)
-	sum := sha256.Sum256(srv.Certificate().Raw)
-	var fp []string
-	for _, b := range sum {
-		fp = append(fp, fmt.Sprintf("%02X", b))
-	}
-	c, err := pve.New(pve.Config{Host: host, Port: p, User: "root@pam", TokenName: "tk", TokenValue: "s",
-		SSLMode: pve.SSLVerify, Fingerprint: strings.Join(fp, ":"), TaskPollInterval: time.Millisecond, RetryDelay: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := pinnedClient(t, srv, pve.Config{RetryDelay: time.Millisecond})
 	b, err := New(c, Config{Instance: "abcd1234", PollInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
