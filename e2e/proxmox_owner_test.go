@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +40,8 @@ func TestProxmoxSweepSparesProvisioning(t *testing.T) {
 // contending on their storage's lock, boot ~12 s, a new VM missing from
 // the statistics for ~10 s), 8 jobs submitted at once from a template
 // tagged like delegate's all succeed while the cleanup sweep runs every
-// second, and each VM is deleted once.
+// second; each job's VM is destroyed once, by that job's own cleanup,
+// and no other VM is deleted.
 func TestProxmoxRealLatency(t *testing.T) {
 	sim, env := simClusterWith(t, 2, func(o *pvesim.Options) {
 		o.Latency, o.TaskDelay, o.BootDelay = "real", 0, 0
@@ -47,7 +51,7 @@ func TestProxmoxRealLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cs, _, _ := stdioSession(t, t.TempDir(), "", append(env, "DEFAULT_VM_TEMPLATE=tagged-job", "DELEGATE_MAX_CONCURRENT=8")...)
+	cs, _, stderr := stdioSession(t, t.TempDir(), "", append(env, "DEFAULT_VM_TEMPLATE=tagged-job", "DELEGATE_MAX_CONCURRENT=8")...)
 	var ids []string
 	for i := range 8 {
 		ids = append(ids, call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
@@ -65,20 +69,73 @@ func TestProxmoxRealLatency(t *testing.T) {
 		}
 	}
 	noVMsLeft(t, sim)
-	deleted := map[string]int{}
+	byJob := vmsDeletedByJob(t, sim, ids)
+	// The server logs a destroy once it has seen the delete task end,
+	// which may be a poll interval after the VM is gone.
+	var destroyed map[string][]int
+	for range 100 {
+		if destroyed = destroyedInLog(stderr.String()); len(destroyed) >= len(ids) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, id := range ids {
+		if len(byJob[id]) != 1 {
+			t.Errorf("job %d (%s): its VMs deleted %v, want one", i, id, byJob[id])
+			continue
+		}
+		if got := destroyed[id]; len(got) != 1 || got[0] != byJob[id][0] {
+			t.Errorf("job %d (%s): its own cleanup destroyed VMs %v, want its VM %d", i, id, got, byJob[id][0])
+		}
+	}
+	if strings.Contains(stderr.String(), "destroying orphaned sandbox") {
+		t.Errorf("the cleanup sweep destroyed a job's VM: the job's own cleanup did not")
+	}
+}
+
+// vmsDeletedByJob follows the simulator's request log: a job's tag
+// written to a VM's config (right after its clone) makes it the job's VM;
+// every successful DELETE of a VM is counted for the job that owned it
+// then, and one of a VM no job owned fails the test.
+func vmsDeletedByJob(t *testing.T, sim *pvesim.Server, jobs []string) map[string][]int {
+	t.Helper()
+	owner := map[string]string{} // vmid -> job
+	out := map[string][]int{}
 	for _, r := range sim.Requests() {
-		if r.Method == "DELETE" && r.Status == 200 {
-			deleted[r.Path]++
+		if r.Status != 200 {
+			continue
+		}
+		if m := claimPath.FindStringSubmatch(r.Path); m != nil && r.Method == "PUT" {
+			tags := strings.Split(fmt.Sprint(r.Params["tags"]), ";")
+			for _, job := range jobs {
+				if slices.Contains(tags, job) {
+					owner[m[1]] = job
+				}
+			}
+		}
+		if m := vmPathRe.FindStringSubmatch(r.Path); m != nil && r.Method == "DELETE" {
+			job, ok := owner[m[1]]
+			if !ok {
+				t.Errorf("VM %s was deleted: no job's", m[1])
+				continue
+			}
+			delete(owner, m[1])
+			n, _ := strconv.Atoi(m[1])
+			out[job] = append(out[job], n)
 		}
 	}
-	n := 0
-	for path, times := range deleted {
-		n += times
-		if times > 1 && !strings.Contains(path, "/tasks/") {
-			t.Logf("%s deleted %d times (vmids are reused)", path, times)
-		}
+	return out
+}
+
+var destroyedRe = regexp.MustCompile(`msg="destroyed VM" .*\bvmid=(\d+) .*\bjob=(\S+)`)
+
+// destroyedInLog reads the server's "destroyed VM" lines: the VMs each
+// job's sandbox destroy removed.
+func destroyedInLog(log string) map[string][]int {
+	out := map[string][]int{}
+	for _, m := range destroyedRe.FindAllStringSubmatch(log, -1) {
+		n, _ := strconv.Atoi(m[1])
+		out[m[2]] = append(out[m[2]], n)
 	}
-	if n != 8 {
-		t.Errorf("%d successful deletes for 8 jobs: %v", n, deleted)
-	}
+	return out
 }
