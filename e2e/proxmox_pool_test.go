@@ -103,12 +103,9 @@ func TestProxmoxWarmPool(t *testing.T) {
 	if st.Status != "success" || res.Output != "warm\n" || vmid == 0 {
 		t.Fatalf("job %+v %q, from pool VM %d", st, res.Output, vmid)
 	}
-	// A cold start takes ~15 s at these timings: this bound only tells
-	// warm from cold (the figures are in docs/BENCHMARKS.md).
+	// claimOf proves the job ran in a pool VM; how fast that is belongs
+	// to the benchmarks (docs/BENCHMARKS.md), not to a pass/fail test.
 	t.Logf("warm echo job: submit to done in %s, VM %d", took.Round(time.Millisecond), vmid)
-	if took > 8*time.Second {
-		t.Errorf("the warm job took %s", took)
-	}
 	waitPool(t, sim, 2, 90*time.Second)
 	// Every VM deleted so far was the job's.
 	for _, r := range sim.Requests() {
