@@ -9,6 +9,8 @@ import (
 	"errors"
 	"io/fs"
 	"time"
+
+	"github.com/delegate-dev/delegate"
 )
 
 // ErrGone: the sandbox or process no longer exists (destroyed, or lost
@@ -141,63 +143,29 @@ type Process interface {
 	Kill(ctx context.Context) error
 }
 
-// Stream says which of a process's outputs a piece of output came from.
-type Stream uint8
+// A process's output is kept as the job's: pieces tagged with the stream
+// they came from (see the root package). These names keep backends' code
+// short.
+type (
+	Stream = delegate.Stream
+	Output = delegate.Output
+)
 
 const (
 	// Combined: stdout and stderr together, not told apart (output a
 	// sandbox made before streams were kept apart).
-	Combined Stream = iota
-	Stdout
-	Stderr
+	Combined = delegate.StreamCombined
+	Stdout   = delegate.StreamStdout
+	Stderr   = delegate.StreamStderr
 )
-
-func (s Stream) String() string {
-	switch s {
-	case Stdout:
-		return "stdout"
-	case Stderr:
-		return "stderr"
-	}
-	return "combined"
-}
-
-// Output is a piece of a process's output from one stream.
-type Output struct {
-	Stream Stream
-	Data   []byte
-}
 
 // Join returns the bytes of outs one after the other: the output as one
 // interleaved stream.
-func Join(outs []Output) []byte {
-	n := 0
-	for _, o := range outs {
-		n += len(o.Data)
-	}
-	if n == 0 {
-		return nil
-	}
-	b := make([]byte, 0, n)
-	for _, o := range outs {
-		b = append(b, o.Data...)
-	}
-	return b
-}
+func Join(outs []Output) []byte { return delegate.JoinOutput(outs) }
 
-// Append adds data from stream s after outs, to the last piece when it
-// is of the same stream. A piece it starts holds data itself (its
-// capacity clipped, so that adding to it later copies rather than writes
-// over what follows data in its array).
+// Append adds data from stream s after outs (see delegate.AppendOutput).
 func Append(outs []Output, s Stream, data []byte) []Output {
-	if len(data) == 0 {
-		return outs
-	}
-	if n := len(outs); n > 0 && outs[n-1].Stream == s {
-		outs[n-1].Data = append(outs[n-1].Data, data...)
-		return outs
-	}
-	return append(outs, Output{Stream: s, Data: data[:len(data):len(data)]})
+	return delegate.AppendOutput(outs, s, data)
 }
 
 // PollInterval is how often a backend that cannot be notified checks a
