@@ -1448,7 +1448,9 @@ static int shim_main(size_t cmdline_len) {
 	 * nothing: only a job that died of a signal was killed. */
 	if (exists(FILE_KILLED))
 		r.killed = !have_status || ssig != 0;
-	r.deadline = deadline_hit;
+	/* Likewise for the deadline: a job that ended on its own just as the
+	 * deadline came was not killed by it. */
+	r.deadline = deadline_hit && (!have_status || ssig != 0);
 	long ooms = cg_oom_kills(&p);
 	if (ooms < 0)
 		logmsg("read oom counter: %s", errtext(errno));

@@ -422,7 +422,9 @@ func supervise(log *slog.Logger) exitRecord {
 		// nothing: only a job that died of a signal was killed.
 		rec.Killed = !haveStatus || s.Signo != 0
 	}
-	rec.DeadlineExceeded = deadlineHit.Load()
+	// Likewise for the deadline: a job that ended on its own just as the
+	// deadline came was not killed by it.
+	rec.DeadlineExceeded = deadlineHit.Load() && (!haveStatus || s.Signo != 0)
 	if n, err := p.Cgroup.oomKills(); err != nil {
 		log.Warn("read oom counter", "err", err)
 	} else {
