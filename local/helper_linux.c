@@ -799,13 +799,22 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
  * the order it is given them, with a record of which stream they are
  * from (streams.go), and counts all of them (outputWriter in
  * shim_linux.go). */
-enum { STREAM_STDOUT = 1, STREAM_STDERR = 2 };
+enum { STREAM_COMBINED = 0, STREAM_STDOUT = 1, STREAM_STDERR = 2 };
 struct outw {
 	int fd, sfd; /* made with the first byte to keep: a quiet job leaves none */
 	int64_t limit, n;
 	int cur; /* the stream of the last byte kept */
 	int err;
+	int64_t recs; /* stream records written */
 };
+
+/* At most this many stream records (maxStreamRecords in streams.go): the
+ * last one says the rest of the output is combined, so that a job that
+ * switches stream at every byte cannot make its 8-byte records outgrow
+ * its output. */
+static int64_t max_stream_records(int64_t limit) {
+	return limit / 64 > 256 ? limit / 64 : 256;
+}
 
 static void out_write(struct outw *w, int stream, const char *p, size_t len) {
 	int64_t keep = w->limit - w->n;
@@ -820,7 +829,9 @@ static void out_write(struct outw *w, int stream, const char *p, size_t len) {
 		}
 	}
 	if (keep > 0 && !w->err && w->fd >= 0 && len > 0) {
-		if (stream != w->cur) {
+		if (stream != w->cur && w->recs < max_stream_records(w->limit)) {
+			if (++w->recs == max_stream_records(w->limit))
+				stream = STREAM_COMBINED;
 			uint64_t v = (uint64_t)w->n << 2 | (uint64_t)stream;
 			unsigned char rec[8];
 			for (int i = 0; i < 8; i++)

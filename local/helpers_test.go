@@ -100,6 +100,33 @@ func TestHelpers(t *testing.T) {
 					t.Errorf("exit %+v, output %q; want %q", exit, out, want)
 				}
 			})
+			t.Run("stream records bounded", func(t *testing.T) {
+				// A job that switches stream at every write: past
+				// maxStreamRecords the rest is Combined, and no byte is lost.
+				sb := create(t, b, defaultSpec())
+				p, err := sb.Exec(context.Background(), sandbox.Command{
+					Args: []string{"/bin/sh", "-c", `i=0; while [ $i -lt 400 ]; do printf o; sleep 0.001; printf e >&2; sleep 0.001; i=$((i+1)); done`},
+					Env:  testEnv, OutputLimit: 16 << 10, // 256 records at most
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				exit, _ := finish(t, p)
+				outs, err := p.ReadOutput(context.Background(), 0, 1<<20)
+				if err != nil || exit.Code != 0 || exit.OutputBytes != 800 {
+					t.Fatalf("exit %+v, %v", exit, err)
+				}
+				all := string(sandbox.Join(outs))
+				last := outs[len(outs)-1]
+				if len(outs) != 256 || last.Stream != sandbox.Combined || strings.Count(all, "o") != 400 || strings.Count(all, "e") != 400 {
+					t.Errorf("%d pieces (want 256), the last %s (want combined): %.300q", len(outs), last.Stream, tagged(outs))
+				}
+				if fi, err := os.Stat(sb.path(fileStreams)); err != nil {
+					t.Error(err)
+				} else if fi.Size() != 256*streamRecordSize {
+					t.Errorf("stream records: %d bytes, want %d", fi.Size(), 256*streamRecordSize)
+				}
+			})
 			t.Run("output limit and status lines", func(t *testing.T) {
 				sb := create(t, b, defaultSpec())
 				p, err := sb.Exec(context.Background(), sandbox.Command{

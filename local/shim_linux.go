@@ -154,6 +154,7 @@ type outputWriter struct {
 	f, sf    *os.File   // the output and its stream records
 	limit, n int64
 	cur      sandbox.Stream // the stream of the last byte kept
+	recs     int64          // stream records written
 	err      error          // first error; later output is only counted
 }
 
@@ -187,7 +188,10 @@ func (w *outputWriter) keep(s sandbox.Stream, p []byte) {
 			return
 		}
 	}
-	if s != w.cur {
+	if s != w.cur && w.recs < maxStreamRecords(w.limit) {
+		if w.recs++; w.recs == maxStreamRecords(w.limit) {
+			s = sandbox.Combined // the rest, told apart no more
+		}
 		rec := encodeStreamRecord(w.n, s)
 		if _, w.err = w.sf.Write(rec[:]); w.err != nil {
 			return

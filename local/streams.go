@@ -21,6 +21,13 @@ import (
 // the other's.
 const streamRecordSize = 8
 
+// maxStreamRecords is how many stream records a shim writes at most for
+// an output limit (max_stream_records in helper_linux.c): the last one
+// says that the rest of the output is Combined, so that a job switching
+// stream at every byte cannot make the records outgrow its output (or
+// each read of them cost more than the output's).
+func maxStreamRecords(limit int64) int64 { return max(limit/64, 256) }
+
 // encodeStreamRecord is the record for output of stream s from offset on.
 func encodeStreamRecord(offset int64, s sandbox.Stream) [streamRecordSize]byte {
 	var b [streamRecordSize]byte
