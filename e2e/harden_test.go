@@ -22,8 +22,7 @@ func TestCancelWithoutServer(t *testing.T) {
 	waitFor(t, cs, job.JobID, "running")
 	sandboxDir := sandboxOf(t, dataDir, job.JobID)
 	initPID := readPIDFile(t, filepath.Join(sandboxDir, "init.pid"))
-	cmd.Process.Kill()
-	cmd.Wait()
+	killServer(t, cmd)
 	if err := syscall.Kill(initPID, 0); err != nil {
 		t.Fatalf("the job died with its server: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +213,40 @@ func text(res *mcp.CallToolResult) string {
 		}
 	}
 	return s
+}
+
+// The server of a stdio session is reaped by the session's transport (when
+// its stdout ends or the session closes). A second Wait on its command
+// could block for ever: both Waits would wait for the one result of the
+// command's stderr copy. So these wait for the process to exit instead.
+
+// stopServer closes a stdio session and waits until its server has exited.
+func stopServer(t *testing.T, cs *mcp.ClientSession, cmd *exec.Cmd) {
+	t.Helper()
+	cs.Close()
+	waitExited(t, cmd.Process.Pid)
+}
+
+// killServer kills a stdio session's server at once (no chance to clean
+// up) and waits until it has exited.
+func killServer(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.Process.Kill()
+	waitExited(t, cmd.Process.Pid)
+}
+
+// waitExited waits until process pid is a zombie or reaped.
+func waitExited(t *testing.T, pid int) {
+	t.Helper()
+	for range 600 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return // reaped
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
+			return // exited
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the server (pid %d) did not exit", pid)
 }

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,7 +9,6 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate/pvesim"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // readyPoolVMs lists the simulator's pool VMs whose agent answered.
@@ -138,23 +134,3 @@ func TestProxmoxWarmPool(t *testing.T) {
 }
 
 var vmPathRe = regexp.MustCompile(`^/nodes/[^/]+/qemu/(\d+)$`)
-
-// stopServer closes a stdio session and waits until its server has
-// exited (the transport reaps it: a second Wait on the command could
-// block for ever).
-func stopServer(t *testing.T, cs *mcp.ClientSession, cmd *exec.Cmd) {
-	t.Helper()
-	cs.Close()
-	pid := cmd.Process.Pid
-	for range 600 {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return // reaped
-		}
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
-			return // exited
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("the server (pid %d) did not exit", pid)
-}

@@ -266,8 +266,7 @@ func TestProxmoxLifecycle(t *testing.T) {
 	long := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
 		"agentType": "script", "task": "echo before; sleep 3; echo after; exit 5"}})
 	waitFor(t, cs, long.JobID, "running")
-	cmd.Process.Kill()
-	cmd.Wait()
+	killServer(t, cmd)
 	// Meanwhile a VM of this server for a job nobody knows appears (a
 	// leftover), and VMs that only look like delegate's: one of another
 	// delegate server, one merely tagged.

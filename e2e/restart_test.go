@@ -30,8 +30,7 @@ func TestRestartRecovery(t *testing.T) {
 	waitFor(t, cs, victim.JobID, "running")
 
 	// The server dies without a chance to clean up.
-	cmd.Process.Kill()
-	cmd.Wait()
+	killServer(t, cmd)
 	// The victim's sandbox dies with it: kill its supervisor and its pid 1.
 	victimSandbox := sandboxOf(t, dataDir, victim.JobID)
 	for _, f := range []string{"shim.pid", "init.pid"} {
@@ -91,8 +90,7 @@ func TestTimeoutWithoutServer(t *testing.T) {
 		"agentType": "script", "task": "sleep 1000", "timeout": 1}})
 	waitFor(t, cs, job.JobID, "running")
 	dir := sandboxOf(t, dataDir, job.JobID)
-	cmd.Process.Kill()
-	cmd.Wait()
+	killServer(t, cmd)
 
 	initPID := readPIDFile(t, filepath.Join(dir, "init.pid"))
 	deadline := time.Now().Add(20 * time.Second)
@@ -175,8 +173,7 @@ func TestKillAfterCompletion(t *testing.T) {
 		post("status", fmt.Sprintf(`{"progress":"step %d"}`, i))
 	}
 	post("complete", `{"status":"success","result":"all 50 steps"}`)
-	cmd.Process.Kill() // at once: no chance to store anything more
-	cmd.Wait()
+	killServer(t, cmd) // at once: no chance to store anything more
 
 	cs2, _, _ := stdioSession(t, dataDir, "")
 	st := call[struct {
