@@ -4,7 +4,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"sync"
 	"testing"
@@ -106,55 +104,11 @@ func stdioSessionWith(t *testing.T, dataDir, protocol string, opts *mcp.ClientOp
 	return cs, cmd, stderr
 }
 
-var urlRE = regexp.MustCompile(`url=(http://\S+/mcp)`)
-
-// httpServer starts `delegate serve --http 127.0.0.1:0` and returns its URL.
+// httpServer starts `delegate serve --http 127.0.0.1:0` and returns the
+// URL of its MCP endpoint.
 func httpServer(t *testing.T, dataDir string, extraEnv ...string) string {
 	t.Helper()
-	cmd := exec.Command(binary, "serve", "--http", "127.0.0.1:0")
-	cmd.Env = serverEnv(dataDir, extraEnv...)
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stderr := &syncBuffer{}
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pipe)
-		for sc.Scan() {
-			stderr.Write(append(sc.Bytes(), '\n'))
-			if m := urlRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case found <- m[1]:
-				default:
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			t.Error("server did not stop on SIGINT")
-		}
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", stderr)
-		}
-	})
-	select {
-	case url := <-found:
-		return url
-	case <-time.After(20 * time.Second):
-		t.Fatalf("server did not print its URL:\n%s", stderr)
-		return ""
-	}
+	return startHTTP(t, dataDir, nil, extraEnv...) + "/mcp"
 }
 
 func httpSession(t *testing.T, url, protocol string) *mcp.ClientSession {
