@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/delegate-dev/delegate/internal/toolschema"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -212,75 +213,11 @@ func checkDuplicates(raw []byte) error {
 	return nil
 }
 
-// inputSchema is T's schema as tools/list shows it: properties, types and
-// which are required; no additionalProperties (an unknown argument is
-// refused with a message naming the known ones) and no null alternatives.
-func inputSchema[T any]() *jsonschema.Schema {
-	s, err := jsonschema.For[T](&jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
-		// Any JSON value (the handler reads it).
-		reflect.TypeFor[json.RawMessage](): {},
-	}})
-	if err != nil {
-		panic(err) // a programming error in a type of this package
-	}
-	var compact func(s *jsonschema.Schema)
-	compact = func(s *jsonschema.Schema) {
-		if s == nil {
-			return
-		}
-		if len(s.Types) == 2 && s.Types[0] == "null" {
-			s.Type, s.Types = s.Types[1], nil
-		}
-		if s.AdditionalProperties != nil && s.AdditionalProperties.Not != nil {
-			s.AdditionalProperties = nil
-		}
-		for _, p := range s.Properties {
-			compact(p)
-		}
-		compact(s.Items)
-		compact(s.AdditionalProperties)
-	}
-	compact(s)
-	return s
-}
+// inputSchema and outputSchema are the compact schemas the job tools use
+// too (see internal/toolschema).
+func inputSchema[T any]() *jsonschema.Schema { return toolschema.Input[T]() }
 
-// outputSchema names the fields of T's result, nested as they are, without
-// their types: a model needs the names to know what comes back, and the
-// values show their types (this keeps tools/list small).
-func outputSchema[T any]() json.RawMessage {
-	data, err := json.Marshal(map[string]any{"type": "object", "properties": fieldNames(reflect.TypeFor[T]())})
-	if err != nil {
-		panic(err)
-	}
-	return data
-}
-
-func fieldNames(t reflect.Type) map[string]any {
-	names := map[string]any{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if !f.IsExported() || name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		ft := f.Type
-		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
-		switch {
-		case ft.Kind() == reflect.Struct:
-			names[name] = map[string]any{"properties": fieldNames(ft)}
-		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
-			names[name] = map[string]any{"items": map[string]any{"properties": fieldNames(ft.Elem())}}
-		default:
-			names[name] = struct{}{}
-		}
-	}
-	return names
-}
+func outputSchema[T any]() json.RawMessage { return toolschema.Output[T]() }
 
 // annotations are a tool's hints. Every admin tool reaches a Proxmox
 // cluster, a system outside delegate: open world.
