@@ -1,12 +1,19 @@
-// A get_job_status latency loop through the official TypeScript MCP client,
-// for docs/BENCHMARKS.md: submits one long job, warms up with 500 calls,
-// then makes N calls one at a time and prints p50 and p90 with the server's
-// CPU and context switches per call (read from /proc, Linux only).
+// A get_job_status latency loop, for docs/BENCHMARKS.md: submits one long
+// job, warms up with 500 calls, then makes N calls one at a time and
+// prints p50 and p90 with the server's CPU and context switches per call
+// (read from /proc, Linux only).
 //
 //   SERVER_CMD='["delegate","serve","--data-dir","/tmp/x"]' node statusloop.mjs
 //   SERVER_CMD='["node","/tmp/tsorig/dist/index.js"]' TS_ORIGINAL=1 node statusloop.mjs
 //
-// TS_ORIGINAL=1 submits in the TypeScript original's manifest shape.
+// By default the calls go through the official TypeScript MCP client.
+// RAW=1 writes the JSON-RPC lines itself and reads the answers with one
+// JSON.parse each: the server and the pipe, without the client's own
+// work (its result parsing, and the validation of results against the
+// tools' output schemas, which the client does after listing the tools;
+// NO_LIST=1 skips only that). TS_ORIGINAL=1 submits in the TypeScript
+// original's manifest shape.
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -14,34 +21,69 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 const [command, ...args] = JSON.parse(process.env.SERVER_CMD ?? '["delegate","serve"]');
 const calls = Number(process.env.N ?? 10000);
 const original = process.env.TS_ORIGINAL === '1';
-
-const transport = new StdioClientTransport({ command, args, env: { ...process.env }, stderr: 'ignore' });
-const client = new Client({ name: 'statusloop', version: '1' });
-await client.connect(transport);
-// Listing the tools makes the client validate every result against its
-// output schema (the TS original declares none); NO_LIST=1 skips that.
-if (process.env.NO_LIST !== "1") await client.listTools();
-
 const manifest = original
   ? { task: 'sleep', agentType: 'script', timeout: 3600 }
   : { agentType: 'script', task: 'sleep 300' };
-const submitted = await client.callTool({ name: 'submit_job', arguments: { manifest } });
+
+// sdkCaller: the official client over its stdio transport.
+async function sdkCaller() {
+  const transport = new StdioClientTransport({ command, args, env: { ...process.env }, stderr: 'ignore' });
+  const client = new Client({ name: 'statusloop', version: '1' });
+  await client.connect(transport);
+  if (process.env.NO_LIST !== '1') await client.listTools();
+  return {
+    pid: transport.pid,
+    call: (name, args) => client.callTool({ name, arguments: args }),
+    close: () => client.close(),
+  };
+}
+
+// rawCaller: JSON-RPC lines on the child's stdin and stdout, nothing else.
+async function rawCaller() {
+  const child = spawn(command, args, { stdio: ['pipe', 'pipe', 'ignore'], env: process.env });
+  let buf = '';
+  let waiting = null;
+  child.stdout.on('data', (chunk) => {
+    buf += chunk;
+    for (let i; (i = buf.indexOf('\n')) >= 0;) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      let msg;
+      try { msg = JSON.parse(line); } catch { continue; } // not JSON-RPC (the TS original prints a line)
+      if (msg.id !== undefined && waiting) { const w = waiting; waiting = null; w(msg); }
+    }
+  });
+  let id = 0;
+  const rpc = (method, params) => new Promise((resolve) => {
+    waiting = resolve;
+    child.stdin.write(JSON.stringify({ jsonrpc: '2.0', id: ++id, method, params }) + '\n');
+  });
+  await rpc('initialize', { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'statusloop', version: '1' } });
+  child.stdin.write(JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) + '\n');
+  return {
+    pid: child.pid,
+    call: async (name, args) => (await rpc('tools/call', { name, arguments: args })).result,
+    close: async () => child.kill(),
+  };
+}
+
+const server = process.env.RAW === '1' ? await rawCaller() : await sdkCaller();
+const submitted = await server.call('submit_job', { manifest });
 const text = submitted.content?.[0]?.text ?? '{}';
 const id = submitted.structuredContent?.job_id ?? JSON.parse(text).jobId ?? JSON.parse(text).job_id;
 
 function serverCounters() {
-  const pid = transport.pid;
-  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  const stat = fs.readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');
   const ticks = Number(stat[11]) + Number(stat[12]); // utime + stime
   let switches = 0;
-  for (const tid of fs.readdirSync(`/proc/${pid}/task`)) {
-    const status = fs.readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8');
+  for (const tid of fs.readdirSync(`/proc/${server.pid}/task`)) {
+    const status = fs.readFileSync(`/proc/${server.pid}/task/${tid}/status`, 'utf8');
     for (const m of status.matchAll(/ctxt_switches:\s+(\d+)/g)) switches += Number(m[1]);
   }
   return { ticks, switches };
 }
 
-const status = () => client.callTool({ name: 'get_job_status', arguments: { job_id: id } });
+const status = () => server.call('get_job_status', { job_id: id });
 for (let i = 0; i < 500; i++) await status();
 const before = serverCounters();
 const took = [];
@@ -56,4 +98,4 @@ const tickUs = 1e6 / 100; // USER_HZ
 console.log(`p50 ${took[calls >> 1].toFixed(3)} ms  p90 ${took[Math.floor(calls * 0.9)].toFixed(3)} ms  ` +
   `server CPU ${(((after.ticks - before.ticks) * tickUs) / calls).toFixed(0)} µs/call  ` +
   `context switches ${((after.switches - before.switches) / calls).toFixed(2)}/call`);
-await client.close();
+await server.close();
