@@ -11,6 +11,7 @@ import (
 	"github.com/delegate-dev/delegate"
 )
 
+// tagged renders pieces of output as "[stream]data", in order.
 func tagged(outs []delegate.Output) string {
 	var b strings.Builder
 	for _, o := range outs {
@@ -19,6 +20,7 @@ func tagged(outs []delegate.Output) string {
 	return b.String()
 }
 
+// pieces makes output pieces, stdout unless a piece starts with "E:".
 func pieces(spec ...string) []delegate.Output {
 	var outs []delegate.Output
 	for _, p := range spec {

@@ -2,12 +2,11 @@ package sqlite_test
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sqlite"
 )
 
 // stdout is a chunk of output all from stdout.
@@ -15,26 +14,8 @@ func stdout(s string) []delegate.Output {
 	return []delegate.Output{{Stream: delegate.StreamStdout, Data: []byte(s)}}
 }
 
-// tagged renders pieces of output as "[stream]data", in order.
-func tagged(outs []delegate.Output) string {
-	var b strings.Builder
-	for _, o := range outs {
-		fmt.Fprintf(&b, "[%s]%s", o.Stream, o.Data)
-	}
-	return b.String()
-}
-
-func pieces(spec ...string) []delegate.Output {
-	var outs []delegate.Output
-	for _, p := range spec {
-		s := delegate.StreamStdout
-		if d, ok := strings.CutPrefix(p, "E:"); ok {
-			s, p = delegate.StreamStderr, d
-		}
-		outs = append(outs, delegate.Output{Stream: s, Data: []byte(p)})
-	}
-	return outs
-}
+// tagged and pieces are the internal tests' (export_test.go).
+var tagged, pieces = sqlite.Tagged, sqlite.Pieces
 
 // TestOutputStreams: chunks mixing both streams are read back in order,
 // each byte with its stream, from any offset; each stream's tail skips
