@@ -3,8 +3,11 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,5 +227,41 @@ func TestOutputCap(t *testing.T) {
 	res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": sub.JobID, "max_output_bytes": 100})
 	if res.Status != "success" || res.OutputBytes != 6000006 || !res.OutputTruncated || len(res.Output) != 100 {
 		t.Fatalf("status %s bytes %d truncated %v len %d", res.Status, res.OutputBytes, res.OutputTruncated, len(res.Output))
+	}
+}
+
+// TestStdioServerRuntime: `delegate serve` on stdio reads its stdin (a
+// pipe the client made, in blocking mode) through the poller, which puts
+// it in non-blocking mode, and runs its Go code on one processor unless
+// GOMAXPROCS says otherwise (docs/BENCHMARKS.md says why).
+func TestStdioServerRuntime(t *testing.T) {
+	tests := []struct {
+		env  []string
+		want string
+	}{
+		{nil, "gomaxprocs=1"},
+		{[]string{"GOMAXPROCS=2"}, "gomaxprocs=2"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.want, func(t *testing.T) {
+			cs, cmd, stderr := stdioSession(t, t.TempDir(), "", tc.env...)
+			call[listOut](t, cs, "list_jobs", map[string]any{})
+			if !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("the server's log does not say %s:\n%s", tc.want, stderr)
+			}
+			info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/0", cmd.Process.Pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var flags int
+			for _, line := range strings.Split(string(info), "\n") {
+				if v, ok := strings.CutPrefix(line, "flags:"); ok {
+					fmt.Sscanf(strings.TrimSpace(v), "%o", &flags)
+				}
+			}
+			if flags&syscall.O_NONBLOCK == 0 {
+				t.Errorf("the server's stdin is in blocking mode (flags %o): it is not read through the poller", flags)
+			}
+		})
 	}
 }

@@ -61,23 +61,38 @@ type rawConn struct {
 }
 
 func rawSession(t *testing.T) *rawConn {
-	return rawSessionWith(t, fullService(), mcpserver.Limits{})
+	return rawSessionWith(t, fullService(), mcpserver.Limits{}, inputs[0])
 }
 
-// rawSessionWith serves svc with the given limits.
-func rawSessionWith(t *testing.T, svc *service, lim mcpserver.Limits) *rawConn {
+// An input is what a session reads from: the transport reads an OS pipe
+// or socket through Go's poller, and any other reader on a goroutine of
+// its own. Tests of what it reads run over both.
+type input struct {
+	name string
+	pipe func(t *testing.T) (io.ReadCloser, io.WriteCloser)
+}
+
+var inputs = []input{
+	{"OS pipe", blockingPipe}, // what `delegate serve` reads when a client starts it
+	{"io.Pipe", func(*testing.T) (io.ReadCloser, io.WriteCloser) { return io.Pipe() }},
+}
+
+// rawSessionWith serves svc with the given limits, reading in.
+func rawSessionWith(t *testing.T, svc *service, lim mcpserver.Limits, in input) *rawConn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	server := mcpserver.New(ctx, svc, slog.New(slog.DiscardHandler))
-	inR, inW := io.Pipe()
+	inR, inW := in.pipe(t)
 	outR, outW := io.Pipe()
 	ss, err := server.Connect(ctx, mcpserver.StdioTransport(inR, outW, lim, nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); inW.Close(); ss.Close() })
-	return &rawConn{w: inW, r: bufio.NewReaderSize(outR, 1<<20), ctx: ctx}
+	return &rawConn{w: inW, r: newLineReader(outR), ctx: ctx}
 }
+
+func newLineReader(r io.Reader) *bufio.Reader { return bufio.NewReaderSize(r, 1<<20) }
 
 func (c *rawConn) send(t *testing.T, line string) {
 	t.Helper()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 
 	"github.com/delegate-dev/delegate"
@@ -41,14 +42,23 @@ func (t *stdioTransport) Connect(context.Context) (mcp.Connection, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &stdioConn{
 		r: t.r, w: t.w, lim: t.lim, log: t.log,
-		in:     bufio.NewReaderSize(t.r, 64<<10),
 		budget: semaphore.NewWeighted(t.lim.InFlight),
 		held:   map[jsonrpc.ID]int64{},
-		msgs:   make(chan readResult),
 		closed: make(chan struct{}),
 		ctx:    ctx,
 		cancel: cancel,
 	}
+	if f, ok := t.r.(*os.File); ok {
+		polled, restore, err := pollable(f)
+		if err == nil {
+			c.polled, c.restore = polled, restore
+			c.in = bufio.NewReaderSize(polled, 64<<10)
+			return c, nil
+		}
+		t.log.Debug("MCP input read by a goroutine of its own", "input", f.Name(), "reason", err)
+	}
+	c.in = bufio.NewReaderSize(t.r, 64<<10)
+	c.msgs = make(chan readResult)
 	go c.readLoop()
 	return c, nil
 }
@@ -58,9 +68,11 @@ type readResult struct {
 	err error
 }
 
-// stdioConn is an mcp.Connection over a byte stream. A goroutine reads
-// (so that Close can end a Read that waits on stdin, which no close
-// interrupts) and answers bad messages itself; the SDK sees only good ones.
+// stdioConn is an mcp.Connection over a byte stream. It answers bad
+// messages itself; the SDK sees only good ones. A pipe or a socket is read
+// through Go's poller on the SDK's reading goroutine (polled); any other
+// input by a goroutine of its own, so that Close can end a Read that waits
+// on it, which no close of a blocking descriptor does.
 type stdioConn struct {
 	r   io.ReadCloser
 	w   io.Writer
@@ -68,6 +80,9 @@ type stdioConn struct {
 	log *slog.Logger
 	in  *bufio.Reader
 	dec delegate.JSONDecoder
+
+	polled  *os.File // r's pollable twin, or nil
+	restore func()   // puts r back in blocking mode, if it was
 
 	// budget holds the bytes of the messages read and not yet answered;
 	// held says how many each request holds until its response is written.
@@ -87,6 +102,21 @@ type stdioConn struct {
 func (c *stdioConn) SessionID() string { return "" }
 
 func (c *stdioConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	if c.polled != nil {
+		// The SDK calls Read from one goroutine, which then hands the
+		// message on: read here, and no thread waits in the kernel while
+		// that goroutine waits for a thread.
+		select {
+		case <-c.closed:
+			return nil, io.EOF
+		default:
+		}
+		msg, err := c.next()
+		if errors.Is(err, os.ErrClosed) {
+			err = io.EOF // Close ended the read
+		}
+		return msg, err
+	}
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -131,6 +161,10 @@ func (c *stdioConn) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.closed)
 		c.cancel()
+		if c.polled != nil {
+			c.polled.Close() // ends a Read that waits
+			c.restore()
+		}
 		err = c.r.Close()
 		c.mu.Lock()
 		var n int64

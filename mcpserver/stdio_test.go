@@ -82,28 +82,38 @@ func TestStdioBadMessages(t *testing.T) {
 		{"batch", `[{"jsonrpc":"2.0","id":13,"method":"ping"}]`, `null`, -32600, "batches are not supported"},
 		{"not an object", `"ping"`, `null`, -32600, "must be an object"},
 	}
-	rw := rawSessionWith(t, fullService(), mcpserver.Limits{MaxMessage: limit})
-	rw.initialize(t)
-	for i, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			rw.send(t, tc.line)
-			r := rw.response(t)
-			if r.Error == nil || string(r.ID) != tc.id || r.Error.Code != tc.code || !strings.Contains(r.Error.Message, tc.want) {
-				t.Errorf("response id %s error %+v; want id %s, code %d, %q", r.ID, r.Error, tc.id, tc.code, tc.want)
+	for _, in := range inputs {
+		t.Run(in.name, func(t *testing.T) {
+			rw := rawSessionWith(t, fullService(), mcpserver.Limits{MaxMessage: limit}, in)
+			rw.initialize(t)
+			for i, tc := range tests {
+				t.Run(tc.name, func(t *testing.T) {
+					rw.send(t, tc.line)
+					r := rw.response(t)
+					if r.Error == nil || string(r.ID) != tc.id || r.Error.Code != tc.code || !strings.Contains(r.Error.Message, tc.want) {
+						t.Errorf("response id %s error %+v; want id %s, code %d, %q", r.ID, r.Error, tc.id, tc.code, tc.want)
+					}
+					rw.alive(t, 100+i)
+				})
 			}
-			rw.alive(t, 100+i)
+			// Blank lines and CRLF line ends are fine.
+			rw.send(t, "")
+			rw.send(t, `{"jsonrpc":"2.0","id":"crlf","method":"ping"}`+"\r")
+			if r := rw.response(t); r.Error != nil || string(r.ID) != `"crlf"` {
+				t.Errorf("ping with CRLF: %s %+v", r.ID, r.Error)
+			}
 		})
-	}
-	// Blank lines and CRLF line ends are fine.
-	rw.send(t, "")
-	rw.send(t, `{"jsonrpc":"2.0","id":"crlf","method":"ping"}`+"\r")
-	if r := rw.response(t); r.Error != nil || string(r.ID) != `"crlf"` {
-		t.Errorf("ping with CRLF: %s %+v", r.ID, r.Error)
 	}
 }
 
 // TestStdioLargeMessage: a message just under the limit is read whole.
 func TestStdioLargeMessage(t *testing.T) {
+	for _, in := range inputs {
+		t.Run(in.name, func(t *testing.T) { stdioLargeMessage(t, in) })
+	}
+}
+
+func stdioLargeMessage(t *testing.T, in input) {
 	const limit = 4 << 20
 	svc := fullService()
 	var got atomic.Int64
@@ -111,7 +121,7 @@ func TestStdioLargeMessage(t *testing.T) {
 		got.Store(int64(len(m.Task)))
 		return &delegate.Job{ID: "job-1", Status: delegate.StatusPending}, nil
 	}
-	rw := rawSessionWith(t, svc, mcpserver.Limits{MaxMessage: limit})
+	rw := rawSessionWith(t, svc, mcpserver.Limits{MaxMessage: limit}, in)
 	rw.initialize(t)
 	head := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"submit_job","arguments":{"manifest":{"agentType":"script","task":"`
 	tail := `"}}}}`
@@ -125,6 +135,12 @@ func TestStdioLargeMessage(t *testing.T) {
 // TestStdioInFlightBound: while large requests are being handled, reading
 // the next one waits until their bytes are answered for.
 func TestStdioInFlightBound(t *testing.T) {
+	for _, in := range inputs {
+		t.Run(in.name, func(t *testing.T) { stdioInFlightBound(t, in) })
+	}
+}
+
+func stdioInFlightBound(t *testing.T, in input) {
 	const size = 600 << 10
 	svc := fullService()
 	release := make(chan struct{})
@@ -134,7 +150,7 @@ func TestStdioInFlightBound(t *testing.T) {
 		<-release
 		return &delegate.Job{ID: "job-1", Status: delegate.StatusPending}, nil
 	}
-	rw := rawSessionWith(t, svc, mcpserver.Limits{MaxMessage: 1 << 20, InFlight: 1 << 20})
+	rw := rawSessionWith(t, svc, mcpserver.Limits{MaxMessage: 1 << 20, InFlight: 1 << 20}, in)
 	rw.initialize(t)
 	submit := func(id int) string {
 		return `{"jsonrpc":"2.0","id":` + itoa(id) + `,"method":"tools/call","params":{"name":"submit_job","arguments":{"manifest":{"agentType":"script","task":"` +

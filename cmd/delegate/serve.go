@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -24,6 +25,9 @@ import (
 // and the metrics beside it) and the callback server over one engine
 // until ctx ends.
 func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
+	if opts.HTTPAddr == "" {
+		stdioProcs()
+	}
 	var met *metrics.Metrics // only served over HTTP
 	if opts.HTTPAddr != "" {
 		met = metrics.New(metrics.Options{Logger: log})
@@ -64,7 +68,7 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		return err
 	}
 	if opts.HTTPAddr == "" {
-		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir)
+		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir, "gomaxprocs", runtime.GOMAXPROCS(0))
 		err := server.Run(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout, mcpserver.Limits{}, log))
 		if ctx.Err() != nil || errors.Is(err, io.EOF) {
 			return nil
@@ -72,6 +76,21 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		return err
 	}
 	return serveHTTP(ctx, cfg, opts, server, a, met, log)
+}
+
+// stdioProcs runs a stdio server's Go code on one processor, unless the
+// GOMAXPROCS variable says otherwise. Such a server has one client, on the
+// same host, that waits for each answer. With a second processor idle, each
+// goroutine the MCP SDK hands a request to (three per call) wakes another
+// thread, which spins, finds nothing and sleeps again: on a 2-core VM that
+// nearly doubled a get_job_status call's CPU and added ~50 µs to its
+// latency (docs/BENCHMARKS.md). Sandboxes are processes of their own and
+// blocking system calls leave the processor, so neither is held back by
+// this; an HTTP server, with many clients, keeps every core.
+func stdioProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 }
 
 // serveHTTP serves /mcp, the dashboard, /metrics and /health until ctx ends.
