@@ -207,7 +207,7 @@ type StatusOut struct {
 
 func statusOf(j *delegate.Job) StatusOut {
 	return StatusOut{
-		Status: j.Status, Progress: j.Progress, Error: j.Error, CreatedAt: j.CreatedAt,
+		Status: j.Status, Progress: newsOf(j), Error: j.Error, CreatedAt: msec(j.CreatedAt),
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
 		TimelineDropped: j.TimelineDropped,
@@ -226,16 +226,34 @@ func fullStatus(ctx context.Context, svc delegate.JobService, id string) (Status
 		if out.Timeline, err = svc.Timeline(ctx, id); err != nil {
 			return StatusOut{}, err
 		}
+		for i := range out.Timeline {
+			out.Timeline[i].Time = msec(out.Timeline[i].Time)
+		}
 	}
 	return out, nil
+}
+
+// newsOf is a job's progress when it says more than its status does
+// ("running" while running says nothing).
+func newsOf(j *delegate.Job) string {
+	if j.Progress == string(j.Status) {
+		return ""
+	}
+	return j.Progress
 }
 
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}
+	t = msec(t)
 	return &t
 }
+
+// msec drops what is below the millisecond: "…:38.904Z", not
+// "…:38.904226827Z". An agent has no use for the nanoseconds and pays for
+// each of their digits, twice a time (text and structured content).
+func msec(t time.Time) time.Time { return t.Truncate(time.Millisecond) }
 
 func seconds(d time.Duration) float64 { return float64(d.Milliseconds()) / 1000 }
 
@@ -282,7 +300,7 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: j.Progress, Error: j.Error, Done: j.Status.Terminal()}, nil
+	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal()}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -430,7 +448,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 	out := ListOut{Jobs: make([]JobSummary, 0, len(page.Jobs)), NextCursor: page.NextCursor}
 	for _, j := range page.Jobs {
 		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.AgentType, Task: j.Task,
-			CreatedAt: j.CreatedAt, ExitCode: j.ExitCode, SandboxKept: j.SandboxKept})
+			CreatedAt: msec(j.CreatedAt), ExitCode: j.ExitCode, SandboxKept: j.SandboxKept})
 	}
 	return out, nil
 }
