@@ -27,7 +27,7 @@ func pollable(f *os.File) (*os.File, func(), error) {
 		return nil, nil, err
 	}
 	var (
-		dup         = -1
+		dup         int
 		wasBlocking bool
 		opErr       error
 	)
@@ -52,7 +52,6 @@ func pollable(f *os.File) (*os.File, func(), error) {
 		}
 		if opErr = unix.SetNonblock(dup, true); opErr != nil {
 			unix.Close(dup)
-			dup = -1
 		}
 	})
 	if err == nil {

@@ -17,13 +17,11 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { jobIdOf, longJob } from './jobs.mjs';
 
 const [command, ...args] = JSON.parse(process.env.SERVER_CMD ?? '["delegate","serve"]');
 const calls = Number(process.env.N ?? 10000);
 const original = process.env.TS_ORIGINAL === '1';
-const manifest = original
-  ? { task: 'sleep', agentType: 'script', timeout: 3600 }
-  : { agentType: 'script', task: 'sleep 300' };
 
 // sdkCaller: the official client over its stdio transport.
 async function sdkCaller() {
@@ -68,9 +66,7 @@ async function rawCaller() {
 }
 
 const server = process.env.RAW === '1' ? await rawCaller() : await sdkCaller();
-const submitted = await server.call('submit_job', { manifest });
-const text = submitted.content?.[0]?.text ?? '{}';
-const id = submitted.structuredContent?.job_id ?? JSON.parse(text).jobId ?? JSON.parse(text).job_id;
+const id = jobIdOf(await server.call('submit_job', { manifest: longJob(original) }));
 
 function serverCounters() {
   const stat = fs.readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');

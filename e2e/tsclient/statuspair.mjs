@@ -1,18 +1,23 @@
 // statuspair: get_job_status latency of several servers measured in one
-// run, call by call in turn, so that whatever else the machine does falls
-// on all of them alike (on a 2-core VM a figure moves by ±30 % from one
-// minute to the next; a turn-by-turn comparison does not).
+// run, in blocks of calls to each server in turn, so that whatever else
+// the machine does falls on all of them alike (on a 2-core VM a figure
+// moves by ±30 % from one minute to the next; a comparison in turn does
+// not).
 //
 //   SERVERS='[{"label":"delegate","cmd":["delegate","serve","--data-dir","/tmp/x"]},
 //             {"label":"ts","cmd":["node","/tmp/tsorig/dist/index.js"],"original":true}]' node statuspair.mjs
 //
 // Each server is reached through the official TypeScript MCP client over
 // stdio, which lists the tools first (and so validates results against
-// their output schemas, as a client does), submits one long job, and then
-// asks its status N times (after 500 to warm up). Prints p50 and p90 per
-// server and each p50 divided by the first server's.
+// their output schemas, as a client does), submits one long job, warms up
+// with 500 calls, then asks its status N times (10,000) in blocks of BLOCK
+// (250). Prints p50 and p90 per server and each p50 divided by the first
+// server's. A server's "env" is added to its environment. BG, a manifest
+// in JSON, is submitted to each delegate first, to run beside the calls
+// (a job flooding its status file, say).
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { jobIdOf, longJob } from './jobs.mjs';
 
 const servers = JSON.parse(process.env.SERVERS);
 const calls = Number(process.env.N ?? 10000);
@@ -23,13 +28,8 @@ async function connect(s) {
   const client = new Client({ name: 'statuspair', version: '1' });
   await client.connect(transport);
   await client.listTools();
-  const manifest = s.original
-    ? { task: 'sleep', agentType: 'script', timeout: 3600 }
-    : { agentType: 'script', task: 'sleep 600' };
   if (process.env.BG && !s.original) await client.callTool({ name: 'submit_job', arguments: { manifest: JSON.parse(process.env.BG) } });
-  const r = await client.callTool({ name: 'submit_job', arguments: { manifest } });
-  const text = r.content?.[0]?.text ?? '{}';
-  const id = r.structuredContent?.job_id ?? JSON.parse(text).jobId ?? JSON.parse(text).job_id;
+  const id = jobIdOf(await client.callTool({ name: 'submit_job', arguments: { manifest: longJob(s.original) } }));
   return { ...s, client, status: () => client.callTool({ name: 'get_job_status', arguments: { job_id: id } }), took: [] };
 }
 
