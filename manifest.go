@@ -144,26 +144,6 @@ func ParseSize(s string) (int64, error) {
 	return n << shift, nil
 }
 
-// ParseManifest decodes JSON strictly and validates the result.
-func ParseManifest(data []byte) (Manifest, error) {
-	m, err := DecodeManifest(data)
-	if err != nil {
-		return Manifest{}, err
-	}
-	return m, m.Validate()
-}
-
-// DecodeManifest decodes JSON strictly (see DecodeJSON: an unknown field
-// or a duplicate key is an error, so that a typo never turns into a silent
-// default) without validating the values.
-func DecodeManifest(data []byte) (Manifest, error) {
-	var m Manifest
-	if err := DecodeJSON(data, &m, "manifest"); err != nil {
-		return Manifest{}, err
-	}
-	return m, nil
-}
-
 // OneOf lists the agent types, for messages.
 func (AgentType) OneOf() []string {
 	return []string{string(AgentClaude), string(AgentScript), string(AgentCustom)}

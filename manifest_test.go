@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 )
 
 func TestParseManifest(t *testing.T) {
@@ -81,7 +82,7 @@ func TestParseManifest(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := delegate.ParseManifest([]byte(tc.json))
+			_, err := jsonin.ParseManifest([]byte(tc.json))
 			if tc.wantField == "" {
 				if err != nil {
 					t.Fatalf("want valid, got %v", err)
@@ -132,7 +133,7 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte(`{"agentType":"claude","task":"t","resources":{"cpu":1,"memory":"1G","disk":"1G"},"timeout":5}`))
 	f.Add([]byte(`{"agentType":"script","task":"x","files":[{"path":"/workspace/../etc","content":""}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := delegate.ParseManifest(data)
+		m, err := jsonin.ParseManifest(data)
 		if err != nil {
 			var fe *delegate.FieldError
 			if !errors.As(err, &fe) || fe.Field == "" || fe.Rule == "" {

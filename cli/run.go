@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/spf13/cobra"
 )
 
@@ -201,7 +202,7 @@ func buildManifest(stdin io.Reader, f runFlags) (delegate.Manifest, error) {
 			return m, fmt.Errorf("--manifest: %w", err)
 		}
 		// Validated by the service, after the flags are applied.
-		if m, err = delegate.DecodeManifest(data); err != nil {
+		if m, err = jsonin.DecodeManifest(data); err != nil {
 			return m, fmt.Errorf("--manifest %s: %w", f.manifest, err)
 		}
 	case f.script != "":

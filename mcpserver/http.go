@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"golang.org/x/sync/semaphore"
 )
@@ -23,7 +23,7 @@ import (
 func limitBodies(next http.Handler, lim Limits, log *slog.Logger) http.Handler {
 	lim = lim.withDefaults()
 	budget := semaphore.NewWeighted(lim.InFlight)
-	dec := new(delegate.JSONDecoder)
+	dec := new(jsonin.Decoder)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
@@ -96,7 +96,7 @@ func scanID(s *idScanner, r io.Reader, lim Limits) []byte {
 
 // checkBody checks a POSTed message (or batch) by the rules of
 // decodeMessage, which the SDK's reader does not have.
-func checkBody(dec *delegate.JSONDecoder, data []byte) (*jsonrpc.Error, []byte) {
+func checkBody(dec *jsonin.Decoder, data []byte) (*jsonrpc.Error, []byte) {
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '[' {
 		var batch []wireMessage

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -37,7 +38,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
 	h := &handlers{svc: svc}
-	dec := new(delegate.JSONDecoder) // one for all tools: it keeps what it learns of their types
+	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc)
 	go publishUpdates(ctx, s, svc)
 	addTool(s, dec, &mcp.Tool{

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -15,11 +16,11 @@ import (
 // then neither validates the arguments nor the output against their JSON
 // schemas on every call (a third of a call's CPU, and its messages name
 // no field a person would recognise). Instead the arguments are decoded
-// by delegate.DecodeJSON into In, whose rules the published input schema
+// by jsonin.Decode into In, whose rules the published input schema
 // states (TestInputSchemasDescribeWhatIsAccepted), and Out, the source of
 // the output schema, is encoded once for both the structured and the text
 // content.
-func addTool[In, Out any](s *mcp.Server, dec *delegate.JSONDecoder, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
 	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
 		args := req.Params.Arguments
