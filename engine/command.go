@@ -21,7 +21,7 @@ const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 // command builds the argv and environment for a job. The task and every
 // other untrusted string travel as whole argv elements or environment
 // values: nothing is spliced into a shell line.
-func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, error) {
+func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	switch m.AgentType {
@@ -53,7 +53,7 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		env[k] = v
 	}
 	for _, name := range m.Secrets {
-		v, ok := e.cfg.Secret(name)
+		v, ok := r.cfg.Secret(name)
 		if !ok {
 			return sandbox.Command{}, fmt.Errorf("secret %q is no longer set on the server", name)
 		}
@@ -62,10 +62,10 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 	env["DELEGATE_JOB_ID"] = job.ID
 	env["DELEGATE_TASK"] = m.Task
 	env["DELEGATE_JOB_TOKEN"] = token
-	if e.cfg.CallbackURL != "" {
-		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(e.cfg.CallbackURL, "/") + "/callback/" + job.ID
+	if r.cfg.CallbackURL != "" {
+		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(r.cfg.CallbackURL, "/") + "/callback/" + job.ID
 	}
-	if f := e.backend.Capabilities().StatusFile; f != "" {
+	if f := r.backend().Capabilities().StatusFile; f != "" {
 		env["DELEGATE_STATUS_FILE"] = f
 	}
 	keys := make([]string, 0, len(env))
@@ -78,7 +78,7 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		list = append(list, k+"="+env[k])
 	}
 	return sandbox.Command{
-		Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: e.cfg.OutputLimit,
+		Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: r.cfg.OutputLimit,
 		Deadline: time.Now().Add(time.Duration(m.TimeoutSeconds())*time.Second + deadlineGrace),
 	}, nil
 }

@@ -14,8 +14,8 @@ import (
 // field error) instead of the job's provisioning. fromManifest says the
 // submitter chose it; otherwise it is the server's default, and the fault
 // is the server's.
-func (e *Engine) checkTemplate(ctx context.Context, name string, fromManifest bool) error {
-	tc, ok := e.backend.(sandbox.TemplateChecker)
+func checkTemplate(ctx context.Context, backend sandbox.Backend, name string, fromManifest bool) error {
+	tc, ok := backend.(sandbox.TemplateChecker)
 	if !ok || name == "" {
 		return nil
 	}
