@@ -61,7 +61,8 @@ const (
 // Manifest is what a client submits: the seed's fields, field for field.
 type Manifest struct {
 	Task      string            `json:"task,omitempty"`
-	AgentType AgentType         `json:"agentType"`
+	// AgentType is script when left out and a task is given.
+	AgentType AgentType         `json:"agentType,omitempty"`
 	Agent     *AgentConfig      `json:"agent,omitempty"`
 	Files     []File            `json:"files,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
@@ -174,7 +175,13 @@ func (m *Manifest) Validate() error {
 			return fieldErr("manifest.agent.command", "is required for agentType custom")
 		}
 	case "":
-		return fieldErr("manifest.agentType", "is required: one of claude, script, custom")
+		// A task without an agent type is a shell script (ApplyDefaults).
+		if strings.TrimSpace(m.Task) == "" {
+			return fieldErr("manifest.task", "is required: the shell script to run (agentType script, the default), or the prompt (agentType claude)")
+		}
+		if m.Agent != nil && m.Agent.Command != "" {
+			return fieldErr("manifest.agentType", "is required with agent.command: script or custom")
+		}
 	default:
 		return fieldErr("manifest.agentType", "must be one of claude, script, custom (got %q)", m.AgentType)
 	}
@@ -360,6 +367,9 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	}
 	if m.VMTemplate == "" {
 		m.VMTemplate = d.VMTemplate
+	}
+	if m.AgentType == "" {
+		m.AgentType = AgentScript
 	}
 	if m.Lifecycle == "" {
 		m.Lifecycle = LifecycleEphemeral

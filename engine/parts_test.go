@@ -48,3 +48,19 @@ func TestReadSideAlone(t *testing.T) {
 		t.Fatalf("read-only Get: %+v %v", got, err)
 	}
 }
+
+// TestTaskAloneIsAScript: a manifest with a task and no agent type runs
+// the task as a shell script, and says so in the stored manifest.
+func TestTaskAloneIsAScript(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	j := f.submit(delegate.Manifest{Task: "echo hi"})
+	if j.Manifest.AgentType != delegate.AgentScript {
+		t.Fatalf("agentType %q, want script", j.Manifest.AgentType)
+	}
+	p := f.started()
+	if got := strings.Join(p.Cmd.Args, " "); !strings.Contains(got, "/bin/sh") {
+		t.Errorf("command %q, want the shell", got)
+	}
+	p.Finish(sandbox.Exit{})
+	f.wait(f.eng, j.ID)
+}

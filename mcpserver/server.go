@@ -460,7 +460,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 func submitSchema() *jsonschema.Schema {
 	s := inputSchema[SubmitIn]()
 	describe(s, map[string]string{
-		"manifest.agentType":        "script: task runs in sh -c; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
+		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
 		"manifest.secrets":          "server secrets to set as env vars",
