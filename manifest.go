@@ -60,7 +60,7 @@ const (
 
 // Manifest is what a client submits: the seed's fields, field for field.
 type Manifest struct {
-	Task      string            `json:"task,omitempty"`
+	Task string `json:"task,omitempty"`
 	// AgentType is script when left out and a task is given.
 	AgentType AgentType         `json:"agentType,omitempty"`
 	Agent     *AgentConfig      `json:"agent,omitempty"`
