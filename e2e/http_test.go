@@ -39,6 +39,13 @@ var baseRE = regexp.MustCompile(`url=(https?://\S+)/mcp`)
 // environment, and returns its base URL (scheme://host:port).
 func startHTTP(t *testing.T, dataDir string, args []string, env ...string) string {
 	t.Helper()
+	base, _ := startHTTPCmd(t, dataDir, args, env...)
+	return base
+}
+
+// startHTTPCmd is startHTTP that also returns the server's command.
+func startHTTPCmd(t *testing.T, dataDir string, args []string, env ...string) (string, *exec.Cmd) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	cmd.Env = serverEnv(dataDir, env...)
 	pipe, err := cmd.StderrPipe()
@@ -78,10 +85,10 @@ func startHTTP(t *testing.T, dataDir string, args []string, env ...string) strin
 	})
 	select {
 	case base := <-found:
-		return base
+		return base, cmd
 	case <-time.After(20 * time.Second):
 		t.Fatalf("server did not print its URL:\n%s", stderr)
-		return ""
+		return "", nil
 	}
 }
 
