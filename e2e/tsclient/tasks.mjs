@@ -35,12 +35,20 @@ await client.connect(transport);
 
 // What goes over the wire from here on: JSON-RPC messages, as sent and
 // received (HTTP headers and SSE framing not counted).
-const wire = { requests: {}, sent: 0, received: 0, bytesSent: 0, bytesReceived: 0 };
+// bytesByMethod counts each method's requests and responses together.
+const wire = { requests: {}, sent: 0, received: 0, bytesSent: 0, bytesReceived: 0, bytesByMethod: {} };
+const methodOf = new Map();
+const countBytes = (method, n) => { if (method !== undefined) wire.bytesByMethod[method] = (wire.bytesByMethod[method] ?? 0) + n; };
 const send = transport.send.bind(transport);
 transport.send = async (message, options) => {
+  const n = Buffer.byteLength(JSON.stringify(message));
   wire.sent++;
-  wire.bytesSent += Buffer.byteLength(JSON.stringify(message));
-  if (message.method !== undefined && message.id !== undefined) wire.requests[message.method] = (wire.requests[message.method] ?? 0) + 1;
+  wire.bytesSent += n;
+  countBytes(message.method, n);
+  if (message.method !== undefined && message.id !== undefined) {
+    wire.requests[message.method] = (wire.requests[message.method] ?? 0) + 1;
+    methodOf.set(message.id, message.method);
+  }
   return send(message, options);
 };
 
@@ -52,8 +60,10 @@ const pending = new Map();
 let rawIDs = 0;
 const onmessage = transport.onmessage;
 transport.onmessage = (message, extra) => {
+  const n = Buffer.byteLength(JSON.stringify(message));
   wire.received++;
-  wire.bytesReceived += Buffer.byteLength(JSON.stringify(message));
+  wire.bytesReceived += n;
+  countBytes(message.method ?? methodOf.get(message.id), n);
   if (message.method === undefined && pending.has(message.id)) {
     const resolve = pending.get(message.id);
     pending.delete(message.id);
@@ -117,13 +127,16 @@ const settle = async (execution) => {
   }
 };
 
-const started = { ...wire };
+// What the job cost, from here on (connecting and the first tools/list
+// not counted; the task session's own tools/list is).
+const started = structuredClone(wire);
+const minus = (now, then) => Object.fromEntries(Object.entries(now).map(([m, n]) => [m, n - (then[m] ?? 0)]).filter(([, n]) => n > 0));
 const since = () => ({
-  requests: Object.fromEntries(Object.entries(wire.requests).map(([m, n]) => [m, n - (started.requests[m] ?? 0)]).filter(([, n]) => n > 0)),
+  requests: minus(wire.requests, started.requests),
   sent: wire.sent - started.sent, received: wire.received - started.received,
   bytesSent: wire.bytesSent - started.bytesSent, bytesReceived: wire.bytesReceived - started.bytesReceived,
+  bytesByMethod: minus(wire.bytesByMethod, started.bytesByMethod),
 });
-Object.assign(started, { requests: { ...wire.requests } });
 
 switch (command) {
   case "run": {
