@@ -11,6 +11,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/mcpserver"
+	"github.com/google/jsonschema-go/jsonschema"
 )
 
 // The Tasks extension over the stdio transport, byte for byte, on a mock
@@ -310,5 +311,41 @@ func TestSubscriptionsListenAcksNoTasks(t *testing.T) {
 	}
 	if _, ok := n.Params.Notifications["resourceSubscriptions"]; !ok {
 		t.Errorf("resource subscriptions not acknowledged: %s", ack)
+	}
+}
+
+// TestSubmitOutputSchemaAdmitsBoth: submit_job's published output schema
+// validates both of its answers' structured content: {job_id, status}, and
+// the get_job_result output a Tasks client gets as the task's result.
+func TestSubmitOutputSchemaAdmitsBoth(t *testing.T) {
+	s, _ := taskService()
+	cs := connect(t, s, nil)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var published *jsonschema.Resolved
+	for _, tool := range tools.Tools {
+		if tool.Name == "submit_job" {
+			published = resolve(t, tool.OutputSchema)
+			raw, _ := json.Marshal(tool.OutputSchema)
+			if !strings.Contains(string(raw), "get_job_result") {
+				t.Errorf("submit_job's output schema does not say what a task's result is: %s", raw)
+			}
+		}
+	}
+	var plain mcpserver.SubmitOut
+	structured(t, call(t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "true"}}), &plain)
+	c := rawSessionWith(t, s, mcpserver.Limits{}, inputs[0])
+	for i, id := range []string{"ok-1", "fail-1"} {
+		task := decodeTask(t, c.exchange(t, i+1, "tasks/get", `{"taskId":"`+id+`",`+meta("2026-07-28", true)+`}`))
+		for _, out := range []any{plain, json.RawMessage(task.Result.StructuredContent)} {
+			raw, _ := json.Marshal(out)
+			var instance any
+			json.Unmarshal(raw, &instance)
+			if err := published.Validate(instance); err != nil {
+				t.Errorf("%s does not validate against submit_job's output schema: %v", raw, err)
+			}
+		}
 	}
 }
