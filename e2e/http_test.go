@@ -133,7 +133,10 @@ func TestHTTPToken(t *testing.T) {
 		cs.Close()
 		t.Fatal("an MCP client without the token connected")
 	}
-	cs, err := c.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", MaxRetries: -1, HTTPClient: authed}, nil)
+	// A 2025-11-25 client, with a session to count (a 2026-07-28 one has
+	// none: each of its requests is whole).
+	cs, err := c.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", MaxRetries: -1, HTTPClient: authed},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatalf("connect with the token: %v", err)
 	}
