@@ -37,13 +37,14 @@ const TasksExtension = "io.modelcontextprotocol/tasks"
 // statelessly over HTTP.
 const modernProtocol = "2026-07-28"
 
-// The task statuses of SEP-2663.
+// The task statuses of SEP-2663 that a job takes. The other two are not
+// made: "failed" is for a call that failed as a JSON-RPC call, which a
+// submitted job never does, and "input_required" waits for questions,
+// which jobs cannot ask yet.
 const (
-	taskWorking       = "working"
-	taskInputRequired = "input_required"
-	taskCompleted     = "completed"
-	taskFailed        = "failed"
-	taskCancelled     = "cancelled"
+	taskWorking   = "working"
+	taskCompleted = "completed"
+	taskCancelled = "cancelled"
 )
 
 // Task is a job seen as a task (SEP-2663's DetailedTask).
@@ -58,10 +59,6 @@ type Task struct {
 	PollIntervalMs int64  `json:"pollIntervalMs,omitempty"`
 	// Result is the CallToolResult of a completed task.
 	Result json.RawMessage `json:"result,omitempty"`
-	// Error is the JSON-RPC error of a failed task.
-	Error *jsonrpc.Error `json:"error,omitempty"`
-	// InputRequests are the questions a task in input_required waits on.
-	InputRequests map[string]any `json:"inputRequests,omitempty"`
 }
 
 // taskResult answers tools/call (resultType "task": a CreateTaskResult)
@@ -97,8 +94,7 @@ type tasks struct {
 	now func() time.Time
 }
 
-// addTasks advertises the extension and serves it. caps are the server's
-// capabilities, before the server is made.
+// addTasks serves the extension (capabilities advertises it).
 func addTasks(s *mcp.Server, h *handlers) {
 	t := &tasks{svc: h.svc, h: h, now: time.Now}
 	s.AddReceivingMiddleware(t.middleware)
