@@ -119,3 +119,19 @@ func refuse(w http.ResponseWriter, status int, id []byte, e *jsonrpc.Error) {
 	w.WriteHeader(status)
 	w.Write(errorResponse(id, e))
 }
+
+// byProtocol sends the requests of protocol 2026-07-28 and later to
+// modern, everything else to legacy. A 2026-07-28 client names its
+// version in the MCP-Protocol-Version header of every POST, server/discover
+// included, and has no session; a client of an older protocol sends none
+// before it has initialized, then its session's version and id (and GETs
+// and DELETEs of its session).
+func byProtocol(modern, legacy http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Protocol-Version") >= modernProtocol && r.Header.Get("Mcp-Session-Id") == "" {
+			modern.ServeHTTP(w, r)
+			return
+		}
+		legacy.ServeHTTP(w, r)
+	})
+}

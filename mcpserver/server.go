@@ -36,8 +36,10 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 			// The SDK keeps the subscriptions; accepting them is enough.
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+			Capabilities:       capabilities(),
 		})
 	h := &handlers{svc: svc}
+	addTasks(s, h)
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc)
 	go publishUpdates(ctx, s, svc)
@@ -46,7 +48,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
-		OutputSchema: outputSchema[SubmitOut](),
+		OutputSchema: submitOutputSchema(),
 	}, h.submit)
 	addTool(s, dec, &mcp.Tool{
 		Name:         "wait_job",
@@ -100,6 +102,14 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	return s
 }
 
+// capabilities are the SDK's defaults (logging; tools and resources are
+// added as they are registered) and the Tasks extension.
+func capabilities() *mcp.ServerCapabilities {
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}}
+	caps.AddExtension(TasksExtension, nil)
+	return caps
+}
+
 // annotations states every hint whose default would be wrong. The job
 // tools act on delegate's own jobs (a closed world); submit_job's jobs may
 // reach the network, which the default (open) says. A destructive hint is
@@ -149,14 +159,20 @@ func (q quieter) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 func (q quieter) WithGroup(name string) slog.Handler { return quieter{q.Handler.WithGroup(name)} }
 
-// HTTPHandler serves MCP over Streamable HTTP with stateful sessions, so
-// that cancellation and subscriptions work. Messages are read by
-// limitBodies first (sizes, JSON rules), with the default Limits.
+// HTTPHandler serves MCP over Streamable HTTP: protocol 2026-07-28
+// statelessly (the only way the SDK serves it over HTTP: each POST is a
+// whole request, cancelled when its client goes away), the older
+// protocols with stateful sessions, so that their cancellation and
+// subscriptions work. Messages are read by limitBodies first (sizes, JSON
+// rules), with the default Limits.
 func HTTPHandler(s *mcp.Server, sessionTimeout time.Duration, log *slog.Logger) http.Handler {
 	lim := Limits{}.withDefaults()
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
+	server := func(*http.Request) *mcp.Server { return s }
+	stateful := mcp.NewStreamableHTTPHandler(server,
 		&mcp.StreamableHTTPOptions{SessionTimeout: sessionTimeout, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
-	return limitBodies(h, lim, log)
+	stateless := mcp.NewStreamableHTTPHandler(server,
+		&mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
+	return limitBodies(byProtocol(stateless, stateful), lim, log)
 }
 
 type handlers struct{ svc delegate.JobService }
