@@ -18,6 +18,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/dashboard"
 	"github.com/delegate-dev/delegate/httpauth"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/mock"
 )
 
@@ -96,6 +97,7 @@ func TestListShowsJobsEscaped(t *testing.T) {
 		`<span class="status st-running">running</span>`, `<span class="status st-failed">failed</span>`,
 		`href="/?cursor=c2" rel="next"`, // the next page
 		`data-live="/events"`,
+		`<footer class="foot">delegate ` + buildinfo.Version() + `</footer>`, // the version shown everywhere
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the list lacks %s", want)

@@ -12,13 +12,11 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// Version is reported to clients; cmd sets it at build time.
-var Version = "dev"
 
 // maxWait keeps wait_job under the per-call timeouts of real clients
 // (Claude Code gives up on a tool call after about a minute).
@@ -28,7 +26,7 @@ const maxWait = 50
 // subscribed clients about every change to a job (resources job://{id} and
 // job://{id}/log).
 func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: Version},
+	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: buildinfo.Version()},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
 				"wait_job blocks up to 50 s (call it again while done is false); get_job_result then returns output and exit code.",
