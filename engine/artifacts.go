@@ -117,7 +117,7 @@ func (e *Engine) ReadArtifact(ctx context.Context, id, name string) (delegate.Ar
 			continue
 		}
 		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
-			return a, nil, fmt.Errorf("artifact %q of job %s was not kept: %s", name, id, a.Skipped)
+			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
 		}
 		data, err := os.ReadFile(e.blobPath(a.SHA256))
 		if err != nil {
@@ -131,5 +131,5 @@ func (e *Engine) ReadArtifact(ctx context.Context, id, name string) (delegate.Ar
 	if _, err := e.store.GetJob(ctx, id); err != nil {
 		return delegate.Artifact{}, nil, err
 	}
-	return delegate.Artifact{}, nil, fmt.Errorf("job %s has no artifact %q: %w", id, name, delegate.ErrNotFound)
+	return delegate.Artifact{}, nil, delegate.ArtifactNotFound(id, name)
 }

@@ -62,6 +62,9 @@ func TestCallbackStatusFromService(t *testing.T) {
 		{delegate.ErrForbidden, 403},
 		{fmt.Errorf("job job-1 is success: %w", delegate.ErrTerminal), 409},
 		{fmt.Errorf("job job-1 is pending: %w", delegate.ErrInvalidTransition), 409},
+		{fmt.Errorf("job job-1: %w", delegate.ErrInvalid), 409},
+		{delegate.JobNotFound("job-1"), 404},
+		{fmt.Errorf("%w: the store is busy on fire", delegate.ErrUnavailable), 503},
 		{fmt.Errorf("disk on fire"), 500},
 	}
 	for _, tc := range tests {
@@ -75,7 +78,7 @@ func TestCallbackStatusFromService(t *testing.T) {
 		if rec.Code != tc.want {
 			t.Errorf("%v: %d, want %d", tc.err, rec.Code, tc.want)
 		}
-		if tc.want == 500 && strings.Contains(rec.Body.String(), "fire") {
+		if tc.want >= 500 && strings.Contains(rec.Body.String(), "fire") {
 			t.Errorf("an internal error is shown to the job: %s", rec.Body)
 		}
 	}

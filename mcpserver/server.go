@@ -35,60 +35,63 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	h := &handlers{svc: svc}
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
-	addResources(s, svc)
+	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
 		OutputSchema: outputSchema[SubmitOut](),
 	}, h.submit)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
 		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_status",
 		Description:  "Status now, without waiting.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_result",
 		Description:  "Exit code, ends of stdout (output) and stderr, artifacts of a finished job.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_logs",
 		Description:  "Output from cursor on; while running only in statusMode streaming.",
 		InputSchema:  inputSchema[LogsIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[LogsOut](),
 	}, h.logs)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "cancel_job",
 		Description:  "Kill an unfinished job; its sandbox goes unless persistent.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "release_job",
 		Description:  "Destroy the sandbox a finished persistent job kept.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
 	}, h.release)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
 		InputSchema:  listSchema(),

@@ -215,7 +215,7 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
 	j, seq, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+		return nil, delegate.JobNotFound(id)
 	}
 	if err == nil {
 		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
@@ -255,7 +255,7 @@ func (s *Store) JobManifest(ctx context.Context, id string) (delegate.Manifest, 
 	var text string
 	err := s.stmt.manifestByID.QueryRowContext(ctx, id).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
-		return delegate.Manifest{}, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+		return delegate.Manifest{}, delegate.JobNotFound(id)
 	}
 	if err != nil {
 		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
@@ -292,7 +292,7 @@ func (s *Store) JobFiles(ctx context.Context, id string) ([]delegate.File, error
 func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
 	j, seq, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("idempotency key %q: %w", key, delegate.ErrNotFound)
+		return nil, &delegate.NotFoundError{Resource: "idempotency key", ID: key}
 	}
 	if err == nil {
 		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
@@ -457,7 +457,7 @@ func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job)
 	err := s.w.do(ctx, func(tx *sql.Tx) error {
 		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+			return delegate.JobNotFound(id)
 		}
 		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)

@@ -208,7 +208,7 @@ func (s *Store) StreamTail(ctx context.Context, id string, stream delegate.Strea
 	var stderrKept int64
 	if err := s.stmt.stderrKept.QueryRowContext(ctx, id).Scan(&stderrKept); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil, 0, fmt.Errorf("job %s: %w", id, delegate.ErrNotFound)
+			return nil, 0, delegate.JobNotFound(id)
 		}
 		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
 	}
