@@ -70,7 +70,7 @@ type Config struct {
 
 // Engine drives jobs from a store through a backend.
 type Engine struct {
-	store   delegate.JobStore
+	store   delegate.Store
 	backend sandbox.Backend
 	cfg     Config
 	log     *slog.Logger
@@ -115,7 +115,7 @@ type run struct {
 func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
 
 // New makes an engine; Start begins work.
-func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
+func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	cfg.Defaults.Fill(delegate.ServerDefaults())
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = delegate.DefaultMaxConcurrent

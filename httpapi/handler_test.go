@@ -13,7 +13,7 @@ import (
 	"github.com/delegate-dev/delegate/mock"
 )
 
-// The handler over a mock JobService: how a request becomes a Report, and
+// The handler over a mock CallbackService: how a request becomes a Report, and
 // how the service's answer becomes a status code. (httpapi_test.go runs
 // the same endpoints over the real engine.)
 
@@ -37,7 +37,7 @@ func TestCallbackToReport(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got delegate.Report
 			var gotID, gotToken string
-			svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+			svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 				got, gotID, gotToken = r, id, token
 				return &delegate.Job{ID: id, Status: delegate.StatusRunning}, nil
 			}}
@@ -68,7 +68,7 @@ func TestCallbackStatusFromService(t *testing.T) {
 		{fmt.Errorf("disk on fire"), 500},
 	}
 	for _, tc := range tests {
-		svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+		svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 			if tc.err != nil {
 				return nil, tc.err
 			}
@@ -87,7 +87,7 @@ func TestCallbackStatusFromService(t *testing.T) {
 // TestCallbackRefusedBeforeTheService: what the handler refuses itself
 // never reaches the service (the mock panics if called).
 func TestCallbackRefusedBeforeTheService(t *testing.T) {
-	svc := &mock.JobService{}
+	svc := &mock.CallbackService{}
 	for _, tc := range []struct {
 		method, path, token, body string
 		want                      int
@@ -110,7 +110,7 @@ func TestCallbackRefusedBeforeTheService(t *testing.T) {
 	}
 }
 
-func serve(svc delegate.JobService, method, path, token, body string) *httptest.ResponseRecorder {
+func serve(svc delegate.CallbackService, method, path, token, body string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

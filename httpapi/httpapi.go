@@ -1,6 +1,6 @@
 // Package httpapi serves the callback endpoints through which a job
 // reports progress, heartbeats and completion, and a health check. It is an
-// adapter over delegate.JobService: parse, call the service, answer in
+// adapter over delegate.CallbackService: parse, call the service, answer in
 // small JSON. The service authenticates the job's token.
 //
 // It also holds what bounds delegate's HTTP servers: the cap on live MCP
@@ -35,7 +35,7 @@ type Options struct {
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
 // GET /health.
-func Handler(svc delegate.JobService, opts Options) http.Handler {
+func Handler(svc delegate.CallbackService, opts Options) http.Handler {
 	if opts.BodyLimit <= 0 {
 		opts.BodyLimit = DefaultBodyLimit
 	}
@@ -60,7 +60,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 }
 
 type handler struct {
-	svc  delegate.JobService
+	svc  delegate.CallbackService
 	opts Options
 }
 
