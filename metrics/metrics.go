@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// JobCounter counts the stored jobs in each status (sqlite.Store does it
+// JobCounter counts the stored jobs in each status (sqlite.JobStore does it
 // with one query over its status index).
 type JobCounter interface {
 	CountJobs(ctx context.Context) (map[delegate.Status]int, error)

@@ -34,9 +34,14 @@ func Rules() []Rule {
 			Forbidden: append([]string{"sqlite", "local", "proxmox", "pve", "pvesim"}, adapters...),
 		},
 		{
+			Why:      "the store contract (storetest) is written against the root's store interfaces alone, so that every store can run it",
+			Packages: []string{"storetest"},
+			Ours:     true,
+		},
+		{
 			Why:       "the store (sqlite) keeps the root's types: it knows no engine, backend or adapter",
 			Packages:  []string{"sqlite"},
-			Forbidden: append([]string{"engine", "sandbox", "local", "proxmox", "pve", "pvesim"}, adapters...),
+			Forbidden: append([]string{"engine", "sandbox", "local", "proxmox", "pve", "pvesim", "storetest"}, adapters...),
 		},
 	}
 }
