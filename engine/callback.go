@@ -50,7 +50,7 @@ type tokenEntry struct {
 // through the callback endpoints, from an index of the running jobs' token
 // hashes. It has its own locks (the index's, and one per entry).
 type callbacks struct {
-	store    delegate.JobStore
+	store    delegate.Store
 	jobs     *jobWriter
 	progress *progressWriter
 	secret   func(name string) (string, bool)

@@ -108,7 +108,7 @@ type Engine struct {
 var errNoBackend = errors.New("this process has no sandbox backend and runs no jobs: submit through delegate serve or delegate run")
 
 // New makes an engine; Start begins work.
-func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
+func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	cfg.Defaults.Fill(delegate.ServerDefaults())
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = delegate.DefaultMaxConcurrent

@@ -20,7 +20,7 @@ import (
 type fixture struct {
 	t       testing.TB
 	dbPath  string
-	store   *sqlite.Store
+	store   *sqlite.DB
 	backend *mock.Backend
 	eng     *engine.Engine
 	cfg     engine.Config

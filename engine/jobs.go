@@ -14,7 +14,7 @@ import (
 // waiters and watchers of the job. It holds its own lock only to hand out
 // and replace its channels.
 type jobWriter struct {
-	store delegate.JobStore
+	store delegate.Store
 
 	// ended hears every job this writer (or watchFinishes, for another
 	// process) saw reach a terminal status. Set once, at wiring, before
@@ -31,7 +31,7 @@ type jobWriter struct {
 	own, foreign atomic.Int64
 }
 
-func newJobWriter(store delegate.JobStore) *jobWriter {
+func newJobWriter(store delegate.Store) *jobWriter {
 	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{})}
 }
 

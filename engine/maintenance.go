@@ -24,7 +24,7 @@ type maintenance struct {
 	cfg    Config
 	log    *slog.Logger
 	owner  string
-	store  delegate.JobStore
+	store  delegate.Store
 	ref    *backendRef
 	jobs   *jobWriter
 	runner *runner

@@ -242,7 +242,7 @@ func (b *progressBuffer) timeline(id string, stored []delegate.Event) ([]delegat
 // CLI reading jobs — may record some), and flushes of one job on demand.
 type progressWriter struct {
 	*progressBuffer
-	store  delegate.JobStore
+	store  delegate.Store
 	notify func(id string)
 	log    *slog.Logger
 
@@ -252,7 +252,7 @@ type progressWriter struct {
 	once    sync.Once
 }
 
-func newProgressWriter(store delegate.JobStore, notify func(string), log *slog.Logger) *progressWriter {
+func newProgressWriter(store delegate.Store, notify func(string), log *slog.Logger) *progressWriter {
 	w := &progressWriter{progressBuffer: newProgressBuffer(), store: store, notify: notify, log: log,
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	go w.flushLoop() // ended by close, the last thing Engine.Close does

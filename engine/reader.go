@@ -24,7 +24,7 @@ var _ delegate.JobService = (*Engine)(nil)
 // (laying the progress it holds in memory over what is stored); a
 // process that only reads jobs may use one by itself.
 type Reader struct {
-	store       delegate.JobStore
+	store       delegate.Store
 	artifactDir string
 	poll        time.Duration // how often Wait reads again without a wake-up
 	// unstored is the progress held in memory, not stored yet (nil for a
@@ -37,7 +37,7 @@ type Reader struct {
 
 // NewReader reads jobs from store; artifactDir is the engine's
 // Config.ArtifactDir.
-func NewReader(store delegate.JobStore, artifactDir string) *Reader {
+func NewReader(store delegate.Store, artifactDir string) *Reader {
 	return &Reader{store: store, artifactDir: artifactDir, poll: 4 * 200 * time.Millisecond}
 }
 
@@ -335,7 +335,7 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 			continue
 		}
 		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
-			return a, nil, fmt.Errorf("artifact %q of job %s was not kept: %s", name, id, a.Skipped)
+			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
 		}
 		data, err := os.ReadFile(blobPath(rd.artifactDir, a.SHA256))
 		if err != nil {
@@ -349,5 +349,5 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 	if _, err := rd.store.GetJob(ctx, id); err != nil {
 		return delegate.Artifact{}, nil, err
 	}
-	return delegate.Artifact{}, nil, fmt.Errorf("job %s has no artifact %q: %w", id, name, delegate.ErrNotFound)
+	return delegate.Artifact{}, nil, delegate.ArtifactNotFound(id, name)
 }

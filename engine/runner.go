@@ -26,7 +26,7 @@ type runner struct {
 	log       *slog.Logger
 	owner     string
 	life      *group
-	store     delegate.JobStore
+	store     delegate.Store
 	ref       *backendRef
 	jobs      *jobWriter
 	progress  *progressWriter

@@ -22,7 +22,7 @@ import (
 // server's CPU in stack scans). A job waiting for room holds no slot.
 type scheduler struct {
 	life    *group
-	store   delegate.JobStore
+	store   delegate.Store
 	backend *backendRef
 	jobs    *jobWriter
 	runner  *runner

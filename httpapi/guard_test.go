@@ -162,7 +162,7 @@ func TestLoopbackOnly(t *testing.T) {
 
 func TestCallbackAnswersAreCounted(t *testing.T) {
 	var codes []int
-	svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+	svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 		if token != "dlg_good" {
 			return nil, delegate.ErrUnauthenticated
 		}

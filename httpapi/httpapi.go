@@ -1,6 +1,6 @@
 // Package httpapi serves the callback endpoints through which a job
 // reports progress, heartbeats and completion, and a health check. It is an
-// adapter over delegate.JobService: parse, call the service, answer in
+// adapter over delegate.CallbackService: parse, call the service, answer in
 // small JSON. The service authenticates the job's token.
 //
 // It also holds what bounds delegate's HTTP servers: the cap on live MCP
@@ -35,7 +35,7 @@ type Options struct {
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
 // GET /health.
-func Handler(svc delegate.JobService, opts Options) http.Handler {
+func Handler(svc delegate.CallbackService, opts Options) http.Handler {
 	if opts.BodyLimit <= 0 {
 		opts.BodyLimit = DefaultBodyLimit
 	}
@@ -60,7 +60,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 }
 
 type handler struct {
-	svc  delegate.JobService
+	svc  delegate.CallbackService
 	opts Options
 }
 
@@ -136,21 +136,44 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		rep.Result, rep.Error, rep.ExitCode = firstOf(b.Result, b.Output), b.Error, b.ExitCode
 	}
 	job, err := h.svc.Callback(r.Context(), id, token, rep)
-	switch {
-	case errors.Is(err, delegate.ErrUnauthenticated):
-		writeError(w, http.StatusUnauthorized, "unknown token for this job")
-	case errors.Is(err, delegate.ErrForbidden):
-		writeError(w, http.StatusForbidden, "this token belongs to another job")
-	case errors.Is(err, delegate.ErrTerminal):
-		writeError(w, http.StatusConflict, err.Error())
-	case errors.Is(err, delegate.ErrInvalidTransition), errors.Is(err, delegate.ErrInvalid):
-		writeError(w, http.StatusConflict, err.Error())
-	case err != nil:
-		h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
-		writeError(w, http.StatusInternalServerError, "internal error")
-	default:
-		writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+	if err != nil {
+		code, msg := callbackError(err)
+		if code >= http.StatusInternalServerError {
+			h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
+		}
+		writeError(w, code, msg)
+		return
 	}
+	writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+}
+
+// callbackErrors is the one table from a service error's kind to a
+// callback's answer: its status, and its message ("" for the error's own
+// words, which are ours for these kinds). A kind not here is the server's
+// trouble (500, logged); the job is told no more.
+var callbackErrors = map[delegate.Kind]struct {
+	code int
+	msg  string
+}{
+	delegate.KindUnauthenticated: {http.StatusUnauthorized, "unknown token for this job"},
+	delegate.KindForbidden:       {http.StatusForbidden, "this token belongs to another job"},
+	delegate.KindNotFound:        {http.StatusNotFound, ""},
+	delegate.KindTerminal:        {http.StatusConflict, ""},
+	delegate.KindConflict:        {http.StatusConflict, ""},
+	delegate.KindInvalid:         {http.StatusConflict, ""},
+	delegate.KindNotFinished:     {http.StatusConflict, ""},
+	delegate.KindUnavailable:     {http.StatusServiceUnavailable, "the server cannot record this now; send it again later"},
+}
+
+func callbackError(err error) (int, string) {
+	a, ok := callbackErrors[delegate.ErrorKind(err)]
+	switch {
+	case !ok:
+		return http.StatusInternalServerError, "internal error"
+	case a.msg == "":
+		return a.code, err.Error()
+	}
+	return a.code, a.msg
 }
 
 // counted tells Options.Answered the status of each answer.

@@ -12,13 +12,11 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// Version is reported to clients; cmd sets it at build time.
-var Version = "dev"
 
 // maxWait keeps wait_job under the per-call timeouts of real clients
 // (Claude Code gives up on a tool call after about a minute).
@@ -28,7 +26,7 @@ const maxWait = 50
 // subscribed clients about every change to a job (resources job://{id} and
 // job://{id}/log).
 func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: Version},
+	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: buildinfo.Version()},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
 				"wait_job blocks up to 50 s (call it again while done is false); get_job_result then returns output and exit code.",
@@ -38,61 +36,64 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 			Capabilities:       capabilities(),
 		})
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	h := &handlers{svc: svc}
 	addTasks(s, h)
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
-	addResources(s, svc)
+	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
 		OutputSchema: submitOutputSchema(),
 	}, h.submit)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
 		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_status",
 		Description:  "Status now, without waiting.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_result",
 		Description:  "Exit code, ends of stdout (output) and stderr, artifacts of a finished job.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_logs",
 		Description:  "Output from cursor on; while running only in statusMode streaming.",
 		InputSchema:  inputSchema[LogsIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[LogsOut](),
 	}, h.logs)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "cancel_job",
 		Description:  "Kill an unfinished job; its sandbox goes unless persistent.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "release_job",
 		Description:  "Destroy the sandbox a finished persistent job kept.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
 	}, h.release)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
 		InputSchema:  listSchema(),

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/jsonin"
@@ -20,7 +21,10 @@ import (
 // states (TestInputSchemasDescribeWhatIsAccepted), and Out, the source of
 // the output schema, is encoded once for both the structured and the text
 // content.
-func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+//
+// A service error becomes the agent's message through toolError; log hears
+// in full those the agent is not shown.
+func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
 	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
 		args := req.Params.Arguments
@@ -32,7 +36,7 @@ func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, t *mcp.Tool, h fun
 		}
 		out, err := h(ctx, req, &in)
 		if err != nil {
-			return errorResult(toolError(err)), nil
+			return errorResult(toolError(ctx, log, t.Name, err)), nil
 		}
 		data, err := encode(out)
 		if err != nil {
@@ -73,17 +77,4 @@ func argumentError(err error) error {
 		return &delegate.FieldError{Field: "arguments", Rule: fe.Rule}
 	}
 	return err
-}
-
-// toolError turns a service error into a message that tells the agent
-// what to do next.
-func toolError(err error) error {
-	switch {
-	case errors.Is(err, delegate.ErrNotFound):
-		return fmt.Errorf("job_id: %w (list_jobs shows existing jobs)", err)
-	case errors.Is(err, delegate.ErrNotFinished):
-		return fmt.Errorf("%w (wait_job waits for it)", err)
-	default:
-		return err
-	}
 }

@@ -20,7 +20,7 @@ import (
 
 // app is an open data dir: the store, the backend and the engine over them.
 type app struct {
-	store   *sqlite.Store
+	store   *sqlite.DB
 	backend sandbox.Backend // nil when the app only reads jobs
 	eng     *engine.Engine
 }
