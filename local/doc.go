@@ -51,7 +51,10 @@
 // service listening on the host's other addresses is reachable. The shim
 // starts the helper before it lets the job run, puts it in the sandbox's
 // cgroups once it is ready, records it (net.json) and ends it with the
-// job; Kill and Destroy end it too.
+// job; Kill and Destroy end it too. The helper runs as root, in a mount
+// namespace of its own whose mounts are all private: what it mounts and
+// unmounts to confine itself never propagates to the host's (shared, on
+// a systemd host) mounts.
 //
 // Limits: memory, cpu and pids through cgroups (v2 when the unified
 // hierarchy has those controllers, else v1). The workspace is a tmpfs of

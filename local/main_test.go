@@ -120,6 +120,8 @@ func runHelper(name string, args []string) int {
 		return 0
 	case "sockets": // which socket families and io_uring the sandbox allows
 		return runSocketProbes()
+	case "sharedroot": // an egress job in a mount namespace with a shared root
+		return runSharedRoot(args)
 	case "check": // New as whoever runs this
 		_, err := New(Config{Dir: args[0]})
 		fmt.Printf("New: %v\n", err)

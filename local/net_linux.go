@@ -155,6 +155,17 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 			// thread is locked (runShim), so this fires only when the shim
 			// itself ends.
 			Pdeathsig: syscall.SIGKILL,
+			// A mount namespace of its own, every mount in it made private
+			// (recursively) before the helper runs: Go's fork does the
+			// MS_REC|MS_PRIVATE remount of "/" for CLONE_NEWNS in
+			// Unshareflags. The helpers run as root and confine themselves
+			// by remounting and unmounting; slirp4netns --enable-sandbox
+			// makes "/" private without MS_REC, pivots and detaches the
+			// old root, and on a host whose "/" is shared (systemd's) that
+			// detach propagated to the host: /sys/fs/cgroup, /dev/shm,
+			// /run/netns/* and the rest vanished from it
+			// (TestNetHelperLeavesHostMountsAlone).
+			Unshareflags: syscall.CLONE_NEWNS,
 		},
 	}
 	var readyR *os.File
