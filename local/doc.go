@@ -36,7 +36,10 @@
 // Isolation: the job sees a read-only root built from the host's /usr,
 // /bin, /sbin, /lib*, /etc (or a template: a root filesystem named in
 // Config.RootfsDir, never a path a job chooses), a writable /workspace,
-// a private /tmp, its own /proc, a minimal /dev, an empty network namespace
+// a private /tmp, its own /proc, a minimal /dev, its command's inputs
+// (inputs.go: a read-only tmpfs of the command's own at InputsDir, which
+// keeps the task and the script out of every argument list on the host),
+// an empty network namespace
 // with only loopback, and inside uids 0..65535 mapped to host uids
 // 100000..165535, so host files owned by root appear as nobody's.
 //

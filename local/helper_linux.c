@@ -52,7 +52,7 @@
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 1u
+#define PLAN_VERSION 2u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -92,6 +92,7 @@ enum {
 	OP_DROP_BOUNDING,
 	OP_SECCOMP,
 	OP_RESOLV_CONF,
+	OP_INPUT,
 };
 
 /* Newer than some C libraries' headers. */
@@ -281,6 +282,7 @@ struct op {
 	uint64_t n;
 	char *label;
 	char *s[4];
+	uint32_t len[4]; /* of s, which may hold NUL bytes (an input's content) */
 };
 
 struct plan {
@@ -296,6 +298,7 @@ struct plan {
 	struct op *ops;
 	char *net_name, *net_path;
 	uint32_t netns; /* join the network namespace on NETNS_FD */
+	char *stdin_path; /* the job's standard input, an input; "": /dev/null */
 };
 
 struct rd {
@@ -407,11 +410,12 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 		o->n = rd_u64(&r);
 		o->label = rd_str(&r, NULL);
 		for (int j = 0; j < 4; j++)
-			o->s[j] = rd_str(&r, NULL);
+			o->s[j] = rd_str(&r, &o->len[j]);
 	}
 	p->net_name = rd_str(&r, NULL);
 	p->net_path = rd_str(&r, NULL);
 	p->netns = rd_u32(&r);
+	p->stdin_path = rd_str(&r, NULL);
 	if (!r.err && r.p != r.end)
 		r.err = 1;
 	if (r.err) {
@@ -527,6 +531,22 @@ static int install_seccomp(const struct plan *p) {
 	return 0;
 }
 
+/* write_input creates the input file path, which must not exist yet,
+ * with data, readable by its owner uid alone (writeInput in
+ * plan_linux.go). */
+static int write_input(const char *path, const char *data, size_t len, uid_t uid) {
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+	if (fd < 0)
+		return -1;
+	if (write_all(fd, data, len) < 0 || fchown(fd, uid, uid) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return close(fd);
+}
+
 static int run_op(const struct plan *p, const struct op *o) {
 	detail = NULL;
 	switch (o->code) {
@@ -561,6 +581,8 @@ static int run_op(const struct plan *p, const struct op *o) {
 		return drop_bounding_set();
 	case OP_SECCOMP:
 		return install_seccomp(p);
+	case OP_INPUT:
+		return write_input(o->s[0], o->s[1], o->len[1], (uid_t)o->n);
 	}
 	detail = "a step the C helpers do not have";
 	errno = ENOSYS;
@@ -746,6 +768,12 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
 		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
 
+	/* One of the command's inputs as its standard input; 0 is /dev/null
+	 * otherwise (the shim's). */
+	int in = 0;
+	if (p->stdin_path[0] && (in = open(p->stdin_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		init_fail(CODE_SETUP_FAILED, "standard input %s: %s", p->stdin_path, errtext(errno));
+
 	/* vfork: the child shares init's memory until it executes the job,
 	 * so it only makes system calls and leaves its errno here. */
 	volatile int child_errno = 0;
@@ -754,7 +782,7 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	if (pid == 0) {
 		/* Leaving uid 0 for a non-zero uid clears every capability, so
 		 * the job runs with none even inside its user namespace. */
-		if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, id, id, id) < 0 ||
+		if ((in != 0 && dup2(in, 0) < 0) || syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, id, id, id) < 0 ||
 		    syscall(SYS_setresuid, id, id, id) < 0 || chdir(p->dir) < 0) {
 			child_errno = errno;
 			_exit(127);
@@ -1560,12 +1588,12 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
 		 FILE_STREAMS, FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
-		 OP_SECCOMP, OP_RESOLV_CONF);
+		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT);
 	return buf;
 }
 

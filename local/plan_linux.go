@@ -5,12 +5,17 @@ package local
 import (
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 	"unsafe"
 
+	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,10 +30,16 @@ var devLinks = [...]struct{ name, target string }{
 // buildPlan is the plan of the command rec (with its environment env) in
 // the sandbox whose directory is dir and whose state is st. With netns,
 // the shim will join a ready network namespace (its loopback up).
-func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []string, netns bool) (*plan, error) {
-	ops, err := rootOps(dir, st, !netns)
+func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
 	if err != nil {
 		return nil, err
+	}
+	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
+	// inputs where they are.
+	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
+	if len(cmd.Inputs) > 0 {
+		env = append(env, InputsEnv+"="+InputsDir)
 	}
 	p := &plan{
 		OutputLimit:   rec.OutputLimit,
@@ -47,6 +58,9 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 		Ops:           ops,
 		Netns:         netns,
 	}
+	if cmd.Stdin != "" {
+		p.Stdin = path.Join(InputsDir, cmd.Stdin)
+	}
 	if !rec.Deadline.IsZero() {
 		p.Deadline = rec.Deadline.UnixNano()
 	}
@@ -57,12 +71,12 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 }
 
 // rootOps are init's steps: the job's root filesystem under dirRootfs,
-// built from the host's hostViewDirs or from the template, made the root,
-// then the restrictions that also bind init itself (and loopback up in a
-// network namespace init makes). Entries of the host or the template are
-// looked at now, by the server, which sees what init will see before its
-// pivot.
-func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
+// built from the host's hostViewDirs or from the template, with the
+// command's inputs, made the root, then the restrictions that also bind
+// init itself (and loopback up in a network namespace init makes).
+// Entries of the host or the template are looked at now, by the server,
+// which sees what init will see before its pivot.
+func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -149,6 +163,27 @@ func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
 		add(opTouch, 0, "status channel", at(StatusFile))
 		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
 	}
+	if len(inputs) > 0 {
+		// The command's inputs: a tmpfs of its own (this mount namespace
+		// is the command's), owned by the job's user and readable by it
+		// alone, written by init and then made read-only. Their bytes
+		// came in the plan, in memory; they never touch the host's disk
+		// nor any argument list.
+		inDir := at(InputsDir)
+		add(opMkdir, 0o755, "inputs", at(filepath.Dir(filepath.Dir(InputsDir))))
+		add(opMkdir, 0o755, "inputs", at(filepath.Dir(InputsDir)))
+		add(opMkdir, 0o755, "inputs", inDir)
+		var size int64 = 4096
+		for _, data := range inputs {
+			size += (int64(len(data)) + 4095) &^ 4095
+		}
+		opts := fmt.Sprintf("mode=0500,uid=%d,gid=%d,size=%d,nr_inodes=%d", jobID, jobID, size, len(inputs)+2)
+		add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: mount", "tmpfs", inDir, "tmpfs", opts)
+		for _, name := range slices.Sorted(maps.Keys(inputs)) {
+			add(opInput, jobID, "inputs: write "+name, filepath.Join(inDir, name), string(inputs[name]))
+		}
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
+	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
@@ -228,6 +263,8 @@ func runOp(o op, prog []byte) error {
 		return dropBoundingSet()
 	case opSeccomp:
 		return installSeccomp(prog)
+	case opInput:
+		return writeInput(o.s[0], o.s[1], int(o.n))
 	case opResolvConf:
 		err := bindResolvConf(o.s[0], o.s[1])
 		if errors.Is(err, errNoResolvConf) {
@@ -238,6 +275,24 @@ func runOp(o op, prog []byte) error {
 		return err
 	}
 	return fmt.Errorf("unknown step %d", o.code)
+}
+
+// writeInput creates the input file p, which must not exist yet, with
+// data, readable by its owner uid alone.
+func writeInput(p, data string, uid int) error {
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	_, err = io.WriteString(f, data)
+	if err == nil {
+		err = f.Chown(uid, uid)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // touch creates the empty file p if it is missing.
