@@ -496,7 +496,7 @@ func (b *Backend) ended(id, dir string) bool {
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
 		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
-	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate}
+	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel}
 )
 
 // removeSandboxDir removes the sandbox directory, whose mounts are gone.

@@ -70,7 +70,7 @@
 #define FILE_STREAMS "output.streams"
 #define FILE_EVENTS "events"
 #define FILE_EVENTS_LATEST "events.latest"
-#define FILE_STATUS_FIFO "status"
+#define FILE_STATUS_FIFO "channel/status"
 #define FILE_KILLED "killed"
 #define FILE_INIT_PID "init.pid"
 #define FILE_EXIT "exit.json"

@@ -106,3 +106,39 @@ func TestInputsRefused(t *testing.T) {
 		t.Errorf("good inputs refused: %v", err)
 	}
 }
+
+// TestNoHostPathsInside: nothing a job can read names where its sandbox
+// is on the host (the data dir): not its mount table, with or without
+// network or a template, with either helper. (A template's own binds
+// show its path under the rootfs directory: the kernel shows a bind's
+// source as a path on its filesystem.)
+func TestNoHostPathsInside(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			tpl := defaultSpec()
+			tpl.Template = useRootfs(b, buildRootfs(t))
+			specs := []sandbox.Spec{defaultSpec(), tpl}
+			if mode == "Go" {
+				if _, err := findNetTool("", b.lookPath); err == nil {
+					specs = append(specs, networkSpec())
+				}
+			}
+			for _, spec := range specs {
+				sb := create(t, b, spec)
+				// dash builtins only: a template has nothing else.
+				exit, out := run(t, sb, "/bin/sh", "-c", `for f in /proc/self/mountinfo /proc/self/mounts /proc/1/mountinfo; do while read -r l; do echo "$l"; done < $f; done
+					[ -p /run/delegate/status ] && echo "status channel"`)
+				if exit.Code != 0 || !strings.Contains(out, "status channel") {
+					t.Fatalf("exit %+v:\n%s", exit, out)
+				}
+				for _, leak := range []string{b.dir, sb.id} {
+					if strings.Contains(out, leak) {
+						t.Errorf("network %v, template %q: the job reads %q:\n%s", spec.Network, spec.Template, leak, out)
+					}
+				}
+			}
+		})
+	}
+}

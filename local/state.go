@@ -73,12 +73,16 @@ const (
 	// fileEventsLatest is the latest status line once the events file is
 	// full, and how many came after it was full.
 	fileEventsLatest = "events.latest"
-	fileStatusFIFO   = "status"   // the status channel, bound at StatusFile inside
-	fileKilled       = "killed"   // marker written by Kill before it kills
-	fileDeadline     = "deadline" // marker written by the shim when the deadline kills the job
-	fileShimPID      = "shim.pid"
-	fileInitPID      = "init.pid" // host pid of the sandbox's pid 1
-	fileShimLog      = "shim.log" // the shim's own stderr
+	// fileStatusFIFO is the status channel, bound at StatusFile inside,
+	// on a tmpfs of its own (dirChannel) so that the job's mount table
+	// shows "/status" of that tmpfs as its source, not its path on the
+	// host (the data dir's).
+	fileStatusFIFO = dirChannel + "/status"
+	fileKilled     = "killed"   // marker written by Kill before it kills
+	fileDeadline   = "deadline" // marker written by the shim when the deadline kills the job
+	fileShimPID    = "shim.pid"
+	fileInitPID    = "init.pid" // host pid of the sandbox's pid 1
+	fileShimLog    = "shim.log" // the shim's own stderr
 	// fileNetHelper is the netHelperRecord of a sandbox with network.
 	fileNetHelper = "net.json"
 	// fileNetReady is written by pasta once the network is configured.
@@ -86,6 +90,7 @@ const (
 	dirWorkspace = "workspace"
 	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
 	dirTemplate  = "template" // read-only bind of Spec.Template
+	dirChannel   = "channel"  // a small tmpfs holding the status channel
 )
 
 // idPattern is what newID produces; anything else is not one of ours,
