@@ -30,6 +30,11 @@ type Config struct {
 	Defaults        delegate.Defaults
 	LogLevel        slog.Level
 
+	// SandboxUIDs is the local sandboxes' host uid range
+	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
+	// which the backend checks when it starts.
+	SandboxUIDs string
+
 	CallbackHost       string
 	CallbackPort       int
 	CallbackPublicURL  string
@@ -99,6 +104,7 @@ func envVars() []envVar {
 		{"DEFAULT_DISK", delegate.DefaultDisk, "size of /workspace per job"},
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
+		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
@@ -200,6 +206,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("DEFAULT_VM_TEMPLATE", rule)
 	}
 	str("DELEGATE_ROOTFS_DIR", &c.RootfsDir)
+	str("DELEGATE_SANDBOX_UIDS", &c.SandboxUIDs)
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
 	}

@@ -22,6 +22,11 @@ type Config struct {
 	DefaultTemplate string
 	// PidsMax caps the processes and threads of one sandbox. Default 512.
 	PidsMax int
+	// UIDs is the range of host uids and gids the sandboxes' slots are
+	// taken from, "FIRST-LAST" (uids.go); DefaultUIDs when empty. New
+	// refuses a range that an entry of /etc/subuid, /etc/subgid,
+	// /etc/passwd or /etc/group overlaps.
+	UIDs string
 	// Logger receives the backend's own events; nil discards them.
 	Logger *slog.Logger
 }

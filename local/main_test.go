@@ -120,6 +120,8 @@ func runHelper(name string, args []string) int {
 		return 0
 	case "sockets": // which socket families and io_uring the sandbox allows
 		return runSocketProbes()
+	case "budgets": // inotify instances and message queues: one, or all it can
+		return runBudgets(args)
 	case "sharedroot": // an egress job in a mount namespace with a shared root
 		return runSharedRoot(args)
 	case "check": // New as whoever runs this

@@ -48,7 +48,7 @@ func TestRecordModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Mode().Perm() != 0o710 || st.Sys().(*syscall.Stat_t).Gid != hostIDBase || st.Sys().(*syscall.Stat_t).Uid != 0 {
+			if st.Mode().Perm() != 0o710 || st.Sys().(*syscall.Stat_t).Gid != stateOf(t, sb).HostUID || st.Sys().(*syscall.Stat_t).Uid != 0 {
 				t.Errorf("sandbox directory: mode %v, owner %d:%d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Uid, st.Sys().(*syscall.Stat_t).Gid)
 			}
 			// Mount points the sandbox itself uses are not records.

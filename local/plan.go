@@ -66,6 +66,10 @@ const (
 	// opInput: create the file s0 (it must not exist) with content s1,
 	// mode 0400, owned by uid and gid n: one of Command.Inputs.
 	opInput
+	// opSysctl: write s1 to the existing file s0 (a /proc/sys entry of
+	// the sandbox's own namespaces); a file this kernel does not have
+	// is skipped.
+	opSysctl
 )
 
 // op is one step of init's set-up. label starts the message of its

@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unsafe"
@@ -18,6 +19,20 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
+
+// userLimits are the sandbox user namespace's /proc/sys/user budgets:
+// what one sandbox may hold of kernel objects that are charged per user
+// and cost kernel memory. The host's own defaults for one user, with
+// watches and marks capped (the host's scale with its memory).
+var userLimits = [...]struct {
+	name string
+	max  int
+}{
+	{"max_inotify_instances", 128},
+	{"max_inotify_watches", 65536},
+	{"max_fanotify_groups", 16},
+	{"max_fanotify_marks", 65536},
+}
 
 // devNodes are the host devices bound into the sandbox's /dev.
 var devNodes = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
@@ -48,8 +63,8 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 		LatestEvery:   int64(latestEvery),
 		FloodPause:    int64(floodPause),
 		Cgroup:        st.Cgroup,
-		HostIDBase:    hostIDBase,
-		IDRange:       idRange,
+		HostIDBase:    st.hostBase(),
+		IDRange:       slotSize,
 		JobID:         jobID,
 		Args:          rec.Args,
 		Env:           env,
@@ -187,6 +202,12 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
+	// The sandbox's own budgets of per-user kernel objects, lowered from
+	// the unlimited a new user namespace starts with (what the sandbox
+	// holds is also charged to its host uid, uids.go).
+	for _, l := range userLimits {
+		add(opSysctl, 0, "limit "+l.name, at("proc/sys/user", l.name), strconv.Itoa(l.max))
+	}
 
 	// A minimal /dev: a few harmless host devices bound in (a device node
 	// made on our own tmpfs would not open: user-namespace mounts are
@@ -265,6 +286,19 @@ func runOp(o op, prog []byte) error {
 		return installSeccomp(prog)
 	case opInput:
 		return writeInput(o.s[0], o.s[1], int(o.n))
+	case opSysctl:
+		f, err := os.OpenFile(o.s[0], os.O_WRONLY, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // an older kernel: one budget fewer
+		}
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(o.s[1])
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
 	case opResolvConf:
 		err := bindResolvConf(o.s[0], o.s[1])
 		if errors.Is(err, errNoResolvConf) {

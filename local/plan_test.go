@@ -10,7 +10,7 @@ func testPlan() *plan {
 	return &plan{
 		OutputLimit: 1 << 20, MaxEvents: 1 << 10, MaxStatusLine: 1 << 9, LatestEvery: 3, FloodPause: 4, Deadline: 1234567890123,
 		Cgroup:     cgroupSet{Version: 1, Memory: "/m/sb", CPU: "/c/sb", Pids: "/p/sb"},
-		HostIDBase: hostIDBase, IDRange: idRange, JobID: jobID,
+		HostIDBase: 1879048192, IDRange: slotSize, JobID: jobID,
 		Args: []string{"/bin/sh", "-c", "echo 'a b'", ""}, Env: []string{"PATH=/bin", "SECRET=x=y"}, Dir: "/workspace",
 		Seccomp: []byte{1, 2, 3, 4, 5, 6, 7, 8},
 		Ops: []op{

@@ -43,15 +43,9 @@ const (
 	helperSelectC   = "c"
 )
 
-// The user namespace maps inside ids 0..idRange-1 to host ids
-// hostIDBase.. (one fixed range for every sandbox). Jobs run as inside
-// uid/gid jobID, which is host hostIDBase+jobID.
-const (
-	hostIDBase = 100000
-	idRange    = 65536
-	jobID      = 1000
-	hostJobID  = hostIDBase + jobID
-)
+// Jobs run as uid and gid jobID inside their sandbox, host id
+// base+jobID of the sandbox's slot (uids.go).
+const jobID = 1000
 
 // Exit codes of a sandbox that could not run its command.
 const (
@@ -120,6 +114,19 @@ type sandboxState struct {
 	// Network is the helper that gives the sandbox network egress; nil:
 	// no network but its own loopback.
 	Network *netTool `json:"network,omitempty"`
+	// HostUID is the base of the sandbox's host ids (uids.go), the owner
+	// of its user namespace; 0 in the state of a sandbox made before
+	// each had its own (legacyIDBase).
+	HostUID uint32 `json:"hostUid,omitempty"`
+}
+
+// hostBase is the first of the sandbox's host ids: its init's uid and
+// gid; its job's are hostBase()+jobID.
+func (st sandboxState) hostBase() uint32 {
+	if st.HostUID == 0 {
+		return legacyIDBase
+	}
+	return st.HostUID
 }
 
 // netTool is the network helper of one sandbox, chosen by Create and

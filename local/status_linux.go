@@ -30,7 +30,7 @@ const (
 // makeStatusFIFO creates the channel, writable by the job's user only, on
 // a tmpfs of its own in the server's mount namespace (unmountSandbox
 // removes it).
-func makeStatusFIFO(dir string) error {
+func makeStatusFIFO(dir string, hostJob int) error {
 	ch := filepath.Join(dir, dirChannel)
 	if err := os.Mkdir(ch, 0o755); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
@@ -45,7 +45,7 @@ func makeStatusFIFO(dir string) error {
 	if err := unix.Mkfifo(p, 0o600); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
-	if err := os.Chown(p, hostJobID, hostJobID); err != nil {
+	if err := os.Chown(p, hostJob, hostJob); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
 	return nil

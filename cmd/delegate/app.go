@@ -106,7 +106,7 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		return b, nil
 	default:
 		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
-			DefaultTemplate: cfg.Defaults.VMTemplate, Logger: log})
+			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
