@@ -34,6 +34,10 @@ type Config struct {
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
 	// which the backend checks when it starts.
 	SandboxUIDs string
+	// PidsMax and NoFile are a local sandbox's processes and each
+	// process's open files (DELEGATE_PIDS_MAX, DELEGATE_NOFILE; 0: the
+	// backend chooses them from the host's file table).
+	PidsMax, NoFile int
 
 	CallbackHost       string
 	CallbackPort       int
@@ -105,6 +109,8 @@ func envVars() []envVar {
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
 		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
+		{"DELEGATE_PIDS_MAX", "512 (less on a small host)", "processes and threads of one local sandbox"},
+		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
@@ -207,6 +213,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	str("DELEGATE_ROOTFS_DIR", &c.RootfsDir)
 	str("DELEGATE_SANDBOX_UIDS", &c.SandboxUIDs)
+	intIn("DELEGATE_PIDS_MAX", 16, 1<<20, &c.PidsMax)
+	intIn("DELEGATE_NOFILE", 16, 1<<20, &c.NoFile)
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
 	}

@@ -27,6 +27,7 @@ type Backend struct {
 	dir     string
 	selfExe string
 	pidsMax int
+	noFile  int
 	log     *slog.Logger
 	// rootfsDir and defaultTemplate: see Config.
 	rootfsDir       string
@@ -88,18 +89,27 @@ func New(cfg Config) (*Backend, error) {
 	if self, err = filepath.Abs(self); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	pids := cfg.PidsMax
-	if pids == 0 {
-		pids = DefaultPidsMax
-	}
-	if pids < 0 {
-		return nil, fmt.Errorf("local backend: PidsMax %d is negative", pids)
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
+	budget, err := hostFileBudget(cmp.Or(cfg.Sandboxes, DefaultSandboxes))
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	hard, err := serverNoFileHard()
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	pids, nofile, over, err := jobLimits(budget, cfg.PidsMax, cfg.NoFile, hard)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if over {
+		log.Warn("the job limits let the sandboxes together hold more than half of the host's file table",
+			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
+	}
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
 		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log)}
 	if cfg.RootfsDir != "" {
 		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
@@ -146,7 +156,8 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: RootfsDir %s %s", b.rootfsDir, reason)
 		}
 	}
-	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self)
+	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self, "uids", b.uids.String(),
+		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)
 	return b, nil
 }
 
@@ -332,6 +343,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		MemoryBytes: spec.MemoryBytes,
 		DiskBytes:   spec.DiskBytes,
 		PidsMax:     b.pidsMax,
+		NoFile:      b.noFile,
 		HostUID:     base,
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),

@@ -95,6 +95,7 @@ enum {
 	OP_RESOLV_CONF,
 	OP_INPUT,
 	OP_SYSCTL,
+	OP_NOFILE,
 };
 
 /* Newer than some C libraries' headers. */
@@ -578,6 +579,10 @@ static int run_op(const struct plan *p, const struct op *o) {
 	case OP_NO_CORE_DUMPS: {
 		struct rlimit rl = {0, 0};
 		return setrlimit(RLIMIT_CORE, &rl);
+	}
+	case OP_NOFILE: {
+		struct rlimit rl = {(rlim_t)o->n, (rlim_t)o->n};
+		return setrlimit(RLIMIT_NOFILE, &rl);
 	}
 	case OP_DROP_BOUNDING:
 		return drop_bounding_set();
@@ -1653,12 +1658,12 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
 		 FILE_STREAMS, FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
-		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL);
+		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
 	return buf;
 }
 

@@ -70,6 +70,8 @@ const (
 	// the sandbox's own namespaces); a file this kernel does not have
 	// is skipped.
 	opSysctl
+	// opNoFile: RLIMIT_NOFILE n, soft and hard.
+	opNoFile
 )
 
 // op is one step of init's set-up. label starts the message of its

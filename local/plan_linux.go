@@ -46,6 +46,9 @@ var devLinks = [...]struct{ name, target string }{
 // the sandbox whose directory is dir and whose state is st. With netns,
 // the shim will join a ready network namespace (its loopback up).
 func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+	if st.NoFile == 0 {
+		st.NoFile = b.noFile // a sandbox made before it was recorded
+	}
 	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
 	if err != nil {
 		return nil, err
@@ -238,6 +241,8 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 	// unless it is 1, and a job may lower its soft limit to 0 again. A
 	// host that runs hostile jobs keeps core_pattern a plain file name.
 	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
+	// The job's share of the host's file table (nofile.go).
+	add(opNoFile, uint64(st.NoFile), "set RLIMIT_NOFILE")
 	add(opDropBounding, 0, "drop the capability bounding set")
 	add(opSeccomp, 0, "seccomp")
 	return ops, nil
@@ -280,6 +285,8 @@ func runOp(o op, prog []byte) error {
 		return loopbackUp()
 	case opNoCoreDumps:
 		return unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
+	case opNoFile:
+		return unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: o.n, Max: o.n})
 	case opDropBounding:
 		return dropBoundingSet()
 	case opSeccomp:

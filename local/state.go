@@ -114,6 +114,9 @@ type sandboxState struct {
 	// Network is the helper that gives the sandbox network egress; nil:
 	// no network but its own loopback.
 	Network *netTool `json:"network,omitempty"`
+	// NoFile is its processes' RLIMIT_NOFILE (nofile.go); 0 in the state
+	// of a sandbox made before it had one (the backend's then).
+	NoFile int `json:"noFile,omitempty"`
 	// HostUID is the base of the sandbox's host ids (uids.go), the owner
 	// of its user namespace; 0 in the state of a sandbox made before
 	// each had its own (legacyIDBase).
