@@ -53,6 +53,11 @@ type JobService interface {
 	// applies it (ErrUnauthenticated, ErrForbidden, ErrTerminal once the
 	// job has finished).
 	Callback(ctx context.Context, id, token string, r Report) (*Job, error)
+	// Authenticate checks a job's token as Callback does, without a
+	// report: an adapter calls it before it reads a report's body, so
+	// that a stranger gets ErrUnauthenticated (or ErrForbidden, another
+	// job's token) before sending anything more.
+	Authenticate(ctx context.Context, id, token string) error
 
 	// Watch delivers the id of every job this service changes until ctx
 	// ends, then closes the channel. A slow reader misses wake-ups, never

@@ -157,13 +157,14 @@ func (e *Engine) currentStatus(ctx context.Context, id string, ent *tokenEntry) 
 	return job.Status, nil
 }
 
-// Callback authenticates a report from a job and applies it. A status or a
-// heartbeat is coalesced in memory (see progressBuffer) and answered at
-// once: the job returned then carries its ID, Status, Progress and
-// LastHeartbeat only. A completion is stored before Callback returns, and
-// moves the job along the state machine only: it can never bring back a
-// job that was cancelled or timed out.
-func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+// Authenticate implements delegate.JobService.
+func (e *Engine) Authenticate(ctx context.Context, id, token string) error {
+	_, err := e.authenticate(ctx, id, token)
+	return err
+}
+
+// authenticate returns the job's token entry if token is its token.
+func (e *Engine) authenticate(ctx context.Context, id, token string) (*tokenEntry, error) {
 	if token == "" {
 		return nil, delegate.ErrUnauthenticated
 	}
@@ -185,6 +186,20 @@ func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Re
 			return nil, delegate.ErrForbidden
 		}
 		return nil, delegate.ErrUnauthenticated
+	}
+	return ent, nil
+}
+
+// Callback authenticates a report from a job and applies it. A status or a
+// heartbeat is coalesced in memory (see progressBuffer) and answered at
+// once: the job returned then carries its ID, Status, Progress and
+// LastHeartbeat only. A completion is stored before Callback returns, and
+// moves the job along the state machine only: it can never bring back a
+// job that was cancelled or timed out.
+func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+	ent, err := e.authenticate(ctx, id, token)
+	if err != nil {
+		return nil, err
 	}
 	status, err := e.currentStatus(ctx, id, ent)
 	if err != nil {

@@ -23,6 +23,7 @@ type JobService struct {
 	ArtifactsFn    func(ctx context.Context, id string) ([]delegate.Artifact, error)
 	ReadArtifactFn func(ctx context.Context, id, name string) (delegate.Artifact, []byte, error)
 	CallbackFn     func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error)
+	AuthenticateFn func(ctx context.Context, id, token string) error
 	WatchFn        func(ctx context.Context) <-chan string
 }
 
@@ -114,6 +115,13 @@ func (s *JobService) Callback(ctx context.Context, id, token string, r delegate.
 		unexpected("Callback")
 	}
 	return s.CallbackFn(ctx, id, token, r)
+}
+
+func (s *JobService) Authenticate(ctx context.Context, id, token string) error {
+	if s.AuthenticateFn == nil {
+		unexpected("Authenticate")
+	}
+	return s.AuthenticateFn(ctx, id, token)
 }
 
 func (s *JobService) Watch(ctx context.Context) <-chan string {
