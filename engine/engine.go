@@ -28,6 +28,9 @@ type Config struct {
 	// Defaults fill what a manifest leaves out; zero fields get
 	// delegate.ServerDefaults.
 	Defaults delegate.Defaults
+	// Maxima cap what a manifest may ask for (zero: no cap of the
+	// operator's).
+	Maxima Maxima
 	// MaxConcurrent jobs run at once; more wait as pending.
 	MaxConcurrent int
 	// OutputLimit bytes of a job's output are kept.
@@ -259,6 +262,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	m.ApplyDefaults(e.cfg.Defaults)
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
+	}
+	if err := e.cfg.Maxima.check(&m); err != nil {
+		return nil, err
 	}
 	if err := e.checkTemplate(ctx, m.VMTemplate, chosenTemplate); err != nil {
 		return nil, err

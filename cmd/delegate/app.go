@@ -62,6 +62,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	}
 	eng := engine.New(store, backend, engine.Config{
 		Defaults:        cfg.Defaults,
+		Maxima:          engine.Maxima{CPU: cfg.MaxCPU, MemoryBytes: cfg.MaxMemory, DiskBytes: cfg.MaxDisk, TimeoutSeconds: cfg.MaxTimeout},
 		MaxConcurrent:   cfg.MaxConcurrent,
 		OutputLimit:     cfg.OutputLimit,
 		CleanupInterval: cfg.CleanupInterval,
