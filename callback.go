@@ -11,6 +11,11 @@ type CallbackService interface {
 	// applies it (ErrUnauthenticated, ErrForbidden, ErrTerminal once the
 	// job has finished).
 	Callback(ctx context.Context, id, token string, r Report) (*Job, error)
+	// Authenticate checks a job's token as Callback does, without a
+	// report: an adapter calls it before it reads a report's body, so
+	// that a stranger gets ErrUnauthenticated (or ErrForbidden, another
+	// job's token) before sending anything more.
+	Authenticate(ctx context.Context, id, token string) error
 }
 
 // ReportKind is what a job says through a callback.

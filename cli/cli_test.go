@@ -496,7 +496,7 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 				Duration: time.Second, Error: "why"}, nil
 		}
 		r := h.run(t, "jobs", "result", "job-1")
-		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.HasPrefix(r.stderr, "err\njob-1 "+string(tc.status)+" in 1.0s") {
+		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.HasPrefix(r.stderr, "err\ndelegate: job-1 "+string(tc.status)+" in 1.0s") {
 			t.Errorf("%s: exit %d stdout %q stderr %q", tc.status, r.code, r.stdout, r.stderr)
 		}
 		if got.OutputTail < int(delegate.MaxOutputLimit) {

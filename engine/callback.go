@@ -168,13 +168,14 @@ func (c *callbacks) currentStatus(ctx context.Context, id string, ent *tokenEntr
 	return job.Status, nil
 }
 
-// Callback authenticates a report from a job and applies it. A status or a
-// heartbeat is coalesced in memory (see progressBuffer) and answered at
-// once: the job returned then carries its ID, Status, Progress and
-// LastHeartbeat only. A completion is stored before Callback returns, and
-// moves the job along the state machine only: it can never bring back a
-// job that was cancelled or timed out.
-func (c *callbacks) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+// Authenticate checks a job's token (delegate.CallbackService).
+func (c *callbacks) Authenticate(ctx context.Context, id, token string) error {
+	_, err := c.authenticate(ctx, id, token)
+	return err
+}
+
+// authenticate returns the job's token entry if token is its token.
+func (c *callbacks) authenticate(ctx context.Context, id, token string) (*tokenEntry, error) {
 	if token == "" {
 		return nil, delegate.ErrUnauthenticated
 	}
@@ -196,6 +197,20 @@ func (c *callbacks) Callback(ctx context.Context, id, token string, rep delegate
 			return nil, delegate.ErrForbidden
 		}
 		return nil, delegate.ErrUnauthenticated
+	}
+	return ent, nil
+}
+
+// Callback authenticates a report from a job and applies it. A status or a
+// heartbeat is coalesced in memory (see progressBuffer) and answered at
+// once: the job returned then carries its ID, Status, Progress and
+// LastHeartbeat only. A completion is stored before Callback returns, and
+// moves the job along the state machine only: it can never bring back a
+// job that was cancelled or timed out.
+func (c *callbacks) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+	ent, err := c.authenticate(ctx, id, token)
+	if err != nil {
+		return nil, err
 	}
 	status, err := c.currentStatus(ctx, id, ent)
 	if err != nil {

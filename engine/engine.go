@@ -44,6 +44,9 @@ type Config struct {
 	// Defaults fill what a manifest leaves out; zero fields get
 	// delegate.ServerDefaults.
 	Defaults delegate.Defaults
+	// Maxima cap what a manifest may ask for (zero: no cap of the
+	// operator's).
+	Maxima Maxima
 	// MaxConcurrent jobs run at once; more wait as pending.
 	MaxConcurrent int
 	// OutputLimit bytes of a job's output are kept.
@@ -221,6 +224,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
+	if err := e.cfg.Maxima.check(&m); err != nil {
+		return nil, err
+	}
 	if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
 		return nil, err
 	}
@@ -294,6 +300,12 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 // it (see callbacks.Callback).
 func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
 	return e.callbacks.Callback(ctx, id, token, rep)
+}
+
+// Authenticate checks a job's callback token without a report (see
+// callbacks.Authenticate).
+func (e *Engine) Authenticate(ctx context.Context, id, token string) error {
+	return e.callbacks.Authenticate(ctx, id, token)
 }
 
 // Watch delivers the id of every job this engine changes until ctx ends

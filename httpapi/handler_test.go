@@ -37,7 +37,7 @@ func TestCallbackToReport(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got delegate.Report
 			var gotID, gotToken string
-			svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+			svc := &mock.CallbackService{AuthenticateFn: authOK, CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 				got, gotID, gotToken = r, id, token
 				return &delegate.Job{ID: id, Status: delegate.StatusRunning}, nil
 			}}
@@ -68,7 +68,7 @@ func TestCallbackStatusFromService(t *testing.T) {
 		{fmt.Errorf("disk on fire"), 500},
 	}
 	for _, tc := range tests {
-		svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+		svc := &mock.CallbackService{AuthenticateFn: authOK, CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 			if tc.err != nil {
 				return nil, tc.err
 			}
@@ -84,10 +84,13 @@ func TestCallbackStatusFromService(t *testing.T) {
 	}
 }
 
+// authOK is an Authenticate that takes every token.
+func authOK(context.Context, string, string) error { return nil }
+
 // TestCallbackRefusedBeforeTheService: what the handler refuses itself
-// never reaches the service (the mock panics if called).
+// never reaches Callback (the mock panics if called).
 func TestCallbackRefusedBeforeTheService(t *testing.T) {
-	svc := &mock.CallbackService{}
+	svc := &mock.CallbackService{AuthenticateFn: authOK}
 	for _, tc := range []struct {
 		method, path, token, body string
 		want                      int

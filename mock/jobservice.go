@@ -34,7 +34,8 @@ func unexpected(method string) {
 // CallbackService is a delegate.CallbackService that calls CallbackFn (the
 // callback endpoints' test double).
 type CallbackService struct {
-	CallbackFn func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error)
+	CallbackFn     func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error)
+	AuthenticateFn func(ctx context.Context, id, token string) error
 }
 
 var _ delegate.CallbackService = (*CallbackService)(nil)
@@ -44,6 +45,13 @@ func (s *CallbackService) Callback(ctx context.Context, id, token string, r dele
 		panic("mock.CallbackService: unexpected call to Callback (set CallbackFn)")
 	}
 	return s.CallbackFn(ctx, id, token, r)
+}
+
+func (s *CallbackService) Authenticate(ctx context.Context, id, token string) error {
+	if s.AuthenticateFn == nil {
+		panic("mock.CallbackService: unexpected call to Authenticate (set AuthenticateFn)")
+	}
+	return s.AuthenticateFn(ctx, id, token)
 }
 
 func (s *JobService) Submit(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {

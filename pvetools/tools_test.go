@@ -53,6 +53,8 @@ type options struct {
 	// jobToken: the tools use the least-privilege token the README
 	// documents for jobs (pvesim.CreateJobToken), not an administrator's.
 	jobToken bool
+	// observe hears the client's requests, as the metrics do.
+	observe pve.Observer
 }
 
 func newHarness(t *testing.T, o options) *harness {
@@ -100,6 +102,9 @@ func newHarness(t *testing.T, o options) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
+	if o.observe != nil {
+		client.Observe(o.observe)
+	}
 	server := mcp.NewServer(&mcp.Implementation{Name: "delegate-test", Version: "1"}, nil)
 	if err := Register(server, Config{Client: client, AllowElevated: o.elevated, Jobs: o.jobs, Wait: o.wait,
 		PollInterval: 20 * time.Millisecond}); err != nil {
