@@ -66,7 +66,9 @@ func (b *Baseline) byPath() map[string]*FileState {
 // Mode is a permission mode, written as octal text ("0644") in JSON.
 type Mode fs.FileMode
 
-func (m Mode) MarshalText() ([]byte, error) { return []byte(fmt.Sprintf("%04o", uint32(m)&0o7777)), nil }
+func (m Mode) MarshalText() ([]byte, error) {
+	return []byte(fmt.Sprintf("%04o", uint32(m)&0o7777)), nil
+}
 
 func (m *Mode) UnmarshalText(b []byte) error {
 	v, err := strconv.ParseUint(string(b), 8, 32)

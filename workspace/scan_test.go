@@ -32,18 +32,18 @@ func TestScanGitTreeAsGitSeesIt(t *testing.T) {
 	// Tracked, then ignored: still taken (git tracks it).
 	writeFiles(t, repo, map[string]string{".git/info/exclude": "secret.env\ntracked-but-ignored/\n"})
 	writeFiles(t, repo, map[string]string{
-		"untracked.go":             "package main // new\n",
-		"debug.log":                "ignored\n",
-		"build/out.bin":            "ignored dir\n",
-		"sub/x.tmp":                "ignored by sub/.gitignore\n",
-		"x.tmp":                    "not ignored at the top\n",
-		"top-only.txt":             "ignored at the top only\n",
-		"sub/top-only.txt":         "not ignored here\n",
-		"node_modules/pkg/i.js":    "ignored\n",
-		"secret.env":               "ignored by info/exclude\n",
-		"tracked-but-ignored/new":  "untracked in an ignored dir\n",
-		"new/deep/dir/file.txt":    "untracked, deep\n",
-		"sub/node_modules/x/y.js":  "ignored\n",
+		"untracked.go":            "package main // new\n",
+		"debug.log":               "ignored\n",
+		"build/out.bin":           "ignored dir\n",
+		"sub/x.tmp":               "ignored by sub/.gitignore\n",
+		"x.tmp":                   "not ignored at the top\n",
+		"top-only.txt":            "ignored at the top only\n",
+		"sub/top-only.txt":        "not ignored here\n",
+		"node_modules/pkg/i.js":   "ignored\n",
+		"secret.env":              "ignored by info/exclude\n",
+		"tracked-but-ignored/new": "untracked in an ignored dir\n",
+		"new/deep/dir/file.txt":   "untracked, deep\n",
+		"sub/node_modules/x/y.js": "ignored\n",
 	})
 	os.Remove(filepath.Join(repo, "deleted.txt"))
 
@@ -88,12 +88,12 @@ func TestScanGitTreeAsGitSeesIt(t *testing.T) {
 func TestScanPlainDirectory(t *testing.T) {
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
-		".gitignore":   "*.log\n", // not a git tree: no rules apply
-		"a.log":        "taken\n",
-		"sub/b.txt":    "b\n",
-		"out":          "->/etc",
-		"sub/loop":     "->loop",
-		"empty/.keep":  "",
+		".gitignore":  "*.log\n", // not a git tree: no rules apply
+		"a.log":       "taken\n",
+		"sub/b.txt":   "b\n",
+		"out":         "->/etc",
+		"sub/loop":    "->loop",
+		"empty/.keep": "",
 	})
 	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
 		t.Fatal(err)
