@@ -159,7 +159,10 @@ func readlinkAt(dirfd int, name, rel string) (string, error) {
 	}
 }
 
-var errNotRegular = errors.New("not a regular file")
+var (
+	errNotRegular = errors.New("not a regular file")
+	errTooBig     = errors.New("too big")
+)
 
 // readFile reads a small file beneath the root (an index, an ignore
 // file), at most max bytes; fs.ErrNotExist when it is absent.
@@ -174,7 +177,7 @@ func (b *beneath) readFile(rel string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w", rel, errNotRegular)
 	}
 	if st.Size > max {
-		return nil, fmt.Errorf("%s: %d bytes, more than the %d this reads", rel, st.Size, max)
+		return nil, fmt.Errorf("%s: %d bytes, more than the %d this reads: %w", rel, st.Size, max, errTooBig)
 	}
 	buf := make([]byte, st.Size)
 	if _, err := readFull(f, buf); err != nil {

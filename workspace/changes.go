@@ -1,0 +1,378 @@
+//go:build unix
+
+package workspace
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"golang.org/x/sys/unix"
+)
+
+// ChangeKind says what happened to a path.
+type ChangeKind string
+
+const (
+	Added    ChangeKind = "added"
+	Modified ChangeKind = "modified"
+	Deleted  ChangeKind = "deleted"
+)
+
+// State is a file or link on one side of a change.
+type State struct {
+	Type   Type   `json:"type"`
+	Mode   Mode   `json:"mode"`
+	Size   int64  `json:"size"`
+	Target string `json:"target,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Data is a file's content: always on the new side; on the old side
+	// once ReadOld has found it unchanged in the source.
+	Data []byte `json:"data,omitempty"`
+}
+
+// Change is one path added, modified or deleted since the import.
+type Change struct {
+	Path string     `json:"path"`
+	Kind ChangeKind `json:"kind"`
+	Old  *State     `json:"old,omitempty"` // nil when added
+	New  *State     `json:"new,omitempty"` // nil when deleted
+	// Binary: either side holds a NUL byte in its first 8000 bytes
+	// (git's test); it is named in a diff, not shown.
+	Binary bool `json:"binary,omitempty"`
+	// OldMissing says why ReadOld could not find the old content (the
+	// source changed since the import); "" when found or not needed.
+	OldMissing string `json:"oldMissing,omitempty"`
+}
+
+// Changes are what a job changed in its workspace, path by path, sorted
+// by path. It is plain JSON (contents in base64) for the engine to keep.
+type Changes struct {
+	Changes                  []Change  `json:"changes"`
+	Added, Modified, Deleted int       `json:"-"`
+	Bytes                    int64     `json:"bytes"` // new content held
+	Skipped                  []Skipped `json:"skipped,omitempty"`
+	// IgnoredAdded counts new files left out because git ignores them
+	// (build outputs, node_modules): a git source without ignored files.
+	IgnoredAdded int `json:"ignoredAdded,omitempty"`
+}
+
+// ChangesOptions are ReadChanges' options; the zero value takes the
+// defaults.
+type ChangesOptions struct {
+	// Verify reads and hashes every file. Without it, a file whose size,
+	// modification time and mode are those of its baseline is taken as
+	// unchanged, as git takes its index's (the stream must then keep
+	// modification times, as Archive and Extract do).
+	Verify bool
+	// MaxBytes caps the new content held (DefaultMaxBytes when 0);
+	// MaxEntries caps the entries read (4 × DefaultMaxFiles when 0).
+	MaxBytes   int64
+	MaxEntries int
+}
+
+// ReadChanges compares the tree in a tar stream (gzip or not: the first
+// bytes tell), the workspace read back from the sandbox after the job,
+// with the baseline of its import. Nothing under a .git directory is ever
+// a change. For a git source imported without ignored files, new files
+// that git would ignore (by the .gitignore files of the tree after the
+// job and .git/info/exclude) are left out and counted. Special files
+// are skipped and listed; a hard link is read as the file it links to.
+func ReadChanges(ctx context.Context, base *Baseline, r io.Reader, opts ChangesOptions) (*Changes, error) {
+	if err := base.Check(); err != nil {
+		return nil, err
+	}
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxEntries == 0 {
+		opts.MaxEntries = 4 * DefaultMaxFiles
+	}
+	tr, err := tarReader(r)
+	if err != nil {
+		return nil, err
+	}
+	old := base.byPath()
+	type seenFile struct {
+		st        *State
+		unchanged bool
+	}
+	seen := map[string]*seenFile{}
+	ignoreFiles := map[string][]byte{} // dir -> .gitignore; "\x00" for info/exclude
+	useIgnore := base.Kind == KindGit && !base.IncludeIgnored
+	cs := &Changes{}
+	h := sha256.New()
+	n := 0
+	for {
+		if n&255 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
+		}
+		name, err := archiveName(hdr)
+		if err != nil {
+			return nil, err
+		}
+		if name == "" {
+			continue
+		}
+		if n++; n > opts.MaxEntries {
+			return nil, &CapError{What: "entries in the workspace", Found: int64(n), Cap: int64(opts.MaxEntries), More: true}
+		}
+		if inGit(name) {
+			if useIgnore && name == ".git/info/exclude" && hdr.Typeflag == tar.TypeReg && hdr.Size < 1<<20 {
+				data, err := io.ReadAll(tr)
+				if err != nil {
+					return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
+				}
+				ignoreFiles["\x00"] = data
+			}
+			continue
+		}
+		if _, dup := seen[name]; dup {
+			return nil, fmt.Errorf("%w: %s appears twice", ErrBadArchive, name)
+		}
+		o := old[name]
+		mode := Mode(hdr.Mode & 0o7777)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			continue
+		case tar.TypeSymlink:
+			st := &State{Type: TypeSymlink, Mode: 0o777, Target: hdr.Linkname, Size: int64(len(hdr.Linkname))}
+			seen[name] = &seenFile{st: st, unchanged: o != nil && o.Type == TypeSymlink && o.Target == hdr.Linkname}
+		case tar.TypeReg, tar.TypeRegA:
+			if o != nil && o.Type == TypeFile && !opts.Verify && hdr.Size == o.Size &&
+				hdr.ModTime.UnixNano() == o.MTime && mode.Exec() == o.Mode.Exec() {
+				seen[name] = &seenFile{st: &State{Type: TypeFile, Mode: mode, Size: o.Size, SHA256: o.SHA256}, unchanged: true}
+				if useIgnore && path.Base(name) == ".gitignore" {
+					// Its content is needed, but not hashed.
+					data, err := io.ReadAll(io.LimitReader(tr, 1<<20))
+					if err != nil {
+						return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
+					}
+					ignoreFiles[path.Dir(name)] = data
+				}
+				continue
+			}
+			if cs.Bytes+hdr.Size > opts.MaxBytes {
+				return nil, &CapError{What: "bytes", Found: cs.Bytes + hdr.Size, Cap: opts.MaxBytes, More: true}
+			}
+			data := make([]byte, hdr.Size)
+			if _, err := io.ReadFull(tr, data); err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
+			}
+			h.Reset()
+			h.Write(data)
+			sum := hex.EncodeToString(h.Sum(nil))
+			st := &State{Type: TypeFile, Mode: mode, Size: hdr.Size, SHA256: sum}
+			same := o != nil && o.Type == TypeFile && o.SHA256 == sum && o.Mode.Exec() == mode.Exec()
+			if !same {
+				st.Data = data
+				cs.Bytes += hdr.Size
+			}
+			if useIgnore && path.Base(name) == ".gitignore" {
+				ignoreFiles[path.Dir(name)] = data
+			}
+			seen[name] = &seenFile{st: st, unchanged: same}
+		case tar.TypeLink:
+			target, err := archiveName(&tar.Header{Name: hdr.Linkname})
+			if err != nil {
+				return nil, err
+			}
+			t := seen[target]
+			if t == nil || t.st.Type != TypeFile {
+				return nil, fmt.Errorf("%w: hard link %s to %s, not a file before it", ErrBadArchive, name, hdr.Linkname)
+			}
+			st := *t.st
+			same := o != nil && o.Type == TypeFile && o.SHA256 == st.SHA256 && o.Mode.Exec() == st.Mode.Exec()
+			if !same && st.Data == nil {
+				return nil, fmt.Errorf("%w: hard link %s to the unchanged %s: its content is not in the stream (write it with tar --hard-dereference)", ErrBadArchive, name, target)
+			}
+			if same {
+				st.Data = nil
+			}
+			seen[name] = &seenFile{st: &st, unchanged: same}
+		default:
+			cs.Skipped = append(cs.Skipped, Skipped{Path: name, Reason: fmt.Sprintf("a special file (tar type %q)", hdr.Typeflag)})
+		}
+	}
+
+	var ignore func(p string) bool
+	if useIgnore {
+		ignore = ignoreMatcher(ignoreFiles)
+	}
+	for p, s := range seen {
+		o := old[p]
+		switch {
+		case o == nil:
+			if ignore != nil && ignore(p) {
+				cs.IgnoredAdded++
+				if s.st.Data != nil {
+					cs.Bytes -= s.st.Size
+				}
+				continue
+			}
+			cs.Changes = append(cs.Changes, Change{Path: p, Kind: Added, New: s.st})
+		case !s.unchanged:
+			c := Change{Path: p, Kind: Modified, Old: stateOf(o), New: s.st}
+			if s.st.Type == TypeFile && s.st.Data == nil {
+				// A mode change only: the content is the old one.
+				return nil, fmt.Errorf("internal: %s changed without its content", p)
+			}
+			cs.Changes = append(cs.Changes, c)
+		}
+	}
+	for p, o := range old {
+		if seen[p] == nil {
+			cs.Changes = append(cs.Changes, Change{Path: p, Kind: Deleted, Old: stateOf(o)})
+		}
+	}
+	sort.Slice(cs.Changes, func(i, j int) bool { return cs.Changes[i].Path < cs.Changes[j].Path })
+	for i := range cs.Changes {
+		c := &cs.Changes[i]
+		switch c.Kind {
+		case Added:
+			cs.Added++
+		case Modified:
+			cs.Modified++
+		case Deleted:
+			cs.Deleted++
+		}
+		if c.New != nil && c.New.Type == TypeFile && isBinary(c.New.Data) {
+			c.Binary = true
+		}
+	}
+	return cs, nil
+}
+
+func stateOf(f *FileState) *State {
+	return &State{Type: f.Type, Mode: f.Mode, Size: f.Size, Target: f.Target, SHA256: f.SHA256}
+}
+
+// isBinary is git's test: a NUL byte in the first 8000 bytes.
+func isBinary(data []byte) bool {
+	if len(data) > 8000 {
+		data = data[:8000]
+	}
+	return bytes.IndexByte(data, 0) >= 0
+}
+
+// ignoreMatcher builds git's ignore test from the tree's .gitignore files
+// (by directory; "\x00" holds .git/info/exclude): a path is ignored when
+// it or any of its parent directories is.
+func ignoreMatcher(files map[string][]byte) func(string) bool {
+	dirs := make([]string, 0, len(files))
+	for d := range files {
+		if d != "\x00" {
+			dirs = append(dirs, d)
+		}
+	}
+	// Lower priority first: the exclude file, then the top, then deeper.
+	depth := func(d string) int {
+		if d == "." {
+			return -1
+		}
+		return strings.Count(d, "/")
+	}
+	sort.Slice(dirs, func(i, j int) bool {
+		if di, dj := depth(dirs[i]), depth(dirs[j]); di != dj {
+			return di < dj
+		}
+		return dirs[i] < dirs[j]
+	})
+	pats := parseIgnore(files["\x00"], nil)
+	for _, d := range dirs {
+		var domain []string
+		if d != "." {
+			domain = splitPath(d)
+		}
+		pats = append(pats, parseIgnore(files[d], domain)...)
+	}
+	if len(pats) == 0 {
+		return func(string) bool { return false }
+	}
+	m := gitignore.NewMatcher(pats)
+	return func(p string) bool {
+		parts := splitPath(p)
+		for i := 1; i <= len(parts); i++ {
+			if m.Match(parts[:i], i < len(parts)) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// ReadOld fills in the old content of the modified and deleted files
+// from the source directory they were imported from, read as its owner
+// beneath it like Archive's reads. A file whose content there is no longer
+// the baseline's gets OldMissing instead: its diff cannot be shown and
+// Patch refuses it. dir is the source's directory (and within its allowed
+// root, as for Scan).
+func (cs *Changes) ReadOld(ctx context.Context, dir, within string) error {
+	rootfd, st, err := openRoot(dir, within)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rootfd)
+	id, err := identityFor(st.Uid, st.Gid)
+	if err != nil {
+		return err
+	}
+	return runAs(id, func() error {
+		fd, err := reopenAs(rootfd, dir)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		b := newBeneath(fd)
+		defer b.close()
+		for i := range cs.Changes {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			c := &cs.Changes[i]
+			if c.Old == nil || c.Old.Type != TypeFile || c.Old.Data != nil {
+				continue
+			}
+			data, err := b.readFile(c.Path, c.Old.Size)
+			switch {
+			case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, errNotRegular):
+				c.OldMissing = "the source no longer has it as imported"
+				continue
+			case errors.Is(err, errTooBig):
+				c.OldMissing = "the source's copy changed since the import"
+				continue
+			case err != nil:
+				return err
+			}
+			sum := sha256.Sum256(data)
+			if hex.EncodeToString(sum[:]) != c.Old.SHA256 {
+				c.OldMissing = "the source's copy changed since the import"
+				continue
+			}
+			c.Old.Data = data
+			c.OldMissing = ""
+			if isBinary(data) {
+				c.Binary = true
+			}
+		}
+		return nil
+	})
+}
