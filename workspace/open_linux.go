@@ -28,7 +28,9 @@ func openAcross(dirfd int, rel string, flags int, mode uint32) (int, error) {
 }
 
 func openat2(dirfd int, rel string, flags int, mode uint32, resolve uint64) (int, error) {
-	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW), Mode: uint64(mode), Resolve: resolve}
+	// No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link as the last
+	// component too, with ELOOP (O_NOFOLLOW|O_DIRECTORY would say ENOTDIR).
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: resolve}
 	for try := 0; ; try++ {
 		fd, err := unix.Openat2(dirfd, rel, &how)
 		switch {

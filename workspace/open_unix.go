@@ -41,7 +41,7 @@ func openWalk(dirfd int, rel string, flags int, mode uint32, crossMounts bool) (
 		}
 		fd, err := unix.Openat(cur, p, fl|unix.O_NOFOLLOW|unix.O_CLOEXEC, m)
 		if err != nil {
-			if errors.Is(err, unix.ENOTDIR) && i < len(parts)-1 {
+			if errors.Is(err, unix.ENOTDIR) && (i < len(parts)-1 || flags&unix.O_DIRECTORY != 0) {
 				// A link where a directory was: what openat2 calls ELOOP.
 				if e := unix.Fstatat(cur, p, &st, unix.AT_SYMLINK_NOFOLLOW); e == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
 					err = unix.ELOOP
