@@ -6,12 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/go-git/go-billy/v5/osfs"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
 	"github.com/go-git/go-git/v5/plumbing/filemode"
@@ -82,15 +80,18 @@ func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, 
 		if err != nil {
 			return err
 		}
+		defer unix.Close(fd)
 		b := newBeneath(fd)
-		gst, err := b.lstat(".git")
-		b.close()
-		unix.Close(fd)
-		if err != nil || gst.Mode&unix.S_IFMT != unix.S_IFDIR {
+		defer b.close()
+		if gst, err := b.lstat(".git"); err != nil || gst.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return fmt.Errorf("%s: %w: no .git directory (a linked work tree's repository lies elsewhere)", dir, ErrNoBaseCommit)
 		}
-		// BoundOS: a link inside .git may not lead out of it.
-		s := filesystem.NewStorage(osfs.New(filepath.Join(dir, ".git"), osfs.WithBoundOS()), cache.NewObjectLRUDefault())
+		gfs, done, err := gitDirFS(b, dir)
+		if err != nil {
+			return err
+		}
+		defer done()
+		s := filesystem.NewStorage(gfs, cache.NewObjectLRUDefault())
 		defer s.Close()
 		name := plumbing.ReferenceName(ref)
 		if _, err := s.Reference(name); err == nil {
