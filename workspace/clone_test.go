@@ -116,10 +116,10 @@ func TestCloneRefs(t *testing.T) {
 	os.WriteFile(filepath.Join(home, ".gitconfig"), []byte("[credential]\n\thelper = store\n"), 0o600)
 
 	for _, tc := range []struct {
-		name, ref           string
+		name, ref            string
 		commit, ref2, branch string
-		shallow             bool
-		files               []string
+		shallow              bool
+		files                []string
 	}{
 		{"the default branch", "", commits["main"], "refs/heads/main", "main", true, []string{"README", "link", "src/main.go", "tool.sh"}},
 		{"a branch", "dev", commits["dev"], "refs/heads/dev", "dev", true, []string{"README", "dev.txt", "link", "src/main.go", "tool.sh"}},
