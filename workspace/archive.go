@@ -3,7 +3,6 @@
 package workspace
 
 import (
-	"archive/tar"
 	"bufio"
 	"compress/gzip"
 	"context"
@@ -12,7 +11,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -72,7 +70,7 @@ func (t *Tree) Archive(ctx context.Context, w io.Writer, opts ArchiveOptions) (*
 			gz, _ = gzip.NewWriterLevel(bw, gzip.BestSpeed)
 			out = gz
 		}
-		a.tw = tar.NewWriter(out)
+		a.tw = newTarWriter(out)
 		for i := range t.Entries {
 			if i&255 == 0 {
 				if err := ctx.Err(); err != nil {
@@ -102,7 +100,7 @@ func (t *Tree) Archive(ctx context.Context, w io.Writer, opts ArchiveOptions) (*
 type archiver struct {
 	t    *Tree
 	b    *beneath
-	tw   *tar.Writer
+	tw   *tarWriter
 	opts ArchiveOptions
 	buf  []byte
 	h    hash.Hash
@@ -110,12 +108,10 @@ type archiver struct {
 }
 
 func (a *archiver) entry(e *Entry) error {
-	hdr := &tar.Header{Name: e.Path, Mode: int64(e.Perm), ModTime: time.Unix(0, e.MTime), Format: tar.FormatPAX}
 	keep := !inGit(e.Path) && !a.opts.NoBaseline
 	switch e.Type {
 	case TypeDir:
-		hdr.Typeflag, hdr.Name = tar.TypeDir, e.Path+"/"
-		return a.tw.WriteHeader(hdr)
+		return a.tw.header(e.Path+"/", tarDir, int64(e.Perm), 0, e.MTime, "")
 	case TypeSymlink:
 		target, err := a.b.readlink(e.Path)
 		if err != nil {
@@ -124,11 +120,10 @@ func (a *archiver) entry(e *Entry) error {
 		if target != e.Target {
 			return &ChangedError{Path: e.Path, What: "the link was changed"}
 		}
-		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		if keep {
 			a.base.Files = append(a.base.Files, FileState{Path: e.Path, Type: TypeSymlink, Mode: Mode(e.Perm), MTime: e.MTime, Target: target})
 		}
-		return a.tw.WriteHeader(hdr)
+		return a.tw.header(e.Path, tarSymlink, int64(e.Perm), 0, e.MTime, target)
 	}
 	fd, st, err := a.b.open(e.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
@@ -138,8 +133,7 @@ func (a *archiver) entry(e *Entry) error {
 	if what := differs(e, st); what != "" {
 		return &ChangedError{Path: e.Path, What: what}
 	}
-	hdr.Typeflag, hdr.Size = tar.TypeReg, e.Size
-	if err := a.tw.WriteHeader(hdr); err != nil {
+	if err := a.tw.header(e.Path, tarReg, int64(e.Perm), e.Size, e.MTime, ""); err != nil {
 		return err
 	}
 	a.h.Reset()

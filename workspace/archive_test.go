@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -400,5 +401,68 @@ func TestExtractWritesAsOwner(t *testing.T) {
 	tw.Close()
 	if _, err := Extract(context.Background(), &buf, dst, ExtractOptions{}); !errors.Is(err, fs.ErrPermission) {
 		t.Fatalf("err %v, want permission denied", err)
+	}
+}
+
+// The stream is standard pax: GNU tar extracts it as archive/tar reads
+// it, long names, long link targets, names that are not ASCII and
+// nanosecond times included.
+func TestArchiveReadByGNUTar(t *testing.T) {
+	tarBin, err := exec.LookPath("tar")
+	if err != nil {
+		t.Skip("tar is not installed")
+	}
+	src := t.TempDir()
+	long := strings.Repeat("long-directory-name/", 8) + strings.Repeat("n", 90) + ".txt"
+	writeFiles(t, src, map[string]string{
+		long:          "deep\n",
+		"ünï/cødé.txt": "unicode\n",
+		"short":        "s",
+		"biglink":      "->" + strings.Repeat("t", 150),
+		"empty":        "",
+	})
+	mt := time.Date(2025, 5, 6, 7, 8, 9, 123456789, time.UTC)
+	os.Chtimes(filepath.Join(src, "short"), mt, mt)
+	tr, err := Scan(context.Background(), src, ScanOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := tr.Archive(context.Background(), &buf, ArchiveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// archive/tar reads every entry with its full name and time.
+	r := tar.NewReader(bytes.NewReader(buf.Bytes()))
+	names := map[string]*tar.Header{}
+	for {
+		h, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names[h.Name] = h
+	}
+	if h := names["short"]; h == nil || !h.ModTime.Equal(mt) || h.Size != 1 || h.Format != tar.FormatPAX {
+		t.Errorf("short: %+v", h)
+	}
+	if h := names[long]; h == nil || h.Size != 5 {
+		t.Errorf("the long name: %+v", h)
+	}
+	if h := names["biglink"]; h == nil || h.Linkname != strings.Repeat("t", 150) {
+		t.Errorf("the long link: %+v", h)
+	}
+	// GNU tar too.
+	dst := t.TempDir()
+	cmd := exec.Command(tarBin, "-xf", "-", "-C", dst)
+	cmd.Stdin = bytes.NewReader(buf.Bytes())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("tar -x: %v\n%s", err, out)
+	}
+	compareTrees(t, src, dst)
+	fi, err := os.Stat(filepath.Join(dst, "short"))
+	if err != nil || !fi.ModTime().Equal(mt) {
+		t.Errorf("short's time from GNU tar: %v %v", fi.ModTime(), err)
 	}
 }

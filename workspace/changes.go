@@ -10,7 +10,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"math"
 	"path"
 	"sort"
 	"strings"
@@ -88,35 +90,17 @@ type ChangesOptions struct {
 // job and .git/info/exclude) are left out and counted. Special files
 // are skipped and listed; a hard link is read as the file it links to.
 func ReadChanges(ctx context.Context, base *Baseline, r io.Reader, opts ChangesOptions) (*Changes, error) {
-	if err := base.Check(); err != nil {
+	c, err := newCollector(base, opts)
+	if err != nil {
 		return nil, err
-	}
-	if opts.MaxBytes == 0 {
-		opts.MaxBytes = DefaultMaxBytes
-	}
-	if opts.MaxEntries == 0 {
-		opts.MaxEntries = 4 * DefaultMaxFiles
 	}
 	tr, err := tarReader(r)
 	if err != nil {
 		return nil, err
 	}
-	old := base.byPath()
-	type seenFile struct {
-		st        *State
-		unchanged bool
-	}
-	seen := map[string]*seenFile{}
-	ignoreFiles := map[string][]byte{} // dir -> .gitignore; "\x00" for info/exclude
-	useIgnore := base.Kind == KindGit && !base.IncludeIgnored
-	cs := &Changes{}
-	h := sha256.New()
-	n := 0
 	for {
-		if n&255 == 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
+		if err := c.tick(ctx); err != nil {
+			return nil, err
 		}
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -132,92 +116,280 @@ func ReadChanges(ctx context.Context, base *Baseline, r io.Reader, opts ChangesO
 		if name == "" {
 			continue
 		}
-		if n++; n > opts.MaxEntries {
-			return nil, &CapError{What: "entries in the workspace", Found: int64(n), Cap: int64(opts.MaxEntries), More: true}
-		}
-		if inGit(name) {
-			if useIgnore && name == ".git/info/exclude" && hdr.Typeflag == tar.TypeReg && hdr.Size < 1<<20 {
-				data, err := io.ReadAll(tr)
-				if err != nil {
-					return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
-				}
-				ignoreFiles["\x00"] = data
-			}
-			continue
-		}
-		if _, dup := seen[name]; dup {
-			return nil, fmt.Errorf("%w: %s appears twice", ErrBadArchive, name)
-		}
-		o := old[name]
 		mode := Mode(hdr.Mode & 0o7777)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			continue
+			err = c.entry(name, TypeDir, mode, 0, 0, "", nil)
 		case tar.TypeSymlink:
-			st := &State{Type: TypeSymlink, Mode: 0o777, Target: hdr.Linkname, Size: int64(len(hdr.Linkname))}
-			seen[name] = &seenFile{st: st, unchanged: o != nil && o.Type == TypeSymlink && o.Target == hdr.Linkname}
+			err = c.entry(name, TypeSymlink, mode, 0, 0, hdr.Linkname, nil)
 		case tar.TypeReg, tar.TypeRegA:
-			if o != nil && o.Type == TypeFile && !opts.Verify && hdr.Size == o.Size &&
-				hdr.ModTime.UnixNano() == o.MTime && mode.Exec() == o.Mode.Exec() {
-				seen[name] = &seenFile{st: &State{Type: TypeFile, Mode: mode, Size: o.Size, SHA256: o.SHA256}, unchanged: true}
-				if useIgnore && path.Base(name) == ".gitignore" {
-					// Its content is needed, but not hashed.
-					data, err := io.ReadAll(io.LimitReader(tr, 1<<20))
-					if err != nil {
-						return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
-					}
-					ignoreFiles[path.Dir(name)] = data
-				}
-				continue
-			}
-			if cs.Bytes+hdr.Size > opts.MaxBytes {
-				return nil, &CapError{What: "bytes", Found: cs.Bytes + hdr.Size, Cap: opts.MaxBytes, More: true}
-			}
-			data := make([]byte, hdr.Size)
-			if _, err := io.ReadFull(tr, data); err != nil {
-				return nil, fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
-			}
-			h.Reset()
-			h.Write(data)
-			sum := hex.EncodeToString(h.Sum(nil))
-			st := &State{Type: TypeFile, Mode: mode, Size: hdr.Size, SHA256: sum}
-			same := o != nil && o.Type == TypeFile && o.SHA256 == sum && o.Mode.Exec() == mode.Exec()
-			if !same {
-				st.Data = data
-				cs.Bytes += hdr.Size
-			}
-			if useIgnore && path.Base(name) == ".gitignore" {
-				ignoreFiles[path.Dir(name)] = data
-			}
-			seen[name] = &seenFile{st: st, unchanged: same}
+			err = c.entry(name, TypeFile, mode, hdr.Size, hdr.ModTime.UnixNano(), "", func() (io.Reader, error) { return tr, nil })
 		case tar.TypeLink:
-			target, err := archiveName(&tar.Header{Name: hdr.Linkname})
-			if err != nil {
-				return nil, err
-			}
-			t := seen[target]
-			if t == nil || t.st.Type != TypeFile {
-				return nil, fmt.Errorf("%w: hard link %s to %s, not a file before it", ErrBadArchive, name, hdr.Linkname)
-			}
-			st := *t.st
-			same := o != nil && o.Type == TypeFile && o.SHA256 == st.SHA256 && o.Mode.Exec() == st.Mode.Exec()
-			if !same && st.Data == nil {
-				return nil, fmt.Errorf("%w: hard link %s to the unchanged %s: its content is not in the stream (write it with tar --hard-dereference)", ErrBadArchive, name, target)
-			}
-			if same {
-				st.Data = nil
-			}
-			seen[name] = &seenFile{st: &st, unchanged: same}
+			err = c.hardLink(name, hdr.Linkname)
 		default:
-			cs.Skipped = append(cs.Skipped, Skipped{Path: name, Reason: fmt.Sprintf("a special file (tar type %q)", hdr.Typeflag)})
+			c.skip(name, fmt.Sprintf("a special file (tar type %q)", hdr.Typeflag))
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
+	return c.finish()
+}
 
-	var ignore func(p string) bool
-	if useIgnore {
-		ignore = ignoreMatcher(ignoreFiles)
+// DirChanges is ReadChanges on a directory rather than a stream: for a
+// backend that reaches the sandbox's workspace from the host. It reads it
+// as its owner, beneath it, without following links, and reads only the
+// files whose status differs from the baseline (all of them with Verify).
+func DirChanges(ctx context.Context, base *Baseline, dir string, opts ChangesOptions) (*Changes, error) {
+	c, err := newCollector(base, opts)
+	if err != nil {
+		return nil, err
 	}
-	for p, s := range seen {
+	rootfd, st, err := openRoot(dir, "")
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(rootfd)
+	id, err := identityFor(st.Uid, st.Gid)
+	if err != nil {
+		return nil, err
+	}
+	var cs *Changes
+	err = runAs(id, func() error {
+		fd, err := reopenAs(rootfd, dir)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		t := &Tree{Root: dir, IncludeIgnored: true, dev: int64(st.Dev)}
+		s := &scanner{ctx: ctx, t: t, b: newBeneath(fd), skipGit: true,
+			opts: ScanOptions{IncludeIgnored: true, MaxFiles: c.opts.MaxEntries, MaxBytes: math.MaxInt64}}
+		defer s.b.close()
+		if err := s.scan(fd); err != nil {
+			return err
+		}
+		if c.useIgnore {
+			if data, err := s.b.readFile(".git/info/exclude", 1<<20); err == nil {
+				c.ignoreFiles["\x00"] = data
+			}
+		}
+		for _, sk := range t.Skipped {
+			c.skip(sk.Path, sk.Reason)
+		}
+		for i := range t.Entries {
+			if err := c.tick(ctx); err != nil {
+				return err
+			}
+			e := &t.Entries[i]
+			ffd := -1
+			open := func() (io.Reader, error) {
+				f, st, err := s.b.open(e.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+				if err != nil {
+					return nil, changedOr(e.Path, err)
+				}
+				ffd = f
+				if what := differs(e, st); what != "" {
+					return nil, &ChangedError{Path: e.Path, What: what}
+				}
+				return &fdReader{fd: f}, nil
+			}
+			err := c.entry(e.Path, e.Type, Mode(e.Perm), e.Size, e.MTime, e.Target, open)
+			if ffd >= 0 {
+				unix.Close(ffd)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		cs, err = c.finish()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cs, nil
+}
+
+type fdReader struct{ fd int }
+
+func (r *fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 && len(p) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+// collector compares a tree's entries, as they come, with the baseline.
+type collector struct {
+	opts        ChangesOptions
+	old         map[string]*FileState
+	seen        map[string]*seenFile
+	ignoreFiles map[string][]byte // dir -> .gitignore; "\x00" for info/exclude
+	useIgnore   bool
+	cs          *Changes
+	h           hash.Hash
+	n           int
+}
+
+type seenFile struct {
+	st        *State
+	unchanged bool
+}
+
+func newCollector(base *Baseline, opts ChangesOptions) (*collector, error) {
+	if err := base.Check(); err != nil {
+		return nil, err
+	}
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxEntries == 0 {
+		opts.MaxEntries = 4 * DefaultMaxFiles
+	}
+	return &collector{opts: opts, old: base.byPath(), seen: map[string]*seenFile{}, ignoreFiles: map[string][]byte{},
+		useIgnore: base.Kind == KindGit && !base.IncludeIgnored, cs: &Changes{}, h: sha256.New()}, nil
+}
+
+func (c *collector) tick(ctx context.Context) error {
+	if c.n&255 == 0 {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// entry takes one entry; content gives a regular file's data (size
+// bytes), asked for only when the file must be read.
+func (c *collector) entry(name string, typ Type, mode Mode, size, mtime int64, target string, content func() (io.Reader, error)) error {
+	if c.n++; c.n > c.opts.MaxEntries {
+		return &CapError{What: "entries in the workspace", Found: int64(c.n), Cap: int64(c.opts.MaxEntries), More: true}
+	}
+	if inGit(name) {
+		if c.useIgnore && name == ".git/info/exclude" && typ == TypeFile && size < 1<<20 {
+			r, err := content()
+			if err != nil {
+				return err
+			}
+			data, err := io.ReadAll(io.LimitReader(r, size))
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrBadArchive, err)
+			}
+			c.ignoreFiles["\x00"] = data
+		}
+		return nil
+	}
+	if typ == TypeDir {
+		return nil
+	}
+	if _, dup := c.seen[name]; dup {
+		return fmt.Errorf("%w: %s appears twice", ErrBadArchive, name)
+	}
+	o := c.old[name]
+	if typ == TypeSymlink {
+		st := &State{Type: TypeSymlink, Mode: 0o777, Target: target, Size: int64(len(target))}
+		c.seen[name] = &seenFile{st: st, unchanged: o != nil && o.Type == TypeSymlink && o.Target == target}
+		return nil
+	}
+	isIgnoreFile := c.useIgnore && path.Base(name) == ".gitignore"
+	if o != nil && o.Type == TypeFile && !c.opts.Verify && size == o.Size && mtime == o.MTime && mode.Exec() == o.Mode.Exec() {
+		c.seen[name] = &seenFile{st: &State{Type: TypeFile, Mode: mode, Size: o.Size, SHA256: o.SHA256}, unchanged: true}
+		if isIgnoreFile && size < 1<<20 {
+			// Its content is needed, but not hashed.
+			r, err := content()
+			if err != nil {
+				return err
+			}
+			data, err := io.ReadAll(io.LimitReader(r, size))
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrBadArchive, err)
+			}
+			c.ignoreFiles[path.Dir(name)] = data
+		}
+		return nil
+	}
+	if c.cs.Bytes+size > c.opts.MaxBytes {
+		return &CapError{What: "bytes", Found: c.cs.Bytes + size, Cap: c.opts.MaxBytes, More: true}
+	}
+	r, err := content()
+	if err != nil {
+		return err
+	}
+	data := make([]byte, size)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrBadArchive, name, err)
+	}
+	c.h.Reset()
+	c.h.Write(data)
+	sum := hex.EncodeToString(c.h.Sum(nil))
+	st := &State{Type: TypeFile, Mode: mode, Size: size, SHA256: sum}
+	same := o != nil && o.Type == TypeFile && o.SHA256 == sum && o.Mode.Exec() == mode.Exec()
+	if !same {
+		st.Data = data
+		c.cs.Bytes += size
+	}
+	if isIgnoreFile {
+		c.ignoreFiles[path.Dir(name)] = data
+	}
+	c.seen[name] = &seenFile{st: st, unchanged: same}
+	return nil
+}
+
+// hardLink takes a hard link as the file it links to, which must have
+// come before it.
+func (c *collector) hardLink(name, linkname string) error {
+	target, err := archiveName(&tar.Header{Name: linkname})
+	if err != nil {
+		return err
+	}
+	if c.n++; c.n > c.opts.MaxEntries {
+		return &CapError{What: "entries in the workspace", Found: int64(c.n), Cap: int64(c.opts.MaxEntries), More: true}
+	}
+	if inGit(name) {
+		return nil
+	}
+	if _, dup := c.seen[name]; dup {
+		return fmt.Errorf("%w: %s appears twice", ErrBadArchive, name)
+	}
+	t := c.seen[target]
+	if t == nil || t.st.Type != TypeFile {
+		return fmt.Errorf("%w: hard link %s to %s, not a file before it", ErrBadArchive, name, linkname)
+	}
+	o := c.old[name]
+	st := *t.st
+	same := o != nil && o.Type == TypeFile && o.SHA256 == st.SHA256 && o.Mode.Exec() == st.Mode.Exec()
+	if !same && st.Data == nil {
+		return fmt.Errorf("%w: hard link %s to the unchanged %s: its content is not in the stream (write it with tar --hard-dereference)", ErrBadArchive, name, target)
+	}
+	if same {
+		st.Data = nil
+	} else {
+		c.cs.Bytes += st.Size
+	}
+	c.seen[name] = &seenFile{st: &st, unchanged: same}
+	return nil
+}
+
+func (c *collector) skip(name, reason string) {
+	if !inGit(name) {
+		c.cs.Skipped = append(c.cs.Skipped, Skipped{Path: name, Reason: reason})
+	}
+}
+
+func (c *collector) finish() (*Changes, error) {
+	cs, old := c.cs, c.old
+	var ignore func(p string) bool
+	if c.useIgnore {
+		ignore = ignoreMatcher(c.ignoreFiles)
+	}
+	for p, s := range c.seen {
 		o := old[p]
 		switch {
 		case o == nil:
@@ -230,23 +402,18 @@ func ReadChanges(ctx context.Context, base *Baseline, r io.Reader, opts ChangesO
 			}
 			cs.Changes = append(cs.Changes, Change{Path: p, Kind: Added, New: s.st})
 		case !s.unchanged:
-			c := Change{Path: p, Kind: Modified, Old: stateOf(o), New: s.st}
-			if s.st.Type == TypeFile && s.st.Data == nil {
-				// A mode change only: the content is the old one.
-				return nil, fmt.Errorf("internal: %s changed without its content", p)
-			}
-			cs.Changes = append(cs.Changes, c)
+			cs.Changes = append(cs.Changes, Change{Path: p, Kind: Modified, Old: stateOf(o), New: s.st})
 		}
 	}
 	for p, o := range old {
-		if seen[p] == nil {
+		if c.seen[p] == nil {
 			cs.Changes = append(cs.Changes, Change{Path: p, Kind: Deleted, Old: stateOf(o)})
 		}
 	}
 	sort.Slice(cs.Changes, func(i, j int) bool { return cs.Changes[i].Path < cs.Changes[j].Path })
 	for i := range cs.Changes {
-		c := &cs.Changes[i]
-		switch c.Kind {
+		ch := &cs.Changes[i]
+		switch ch.Kind {
 		case Added:
 			cs.Added++
 		case Modified:
@@ -254,8 +421,8 @@ func ReadChanges(ctx context.Context, base *Baseline, r io.Reader, opts ChangesO
 		case Deleted:
 			cs.Deleted++
 		}
-		if c.New != nil && c.New.Type == TypeFile && isBinary(c.New.Data) {
-			c.Binary = true
+		if ch.New != nil && ch.New.Type == TypeFile && isBinary(ch.New.Data) {
+			ch.Binary = true
 		}
 	}
 	return cs, nil

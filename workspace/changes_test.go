@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -50,6 +51,16 @@ func readBack(t *testing.T, sandbox string, base *Baseline, opts ChangesOptions)
 	cs, err := ReadChanges(context.Background(), base, &buf, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Read from the directory itself, the same changes.
+	dc, err := DirChanges(context.Background(), base, sandbox, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(cs)
+	b, _ := json.Marshal(dc)
+	if !bytes.Equal(a, b) {
+		t.Errorf("ReadChanges and DirChanges differ:\n%s\n%s", a, b)
 	}
 	return cs
 }

@@ -250,10 +250,12 @@ type scanner struct {
 	// tracked holds the git index's paths, trackedDirs every directory
 	// above one.
 	tracked, trackedDirs map[string]bool
-	entries              int64
-	bytes                int64
-	over                 bool
-	stop                 bool
+	// skipGit leaves out every .git directory (reading changes back).
+	skipGit bool
+	entries int64
+	bytes   int64
+	over    bool
+	stop    bool
 }
 
 func (s *scanner) scan(rootfd int) error {
@@ -261,6 +263,7 @@ func (s *scanner) scan(rootfd int) error {
 	var pats []gitignore.Pattern
 	st, err := s.b.lstat(".git")
 	switch {
+	case s.skipGit:
 	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
 		s.t.Kind = KindGit
 		if err := s.readGit(); err != nil {
@@ -376,6 +379,9 @@ func (s *scanner) walk(dirfd int, rel string, pats []gitignore.Pattern, mode wal
 		}
 		typ := st.Mode & unix.S_IFMT
 		isDir := typ == unix.S_IFDIR
+		if s.skipGit && isDir && strings.EqualFold(name, ".git") {
+			continue
+		}
 		sub := mode
 		if rel == "" && name == ".git" && isDir && s.t.Kind == KindGit {
 			sub = walkPlain
