@@ -415,7 +415,7 @@ func TestArchiveReadByGNUTar(t *testing.T) {
 	src := t.TempDir()
 	long := strings.Repeat("long-directory-name/", 8) + strings.Repeat("n", 90) + ".txt"
 	writeFiles(t, src, map[string]string{
-		long:          "deep\n",
+		long:           "deep\n",
 		"ünï/cødé.txt": "unicode\n",
 		"short":        "s",
 		"biglink":      "->" + strings.Repeat("t", 150),
