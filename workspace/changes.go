@@ -59,10 +59,12 @@ type Change struct {
 // Changes are what a job changed in its workspace, path by path, sorted
 // by path. It is plain JSON (contents in base64) for the engine to keep.
 type Changes struct {
-	Changes                  []Change  `json:"changes"`
-	Added, Modified, Deleted int       `json:"-"`
-	Bytes                    int64     `json:"bytes"` // new content held
-	Skipped                  []Skipped `json:"skipped,omitempty"`
+	Changes  []Change  `json:"changes"`
+	Added    int       `json:"added"`
+	Modified int       `json:"modified"`
+	Deleted  int       `json:"deleted"`
+	Bytes    int64     `json:"bytes"` // new content held
+	Skipped  []Skipped `json:"skipped,omitempty"`
 	// IgnoredAdded counts new files left out because git ignores them
 	// (build outputs, node_modules): a git source without ignored files.
 	IgnoredAdded int `json:"ignoredAdded,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -380,5 +381,23 @@ func TestDiffLinesRandom(t *testing.T) {
 	}
 	if edits != 2 {
 		t.Errorf("%d edits, want 2", edits)
+	}
+}
+
+// DirChanges reads the sandbox as its owner: a file there that only root
+// can read is refused, not read.
+func TestDirChangesAsOwner(t *testing.T) {
+	needRoot(t)
+	src := t.TempDir()
+	writeFiles(t, src, map[string]string{"a": "a\n"})
+	sandbox, base := importTree(t, src, ScanOptions{})
+	chownTree(t, sandbox, 4242)
+	if cs, err := DirChanges(context.Background(), base, sandbox, ChangesOptions{}); err != nil || len(cs.Changes) != 0 {
+		t.Fatalf("unchanged: %v %v", err, cs)
+	}
+	writeFiles(t, sandbox, map[string]string{"secret": "root only\n"})
+	os.Chmod(filepath.Join(sandbox, "secret"), 0o600)
+	if _, err := DirChanges(context.Background(), base, sandbox, ChangesOptions{}); !errors.Is(err, fs.ErrPermission) {
+		t.Fatalf("err %v, want permission denied", err)
 	}
 }

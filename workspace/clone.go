@@ -157,12 +157,56 @@ type cloner struct {
 	b    *beneath
 }
 
-func (c *cloner) clone(ctx context.Context) (*Cloned, error) {
-	hc := &http.Client{
+// CheckRef asks the remote which commit a ref names, without fetching
+// anything (its advertised refs only): for submission, so that an unknown
+// ref or an unreachable host is a field error before a job is stored. A
+// commit id is returned as given (whether the remote has it shows only
+// when it is fetched). Dir, Depth and the caps are not used.
+func CheckRef(ctx context.Context, opts CloneOptions) (commit, ref string, err error) {
+	if _, err := checkURL(opts.URL); err != nil {
+		return "", "", err
+	}
+	if opts.Dial == nil {
+		opts.Dial = PublicDial
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	hc := httpClient(opts)
+	defer hc.CloseIdleConnections()
+	ep, err := transport.NewEndpoint(opts.URL)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrBadURL, err)
+	}
+	sess, err := githttp.NewClient(hc).NewUploadPackSession(ep, nil)
+	if err != nil {
+		return "", "", err
+	}
+	defer sess.Close()
+	ar, err := sess.AdvertisedReferencesContext(ctx)
+	if err != nil {
+		return "", "", fmt.Errorf("%s: %w", ep.Host, err)
+	}
+	want, name, err := resolveRef(ar, opts.Ref)
+	if err != nil {
+		return "", "", err
+	}
+	if p, ok := ar.Peeled[name]; ok {
+		want = p // an annotated tag's commit
+	}
+	return want.String(), name, nil
+}
+
+// httpClient is the only way out: the caller's dial, no proxy from the
+// environment, no cookie jar, https redirects only.
+func httpClient(opts CloneOptions) *http.Client {
+	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:                 nil, // not the server's HTTPS_PROXY
-			DialContext:           c.opts.Dial,
-			TLSClientConfig:       &tls.Config{RootCAs: c.opts.RootCAs, MinVersion: tls.VersionTLS12},
+			DialContext:           opts.Dial,
+			TLSClientConfig:       &tls.Config{RootCAs: opts.RootCAs, MinVersion: tls.VersionTLS12},
 			ForceAttemptHTTP2:     true,
 			TLSHandshakeTimeout:   30 * time.Second,
 			ResponseHeaderTimeout: 2 * time.Minute,
@@ -178,6 +222,10 @@ func (c *cloner) clone(ctx context.Context) (*Cloned, error) {
 			return nil
 		},
 	}
+}
+
+func (c *cloner) clone(ctx context.Context) (*Cloned, error) {
+	hc := httpClient(c.opts)
 	defer hc.CloseIdleConnections()
 	ep, err := transport.NewEndpoint(c.opts.URL)
 	if err != nil {

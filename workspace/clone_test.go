@@ -290,3 +290,27 @@ func TestCheckAddress(t *testing.T) {
 		}
 	}
 }
+
+// CheckRef resolves a ref from the advertisement alone.
+func TestCheckRef(t *testing.T) {
+	root := t.TempDir()
+	_, commits := servedRepo(t, root)
+	gs := newGitServer(t, root)
+	for _, tc := range []struct{ ref, commit, name string }{
+		{"", commits["main"], "refs/heads/main"},
+		{"dev", commits["dev"], "refs/heads/dev"},
+		{"v1", commits["v1"], "refs/tags/v1"}, // the annotated tag's commit
+		{commits["old"], commits["old"], ""},
+	} {
+		commit, name, err := CheckRef(context.Background(), CloneOptions{URL: gs.URL + "/repo.git", Ref: tc.ref, Dial: loopbackDial, RootCAs: gs.pool()})
+		if err != nil || commit != tc.commit || name != tc.name {
+			t.Errorf("%q: %s %s %v, want %s %s", tc.ref, commit, name, err, tc.commit, tc.name)
+		}
+	}
+	if _, _, err := CheckRef(context.Background(), CloneOptions{URL: gs.URL + "/repo.git", Ref: "nope", Dial: loopbackDial, RootCAs: gs.pool()}); !errors.Is(err, ErrUnknownRef) {
+		t.Errorf("an unknown ref: %v", err)
+	}
+	if _, _, err := CheckRef(context.Background(), CloneOptions{URL: gs.URL + "/repo.git", RootCAs: gs.pool()}); !errors.Is(err, ErrAddressRefused) {
+		t.Errorf("loopback by default: %v", err)
+	}
+}

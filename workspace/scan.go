@@ -299,11 +299,19 @@ func (s *scanner) scan(rootfd int) error {
 	return nil
 }
 
-// readGit reads the index (the tracked paths) and HEAD.
+// readGit reads the index (the tracked paths), unless ignored files
+// are wanted anyway, and HEAD.
 func (s *scanner) readGit() error {
 	s.tracked, s.trackedDirs = map[string]bool{}, map[string]bool{}
-	data, err := s.b.readFile(".git/index", 1<<30)
+	var data []byte
+	var err error
+	if !s.opts.IncludeIgnored {
+		data, err = s.b.readFile(".git/index", 256<<20)
+	}
 	switch {
+	case s.opts.IncludeIgnored:
+		// Everything comes: which paths git tracks does not matter
+		// (and a job's broken index must not stop its tree being read).
 	case errors.Is(err, unix.ENOENT):
 		// No index yet: nothing is tracked.
 	case err != nil:
@@ -325,6 +333,9 @@ func (s *scanner) readGit() error {
 	}
 	head, branch, err := readHead(s.b)
 	if err != nil {
+		if s.opts.IncludeIgnored {
+			return nil
+		}
 		return err
 	}
 	s.t.Head, s.t.Branch = head, branch
