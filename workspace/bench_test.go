@@ -236,3 +236,22 @@ func BenchmarkChanges(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScan: Scan alone on the 10,000-file tree, as a plain directory
+// and as a git work tree (go-git's index decoder and ignore matcher: the
+// index of 10,000 entries and the walk of .git's objects), against tar -c.
+func BenchmarkScan(b *testing.B) {
+	for _, git := range []bool{false, true} {
+		b.Run(map[bool]string{false: "dir", true: "git"}[git], func(b *testing.B) {
+			dir := benchTree(b, git)
+			tar := tarTime(b, dir, "-c")
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if _, err := Scan(context.Background(), dir, ScanOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			report(b, tar, cpuTime()-cpu0)
+		})
+	}
+}
