@@ -90,7 +90,9 @@ func runAs(id *identity, fn func() error) error {
 	return r.err
 }
 
-// become sets the calling thread's filesystem identity. setfsuid and
+// become sets the calling thread's filesystem identity. (The numbers are
+// the 32-bit-id calls of amd64 and arm64, the builds delegate ships; on
+// 32-bit x86 and arm the same names are the old 16-bit calls.) setfsuid and
 // setfsgid report no errors: each is checked by reading the value back
 // (an invalid id, -1, changes nothing and returns the current one).
 func (id *identity) become() error {
