@@ -46,10 +46,12 @@ func BenchmarkDownload100MB(b *testing.B) {
 	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
 	// A client in the sandbox that ignores the proxy variables: its
 	// connection to the site's address lands on the transparent listener.
+	inSandbox := newNSDialer(b, sb.ns)
 	transparentT := &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			// The address the sandbox's DNS gives allowed.test.
 			_, port, _ := net.SplitHostPort(addr)
-			return dialIn(sb.ns, "tcp", "203.0.113.10:"+port)
+			return inSandbox.dial("tcp", "203.0.113.10:"+port)
 		},
 		TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true,
 	}
@@ -243,4 +245,48 @@ func rss() int64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkTTFB is the time to the first byte of a small response, on a
+// new connection each time, through the proxy and directly: the 100 MB
+// download's first byte, measured often enough for a stable median.
+func BenchmarkTTFB(b *testing.B) {
+	f := newFixture(b, nil)
+	const tok = "bench"
+	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(b, "allowed.test")})
+	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
+	direct := &net.Dialer{Resolver: f.w.resolver}
+	tlsConf := &tls.Config{RootCAs: f.w.roots}
+	directT := &http.Transport{DialContext: direct.DialContext, TLSClientConfig: tlsConf, DisableKeepAlives: true}
+	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: tlsConf, DisableKeepAlives: true}
+	for _, u := range []string{"http://allowed.test/", "https://allowed.test/"} {
+		b.Run(strings.TrimSuffix(u, "://allowed.test/"), func(b *testing.B) {
+			var d, p []time.Duration
+			for i := 0; b.Loop(); i++ {
+				for j, tr := range []*http.Transport{directT, proxyT} {
+					if i%2 == 1 {
+						tr = []*http.Transport{proxyT, directT}[j]
+					}
+					var first time.Time
+					start := time.Now()
+					ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() { first = time.Now() }})
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+					resp, err := (&http.Client{Transport: tr}).Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if tr == directT {
+						d = append(d, first.Sub(start))
+					} else {
+						p = append(p, first.Sub(start))
+					}
+				}
+			}
+			b.ReportMetric(float64(median(p))/float64(median(d)), "ttfb-ratio")
+			b.ReportMetric(float64(median(d).Microseconds()), "direct-µs")
+			b.ReportMetric(float64(median(p).Microseconds()), "proxy-µs")
+		})
+	}
 }

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -68,11 +67,11 @@ type forwarder struct {
 
 // upstream is one connection to a destination.
 type upstream struct {
-	key  string
-	conn net.Conn
-	br   *bufio.Reader
-	cnt  *countConn
-	e    Entry
+	key        string
+	conn       net.Conn
+	br         *bufio.Reader
+	sent, recv int64 // bytes to the destination, and to the job
+	e          Entry
 }
 
 func (p *Proxy) newForwarder(c net.Conn, r io.Reader, mode httpMode, via Via) *forwarder {
@@ -236,8 +235,7 @@ func (f *forwarder) open(ctx context.Context, a *attempt, key string) bool {
 	if f.inj != nil {
 		e.Injected = f.inj.Header
 	}
-	cnt := &countConn{Conn: conn}
-	f.up = &upstream{key: key, conn: conn, cnt: cnt, br: bufio.NewReader(cnt), e: e}
+	f.up = &upstream{key: key, conn: conn, br: bufio.NewReader(conn), e: e}
 	return true
 }
 
@@ -306,10 +304,14 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 		}
 	}
 	req.RequestURI = ""
-	bw := bufio.NewWriter(up.cnt)
-	if err := req.Write(bw); err == nil {
+	cw := &countWriter{w: up.conn}
+	bw := bufio.NewWriter(cw)
+	err := req.Write(bw)
+	if err == nil {
 		err = bw.Flush()
-	} else {
+	}
+	up.sent += cw.n
+	if err != nil {
 		f.closeUpstream("writing the request: " + err.Error())
 		writeStatus(f.client, http.StatusBadGateway, "sending the request upstream: "+err.Error(), nil)
 		return false
@@ -331,14 +333,25 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 			return false
 		}
 	}
-	defer resp.Body.Close()
 	switching := resp.StatusCode == http.StatusSwitchingProtocols
 	removeHopHeaders(resp.Header, switching)
-	cw := bufio.NewWriter(f.client)
-	err := resp.Write(cw)
-	if err == nil {
-		err = cw.Flush()
+	var n int64
+	if !switching && resp.ContentLength > 0 && len(resp.TransferEncoding) == 0 && resp.Body != http.NoBody {
+		// A body of known length (most downloads): copied as is, which
+		// between two TCP sockets the kernel does (splice). The body
+		// reader is left alone: closing it would read past the response.
+		n, err = f.copyResponse(resp)
+	} else {
+		cw := &countWriter{w: f.client}
+		bw := bufio.NewWriter(cw)
+		err = resp.Write(bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		resp.Body.Close()
+		n = cw.n
 	}
+	up.recv += n
 	if err != nil {
 		f.closeUpstream("writing the response: " + err.Error())
 		return false
@@ -354,8 +367,8 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 			}
 		}
 		sent, recv := pipe(f.client, pre, up.conn)
-		up.cnt.sent.Add(sent)
-		up.cnt.recv.Add(recv)
+		up.sent += sent
+		up.recv += recv + int64(len(upPre))
 		f.closeUpstream("")
 		return false
 	}
@@ -364,6 +377,34 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 		return false
 	}
 	return true
+}
+
+// copyResponse writes a response whose body has a known length: its head,
+// what of the body is already read, then the rest straight from the
+// upstream connection.
+func (f *forwarder) copyResponse(resp *http.Response) (int64, error) {
+	up := f.up
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "HTTP/%d.%d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.Status)
+	resp.Header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	if resp.Close {
+		resp.Header.Set("Connection", "close")
+	}
+	resp.Header.Write(&b)
+	b.WriteString("\r\n")
+	n, err := f.client.Write(b.Bytes())
+	total := int64(n)
+	if err != nil {
+		return total, err
+	}
+	buffered := min(int64(up.br.Buffered()), resp.ContentLength)
+	m, err := io.CopyN(f.client, up.br, buffered)
+	total += m
+	if err != nil {
+		return total, err
+	}
+	m, err = io.CopyN(f.client, up.conn, resp.ContentLength-buffered)
+	return total + m, err
 }
 
 func writeInterim(w io.Writer, resp *http.Response) error {
@@ -384,7 +425,7 @@ func (f *forwarder) closeUpstream(why string) {
 	f.up = nil
 	up.conn.Close()
 	e := up.e
-	e.Sent, e.Received = up.cnt.sent.Load(), up.cnt.recv.Load()
+	e.Sent, e.Received = up.sent, up.recv
 	e.Duration = time.Since(e.Time)
 	if why != "" {
 		e.Err = why
@@ -639,21 +680,15 @@ func writeStatus(w io.Writer, code int, msg string, extra http.Header) {
 	w.Write(b.Bytes())
 }
 
-// countConn counts the bytes through a connection.
-type countConn struct {
-	net.Conn
-	sent, recv atomic.Int64
+// countWriter counts what goes through it.
+type countWriter struct {
+	w io.Writer
+	n int64
 }
 
-func (c *countConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.recv.Add(int64(n))
-	return n, err
-}
-
-func (c *countConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	c.sent.Add(int64(n))
+func (c *countWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
 	return n, err
 }
 

@@ -1,0 +1,70 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+type onePolicy Policy
+
+func (p onePolicy) Policy(context.Context, string) (Policy, error) { return Policy(p), nil }
+
+// Whatever led to a dial, the address is checked once more as the socket
+// connects: a listener on the host's loopback stays out of reach even when
+// handed to the dialer directly.
+func TestDialerChecksAtConnect(t *testing.T) {
+	p, err := New(Config{Policies: onePolicy{Mode: Egress}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ap := netip.MustParseAddrPort(ln.Addr().String())
+	for _, a := range []netip.AddrPort{ap, netip.MustParseAddrPort("169.254.169.254:80")} {
+		c, _, err := p.dial(context.Background(), []netip.Addr{a.Addr()}, a.Port())
+		var d *deniedError
+		if err == nil || !errors.As(err, &d) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("dial %s: %v, want a denial", a, err)
+		}
+	}
+}
+
+func TestNewChecksConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Policies is required"},
+		{Config{Policies: onePolicy{}, AskWait: -1}, "cannot be negative"},
+		{Config{Policies: onePolicy{}, Allow: []netip.Prefix{netip.MustParsePrefix("10.1.2.3/24")}}, "not a range"},
+		{Config{Policies: onePolicy{}, Callback: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 0)}, "needs a port"},
+	} {
+		if _, err := New(tc.cfg); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	p, _ := New(Config{Policies: onePolicy{}})
+	defer p.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	for name, serve := range map[string]func() error{
+		"transparent": func() error { return p.ServeTransparent(context.Background(), ln, "") },
+		"callback":    func() error { return p.ServeCallback(context.Background(), ln, "t") },
+		"dns":         func() error { return p.ServeDNSStream(context.Background(), ln, "") },
+	} {
+		if err := serve(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}
