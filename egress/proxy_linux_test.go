@@ -232,7 +232,9 @@ func TestSandboxAllowlist(t *testing.T) {
 				return e.Via == ViaTransparentH && e.Name == "rebind.test" && strings.HasPrefix(e.Rule, "link-local")
 			}, notSite: meta},
 		{name: "Host names another port: the real one counts", args: []string{"-H", "Host: allowed.test:2222", "http://allowed.test/"}, out: "hello from allowed",
-			entry: func(e Entry) bool { return e.Via == ViaTransparentH && e.Name == "allowed.test" && e.Port == 80 && e.Allowed }},
+			entry: func(e Entry) bool {
+				return e.Via == ViaTransparentH && e.Name == "allowed.test" && e.Port == 80 && e.Allowed
+			}},
 		{name: "another port", args: []string{"http://203.0.113.10:2222/"}, code: 7, notSite: allowed},
 		{name: "metadata, another port", args: []string{"http://169.254.169.254:2222/"}, code: 7, notSite: meta},
 		{name: "the callback", args: []string{fmt.Sprintf("http://10.0.2.2:%d/", sandboxCallback)}, out: "hello from host",
