@@ -43,7 +43,7 @@ func (p *Proxy) serveDNS(ctx context.Context, srv *dns.Server, token string) err
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv.Handler = dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
-		m := p.answer(ctx, token, q)
+		m := p.answer(withClient(ctx, w.RemoteAddr()), token, q)
 		w.WriteMsg(m)
 	})
 	srv.MsgAcceptFunc = acceptQuery
@@ -100,9 +100,10 @@ func (p *Proxy) answer(ctx context.Context, token string, q *dns.Msg) *dns.Msg {
 		m.Rcode = dns.RcodeRefused
 		return m
 	}
-	a.name, e.Name = name, name+" "+dns.TypeToString[qs.Qtype]
-	if dns.TypeToString[qs.Qtype] == "" {
-		e.Name = fmt.Sprintf("%s TYPE%d", name, qs.Qtype)
+	a.name, e.Name = name, name
+	e.QType = dns.TypeToString[qs.Qtype]
+	if e.QType == "" {
+		e.QType = fmt.Sprintf("TYPE%d", qs.Qtype)
 	}
 	pol, err := p.cfg.Policies.Policy(ctx, token)
 	if err != nil {
@@ -134,7 +135,7 @@ func (p *Proxy) answer(ctx context.Context, token string, q *dns.Msg) *dns.Msg {
 		// proxy serves addresses and nothing else. An empty answer (no
 		// data) tells the client the name exists.
 		e.Allowed = true
-		e.Rule = rule + "; no " + dns.TypeToString[qs.Qtype] + " records are served"
+		e.Rule = rule + "; no " + e.QType + " records are served"
 		return m
 	}
 	addrs, err := p.cfg.Resolver.LookupNetIP(ctx, network, name)

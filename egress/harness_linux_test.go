@@ -150,8 +150,8 @@ func (f *fixture) entry(t testing.TB, token string, what string, match func(Entr
 func (f *fixture) dump(token string) string {
 	var b strings.Builder
 	for _, e := range f.log.Entries(token) {
-		fmt.Fprintf(&b, "  %s %s %s:%d allowed=%v rule=%q sent=%d recv=%d inj=%q err=%q\n",
-			e.Via, e.Name, e.Addr, e.Port, e.Allowed, e.Rule, e.Sent, e.Received, e.Injected, e.Err)
+		fmt.Fprintf(&b, "  %s %s%s %s:%d allowed=%v rule=%q sent=%d recv=%d inj=%q err=%q\n",
+			e.Via, e.Name, strings.TrimRight(" "+e.QType, " "), e.Addr, e.Port, e.Allowed, e.Rule, e.Sent, e.Received, e.Injected, e.Err)
 	}
 	return b.String()
 }

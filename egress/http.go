@@ -295,7 +295,7 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 		req.Header.Del(f.inj.Header)
 		req.Header.Set(f.inj.Header, string(f.inj.value))
 	}
-	if req.Header.Get("Expect") == "100-continue" {
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 		// Answered here, so that the client sends its body at once
 		// rather than after its own wait for the server's go-ahead.
 		req.Header.Del("Expect")

@@ -28,6 +28,7 @@ type Entry struct {
 	Time     time.Time // when the attempt began
 	Via      Via
 	Name     string     // the host name asked for; "" for a raw address
+	QType    string     // DNS: the query's type (A, AAAA, TXT, …)
 	Addr     netip.Addr // the address connected to (for DNS: the first answered)
 	Port     uint16
 	Sent     int64 // bytes from the job to the destination

@@ -56,7 +56,7 @@ func TestRecorder(t *testing.T) {
 	now := time.Now()
 	r.Record("a", Entry{Time: now, Via: ViaConnect, Name: "allowed.test", Port: 443, Allowed: true, Sent: 10, Received: 100})
 	r.Record("a", Entry{Time: now, Via: ViaConnect, Name: "denied.test", Port: 443, Rule: "not in allowlist"})
-	r.Record("a", Entry{Time: now, Via: ViaDNS, Name: "denied.test A", Port: 53, Rule: "not in allowlist"})
+	r.Record("a", Entry{Time: now, Via: ViaDNS, Name: "denied.test", QType: "A", Port: 53, Rule: "not in allowlist"})
 	r.Record("a", Entry{Time: now, Via: ViaConnect, Name: "denied.test", Port: 443, Rule: "not in allowlist"})
 	r.Record("a", Entry{Via: ViaLog, Dropped: 5})
 	r.Record("b", Entry{Via: ViaHTTP, Name: "x.test", Allowed: true})
@@ -64,7 +64,7 @@ func TestRecorder(t *testing.T) {
 	if s.Allowed != 1 || s.Denied != 3 || s.Sent != 10 || s.Received != 100 || s.Dropped != 5 {
 		t.Errorf("summary %+v", s)
 	}
-	if len(s.DeniedNames) != 2 || s.DeniedNames[0] != "denied.test:443" || s.DeniedNames[1] != "denied.test A" {
+	if len(s.DeniedNames) != 2 || s.DeniedNames[0] != "denied.test:443" || s.DeniedNames[1] != "denied.test" {
 		t.Errorf("denied names %q", s.DeniedNames)
 	}
 	es := r.Entries("a")

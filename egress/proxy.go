@@ -170,6 +170,25 @@ func (p *Proxy) record(token string, e Entry) {
 	}
 }
 
+type clientKey struct{}
+
+// ClientAddr is where a connection or a DNS query came from, in the
+// context Policies.Policy receives. On a shared listener a token alone
+// names the job; where the network vouches for source addresses (Proxmox's
+// ipfilter pins each VM to its own), the engine may also check that a
+// job's token comes from its VM.
+func ClientAddr(ctx context.Context) (netip.AddrPort, bool) {
+	ap, ok := ctx.Value(clientKey{}).(netip.AddrPort)
+	return ap, ok
+}
+
+func withClient(ctx context.Context, a net.Addr) context.Context {
+	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+		return context.WithValue(ctx, clientKey{}, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	}
+	return ctx
+}
+
 // deniedError is a decision against an attempt.
 type deniedError struct {
 	rule string
@@ -372,7 +391,7 @@ func (p *Proxy) serve(ctx context.Context, ln net.Listener, handle func(context.
 			defer c.Close()
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			defer stop()
-			handle(ctx, c)
+			handle(withClient(ctx, c.RemoteAddr()), c)
 		})
 	}
 }

@@ -207,7 +207,7 @@ func TestSandboxAllowlist(t *testing.T) {
 			env:   []string{"https_proxy=" + sandboxProxyURL},
 			entry: named(ViaConnect, "allowed.test", true)},
 		{name: "denied name: no address", args: []string{"https://denied.test/"}, code: 6,
-			entry: named(ViaDNS, "denied.test A", false), notSite: denied},
+			entry: func(e Entry) bool { return e.Via == ViaDNS && e.Name == "denied.test" && e.QType == "A" && !e.Allowed }, notSite: denied},
 		{name: "denied name with its address: SNI", args: []string{"--resolve", "denied.test:443:203.0.113.11", "https://denied.test/"}, code: 35,
 			entry: named(ViaTransparent, "denied.test", false), notSite: denied},
 		{name: "denied name with its address: Host", args: []string{"--resolve", "denied.test:80:203.0.113.11", "-i", "http://denied.test/"}, out: "403 Forbidden",
@@ -221,7 +221,9 @@ func TestSandboxAllowlist(t *testing.T) {
 		{name: "metadata by address", args: []string{"-i", "http://169.254.169.254/latest/meta-data/"}, out: "403 Forbidden",
 			entry: func(e Entry) bool { return e.Via == ViaTransparentH && !e.Allowed }, notSite: meta},
 		{name: "metadata by an allowed name: no address", args: []string{"http://metadata.test/"}, code: 6,
-			entry:   func(e Entry) bool { return e.Name == "metadata.test A" && strings.HasPrefix(e.Rule, "link-local") },
+			entry: func(e Entry) bool {
+				return e.Name == "metadata.test" && e.QType == "A" && strings.HasPrefix(e.Rule, "link-local")
+			},
 			notSite: meta},
 		{name: "metadata by an allowed name and its address", args: []string{"--resolve", "metadata.test:80:169.254.169.254", "-i", "http://metadata.test/"}, out: "403 Forbidden",
 			entry: func(e Entry) bool {
@@ -325,7 +327,7 @@ func TestSandboxAllowlist(t *testing.T) {
 			t.Error("a query for a denied name reached the real DNS")
 		}
 		f.entry(t, tok, "the TXT query", func(e Entry) bool {
-			return e.Via == ViaDNS && e.Name == "allowed.test TXT" && e.Allowed && strings.Contains(e.Rule, "no TXT records are served")
+			return e.Via == ViaDNS && e.Name == "allowed.test" && e.QType == "TXT" && e.Allowed && strings.Contains(e.Rule, "no TXT records are served")
 		})
 	})
 
@@ -363,5 +365,52 @@ func TestSandboxNone(t *testing.T) {
 	f.entry(t, tok, "the callback refused", func(e Entry) bool { return e.Via == ViaCallback && !e.Allowed && e.Rule == "network none" })
 	if f.w.sites["allowed"].hits()+f.w.sites["host"].hits() != 0 || f.w.dns.asked("allowed.test") {
 		t.Error("a job with no network reached something")
+	}
+}
+
+// Plain HTTP through the proxy: request bodies (sized and chunked),
+// chunked responses, HEAD, and several requests, to one host and to two,
+// on one client connection; each upstream connection is one log entry.
+func TestPlainHTTPRelay(t *testing.T) {
+	f := newFixture(t, nil)
+	const tok = "job-plain"
+	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(t, "allowed.test", "denied.test")})
+	env := f.proxyEnv(tok)
+	body := strings.Repeat("x", 100000)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"sized body", []string{"--data-binary", body, "http://allowed.test/echo"}, "allowed got 100000 bytes"},
+		{"chunked body", []string{"-H", "Transfer-Encoding: chunked", "--data-binary", body, "http://allowed.test/echo"}, "allowed got 100000 bytes"},
+		{"expect 100-continue", []string{"-H", "Expect: 100-continue", "--data-binary", body, "http://allowed.test/echo"}, "allowed got 100000 bytes"},
+		{"chunked response", []string{"http://allowed.test/stream"}, "part 0 of allowed\npart 1 of allowed\npart 2 of allowed\n"},
+		{"HEAD", []string{"-I", "http://allowed.test/"}, "200 OK"},
+		{"two requests, one host", []string{"http://allowed.test/a", "http://allowed.test/b"}, "hello from allowed\nhello from allowed\n"},
+		{"two hosts", []string{"http://allowed.test/", "http://denied.test/", "http://allowed.test/"}, "hello from allowed\nhello from denied\nhello from allowed\n"},
+	} {
+		res := f.curl(t, "", env, tc.args...)
+		if res.code != 0 || !strings.Contains(res.out, tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, res, tc.want)
+		}
+	}
+	// The last curl: three requests on one connection, three upstream
+	// connections (allowed, denied, allowed again), each logged.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := 0
+		for _, e := range f.log.Entries(tok) {
+			if e.Via == ViaHTTP && e.Allowed && e.Sent > 0 && e.Received > 0 {
+				n++
+			}
+		}
+		if n == 9 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d allowed upstream connections logged, want 9:\n%s", n, f.dump(tok))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -66,5 +67,48 @@ func TestNewChecksConfig(t *testing.T) {
 		if err := serve(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+type addrPolicies struct {
+	mu   sync.Mutex
+	seen []netip.AddrPort
+}
+
+func (a *addrPolicies) Policy(ctx context.Context, _ string) (Policy, error) {
+	ap, _ := ClientAddr(ctx)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = append(a.seen, ap)
+	return Policy{Mode: None}, nil
+}
+
+// The engine's policy lookup learns where the client is.
+func TestClientAddr(t *testing.T) {
+	pols := &addrPolicies{}
+	p, err := New(Config{Policies: pols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Serve(ctx, ln, "tok"); close(done) }()
+	defer func() { cancel(); <-done }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("CONNECT x.test:443 HTTP/1.1\r\nHost: x.test:443\r\n\r\n"))
+	c.Read(make([]byte, 512))
+	pols.mu.Lock()
+	defer pols.mu.Unlock()
+	if want := netip.MustParseAddrPort(c.LocalAddr().String()); len(pols.seen) != 1 || pols.seen[0] != want {
+		t.Errorf("ClientAddr = %v, want %v", pols.seen, want)
 	}
 }

@@ -89,6 +89,12 @@ func (s *site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 		io.Copy(w, io.LimitReader(zeros{}, n))
+	case r.URL.Path == "/stream":
+		// No length: chunked on the wire.
+		for i := range 3 {
+			fmt.Fprintf(w, "part %d of %s\n", i, s.name)
+			w.(http.Flusher).Flush()
+		}
 	case r.URL.Path == "/echo":
 		b, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "%s got %d bytes", s.name, len(b))
