@@ -49,8 +49,9 @@ type Entry struct {
 // job's result, an MCP resource, the CLI and the dashboard read from it).
 // Record is called from a single goroutine, in order; a slow Record does
 // not slow connections down: the proxy keeps a bounded queue
-// (Config.LogQueue) and, when it is full, counts what it drops and says so
-// in an entry of its own (Via "log").
+// (Config.LogQueue entries waiting, and as many being delivered) and, when
+// it is full, counts what it drops and says so in an entry of its own (Via
+// "log").
 type Sink interface {
 	Record(token string, e Entry)
 }
