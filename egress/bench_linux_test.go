@@ -40,21 +40,29 @@ func BenchmarkDownload100MB(b *testing.B) {
 	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(b, "allowed.test")})
 	sb := newSandbox(b, f.p, tok)
 	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
-	direct := &net.Dialer{Resolver: f.w.resolver}
 	tlsConf := &tls.Config{RootCAs: f.w.roots}
-	directT := &http.Transport{DialContext: direct.DialContext, TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
-	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
-	// A client in the sandbox that ignores the proxy variables: its
-	// connection to the site's address lands on the transparent listener.
-	inSandbox := newNSDialer(b, sb.ns)
-	transparentT := &http.Transport{
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			// The address the sandbox's DNS gives allowed.test.
-			_, port, _ := net.SplitHostPort(addr)
-			return inSandbox.dial("tcp", "203.0.113.10:"+port)
-		},
-		TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true,
+	// Every client dials from a thread of its own namespace, the sandbox's
+	// one from a thread in the sandbox: what a dial costs is the same
+	// for all, and the rest is the proxy's.
+	inHost, inSandbox := newNSDialer(b, "/proc/self/ns/net"), newNSDialer(b, "/run/netns/"+sb.ns)
+	dialVia := func(d *nsDialer, r *net.Resolver) func(context.Context, string, string) (net.Conn, error) {
+		return func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, port, _ := net.SplitHostPort(addr)
+			ips, err := r.LookupNetIP(ctx, "ip4", host)
+			if err != nil {
+				return nil, err
+			}
+			return d.dial("tcp", net.JoinHostPort(ips[0].String(), port))
+		}
 	}
+	// The sandbox's client asks the sandbox's resolver (the proxy's DNS),
+	// as a job does.
+	sandboxResolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return inSandbox.dial(network, "10.0.2.3:53")
+	}}
+	directT := &http.Transport{DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	transparentT := &http.Transport{DialContext: dialVia(inSandbox, sandboxResolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
 	for _, c := range []struct {
 		name    string
 		url     string

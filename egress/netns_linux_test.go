@@ -307,12 +307,14 @@ type nsDialResult struct {
 	err error
 }
 
-func newNSDialer(t testing.TB, ns string) *nsDialer {
+// newNSDialer dials in the namespace at path (/run/netns/NAME, or
+// /proc/self/ns/net for the test's own).
+func newNSDialer(t testing.TB, path string) *nsDialer {
 	d := &nsDialer{reqs: make(chan nsDial)}
 	ready := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		target, err := os.Open("/run/netns/" + ns)
+		target, err := os.Open(path)
 		if err == nil {
 			err = unix.Setns(int(target.Fd()), unix.CLONE_NEWNET)
 			target.Close()
