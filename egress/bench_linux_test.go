@@ -39,30 +39,7 @@ func BenchmarkDownload100MB(b *testing.B) {
 	const tok = "bench"
 	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(b, "allowed.test")})
 	sb := newSandbox(b, f.p, tok)
-	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
-	tlsConf := &tls.Config{RootCAs: f.w.roots}
-	// Every client dials from a thread of its own namespace, the sandbox's
-	// one from a thread in the sandbox: what a dial costs is the same
-	// for all, and the rest is the proxy's.
-	inHost, inSandbox := newNSDialer(b, "/proc/self/ns/net"), newNSDialer(b, "/run/netns/"+sb.ns)
-	dialVia := func(d *nsDialer, r *net.Resolver) func(context.Context, string, string) (net.Conn, error) {
-		return func(ctx context.Context, _, addr string) (net.Conn, error) {
-			host, port, _ := net.SplitHostPort(addr)
-			ips, err := r.LookupNetIP(ctx, "ip4", host)
-			if err != nil {
-				return nil, err
-			}
-			return d.dial("tcp", net.JoinHostPort(ips[0].String(), port))
-		}
-	}
-	// The sandbox's client asks the sandbox's resolver (the proxy's DNS),
-	// as a job does.
-	sandboxResolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return inSandbox.dial(network, "10.0.2.3:53")
-	}}
-	directT := &http.Transport{DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
-	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
-	transparentT := &http.Transport{DialContext: dialVia(inSandbox, sandboxResolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	directT, proxyT, transparentT := benchTransports(b, f, sb, tok)
 	for _, c := range []struct {
 		name    string
 		url     string
@@ -100,6 +77,36 @@ func BenchmarkDownload100MB(b *testing.B) {
 			b.ReportMetric(mb/median(pTotal).Seconds(), "proxy-MiB/s")
 		})
 	}
+}
+
+// benchTransports are the clients of the benchmarks: direct from the
+// test's namespace, through the shared listener with the proxy variables,
+// and from the sandbox ignoring them. Every client dials from a thread of
+// its own namespace, the sandbox's one from a thread in the sandbox, so
+// that what a dial costs is the same for all and the rest is the proxy's;
+// the sandbox's client asks the sandbox's resolver (the proxy's DNS), as a
+// job does.
+func benchTransports(b *testing.B, f *fixture, sb *sandbox, tok string) (direct, proxied, transparent *http.Transport) {
+	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
+	tlsConf := &tls.Config{RootCAs: f.w.roots}
+	inHost, inSandbox := newNSDialer(b, "/proc/self/ns/net"), newNSDialer(b, "/run/netns/"+sb.ns)
+	dialVia := func(d *nsDialer, r *net.Resolver) func(context.Context, string, string) (net.Conn, error) {
+		return func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, port, _ := net.SplitHostPort(addr)
+			ips, err := r.LookupNetIP(ctx, "ip4", host)
+			if err != nil {
+				return nil, err
+			}
+			return d.dial("tcp", net.JoinHostPort(ips[0].String(), port))
+		}
+	}
+	sandboxResolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return inSandbox.dial(network, "10.0.2.3:53")
+	}}
+	direct = &http.Transport{DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	proxied = &http.Transport{Proxy: http.ProxyURL(proxyURL), DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	transparent = &http.Transport{DialContext: dialVia(inSandbox, sandboxResolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	return direct, proxied, transparent
 }
 
 // download fetches u and returns the time to the first response byte and
@@ -262,30 +269,36 @@ func BenchmarkTTFB(b *testing.B) {
 	f := newFixture(b, nil)
 	const tok = "bench"
 	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(b, "allowed.test")})
-	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
-	direct := &net.Dialer{Resolver: f.w.resolver}
-	tlsConf := &tls.Config{RootCAs: f.w.roots}
-	directT := &http.Transport{DialContext: direct.DialContext, TLSClientConfig: tlsConf, DisableKeepAlives: true}
-	proxyT := &http.Transport{Proxy: http.ProxyURL(proxyURL), TLSClientConfig: tlsConf, DisableKeepAlives: true}
-	for _, u := range []string{"http://allowed.test/", "https://allowed.test/"} {
-		b.Run(strings.TrimSuffix(u, "://allowed.test/"), func(b *testing.B) {
+	sb := newSandbox(b, f.p, tok)
+	direct, proxied, transparent := benchTransports(b, f, sb, tok)
+	for _, c := range []struct {
+		name, url string
+		through   *http.Transport
+	}{
+		{"http-proxy", "http://allowed.test/", proxied},
+		{"https-connect", "https://allowed.test/", proxied},
+		{"https-transparent", "https://allowed.test/", transparent},
+		{"http-transparent", "http://allowed.test/", transparent},
+	} {
+		b.Run(c.name, func(b *testing.B) {
 			var d, p []time.Duration
 			for i := 0; b.Loop(); i++ {
-				for j, tr := range []*http.Transport{directT, proxyT} {
-					if i%2 == 1 {
-						tr = []*http.Transport{proxyT, directT}[j]
-					}
+				order := []*http.Transport{direct, c.through}
+				if i%2 == 1 {
+					slices.Reverse(order)
+				}
+				for _, tr := range order {
 					var first time.Time
 					start := time.Now()
 					ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotFirstResponseByte: func() { first = time.Now() }})
-					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 					resp, err := (&http.Client{Transport: tr}).Do(req)
 					if err != nil {
 						b.Fatal(err)
 					}
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
-					if tr == directT {
+					if tr == direct {
 						d = append(d, first.Sub(start))
 					} else {
 						p = append(p, first.Sub(start))

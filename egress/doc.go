@@ -14,9 +14,11 @@
 // Config.Callback, multicast and reserved ranges, or, unless the operator
 // sets Config.AllowPrivate, 10/8, 172.16/12, 192.168/16, 100.64/10 and
 // fc00::/7 (Config.Allow lifts single ranges). The proxy resolves names
-// itself, filters the addresses, connects only to those, and checks the
-// address once more as the socket connects (net.Dialer.ControlContext): a
-// name that rebinds to metadata gets nowhere, whatever the job's DNS said.
+// itself (keeping a job's answers for the 30 s its resolver tells the job
+// to keep them, so that a job is connected where it was told), filters
+// the addresses, connects only to those, and checks the address once more
+// as the socket connects (net.Dialer.ControlContext): a name that rebinds
+// to metadata gets nowhere, whatever the job's DNS said.
 //
 // A job reaches the proxy in three ways: the proxy variables (Serve: HTTP
 // CONNECT and plain HTTP), redirected connections of clients that ignore

@@ -78,6 +78,7 @@ type Proxy struct {
 	dialer net.Dialer
 	asks   askTable
 	conns  connTable
+	cache  resolveCache
 	closed chan struct{}
 	once   sync.Once
 }
@@ -271,7 +272,7 @@ func (p *Proxy) authorize(ctx context.Context, a *attempt, dns bool) (Policy, []
 	var addrs []netip.Addr
 	if a.name == "" {
 		addrs = []netip.Addr{a.addr}
-	} else if addrs, err = p.resolve(ctx, a.name, "ip"); err != nil {
+	} else if addrs, err = p.resolve(ctx, a.token, a.name); err != nil {
 		return pol, nil, rule, err
 	}
 	allowed := addrs[:0:0]
@@ -315,8 +316,8 @@ func (e *authError) Unwrap() error { return e.err }
 
 // resolve looks a name up; "no such host" is a denial of its own, so
 // that the log says so.
-func (p *Proxy) resolve(ctx context.Context, name, network string) ([]netip.Addr, error) {
-	addrs, err := p.cfg.Resolver.LookupNetIP(ctx, network, name)
+func (p *Proxy) resolve(ctx context.Context, token, name string) ([]netip.Addr, error) {
+	addrs, err := p.lookup(ctx, token, "ip", name)
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {

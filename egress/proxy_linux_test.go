@@ -212,6 +212,10 @@ func TestSandboxAllowlist(t *testing.T) {
 			entry: named(ViaTransparent, "denied.test", false), notSite: denied},
 		{name: "denied name with its address: Host", args: []string{"--resolve", "denied.test:80:203.0.113.11", "-i", "http://denied.test/"}, out: "403 Forbidden",
 			entry: named(ViaTransparentH, "denied.test", false), notSite: denied},
+		// The proxy connects where it resolves the name, not where the
+		// client's connection was going.
+		{name: "an allowed name at another address", args: []string{"--resolve", "allowed.test:80:203.0.113.11", "http://allowed.test/"}, out: "hello from allowed",
+			entry: func(e Entry) bool { return e.Via == ViaTransparentH && e.Name == "allowed.test" && e.Addr.String() == "203.0.113.10" }, notSite: denied},
 		{name: "raw address over http", args: []string{"-i", "http://203.0.113.10/"}, out: "403 Forbidden",
 			entry: func(e Entry) bool {
 				return e.Via == ViaTransparentH && e.Rule == "raw address: an allowlist names hosts"
@@ -229,9 +233,12 @@ func TestSandboxAllowlist(t *testing.T) {
 			entry: func(e Entry) bool {
 				return e.Via == ViaTransparentH && e.Name == "metadata.test" && strings.HasPrefix(e.Rule, "link-local")
 			}, notSite: meta},
-		{name: "DNS rebinding", args: []string{"-i", "http://rebind.test/"}, out: "403 Forbidden",
+		// The name's DNS moves to the metadata address after the job's
+		// lookup: the proxy connects where it told the job, which it
+		// checked, not where the name points now.
+		{name: "DNS rebinding", args: []string{"-i", "http://rebind.test/"}, out: "hello from allowed",
 			entry: func(e Entry) bool {
-				return e.Via == ViaTransparentH && e.Name == "rebind.test" && strings.HasPrefix(e.Rule, "link-local")
+				return e.Via == ViaTransparentH && e.Name == "rebind.test" && e.Allowed && e.Addr.String() == "203.0.113.10"
 			}, notSite: meta},
 		{name: "Host names another port: the real one counts", args: []string{"-H", "Host: allowed.test:2222", "http://allowed.test/"}, out: "hello from allowed",
 			entry: func(e Entry) bool {

@@ -112,3 +112,47 @@ func TestClientAddr(t *testing.T) {
 		t.Errorf("ClientAddr = %v, want %v", pols.seen, want)
 	}
 }
+
+type countingResolver struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *countingResolver) LookupNetIP(_ context.Context, network, host string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, network+" "+host)
+	all := []netip.Addr{netip.MustParseAddr("2001:db8::10"), netip.MustParseAddr("203.0.113.10")}
+	switch network {
+	case "ip4":
+		return all[1:], nil
+	case "ip6":
+		return all[:1], nil
+	}
+	return all, nil
+}
+
+// A job's lookups are kept for the TTL its resolver gives, for that job
+// only: the address it was told is the one it is connected to.
+func TestResolveCache(t *testing.T) {
+	r := &countingResolver{}
+	p, err := New(Config{Policies: onePolicy{Mode: Egress}, Resolver: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	v4, _ := p.lookup(ctx, "a", "ip4", "x.test") // the job's DNS query
+	both, _ := p.lookup(ctx, "a", "ip", "x.test") // its connection
+	if len(r.calls) != 1 || len(v4) != 1 || len(both) != 1 || both[0] != v4[0] {
+		t.Errorf("after a query and a connection: calls %v, answered %v, connected to %v", r.calls, v4, both)
+	}
+	both, _ = p.lookup(ctx, "b", "ip", "x.test") // another job
+	if len(r.calls) != 2 || len(both) != 2 || !both[0].Is4() {
+		t.Errorf("another job: calls %v, addresses %v (IPv4 first)", r.calls, both)
+	}
+	p.lookup(ctx, "b", "ip6", "x.test")
+	if len(r.calls) != 2 {
+		t.Errorf("the connection's lookup was not kept for the job's queries: %v", r.calls)
+	}
+}

@@ -395,6 +395,9 @@ func (d *testDNS) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	if !ok {
 		m.Rcode = dns.RcodeNameError
 	}
+	// The zone's SOA says "no such record" (or name) with authority.
+	soa := &dns.SOA{Hdr: dns.RR_Header{Name: "test.", Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 0},
+		Ns: "ns.test.", Mbox: "root.test.", Serial: 1, Refresh: 60, Retry: 60, Expire: 60, Minttl: 0}
 	for _, s := range addrs {
 		a := netip.MustParseAddr(s)
 		hdr := dns.RR_Header{Name: qs.Name, Class: dns.ClassINET, Ttl: 0}
@@ -406,6 +409,9 @@ func (d *testDNS) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 			hdr.Rrtype = dns.TypeAAAA
 			m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
 		}
+	}
+	if len(m.Answer) == 0 {
+		m.Ns = append(m.Ns, soa)
 	}
 	w.WriteMsg(m)
 }
