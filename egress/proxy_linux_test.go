@@ -215,7 +215,9 @@ func TestSandboxAllowlist(t *testing.T) {
 		// The proxy connects where it resolves the name, not where the
 		// client's connection was going.
 		{name: "an allowed name at another address", args: []string{"--resolve", "allowed.test:80:203.0.113.11", "http://allowed.test/"}, out: "hello from allowed",
-			entry: func(e Entry) bool { return e.Via == ViaTransparentH && e.Name == "allowed.test" && e.Addr.String() == "203.0.113.10" }, notSite: denied},
+			entry: func(e Entry) bool {
+				return e.Via == ViaTransparentH && e.Name == "allowed.test" && e.Addr.String() == "203.0.113.10"
+			}, notSite: denied},
 		{name: "raw address over http", args: []string{"-i", "http://203.0.113.10/"}, out: "403 Forbidden",
 			entry: func(e Entry) bool {
 				return e.Via == ViaTransparentH && e.Rule == "raw address: an allowlist names hosts"

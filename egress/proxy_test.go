@@ -142,7 +142,7 @@ func TestResolveCache(t *testing.T) {
 	}
 	defer p.Close()
 	ctx := context.Background()
-	v4, _ := p.lookup(ctx, "a", "ip4", "x.test") // the job's DNS query
+	v4, _ := p.lookup(ctx, "a", "ip4", "x.test")  // the job's DNS query
 	both, _ := p.lookup(ctx, "a", "ip", "x.test") // its connection
 	if len(r.calls) != 1 || len(v4) != 1 || len(both) != 1 || both[0] != v4[0] {
 		t.Errorf("after a query and a connection: calls %v, answered %v, connected to %v", r.calls, v4, both)
