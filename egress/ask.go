@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -32,6 +33,10 @@ func (q Question) String() string {
 	return q.Name + ":" + strconv.Itoa(int(q.Port))
 }
 
+// maxQuestions bounds the questions one job may have waiting: a job that
+// tries many names must not flood the person asked (nor the proxy).
+const maxQuestions = 8
+
 // askTable holds the questions in flight, one per job and destination (a
 // client's retries wait on the same one), and wakes held requests when a
 // job's policy changes.
@@ -39,6 +44,7 @@ type askTable struct {
 	mu      sync.Mutex
 	pending map[askKey]*pendingAsk
 	change  map[string]*tokenWait
+	perJob  map[string]int // questions waiting, by token
 }
 
 type askKey struct {
@@ -75,9 +81,16 @@ func (p *Proxy) hold(ctx context.Context, a *attempt, dns bool) (Policy, string,
 	if t.pending == nil {
 		t.pending = map[askKey]*pendingAsk{}
 		t.change = map[string]*tokenWait{}
+		t.perJob = map[string]int{}
 	}
 	pa := t.pending[key]
+	if pa == nil && t.perJob[a.token] >= maxQuestions {
+		t.mu.Unlock()
+		rule, _, _ := verdict(Policy{Mode: Allowlist}, a, netip.AddrPort{}, dns)
+		return Policy{}, rule + " (not asked: " + strconv.Itoa(maxQuestions) + " questions already wait)", false, nil
+	}
 	if pa == nil {
+		t.perJob[a.token]++
 		pa = &pendingAsk{answered: make(chan struct{})}
 		t.pending[key] = pa
 		// The question outlives the attempt that raised it: a retry of
@@ -97,6 +110,9 @@ func (p *Proxy) hold(ctx context.Context, a *attempt, dns bool) (Policy, string,
 			}
 			t.mu.Lock()
 			delete(t.pending, key)
+			if t.perJob[a.token]--; t.perJob[a.token] == 0 {
+				delete(t.perJob, a.token)
+			}
 			t.mu.Unlock()
 			close(pa.answered)
 		}()

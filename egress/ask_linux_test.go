@@ -3,7 +3,11 @@
 package egress
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,6 +151,43 @@ func TestAsk(t *testing.T) {
 		if n := a.calls.Load(); n != 1 {
 			t.Errorf("asked %d times", n)
 		}
+	})
+	t.Run("a flood of names", func(t *testing.T) {
+		reset()
+		// A job of its own: questions of the subtests before may still wait.
+		const tok = "job-flood"
+		f.jobs.set(tok, Policy{Mode: Allowlist, Ask: true})
+		a.answer(func(ctx context.Context, _ string, _ Question) error { <-ctx.Done(); return ctx.Err() })
+		var wg sync.WaitGroup
+		start := time.Now()
+		fast := make(chan string, 20)
+		for i := range 12 {
+			wg.Go(func() {
+				c, err := net.Dial("tcp", f.proxy)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				fmt.Fprintf(c, "CONNECT n%d.test:443 HTTP/1.1\r\nHost: n%d.test:443\r\nProxy-Authorization: Bearer %s\r\n\r\n", i, i, tok)
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil || resp.StatusCode != http.StatusForbidden {
+					t.Errorf("n%d.test: %v %v", i, resp, err)
+					return
+				}
+				if time.Since(start) < time.Second {
+					fast <- fmt.Sprint(i)
+				}
+			})
+			time.Sleep(20 * time.Millisecond)
+		}
+		wg.Wait()
+		if n := a.calls.Load(); n != maxQuestions || len(fast) != 12-maxQuestions {
+			t.Errorf("%d questions asked, %d denied at once; want %d and %d", n, len(fast), maxQuestions, 12-maxQuestions)
+		}
+		f.entry(t, tok, "a question not asked", func(e Entry) bool {
+			return e.Rule == "not in allowlist (not asked: 8 questions already wait)"
+		})
 	})
 	t.Run("not for what no answer could allow", func(t *testing.T) {
 		reset()

@@ -45,7 +45,9 @@
 // through a bounded queue (Config.LogQueue; what a slow sink loses is
 // counted and reported). A request the allowlist denies may wait
 // (Policy.Ask, Config.AskWait, 30 s) for the Asker's answer; it goes
-// through if the policy allows it by then.
+// through if the policy allows it by then. Retries of a request wait on
+// one question, and a job has at most 8 waiting: a job that tries many
+// names cannot flood the person asked.
 //
 // # The engine's part
 //
