@@ -76,8 +76,16 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}
 	netnsErr = setupNamespaces()
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, d := range tempDirs {
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
 }
+
+// tempDirs are removed when the tests end (t.TempDir is per test; these
+// outlive one).
+var tempDirs []string
 
 // setupNamespaces prepares the re-executed binary's own namespaces.
 func setupNamespaces() error {
@@ -89,6 +97,7 @@ func setupNamespaces() error {
 	if err != nil {
 		return err
 	}
+	tempDirs = append(tempDirs, dir)
 	rc := filepath.Join(dir, "resolv.conf")
 	if err := os.WriteFile(rc, []byte(sandboxResolv), 0o644); err != nil {
 		return err

@@ -173,6 +173,7 @@ func buildWorld() (w *world, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tempDirs = append(tempDirs, dir)
 	for _, args := range [][]string{
 		{"netns", "add", sitesNS},
 		{"link", "add", "veth-h", "type", "veth", "peer", "name", "veth-s", "netns", sitesNS},
