@@ -88,11 +88,25 @@ func (jd *Decoder) Decode(data []byte, v any, prefix string) error {
 	}
 	jd.once.Do(func() {
 		// The library's defaults refuse duplicate names and invalid
-		// UTF-8; unknown members the hook refuses itself, naming the
-		// known ones.
+		// UTF-8; unknown members the package refuses itself, naming the
+		// known ones. The hook is for the values the library decodes
+		// (inside an interface, say): it hands back those the package
+		// has rules for.
 		jd.opts = jsonv2.JoinOptions(jsonv2.DefaultOptionsV2(), jsonv2.WithUnmarshalers(jsonv2.UnmarshalFromFunc(jd.value)))
 	})
-	err := jsonv2.Unmarshal(data, v, jd.opts)
+	// The library's tokenizer reads a bytes.Buffer in place (no copy);
+	// the package walks the value itself, so that a short message pays
+	// for no per-value dispatch.
+	d := decoders.Get().(*pooledDecoder)
+	d.buf = bytes.NewBuffer(data)
+	d.dec.Reset(d.buf, jd.opts)
+	err := jd.decode(&d.dec, rv.Elem())
+	if err == nil {
+		err = end(&d.dec)
+	}
+	d.dec.Reset(noInput) // lets go of data
+	d.buf = nil
+	decoders.Put(d)
 	if err == nil {
 		return nil
 	}
@@ -101,6 +115,31 @@ func (jd *Decoder) Decode(data []byte, v any, prefix string) error {
 		fe = explain(err, "", rv.Elem().Type())
 	}
 	return &delegate.FieldError{Field: join(prefix, fe.Field), Rule: fe.Rule}
+}
+
+// pooledDecoder is a tokenizer kept for the next Decode.
+type pooledDecoder struct {
+	dec jsontext.Decoder
+	buf *bytes.Buffer
+}
+
+var decoders = sync.Pool{New: func() any { return new(pooledDecoder) }}
+
+// noInput is what a pooled decoder reads between two Decodes: nothing (it
+// is never read, only held).
+var noInput = bytes.NewReader(nil)
+
+// end checks that nothing but space follows the value.
+func end(dec *jsontext.Decoder) error {
+	off := dec.InputOffset()
+	_, err := dec.ReadToken()
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return &delegate.FieldError{Rule: fmt.Sprintf("must be a single JSON value (more follows at byte %d)", off)}
+	}
+	return err
 }
 
 // join puts a path under a prefix: "manifest" and "files[2]" make
@@ -548,6 +587,7 @@ func mapPath(dec *jsontext.Decoder, depth int, last string, err error) string {
 // message is a slice of the input: the bytes as given.
 func raw(dec *jsontext.Decoder, rv reflect.Value) error {
 	depth := dec.StackDepth()
+	dec.PeekKind() // the input is read into the buffer by then
 	start, input := dec.InputOffset(), dec.UnreadBuffer()
 	var stack []rawLevel // the containers open inside the value
 	for {

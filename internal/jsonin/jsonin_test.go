@@ -146,3 +146,33 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestRaw: a json.RawMessage, at the top or in a field, holds the bytes
+// as given (a slice of the input), checked by the same rules.
+func TestRaw(t *testing.T) {
+	for _, in := range []string{`7`, ` "x" `, `{"a":[1,{"b":null}]}`, `[]`} {
+		if err := jsonin.Check([]byte(in), "x"); err != nil {
+			t.Errorf("Check(%s): %v", in, err)
+		}
+		var raw json.RawMessage
+		if err := jsonin.Decode([]byte(in), &raw, ""); err != nil || string(raw) != strings.TrimSpace(in) {
+			t.Errorf("Decode(%s) = %s, %v", in, raw, err)
+		}
+	}
+	data := []byte(`{"id":"a","raw": {"k":[1, 2]} }`)
+	var a struct {
+		ID  string          `json:"id"`
+		Raw json.RawMessage `json:"raw"`
+	}
+	if err := jsonin.Decode(data, &a, ""); err != nil || string(a.Raw) != `{"k":[1, 2]}` {
+		t.Fatalf("field: %s, %v", a.Raw, err)
+	}
+	if &a.Raw[0] != &data[17] {
+		t.Error("the raw value is a copy, not a slice of the input")
+	}
+	for _, in := range []string{`{"a":1,"a":2}`, `[1,]`, "\"\xff\""} {
+		if err := jsonin.Check([]byte(in), "x"); err == nil {
+			t.Errorf("Check(%q) accepted", in)
+		}
+	}
+}
