@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -18,24 +19,35 @@ const deadlineGrace = 5 * time.Second
 // basePath is the PATH every job starts with.
 const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// command builds the argv and environment for a job. The task and every
-// other untrusted string travel as whole argv elements or environment
-// values: nothing is spliced into a shell line.
+// scriptArgs runs the "script" input with /bin/sh: a fixed command line,
+// so that no job text shows in a process list.
+var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
+
+// command builds the command line, inputs and environment for a job. The
+// task and every other untrusted string travel as inputs (files the
+// backend puts in the sandbox) or environment values: never in the
+// command line, and never spliced into a shell line.
 func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
+	inputs := map[string][]byte{}
+	stdin := ""
 	switch m.AgentType {
 	case delegate.AgentScript:
 		script := m.Task
 		if m.Agent != nil && m.Agent.Command != "" {
 			script = m.Agent.Command
 		}
-		args = []string{"/bin/sh", "-c", script}
+		inputs["script"] = []byte(script)
+		args = slices.Clone(scriptArgs)
 	case delegate.AgentCustom:
 		// The command is the submitter's own code; the task reaches it as
 		// data in $DELEGATE_TASK.
-		args = []string{"/bin/sh", "-c", m.Agent.Command}
+		inputs["script"] = []byte(m.Agent.Command)
+		args = slices.Clone(scriptArgs)
 	case delegate.AgentClaude:
+		inputs["prompt"] = []byte(m.Task)
+		stdin = "prompt"
 		args = ClaudeArgs(m)
 	default:
 		return sandbox.Command{}, fmt.Errorf("agentType %q: %w", m.AgentType, delegate.ErrInvalid)
@@ -78,16 +90,17 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		list = append(list, k+"="+env[k])
 	}
 	return sandbox.Command{
-		Args: args, Env: list, Dir: delegate.Workspace, OutputLimit: e.cfg.OutputLimit,
+		Args: args, Env: list, Dir: delegate.Workspace, Inputs: inputs, Stdin: stdin, OutputLimit: e.cfg.OutputLimit,
 		Deadline: time.Now().Add(time.Duration(m.TimeoutSeconds())*time.Second + deadlineGrace),
 	}, nil
 }
 
-// ClaudeArgs is the Claude CLI command line for a job: the task is one
-// argument, never parsed by a shell. stream-json with -p needs --verbose;
-// permissions are skipped because the sandbox is the boundary.
+// ClaudeArgs is the Claude CLI command line for a job. The task is not
+// in it: the CLI reads the prompt from its standard input (the "prompt"
+// input). stream-json with -p needs --verbose; permissions are skipped
+// because the sandbox is the boundary.
 func ClaudeArgs(m delegate.Manifest) []string {
-	args := []string{"claude", "-p", m.Task, "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions"}
+	args := []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions"}
 	if m.Agent != nil && m.Agent.ClaudeModel != "" {
 		args = append(args, "--model", m.Agent.ClaudeModel)
 	}

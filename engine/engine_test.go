@@ -156,15 +156,21 @@ func TestCommandAndEnv(t *testing.T) {
 	t.Setenv("DELEGATE_SECRET_TOKEN", "s3cret")
 	f := newFixture(t, engine.Config{})
 	tricky := `it's "quoted"; $(rm -rf /) && echo pwned`
+	// The command lines are fixed: the task, the script and the secrets
+	// travel as inputs and environment, never as arguments.
+	scriptArgs := []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
 	tests := []struct {
-		m        delegate.Manifest
-		wantArgs []string
+		m          delegate.Manifest
+		wantArgs   []string
+		wantInputs map[string]string
+		wantStdin  string
 	}{
-		{script("echo hi"), []string{"/bin/sh", "-c", "echo hi"}},
-		{delegate.Manifest{AgentType: delegate.AgentScript, Task: tricky, Agent: &delegate.AgentConfig{Command: "make"}}, []string{"/bin/sh", "-c", "make"}},
-		{delegate.Manifest{AgentType: delegate.AgentCustom, Task: tricky, Agent: &delegate.AgentConfig{Command: "./run"}}, []string{"/bin/sh", "-c", "./run"}},
+		{script("echo hi"), scriptArgs, map[string]string{"script": "echo hi"}, ""},
+		{delegate.Manifest{AgentType: delegate.AgentScript, Task: tricky, Agent: &delegate.AgentConfig{Command: "make"}}, scriptArgs, map[string]string{"script": "make"}, ""},
+		{delegate.Manifest{AgentType: delegate.AgentCustom, Task: tricky, Agent: &delegate.AgentConfig{Command: "./run"}}, scriptArgs, map[string]string{"script": "./run"}, ""},
 		{delegate.Manifest{AgentType: delegate.AgentClaude, Task: tricky, Agent: &delegate.AgentConfig{ClaudeModel: "opus"}},
-			[]string{"claude", "-p", tricky, "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus"}},
+			[]string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus"},
+			map[string]string{"prompt": tricky}, "prompt"},
 	}
 	for _, tc := range tests {
 		tc.m.Env = map[string]string{"FOO": "a b;c"}
@@ -174,6 +180,19 @@ func TestCommandAndEnv(t *testing.T) {
 		p := f.started()
 		if !slices.Equal(p.Cmd.Args, tc.wantArgs) {
 			t.Errorf("%s: args %q, want %q", tc.m.AgentType, p.Cmd.Args, tc.wantArgs)
+		}
+		if len(p.Cmd.Inputs) != len(tc.wantInputs) || p.Cmd.Stdin != tc.wantStdin {
+			t.Errorf("%s: inputs %q stdin %q, want %q %q", tc.m.AgentType, p.Cmd.Inputs, p.Cmd.Stdin, tc.wantInputs, tc.wantStdin)
+		}
+		for k, v := range tc.wantInputs {
+			if string(p.Cmd.Inputs[k]) != v {
+				t.Errorf("%s: input %s %q, want %q", tc.m.AgentType, k, p.Cmd.Inputs[k], v)
+			}
+		}
+		for _, a := range p.Cmd.Args {
+			if strings.Contains(a, "s3cret") || strings.Contains(a, "pwned") {
+				t.Errorf("%s: argument %q holds the task or a secret", tc.m.AgentType, a)
+			}
 		}
 		for _, want := range []string{"FOO=a b;c", "TOKEN=s3cret", "DELEGATE_JOB_ID=" + job.ID, "DELEGATE_TASK=" + tc.m.Task, "HOME=/workspace"} {
 			if !slices.Contains(p.Cmd.Env, want) {
@@ -371,8 +390,8 @@ func TestRecovery(t *testing.T) {
 		t.Fatalf("lost job: %s %q", j.Status, j.Error)
 	}
 	q := f.started()
-	if q.Cmd.Args[2] != "queued" {
-		t.Fatalf("started %q, want the queued job", q.Cmd.Args)
+	if string(q.Cmd.Inputs["script"]) != "queued" {
+		t.Fatalf("started %q, want the queued job", q.Cmd.Inputs)
 	}
 	q.Finish(sandbox.Exit{})
 	if j := f.wait(eng2, queued.ID); j.Status != delegate.StatusSuccess || j.Owner != eng2.Owner() {

@@ -67,6 +67,19 @@ type Command struct {
 	Args []string
 	Env  []string // KEY=VALUE, the complete environment
 	Dir  string   // working directory inside the sandbox, default /workspace
+	// Inputs are files the backend puts in the sandbox before the process
+	// starts, readable by the job's user only (mode 0400), in a directory
+	// of the command's own outside /workspace, whose path the process finds
+	// in $DELEGATE_INPUTS (the backend sets it last, over Env). Untrusted
+	// text (a task, a script) travels here, never in Args: every user of a
+	// host can read a sandbox's argument lists, and the QEMU guest agent
+	// logs them. Env, which holds secrets, must never reach an argument
+	// list or a log either: a backend that cannot hand an environment over
+	// directly writes it as an input of its own.
+	Inputs map[string][]byte
+	// Stdin names the input the process reads as its standard input; ""
+	// gives it /dev/null.
+	Stdin string
 	// OutputLimit caps the stdout and stderr the backend keeps, both
 	// together. Exit.OutputBytes still counts everything the process wrote.
 	OutputLimit int64
