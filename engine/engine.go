@@ -263,6 +263,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := e.checkTemplate(ctx, m.VMTemplate, chosenTemplate); err != nil {
 		return nil, err
 	}
+	if err := e.checkResources(ctx, m); err != nil {
+		return nil, err
+	}
 	for i, name := range m.Secrets {
 		if _, ok := e.cfg.Secret(name); !ok {
 			return nil, &delegate.FieldError{

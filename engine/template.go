@@ -32,3 +32,20 @@ func (e *Engine) checkTemplate(ctx context.Context, name string, fromManifest bo
 	}
 	return fmt.Errorf("check vmTemplate %q: %w", name, err)
 }
+
+// checkResources asks the backend, when it can tell, whether any of its
+// machines could hold the job's resources (sandbox.ResourceChecker).
+func (e *Engine) checkResources(ctx context.Context, m delegate.Manifest) error {
+	rc, ok := e.backend.(sandbox.ResourceChecker)
+	if !ok || m.Resources == nil {
+		return nil
+	}
+	mem, _ := delegate.ParseSize(m.Resources.Memory)
+	err := rc.CheckResources(ctx, sandbox.Spec{CPU: m.Resources.CPU, MemoryBytes: mem, Template: m.VMTemplate})
+	var fe *delegate.FieldError
+	if err == nil || errors.As(err, &fe) {
+		return err
+	}
+	e.log.Warn("the backend could not check the job's resources", "err", err)
+	return nil
+}
