@@ -183,8 +183,9 @@ func TestSnapshots(t *testing.T) {
 		StorageSpec{ID: "thick", Type: "lvm"}, StorageSpec{ID: "tank", Type: "zfspool"})})
 	ctx := ctxT(t)
 	id := cloneAndBoot(t, s, 130, nil)
+	// Options a running VM takes at once (cores would wait in [PENDING]).
 	desc := "before"
-	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 1, Description: &desc}); err != nil {
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Description: &desc, Options: map[string]string{"cpulimit": "1"}}); err != nil {
 		t.Fatal(err)
 	}
 	upid, err := s.c.CreateSnapshot(ctx, "pve1", id, "s1", "first", true)
@@ -203,7 +204,7 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("snapshot named current: %v", err)
 	}
 	desc = "after"
-	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 4, Description: &desc, Options: map[string]string{"onboot": "1"}}); err != nil {
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Description: &desc, Options: map[string]string{"onboot": "1", "cpulimit": "4"}}); err != nil {
 		t.Fatal(err)
 	}
 	upid, err = s.c.CreateSnapshot(ctx, "pve1", id, "s2", "", false)
@@ -218,9 +219,9 @@ func TestSnapshots(t *testing.T) {
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "s1", false)
 	mustTask(t, s, upid, err)
 	cfg, _ := s.c.VMConfig(ctx, "pve1", id)
-	if cfg.Cores != 1 || cfg.Description != "after" || cfg.Option("onboot") != "" || cfg.Option("parent") != "s1" || cfg.Lock != "" {
-		t.Errorf("after rollback to s1: cores %d, description %q, onboot %q, parent %q, lock %q",
-			cfg.Cores, cfg.Description, cfg.Option("onboot"), cfg.Option("parent"), cfg.Lock)
+	if cfg.Option("cpulimit") != "1" || cfg.Description != "after" || cfg.Option("onboot") != "" || cfg.Option("parent") != "s1" || cfg.Lock != "" {
+		t.Errorf("after rollback to s1: cpulimit %s, description %q, onboot %q, parent %q, lock %q",
+			cfg.Option("cpulimit"), cfg.Description, cfg.Option("onboot"), cfg.Option("parent"), cfg.Lock)
 	}
 	if v, _ := s.VM(id); v.Status != "running" {
 		t.Errorf("a snapshot with RAM left the VM %s", v.Status)
@@ -229,8 +230,8 @@ func TestSnapshots(t *testing.T) {
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "s2", false)
 	mustTask(t, s, upid, err)
 	cfg, _ = s.c.VMConfig(ctx, "pve1", id)
-	if v, _ := s.VM(id); v.Status != "stopped" || cfg.Cores != 4 || cfg.Option("onboot") != "1" {
-		t.Errorf("after rollback to s2: %s, cores %d", v.Status, cfg.Cores)
+	if v, _ := s.VM(id); v.Status != "stopped" || cfg.Option("cpulimit") != "4" || cfg.Option("onboot") != "1" {
+		t.Errorf("after rollback to s2: %s, cpulimit %s", v.Status, cfg.Option("cpulimit"))
 	}
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "nope", false)
 	if err != nil {

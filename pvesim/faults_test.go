@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -130,9 +131,22 @@ func TestAgentDown(t *testing.T) {
 	}
 	s.SetFaults(Faults{})
 	waitAgent(t, s, 101)
-	// An agent not configured is another error.
+	// An agent not configured is another error. Removing the option
+	// from a running VM waits for its next start ([PENDING]).
 	if err := s.c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{Delete: []string{"agent"}}); err != nil {
 		t.Fatal(err)
+	}
+	if err := s.c.AgentPing(ctx, "pve1", 101); err != nil {
+		t.Errorf("agent removed while running: %v", err)
+	}
+	for _, f := range []func(context.Context, string, int) (string, error){s.c.StopVM, s.c.StartVM} {
+		upid, err := f(ctx, "pve1", 101)
+		if err == nil {
+			err = s.c.WaitTask(ctx, "", upid)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := s.c.AgentPing(ctx, "pve1", 101); !pve.IsAgentNotConfigured(err) {
 		t.Errorf("agent not configured: %v", err)

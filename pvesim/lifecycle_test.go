@@ -140,7 +140,7 @@ func testLifecycle(t *testing.T, full bool) {
 		t.Errorf("killed: %+v", es)
 	}
 	if _, err := c.AgentExec(ctx, "pve1", id, []string{"nosuch-program"}, nil); err == nil ||
-		!strings.HasSuffix(err.Error(), "Agent error: Failed to execute child process “nosuch-program” (No such file or directory)") {
+		!strings.HasSuffix(err.Error(), "Agent error: Guest agent command failed, error was 'Failed to execute child process “nosuch-program” (No such file or directory)'") {
 		t.Errorf("missing program: %v", err)
 	}
 

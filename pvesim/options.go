@@ -54,6 +54,20 @@ type Options struct {
 	// AgentLatency is the least a guest-agent call takes (QMP to qemu-ga
 	// and back); default none.
 	AgentLatency time.Duration
+	// AgentPingTimeout is how long the guest-ping before each agent call
+	// waits for an agent that does not answer (a guest still booting):
+	// 3 s in the real profile (qemu-server's qga_check_running), 50 ms by
+	// default.
+	AgentPingTimeout time.Duration
+	// AgentEmulation runs the shell emulation of the guest agent even
+	// where qemu-ga is installed.
+	AgentEmulation bool
+	// DaemonWorkers is how many pvedaemon workers each node has (3, the
+	// default: pve-manager PVE/Service/pvedaemon.pm max_workers): the
+	// calls pveproxy hands to pvedaemon ("protected" methods: agent,
+	// config changes, clones, power, task status...) wait for a free one
+	// and hold it while they run. Negative: no limit.
+	DaemonWorkers int
 	// StatsInterval is pvestatd's cycle: /nodes and /cluster/resources
 	// report the node and VM figures (status, name, memory, cpu...) of the
 	// last cycle, and a VM created since has none of them yet. Zero (the
@@ -206,10 +220,11 @@ func RealLatency() Options {
 			"qmclone": 2 * time.Second, "qmstart": time.Second, "qmstop": 2 * time.Second,
 			"qmshutdown": 4 * time.Second, "qmdestroy": time.Second,
 		},
-		BootDelay:      12 * time.Second,
-		RequestLatency: Span{10 * time.Millisecond, 50 * time.Millisecond},
-		AgentLatency:   25 * time.Millisecond,
-		StatsInterval:  10 * time.Second,
+		BootDelay:        12 * time.Second,
+		RequestLatency:   Span{10 * time.Millisecond, 50 * time.Millisecond},
+		AgentLatency:     25 * time.Millisecond,
+		AgentPingTimeout: 3 * time.Second,
+		StatsInterval:    10 * time.Second,
 	}
 }
 
@@ -247,6 +262,9 @@ func (o *Options) setDefaults() error {
 		if o.AgentLatency == 0 {
 			o.AgentLatency = real.AgentLatency
 		}
+		if o.AgentPingTimeout == 0 {
+			o.AgentPingTimeout = real.AgentPingTimeout
+		}
 		if o.StatsInterval == 0 {
 			o.StatsInterval = real.StatsInterval
 		}
@@ -258,6 +276,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.BootDelay == 0 {
 		o.BootDelay = 200 * time.Millisecond
+	}
+	if o.AgentPingTimeout == 0 {
+		o.AgentPingTimeout = 50 * time.Millisecond
+	}
+	if o.DaemonWorkers == 0 {
+		o.DaemonWorkers = 3
 	}
 	if o.RequestLatency.Max < o.RequestLatency.Min {
 		o.RequestLatency.Max = o.RequestLatency.Min

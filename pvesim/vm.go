@@ -36,6 +36,10 @@ type vm struct {
 	agentDisabled []string
 	// snapshots are the [snapname] sections of its config file.
 	snapshots map[string]*snapshot
+	// pending is the [PENDING] section: changes made while the VM ran
+	// that apply at its next start (pendingDelete: options to remove).
+	pending       map[string]string
+	pendingDelete []string
 }
 
 // VM is a VM as tests see it.
@@ -55,6 +59,9 @@ type VM struct {
 	Type string
 	// Snapshots are the names of its snapshots, oldest first.
 	Snapshots []string
+	// Pending are changes waiting for its next start ("" for an option
+	// to be removed).
+	Pending map[string]string
 }
 
 // VMs lists the VMs by vmid.
@@ -83,6 +90,15 @@ func (s *Server) vmView(v *vm) VM {
 	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
 		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf), Type: v.typ(),
 		Snapshots: v.snapshotNames()}
+	if len(v.pending)+len(v.pendingDelete) > 0 {
+		out.Pending = maps.Clone(v.pending)
+		if out.Pending == nil {
+			out.Pending = map[string]string{}
+		}
+		for _, k := range v.pendingDelete {
+			out.Pending[k] = ""
+		}
+	}
 	if v.ct {
 		out.Name = v.conf["hostname"]
 	}
@@ -238,7 +254,16 @@ func (v *vm) digest() string {
 			fmt.Fprintf(&b, "%s: %s\n", k, v.conf[k])
 		}
 	}
-	// The file's snapshot sections follow, so a snapshot changes it too.
+	// The pending section and the snapshots follow: they change it too.
+	if len(v.pending)+len(v.pendingDelete) > 0 {
+		b.WriteString("\n[PENDING]\n")
+		for _, k := range slices.Sorted(maps.Keys(v.pending)) {
+			fmt.Fprintf(&b, "%s: %s\n", k, v.pending[k])
+		}
+		if len(v.pendingDelete) > 0 {
+			fmt.Fprintf(&b, "delete: %s\n", strings.Join(v.pendingDelete, ","))
+		}
+	}
 	for _, name := range v.snapshotNames() {
 		sn := v.snapshots[name]
 		fmt.Fprintf(&b, "\n[%s]\n", name)
