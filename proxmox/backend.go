@@ -67,6 +67,9 @@ type Config struct {
 	// cloned into (PROXMOX_RESOURCE_POOL), so that the token's rights can
 	// be on /pool/<name> rather than on every VM of the cluster.
 	ResourcePool string
+	// StaleLockAfter: a VM of this server locked this long is reported
+	// (its lock outlived the operation that set it). Default 15 min.
+	StaleLockAfter time.Duration
 	// CPUOvercommit, if above 0, reserves vCPUs on the nodes: the vCPUs
 	// of the VMs that count for placement stay within the node's cores
 	// times this (PROXMOX_CPU_OVERCOMMIT). 0: a job's VM needs only a
@@ -99,6 +102,9 @@ type Backend struct {
 	// nodes remembers where this server's VMs are, so that destroying
 	// one needs no listing of the cluster. Guarded by holdMu.
 	nodes map[int]string
+	// locked are this server's VMs the sweep skips for their lock, and
+	// since when. Guarded by holdMu.
+	locked map[int]lockedSince
 
 	// pool is the warm pool, once KeepPool was called (pool.go).
 	pool atomic.Pointer[pool]
@@ -122,6 +128,12 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	if cfg.AgentLostAfter <= 0 {
 		cfg.AgentLostAfter = 2 * time.Minute
 	}
+	if cfg.StaleLockAfter <= 0 {
+		cfg.StaleLockAfter = 15 * time.Minute
+	}
+	if cfg.CPUOvercommit < 0 || cfg.CPUOvercommit > 100 {
+		return nil, fmt.Errorf("proxmox: the CPU overcommit ratio %g must be from 0 (none) to 100", cfg.CPUOvercommit)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -143,7 +155,8 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 		}
 	}
 	return &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
-		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{}}, nil
+		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{},
+		locked: map[int]lockedSince{}}, nil
 }
 
 // Instance is the id this backend's VMs carry.
@@ -566,15 +579,59 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
 	}
 	var out []sandbox.Info
+	locked := map[int]bool{}
 	for _, r := range resources {
+		job := listedJob(r, b.cfg.Instance)
 		if r.Lock != "" {
+			if job != "" {
+				locked[int(r.VMID)] = true
+				b.lockedVM(r, job)
+			}
 			continue
 		}
-		if job := listedJob(r, b.cfg.Instance); job != "" {
+		if job != "" {
 			out = append(out, sandbox.Info{ID: sandboxID(int(r.VMID), job), JobID: job})
 		}
 	}
+	b.holdMu.Lock()
+	for id := range b.locked {
+		if !locked[id] {
+			delete(b.locked, id)
+		}
+	}
+	b.holdMu.Unlock()
 	return out, nil
+}
+
+// lockedSince is when the sweep first saw a VM of ours locked.
+type lockedSince struct {
+	lock     string
+	since    time.Time
+	reported bool
+}
+
+// lockedVM notes a VM of ours the sweep must skip because it is locked,
+// and reports it once its lock has lasted StaleLockAfter with no
+// operation of this server on it: a clone or create that died half-way
+// (its node rebooted) leaves the lock, and only root may clear it (qm
+// unlock, or skiplock, which Proxmox refuses to API tokens), so the VM
+// would stay for ever unseen.
+func (b *Backend) lockedVM(r pve.Resource, job string) {
+	vmid := int(r.VMID)
+	b.holdMu.Lock()
+	l, seen := b.locked[vmid]
+	if !seen || l.lock != r.Lock {
+		l = lockedSince{lock: r.Lock, since: time.Now()}
+	}
+	report := !l.reported && time.Since(l.since) >= b.cfg.StaleLockAfter
+	l.reported = l.reported || report
+	b.locked[vmid] = l
+	b.holdMu.Unlock()
+	if report && !b.inFlight(vmid) {
+		b.log.Warn("a VM of this server has been locked too long to be an operation in progress, and cannot be destroyed while it is: "+
+			"clear its lock as root on its node (qm unlock "+strconv.Itoa(vmid)+"), and the next cleanup destroys it",
+			"vmid", vmid, "node", r.Node, "lock", r.Lock, "job", job, "locked_for", time.Since(l.since).Round(time.Second))
+	}
 }
 
 // Destroy implements sandbox.Backend. A VM that is no longer the one the

@@ -10,8 +10,9 @@ import (
 )
 
 // agentFor is PVE's assert_agent_available (src/PVE/QemuServer/Agent.pm):
-// the VM has the agent enabled and runs, and its agent answers a
-// guest-ping within 3 s (Options.AgentPingTimeout; a booting guest makes
+// the VM has an agent option (one that is absent fails at once; with
+// agent: 0, QEMU has no agent socket and the ping fails) and runs, and its
+// agent answers a guest-ping within 3 s (Options.AgentPingTimeout; a booting guest makes
 // the ping wait that long). Each agent_cmd does it again before its
 // command, so a call costs a ping and the command. A call takes at least
 // Options.AgentLatency. The agent itself refuses what it blocks (qemu-ga
@@ -22,19 +23,26 @@ func (c *call) agentFor() (guestAgent, int, error) {
 	s := c.s
 	s.mu.Lock()
 	v, err := c.loadVM()
-	if err == nil && !v.agentEnabled() {
+	if err == nil && v.conf["agent"] == "" {
+		// Only an agent option that is absent is refused at once: with
+		// agent: 0 the VM runs without the agent's socket, and the ping
+		// below fails.
 		err = dieErr("No QEMU guest agent configured")
 	}
 	if err == nil && v.status != "running" {
 		err = dieErr("VM %d is not running", v.vmid)
 	}
 	var vmid int
+	noSocket := false
 	if err == nil {
-		vmid = v.vmid
+		vmid, noSocket = v.vmid, !v.agentEnabled()
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, 0, err
+	}
+	if noSocket {
+		return nil, 0, dieErr("QEMU guest agent is not running")
 	}
 	if d := s.opts.AgentLatency; d > 0 {
 		select {

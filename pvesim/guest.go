@@ -137,3 +137,22 @@ func (s *Server) pingAgent(ctx context.Context, vmid int) error {
 	}
 	return g.agent.ping(ctx, timeout)
 }
+
+// RestartAgent stops a running VM's guest agent as stopping its service
+// would (qemu-ga and what it started in its process group die: the
+// simulator's stand-in for the service's cgroup; what left the group
+// with setsid lives on), and the guest starts it again. It needs the real
+// qemu-ga.
+func (s *Server) RestartAgent(ctx context.Context, vmid int) error {
+	s.mu.Lock()
+	v, ok := s.vms[vmid]
+	var g *guest
+	if ok {
+		g = v.guest
+	}
+	s.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("pvesim: VM %d does not run", vmid)
+	}
+	return g.agent.restart(ctx)
+}

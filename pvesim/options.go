@@ -133,6 +133,11 @@ type Faults struct {
 	// OfflineNodes are unreachable: "offline" in /nodes and
 	// /cluster/resources, their VMs "unknown", calls to them answer 595.
 	OfflineNodes []string
+	// CloneRaces: the next N clones lose their new vmid to a clone another
+	// node makes at the same moment (a stopped VM appears there), so that
+	// pmxcfs refuses their config ("close (rename) atomic file ... failed:
+	// File exists"). Needs two nodes.
+	CloneRaces int
 }
 
 func (f Faults) clone() Faults {
@@ -188,17 +193,33 @@ type TemplateSpec struct {
 	// template feature (not thick LVM).
 	Storage string
 	// AgentDisabledRPCs are guest-agent commands the guest's qemu-ga does
-	// not allow, as RHEL's does (see RHELAgentDisabledRPCs): calls that
-	// need them fail with "Agent error: Command guest-exec has been
-	// disabled: the command is not allowed".
+	// not allow, as RHEL's does (see RHELAgentDisabledRPCs): the real
+	// qemu-ga runs with --block-rpcs and refuses them ("Agent error:
+	// Command guest-exec has been disabled"), and agent/info shows them
+	// disabled.
 	AgentDisabledRPCs []string
+	// Protection sets protection: 1, which clones copy (qemu-server
+	// clone_vm copies every option but a few): a protected VM is not
+	// destroyed ("can't remove VM N - protection mode enabled").
+	Protection bool
+	// CloudInit, if set, is the storage of a cloud-init drive on ide2
+	// (qm set --ide2 <storage>:cloudinit), as the standard cloud-init
+	// template has it.
+	CloudInit string
+	// CIUpgrade sets ciupgrade (cloud-init upgrades packages at first
+	// boot; PVE's default is 1 when unset).
+	CIUpgrade string
+	// Net0, if set, is its net0 (default "virtio=<MAC>,bridge=vmbr0,
+	// firewall=1").
+	Net0 string
 }
 
-// RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma 10's qemu-ga
-// leaves out of its default --allow-rpcs list: exec and the file calls
-// (seen in BassT23/Proxmox#256: "Agent error: Command guest-exec has been
-// disabled: the command is not allowed"). A template must allow them
-// (/etc/sysconfig/qemu-ga).
+// RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma's qemu-ga
+// leaves out by default (/etc/sysconfig/qemu-ga: BLOCK_RPCS, or an
+// --allow-rpcs list from QEMU 8.1 on): exec and the file calls (seen in
+// BassT23/Proxmox#256: "Agent error: Command guest-exec has been
+// disabled: the command is not allowed"). guest-ping still answers. A
+// template must allow them.
 func RHELAgentDisabledRPCs() []string {
 	return []string{"guest-exec", "guest-exec-status", "guest-file-open", "guest-file-close",
 		"guest-file-read", "guest-file-write", "guest-file-seek", "guest-file-flush"}

@@ -181,6 +181,22 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 	if spec.Tags != "" {
 		conf["tags"] = normalizeTags(spec.Tags)
 	}
+	if spec.Protection {
+		conf["protection"] = "1"
+	}
+	if spec.Net0 != "" {
+		conf["net0"] = spec.Net0
+	}
+	if spec.CloudInit != "" {
+		ci := s.storage(spec.CloudInit)
+		if ci == nil || !ci.hasContent("images") {
+			return fmt.Errorf("pvesim: no storage %q for the cloud-init drive", spec.CloudInit)
+		}
+		conf["ide2"] = fmt.Sprintf("%s:vm-%d-cloudinit,media=cdrom", ci.id, vmid)
+	}
+	if spec.CIUpgrade != "" {
+		conf["ciupgrade"] = spec.CIUpgrade
+	}
 	if spec.BalloonMiB > 0 {
 		conf["balloon"] = strconv.Itoa(spec.BalloonMiB)
 	}
@@ -494,4 +510,22 @@ func netOption(net, key string) string {
 		}
 	}
 	return ""
+}
+
+// SetVMLock sets (or, with "", clears) a VM's lock, as a task that died
+// half-way leaves it (a node that rebooted during a clone): only root's
+// qm unlock clears it on a real cluster.
+func (s *Server) SetVMLock(vmid int, lock string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vms[vmid]
+	if !ok {
+		return fmt.Errorf("pvesim: no VM %d", vmid)
+	}
+	if lock == "" {
+		delete(v.conf, "lock")
+	} else {
+		v.conf["lock"] = lock
+	}
+	return nil
 }
