@@ -421,7 +421,7 @@ func (a *qgaReal) info(ctx context.Context) (map[string]any, error) {
 // restart kills the agent's process group, as stopping its service
 // would; guestInit starts it again.
 func (a *qgaReal) restart(ctx context.Context) error {
-	pid, err := a.exec(ctx, []string{"/bin/sh", "-c", `sleep 0.05; kill -TERM -- "-$(cat "$0")"`, qgaDir + "/agent.pid"}, nil)
+	pid, err := a.exec(ctx, []string{"/bin/sh", "-c", `sleep 0.05; kill -s TERM -- "-$(cat "$0")"`, qgaDir + "/agent.pid"}, nil)
 	if err != nil {
 		return err
 	}
