@@ -13,12 +13,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
-	"golang.org/x/sys/unix"
 )
 
 // The real QEMU guest agent. Where Debian's qemu-guest-agent is
@@ -40,6 +40,9 @@ import (
 // qgaBinary finds qemu-ga on the host, where the guests' sandboxes see it
 // too (they mount the host's /usr, /bin, /sbin): "" when it is missing.
 func qgaBinary() string {
+	if runtime.GOOS != "linux" {
+		return ""
+	}
 	for _, p := range []string{"/usr/sbin/qemu-ga", "/usr/bin/qemu-ga", "/usr/local/sbin/qemu-ga", "/usr/local/bin/qemu-ga"} {
 		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
 			return p
@@ -128,7 +131,7 @@ func startRealAgent(ctx context.Context, sb sandbox.Sandbox, hostWS, bin string,
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if a.dir == nil {
-			if f, err := os.OpenFile(filepath.Join(hostWS, strings.TrimPrefix(qgaDir, "/workspace/")), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0); err == nil {
+			if f, err := os.OpenFile(filepath.Join(hostWS, strings.TrimPrefix(qgaDir, "/workspace/")), dirFlags, 0); err == nil {
 				a.dir = f
 			}
 		}
