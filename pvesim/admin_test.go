@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -496,5 +497,54 @@ func TestAdminResponsesMatchSchema(t *testing.T) {
 		if r.Status != 200 && !(r.Status == 500 && r.Reason == "QEMU guest agent is not running") {
 			t.Errorf("%s %s: %d %s", r.Method, r.Path, r.Status, r.Reason)
 		}
+	}
+}
+
+// TestPendingConfig: a config change to a running VM waits in [PENDING]
+// for what it cannot hot-plug (cores, memory), applies at once what it can
+// (tags, name, cpulimit); GET config shows the pending values unless
+// current=1; GET pending lists them; the next start applies them.
+func TestPendingConfig(t *testing.T) {
+	s := newSim(t, Options{})
+	ctx := ctxT(t)
+	id := cloneAndBoot(t, s, 140, nil)
+	before, _ := s.c.VMConfig(ctx, "pve1", id)
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 4, MemoryMiB: 1024, Tags: []string{"b", "a"},
+		Options: map[string]string{"cpulimit": "1.5"}, Delete: []string{"ostype"}}); err != nil {
+		t.Fatal(err)
+	}
+	merged, _ := s.c.VMConfig(ctx, "pve1", id)
+	current, _ := s.c.CurrentVMConfig(ctx, "pve1", id)
+	if merged.Cores != 4 || merged.MemoryMiB() != 1024 || merged.Option("ostype") != "" || merged.Tags != "a;b" {
+		t.Errorf("GET config: cores %d memory %d ostype %q tags %q", merged.Cores, merged.MemoryMiB(), merged.Option("ostype"), merged.Tags)
+	}
+	if current.Cores != before.Cores || current.MemoryMiB() != before.MemoryMiB() || current.Option("ostype") != "l26" ||
+		current.Tags != "a;b" || current.Option("cpulimit") != "1.5" {
+		t.Errorf("current=1: cores %d memory %d ostype %q tags %q cpulimit %q", current.Cores, current.MemoryMiB(), current.Option("ostype"),
+			current.Tags, current.Option("cpulimit"))
+	}
+	if merged.Digest == before.Digest || merged.Digest != current.Digest {
+		t.Errorf("digests %s %s %s", before.Digest, merged.Digest, current.Digest)
+	}
+	opts, err := s.c.Pending(ctx, "pve1", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := map[string]string{}
+	for _, o := range opts {
+		if o.Changed() {
+			changed[o.Key] = fmt.Sprintf("%s>%s/%d", o.Value, o.Pending, o.Delete)
+		}
+	}
+	if want := map[string]string{"cores": "2>4/0", "memory": "2048>1024/0", "ostype": "l26>/1"}; fmt.Sprint(changed) != fmt.Sprint(want) {
+		t.Errorf("pending %v, want %v", changed, want)
+	}
+	for _, f := range []func(context.Context, string, int) (string, error){s.c.StopVM, s.c.StartVM} {
+		upid, err := f(ctx, "pve1", id)
+		mustTask(t, s, upid, err)
+	}
+	after, _ := s.c.CurrentVMConfig(ctx, "pve1", id)
+	if v, _ := s.VM(id); after.Cores != 4 || after.MemoryMiB() != 1024 || after.Option("ostype") != "" || len(v.Pending) != 0 {
+		t.Errorf("after a restart: cores %d memory %d ostype %q pending %v", after.Cores, after.MemoryMiB(), after.Option("ostype"), v.Pending)
 	}
 }

@@ -273,7 +273,9 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 		if meth.ProxyTo == "node" {
 			node = fmt.Sprint(merged["node"])
 		}
+		waited := time.Now()
 		release, err := s.daemonWorker(r.Context(), node)
+		rec.Queued = time.Since(waited)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -103,6 +103,8 @@ type Request struct {
 	TokenID string // "" when not authenticated
 	Status  int
 	Reason  string // the HTTP reason phrase (Proxmox's message)
+	// Queued is how long it waited for a pvedaemon worker.
+	Queued time.Duration
 }
 
 // New prepares a simulator; Start serves it.
