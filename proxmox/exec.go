@@ -192,11 +192,14 @@ func (s *vmSandbox) bundle(cmd sandbox.Command, run string, now time.Time) []byt
 		fmt.Fprintf(&h, "o=\"$d\"/output e=\"$d\"/events s=%s\n", shQuote(StatusFile))
 		fmt.Fprintf(&h, "wd=%s t=%d pl=%s in=%s\n", shQuote(path.Clean(dir)), deadlineSeconds(cmd.Deadline, now), shQuote(s.b.cfg.GuestPerl), shQuote(stdin))
 		fmt.Fprintf(&h, "sup=%s\nL=%s\n", shQuote(supervisorScript), shQuote(launchScript))
-		h.WriteString(`x() { tail -c "+$1" -- "$b" | head -c "$2" >"$d/$3" && chmod 0400 -- "$d/$3"; }` + "\n")
+		h.WriteString(`x() { tail -c "+$1" -- "$b" | head -c "$2" >"$d/$3"; }` + "\n")
 		h.WriteString(`if ! { umask 077 && mkdir -m 0700 -- "$d" "$d/in"`)
+		files := ""
 		for i, p := range pieces {
 			fmt.Fprintf(&h, " && x %s %s %s", num(offsets[i]), num(len(p.data)), p.dst)
+			files += ` "$d/` + p.dst + `"`
 		}
+		h.WriteString(" && chmod 0400 --" + files)
 		h.WriteString("; }; then echo \"delegate: could not write the command's inputs in $d\" >&2; exit 125; fi\n")
 		h.WriteString("rm -f -- \"$b\"; umask 022\n")
 		h.WriteString("set -- " + strings.Join(args, " ") + "\n")
