@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -584,5 +585,64 @@ func TestStaleLockReported(t *testing.T) {
 	}
 	if out := logs.String(); strings.Count(out, "qm unlock 150") != 1 || !strings.Contains(out, "lock=clone") {
 		t.Fatalf("the stale lock was not reported once:\n%s", out)
+	}
+}
+
+// TestReadmePoolLines (5): the README gives the resource pool's lines the
+// simulator's access API makes in TestResourcePool (one definition:
+// pvesim.PveumPoolCommands).
+func TestReadmePoolLines(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, version := range []string{"8.4", "9.1"} {
+		for _, line := range pvesim.PveumPoolCommands(version, "delegate-jobs", []int{9000}, []string{"local-lvm"}, []string{"vmbr0"}) {
+			if !strings.Contains(string(b), "\n"+line+"\n") {
+				t.Errorf("README lacks the line\n%s", line)
+			}
+		}
+	}
+}
+
+// TestReadmeTemplateRecipe (10): the template the README's recipe makes
+// (its qm lines, read from the README) passes the template check without
+// a warning and runs jobs.
+func TestReadmeTemplateRecipe(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recipe, ok := strings.Cut(string(b), "#### A job template (recipe)")
+	if !ok {
+		t.Fatal("no recipe in the README")
+	}
+	opts := map[string]string{}
+	for _, line := range strings.Split(recipe, "\n") {
+		if line == "```" && len(opts) > 0 {
+			break
+		}
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "qm" || (f[1] != "create" && f[1] != "set") {
+			continue
+		}
+		for i := 3; i+1 < len(f); i += 2 {
+			opts[strings.TrimPrefix(f[i], "--")] = f[i+1]
+		}
+	}
+	ci, _, _ := strings.Cut(opts["ide2"], ":")
+	spec := pvesim.TemplateSpec{Agent: opts["agent"], CloudInit: ci, CIUpgrade: opts["ciupgrade"], Net0: opts["net0"]}
+	if spec.Agent != "enabled=1" || spec.CloudInit != "local-lvm" || spec.CIUpgrade != "0" || opts["name"] != "debian-job" {
+		t.Fatalf("the recipe's options: %v", opts)
+	}
+	sim := simWith(t, pvesim.DefaultNodes(1), spec, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	var logs logBuffer
+	s := newServer(t, c, proxmox.Config{Logger: logs.logger()}, engine.Config{})
+	if j := s.wait(t, s.submit(t, "echo ok", "", 0).ID); j.Status != delegate.StatusSuccess {
+		t.Fatalf("%s %s", j.Status, j.Error)
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("warnings for the recipe's template:\n%s", logs.String())
 	}
 }

@@ -132,7 +132,7 @@ const JobRoleName = "DelegateJobs"
 //     (/sdn/zones/localnetwork/<bridge> without SDN);
 //   - VM.Config.CPU (cores, sockets), VM.Config.Memory (memory, balloon),
 //     VM.Config.Options (name, tags, description), VM.Config.Network (net0,
-//     also to delete it), VM.Config.Disk (resize);
+//     also to delete it), VM.Config.Disk (backup=0 on the disks, resize);
 //   - VM.PowerMgmt (start, stop), VM.Audit (config, status, and seeing the
 //     VMs in /cluster/resources);
 //   - the guest agent: VM.Monitor on PVE 8; on PVE 9
