@@ -52,10 +52,10 @@ import (
 const guestRun = guestDir + "/run-"
 
 // bootstrapScript joins a bundle's parts ($0.p0000, $0.p0001...) into
-// $0 and runs it in a unit of its own: a systemd scope when $1 (the
+// $0 (a bundle of one part is written as $0 itself) and runs it in a unit of its own: a systemd scope when $1 (the
 // directory that exists where systemd is the init, /run/systemd/system)
 // does, else a session of its own.
-const bootstrapScript = `b=$0; umask 077; cat -- "$b".p[0-9][0-9][0-9][0-9] >"$b" && rm -f -- "$b".p[0-9][0-9][0-9][0-9] || exit 125
+const bootstrapScript = `b=$0; umask 077; [ -e "$b" ] || { cat -- "$b".p[0-9][0-9][0-9][0-9] >"$b" && rm -f -- "$b".p[0-9][0-9][0-9][0-9]; } || exit 125
 if [ -d "$1" ] && command -v systemd-run >/dev/null 2>&1; then exec systemd-run --scope --quiet --collect --unit="delegate-${b##*/}" /bin/sh "$b"; fi
 if command -v setsid >/dev/null 2>&1; then exec setsid /bin/sh "$b"; fi
 exec /bin/sh "$b"`
@@ -79,7 +79,7 @@ const systemdDir = "/run/systemd/system"
 // launchScript, or given by the supervisor, which exits with its status:
 // dash reports a foreground command killed by a signal ("Killed") on the
 // stderr the command was given.
-const runnerBody = `mkdir -p /workspace "${s%/*}" && rm -f -- "$s" && : >"$e" && : >"$o" && mkfifo -m 0666 -- "$s" || {
+const runnerBody = `rm -f -- "$s" "$b" && : >"$e" && : >"$o" && mkfifo -m 0666 -- "$s" || {
   echo "delegate: could not prepare $s, $e and $o" >&2; exit 125; }
 cat <>"$s" >>"$e" 2>/dev/null &
 cd -- "$wd" 2>/dev/null || { echo "delegate: cannot enter the working directory $wd" >>"$o"; echo 125 >"$o.exit"; exit 125; }
@@ -193,7 +193,7 @@ func (s *vmSandbox) bundle(cmd sandbox.Command, run string, now time.Time) []byt
 		fmt.Fprintf(&h, "wd=%s t=%d pl=%s in=%s\n", shQuote(path.Clean(dir)), deadlineSeconds(cmd.Deadline, now), shQuote(s.b.cfg.GuestPerl), shQuote(stdin))
 		fmt.Fprintf(&h, "sup=%s\nL=%s\n", shQuote(supervisorScript), shQuote(launchScript))
 		h.WriteString(`x() { tail -c "+$1" -- "$b" | head -c "$2" >"$d/$3"; }` + "\n")
-		h.WriteString(`if ! { umask 077 && mkdir -m 0700 -- "$d" "$d/in"`)
+		h.WriteString(`if ! { umask 077 && mkdir -p -- /workspace "$d/in"`)
 		files := ""
 		for i, p := range pieces {
 			fmt.Fprintf(&h, " && x %s %s %s", num(offsets[i]), num(len(p.data)), p.dst)
@@ -201,7 +201,7 @@ func (s *vmSandbox) bundle(cmd sandbox.Command, run string, now time.Time) []byt
 		}
 		h.WriteString(" && chmod 0400 --" + files)
 		h.WriteString("; }; then echo \"delegate: could not write the command's inputs in $d\" >&2; exit 125; fi\n")
-		h.WriteString("rm -f -- \"$b\"; umask 022\n")
+		h.WriteString("umask 022\n")
 		h.WriteString("set -- " + strings.Join(args, " ") + "\n")
 		h.WriteString(runnerBody)
 		return h.String()
@@ -231,22 +231,28 @@ func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Proc
 	rand.Read(nonce[:])
 	run := guestRun + hex.EncodeToString(nonce[:])
 	data := s.bundle(cmd, run, time.Now())
-	if err := s.writeParts(ctx, run+".p", data); err != nil {
+	name := func(i int) string { return fmt.Sprintf("%s.p%04d", run, i) }
+	if len(data) <= pve.MaxFileWrite {
+		name = func(int) string { return run } // one part: the bundle itself, nothing to join
+	}
+	if err := s.writeParts(ctx, data, name); err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: write the command: %w", cmd.Args[0], s.vmid, err)
 	}
 	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, []string{"/bin/sh", "-c", bootstrapScript, run, systemdDir}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: %w", cmd.Args[0], s.vmid, agentHint(err))
 	}
-	return newProcess(s, pid, max(0, cmd.OutputLimit), run), nil
+	p := newProcess(s, pid, max(0, cmd.OutputLimit), run)
+	p.started = time.Now()
+	return p, nil
 }
 
-// writeParts writes data with file-write in parts named prefix0000,
-// prefix0001... in guestDir. A guest without guestDir (a VM made by an
-// older delegate) gets it made, once.
-func (s *vmSandbox) writeParts(ctx context.Context, prefix string, data []byte) error {
+// writeParts writes data with file-write in parts of at most
+// pve.MaxFileWrite bytes, part i as name(i), in guestDir. A guest without
+// guestDir (a VM made by an older delegate) gets it made, once.
+func (s *vmSandbox) writeParts(ctx context.Context, data []byte, name func(i int) string) error {
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
-		part := fmt.Sprintf("%s%04d", prefix, i)
+		part := name(i)
 		chunk := data[i*pve.MaxFileWrite : min(len(data), (i+1)*pve.MaxFileWrite)]
 		err := s.b.c.AgentFileWrite(ctx, s.node, s.vmid, part, chunk)
 		if err != nil && i == 0 && missingDir(err) {

@@ -29,13 +29,18 @@ func TestBootstrapUnit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bin, "systemd-run"), []byte(fake), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run := func(t *testing.T, systemd bool) (pid int, out string) {
+	run := func(t *testing.T, systemd bool, parts int) (pid int, out string) {
 		t.Helper()
 		b := filepath.Join(dir, "run-0123456789abcdef")
-		// The bundle in two parts: it writes its pid and its session.
+		// The bundle in two parts, or one written as itself: it writes its
+		// pid and its session.
 		bundle := `echo "$$ $(cut -d' ' -f6 /proc/$$/stat)" > "$0.out"` + "\nexit 0\n\x00\xffdata"
-		os.WriteFile(b+".p0000", []byte(bundle[:20]), 0o600)
-		os.WriteFile(b+".p0001", []byte(bundle[20:]), 0o600)
+		if parts == 2 {
+			os.WriteFile(b+".p0000", []byte(bundle[:20]), 0o600)
+			os.WriteFile(b+".p0001", []byte(bundle[20:]), 0o600)
+		} else {
+			os.WriteFile(b, []byte(bundle), 0o600)
+		}
 		marker := filepath.Join(dir, "no-systemd")
 		if systemd {
 			marker = dir
@@ -52,18 +57,21 @@ func TestBootstrapUnit(t *testing.T) {
 		if _, err := os.Stat(b + ".p0000"); err == nil {
 			t.Error("the parts were left")
 		}
+		os.Remove(b) // as a bundle does once it runs
 		return cmd.Process.Pid, strings.TrimSpace(string(got))
 	}
-	pid, out := run(t, true)
+	pid, out := run(t, true, 2)
 	log, _ := os.ReadFile(filepath.Join(dir, "runlog"))
 	if f := strings.Fields(out); len(f) != 2 || f[0] != strconv.Itoa(pid) ||
 		!strings.HasPrefix(string(log), "--scope --quiet --collect --unit=delegate-run-0123456789abcdef /bin/sh ") {
 		t.Errorf("with systemd: pid %d, bundle saw %q, systemd-run %q", pid, out, log)
 	}
 	os.Remove(filepath.Join(dir, "runlog"))
-	pid, out = run(t, false)
-	if f := strings.Fields(out); len(f) != 2 || f[0] != strconv.Itoa(pid) || f[1] != f[0] {
-		t.Errorf("without systemd: pid %d, bundle saw %q (pid, session): not a session of its own", pid, out)
+	for _, parts := range []int{2, 1} {
+		pid, out = run(t, false, parts)
+		if f := strings.Fields(out); len(f) != 2 || f[0] != strconv.Itoa(pid) || f[1] != f[0] {
+			t.Errorf("without systemd, %d parts: pid %d, bundle saw %q (pid, session): not a session of its own", parts, pid, out)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "runlog")); err == nil {
 		t.Error("systemd-run ran without systemd")

@@ -113,13 +113,13 @@ func (s *vmSandbox) WriteFile(ctx context.Context, p string, data []byte, mode f
 	}
 	var nonce [6]byte
 	rand.Read(nonce[:])
-	prefix := guestDir + "/part-" + hex.EncodeToString(nonce[:]) + "."
-	if err := s.writeParts(ctx, prefix, data); err != nil {
+	name := func(i int) string { return fmt.Sprintf("%s/part-%s.%04d", guestDir, hex.EncodeToString(nonce[:]), i) }
+	if err := s.writeParts(ctx, data, name); err != nil {
 		return fmt.Errorf("write %s in VM %d: %w", p, s.vmid, err)
 	}
 	args := []string{"/bin/sh", "-c", joinScript, "delegate-join", strconv.FormatUint(uint64(mode.Perm()), 8), p}
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
-		args = append(args, fmt.Sprintf("%s%04d", prefix, i))
+		args = append(args, name(i))
 	}
 	if _, err := s.runOK(ctx, args); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
@@ -250,7 +250,11 @@ type process struct {
 	run            string
 	output, events string
 
+	// started is when Exec started it (zero for a process found again).
+	started time.Time
+
 	mu              sync.Mutex
+	polls           int           // Wait's polls so far
 	exit            *sandbox.Exit // once known (the agent forgets a pid it reported)
 	killed          bool
 	snap            *snapshot // the latest poll, until its parts are used
@@ -425,13 +429,19 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 			return p.record(sandbox.Exit{Code: 137, Signal: "killed", Killed: true}), nil
 		}
 		var err error
-		snap, next := p.snap, p.polled.Add(p.s.b.cfg.PollInterval)
-		if snap == nil || !time.Now().Before(next) {
+		snap, next := p.snap, p.polled.Add(p.interval())
+		if snap == nil && !p.started.IsZero() {
+			next = p.started.Add(p.interval())
+		}
+		if (snap == nil && p.started.IsZero()) || !time.Now().Before(next) {
 			snap, err = p.poll(ctx, p.nextOut, p.nextEv, p.outMax, eventsChunk)
-			next = time.Now().Add(p.s.b.cfg.PollInterval)
+			p.polls++
+			next = time.Now().Add(p.interval())
 		}
 		p.mu.Unlock()
 		switch {
+		case err == nil && snap == nil:
+			// Too early for the first look at a command just started.
 		case err == nil:
 			lastSeen = time.Now()
 			if e, done := p.ended(ctx, snap); done {
@@ -452,6 +462,20 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		}
 	}
 }
+
+// interval is the pause before Wait's next poll (p.mu held). A command
+// just started is looked at sooner: a short one (an echo) has ended a
+// tenth of a second after its start, and waiting a whole PollInterval for
+// it would make it take ten times as long. The pauses double from there.
+func (p *process) interval() time.Duration {
+	if p.started.IsZero() {
+		return p.s.b.cfg.PollInterval
+	}
+	return min(p.s.b.cfg.PollInterval, firstPoll<<min(p.polls, 8))
+}
+
+// firstPoll is when a new command is first looked at.
+const firstPoll = 100 * time.Millisecond
 
 // ended reads a poll: the exit status file says how the job ended; a
 // runner that is gone without one (it was killed, or could not start)
