@@ -115,11 +115,14 @@ func TestProtectedTemplate(t *testing.T) {
 // env, its secret and its task.
 func TestLargeTasks(t *testing.T) {
 	for _, tc := range []struct {
-		version string
-		size    int
-	}{{"9.1", 200 << 10}, {"8.2", 34 << 10}} {
-		t.Run(tc.version, func(t *testing.T) {
-			sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, func(o *pvesim.Options) { o.PVEVersion = tc.version })
+		version   string
+		size      int
+		emulation bool // the agent's emulation, where qemu-ga is missing
+	}{{"9.1", 200 << 10, false}, {"8.2", 34 << 10, false}, {"9.1", 200 << 10, true}} {
+		t.Run(fmt.Sprintf("%s emulation=%v", tc.version, tc.emulation), func(t *testing.T) {
+			sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, func(o *pvesim.Options) {
+				o.PVEVersion, o.AgentEmulation = tc.version, tc.emulation
+			})
 			c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 			const secret, envValue, taskMark = "s3cret-0f1e2d", "env-value-9a8b7c", "task-mark-5d4c3b"
 			s := newServer(t, c, proxmox.Config{}, engine.Config{Secret: func(name string) (string, bool) {
@@ -413,6 +416,9 @@ func TestOfflineStorage(t *testing.T) {
 func TestAgentRestartKeepsJob(t *testing.T) {
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
 	if !strings.HasPrefix(sim.AgentKind(), "qemu-ga") {
+		if os.Getenv("DELEGATE_REQUIRE_QEMU_GA") != "" {
+			t.Fatalf("guests run %s: qemu-guest-agent is not installed", sim.AgentKind())
+		}
 		t.Skip("needs the real qemu-ga (Debian's qemu-guest-agent)")
 	}
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
@@ -645,4 +651,31 @@ func TestReadmeTemplateRecipe(t *testing.T) {
 	if strings.Contains(logs.String(), "level=WARN") {
 		t.Errorf("warnings for the recipe's template:\n%s", logs.String())
 	}
+}
+
+// TestFieldAtRealLatency: at a real cluster's timings (requests 10-50 ms,
+// agent calls 25 ms, 3 s pings of booting guests, clone 2 s, boot 12 s,
+// pvedaemon's three workers), three jobs at once on one node of a
+// protected template — one of them a 200 KiB task — all run, never more
+// than two calls are in flight on the node, and every VM is destroyed.
+func TestFieldAtRealLatency(t *testing.T) {
+	if testing.Short() {
+		t.Skip("about 30 s at real latencies")
+	}
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Protection: true}, func(o *pvesim.Options) {
+		o.Latency, o.TaskDelay, o.BootDelay = "real", 0, 0
+	})
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{PollInterval: time.Second}, engine.Config{MaxConcurrent: 3, PollInterval: time.Second})
+	big := "echo big; : '" + strings.Repeat("x", 200<<10) + "'"
+	jobs := []*delegate.Job{s.submit(t, "echo one", "", 0), s.submit(t, big, "", 0), s.submit(t, "sleep 1; echo three", "", 0)}
+	for i, want := range []string{"one\n", "big\n", "three\n"} {
+		if j := s.wait(t, jobs[i].ID); j.Status != delegate.StatusSuccess || s.output(t, j.ID) != want {
+			t.Errorf("job %d: %s %s %q", i, j.Status, j.Error, s.output(t, j.ID))
+		}
+	}
+	if peak := sim.PeakCalls()["pve1"]; peak > 2 {
+		t.Errorf("%d calls at once on pve1", peak)
+	}
+	noJobVMs(t, sim)
 }

@@ -561,7 +561,13 @@ func TestSharedStorage(t *testing.T) {
 // TestRHELAgent: a guest whose qemu-ga leaves exec and the file calls out
 // of its allow-list answers ping, and refuses the rest as qemu-ga does.
 func TestRHELAgent(t *testing.T) {
-	s := newSim(t, Options{})
+	for _, emulation := range []bool{false, true} {
+		t.Run(fmt.Sprintf("emulation=%v", emulation), func(t *testing.T) { testRHELAgent(t, emulation) })
+	}
+}
+
+func testRHELAgent(t *testing.T, emulation bool) {
+	s := newSim(t, Options{AgentEmulation: emulation})
 	if err := s.AddTemplate("pve1", 9100, "rocky", TemplateSpec{AgentDisabledRPCs: RHELAgentDisabledRPCs()}); err != nil {
 		t.Fatal(err)
 	}
