@@ -1,10 +1,29 @@
 package delegate
 
 import (
+	"context"
 	"errors"
 	"path"
 	"strings"
 )
+
+// Artifact is a file collected from a job's workspace, stored by hash.
+type Artifact struct {
+	Name   string `json:"name"` // path relative to /workspace
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Skipped says why the file was not kept (over a size cap...).
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// ArtifactStore records the artifacts collected from jobs (their content
+// is kept by hash, apart).
+type ArtifactStore interface {
+	// AddArtifact records (or replaces) a collected artifact.
+	AddArtifact(ctx context.Context, id string, a Artifact) error
+	// Artifacts lists a job's artifacts by name.
+	Artifacts(ctx context.Context, id string) ([]Artifact, error)
+}
 
 // ValidArtifactGlob checks an artifact pattern: relative to /workspace,
 // path.Match syntax per segment, and "**" for any number of directories.

@@ -6,7 +6,8 @@ import (
 )
 
 var (
-	// ErrNotFound: no job (or sandbox) with that id.
+	// ErrNotFound: no job (or artifact, or sandbox) by that id or name.
+	// A *NotFoundError says which.
 	ErrNotFound = errors.New("not found")
 	// ErrInvalidTransition: the state machine forbids the change.
 	ErrInvalidTransition = errors.New("invalid status transition")
@@ -22,7 +23,74 @@ var (
 	ErrUnauthenticated = errors.New("missing or unknown job token")
 	// ErrForbidden: a callback's token belongs to another job.
 	ErrForbidden = errors.New("token belongs to another job")
+	// ErrConflict: the request is well formed but collides with the state
+	// of what it names (ErrInvalidTransition is one).
+	ErrConflict = errors.New("conflict")
+	// ErrUnavailable: something delegate needs (the sandbox backend, the
+	// store) does not answer now; the same request may work later.
+	ErrUnavailable = errors.New("unavailable")
 )
+
+// Kind is what sort of failure an error is, which is all an adapter needs
+// to answer it: an HTTP status, an MCP tool message, an exit code. Each
+// adapter keeps one small table from Kind to its answer.
+type Kind uint8
+
+const (
+	// KindInternal is an error of no kind of ours: a bug, or a dependency
+	// failing in its own words (SQL, the Proxmox API). Adapters log it in
+	// full and tell their caller only what failed and what to do.
+	KindInternal Kind = iota
+	KindNotFound
+	KindInvalid
+	KindNotFinished
+	KindTerminal
+	KindUnauthenticated
+	KindForbidden
+	KindConflict
+	KindUnavailable
+)
+
+var kindNames = [...]string{"internal", "not found", "invalid", "not finished", "terminal", "unauthenticated",
+	"forbidden", "conflict", "unavailable"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", k)
+}
+
+// kinds are matched in this order: the first sentinel err wraps decides.
+var kinds = []struct {
+	err  error
+	kind Kind
+}{
+	{ErrUnauthenticated, KindUnauthenticated},
+	{ErrForbidden, KindForbidden},
+	{ErrNotFound, KindNotFound},
+	{ErrTerminal, KindTerminal},
+	{ErrNotFinished, KindNotFinished},
+	{ErrInvalidTransition, KindConflict},
+	{ErrConflict, KindConflict},
+	{ErrInvalid, KindInvalid},
+	{ErrUnavailable, KindUnavailable},
+}
+
+// ErrorKind classifies err by the sentinel of this package it wraps;
+// KindInternal when it wraps none (and for nil, which is no failure to
+// classify: check err first).
+func ErrorKind(err error) Kind {
+	if err == nil {
+		return KindInternal
+	}
+	for _, k := range kinds {
+		if errors.Is(err, k.err) {
+			return k.kind
+		}
+	}
+	return KindInternal
+}
 
 // FieldError names the field that is wrong and the rule it breaks, so that
 // the caller (often an AI agent) knows exactly what to change.
@@ -38,4 +106,41 @@ func (e *FieldError) Unwrap() error { return ErrInvalid }
 
 func fieldErr(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Rule: fmt.Sprintf(format, args...)}
+}
+
+// NotFoundError says what was not found, so that the caller knows which
+// of the ids or names it gave is wrong: `job "job-x": not found`,
+// `artifact "out.txt" of job job-x: not found`. It wraps ErrNotFound.
+type NotFoundError struct {
+	// Resource is what was looked for: "job", "artifact".
+	Resource string
+	// ID is its id or name, as given.
+	ID string
+	// Of is what it belongs to, as words ("job job-x"); "" for a job.
+	Of string
+	// Reason replaces "not found" when there is more to say (an artifact
+	// that was listed but not kept: "not kept: larger than …").
+	Reason string
+}
+
+func (e *NotFoundError) Error() string {
+	s := fmt.Sprintf("%s %q", e.Resource, e.ID)
+	if e.Of != "" {
+		s += " of " + e.Of
+	}
+	if e.Reason != "" {
+		return s + ": " + e.Reason
+	}
+	return s + ": not found"
+}
+
+// Unwrap lets errors.Is(err, ErrNotFound) match every NotFoundError.
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// JobNotFound is the error for a job id that names no job.
+func JobNotFound(id string) *NotFoundError { return &NotFoundError{Resource: "job", ID: id} }
+
+// ArtifactNotFound is the error for a name that names no artifact of job.
+func ArtifactNotFound(job, name string) *NotFoundError {
+	return &NotFoundError{Resource: "artifact", ID: name, Of: "job " + job}
 }

@@ -60,8 +60,9 @@ const (
 
 // Manifest is what a client submits: the seed's fields, field for field.
 type Manifest struct {
-	Task      string            `json:"task,omitempty"`
-	AgentType AgentType         `json:"agentType"`
+	Task string `json:"task,omitempty"`
+	// AgentType is script when left out and a task is given.
+	AgentType AgentType         `json:"agentType,omitempty"`
 	Agent     *AgentConfig      `json:"agent,omitempty"`
 	Files     []File            `json:"files,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
@@ -144,26 +145,6 @@ func ParseSize(s string) (int64, error) {
 	return n << shift, nil
 }
 
-// ParseManifest decodes JSON strictly and validates the result.
-func ParseManifest(data []byte) (Manifest, error) {
-	m, err := DecodeManifest(data)
-	if err != nil {
-		return Manifest{}, err
-	}
-	return m, m.Validate()
-}
-
-// DecodeManifest decodes JSON strictly (see DecodeJSON: an unknown field
-// or a duplicate key is an error, so that a typo never turns into a silent
-// default) without validating the values.
-func DecodeManifest(data []byte) (Manifest, error) {
-	var m Manifest
-	if err := DecodeJSON(data, &m, "manifest"); err != nil {
-		return Manifest{}, err
-	}
-	return m, nil
-}
-
 // OneOf lists the agent types, for messages.
 func (AgentType) OneOf() []string {
 	return []string{string(AgentClaude), string(AgentScript), string(AgentCustom)}
@@ -194,7 +175,13 @@ func (m *Manifest) Validate() error {
 			return fieldErr("manifest.agent.command", "is required for agentType custom")
 		}
 	case "":
-		return fieldErr("manifest.agentType", "is required: one of claude, script, custom")
+		// A task without an agent type is a shell script (ApplyDefaults).
+		if strings.TrimSpace(m.Task) == "" {
+			return fieldErr("manifest.task", "is required: the shell script to run (agentType script, the default), or the prompt (agentType claude)")
+		}
+		if m.Agent != nil && m.Agent.Command != "" {
+			return fieldErr("manifest.agentType", "is required with agent.command: script or custom")
+		}
 	default:
 		return fieldErr("manifest.agentType", "must be one of claude, script, custom (got %q)", m.AgentType)
 	}
@@ -380,6 +367,9 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	}
 	if m.VMTemplate == "" {
 		m.VMTemplate = d.VMTemplate
+	}
+	if m.AgentType == "" {
+		m.AgentType = AgentScript
 	}
 	if m.Lifecycle == "" {
 		m.Lifecycle = LifecycleEphemeral

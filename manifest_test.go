@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 )
 
 func TestParseManifest(t *testing.T) {
@@ -25,7 +26,9 @@ func TestParseManifest(t *testing.T) {
 		{"full", `{"agentType":"script","task":"x","files":[{"path":"a/b.txt","content":"` + b64 + `"},{"path":"/workspace/c","content":"","mode":"0755"}],
 			"env":{"FOO":"bar"},"secrets":["API_KEY"],"resources":{"cpu":0.5,"memory":"512M","disk":"2G"},"timeout":60,
 			"lifecycle":"persistent","vmTemplate":"/srv/rootfs","statusMode":"streaming"}`, "", ""},
-		{"no agentType", `{"task":"x"}`, "manifest.agentType", "required (one of claude, script, custom)"},
+		{"no agentType: a script", `{"task":"x"}`, "", ""},
+		{"no agentType, no task", `{}`, "manifest.task", "is required: the shell script to run"},
+		{"no agentType, a command", `{"task":"x","agent":{"command":"y"}}`, "manifest.agentType", "is required with agent.command"},
 		{"bad agentType", `{"agentType":"docker","task":"x"}`, "manifest.agentType", "must be one of"},
 		{"script no task", `{"agentType":"script"}`, "manifest.task", "is required"},
 		{"custom no command", `{"agentType":"custom","task":"x"}`, "manifest.agent.command", "is required"},
@@ -81,7 +84,7 @@ func TestParseManifest(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := delegate.ParseManifest([]byte(tc.json))
+			_, err := jsonin.ParseManifest([]byte(tc.json))
 			if tc.wantField == "" {
 				if err != nil {
 					t.Fatalf("want valid, got %v", err)
@@ -132,7 +135,7 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte(`{"agentType":"claude","task":"t","resources":{"cpu":1,"memory":"1G","disk":"1G"},"timeout":5}`))
 	f.Add([]byte(`{"agentType":"script","task":"x","files":[{"path":"/workspace/../etc","content":""}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := delegate.ParseManifest(data)
+		m, err := jsonin.ParseManifest(data)
 		if err != nil {
 			var fe *delegate.FieldError
 			if !errors.As(err, &fe) || fe.Field == "" || fe.Rule == "" {

@@ -1,5 +1,7 @@
 package delegate
 
+import "context"
+
 // Stream says where a piece of a job's output came from.
 type Stream uint8
 
@@ -59,4 +61,22 @@ func AppendOutput(outs []Output, s Stream, data []byte) []Output {
 		return outs
 	}
 	return append(outs, Output{Stream: s, Data: data[:len(data):len(data)]})
+}
+
+// OutputStore keeps what jobs write, both streams in the order written.
+type OutputStore interface {
+	// AppendOutput stores a chunk of output (its pieces in the order
+	// written, each of one stream) at the end of what is kept, and records
+	// in the same transaction that the backend's output was consumed up to
+	// read (Job.OutputRead).
+	AppendOutput(ctx context.Context, id string, chunk []Output, read int64) error
+	// ReadOutput returns up to max kept bytes from offset (offsets count
+	// both streams together), as pieces in the order written.
+	ReadOutput(ctx context.Context, id string, offset int64, max int) ([]Output, error)
+	// OutputSize is how many bytes of output are kept.
+	OutputSize(ctx context.Context, id string) (int64, error)
+	// StreamTail returns the last max bytes kept of one stream, and how
+	// many bytes of that stream are kept in all. StreamStdout includes
+	// output kept before the streams were told apart (StreamCombined).
+	StreamTail(ctx context.Context, id string, s Stream, max int) (tail []byte, kept int64, err error)
 }

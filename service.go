@@ -12,9 +12,15 @@ import (
 // only in statusMode streaming, a timeline only in detailed or streaming,
 // page sizes and output sizes with their defaults and bounds.
 //
-// Errors wrap the sentinels of this package: ErrNotFound, ErrInvalid (a
-// *FieldError names the option at fault), ErrNotFinished, ErrTerminal,
-// ErrUnauthenticated and ErrForbidden.
+// Errors wrap the sentinels of this package (ErrorKind classifies them):
+// ErrNotFound (a *NotFoundError says what was not found), ErrInvalid (a
+// *FieldError names the option at fault), ErrNotFinished and ErrTerminal.
+//
+// The services are small, one per resource, each in its own file: jobs
+// here, the callbacks jobs send in callback.go. Resources that later work
+// adds (kept sandboxes, questions waiting for a person's answer, leases
+// of jobs to servers) get services of their own beside these, which the
+// engine implements too.
 type JobService interface {
 	// Submit validates m, stores the job as pending and queues it. It
 	// returns at once.
@@ -48,11 +54,6 @@ type JobService interface {
 	// ReadArtifact returns one artifact and its content, checked against
 	// its sha256 (ErrNotFound when the job has no such artifact).
 	ReadArtifact(ctx context.Context, id, name string) (Artifact, []byte, error)
-
-	// Callback authenticates a report a job sent with its token and
-	// applies it (ErrUnauthenticated, ErrForbidden, ErrTerminal once the
-	// job has finished).
-	Callback(ctx context.Context, id, token string, r Report) (*Job, error)
 
 	// Watch delivers the id of every job this service changes until ctx
 	// ends, then closes the channel. A slow reader misses wake-ups, never
@@ -172,24 +173,4 @@ type LogPage struct {
 	NextCursor string `json:"next_cursor"`
 	// Done: the job has finished and there is nothing after NextCursor.
 	Done bool `json:"done"`
-}
-
-// ReportKind is what a job says through a callback.
-type ReportKind string
-
-const (
-	ReportStatus    ReportKind = "status"    // a progress message
-	ReportHeartbeat ReportKind = "heartbeat" // a sign of life
-	ReportComplete  ReportKind = "complete"  // the job's own verdict
-)
-
-// Report is what a job sends to a callback endpoint.
-type Report struct {
-	Kind     ReportKind
-	Progress string
-	// For ReportComplete:
-	Success  bool
-	Result   string
-	Error    string
-	ExitCode *int
 }

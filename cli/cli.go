@@ -121,19 +121,24 @@ func Execute(ctx context.Context, p Program, args []string) int {
 	inRun := cmd != nil && cmd.Name() == "run" && cmd.Parent() == root
 	var usage usageError
 	var config configError
-	switch {
-	case errors.As(err, &usage):
+	if errors.As(err, &usage) {
 		fmt.Fprintf(p.Stderr, "Run '%s --help' for usage.\n", name)
 		if inRun {
 			return ExitRunError
 		}
 		return ExitUsage
+	}
+	exit, hint := serviceExit(err)
+	if hint != "" {
+		fmt.Fprintln(p.Stderr, hint)
+	}
+	switch {
 	case inRun:
 		return ExitRunError
 	case errors.As(err, &config):
 		return ExitUsage
 	}
-	return ExitError
+	return exit
 }
 
 func (p *Program) root() *cobra.Command {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -495,7 +496,7 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 				Duration: time.Second, Error: "why"}, nil
 		}
 		r := h.run(t, "jobs", "result", "job-1")
-		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.HasPrefix(r.stderr, "err\njob-1 "+string(tc.status)+" in 1.0s") {
+		if r.code != tc.code || r.stdout != "out\xff\n" || !strings.HasPrefix(r.stderr, "err\ndelegate: job-1 "+string(tc.status)+" in 1.0s") {
 			t.Errorf("%s: exit %d stdout %q stderr %q", tc.status, r.code, r.stdout, r.stderr)
 		}
 		if got.OutputTail < int(delegate.MaxOutputLimit) {
@@ -633,4 +634,37 @@ func TestJobTextIsEscaped(t *testing.T) {
 		t.Errorf("jobs result: stdout %q, want %q", r.stdout, output)
 	}
 	clean(t, "jobs result", r.stderr)
+}
+
+// TestServiceErrorTable: a service error's kind decides the exit status
+// and the line that says what to do next; the error itself is printed
+// once, in full (the person at the terminal runs the server).
+func TestServiceErrorTable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		code int
+		hint string
+	}{
+		{"a job", delegate.JobNotFound("job-x"), 1, "'delegate jobs list' shows the jobs."},
+		{"an artifact", delegate.ArtifactNotFound("job-x", "a.txt"), 1, "'delegate jobs result ID --json' lists a job's artifacts."},
+		{"not finished", fmt.Errorf("job job-x is running: %w", delegate.ErrNotFinished), 1, "'delegate jobs logs ID --follow'"},
+		{"unavailable", fmt.Errorf("%w: pve: connection refused", delegate.ErrUnavailable), cli.ExitUnavailable, "Try again later."},
+		{"internal", errors.New("SQL logic error: no such table: jobs (1)"), 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness()
+			h.svc.ReadArtifactFn = func(context.Context, string, string) (delegate.Artifact, []byte, error) {
+				return delegate.Artifact{}, nil, tc.err
+			}
+			r := h.run(t, "jobs", "artifact", "job-x", "a.txt")
+			lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+			if r.code != tc.code || lines[0] != "delegate jobs artifact: "+tc.err.Error() {
+				t.Errorf("exit %d, stderr %q; want exit %d and the error", r.code, r.stderr, tc.code)
+			}
+			if tc.hint == "" && len(lines) != 1 || tc.hint != "" && (len(lines) != 2 || !strings.HasPrefix(lines[1], tc.hint)) {
+				t.Errorf("stderr %q; want the hint %q", r.stderr, tc.hint)
+			}
+		})
+	}
 }

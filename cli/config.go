@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,23 @@ type Config struct {
 	CleanupInterval time.Duration
 	Defaults        delegate.Defaults
 	LogLevel        slog.Level
+
+	// SandboxUIDs is the local sandboxes' host uid range
+	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
+	// which the backend checks when it starts.
+	SandboxUIDs string
+	// PidsMax and NoFile are a local sandbox's processes and each
+	// process's open files (DELEGATE_PIDS_MAX, DELEGATE_NOFILE; 0: the
+	// backend chooses them from the host's file table).
+	PidsMax, NoFile int
+
+	// Maxima are the most a manifest may ask for (DELEGATE_MAX_CPU,
+	// _MEMORY, _DISK, _TIMEOUT): for the local backend the host's own
+	// cores and memory by default; 0: the manifest's bounds only.
+	MaxCPU     float64
+	MaxMemory  int64
+	MaxDisk    int64
+	MaxTimeout int
 
 	CallbackHost       string
 	CallbackPort       int
@@ -104,6 +122,13 @@ func envVars() []envVar {
 		{"DEFAULT_DISK", delegate.DefaultDisk, "size of /workspace per job"},
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
+		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
+		{"DELEGATE_PIDS_MAX", "512 (less on a small host)", "processes and threads of one local sandbox"},
+		{"DELEGATE_MAX_CPU", "the host's cores (local)", "most cpu cores a job may ask for"},
+		{"DELEGATE_MAX_MEMORY", "the host's memory (local)", "most memory a job may ask for"},
+		{"DELEGATE_MAX_DISK", "the host's memory (local: /workspace is memory)", "largest /workspace a job may ask for"},
+		{"DELEGATE_MAX_TIMEOUT", strconv.Itoa(delegate.MaxTimeoutSeconds), "longest timeout a job may ask for, in seconds"},
+		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
@@ -130,6 +155,18 @@ func defaultDataDir(getenv func(string) string) string {
 
 // LoadConfig reads the environment. Every error names the variable.
 func LoadConfig(getenv func(string) string) (Config, error) {
+	return loadConfig(getenv, thisHost())
+}
+
+// hostInfo is what the maxima's defaults come from.
+type hostInfo struct {
+	CPUs        int
+	MemoryBytes int64 // 0: unknown
+}
+
+func thisHost() hostInfo { return hostInfo{CPUs: runtime.NumCPU(), MemoryBytes: hostMemory()} }
+
+func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	c := Config{
 		DataDir:         defaultDataDir(getenv),
 		Backend:         "local",
@@ -205,6 +242,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("DEFAULT_VM_TEMPLATE", rule)
 	}
 	str("DELEGATE_ROOTFS_DIR", &c.RootfsDir)
+	str("DELEGATE_SANDBOX_UIDS", &c.SandboxUIDs)
+	intIn("DELEGATE_PIDS_MAX", 16, 1<<20, &c.PidsMax)
+	intIn("DELEGATE_NOFILE", 16, 1<<20, &c.NoFile)
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
 	}
@@ -231,6 +271,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
+	c.loadMaxima(getenv, host, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {
 		pc, err := pve.ConfigFromEnv(getenv)
@@ -269,6 +310,114 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
 	}
 	return c, nil
+}
+
+// loadMaxima reads DELEGATE_MAX_*. For the local backend, whose jobs run
+// on this host, a maximum not set is the host's own cores or memory (and
+// the workspace, a tmpfs, is memory too), and a DEFAULT_* not set comes
+// down to it; a DEFAULT_* set above a maximum is an error naming both.
+func (c *Config) loadMaxima(getenv func(string) string, host hostInfo, bad func(name, rule string)) {
+	c.MaxTimeout = delegate.MaxTimeoutSeconds
+	if c.Backend == "local" {
+		c.MaxCPU = float64(host.CPUs)
+		c.MaxMemory, c.MaxDisk = host.MemoryBytes, host.MemoryBytes
+	}
+	if v := getenv("DELEGATE_MAX_CPU"); v != "" {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || n < 0.01 || n > delegate.MaxCPU {
+			bad("DELEGATE_MAX_CPU", fmt.Sprintf("must be a number of cores from 0.01 to %d", delegate.MaxCPU))
+		} else {
+			c.MaxCPU = n
+		}
+	}
+	for _, s := range []struct {
+		name string
+		min  int64
+		dst  *int64
+	}{{"DELEGATE_MAX_MEMORY", delegate.MinMemoryBytes, &c.MaxMemory}, {"DELEGATE_MAX_DISK", delegate.MinDiskBytes, &c.MaxDisk}} {
+		if v := getenv(s.name); v != "" {
+			n, err := delegate.ParseSize(v)
+			if err != nil || n < s.min || n > delegate.MaxSizeBytes {
+				bad(s.name, fmt.Sprintf("must be a size like 8G, from %dM to 1T", s.min>>20))
+			} else {
+				*s.dst = n
+			}
+		}
+	}
+	intIn := func(name string, lo, hi int, dst *int) {
+		if v := getenv(name); v != "" {
+			if n, err := strconv.Atoi(v); err != nil || n < lo || n > hi {
+				bad(name, fmt.Sprintf("must be a whole number from %d to %d", lo, hi))
+			} else {
+				*dst = n
+			}
+		}
+	}
+	intIn("DELEGATE_MAX_TIMEOUT", 1, delegate.MaxTimeoutSeconds, &c.MaxTimeout)
+
+	// The defaults within the maxima.
+	above := func(name, maxName, max string) {
+		bad(name, fmt.Sprintf("is above %s (%s): jobs asking for nothing would be refused", maxName, max))
+	}
+	if c.MaxCPU > 0 && c.Defaults.CPU > c.MaxCPU {
+		if getenv("DEFAULT_CPU") == "" {
+			c.Defaults.CPU = c.MaxCPU
+		} else {
+			above("DEFAULT_CPU", "DELEGATE_MAX_CPU", strconv.FormatFloat(c.MaxCPU, 'g', -1, 64))
+		}
+	}
+	for _, s := range []struct {
+		name, maxName string
+		def           *string
+		max           int64
+	}{{"DEFAULT_MEMORY", "DELEGATE_MAX_MEMORY", &c.Defaults.Memory, c.MaxMemory}, {"DEFAULT_DISK", "DELEGATE_MAX_DISK", &c.Defaults.Disk, c.MaxDisk}} {
+		if n, err := delegate.ParseSize(*s.def); err == nil && s.max > 0 && n > s.max {
+			if getenv(s.name) == "" {
+				*s.def = sizeString(s.max)
+			} else {
+				above(s.name, s.maxName, sizeString(s.max))
+			}
+		}
+	}
+	if c.Defaults.Timeout > c.MaxTimeout {
+		if getenv("DEFAULT_TIMEOUT") == "" {
+			c.Defaults.Timeout = c.MaxTimeout
+		} else {
+			above("DEFAULT_TIMEOUT", "DELEGATE_MAX_TIMEOUT", strconv.Itoa(c.MaxTimeout))
+		}
+	}
+}
+
+// sizeString writes n bytes as a manifest writes sizes: the largest of
+// K, M, G, T (powers of 1024) n is a whole number of.
+func sizeString(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		shift  uint
+	}{{"T", 40}, {"G", 30}, {"M", 20}, {"K", 10}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// MaximaHelp says what a job may ask for at most, for serve --help.
+func (c *Config) MaximaHelp() string {
+	show := func(set bool, s string) string {
+		if !set {
+			return "the manifest's bound"
+		}
+		return s
+	}
+	return fmt.Sprintf(`A job may ask for at most (a manifest over one gets an error naming it):
+  DELEGATE_MAX_CPU      %s
+  DELEGATE_MAX_MEMORY   %s
+  DELEGATE_MAX_DISK     %s
+  DELEGATE_MAX_TIMEOUT  %d seconds
+For the local backend they are the host's own cores and memory unless set.`,
+		show(c.MaxCPU > 0, strconv.FormatFloat(c.MaxCPU, 'g', -1, 64)+" cores"),
+		show(c.MaxMemory > 0, sizeString(c.MaxMemory)), show(c.MaxDisk > 0, sizeString(c.MaxDisk)), c.MaxTimeout)
 }
 
 // addDataDirFlag lets --data-dir override the environment.

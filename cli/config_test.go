@@ -75,10 +75,33 @@ func TestLoadConfig(t *testing.T) {
 		{"template above the data dir", map[string]string{"DEFAULT_VM_TEMPLATE": "/var/lib", "DELEGATE_DATA_DIR": "/var/lib/delegate"},
 			[]string{"DEFAULT_VM_TEMPLATE"}, nil},
 		{"template not clean", map[string]string{"DEFAULT_VM_TEMPLATE": "/srv/rootfs/../.."}, []string{"DEFAULT_VM_TEMPLATE"}, nil},
+		// The maxima: the host's own (8 cores, 32 GiB here) unless set.
+		{"maxima from the host", nil, nil, func(t *testing.T, c Config) {
+			if c.MaxCPU != 8 || c.MaxMemory != 32<<30 || c.MaxDisk != 32<<30 || c.MaxTimeout != 86400 {
+				t.Errorf("maxima %v %v %v %v", c.MaxCPU, c.MaxMemory, c.MaxDisk, c.MaxTimeout)
+			}
+		}},
+		{"maxima set", map[string]string{"DELEGATE_MAX_CPU": "4", "DELEGATE_MAX_MEMORY": "8G", "DELEGATE_MAX_DISK": "20G", "DELEGATE_MAX_TIMEOUT": "7200"}, nil,
+			func(t *testing.T, c Config) {
+				if c.MaxCPU != 4 || c.MaxMemory != 8<<30 || c.MaxDisk != 20<<30 || c.MaxTimeout != 7200 {
+					t.Errorf("maxima %v %v %v %v", c.MaxCPU, c.MaxMemory, c.MaxDisk, c.MaxTimeout)
+				}
+			}},
+		{"maxima under the defaults left unset", map[string]string{"DELEGATE_MAX_CPU": "1", "DELEGATE_MAX_MEMORY": "1G", "DELEGATE_MAX_DISK": "512M", "DELEGATE_MAX_TIMEOUT": "60"}, nil,
+			func(t *testing.T, c Config) {
+				if d := c.Defaults; d.CPU != 1 || d.Memory != "1G" || d.Disk != "512M" || d.Timeout != 60 {
+					t.Errorf("defaults %+v, want them down to the maxima", d)
+				}
+			}},
+		{"defaults set above the maxima", map[string]string{"DELEGATE_MAX_CPU": "1", "DEFAULT_CPU": "2", "DELEGATE_MAX_MEMORY": "1G", "DEFAULT_MEMORY": "2G",
+			"DELEGATE_MAX_DISK": "1G", "DEFAULT_DISK": "2G", "DELEGATE_MAX_TIMEOUT": "60", "DEFAULT_TIMEOUT": "61"},
+			[]string{"DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_DISK", "DEFAULT_TIMEOUT"}, nil},
+		{"bad maxima", map[string]string{"DELEGATE_MAX_CPU": "129", "DELEGATE_MAX_MEMORY": "2T", "DELEGATE_MAX_DISK": "lots", "DELEGATE_MAX_TIMEOUT": "0"},
+			[]string{"DELEGATE_MAX_CPU", "DELEGATE_MAX_MEMORY", "DELEGATE_MAX_DISK", "DELEGATE_MAX_TIMEOUT"}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := LoadConfig(func(k string) string { return tc.env[k] })
+			c, err := loadConfig(func(k string) string { return tc.env[k] }, hostInfo{CPUs: 8, MemoryBytes: 32 << 30})
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatal(err)

@@ -200,14 +200,17 @@ type resultJSON struct {
 }
 
 func (p *Program) jobsResultCmd(cfg *Config) *cobra.Command {
-	var asJSON bool
+	var asJSON, raw bool
 	cmd := &cobra.Command{
 		Use:   "result ID [flags]",
 		Short: "Print a finished job's output and exit with its exit code",
 		Long: `Print a finished job's stdout on stdout, its stderr then its outcome on
 stderr, and exit with the job's exit code (124 when it timed out, 130 when it
 was cancelled). "delegate jobs logs ID" prints the two interleaved, in the
-order they were written.`,
+order they were written. On a terminal the output's escape sequences other
+than colours are written out as text unless --raw (see "delegate run
+--help"); the outcome, prefixed "delegate: ", comes after an attribute
+reset.`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -222,54 +225,70 @@ order they were written.`,
 						return err
 					}
 				} else {
-					if _, err := p.Stdout.Write(res.Output); err != nil {
+					stdout, finishOut := jobOutput(p.Stdout, raw)
+					stderr, finishErr := jobOutput(p.Stderr, raw)
+					if _, err := stdout.Write(res.Output); err != nil {
 						return err
 					}
-					if _, err := p.Stderr.Write(res.Stderr); err != nil {
+					if _, err := stderr.Write(res.Stderr); err != nil {
 						return err
 					}
-					line := fmt.Sprintf("%s %s in %.1fs", res.JobID, res.Status, res.Duration.Seconds())
-					if res.ExitCode != nil {
-						line += fmt.Sprintf(", exit code %d", *res.ExitCode)
+					if err := errors.Join(finishOut(), finishErr()); err != nil {
+						return err
 					}
-					if res.Error != "" {
-						line += ": " + safe(res.Error)
-					}
-					fmt.Fprintln(p.Stderr, line)
+					fmt.Fprintln(p.Stderr, verdict(res.JobID, res.Status, res.Duration, res.ExitCode, res.Error))
 				}
 				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (output, stderr, exit code, error, artifacts...)")
+	cmd.Flags().BoolVar(&raw, "raw", false, "write the output byte for byte also on a terminal")
 	return cmd
 }
 
 func (p *Program) jobsLogsCmd(cfg *Config) *cobra.Command {
-	var follow bool
+	var follow, raw bool
 	cmd := &cobra.Command{
 		Use:   "logs ID [flags]",
 		Short: "Print a job's output",
 		Long: `Print a job's output: its stdout and stderr interleaved, in the order they
 were written, on stdout. While it runs, its output is readable if it was
 submitted in statusMode streaming (delegate run does that); with --follow,
-the output of any other job is printed when the job ends.`,
+the output of any other job is printed when the job ends. On a terminal its
+escape sequences other than colours are written out as text unless --raw,
+and a finished job's outcome follows on stderr, prefixed "delegate: ".`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
-				return p.logs(ctx, svc, args[0], follow)
+				return p.logs(ctx, svc, args[0], follow, raw)
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing output until the job ends")
+	cmd.Flags().BoolVar(&raw, "raw", false, "write the output byte for byte also on a terminal")
 	return cmd
 }
 
-func (p *Program) logs(ctx context.Context, svc delegate.JobService, id string, follow bool) error {
-	out := &logCopier{svc: svc, id: id, w: p.Stdout}
+func (p *Program) logs(ctx context.Context, svc delegate.JobService, id string, follow, raw bool) error {
+	stdout, finish := jobOutput(p.Stdout, raw)
+	defer finish()
+	out := &logCopier{svc: svc, id: id, w: stdout}
 	for {
 		done, err := out.copy(ctx)
+		if done && stdout != p.Stdout {
+			// On a terminal, the verdict after the output.
+			if err := finish(); err != nil {
+				return err
+			}
+			j, err := svc.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, j.Error))
+			return nil
+		}
 		switch {
 		case errors.Is(err, delegate.ErrNotFinished) && follow:
 			j, err := svc.Get(ctx, id)
@@ -329,6 +348,7 @@ func (p *Program) jobsCancelCmd(cfg *Config) *cobra.Command {
 
 func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
 	var outPath string
+	var raw bool
 	cmd := &cobra.Command{
 		Use:   "artifact ID NAME [flags]",
 		Short: "Print or save a file kept from a job",
@@ -341,8 +361,12 @@ func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
 					return err
 				}
 				if outPath == "" {
-					_, err = p.Stdout.Write(data)
-					return err
+					// A job's file: on a terminal, as a job's output.
+					stdout, finish := jobOutput(p.Stdout, raw)
+					if _, err = stdout.Write(data); err != nil {
+						return err
+					}
+					return finish()
 				}
 				if err := os.WriteFile(outPath, data, 0o644); err != nil {
 					return err
@@ -353,5 +377,6 @@ func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&outPath, "output", "o", "", "write the artifact to `FILE` instead of stdout")
+	cmd.Flags().BoolVar(&raw, "raw", false, "write it byte for byte also on a terminal")
 	return cmd
 }

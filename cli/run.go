@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/spf13/cobra"
 )
 
@@ -24,6 +25,7 @@ type runFlags struct {
 	memory           string
 	cpu              float64
 	quiet            bool
+	raw              bool // the job's output as it is, also on a terminal
 	files, envs      []string
 }
 
@@ -37,6 +39,12 @@ stderr as they are written, byte for byte, its progress to stderr too (-q for
 none), and delegate exits with the job's exit code (124 when
 it timed out, 130 when it was cancelled; Ctrl-C cancels it). When delegate
 itself fails (a bad flag, an invalid manifest, no sandbox) it exits 125.
+
+On a terminal the job's output is shown with its escape sequences other
+than colours written out as text (\x1b]52;...), so that it cannot drive
+the terminal, and delegate's verdict follows on a line of its own, on
+stderr, after an attribute reset, prefixed "delegate: "; --raw writes the
+output byte for byte there too (as always to a file or a pipe).
 
 The job runs in statusMode streaming unless the manifest says otherwise, so
 "delegate jobs logs ID --follow" can follow it from another terminal.`,
@@ -64,6 +72,7 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M")
 	fs.Float64Var(&f.cpu, "cpu", 0, "cpu cores")
 	fs.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	fs.BoolVar(&f.raw, "raw", false, "write the job's output byte for byte also on a terminal (escape sequences and all)")
 	cfg.addConcurrencyFlag(fs)
 	return cmd
 }
@@ -85,7 +94,11 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		return err
 	}
 	progress := newProgressLine(p.Stderr, f.quiet, job.ID)
-	out := &logCopier{svc: svc, id: job.ID, w: p.Stdout, errw: p.Stderr, before: progress.clear}
+	stdout, finishOut := jobOutput(p.Stdout, f.raw)
+	stderr, finishErr := jobOutput(p.Stderr, f.raw)
+	finish := func() { finishOut(); finishErr() }
+	defer finish() // the terminal's attributes back, whatever happens
+	out := &logCopier{svc: svc, id: job.ID, w: stdout, errw: stderr, before: progress.clear}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		j, err := svc.Wait(wctx, job.ID)
@@ -98,6 +111,7 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 			return err
 		}
 		if j.Status.Terminal() {
+			finish()
 			progress.done(j)
 			return jobExit(exitCode(j))
 		}
@@ -201,7 +215,7 @@ func buildManifest(stdin io.Reader, f runFlags) (delegate.Manifest, error) {
 			return m, fmt.Errorf("--manifest: %w", err)
 		}
 		// Validated by the service, after the flags are applied.
-		if m, err = delegate.DecodeManifest(data); err != nil {
+		if m, err = jsonin.DecodeManifest(data); err != nil {
 			return m, fmt.Errorf("--manifest %s: %w", f.manifest, err)
 		}
 	case f.script != "":

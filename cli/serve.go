@@ -29,7 +29,9 @@ sign-in form); /health stays open. Serving beyond the loopback interface
 without a token is refused.
 
 A second 'serve --http' on the data dir of a stdio server shows that
-server's jobs in the dashboard.`,
+server's jobs in the dashboard.
+
+` + cfg.MaximaHelp(),
 		Example: `  claude mcp add -s user delegate -- delegate serve
   delegate serve --http 127.0.0.1:8080
   DELEGATE_HTTP_TOKEN=$(openssl rand -hex 32) delegate serve --http 0.0.0.0:8080 --tls-cert cert.pem --tls-key key.pem`,

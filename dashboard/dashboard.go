@@ -204,18 +204,47 @@ type errorView struct {
 	Message string
 }
 
+// serviceErrors is the one table from a service error's kind to the
+// dashboard's answer: its status, and its words for people ("" for the
+// error's own, which are ours for these kinds). A kind not here is the
+// server's trouble: logged, and answered in a few words.
+var serviceErrors = map[delegate.Kind]struct {
+	code int
+	msg  string
+}{
+	delegate.KindNotFound:    {http.StatusNotFound, ""},
+	delegate.KindInvalid:     {http.StatusBadRequest, ""},
+	delegate.KindNotFinished: {http.StatusConflict, ""},
+	delegate.KindTerminal:    {http.StatusConflict, ""},
+	delegate.KindConflict:    {http.StatusConflict, ""},
+	delegate.KindUnavailable: {http.StatusServiceUnavailable, "The sandbox backend or the job store does not answer now; try again in a minute."},
+}
+
+// notFound is what a page says of what it did not find.
+var notFound = map[string]string{"job": "No such job.", "artifact": "No such artifact."}
+
 // serviceError answers what the service said, in words for people.
 func (d *dash) serviceError(w http.ResponseWriter, r *http.Request, err error) {
-	var fe *delegate.FieldError
+	kind := delegate.ErrorKind(err)
+	a, ok := serviceErrors[kind]
 	switch {
-	case errors.Is(err, delegate.ErrNotFound):
-		d.fail(w, r, http.StatusNotFound, "No such job.")
-	case errors.As(err, &fe):
-		d.fail(w, r, http.StatusBadRequest, fe.Error())
-	case errors.Is(err, delegate.ErrNotFinished):
-		d.fail(w, r, http.StatusConflict, err.Error())
+	case kind == delegate.KindNotFound:
+		msg := notFound["job"]
+		var nf *delegate.NotFoundError
+		if errors.As(err, &nf) {
+			msg = notFound[nf.Resource]
+			if msg == "" || nf.Reason != "" {
+				msg = nf.Error()
+			}
+		}
+		d.fail(w, r, a.code, msg)
+	case ok && a.msg == "":
+		d.fail(w, r, a.code, err.Error())
 	case r.Context().Err() != nil:
 		// The browser went away.
+	case ok:
+		d.log.Warn("dashboard", "path", r.URL.Path, "err", err)
+		d.fail(w, r, a.code, a.msg)
 	default:
 		d.log.Error("dashboard", "path", r.URL.Path, "err", err)
 		d.fail(w, r, http.StatusInternalServerError, "Something went wrong reading the jobs; the server's log says what.")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/dashboard"
 	"github.com/delegate-dev/delegate/httpauth"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/mock"
 )
 
@@ -96,6 +98,7 @@ func TestListShowsJobsEscaped(t *testing.T) {
 		`<span class="status st-running">running</span>`, `<span class="status st-failed">failed</span>`,
 		`href="/?cursor=c2" rel="next"`, // the next page
 		`data-live="/events"`,
+		`<footer class="foot">delegate ` + buildinfo.Version() + `</footer>`, // the version shown everywhere
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the list lacks %s", want)
@@ -652,5 +655,40 @@ func TestStaticAndUnknown(t *testing.T) {
 	// Signing in without a token to ask for goes straight in.
 	if w := get(t, h, "/login?next=/jobs/x"); w.Code != 303 || w.Header().Get("Location") != "/jobs/x" {
 		t.Errorf("/login without a token: %d %q", w.Code, w.Header().Get("Location"))
+	}
+}
+
+// TestServiceErrorTable: a service error's kind decides the page's status
+// and words; a missing artifact is named as one (not as a missing job);
+// an error of no kind of ours is logged, never shown.
+func TestServiceErrorTable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		code     int
+		want     string
+		notShown string
+	}{
+		{"an artifact", delegate.ArtifactNotFound("job-1", "nope"), 404, "No such artifact.", ""},
+		{"an artifact not kept", &delegate.NotFoundError{Resource: "artifact", ID: "big", Of: "job job-1", Reason: "not kept: over the 16 MiB cap"},
+			404, `artifact &#34;big&#34; of job job-1: not kept: over the 16 MiB cap`, ""},
+		{"a job", delegate.JobNotFound("job-1"), 404, "No such job.", ""},
+		{"unavailable", fmt.Errorf("%w: pve: 595 no route to host 10.0.0.7", delegate.ErrUnavailable), 503, "does not answer now", "10.0.0.7"},
+		{"internal", fmt.Errorf("read artifact: %w", errors.New("open /var/lib/delegate/artifacts/ab/abcd: permission denied")), 500,
+			"the server&#39;s log says what", "/var/lib"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &mock.JobService{ReadArtifactFn: func(context.Context, string, string) (delegate.Artifact, []byte, error) {
+				return delegate.Artifact{}, nil, tc.err
+			}}
+			h := dashboard.Handler(svc, dashboard.Options{})
+			w := get(t, h, "/jobs/job-1/artifacts/nope", "Accept", "text/html")
+			if w.Code != tc.code || !strings.Contains(w.Body.String(), tc.want) {
+				t.Errorf("%d, want %d with %q:\n%s", w.Code, tc.code, tc.want, w.Body)
+			}
+			if tc.notShown != "" && strings.Contains(w.Body.String(), tc.notShown) {
+				t.Errorf("the page shows %q", tc.notShown)
+			}
+		})
 	}
 }

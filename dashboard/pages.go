@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 )
 
 // parsePages parses each page with the layout and the shared partials.
@@ -41,7 +42,8 @@ func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page str
 	view := struct {
 		Page     any
 		SignedIn bool
-	}{data, d.signedIn(r)}
+		Version  string
+	}{data, d.signedIn(r), buildinfo.Version()}
 	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
 		d.log.Error("dashboard: render", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)

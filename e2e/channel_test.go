@@ -108,7 +108,7 @@ func TestCallbacksOverHTTP(t *testing.T) {
 // TestLiveLogs follows a streaming job with get_job_logs cursors and with a
 // resource subscription, over stdio and HTTP.
 func TestLiveLogs(t *testing.T) {
-	for _, transport := range []string{"stdio", "http", "stdio-newest"} {
+	for _, transport := range []string{"stdio", "http", "stdio-newest", "http-newest"} {
 		t.Run(transport, func(t *testing.T) {
 			var (
 				mu      sync.Mutex
@@ -125,6 +125,8 @@ func TestLiveLogs(t *testing.T) {
 				cs, _, _ = stdioSessionWith(t, t.TempDir(), "2025-11-25", opts)
 			case "stdio-newest": // 2026-07-28: updates come through subscriptions/listen
 				cs, _, _ = stdioSessionWith(t, t.TempDir(), "", opts)
+			case "http-newest": // 2026-07-28 over HTTP: stateless, with a listen stream
+				cs = httpSessionWith(t, httpServer(t, t.TempDir()), "", opts)
 			default:
 				cs = httpSessionWith(t, httpServer(t, t.TempDir()), "2025-11-25", opts)
 			}

@@ -7,16 +7,19 @@ import (
 )
 
 // standInClaude behaves like the Claude CLI in -p stream-json mode, and
-// reports the argv it was given, one argument per line.
+// reports the argv it was given, one argument per line, then the prompt
+// it read from its standard input.
 const standInClaude = `#!/bin/sh
 i=0
 for a in "$@"; do i=$((i+1)); printf 'argv[%d]=%s\n' "$i" "$a"; done
+printf 'stdin=%s\n' "$(cat)"
 echo '{"type":"system","subtype":"init","session_id":"s1","tools":[]}'
 echo '{"type":"result","subtype":"success","is_error":false,"result":"done"}'
 `
 
-// TestClaudeAgentStandIn: agentType claude runs "claude" from PATH with the
-// task as one argument, never through a shell.
+// TestClaudeAgentStandIn: agentType claude runs "claude" from PATH with
+// the task on its standard input, never in its arguments (which every
+// user of the host can read) nor through a shell.
 func TestClaudeAgentStandIn(t *testing.T) {
 	cs, _, _ := stdioSession(t, t.TempDir(), "")
 	task := `fix "the bug"; $(touch /workspace/pwned) && echo pwned ` + "`id`\nsecond line"
@@ -33,9 +36,9 @@ func TestClaudeAgentStandIn(t *testing.T) {
 	res := call[resultOut](t, cs, "get_job_result", map[string]any{"job_id": sub.JobID})
 	want := strings.Join([]string{
 		"argv[1]=-p",
-		"argv[2]=" + task,
-		"argv[3]=--output-format", "argv[4]=stream-json", "argv[5]=--verbose", "argv[6]=--dangerously-skip-permissions",
-		"argv[7]=--model", "argv[8]=claude-sonnet-4-5",
+		"argv[2]=--output-format", "argv[3]=stream-json", "argv[4]=--verbose", "argv[5]=--dangerously-skip-permissions",
+		"argv[6]=--model", "argv[7]=claude-sonnet-4-5",
+		"stdin=" + task,
 		`{"type":"system","subtype":"init","session_id":"s1","tools":[]}`,
 		`{"type":"result","subtype":"success","is_error":false,"result":"done"}`,
 	}, "\n") + "\n"

@@ -39,6 +39,13 @@ var baseRE = regexp.MustCompile(`url=(https?://\S+)/mcp`)
 // environment, and returns its base URL (scheme://host:port).
 func startHTTP(t *testing.T, dataDir string, args []string, env ...string) string {
 	t.Helper()
+	base, _ := startHTTPCmd(t, dataDir, args, env...)
+	return base
+}
+
+// startHTTPCmd is startHTTP that also returns the server's command.
+func startHTTPCmd(t *testing.T, dataDir string, args []string, env ...string) (string, *exec.Cmd) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	cmd.Env = serverEnv(dataDir, env...)
 	pipe, err := cmd.StderrPipe()
@@ -78,10 +85,10 @@ func startHTTP(t *testing.T, dataDir string, args []string, env ...string) strin
 	})
 	select {
 	case base := <-found:
-		return base
+		return base, cmd
 	case <-time.After(20 * time.Second):
 		t.Fatalf("server did not print its URL:\n%s", stderr)
-		return ""
+		return "", nil
 	}
 }
 
@@ -126,7 +133,10 @@ func TestHTTPToken(t *testing.T) {
 		cs.Close()
 		t.Fatal("an MCP client without the token connected")
 	}
-	cs, err := c.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", MaxRetries: -1, HTTPClient: authed}, nil)
+	// A 2025-11-25 client, with a session to count (a 2026-07-28 one has
+	// none: each of its requests is whole).
+	cs, err := c.Connect(testContext(t), &mcp.StreamableClientTransport{Endpoint: base + "/mcp", MaxRetries: -1, HTTPClient: authed},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatalf("connect with the token: %v", err)
 	}

@@ -33,7 +33,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "delegate")
-	build := exec.Command("go", "build", "-o", binary, "../cmd/delegate")
+	// As a release is built: the version set once, with -ldflags (see
+	// internal/buildinfo and TestVersionIsOne).
+	build := exec.Command("go", "build", "-ldflags", "-X "+versionVar+"="+e2eVersion, "-o", binary, "../cmd/delegate")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build delegate:", err)

@@ -30,7 +30,7 @@ func TestRunStreams(t *testing.T) {
 	second := newestJob(t, dataDir)
 
 	out, errOut, code = delegateCLI(t, dataDir, "jobs", "result", first)
-	if out != "out\n" || !strings.HasPrefix(errOut, "err\n"+first+" success") || code != 0 {
+	if out != "out\n" || !strings.HasPrefix(errOut, "err\ndelegate: "+first+" success") || code != 0 {
 		t.Errorf("jobs result: stdout %q, stderr %q, exit %d", out, errOut, code)
 	}
 	out, _, _ = delegateCLI(t, dataDir, "jobs", "result", "--json", first)

@@ -40,7 +40,7 @@ func TestToolsets(t *testing.T) {
 	}
 	cs, _, _ = stdioSession(t, t.TempDir(), "", append(simEnv, "DELEGATE_TOOLSETS=proxmox")...)
 	admin, adminBytes, res := listTools(t, cs)
-	if len(admin) != 23 || slices.Contains(admin, "submit_job") {
+	if len(admin) != 24 || slices.Contains(admin, "submit_job") {
 		t.Errorf("proxmox tools: %v", admin)
 	}
 	for _, tool := range res.Tools {
@@ -57,7 +57,7 @@ func TestToolsets(t *testing.T) {
 	}
 	cs, _, _ = stdioSession(t, t.TempDir(), "", append(simEnv, "DELEGATE_TOOLSETS=jobs,proxmox")...)
 	both, bothBytes, _ := listTools(t, cs)
-	if len(both) != len(jobs)+23 {
+	if len(both) != len(jobs)+24 {
 		t.Errorf("both toolsets: %d tools", len(both))
 	}
 	t.Logf("tools/list bytes: jobs %d (%d tools), proxmox %d (%d tools), jobs,proxmox %d (%d tools)",
@@ -117,17 +117,20 @@ func TestProxmoxToolsetThroughBinary(t *testing.T) {
 		t.Fatalf("job VMs %+v", vms)
 	}
 	vm := map[string]any{"node": vms[0].Node, "vmid": vms[0].VMID}
-	for _, tool := range []string{"proxmox_guest_stop", "proxmox_guest_delete", "proxmox_guest_reboot"} {
-		res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: tool, Arguments: vm})
+	cmd := map[string]any{"node": vms[0].Node, "vmid": vms[0].VMID, "command": "echo inside"}
+	for tool, args := range map[string]map[string]any{"proxmox_guest_stop": vm, "proxmox_guest_delete": vm, "proxmox_guest_reboot": vm,
+		"proxmox_execute_vm_command": cmd} {
+		res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: tool, Arguments: args})
 		if err != nil || !res.IsError || !strings.Contains(text(res), "belongs to delegate job "+job.JobID) {
 			t.Errorf("%s of the job's VM: %v %s", tool, err, text(res))
 		}
 	}
-	// Commands are allowed: they do not take the VM away.
+	// Forced, a command runs in it.
+	cmd["force"] = true
 	out := call[struct {
 		Stdout   string `json:"stdout"`
 		ExitCode int    `json:"exitcode"`
-	}](t, cs, "proxmox_execute_vm_command", map[string]any{"node": vms[0].Node, "vmid": vms[0].VMID, "command": "echo inside"})
+	}](t, cs, "proxmox_execute_vm_command", cmd)
 	if out.Stdout != "inside\n" {
 		t.Errorf("exec %+v", out)
 	}

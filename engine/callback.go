@@ -43,7 +43,18 @@ type tokenEntry struct {
 
 	mu      sync.Mutex
 	status  delegate.Status
-	foreign int64 // Engine.foreign when status was read
+	foreign int64 // jobWriter.foreign when status was read
+}
+
+// callbacks is the part that authenticates and applies what jobs report
+// through the callback endpoints, from an index of the running jobs' token
+// hashes. It has its own locks (the index's, and one per entry).
+type callbacks struct {
+	store    delegate.Store
+	jobs     *jobWriter
+	progress *progressWriter
+	secret   func(name string) (string, bool)
+	tokens   *tokenIndex
 }
 
 type tokenIndex struct {
@@ -94,14 +105,14 @@ func (x *tokenIndex) byHash(sum [sha256.Size]byte) bool {
 }
 
 // indexJob makes the index entry of a job that has a token.
-func (e *Engine) indexJob(j *delegate.Job, foreign int64) (*tokenEntry, bool) {
+func (c *callbacks) indexJob(j *delegate.Job, foreign int64) (*tokenEntry, bool) {
 	raw, err := hex.DecodeString(j.TokenHash)
 	if err != nil || len(raw) != sha256.Size {
 		return nil, false
 	}
 	ent := &tokenEntry{
 		timeline: j.Manifest.StatusMode != delegate.StatusModeSimple,
-		redact:   e.redactorFor(j.Manifest),
+		redact:   redactorFor(j.Manifest, c.secret),
 		status:   j.Status,
 		foreign:  foreign,
 	}
@@ -111,24 +122,24 @@ func (e *Engine) indexJob(j *delegate.Job, foreign int64) (*tokenEntry, bool) {
 
 // tokenEntry returns the index entry of job id, reading the store for a
 // job not indexed yet; nil when the job does not exist or has no token.
-func (e *Engine) tokenEntry(ctx context.Context, id string) (*tokenEntry, error) {
-	if ent := e.tokens.get(id); ent != nil {
+func (c *callbacks) tokenEntry(ctx context.Context, id string) (*tokenEntry, error) {
+	if ent := c.tokens.get(id); ent != nil {
 		return ent, nil
 	}
-	foreign := e.foreign.Load()
-	job, err := e.store.GetJob(ctx, id)
+	foreign := c.jobs.foreign.Load()
+	job, err := c.store.GetJob(ctx, id)
 	if errors.Is(err, delegate.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	ent, ok := e.indexJob(job, foreign)
+	ent, ok := c.indexJob(job, foreign)
 	if !ok {
 		return nil, nil // no token yet: nothing can authenticate
 	}
 	if !job.Status.Terminal() {
-		e.tokens.put(id, ent)
+		c.tokens.put(id, ent)
 	}
 	return ent, nil
 }
@@ -136,15 +147,15 @@ func (e *Engine) tokenEntry(ctx context.Context, id string) (*tokenEntry, error)
 // currentStatus is the job's status, read again from the store only if a
 // job has finished somewhere since it was last read (another process may
 // have cancelled this one).
-func (e *Engine) currentStatus(ctx context.Context, id string, ent *tokenEntry) (delegate.Status, error) {
-	now := e.foreign.Load()
+func (c *callbacks) currentStatus(ctx context.Context, id string, ent *tokenEntry) (delegate.Status, error) {
+	now := c.jobs.foreign.Load()
 	ent.mu.Lock()
 	st, seen := ent.status, ent.foreign
 	ent.mu.Unlock()
 	if st.Terminal() || seen == now {
 		return st, nil
 	}
-	job, err := e.store.GetJob(ctx, id)
+	job, err := c.store.GetJob(ctx, id)
 	if err != nil {
 		return "", err
 	}
@@ -152,23 +163,24 @@ func (e *Engine) currentStatus(ctx context.Context, id string, ent *tokenEntry) 
 	ent.status, ent.foreign = job.Status, now
 	ent.mu.Unlock()
 	if job.Status.Terminal() {
-		e.tokens.forget(id)
+		c.tokens.forget(id)
 	}
 	return job.Status, nil
 }
 
-// Callback authenticates a report from a job and applies it. A status or a
-// heartbeat is coalesced in memory (see progressBuffer) and answered at
-// once: the job returned then carries its ID, Status, Progress and
-// LastHeartbeat only. A completion is stored before Callback returns, and
-// moves the job along the state machine only: it can never bring back a
-// job that was cancelled or timed out.
-func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+// Authenticate checks a job's token (delegate.CallbackService).
+func (c *callbacks) Authenticate(ctx context.Context, id, token string) error {
+	_, err := c.authenticate(ctx, id, token)
+	return err
+}
+
+// authenticate returns the job's token entry if token is its token.
+func (c *callbacks) authenticate(ctx context.Context, id, token string) (*tokenEntry, error) {
 	if token == "" {
 		return nil, delegate.ErrUnauthenticated
 	}
 	sum := sha256.Sum256([]byte(token))
-	ent, err := e.tokenEntry(ctx, id)
+	ent, err := c.tokenEntry(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -178,20 +190,34 @@ func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Re
 	if subtle.ConstantTimeCompare(sum[:], ent.hash[:]) != 1 {
 		// Do tell a job that it used its own token on another job's
 		// endpoint.
-		if e.tokens.byHash(sum) {
+		if c.tokens.byHash(sum) {
 			return nil, delegate.ErrForbidden
 		}
-		if others, _, err := e.store.ListJobs(ctx, delegate.JobFilter{TokenHash: hex.EncodeToString(sum[:]), Limit: 1}); err == nil && len(others) == 1 {
+		if others, _, err := c.store.ListJobs(ctx, delegate.JobFilter{TokenHash: hex.EncodeToString(sum[:]), Limit: 1}); err == nil && len(others) == 1 {
 			return nil, delegate.ErrForbidden
 		}
 		return nil, delegate.ErrUnauthenticated
 	}
-	status, err := e.currentStatus(ctx, id, ent)
+	return ent, nil
+}
+
+// Callback authenticates a report from a job and applies it. A status or a
+// heartbeat is coalesced in memory (see progressBuffer) and answered at
+// once: the job returned then carries its ID, Status, Progress and
+// LastHeartbeat only. A completion is stored before Callback returns, and
+// moves the job along the state machine only: it can never bring back a
+// job that was cancelled or timed out.
+func (c *callbacks) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+	ent, err := c.authenticate(ctx, id, token)
+	if err != nil {
+		return nil, err
+	}
+	status, err := c.currentStatus(ctx, id, ent)
 	if err != nil {
 		return nil, err
 	}
 	if status.Terminal() {
-		job, err := e.store.GetJob(ctx, id)
+		job, err := c.store.GetJob(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -200,21 +226,21 @@ func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Re
 	now := time.Now().UTC()
 	switch rep.Kind {
 	case delegate.ReportHeartbeat:
-		e.progress.report(id, "", nil, ent.timeline, now)
+		c.progress.report(id, "", nil, ent.timeline, now)
 	case delegate.ReportStatus:
-		e.progress.report(id, ent.redact.string(clip(rep.Progress)), nil, ent.timeline, now)
+		c.progress.report(id, ent.redact.string(clip(rep.Progress)), nil, ent.timeline, now)
 	case delegate.ReportComplete:
-		return e.complete(ctx, id, ent, rep, now)
+		return c.complete(ctx, id, ent, rep, now)
 	default:
 		return nil, fmt.Errorf("%w: unknown report kind %q", delegate.ErrInvalid, rep.Kind)
 	}
 	job := &delegate.Job{ID: id, Status: status, LastHeartbeat: now}
-	e.progress.overlay(job)
+	c.progress.overlay(job)
 	return job, nil
 }
 
 // complete records a job's own verdict, durably, before it answers.
-func (e *Engine) complete(ctx context.Context, id string, ent *tokenEntry, rep delegate.Report, now time.Time) (*delegate.Job, error) {
+func (c *callbacks) complete(ctx context.Context, id string, ent *tokenEntry, rep delegate.Report, now time.Time) (*delegate.Job, error) {
 	status, reason := delegate.StatusSuccess, ""
 	if !rep.Success {
 		status, reason = delegate.StatusFailed, "the job reported failure"
@@ -226,8 +252,8 @@ func (e *Engine) complete(ctx context.Context, id string, ent *tokenEntry, rep d
 	reason = ent.redact.string(reason)
 	// A request cut off by its client must not leave the job half-reported.
 	ctx = context.WithoutCancel(ctx)
-	e.flushJob(ctx, id)
-	job, err := e.update(ctx, id, func(j *delegate.Job) error {
+	c.progress.flushJob(ctx, id)
+	job, err := c.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job %s is %s: %w; nothing to report", id, j.Status, delegate.ErrTerminal)
 		}
@@ -248,52 +274,17 @@ func (e *Engine) complete(ctx context.Context, id string, ent *tokenEntry, rep d
 	ent.mu.Lock()
 	ent.status = job.Status
 	ent.mu.Unlock()
-	e.ended(id, job.Status)
 	// The job's follower sees the terminal status: it lets the process
 	// exit on its own for a moment, then stops whatever still runs.
 	return job, nil
 }
 
-func (e *Engine) redactorFor(m delegate.Manifest) *redactor {
+func redactorFor(m delegate.Manifest, secret func(string) (string, bool)) *redactor {
 	var values []string
 	for _, name := range m.Secrets {
-		if v, ok := e.cfg.Secret(name); ok {
+		if v, ok := secret(name); ok {
 			values = append(values, v)
 		}
 	}
 	return newRedactor(values)
-}
-
-// checkHeartbeats fails the running jobs this engine drives whose last sign
-// of life is older than the threshold, and destroys their sandboxes.
-func (e *Engine) checkHeartbeats(ctx context.Context) {
-	e.mu.Lock()
-	ids := make([]string, 0, len(e.runs))
-	for id := range e.runs {
-		ids = append(ids, id)
-	}
-	e.mu.Unlock()
-	now := time.Now()
-	for _, id := range ids {
-		j, err := e.Get(ctx, id)
-		if err != nil || j.Status != delegate.StatusRunning {
-			continue
-		}
-		last := j.LastHeartbeat
-		if last.IsZero() {
-			last = j.StartedAt
-		}
-		if now.Sub(last) < e.cfg.HeartbeatThreshold {
-			continue
-		}
-		reason := fmt.Sprintf("lost heartbeat: no sign of life for %s (HEARTBEAT_THRESHOLD_SECONDS=%d)",
-			now.Sub(last).Round(time.Second), int(e.cfg.HeartbeatThreshold.Seconds()))
-		e.log.Warn("job lost its heartbeat", "job", id, "last", last)
-		e.finish(id, delegate.StatusFailed, reason, nil)
-		e.mu.Lock()
-		if r := e.runs[id]; r != nil {
-			r.killNow() // the follower kills the process and destroys the sandbox
-		}
-		e.mu.Unlock()
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -18,19 +19,19 @@ import (
 // itself, as the job's own engine would have. done is false when the job
 // is not such an orphan (or cannot be stopped from here): Cancel then
 // records the cancellation for the engine that drives it.
-func (e *Engine) cancelOrphan(ctx context.Context, id string) (job *delegate.Job, cancelled, done bool, err error) {
-	old, err := e.store.GetJob(ctx, id)
+func (r *runner) cancelOrphan(ctx context.Context, id string) (job *delegate.Job, cancelled, done bool, err error) {
+	old, err := r.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, false, true, err
 	}
 	if old.Status.Terminal() {
 		return old, false, true, nil
 	}
-	if old.Status == delegate.StatusPending || old.Owner == e.owner || (old.Owner != "" && e.cfg.OwnerAlive(old.Owner)) {
+	if old.Status == delegate.StatusPending || old.Owner == r.owner || (old.Owner != "" && r.cfg.OwnerAlive(old.Owner)) {
 		return nil, false, false, nil // nothing to stop yet, or its engine does it
 	}
-	log := e.log.With("job", id, "sandbox", old.SandboxID, "previous_owner", old.Owner)
-	backend, err := e.backendFor(ctx)
+	log := r.log.With("job", id, "sandbox", old.SandboxID, "previous_owner", old.Owner)
+	backend, err := r.ref.opened(ctx)
 	if err != nil {
 		log.Warn("cannot stop the sandbox of a job no server drives; the next server to start will", "err", err)
 		return nil, false, false, nil
@@ -39,11 +40,11 @@ func (e *Engine) cancelOrphan(ctx context.Context, id string) (job *delegate.Job
 		log.Warn("the job ran on another backend; the next server of that backend will stop it", "job_backend", old.Backend, "backend", backend.Name())
 		return nil, false, false, nil
 	}
-	job, err = e.update(ctx, id, func(j *delegate.Job) error {
+	job, err = r.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Owner != old.Owner || j.Status.Terminal() {
 			return errSkip // adopted by a server meanwhile, or ended
 		}
-		j.Owner = e.owner
+		j.Owner = r.owner
 		markCancelled(j)
 		return nil
 	})
@@ -54,8 +55,8 @@ func (e *Engine) cancelOrphan(ctx context.Context, id string) (job *delegate.Job
 		return nil, false, true, err
 	}
 	log.Info("job cancelled; no server drives it, stopping its sandbox here")
-	e.stopOrphan(ctx, backend, job)
-	job, err = e.store.GetJob(context.WithoutCancel(ctx), id)
+	r.stopOrphan(ctx, backend, job)
+	job, err = r.store.GetJob(context.WithoutCancel(ctx), id)
 	return job, true, true, err
 }
 
@@ -73,7 +74,7 @@ func markCancelled(j *delegate.Job) {
 // kept, an ephemeral sandbox destroyed, a persistent one kept for
 // release_job); a sandbox that never ran its command is rolled back,
 // also one its engine made but had not recorded yet.
-func (e *Engine) stopOrphan(ctx context.Context, backend sandbox.Backend, job *delegate.Job) {
+func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *delegate.Job) {
 	if job.ExecID != "" {
 		sb, err := backend.Recover(ctx, job.SandboxID)
 		var proc sandbox.Process
@@ -81,37 +82,35 @@ func (e *Engine) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 			proc, err = sb.Process(ctx, job.ExecID)
 		}
 		if err == nil {
-			r, _ := e.register(job.ID)
-			r.killNow()
+			h, _ := r.register(job.ID)
+			h.killNow()
 			done := make(chan struct{})
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
+			r.life.Go(func() {
 				defer close(done)
-				defer e.unregister(job.ID)
-				e.follow(r, job.ID, sb, proc, job.Manifest)
-			}()
+				defer r.unregister(job.ID)
+				r.follow(h, job.ID, sb, proc, job.Manifest)
+			})
 			select {
 			case <-done:
 			case <-ctx.Done(): // the engine's Close still waits for it
 			}
 			return
 		}
-		e.log.Info("the cancelled job's process is gone", "job", job.ID, "err", err)
+		r.log.Info("the cancelled job's process is gone", "job", job.ID, "err", err)
 	}
 	if job.SandboxID != "" {
-		e.rollback(job.ID, job.SandboxID)
+		r.rollback(job.ID, job.SandboxID)
 	}
 	// Its engine is gone and this one owns the job now: no sandbox for it
 	// is still being made, so every one made for it is a leftover.
 	infos, err := backend.List(ctx)
 	if err != nil {
-		e.log.Warn("list sandboxes", "err", err)
+		r.log.Warn("list sandboxes", "err", err)
 		return
 	}
 	for _, in := range infos {
 		if in.JobID == job.ID && in.ID != job.SandboxID {
-			e.rollback(job.ID, in.ID)
+			r.rollback(job.ID, in.ID)
 		}
 	}
 }
@@ -119,44 +118,56 @@ func (e *Engine) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 // rollback destroys a sandbox whose command never ran (provisioning
 // failed, was cancelled or interrupted), whatever the job's lifecycle:
 // there is nothing in it to keep.
-func (e *Engine) rollback(jobID, sandboxID string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 2*time.Minute)
+func (r *runner) rollback(jobID, sandboxID string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.life.ctx), 2*time.Minute)
 	defer cancel()
-	if err := e.backend.Destroy(ctx, sandboxID); err != nil {
+	if err := r.backend().Destroy(ctx, sandboxID); err != nil {
 		// The job has ended: the cleanup loop will try again.
-		e.log.Warn("roll back sandbox", "job", jobID, "sandbox", sandboxID, "err", err)
+		r.log.Warn("roll back sandbox", "job", jobID, "sandbox", sandboxID, "err", err)
 		return
 	}
-	e.update(ctx, jobID, func(j *delegate.Job) error {
+	r.jobs.update(ctx, jobID, func(j *delegate.Job) error {
 		if j.SandboxID == sandboxID {
 			j.SandboxID, j.ExecID = "", ""
 		}
 		return nil
 	})
-	e.log.Info("rolled back sandbox", "job", jobID, "sandbox", sandboxID)
+	r.log.Info("rolled back sandbox", "job", jobID, "sandbox", sandboxID)
 }
 
-// backendFor returns the engine's backend, opening it with
-// Config.OpenBackend if the engine was made without one (a command-line
+// backendRef holds the engine's backend, or opens it with
+// Config.OpenBackend when the engine was made without one (a command-line
 // tool that only needs it to stop an orphaned job).
-func (e *Engine) backendFor(ctx context.Context) (sandbox.Backend, error) {
-	e.mu.Lock()
-	b := e.backend
-	e.mu.Unlock()
-	if b != nil {
+type backendRef struct {
+	open func(ctx context.Context) (sandbox.Backend, error)
+
+	mu sync.Mutex
+	b  sandbox.Backend
+}
+
+// get returns the backend, nil if there is none (yet).
+func (br *backendRef) get() sandbox.Backend {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return br.b
+}
+
+// opened returns the backend, opening it if need be.
+func (br *backendRef) opened(ctx context.Context) (sandbox.Backend, error) {
+	if b := br.get(); b != nil {
 		return b, nil
 	}
-	if e.cfg.OpenBackend == nil {
+	if br.open == nil {
 		return nil, errors.New("this engine has no sandbox backend")
 	}
-	b, err := e.cfg.OpenBackend(ctx)
+	b, err := br.open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open the sandbox backend: %w", err)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.backend == nil {
-		e.backend = b
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	if br.b == nil {
+		br.b = b
 	}
-	return e.backend, nil
+	return br.b, nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,32 +27,30 @@ const maxEnvString = 32 * 4096
 // so that no job text shows in a process list.
 var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
 
-// command builds the command line, inputs and environment for a job. The
-// task and every other untrusted string travel as inputs (files the
-// backend puts in the sandbox) or environment values: never in the
-// command line, and never spliced into a shell line.
-func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, error) {
+// command builds the argv, inputs and environment for a job. The command
+// line is fixed: the task and the script, untrusted text, travel as
+// inputs (files only the job's user reads) and environment values, never
+// in Args, which every user of the sandbox's host can read; nothing is
+// spliced into a shell line.
+func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
+	var stdin string
 	inputs := map[string][]byte{}
-	stdin := ""
 	switch m.AgentType {
 	case delegate.AgentScript:
 		script := m.Task
 		if m.Agent != nil && m.Agent.Command != "" {
 			script = m.Agent.Command
 		}
-		inputs["script"] = []byte(script)
-		args = slices.Clone(scriptArgs)
+		args, inputs["script"] = scriptArgs, []byte(script)
 	case delegate.AgentCustom:
 		// The command is the submitter's own code; the task reaches it as
 		// data in $DELEGATE_TASK.
-		inputs["script"] = []byte(m.Agent.Command)
-		args = slices.Clone(scriptArgs)
+		args, inputs["script"] = scriptArgs, []byte(m.Agent.Command)
 	case delegate.AgentClaude:
-		inputs["prompt"] = []byte(m.Task)
-		stdin = "prompt"
-		args = ClaudeArgs(m)
+		// The prompt on standard input, which claude -p reads.
+		args, inputs["prompt"], stdin = ClaudeArgs(m), []byte(m.Task), "prompt"
 	default:
 		return sandbox.Command{}, fmt.Errorf("agentType %q: %w", m.AgentType, delegate.ErrInvalid)
 	}
@@ -70,7 +67,7 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		env[k] = v
 	}
 	for _, name := range m.Secrets {
-		v, ok := e.cfg.Secret(name)
+		v, ok := r.cfg.Secret(name)
 		if !ok {
 			return sandbox.Command{}, fmt.Errorf("secret %q is no longer set on the server", name)
 		}
@@ -85,10 +82,10 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		inputs["task"] = []byte(m.Task)
 	}
 	env["DELEGATE_JOB_TOKEN"] = token
-	if e.cfg.CallbackURL != "" {
-		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(e.cfg.CallbackURL, "/") + "/callback/" + job.ID
+	if r.cfg.CallbackURL != "" {
+		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(r.cfg.CallbackURL, "/") + "/callback/" + job.ID
 	}
-	if f := e.backend.Capabilities().StatusFile; f != "" {
+	if f := r.backend().Capabilities().StatusFile; f != "" {
 		env["DELEGATE_STATUS_FILE"] = f
 	}
 	keys := make([]string, 0, len(env))
@@ -101,15 +98,15 @@ func (e *Engine) command(job *delegate.Job, token string) (sandbox.Command, erro
 		list = append(list, k+"="+env[k])
 	}
 	return sandbox.Command{
-		Args: args, Env: list, Dir: delegate.Workspace, Inputs: inputs, Stdin: stdin, OutputLimit: e.cfg.OutputLimit,
+		Args: args, Env: list, Dir: delegate.Workspace, Inputs: inputs, Stdin: stdin, OutputLimit: r.cfg.OutputLimit,
 		Deadline: time.Now().Add(time.Duration(m.TimeoutSeconds())*time.Second + deadlineGrace),
 	}, nil
 }
 
-// ClaudeArgs is the Claude CLI command line for a job. The task is not
-// in it: the CLI reads the prompt from its standard input (the "prompt"
-// input). stream-json with -p needs --verbose; permissions are skipped
-// because the sandbox is the boundary.
+// ClaudeArgs is the Claude CLI command line for a job: fixed words and
+// the model's name, without the task, which claude -p reads from its
+// standard input (the "prompt" input). stream-json with -p needs
+// --verbose; permissions are skipped because the sandbox is the boundary.
 func ClaudeArgs(m delegate.Manifest) []string {
 	args := []string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions"}
 	if m.Agent != nil && m.Agent.ClaudeModel != "" {

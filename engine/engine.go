@@ -2,6 +2,24 @@
 // concurrency limit, provision → inject files → exec → follow output →
 // collect → destroy, with timeouts, cancellation, recovery after a restart
 // and a cleanup loop for sandboxes nobody owns.
+//
+// An Engine is a coordinator of parts, each with its own state and lock
+// (none holds its lock while it calls another):
+//
+//   - jobWriter (jobs.go): every change of a job goes through it; it wakes
+//     waiters and watchers, and tells the parts when a job ends;
+//   - progressWriter (progress.go): progress coalesced in memory, stored in
+//     batches by one flusher;
+//   - Reader (reader.go): the read side, over the store alone;
+//   - callbacks (callback.go): the token index and the reports of jobs;
+//   - scheduler (scheduler.go): run slots, the queue, admission;
+//   - runner (runner.go): one job's run as ordered provisioning steps,
+//     then following the command and settling its end;
+//   - maintenance (maintenance.go): recovery, the sweep, the heartbeat
+//     watchdog, finishes seen in the store.
+//
+// Every goroutine runs in one group (group.go), which Close stops and
+// waits for; the flusher stops last, once nothing reports any more.
 package engine
 
 import (
@@ -14,8 +32,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -28,6 +44,9 @@ type Config struct {
 	// Defaults fill what a manifest leaves out; zero fields get
 	// delegate.ServerDefaults.
 	Defaults delegate.Defaults
+	// Maxima cap what a manifest may ask for (zero: no cap of the
+	// operator's).
+	Maxima Maxima
 	// MaxConcurrent jobs run at once; more wait as pending.
 	MaxConcurrent int
 	// OutputLimit bytes of a job's output are kept.
@@ -68,54 +87,31 @@ type Config struct {
 	Observer Observer
 }
 
-// Engine drives jobs from a store through a backend.
+// Engine drives jobs from a store through a backend. It implements
+// delegate.JobService; its read side is its Reader's.
 type Engine struct {
-	store   delegate.JobStore
-	backend sandbox.Backend
-	cfg     Config
-	log     *slog.Logger
-	owner   string
-	slots   int      // free run slots (Config.MaxConcurrent at first); under mu
-	queue   []string // jobs waiting for a slot, first in first out; under mu
+	*Reader
 
-	ctx    context.Context // the engine's life; cancelled by Close/Detach
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
-	closed chan struct{}
+	cfg   Config
+	log   *slog.Logger
+	owner string
+	life  *group
 
-	mu      sync.Mutex
-	runs    map[string]*run     // jobs this engine is driving
-	changed chan struct{}       // closed and replaced on every job change
-	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
-	watches map[chan string]struct{}
-	room    chan struct{} // closed and replaced when this engine frees room
-
-	progress  *progressBuffer // reports not stored yet
-	flushMu   sync.Mutex      // one flush at a time
-	flushStop chan struct{}   // closed by Close once the rest has stopped
-	flushDone chan struct{}   // closed when the last progress is stored
-	closeOnce sync.Once
-	tokens    *tokenIndex // callback tokens of running jobs
-	// own counts the jobs this engine has finished; foreign moves when the
-	// store's finish counter shows that another process finished one
-	// (see watchFinishes).
-	own, foreign atomic.Int64
+	backend   *backendRef
+	jobs      *jobWriter
+	progress  *progressWriter
+	callbacks *callbacks
+	sched     *scheduler
+	runner    *runner
+	maint     *maintenance
 }
 
-// run is the engine's handle on one job it drives.
-type run struct {
-	cancel context.CancelFunc // aborts provisioning
-	kill   chan struct{}      // closed to kill the running process
-	once   sync.Once
-	// end is the terminal status the job reached while it still runs (a
-	// completion callback, a cancel, here or in another process).
-	end atomic.Pointer[delegate.Status]
-}
-
-func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
+// errNoBackend: an engine made without a backend (to read jobs) was asked
+// to run one.
+var errNoBackend = errors.New("this process has no sandbox backend and runs no jobs: submit through delegate serve or delegate run")
 
 // New makes an engine; Start begins work.
-func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
+func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	cfg.Defaults.Fill(delegate.ServerDefaults())
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = delegate.DefaultMaxConcurrent
@@ -156,29 +152,28 @@ func New(store delegate.JobStore, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	e := &Engine{
-		store: store, backend: backend, cfg: cfg, log: cfg.Logger,
-		owner:   newOwner(),
-		slots:   cfg.MaxConcurrent,
-		ctx:     ctx,
-		stop:    stop,
-		closed:  make(chan struct{}),
-		runs:    make(map[string]*run),
-		changed: make(chan struct{}),
-		suspect: make(map[string]struct{}),
-		watches: make(map[chan string]struct{}),
-		room:    make(chan struct{}),
-
-		progress:  newProgressBuffer(),
-		flushStop: make(chan struct{}),
-		flushDone: make(chan struct{}),
-		tokens:    newTokenIndex(),
+	log := cfg.Logger
+	owner := newOwner()
+	life := newGroup()
+	ref := &backendRef{b: backend, open: cfg.OpenBackend}
+	jobs := newJobWriter(store)
+	progress := newProgressWriter(store, jobs.notify, log)
+	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, changes: jobs.changes}
+	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
+	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, log: log, retry: cfg.AdmissionRetry,
+		slots: cfg.MaxConcurrent, room: make(chan struct{})}
+	run := &runner{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
+		progress: progress, callbacks: cb, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
+	sched.runner = run
+	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
+		sched: sched, read: read, suspect: make(map[string]struct{})}
+	// A job's end: its follower winds it up, and its token stops working.
+	jobs.ended = func(id string, st delegate.Status) {
+		cb.tokens.forget(id)
+		run.ended(id, st)
 	}
-	// Progress is stored by one flusher from the start: even an engine that
-	// is never started (the CLI reading jobs) may record some.
-	go e.flushLoop()
-	return e
+	return &Engine{Reader: read, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
+		progress: progress, callbacks: cb, sched: sched, runner: run, maint: maint}
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
@@ -188,53 +183,18 @@ func EnvSecret(name string) (string, bool) { return os.LookupEnv("DELEGATE_SECRE
 func (e *Engine) Owner() string { return e.owner }
 
 // Start recovers jobs left by engines that have died and starts the
-// cleanup loop. It returns once recovery has been decided for every job.
-func (e *Engine) Start(ctx context.Context) error {
-	// Finishes from now on are watched for (see watchFinishes).
-	own := e.own.Load()
-	finishes, err := e.store.Finishes(ctx)
-	if err != nil {
-		return err
-	}
-	if err := e.recover(ctx); err != nil {
-		return fmt.Errorf("recover jobs: %w", err)
-	}
-	if e.backend != nil {
-		e.sweep(ctx)
-	}
-	e.every(e.cfg.CleanupInterval, e.cleanup)
-	e.every(max(e.cfg.HeartbeatThreshold/4, 100*time.Millisecond), e.checkHeartbeats)
-	e.every(e.cfg.PollInterval, e.watchFinishes(finishes, own))
-	return nil
-}
-
-// every runs fn at each interval until the engine closes.
-func (e *Engine) every(interval time.Duration, fn func(context.Context)) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-e.ctx.Done():
-				return
-			case <-t.C:
-				fn(e.ctx)
-			}
-		}
-	}()
-}
+// maintenance timers. It returns once recovery has been decided for every
+// job.
+func (e *Engine) Start(ctx context.Context) error { return e.maint.start(ctx, e.life) }
 
 // Close stops the engine without touching running jobs: their sandboxes go
 // on, and the next engine to start re-attaches to them. Queued jobs stay
-// pending and are picked up the same way.
+// pending and are picked up the same way. The parts stop in the reverse
+// order of their start: the goroutines first, the progress flusher last.
 func (e *Engine) Close() error {
-	e.stop()
-	e.wg.Wait()
+	e.life.stop()
 	// Nothing reports any more: store what was reported last.
-	e.closeOnce.Do(func() { close(e.flushStop) })
-	<-e.flushDone
+	e.progress.close()
 	return nil
 }
 
@@ -252,18 +212,25 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 			return job, nil
 		}
 	}
-	if m.Network == delegate.NetworkEgress && !e.backend.Capabilities().NetworkEgress {
-		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", e.backend.Name())}
+	backend := e.backend.get()
+	if backend == nil {
+		return nil, errNoBackend
+	}
+	if m.Network == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
+		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
 	}
 	chosenTemplate := m.VMTemplate != ""
 	m.ApplyDefaults(e.cfg.Defaults)
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
-	if err := e.checkTemplate(ctx, m.VMTemplate, chosenTemplate); err != nil {
+	if err := e.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if err := e.checkResources(ctx, m); err != nil {
+	if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
+		return nil, err
+	}
+	if err := checkResources(ctx, backend, m, e.log); err != nil {
 		return nil, err
 	}
 	for i, name := range m.Secrets {
@@ -285,7 +252,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		Progress:  "queued",
 		CreatedAt: now,
 		UpdatedAt: now,
-		Backend:   e.backend.Name(),
+		Backend:   backend.Name(),
 		Owner:     e.owner,
 
 		IdempotencyKey: opts.IdempotencyKey,
@@ -300,19 +267,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, fmt.Errorf("submit: %w", err)
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
-	e.enqueue(job.ID)
+	e.sched.enqueue(job.ID)
 	return job, nil
-}
-
-// Get returns a job, with the progress it reported that is not stored yet.
-func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
-	unstored := e.progress.snapshot(id)
-	j, err := e.store.GetJob(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	unstored.apply(j)
-	return j, nil
 }
 
 // Cancel ends a job that has not finished. It returns the job and whether
@@ -320,11 +276,11 @@ func (e *Engine) Get(ctx context.Context, id string) (*delegate.Job, error) {
 // driving the job kills it; a job that no live engine drives, this one
 // takes over and stops before Cancel returns (cancelOrphan).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
-	if job, cancelled, done, err := e.cancelOrphan(ctx, id); done {
+	if job, cancelled, done, err := e.runner.cancelOrphan(ctx, id); done {
 		return job, cancelled, err
 	}
-	e.flushJob(ctx, id)
-	job, err := e.update(ctx, id, func(j *delegate.Job) error {
+	e.progress.flushJob(ctx, id)
+	job, err := e.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return delegate.ErrTerminal
 		}
@@ -339,135 +295,25 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 		return nil, false, err
 	}
 	e.log.Info("job cancelled", "job", id)
-	e.mu.Lock()
-	if r := e.runs[id]; r != nil {
-		r.cancel()
-		r.killNow()
-	}
-	e.mu.Unlock()
+	e.runner.stop(id)
 	return job, true, nil
 }
 
-// Wait blocks until the job is finished or ctx is done, and returns the
-// job as it is then. It sees changes made by other processes too.
-func (e *Engine) Wait(ctx context.Context, id string) (*delegate.Job, error) {
-	for {
-		e.mu.Lock()
-		changed := e.changed
-		e.mu.Unlock()
-		// A read of the local store: it must not fail because the caller's
-		// wait is up at that very moment.
-		job, err := e.Get(context.WithoutCancel(ctx), id)
-		if err != nil || job.Status.Terminal() {
-			return job, err
-		}
-		select {
-		case <-ctx.Done():
-			return job, nil
-		case <-changed:
-		case <-time.After(4 * e.cfg.PollInterval):
-		}
-	}
+// Callback authenticates a report a job sent with its token and applies
+// it (see callbacks.Callback).
+func (e *Engine) Callback(ctx context.Context, id, token string, rep delegate.Report) (*delegate.Job, error) {
+	return e.callbacks.Callback(ctx, id, token, rep)
 }
 
-// notify wakes waiters, and tells watchers that job id changed ("": some
-// job, changed by another process).
-func (e *Engine) notify(id string) {
-	e.mu.Lock()
-	close(e.changed)
-	e.changed = make(chan struct{})
-	if id == "" {
-		e.mu.Unlock()
-		return
-	}
-	for w := range e.watches {
-		select {
-		case w <- id:
-		default: // a slow watcher misses a wake-up, not the state: it re-reads
-		}
-	}
-	e.mu.Unlock()
+// Authenticate checks a job's callback token without a report (see
+// callbacks.Authenticate).
+func (e *Engine) Authenticate(ctx context.Context, id, token string) error {
+	return e.callbacks.Authenticate(ctx, id, token)
 }
 
-// update changes a stored job and wakes waiters. Every change of status
-// this engine makes goes through here, so that the job's end is known to
-// its follower and the callback index at once.
-func (e *Engine) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
-	return e.updateThen(ctx, id, nil, fn)
-}
-
-// updateThen is update, with stored (if set) called with the job as
-// stored before anyone is told of the change.
-func (e *Engine) updateThen(ctx context.Context, id string, stored func(*delegate.Job), fn func(*delegate.Job) error) (*delegate.Job, error) {
-	var before delegate.Status
-	j, err := e.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
-		before = j.Status
-		return fn(j)
-	})
-	if err != nil {
-		return j, err
-	}
-	if stored != nil {
-		stored(j)
-	}
-	if !before.Terminal() && j.Status.Terminal() {
-		e.own.Add(1)
-		e.ended(id, j.Status)
-	}
-	e.notify(id)
-	return j, nil
-}
-
-// ended records that job id has reached a terminal status: its follower
-// (if this engine drives it) winds it up, and callbacks are refused.
-func (e *Engine) ended(id string, st delegate.Status) {
-	e.tokens.forget(id)
-	e.mu.Lock()
-	r := e.runs[id]
-	e.mu.Unlock()
-	if r != nil {
-		r.end.Store(&st)
-	}
-}
-
-// watchFinishes notices jobs this engine drives that another process has
-// finished (a cancel from the CLI, a completion received by another
-// server): one cheap read of the store's finish counter per poll, and a
-// read of the jobs only when another process has finished one.
-func (e *Engine) watchFinishes(lastStore, lastOwn int64) func(context.Context) {
-	return func(ctx context.Context) {
-		own := e.own.Load()
-		n, err := e.store.Finishes(ctx)
-		if err != nil {
-			return
-		}
-		foreign := n - lastStore - (own - lastOwn)
-		lastStore, lastOwn = n, own
-		if foreign == 0 {
-			return
-		}
-		e.foreign.Add(1) // callbacks re-read the status of the jobs they index
-		check := make(map[string]bool)
-		e.mu.Lock()
-		for id, r := range e.runs {
-			if r.end.Load() == nil {
-				check[id] = true
-			}
-		}
-		e.mu.Unlock()
-		// The callback index also holds jobs that other processes drive:
-		// forget those that have ended, so that it holds running jobs only.
-		for _, id := range e.tokens.ids() {
-			check[id] = true
-		}
-		for id := range check {
-			if j, err := e.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
-				e.ended(id, j.Status)
-			}
-		}
-		e.notify("") // waiters read again
-	}
-}
+// Watch delivers the id of every job this engine changes until ctx ends
+// (or the engine closes).
+func (e *Engine) Watch(ctx context.Context) <-chan string { return e.jobs.watch(ctx, e.life) }
 
 func newJobID() string {
 	var b [10]byte
@@ -491,11 +337,15 @@ func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, e
 	if j.SandboxID == "" {
 		return j, false, nil
 	}
-	if err := e.backend.Destroy(ctx, j.SandboxID); err != nil {
+	backend, err := e.backend.opened(ctx)
+	if err != nil {
 		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
 	}
-	e.roomFreed()
-	j, err = e.update(ctx, id, func(j *delegate.Job) error {
+	if err := backend.Destroy(ctx, j.SandboxID); err != nil {
+		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
+	}
+	e.sched.roomFreed()
+	j, err = e.jobs.update(ctx, id, func(j *delegate.Job) error {
 		j.SandboxID, j.ExecID = "", ""
 		j.Progress = "sandbox released"
 		return nil

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 // localFixture is an engine's surroundings over a real local backend.
 type localFixture struct {
 	dir   string
-	store *sqlite.Store
+	store *sqlite.DB
 	lcfg  local.Config
 	cfg   engine.Config
 }

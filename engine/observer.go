@@ -23,11 +23,11 @@ type Observer interface {
 }
 
 // createSandbox is backend.Create, timed for the observer.
-func (e *Engine) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (r *runner) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	began := time.Now()
-	sb, err := e.backend.Create(ctx, spec)
-	if err == nil && e.cfg.Observer != nil {
-		e.cfg.Observer.SandboxStarted(e.backend.Name(), time.Since(began))
+	sb, err := r.backend().Create(ctx, spec)
+	if err == nil && r.cfg.Observer != nil {
+		r.cfg.Observer.SandboxStarted(r.backend().Name(), time.Since(began))
 	}
 	return sb, err
 }
@@ -36,9 +36,9 @@ func (e *Engine) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.
 // store has it (a cancel or a completion callback may have decided it). It
 // is called before anyone waiting for the job is woken, so that whoever
 // sees the end also sees it counted.
-func (e *Engine) jobEnded(j *delegate.Job) {
-	if e.cfg.Observer == nil || !j.Status.Terminal() {
+func (r *runner) jobEnded(j *delegate.Job) {
+	if r.cfg.Observer == nil || !j.Status.Terminal() {
 		return
 	}
-	e.cfg.Observer.JobEnded(j.Backend, j.Status, j.Duration(time.Now()))
+	r.cfg.Observer.JobEnded(j.Backend, j.Status, j.Duration(time.Now()))
 }

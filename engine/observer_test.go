@@ -75,8 +75,10 @@ func TestObserverHearsStartsAndEnds(t *testing.T) {
 			if len(ends) != 2 || ends[0] != "mock/success" || ends[1] != "mock/cancelled" {
 				t.Errorf("job ends %v, want mock/success then mock/cancelled", ends)
 			}
-			if ran[0] < 20*time.Millisecond || ran[0] > 5*time.Second {
-				t.Errorf("the first job ran %s, want at least the 20ms it was held", ran[0])
+			// Held 20ms from its Exec; the engine records its start just
+			// after Exec returns, so a little less may be counted.
+			if ran[0] < 10*time.Millisecond || ran[0] > 5*time.Second {
+				t.Errorf("the first job ran %s, want about the 20ms it was held", ran[0])
 			}
 			return
 		}

@@ -63,5 +63,29 @@ func ownerAlive(owner string) bool {
 	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
 		return false
 	}
+	// A server killed and not reaped yet (a zombie: its parent has not
+	// waited for it) runs nothing any more.
+	if state := procState(pid); state == "Z" || state == "X" {
+		return false
+	}
 	return procStart(pid) == parts[2]
+}
+
+// procState is a process's state letter (field 3 of /proc/PID/stat: R,
+// S, D, Z…), or "" if unknown.
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return ""
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 1 {
+		return ""
+	}
+	return fields[0]
 }

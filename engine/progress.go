@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -236,29 +237,56 @@ func (b *progressBuffer) timeline(id string, stored []delegate.Event) ([]delegat
 	return all[over:], int64(over)
 }
 
-// flushLoop stores pending progress until the engine has closed (every
-// other goroutine of it has ended), then stores what is left.
-func (e *Engine) flushLoop() {
-	defer close(e.flushDone)
-	b := e.progress
+// progressWriter is the part that stores the buffer: one flusher, from
+// the engine's making to its Close (even an engine never started — the
+// CLI reading jobs — may record some), and flushes of one job on demand.
+type progressWriter struct {
+	*progressBuffer
+	store  delegate.Store
+	notify func(id string)
+	log    *slog.Logger
+
+	flushMu sync.Mutex    // one flush at a time
+	stopped chan struct{} // closed by close once the rest has stopped
+	done    chan struct{} // closed when the last progress is stored
+	once    sync.Once
+}
+
+func newProgressWriter(store delegate.Store, notify func(string), log *slog.Logger) *progressWriter {
+	w := &progressWriter{progressBuffer: newProgressBuffer(), store: store, notify: notify, log: log,
+		stopped: make(chan struct{}), done: make(chan struct{})}
+	go w.flushLoop() // ended by close, the last thing Engine.Close does
+	return w
+}
+
+// close stores what is left and stops the flusher. The engine calls it
+// once nothing reports any more.
+func (w *progressWriter) close() {
+	w.once.Do(func() { close(w.stopped) })
+	<-w.done
+}
+
+// flushLoop stores pending progress until close, then stores what is left.
+func (w *progressWriter) flushLoop() {
+	defer close(w.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
 		select {
-		case <-e.flushStop:
-			e.flush(true)
+		case <-w.stopped:
+			w.flush(true)
 			return
-		case <-b.wake:
+		case <-w.wake:
 		case <-timer.C:
 		}
 		// Let the reports that arrive together go in one transaction.
 		select {
-		case <-e.flushStop:
-			e.flush(true)
+		case <-w.stopped:
+			w.flush(true)
 			return
 		case <-time.After(gatherDelay):
 		}
-		next := e.flush(false)
+		next := w.flush(false)
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), gatherDelay))
 		}
@@ -267,22 +295,22 @@ func (e *Engine) flushLoop() {
 
 // flush stores what is due (everything with force) in one transaction and
 // tells watchers; it returns when more will be due.
-func (e *Engine) flush(force bool) time.Time {
-	e.flushMu.Lock()
-	defer e.flushMu.Unlock()
-	batch, next := e.progress.take(time.Now(), force)
+func (w *progressWriter) flush(force bool) time.Time {
+	w.flushMu.Lock()
+	defer w.flushMu.Unlock()
+	batch, next := w.take(time.Now(), force)
 	if len(batch) == 0 {
 		return next
 	}
-	err := e.store.SaveProgress(context.WithoutCancel(e.ctx), batch)
-	e.progress.landed(batch)
+	err := w.store.SaveProgress(context.Background(), batch)
+	w.landed(batch)
 	if err != nil {
 		// Progress is not worth stopping for: the next report replaces it.
-		e.log.Warn("store progress", "jobs", len(batch), "err", err)
+		w.log.Warn("store progress", "jobs", len(batch), "err", err)
 		return next
 	}
 	for _, p := range batch {
-		e.notify(p.ID)
+		w.notify(p.ID)
 	}
 	return next
 }
@@ -290,16 +318,16 @@ func (e *Engine) flush(force bool) time.Time {
 // flushJob stores a job's pending progress now (before its end is
 // written, so that its last messages come before it). Flushes are one at
 // a time, so that an older batch never lands after a newer one.
-func (e *Engine) flushJob(ctx context.Context, id string) {
-	e.flushMu.Lock()
-	defer e.flushMu.Unlock()
-	p, ok := e.progress.takeJob(id)
+func (w *progressWriter) flushJob(ctx context.Context, id string) {
+	w.flushMu.Lock()
+	defer w.flushMu.Unlock()
+	p, ok := w.takeJob(id)
 	if !ok {
 		return
 	}
-	err := e.store.SaveProgress(ctx, []delegate.JobProgress{p})
-	e.progress.landed([]delegate.JobProgress{p})
+	err := w.store.SaveProgress(ctx, []delegate.JobProgress{p})
+	w.landed([]delegate.JobProgress{p})
 	if err != nil {
-		e.log.Warn("store progress", "job", id, "err", err)
+		w.log.Warn("store progress", "job", id, "err", err)
 	}
 }

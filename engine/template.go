@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -14,8 +15,8 @@ import (
 // field error) instead of the job's provisioning. fromManifest says the
 // submitter chose it; otherwise it is the server's default, and the fault
 // is the server's.
-func (e *Engine) checkTemplate(ctx context.Context, name string, fromManifest bool) error {
-	tc, ok := e.backend.(sandbox.TemplateChecker)
+func checkTemplate(ctx context.Context, backend sandbox.Backend, name string, fromManifest bool) error {
+	tc, ok := backend.(sandbox.TemplateChecker)
 	if !ok || name == "" {
 		return nil
 	}
@@ -35,8 +36,8 @@ func (e *Engine) checkTemplate(ctx context.Context, name string, fromManifest bo
 
 // checkResources asks the backend, when it can tell, whether any of its
 // machines could hold the job's resources (sandbox.ResourceChecker).
-func (e *Engine) checkResources(ctx context.Context, m delegate.Manifest) error {
-	rc, ok := e.backend.(sandbox.ResourceChecker)
+func checkResources(ctx context.Context, backend sandbox.Backend, m delegate.Manifest, log *slog.Logger) error {
+	rc, ok := backend.(sandbox.ResourceChecker)
 	if !ok || m.Resources == nil {
 		return nil
 	}
@@ -46,6 +47,6 @@ func (e *Engine) checkResources(ctx context.Context, m delegate.Manifest) error 
 	if err == nil || errors.As(err, &fe) {
 		return err
 	}
-	e.log.Warn("the backend could not check the job's resources", "err", err)
+	log.Warn("the backend could not check the job's resources", "err", err)
 	return nil
 }

@@ -162,11 +162,13 @@ func TestLoopbackOnly(t *testing.T) {
 
 func TestCallbackAnswersAreCounted(t *testing.T) {
 	var codes []int
-	svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
-		if token != "dlg_good" {
-			return nil, delegate.ErrUnauthenticated
-		}
+	svc := &mock.CallbackService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 		return &delegate.Job{ID: id, Status: delegate.StatusRunning}, nil
+	}, AuthenticateFn: func(ctx context.Context, id, token string) error {
+		if token != "dlg_good" {
+			return delegate.ErrUnauthenticated
+		}
+		return nil
 	}}
 	h := httpapi.Handler(svc, httpapi.Options{Answered: func(code int) { codes = append(codes, code) }})
 	for _, tc := range []struct{ token, body string }{

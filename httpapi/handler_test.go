@@ -13,7 +13,7 @@ import (
 	"github.com/delegate-dev/delegate/mock"
 )
 
-// The handler over a mock JobService: how a request becomes a Report, and
+// The handler over a mock CallbackService: how a request becomes a Report, and
 // how the service's answer becomes a status code. (httpapi_test.go runs
 // the same endpoints over the real engine.)
 
@@ -37,7 +37,7 @@ func TestCallbackToReport(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got delegate.Report
 			var gotID, gotToken string
-			svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+			svc := &mock.CallbackService{AuthenticateFn: authOK, CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 				got, gotID, gotToken = r, id, token
 				return &delegate.Job{ID: id, Status: delegate.StatusRunning}, nil
 			}}
@@ -62,10 +62,13 @@ func TestCallbackStatusFromService(t *testing.T) {
 		{delegate.ErrForbidden, 403},
 		{fmt.Errorf("job job-1 is success: %w", delegate.ErrTerminal), 409},
 		{fmt.Errorf("job job-1 is pending: %w", delegate.ErrInvalidTransition), 409},
+		{fmt.Errorf("job job-1: %w", delegate.ErrInvalid), 409},
+		{delegate.JobNotFound("job-1"), 404},
+		{fmt.Errorf("%w: the store is busy on fire", delegate.ErrUnavailable), 503},
 		{fmt.Errorf("disk on fire"), 500},
 	}
 	for _, tc := range tests {
-		svc := &mock.JobService{CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+		svc := &mock.CallbackService{AuthenticateFn: authOK, CallbackFn: func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
 			if tc.err != nil {
 				return nil, tc.err
 			}
@@ -75,16 +78,19 @@ func TestCallbackStatusFromService(t *testing.T) {
 		if rec.Code != tc.want {
 			t.Errorf("%v: %d, want %d", tc.err, rec.Code, tc.want)
 		}
-		if tc.want == 500 && strings.Contains(rec.Body.String(), "fire") {
+		if tc.want >= 500 && strings.Contains(rec.Body.String(), "fire") {
 			t.Errorf("an internal error is shown to the job: %s", rec.Body)
 		}
 	}
 }
 
+// authOK is an Authenticate that takes every token.
+func authOK(context.Context, string, string) error { return nil }
+
 // TestCallbackRefusedBeforeTheService: what the handler refuses itself
-// never reaches the service (the mock panics if called).
+// never reaches Callback (the mock panics if called).
 func TestCallbackRefusedBeforeTheService(t *testing.T) {
-	svc := &mock.JobService{}
+	svc := &mock.CallbackService{AuthenticateFn: authOK}
 	for _, tc := range []struct {
 		method, path, token, body string
 		want                      int
@@ -107,7 +113,7 @@ func TestCallbackRefusedBeforeTheService(t *testing.T) {
 	}
 }
 
-func serve(svc delegate.JobService, method, path, token, body string) *httptest.ResponseRecorder {
+func serve(svc delegate.CallbackService, method, path, token, body string) *httptest.ResponseRecorder {
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

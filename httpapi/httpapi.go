@@ -1,6 +1,6 @@
 // Package httpapi serves the callback endpoints through which a job
 // reports progress, heartbeats and completion, and a health check. It is an
-// adapter over delegate.JobService: parse, call the service, answer in
+// adapter over delegate.CallbackService: parse, call the service, answer in
 // small JSON. The service authenticates the job's token.
 //
 // It also holds what bounds delegate's HTTP servers: the cap on live MCP
@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/delegate-dev/delegate"
@@ -31,18 +32,34 @@ type Options struct {
 	// Answered, if set, hears the HTTP status of every callback answered
 	// (delegate_callbacks_total).
 	Answered func(code int)
+	// MaxUnauthenticated caps the connections of a CallbackServer that
+	// have not (yet) sent a job's valid token; past it the oldest of them
+	// is closed. Default DefaultMaxUnauthenticated.
+	MaxUnauthenticated int
+	// MaxConnsPerJob caps the connections one job keeps open; past it an
+	// answer closes its connection. Default DefaultMaxConnsPerJob.
+	MaxConnsPerJob int
+	// Rate and Burst bound one job's callbacks: Rate a second, Burst at
+	// once; past them a callback gets 429. Defaults DefaultRate and
+	// DefaultBurst.
+	Rate  float64
+	Burst int
 }
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
 // GET /health.
-func Handler(svc delegate.JobService, opts Options) http.Handler {
+func Handler(svc delegate.CallbackService, opts Options) http.Handler {
+	return newHandler(svc, opts).mux
+}
+
+func newHandler(svc delegate.CallbackService, opts Options) *handler {
 	if opts.BodyLimit <= 0 {
 		opts.BodyLimit = DefaultBodyLimit
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{svc: svc, opts: opts}
+	h := &handler{svc: svc, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /callback/{job_id}/{kind}", h.counted(http.HandlerFunc(h.callback)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -56,12 +73,16 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, "no such endpoint")
 	})
-	return mux
+	h.mux = mux
+	return h
 }
 
 type handler struct {
-	svc  delegate.JobService
-	opts Options
+	svc   delegate.CallbackService
+	opts  Options
+	mux   *http.ServeMux
+	conns *connGuard
+	rate  *rateLimit
 }
 
 // body is what a job may send; fields that do not apply are ignored so
@@ -86,7 +107,33 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	token, ok := bearer(r)
 	if !ok {
+		w.Header().Set("Connection", "close")
 		writeError(w, http.StatusUnauthorized, "missing token: send Authorization: Bearer $DELEGATE_JOB_TOKEN")
+		return
+	}
+	// The token, from the header, before a byte of the body is read: a
+	// stranger's body is never read (nor kept in memory), the answer
+	// comes at once, and the connection closes with it.
+	switch err := h.svc.Authenticate(r.Context(), id, token); {
+	case errors.Is(err, delegate.ErrUnauthenticated):
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusUnauthorized, "unknown token for this job")
+		return
+	case errors.Is(err, delegate.ErrForbidden):
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusForbidden, "this token belongs to another job")
+		return
+	case err != nil:
+		h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error")
+		return
+	}
+	if !h.conns.authenticated(r.Context(), id) {
+		w.Header().Set("Connection", "close") // this job keeps enough open
+	}
+	if wait, ok := h.rate.allow(id); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds()+0.999)))
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many callbacks from this job: at most %g a second (%d at once)", h.rate.rate, h.rate.burst))
 		return
 	}
 	if r.ContentLength > h.opts.BodyLimit {
@@ -136,21 +183,44 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		rep.Result, rep.Error, rep.ExitCode = firstOf(b.Result, b.Output), b.Error, b.ExitCode
 	}
 	job, err := h.svc.Callback(r.Context(), id, token, rep)
-	switch {
-	case errors.Is(err, delegate.ErrUnauthenticated):
-		writeError(w, http.StatusUnauthorized, "unknown token for this job")
-	case errors.Is(err, delegate.ErrForbidden):
-		writeError(w, http.StatusForbidden, "this token belongs to another job")
-	case errors.Is(err, delegate.ErrTerminal):
-		writeError(w, http.StatusConflict, err.Error())
-	case errors.Is(err, delegate.ErrInvalidTransition), errors.Is(err, delegate.ErrInvalid):
-		writeError(w, http.StatusConflict, err.Error())
-	case err != nil:
-		h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
-		writeError(w, http.StatusInternalServerError, "internal error")
-	default:
-		writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+	if err != nil {
+		code, msg := callbackError(err)
+		if code >= http.StatusInternalServerError {
+			h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
+		}
+		writeError(w, code, msg)
+		return
 	}
+	writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+}
+
+// callbackErrors is the one table from a service error's kind to a
+// callback's answer: its status, and its message ("" for the error's own
+// words, which are ours for these kinds). A kind not here is the server's
+// trouble (500, logged); the job is told no more.
+var callbackErrors = map[delegate.Kind]struct {
+	code int
+	msg  string
+}{
+	delegate.KindUnauthenticated: {http.StatusUnauthorized, "unknown token for this job"},
+	delegate.KindForbidden:       {http.StatusForbidden, "this token belongs to another job"},
+	delegate.KindNotFound:        {http.StatusNotFound, ""},
+	delegate.KindTerminal:        {http.StatusConflict, ""},
+	delegate.KindConflict:        {http.StatusConflict, ""},
+	delegate.KindInvalid:         {http.StatusConflict, ""},
+	delegate.KindNotFinished:     {http.StatusConflict, ""},
+	delegate.KindUnavailable:     {http.StatusServiceUnavailable, "the server cannot record this now; send it again later"},
+}
+
+func callbackError(err error) (int, string) {
+	a, ok := callbackErrors[delegate.ErrorKind(err)]
+	switch {
+	case !ok:
+		return http.StatusInternalServerError, "internal error"
+	case a.msg == "":
+		return a.code, err.Error()
+	}
+	return a.code, a.msg
 }
 
 // counted tells Options.Answered the status of each answer.

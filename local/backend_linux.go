@@ -4,6 +4,7 @@ package local
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,11 +27,16 @@ type Backend struct {
 	dir     string
 	selfExe string
 	pidsMax int
+	noFile  int
 	log     *slog.Logger
 	// rootfsDir and defaultTemplate: see Config.
 	rootfsDir       string
 	defaultTemplate string
 	cg              cgroupLayout
+	// uids: the sandboxes' host ids, each sandbox's slot claimed in the
+	// host's registry (uids.go).
+	uids   uidRange
+	uidReg *uidRegistry
 
 	mu sync.Mutex
 	// live holds the processes this server itself started (the shims are
@@ -82,24 +89,40 @@ func New(cfg Config) (*Backend, error) {
 	if self, err = filepath.Abs(self); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	pids := cfg.PidsMax
-	if pids == 0 {
-		pids = DefaultPidsMax
-	}
-	if pids < 0 {
-		return nil, fmt.Errorf("local backend: PidsMax %d is negative", pids)
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
+	budget, err := hostFileBudget(cmp.Or(cfg.Sandboxes, DefaultSandboxes))
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	hard, err := serverNoFileHard()
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	pids, nofile, over, err := jobLimits(budget, cfg.PidsMax, cfg.NoFile, hard)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if over {
+		log.Warn("the job limits let the sandboxes together hold more than half of the host's file table",
+			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
+	}
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
 		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log)}
 	if cfg.RootfsDir != "" {
 		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
 			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)
 		}
 	}
+	if b.uids, err = parseUIDRange(cmp.Or(cfg.UIDs, DefaultUIDs)); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if err := checkHostIDs(b.uids, ""); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	b.uidReg = &uidRegistry{dir: uidRegistryDir, r: b.uids}
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
@@ -133,7 +156,8 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: RootfsDir %s %s", b.rootfsDir, reason)
 		}
 	}
-	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self)
+	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self, "uids", b.uids.String(),
+		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)
 	return b, nil
 }
 
@@ -183,7 +207,7 @@ func (b *Backend) check() (cgroupLayout, error) {
 	}
 	for _, c := range probes {
 		var stderr bytes.Buffer
-		cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg)
+		cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg, strconv.FormatUint(uint64(b.uids.first), 10))
 		cmd.Env = helperEnv(c)
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -296,10 +320,16 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 // is the network helper the shim will start, nil for no network; tpl the
 // template's root filesystem (openTemplate), -1 for none.
 func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl int) error {
-	// Only init's group (the user namespace's root, host gid hostIDBase)
-	// may search the directory: init reaches its workspace, rootfs and
+	// The sandbox's host ids: a slot of its own.
+	base, err := b.uidReg.claim(dir)
+	if err != nil {
+		return err
+	}
+	hostJob := int(base + jobID)
+	// Only init's group (the user namespace's root, host gid base) may
+	// search the directory: init reaches its workspace, rootfs and
 	// template through it. Nothing in it is readable to that group.
-	if err := os.Chown(dir, 0, hostIDBase); err != nil {
+	if err := os.Chown(dir, 0, int(base)); err != nil {
 		return err
 	}
 	if err := os.Chmod(dir, 0o710); err != nil {
@@ -313,6 +343,8 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		MemoryBytes: spec.MemoryBytes,
 		DiskBytes:   spec.DiskBytes,
 		PidsMax:     b.pidsMax,
+		NoFile:      b.noFile,
+		HostUID:     base,
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),
 		Network:     net,
@@ -331,14 +363,14 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 	// and read them after it ended. Its pages are memory, and count
 	// against the memory limit of whoever writes them.
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d",
-		spec.DiskBytes, max(spec.DiskBytes/4096, 16384), hostJobID, hostJobID)
+		spec.DiskBytes, max(spec.DiskBytes/4096, 16384), hostJob, hostJob)
 	if err := unix.Mount("tmpfs", ws, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount workspace tmpfs: %w", err)
 	}
 	if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make workspace private: %w", err)
 	}
-	if err := makeStatusFIFO(dir); err != nil {
+	if err := makeStatusFIFO(dir, hostJob); err != nil {
 		return err
 	}
 	if tpl >= 0 {
@@ -463,6 +495,14 @@ func (b *Backend) destroy(id string) error {
 			errs = append(errs, err)
 		}
 	}
+	// Its host ids are free again once nothing of it is left. (A state
+	// that could not be read leaves the claim, whose directory is gone,
+	// to the next claim, which takes it.)
+	if len(errs) == 0 && st.HostUID != 0 {
+		if err := b.uidReg.release(st.HostUID, dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
@@ -496,7 +536,7 @@ func (b *Backend) ended(id, dir string) bool {
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
 		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
-	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate}
+	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel}
 )
 
 // removeSandboxDir removes the sandbox directory, whose mounts are gone.

@@ -20,14 +20,23 @@ type Config struct {
 	// name too (no other path). It is trusted configuration; it must not
 	// be "/" nor lead to Dir.
 	DefaultTemplate string
-	// PidsMax caps the processes and threads of one sandbox. Default 512.
+	// PidsMax caps the processes and threads of one sandbox, and NoFile
+	// the open files of each of its processes (RLIMIT_NOFILE, soft and
+	// hard; at most the server's own). 0: chosen from the host's file
+	// table (nofile.go), DefaultPidsMax and DefaultNoFile at most.
 	PidsMax int
+	NoFile  int
+	// Sandboxes is how many sandboxes may hold files at once, the share
+	// count of the host's file table (nofile.go); DefaultSandboxes when 0.
+	Sandboxes int
+	// UIDs is the range of host uids and gids the sandboxes' slots are
+	// taken from, "FIRST-LAST" (uids.go); DefaultUIDs when empty. New
+	// refuses a range that an entry of /etc/subuid, /etc/subgid,
+	// /etc/passwd or /etc/group overlaps.
+	UIDs string
 	// Logger receives the backend's own events; nil discards them.
 	Logger *slog.Logger
 }
-
-// DefaultPidsMax is used when Config.PidsMax is zero.
-const DefaultPidsMax = 512
 
 // DefaultOutputLimit is the output kept when Command.OutputLimit is zero or
 // negative, so a forgotten limit cannot fill the server's disk.

@@ -36,9 +36,31 @@
 // Isolation: the job sees a read-only root built from the host's /usr,
 // /bin, /sbin, /lib*, /etc (or a template: a root filesystem named in
 // Config.RootfsDir, never a path a job chooses), a writable /workspace,
-// a private /tmp, its own /proc, a minimal /dev, an empty network namespace
-// with only loopback, and inside uids 0..65535 mapped to host uids
-// 100000..165535, so host files owned by root appear as nobody's.
+// a private /tmp, its own /proc, a minimal /dev, its command's inputs
+// (inputs.go: a read-only tmpfs of the command's own at InputsDir, which
+// keeps the task and the script out of every argument list on the host),
+// an empty network namespace
+// with only loopback, and inside uids 0..65535 mapped to host ids of its
+// own, so host files owned by root appear as nobody's.
+//
+// Host uids (uids.go): each sandbox has a slot of 65536 host uids and
+// gids of its own, BASE..BASE+65535, from the operator's range
+// (Config.UIDs, DELEGATE_SANDBOX_UIDS; by default 1879048192-2147352575,
+// 4094 slots), which New checks that no entry of /etc/subuid,
+// /etc/subgid, /etc/passwd or /etc/group overlaps. Inside, uid 0 (init)
+// is host BASE and the job's uid 1000 host BASE+1000, which owns the
+// workspace and every file the server writes there. BASE also owns the
+// sandbox's user namespace (the shim clones init with that effective
+// uid), so the kernel charges what the sandbox holds of per-user budgets
+// (inotify, fanotify, message queues, signals) to BASE, not to root or
+// to another sandbox; init also lowers the namespace's own
+// /proc/sys/user limits. A slot is claimed in a registry shared by every
+// delegate on the host (/run/delegate/uids/BASE, naming the sandbox
+// directory) when the sandbox is made, recorded in its state.json
+// ("hostUid"), where a restarted server (or any later command in that
+// sandbox) finds it again, and released when the sandbox is destroyed; a
+// claim whose sandbox directory is gone is free again. A sandbox recorded
+// without "hostUid" (made by a server before slots) has BASE 100000.
 //
 // Network: none but the sandbox's own loopback, unless Spec.Network asks
 // for egress. Then a user-mode network helper on the host, pasta (package
@@ -51,7 +73,12 @@
 // service listening on the host's other addresses is reachable. The shim
 // starts the helper before it lets the job run, puts it in the sandbox's
 // cgroups once it is ready, records it (net.json) and ends it with the
-// job; Kill and Destroy end it too.
+// job; Kill and Destroy end it too. The helper runs as root, in a mount
+// namespace of its own whose mounts are all private: what it mounts and
+// unmounts to confine itself never propagates to the host's (shared, on
+// a systemd host) mounts. It runs in the sandbox's pid namespace, so it
+// ends with the sandbox's init whatever ends that (the job, a kill, the
+// death of the shim); the job sees it there and can do nothing to it.
 //
 // Limits: memory, cpu and pids through cgroups (v2 when the unified
 // hierarchy has those controllers, else v1). The workspace is a tmpfs of

@@ -78,7 +78,9 @@ func checkRegular(fd int) error {
 }
 
 // writeWorkspaceFile writes data to p (inside /workspace), creating its
-// parent directories; everything it creates belongs to the job's user.
+// parent directories; everything it creates belongs to the job's user,
+// the owner of the workspace's root (the tmpfs is mounted so, and a job
+// cannot give it away).
 func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 	rel, err := workspaceRel(p)
 	if err != nil {
@@ -89,6 +91,11 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
 	defer func() { unix.Close(cur) }()
+	var root unix.Stat_t
+	if err := unix.Fstat(cur, &root); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	uid, gid := int(root.Uid), int(root.Gid)
 	parts := strings.Split(rel, "/")
 	for _, name := range parts[:len(parts)-1] {
 		created := false
@@ -112,7 +119,7 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 		unix.Close(cur)
 		cur = next
 		if created {
-			if err := unix.Fchown(cur, hostJobID, hostJobID); err != nil {
+			if err := unix.Fchown(cur, uid, gid); err != nil {
 				return explain("write", p, err)
 			}
 		}
@@ -132,7 +139,7 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 	for _, step := range []func() error{
 		func() error { return checkRegular(fd) },
 		func() error { return unix.Ftruncate(fd, 0) },
-		func() error { return unix.Fchown(fd, hostJobID, hostJobID) },
+		func() error { return unix.Fchown(fd, uid, gid) },
 		func() error { return unix.Fchmod(fd, uint32(mode.Perm())) },
 		func() error { _, err := f.Write(data); return err },
 	} {

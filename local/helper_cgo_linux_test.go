@@ -15,12 +15,12 @@ import (
 // numbers and step codes it shares with this package.
 func TestCHelperConstants(t *testing.T) {
 	want := fmt.Sprintf("magic=%d version=%d max=%d shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%d path=%s "+
-		"files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		"files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		planMagic, planVersion, maxPlanBytes, shimCommand, initCommand, "delegate-sandbox-init", probeArg, helperSelectEnv, helperSelectC,
 		setupPrefix, codeSetupFailed, codeCannotExec, codeNotFound, DefaultOutputLimit, defaultJobPath,
 		fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO, fileKilled, fileInitPID, fileExit, fileShimLog, planFD, netnsFD,
 		opMount, opMkdir, opTouch, opSymlink, opReadOnly, opPivot, opUnshareCgroup, opHostname, opLoopback,
-		opNoCoreDumps, opDropBounding, opSeccomp, opResolvConf)
+		opNoCoreDumps, opDropBounding, opSeccomp, opResolvConf, opInput, opSysctl, opNoFile)
 	if got := cConstants(); got != want {
 		t.Errorf("helper_linux.c has\n%s\nwant\n%s", got, want)
 	}

@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
@@ -52,7 +53,7 @@
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 1u
+#define PLAN_VERSION 2u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -70,7 +71,7 @@
 #define FILE_STREAMS "output.streams"
 #define FILE_EVENTS "events"
 #define FILE_EVENTS_LATEST "events.latest"
-#define FILE_STATUS_FIFO "status"
+#define FILE_STATUS_FIFO "channel/status"
 #define FILE_KILLED "killed"
 #define FILE_INIT_PID "init.pid"
 #define FILE_EXIT "exit.json"
@@ -92,6 +93,9 @@ enum {
 	OP_DROP_BOUNDING,
 	OP_SECCOMP,
 	OP_RESOLV_CONF,
+	OP_INPUT,
+	OP_SYSCTL,
+	OP_NOFILE,
 };
 
 /* Newer than some C libraries' headers. */
@@ -281,6 +285,7 @@ struct op {
 	uint64_t n;
 	char *label;
 	char *s[4];
+	uint32_t len[4]; /* of s, which may hold NUL bytes (an input's content) */
 };
 
 struct plan {
@@ -296,6 +301,7 @@ struct plan {
 	struct op *ops;
 	char *net_name, *net_path;
 	uint32_t netns; /* join the network namespace on NETNS_FD */
+	char *stdin_path; /* the job's standard input, an input; "": /dev/null */
 };
 
 struct rd {
@@ -407,11 +413,12 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 		o->n = rd_u64(&r);
 		o->label = rd_str(&r, NULL);
 		for (int j = 0; j < 4; j++)
-			o->s[j] = rd_str(&r, NULL);
+			o->s[j] = rd_str(&r, &o->len[j]);
 	}
 	p->net_name = rd_str(&r, NULL);
 	p->net_path = rd_str(&r, NULL);
 	p->netns = rd_u32(&r);
+	p->stdin_path = rd_str(&r, NULL);
 	if (!r.err && r.p != r.end)
 		r.err = 1;
 	if (r.err) {
@@ -527,6 +534,22 @@ static int install_seccomp(const struct plan *p) {
 	return 0;
 }
 
+/* write_input creates the input file path, which must not exist yet,
+ * with data, readable by its owner uid alone (writeInput in
+ * plan_linux.go). */
+static int write_input(const char *path, const char *data, size_t len, uid_t uid) {
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+	if (fd < 0)
+		return -1;
+	if (write_all(fd, data, len) < 0 || fchown(fd, uid, uid) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return close(fd);
+}
+
 static int run_op(const struct plan *p, const struct op *o) {
 	detail = NULL;
 	switch (o->code) {
@@ -557,10 +580,28 @@ static int run_op(const struct plan *p, const struct op *o) {
 		struct rlimit rl = {0, 0};
 		return setrlimit(RLIMIT_CORE, &rl);
 	}
+	case OP_NOFILE: {
+		struct rlimit rl = {(rlim_t)o->n, (rlim_t)o->n};
+		return setrlimit(RLIMIT_NOFILE, &rl);
+	}
 	case OP_DROP_BOUNDING:
 		return drop_bounding_set();
 	case OP_SECCOMP:
 		return install_seccomp(p);
+	case OP_INPUT:
+		return write_input(o->s[0], o->s[1], o->len[1], (uid_t)o->n);
+	case OP_SYSCTL: {
+		int fd = open(o->s[0], O_WRONLY | O_CLOEXEC);
+		if (fd < 0)
+			return errno == ENOENT ? 0 : -1; /* an older kernel: one budget fewer */
+		if (write_all(fd, o->s[1], o->len[1]) < 0) {
+			int e = errno;
+			close(fd);
+			errno = e;
+			return -1;
+		}
+		return close(fd);
+	}
 	}
 	detail = "a step the C helpers do not have";
 	errno = ENOSYS;
@@ -746,6 +787,12 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
 		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
 
+	/* One of the command's inputs as its standard input; 0 is /dev/null
+	 * otherwise (the shim's). */
+	int in = 0;
+	if (p->stdin_path[0] && (in = open(p->stdin_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		init_fail(CODE_SETUP_FAILED, "standard input %s: %s", p->stdin_path, errtext(errno));
+
 	/* vfork: the child shares init's memory until it executes the job,
 	 * so it only makes system calls and leaves its errno here. */
 	volatile int child_errno = 0;
@@ -754,7 +801,7 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	if (pid == 0) {
 		/* Leaving uid 0 for a non-zero uid clears every capability, so
 		 * the job runs with none even inside its user namespace. */
-		if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, id, id, id) < 0 ||
+		if ((in != 0 && dup2(in, 0) < 0) || syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, id, id, id) < 0 ||
 		    syscall(SYS_setresuid, id, id, id) < 0 || chdir(p->dir) < 0) {
 			child_errno = errno;
 			_exit(127);
@@ -1206,6 +1253,60 @@ static int write_id_maps(pid_t pid, const struct plan *p) {
 	return 0;
 }
 
+/* set_effective_ids sets the effective uid and gid only (the real and
+ * saved ones stay root's, so root can come back) and keeps the effective
+ * capabilities (setEffectiveIDs in owner_linux.go): the shim clones init
+ * so, and the sandbox's user namespace is the host uid id's, not root's,
+ * which the kernel charges what the sandbox holds of per-user budgets to
+ * (uids.go). */
+static int set_effective_ids(uint32_t id) {
+	if (id == 0) {
+		/* Back at euid 0 the kernel restores the effective capabilities
+		 * from the permitted ones. */
+		return setresuid((uid_t)-1, 0, (uid_t)-1) < 0 || setresgid((gid_t)-1, 0, (gid_t)-1) < 0 ? -1 : 0;
+	}
+	/* The gid first, while CAP_SETGID is effective: leaving euid 0
+	 * clears the effective capabilities, raised again below. */
+	if (setresgid((gid_t)-1, id, (gid_t)-1) < 0 || setresuid((uid_t)-1, id, (uid_t)-1) < 0)
+		return -1;
+	struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+	struct __user_cap_data_struct data[2];
+	if (syscall(SYS_capget, &hdr, data) < 0)
+		return -1;
+	for (int i = 0; i < 2; i++)
+		data[i].effective = data[i].permitted;
+	return syscall(SYS_capset, &hdr, data) < 0 ? -1 : 0;
+}
+
+/* clone_as_owner clones init into flags' namespaces, its user namespace
+ * owned by host uid owner (startAsOwner in owner_linux.go). In the child
+ * it returns 0, as fork does. */
+static pid_t clone_as_owner(unsigned long flags, uint32_t owner, int *pidfd, char *err, size_t errcap) {
+	if (set_effective_ids(owner) < 0) {
+		snprintf(err, errcap, "own the sandbox's user namespace as host uid %u: %s", owner, errtext(errno));
+		set_effective_ids(0);
+		return -1;
+	}
+	/* fork-like: no new stack, the child runs on a copy of this one. */
+	pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, pidfd, NULL, NULL);
+	if (pid == 0)
+		return 0;
+	int cerr = errno;
+	if (set_effective_ids(0) < 0) {
+		/* A shim that is not root again can neither map init's ids nor
+		 * place it in its cgroups. */
+		snprintf(err, errcap, "become root again after starting the sandbox init: %s", errtext(errno));
+		if (pid > 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+		}
+		return -1;
+	}
+	if (pid < 0)
+		snprintf(err, errcap, "start the sandbox init: %s", errtext(cerr));
+	return pid;
+}
+
 static int64_t now_ns(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -1282,23 +1383,18 @@ static int shim_main(size_t cmdline_len) {
 		newnet = 0;
 	}
 	int pidfd = -1;
-	/* fork-like: no new stack, the child runs on a copy of this one. */
-	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | newnet | CLONE_NEWIPC | CLONE_NEWUTS |
-						 CLONE_PIDFD | SIGCHLD,
-				   NULL, &pidfd, NULL, NULL);
+	pid_t pid = clone_as_owner(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | newnet | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD | SIGCHLD,
+				   p.host_id_base, &pidfd, err, sizeof err);
 	if (pid == 0)
 		init_main(&p, syncp[0], statusp[1], outp[1], errp[1], tasks, ntasks, cmdline_len);
-	int cerr = errno;
 	for (int i = 0; i < ntasks; i++)
 		close(tasks[i]);
 	close(syncp[0]);
 	close(statusp[1]);
 	close(outp[1]);
 	close(errp[1]);
-	if (pid < 0) {
-		snprintf(err, sizeof err, "start the sandbox init: %s", errtext(cerr));
+	if (pid < 0)
 		return finish_failed(&w, err);
-	}
 
 	struct bridge br;
 	memset(&br, 0, sizeof br);
@@ -1481,14 +1577,16 @@ static int shim_main(size_t cmdline_len) {
 	return 0;
 }
 
-/* probe_main starts an init that only checks it is pid 1 and uid 0
- * (shimProbe in shim_linux.go). */
-static int probe_main(void) {
+/* probe_main starts an init that only checks it is pid 1 and uid 0, in
+ * a user namespace owned by host uid base as a sandbox's is (shimProbe in
+ * shim_linux.go). */
+static int probe_main(uint32_t base) {
 	int sync[2];
-	if (pipe2(sync, O_CLOEXEC) < 0)
+	char err[512];
+	if (base == 0 || pipe2(sync, O_CLOEXEC) < 0)
 		return 1;
-	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD,
-				   NULL, NULL, NULL, NULL);
+	pid_t pid = clone_as_owner(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD, base, NULL,
+				   err, sizeof err);
 	if (pid == 0) {
 		char c;
 		close(sync[1]);
@@ -1498,12 +1596,12 @@ static int probe_main(void) {
 	}
 	close(sync[0]);
 	if (pid < 0) {
-		logmsg("sandbox init probe: %s", errtext(errno));
+		logmsg("sandbox init probe: %s", err);
 		return 1;
 	}
 	struct plan p;
 	memset(&p, 0, sizeof p);
-	p.host_id_base = 100000;
+	p.host_id_base = base;
 	p.id_range = 65536;
 	int ok = write_id_maps(pid, &p) == 0 && write_all(sync[1], "g", 1) == 0;
 	if (!ok)
@@ -1533,15 +1631,15 @@ __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 	close(fd);
 	if (cmd == NULL)
 		return;
-	/* argv: SelfExe __sandbox-shim <dir>|--probe */
-	char *args[4] = {NULL, NULL, NULL, NULL};
+	/* argv: SelfExe __sandbox-shim <dir> | --probe <host uid> */
+	char *args[5] = {NULL, NULL, NULL, NULL, NULL};
 	int n = 0;
-	for (size_t i = 0; i < len && n < 4; i += strlen(cmd + i) + 1)
+	for (size_t i = 0; i < len && n < 5; i += strlen(cmd + i) + 1)
 		args[n++] = cmd + i;
+	if (n == 4 && strcmp(args[1], SHIM_COMMAND) == 0 && strcmp(args[2], PROBE_ARG) == 0)
+		_exit(probe_main((uint32_t)strtoul(args[3], NULL, 10)));
 	if (n != 3 || strcmp(args[1], SHIM_COMMAND) != 0)
 		return; /* not ours after all: the Go side will say what is wrong */
-	if (strcmp(args[2], PROBE_ARG) == 0)
-		_exit(probe_main());
 	if (args[2][0] != '/') {
 		logmsg("usage: %s <absolute sandbox dir> (a plan on descriptor %d)", SHIM_COMMAND, PLAN_FD);
 		_exit(2);
@@ -1560,12 +1658,12 @@ const char *dsh_constants(void) {
 	static char buf[1024];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
-		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
 		 PLAN_MAGIC, PLAN_VERSION, MAX_PLAN_BYTES, SHIM_COMMAND, INIT_COMMAND, INIT_ARGV0, PROBE_ARG, SELECT_ENV, SELECT_C,
 		 SETUP_PREFIX, CODE_SETUP_FAILED, CODE_CANNOT_EXEC, CODE_NOT_FOUND, DEFAULT_OUTPUT_LIMIT, DEFAULT_JOB_PATH, FILE_OUTPUT,
 		 FILE_STREAMS, FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
-		 OP_SECCOMP, OP_RESOLV_CONF);
+		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
 	return buf;
 }
 

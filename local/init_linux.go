@@ -112,10 +112,18 @@ func runInit(args []string) int {
 	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
 		return fail(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir))
 	}
+	stdin := 0 // /dev/null, from the shim
+	if p.Stdin != "" {
+		// One of the command's inputs, opened by init (the job's user
+		// could too: it is that user's file).
+		if stdin, err = unix.Open(p.Stdin, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			return fail(codeSetupFailed, fmt.Errorf("standard input %s: %w", p.Stdin, err))
+		}
+	}
 	pid, err := syscall.ForkExec(path, p.Args, &syscall.ProcAttr{
 		Dir:   p.Dir,
 		Env:   p.Env,
-		Files: []uintptr{0, 1, 2}, // the shim's stdout and stderr pipes
+		Files: []uintptr{uintptr(stdin), 1, 2}, // and the shim's stdout and stderr pipes
 		Sys: &syscall.SysProcAttr{
 			// Leaving uid 0 for a non-zero uid clears every capability, so
 			// the job runs with none even inside its user namespace.

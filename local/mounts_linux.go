@@ -72,12 +72,12 @@ func pivot(root string) error {
 }
 
 // unmountSandbox removes the mounts Create makes in the sandbox directory
-// dir, in the server's mount namespace: the workspace tmpfs and the
-// template's bind (which may carry mounts of its own: a lazy detach takes
-// them all). Mounts anyone else made there are left to removeSandboxDir,
+// dir, in the server's mount namespace: the workspace tmpfs, the status
+// channel's tmpfs and the template's bind (which may carry mounts of its
+// own: a lazy detach takes them all). Mounts anyone else made there are left to removeSandboxDir,
 // which finds them.
 func unmountSandbox(dir string) error {
-	for _, d := range []string{dirWorkspace, dirTemplate} {
+	for _, d := range []string{dirWorkspace, dirChannel, dirTemplate} {
 		p := filepath.Join(dir, d)
 		for range 8 { // stacked mounts need one round each
 			err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)

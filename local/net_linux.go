@@ -81,17 +81,24 @@ func findNetTool(force string, lookPath func(string) (string, error)) (netTool, 
 }
 
 // netHelperArgs is the helper's command line for the sandbox whose pid 1
-// is initPID on the host. pidFile is where pasta reports that it is ready.
-func netHelperArgs(tool netTool, initPID int, pidFile string) []string {
+// is initPID on the host. pasta finds the sandbox's user namespace open
+// on its descriptor 3, and on 4 the file where it reports that it is
+// ready. The line names no path of the host's: the job sees the helper,
+// which runs in its pid namespace (startNetHelper).
+func netHelperArgs(tool netTool, initPID int) []string {
 	target := strconv.Itoa(initPID)
 	if tool.Name == netToolPasta {
 		return []string{tool.Path,
 			"--foreground", "--quiet",
-			// pasta enters the sandbox's user namespace, which only its
-			// owner (root) may do: "nobody", pasta's default when started
-			// as root, could not. Once inside it holds no privilege over
-			// the host, and it confines itself (empty filesystem, seccomp).
+			// pasta enters the sandbox's user namespace, which root may:
+			// "nobody", pasta's default when started as root, could not.
+			// Once inside it holds no privilege over the host, and it
+			// confines itself (empty filesystem, seccomp).
 			"--runas", "0",
+			// The user namespace, opened by the shim: pasta, which drops
+			// CAP_SYS_PTRACE first, could not open /proc/<init>/ns/user
+			// of a sandbox whose user namespace is not root's (uids.go).
+			"--userns", "/proc/self/fd/3",
 			"--ipv4-only",
 			"--config-net", "--ns-ifname", netIfname, "--address", netAddr, "--netmask", netPrefix,
 			"--gateway", netGateway, "--mtu", netMTU, "--no-dhcp",
@@ -106,7 +113,7 @@ func netHelperArgs(tool netTool, initPID int, pidFile string) []string {
 			"--tcp-ports", "none", "--udp-ports", "none",
 			"--dns-forward", netDNS,
 			// Written once the namespace is configured: the ready signal.
-			"--pid", pidFile,
+			"--pid", "/proc/self/fd/4",
 			target}
 	}
 	return []string{tool.Path,
@@ -146,15 +153,27 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 	h := &netHelper{exited: make(chan struct{}), log: log}
 	h.cmd = &exec.Cmd{
 		Path:   tool.Path,
-		Args:   netHelperArgs(tool, initPID, pidFile),
+		Args:   netHelperArgs(tool, initPID),
 		Env:    helperEnv(false),
 		Stdout: log,
 		Stderr: log,
+		// Nobody would stop a helper whose shim is gone: it runs in the
+		// sandbox's pid namespace, whose end (init's, which ends with the
+		// shim) is the helper's too (startInPIDNamespace). (No
+		// Pdeathsig: Go's child would kill itself at once, its parent
+		// being outside its pid namespace.)
 		SysProcAttr: &syscall.SysProcAttr{
-			// Nobody would stop a helper whose shim is gone. The shim's
-			// thread is locked (runShim), so this fires only when the shim
-			// itself ends.
-			Pdeathsig: syscall.SIGKILL,
+			// A mount namespace of its own, every mount in it made private
+			// (recursively) before the helper runs: Go's fork does the
+			// MS_REC|MS_PRIVATE remount of "/" for CLONE_NEWNS in
+			// Unshareflags. The helpers run as root and confine themselves
+			// by remounting and unmounting; slirp4netns --enable-sandbox
+			// makes "/" private without MS_REC, pivots and detaches the
+			// old root, and on a host whose "/" is shared (systemd's) that
+			// detach propagated to the host: /sys/fs/cgroup, /dev/shm,
+			// /run/netns/* and the rest vanished from it
+			// (TestNetHelperLeavesHostMountsAlone).
+			Unshareflags: syscall.CLONE_NEWNS,
 		},
 	}
 	var readyR *os.File
@@ -173,8 +192,20 @@ func startNetHelper(tool netTool, initPID int, cg cgroupSet) (*netHelper, error)
 		readyR, h.exitW = r, exitW
 		childEnds = []*os.File{w, exitR}
 		h.cmd.ExtraFiles = childEnds
+	} else {
+		userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", initPID))
+		if err != nil {
+			return nil, fmt.Errorf("open the sandbox's user namespace: %w", err)
+		}
+		pf, err := os.OpenFile(pidFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			userns.Close()
+			return nil, fmt.Errorf("ready file: %w", err)
+		}
+		childEnds = []*os.File{userns, pf}
+		h.cmd.ExtraFiles = childEnds
 	}
-	startErr := h.cmd.Start()
+	startErr := startInPIDNamespace(h.cmd, initPID)
 	for _, f := range childEnds {
 		f.Close()
 	}
@@ -243,8 +274,13 @@ func (h *netHelper) waitReady(readyR *os.File, pidFile string) error {
 		}
 	}
 	// pasta writes its pid file after it has configured the namespace,
-	// right before it starts forwarding.
-	want := strconv.Itoa(h.cmd.Process.Pid)
+	// right before it starts forwarding: its pid in the sandbox's pid
+	// namespace, where it runs.
+	nsPID, err := nsPID(h.cmd.Process.Pid)
+	if err != nil {
+		return fmt.Errorf("its pid in the sandbox: %w", err)
+	}
+	want := strconv.Itoa(nsPID)
 	for {
 		if data, err := os.ReadFile(pidFile); err == nil && strings.TrimSpace(string(data)) == want {
 			return nil
@@ -471,4 +507,56 @@ func bindResolvConf(root, content string) error {
 		return fmt.Errorf("make resolv.conf read-only: %w", err)
 	}
 	return nil
+}
+
+// startInPIDNamespace starts cmd in the pid namespace of the sandbox
+// whose init is host pid initPID. A network helper runs there so that it
+// ends with the sandbox, however the sandbox ends: when its init exits
+// (the job's end, Kill, or the death of its shim, which takes init with
+// it), the kernel kills every process of the namespace. Its shim's death
+// signal does not cover it: pasta enters the sandbox's user namespace,
+// which is not root's (uids.go), and the kernel clears a parent-death
+// signal on such a change of credentials. Only this thread's children
+// go there, and only for this start (the shim's thread is locked).
+func startInPIDNamespace(cmd *exec.Cmd, initPID int) error {
+	own, err := os.Open("/proc/thread-self/ns/pid")
+	if err != nil {
+		return fmt.Errorf("pid namespace: %w", err)
+	}
+	defer own.Close()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/pid", initPID))
+	if err != nil {
+		return fmt.Errorf("the sandbox's pid namespace: %w", err)
+	}
+	defer ns.Close()
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWPID); err != nil {
+		return fmt.Errorf("enter the sandbox's pid namespace: %w", err)
+	}
+	startErr := cmd.Start()
+	if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWPID); err != nil {
+		if startErr == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		return fmt.Errorf("leave the sandbox's pid namespace: %w", err)
+	}
+	return startErr
+}
+
+// nsPID is the pid of host process pid in its own pid namespace (the
+// last of the NSpid line of its status).
+func nsPID(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				return strconv.Atoi(f[len(f)-1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no NSpid", pid)
 }

@@ -23,7 +23,7 @@ import (
 // with any change of layout; a helper refuses a plan it does not know.
 const (
 	planMagic   = 0x44535031 // "DSP1"
-	planVersion = 1
+	planVersion = 2
 	// maxPlanBytes bounds what a helper reads: arguments and environment
 	// are limited by execve to a few MiB anyway.
 	maxPlanBytes = 64 << 20
@@ -63,6 +63,15 @@ const (
 	// the root s0 (bindResolvConf). Only the Go helpers have it: the
 	// server gives sandboxes with network to them.
 	opResolvConf
+	// opInput: create the file s0 (it must not exist) with content s1,
+	// mode 0400, owned by uid and gid n: one of Command.Inputs.
+	opInput
+	// opSysctl: write s1 to the existing file s0 (a /proc/sys entry of
+	// the sandbox's own namespaces); a file this kernel does not have
+	// is skipped.
+	opSysctl
+	// opNoFile: RLIMIT_NOFILE n, soft and hard.
+	opNoFile
 )
 
 // op is one step of init's set-up. label starts the message of its
@@ -99,6 +108,10 @@ type plan struct {
 	// Netns: the shim joins the network namespace on its descriptor
 	// netnsFD (a C shim; its loopback is up) instead of making one.
 	Netns bool
+	// Stdin is the file, inside the sandbox once it is built, that the
+	// command reads as its standard input (one of its inputs); "" for
+	// /dev/null.
+	Stdin string
 }
 
 func (p *plan) marshal() []byte {
@@ -138,6 +151,7 @@ func (p *plan) marshal() []byte {
 		netns = 1
 	}
 	w.u32(netns)
+	w.str(p.Stdin)
 	return w.b
 }
 
@@ -175,6 +189,7 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Net.Name = r.str()
 	p.Net.Path = r.str()
 	p.Netns = r.u32() != 0
+	p.Stdin = r.str()
 	if r.err == nil && len(r.b) != 0 {
 		r.err = fmt.Errorf("%d bytes too many", len(r.b))
 	}

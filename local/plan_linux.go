@@ -5,14 +5,34 @@ package local
 import (
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
+	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
+
+// userLimits are the sandbox user namespace's /proc/sys/user budgets:
+// what one sandbox may hold of kernel objects that are charged per user
+// and cost kernel memory. The host's own defaults for one user, with
+// watches and marks capped (the host's scale with its memory).
+var userLimits = [...]struct {
+	name string
+	max  int
+}{
+	{"max_inotify_instances", 128},
+	{"max_inotify_watches", 65536},
+	{"max_fanotify_groups", 16},
+	{"max_fanotify_marks", 65536},
+}
 
 // devNodes are the host devices bound into the sandbox's /dev.
 var devNodes = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
@@ -25,10 +45,19 @@ var devLinks = [...]struct{ name, target string }{
 // buildPlan is the plan of the command rec (with its environment env) in
 // the sandbox whose directory is dir and whose state is st. With netns,
 // the shim will join a ready network namespace (its loopback up).
-func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []string, netns bool) (*plan, error) {
-	ops, err := rootOps(dir, st, !netns)
+func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+	if st.NoFile == 0 {
+		st.NoFile = b.noFile // a sandbox made before it was recorded
+	}
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
 	if err != nil {
 		return nil, err
+	}
+	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
+	// inputs where they are.
+	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
+	if len(cmd.Inputs) > 0 {
+		env = append(env, InputsEnv+"="+InputsDir)
 	}
 	p := &plan{
 		OutputLimit:   rec.OutputLimit,
@@ -37,8 +66,8 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 		LatestEvery:   int64(latestEvery),
 		FloodPause:    int64(floodPause),
 		Cgroup:        st.Cgroup,
-		HostIDBase:    hostIDBase,
-		IDRange:       idRange,
+		HostIDBase:    st.hostBase(),
+		IDRange:       slotSize,
 		JobID:         jobID,
 		Args:          rec.Args,
 		Env:           env,
@@ -46,6 +75,9 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 		Seccomp:       b.seccomp,
 		Ops:           ops,
 		Netns:         netns,
+	}
+	if cmd.Stdin != "" {
+		p.Stdin = path.Join(InputsDir, cmd.Stdin)
 	}
 	if !rec.Deadline.IsZero() {
 		p.Deadline = rec.Deadline.UnixNano()
@@ -57,12 +89,12 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, env []s
 }
 
 // rootOps are init's steps: the job's root filesystem under dirRootfs,
-// built from the host's hostViewDirs or from the template, made the root,
-// then the restrictions that also bind init itself (and loopback up in a
-// network namespace init makes). Entries of the host or the template are
-// looked at now, by the server, which sees what init will see before its
-// pivot.
-func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
+// built from the host's hostViewDirs or from the template, with the
+// command's inputs, made the root, then the restrictions that also bind
+// init itself (and loopback up in a network namespace init makes).
+// Entries of the host or the template are looked at now, by the server,
+// which sees what init will see before its pivot.
+func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -149,9 +181,36 @@ func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
 		add(opTouch, 0, "status channel", at(StatusFile))
 		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
 	}
+	if len(inputs) > 0 {
+		// The command's inputs: a tmpfs of its own (this mount namespace
+		// is the command's), owned by the job's user and readable by it
+		// alone, written by init and then made read-only. Their bytes
+		// came in the plan, in memory; they never touch the host's disk
+		// nor any argument list.
+		inDir := at(InputsDir)
+		add(opMkdir, 0o755, "inputs", at(filepath.Dir(filepath.Dir(InputsDir))))
+		add(opMkdir, 0o755, "inputs", at(filepath.Dir(InputsDir)))
+		add(opMkdir, 0o755, "inputs", inDir)
+		var size int64 = 4096
+		for _, data := range inputs {
+			size += (int64(len(data)) + 4095) &^ 4095
+		}
+		opts := fmt.Sprintf("mode=0500,uid=%d,gid=%d,size=%d,nr_inodes=%d", jobID, jobID, size, len(inputs)+2)
+		add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: mount", "tmpfs", inDir, "tmpfs", opts)
+		for _, name := range slices.Sorted(maps.Keys(inputs)) {
+			add(opInput, jobID, "inputs: write "+name, filepath.Join(inDir, name), string(inputs[name]))
+		}
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
+	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
+	// The sandbox's own budgets of per-user kernel objects, lowered from
+	// the unlimited a new user namespace starts with (what the sandbox
+	// holds is also charged to its host uid, uids.go).
+	for _, l := range userLimits {
+		add(opSysctl, 0, "limit "+l.name, at("proc/sys/user", l.name), strconv.Itoa(l.max))
+	}
 
 	// A minimal /dev: a few harmless host devices bound in (a device node
 	// made on our own tmpfs would not open: user-namespace mounts are
@@ -182,6 +241,8 @@ func rootOps(dir string, st sandboxState, loopback bool) ([]op, error) {
 	// unless it is 1, and a job may lower its soft limit to 0 again. A
 	// host that runs hostile jobs keeps core_pattern a plain file name.
 	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
+	// The job's share of the host's file table (nofile.go).
+	add(opNoFile, uint64(st.NoFile), "set RLIMIT_NOFILE")
 	add(opDropBounding, 0, "drop the capability bounding set")
 	add(opSeccomp, 0, "seccomp")
 	return ops, nil
@@ -224,10 +285,27 @@ func runOp(o op, prog []byte) error {
 		return loopbackUp()
 	case opNoCoreDumps:
 		return unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{})
+	case opNoFile:
+		return unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: o.n, Max: o.n})
 	case opDropBounding:
 		return dropBoundingSet()
 	case opSeccomp:
 		return installSeccomp(prog)
+	case opInput:
+		return writeInput(o.s[0], o.s[1], int(o.n))
+	case opSysctl:
+		f, err := os.OpenFile(o.s[0], os.O_WRONLY, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // an older kernel: one budget fewer
+		}
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(o.s[1])
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
 	case opResolvConf:
 		err := bindResolvConf(o.s[0], o.s[1])
 		if errors.Is(err, errNoResolvConf) {
@@ -238,6 +316,24 @@ func runOp(o op, prog []byte) error {
 		return err
 	}
 	return fmt.Errorf("unknown step %d", o.code)
+}
+
+// writeInput creates the input file p, which must not exist yet, with
+// data, readable by its owner uid alone.
+func writeInput(p, data string, uid int) error {
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	_, err = io.WriteString(f, data)
+	if err == nil {
+		err = f.Chown(uid, uid)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // touch creates the empty file p if it is missing.

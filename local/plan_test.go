@@ -10,15 +10,17 @@ func testPlan() *plan {
 	return &plan{
 		OutputLimit: 1 << 20, MaxEvents: 1 << 10, MaxStatusLine: 1 << 9, LatestEvery: 3, FloodPause: 4, Deadline: 1234567890123,
 		Cgroup:     cgroupSet{Version: 1, Memory: "/m/sb", CPU: "/c/sb", Pids: "/p/sb"},
-		HostIDBase: hostIDBase, IDRange: idRange, JobID: jobID,
+		HostIDBase: 1879048192, IDRange: slotSize, JobID: jobID,
 		Args: []string{"/bin/sh", "-c", "echo 'a b'", ""}, Env: []string{"PATH=/bin", "SECRET=x=y"}, Dir: "/workspace",
 		Seccomp: []byte{1, 2, 3, 4, 5, 6, 7, 8},
 		Ops: []op{
 			{code: opMount, n: 7, label: "mount /proc", s: [4]string{"proc", "rootfs/proc", "proc", ""}},
 			{code: opSeccomp, label: "seccomp"},
+			{code: opInput, n: jobID, label: "input", s: [4]string{"rootfs/run/delegate/inputs/script", "echo \x00 binary\xff", "", ""}},
 		},
 		Net:   netTool{Name: "pasta", Path: "/usr/bin/pasta"},
 		Netns: true,
+		Stdin: "/run/delegate/inputs/prompt",
 	}
 }
 
@@ -48,7 +50,7 @@ func TestPlanRejects(t *testing.T) {
 	other := testPlan().marshal()
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
-	copy(huge[len(huge)-4*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings and Netns
+	copy(huge[len(huge)-5*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings, Netns and an empty string
 	tests := []struct {
 		name string
 		data []byte

@@ -91,6 +91,9 @@ func validateCommand(cmd sandbox.Command) (execRecord, error) {
 			return execRecord{}, fmt.Errorf("exec: environment entry %d is not KEY=VALUE without NUL bytes", i)
 		}
 	}
+	if err := validateInputs(cmd.Inputs, cmd.Stdin); err != nil {
+		return execRecord{}, err
+	}
 	dir := cmd.Dir
 	if dir == "" {
 		dir = "/workspace"
@@ -127,8 +130,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if rec.ID, err = newID("ex-", 4); err != nil {
 		return nil, err
 	}
-	env := rec.Env
-	rec.Env = nil // the job's secrets stay off the disk
+	rec.Env = nil // the job's secrets stay off the disk, and so do its inputs
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
@@ -144,7 +146,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 			defer netns.Close() // the shim has its own once started
 		}
 	}
-	pl, err := s.b.buildPlan(s.dir, st, rec, env, netns != nil)
+	pl, err := s.b.buildPlan(s.dir, st, rec, cmd, netns != nil)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}

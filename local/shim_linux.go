@@ -79,8 +79,8 @@ func runShim(args []string) int {
 	// init's parent-death signal fires when the thread that forked it
 	// exits, so that thread must live as long as the shim.
 	runtime.LockOSThread()
-	if len(args) == 1 && args[0] == probeArg {
-		return shimProbe()
+	if len(args) == 2 && args[0] == probeArg {
+		return shimProbe(args[1])
 	}
 	if len(args) != 1 || !filepath.IsAbs(args[0]) {
 		fmt.Fprintln(os.Stderr, "usage: "+shimCommand+" <absolute sandbox dir> (a plan on descriptor 3)")
@@ -103,17 +103,29 @@ func runShim(args []string) int {
 	return 0
 }
 
-// shimProbe starts an init that only checks it is pid 1 and uid 0, to
-// prove (at server start) that this binary re-executes into the helpers
-// and that this kernel allows the namespaces.
-func shimProbe() int {
+// shimProbe starts an init that only checks it is pid 1 and uid 0, in a
+// user namespace owned by host uid base (the first of the sandboxes'
+// range) as a sandbox's is, to prove (at server start) that this binary
+// re-executes into the helpers and that this kernel allows the
+// namespaces.
+func shimProbe(base string) int {
+	id, err := strconv.ParseUint(base, 10, 32)
+	if err != nil || id == 0 {
+		fmt.Fprintf(os.Stderr, "sandbox init probe: bad host uid %q\n", base)
+		return 2
+	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer devnull.Close()
-	if err := initCmd(devnull, os.Stderr, os.Stderr, nil, hostIDBase, idRange, probeArg).Run(); err != nil {
+	cmd := initCmd(devnull, os.Stderr, os.Stderr, nil, uint32(id), slotSize, probeArg)
+	err = startAsOwner(cmd, uint32(id))
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init probe: %v\n", err)
 		return 1
 	}
@@ -322,7 +334,7 @@ func supervise(log *slog.Logger) exitRecord {
 		return fail(err)
 	}
 	cmd := initCmd(devnull, outW, errW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange)
-	startErr := cmd.Start()
+	startErr := startAsOwner(cmd, p.HostIDBase)
 	for _, f := range []*os.File{syncR, statusW, outW, errW, devnull} {
 		f.Close()
 	}

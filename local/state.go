@@ -43,15 +43,9 @@ const (
 	helperSelectC   = "c"
 )
 
-// The user namespace maps inside ids 0..idRange-1 to host ids
-// hostIDBase.. (one fixed range for every sandbox). Jobs run as inside
-// uid/gid jobID, which is host hostIDBase+jobID.
-const (
-	hostIDBase = 100000
-	idRange    = 65536
-	jobID      = 1000
-	hostJobID  = hostIDBase + jobID
-)
+// Jobs run as uid and gid jobID inside their sandbox, host id
+// base+jobID of the sandbox's slot (uids.go).
+const jobID = 1000
 
 // Exit codes of a sandbox that could not run its command.
 const (
@@ -73,12 +67,16 @@ const (
 	// fileEventsLatest is the latest status line once the events file is
 	// full, and how many came after it was full.
 	fileEventsLatest = "events.latest"
-	fileStatusFIFO   = "status"   // the status channel, bound at StatusFile inside
-	fileKilled       = "killed"   // marker written by Kill before it kills
-	fileDeadline     = "deadline" // marker written by the shim when the deadline kills the job
-	fileShimPID      = "shim.pid"
-	fileInitPID      = "init.pid" // host pid of the sandbox's pid 1
-	fileShimLog      = "shim.log" // the shim's own stderr
+	// fileStatusFIFO is the status channel, bound at StatusFile inside,
+	// on a tmpfs of its own (dirChannel) so that the job's mount table
+	// shows "/status" of that tmpfs as its source, not its path on the
+	// host (the data dir's).
+	fileStatusFIFO = dirChannel + "/status"
+	fileKilled     = "killed"   // marker written by Kill before it kills
+	fileDeadline   = "deadline" // marker written by the shim when the deadline kills the job
+	fileShimPID    = "shim.pid"
+	fileInitPID    = "init.pid" // host pid of the sandbox's pid 1
+	fileShimLog    = "shim.log" // the shim's own stderr
 	// fileNetHelper is the netHelperRecord of a sandbox with network.
 	fileNetHelper = "net.json"
 	// fileNetReady is written by pasta once the network is configured.
@@ -86,6 +84,7 @@ const (
 	dirWorkspace = "workspace"
 	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
 	dirTemplate  = "template" // read-only bind of Spec.Template
+	dirChannel   = "channel"  // a small tmpfs holding the status channel
 )
 
 // idPattern is what newID produces; anything else is not one of ours,
@@ -115,6 +114,22 @@ type sandboxState struct {
 	// Network is the helper that gives the sandbox network egress; nil:
 	// no network but its own loopback.
 	Network *netTool `json:"network,omitempty"`
+	// NoFile is its processes' RLIMIT_NOFILE (nofile.go); 0 in the state
+	// of a sandbox made before it had one (the backend's then).
+	NoFile int `json:"noFile,omitempty"`
+	// HostUID is the base of the sandbox's host ids (uids.go), the owner
+	// of its user namespace; 0 in the state of a sandbox made before
+	// each had its own (legacyIDBase).
+	HostUID uint32 `json:"hostUid,omitempty"`
+}
+
+// hostBase is the first of the sandbox's host ids: its init's uid and
+// gid; its job's are hostBase()+jobID.
+func (st sandboxState) hostBase() uint32 {
+	if st.HostUID == 0 {
+		return legacyIDBase
+	}
+	return st.HostUID
 }
 
 // netTool is the network helper of one sandbox, chosen by Create and

@@ -27,13 +27,25 @@ const (
 	maxEventsBytes = 1 << 20
 )
 
-// makeStatusFIFO creates the channel, writable by the job's user only.
-func makeStatusFIFO(dir string) error {
+// makeStatusFIFO creates the channel, writable by the job's user only, on
+// a tmpfs of its own in the server's mount namespace (unmountSandbox
+// removes it).
+func makeStatusFIFO(dir string, hostJob int) error {
+	ch := filepath.Join(dir, dirChannel)
+	if err := os.Mkdir(ch, 0o755); err != nil {
+		return fmt.Errorf("create the status channel: %w", err)
+	}
+	if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=8,mode=0755"); err != nil {
+		return fmt.Errorf("create the status channel: %w", err)
+	}
+	if err := unix.Mount("", ch, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("create the status channel: %w", err)
+	}
 	p := filepath.Join(dir, fileStatusFIFO)
 	if err := unix.Mkfifo(p, 0o600); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
-	if err := os.Chown(p, hostJobID, hostJobID); err != nil {
+	if err := os.Chown(p, hostJob, hostJob); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
 	return nil

@@ -87,7 +87,7 @@ func (b *Backend) openTemplate(name string) (int, error) {
 	if err != nil {
 		return bad("open %s: %v", real, err)
 	}
-	if err := checkRootfs(fd, real); err != nil {
+	if err := checkRootfs(fd, real, b.uids); err != nil {
 		unix.Close(fd)
 		return bad("%v", err)
 	}
@@ -108,13 +108,12 @@ func (b *Backend) forbiddenRoot(real string) string {
 	return ""
 }
 
-// sandboxID reports whether a host uid or gid is one of the sandboxes'.
-func sandboxID(id uint32) bool { return id >= hostIDBase && id < hostIDBase+idRange }
-
 // checkRootfs checks the directory open at fd (shown as name in errors):
-// owned by root, writable by none of the sandboxes' users, and the same
-// for what it holds at the top (what the sandbox binds), with a shell.
-func checkRootfs(fd int, name string) error {
+// owned by root, writable by none of the sandboxes' users (host ids in
+// ids), and the same for what it holds at the top (what the sandbox
+// binds), with a shell.
+func checkRootfs(fd int, name string, ids uidRange) error {
+	sandboxID := ids.contains
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("%s: %w", name, err)

@@ -88,6 +88,10 @@ func TestTemplateIsAName(t *testing.T) {
 func TestTemplateOwnership(t *testing.T) {
 	b := newBackend(t, 0)
 	ctx := context.Background()
+	// A job's host uid in some sandbox's slot, the last slot's base, and
+	// the one range every sandbox had before slots.
+	hostJobID := int(b.uids.first) + 5*slotSize + jobID
+	lastBase := int(b.uids.last) + 1 - slotSize
 	tests := []struct {
 		name  string
 		spoil func(root string) error
@@ -105,7 +109,10 @@ func TestTemplateOwnership(t *testing.T) {
 			return os.Chmod(root, 0o775)
 		}, "must not be writable"},
 		{"a top directory owned by a sandbox user", func(root string) error {
-			return os.Chown(filepath.Join(root, "bin"), hostIDBase, hostIDBase)
+			return os.Chown(filepath.Join(root, "bin"), lastBase, lastBase)
+		}, "one of the sandboxes' users"},
+		{"a top directory owned by a user of the old range", func(root string) error {
+			return os.Chown(filepath.Join(root, "bin"), legacyIDBase+jobID, 0)
 		}, "one of the sandboxes' users"},
 		{"a world-writable top directory", func(root string) error { return os.Chmod(filepath.Join(root, "bin"), 0o777) }, "must not be writable"},
 		{"not searchable by the sandbox", func(root string) error { return os.Chmod(root, 0o750) }, "o+rx"},

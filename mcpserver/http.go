@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"golang.org/x/sync/semaphore"
 )
@@ -23,7 +23,7 @@ import (
 func limitBodies(next http.Handler, lim Limits, log *slog.Logger) http.Handler {
 	lim = lim.withDefaults()
 	budget := semaphore.NewWeighted(lim.InFlight)
-	dec := new(delegate.JSONDecoder)
+	dec := new(jsonin.Decoder)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
@@ -96,7 +96,7 @@ func scanID(s *idScanner, r io.Reader, lim Limits) []byte {
 
 // checkBody checks a POSTed message (or batch) by the rules of
 // decodeMessage, which the SDK's reader does not have.
-func checkBody(dec *delegate.JSONDecoder, data []byte) (*jsonrpc.Error, []byte) {
+func checkBody(dec *jsonin.Decoder, data []byte) (*jsonrpc.Error, []byte) {
 	data = bytes.TrimSpace(data)
 	if len(data) > 0 && data[0] == '[' {
 		var batch []wireMessage
@@ -118,4 +118,20 @@ func refuse(w http.ResponseWriter, status int, id []byte, e *jsonrpc.Error) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(errorResponse(id, e))
+}
+
+// byProtocol sends the requests of protocol 2026-07-28 and later to
+// modern, everything else to legacy. A 2026-07-28 client names its
+// version in the MCP-Protocol-Version header of every POST, server/discover
+// included, and has no session; a client of an older protocol sends none
+// before it has initialized, then its session's version and id (and GETs
+// and DELETEs of its session).
+func byProtocol(modern, legacy http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Protocol-Version") >= modernProtocol && r.Header.Get("Mcp-Session-Id") == "" {
+			modern.ServeHTTP(w, r)
+			return
+		}
+		legacy.ServeHTTP(w, r)
+	})
 }

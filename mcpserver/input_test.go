@@ -59,7 +59,7 @@ func TestArgumentErrors(t *testing.T) {
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x","resources":{"cpu":"2"}}}`, "manifest.resources.cpu: must be a number (got a string)"},
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x","secrets":"A"}}`, "manifest.secrets: must be an array of strings (got a string)"},
 		{"submit_job", `{"manifest":{"agentType":"bash","task":"x"}}`, "manifest.agentType: must be one of claude, script, custom"},
-		{"submit_job", `{"manifest":{"task":"x"}}`, "manifest.agentType: required (one of claude, script, custom)"},
+		{"submit_job", `{"manifest":{}}`, "manifest.task: is required: the shell script to run"},
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x"},"idempotency_key":7}`, "idempotency_key: must be a string (got a number)"},
 		{"submit_job", `[1]`, "arguments: must be an object (got an array)"},
 		{"get_job_status", `{}`, "job_id: required (a string)"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
 
@@ -64,13 +65,13 @@ type wireMessage struct {
 	Error   *jsonrpc.Error  `json:"error,omitempty"`
 }
 
-// decodeMessage reads one JSON-RPC message by delegate.DecodeJSON's rules:
+// decodeMessage reads one JSON-RPC message by jsonin.Decode's rules:
 // a key given twice anywhere in it (a proxy and delegate could each take
 // another one, and run different work) or invalid UTF-8 is an error, and
 // so is a member JSON-RPC does not have. The message's params alias data.
 // On error it returns the message's id as far as it can be found, and a
 // JSON-RPC error to answer with.
-func decodeMessage(dec *delegate.JSONDecoder, data []byte) (jsonrpc.Message, json.RawMessage, *jsonrpc.Error) {
+func decodeMessage(dec *jsonin.Decoder, data []byte) (jsonrpc.Message, json.RawMessage, *jsonrpc.Error) {
 	var w wireMessage
 	if err := dec.Decode(data, &w, ""); err != nil {
 		return nil, findID(data), messageError(err)
@@ -104,7 +105,7 @@ func decodeMessage(dec *delegate.JSONDecoder, data []byte) (jsonrpc.Message, jso
 	return resp, nil, nil
 }
 
-// messageError is the JSON-RPC error for a message DecodeJSON refused:
+// messageError is the JSON-RPC error for a message jsonin refused:
 // not JSON is a parse error, something wrong in params invalid params,
 // anything else an invalid request.
 func messageError(err error) *jsonrpc.Error {
@@ -267,7 +268,7 @@ func (s *idScanner) id() json.RawMessage {
 	if s.found == nil {
 		return nil
 	}
-	if _, err := makeID(s.found); err != nil || delegate.CheckJSON(s.found, "") != nil {
+	if _, err := makeID(s.found); err != nil || jsonin.Check(s.found, "") != nil {
 		return nil
 	}
 	return s.found

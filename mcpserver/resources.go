@@ -3,7 +3,7 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"log/slog"
 	"strings"
 	"unicode/utf8"
 
@@ -13,9 +13,13 @@ import (
 
 // Jobs as resources: job://{id} is the status JSON, job://{id}/log the
 // output so far, job://{id}/artifacts/{name} an artifact.
-func addResources(s *mcp.Server, svc delegate.JobService) {
+func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 	read := func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return readResource(ctx, svc, req.Params.URI)
+		res, err := readResource(ctx, svc, req.Params.URI)
+		if err != nil {
+			return nil, resourceError(ctx, log, req.Params.URI, err)
+		}
+		return res, nil
 	}
 	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job", URITemplate: "job://{id}", MIMEType: "application/json",
 		Description: "A job's status; subscribe for updates"}, read)
@@ -25,6 +29,8 @@ func addResources(s *mcp.Server, svc delegate.JobService) {
 		Description: "A file collected from a job"}, read)
 }
 
+// readResource reads one resource; its errors are resourceError's to
+// answer (a missing job or artifact is the protocol's not-found).
 func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mcp.ReadResourceResult, error) {
 	rest, ok := strings.CutPrefix(uri, "job://")
 	if !ok {
@@ -34,9 +40,6 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 	switch {
 	case sub == "":
 		st, err := fullStatus(ctx, svc, id)
-		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, mcp.ResourceNotFoundError(uri)
-		}
 		if err != nil {
 			return nil, err
 		}
@@ -47,18 +50,12 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		return contents(uri, "application/json", data), nil
 	case sub == "log":
 		out, err := readLog(ctx, svc, id)
-		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, mcp.ResourceNotFoundError(uri)
-		}
 		if err != nil {
 			return nil, err
 		}
 		return contents(uri, "text/plain", out), nil
 	case strings.HasPrefix(sub, "artifacts/"):
 		_, data, err := svc.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
-		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, mcp.ResourceNotFoundError(uri)
-		}
 		if err != nil {
 			return nil, err
 		}

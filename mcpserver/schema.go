@@ -10,7 +10,7 @@ import (
 )
 
 // Schemas are derived from the Go types (the input structs are what
-// delegate.DecodeJSON accepts, the output structs what the tools return)
+// jsonin.Decode accepts, the output structs what the tools return)
 // and then made compact: every agent session pays for tools/list in
 // tokens (TestToolsListSize keeps it under 5,000 bytes).
 

@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// Version is reported to clients; cmd sets it at build time.
-var Version = "dev"
 
 // maxWait keeps wait_job under the per-call timeouts of real clients
 // (Claude Code gives up on a tool call after about a minute).
@@ -27,7 +26,7 @@ const maxWait = 50
 // subscribed clients about every change to a job (resources job://{id} and
 // job://{id}/log).
 func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: Version},
+	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: buildinfo.Version()},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
 				"wait_job blocks up to 50 s (call it again while done is false); get_job_result then returns output and exit code.",
@@ -35,61 +34,66 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 			// The SDK keeps the subscriptions; accepting them is enough.
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+			Capabilities:       capabilities(),
 		})
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	h := &handlers{svc: svc}
-	dec := new(delegate.JSONDecoder) // one for all tools: it keeps what it learns of their types
-	addResources(s, svc)
+	addTasks(s, h)
+	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
+	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
-		OutputSchema: outputSchema[SubmitOut](),
+		OutputSchema: submitOutputSchema(),
 	}, h.submit)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
 		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_status",
 		Description:  "Status now, without waiting.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_result",
 		Description:  "Exit code, ends of stdout (output) and stderr, artifacts of a finished job.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_logs",
 		Description:  "Output from cursor on; while running only in statusMode streaming.",
 		InputSchema:  inputSchema[LogsIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[LogsOut](),
 	}, h.logs)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "cancel_job",
 		Description:  "Kill an unfinished job; its sandbox goes unless persistent.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "release_job",
 		Description:  "Destroy the sandbox a finished persistent job kept.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
 	}, h.release)
-	addTool(s, dec, &mcp.Tool{
+	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
 		InputSchema:  listSchema(),
@@ -97,6 +101,14 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		OutputSchema: outputSchema[ListOut](),
 	}, h.list)
 	return s
+}
+
+// capabilities are the SDK's defaults (logging; tools and resources are
+// added as they are registered) and the Tasks extension.
+func capabilities() *mcp.ServerCapabilities {
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}}
+	caps.AddExtension(TasksExtension, nil)
+	return caps
 }
 
 // annotations states every hint whose default would be wrong. The job
@@ -148,14 +160,20 @@ func (q quieter) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 func (q quieter) WithGroup(name string) slog.Handler { return quieter{q.Handler.WithGroup(name)} }
 
-// HTTPHandler serves MCP over Streamable HTTP with stateful sessions, so
-// that cancellation and subscriptions work. Messages are read by
-// limitBodies first (sizes, JSON rules), with the default Limits.
+// HTTPHandler serves MCP over Streamable HTTP: protocol 2026-07-28
+// statelessly (the only way the SDK serves it over HTTP: each POST is a
+// whole request, cancelled when its client goes away), the older
+// protocols with stateful sessions, so that their cancellation and
+// subscriptions work. Messages are read by limitBodies first (sizes, JSON
+// rules), with the default Limits.
 func HTTPHandler(s *mcp.Server, sessionTimeout time.Duration, log *slog.Logger) http.Handler {
 	lim := Limits{}.withDefaults()
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s },
+	server := func(*http.Request) *mcp.Server { return s }
+	stateful := mcp.NewStreamableHTTPHandler(server,
 		&mcp.StreamableHTTPOptions{SessionTimeout: sessionTimeout, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
-	return limitBodies(h, lim, log)
+	stateless := mcp.NewStreamableHTTPHandler(server,
+		&mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
+	return limitBodies(byProtocol(stateless, stateful), lim, log)
 }
 
 type handlers struct{ svc delegate.JobService }
@@ -459,7 +477,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 func submitSchema() *jsonschema.Schema {
 	s := inputSchema[SubmitIn]()
 	describe(s, map[string]string{
-		"manifest.agentType":        "script: task runs in sh -c; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
+		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
 		"manifest.secrets":          "server secrets to set as env vars",

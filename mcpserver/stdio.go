@@ -12,7 +12,7 @@ import (
 	"os"
 	"sync"
 
-	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sync/semaphore"
@@ -79,7 +79,7 @@ type stdioConn struct {
 	lim Limits
 	log *slog.Logger
 	in  *bufio.Reader
-	dec delegate.JSONDecoder
+	dec jsonin.Decoder
 
 	polled  *os.File // r's pollable twin, or nil
 	restore func()   // puts r back in blocking mode, if it was

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -15,11 +17,14 @@ import (
 // then neither validates the arguments nor the output against their JSON
 // schemas on every call (a third of a call's CPU, and its messages name
 // no field a person would recognise). Instead the arguments are decoded
-// by delegate.DecodeJSON into In, whose rules the published input schema
+// by jsonin.Decode into In, whose rules the published input schema
 // states (TestInputSchemasDescribeWhatIsAccepted), and Out, the source of
 // the output schema, is encoded once for both the structured and the text
 // content.
-func addTool[In, Out any](s *mcp.Server, dec *delegate.JSONDecoder, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+//
+// A service error becomes the agent's message through toolError; log hears
+// in full those the agent is not shown.
+func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
 	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
 		args := req.Params.Arguments
@@ -31,7 +36,7 @@ func addTool[In, Out any](s *mcp.Server, dec *delegate.JSONDecoder, t *mcp.Tool,
 		}
 		out, err := h(ctx, req, &in)
 		if err != nil {
-			return errorResult(toolError(err)), nil
+			return errorResult(toolError(ctx, log, t.Name, err)), nil
 		}
 		data, err := encode(out)
 		if err != nil {
@@ -72,17 +77,4 @@ func argumentError(err error) error {
 		return &delegate.FieldError{Field: "arguments", Rule: fe.Rule}
 	}
 	return err
-}
-
-// toolError turns a service error into a message that tells the agent
-// what to do next.
-func toolError(err error) error {
-	switch {
-	case errors.Is(err, delegate.ErrNotFound):
-		return fmt.Errorf("job_id: %w (list_jobs shows existing jobs)", err)
-	case errors.Is(err, delegate.ErrNotFinished):
-		return fmt.Errorf("%w (wait_job waits for it)", err)
-	default:
-		return err
-	}
 }

@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// JobCounter counts the stored jobs in each status (sqlite.Store does it
+// JobCounter counts the stored jobs in each status (sqlite.JobStore does it
 // with one query over its status index).
 type JobCounter interface {
 	CountJobs(ctx context.Context) (map[delegate.Status]int, error)
@@ -67,8 +68,9 @@ var (
 	sandboxBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 45, 60, 120, 300}
 )
 
-// New builds the registry: delegate's metrics, and the Go runtime's and
-// the process's from the client library.
+// New builds the registry: delegate's metrics, delegate_build_info (the
+// version every other place shows, see internal/buildinfo), and the Go
+// runtime's and the process's from the client library.
 func New(opts Options) *Metrics {
 	if opts.ScrapeTimeout <= 0 {
 		opts.ScrapeTimeout = 5 * time.Second
@@ -99,7 +101,14 @@ func New(opts Options) *Metrics {
 			Help: "Proxmox VE API requests (each attempt), by class (method and path pattern) and HTTP status (0: no answer).",
 		}, []string{"class", "code"}),
 	}
+	build := buildinfo.Get()
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "delegate_build_info",
+		Help: "Always 1; its labels say which delegate this is: version, VCS revision and Go version.",
+	}, []string{"version", "revision", "goversion"})
+	buildInfo.WithLabelValues(build.Version, build.Revision, build.GoVersion).Set(1)
 	m.reg.MustRegister(
+		buildInfo,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.jobDuration, m.sandboxStart, m.callbacks, m.proxmox,

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -76,6 +78,16 @@ func TestJobCountsFromTheStore(t *testing.T) {
 	if !strings.Contains(text, "go_goroutines") || !strings.Contains(text, "process_") {
 		t.Error("the runtime and process collectors are missing")
 	}
+}
+
+// TestBuildInfo: delegate_build_info says the version every other place
+// shows (internal/buildinfo), with its revision and Go version.
+func TestBuildInfo(t *testing.T) {
+	b := buildinfo.Get()
+	wantLines(t, scrape(t, metrics.New(metrics.Options{})),
+		"# TYPE delegate_build_info gauge",
+		fmt.Sprintf(`delegate_build_info{goversion=%q,revision=%q,version=%q} 1`, b.GoVersion, b.Revision, b.Version),
+	)
 }
 
 func TestHooks(t *testing.T) {

@@ -1,8 +1,9 @@
 // Package mock holds hand-written test doubles. Backend is an in-memory
 // sandbox backend for testing the engine's logic (state machine races,
 // recovery) without real processes: each process runs until the test ends
-// it with Finish, or until it is killed. JobService stands in for the
-// engine when testing the adapters (MCP, HTTP, CLI).
+// it with Finish, or until it is killed. JobService and CallbackService
+// stand in for the engine when testing the adapters (MCP, the CLI, the
+// dashboard; the callback endpoints).
 package mock
 
 import (

@@ -22,7 +22,6 @@ type JobService struct {
 	TimelineFn     func(ctx context.Context, id string) ([]delegate.Event, error)
 	ArtifactsFn    func(ctx context.Context, id string) ([]delegate.Artifact, error)
 	ReadArtifactFn func(ctx context.Context, id, name string) (delegate.Artifact, []byte, error)
-	CallbackFn     func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error)
 	WatchFn        func(ctx context.Context) <-chan string
 }
 
@@ -30,6 +29,29 @@ var _ delegate.JobService = (*JobService)(nil)
 
 func unexpected(method string) {
 	panic("mock.JobService: unexpected call to " + method + " (set " + method + "Fn)")
+}
+
+// CallbackService is a delegate.CallbackService that calls CallbackFn (the
+// callback endpoints' test double).
+type CallbackService struct {
+	CallbackFn     func(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error)
+	AuthenticateFn func(ctx context.Context, id, token string) error
+}
+
+var _ delegate.CallbackService = (*CallbackService)(nil)
+
+func (s *CallbackService) Callback(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
+	if s.CallbackFn == nil {
+		panic("mock.CallbackService: unexpected call to Callback (set CallbackFn)")
+	}
+	return s.CallbackFn(ctx, id, token, r)
+}
+
+func (s *CallbackService) Authenticate(ctx context.Context, id, token string) error {
+	if s.AuthenticateFn == nil {
+		panic("mock.CallbackService: unexpected call to Authenticate (set AuthenticateFn)")
+	}
+	return s.AuthenticateFn(ctx, id, token)
 }
 
 func (s *JobService) Submit(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
@@ -107,13 +129,6 @@ func (s *JobService) ReadArtifact(ctx context.Context, id, name string) (delegat
 		unexpected("ReadArtifact")
 	}
 	return s.ReadArtifactFn(ctx, id, name)
-}
-
-func (s *JobService) Callback(ctx context.Context, id, token string, r delegate.Report) (*delegate.Job, error) {
-	if s.CallbackFn == nil {
-		unexpected("Callback")
-	}
-	return s.CallbackFn(ctx, id, token, r)
 }
 
 func (s *JobService) Watch(ctx context.Context) <-chan string {

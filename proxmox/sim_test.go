@@ -120,7 +120,7 @@ func newServerAt(t *testing.T, c *pve.Client, pcfg proxmox.Config, ecfg engine.C
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	rec := &recorder{JobStore: st, progress: map[string][]string{}}
+	rec := &recorder{Store: st, progress: map[string][]string{}}
 	if ecfg.PollInterval == 0 {
 		ecfg.PollInterval = 50 * time.Millisecond
 	}
@@ -145,13 +145,13 @@ func newServerAt(t *testing.T, c *pve.Client, pcfg proxmox.Config, ecfg engine.C
 
 // recorder is a store that remembers every progress a job went through.
 type recorder struct {
-	delegate.JobStore
+	delegate.Store
 	mu       sync.Mutex
 	progress map[string][]string
 }
 
 func (r *recorder) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
-	j, err := r.JobStore.UpdateJob(ctx, id, fn)
+	j, err := r.Store.UpdateJob(ctx, id, fn)
 	if err == nil {
 		r.mu.Lock()
 		if p := r.progress[id]; len(p) == 0 || p[len(p)-1] != j.Progress {

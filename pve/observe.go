@@ -29,14 +29,18 @@ func (c *Client) observed(method, path string, resp *http.Response) {
 }
 
 // placeholders name the segment that follows each of these in an API
-// path: what varies from call to call (a node, a vmid, a task).
+// path: what varies from call to call (a node, a vmid, a task, a
+// snapshot's or a volume's name: a label of each would grow without
+// bound).
 var placeholders = map[string]string{
-	"nodes":   "{node}",
-	"qemu":    "{vmid}",
-	"lxc":     "{vmid}",
-	"tasks":   "{upid}",
-	"storage": "{storage}",
-	"pools":   "{pool}",
+	"nodes":    "{node}",
+	"qemu":     "{vmid}",
+	"lxc":      "{vmid}",
+	"tasks":    "{upid}",
+	"storage":  "{storage}",
+	"pools":    "{pool}",
+	"snapshot": "{snapname}",
+	"content":  "{volume}",
 }
 
 // RequestClass is a request's method and path with the parts that vary

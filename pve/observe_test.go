@@ -19,6 +19,11 @@ func TestRequestClass(t *testing.T) {
 		{"GET", "/cluster/nextid?vmid=5", "GET /cluster/nextid"},
 		{"GET", "/nodes", "GET /nodes"},
 		{"GET", "/version", "GET /version"},
+		// Snapshot and volume names are no labels: any name makes one.
+		{"DELETE", "/nodes/pve1/qemu/123/snapshot/before-upgrade-2026", "DELETE /nodes/{node}/qemu/{vmid}/snapshot/{snapname}"},
+		{"POST", "/nodes/pve1/qemu/123/snapshot/s1/rollback", "POST /nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback"},
+		{"POST", "/nodes/pve1/qemu/123/snapshot", "POST /nodes/{node}/qemu/{vmid}/snapshot"},
+		{"DELETE", "/nodes/pve1/storage/local/content/local:iso%2Fx.iso", "DELETE /nodes/{node}/storage/{storage}/content/{volume}"},
 		// A node called "qemu" is still a node.
 		{"GET", "/nodes/qemu/qemu/7/status/current", "GET /nodes/{node}/qemu/{vmid}/status/current"},
 	} {

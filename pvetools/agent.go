@@ -26,6 +26,7 @@ type ExecIn struct {
 	VMID    int             `json:"vmid"`
 	Type    string          `json:"type,omitempty" jsonschema:"default qemu (lxc: no exec in the API)"`
 	Command json.RawMessage `json:"command"`
+	Force   bool            `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 // AgentExecIn is ExecIn without a type: VMs only.
@@ -33,6 +34,7 @@ type AgentExecIn struct {
 	Node    string          `json:"node"`
 	VMID    int             `json:"vmid"`
 	Command json.RawMessage `json:"command"`
+	Force   bool            `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 // ExecOut is how a command ended, or that it still runs.
@@ -93,15 +95,15 @@ func (t *tools) executeCommand(ctx context.Context, in *ExecIn) (ExecOut, error)
 		return ExecOut{}, argErr("type", "lxc: the Proxmox API has no exec for containers (pct exec runs on the node, "+
 			"outside the API); commands run in VMs through the QEMU guest agent")
 	}
+	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, in.Force, "running a command in it"); err != nil {
+		return ExecOut{}, err
+	}
 	return t.exec(ctx, in.Node, in.VMID, in.Command, deadline)
 }
 
 func (t *tools) agentExec(ctx context.Context, in *AgentExecIn) (ExecOut, error) {
 	deadline := t.deadline()
-	if err := t.elevated(); err != nil {
-		return ExecOut{}, err
-	}
-	if _, err := (&Guest{Node: in.Node, VMID: in.VMID}).check(); err != nil {
+	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, in.Force, "running a command in it"); err != nil {
 		return ExecOut{}, err
 	}
 	return t.exec(ctx, in.Node, in.VMID, in.Command, deadline)
@@ -156,6 +158,7 @@ type FileIn struct {
 	File     string `json:"file" jsonschema:"absolute path in the guest"`
 	Content  string `json:"content,omitempty" jsonschema:"write: the new content (the file is replaced)"`
 	Encoding string `json:"encoding,omitempty" jsonschema:"content is text (default) or base64"`
+	Force    bool   `json:"force,omitempty" jsonschema:"write even if a running delegate job owns it"`
 }
 
 // FileOut is a file read, or how a write went.
@@ -204,6 +207,9 @@ func (t *tools) agentFile(ctx context.Context, in *FileIn) (FileOut, error) {
 		if in.Content != "" {
 			return FileOut{}, argErr("content", "is for action write only")
 		}
+		if in.Force {
+			return FileOut{}, argErr("force", "is for action write only (reading a job's VM changes nothing)")
+		}
 		fc, err := t.c.AgentFileRead(ctx, in.Node, in.VMID, in.File)
 		if err != nil {
 			return FileOut{}, proxmoxError(err)
@@ -218,6 +224,11 @@ func (t *tools) agentFile(ctx context.Context, in *FileIn) (FileOut, error) {
 		}
 		return out, nil
 	case "write":
+		if !in.Force {
+			if err := t.refuseJobVM(ctx, in.Node, pve.QEMU, in.VMID, "writing a file in it"); err != nil {
+				return FileOut{}, err
+			}
+		}
 		data := []byte(in.Content)
 		if in.Encoding == "base64" {
 			var err error

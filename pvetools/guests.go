@@ -234,8 +234,9 @@ type PowerIn struct {
 func (in *PowerIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMID, Type: in.Type} }
 
 // prepare checks a change of a guest: the setting, the arguments, and
-// (when protect) that no running job owns it unless force.
-func (t *tools) prepare(ctx context.Context, g *Guest, force, protect bool, action string) (pve.GuestType, error) {
+// that no running job owns it unless force. Every tool that changes a
+// guest, or runs anything in it, calls it: a job's VM is the job's.
+func (t *tools) prepare(ctx context.Context, g *Guest, force bool, action string) (pve.GuestType, error) {
 	if err := t.elevated(); err != nil {
 		return "", err
 	}
@@ -243,7 +244,7 @@ func (t *tools) prepare(ctx context.Context, g *Guest, force, protect bool, acti
 	if err != nil {
 		return "", err
 	}
-	if protect && !force {
+	if !force {
 		if err := t.refuseJobVM(ctx, g.Node, typ, g.VMID, action); err != nil {
 			return "", err
 		}
@@ -251,9 +252,9 @@ func (t *tools) prepare(ctx context.Context, g *Guest, force, protect bool, acti
 	return typ, nil
 }
 
-func (t *tools) start(ctx context.Context, in *Guest) (TaskOut, error) {
+func (t *tools) start(ctx context.Context, in *PowerIn) (TaskOut, error) {
 	deadline := t.deadline()
-	typ, err := t.prepare(ctx, in, false, false, "start")
+	typ, err := t.prepare(ctx, in.guest(), in.Force, "starting it")
 	if err != nil {
 		return TaskOut{}, err
 	}
@@ -263,7 +264,7 @@ func (t *tools) start(ctx context.Context, in *Guest) (TaskOut, error) {
 
 func (t *tools) stop(ctx context.Context, in *PowerIn) (TaskOut, error) {
 	deadline := t.deadline()
-	typ, err := t.prepare(ctx, in.guest(), in.Force, true, "stop")
+	typ, err := t.prepare(ctx, in.guest(), in.Force, "stopping it")
 	if err != nil {
 		return TaskOut{}, err
 	}
@@ -283,7 +284,7 @@ type ShutdownIn struct {
 
 func (t *tools) shutdown(ctx context.Context, in *ShutdownIn) (TaskOut, error) {
 	deadline := t.deadline()
-	typ, err := t.prepare(ctx, in.guest(), in.Force, true, "shut down")
+	typ, err := t.prepare(ctx, in.guest(), in.Force, "shutting it down")
 	if err != nil {
 		return TaskOut{}, err
 	}
@@ -297,7 +298,7 @@ func (t *tools) shutdown(ctx context.Context, in *ShutdownIn) (TaskOut, error) {
 
 func (t *tools) reboot(ctx context.Context, in *PowerIn) (TaskOut, error) {
 	deadline := t.deadline()
-	typ, err := t.prepare(ctx, in.guest(), in.Force, true, "reboot")
+	typ, err := t.prepare(ctx, in.guest(), in.Force, "rebooting it")
 	if err != nil {
 		return TaskOut{}, err
 	}
@@ -320,7 +321,7 @@ func (in *DeleteIn) guest() *Guest { return &Guest{Node: in.Node, VMID: in.VMID,
 
 func (t *tools) delete(ctx context.Context, in *DeleteIn) (TaskOut, error) {
 	deadline := t.deadline()
-	typ, err := t.prepare(ctx, in.guest(), in.Force, true, "delete")
+	typ, err := t.prepare(ctx, in.guest(), in.Force, "deleting it")
 	if err != nil {
 		return TaskOut{}, err
 	}
@@ -336,6 +337,7 @@ type CloneIn struct {
 	Name   string `json:"name,omitempty"`
 	Full   *bool  `json:"full,omitempty" jsonschema:"full copy (default: linked for a template, full otherwise)"`
 	Target string `json:"target,omitempty" jsonschema:"another node (needs shared storage)"`
+	Force  bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns the VM"`
 }
 
 // cloneAttempts bounds the tries with ids chosen here: nextid reserves
@@ -352,6 +354,13 @@ func (t *tools) clone(ctx context.Context, in *CloneIn) (TaskOut, error) {
 	}
 	if err := checkVMID("vmid", in.VMID); err != nil {
 		return TaskOut{}, err
+	}
+	// A clone locks its source for as long as it copies: the job's own
+	// calls on its VM would wait, or fail, meanwhile.
+	if !in.Force {
+		if err := t.refuseJobVM(ctx, in.Node, pve.QEMU, in.VMID, "cloning it"); err != nil {
+			return TaskOut{}, err
+		}
 	}
 	if in.NewID != 0 {
 		if err := checkVMID("newid", in.NewID); err != nil {
@@ -404,6 +413,7 @@ type ConfigUpdateIn struct {
 	Node   string                     `json:"node"`
 	VMID   int                        `json:"vmid"`
 	Config map[string]json.RawMessage `json:"config" jsonschema:"options by Proxmox name; delete and digest too"`
+	Force  bool                       `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 // reservedOptions are parameters of the config call a tool sets itself
@@ -412,7 +422,7 @@ var reservedOptions = []string{"node", "vmid", "skiplock", "background_delay"}
 
 func (t *tools) configUpdate(ctx context.Context, in *ConfigUpdateIn) (TaskOut, error) {
 	deadline := t.deadline()
-	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, false, false, ""); err != nil {
+	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, in.Force, "changing its configuration"); err != nil {
 		return TaskOut{}, err
 	}
 	if len(in.Config) == 0 {
@@ -458,15 +468,16 @@ func optionText(raw json.RawMessage) (string, error) {
 
 // ResizeIn grows a disk.
 type ResizeIn struct {
-	Node string `json:"node"`
-	VMID int    `json:"vmid"`
-	Disk string `json:"disk" jsonschema:"e.g. scsi0"`
-	Size string `json:"size" jsonschema:"new size (20G) or growth (+4G)"`
+	Node  string `json:"node"`
+	VMID  int    `json:"vmid"`
+	Disk  string `json:"disk" jsonschema:"e.g. scsi0"`
+	Size  string `json:"size" jsonschema:"new size (20G) or growth (+4G)"`
+	Force bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 func (t *tools) resize(ctx context.Context, in *ResizeIn) (TaskOut, error) {
 	deadline := t.deadline()
-	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, false, false, ""); err != nil {
+	if _, err := t.prepare(ctx, &Guest{Node: in.Node, VMID: in.VMID}, in.Force, "resizing its disk"); err != nil {
 		return TaskOut{}, err
 	}
 	if in.Disk == "" {

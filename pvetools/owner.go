@@ -93,7 +93,8 @@ func (t *tools) jobOwning(ctx context.Context, node string, typ pve.GuestType, v
 	return nil, nil
 }
 
-// refuseJobVM fails when a running job holds the VM.
+// refuseJobVM fails when a running job holds the VM. action says what
+// the tool would do to it ("resizing its disk").
 func (t *tools) refuseJobVM(ctx context.Context, node string, typ pve.GuestType, vmid int, action string) error {
 	j, err := t.jobOwning(ctx, node, typ, vmid)
 	if err != nil {
@@ -102,6 +103,6 @@ func (t *tools) refuseJobVM(ctx context.Context, node string, typ pve.GuestType,
 	if j == nil {
 		return nil
 	}
-	return fmt.Errorf("VM %d belongs to delegate job %s (%s): to %s it would break the job; "+
-		"cancel the job with cancel_job, or pass force: true to %s it anyway", vmid, j.ID, j.Status, action, action)
+	return fmt.Errorf("VM %d belongs to delegate job %s (%s): %s could break the job; "+
+		"cancel the job with cancel_job, or pass force: true to go ahead", vmid, j.ID, j.Status, action)
 }

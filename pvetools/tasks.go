@@ -127,7 +127,7 @@ type SnapshotIn struct {
 	SnapName    string `json:"snapname,omitempty" jsonschema:"letter, then letters, digits, _ or -"`
 	Description string `json:"description,omitempty" jsonschema:"create"`
 	VMState     bool   `json:"vmstate,omitempty" jsonschema:"create: also save the RAM"`
-	Force       bool   `json:"force,omitempty" jsonschema:"rollback even if a running delegate job owns it"`
+	Force       bool   `json:"force,omitempty" jsonschema:"even if a running delegate job owns it"`
 }
 
 // SnapshotOut answers list (Snapshots, Parent: the one the VM is based
@@ -177,8 +177,8 @@ func (t *tools) snapshot(ctx context.Context, in *SnapshotIn) (SnapshotOut, erro
 	default:
 		return SnapshotOut{}, argErr("action", "must be list, create, rollback or delete (got %q)", in.Action)
 	}
-	verb := map[string]string{"create": "", "rollback": "roll back", "delete": ""}[in.Action]
-	if _, err := t.prepare(ctx, g, in.Force, verb != "", verb); err != nil {
+	what := map[string]string{"create": "snapshotting it", "rollback": "rolling it back", "delete": "deleting its snapshot"}[in.Action]
+	if _, err := t.prepare(ctx, g, in.Force, what); err != nil {
 		return SnapshotOut{}, err
 	}
 	if in.SnapName == "" {

@@ -7,8 +7,10 @@
 //
 // Read-only tools always work. A tool that changes anything answers an
 // error naming PROXMOX_ALLOW_ELEVATED=true unless the server allows it.
-// Stopping, shutting down, rebooting, deleting or rolling back a VM a
-// running delegate job owns is refused unless force is true. Tools that
+// Every tool that changes a VM a running delegate job owns, or runs
+// anything in it (start, stop, shutdown, reboot, delete, clone, config
+// and disk changes, snapshots, agent commands and file writes), is
+// refused unless force is true; reading it is not. Tools that
 // start a Proxmox task wait for it (at most about 50 s, under the
 // per-call time-outs of MCP clients) and return its upid and exit
 // status; a failed task is a tool error with Proxmox's message.

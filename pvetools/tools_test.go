@@ -53,6 +53,8 @@ type options struct {
 	// jobToken: the tools use the least-privilege token the README
 	// documents for jobs (pvesim.CreateJobToken), not an administrator's.
 	jobToken bool
+	// observe hears the client's requests, as the metrics do.
+	observe pve.Observer
 }
 
 func newHarness(t *testing.T, o options) *harness {
@@ -100,6 +102,9 @@ func newHarness(t *testing.T, o options) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
+	if o.observe != nil {
+		client.Observe(o.observe)
+	}
 	server := mcp.NewServer(&mcp.Implementation{Name: "delegate-test", Version: "1"}, nil)
 	if err := Register(server, Config{Client: client, AllowElevated: o.elevated, Jobs: o.jobs, Wait: o.wait,
 		PollInterval: 20 * time.Millisecond}); err != nil {
@@ -568,11 +573,11 @@ func TestArgumentErrors(t *testing.T) {
 		args any
 		want string
 	}{
-		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmidd": 100}, "vmid: required (a whole number)"},
-		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": 100, "vm": 1}, "vm: unknown argument (this tool takes node, vmid, type)"},
-		{"proxmox_guest_status", json.RawMessage(`{"node":"pve1","vmid":100,"vmid":101}`), "vmid: given twice"},
-		{"proxmox_guest_config_update", json.RawMessage(`{"node":"pve1","vmid":100,"config":{"cores":1,"cores":2}}`), "config.cores: given twice"},
-		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": "100"}, "vmid: must be a whole number"},
+		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmidd": 100}, "vmidd: unknown field (known: node, vmid, type)"},
+		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": 100, "vm": 1}, "vm: unknown field (known: node, vmid, type)"},
+		{"proxmox_guest_status", json.RawMessage(`{"node":"pve1","vmid":100,"vmid":101}`), "vmid: duplicate key"},
+		{"proxmox_guest_config_update", json.RawMessage(`{"node":"pve1","vmid":100,"config":{"cores":1,"cores":2}}`), "config.cores: duplicate key"},
+		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": "100"}, "vmid: must be an integer (got a string)"},
 		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": 7}, "vmid: must be a VM id from 100 to 999999999 (got 7)"},
 		{"proxmox_guest_status", map[string]any{"node": "pve 1", "vmid": 100}, "node: must be a node name"},
 		{"proxmox_guest_status", map[string]any{"node": "pve1", "vmid": 100, "type": "kvm"}, `type: must be qemu or lxc (got "kvm")`},

@@ -17,7 +17,7 @@ import (
 //
 //	go test -run X -bench . -benchtime 2s ./sqlite/
 
-func openBench(b *testing.B) *sqlite.Store {
+func openBench(b *testing.B) *sqlite.DB {
 	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "jobs.db"))
 	if err != nil {
 		b.Fatal(err)
@@ -116,7 +116,7 @@ func BenchmarkCreateJobParallel(b *testing.B) {
 }
 
 // reportGroups reports how many writes a commit carried on average.
-func reportGroups(b *testing.B, s *sqlite.Store) {
+func reportGroups(b *testing.B, s *sqlite.DB) {
 	st := s.WriteStats()
 	if st.Commits > 0 {
 		b.ReportMetric(float64(st.Writes)/float64(st.Commits), "writes/commit")

@@ -13,12 +13,12 @@ const countQuery = `SELECT status, COUNT(*) FROM jobs GROUP BY status`
 
 // CountJobs counts the stored jobs in each status, for metrics. Every
 // status is in the map, zero or not.
-func (s *Store) CountJobs(ctx context.Context) (map[delegate.Status]int, error) {
+func (s *JobStore) CountJobs(ctx context.Context) (map[delegate.Status]int, error) {
 	counts := make(map[delegate.Status]int, len(delegate.Statuses))
 	for _, st := range delegate.Statuses {
 		counts[st] = 0
 	}
-	rows, err := s.rdb.QueryContext(ctx, countQuery)
+	rows, err := s.db.rdb.QueryContext(ctx, countQuery)
 	if err != nil {
 		return nil, fmt.Errorf("count jobs: %w", err)
 	}

@@ -29,77 +29,51 @@ const colUpdatedAt = 8
 
 var selectJob = `SELECT seq, id, ` + strings.Join(jobColumns, ", ") + ` FROM jobs`
 
-// statements are prepared once per connection (database/sql keeps them per
-// connection of the pool).
-type statements struct {
-	getJob, jobByKey, manifest, manifestByID, files, outputEnd, readOutput, stdoutTail, stderrTail, stderrKept,
-	events, artifacts, finishes *sql.Stmt // readers
-	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wOutputEnd, wInsertOutput,
-	wOutputDone, wProgress, wEventsSpan, wInsertEvent, wTrimEvents, wFinished, wArtifact *sql.Stmt // writer
+// JobStore keeps the jobs: their rows, their immutable manifests and
+// files, and the count of finished jobs. It implements delegate.JobStore
+// on a DB.
+type JobStore struct {
+	db   *DB
+	stmt jobStatements
+
+	manifests manifestCache
+
+	updMu   sync.Mutex
+	updates map[uint64]*sql.Stmt // UPDATE statements by the set of columns they write
+	wanted  []uint64             // sets of columns whose statement is not prepared yet
 }
 
-func (s *Store) prepare(ctx context.Context) error {
-	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
-	for _, p := range []struct {
-		db   *sql.DB
-		dst  **sql.Stmt
-		text string
-	}{
-		{s.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
-		{s.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
-		{s.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
-		{s.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
-		{s.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
-		{s.rdb, &s.stmt.outputEnd, outputEnd},
-		{s.rdb, &s.stmt.readOutput, `SELECT offset, data, stream, runs FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
-		// The rows with some of a stream, from the end (see the migration).
-		{s.rdb, &s.stmt.stdoutTail, `SELECT data, stream, runs FROM job_output WHERE job_id = ? AND stream != 2 ORDER BY offset DESC`},
-		{s.rdb, &s.stmt.stderrTail, `SELECT data, stream, runs FROM job_output WHERE job_id = ? AND stream >= 2 ORDER BY offset DESC`},
-		{s.rdb, &s.stmt.stderrKept, `SELECT stderr_kept FROM jobs WHERE id = ?`},
-		{s.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
-		{s.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`},
-		{s.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
+var _ delegate.JobStore = (*JobStore)(nil)
 
-		{s.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?`},
-		{s.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
-		{s.wdb, &s.stmt.wInsertJob, `INSERT INTO jobs (id, ` + strings.Join(jobColumns, ", ") + `) VALUES (` + placeholders + `)`},
-		{s.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (seq, manifest) VALUES (?, ?)`},
-		{s.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (seq, files) VALUES (?, ?)`},
-		{s.wdb, &s.stmt.wOutputEnd, outputEnd},
-		{s.wdb, &s.stmt.wInsertOutput, `INSERT INTO job_output (job_id, offset, data, stream, runs) VALUES (?, ?, ?, ?, ?)`},
-		{s.wdb, &s.stmt.wOutputDone, `UPDATE jobs SET output_read = ?2, output_bytes = max(output_bytes, ?3), updated_at = ?4,
-			stderr_kept = stderr_kept + ?5 WHERE id = ?1`},
-		{s.wdb, &s.stmt.wProgress, `UPDATE jobs SET
-			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,
-			result = CASE WHEN ?3 IS NOT NULL AND status IN ` + active + ` THEN ?3 ELSE result END,
-			last_heartbeat = CASE WHEN ?4 > last_heartbeat AND status IN ` + active + ` THEN ?4 ELSE last_heartbeat END,
-			timeline_dropped = timeline_dropped + ?5,
-			updated_at = ?6
-			WHERE id = ?1`},
-		{s.wdb, &s.stmt.wEventsSpan, `SELECT COALESCE((SELECT min(seq) FROM job_events WHERE job_id = ?1), 1), COALESCE((SELECT max(seq) FROM job_events WHERE job_id = ?1), 0)`},
-		{s.wdb, &s.stmt.wInsertEvent, `INSERT INTO job_events (job_id, seq, time, message) VALUES (?, ?, ?, ?)`},
-		{s.wdb, &s.stmt.wTrimEvents, `DELETE FROM job_events WHERE job_id = ? AND seq <= ?`},
-		{s.wdb, &s.stmt.wFinished, `UPDATE counters SET value = value + 1 WHERE name = 'finishes'`},
-		{s.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},
-		{s.wdb, &s.w.savepoint, `SAVEPOINT w`},
-		{s.wdb, &s.w.rollbackTo, `ROLLBACK TO w`},
-		{s.wdb, &s.w.release, `RELEASE w`},
-	} {
-		st, err := p.db.PrepareContext(ctx, p.text)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", p.text, err)
-		}
-		*p.dst = st
-	}
-	return nil
+// jobStatements are prepared once per connection (database/sql keeps them
+// per connection of the pool).
+type jobStatements struct {
+	getJob, jobByKey, manifest, manifestByID, files, finishes                *sql.Stmt // readers
+	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wFinished *sql.Stmt // writer
+}
+
+func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
+	s := &JobStore{db: db, updates: map[uint64]*sql.Stmt{}}
+	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
+	return s, prepare(ctx, []statement{
+		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
+		{db.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
+		{db.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
+		{db.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
+		{db.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
+		{db.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
+
+		{db.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?`},
+		{db.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
+		{db.wdb, &s.stmt.wInsertJob, `INSERT INTO jobs (id, ` + strings.Join(jobColumns, ", ") + `) VALUES (` + placeholders + `)`},
+		{db.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (seq, manifest) VALUES (?, ?)`},
+		{db.wdb, &s.stmt.wInsertFiles, `INSERT INTO job_files (seq, files) VALUES (?, ?)`},
+		{db.wdb, &s.stmt.wFinished, `UPDATE counters SET value = value + 1 WHERE name = 'finishes'`},
+	})
 }
 
 // active is the SQL list of the statuses that are not terminal.
 const active = `('pending', 'provisioning', 'running')`
-
-// outputEnd is where the next output chunk of a job goes (the primary key
-// finds the last chunk; no scan of the others).
-const outputEnd = `SELECT offset + length(data) FROM job_output WHERE job_id = ? ORDER BY offset DESC LIMIT 1`
 
 type scanner interface{ Scan(...any) error }
 
@@ -162,7 +136,7 @@ func fromNanos(n int64) time.Time {
 }
 
 // CreateJob inserts a new job, its manifest and the manifest's files.
-func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
+func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
 	}
@@ -180,7 +154,7 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 		}
 	}
 	args := append([]any{j.ID}, rowValues(j)...)
-	err = s.w.do(ctx, func(tx *sql.Tx) error {
+	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
 		res, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...)
 		if err != nil {
 			return err
@@ -212,10 +186,10 @@ func (s *Store) CreateJob(ctx context.Context, j *delegate.Job) error {
 }
 
 // GetJob returns the job or an error wrapping delegate.ErrNotFound.
-func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
+func (s *JobStore) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
 	j, seq, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+		return nil, delegate.JobNotFound(id)
 	}
 	if err == nil {
 		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
@@ -228,7 +202,7 @@ func (s *Store) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
 
 // withManifest sets the job's manifest, parsed once per process: it never
 // changes.
-func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job, seq int64) error {
+func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job, seq int64) error {
 	if m, ok := s.manifests.get(j.ID); ok {
 		j.Manifest = m
 		return nil
@@ -248,14 +222,14 @@ func (s *Store) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Jo
 
 // JobManifest returns the job's manifest (without its files), from the
 // cache when it was read before.
-func (s *Store) JobManifest(ctx context.Context, id string) (delegate.Manifest, error) {
+func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifest, error) {
 	if m, ok := s.manifests.get(id); ok {
 		return m, nil
 	}
 	var text string
 	err := s.stmt.manifestByID.QueryRowContext(ctx, id).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
-		return delegate.Manifest{}, fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+		return delegate.Manifest{}, delegate.JobNotFound(id)
 	}
 	if err != nil {
 		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
@@ -269,7 +243,7 @@ func (s *Store) JobManifest(ctx context.Context, id string) (delegate.Manifest, 
 }
 
 // JobFiles returns the files of the job's manifest.
-func (s *Store) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
+func (s *JobStore) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
 	var text string
 	err := s.stmt.files.QueryRowContext(ctx, id).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -289,10 +263,10 @@ func (s *Store) JobFiles(ctx context.Context, id string) ([]delegate.File, error
 }
 
 // JobByIdempotencyKey finds the job submitted with key.
-func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
+func (s *JobStore) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
 	j, seq, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("idempotency key %q: %w", key, delegate.ErrNotFound)
+		return nil, &delegate.NotFoundError{Resource: "idempotency key", ID: key}
 	}
 	if err == nil {
 		err = s.withManifest(ctx, s.stmt.manifest, j, seq)
@@ -305,7 +279,7 @@ func (s *Store) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.
 
 // ListJobs returns jobs newest first. The cursor is the opaque position
 // after the last job of the previous page.
-func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
+func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = delegate.DefaultPageSize
@@ -357,8 +331,8 @@ func (s *Store) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate
 	return jobs, next, nil
 }
 
-func (s *Store) listRows(ctx context.Context, query string, args []any) ([]*delegate.Job, []int64, error) {
-	rows, err := s.rdb.QueryContext(ctx, query, args...)
+func (s *JobStore) listRows(ctx context.Context, query string, args []any) ([]*delegate.Job, []int64, error) {
+	rows, err := s.db.rdb.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -379,7 +353,7 @@ func (s *Store) listRows(ctx context.Context, query string, args []any) ([]*dele
 
 // withManifests sets the manifests of a page of jobs, reading those not
 // parsed yet in one query.
-func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job, seqs []int64) error {
+func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs []int64) error {
 	var missing []any
 	bySeq := map[int64]*delegate.Job{}
 	for i, j := range jobs {
@@ -393,7 +367,7 @@ func (s *Store) withManifests(ctx context.Context, jobs []*delegate.Job, seqs []
 	if len(missing) == 0 {
 		return nil
 	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT seq, manifest FROM job_manifests WHERE seq IN (`+
+	rows, err := s.db.rdb.QueryContext(ctx, `SELECT seq, manifest FROM job_manifests WHERE seq IN (`+
 		strings.TrimSuffix(strings.Repeat("?,", len(missing)), ",")+`)`, missing...)
 	if err != nil {
 		return err
@@ -452,12 +426,12 @@ func cutSeq(s string) (int64, bool) {
 
 // UpdateJob is a transactional read-modify-write that writes only the
 // columns fn changed; see delegate.JobStore.
-func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
+func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
 	var out *delegate.Job
-	err := s.w.do(ctx, func(tx *sql.Tx) error {
+	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
 		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("job %q: %w", id, delegate.ErrNotFound)
+			return delegate.JobNotFound(id)
 		}
 		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
@@ -517,7 +491,7 @@ func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job)
 // execUpdate runs the UPDATE that writes the columns in mask (bit i is
 // jobColumns[i]). Its statement is prepared once, after the transaction
 // that first needed it (the one write connection is busy until then).
-func (s *Store) execUpdate(tx *sql.Tx, mask uint64, args []any) error {
+func (s *JobStore) execUpdate(tx *sql.Tx, mask uint64, args []any) error {
 	s.updMu.Lock()
 	st := s.updates[mask]
 	if st == nil {
@@ -544,14 +518,14 @@ func updateSQL(mask uint64) string {
 
 // prepareWanted prepares the UPDATE statements that writes needed; the
 // writer calls it between transactions.
-func (s *Store) prepareWanted() {
+func (s *JobStore) prepareWanted() {
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
 	for _, mask := range s.wanted {
 		if s.updates[mask] != nil {
 			continue
 		}
-		if st, err := s.wdb.Prepare(updateSQL(mask)); err == nil {
+		if st, err := s.db.wdb.Prepare(updateSQL(mask)); err == nil {
 			s.updates[mask] = st
 		}
 	}
@@ -634,4 +608,14 @@ func cloneManifest(m delegate.Manifest) delegate.Manifest {
 		m.Timeout = &t
 	}
 	return m
+}
+
+// Finishes counts the jobs that reached a terminal status, in every
+// process sharing the database.
+func (s *JobStore) Finishes(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.stmt.finishes.QueryRowContext(ctx).Scan(&n); err != nil {
+		return 0, fmt.Errorf("finished jobs: %w", err)
+	}
+	return n, nil
 }

@@ -3,20 +3,49 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 )
 
+// ProgressStore keeps what running jobs report: their progress, result
+// and heartbeat (on the job's row) and their timelines. It implements
+// delegate.ProgressStore on a DB.
+type ProgressStore struct {
+	db   *DB
+	stmt struct {
+		events                                            *sql.Stmt // reader
+		wProgress, wEventsSpan, wInsertEvent, wTrimEvents *sql.Stmt // writer
+	}
+}
+
+var _ delegate.ProgressStore = (*ProgressStore)(nil)
+
+func newProgressStore(ctx context.Context, db *DB) (*ProgressStore, error) {
+	s := &ProgressStore{db: db}
+	return s, prepare(ctx, []statement{
+		{db.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
+		{db.wdb, &s.stmt.wProgress, `UPDATE jobs SET
+			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,
+			result = CASE WHEN ?3 IS NOT NULL AND status IN ` + active + ` THEN ?3 ELSE result END,
+			last_heartbeat = CASE WHEN ?4 > last_heartbeat AND status IN ` + active + ` THEN ?4 ELSE last_heartbeat END,
+			timeline_dropped = timeline_dropped + ?5,
+			updated_at = ?6
+			WHERE id = ?1`},
+		{db.wdb, &s.stmt.wEventsSpan, `SELECT COALESCE((SELECT min(seq) FROM job_events WHERE job_id = ?1), 1), COALESCE((SELECT max(seq) FROM job_events WHERE job_id = ?1), 0)`},
+		{db.wdb, &s.stmt.wInsertEvent, `INSERT INTO job_events (job_id, seq, time, message) VALUES (?, ?, ?, ?)`},
+		{db.wdb, &s.stmt.wTrimEvents, `DELETE FROM job_events WHERE job_id = ? AND seq <= ?`},
+	})
+}
+
 // SaveProgress stores the coalesced progress of many jobs in one
-// transaction; see delegate.JobStore.
-func (s *Store) SaveProgress(ctx context.Context, batch []delegate.JobProgress) error {
+// transaction; see delegate.ProgressStore.
+func (s *ProgressStore) SaveProgress(ctx context.Context, batch []delegate.JobProgress) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	err := s.w.do(ctx, func(tx *sql.Tx) error {
+	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
 		now := time.Now().UTC().UnixNano()
 		for _, p := range batch {
 			if err := s.saveProgress(tx, p, delegate.MaxTimeline, now); err != nil {
@@ -33,7 +62,7 @@ func (s *Store) SaveProgress(ctx context.Context, batch []delegate.JobProgress) 
 
 // saveProgress writes one job's progress: one UPDATE of its row, and its
 // new timeline entries with the oldest beyond keep deleted (and counted).
-func (s *Store) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep int, now int64) error {
+func (s *ProgressStore) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep int, now int64) error {
 	keep = max(1, min(keep, delegate.MaxTimeline))
 	events, dropped := p.Events, p.Dropped
 	if len(events) > keep {
@@ -81,8 +110,8 @@ func (s *Store) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep int, now i
 
 // AddEvent appends to the job's timeline, keeping the newest max entries
 // (at most delegate.MaxTimeline) and counting those it drops.
-func (s *Store) AddEvent(ctx context.Context, id string, ev delegate.Event, max int) error {
-	err := s.w.do(ctx, func(tx *sql.Tx) error {
+func (s *ProgressStore) AddEvent(ctx context.Context, id string, ev delegate.Event, max int) error {
+	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
 		return s.saveProgress(tx, delegate.JobProgress{ID: id, Events: []delegate.Event{ev}}, max, time.Now().UTC().UnixNano())
 	})
 	if err != nil {
@@ -92,7 +121,7 @@ func (s *Store) AddEvent(ctx context.Context, id string, ev delegate.Event, max 
 }
 
 // Events returns the job's timeline, oldest first.
-func (s *Store) Events(ctx context.Context, id string) ([]delegate.Event, error) {
+func (s *ProgressStore) Events(ctx context.Context, id string) ([]delegate.Event, error) {
 	rows, err := s.stmt.events.QueryContext(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("events of job %s: %w", id, err)
@@ -110,195 +139,4 @@ func (s *Store) Events(ctx context.Context, id string) ([]delegate.Event, error)
 		evs = append(evs, delegate.Event{Time: fromNanos(at), Message: msg})
 	}
 	return evs, rows.Err()
-}
-
-// AppendOutput adds a chunk after the output kept so far and records how
-// far the backend's output was consumed, in one transaction (a restarted
-// engine then reads on from exactly there). The chunk is one row, however
-// many times it changes streams.
-func (s *Store) AppendOutput(ctx context.Context, id string, chunk []delegate.Output, read int64) error {
-	data, stream, runs, stderr := encodeChunk(chunk)
-	err := s.w.do(ctx, func(tx *sql.Tx) error {
-		end, err := scanEnd(tx.Stmt(s.stmt.wOutputEnd).QueryRow(id))
-		if err != nil {
-			return err
-		}
-		if len(data) > 0 {
-			if _, err := tx.Stmt(s.stmt.wInsertOutput).Exec(id, end, data, stream, runs); err != nil {
-				return err
-			}
-		}
-		_, err = tx.Stmt(s.stmt.wOutputDone).Exec(id, read, end+int64(len(data)), time.Now().UTC().UnixNano(), stderr)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("append output of job %s: %w", id, err)
-	}
-	return nil
-}
-
-func scanEnd(row *sql.Row) (int64, error) {
-	var end int64
-	err := row.Scan(&end)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
-	}
-	return end, err
-}
-
-// ReadOutput returns up to max kept bytes of output from offset, as pieces
-// of one stream each.
-func (s *Store) ReadOutput(ctx context.Context, id string, offset int64, max int) ([]delegate.Output, error) {
-	if offset < 0 || max < 0 {
-		return nil, fmt.Errorf("read output of job %s: %w: negative offset or size", id, delegate.ErrInvalid)
-	}
-	rows, err := s.stmt.readOutput.QueryContext(ctx, id, offset)
-	if err != nil {
-		return nil, fmt.Errorf("read output of job %s: %w", id, err)
-	}
-	defer rows.Close()
-	var (
-		out  []delegate.Output
-		left = max
-	)
-	for left > 0 && rows.Next() {
-		var (
-			at     int64
-			data   []byte
-			stream int
-			runs   []byte
-		)
-		if err := rows.Scan(&at, &data, &stream, &runs); err != nil {
-			return nil, fmt.Errorf("read output of job %s: %w", id, err)
-		}
-		pieces, err := decodeChunk(data, stream, runs)
-		if err != nil {
-			return nil, fmt.Errorf("read output of job %s at %d: %w", id, at, err)
-		}
-		skip := max0(offset - at) // the part of the row before offset
-		for _, p := range pieces {
-			d := p.Data[min(int64(len(p.Data)), skip):]
-			skip -= int64(len(p.Data)) - int64(len(d))
-			d = d[:min(len(d), left)]
-			out = delegate.AppendOutput(out, p.Stream, d)
-			left -= len(d)
-		}
-	}
-	return out, rows.Err()
-}
-
-func max0(n int64) int64 { return max(n, 0) }
-
-// OutputSize is how many bytes of output are kept for the job.
-func (s *Store) OutputSize(ctx context.Context, id string) (int64, error) {
-	n, err := scanEnd(s.stmt.outputEnd.QueryRowContext(ctx, id))
-	if err != nil {
-		return 0, fmt.Errorf("output size of job %s: %w", id, err)
-	}
-	return n, nil
-}
-
-// StreamTail returns the last max bytes kept of one stream and how many
-// are kept in all. The rows are read from the end; stderr's through its
-// index.
-func (s *Store) StreamTail(ctx context.Context, id string, stream delegate.Stream, max int) ([]byte, int64, error) {
-	if max < 0 || (stream != delegate.StreamStdout && stream != delegate.StreamStderr) {
-		return nil, 0, fmt.Errorf("tail of the output of job %s: %w: stream %s, size %d", id, delegate.ErrInvalid, stream, max)
-	}
-	var stderrKept int64
-	if err := s.stmt.stderrKept.QueryRowContext(ctx, id).Scan(&stderrKept); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, 0, fmt.Errorf("job %s: %w", id, delegate.ErrNotFound)
-		}
-		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
-	}
-	kept := stderrKept
-	q := s.stmt.stderrTail
-	if stream == delegate.StreamStdout {
-		size, err := s.OutputSize(ctx, id)
-		if err != nil {
-			return nil, 0, err
-		}
-		kept, q = size-stderrKept, s.stmt.stdoutTail
-	}
-	if kept == 0 || max == 0 {
-		return nil, kept, nil
-	}
-	rows, err := q.QueryContext(ctx, id)
-	if err != nil {
-		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
-	}
-	defer rows.Close()
-	var parts [][]byte // newest first
-	n := 0
-	for n < max && rows.Next() {
-		var (
-			data []byte
-			st   int
-			runs []byte
-		)
-		if err := rows.Scan(&data, &st, &runs); err != nil {
-			return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
-		}
-		pieces, err := decodeChunk(data, st, runs)
-		if err != nil {
-			return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
-		}
-		for i := len(pieces) - 1; i >= 0 && n < max; i-- {
-			p := pieces[i]
-			if p.Stream == stream || (stream == delegate.StreamStdout && p.Stream == delegate.StreamCombined) {
-				d := p.Data[max0(int64(len(p.Data)-(max-n))):]
-				parts = append(parts, d)
-				n += len(d)
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("tail of the output of job %s: %w", id, err)
-	}
-	tail := make([]byte, 0, n)
-	for i := len(parts) - 1; i >= 0; i-- {
-		tail = append(tail, parts[i]...)
-	}
-	return tail, kept, nil
-}
-
-// AddArtifact records (or replaces) a collected artifact.
-func (s *Store) AddArtifact(ctx context.Context, id string, a delegate.Artifact) error {
-	err := s.w.do(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Stmt(s.stmt.wArtifact).Exec(id, a.Name, a.Size, a.SHA256, a.Skipped)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("add artifact to job %s: %w", id, err)
-	}
-	return nil
-}
-
-// Artifacts lists the job's artifacts by name.
-func (s *Store) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
-	rows, err := s.stmt.artifacts.QueryContext(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
-	}
-	defer rows.Close()
-	arts := []delegate.Artifact{}
-	for rows.Next() {
-		var a delegate.Artifact
-		if err := rows.Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped); err != nil {
-			return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
-		}
-		arts = append(arts, a)
-	}
-	return arts, rows.Err()
-}
-
-// Finishes counts the jobs that reached a terminal status, in every
-// process sharing the database.
-func (s *Store) Finishes(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.stmt.finishes.QueryRowContext(ctx).Scan(&n); err != nil {
-		return 0, fmt.Errorf("finished jobs: %w", err)
-	}
-	return n, nil
 }

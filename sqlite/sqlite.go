@@ -9,32 +9,31 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"sync"
 
 	"github.com/delegate-dev/delegate"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
-// Store implements delegate.JobStore.
+// DB is one SQLite database file: the write connection with its
+// group-commit writer, a small pool of readers, and the schema. Its stores,
+// one per resource, share them; through them a DB is a delegate.Store.
 //
-// Writes go through one connection, committed in groups (see writer);
-// reads use a small pool of their own, so that in WAL mode they never wait
-// behind a write. Every statement on the hot paths is prepared once: the
-// SQL parser was a third of the cost of each call.
-type Store struct {
-	w    writer
-	wdb  *sql.DB // the write connection (one)
-	rdb  *sql.DB // readers
-	stmt statements
+// Writes go through the one write connection, committed in groups (see
+// writer); reads use the pool, so that in WAL mode they never wait behind
+// a write. Every statement on the hot paths is prepared once, by the store
+// that runs it: the SQL parser was a third of the cost of each call.
+type DB struct {
+	*JobStore
+	*ProgressStore
+	*OutputStore
+	*ArtifactStore
 
-	manifests manifestCache
-
-	updMu   sync.Mutex
-	updates map[uint64]*sql.Stmt // UPDATE statements by the set of columns they write
-	wanted  []uint64             // sets of columns whose statement is not prepared yet
+	w   writer
+	wdb *sql.DB // the write connection (one)
+	rdb *sql.DB // readers
 }
 
-var _ delegate.JobStore = (*Store)(nil)
+var _ delegate.Store = (*DB)(nil)
 
 // migrations run in order; PRAGMA user_version records how many have run.
 // Never edit one that has shipped: append a new one.
@@ -169,7 +168,7 @@ var migrations = []string{
 
 // Open opens (creating if needed) the database file at path and brings its
 // schema up to date.
-func Open(ctx context.Context, path string) (*Store, error) {
+func Open(ctx context.Context, path string) (*DB, error) {
 	if err := ownFiles(path); err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -194,9 +193,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	// writer groups them.
 	wdb.SetMaxOpenConns(1)
 	wdb.SetMaxIdleConns(1)
-	s := &Store{wdb: wdb, updates: map[uint64]*sql.Stmt{}}
-	s.w = writer{db: wdb, between: s.prepareWanted}
-	if err := s.migrate(ctx); err != nil {
+	db := &DB{wdb: wdb}
+	db.w = writer{db: wdb}
+	if err := db.migrate(ctx); err != nil {
 		wdb.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
@@ -209,12 +208,56 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	rdb.SetMaxOpenConns(readers)
 	rdb.SetMaxIdleConns(readers)
-	s.rdb = rdb
-	if err := s.prepare(ctx); err != nil {
-		s.Close()
+	db.rdb = rdb
+	if err := db.openStores(ctx); err != nil {
+		db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	return s, nil
+	return db, nil
+}
+
+// openStores makes the stores and prepares their statements, and the
+// writer's.
+func (db *DB) openStores(ctx context.Context) error {
+	var err error
+	if db.JobStore, err = newJobStore(ctx, db); err != nil {
+		return err
+	}
+	// The UPDATE statements a write needed are prepared between groups
+	// (the one write connection is busy until then).
+	db.w.between = db.JobStore.prepareWanted
+	if db.ProgressStore, err = newProgressStore(ctx, db); err != nil {
+		return err
+	}
+	if db.OutputStore, err = newOutputStore(ctx, db); err != nil {
+		return err
+	}
+	if db.ArtifactStore, err = newArtifactStore(ctx, db); err != nil {
+		return err
+	}
+	return prepare(ctx, []statement{
+		{db.wdb, &db.w.savepoint, `SAVEPOINT w`},
+		{db.wdb, &db.w.rollbackTo, `ROLLBACK TO w`},
+		{db.wdb, &db.w.release, `RELEASE w`},
+	})
+}
+
+// statement is one statement to prepare on one of the connections.
+type statement struct {
+	db   *sql.DB
+	dst  **sql.Stmt
+	text string
+}
+
+func prepare(ctx context.Context, stmts []statement) error {
+	for _, p := range stmts {
+		st, err := p.db.PrepareContext(ctx, p.text)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", p.text, err)
+		}
+		*p.dst = st
+	}
+	return nil
 }
 
 // ownFiles makes the database file, and the WAL and shared-memory files
@@ -239,12 +282,12 @@ func ownFiles(path string) error {
 // server gains nothing.
 const readers = 4
 
-func (s *Store) migrate(ctx context.Context) error {
+func (db *DB) migrate(ctx context.Context) error {
 	// A migration that rebuilds a table must not cascade its drop to the
 	// tables that refer to it: foreign keys are off while migrations run
 	// (a pragma that does nothing inside a transaction), and checked before
 	// the commit.
-	conn, err := s.wdb.Conn(ctx)
+	conn, err := db.wdb.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -289,18 +332,18 @@ func (s *Store) migrate(ctx context.Context) error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error {
+func (db *DB) Close() error {
 	var err error
-	if s.rdb != nil {
-		err = s.rdb.Close()
+	if db.rdb != nil {
+		err = db.rdb.Close()
 	}
-	if werr := s.wdb.Close(); err == nil {
+	if werr := db.wdb.Close(); err == nil {
 		err = werr
 	}
 	return err
 }
 
-// WriteStats are counts of this store's writes since it was opened.
+// WriteStats are counts of this database's writes since it was opened.
 type WriteStats struct {
 	Commits int64 // transactions committed
 	Writes  int64 // writes (CreateJob, UpdateJob, SaveProgress...) in them
@@ -308,6 +351,6 @@ type WriteStats struct {
 
 // WriteStats counts the writes committed so far: a test or a benchmark
 // sees how many transactions a piece of work cost.
-func (s *Store) WriteStats() WriteStats {
-	return WriteStats{Commits: s.w.commits.Load(), Writes: s.w.writes.Load()}
+func (db *DB) WriteStats() WriteStats {
+	return WriteStats{Commits: db.w.commits.Load(), Writes: db.w.writes.Load()}
 }

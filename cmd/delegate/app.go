@@ -20,7 +20,7 @@ import (
 
 // app is an open data dir: the store, the backend and the engine over them.
 type app struct {
-	store   *sqlite.Store
+	store   *sqlite.DB
 	backend sandbox.Backend // nil when the app only reads jobs
 	eng     *engine.Engine
 }
@@ -62,6 +62,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	}
 	eng := engine.New(store, backend, engine.Config{
 		Defaults:        cfg.Defaults,
+		Maxima:          engine.Maxima{CPU: cfg.MaxCPU, MemoryBytes: cfg.MaxMemory, DiskBytes: cfg.MaxDisk, TimeoutSeconds: cfg.MaxTimeout},
 		MaxConcurrent:   cfg.MaxConcurrent,
 		OutputLimit:     cfg.OutputLimit,
 		CleanupInterval: cfg.CleanupInterval,
@@ -107,7 +108,10 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		return b, nil
 	default:
 		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
-			DefaultTemplate: cfg.Defaults.VMTemplate, Logger: log})
+			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, Logger: log,
+			// The host's file table is shared by the jobs running at once
+			// and the sandboxes kept after theirs.
+			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}

@@ -14,10 +14,9 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/internal/bench"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/local"
 )
-
-var version = "dev"
 
 func main() {
 	// The sandbox helpers are this same binary, re-executed.
@@ -28,7 +27,7 @@ func main() {
 	code := cli.Execute(ctx, cli.Program{
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		Getenv:  os.Getenv,
-		Version: version,
+		Version: buildinfo.Version(),
 		Open:    openService,
 		Serve:   serve,
 		Bench:   runBench,

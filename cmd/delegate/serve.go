@@ -54,11 +54,7 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		if met != nil {
 			cbOpts.Answered = met.CallbackAnswered
 		}
-		srv := &http.Server{
-			Handler:           httpapi.BodyTimeout(httpapi.Handler(a.eng, cbOpts), httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout),
-			ReadHeaderTimeout: httpapi.HeaderTimeout,
-			IdleTimeout:       2 * time.Minute,
-		}
+		srv := httpapi.CallbackServer(a.eng, cbOpts)
 		go srv.Serve(callbacks)
 		defer srv.Close()
 	}

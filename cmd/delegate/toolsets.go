@@ -8,6 +8,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvetools"
@@ -23,7 +24,7 @@ func newMCPServer(ctx context.Context, cfg cli.Config, jobs delegate.JobService,
 	if cfg.HasToolset("jobs") {
 		s = mcpserver.New(ctx, jobs, log)
 	} else {
-		s = mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: Proxmox VE administration", Version: mcpserver.Version},
+		s = mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: Proxmox VE administration", Version: buildinfo.Version()},
 			&mcp.ServerOptions{Instructions: "Proxmox VE tools: nodes, VMs and containers, snapshots, tasks, storage, guest agent.",
 				Logger: log})
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -14,104 +17,116 @@ import (
 // outputChunk is how much output is moved from the sandbox to the store at once.
 const outputChunk = 256 << 10
 
-// enqueue runs the job when a run slot is free and the backend has room
-// for it (see admission.go). A job waiting for a slot is only an id in a
-// queue, not a goroutine: thousands may wait, and every goroutine is work
-// for the garbage collector (a parked goroutine per pending job once took
-// a third of the server's CPU in stack scans). A job waiting for room
-// holds no slot.
-func (e *Engine) enqueue(id string) { e.queueJob(id, false) }
+// runner is the part that takes a job through its life in a sandbox:
+// provisioning as an ordered list of steps, then following the running
+// command, then settling its end (artifacts, status, the sandbox's
+// destruction). It keeps a handle per job it drives, under its own lock.
+type runner struct {
+	cfg       Config
+	log       *slog.Logger
+	owner     string
+	life      *group
+	store     delegate.Store
+	ref       *backendRef
+	jobs      *jobWriter
+	progress  *progressWriter
+	callbacks *callbacks
+	// roomFreed is the scheduler's: a sandbox is gone, jobs waiting for
+	// capacity may fit now.
+	roomFreed func()
 
-// queueJob starts the job in a free slot, or queues it (at the front: a
-// job that has waited for room already).
-func (e *Engine) queueJob(id string, front bool) {
-	e.mu.Lock()
-	if e.slots > 0 {
-		e.slots--
-		e.mu.Unlock()
-		e.startSlot(id)
-		return
-	}
-	if front {
-		e.queue = append([]string{id}, e.queue...)
-	} else {
-		e.queue = append(e.queue, id)
-	}
-	e.mu.Unlock()
+	mu   sync.Mutex
+	runs map[string]*run // jobs this engine is driving
 }
 
-// releaseSlot hands a run slot to the next queued job, or gives it back.
-// Once the engine closes, queued jobs stay pending for the next engine.
-func (e *Engine) releaseSlot() {
-	e.mu.Lock()
-	if len(e.queue) > 0 && e.ctx.Err() == nil {
-		id := e.queue[0]
-		e.queue = e.queue[1:]
-		e.mu.Unlock()
-		e.startSlot(id)
-		return
+// run is the runner's handle on one job it drives.
+type run struct {
+	cancel context.CancelFunc // aborts provisioning
+	kill   chan struct{}      // closed to kill the running process
+	once   sync.Once
+	// end is the terminal status the job reached while it still runs (a
+	// completion callback, a cancel, here or in another process).
+	end atomic.Pointer[delegate.Status]
+}
+
+func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
+
+// backend is the engine's backend (nil for an engine made without one that
+// has not needed to open it).
+func (r *runner) backend() sandbox.Backend { return r.ref.get() }
+
+func (r *runner) register(id string) (*run, context.Context) {
+	ctx, cancel := context.WithCancel(r.life.ctx)
+	h := &run{cancel: cancel, kill: make(chan struct{})}
+	r.mu.Lock()
+	r.runs[id] = h
+	r.mu.Unlock()
+	return h, ctx
+}
+
+func (r *runner) unregister(id string) {
+	r.mu.Lock()
+	if h := r.runs[id]; h != nil {
+		h.cancel()
+		delete(r.runs, id)
 	}
-	e.slots++
-	e.mu.Unlock()
+	r.mu.Unlock()
 }
 
-// startSlot runs a job in the slot the caller holds.
-func (e *Engine) startSlot(id string) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		if e.ctx.Err() != nil {
-			e.releaseSlot() // stays pending; the next engine picks it up
-			return
-		}
-		adm, res, room := e.admit(id)
-		if res == admitted {
-			e.run(id, adm)
-			e.releaseSlot()
-			e.roomFreed()
-			return
-		}
-		e.releaseSlot()
-		if res == admitDrop || !e.waitForRoom(id, room) {
-			return
-		}
-		e.queueJob(id, true)
-	}()
+// handle returns the handle of a job this runner drives, or nil.
+func (r *runner) handle(id string) *run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs[id]
 }
 
-func (e *Engine) register(id string) (*run, context.Context) {
-	ctx, cancel := context.WithCancel(e.ctx)
-	r := &run{cancel: cancel, kill: make(chan struct{})}
-	e.mu.Lock()
-	e.runs[id] = r
-	e.mu.Unlock()
-	return r, ctx
-}
+// drives reports whether this engine is driving a job (it has not let go
+// of it yet: it may be destroying its sandbox).
+func (r *runner) drives(id string) bool { return r.handle(id) != nil }
 
-func (e *Engine) unregister(id string) {
-	e.mu.Lock()
-	if r := e.runs[id]; r != nil {
-		r.cancel()
-		delete(e.runs, id)
+// driven lists the jobs this runner drives.
+func (r *runner) driven() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, 0, len(r.runs))
+	for id := range r.runs {
+		ids = append(ids, id)
 	}
-	e.mu.Unlock()
+	return ids
+}
+
+// stop aborts a job's provisioning and kills its process, if this runner
+// drives it.
+func (r *runner) stop(id string) {
+	if h := r.handle(id); h != nil {
+		h.cancel()
+		h.killNow()
+	}
+}
+
+// ended records that job id has reached a terminal status: its follower
+// (if this runner drives it) winds it up.
+func (r *runner) ended(id string, st delegate.Status) {
+	if h := r.handle(id); h != nil {
+		h.end.Store(&st)
+	}
 }
 
 // run takes a pending job through provisioning to its end. adm is the
 // room the backend reserved for it (nil: none was needed).
-func (e *Engine) run(id string, adm sandbox.Admission) {
+func (r *runner) run(id string, adm sandbox.Admission) {
 	if adm != nil {
 		defer adm.Release() // a no-op once Create has used it
 	}
-	r, ctx := e.register(id)
-	defer e.unregister(id)
-	log := e.log.With("job", id)
+	h, ctx := r.register(id)
+	defer r.unregister(id)
+	log := r.log.With("job", id)
 
-	job, err := e.update(ctx, id, func(j *delegate.Job) error {
+	job, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status != delegate.StatusPending {
 			return delegate.ErrTerminal // cancelled while queued
 		}
-		j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", e.owner, e.backend.Name()
+		j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", r.owner, r.backend().Name()
 		return nil
 	})
 	if err != nil {
@@ -120,10 +135,10 @@ func (e *Engine) run(id string, adm sandbox.Admission) {
 		}
 		return
 	}
-	m := job.Manifest
 
-	pctx, cancelProvision := context.WithTimeout(ctx, e.cfg.ProvisionTimeout)
-	sb, proc, err := e.provision(pctx, job, adm)
+	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
+	a := &attempt{job: job, adm: adm}
+	err = r.provision(pctx, a)
 	cancelProvision()
 	if err != nil {
 		// The command never ran (or was killed before it was recorded as
@@ -131,79 +146,135 @@ func (e *Engine) run(id string, adm sandbox.Admission) {
 		// roll its sandbox back now, rather than leave both to the next
 		// server that starts.
 		reason := fmt.Sprintf("provisioning failed: %v", err)
-		if e.ctx.Err() != nil {
+		if r.life.stopping() {
 			reason = "the server stopped while the sandbox was being provisioned; submit the job again"
 		} else if errors.Is(pctx.Err(), context.DeadlineExceeded) {
-			reason = fmt.Sprintf("provisioning took longer than %s", e.cfg.ProvisionTimeout)
+			reason = fmt.Sprintf("provisioning took longer than %s", r.cfg.ProvisionTimeout)
 		}
-		e.finish(id, delegate.StatusFailed, reason, nil)
-		if sb != nil {
-			e.rollback(id, sb.ID())
+		// A sandbox that was started has its end observed, as the store
+		// has it (a cancel may have decided it), so that every start the
+		// metrics count has an end.
+		var observed func(*delegate.Job)
+		if a.sb != nil {
+			observed = r.jobEnded
+		}
+		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
+		if a.sb != nil {
+			r.rollback(id, a.sb.ID())
 		}
 		return
 	}
-	log.Debug("job running", "sandbox", sb.ID())
-	e.follow(r, job.ID, sb, proc, m)
+	log.Debug("job running", "sandbox", a.sb.ID())
+	r.follow(h, job.ID, a.sb, a.proc, job.Manifest)
 }
 
-// provision creates the sandbox, writes the files and starts the command.
-// It returns the sandbox even on error when there is one to clean up.
-func (e *Engine) provision(ctx context.Context, job *delegate.Job, adm sandbox.Admission) (sandbox.Sandbox, sandbox.Process, error) {
-	m := job.Manifest
-	spec, err := sandboxSpec(job)
-	if err != nil {
-		return nil, nil, err
+// attempt is one job's way from pending to running: what the provisioning
+// steps have made so far, for the next steps and for a rollback.
+type attempt struct {
+	job   *delegate.Job
+	adm   sandbox.Admission
+	sb    sandbox.Sandbox // made by the first step; rolled back on failure
+	token string          // the job's callback token, known only here and in its environment
+	proc  sandbox.Process
+}
+
+// provisionSteps take a job from pending to running, in order. A new
+// stage of provisioning (a workspace to import, an egress policy to
+// install) is one more step here, not another branch of run. A step's
+// error fails the job ("provisioning failed: …") and rolls the sandbox
+// back.
+var provisionSteps = []struct {
+	name string
+	do   func(*runner, context.Context, *attempt) error
+}{
+	{"create the sandbox", (*runner).createStep},
+	{"write the files", (*runner).writeFiles},
+	{"issue the callback token", (*runner).issueToken},
+	{"start the command", (*runner).startCommand},
+}
+
+// provision runs the provisioning steps.
+func (r *runner) provision(ctx context.Context, a *attempt) error {
+	for _, step := range provisionSteps {
+		if err := step.do(r, ctx, a); err != nil {
+			return err
+		}
 	}
-	spec.Admission, spec.Progress = adm, e.stepper(ctx, job.ID)
-	sb, err := e.createSandbox(ctx, spec)
+	return nil
+}
+
+// createStep creates the sandbox and records it on the job.
+func (r *runner) createStep(ctx context.Context, a *attempt) error {
+	spec, err := sandboxSpec(a.job)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	if _, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
+	spec.Admission, spec.Progress = a.adm, r.stepper(ctx, a.job.ID)
+	sb, err := r.createSandbox(ctx, spec)
+	if err != nil {
+		return err
+	}
+	a.sb = sb
+	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
 		}
 		j.SandboxID, j.Progress = sb.ID(), "writing files"
 		return nil
-	}); err != nil {
-		return sb, nil, err
-	}
-	// The files are kept apart from the job: read only here.
-	raw, err := e.store.JobFiles(ctx, job.ID)
+	})
+	return err
+}
+
+// writeFiles writes the manifest's files into the sandbox. They are kept
+// apart from the job in the store: read only here.
+func (r *runner) writeFiles(ctx context.Context, a *attempt) error {
+	raw, err := r.store.JobFiles(ctx, a.job.ID)
 	if err != nil {
-		return sb, nil, err
+		return err
 	}
-	withFiles := m
+	withFiles := a.job.Manifest
 	withFiles.Files = raw
 	files, err := withFiles.DecodedFiles()
 	if err != nil {
-		return sb, nil, err
+		return err
 	}
 	for _, f := range files {
-		if err := sb.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
-			return sb, nil, fmt.Errorf("write %s: %w", f.Path, err)
+		if err := a.sb.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
+			return fmt.Errorf("write %s: %w", f.Path, err)
 		}
 	}
+	return nil
+}
+
+// issueToken makes the job's callback token: its hash is stored and
+// indexed, the token itself goes only into the job's environment.
+func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 	token, tokenHash := newToken()
-	withToken, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
+	withToken, err := r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		j.TokenHash = tokenHash
 		return nil
 	})
 	if err != nil {
-		return sb, nil, err
+		return err
 	}
-	if ent, ok := e.indexJob(withToken, e.foreign.Load()); ok {
-		e.tokens.put(job.ID, ent)
+	if ent, ok := r.callbacks.indexJob(withToken, r.jobs.foreign.Load()); ok {
+		r.callbacks.tokens.put(a.job.ID, ent)
 	}
-	cmd, err := e.command(job, token)
+	a.token = token
+	return nil
+}
+
+// startCommand starts the job's command and records the job as running.
+func (r *runner) startCommand(ctx context.Context, a *attempt) error {
+	cmd, err := r.command(a.job, a.token)
 	if err != nil {
-		return sb, nil, err
+		return err
 	}
-	proc, err := sb.Exec(ctx, cmd)
+	proc, err := a.sb.Exec(ctx, cmd)
 	if err != nil {
-		return sb, nil, fmt.Errorf("start %s: %w", cmd.Args[0], err)
+		return fmt.Errorf("start %s: %w", cmd.Args[0], err)
 	}
-	if _, err := e.update(ctx, job.ID, func(j *delegate.Job) error {
+	if _, err := r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
 		}
@@ -213,9 +284,58 @@ func (e *Engine) provision(ctx context.Context, job *delegate.Job, adm sandbox.A
 		return nil
 	}); err != nil {
 		proc.Kill(context.WithoutCancel(ctx))
-		return sb, nil, err
+		return err
 	}
-	return sb, proc, nil
+	a.proc = proc
+	return nil
+}
+
+// reattach follows a running job whose engine died, if its process is
+// still there; otherwise it fails the job and removes what is left.
+func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
+	log := r.log.With("job", job.ID, "sandbox", job.SandboxID)
+	fail := func(err error) {
+		log.Warn("job lost with its sandbox", "err", err)
+		r.finish(job.ID, delegate.StatusFailed, fmt.Sprintf("sandbox lost after a server restart: %v", err), nil)
+		if job.SandboxID != "" {
+			r.destroy(job.SandboxID, delegate.Manifest{})
+		}
+	}
+	if job.SandboxID == "" || job.ExecID == "" {
+		fail(errors.New("no sandbox was recorded"))
+		return
+	}
+	sb, err := r.backend().Recover(ctx, job.SandboxID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	proc, err := sb.Process(ctx, job.ExecID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	log.Info("re-attached to running job")
+	h, _ := r.register(job.ID)
+	r.life.Go(func() {
+		defer r.unregister(job.ID)
+		r.follow(h, job.ID, sb, proc, job.Manifest)
+	})
+}
+
+// stepper reports a backend's provisioning steps as the job's progress.
+func (r *runner) stepper(ctx context.Context, id string) func(string) {
+	return func(step string) {
+		step = clip(step)
+		r.log.Debug("provisioning step", "job", id, "step", step)
+		r.jobs.update(ctx, id, func(j *delegate.Job) error {
+			if j.Status.Terminal() {
+				return delegate.ErrTerminal
+			}
+			j.Progress = step
+			return nil
+		})
+	}
 }
 
 func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
@@ -246,28 +366,28 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 // Each tick does a bounded amount of work (see collect), so that a job
 // flooding its output or status channel cannot keep the loop from its
 // timer: a job is killed at its timeout whatever it writes.
-func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Process, m delegate.Manifest) {
-	ctx := e.ctx
-	job, err := e.store.GetJob(ctx, id)
+func (r *runner) follow(h *run, id string, sb sandbox.Sandbox, proc sandbox.Process, m delegate.Manifest) {
+	ctx := r.life.ctx
+	job, err := r.store.GetJob(ctx, id)
 	if err != nil {
-		e.log.Error("follow job", "job", id, "err", err)
+		r.log.Error("follow job", "job", id, "err", err)
 		return
 	}
-	t, err := e.newTracker(ctx, job, proc)
+	t, err := r.newTracker(ctx, job, proc)
 	if err != nil {
-		e.log.Error("follow job", "job", id, "err", err)
+		r.log.Error("follow job", "job", id, "err", err)
 		return
 	}
 	deadline := job.StartedAt.Add(time.Duration(m.TimeoutSeconds()) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	ticker := time.NewTicker(e.cfg.PollInterval)
+	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
 	// The supervisor's liveness is the job's heartbeat where the backend
 	// watches the process; it is recorded now and then, not on every tick.
-	beat := time.NewTicker(max(e.cfg.HeartbeatThreshold/4, e.cfg.PollInterval))
+	beat := time.NewTicker(max(r.cfg.HeartbeatThreshold/4, r.cfg.PollInterval))
 	defer beat.Stop()
-	supervised := e.backend.Capabilities().Supervised
+	supervised := r.backend().Capabilities().Supervised
 
 	type waited struct {
 		exit sandbox.Exit
@@ -279,10 +399,10 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 	waitCtx, stopWait := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWait()
 	done := make(chan waited, 1)
-	go func() {
+	r.life.Go(func() {
 		exit, err := proc.Wait(waitCtx)
 		done <- waited{exit, err, time.Now().UTC()}
-	}()
+	})
 
 	var (
 		timedOut, killing bool
@@ -291,7 +411,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 	kill := func() {
 		killing = true
 		if err := proc.Kill(context.WithoutCancel(ctx)); err != nil {
-			e.log.Warn("kill job", "job", id, "err", err)
+			r.log.Warn("kill job", "job", id, "err", err)
 		}
 	}
 	timeout := func() {
@@ -299,12 +419,12 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			return
 		}
 		timedOut = true
-		e.log.Info("job timed out", "job", id, "timeout", m.TimeoutSeconds())
+		r.log.Info("job timed out", "job", id, "timeout", m.TimeoutSeconds())
 		kill()
 	}
 	end := func(w waited) {
 		t.collect(context.WithoutCancel(ctx), true)
-		e.settle(t, sb, w.exit, w.err, timedOut, w.at)
+		r.settle(t, sb, w.exit, w.err, timedOut, w.at)
 	}
 	for {
 		select {
@@ -322,7 +442,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			// reported its own completion gets a moment to exit by itself,
 			// so that its real exit code is kept; a cancelled one is
 			// killed at once.
-			if st := r.end.Load(); st != nil && !killing {
+			if st := h.end.Load(); st != nil && !killing {
 				if *st == delegate.StatusCancelled {
 					kill()
 				} else if graceEnd.IsZero() {
@@ -333,9 +453,9 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			}
 		case <-beat.C:
 			if supervised {
-				e.progress.report(id, "", nil, false, time.Now().UTC())
+				r.progress.report(id, "", nil, false, time.Now().UTC())
 			}
-		case <-r.kill:
+		case <-h.kill:
 			kill()
 		case <-timer.C:
 			timeout()
@@ -344,7 +464,7 @@ func (e *Engine) follow(r *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 			// re-attach to; a job that has ended (or is being killed) is
 			// seen to its end, so that its sandbox is not left behind.
 			if !killing && graceEnd.IsZero() {
-				j, err := e.store.GetJob(context.WithoutCancel(ctx), id)
+				j, err := r.store.GetJob(context.WithoutCancel(ctx), id)
 				if err != nil || !j.Status.Terminal() {
 					return
 				}
@@ -369,7 +489,7 @@ const completionGrace = 5 * time.Second
 // tracker moves one running job's output and status lines into the store:
 // secrets redacted, output capped, Claude's stream-json read as progress.
 type tracker struct {
-	e      *Engine
+	r      *runner
 	id     string
 	m      delegate.Manifest
 	proc   sandbox.Process
@@ -406,20 +526,20 @@ const (
 	eventsChunk   = 64 << 10
 )
 
-func (e *Engine) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process) (*tracker, error) {
-	kept, err := e.store.OutputSize(ctx, job.ID)
+func (r *runner) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process) (*tracker, error) {
+	kept, err := r.store.OutputSize(ctx, job.ID)
 	if err != nil {
 		return nil, err
 	}
 	var secrets []string
 	for _, name := range job.Manifest.Secrets {
-		if v, ok := e.cfg.Secret(name); ok {
+		if v, ok := r.cfg.Secret(name); ok {
 			secrets = append(secrets, v)
 		}
 	}
 	// After a restart the status channel is read again from the start; the
 	// timeline may repeat a little, nothing is lost.
-	return &tracker{e: e, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept,
+	return &tracker{r: r, id: job.ID, m: job.Manifest, proc: proc, redact: newRedactor(secrets), kept: kept,
 		next: job.OutputRead, read: job.OutputRead}, nil
 }
 
@@ -442,12 +562,12 @@ func (t *tracker) collect(ctx context.Context, final bool) {
 // stream that the other one has written after since (a restart loses
 // those few bytes rather than store the other stream's twice).
 func (t *tracker) collectOutput(ctx context.Context, final bool) {
-	e := t.e
+	r := t.r
 	for moved := 0; final || moved < outputPerTick; {
 		outs, err := t.proc.ReadOutput(ctx, t.next, outputChunk)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn("read output", "job", t.id, "err", err)
+				r.log.Warn("read output", "job", t.id, "err", err)
 			}
 			return
 		}
@@ -471,16 +591,16 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 				read = h.at
 			}
 		}
-		kept, stored := capOutput(chunk, e.cfg.OutputLimit-t.kept)
+		kept, stored := capOutput(chunk, r.cfg.OutputLimit-t.kept)
 		if read != t.read || stored > 0 {
 			// The chunk and how far the output was read, in one write.
-			if err := e.store.AppendOutput(ctx, t.id, kept, read); err != nil {
-				e.log.Warn("store output", "job", t.id, "err", err)
+			if err := r.store.AppendOutput(ctx, t.id, kept, read); err != nil {
+				r.log.Warn("store output", "job", t.id, "err", err)
 				t.next, t.held = next, held
 				return
 			}
 			if stored > 0 {
-				e.notify(t.id) // subscribers of job://{id}/log
+				r.jobs.notify(t.id) // subscribers of job://{id}/log
 			}
 		}
 		t.kept += stored
@@ -636,12 +756,12 @@ func (t *tracker) statusLines(lines []string, skipped int) {
 	now := time.Now().UTC()
 	if skipped > 0 {
 		if t.timeline() {
-			t.e.progress.dropped(t.id, int64(skipped))
+			t.r.progress.dropped(t.id, int64(skipped))
 		}
-		t.e.progress.report(t.id, "", nil, false, now)
+		t.r.progress.report(t.id, "", nil, false, now)
 	}
 	for _, line := range lines {
-		t.e.progress.report(t.id, t.redact.string(parseStatusLine(line)), nil, t.timeline(), now)
+		t.r.progress.report(t.id, t.redact.string(parseStatusLine(line)), nil, t.timeline(), now)
 	}
 }
 
@@ -654,14 +774,14 @@ func (t *tracker) claudeLine(line string) {
 		r := clipResult(*result)
 		result = &r
 	}
-	t.e.progress.report(t.id, progress, result, t.timeline(), time.Now().UTC())
+	t.r.progress.report(t.id, progress, result, t.timeline(), time.Now().UTC())
 }
 
 // report records a sign of life from a job: a progress message (kept in the
 // timeline in statusMode detailed and streaming), and perhaps its result
 // text. It is coalesced in memory and stored within progressEvery.
-func (e *Engine) report(ctx context.Context, id string, m delegate.Manifest, progress string, result *string) {
-	e.progress.report(id, progress, result, m.StatusMode != delegate.StatusModeSimple, time.Now().UTC())
+func (r *runner) report(ctx context.Context, id string, m delegate.Manifest, progress string, result *string) {
+	r.progress.report(id, progress, result, m.StatusMode != delegate.StatusModeSimple, time.Now().UTC())
 }
 
 // maxEvents is how many timeline entries a job keeps.
@@ -679,7 +799,7 @@ func clipResult(s string) string {
 
 // settle records how the process ended, collects artifacts, and destroys an
 // ephemeral sandbox.
-func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
+func (r *runner) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
 	id, m := t.id, t.m
 	var (
 		status = delegate.StatusSuccess
@@ -707,36 +827,36 @@ func (e *Engine) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitE
 	// Artifacts are collected before the job is marked finished, so that a
 	// client that sees the end also sees them.
 	if len(m.Artifacts) > 0 && waitErr == nil {
-		e.collectArtifacts(context.WithoutCancel(e.ctx), id, m, sb)
+		r.collectArtifacts(context.WithoutCancel(r.life.ctx), id, m, sb)
 	}
-	e.finishAt(id, status, t.redact.string(reason), endedAt, e.jobEnded, func(j *delegate.Job) {
+	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
 		j.OOMKilled = exit.OOMKilled
 		if waitErr == nil {
 			j.OutputBytes = max(j.OutputBytes, exit.OutputBytes)
-			j.OutputTruncated = exit.Truncated || j.OutputBytes > e.cfg.OutputLimit
+			j.OutputTruncated = exit.Truncated || j.OutputBytes > r.cfg.OutputLimit
 		}
 	})
-	e.destroy(sb.ID(), m)
+	r.destroy(sb.ID(), m)
 }
 
 // finish moves the job to a terminal status. If it already is terminal (a
 // cancel won the race), the status stays, and only facts (exit code, output
 // size) are recorded. The job's pending progress is stored first, and the
 // end is stored before finish returns.
-func (e *Engine) finish(id string, status delegate.Status, reason string, facts func(*delegate.Job)) {
-	e.finishAt(id, status, reason, time.Now().UTC(), nil, facts)
+func (r *runner) finish(id string, status delegate.Status, reason string, facts func(*delegate.Job)) {
+	r.finishAt(id, status, reason, time.Now().UTC(), nil, facts)
 }
 
 // finishAt is finish for a job that ended at a known time (its process
 // exited then): its duration does not include what was done after. stored,
 // if set, sees the finished job before anyone waiting for it is woken.
-func (e *Engine) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
-	ctx := context.WithoutCancel(e.ctx)
-	e.flushJob(ctx, id)
-	j, err := e.updateThen(ctx, id, stored, func(j *delegate.Job) error {
+func (r *runner) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
+	ctx := context.WithoutCancel(r.life.ctx)
+	r.progress.flushJob(ctx, id)
+	j, err := r.jobs.updateThen(ctx, id, stored, func(j *delegate.Job) error {
 		if facts != nil {
 			facts(j)
 		}
@@ -748,24 +868,24 @@ func (e *Engine) finishAt(id string, status delegate.Status, reason string, at t
 		return nil
 	})
 	if err != nil {
-		e.log.Error("finish job", "job", id, "err", err)
+		r.log.Error("finish job", "job", id, "err", err)
 		return
 	}
-	e.tokens.forget(id)
-	e.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
+	r.callbacks.tokens.forget(id)
+	r.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
 }
 
 // destroy removes an ephemeral job's sandbox; a persistent one is kept.
-func (e *Engine) destroy(sandboxID string, m delegate.Manifest) {
+func (r *runner) destroy(sandboxID string, m delegate.Manifest) {
 	if m.Lifecycle == delegate.LifecyclePersistent {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.life.ctx), 2*time.Minute)
 	defer cancel()
-	if err := e.backend.Destroy(ctx, sandboxID); err != nil {
+	if err := r.backend().Destroy(ctx, sandboxID); err != nil {
 		// The cleanup loop will try again.
-		e.log.Warn("destroy sandbox", "sandbox", sandboxID, "err", err)
+		r.log.Warn("destroy sandbox", "sandbox", sandboxID, "err", err)
 		return
 	}
-	e.roomFreed()
+	r.roomFreed()
 }

@@ -2,7 +2,10 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -16,11 +19,77 @@ import (
 
 var _ delegate.JobService = (*Engine)(nil)
 
+// Reader is the read side of the job service, over the store alone: it
+// needs no backend and starts no goroutine. An Engine reads through one
+// (laying the progress it holds in memory over what is stored); a
+// process that only reads jobs may use one by itself.
+type Reader struct {
+	store       delegate.Store
+	artifactDir string
+	poll        time.Duration // how often Wait reads again without a wake-up
+	// unstored is the progress held in memory, not stored yet (nil for a
+	// Reader alone: everything is in the store).
+	unstored *progressBuffer
+	// changes, if set, returns a channel closed at the next change this
+	// process makes, so that Wait wakes at once.
+	changes func() <-chan struct{}
+}
+
+// NewReader reads jobs from store; artifactDir is the engine's
+// Config.ArtifactDir.
+func NewReader(store delegate.Store, artifactDir string) *Reader {
+	return &Reader{store: store, artifactDir: artifactDir, poll: 4 * 200 * time.Millisecond}
+}
+
+// Get returns a job, with the progress it reported that is not stored yet.
+func (rd *Reader) Get(ctx context.Context, id string) (*delegate.Job, error) {
+	var unstored progressSnapshot
+	if rd.unstored != nil {
+		unstored = rd.unstored.snapshot(id)
+	}
+	j, err := rd.store.GetJob(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unstored.apply(j)
+	return j, nil
+}
+
+// Wait blocks until the job is finished or ctx is done, and returns the
+// job as it is then. It sees changes made by other processes too.
+func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
+	for {
+		var changed <-chan struct{}
+		if rd.changes != nil {
+			changed = rd.changes()
+		}
+		// A read of the local store: it must not fail because the caller's
+		// wait is up at that very moment.
+		job, err := rd.Get(context.WithoutCancel(ctx), id)
+		if err != nil || job.Status.Terminal() {
+			return job, err
+		}
+		select {
+		case <-ctx.Done():
+			return job, nil
+		case <-changed:
+		case <-time.After(rd.poll):
+		}
+	}
+}
+
+// overlay lays the progress not stored yet over a job as stored.
+func (rd *Reader) overlay(j *delegate.Job) {
+	if rd.unstored != nil {
+		rd.unstored.overlay(j)
+	}
+}
+
 // summaryTaskRunes is how much of a task a job summary shows.
 const summaryTaskRunes = 80
 
 // List returns a page of job summaries, newest first.
-func (e *Engine) List(ctx context.Context, opts delegate.ListOptions) (*delegate.JobPage, error) {
+func (rd *Reader) List(ctx context.Context, opts delegate.ListOptions) (*delegate.JobPage, error) {
 	if opts.Status != "" && !opts.Status.Valid() {
 		return nil, &delegate.FieldError{Field: "status", Rule: fmt.Sprintf("must be one of %s (got %q)", statusNames(), opts.Status)}
 	}
@@ -31,13 +100,13 @@ func (e *Engine) List(ctx context.Context, opts delegate.ListOptions) (*delegate
 	if limit == 0 {
 		limit = delegate.DefaultPageSize
 	}
-	jobs, next, err := e.store.ListJobs(ctx, delegate.JobFilter{Status: opts.Status, Limit: limit, Cursor: opts.Cursor})
+	jobs, next, err := rd.store.ListJobs(ctx, delegate.JobFilter{Status: opts.Status, Limit: limit, Cursor: opts.Cursor})
 	if err != nil {
 		return nil, err
 	}
 	page := &delegate.JobPage{Jobs: make([]delegate.JobSummary, 0, len(jobs)), NextCursor: next}
 	for _, j := range jobs {
-		e.progress.overlay(j)
+		rd.overlay(j)
 		page.Jobs = append(page.Jobs, summary(j))
 	}
 	return page, nil
@@ -72,7 +141,7 @@ func statusNames() string {
 }
 
 // Result returns a finished job's outcome with the end of its output.
-func (e *Engine) Result(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
+func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
 	if opts.OutputTail < 0 {
 		return nil, &delegate.FieldError{Field: "max_output_bytes", Rule: fmt.Sprintf("must be positive (got %d)", opts.OutputTail)}
 	}
@@ -80,22 +149,22 @@ func (e *Engine) Result(ctx context.Context, id string, opts delegate.ResultOpti
 	if tail == 0 {
 		tail = delegate.DefaultOutputTail
 	}
-	j, err := e.store.GetJob(ctx, id)
+	j, err := rd.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if !j.Status.Terminal() {
 		return nil, fmt.Errorf("job %s is %s: %w: its result is there when it ends", id, j.Status, delegate.ErrNotFinished)
 	}
-	out, outOffset, err := e.streamTail(ctx, id, delegate.StreamStdout, tail)
+	out, outOffset, err := rd.streamTail(ctx, id, delegate.StreamStdout, tail)
 	if err != nil {
 		return nil, err
 	}
-	errs, errOffset, err := e.streamTail(ctx, id, delegate.StreamStderr, tail)
+	errs, errOffset, err := rd.streamTail(ctx, id, delegate.StreamStderr, tail)
 	if err != nil {
 		return nil, err
 	}
-	arts, err := e.store.Artifacts(ctx, id)
+	arts, err := rd.store.Artifacts(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -113,8 +182,8 @@ func (e *Engine) Result(ctx context.Context, id string, opts delegate.ResultOpti
 
 // streamTail reads the end of one stream kept, at most tail bytes, and
 // where it starts in that stream.
-func (e *Engine) streamTail(ctx context.Context, id string, s delegate.Stream, tail int) ([]byte, int64, error) {
-	b, kept, err := e.store.StreamTail(ctx, id, s, tail)
+func (rd *Reader) streamTail(ctx context.Context, id string, s delegate.Stream, tail int) ([]byte, int64, error) {
+	b, kept, err := rd.store.StreamTail(ctx, id, s, tail)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -137,7 +206,7 @@ func trimLeadingPartialRune(b []byte, offset int64) ([]byte, int64) {
 // Logs reads a job's output from a cursor. While the job runs it is
 // readable only in statusMode streaming: the other modes promise nothing
 // but the end result, and the output is theirs when the job ends.
-func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
+func (rd *Reader) Logs(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
 	size := opts.MaxBytes
 	if size < 0 || size > delegate.MaxLogBytes {
 		return nil, &delegate.FieldError{Field: "max_bytes", Rule: fmt.Sprintf("must be between 1 and %d (got %d)", delegate.MaxLogBytes, size)}
@@ -153,7 +222,7 @@ func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) 
 		}
 		offset = n
 	}
-	j, err := e.store.GetJob(ctx, id)
+	j, err := rd.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -161,14 +230,14 @@ func (e *Engine) Logs(ctx context.Context, id string, opts delegate.LogOptions) 
 		return nil, fmt.Errorf("job %s is %s and was submitted with statusMode %s: its output is readable when it ends "+
 			"(submit with statusMode streaming to read it while it runs): %w", j.ID, j.Status, j.Manifest.StatusMode, delegate.ErrNotFinished)
 	}
-	kept, err := e.store.OutputSize(ctx, j.ID)
+	kept, err := rd.store.OutputSize(ctx, j.ID)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Tail {
 		offset = max(0, kept-int64(size))
 	}
-	pieces, err := e.store.ReadOutput(ctx, j.ID, offset, size)
+	pieces, err := rd.store.ReadOutput(ctx, j.ID, offset, size)
 	if err != nil {
 		return nil, err
 	}
@@ -231,35 +300,54 @@ func trimIncompleteRune(b []byte) []byte {
 // delegate.MaxTimeline entries (Job.TimelineDropped counts the others),
 // with those not stored yet. Only statusMode detailed and streaming keep
 // one.
-func (e *Engine) Timeline(ctx context.Context, id string) ([]delegate.Event, error) {
-	m, err := e.store.JobManifest(ctx, id)
+func (rd *Reader) Timeline(ctx context.Context, id string) ([]delegate.Event, error) {
+	m, err := rd.store.JobManifest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if m.StatusMode == delegate.StatusModeSimple {
 		return nil, nil
 	}
-	evs, err := e.store.Events(ctx, id)
+	evs, err := rd.store.Events(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	evs, _ = e.progress.timeline(id, evs)
+	if rd.unstored != nil {
+		evs, _ = rd.unstored.timeline(id, evs)
+	}
 	return evs, nil
 }
 
-// Watch delivers the id of every job this engine changes until ctx ends.
-func (e *Engine) Watch(ctx context.Context) <-chan string {
-	w := make(chan string, 64)
-	e.mu.Lock()
-	e.watches[w] = struct{}{}
-	e.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		// notify sends under the same lock: after this no send can happen.
-		e.mu.Lock()
-		delete(e.watches, w)
-		close(w)
-		e.mu.Unlock()
-	}()
-	return w
+// Artifacts lists a job's artifacts.
+func (rd *Reader) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
+	return rd.store.Artifacts(ctx, id)
+}
+
+// ReadArtifact returns the content of a job's artifact, checked against
+// its recorded sha256.
+func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.Artifact, []byte, error) {
+	arts, err := rd.store.Artifacts(ctx, id)
+	if err != nil {
+		return delegate.Artifact{}, nil, err
+	}
+	for _, a := range arts {
+		if a.Name != name {
+			continue
+		}
+		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
+			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
+		}
+		data, err := os.ReadFile(blobPath(rd.artifactDir, a.SHA256))
+		if err != nil {
+			return a, nil, fmt.Errorf("artifact %q of job %s: %w", name, id, err)
+		}
+		if h := sha256.Sum256(data); hex.EncodeToString(h[:]) != a.SHA256 {
+			return a, nil, fmt.Errorf("artifact %q of job %s is corrupt on disk (sha256 mismatch)", name, id)
+		}
+		return a, data, nil
+	}
+	if _, err := rd.store.GetJob(ctx, id); err != nil {
+		return delegate.Artifact{}, nil, err
+	}
+	return delegate.Artifact{}, nil, delegate.ArtifactNotFound(id, name)
 }

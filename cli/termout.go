@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+	"unicode/utf8"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// A job's output is the job's: written to a file or a pipe, it is copied
+// byte for byte. On a terminal it could drive the operator's terminal: set
+// the clipboard (OSC 52), the title, move the cursor to overwrite what
+// delegate printed, or leave the text invisible for delegate's own verdict
+// that follows. So on a terminal (unless --raw) it goes through a
+// termWriter, which lets colours and text attributes through (SGR, ESC [
+// ... m, which move nothing) and writes every other escape sequence and
+// control character as visible text (\x1b]52;..., \x07), invalid UTF-8 as
+// \xNN and the Unicode controls that reorder or hide text as \uNNNN; at the
+// end it resets the attributes and ends the line, so that delegate's
+// verdict, on stderr and with its fixed prefix "delegate: ", is always
+// shown as written, on a line of its own.
+
+// maxSGR bounds a colour sequence held across writes.
+const maxSGR = 64
+
+type termWriter struct {
+	w       io.Writer
+	pending []byte // the start of a sequence a later write may complete
+	wrote   bool   // something was written
+	lastNL  bool   // and it ended a line
+	out     []byte
+}
+
+func newTermWriter(w io.Writer) *termWriter { return &termWriter{w: w} }
+
+// Write shows p, escaped; it never fails for the output's sake, only when
+// the terminal does.
+func (t *termWriter) Write(p []byte) (int, error) {
+	buf := append(t.pending, p...)
+	t.pending = nil
+	rest := t.render(buf, false)
+	t.pending = append([]byte(nil), rest...)
+	if err := t.flush(); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// finish writes what is held, escaped, then, if anything was written,
+// resets the attributes and ends the line.
+func (t *termWriter) finish() error {
+	t.render(t.pending, true)
+	t.pending = nil
+	if err := t.flush(); err != nil || !t.wrote {
+		return err
+	}
+	end := "\x1b[0m"
+	if !t.lastNL {
+		end += "\n"
+	}
+	t.wrote, t.lastNL = false, false
+	_, err := io.WriteString(t.w, end)
+	return err
+}
+
+// jobOutput is where a command writes a job's output to w: w itself when
+// it is no terminal or with raw, else a termWriter over it. finish (a
+// no-op for w itself) goes before delegate's own verdict.
+func jobOutput(w io.Writer, raw bool) (out io.Writer, finish func() error) {
+	if raw || !isTerminal(w) {
+		return w, func() error { return nil }
+	}
+	t := newTermWriter(w)
+	return t, t.finish
+}
+
+// verdict is delegate's own line about a finished job.
+func verdict(id string, status delegate.Status, d time.Duration, exit *int, errText string) string {
+	line := fmt.Sprintf("delegate: %s %s in %.1fs", id, status, d.Seconds())
+	if exit != nil {
+		line += fmt.Sprintf(", exit code %d", *exit)
+	}
+	if errText != "" {
+		line += ": " + safe(errText)
+	}
+	return line
+}
+
+func (t *termWriter) flush() error {
+	if len(t.out) == 0 {
+		return nil
+	}
+	t.wrote, t.lastNL = true, t.out[len(t.out)-1] == '\n'
+	_, err := t.w.Write(t.out)
+	t.out = t.out[:0]
+	return err
+}
+
+// render appends buf, escaped, to t.out and returns what it holds back: a
+// sequence that may be completed by what comes next (unless final).
+func (t *termWriter) render(buf []byte, final bool) []byte {
+	esc := func(b byte) { t.out = fmt.Appendf(t.out, `\x%02x`, b) }
+	for i := 0; i < len(buf); {
+		b := buf[i]
+		switch {
+		case b == 0x1b:
+			if i+1 == len(buf) && !final {
+				return buf[i:]
+			}
+			if i+1 < len(buf) && buf[i+1] == '[' {
+				j := i + 2
+				for j < len(buf) && j-i < maxSGR && (buf[j] >= '0' && buf[j] <= '9' || buf[j] == ';' || buf[j] == ':') {
+					j++
+				}
+				if j == len(buf) && j-i < maxSGR && !final {
+					return buf[i:]
+				}
+				if j < len(buf) && buf[j] == 'm' {
+					t.out = append(t.out, buf[i:j+1]...) // colours and attributes
+					i = j + 1
+					continue
+				}
+			}
+			esc(b)
+			i++
+		case b == '\r':
+			// A line ending of CR LF passes; a CR alone, which would
+			// rewrite the line, does not.
+			if i+1 == len(buf) && !final {
+				return buf[i:]
+			}
+			if i+1 < len(buf) && buf[i+1] == '\n' {
+				t.out = append(t.out, '\r', '\n')
+				i += 2
+				continue
+			}
+			t.out = append(t.out, `\r`...)
+			i++
+		case b == '\n' || b == '\t':
+			t.out = append(t.out, b)
+			i++
+		case b < 0x20 || b == 0x7f:
+			esc(b)
+			i++
+		case b < 0x80:
+			t.out = append(t.out, b)
+			i++
+		default:
+			r, size := utf8.DecodeRune(buf[i:])
+			switch {
+			case r == utf8.RuneError && size <= 1 && !utf8.FullRune(buf[i:]) && !final:
+				return buf[i:] // the rest of it may come
+			case r == utf8.RuneError && size <= 1:
+				esc(b)
+				size = 1
+			case unsafeRune(r):
+				t.out = fmt.Appendf(t.out, `\u%04x`, r)
+			default:
+				t.out = append(t.out, buf[i:i+size]...)
+			}
+			i += size
+		}
+	}
+	return nil
+}

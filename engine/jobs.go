@@ -1,0 +1,111 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// jobWriter is the part every change of a job goes through: it writes the
+// job through the store (whose transaction enforces the state machine),
+// tells the parts that care when a job reaches its end, and wakes the
+// waiters and watchers of the job. It holds its own lock only to hand out
+// and replace its channels.
+type jobWriter struct {
+	store delegate.Store
+
+	// ended hears every job this writer (or watchFinishes, for another
+	// process) saw reach a terminal status. Set once, at wiring, before
+	// any goroutine starts.
+	ended func(id string, st delegate.Status)
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced on every change
+	watches map[chan string]struct{}
+
+	// own counts the jobs this engine has finished; foreign moves when the
+	// store's finish counter shows that another process finished one
+	// (see maintenance.watchFinishes).
+	own, foreign atomic.Int64
+}
+
+func newJobWriter(store delegate.Store) *jobWriter {
+	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{})}
+}
+
+// update changes a stored job and wakes waiters. Every change of status
+// this engine makes goes through here, so that the job's end is known to
+// its follower and the callback index at once.
+func (w *jobWriter) update(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
+	return w.updateThen(ctx, id, nil, fn)
+}
+
+// updateThen is update, with stored (if set) called with the job as
+// stored before anyone is told of the change.
+func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*delegate.Job), fn func(*delegate.Job) error) (*delegate.Job, error) {
+	var before delegate.Status
+	j, err := w.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
+		before = j.Status
+		return fn(j)
+	})
+	if err != nil {
+		return j, err
+	}
+	if stored != nil {
+		stored(j)
+	}
+	if !before.Terminal() && j.Status.Terminal() {
+		w.own.Add(1)
+		w.ended(id, j.Status)
+	}
+	w.notify(id)
+	return j, nil
+}
+
+// notify wakes waiters, and tells watchers that job id changed ("": some
+// job, changed by another process).
+func (w *jobWriter) notify(id string) {
+	w.mu.Lock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	if id == "" {
+		w.mu.Unlock()
+		return
+	}
+	for c := range w.watches {
+		select {
+		case c <- id:
+		default: // a slow watcher misses a wake-up, not the state: it re-reads
+		}
+	}
+	w.mu.Unlock()
+}
+
+// changes returns a channel closed at the next change.
+func (w *jobWriter) changes() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changed
+}
+
+// watch delivers the id of every job changed until ctx or life ends.
+func (w *jobWriter) watch(ctx context.Context, g *group) <-chan string {
+	c := make(chan string, 64)
+	w.mu.Lock()
+	w.watches[c] = struct{}{}
+	w.mu.Unlock()
+	g.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-g.ctx.Done():
+		}
+		// notify sends under the same lock: after this no send can happen.
+		w.mu.Lock()
+		delete(w.watches, c)
+		close(c)
+		w.mu.Unlock()
+	})
+	return c
+}

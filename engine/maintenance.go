@@ -1,0 +1,261 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+var errSkip = errors.New("skip")
+
+// maintenance is the part that keeps the store and the backend true to
+// each other while the engine runs: it adopts the jobs of engines that
+// died (recovery), destroys sandboxes no job owns (the sweep), fails jobs
+// that lost their heartbeat (the watchdog), and notices jobs finished by
+// other processes. Each of these is one call (a pass), run on a timer by
+// start and callable alone by tests.
+type maintenance struct {
+	cfg    Config
+	log    *slog.Logger
+	owner  string
+	store  delegate.Store
+	ref    *backendRef
+	jobs   *jobWriter
+	runner *runner
+	sched  *scheduler
+	read   *Reader
+
+	mu      sync.Mutex
+	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
+}
+
+// start recovers jobs left by engines that have died, sweeps, and starts
+// the timers. It returns once recovery has been decided for every job.
+func (m *maintenance) start(ctx context.Context, life *group) error {
+	// Finishes from now on are watched for (see watchFinishes).
+	own := m.jobs.own.Load()
+	finishes, err := m.store.Finishes(ctx)
+	if err != nil {
+		return err
+	}
+	if err := m.recover(ctx); err != nil {
+		return fmt.Errorf("recover jobs: %w", err)
+	}
+	if m.ref.get() != nil {
+		m.sweep(ctx)
+	}
+	life.every(m.cfg.CleanupInterval, m.cleanup)
+	life.every(max(m.cfg.HeartbeatThreshold/4, 100*time.Millisecond), m.checkHeartbeats)
+	life.every(m.cfg.PollInterval, m.watchFinishes(finishes, own))
+	return nil
+}
+
+// recover adopts the unfinished jobs of engines that are no longer alive:
+// pending jobs are queued again, running jobs are re-attached to their
+// sandbox if it is still there and failed with a reason otherwise, and jobs
+// caught mid-provisioning are failed (their half-made sandbox destroyed).
+func (m *maintenance) recover(ctx context.Context) error {
+	var orphans []*delegate.Job
+	cursor := ""
+	for {
+		jobs, next, err := m.store.ListJobs(ctx, delegate.JobFilter{Active: true, Limit: 200, Cursor: cursor})
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			if j.Owner != m.owner && (j.Owner == "" || !m.cfg.OwnerAlive(j.Owner)) {
+				orphans = append(orphans, j)
+			}
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	// Oldest first, so that re-queued jobs keep their order.
+	for i := len(orphans) - 1; i >= 0; i-- {
+		m.adopt(ctx, orphans[i])
+	}
+	return nil
+}
+
+func (m *maintenance) adopt(ctx context.Context, old *delegate.Job) {
+	job, err := m.jobs.update(ctx, old.ID, func(j *delegate.Job) error {
+		if j.Owner != old.Owner || j.Status.Terminal() {
+			return errSkip // another engine adopted it first, or it ended
+		}
+		j.Owner = m.owner
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, errSkip) {
+			m.log.Warn("adopt job", "job", old.ID, "err", err)
+		}
+		return
+	}
+	log := m.log.With("job", job.ID, "previous_owner", old.Owner)
+	switch job.Status {
+	case delegate.StatusPending:
+		log.Info("re-queued job after restart")
+		m.sched.enqueue(job.ID)
+	case delegate.StatusProvisioning:
+		log.Info("failing job interrupted during provisioning")
+		m.runner.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
+		if job.SandboxID != "" {
+			m.runner.rollback(job.ID, job.SandboxID)
+		}
+	case delegate.StatusRunning:
+		m.runner.reattach(ctx, job)
+	}
+}
+
+// cleanup adopts jobs of engines that died while this one runs and
+// destroys sandboxes no job owns.
+func (m *maintenance) cleanup(ctx context.Context) {
+	if err := m.recover(ctx); err != nil && ctx.Err() == nil {
+		m.log.Warn("recover jobs", "err", err)
+	}
+	m.sweep(ctx)
+}
+
+// sweep destroys sandboxes that belong to no live job: the sandbox of a
+// finished ephemeral job at once (its destroy was interrupted), one whose
+// job is gone or unknown after two sweeps in a row. A sandbox whose job is
+// still active is never taken: it may be being provisioned right now,
+// before the job records it.
+func (m *maintenance) sweep(ctx context.Context) {
+	backend := m.ref.get()
+	if backend == nil {
+		return
+	}
+	infos, err := backend.List(ctx)
+	if err != nil {
+		m.log.Warn("list sandboxes", "err", err)
+		return
+	}
+	m.mu.Lock()
+	suspect := m.suspect
+	m.mu.Unlock()
+	unknown := make(map[string]struct{})
+	for _, sb := range infos {
+		job, err := m.jobOfSandbox(ctx, sb)
+		if err != nil {
+			m.log.Warn("sweep", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		switch {
+		case job != nil && !job.Status.Terminal():
+			continue
+		case job != nil && m.runner.drives(job.ID):
+			continue // finished, and its sandbox is being destroyed right now
+		case job != nil && job.Owner != "" && job.Owner != m.owner && m.cfg.OwnerAlive(job.Owner):
+			continue // another live engine's: it destroys it (or its sweep does)
+		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID:
+			continue // kept until release_job
+		case job == nil:
+			unknown[sb.ID] = struct{}{}
+			if _, again := suspect[sb.ID]; !again {
+				continue
+			}
+		case job.SandboxID != "" && job.SandboxID != sb.ID:
+			// A finished job whose sandbox is another one: this one is a
+			// leftover of a failed provisioning attempt.
+		}
+		m.log.Info("destroying orphaned sandbox", "sandbox", sb.ID, "job", sb.JobID)
+		if err := backend.Destroy(ctx, sb.ID); err != nil {
+			m.log.Warn("destroy orphaned sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}
+	m.mu.Lock()
+	m.suspect = unknown
+	m.mu.Unlock()
+}
+
+// jobOfSandbox finds the job a sandbox belongs to: the one that recorded
+// it, else the one it was made for; nil if neither exists.
+func (m *maintenance) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*delegate.Job, error) {
+	jobs, _, err := m.store.ListJobs(ctx, delegate.JobFilter{SandboxID: sb.ID, Limit: 1})
+	if err != nil {
+		return nil, err
+	}
+	if len(jobs) == 1 {
+		return jobs[0], nil
+	}
+	if sb.JobID == "" {
+		return nil, nil
+	}
+	job, err := m.store.GetJob(ctx, sb.JobID)
+	if errors.Is(err, delegate.ErrNotFound) {
+		return nil, nil
+	}
+	return job, err
+}
+
+// checkHeartbeats fails the running jobs this engine drives whose last sign
+// of life is older than the threshold, and destroys their sandboxes.
+func (m *maintenance) checkHeartbeats(ctx context.Context) {
+	now := time.Now()
+	for _, id := range m.runner.driven() {
+		j, err := m.read.Get(ctx, id)
+		if err != nil || j.Status != delegate.StatusRunning {
+			continue
+		}
+		last := j.LastHeartbeat
+		if last.IsZero() {
+			last = j.StartedAt
+		}
+		if now.Sub(last) < m.cfg.HeartbeatThreshold {
+			continue
+		}
+		reason := fmt.Sprintf("lost heartbeat: no sign of life for %s (HEARTBEAT_THRESHOLD_SECONDS=%d)",
+			now.Sub(last).Round(time.Second), int(m.cfg.HeartbeatThreshold.Seconds()))
+		m.log.Warn("job lost its heartbeat", "job", id, "last", last)
+		m.runner.finish(id, delegate.StatusFailed, reason, nil)
+		if h := m.runner.handle(id); h != nil {
+			h.killNow() // the follower kills the process and destroys the sandbox
+		}
+	}
+}
+
+// watchFinishes notices jobs this engine drives that another process has
+// finished (a cancel from the CLI, a completion received by another
+// server): one cheap read of the store's finish counter per poll, and a
+// read of the jobs only when another process has finished one.
+func (m *maintenance) watchFinishes(lastStore, lastOwn int64) func(context.Context) {
+	return func(ctx context.Context) {
+		own := m.jobs.own.Load()
+		n, err := m.store.Finishes(ctx)
+		if err != nil {
+			return
+		}
+		foreign := n - lastStore - (own - lastOwn)
+		lastStore, lastOwn = n, own
+		if foreign == 0 {
+			return
+		}
+		m.jobs.foreign.Add(1) // callbacks re-read the status of the jobs they index
+		check := make(map[string]bool)
+		for _, id := range m.runner.driven() {
+			if h := m.runner.handle(id); h != nil && h.end.Load() == nil {
+				check[id] = true
+			}
+		}
+		// The callback index also holds jobs that other processes drive:
+		// forget those that have ended, so that it holds running jobs only.
+		for _, id := range m.runner.callbacks.tokens.ids() {
+			check[id] = true
+		}
+		for id := range check {
+			if j, err := m.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
+				m.jobs.ended(id, j.Status)
+			}
+		}
+		m.jobs.notify("") // waiters read again
+	}
+}

@@ -1,0 +1,35 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestOwnerAliveZombie: a server killed but not reaped yet is a zombie,
+// which runs nothing: its jobs must be adopted.
+func TestOwnerAliveZombie(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	host, _ := os.Hostname()
+	owner := fmt.Sprintf("%s/%d/%s/%s", host, pid, procStart(pid), "00000000")
+	if !ownerAlive(owner) {
+		t.Fatal("a running process counts as dead")
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	for deadline := time.Now().Add(5 * time.Second); procState(pid) != "Z"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process state %q, want Z", procState(pid))
+		}
+	}
+	if ownerAlive(owner) {
+		t.Error("a zombie counts as alive")
+	}
+	cmd.Wait()
+}
