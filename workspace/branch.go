@@ -1,0 +1,312 @@
+//go:build unix
+
+package workspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/storage/filesystem"
+	"golang.org/x/sys/unix"
+)
+
+// BranchOptions are CommitBranch's options.
+type BranchOptions struct {
+	// Name is the branch, "delegate/<job id>" for instance (under
+	// refs/heads/; git's rules for ref names). It must not exist yet.
+	Name string
+	// Message is the commit's message ("delegate: the changes of a job"
+	// when empty).
+	Message string
+	// Author signs the commit (delegate <delegate@localhost> when its
+	// name is empty), at When (now when zero).
+	Author object.Signature
+	// Within, if set, is the allowed root dir must lie in.
+	Within string
+}
+
+// CommitBranch commits the changes to a new branch of the git work tree
+// dir, on the commit the import started from (base.Head), without
+// touching the checked-out branch, HEAD, the index or the work tree: it
+// writes the blobs, the trees and a commit object (go-git's plumbing,
+// which runs no hook and reads no configuration of the server's), then
+// the branch's ref, as dir's owner. A file the job modified carries its
+// whole new content, so one that had uncommitted edits at the import
+// brings them along; a deletion of a file the commit does not hold is
+// nothing to do. It returns the commit's id.
+func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, opts BranchOptions) (string, error) {
+	if err := base.Check(); err != nil {
+		return "", err
+	}
+	if base.Kind != KindGit || base.Head == "" {
+		return "", fmt.Errorf("%w: the import was not of a git work tree with a commit", ErrNoBaseCommit)
+	}
+	ref := "refs/heads/" + opts.Name
+	if opts.Name == "" || !validRef(ref) {
+		return "", fmt.Errorf("branch %q: not a valid branch name", opts.Name)
+	}
+	if err := refuseForBranch(cs); err != nil {
+		return "", err
+	}
+	if opts.Message == "" {
+		opts.Message = "delegate: the changes of a job\n"
+	}
+	if opts.Author.Name == "" {
+		opts.Author = object.Signature{Name: "delegate", Email: "delegate@localhost", When: opts.Author.When}
+	}
+	if opts.Author.When.IsZero() {
+		opts.Author.When = time.Now()
+	}
+	rootfd, st, err := openRoot(dir, opts.Within)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(rootfd)
+	id, err := identityFor(st.Uid, st.Gid)
+	if err != nil {
+		return "", err
+	}
+	var commit plumbing.Hash
+	err = runAs(id, func() error {
+		fd, err := reopenAs(rootfd, dir)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		b := newBeneath(fd)
+		defer b.close()
+		if gst, err := b.lstat(".git"); err != nil || gst.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return fmt.Errorf("%s: %w: no .git directory (a linked work tree's repository lies elsewhere)", dir, ErrNoBaseCommit)
+		}
+		gfs, done, err := gitDirFS(b, dir)
+		if err != nil {
+			return err
+		}
+		defer done()
+		s := filesystem.NewStorage(gfs, cache.NewObjectLRUDefault())
+		defer s.Close()
+		name := plumbing.ReferenceName(ref)
+		if _, err := s.Reference(name); err == nil {
+			return fmt.Errorf("branch %s already exists", opts.Name)
+		} else if !errors.Is(err, plumbing.ErrReferenceNotFound) {
+			return err
+		}
+		parent, err := object.GetCommit(s, plumbing.NewHash(base.Head))
+		if err != nil {
+			return fmt.Errorf("%w: commit %s: %w", ErrNoBaseCommit, base.Head, err)
+		}
+		root, err := loadTree(s, parent.TreeHash)
+		if err != nil {
+			return err
+		}
+		// Deletions first: a file may give way to a directory.
+		for _, c := range cs.Changes {
+			if c.Old != nil && (c.New == nil || c.New.Type != c.Old.Type) {
+				if err := root.remove(s, strings.Split(c.Path, "/")); err != nil {
+					return err
+				}
+			}
+		}
+		for i, c := range cs.Changes {
+			if i&255 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			if c.New == nil {
+				continue
+			}
+			mode, data := filemode.Regular, c.New.Data
+			switch {
+			case c.New.Type == TypeSymlink:
+				mode, data = filemode.Symlink, []byte(c.New.Target)
+			case c.New.Mode.Exec():
+				mode = filemode.Executable
+			}
+			h, err := writeObject(s, plumbing.BlobObject, data)
+			if err != nil {
+				return err
+			}
+			if err := root.set(s, strings.Split(c.Path, "/"), mode, h); err != nil {
+				return err
+			}
+		}
+		treeHash, err := root.write(s)
+		if err != nil {
+			return err
+		}
+		if treeHash.IsZero() {
+			// Everything deleted: git's empty tree.
+			obj := s.NewEncodedObject()
+			if err := (&object.Tree{}).Encode(obj); err != nil {
+				return err
+			}
+			if treeHash, err = s.SetEncodedObject(obj); err != nil {
+				return err
+			}
+		}
+		c := &object.Commit{Author: opts.Author, Committer: opts.Author, Message: opts.Message,
+			TreeHash: treeHash, ParentHashes: []plumbing.Hash{parent.Hash}}
+		obj := s.NewEncodedObject()
+		if err := c.Encode(obj); err != nil {
+			return err
+		}
+		if commit, err = s.SetEncodedObject(obj); err != nil {
+			return err
+		}
+		return s.SetReference(plumbing.NewHashReference(name, commit))
+	})
+	if err != nil {
+		return "", err
+	}
+	return commit.String(), nil
+}
+
+// refuseForBranch: the refusals that matter for a commit (a link is only
+// a blob there; modes are git's two).
+func refuseForBranch(cs *Changes) error {
+	var bad []Conflict
+	for _, c := range cs.Changes {
+		switch {
+		case checkName(c.Path) != nil:
+			bad = append(bad, Conflict{Path: c.Path, Reason: "not a clean relative path"})
+		case inGit(c.Path):
+			bad = append(bad, Conflict{Path: c.Path, Reason: "the path lies under .git"})
+		case c.New != nil && c.New.Type == TypeFile && sha256hex(c.New.Data) != c.New.SHA256:
+			bad = append(bad, Conflict{Path: c.Path, Reason: "the content is not the one the changes name (sha256)"})
+		case c.New != nil && c.New.Type != TypeFile && c.New.Type != TypeSymlink:
+			bad = append(bad, Conflict{Path: c.Path, Reason: "not a file or a link"})
+		}
+	}
+	if len(bad) > 0 {
+		return &RefusedError{Conflicts: bad}
+	}
+	return nil
+}
+
+func writeObject(s *filesystem.Storage, typ plumbing.ObjectType, data []byte) (plumbing.Hash, error) {
+	obj := s.NewEncodedObject()
+	obj.SetType(typ)
+	obj.SetSize(int64(len(data)))
+	w, err := obj.Writer()
+	if err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if _, err := w.Write(data); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	if err := w.Close(); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return s.SetEncodedObject(obj)
+}
+
+// tree is a git tree being edited: its entries, and the subtrees loaded
+// because something below them changes.
+type tree struct {
+	entries map[string]object.TreeEntry
+	subs    map[string]*tree
+}
+
+func loadTree(s *filesystem.Storage, h plumbing.Hash) (*tree, error) {
+	t := &tree{entries: map[string]object.TreeEntry{}, subs: map[string]*tree{}}
+	if h.IsZero() {
+		return t, nil
+	}
+	ot, err := object.GetTree(s, h)
+	if err != nil {
+		return nil, fmt.Errorf("tree %s: %w", h, err)
+	}
+	for _, e := range ot.Entries {
+		t.entries[e.Name] = e
+	}
+	return t, nil
+}
+
+// sub returns the subtree name, loaded or made; create says whether to
+// make one (replacing a file of that name).
+func (t *tree) sub(s *filesystem.Storage, name string, create bool) (*tree, error) {
+	if st, ok := t.subs[name]; ok {
+		return st, nil
+	}
+	e, ok := t.entries[name]
+	switch {
+	case ok && e.Mode == filemode.Dir:
+		st, err := loadTree(s, e.Hash)
+		if err != nil {
+			return nil, err
+		}
+		t.subs[name] = st
+		return st, nil
+	case !create:
+		return nil, nil
+	}
+	st, _ := loadTree(s, plumbing.ZeroHash)
+	delete(t.entries, name)
+	t.subs[name] = st
+	return st, nil
+}
+
+func (t *tree) set(s *filesystem.Storage, parts []string, mode filemode.FileMode, h plumbing.Hash) error {
+	if len(parts) == 1 {
+		delete(t.subs, parts[0])
+		t.entries[parts[0]] = object.TreeEntry{Name: parts[0], Mode: mode, Hash: h}
+		return nil
+	}
+	st, err := t.sub(s, parts[0], true)
+	if err != nil {
+		return err
+	}
+	return st.set(s, parts[1:], mode, h)
+}
+
+func (t *tree) remove(s *filesystem.Storage, parts []string) error {
+	if len(parts) == 1 {
+		if e, ok := t.entries[parts[0]]; ok && e.Mode != filemode.Dir {
+			delete(t.entries, parts[0])
+		}
+		return nil
+	}
+	st, err := t.sub(s, parts[0], false)
+	if err != nil || st == nil {
+		return err
+	}
+	return st.remove(s, parts[1:])
+}
+
+// write stores the edited subtrees, then this tree, in git's order; an
+// empty subtree disappears, as git has no empty directories.
+func (t *tree) write(s *filesystem.Storage) (plumbing.Hash, error) {
+	for name, st := range t.subs {
+		h, err := st.write(s)
+		if err != nil {
+			return plumbing.ZeroHash, err
+		}
+		if h.IsZero() {
+			delete(t.entries, name)
+		} else {
+			t.entries[name] = object.TreeEntry{Name: name, Mode: filemode.Dir, Hash: h}
+		}
+	}
+	if len(t.entries) == 0 {
+		return plumbing.ZeroHash, nil
+	}
+	ot := &object.Tree{}
+	for _, e := range t.entries {
+		ot.Entries = append(ot.Entries, e)
+	}
+	sort.Sort(object.TreeEntrySorter(ot.Entries))
+	obj := s.NewEncodedObject()
+	if err := ot.Encode(obj); err != nil {
+		return plumbing.ZeroHash, err
+	}
+	return s.SetEncodedObject(obj)
+}
