@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -68,6 +69,10 @@ type Config struct {
 	ProxmoxAgentTimeout time.Duration
 	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
 	ProxmoxNodeMemory map[string]int64
+	// ProxmoxResourcePool (PROXMOX_RESOURCE_POOL) and ProxmoxCPUOvercommit
+	// (PROXMOX_CPU_OVERCOMMIT): see proxmox.Config.
+	ProxmoxResourcePool  string
+	ProxmoxCPUOvercommit float64
 
 	// Toolsets are the MCP tools serve offers (DELEGATE_TOOLSETS, --toolsets:
 	// jobs, proxmox); ProxmoxAllowElevated lets the proxmox tools change
@@ -290,6 +295,16 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 			c.ProxmoxNodeMemory = m
 		}
 		c.ProxmoxPool = loadPool(getenv, c.Defaults, bad)
+		if str("PROXMOX_RESOURCE_POOL", &c.ProxmoxResourcePool); c.ProxmoxResourcePool != "" && !poolIDRe.MatchString(c.ProxmoxResourcePool) {
+			bad("PROXMOX_RESOURCE_POOL", "must be a Proxmox pool id: letters, digits, '.', '-' and '_' (parent/child for a nested pool)")
+		}
+		if v := getenv("PROXMOX_CPU_OVERCOMMIT"); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f >= 0 && f <= 100) {
+				bad("PROXMOX_CPU_OVERCOMMIT", "must be a ratio of vCPUs to cores from 0 (no reservation) to 100, like 4")
+			}
+			c.ProxmoxCPUOvercommit = f
+		}
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("invalid configuration:\n  %s", strings.Join(errs, "\n  "))
@@ -473,6 +488,10 @@ func templateRule(tpl, dataDir string) string {
 	}
 	return ""
 }
+
+// poolIDRe is a Proxmox pool id (pve-access-control's pve-poolid format:
+// nested pools are parent/child).
+var poolIDRe = regexp.MustCompile(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`)
 
 // parseNodeMemory reads PROXMOX_NODE_MEMORY: a size for every node
 // ("64G"), sizes by node ("pve1=64G,pve2=32G"), or both ("32G,pve1=64G").

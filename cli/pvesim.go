@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/delegate-dev/delegate/pvesim"
 	"github.com/spf13/cobra"
 	flag "github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 // pveSimCmd runs cmdPveSim, which parses its own flags, so that
@@ -40,7 +42,8 @@ const pveSimUsage = `Usage: delegate pve-sim [flags]
 
 delegate pve-sim runs a simulated Proxmox VE cluster (for demos and tests of
 the Proxmox backend) and prints, on stdout, the environment that points
-"delegate serve" at it:
+"delegate serve" at it (DELEGATE_BACKEND=proxmox included), then lets go
+of stdout:
 
   eval "$(delegate pve-sim --nodes 2 &)"    # or copy the export lines
 
@@ -252,6 +255,8 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 		user, tokenName, secret = jt.User, jt.TokenName, jt.Secret
 	}
 	for _, kv := range [][2]string{
+		// For the proxmox backend: `serve` or `run` after it just works.
+		{"DELEGATE_BACKEND", "proxmox"},
 		{"PROXMOX_HOST", host},
 		{"PROXMOX_PORT", port},
 		{"PROXMOX_USER", user},
@@ -264,8 +269,12 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	} {
 		fmt.Fprintf(stdout, "export %s=%s\n", kv[0], shellQuote(kv[1]))
 	}
-	if f, ok := stdout.(interface{ Sync() error }); ok {
+	fmt.Fprintf(stdout, "# pvesim runs as pid %d: kill it to stop the simulator and its guests\n", os.Getpid())
+	if f, ok := stdout.(*os.File); ok {
+		// Nothing more is written there: let go of it, so that a reader
+		// waiting for its end (eval "$(delegate pve-sim &)") gets it.
 		f.Sync()
+		detach(f)
 	}
 	log.Info("pve-sim ready", "url", sim.URL(), "nodes", len(specs))
 	<-ctx.Done()
@@ -280,4 +289,15 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// detach points f's descriptor at /dev/null: the pipe or file it was is
+// closed for this process, and writes to it go nowhere.
+func detach(f *os.File) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	defer null.Close()
+	unix.Dup2(int(null.Fd()), int(f.Fd()))
 }

@@ -3,9 +3,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -79,4 +82,98 @@ func TestPveSimLeastPrivilege(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPveSimNewUser: as a new user tries it, the example of `pve-sim
+// --help` returns (the simulator lets go of its stdout once the env is
+// printed), the env says DELEGATE_BACKEND=proxmox, and `serve --toolsets
+// proxmox` after it starts, also with the local backend and its
+// DEFAULT_VM_TEMPLATE naming no root filesystem: a server without the
+// job tools opens no job backend.
+func TestPveSimNewUser(t *testing.T) {
+	ctx := testContext(t)
+	dir := t.TempDir()
+	envFile := dir + "/pve.env"
+	script := `out="$("$0" pve-sim --listen 127.0.0.1:0 --task-delay 30ms --boot-delay 300ms --sandbox-dir "$1" &)"
+printf '%s\n' "$out" > "$2"
+eval "$out"
+echo "backend=$DELEGATE_BACKEND port=$PROXMOX_PORT template=$DEFAULT_VM_TEMPLATE"`
+	t.Cleanup(func() {
+		// The simulator outlives the shell: stop it (it said its pid).
+		printed, _ := os.ReadFile(envFile)
+		pid := simPid(printed)
+		if pid == 0 {
+			return
+		}
+		p, _ := os.FindProcess(pid)
+		p.Signal(os.Interrupt)
+		for range 100 {
+			if p.Signal(syscall.Signal(0)) != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		p.Kill()
+	})
+	sh := exec.CommandContext(ctx, "/bin/sh", "-c", script, binary, dir+"/guests", envFile)
+	sh.Env = serverEnv(t.TempDir(), "DELEGATE_LOG_LEVEL=warn")
+	// A file, not a pipe: the simulator keeps the shell's stderr.
+	stderr, err := os.Create(dir + "/stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	sh.Stderr = stderr
+	done := make(chan struct{})
+	var out []byte
+	go func() { out, err = sh.Output(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		sh.Process.Kill()
+		t.Fatal(`eval "$(delegate pve-sim &)" did not return within 30 s`)
+	}
+	printed, _ := os.ReadFile(envFile)
+	pid := simPid(printed)
+	if err != nil || !strings.HasPrefix(string(out), "backend=proxmox port=") || !strings.HasSuffix(string(out), "template=delegate-template\n") || pid == 0 {
+		t.Fatalf("%v %q\nprinted:\n%s", err, out, printed)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(printed), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "="); ok && !strings.HasPrefix(line, "#") {
+			env[k] = strings.Trim(v, "'")
+		}
+	}
+	for _, backend := range []string{"proxmox", "local"} {
+		extra := []string{"DELEGATE_TOOLSETS=proxmox"}
+		for k, v := range env {
+			if k != "DELEGATE_BACKEND" {
+				extra = append(extra, k+"="+v)
+			}
+		}
+		extra = append(extra, "DELEGATE_BACKEND="+backend)
+		cs, _, _ := stdioSession(t, t.TempDir(), "", extra...)
+		if names, _, _ := listTools(t, cs); len(names) == 0 || slices.Contains(names, "submit_job") {
+			t.Errorf("backend %s: tools %v", backend, names)
+		}
+		nodes := call[struct {
+			Nodes []struct {
+				Node string `json:"node"`
+			} `json:"nodes"`
+		}](t, cs, "proxmox_get_nodes", map[string]any{})
+		if len(nodes.Nodes) != 1 {
+			t.Errorf("backend %s: nodes %+v", backend, nodes)
+		}
+	}
+}
+
+// simPid reads the pid pve-sim printed.
+func simPid(printed []byte) int {
+	var pid int
+	for _, line := range strings.Split(string(printed), "\n") {
+		if _, err := fmt.Sscanf(line, "# pvesim runs as pid %d", &pid); err == nil {
+			return pid
+		}
+	}
+	return 0
 }

@@ -40,7 +40,7 @@ func TestToolsets(t *testing.T) {
 	}
 	cs, _, _ = stdioSession(t, t.TempDir(), "", append(simEnv, "DELEGATE_TOOLSETS=proxmox")...)
 	admin, adminBytes, res := listTools(t, cs)
-	if len(admin) != 23 || slices.Contains(admin, "submit_job") {
+	if len(admin) != 24 || slices.Contains(admin, "submit_job") {
 		t.Errorf("proxmox tools: %v", admin)
 	}
 	for _, tool := range res.Tools {
@@ -57,7 +57,7 @@ func TestToolsets(t *testing.T) {
 	}
 	cs, _, _ = stdioSession(t, t.TempDir(), "", append(simEnv, "DELEGATE_TOOLSETS=jobs,proxmox")...)
 	both, bothBytes, _ := listTools(t, cs)
-	if len(both) != len(jobs)+23 {
+	if len(both) != len(jobs)+24 {
 		t.Errorf("both toolsets: %d tools", len(both))
 	}
 	t.Logf("tools/list bytes: jobs %d (%d tools), proxmox %d (%d tools), jobs,proxmox %d (%d tools)",

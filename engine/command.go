@@ -18,6 +18,11 @@ const deadlineGrace = 5 * time.Second
 // basePath is the PATH every job starts with.
 const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// maxEnvString is the most bytes one environment string (NAME=value and
+// its NUL) may have: Linux's MAX_ARG_STRLEN, 32 pages; execve refuses
+// more ("Argument list too long").
+const maxEnvString = 32 * 4096
+
 // scriptArgs runs the "script" input with /bin/sh: a fixed command line,
 // so that no job text shows in a process list.
 var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
@@ -69,7 +74,13 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		env[name] = v
 	}
 	env["DELEGATE_JOB_ID"] = job.ID
-	env["DELEGATE_TASK"] = m.Task
+	if len("DELEGATE_TASK=")+len(m.Task) < maxEnvString {
+		env["DELEGATE_TASK"] = m.Task
+	} else {
+		// Too large for one environment string: no process could start
+		// with it. The task is the file $DELEGATE_INPUTS/task instead.
+		inputs["task"] = []byte(m.Task)
+	}
 	env["DELEGATE_JOB_TOKEN"] = token
 	if r.cfg.CallbackURL != "" {
 		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(r.cfg.CallbackURL, "/") + "/callback/" + job.ID

@@ -230,6 +230,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
 		return nil, err
 	}
+	if err := checkResources(ctx, backend, m, e.log); err != nil {
+		return nil, err
+	}
 	for i, name := range m.Secrets {
 		if _, ok := e.cfg.Secret(name); !ok {
 			return nil, &delegate.FieldError{

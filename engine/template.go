@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -31,4 +32,21 @@ func checkTemplate(ctx context.Context, backend sandbox.Backend, name string, fr
 		return fmt.Errorf("the server's default vmTemplate cannot be used: %w", err)
 	}
 	return fmt.Errorf("check vmTemplate %q: %w", name, err)
+}
+
+// checkResources asks the backend, when it can tell, whether any of its
+// machines could hold the job's resources (sandbox.ResourceChecker).
+func checkResources(ctx context.Context, backend sandbox.Backend, m delegate.Manifest, log *slog.Logger) error {
+	rc, ok := backend.(sandbox.ResourceChecker)
+	if !ok || m.Resources == nil {
+		return nil
+	}
+	mem, _ := delegate.ParseSize(m.Resources.Memory)
+	err := rc.CheckResources(ctx, sandbox.Spec{CPU: m.Resources.CPU, MemoryBytes: mem, Template: m.VMTemplate})
+	var fe *delegate.FieldError
+	if err == nil || errors.As(err, &fe) {
+		return err
+	}
+	log.Warn("the backend could not check the job's resources", "err", err)
+	return nil
 }

@@ -63,7 +63,19 @@ type Config struct {
 	// stdout and stderr apart (streams.go). Default /usr/bin/perl; a
 	// guest without it gives the two together.
 	GuestPerl string
-	Logger    *slog.Logger
+	// ResourcePool is the Proxmox resource pool job and pool VMs are
+	// cloned into (PROXMOX_RESOURCE_POOL), so that the token's rights can
+	// be on /pool/<name> rather than on every VM of the cluster.
+	ResourcePool string
+	// StaleLockAfter: a VM of this server locked this long is reported
+	// (its lock outlived the operation that set it). Default 15 min.
+	StaleLockAfter time.Duration
+	// CPUOvercommit, if above 0, reserves vCPUs on the nodes: the vCPUs
+	// of the VMs that count for placement stay within the node's cores
+	// times this (PROXMOX_CPU_OVERCOMMIT). 0: a job's VM needs only a
+	// node with at least its cores (vCPU overcommit is normal on Proxmox).
+	CPUOvercommit float64
+	Logger        *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster.
@@ -82,10 +94,17 @@ type Backend struct {
 
 	tplMu sync.Mutex
 	tpls  map[int]*templateInfo
+	// cores is the most cores of an online node (CheckResources), as
+	// read at coresRead. Guarded by tplMu.
+	cores     int
+	coresRead time.Time
 
 	// nodes remembers where this server's VMs are, so that destroying
 	// one needs no listing of the cluster. Guarded by holdMu.
 	nodes map[int]string
+	// locked are this server's VMs the sweep skips for their lock, and
+	// since when. Guarded by holdMu.
+	locked map[int]lockedSince
 
 	// pool is the warm pool, once KeepPool was called (pool.go).
 	pool atomic.Pointer[pool]
@@ -109,6 +128,12 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	if cfg.AgentLostAfter <= 0 {
 		cfg.AgentLostAfter = 2 * time.Minute
 	}
+	if cfg.StaleLockAfter <= 0 {
+		cfg.StaleLockAfter = 15 * time.Minute
+	}
+	if cfg.CPUOvercommit < 0 || cfg.CPUOvercommit > 100 {
+		return nil, fmt.Errorf("proxmox: the CPU overcommit ratio %g must be from 0 (none) to 100", cfg.CPUOvercommit)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -130,7 +155,8 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 		}
 	}
 	return &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
-		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{}}, nil
+		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{},
+		locked: map[int]lockedSince{}}, nil
 }
 
 // Instance is the id this backend's VMs carry.
@@ -248,10 +274,14 @@ func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error
 	return nil, fmt.Errorf("vmTemplate: no template %q on the cluster (templates: %s)", name, strings.Join(names, ", "))
 }
 
-// configure sizes and tags the VM, starts it and waits for its agent.
-// What the template has (its NICs, its disk) was read at placement: the
-// clone has the same.
+// configure sizes and tags the VM, starts it, waits for its agent and
+// readies the guest. The clone's config is read first: its disks and NICs
+// are the template's, under names of its own.
 func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec sandbox.Spec, desc string) error {
+	cfg, err := b.c.VMConfig(ctx, s.node, s.vmid)
+	if err != nil {
+		return fmt.Errorf("proxmox: read the config of VM %d: %w", s.vmid, privilegeHint(err))
+	}
 	sh := shapeOf(spec.CPU, spec.MemoryBytes)
 	u := pve.VMConfigUpdate{
 		Cores:       sh.cores,
@@ -266,20 +296,28 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 	if sh.cpulimit > 0 {
 		u.Options["cpulimit"] = strconv.FormatFloat(sh.cpulimit, 'f', 2, 64)
 	}
+	// A clone copies the template's protection, which would keep it from
+	// ever being destroyed.
+	if cfg.Option("protection") == "1" {
+		u.Delete = append(u.Delete, "protection")
+	}
+	// Its disks are left out of backups: vzdump --all neither freezes a
+	// running job nor keeps its secrets.
+	for _, k := range diskKeys(cfg) {
+		if v := cfg.Option(k); !strings.Contains(v, "media=cdrom") {
+			u.Options[k] = withDriveOption(v, "backup", "0")
+		}
+	}
 	switch {
 	case !spec.Network:
-		u.Delete = h.info.nets // no NIC: the job reaches nothing, the agent still works
+		u.Delete = append(u.Delete, netKeys(cfg)...) // no NIC: the job reaches nothing, the agent still works
 	case b.cfg.Bridge != "":
-		net := "virtio,bridge=" + b.cfg.Bridge
-		if b.cfg.VLAN > 0 {
-			net += ",tag=" + strconv.Itoa(b.cfg.VLAN)
-		}
-		u.Nets = map[int]string{0: net}
+		u.Nets = map[int]string{0: jobNet(cfg.Option("net0"), b.cfg.Bridge, b.cfg.VLAN)}
 	}
 	if err := b.c.SetVMConfig(ctx, s.node, s.vmid, u); err != nil {
 		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, privilegeHint(err))
 	}
-	if disk, size := h.info.bootDisk, h.info.bootSize; disk != "" && spec.DiskBytes > size {
+	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
 		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
 		if err == nil {
 			err = b.c.WaitTask(ctx, s.node, upid)
@@ -306,7 +344,62 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 		return fmt.Errorf("proxmox: start VM %d: %w", s.vmid, privilegeHint(err))
 	}
 	spec.Step("waiting for the guest agent")
-	return b.waitAgent(ctx, s)
+	if err := b.waitAgent(ctx, s); err != nil {
+		return err
+	}
+	if err := b.checkAgent(ctx, s, h.info); err != nil {
+		return err
+	}
+	return s.prepare(ctx)
+}
+
+// diskKeys lists the drive keys of a config (disks and CD-ROMs).
+func diskKeys(cfg pve.VMConfig) []string {
+	var keys []string
+	for k := range cfg.Raw {
+		if isDiskKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// withDriveOption sets key=value in a drive (or NIC) string, keeping the
+// rest.
+func withDriveOption(drive, key, value string) string {
+	parts := strings.Split(drive, ",")
+	for i, p := range parts {
+		if k, _, _ := strings.Cut(p, "="); k == key && i > 0 {
+			parts[i] = key + "=" + value
+			return strings.Join(parts, ",")
+		}
+	}
+	return drive + "," + key + "=" + value
+}
+
+// jobNet is a NIC of the clone moved to the job's bridge and VLAN: its
+// model, MAC and other options (firewall, rate, mtu, queues...) stay, so
+// that the template's firewall still applies. A clone without a NIC gets
+// a virtio one.
+func jobNet(net, bridge string, vlan int) string {
+	if net == "" {
+		net = "virtio"
+	}
+	var parts []string
+	for _, p := range strings.Split(net, ",") {
+		if k, _, _ := strings.Cut(p, "="); k != "bridge" && k != "tag" {
+			parts = append(parts, p)
+		}
+	}
+	out := parts[0] + ",bridge=" + bridge
+	if vlan > 0 {
+		out += ",tag=" + strconv.Itoa(vlan)
+	}
+	for _, p := range parts[1:] {
+		out += "," + p
+	}
+	return out
 }
 
 func netKeys(cfg pve.VMConfig) []string {
@@ -365,9 +458,29 @@ func parseSize(s string) int64 {
 // every error that may pass is waited out: the agent not up yet, and any
 // transient 5xx or transport error; what cannot pass (the VM gone or
 // stopped, no agent configured, a refused token) ends the wait at once.
+//
+// The pings back off: a ping to a guest that is still booting holds one
+// of its node's three pvedaemon workers for 3 s (qemu-server's
+// qga_check_running), so pinging without a pause keeps a worker busy for
+// each booting VM (the client's per-node bound keeps one free whatever
+// happens). The first comes a PollInterval after the start (no guest
+// answers sooner), then the pauses grow by half from half a PollInterval
+// to two: a booting VM holds a worker at most about two thirds of the
+// time, and is found ready at most some 5 s after it is.
 func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
 	deadline := time.Now().Add(b.cfg.AgentTimeout)
-	for {
+	pause := b.cfg.PollInterval
+	for first := true; ; first = false {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		if first {
+			pause = b.cfg.PollInterval / 2
+		} else {
+			pause = min(pause*3/2, 2*b.cfg.PollInterval)
+		}
 		err := b.c.AgentPing(ctx, s.node, s.vmid)
 		if err == nil {
 			return nil
@@ -381,11 +494,6 @@ func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("proxmox: the guest agent of VM %d did not answer within %s (is qemu-guest-agent installed and enabled in the template?): %w",
 				s.vmid, b.cfg.AgentTimeout, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(b.cfg.PollInterval):
 		}
 	}
 }
@@ -477,15 +585,59 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
 	}
 	var out []sandbox.Info
+	locked := map[int]bool{}
 	for _, r := range resources {
+		job := listedJob(r, b.cfg.Instance)
 		if r.Lock != "" {
+			if job != "" {
+				locked[int(r.VMID)] = true
+				b.lockedVM(r, job)
+			}
 			continue
 		}
-		if job := listedJob(r, b.cfg.Instance); job != "" {
+		if job != "" {
 			out = append(out, sandbox.Info{ID: sandboxID(int(r.VMID), job), JobID: job})
 		}
 	}
+	b.holdMu.Lock()
+	for id := range b.locked {
+		if !locked[id] {
+			delete(b.locked, id)
+		}
+	}
+	b.holdMu.Unlock()
 	return out, nil
+}
+
+// lockedSince is when the sweep first saw a VM of ours locked.
+type lockedSince struct {
+	lock     string
+	since    time.Time
+	reported bool
+}
+
+// lockedVM notes a VM of ours the sweep must skip because it is locked,
+// and reports it once its lock has lasted StaleLockAfter with no
+// operation of this server on it: a clone or create that died half-way
+// (its node rebooted) leaves the lock, and only root may clear it (qm
+// unlock, or skiplock, which Proxmox refuses to API tokens), so the VM
+// would stay for ever unseen.
+func (b *Backend) lockedVM(r pve.Resource, job string) {
+	vmid := int(r.VMID)
+	b.holdMu.Lock()
+	l, seen := b.locked[vmid]
+	if !seen || l.lock != r.Lock {
+		l = lockedSince{lock: r.Lock, since: time.Now()}
+	}
+	report := !l.reported && time.Since(l.since) >= b.cfg.StaleLockAfter
+	l.reported = l.reported || report
+	b.locked[vmid] = l
+	b.holdMu.Unlock()
+	if report && !b.inFlight(vmid) {
+		b.log.Warn("a VM of this server has been locked too long to be an operation in progress, and cannot be destroyed while it is: "+
+			"clear its lock as root on its node (qm unlock "+strconv.Itoa(vmid)+"), and the next cleanup destroys it",
+			"vmid", vmid, "node", r.Node, "lock", r.Lock, "job", job, "locked_for", time.Since(l.since).Round(time.Second))
+	}
 }
 
 // Destroy implements sandbox.Backend. A VM that is no longer the one the
@@ -534,7 +686,8 @@ func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner)
 // process may have destroyed it meanwhile, and its vmid been reused.
 func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) error {
 	var last error
-	for attempt := range 20 {
+	unprotected := false
+	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
@@ -576,9 +729,23 @@ func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) er
 				return nil
 			}
 		}
-		upid, err = b.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true, DestroyUnreferencedDisks: true})
+		// Not destroy-unreferenced-disks: a fresh clone has none, and with
+		// it every destroy on the node fails while any of its image
+		// storages is offline ("storage 'x' is not online"), for ever.
+		upid, err = b.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true})
 		if err == nil {
 			err = b.waitQuietly(ctx, node, upid)
+		}
+		if pve.IsProtected(err) && !unprotected {
+			unprotected = true
+			// A VM made before its template's protection was cleared on
+			// clones: ours, so its protection goes.
+			b.log.Info("clearing the protection a VM of ours copied from its template", "vmid", vmid, "node", node)
+			if perr := b.c.SetVMConfig(ctx, node, vmid, pve.VMConfigUpdate{Delete: []string{"protection"}}); perr != nil {
+				err = fmt.Errorf("%w (and clearing its protection failed: %w)", err, privilegeHint(perr))
+			} else {
+				attempt--
+			}
 		}
 		if err == nil || pve.IsNotFound(err) {
 			b.dropHolds(vmid)

@@ -70,7 +70,7 @@ func (b *Backend) clone(ctx context.Context, h *hold, o owner) (int, error) {
 		}
 		h.cloning(vmid)
 		full := b.isFull(h.info)
-		opt := pve.CloneOptions{NewID: vmid, Name: o.vmName(), Description: "delegate job " + o.job, Full: &full}
+		opt := pve.CloneOptions{NewID: vmid, Name: o.vmName(), Description: "delegate job " + o.job, Full: &full, Pool: b.cfg.ResourcePool}
 		if h.target {
 			opt.Target = h.node
 		}
@@ -129,8 +129,11 @@ func (b *Backend) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.Clone
 }
 
 // retryClone: the clone failed in a way another vmid, or another moment,
-// can fix: the vmid was taken, or a lock (of the new VM, the template or
-// the storage) was held too long.
+// can fix: the vmid was taken (on this node, or on another: pmxcfs's
+// "close (rename) atomic file ... File exists"), or a lock (of the new
+// VM, the template, a local storage, or pmxcfs's of a shared storage) was
+// held too long.
 func retryClone(err error) bool {
-	return pve.IsAlreadyExists(err) || pve.LockTimeout(err) != "" || pve.IsLocked(err)
+	return pve.IsAlreadyExists(err) || pve.IsVMIDTakenElsewhere(err) || pve.LockTimeout(err) != "" ||
+		pve.IsClusterLockTimeout(err) || pve.IsLocked(err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -166,6 +167,32 @@ func TestCommandContract(t *testing.T) {
 		exit, _ = runCmd(t, sb, sandbox.Command{Args: []string{"true"}, Deadline: time.Now().Add(time.Minute)})
 		if exit.DeadlineExceeded || exit.Code != 0 {
 			t.Fatalf("%+v", exit)
+		}
+	})
+
+	t.Run("inputs, stdin and env", func(t *testing.T) {
+		// Inputs are files of the job's user only in a directory of the
+		// command's own; Stdin is one of them; the environment is exactly
+		// Env (nothing of the agent's), and its file is gone once read.
+		script := `stat -c %a "$DELEGATE_INPUTS" "$DELEGATE_INPUTS/a" "$DELEGATE_INPUTS/in.txt"; cat; cat "$DELEGATE_INPUTS/a"
+[ -e "${DELEGATE_INPUTS%/in}/env" ] && echo env-left || echo env-gone
+env -0 | grep -zv '^PWD=' | sort -z | tr '\000' '\n'`
+		exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", script},
+			Env:    []string{"PATH=/usr/bin:/bin", "FOO=it's \"quoted\"\nover lines $(x)"},
+			Inputs: map[string][]byte{"a": []byte("A\x00\xff\n"), "in.txt": []byte("from stdin\n")}, Stdin: "in.txt"})
+		inputs := regexp.MustCompile(`DELEGATE_INPUTS=(/tmp/delegate/run-[0-9a-f]{16}\.d/in)\n`).FindStringSubmatch(out)
+		want := "700\n400\n400\nfrom stdin\nA\x00\xff\nenv-gone\n"
+		if exit.Code != 0 || inputs == nil || out != want+"DELEGATE_INPUTS="+inputs[1]+"\nFOO=it's \"quoted\"\nover lines $(x)\nPATH=/usr/bin:/bin\n" {
+			t.Fatalf("%+v %q", exit, out)
+		}
+		for _, bad := range []sandbox.Command{
+			{Args: []string{"true"}, Inputs: map[string][]byte{"../x": nil}},
+			{Args: []string{"true"}, Inputs: map[string][]byte{"a": nil}, Stdin: "b"},
+			{Args: []string{"true"}, Env: []string{"NOT-A-NAME=1"}},
+		} {
+			if _, err := sb.Exec(context.Background(), bad); err == nil {
+				t.Errorf("%+v was taken", bad)
+			}
 		}
 	})
 

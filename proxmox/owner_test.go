@@ -111,8 +111,18 @@ func TestDiskStorages(t *testing.T) {
 		"sata0":    json.RawMessage(`"none,media=cdrom"`),
 		"net0":     json.RawMessage(`"virtio,bridge=vmbr0"`),
 	}
+	// CD-ROMs and cloud-init drives on a storage count, as in Proxmox's
+	// clone (none, and the host's drive, do not).
 	got := diskStorages(pve.VMConfig{Raw: raw})
-	if len(got) != 2 || got[0] != "ceph" || got[1] != "local-lvm" {
+	if len(got) != 3 || got[0] != "ceph" || got[1] != "local" || got[2] != "local-lvm" {
 		t.Fatalf("%v", got)
+	}
+	raw = map[string]json.RawMessage{
+		"scsi0": json.RawMessage(`"ceph:base-9000-disk-0,size=8G"`),
+		"ide2":  json.RawMessage(`"local-lvm:vm-9000-cloudinit,media=cdrom"`),
+		"ide0":  json.RawMessage(`"cdrom,media=cdrom"`),
+	}
+	if got := diskStorages(pve.VMConfig{Raw: raw}); len(got) != 2 || got[0] != "ceph" || got[1] != "local-lvm" {
+		t.Fatalf("cloud-init template: %v", got)
 	}
 }

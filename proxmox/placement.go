@@ -42,6 +42,7 @@ type hold struct {
 	info   *templateInfo
 	target bool // clone with target (the template's disks are shared)
 	memMiB int
+	cores  int
 
 	// pooled is the warm VM reserved for the job instead (pool.go): its
 	// room is counted already, as a VM of the cluster.
@@ -169,6 +170,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 	}
 	cl := b.survey(ctx, resources)
 	need := memMiB(spec)
+	cores := shapeOf(spec.CPU, spec.MemoryBytes).cores
 
 	// The candidates: every online node that holds one of the templates,
 	// and every online node if a template's disks are all shared.
@@ -187,6 +189,9 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		info, err := b.template(ctx, t)
 		if err != nil {
 			return nil, err
+		}
+		if why := b.refusal(info); why != "" {
+			return nil, fmt.Errorf("vmTemplate: %s", why)
 		}
 		if !seen[t.Node] {
 			seen[t.Node] = true
@@ -211,6 +216,23 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 	if len(cands) == 0 {
 		return nil, fmt.Errorf("vmTemplate: every node holding template %q is offline", tplName)
 	}
+	// A VM may not have more vCPUs than its node has cores (qemu-server
+	// config_to_command: "MAX n vcpus allowed per VM on this node"): only
+	// nodes with enough cores are candidates (all, when Proxmox shows this
+	// token no node's cores).
+	mostCores := 0
+	fit := cands[:0:0]
+	for _, c := range cands {
+		n := cl.nodes[c.node]
+		mostCores = max(mostCores, n.cores)
+		if n.cores == 0 || n.cores >= cores {
+			fit = append(fit, c)
+		}
+	}
+	if len(fit) == 0 {
+		return nil, fmt.Errorf("resources.cpu: %d cores is more than any node that can run template %q has (at most %d)", cores, tplName, mostCores)
+	}
+	cands = fit
 
 	known := false
 	for _, c := range cands {
@@ -223,7 +245,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		// operator set none. The template's own node is the best guess.
 		b.blind(cl.why)
 		c := cands[0]
-		return b.reserve(c.node, c.tpl, c.info, c.target, need), nil
+		return b.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
 	}
 
 	best, bestFree := -1, int64(0)
@@ -235,13 +257,22 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		if n.capacity <= 0 {
 			continue
 		}
-		free := n.capacity - n.used - b.heldOn(c.node, cl.vmids)
+		heldMem, heldCPU := b.heldOn(c.node, cl.vmids)
+		free := n.capacity - n.used - heldMem
 		frees[i] = free
 		biggest = max(biggest, n.capacity)
-		views = append(views, fmt.Sprintf("%s %d of %d MiB", c.node, max(0, free)>>20, n.capacity>>20))
+		view := fmt.Sprintf("%s %d of %d MiB", c.node, max(0, free)>>20, n.capacity>>20)
+		cpuOK := true
+		if r := b.cfg.CPUOvercommit; r > 0 && n.cores > 0 {
+			// vCPUs are reserved only when the operator sets a ratio.
+			room := int(float64(n.cores)*r) - n.usedCPU - heldCPU
+			cpuOK = room >= cores
+			view += fmt.Sprintf(", %d of %d vCPUs", max(0, room), int(float64(n.cores)*r))
+		}
+		views = append(views, view)
 		// A linked clone on the template's node beats a clone elsewhere;
 		// then the most room.
-		if free >= int64(need)<<20 && (best < 0 || (cands[best].target && !c.target) || (cands[best].target == c.target && free > bestFree)) {
+		if cpuOK && free >= int64(need)<<20 && (best < 0 || (cands[best].target && !c.target) || (cands[best].target == c.target && free > bestFree)) {
 			best, bestFree = i, free
 		}
 	}
@@ -262,7 +293,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		for _, i := range order {
 			c := cands[i]
 			if victims := p.evict(ctx, c.node, frees[i], int64(need)<<20, resources); victims != nil {
-				h := b.reserve(c.node, c.tpl, c.info, c.target, need)
+				h := b.reserve(c.node, c.tpl, c.info, c.target, need, cores)
 				h.evict = victims
 				return h, nil
 			}
@@ -273,38 +304,42 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 			return nil, fmt.Errorf("resources.memory: %d MiB is more than any node that can run template %q has for VMs (at most %d MiB; PROXMOX_NODE_MEMORY or the nodes' memory less %d MiB for the host)",
 				need, tplName, biggest>>20, HostReserve>>20)
 		}
-		return nil, &sandbox.CapacityError{Reason: fmt.Sprintf("no node has %d MiB free for a VM of template %q (free: %s)", need, tplName, strings.Join(views, ", "))}
+		what := fmt.Sprintf("%d MiB", need)
+		if b.cfg.CPUOvercommit > 0 {
+			what += fmt.Sprintf(" and %d vCPUs", cores)
+		}
+		return nil, &sandbox.CapacityError{Reason: fmt.Sprintf("no node has %s free for a VM of template %q (free: %s)", what, tplName, strings.Join(views, "; "))}
 	}
 	c := cands[best]
-	return b.reserve(c.node, c.tpl, c.info, c.target, need), nil
+	return b.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
 }
 
-func (b *Backend) reserve(node string, tpl pve.Resource, info *templateInfo, target bool, need int) *hold {
-	h := &hold{b: b, node: node, tpl: tpl, info: info, target: target, memMiB: need}
+func (b *Backend) reserve(node string, tpl pve.Resource, info *templateInfo, target bool, need, cores int) *hold {
+	h := &hold{b: b, node: node, tpl: tpl, info: info, target: target, memMiB: need, cores: cores}
 	b.holdMu.Lock()
 	b.holds[h] = struct{}{}
 	b.holdMu.Unlock()
 	return h
 }
 
-// heldOn is the memory this server has reserved on a node, for VMs not
-// yet in the listing (or counted by their hold instead). A hold whose VM
-// is no longer listed is gone (destroyed by another process): it is
-// dropped.
-func (b *Backend) heldOn(node string, listed map[int]bool) int64 {
+// heldOn is the memory and vCPUs this server has reserved on a node, for
+// VMs not yet in the listing (or counted by their hold instead). A hold
+// whose VM is no longer listed is gone (destroyed by another process): it
+// is dropped.
+func (b *Backend) heldOn(node string, listed map[int]bool) (mem int64, cpus int) {
 	b.holdMu.Lock()
 	defer b.holdMu.Unlock()
-	var sum int64
 	for h := range b.holds {
 		if h.used && !listed[h.vmid] {
 			delete(b.holds, h)
 			continue
 		}
 		if h.node == node {
-			sum += int64(h.memMiB) << 20
+			mem += int64(h.memMiB) << 20
+			cpus += h.cores
 		}
 	}
-	return sum
+	return mem, cpus
 }
 
 // holdsVM reports whether a hold of this server counts a VM.
@@ -334,6 +369,8 @@ func (b *Backend) blind(why string) {
 type nodeRoom struct {
 	capacity int64 // what VMs may use; 0 when unknown
 	used     int64 // configured memory of the VMs that count
+	cores    int   // the node's cores; 0 when unknown
+	usedCPU  int   // vCPUs of the VMs that count
 }
 
 // clusterView is one reading of /cluster/resources.
@@ -367,7 +404,7 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 			if r.Status != "online" {
 				continue
 			}
-			n := &nodeRoom{}
+			n := &nodeRoom{cores: int(r.MaxCPU)}
 			if m, ok := b.cfg.NodeMemory[r.Node]; ok {
 				n.capacity = m
 			} else if m, ok := b.cfg.NodeMemory[""]; ok {
@@ -402,15 +439,18 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 		if !(r.Status == "running" || r.Lock != "" || ours || (fresh && r.Type == "qemu")) {
 			continue
 		}
-		mem := int64(r.MaxMem)
+		mem, cpus := int64(r.MaxMem), int(r.MaxCPU)
 		if mem == 0 && r.Type == "qemu" && lookups < maxMemoryLookups {
-			// Fresh VMs are listed without maxmem: their config says.
+			// Fresh VMs are listed without maxmem: their config says (what
+			// they run with, not what waits for their next start).
 			lookups++
-			if cfg, err := b.c.VMConfig(ctx, r.Node, int(r.VMID)); err == nil && !bool(cfg.Template) {
+			if cfg, err := b.c.CurrentVMConfig(ctx, r.Node, int(r.VMID)); err == nil && !bool(cfg.Template) {
 				mem = int64(cfg.MemoryMiB()) << 20
+				cpus = max(1, int(cfg.Cores)) * max(1, int(cfg.Sockets))
 			}
 		}
 		n.used += mem
+		n.usedCPU += cpus
 	}
 	return cl
 }
@@ -455,13 +495,38 @@ func hasTagPrefix(r pve.Resource, prefix string) bool {
 // templateInfo is what delegate needs of a template's config: it does
 // not change while it is a template, so it is read once in a while.
 type templateInfo struct {
-	read     time.Time
-	digest   string   // of its config: a pool VM remembers it
-	storages []string // of its disks
+	read   time.Time
+	label  string // "name (vmid)"
+	digest string // of its config: a pool VM remembers it
+	// storages are those of its disks and of its CD-ROM and cloud-init
+	// drives: Proxmox refuses to clone it to another node unless every
+	// one is shared (qemu-server clone_vm, $check_storage_access_clone).
+	storages []string
 	nets     []string // netN keys
 	bootDisk string
 	bootSize int64
-	full     bool // its storage cannot make linked clones
+	// agent: its agent option is on; without it no job can run.
+	agent bool
+	// protection is set: its clones copy it, and must lose it.
+	protection bool
+
+	// Guarded by b.tplMu.
+	full bool // its storage cannot make linked clones
+	// agentOK: a clone's guest agent was seen to allow what delegate
+	// needs; agentRefused says what it refused (then no job can run).
+	agentOK      bool
+	agentRefused string
+}
+
+// refusal says why no job can run on a template ("" if one can).
+func (b *Backend) refusal(info *templateInfo) string {
+	if !info.agent {
+		return fmt.Sprintf("template %s has no QEMU guest agent enabled (agent: 1), and delegate reaches its VMs only through the agent: "+
+			"install qemu-guest-agent in it and enable the option (qm set <vmid> --agent enabled=1)", info.label)
+	}
+	b.tplMu.Lock()
+	defer b.tplMu.Unlock()
+	return info.agentRefused
 }
 
 // templateTTL: a template is read again after this long (it may have
@@ -479,15 +544,67 @@ func (b *Backend) template(ctx context.Context, t pve.Resource) (*templateInfo, 
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: read template %d: %w", t.VMID, privilegeHint(err))
 	}
-	info = &templateInfo{read: time.Now(), digest: cfg.Digest, nets: netKeys(cfg), storages: diskStorages(cfg)}
+	info = &templateInfo{read: time.Now(), label: templateLabel(t) + " (" + strconv.Itoa(int(t.VMID)) + ")", digest: cfg.Digest,
+		nets: netKeys(cfg), storages: diskStorages(cfg), agent: agentEnabled(cfg), protection: cfg.Option("protection") == "1"}
+	if t.Name == "" {
+		info.label = cfg.Name + " (" + strconv.Itoa(int(t.VMID)) + ")"
+	}
 	info.bootDisk, info.bootSize = bootDisk(cfg)
 	b.tplMu.Lock()
-	if old := b.tpls[int(t.VMID)]; old != nil {
+	old := b.tpls[int(t.VMID)]
+	if old != nil {
 		info.full = old.full
+		if old.digest == info.digest {
+			info.agentOK, info.agentRefused = old.agentOK, old.agentRefused
+		}
 	}
 	b.tpls[int(t.VMID)] = info
 	b.tplMu.Unlock()
+	if old == nil || old.digest != info.digest {
+		b.warnTemplate(info, cfg)
+	}
 	return info, nil
+}
+
+// warnTemplate logs what a template's config shows that costs jobs
+// dearly but does not stop them.
+func (b *Backend) warnTemplate(info *templateInfo, cfg pve.VMConfig) {
+	if hasCloudInit(cfg) && cfg.Option("ciupgrade") != "0" {
+		b.log.Warn("the template's cloud-init upgrades packages at every first boot of a VM with network (ciupgrade defaults to 1): "+
+			"minutes per job, and it may restart the guest agent; set ciupgrade 0 on the template", "template", info.label)
+	}
+	if !info.agent {
+		b.log.Warn("the template has no QEMU guest agent enabled: its jobs fail", "template", info.label)
+	}
+}
+
+// agentEnabled reads the agent option ("1", "enabled=1,fstrim_cloned_disks=1"...).
+func agentEnabled(cfg pve.VMConfig) bool {
+	for _, part := range strings.Split(string(cfg.Agent), ",") {
+		k, v, ok := strings.Cut(part, "=")
+		if !ok {
+			v = k
+		} else if k != "enabled" {
+			continue
+		}
+		return v == "1" || v == "on" || v == "yes" || v == "true"
+	}
+	return false
+}
+
+// hasCloudInit: a drive of the config is a cloud-init drive.
+func hasCloudInit(cfg pve.VMConfig) bool {
+	for k := range cfg.Raw {
+		if v := cfg.Option(k); isDiskKey(k) && strings.Contains(v, "media=cdrom") && strings.Contains(volumeOf(v), "cloudinit") {
+			return true
+		}
+	}
+	return false
+}
+
+func volumeOf(drive string) string {
+	vol, _, _ := strings.Cut(drive, ",")
+	return vol
 }
 
 // cloneFull remembers that a template's storage cannot link.
@@ -503,16 +620,17 @@ func (b *Backend) isFull(info *templateInfo) bool {
 	return info.full
 }
 
-// diskStorages lists the storages of a VM's disks (not CD-ROMs).
+// diskStorages lists the storages of a VM's drives: its disks, and its
+// CD-ROMs and cloud-init drive on a storage (not "none", nor the host's
+// drive "cdrom"), which Proxmox's clone counts too.
 func diskStorages(cfg pve.VMConfig) []string {
 	var out []string
 	for k := range cfg.Raw {
 		if !isDiskKey(k) {
 			continue
 		}
-		v := cfg.Option(k)
-		vol, _, _ := strings.Cut(v, ",")
-		if strings.Contains(v, "media=cdrom") || vol == "none" || vol == "" {
+		vol := volumeOf(cfg.Option(k))
+		if vol == "none" || vol == "" || vol == "cdrom" || strings.HasPrefix(vol, "/") {
 			continue
 		}
 		if sid, _, ok := strings.Cut(vol, ":"); ok && !containsStr(out, sid) {

@@ -28,7 +28,7 @@ func TestSurvey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.reserve("pve2", pve.Resource{}, nil, false, 1024).bind(105)
+	b.reserve("pve2", pve.Resource{}, nil, false, 1024, 2).bind(105)
 	cl := b.survey(context.Background(), resources)
 	if len(cl.order) != 2 || cl.why != "" {
 		t.Fatalf("online nodes %v (%s)", cl.order, cl.why)
@@ -39,7 +39,7 @@ func TestSurvey(t *testing.T) {
 	if n := cl.nodes["pve2"]; n.capacity != 14*gib || n.used != 2*gib+512<<20 {
 		t.Errorf("pve2: %+v", n)
 	}
-	if got := b.heldOn("pve2", cl.vmids); got != 1<<30 {
+	if got, cpus := b.heldOn("pve2", cl.vmids); got != 1<<30 || cpus != 2 {
 		t.Errorf("held on pve2: %d", got)
 	}
 	if !cl.shared("pve1", []string{"ceph"}) || cl.shared("pve1", []string{"ceph", "local-lvm"}) || cl.shared("pve2", []string{"ceph"}) {
@@ -47,7 +47,7 @@ func TestSurvey(t *testing.T) {
 	}
 	// A hold whose VM was destroyed elsewhere no longer counts.
 	delete(cl.vmids, 105)
-	if got := b.heldOn("pve2", cl.vmids); got != 0 {
+	if got, _ := b.heldOn("pve2", cl.vmids); got != 0 {
 		t.Errorf("held on pve2 after its VM went: %d", got)
 	}
 

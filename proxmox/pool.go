@@ -625,7 +625,9 @@ func (b *Backend) inFlight(vmid int) bool {
 func (p *pool) adopt(ctx context.Context, r pve.Resource, tpls []pve.Resource, first bool) {
 	b := p.b
 	vmid := int(r.VMID)
-	cfg, err := b.c.VMConfig(ctx, r.Node, vmid)
+	// Its shape as it runs: a change waiting for its next start is not
+	// what a job would get.
+	cfg, err := b.c.CurrentVMConfig(ctx, r.Node, vmid)
 	if err != nil {
 		if !pve.IsNotFound(err) {
 			p.log.Warn("pool: read a VM found", "vmid", vmid, "err", err)
@@ -849,7 +851,7 @@ func (b *Backend) claim(ctx context.Context, p *pool, v *poolVM, spec sandbox.Sp
 	spec.Step(fmt.Sprintf("taking warm VM %d on %s", v.vmid, v.node))
 	digest := v.digest
 	if digest == "" {
-		cfg, err := b.c.VMConfig(ctx, v.node, v.vmid)
+		cfg, err := b.c.CurrentVMConfig(ctx, v.node, v.vmid)
 		if err != nil {
 			return nil, fmt.Errorf("proxmox: read pool VM %d: %w", v.vmid, err)
 		}

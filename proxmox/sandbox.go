@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math"
 	"path"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,8 @@ type result struct {
 	code   int
 	stdout []byte
 	stderr []byte
+	// truncated: the agent kept only the first 16 MiB of the output.
+	truncated bool
 }
 
 // run executes argv in the guest (no shell unless argv says so) and waits
@@ -56,7 +59,7 @@ func (s *vmSandbox) run(ctx context.Context, argv []string) (result, error) {
 			return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, err)
 		}
 		if st.Exited {
-			r := result{code: -1, stdout: st.Stdout, stderr: st.Stderr}
+			r := result{code: -1, stdout: st.Stdout, stderr: st.Stderr, truncated: st.StdoutTruncated}
 			if st.ExitCode != nil {
 				r.code = *st.ExitCode
 			}
@@ -80,6 +83,10 @@ func (s *vmSandbox) runOK(ctx context.Context, argv []string) ([]byte, error) {
 	if r.code != 0 {
 		return nil, fmt.Errorf("%s in VM %d exited %d: %s", argv[0], s.vmid, r.code, strings.TrimSpace(string(r.stderr)))
 	}
+	if r.truncated {
+		// What follows the cut is lost: a partial answer is no answer.
+		return nil, fmt.Errorf("%s in VM %d wrote more than the guest agent keeps (%d bytes): its output is cut", argv[0], s.vmid, len(r.stdout))
+	}
 	return r.stdout, nil
 }
 
@@ -98,23 +105,21 @@ rm -f -- "$@"; exit $rc`
 
 // WriteFile implements sandbox.Sandbox. file-write carries at most
 // pve.MaxFileWrite bytes and only overwrites, so the file is written in
-// parts under guestDir and joined in the guest.
+// parts in guestDir (where no one but root reaches them) and joined in
+// the guest.
 func (s *vmSandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
 	if err := checkWorkspacePath(p); err != nil {
 		return err
 	}
 	var nonce [6]byte
 	rand.Read(nonce[:])
-	// /tmp exists in every guest; delegate's own directory is made later.
-	prefix := "/tmp/delegate-part-" + hex.EncodeToString(nonce[:]) + "-"
+	name := func(i int) string { return fmt.Sprintf("%s/part-%s.%04d", guestDir, hex.EncodeToString(nonce[:]), i) }
+	if err := s.writeParts(ctx, data, name); err != nil {
+		return fmt.Errorf("write %s in VM %d: %w", p, s.vmid, err)
+	}
 	args := []string{"/bin/sh", "-c", joinScript, "delegate-join", strconv.FormatUint(uint64(mode.Perm()), 8), p}
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
-		part := prefix + strconv.Itoa(i)
-		chunk := data[i*pve.MaxFileWrite : min(len(data), (i+1)*pve.MaxFileWrite)]
-		if err := s.b.c.AgentFileWrite(ctx, s.node, s.vmid, part, chunk); err != nil {
-			return fmt.Errorf("write %s (part %d) in VM %d: %w", p, i, s.vmid, err)
-		}
-		args = append(args, part)
+		args = append(args, name(i))
 	}
 	if _, err := s.runOK(ctx, args); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
@@ -159,91 +164,6 @@ func (s *vmSandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
 	return files, nil
 }
 
-// runnerScript runs the job's command in its working directory with its
-// output in guestOutput (its stdout and stderr told apart where the guest
-// has perl: see streams.go) and its exit status kept in guestOutput.exit,
-// so that a restarted server can still learn how it ended. $0 is the
-// output file, $1 the working directory, $2 the seconds until the
-// command's deadline (0: none), $3 the supervisor (supervisorScript), $4
-// the perl to run it with; the command comes as "$@": nothing of the job
-// is parsed by this shell.
-//
-// The deadline is a backstop that holds when no server watches: a
-// watchdog started with the job kills it, and everything it started, when
-// the time is up, and marks the exit status ("137:deadline"). The command
-// runs in a session of its own (setsid) so that the watchdog can kill its
-// whole process group without touching the guest agent's; it runs in the
-// foreground, so that it keeps the signal dispositions a background job
-// would lose (SIGINT and SIGQUIT ignored). Its output is redirected by
-// the command's own shell, or given by the supervisor, which exits with
-// its status: dash reports a foreground command killed by a signal
-// ("Killed") on the stderr the command was given.
-const runnerScript = `o=$0 d=$1 t=$2 s=$3 pl=$4; shift 4
-rm -f -- "$o.pid" "$o.deadline"
-cd -- "$d" 2>/dev/null || { echo "delegate: cannot enter the working directory $d" >>"$o"; echo 125 >"$o.exit"; exit 125; }
-w=
-if [ "$t" -gt 0 ]; then
-  ( sleep "$t"; : >"$o.deadline"; p=$(cat -- "$o.pid" 2>/dev/null) && kill -s KILL -- "-$p" "$p" ) >/dev/null 2>&1 </dev/null &
-  w=$!
-fi
-if [ -x "$pl" ]; then
-  "$pl" -e "$s" -- "$o" /bin/sh -c 'exec </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
-else
-  /bin/sh -c 'exec >>"$0" 2>&1 </dev/null; echo "$$" >"$0.pid"; command -v setsid >/dev/null && exec setsid "$@"; exec "$@"' "$o" "$@"
-fi
-rc=$?
-[ -n "$w" ] && kill "$w" 2>/dev/null
-if [ -e "$o.deadline" ]; then echo "$rc:deadline" >"$o.exit"; else echo "$rc" >"$o.exit"; fi
-exit $rc`
-
-// startScript prepares the job's files and its status channel (a FIFO
-// the job writes lines to, echo "step" > "$DELEGATE_STATUS_FILE", and a
-// reader that keeps them; the reader lives until the VM goes), then
-// becomes the runner: one agent call starts it all.
-const startScript = `s=$1 e=$2 o=$3; shift 3
-mkdir -p /workspace "${s%/*}" && rm -f -- "$s" "$e" "$o" "$o.exit" "$o.streams" && : > "$e" && : > "$o" && mkfifo -m 0666 -- "$s" || {
-  echo "delegate: could not prepare $s, $e and $o" >&2; exit 125; }
-cat <>"$s" >>"$e" 2>/dev/null &
-exec "$@"`
-
-// Exec implements sandbox.Sandbox. The environment is passed with env -i
-// as argv elements; QEMU's agent has no other way to set it. Every field
-// of the command is honoured: Dir (default /workspace), Deadline (a
-// watchdog in the guest, see runnerScript) and OutputLimit (no more is
-// read out of the guest, and Exit says what was cut).
-func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
-	if len(cmd.Args) == 0 || cmd.Args[0] == "" {
-		return nil, errors.New("exec: the command has no program (Args[0] is empty)")
-	}
-	for i, a := range cmd.Args {
-		if strings.ContainsRune(a, 0) {
-			return nil, fmt.Errorf("exec: argument %d contains a NUL byte", i)
-		}
-	}
-	for _, kv := range cmd.Env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
-			return nil, fmt.Errorf("exec: environment entry %q is not KEY=VALUE", k)
-		}
-	}
-	dir := cmd.Dir
-	if dir == "" {
-		dir = workspace
-	}
-	if !path.IsAbs(dir) || strings.ContainsRune(dir, 0) {
-		return nil, fmt.Errorf("exec: working directory %q must be an absolute path", dir)
-	}
-	argv := []string{"/bin/sh", "-c", startScript, "delegate-start", StatusFile, guestEvents, guestOutput, "/usr/bin/env", "-i"}
-	argv = append(argv, cmd.Env...)
-	argv = append(argv, "/bin/sh", "-c", runnerScript, guestOutput, path.Clean(dir), strconv.FormatInt(deadlineSeconds(cmd.Deadline, time.Now()), 10),
-		supervisorScript, s.b.cfg.GuestPerl)
-	argv = append(argv, cmd.Args...)
-	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, argv, nil)
-	if err != nil {
-		return nil, fmt.Errorf("exec %s in VM %d: %w", cmd.Args[0], s.vmid, err)
-	}
-	return newProcess(s, pid, max(0, cmd.OutputLimit)), nil
-}
-
 // deadlineSeconds is how long the guest's watchdog waits: whole seconds
 // until the deadline, at least one; 0 when there is none.
 func deadlineSeconds(deadline, now time.Time) int64 {
@@ -253,29 +173,40 @@ func deadlineSeconds(deadline, now time.Time) int64 {
 	return max(1, int64(math.Ceil(deadline.Sub(now).Seconds())))
 }
 
-// Process implements sandbox.Sandbox: execID is "pid:N", or "pid:N:L"
-// when at most L bytes of output are kept.
+// Process implements sandbox.Sandbox: execID is "pid:N:L:RUN" (L the
+// bytes of output kept, 0 for all; RUN the command's bundle, whose
+// directory holds its files), or "pid:N" and "pid:N:L" for a command an
+// older delegate started, whose files are in guestDir.
 func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
-	pid, limit, err := parseExecID(execID)
+	pid, limit, run, err := parseExecID(execID)
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: process %q: %w", execID, sandbox.ErrGone)
 	}
-	return newProcess(s, pid, limit), nil
+	return newProcess(s, pid, limit, run), nil
 }
 
-func parseExecID(id string) (pid int, limit int64, err error) {
-	rest, ok := strings.CutPrefix(id, "pid:")
-	num, lim, hasLimit := strings.Cut(rest, ":")
-	pid, perr := strconv.Atoi(num)
-	if !ok || perr != nil || pid <= 0 {
-		return 0, 0, errors.New("not a process id")
+var runNameRe = regexp.MustCompile(`^run-[0-9a-f]{16}$`)
+
+func parseExecID(id string) (pid int, limit int64, run string, err error) {
+	f := strings.Split(id, ":")
+	if len(f) < 2 || len(f) > 4 || f[0] != "pid" {
+		return 0, 0, "", errors.New("not a process id")
 	}
-	if hasLimit {
-		if limit, err = strconv.ParseInt(lim, 10, 64); err != nil || limit < 0 {
-			return 0, 0, errors.New("not a process id")
+	if pid, err = strconv.Atoi(f[1]); err != nil || pid <= 0 {
+		return 0, 0, "", errors.New("not a process id")
+	}
+	if len(f) > 2 {
+		if limit, err = strconv.ParseInt(f[2], 10, 64); err != nil || limit < 0 {
+			return 0, 0, "", errors.New("not a process id")
 		}
 	}
-	return pid, limit, nil
+	if len(f) > 3 {
+		if !runNameRe.MatchString(f[3]) {
+			return 0, 0, "", errors.New("not a process id")
+		}
+		run = guestDir + "/" + f[3]
+	}
+	return pid, limit, run, nil
 }
 
 // readScript is one poll of a running job, in one agent call: the size
@@ -288,7 +219,7 @@ func parseExecID(id string) (pid int, limit int64, err error) {
 // job ended holds all of its output, and a record of every byte of it.
 // Arguments: output file, events file, output offset and count, events
 // offset and count, pid, records offset and count.
-const readScript = `o=$1 e=$2 f=/tmp/delegate-read.$$
+const readScript = `o=$1 e=$2 f="${1%/*}/.read.$$"
 a=1; kill -0 "$7" 2>/dev/null || a=0
 x=$(cat -- "$o.exit" 2>/dev/null)
 tail -c +"$3" -- "$o" 2>/dev/null | head -c "$4" > "$f.o"
@@ -314,8 +245,16 @@ type process struct {
 	s     *vmSandbox
 	pid   int
 	limit int64 // output kept (0: all)
+	// run is the command's bundle ("" for a command of an older
+	// delegate); output and events are its files.
+	run            string
+	output, events string
+
+	// started is when Exec started it (zero for a process found again).
+	started time.Time
 
 	mu              sync.Mutex
+	polls           int           // Wait's polls so far
 	exit            *sandbox.Exit // once known (the agent forgets a pid it reported)
 	killed          bool
 	snap            *snapshot // the latest poll, until its parts are used
@@ -325,8 +264,12 @@ type process struct {
 	streams         streamRecs
 }
 
-func newProcess(s *vmSandbox, pid int, limit int64) *process {
-	return &process{s: s, pid: pid, limit: limit, outMax: outputChunk}
+func newProcess(s *vmSandbox, pid int, limit int64, run string) *process {
+	p := &process{s: s, pid: pid, limit: limit, run: run, outMax: outputChunk, output: guestOutput, events: guestEvents}
+	if run != "" {
+		p.output, p.events = run+".d/output", run+".d/events"
+	}
+	return p
 }
 
 // snapshot is one poll's answer.
@@ -346,7 +289,10 @@ type snapshot struct {
 
 func (p *process) ID() string {
 	id := "pid:" + strconv.Itoa(p.pid)
-	if p.limit > 0 {
+	switch {
+	case p.run != "":
+		id += ":" + strconv.FormatInt(p.limit, 10) + ":" + path.Base(p.run)
+	case p.limit > 0:
 		id += ":" + strconv.FormatInt(p.limit, 10)
 	}
 	return id
@@ -363,7 +309,7 @@ func (p *process) keep(offset int64, max int) int {
 
 // poll reads the guest once (the caller holds p.mu).
 func (p *process) poll(ctx context.Context, outOff, evOff int64, outMax, evMax int) (*snapshot, error) {
-	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", readScript, "delegate-read", guestOutput, guestEvents,
+	out, err := p.s.runOK(ctx, []string{"/bin/sh", "-c", readScript, "delegate-read", p.output, p.events,
 		strconv.FormatInt(outOff+1, 10), strconv.Itoa(p.keep(outOff, outMax)), strconv.FormatInt(evOff+1, 10), strconv.Itoa(evMax), strconv.Itoa(p.pid),
 		strconv.FormatInt(p.streams.read+int64(len(p.streams.partial))+1, 10), strconv.Itoa(recordsChunk)})
 	if err != nil {
@@ -483,13 +429,19 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 			return p.record(sandbox.Exit{Code: 137, Signal: "killed", Killed: true}), nil
 		}
 		var err error
-		snap, next := p.snap, p.polled.Add(p.s.b.cfg.PollInterval)
-		if snap == nil || !time.Now().Before(next) {
+		snap, next := p.snap, p.polled.Add(p.interval())
+		if snap == nil && !p.started.IsZero() {
+			next = p.started.Add(p.interval())
+		}
+		if (snap == nil && p.started.IsZero()) || !time.Now().Before(next) {
 			snap, err = p.poll(ctx, p.nextOut, p.nextEv, p.outMax, eventsChunk)
-			next = time.Now().Add(p.s.b.cfg.PollInterval)
+			p.polls++
+			next = time.Now().Add(p.interval())
 		}
 		p.mu.Unlock()
 		switch {
+		case err == nil && snap == nil:
+			// Too early for the first look at a command just started.
 		case err == nil:
 			lastSeen = time.Now()
 			if e, done := p.ended(ctx, snap); done {
@@ -510,6 +462,20 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		}
 	}
 }
+
+// interval is the pause before Wait's next poll (p.mu held). A command
+// just started is looked at sooner: a short one (an echo) has ended a
+// tenth of a second after its start, and waiting a whole PollInterval for
+// it would make it take ten times as long. The pauses double from there.
+func (p *process) interval() time.Duration {
+	if p.started.IsZero() {
+		return p.s.b.cfg.PollInterval
+	}
+	return min(p.s.b.cfg.PollInterval, firstPoll<<min(p.polls, 8))
+}
+
+// firstPoll is when a new command is first looked at.
+const firstPoll = 100 * time.Millisecond
 
 // ended reads a poll: the exit status file says how the job ended; a
 // runner that is gone without one (it was killed, or could not start)

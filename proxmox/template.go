@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
 )
@@ -50,20 +51,73 @@ func (b *Backend) CheckTemplate(ctx context.Context, name string) error {
 	} else if age > templateListTTL {
 		b.tplList.refresh(b)
 	}
-	if _, err := findTemplates(resources, name); err == nil {
-		return nil
-	}
-	if ok && age > templateRecheck {
+	tpls, err := findTemplates(resources, name)
+	if err != nil && ok && age > templateRecheck {
 		// Not in the list: perhaps made since.
 		if fresh, err := b.readTemplates(ctx); err == nil {
 			resources = fresh
 		}
 	}
-	// VMs listed without a name may be new templates: their configs say.
-	if _, err := b.findTemplates(ctx, slices.Clone(resources), name); err == nil {
-		return nil
+	if err != nil {
+		// VMs listed without a name may be new templates: their configs say.
+		if tpls, err = b.findTemplates(ctx, slices.Clone(resources), name); err != nil {
+			return &sandbox.TemplateError{Name: name, Reason: fmt.Sprintf("no template %q on the Proxmox cluster", name), Available: templateNames(resources)}
+		}
 	}
-	return &sandbox.TemplateError{Name: name, Reason: fmt.Sprintf("no template %q on the Proxmox cluster", name), Available: templateNames(resources)}
+	// A template no job can run on (no guest agent, or one that refuses
+	// exec and files) is refused now rather than after a clone and a boot.
+	var why string
+	for _, t := range tpls {
+		info, err := b.template(ctx, t)
+		if err != nil {
+			return nil // provisioning will say
+		}
+		if why = b.refusal(info); why == "" {
+			return nil
+		}
+	}
+	return &sandbox.TemplateError{Name: name, Reason: why, Available: templateNames(resources)}
+}
+
+var _ sandbox.ResourceChecker = (*Backend)(nil)
+
+// CheckResources implements sandbox.ResourceChecker: a job asking more
+// cores than any node has is refused (Proxmox would refuse to start its
+// VM: "MAX n vcpus allowed per VM on this node"). The nodes' cores are
+// read at most every templateListTTL; without Sys.Audit Proxmox shows
+// none, and nothing is refused.
+func (b *Backend) CheckResources(ctx context.Context, spec sandbox.Spec) error {
+	cores := shapeOf(spec.CPU, spec.MemoryBytes).cores
+	most, err := b.mostCores(ctx)
+	if err != nil || most == 0 || cores <= most {
+		return err
+	}
+	return &delegate.FieldError{Field: "manifest.resources.cpu",
+		Rule: fmt.Sprintf("%d cores is more than any node of the Proxmox cluster has (at most %d)", cores, most)}
+}
+
+// mostCores is the most cores an online node has (0: unknown).
+func (b *Backend) mostCores(ctx context.Context) (int, error) {
+	b.tplMu.Lock()
+	most, read := b.cores, b.coresRead
+	b.tplMu.Unlock()
+	if !read.IsZero() && time.Since(read) < templateListTTL {
+		return most, nil
+	}
+	nodes, err := b.c.ClusterResources(ctx, pve.ResourceNode)
+	if err != nil {
+		return 0, fmt.Errorf("proxmox: list nodes: %w", err)
+	}
+	most = 0
+	for _, n := range nodes {
+		if n.Type == "node" && n.Status == "online" {
+			most = max(most, int(n.MaxCPU))
+		}
+	}
+	b.tplMu.Lock()
+	b.cores, b.coresRead = most, time.Now()
+	b.tplMu.Unlock()
+	return most, nil
 }
 
 // templateNames lists the templates a job may name: "name (vmid)".

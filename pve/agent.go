@@ -151,3 +151,46 @@ func (c *Client) AgentNetworkInterfaces(ctx context.Context, node string, vmid i
 	}
 	return res.Result, nil
 }
+
+// AgentCommand is one command of the guest agent (agent/info).
+type AgentCommand struct {
+	Name    string `json:"name"`
+	Enabled Bool   `json:"enabled"`
+}
+
+// AgentInfo is what the guest agent says of itself: its version and its
+// commands, each enabled or not (qemu-ga --block-rpcs, --allow-rpcs).
+type AgentInfo struct {
+	Version  string         `json:"version"`
+	Commands []AgentCommand `json:"supported_commands"`
+}
+
+// AgentInfo reads the guest agent's guest-info.
+func (c *Client) AgentInfo(ctx context.Context, node string, vmid int) (AgentInfo, error) {
+	var res struct {
+		Result AgentInfo `json:"result"`
+	}
+	if _, err := c.get(ctx, vmPath(node, vmid)+"/agent/info", nil, &res); err != nil {
+		return AgentInfo{}, err
+	}
+	return res.Result, nil
+}
+
+// Disabled lists the commands of names the agent does not allow (or does
+// not have).
+func (i AgentInfo) Disabled(names ...string) []string {
+	var out []string
+	for _, n := range names {
+		ok := false
+		for _, c := range i.Commands {
+			if c.Name == n {
+				ok = bool(c.Enabled)
+				break
+			}
+		}
+		if !ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}

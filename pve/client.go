@@ -33,6 +33,7 @@ type Client struct {
 	http  *http.Client
 	auth  string
 	limit *tokenBucket
+	nodes *nodeSlots
 	log   *slog.Logger
 	// observe hears each attempt (see Observe); nil: nobody listens.
 	observe Observer
@@ -68,6 +69,7 @@ func New(cfg Config) (*Client, error) {
 		http:  &http.Client{Transport: tr},
 		auth:  "PVEAPIToken=" + cfg.TokenID() + "=" + cfg.TokenValue,
 		limit: newTokenBucket(cfg.RateLimit, cfg.RateBurst),
+		nodes: newNodeSlots(cfg.NodeCalls),
 		log:   log,
 	}, nil
 }
@@ -113,11 +115,18 @@ func (c *Client) del(ctx context.Context, path string, p params, out any) error 
 // left this process (the connection failed before it was written).
 func (c *Client) call(ctx context.Context, method, path string, p params, out any) (*envelope, error) {
 	delay := c.cfg.RetryDelay
+	node := pathNode(path)
 	for attempt := 0; ; attempt++ {
+		release, err := c.nodes.acquire(ctx, node)
+		if err != nil {
+			return nil, err
+		}
 		if err := c.limit.wait(ctx); err != nil {
+			release()
 			return nil, err
 		}
 		env, sent, err := c.once(ctx, method, path, p)
+		release()
 		if err == nil {
 			if out != nil && len(env.Data) > 0 && string(env.Data) != "null" {
 				if err := json.Unmarshal(env.Data, out); err != nil {

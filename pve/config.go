@@ -54,6 +54,13 @@ type Config struct {
 	// Negative RateLimit: no limit.
 	RateLimit float64
 	RateBurst int
+	// NodeCalls is the most calls to one node (paths /nodes/{node}/...)
+	// in flight at once; default 2. Each node has three pvedaemon workers
+	// (pve-manager PVE/Service/pvedaemon.pm), which every agent, config
+	// and clone call holds while it runs (an agent call starts with a
+	// ping that waits 3 s for a guest still booting): two leave one to the
+	// web UI and other clients. Negative: no limit.
+	NodeCalls int
 	// TaskPollInterval is WaitTask's first pause between polls (it grows
 	// to 2s); default 300ms.
 	TaskPollInterval time.Duration
@@ -91,6 +98,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RateBurst == 0 {
 		c.RateBurst = 40
+	}
+	if c.NodeCalls == 0 {
+		c.NodeCalls = 2
 	}
 	if c.TaskPollInterval == 0 {
 		c.TaskPollInterval = 300 * time.Millisecond
@@ -211,6 +221,33 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		c.RetryAttempts = n
 		if n == 0 {
 			c.RetryAttempts = -1 // explicit: no retries
+		}
+	}
+	if v := getenv("PROXMOX_RATE_LIMIT"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 10000 || f != f {
+			bad("PROXMOX_RATE_LIMIT", "must be requests per second from 0 (no limit) to 10000, like 20 or 0.5")
+		}
+		c.RateLimit = f
+		if f == 0 {
+			c.RateLimit = -1 // explicit: no limit
+		}
+	}
+	if v := getenv("PROXMOX_RATE_BURST"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			bad("PROXMOX_RATE_BURST", "must be a whole number of requests from 1 to 10000")
+		}
+		c.RateBurst = n
+	}
+	if v := getenv("PROXMOX_NODE_CALLS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1000 {
+			bad("PROXMOX_NODE_CALLS", "must be a whole number from 1 to 1000 (0: no limit)")
+		}
+		c.NodeCalls = n
+		if n == 0 {
+			c.NodeCalls = -1 // explicit: no limit
 		}
 	}
 	if len(errs) > 0 {

@@ -1,6 +1,7 @@
 package pve
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,24 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Errorf("retries %d", cc.RetryAttempts)
 			}
 		}},
+		{name: "load settings", env: map[string]string{"PROXMOX_RATE_LIMIT": "50", "PROXMOX_RATE_BURST": "80", "PROXMOX_NODE_CALLS": "3"},
+			check: func(t *testing.T, c Config) {
+				if cc, _ := c.withDefaults(); cc.RateLimit != 50 || cc.RateBurst != 80 || cc.NodeCalls != 3 {
+					t.Errorf("%+v", cc)
+				}
+			}},
+		{name: "load defaults", check: func(t *testing.T, c Config) {
+			if cc, _ := c.withDefaults(); cc.RateLimit != 20 || cc.RateBurst != 40 || cc.NodeCalls != 2 {
+				t.Errorf("%+v", cc)
+			}
+		}},
+		{name: "no limits", env: map[string]string{"PROXMOX_RATE_LIMIT": "0", "PROXMOX_NODE_CALLS": "0"}, check: func(t *testing.T, c Config) {
+			if cc, _ := c.withDefaults(); cc.RateLimit >= 0 || cc.NodeCalls >= 0 {
+				t.Errorf("%+v", cc)
+			}
+		}},
+		{name: "bad load settings", env: map[string]string{"PROXMOX_RATE_LIMIT": "fast", "PROXMOX_RATE_BURST": "0", "PROXMOX_NODE_CALLS": "-2"},
+			wantErr: []string{"PROXMOX_RATE_LIMIT=", "PROXMOX_RATE_BURST=", "PROXMOX_NODE_CALLS="}},
 		{name: "missing", env: map[string]string{"PROXMOX_HOST": "", "PROXMOX_TOKEN_VALUE": ""},
 			wantErr: []string{"PROXMOX_HOST: must be set", "PROXMOX_TOKEN_VALUE: must be set"}},
 		{name: "bad values", env: map[string]string{
@@ -101,6 +120,43 @@ func TestNewChecksConfig(t *testing.T) {
 		mod(&c)
 		if _, err := New(c); err == nil {
 			t.Errorf("case %d: %+v accepted", i, c)
+		}
+	}
+}
+
+// TestNodeSlots: at most NodeCalls calls to one node are in flight at
+// once; calls to other nodes, and to no node, are not held up.
+func TestNodeSlots(t *testing.T) {
+	s := newNodeSlots(2)
+	ctx := context.Background()
+	a, _ := s.acquire(ctx, "pve1")
+	b, _ := s.acquire(ctx, "pve1")
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.acquire(short, "pve1"); err == nil {
+		t.Fatal("a third call to pve1 went")
+	}
+	if r, err := s.acquire(ctx, "pve2"); err != nil {
+		t.Fatal(err)
+	} else {
+		r()
+	}
+	if r, err := s.acquire(ctx, ""); err != nil {
+		t.Fatal(err)
+	} else {
+		r()
+	}
+	a()
+	a() // twice: released once
+	if r, err := s.acquire(ctx, "pve1"); err != nil {
+		t.Fatal(err)
+	} else {
+		r()
+	}
+	b()
+	for path, node := range map[string]string{"/nodes/pve1/qemu/100/config": "pve1", "/nodes/pve%2D2/tasks": "pve-2", "/nodes": "", "/cluster/resources": ""} {
+		if got := pathNode(path); got != node {
+			t.Errorf("%s: node %q, want %q", path, got, node)
 		}
 	}
 }

@@ -219,3 +219,46 @@ func MissingPrivilege(err error) (path, privilege string) {
 	}
 	return "", ""
 }
+
+var agentDisabledRe = regexp.MustCompile(`^Agent error: Command (guest-[a-z-]+) has been disabled`)
+
+// AgentDisabled returns the agent command of "Agent error: Command
+// guest-exec has been disabled" (qemu-ga leaves it out: --block-rpcs, or
+// RHEL's --allow-rpcs list), or "".
+func AgentDisabled(err error) string {
+	msg, _ := message(err)
+	if m := agentDisabledRe.FindStringSubmatch(msg); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+var protectedRe = regexp.MustCompile(`^can't remove (?:VM|CT) \d+ - protection mode enabled`)
+
+// IsProtected: the VM cannot be destroyed while its protection option is
+// set ("can't remove VM 101 - protection mode enabled").
+func IsProtected(err error) bool {
+	msg, _ := message(err)
+	return protectedRe.MatchString(msg)
+}
+
+var cfsLockRe = regexp.MustCompile(`cfs-lock '[^']+' error: got lock request timeout`)
+
+// IsClusterLockTimeout: a cluster-wide lock of pmxcfs was held too long
+// ("cfs-lock 'storage-ceph' error: got lock request timeout"), e.g. a
+// shared storage's, by another node's clone.
+func IsClusterLockTimeout(err error) bool {
+	msg, _ := message(err)
+	return cfsLockRe.MatchString(msg)
+}
+
+var renameExistsRe = regexp.MustCompile(`close \(rename\) atomic file '[^']*/qemu-server/\d+\.conf' failed: File exists`)
+
+// IsVMIDTakenElsewhere: pmxcfs refused the new VM's config because
+// another node has a VM of that vmid ("close (rename) atomic file
+// '/etc/pve/nodes/pve2/qemu-server/101.conf' failed: File exists"): two
+// clones on different nodes took the same id from nextid.
+func IsVMIDTakenElsewhere(err error) bool {
+	msg, _ := message(err)
+	return renameExistsRe.MatchString(msg)
+}

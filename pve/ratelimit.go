@@ -2,6 +2,8 @@ package pve
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 )
@@ -61,4 +63,54 @@ func (b *tokenBucket) wait(ctx context.Context) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// nodeSlots bounds the calls in flight to each node (Config.NodeCalls).
+// A nil *nodeSlots does not bound.
+type nodeSlots struct {
+	mu    sync.Mutex
+	max   int
+	slots map[string]chan struct{}
+}
+
+func newNodeSlots(n int) *nodeSlots {
+	if n <= 0 {
+		return nil
+	}
+	return &nodeSlots{max: n, slots: map[string]chan struct{}{}}
+}
+
+// acquire waits for a slot of node ("": a call to no node, unbounded) and
+// returns its release.
+func (s *nodeSlots) acquire(ctx context.Context, node string) (func(), error) {
+	if s == nil || node == "" {
+		return func() {}, ctx.Err()
+	}
+	s.mu.Lock()
+	ch := s.slots[node]
+	if ch == nil {
+		ch = make(chan struct{}, s.max)
+		s.slots[node] = ch
+	}
+	s.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		var once sync.Once
+		return func() { once.Do(func() { <-ch }) }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// pathNode is the node of a path "/nodes/{node}/...", "" for others.
+func pathNode(path string) string {
+	rest, ok := strings.CutPrefix(path, "/nodes/")
+	if !ok {
+		return ""
+	}
+	node, _, _ := strings.Cut(rest, "/")
+	if n, err := url.PathUnescape(node); err == nil {
+		return n
+	}
+	return node
 }

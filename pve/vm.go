@@ -101,10 +101,22 @@ func (v VMConfig) Option(key string) string {
 	return string(s)
 }
 
-// VMConfig reads a VM's configuration (pending changes applied).
+// VMConfig reads a VM's configuration with its pending changes applied
+// (what it will be at its next start): Proxmox's GET config.
 func (c *Client) VMConfig(ctx context.Context, node string, vmid int) (VMConfig, error) {
+	return c.vmConfig(ctx, node, vmid, nil)
+}
+
+// CurrentVMConfig reads the configuration a VM runs with (current=1):
+// changes Proxmox could not apply to a running VM (cores, memory...)
+// wait in its pending section, which this leaves out.
+func (c *Client) CurrentVMConfig(ctx context.Context, node string, vmid int) (VMConfig, error) {
+	return c.vmConfig(ctx, node, vmid, params{"current": true})
+}
+
+func (c *Client) vmConfig(ctx context.Context, node string, vmid int, p params) (VMConfig, error) {
 	var raw map[string]json.RawMessage
-	if _, err := c.get(ctx, vmPath(node, vmid)+"/config", nil, &raw); err != nil {
+	if _, err := c.get(ctx, vmPath(node, vmid)+"/config", p, &raw); err != nil {
 		return VMConfig{}, err
 	}
 	var v VMConfig
@@ -261,4 +273,24 @@ func (c *Client) ResizeDisk(ctx context.Context, node string, vmid int, disk, si
 	var upid string
 	err := c.put(ctx, vmPath(node, vmid)+"/resize", params{"disk": disk, "size": size}, &upid)
 	return upid, err
+}
+
+// PendingOption is one option of a VM's pending view: its current value,
+// the value it takes at the next start, or its removal then.
+type PendingOption struct {
+	Key     string `json:"key"`
+	Value   String `json:"value"`
+	Pending String `json:"pending"`
+	// Delete is 1 when the option goes at the next start (2: forced).
+	Delete Int `json:"delete"`
+}
+
+// Changed: the option changes at the next start.
+func (p PendingOption) Changed() bool { return p.Pending != "" || p.Delete > 0 }
+
+// Pending reads a VM's options with their pending changes (GET pending).
+func (c *Client) Pending(ctx context.Context, node string, vmid int) ([]PendingOption, error) {
+	var out []PendingOption
+	_, err := c.get(ctx, vmPath(node, vmid)+"/pending", nil, &out)
+	return out, err
 }

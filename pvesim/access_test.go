@@ -561,7 +561,13 @@ func TestSharedStorage(t *testing.T) {
 // TestRHELAgent: a guest whose qemu-ga leaves exec and the file calls out
 // of its allow-list answers ping, and refuses the rest as qemu-ga does.
 func TestRHELAgent(t *testing.T) {
-	s := newSim(t, Options{})
+	for _, emulation := range []bool{false, true} {
+		t.Run(fmt.Sprintf("emulation=%v", emulation), func(t *testing.T) { testRHELAgent(t, emulation) })
+	}
+}
+
+func testRHELAgent(t *testing.T, emulation bool) {
+	s := newSim(t, Options{AgentEmulation: emulation})
 	if err := s.AddTemplate("pve1", 9100, "rocky", TemplateSpec{AgentDisabledRPCs: RHELAgentDisabledRPCs()}); err != nil {
 		t.Fatal(err)
 	}
@@ -570,12 +576,42 @@ func TestRHELAgent(t *testing.T) {
 	r.waitOK(t, r.ok(t, "POST", "/nodes/pve1/qemu/100/status/start"))
 	waitAgent(t, s, 100)
 	const vm = "/nodes/pve1/qemu/100/agent"
-	r.expect(t, 500, "Agent error: Command guest-exec has been disabled: the command is not allowed", "POST", vm+"/exec", "command", "true")
-	r.expect(t, 500, "Agent error: Command guest-file-open has been disabled: the command is not allowed", "POST", vm+"/file-write",
+	// qemu-ga 7.2's words (8.1 and later add ": the command is not
+	// allowed" for what --allow-rpcs leaves out).
+	r.expect(t, 500, "Agent error: Command guest-exec has been disabled", "POST", vm+"/exec", "command", "true")
+	r.expect(t, 500, "Agent error: Command guest-file-open has been disabled", "POST", vm+"/file-write",
 		"file", "/tmp/x", "content", "x")
-	r.expect(t, 500, "Agent error: Command guest-file-open has been disabled: the command is not allowed", "GET", vm+"/file-read",
+	r.expect(t, 500, "Agent error: Command guest-file-open has been disabled", "GET", vm+"/file-read",
 		"file", "/etc/hostname")
 	r.ok(t, "GET", vm+"/network-get-interfaces")
+	r.ok(t, "POST", vm+"/ping")
+	// agent/info says what it refuses.
+	var info struct {
+		Result struct {
+			Commands []struct {
+				Name    string `json:"name"`
+				Enabled bool   `json:"enabled"`
+			} `json:"supported_commands"`
+		} `json:"result"`
+	}
+	raw, _ := json.Marshal(r.ok(t, "GET", vm+"/info"))
+	if err := json.Unmarshal(raw, &info); err != nil {
+		t.Fatal(err)
+	}
+	disabled := map[string]bool{}
+	for _, c := range info.Result.Commands {
+		if !c.Enabled {
+			disabled[c.Name] = true
+		}
+	}
+	for _, c := range []string{"guest-exec", "guest-file-open", "guest-file-write"} {
+		if !disabled[c] {
+			t.Errorf("agent/info: %s enabled (disabled: %v)", c, disabled)
+		}
+	}
+	if disabled["guest-ping"] || len(info.Result.Commands) < 5 {
+		t.Errorf("agent/info: %+v", info.Result.Commands)
+	}
 }
 
 // TestReleases: PVE 8.2 and 8.4 speak the PVE 8 schema and privileges

@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -183,8 +184,9 @@ func TestSnapshots(t *testing.T) {
 		StorageSpec{ID: "thick", Type: "lvm"}, StorageSpec{ID: "tank", Type: "zfspool"})})
 	ctx := ctxT(t)
 	id := cloneAndBoot(t, s, 130, nil)
+	// Options a running VM takes at once (cores would wait in [PENDING]).
 	desc := "before"
-	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 1, Description: &desc}); err != nil {
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Description: &desc, Options: map[string]string{"cpulimit": "1"}}); err != nil {
 		t.Fatal(err)
 	}
 	upid, err := s.c.CreateSnapshot(ctx, "pve1", id, "s1", "first", true)
@@ -203,7 +205,7 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("snapshot named current: %v", err)
 	}
 	desc = "after"
-	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 4, Description: &desc, Options: map[string]string{"onboot": "1"}}); err != nil {
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Description: &desc, Options: map[string]string{"onboot": "1", "cpulimit": "4"}}); err != nil {
 		t.Fatal(err)
 	}
 	upid, err = s.c.CreateSnapshot(ctx, "pve1", id, "s2", "", false)
@@ -218,9 +220,9 @@ func TestSnapshots(t *testing.T) {
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "s1", false)
 	mustTask(t, s, upid, err)
 	cfg, _ := s.c.VMConfig(ctx, "pve1", id)
-	if cfg.Cores != 1 || cfg.Description != "after" || cfg.Option("onboot") != "" || cfg.Option("parent") != "s1" || cfg.Lock != "" {
-		t.Errorf("after rollback to s1: cores %d, description %q, onboot %q, parent %q, lock %q",
-			cfg.Cores, cfg.Description, cfg.Option("onboot"), cfg.Option("parent"), cfg.Lock)
+	if cfg.Option("cpulimit") != "1" || cfg.Description != "after" || cfg.Option("onboot") != "" || cfg.Option("parent") != "s1" || cfg.Lock != "" {
+		t.Errorf("after rollback to s1: cpulimit %s, description %q, onboot %q, parent %q, lock %q",
+			cfg.Option("cpulimit"), cfg.Description, cfg.Option("onboot"), cfg.Option("parent"), cfg.Lock)
 	}
 	if v, _ := s.VM(id); v.Status != "running" {
 		t.Errorf("a snapshot with RAM left the VM %s", v.Status)
@@ -229,8 +231,8 @@ func TestSnapshots(t *testing.T) {
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "s2", false)
 	mustTask(t, s, upid, err)
 	cfg, _ = s.c.VMConfig(ctx, "pve1", id)
-	if v, _ := s.VM(id); v.Status != "stopped" || cfg.Cores != 4 || cfg.Option("onboot") != "1" {
-		t.Errorf("after rollback to s2: %s, cores %d", v.Status, cfg.Cores)
+	if v, _ := s.VM(id); v.Status != "stopped" || cfg.Option("cpulimit") != "4" || cfg.Option("onboot") != "1" {
+		t.Errorf("after rollback to s2: %s, cpulimit %s", v.Status, cfg.Option("cpulimit"))
 	}
 	upid, err = s.c.RollbackSnapshot(ctx, "pve1", id, "nope", false)
 	if err != nil {
@@ -495,5 +497,54 @@ func TestAdminResponsesMatchSchema(t *testing.T) {
 		if r.Status != 200 && !(r.Status == 500 && r.Reason == "QEMU guest agent is not running") {
 			t.Errorf("%s %s: %d %s", r.Method, r.Path, r.Status, r.Reason)
 		}
+	}
+}
+
+// TestPendingConfig: a config change to a running VM waits in [PENDING]
+// for what it cannot hot-plug (cores, memory), applies at once what it can
+// (tags, name, cpulimit); GET config shows the pending values unless
+// current=1; GET pending lists them; the next start applies them.
+func TestPendingConfig(t *testing.T) {
+	s := newSim(t, Options{})
+	ctx := ctxT(t)
+	id := cloneAndBoot(t, s, 140, nil)
+	before, _ := s.c.VMConfig(ctx, "pve1", id)
+	if err := s.c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Cores: 4, MemoryMiB: 1024, Tags: []string{"b", "a"},
+		Options: map[string]string{"cpulimit": "1.5"}, Delete: []string{"ostype"}}); err != nil {
+		t.Fatal(err)
+	}
+	merged, _ := s.c.VMConfig(ctx, "pve1", id)
+	current, _ := s.c.CurrentVMConfig(ctx, "pve1", id)
+	if merged.Cores != 4 || merged.MemoryMiB() != 1024 || merged.Option("ostype") != "" || merged.Tags != "a;b" {
+		t.Errorf("GET config: cores %d memory %d ostype %q tags %q", merged.Cores, merged.MemoryMiB(), merged.Option("ostype"), merged.Tags)
+	}
+	if current.Cores != before.Cores || current.MemoryMiB() != before.MemoryMiB() || current.Option("ostype") != "l26" ||
+		current.Tags != "a;b" || current.Option("cpulimit") != "1.5" {
+		t.Errorf("current=1: cores %d memory %d ostype %q tags %q cpulimit %q", current.Cores, current.MemoryMiB(), current.Option("ostype"),
+			current.Tags, current.Option("cpulimit"))
+	}
+	if merged.Digest == before.Digest || merged.Digest != current.Digest {
+		t.Errorf("digests %s %s %s", before.Digest, merged.Digest, current.Digest)
+	}
+	opts, err := s.c.Pending(ctx, "pve1", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := map[string]string{}
+	for _, o := range opts {
+		if o.Changed() {
+			changed[o.Key] = fmt.Sprintf("%s>%s/%d", o.Value, o.Pending, o.Delete)
+		}
+	}
+	if want := map[string]string{"cores": "2>4/0", "memory": "2048>1024/0", "ostype": "l26>/1"}; fmt.Sprint(changed) != fmt.Sprint(want) {
+		t.Errorf("pending %v, want %v", changed, want)
+	}
+	for _, f := range []func(context.Context, string, int) (string, error){s.c.StopVM, s.c.StartVM} {
+		upid, err := f(ctx, "pve1", id)
+		mustTask(t, s, upid, err)
+	}
+	after, _ := s.c.CurrentVMConfig(ctx, "pve1", id)
+	if v, _ := s.VM(id); after.Cores != 4 || after.MemoryMiB() != 1024 || after.Option("ostype") != "" || len(v.Pending) != 0 {
+		t.Errorf("after a restart: cores %d memory %d ostype %q pending %v", after.Cores, after.MemoryMiB(), after.Option("ostype"), v.Pending)
 	}
 }

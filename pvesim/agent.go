@@ -4,45 +4,45 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// agentFor is PVE's assert_agent_available: the VM has the agent
-// enabled, runs, and its agent answers; then the QMP command cmd goes to
-// qemu-ga, which refuses it when its allow-list leaves it out (RHEL's
-// qemu-ga 10 does for exec and files: qemu's qmp-dispatch message, which
-// PVE reports as "Agent error: ..." in src/PVE/QemuServer/Agent.pm
-// check_agent_error). A call takes at least Options.AgentLatency. Call
-// without s.mu held.
-func (c *call) agentFor(cmd string) (*qga, int, error) {
+// agentFor is PVE's assert_agent_available (src/PVE/QemuServer/Agent.pm):
+// the VM has an agent option (one that is absent fails at once; with
+// agent: 0, QEMU has no agent socket and the ping fails) and runs, and its
+// agent answers a guest-ping within 3 s (Options.AgentPingTimeout; a booting guest makes
+// the ping wait that long). Each agent_cmd does it again before its
+// command, so a call costs a ping and the command. A call takes at least
+// Options.AgentLatency. The agent itself refuses what it blocks (qemu-ga
+// -b, RHEL's --allow-rpcs list): qemu's "Command guest-exec has been
+// disabled", which PVE reports as "Agent error: ..." (check_agent_error).
+// Call without s.mu held.
+func (c *call) agentFor() (guestAgent, int, error) {
 	s := c.s
 	s.mu.Lock()
 	v, err := c.loadVM()
-	if err == nil && !v.agentEnabled() {
+	if err == nil && v.conf["agent"] == "" {
+		// Only an agent option that is absent is refused at once: with
+		// agent: 0 the VM runs without the agent's socket, and the ping
+		// below fails.
 		err = dieErr("No QEMU guest agent configured")
 	}
 	if err == nil && v.status != "running" {
 		err = dieErr("VM %d is not running", v.vmid)
 	}
-	if err == nil {
-		if up := s.agentUp(v); up != nil {
-			err = dieErr("%s", up)
-		}
-	}
-	if err == nil && slices.Contains(v.agentDisabled, cmd) {
-		err = dieErr("Agent error: Command %s has been disabled: the command is not allowed", cmd)
-	}
-	var a *qga
 	var vmid int
+	noSocket := false
 	if err == nil {
-		a, vmid = v.guest.agent, v.vmid
+		vmid, noSocket = v.vmid, !v.agentEnabled()
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, 0, err
+	}
+	if noSocket {
+		return nil, 0, dieErr("QEMU guest agent is not running")
 	}
 	if d := s.opts.AgentLatency; d > 0 {
 		select {
@@ -50,7 +50,16 @@ func (c *call) agentFor(cmd string) (*qga, int, error) {
 		case <-c.ctx.Done():
 		}
 	}
-	return a, vmid, nil
+	if err := s.pingAgent(c.ctx, vmid); err != nil {
+		return nil, 0, dieErr("QEMU guest agent is not running")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vms[vmid]
+	if !ok || v.guest == nil {
+		return nil, 0, dieErr("VM %d is not running", vmid)
+	}
+	return v.guest.agent, vmid, nil
 }
 
 // agentErr reports a failed agent command like PVE: the agent's own
@@ -80,17 +89,28 @@ func (c *call) agentErr(err error, vmid int, cmd string) error {
 
 // POST .../agent/ping
 func hAgentPing(c *call) (any, error) {
-	a, vmid, err := c.agentFor("guest-ping")
+	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}
-	if err := a.ping(c.ctx, 3*time.Second); err != nil {
-		if errors.Is(err, errAgentTimeout) {
-			return nil, dieErr("QEMU guest agent is not running")
-		}
+	if err := a.ping(c.ctx, qgaCmdTimeout); err != nil {
 		return nil, c.agentErr(err, vmid, "ping")
 	}
 	return map[string]any{"result": map[string]any{}}, nil
+}
+
+// GET .../agent/info: guest-info, the agent's version and its commands,
+// each enabled or not.
+func hAgentInfo(c *call) (any, error) {
+	a, vmid, err := c.agentFor()
+	if err != nil {
+		return nil, err
+	}
+	info, err := a.info(c.ctx)
+	if err != nil {
+		return nil, c.agentErr(err, vmid, "info")
+	}
+	return map[string]any{"result": info}, nil
 }
 
 // POST .../agent/exec: the command runs in the guest, in the background;
@@ -112,7 +132,7 @@ func hAgentExec(c *call) (any, error) {
 	if len(argv) == 0 && input == nil {
 		return nil, dieErr("command or input-data (or both) required")
 	}
-	a, vmid, err := c.agentFor("guest-exec")
+	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +156,7 @@ func hAgentExec(c *call) (any, error) {
 // GET .../agent/exec-status: exited 0 until the process ended; then its
 // exit code (or signal) and its output, decoded, booleans as 0/1.
 func hAgentExecStatus(c *call) (any, error) {
-	a, vmid, err := c.agentFor("guest-exec-status")
+	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}
@@ -185,9 +205,16 @@ func hAgentFileWrite(c *call) (any, error) {
 			return nil, err
 		}
 	}
-	a, vmid, err := c.agentFor("guest-file-open")
+	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
+	}
+	// file-write is three agent_cmd calls (open, write, close), each
+	// after its own ping.
+	for range 2 {
+		if err := c.s.pingAgent(c.ctx, vmid); err != nil {
+			return nil, dieErr("QEMU guest agent is not running")
+		}
 	}
 	if !c.boolOr("encode", true) {
 		if data, err = base64.StdEncoding.DecodeString(content); err != nil {
@@ -203,16 +230,15 @@ func hAgentFileWrite(c *call) (any, error) {
 // maxFileRead is PVE's limit on agent/file-read.
 const maxFileRead = 16 << 20
 
-// GET .../agent/file-read: at most count bytes (16 MiB); truncated is 1
-// when the read stopped at count (PVE cannot tell that it also reached
-// the end of the file then).
+// GET .../agent/file-read: at most count bytes (16 MiB) read in 1 MiB
+// chunks; truncated is 1 when the read did not reach the end of the file.
 func hAgentFileRead(c *call) (any, error) {
-	a, vmid, err := c.agentFor("guest-file-open")
+	a, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}
 	count := int64(c.intOr("count", maxFileRead))
-	data, err := a.fileRead(c.ctx, c.str("file"), int64(c.intOr("offset", 0)), count)
+	data, eof, err := a.fileRead(c.ctx, c.str("file"), int64(c.intOr("offset", 0)), count)
 	if err != nil {
 		return nil, c.agentErr(err, vmid, "file-read")
 	}
@@ -222,7 +248,7 @@ func hAgentFileRead(c *call) (any, error) {
 	} else {
 		res["content"] = base64.StdEncoding.EncodeToString(data)
 	}
-	if int64(len(data)) >= count {
+	if !eof {
 		res["truncated"] = 1
 	}
 	return res, nil
@@ -232,7 +258,7 @@ func hAgentFileRead(c *call) (any, error) {
 // VM's net0 MAC and an address derived from its vmid. (The sandbox has
 // no network: the address is plausible, not reachable.)
 func hAgentNetwork(c *call) (any, error) {
-	_, vmid, err := c.agentFor("guest-network-get-interfaces")
+	_, vmid, err := c.agentFor()
 	if err != nil {
 		return nil, err
 	}

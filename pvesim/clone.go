@@ -189,6 +189,17 @@ func hClone(c *call) (any, error) {
 		if plan, err = c.cloneCheck(); err != nil {
 			return err
 		}
+		if s.faults.CloneRaces > 0 && s.vms[newid] == nil {
+			// Another node's clone takes the id first (Faults.CloneRaces).
+			for _, n := range s.nodes {
+				if n.name != node && (target == "" || n.name != target) {
+					s.faults.CloneRaces--
+					s.vms[newid] = &vm{vmid: newid, node: n.name, status: "stopped",
+						conf: map[string]string{"name": "other-clone-" + strconv.Itoa(newid), "memory": "512", "cores": "1"}}
+					break
+				}
+			}
+		}
 		if other, exists := s.vms[newid]; exists && (other.node != node || other.ct) {
 			// pmxcfs refuses a config whose vmid another node (or a
 			// container) has.
@@ -246,6 +257,9 @@ func hClone(c *call) (any, error) {
 			case k == "template" || k == "lock" || k == "parent" || strings.HasPrefix(k, "unused"):
 			case netKeyRe.MatchString(k):
 				conf[k] = withNewMAC(val)
+			case isCDROM(val) && strings.Contains(volumeID(val), "cloudinit"):
+				// The clone gets a cloud-init drive of its own.
+				conf[k] = strings.Replace(val, fmt.Sprintf("vm-%d-cloudinit", vmid), fmt.Sprintf("vm-%d-cloudinit", newid), 1)
 			default:
 				conf[k] = val
 			}

@@ -48,6 +48,18 @@ func hDelete(c *call) (any, error) {
 					}
 				}
 			}
+			if c.boolOr("destroy-unreferenced-disks", false) {
+				// destroy_vm frees the VM's own disks first, then lists
+				// every storage for disks of its vmid (pve-storage
+				// vdisk_list activates each): one that is offline fails the
+				// task, and so will every retry (qemu-server
+				// src/PVE/QemuServer.pm destroy_vm).
+				for _, st := range s.storages {
+					if st.offline && (st.hasContent("images") || st.hasContent("rootdir")) {
+						return fmt.Errorf("storage '%s' is not online", st.id)
+					}
+				}
+			}
 			for _, k := range v.disks() {
 				sid, name, _ := strings.Cut(volumeID(v.conf[k]), ":")
 				if st := s.storage(sid); st == nil || (st.typ != "lvm" && st.typ != "lvmthin") {

@@ -34,8 +34,9 @@
 // src/PVE/RPCEnvironment.pm check_api2_permissions and
 // exec_api2_perm_check: perm, and, or, userid-param, userid-group,
 // perm-modify; 403 "Permission check failed (/vms/100, VM.Allocate)"),
-// the node (500 for an unknown node, 595 for an offline one), and then the
-// parameters against the official schema: unknown parameters, missing
+// the node (500 for an unknown node, 595 for an offline one), a pvedaemon
+// worker for a "protected" method (see Workers), and then the parameters
+// against the official schema: unknown parameters, missing
 // ones, types (booleans are 0/1 or JSON booleans only; "true" is refused),
 // enums, minimum/maximum, maxLength, patterns, the named formats that
 // matter (pve-vmid, pve-node, dns-name, tags, MAC addresses, storage,
@@ -105,6 +106,18 @@
 //     PVE::Exception: "403 Permission check failed (...)" (pve-common
 //     src/PVE/RESTEnvironment.pm, src/PVE/Exception.pm stringify).
 //
+// # Workers
+//
+// pveproxy hands every "protected" method (config changes, clones, power,
+// agent calls, task status...: the schema's protected flag) to pvedaemon
+// on the node the call names (pve-manager PVE/HTTPServer.pm, pve-http-
+// server src/PVE/APIServer/AnyEvent.pm proxy_request), which has three
+// workers (PVE/Service/pvedaemon.pm max_workers), each running one call at
+// a time: the handler is synchronous inside the worker's event loop. So a
+// node serves at most Options.DaemonWorkers such calls at once; the others
+// wait (Request.Queued says how long). PeakCalls counts the calls to each
+// node in flight at once.
+//
 // # What it simulates
 //
 // A cluster of nodes with their memory and cores, storages, VMs and tasks.
@@ -159,6 +172,30 @@
 //     memory, the memory set or the config's ("balloon value too large
 //     (must be smaller than assigned memory)", update_vm_api
 //     $load_and_check_config), and checked again in the lock.
+//   - A clone copies its source's options but a few (template, lock,
+//     parent, unused disks; new MACs, smbios1 uuid, vmgenid, its own
+//     cloud-init drive vm-<newid>-cloudinit): protection included
+//     (qemu-server src/PVE/API2/Qemu.pm clone_vm), and a protected VM is
+//     not destroyed ("can't remove VM 101 - protection mode enabled":
+//     pve-guest-common src/PVE/AbstractConfig.pm check_protection).
+//   - A destroy with destroy-unreferenced-disks lists every image storage
+//     for the VM's disks after freeing its own (qemu-server
+//     src/PVE/QemuServer.pm destroy_vm, pve-storage src/PVE/Storage.pm
+//     vdisk_list): an offline storage (SetStorageOnline) fails the task
+//     "storage 'nas' is not online" (activate_storage), every time.
+//   - Config changes to a running VM go to its [PENDING] section and only
+//     what qemu-server can hot-plug applies at once (src/PVE/QemuServer.pm
+//     vmconfig_hotplug_pending: the $fast_plug_option list, cloud-init
+//     options, cpulimit, cpuunits, agent, a balloon that stays on or off,
+//     NICs and SCSI/VirtIO disks under the default hotplug network,disk,usb,
+//     memory and vcpus only with memory or cpu hotplug); cores, sockets and
+//     the rest wait for the next start (vm_start: vmconfig_apply_pending).
+//     GET config shows the pending values unless current=1, GET pending
+//     lists them (src/PVE/API2/Qemu.pm vm_config, vm_pending), the digest
+//     covers them, and a snapshot rollback drops them (AbstractConfig.pm
+//     __snapshot_apply_config makes the config afresh).
+//   - A VM's lock set by a task that died half-way (SetVMLock) stays: only
+//     root clears it (qm unlock; skiplock is root@pam's).
 //   - A VM has sockets x cores vCPUs (qemu-server src/PVE/QemuServer.pm
 //     config_to_command): more than the node's cores fails the start
 //     ("MAX 8 vcpus allowed per VM on this node"). Memory is not a reason
@@ -250,49 +287,71 @@
 // a real cluster's, measured on real hardware: every request 10-50 ms, a
 // guest-agent call at least 25 ms, a clone ~2 s, a start ~1 s then ~10 s
 // of boot and ~3 s until the agent answers, a stop ~2 s, other tasks
-// 300 ms, and pvestatd's 10 s cycle. Each figure can be set on its own
-// (TaskDelay(s), BootDelay, RequestLatency, AgentLatency, StatsInterval,
-// StorageLockHold); LockTimeoutScale shortens PVE's lock time-outs for
-// tests.
+// 300 ms, and pvestatd's 10 s cycle; a ping to a guest still booting
+// waits 3 s (AgentPingTimeout; 50 ms in the fast profile). Each figure can
+// be set on its own (TaskDelay(s), BootDelay, RequestLatency, AgentLatency,
+// AgentPingTimeout, StatsInterval, StorageLockHold); LockTimeoutScale
+// shortens PVE's lock time-outs for tests.
 //
 // # Guests
 //
 // A started VM gets a sandbox of its own from a sandbox.Backend (by
 // default the local namespace backend, so tests must call local.Reexec
 // first in TestMain), sized by its vCPUs, memory and disk; after
-// Options.BootDelay its guest agent answers. The agent is a POSIX shell
-// loop, the sandbox's one command, which really runs what agent/exec
-// asks: argv without a shell, stdin from input-data, stdout and stderr
-// captured apart (16 MiB each, then out-truncated), exit code or signal.
-// It reads and writes files for agent/file-read and agent/file-write as
-// the guest's user, so paths mean what they mean to the guest's
-// commands: /workspace and /tmp are writable, the rest of the root is
-// the host's /usr, /etc... read-only ("Read-only file system"), missing
-// files fail with the agent's "failed to open file '...' (mode: 'r'): No
-// such file or directory". A template may have a qemu-ga that does not
-// allow some commands (TemplateSpec.AgentDisabledRPCs;
-// RHELAgentDisabledRPCs is RHEL/Rocky 10's default, without exec and the
-// file calls): they fail with "Agent error: Command guest-exec has been
-// disabled: the command is not allowed" (qemu's qmp-dispatch message, as
-// qemu-server src/PVE/QemuServer/Agent.pm check_agent_error reports it).
-// Stopping or destroying the VM destroys its sandbox and kills everything
-// in it.
+// Options.BootDelay its guest agent answers. Where Debian's
+// qemu-guest-agent is installed (AgentKind says), the guest runs the real
+// qemu-ga: its sandbox's one process is a small init that runs
+// "qemu-ga -m unix-listen -p /workspace/.qga/sock -t STATEDIR" (with -b for
+// the commands a template's agent blocks) in a process group of its own
+// and starts it again when it ends, as systemd restarts its service; the
+// simulator speaks QGA's JSON protocol to it over that socket as
+// qemu-server's QMPClient does through QEMU's chardev (src/PVE/QMPClient.pm:
+// guest-sync-delimited first, one command at a time, 5 s per command).
+// Exec (argv, input-data, capture-output with out-truncated at 16 MiB),
+// exec-status, the file calls, ping, info and the blocklist are then the
+// real agent's, errors in its words. Elsewhere a POSIX shell loop emulates
+// it (qga.go), and the simulator logs a warning at start.
+//
+// Each agent call is qemu-server's agent_cmd (src/PVE/QemuServer/Agent.pm):
+// assert_agent_available — the agent option present ("No QEMU guest agent
+// configured" only when absent; with agent: 0 QEMU has no agent socket and
+// the agent is "not running"), the VM running, and a guest-ping answered
+// within 3 s (qga_check_running: a booting guest makes it wait all of
+// it) — then the command; file-write is three of them (open, write,
+// close), file-read reads 1 MiB chunks and says truncated until the end
+// of the file (src/PVE/API2/Qemu/Agent.pm). A template's qemu-ga may block
+// commands (TemplateSpec.AgentDisabledRPCs; RHELAgentDisabledRPCs is the
+// RHEL family's default): they fail "Agent error: Command guest-exec has
+// been disabled" (qemu's qmp-dispatch, reported by check_agent_error),
+// and agent/info shows them disabled.
+//
+// RestartAgent stops a guest's agent as an upgrade would: its process
+// group dies, and what the agent started with it; what left the group
+// (setsid) lives on. Stopping or destroying the VM destroys its sandbox
+// and kills everything in it.
 //
 // # Known differences from a real cluster
 //
-//   - The agent keeps its spool in /workspace/.qga (requests, stdout and
-//     stderr of running commands): the guest's commands can see it.
+//   - The agent's socket and state (and, emulated, its spool of requests
+//     and outputs) are in /workspace/.qga: the guest's commands see them.
 //   - Commands run as the sandbox's user (uid 1000), not root, in "/", with
 //     the agent's environment (PATH, LANG=C.UTF-8).
-//   - The agent's shell reports death by signal N as exit status 128+N;
-//     the simulator reports codes 129..192 as signal N, so a command that
-//     exits with such a code on purpose is reported killed.
+//   - The guest has no systemd: an agent restart kills the agent's process
+//     group, which a setsid leaves, where systemd kills the service's
+//     cgroup, which it does not (delegate's runner takes a systemd scope
+//     where systemd runs; the simulator cannot show that branch).
+//   - The guest has no syslog: qemu-ga's log of each exec's argument list
+//     goes nowhere. Requests shows every argument list the agent got.
+//   - The emulated agent (without qemu-guest-agent) reports death by
+//     signal N as exit status 128+N; the simulator reports codes 129..192
+//     as signal N, so a command that exits with such a code on purpose is
+//     reported killed.
 //   - The guest has no network (the local backend has none):
 //     network-get-interfaces reports loopback and an eth0 with the VM's
 //     MAC and an address derived from its vmid.
 //   - A stop loses the guest's disk: the next start boots a fresh sandbox.
-//   - Config changes apply at once, also to a running VM (no pending
-//     section); memory and vCPUs of a running VM count as started.
+//   - Memory and vCPUs of a running VM count as started (pending changes
+//     do not).
 //   - Only API tokens authenticate (no tickets), so nothing is ever
 //     root@pam itself; groups and realms other than pam and pve do not
 //     exist.
@@ -320,8 +379,16 @@
 // Options.Faults and SetFaults inject failures: a share of requests
 // answered 500 before they act (ErrorRate), tasks of a type that fail
 // with a given exit status and leave no trace (TaskFailures), guest
-// agents that never come up (AgentDown), and offline nodes (also
-// SetNodeOnline). Options.TaskDelays makes tasks of a type slow.
+// agents that never come up (AgentDown), offline nodes (also
+// SetNodeOnline), and clones that lose their vmid to another node's clone
+// (CloneRaces: pmxcfs's "close (rename) atomic file ... File exists").
+// Options.TaskDelays makes tasks of a type slow; HoldStorageLock holds a
+// storage's lock (a shared one's is pmxcfs's: "cfs-lock 'storage-ceph'
+// error: got lock request timeout" for the clones that wait on it);
+// SetStorageOnline takes a storage offline. TemplateSpec makes the
+// templates of real clusters: protected, with a cloud-init drive on local
+// storage, with an agent that blocks exec and files, with agent: 0, with
+// NIC options (firewall, rate, mtu).
 //
 // # Introspection
 //

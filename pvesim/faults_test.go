@@ -1,8 +1,10 @@
 package pvesim
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,9 +132,22 @@ func TestAgentDown(t *testing.T) {
 	}
 	s.SetFaults(Faults{})
 	waitAgent(t, s, 101)
-	// An agent not configured is another error.
+	// An agent not configured is another error. Removing the option
+	// from a running VM waits for its next start ([PENDING]).
 	if err := s.c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{Delete: []string{"agent"}}); err != nil {
 		t.Fatal(err)
+	}
+	if err := s.c.AgentPing(ctx, "pve1", 101); err != nil {
+		t.Errorf("agent removed while running: %v", err)
+	}
+	for _, f := range []func(context.Context, string, int) (string, error){s.c.StopVM, s.c.StartVM} {
+		upid, err := f(ctx, "pve1", 101)
+		if err == nil {
+			err = s.c.WaitTask(ctx, "", upid)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := s.c.AgentPing(ctx, "pve1", 101); !pve.IsAgentNotConfigured(err) {
 		t.Errorf("agent not configured: %v", err)
@@ -192,5 +207,39 @@ func TestOfflineNode(t *testing.T) {
 	}
 	if err := s.SetNodeOnline("pve9", false); err == nil {
 		t.Error("unknown node accepted")
+	}
+}
+
+// TestDaemonWorkers: a node's pvedaemon has three workers; an agent call
+// to a guest still booting holds one for the ping's time-out, so a fourth
+// call to the node (here another ping) waits for a worker.
+func TestDaemonWorkers(t *testing.T) {
+	s := newSim(t, Options{BootDelay: 10 * time.Second, AgentPingTimeout: 400 * time.Millisecond})
+	ctx := ctxT(t)
+	upid, err := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: 101})
+	mustTask(t, s, upid, err)
+	upid, err = s.c.StartVM(ctx, "pve1", 101)
+	mustTask(t, s, upid, err)
+	c := newClient(t, s.Server, "root@pam", "delegate", testTokenSecret, func(c *pve.Config) { c.NodeCalls = -1 })
+	before := len(s.Requests())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.AgentPing(ctx, "pve1", 101); !pve.IsAgentNotRunning(err) {
+				t.Errorf("ping while booting: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	queued := 0
+	for _, r := range s.Requests()[before:] {
+		if strings.HasSuffix(r.Path, "/agent/ping") && r.Queued >= 300*time.Millisecond {
+			queued++
+		}
+	}
+	if queued != 1 {
+		t.Errorf("%d of 4 pings waited for a worker, want 1", queued)
 	}
 }

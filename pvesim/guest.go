@@ -4,24 +4,46 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
 // guest is a running VM's inside: a sandbox of its own, with the guest
-// agent as its one process. Stopping the VM destroys the sandbox, and
-// with it everything the guest ran.
+// agent (the real qemu-ga under a small init, or its emulation) as its
+// one process. Stopping the VM destroys the sandbox, and with it
+// everything the guest ran.
 type guest struct {
 	sb     sandbox.Sandbox
-	agent  *qga
+	agent  guestAgent
 	bootAt time.Time // when the boot ends and the agent may answer
+}
+
+// guestAgent is the QEMU guest agent of a running guest: the real
+// qemu-ga (qgareal.go) or, where it is not installed, the shell
+// emulation (qga.go).
+type guestAgent interface {
+	ping(ctx context.Context, timeout time.Duration) error
+	exec(ctx context.Context, argv []string, input []byte) (int, error)
+	execStatus(ctx context.Context, pid int) (execStatus, error)
+	// fileRead reads at most count bytes from offset, and says whether
+	// it reached the end of the file.
+	fileRead(ctx context.Context, path string, offset, count int64) ([]byte, bool, error)
+	fileWrite(ctx context.Context, path string, data []byte) error
+	info(ctx context.Context) (map[string]any, error)
+	// restart stops the agent as stopping its service would; the guest
+	// starts it again.
+	restart(ctx context.Context) error
+	exited() bool
+	close()
 }
 
 // boot creates the guest of a VM being started (outside s.mu: creating a
 // sandbox takes a while). The VM's memory and vCPUs size the sandbox;
-// its disk size sizes /workspace.
-func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskBytes int64, rootfs string) (*guest, error) {
+// its disk size sizes /workspace. blocked are the agent commands the
+// guest's qemu-ga does not allow.
+func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskBytes int64, rootfs string, blocked []string) (*guest, error) {
 	if diskBytes <= 0 {
 		diskBytes = 1 << 30
 	}
@@ -38,7 +60,12 @@ func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskByt
 	s.mu.Lock()
 	s.sandboxes[sb.ID()] = true
 	s.mu.Unlock()
-	agent, err := startAgent(ctx, sb)
+	var agent guestAgent
+	if s.agentBin != "" {
+		agent, err = startRealAgent(ctx, sb, filepath.Join(s.guestDir, sb.ID(), "workspace"), s.agentBin, blocked)
+	} else {
+		agent, err = startAgent(ctx, sb, blocked)
+	}
 	if err != nil {
 		s.dropSandbox(sb.ID())
 		return nil, err
@@ -68,14 +95,15 @@ func (s *Server) halt(v *vm) *guest {
 // destroyGuest destroys a halted guest's sandbox (without s.mu held).
 func (s *Server) destroyGuest(g *guest) {
 	if g != nil {
+		g.agent.close()
 		s.dropSandbox(g.sb.ID())
 	}
 }
 
 var errAgentNotRunning = errors.New("QEMU guest agent is not running")
 
-// agentUp tells whether a running VM's guest agent answers: the guest has
-// booted, no fault keeps the agent down, and its process lives. Call
+// agentUp tells whether a running VM's guest agent may answer: the guest
+// has booted, no fault keeps the agent down, and its process lives. Call
 // with s.mu held.
 func (s *Server) agentUp(v *vm) error {
 	g := v.guest
@@ -83,4 +111,50 @@ func (s *Server) agentUp(v *vm) error {
 		return errAgentNotRunning
 	}
 	return nil
+}
+
+// pingAgent is qemu-server's qga_check_running: guest-ping with a 3 s
+// time-out (Options.AgentPingTimeout). A guest that is still booting, or
+// whose agent is down, does not answer: the ping waits the whole time-out
+// (QEMU's chardev takes the command; nobody reads it), holding its
+// pvedaemon worker. Call without s.mu held.
+func (s *Server) pingAgent(ctx context.Context, vmid int) error {
+	s.mu.Lock()
+	v, ok := s.vms[vmid]
+	var g *guest
+	up := errAgentNotRunning
+	if ok {
+		g, up = v.guest, s.agentUp(v)
+	}
+	s.mu.Unlock()
+	if up != nil {
+		select {
+		case <-time.After(s.opts.AgentPingTimeout):
+		case <-ctx.Done():
+		}
+		return errAgentTimeout
+	}
+	// An agent that is up has PVE's whole 3 s to answer, whatever the
+	// profile (a loaded test host may take more than the fast profile's
+	// wait for a booting guest).
+	return g.agent.ping(ctx, 3*time.Second)
+}
+
+// RestartAgent stops a running VM's guest agent as stopping its service
+// would (qemu-ga and what it started in its process group die: the
+// simulator's stand-in for the service's cgroup; what left the group
+// with setsid lives on), and the guest starts it again. It needs the real
+// qemu-ga.
+func (s *Server) RestartAgent(ctx context.Context, vmid int) error {
+	s.mu.Lock()
+	v, ok := s.vms[vmid]
+	var g *guest
+	if ok {
+		g = v.guest
+	}
+	s.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("pvesim: VM %d does not run", vmid)
+	}
+	return g.agent.restart(ctx)
 }

@@ -3,8 +3,10 @@ package pvesim
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 )
@@ -101,4 +103,52 @@ func TestConcurrentVMs(t *testing.T) {
 		}
 	})
 	assertNoGuests(t, s)
+}
+
+// TestRealAgent: where qemu-guest-agent is installed (scripts/test
+// installs it; DELEGATE_REQUIRE_QEMU_GA=1 makes its absence a failure),
+// the guests run it: agent/info is qemu-ga's, and a restart of the agent
+// kills what it started in its process group (the stand-in for its
+// service's cgroup) but not what left it (setsid), and it answers again.
+func TestRealAgent(t *testing.T) {
+	s := newSim(t, Options{})
+	if !strings.HasPrefix(s.AgentKind(), "qemu-ga ") {
+		if os.Getenv("DELEGATE_REQUIRE_QEMU_GA") != "" {
+			t.Fatalf("guests run %s: qemu-guest-agent is not installed", s.AgentKind())
+		}
+		t.Skip("qemu-guest-agent is not installed: guests run the emulation")
+	}
+	ctx := ctxT(t)
+	id := cloneAndBoot(t, s, 120, nil)
+	info, err := s.c.AgentInfo(ctx, "pve1", id)
+	if err != nil || !strings.HasPrefix(s.AgentKind(), "qemu-ga "+info.Version) || len(info.Commands) < 20 || len(info.Disabled("guest-exec", "guest-file-open")) != 0 {
+		t.Fatalf("agent/info %+v %v (%s)", info, err, s.AgentKind())
+	}
+	pids := func() string {
+		es := run(t, s, id, "/bin/sh", "-c", `for p in /proc/[0-9]*; do c=$(tr '\000' ' ' < $p/cmdline 2>/dev/null); case $c in "sleep 10"*) echo "$c";; esac; done | sort`)
+		return string(es.Stdout)
+	}
+	run(t, s, id, "/bin/sh", "-c", "sleep 101 >/dev/null 2>&1 & setsid sleep 102 >/dev/null 2>&1 &")
+	if got := pids(); got != "sleep 101 \nsleep 102 \n" {
+		t.Fatalf("before the restart: %q", got)
+	}
+	agentPid := func() string {
+		data, err := s.c.AgentFileRead(ctx, "pve1", id, qgaDir+"/agent.pid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data.Data)
+	}
+	before := agentPid()
+	if err := s.RestartAgent(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	waitAgent(t, s, id)
+	if after := agentPid(); after == before {
+		t.Errorf("qemu-ga was not restarted (pid %s)", after)
+	}
+	if got := pids(); got != "sleep 102 \n" {
+		t.Errorf("after the restart: %q, want only the setsid one", got)
+	}
 }

@@ -34,6 +34,8 @@ func init() {
 		"POST " + p + "/agent/file-write":               hAgentFileWrite,
 		"GET " + p + "/agent/file-read":                 hAgentFileRead,
 		"GET " + p + "/agent/network-get-interfaces":    hAgentNetwork,
+		"GET " + p + "/agent/info":                      hAgentInfo,
+		"GET " + p + "/pending":                         hPending,
 		"GET /storage":                                  hStorageIndex,
 		"GET /nodes/{node}/storage":                     hNodeStorage,
 		"GET /access/roles":                             hRoles,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -256,12 +257,29 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 		return nil, nil, err
 	}
 	if meth.ProxyTo == "node" {
-		if err := s.reachNode(fmt.Sprint(merged["node"])); err != nil {
+		node := fmt.Sprint(merged["node"])
+		if err := s.reachNode(node); err != nil {
 			return nil, nil, err
 		}
+		defer s.countCall(node)()
 	}
 	if err := meth.check(merged); err != nil {
 		return nil, nil, err
+	}
+	if meth.Protected {
+		// pveproxy hands the call to pvedaemon, on the node it names (or
+		// this one), where it waits for a worker and holds it while it runs.
+		node := s.opts.Nodes[0].Name
+		if meth.ProxyTo == "node" {
+			node = fmt.Sprint(merged["node"])
+		}
+		waited := time.Now()
+		release, err := s.daemonWorker(r.Context(), node)
+		rec.Queued = time.Since(waited)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer release()
 	}
 	h := handlers[meth.Method+" "+meth.Path]
 	if h == nil {
@@ -405,4 +423,59 @@ func (s *Server) reachNode(name string) error {
 		return httpErr(595, "No route to host")
 	}
 	return nil
+}
+
+// daemonWorker waits for one of a node's pvedaemon workers (Options.
+// DaemonWorkers; pve-manager PVE/Service/pvedaemon.pm): each serves one
+// call at a time, since the API handler runs synchronously inside the
+// worker's event loop (pve-http-server src/PVE/APIServer/AnyEvent.pm).
+func (s *Server) daemonWorker(ctx context.Context, node string) (func(), error) {
+	if s.opts.DaemonWorkers < 0 {
+		return func() {}, nil
+	}
+	s.mu.Lock()
+	sem := s.workers[node]
+	if sem == nil {
+		sem = make(chan struct{}, s.opts.DaemonWorkers)
+		s.workers[node] = sem
+	}
+	s.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	case <-ctx.Done():
+		return nil, httpErr(http.StatusServiceUnavailable, "request cancelled")
+	}
+}
+
+// countCall counts a call to a node in flight until the result is
+// called, keeping the most there were at once (PeakCalls).
+func (s *Server) countCall(node string) func() {
+	s.mu.Lock()
+	s.inflight[node]++
+	s.peak[node] = max(s.peak[node], s.inflight[node])
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.inflight[node]--
+		s.mu.Unlock()
+	}
+}
+
+// PeakCalls is, for each node, the most calls to it (on /nodes/{node}/
+// paths) that were in flight at once since the simulator started or
+// ResetPeakCalls.
+func (s *Server) PeakCalls() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.peak)
+}
+
+// ResetPeakCalls starts counting PeakCalls afresh.
+func (s *Server) ResetPeakCalls() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for n := range s.peak {
+		s.peak[n] = s.inflight[n]
+	}
 }

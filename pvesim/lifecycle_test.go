@@ -23,13 +23,19 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 func TestLifecycle(t *testing.T) {
 	for _, full := range []bool{false, true} {
 		t.Run(fmt.Sprintf("full=%v", full), func(t *testing.T) {
-			testLifecycle(t, full)
+			testLifecycle(t, full, false)
 		})
 	}
+	// The shell emulation of the agent (where qemu-ga is missing) answers
+	// the same.
+	t.Run("emulated agent", func(t *testing.T) { testLifecycle(t, false, true) })
 }
 
-func testLifecycle(t *testing.T, full bool) {
-	s := newSim(t, Options{BootDelay: 300 * time.Millisecond})
+func testLifecycle(t *testing.T, full, emulation bool) {
+	s := newSim(t, Options{BootDelay: 300 * time.Millisecond, AgentEmulation: emulation})
+	if emulation && s.AgentKind() != "emulation" {
+		t.Fatalf("agent %s", s.AgentKind())
+	}
 	ctx := ctxT(t)
 	c := s.c
 	id, err := c.NextID(ctx)
@@ -140,7 +146,7 @@ func testLifecycle(t *testing.T, full bool) {
 		t.Errorf("killed: %+v", es)
 	}
 	if _, err := c.AgentExec(ctx, "pve1", id, []string{"nosuch-program"}, nil); err == nil ||
-		!strings.HasSuffix(err.Error(), "Agent error: Failed to execute child process “nosuch-program” (No such file or directory)") {
+		!strings.HasSuffix(err.Error(), "Agent error: Guest agent command failed, error was 'Failed to execute child process “nosuch-program” (No such file or directory)'") {
 		t.Errorf("missing program: %v", err)
 	}
 

@@ -139,3 +139,22 @@ func (s *Server) lockStorage(ctx context.Context, node string, st *storage) (fun
 	}
 	return release, nil
 }
+
+// HoldStorageLock takes a storage's lock for d, as a long operation of
+// another client would (a full clone, a backup): pmxcfs's cluster-wide
+// lock for a shared storage, the node's flock for a local one. Clones that
+// need it meanwhile wait up to 10 s (LockTimeoutScale) and then fail.
+func (s *Server) HoldStorageLock(node, storageID string, d time.Duration) error {
+	s.mu.Lock()
+	st := s.storage(storageID)
+	s.mu.Unlock()
+	if st == nil {
+		return fmt.Errorf("pvesim: no storage %q", storageID)
+	}
+	release, err := s.lockStorage(s.ctx, node, st)
+	if err != nil {
+		return err
+	}
+	time.AfterFunc(d, release)
+	return nil
+}

@@ -54,6 +54,20 @@ type Options struct {
 	// AgentLatency is the least a guest-agent call takes (QMP to qemu-ga
 	// and back); default none.
 	AgentLatency time.Duration
+	// AgentPingTimeout is how long the guest-ping before each agent call
+	// waits for an agent that does not answer (a guest still booting):
+	// 3 s in the real profile (qemu-server's qga_check_running), 50 ms by
+	// default.
+	AgentPingTimeout time.Duration
+	// AgentEmulation runs the shell emulation of the guest agent even
+	// where qemu-ga is installed.
+	AgentEmulation bool
+	// DaemonWorkers is how many pvedaemon workers each node has (3, the
+	// default: pve-manager PVE/Service/pvedaemon.pm max_workers): the
+	// calls pveproxy hands to pvedaemon ("protected" methods: agent,
+	// config changes, clones, power, task status...) wait for a free one
+	// and hold it while they run. Negative: no limit.
+	DaemonWorkers int
 	// StatsInterval is pvestatd's cycle: /nodes and /cluster/resources
 	// report the node and VM figures (status, name, memory, cpu...) of the
 	// last cycle, and a VM created since has none of them yet. Zero (the
@@ -119,6 +133,11 @@ type Faults struct {
 	// OfflineNodes are unreachable: "offline" in /nodes and
 	// /cluster/resources, their VMs "unknown", calls to them answer 595.
 	OfflineNodes []string
+	// CloneRaces: the next N clones lose their new vmid to a clone another
+	// node makes at the same moment (a stopped VM appears there), so that
+	// pmxcfs refuses their config ("close (rename) atomic file ... failed:
+	// File exists"). Needs two nodes.
+	CloneRaces int
 }
 
 func (f Faults) clone() Faults {
@@ -174,17 +193,33 @@ type TemplateSpec struct {
 	// template feature (not thick LVM).
 	Storage string
 	// AgentDisabledRPCs are guest-agent commands the guest's qemu-ga does
-	// not allow, as RHEL's does (see RHELAgentDisabledRPCs): calls that
-	// need them fail with "Agent error: Command guest-exec has been
-	// disabled: the command is not allowed".
+	// not allow, as RHEL's does (see RHELAgentDisabledRPCs): the real
+	// qemu-ga runs with --block-rpcs and refuses them ("Agent error:
+	// Command guest-exec has been disabled"), and agent/info shows them
+	// disabled.
 	AgentDisabledRPCs []string
+	// Protection sets protection: 1, which clones copy (qemu-server
+	// clone_vm copies every option but a few): a protected VM is not
+	// destroyed ("can't remove VM N - protection mode enabled").
+	Protection bool
+	// CloudInit, if set, is the storage of a cloud-init drive on ide2
+	// (qm set --ide2 <storage>:cloudinit), as the standard cloud-init
+	// template has it.
+	CloudInit string
+	// CIUpgrade sets ciupgrade (cloud-init upgrades packages at first
+	// boot; PVE's default is 1 when unset).
+	CIUpgrade string
+	// Net0, if set, is its net0 (default "virtio=<MAC>,bridge=vmbr0,
+	// firewall=1").
+	Net0 string
 }
 
-// RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma 10's qemu-ga
-// leaves out of its default --allow-rpcs list: exec and the file calls
-// (seen in BassT23/Proxmox#256: "Agent error: Command guest-exec has been
-// disabled: the command is not allowed"). A template must allow them
-// (/etc/sysconfig/qemu-ga).
+// RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma's qemu-ga
+// leaves out by default (/etc/sysconfig/qemu-ga: BLOCK_RPCS, or an
+// --allow-rpcs list from QEMU 8.1 on): exec and the file calls (seen in
+// BassT23/Proxmox#256: "Agent error: Command guest-exec has been
+// disabled: the command is not allowed"). guest-ping still answers. A
+// template must allow them.
 func RHELAgentDisabledRPCs() []string {
 	return []string{"guest-exec", "guest-exec-status", "guest-file-open", "guest-file-close",
 		"guest-file-read", "guest-file-write", "guest-file-seek", "guest-file-flush"}
@@ -206,10 +241,11 @@ func RealLatency() Options {
 			"qmclone": 2 * time.Second, "qmstart": time.Second, "qmstop": 2 * time.Second,
 			"qmshutdown": 4 * time.Second, "qmdestroy": time.Second,
 		},
-		BootDelay:      12 * time.Second,
-		RequestLatency: Span{10 * time.Millisecond, 50 * time.Millisecond},
-		AgentLatency:   25 * time.Millisecond,
-		StatsInterval:  10 * time.Second,
+		BootDelay:        12 * time.Second,
+		RequestLatency:   Span{10 * time.Millisecond, 50 * time.Millisecond},
+		AgentLatency:     25 * time.Millisecond,
+		AgentPingTimeout: 3 * time.Second,
+		StatsInterval:    10 * time.Second,
 	}
 }
 
@@ -247,6 +283,9 @@ func (o *Options) setDefaults() error {
 		if o.AgentLatency == 0 {
 			o.AgentLatency = real.AgentLatency
 		}
+		if o.AgentPingTimeout == 0 {
+			o.AgentPingTimeout = real.AgentPingTimeout
+		}
 		if o.StatsInterval == 0 {
 			o.StatsInterval = real.StatsInterval
 		}
@@ -258,6 +297,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.BootDelay == 0 {
 		o.BootDelay = 200 * time.Millisecond
+	}
+	if o.AgentPingTimeout == 0 {
+		o.AgentPingTimeout = 50 * time.Millisecond
+	}
+	if o.DaemonWorkers == 0 {
+		o.DaemonWorkers = 3
 	}
 	if o.RequestLatency.Max < o.RequestLatency.Min {
 		o.RequestLatency.Max = o.RequestLatency.Min

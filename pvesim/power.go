@@ -85,6 +85,7 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 		if v.status == "running" {
 			return fmt.Errorf("VM %d already running", vmid)
 		}
+		v.applyPending()
 		n := s.node(node)
 		if cpus := v.vcpus(); cpus > n.cpus {
 			return fmt.Errorf("MAX %d vcpus allowed per VM on this node", n.cpus)
@@ -111,10 +112,10 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 	s.pidSeq += 1 + s.rng.IntN(7)
 	v.status, v.started, v.pid = "running", time.Now(), s.pidSeq
 	v.runMem, v.runCPUs = v.memoryMiB()<<20, v.vcpus()
-	cpus, mem, disk, rootfs := v.runCPUs, v.runMem, v.maxDisk(), v.rootfs
+	cpus, mem, disk, rootfs, blocked := v.runCPUs, v.runMem, v.maxDisk(), v.rootfs, v.agentDisabled
 	s.mu.Unlock()
 
-	g, err := s.boot(s.ctx, vmid, cpus, mem, disk, rootfs)
+	g, err := s.boot(s.ctx, vmid, cpus, mem, disk, rootfs, blocked)
 	s.mu.Lock()
 	if err != nil {
 		if s.vms[vmid] == v && v.guest == nil {

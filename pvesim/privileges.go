@@ -132,7 +132,7 @@ const JobRoleName = "DelegateJobs"
 //     (/sdn/zones/localnetwork/<bridge> without SDN);
 //   - VM.Config.CPU (cores, sockets), VM.Config.Memory (memory, balloon),
 //     VM.Config.Options (name, tags, description), VM.Config.Network (net0,
-//     also to delete it), VM.Config.Disk (resize);
+//     also to delete it), VM.Config.Disk (backup=0 on the disks, resize);
 //   - VM.PowerMgmt (start, stop), VM.Audit (config, status, and seeing the
 //     VMs in /cluster/resources);
 //   - the guest agent: VM.Monitor on PVE 8; on PVE 9
@@ -173,6 +173,39 @@ func JobACLPaths(storages, bridges []string) []string {
 		paths = append(paths, "/sdn/zones/localnetwork/"+b)
 	}
 	return paths
+}
+
+// JobPoolACLPaths are the paths of the job role for a token whose VMs
+// live in a resource pool: the pool (its VMs), /nodes, the storages and
+// the bridges. The templates need PVETemplateUser (VM.Clone, VM.Audit) on
+// /vms/<vmid>, or to be in the pool.
+func JobPoolACLPaths(pool string, storages, bridges []string) []string {
+	paths := JobACLPaths(storages, bridges)
+	paths[0] = "/pool/" + pool
+	return paths
+}
+
+// PveumPoolCommands are PveumCommands for VMs in a resource pool: the
+// pool, the job role on it (and on /nodes, the storages, the bridges),
+// PVETemplateUser on each template.
+func PveumPoolCommands(pveVersion, pool string, templates []int, storages, bridges []string) []string {
+	privs := JobRolePrivileges(pveVersion)
+	if privs == nil {
+		return nil
+	}
+	out := []string{
+		fmt.Sprintf("pveum pool add %s", pool),
+		fmt.Sprintf("pveum role add %s -privs %q", JobRoleName, strings.Join(privs, ",")),
+		"pveum user add delegate@pve",
+		"pveum user token add delegate@pve jobs --privsep 1",
+	}
+	for _, p := range JobPoolACLPaths(pool, storages, bridges) {
+		out = append(out, fmt.Sprintf("pveum acl modify %s --roles %s --users delegate@pve --tokens 'delegate@pve!jobs'", p, JobRoleName))
+	}
+	for _, t := range templates {
+		out = append(out, fmt.Sprintf("pveum acl modify /vms/%d --roles PVETemplateUser --users delegate@pve --tokens 'delegate@pve!jobs'", t))
+	}
+	return out
 }
 
 // PveumCommands are the shell lines an administrator runs on a PVE node to

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -67,6 +68,58 @@ func (s *Server) CreateJobToken(ctx context.Context, admin Token) (JobToken, err
 			"users": {jt.User}, "tokens": {tok.FullTokenID}}, nil); err != nil {
 			return JobToken{}, err
 		}
+	}
+	return jt, nil
+}
+
+// CreatePoolJobToken is CreateJobToken for VMs in a resource pool (which
+// must exist: Options.Pools): the job role on /pool/<pool> instead of
+// /vms, and PVETemplateUser on each template, so that the token reaches
+// no other VM of the cluster (PveumPoolCommands).
+func (s *Server) CreatePoolJobToken(ctx context.Context, admin Token, pool string, templates []int) (JobToken, error) {
+	jt := JobToken{User: "delegate@pve", TokenName: "jobs", Role: JobRoleName,
+		Privileges: JobRolePrivileges(s.rel.name)}
+	var storages []string
+	s.mu.Lock()
+	for _, st := range s.storages {
+		if st.hasContent("images") {
+			storages = append(storages, st.id)
+		}
+	}
+	s.mu.Unlock()
+	jt.Paths = JobPoolACLPaths(pool, storages, []string{"vmbr0"})
+	api := newAPIClient(s, admin)
+	if err := api.call(ctx, "POST", "/access/roles", url.Values{
+		"roleid": {jt.Role}, "privs": {strings.Join(jt.Privileges, ",")}}, nil); err != nil {
+		return JobToken{}, err
+	}
+	if err := api.call(ctx, "POST", "/access/users", url.Values{"userid": {jt.User}}, nil); err != nil {
+		return JobToken{}, err
+	}
+	var tok struct {
+		Value       string `json:"value"`
+		FullTokenID string `json:"full-tokenid"`
+	}
+	if err := api.call(ctx, "POST", "/access/users/"+url.PathEscape(jt.User)+"/token/"+jt.TokenName,
+		url.Values{"privsep": {"1"}}, &tok); err != nil {
+		return JobToken{}, err
+	}
+	jt.Secret = tok.Value
+	grant := func(path, role string) error {
+		return api.call(ctx, "PUT", "/access/acl", url.Values{"path": {path}, "roles": {role},
+			"users": {jt.User}, "tokens": {tok.FullTokenID}}, nil)
+	}
+	for _, p := range jt.Paths {
+		if err := grant(p, jt.Role); err != nil {
+			return JobToken{}, err
+		}
+	}
+	for _, t := range templates {
+		p := "/vms/" + strconv.Itoa(t)
+		if err := grant(p, "PVETemplateUser"); err != nil {
+			return JobToken{}, err
+		}
+		jt.Paths = append(jt.Paths, p)
 	}
 	return jt, nil
 }

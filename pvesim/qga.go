@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +15,9 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
-// The simulated QEMU guest agent is a POSIX shell loop running inside the
-// VM's sandbox as its one command (a local sandbox runs one command; the
+// The emulated QEMU guest agent, used only where qemu-ga is not installed
+// (see qgareal.go), is a POSIX shell loop running inside the VM's sandbox
+// as its one command (a local sandbox runs one command; the
 // agent is that command, and it starts the others). The only channel
 // between the simulator and the sandbox is the sandbox's file API, which
 // reaches /workspace only, so the agent keeps its spool in qgaDir:
@@ -100,11 +102,13 @@ type agentError struct{ desc string }
 
 func (e *agentError) Error() string { return "Agent error: " + e.desc }
 
-// qga talks to the agent of one running guest.
+// qga talks to the emulated agent of one running guest.
 type qga struct {
 	sb   sandbox.Sandbox
 	proc sandbox.Process
 	next atomic.Int64
+	// blocked are the commands it refuses, as qemu-ga -b does.
+	blocked []string
 	// execs maps an exec's pid to its request number, until exec-status
 	// reports it ended (then qemu-ga forgets it, and so do we).
 	mu    sync.Mutex
@@ -112,8 +116,10 @@ type qga struct {
 	done  chan struct{} // closed when the agent process ended
 }
 
+var _ guestAgent = (*qga)(nil)
+
 // startAgent runs the agent loop in sb and waits until it is ready.
-func startAgent(ctx context.Context, sb sandbox.Sandbox) (*qga, error) {
+func startAgent(ctx context.Context, sb sandbox.Sandbox, blocked []string) (*qga, error) {
 	proc, err := sb.Exec(ctx, sandbox.Command{
 		Args:        []string{"/bin/sh", "-c", agentScript},
 		Env:         agentEnv,
@@ -123,7 +129,7 @@ func startAgent(ctx context.Context, sb sandbox.Sandbox) (*qga, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start guest agent: %w", err)
 	}
-	a := &qga{sb: sb, proc: proc, execs: map[int]int64{}, done: make(chan struct{})}
+	a := &qga{sb: sb, proc: proc, execs: map[int]int64{}, done: make(chan struct{}), blocked: blocked}
 	go func() {
 		proc.Wait(context.Background())
 		close(a.done)
@@ -156,6 +162,35 @@ func (a *qga) exited() bool {
 	default:
 		return false
 	}
+}
+
+func (a *qga) close() {}
+
+// refuse is qemu-ga's answer to a command it blocks (qga/main.c,
+// qapi/qmp-dispatch.c of QEMU 7.2).
+func (a *qga) refuse(cmd string) error {
+	if slices.Contains(a.blocked, cmd) {
+		return &agentError{desc: fmt.Sprintf("Command %s has been disabled", cmd)}
+	}
+	return nil
+}
+
+// restart is not emulated: the agent is the sandbox's one process.
+func (a *qga) restart(ctx context.Context) error {
+	return errors.New("the emulated guest agent cannot restart (install qemu-guest-agent for the real one)")
+}
+
+// emulatedCommands are the commands the emulation answers.
+var emulatedCommands = []string{"guest-exec", "guest-exec-status", "guest-file-close", "guest-file-open", "guest-file-read",
+	"guest-file-write", "guest-info", "guest-network-get-interfaces", "guest-ping", "guest-sync", "guest-sync-delimited"}
+
+// info is guest-info.
+func (a *qga) info(ctx context.Context) (map[string]any, error) {
+	var cmds []any
+	for _, c := range emulatedCommands {
+		cmds = append(cmds, map[string]any{"name": c, "enabled": !slices.Contains(a.blocked, c), "success-response": true})
+	}
+	return map[string]any{"version": "pvesim-emulation", "supported_commands": cmds}, nil
 }
 
 func (a *qga) dir(n int64) string { return fmt.Sprintf("%s/%d", qgaDir, n) }
@@ -215,6 +250,9 @@ func shellQuote(s string) string {
 // exec is guest-exec with capture-output: it starts argv (no shell) with
 // input as its stdin (nil: /dev/null) and returns the pid.
 func (a *qga) exec(ctx context.Context, argv []string, input []byte) (int, error) {
+	if err := a.refuse("guest-exec"); err != nil {
+		return 0, err
+	}
 	var b strings.Builder
 	b.WriteString("set --")
 	for _, arg := range argv {
@@ -233,9 +271,9 @@ func (a *qga) exec(ctx context.Context, argv []string, input []byte) (int, error
 	}
 	if what, ok := strings.CutPrefix(ack, "err spawn "); ok {
 		a.forget(ctx, n)
-		// glib's g_spawn message, as qemu-ga passes it on.
+		// glib's g_spawn message, as qemu-ga 7.2 passes it on.
 		text := map[string]string{"ENOENT": "No such file or directory", "EACCES": "Permission denied"}[what]
-		return 0, &agentError{desc: fmt.Sprintf("Failed to execute child process “%s” (%s)", argv[0], text)}
+		return 0, &agentError{desc: fmt.Sprintf("Guest agent command failed, error was 'Failed to execute child process “%s” (%s)'", argv[0], text)}
 	}
 	pid, err := strconv.Atoi(strings.TrimPrefix(ack, "ok "))
 	if err != nil {
@@ -264,6 +302,9 @@ type execStatus struct {
 // execStatus is guest-exec-status. Once it reports a process ended, the
 // agent forgets the pid, like qemu-ga.
 func (a *qga) execStatus(ctx context.Context, pid int) (execStatus, error) {
+	if err := a.refuse("guest-exec-status"); err != nil {
+		return execStatus{}, err
+	}
 	a.mu.Lock()
 	n, ok := a.execs[pid]
 	a.mu.Unlock()
@@ -314,6 +355,9 @@ func (a *qga) readCapped(ctx context.Context, p string) ([]byte, bool) {
 // fileWrite is guest-file-open (mode "wb") + guest-file-write: the file
 // is created or truncated, as the guest's user.
 func (a *qga) fileWrite(ctx context.Context, path string, data []byte) error {
+	if err := a.refuse("guest-file-open"); err != nil {
+		return err
+	}
 	n, ack, err := a.request(ctx, "write", map[string][]byte{"path": []byte(path), "data": data}, 10*time.Second)
 	a.forget(ctx, n)
 	if err != nil {
@@ -326,8 +370,12 @@ func (a *qga) fileWrite(ctx context.Context, path string, data []byte) error {
 }
 
 // fileRead reads up to count bytes from offset; it reports whether it
-// read all it was asked for (then PVE cannot know it reached the end).
-func (a *qga) fileRead(ctx context.Context, path string, offset, count int64) ([]byte, error) {
+// reached the end of the file (it cannot tell when it read all it was
+// asked for).
+func (a *qga) fileRead(ctx context.Context, path string, offset, count int64) ([]byte, bool, error) {
+	if err := a.refuse("guest-file-open"); err != nil {
+		return nil, false, err
+	}
 	n, ack, err := a.request(ctx, "read", map[string][]byte{
 		"path":   []byte(path),
 		"count":  []byte(strconv.FormatInt(count, 10)),
@@ -335,17 +383,17 @@ func (a *qga) fileRead(ctx context.Context, path string, offset, count int64) ([
 	}, 30*time.Second)
 	defer a.forget(ctx, n)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if errno, ok := strings.CutPrefix(ack, "err open "); ok {
-		return nil, &agentError{desc: fmt.Sprintf("failed to open file '%s' (mode: 'r'): %s", path, errno)}
+		return nil, false, &agentError{desc: fmt.Sprintf("failed to open file '%s' (mode: 'r'): %s", path, errno)}
 	}
 	if errno, ok := strings.CutPrefix(ack, "err read "); ok {
-		return nil, &agentError{desc: "failed to read file: " + errno}
+		return nil, false, &agentError{desc: "failed to read file: " + errno}
 	}
 	data, err := a.sb.ReadFile(ctx, a.dir(n)+"/out", count)
 	if err != nil {
-		return nil, fmt.Errorf("guest agent: read answer: %w", err)
+		return nil, false, fmt.Errorf("guest agent: read answer: %w", err)
 	}
-	return data, nil
+	return data, int64(len(data)) < count, nil
 }

@@ -63,6 +63,14 @@ type Server struct {
 	closed       bool
 	// sandboxes are the guest sandboxes that exist, by id.
 	sandboxes map[string]bool
+	// workers are each node's pvedaemon workers (a semaphore); inflight
+	// and peak count the calls to each node in flight (PeakCalls).
+	workers        map[string]chan struct{}
+	inflight, peak map[string]int
+	// agentBin is the host's qemu-ga, which guests run; "" when guests
+	// run the shell emulation. guestDir holds the local sandboxes of the
+	// guests (their workspaces are reached from the host there).
+	agentBin, agentVersion, guestDir string
 
 	srv *http.Server
 	ln  net.Listener
@@ -76,6 +84,16 @@ type simNode struct {
 	started time.Time
 }
 
+// AgentKind says what runs the guests' agents: "qemu-ga <version>" (the
+// real QEMU guest agent) or "emulation" (a shell emulation, where
+// qemu-guest-agent is not installed).
+func (s *Server) AgentKind() string {
+	if s.agentBin == "" {
+		return "emulation"
+	}
+	return "qemu-ga " + s.agentVersion
+}
+
 // Request is one API request as the simulator received it.
 type Request struct {
 	Time    time.Time
@@ -85,6 +103,8 @@ type Request struct {
 	TokenID string // "" when not authenticated
 	Status  int
 	Reason  string // the HTTP reason phrase (Proxmox's message)
+	// Queued is how long it waited for a pvedaemon worker.
+	Queued time.Duration
 }
 
 // New prepares a simulator; Start serves it.
@@ -151,6 +171,9 @@ func New(opts Options) (*Server, error) {
 		access:       newUserConfig(rel.major),
 		storages:     storages,
 		sandboxes:    map[string]bool{},
+		workers:      map[string]chan struct{}{},
+		inflight:     map[string]int{},
+		peak:         map[string]int{},
 		offlineSince: map[string]time.Time{},
 		rng:          rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
 		pidSeq:       0x1000,
@@ -181,6 +204,18 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("pvesim: guests need the local sandbox backend: %w", err)
 		}
 		s.backend = b
+		// The real agent's socket is reached through the sandbox's
+		// workspace on the host: only in sandboxes of our own backend.
+		s.guestDir = dir
+		if !opts.AgentEmulation {
+			s.agentBin = qgaBinary()
+		}
+	}
+	if s.agentBin != "" {
+		s.agentVersion = qgaVersion(s.agentBin)
+		log.Info("pvesim: guests run the real QEMU guest agent", "qemu-ga", s.agentBin, "version", s.agentVersion)
+	} else {
+		log.Warn("pvesim: guests run a shell emulation of the QEMU guest agent: install Debian's qemu-guest-agent for the real one")
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
@@ -249,14 +284,21 @@ func (s *Server) close() error {
 	}
 	s.wg.Wait() // tasks and boots see s.ctx end and return
 	s.mu.Lock()
+	var guests []*guest
 	for _, v := range s.vms {
 		if v.status == "running" {
-			s.halt(v)
+			if g := s.halt(v); g != nil {
+				guests = append(guests, g)
+			}
 		}
 	}
+
 	// Every guest's sandbox, and any a cut-short boot left.
 	ids := slices.Collect(maps.Keys(s.sandboxes))
 	s.mu.Unlock()
+	for _, g := range guests {
+		g.agent.close()
+	}
 	for _, id := range ids {
 		s.dropSandbox(id)
 	}

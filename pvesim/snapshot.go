@@ -300,6 +300,8 @@ func hSnapshotRollback(c *call) (any, error) {
 				}
 				v.conf = rolledBack(v.conf, sn.conf)
 				v.conf["parent"] = name
+				// The new config is made afresh: pending changes are gone.
+				v.pending, v.pendingDelete = nil, nil
 				boot = sn.vmstate || start
 				return nil
 			})

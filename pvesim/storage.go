@@ -49,6 +49,9 @@ type storage struct {
 	id, typ, content string
 	shared           bool
 	size             int64
+	// offline: it does not answer (an NFS server down, a lost iSCSI
+	// target): PVE's activate_storage fails "storage 'x' is not online".
+	offline bool
 }
 
 func newStorage(spec StorageSpec) (*storage, error) {
@@ -275,8 +278,22 @@ func hNodeStorage(c *call) (any, error) {
 func (s *Server) storageEntry(st *storage, node string) map[string]any {
 	e := map[string]any{"id": "storage/" + node + "/" + st.id, "type": "storage", "storage": st.id,
 		"node": node, "plugintype": st.typ, "content": st.content, "shared": b2i(st.shared), "status": "unknown"}
-	if !s.faults.offline(node) {
+	if !s.faults.offline(node) && !st.offline {
 		e["status"], e["disk"], e["maxdisk"] = "available", s.storageUsed(st, node), st.size
 	}
 	return e
+}
+
+// SetStorageOnline takes a storage offline (or back): its status is
+// unknown, and what needs it active fails "storage 'x' is not online"
+// (pve-storage src/PVE/Storage.pm activate_storage).
+func (s *Server) SetStorageOnline(id string, online bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.storage(id)
+	if st == nil {
+		return fmt.Errorf("pvesim: no storage %q", id)
+	}
+	st.offline = !online
+	return nil
 }

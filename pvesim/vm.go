@@ -36,6 +36,10 @@ type vm struct {
 	agentDisabled []string
 	// snapshots are the [snapname] sections of its config file.
 	snapshots map[string]*snapshot
+	// pending is the [PENDING] section: changes made while the VM ran
+	// that apply at its next start (pendingDelete: options to remove).
+	pending       map[string]string
+	pendingDelete []string
 }
 
 // VM is a VM as tests see it.
@@ -55,6 +59,9 @@ type VM struct {
 	Type string
 	// Snapshots are the names of its snapshots, oldest first.
 	Snapshots []string
+	// Pending are changes waiting for its next start ("" for an option
+	// to be removed).
+	Pending map[string]string
 }
 
 // VMs lists the VMs by vmid.
@@ -83,6 +90,15 @@ func (s *Server) vmView(v *vm) VM {
 	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
 		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf), Type: v.typ(),
 		Snapshots: v.snapshotNames()}
+	if len(v.pending)+len(v.pendingDelete) > 0 {
+		out.Pending = maps.Clone(v.pending)
+		if out.Pending == nil {
+			out.Pending = map[string]string{}
+		}
+		for _, k := range v.pendingDelete {
+			out.Pending[k] = ""
+		}
+	}
 	if v.ct {
 		out.Name = v.conf["hostname"]
 	}
@@ -165,6 +181,22 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 	if spec.Tags != "" {
 		conf["tags"] = normalizeTags(spec.Tags)
 	}
+	if spec.Protection {
+		conf["protection"] = "1"
+	}
+	if spec.Net0 != "" {
+		conf["net0"] = spec.Net0
+	}
+	if spec.CloudInit != "" {
+		ci := s.storage(spec.CloudInit)
+		if ci == nil || !ci.hasContent("images") {
+			return fmt.Errorf("pvesim: no storage %q for the cloud-init drive", spec.CloudInit)
+		}
+		conf["ide2"] = fmt.Sprintf("%s:vm-%d-cloudinit,media=cdrom", ci.id, vmid)
+	}
+	if spec.CIUpgrade != "" {
+		conf["ciupgrade"] = spec.CIUpgrade
+	}
 	if spec.BalloonMiB > 0 {
 		conf["balloon"] = strconv.Itoa(spec.BalloonMiB)
 	}
@@ -238,7 +270,16 @@ func (v *vm) digest() string {
 			fmt.Fprintf(&b, "%s: %s\n", k, v.conf[k])
 		}
 	}
-	// The file's snapshot sections follow, so a snapshot changes it too.
+	// The pending section and the snapshots follow: they change it too.
+	if len(v.pending)+len(v.pendingDelete) > 0 {
+		b.WriteString("\n[PENDING]\n")
+		for _, k := range slices.Sorted(maps.Keys(v.pending)) {
+			fmt.Fprintf(&b, "%s: %s\n", k, v.pending[k])
+		}
+		if len(v.pendingDelete) > 0 {
+			fmt.Fprintf(&b, "delete: %s\n", strings.Join(v.pendingDelete, ","))
+		}
+	}
 	for _, name := range v.snapshotNames() {
 		sn := v.snapshots[name]
 		fmt.Fprintf(&b, "\n[%s]\n", name)
@@ -469,4 +510,22 @@ func netOption(net, key string) string {
 		}
 	}
 	return ""
+}
+
+// SetVMLock sets (or, with "", clears) a VM's lock, as a task that died
+// half-way leaves it (a node that rebooted during a clone): only root's
+// qm unlock clears it on a real cluster.
+func (s *Server) SetVMLock(vmid int, lock string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.vms[vmid]
+	if !ok {
+		return fmt.Errorf("pvesim: no VM %d", vmid)
+	}
+	if lock == "" {
+		delete(v.conf, "lock")
+	} else {
+		v.conf["lock"] = lock
+	}
+	return nil
 }

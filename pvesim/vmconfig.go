@@ -3,7 +3,9 @@ package pvesim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +26,7 @@ func hGetConfig(c *call) (any, error) {
 	if c.m.Returns != nil {
 		props = c.m.Returns.Properties
 	}
-	for k, val := range v.conf {
+	for k, val := range v.config(c.boolOr("current", false)) {
 		out[k] = typedValue(props[k], val)
 	}
 	return out, nil
@@ -308,8 +310,19 @@ func setConfig(c *call, async bool) (any, error) {
 				}
 			}
 		}
+		// A running VM takes what it can hot-plug; the rest waits in
+		// [PENDING] for its next start. A stopped one takes everything
+		// (and its pending values for these options are dropped).
+		running := v.status == "running"
 		for _, d := range deletes {
+			if running && !v.hotplug(d, "", true) {
+				v.setPending(d, "", true)
+				continue
+			}
 			delete(v.conf, d)
+			if v.pending != nil {
+				delete(v.pending, d)
+			}
 		}
 		for _, k := range sortedKeys(changes) {
 			val := changes[k]
@@ -328,7 +341,15 @@ func setConfig(c *call, async bool) (any, error) {
 					val = fmt.Sprintf("%s:%s,size=%s%s", m[1], st.volName("full", vmid, v.nextDiskIndex(), ""), formatSize(int64(size*(1<<30))), m[3])
 				}
 			}
+			if running && !v.hotplug(k, val, false) {
+				v.setPending(k, val, false)
+				continue
+			}
 			v.conf[k] = val
+			v.pendingDelete = slices.DeleteFunc(v.pendingDelete, func(d string) bool { return d == k })
+			if v.pending != nil {
+				delete(v.pending, k)
+			}
 		}
 		return nil
 	}
@@ -398,4 +419,135 @@ func (v *vm) nextDiskIndex() int {
 		}
 	}
 	return i
+}
+
+// Pending changes. A config change to a running VM goes to the config's
+// [PENDING] section, and qemu-server applies at once only what it can
+// hot-plug (src/PVE/QemuServer.pm vmconfig_hotplug_pending): the "fast
+// plug" options, cloud-init options, cpulimit, cpuunits, the agent
+// option, a balloon that stays enabled or disabled, NICs and SCSI/VirtIO
+// disks with the default hotplug (network,disk,usb), memory and vcpus only
+// with memory or cpu hotplug. Cores, sockets and the rest stay pending
+// until the VM starts again (vm_start: vmconfig_apply_pending). GET config
+// shows the pending values unless current=1.
+
+var fastPlugOptions = setOf("description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name",
+	"onboot", "protection", "shares", "startup", "tags", "vmstatestorage")
+
+// hotplugFeatures parses the hotplug option (default network,disk,usb;
+// "1" is that, "0" none).
+func hotplugFeatures(v string) map[string]bool {
+	switch v {
+	case "", "1":
+		return setOf("network", "disk", "usb")
+	case "0":
+		return map[string]bool{}
+	}
+	return setOf(splitList(v)...)
+}
+
+// hotplug says whether a change of opt to val (del: its removal) applies
+// to the running VM at once.
+func (v *vm) hotplug(opt, val string, del bool) bool {
+	hp := hotplugFeatures(v.conf["hotplug"])
+	switch {
+	case fastPlugOptions[opt], cloudinitOptions[opt], ipconfigKeyRe.MatchString(opt):
+		return true
+	case opt == "cpulimit", opt == "cpuunits", opt == "agent" && !del:
+		return true
+	case opt == "balloon":
+		enabled := func(b string, set bool) bool { return !set || b != "0" }
+		old, had := v.conf["balloon"]
+		return !del && enabled(old, had) == enabled(val, true)
+	case netKeyRe.MatchString(opt):
+		return hp["network"]
+	case diskKeyRe.MatchString(opt):
+		return hp["disk"] && (strings.HasPrefix(opt, "scsi") || strings.HasPrefix(opt, "virtio"))
+	case opt == "memory":
+		return hp["memory"]
+	case opt == "vcpus":
+		return hp["cpu"]
+	}
+	return false
+}
+
+// setPending records a change for the next start; "" with del removes.
+// Call with s.mu held.
+func (v *vm) setPending(opt, val string, del bool) {
+	v.pendingDelete = slices.DeleteFunc(v.pendingDelete, func(k string) bool { return k == opt })
+	if v.pending != nil {
+		delete(v.pending, opt)
+	}
+	if del {
+		if _, set := v.conf[opt]; set {
+			v.pendingDelete = append(v.pendingDelete, opt)
+		}
+		return
+	}
+	if v.pending == nil {
+		v.pending = map[string]string{}
+	}
+	v.pending[opt] = val
+}
+
+// applyPending is vmconfig_apply_pending, at a start. Call with s.mu held.
+func (v *vm) applyPending() {
+	for _, k := range v.pendingDelete {
+		delete(v.conf, k)
+	}
+	for k, val := range v.pending {
+		v.conf[k] = val
+	}
+	v.pending, v.pendingDelete = nil, nil
+}
+
+// config is the config as GET config shows it: with the pending changes
+// unless current.
+func (v *vm) config(current bool) map[string]string {
+	if current || len(v.pending)+len(v.pendingDelete) == 0 {
+		return v.conf
+	}
+	out := maps.Clone(v.conf)
+	for _, k := range v.pendingDelete {
+		delete(out, k)
+	}
+	maps.Copy(out, v.pending)
+	return out
+}
+
+// GET .../pending: every option with its current value, its pending one
+// and whether it is to be removed (qemu-server vm_pending).
+func hPending(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVM()
+	if err != nil {
+		return nil, err
+	}
+	keys := map[string]bool{}
+	for k := range v.conf {
+		keys[k] = true
+	}
+	for k := range v.pending {
+		keys[k] = true
+	}
+	out := []map[string]any{}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if k == "description" || k == "lock" || k == "digest" {
+			continue
+		}
+		e := map[string]any{"key": k}
+		if val, ok := v.conf[k]; ok {
+			e["value"] = val
+		}
+		if val, ok := v.pending[k]; ok {
+			e["pending"] = val
+		}
+		if slices.Contains(v.pendingDelete, k) {
+			e["delete"] = 1
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }

@@ -177,6 +177,52 @@ func (t *tools) guestConfig(ctx context.Context, in *Guest) (ConfigOut, error) {
 	return ConfigOut{VMID: in.VMID, Node: in.Node, Type: string(typ), Digest: digest, Config: conf}, nil
 }
 
+// VMIn names a VM (only VMs have pending changes).
+type VMIn struct {
+	Node string `json:"node"`
+	VMID int    `json:"vmid"`
+}
+
+// PendingOut is what of a VM's config changes at its next start.
+type PendingOut struct {
+	VMID int    `json:"vmid"`
+	Node string `json:"node"`
+	// Changes are the options that change: their value now (running), the
+	// one at the next start, or their removal then.
+	Changes []PendingChange `json:"changes"`
+}
+
+// PendingChange is one option that changes at the next start.
+type PendingChange struct {
+	Option  string `json:"option"`
+	Current string `json:"current,omitempty"`
+	Next    string `json:"next,omitempty"`
+	Removed bool   `json:"removed,omitempty"`
+}
+
+// guestPending reads GET .../pending: proxmox_guest_config shows the
+// config with its pending changes applied (as Proxmox's GET config does),
+// which is not what a running VM runs with.
+func (t *tools) guestPending(ctx context.Context, in *VMIn) (PendingOut, error) {
+	if err := checkNode(in.Node, false); err != nil {
+		return PendingOut{}, err
+	}
+	if err := checkVMID("vmid", in.VMID); err != nil {
+		return PendingOut{}, err
+	}
+	opts, err := t.c.Pending(ctx, in.Node, in.VMID)
+	if err != nil {
+		return PendingOut{}, proxmoxError(err)
+	}
+	out := PendingOut{VMID: in.VMID, Node: in.Node, Changes: []PendingChange{}}
+	for _, o := range opts {
+		if o.Changed() {
+			out.Changes = append(out.Changes, PendingChange{Option: o.Key, Current: string(o.Value), Next: string(o.Pending), Removed: o.Delete > 0})
+		}
+	}
+	return out, nil
+}
+
 // PowerIn names a guest to stop, reboot or delete.
 type PowerIn struct {
 	Node  string `json:"node"`

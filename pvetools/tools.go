@@ -132,6 +132,7 @@ var catalog = []toolDef{
 	def("proxmox_guest_list", "VMs and containers (type: qemu|lxc, default both) of a node or the cluster.", true, false, true, false, (*tools).listGuests),
 	def("proxmox_guest_status", "A guest's status, cpu, memory, uptime.", true, false, true, false, (*tools).guestStatus),
 	def("proxmox_guest_config", "A guest's configuration, as Proxmox stores it.", true, false, true, false, (*tools).guestConfig),
+	def("proxmox_guest_pending", "A VM's changes waiting for its next start: a running VM takes cores, memory... only then.", true, false, true, false, (*tools).guestPending),
 	def("proxmox_guest_start", "Start a guest.", false, false, false, true, (*tools).start),
 	def("proxmox_guest_stop", "Stop a guest at once (pulls the plug).", false, true, true, true, (*tools).stop),
 	def("proxmox_guest_shutdown", "Shut a guest down cleanly.", false, false, true, true, (*tools).shutdown),

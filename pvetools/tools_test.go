@@ -237,8 +237,10 @@ func TestToolsListed(t *testing.T) {
 			t.Errorf("%s: type without its choices: %s", tool.Name, schema)
 		}
 	}
-	if !slices.Equal(slices.Sorted(slices.Values(names)), slices.Sorted(slices.Values(issueTools))) {
-		t.Errorf("tools %v\nwant %v", names, issueTools)
+	// Issue 10's tools, and issue 20's pending view.
+	want := append(slices.Clone(issueTools), "proxmox_guest_pending")
+	if !slices.Equal(slices.Sorted(slices.Values(names)), slices.Sorted(slices.Values(want))) {
+		t.Errorf("tools %v\nwant %v", names, want)
 	}
 	for _, name := range []string{"proxmox_guest_stop", "proxmox_guest_delete", "proxmox_guest_snapshot"} {
 		for _, tool := range res.Tools {
@@ -248,7 +250,7 @@ func TestToolsListed(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"proxmox_get_nodes", "proxmox_get_vms", "proxmox_get_vm_status", "proxmox_get_storage",
-		"proxmox_get_cluster_status", "proxmox_guest_list", "proxmox_guest_status", "proxmox_guest_config",
+		"proxmox_get_cluster_status", "proxmox_guest_list", "proxmox_guest_status", "proxmox_guest_config", "proxmox_guest_pending",
 		"proxmox_get_next_vmid", "proxmox_node_task", "proxmox_storage_content"} {
 		if !readOnly[name] {
 			t.Errorf("%s is not read-only", name)
@@ -450,12 +452,18 @@ func TestVMLife(t *testing.T) {
 	msg = callErr(t, h, "proxmox_agent_file", map[string]any{"node": "pve1", "vmid": next, "action": "read", "file": "/nope"})
 	wantContains(t, "missing file", msg, "Agent error", "No such file or directory")
 
-	// Config and snapshots: the snapshot keeps cores 1; a rollback brings
-	// it back (and stops the VM).
+	// Config and snapshots. The VM runs: cores change at its next start
+	// (the pending view says so), description and onboot at once. The
+	// snapshot keeps what it runs with; a rollback brings it back (and
+	// stops the VM), pending changes gone.
 	cfg := call[TaskOut](t, h, "proxmox_guest_config_update", map[string]any{"node": "pve1", "vmid": next,
 		"config": map[string]any{"cores": 1, "description": "tools test", "onboot": true}})
 	if cfg.ExitStatus != "OK" || !strings.Contains(cfg.UPID, ":qmconfig:") {
 		t.Errorf("config update %+v", cfg)
+	}
+	pending := call[PendingOut](t, h, "proxmox_guest_pending", vm)
+	if len(pending.Changes) != 1 || pending.Changes[0] != (PendingChange{Option: "cores", Current: "2", Next: "1"}) {
+		t.Errorf("pending %+v", pending)
 	}
 	snap := call[SnapshotOut](t, h, "proxmox_guest_snapshot", map[string]any{"node": "pve1", "vmid": next, "action": "create",
 		"snapname": "before", "description": "one core"})
@@ -474,8 +482,11 @@ func TestVMLife(t *testing.T) {
 	}
 	call[SnapshotOut](t, h, "proxmox_guest_snapshot", map[string]any{"node": "pve1", "vmid": next, "action": "rollback", "snapname": "before"})
 	conf = call[ConfigOut](t, h, "proxmox_guest_config", vm)
-	if conf.Config["cores"] != "1" || conf.Config["onboot"] != "1" || conf.Config["description"] != "tools test" {
+	if conf.Config["cores"] != "2" || conf.Config["onboot"] != "1" || conf.Config["description"] != "tools test" {
 		t.Errorf("config after rollback %+v", conf.Config)
+	}
+	if p := call[PendingOut](t, h, "proxmox_guest_pending", vm); len(p.Changes) != 0 {
+		t.Errorf("pending after rollback %+v", p)
 	}
 	if st := call[StatusOut](t, h, "proxmox_guest_status", vm); st.Status != "stopped" {
 		t.Errorf("after rollback: %s", st.Status)

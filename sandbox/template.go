@@ -36,3 +36,15 @@ func (e *TemplateError) Rule() string {
 }
 
 func (e *TemplateError) Error() string { return fmt.Sprintf("template %q: %s", e.Name, e.Rule()) }
+
+// ResourceChecker is implemented by a backend that can tell, when a job is
+// submitted, that none of its machines could ever hold the job's
+// resources (a VM with more vCPUs than any node has cores), so that the
+// job is refused then instead of failing later.
+type ResourceChecker interface {
+	// CheckResources returns a *delegate.FieldError naming the resource
+	// that no machine has, nil if one might have it, or another error for
+	// the backend's own trouble (the job is then accepted: provisioning
+	// will tell).
+	CheckResources(ctx context.Context, spec Spec) error
+}

@@ -97,7 +97,8 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 			return nil, fmt.Errorf("proxmox backend: instance id: %w", err)
 		}
 		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
-			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log})
+			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
+			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit})
 		if err != nil {
 			return nil, fmt.Errorf("proxmox backend: %w", err)
 		}

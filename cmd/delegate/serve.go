@@ -32,8 +32,16 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	if opts.HTTPAddr != "" {
 		met = metrics.New(metrics.Options{Logger: log})
 	}
-	callbacks, callbackURL := listenCallbacks(cfg, log)
-	a, err := openApp(ctx, cfg, log, true, callbackURL, met)
+	// A server without the job tools runs no jobs: it opens no backend
+	// (whose settings, such as a local DEFAULT_VM_TEMPLATE, it need not
+	// meet) nor callback server, and only reads the job store.
+	runsJobs := cfg.HasToolset("jobs")
+	var callbacks net.Listener
+	var callbackURL string
+	if runsJobs {
+		callbacks, callbackURL = listenCallbacks(cfg, log)
+	}
+	a, err := openApp(ctx, cfg, log, runsJobs, callbackURL, met)
 	if err != nil {
 		if callbacks != nil {
 			callbacks.Close()
@@ -56,8 +64,10 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	} else if stop != nil {
 		defer stop()
 	}
-	if err := a.eng.Start(ctx); err != nil {
-		return err
+	if runsJobs {
+		if err := a.eng.Start(ctx); err != nil {
+			return err
+		}
 	}
 	server, err := newMCPServer(ctx, cfg, a.eng, log)
 	if err != nil {

@@ -50,6 +50,7 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		BootDelay:        div(real.BootDelay),
 		RequestLatency:   pvesim.Span{Min: div(real.RequestLatency.Min), Max: div(real.RequestLatency.Max)},
 		AgentLatency:     div(real.AgentLatency),
+		AgentPingTimeout: div(real.AgentPingTimeout),
 		StatsInterval:    div(real.StatsInterval),
 		AuthFailureDelay: -1,
 		SandboxDir:       dir + "/guests",
@@ -79,6 +80,9 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		return err
 	}
 	pc.TaskPollInterval = div(pc.TaskPollInterval)
+	if pc.NodeCalls == 0 {
+		pc.NodeCalls = 2 // the client's default, printed
+	}
 	client, err := pve.New(pc)
 	if err != nil {
 		return err
@@ -105,15 +109,18 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 
 	b := &pveBench{sim: sim, eng: eng, backend: backend}
 	tasks := []string{"echo hello", "sleep 1"}
-	fmt.Fprintf(stdout, "delegate bench --proxmox-sim: %d runs of each, simulated latencies = real / %g (requests %s-%s, agent calls %s, clone %s, start %s, boot+agent %s, stop %s), polls every %s\n",
-		n, scale, div(real.RequestLatency.Min), div(real.RequestLatency.Max), div(real.AgentLatency), delays["qmclone"],
-		delays["qmstart"], div(real.BootDelay), delays["qmstop"], poll)
+	fmt.Fprintf(stdout, "delegate bench --proxmox-sim: %d runs of each, simulated latencies = real / %g (requests %s-%s, agent calls %s, a ping to a booting guest %s, clone %s, start %s, boot+agent %s, stop %s), polls every %s; guests run %s; at most %d calls in flight per node, pvedaemon's 3 workers\n",
+		n, scale, div(real.RequestLatency.Min), div(real.RequestLatency.Max), div(real.AgentLatency), div(real.AgentPingTimeout), delays["qmclone"],
+		delays["qmstart"], div(real.BootDelay), delays["qmstop"], poll, sim.AgentKind(), pc.NodeCalls)
 	cold := map[string]*samples{}
+	sim.ResetPeakCalls()
 	for _, task := range tasks {
 		if cold[task], err = b.run(ctx, task, n, false); err != nil {
 			return fmt.Errorf("cold %q: %w", task, err)
 		}
 	}
+	coldPeak := sim.PeakCalls()["pve1"]
+	sim.ResetPeakCalls()
 	stop, err := backend.KeepPool(ctx, proxmox.PoolConfig{Size: 2, CPU: defaults.CPU, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,
 		CheckInterval: div(10 * time.Second)})
 	if err != nil {
@@ -130,6 +137,7 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 	if err := b.poolFull(ctx); err != nil {
 		return err
 	}
+	warmPeak := sim.PeakCalls()["pve1"]
 	upkeep := len(sim.Requests()) - before
 	for _, s := range warm {
 		for _, c := range s.calls {
@@ -145,8 +153,9 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		c, w := cold[task], warm[task]
 		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: submit -> running", task), at(median(c.running)), at(median(w.running)))
 		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: submit -> done", task), at(median(c.done)), at(median(w.done)))
-		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: API calls", task), c.callRange(), w.callRange())
+		fmt.Fprintf(stdout, "%-34s %22s %22s\n", fmt.Sprintf("%s: API calls per job", task), c.callRange(), w.callRange())
 	}
+	fmt.Fprintf(stdout, "%-34s %22d %22d\n", "peak concurrent calls to pve1", coldPeak, warmPeak)
 	made := poolMade(sim)
 	if made > 0 {
 		fmt.Fprintf(stdout, "warm pool upkeep: %d API calls for %d VMs made (%.0f per VM: clone, configure, start, agent wait, ready mark; and a listing every %s)\n",

@@ -34,7 +34,7 @@ func TestProxmoxBench(t *testing.T) {
 				t.Errorf("no %q row", task+": "+row)
 			}
 		}
-		m := regexp.MustCompile(regexp.QuoteMeta(task+": API calls") + `\s+(\d+) \(\d+-\d+\)\s+(\d+) \(`).FindSubmatch(out.Bytes())
+		m := regexp.MustCompile(regexp.QuoteMeta(task+": API calls per job") + `\s+(\d+) \(\d+-\d+\)\s+(\d+) \(`).FindSubmatch(out.Bytes())
 		if m == nil {
 			t.Errorf("no %q API calls row", task)
 			continue
@@ -47,5 +47,15 @@ func TestProxmoxBench(t *testing.T) {
 	}
 	if !regexp.MustCompile(`warm pool upkeep: \d+ API calls for \d+ VMs made`).Match(out.Bytes()) {
 		t.Error("no pool upkeep line")
+	}
+	// The per-node bound holds while the pool refills beside the jobs.
+	m := regexp.MustCompile(`peak concurrent calls to pve1\s+(\d+)\s+(\d+)`).FindSubmatch(out.Bytes())
+	if m == nil {
+		t.Fatal("no peak concurrent calls row")
+	}
+	for _, peak := range m[1:] {
+		if n, _ := strconv.Atoi(string(peak)); n < 1 || n > 2 {
+			t.Errorf("peak concurrent calls to pve1: %s, the bound is 2", peak)
+		}
 	}
 }

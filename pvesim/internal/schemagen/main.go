@@ -46,6 +46,8 @@ var Methods = []string{
 	"POST /nodes/{node}/qemu/{vmid}/agent/file-write",
 	"GET /nodes/{node}/qemu/{vmid}/agent/file-read",
 	"GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+	"GET /nodes/{node}/qemu/{vmid}/agent/info",
+	"GET /nodes/{node}/qemu/{vmid}/pending",
 	"GET /storage",
 	"GET /nodes/{node}/storage",
 	"GET /access/roles",
