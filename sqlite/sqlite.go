@@ -27,6 +27,7 @@ type DB struct {
 	*ProgressStore
 	*OutputStore
 	*ArtifactStore
+	*QuestionStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -164,6 +165,20 @@ var migrations = []string{
 	ALTER TABLE job_output ADD COLUMN runs BLOB;
 	CREATE INDEX job_output_stderr ON job_output(job_id, offset) WHERE stream >= 2;
 	ALTER TABLE jobs ADD COLUMN stderr_kept INTEGER NOT NULL DEFAULT 0;`,
+	// The questions jobs ask (question.go), in the order asked (rowid).
+	// form is the requestedSchema as JSON; answer is the answer as JSON,
+	// NULL while there is none.
+	`CREATE TABLE job_questions (
+		job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		id TEXT NOT NULL,
+		origin TEXT NOT NULL,
+		message TEXT NOT NULL,
+		form TEXT NOT NULL,
+		asked_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL DEFAULT 0,
+		answer TEXT,
+		UNIQUE (job_id, id)
+	);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -233,6 +248,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.ArtifactStore, err = newArtifactStore(ctx, db); err != nil {
+		return err
+	}
+	if db.QuestionStore, err = newQuestionStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

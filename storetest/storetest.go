@@ -54,6 +54,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"OutputOffsets", testOutputOffsets},
 		{"OutputStreams", testOutputStreams},
 		{"Artifacts", testArtifacts},
+		{"Questions", testQuestions},
+		{"Answers", testAnswers},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
