@@ -514,7 +514,7 @@ func (x Field) checkString(s, path string) error {
 		ok = err == nil
 	}
 	if !ok {
-		return fieldErr(path, "must be a %s (got %q)", x.Format, s)
+		return fieldErr(path, "must be a valid %s (got %q)", x.Format, s)
 	}
 	return nil
 }
