@@ -31,6 +31,7 @@ type runner struct {
 	jobs      *jobWriter
 	progress  *progressWriter
 	callbacks *callbacks
+	questions *questions
 	// roomFreed is the scheduler's: a sandbox is gone, jobs waiting for
 	// capacity may fit now.
 	roomFreed func()
@@ -378,6 +379,8 @@ func (r *runner) follow(h *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 		r.log.Error("follow job", "job", id, "err", err)
 		return
 	}
+	r.questions.follow(id, sb)
+	defer r.questions.unfollow(id)
 	deadline := job.StartedAt.Add(time.Duration(m.TimeoutSeconds()) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -437,6 +440,7 @@ func (r *runner) follow(h *run, id string, sb sandbox.Sandbox, proc sandbox.Proc
 				continue
 			}
 			t.collect(ctx, false)
+			r.questions.deliver(ctx, id)
 			// This engine, or another process (the CLI, a callback
 			// received by another server), may have ended it. A job that
 			// reported its own completion gets a moment to exit by itself,
@@ -505,6 +509,7 @@ type tracker struct {
 	eventsRead int64
 	latest     int64 // lines of an overflowed status channel seen (sandbox.LatestEvent)
 	events     lineSplitter
+	asks       questionScanner
 	claude     lineSplitter
 }
 
@@ -721,6 +726,7 @@ func (t *tracker) collectEvents(ctx context.Context, final bool) {
 		moved += len(b)
 		lines, skipped := t.events.tail(b, final && len(b) == 0, keep)
 		t.statusLines(lines, skipped)
+		t.questionLines(ctx, b, final && len(b) == 0)
 		if len(b) == 0 {
 			t.collectLatest(ctx)
 			return
@@ -746,6 +752,16 @@ func (t *tracker) collectLatest(ctx context.Context) {
 	skipped := count - t.latest - 1
 	t.latest = count
 	t.statusLines([]string{line}, int(skipped))
+	if isQuestionLine([]byte(line)) {
+		t.r.questions.statusLine(ctx, t.id, line)
+	}
+}
+
+// questionLines asks the questions among the status lines in b. Every
+// line is looked at, not only those a flood leaves for the progress (see
+// collectEvents): a question must not be lost among them.
+func (t *tracker) questionLines(ctx context.Context, b []byte, final bool) {
+	t.asks.scan(b, final, func(line []byte) { t.r.questions.statusLine(ctx, t.id, string(line)) })
 }
 
 func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }
