@@ -30,7 +30,9 @@ func TestJobPageQuestions(t *testing.T) {
 	var answers []delegate.Answer
 	svc := questionService{
 		&mock.JobService{
-			GetFn:      func(ctx context.Context, id string) (*delegate.Job, error) { return runningJob(delegate.StatusModeDetailed), nil },
+			GetFn: func(ctx context.Context, id string) (*delegate.Job, error) {
+				return runningJob(delegate.StatusModeDetailed), nil
+			},
 			TimelineFn: func(ctx context.Context, id string) ([]delegate.Event, error) { return nil, nil },
 		},
 		&mock.QuestionService{
