@@ -54,7 +54,8 @@ type questions struct {
 // delivery is what the engine running a job knows of its answers.
 type delivery struct {
 	sb        sandbox.Sandbox
-	delivered map[string]bool // answers (or refusals) written in the sandbox
+	delivered map[string]bool // answers written in the sandbox
+	refusals  int             // refusals written in the sandbox
 	open      bool            // the job waits for an answer, as last read
 	due       time.Time       // when to read the job's questions again
 }
@@ -397,7 +398,45 @@ type questionLine struct {
 // of status lines, however many others come with them: it looks only
 // around the places where "question" is written, and makes no string of
 // any other line.
-type questionScanner struct{ partial []byte }
+type questionScanner struct {
+	partial []byte
+	seen    map[string]bool // question lines handled already
+}
+
+// What a job's status channel may make the follow loop do about
+// questions, so that a flood of question lines cannot hold it up (a job
+// is killed at its timeout whatever it writes; TestQuestionFlood): at
+// most questionLinesPerTick distinct question lines are asked per read of
+// the channel (a line seen before is skipped; past the budget the read's
+// other question lines are dropped, which only a flood reaches), and at
+// most maxRefusalFiles refusals are written into the sandbox.
+const (
+	questionLinesPerTick = 32
+	maxSeenLines         = 1024
+	maxRefusalFiles      = 16
+)
+
+// questions calls ask with each question line of b not seen before, at
+// most questionLinesPerTick of them.
+func (s *questionScanner) questions(b []byte, final bool, ask func(line string)) {
+	budget := questionLinesPerTick
+	s.scan(b, final, func(line []byte) { s.take(line, &budget, ask) })
+}
+
+// take asks line if it was not seen and the budget allows.
+func (s *questionScanner) take(line []byte, budget *int, ask func(line string)) {
+	if *budget <= 0 || s.seen[string(line)] {
+		return
+	}
+	*budget--
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	if len(s.seen) < maxSeenLines {
+		s.seen[string(line)] = true
+	}
+	ask(string(line))
+}
 
 // scan calls fn with each complete line of b (after what was held from
 // before) that asks a question; final flushes an unterminated last line.
@@ -486,6 +525,11 @@ func (q *questions) statusLine(ctx context.Context, jobID, line string) {
 	}
 	q.mu.Lock()
 	d := q.follows[jobID]
+	if d != nil && d.refusals < maxRefusalFiles {
+		d.refusals++
+	} else {
+		d = nil // enough said in the sandbox: the progress says the rest
+	}
 	q.mu.Unlock()
 	if d == nil {
 		return

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,4 +298,46 @@ func TestQuestionSurvivesRestart(t *testing.T) {
 	eventually(t, "the answer in the sandbox", func() bool { return strings.Contains(answerIn(p.Sandbox, "color"), `"red"`) })
 	p.Finish(sandbox.Exit{})
 	f.wait(eng2, job.ID)
+}
+
+// TestQuestionFlood: a job flooding its status channel with distinct
+// questions is still killed at its timeout; it gets at most
+// MaxOpenQuestions questions stored and a bounded number of refusal files
+// in its sandbox, whatever it writes.
+func TestQuestionFlood(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	m := script("asks and asks")
+	timeout := 2
+	m.Timeout = &timeout
+	job, p := f.running(m)
+	stop := make(chan struct{})
+	defer close(stop)
+	var lines atomic.Int64
+	go func() {
+		for n := 0; n < 2_000_000; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p.Event(fmt.Sprintf(`{"type":"question","id":"q%d","message":"Question %d?"}`, n, n))
+			lines.Add(1)
+		}
+	}()
+	j := f.wait(f.eng, job.ID)
+	if j.Status != delegate.StatusTimeout || !p.Killed() {
+		t.Fatalf("flooding job: %s (%s), killed %v", j.Status, j.Error, p.Killed())
+	}
+	if d := j.Duration(time.Now()); d > time.Duration(timeout)*time.Second+5*time.Second {
+		t.Fatalf("flooding job ran %s with a timeout of %ds", d, timeout)
+	}
+	files, _ := p.Sandbox.ListFiles(context.Background())
+	qs := questionsOf(t, f.eng, job.ID)
+	t.Logf("%d question lines; %d questions stored, %d files written in the sandbox", lines.Load(), len(qs), len(files))
+	if lines.Load() < 10_000 {
+		t.Fatalf("only %d lines: no flood to speak of", lines.Load())
+	}
+	if len(qs) != delegate.MaxOpenQuestions || len(files) > 16 {
+		t.Fatalf("%d questions stored, %d files in the sandbox", len(qs), len(files))
+	}
 }

@@ -753,7 +753,8 @@ func (t *tracker) collectLatest(ctx context.Context) {
 	t.latest = count
 	t.statusLines([]string{line}, int(skipped))
 	if isQuestionLine([]byte(line)) {
-		t.r.questions.statusLine(ctx, t.id, line)
+		one := 1
+		t.asks.take([]byte(line), &one, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
 	}
 }
 
@@ -761,7 +762,7 @@ func (t *tracker) collectLatest(ctx context.Context) {
 // line is looked at, not only those a flood leaves for the progress (see
 // collectEvents): a question must not be lost among them.
 func (t *tracker) questionLines(ctx context.Context, b []byte, final bool) {
-	t.asks.scan(b, final, func(line []byte) { t.r.questions.statusLine(ctx, t.id, string(line)) })
+	t.asks.questions(b, final, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
 }
 
 func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }
