@@ -153,7 +153,10 @@ func (q *questions) ask(ctx context.Context, jobID string, in delegate.Question)
 	}
 	stored.State = delegate.QuestionOpen
 	q.log.Info("question asked", "job", jobID, "question", stored.ID, "from", stored.From)
+	// Stored now, not with the job's other progress: an answer given in
+	// another process at once must come after it on the timeline.
 	q.progress.report(jobID, clip("asked "+stored.ID+": "+stored.Message), nil, job.Manifest.StatusMode != delegate.StatusModeSimple, stored.AskedAt)
+	q.progress.flushJob(ctx, jobID)
 	q.wake(jobID, true)
 	q.jobs.notify(jobID)
 	return stored, true, nil
@@ -227,8 +230,10 @@ func (q *questions) answer(ctx context.Context, jobID, id string, a delegate.Ans
 	stored.State = delegate.QuestionAnswered
 	q.log.Info("question answered", "job", jobID, "question", id, "action", a.Action, "by", a.By)
 	// On the timeline, and as the job's progress, without counting as a
-	// sign of the job's life (it is the person's).
+	// sign of the job's life (it is the person's): after what the job
+	// reported before (its question), which is stored first.
 	msg := "answered " + id + ": " + string(a.Action)
+	q.progress.flushJob(ctx, jobID)
 	if job.Manifest.StatusMode != delegate.StatusModeSimple {
 		if err := q.store.AddEvent(ctx, jobID, delegate.Event{Time: a.At, Message: msg}, delegate.MaxTimeline); err != nil {
 			q.log.Warn("timeline", "job", jobID, "err", err)
