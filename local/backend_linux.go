@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -364,6 +365,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		Network:     net,
 		Multi:       spec.MultiExec,
 		Expires:     spec.Expires,
+		Init:        spec.MultiExec,
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
@@ -387,28 +389,24 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		return fmt.Errorf("make workspace private: %w", err)
 	}
 	if spec.MultiExec {
-		// Its commands share a network namespace, kept here, and a /tmp
-		// (each makes its own mount namespace and pid namespace); each
-		// has its own status channel, in its own directory.
-		if err := os.Mkdir(filepath.Join(dir, dirExecs), 0o710); err != nil {
-			return err
-		}
-		if err := os.Chown(filepath.Join(dir, dirExecs), 0, int(base)); err != nil {
+		// One init for all its commands (keeper_linux.go), in a network
+		// namespace bound here; its commands' directories, and their
+		// status channels on a small tmpfs of their own.
+		if err := os.Mkdir(filepath.Join(dir, dirExecs), 0o700); err != nil {
 			return err
 		}
 		if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
 			return err
 		}
-		tmp := filepath.Join(dir, dirTmp)
-		if err := os.Mkdir(tmp, 0o755); err != nil {
+		ch := filepath.Join(dir, dirChannel)
+		if err := os.Mkdir(ch, 0o755); err != nil {
 			return err
 		}
-		tmpOpts := fmt.Sprintf("size=%d,mode=1777,uid=%d,gid=%d", min(spec.DiskBytes, maxTmpBytes), base, base)
-		if err := unix.Mount("tmpfs", tmp, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
-			return fmt.Errorf("mount /tmp tmpfs: %w", err)
+		if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=4096,mode=0711"); err != nil {
+			return fmt.Errorf("mount the status channels' tmpfs: %w", err)
 		}
-		if err := unix.Mount("", tmp, "", unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make /tmp private: %w", err)
+		if err := unix.Mount("", ch, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make the status channels' tmpfs private: %w", err)
 		}
 	} else if err := makeStatusFIFO(dir, hostJob); err != nil {
 		return err
@@ -432,7 +430,57 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 			return fmt.Errorf("make the template read-only: %w", err)
 		}
 	}
-	return st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax})
+	if err := st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax}); err != nil {
+		return err
+	}
+	if spec.MultiExec {
+		return b.startKeeper(dir, st)
+	}
+	return nil
+}
+
+// keeperTimeout bounds how long Create waits for a kept sandbox's init to
+// have built the sandbox's root (milliseconds, normally).
+const keeperTimeout = 30 * time.Second
+
+// startKeeper starts a kept sandbox's supervisor, which starts its init
+// (keeper_linux.go), and waits for its word that the sandbox is ready.
+func (b *Backend) startKeeper(dir string, st sandboxState) error {
+	pl, err := b.keeperPlan(dir, st)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Open(filepath.Join(dir, fileNetns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the sandbox's network namespace: %w", err)
+	}
+	netns := os.NewFile(uintptr(fd), "netns")
+	defer netns.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer readyR.Close()
+	shim, err := b.startShim(dir, pl, haveCHelper && !b.goHelpers, netns, readyW)
+	readyW.Close()
+	if err != nil {
+		return err
+	}
+	go shim.Wait() // it outlives this call; reaped when it ends while this server runs
+	if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+		return err
+	}
+	readyR.SetReadDeadline(time.Now().Add(keeperTimeout))
+	word, err := io.ReadAll(io.LimitReader(readyR, 4096))
+	switch {
+	case err != nil:
+		return fmt.Errorf("start the sandbox's init: %w", err)
+	case string(word) == "ok":
+		return nil
+	case len(word) == 0:
+		return errors.New("start the sandbox's init: its supervisor ended without a word (see shim.log in the sandbox directory)")
+	}
+	return fmt.Errorf("start the sandbox's init: %s", word)
 }
 
 // Recover implements sandbox.Backend.
@@ -443,6 +491,13 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	dir := filepath.Join(b.dir, id)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: %w", id, sandbox.ErrGone)
+	}
+	// A kept sandbox lives as long as its init (and its supervisor).
+	var st sandboxState
+	if readJSON(filepath.Join(dir, fileState), &st) == nil && st.Init {
+		if _, alive := shimAlive(dir); !alive {
+			return nil, fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", id, sandbox.ErrGone)
+		}
 	}
 	return &sbox{b: b, id: id, dir: dir}, nil
 }

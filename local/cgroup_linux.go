@@ -318,28 +318,96 @@ func (c cgroupSet) addProc(pid int) error {
 	return nil
 }
 
-// procs lists the pids in any of the groups; groups that no longer exist
-// are empty.
+// procs lists the pids in any of the groups or the groups below them (a
+// kept sandbox's commands' groups); groups that no longer exist are
+// empty.
 func (c cgroupSet) procs() ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
 	for _, d := range c.dirs() {
-		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("cgroup: %w", err)
-		}
-		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err == nil && pid > 0 && !seen[pid] {
+		pids, err := cgroupTreeProcs(d)
+		for _, pid := range pids {
+			if !seen[pid] {
 				seen[pid] = true
 				out = append(out, pid)
 			}
 		}
+		if err != nil {
+			return out, err
+		}
 	}
 	return out, nil
+}
+
+// cgroupTreeProcs lists the processes of the group at dir and of every
+// group below it (cgroup.procs lists a group's own only, in v1 and v2).
+func cgroupTreeProcs(dir string) ([]int, error) {
+	out, err := cgroupProcs(dir)
+	if err != nil {
+		return out, err
+	}
+	for _, sub := range subgroups(dir) {
+		pids, err := cgroupTreeProcs(sub)
+		out = append(out, pids...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// subgroups lists the groups directly below dir (none if it is gone).
+func subgroups(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+// groupsBelow lists every group below dir, each after the groups below it.
+func groupsBelow(dir string) []string {
+	var out []string
+	for _, sub := range subgroups(dir) {
+		out = append(append(out, groupsBelow(sub)...), sub)
+	}
+	return out
+}
+
+// commandGroup is the group of one command of a kept sandbox, below the
+// sandbox's (in v1, in the pids hierarchy only: the limits stay the
+// sandbox's, and one hierarchy is all it takes to find and kill the
+// command's processes). No controller is enabled below the sandbox's
+// group (cgroup v2 allows processes, init's, beside child groups then):
+// what the command uses counts against the sandbox's limits.
+func (c cgroupSet) commandGroup(execID string) string {
+	return filepath.Join(c.Pids, execID)
+}
+
+// killGroup SIGKILLs every process in the group at dir and below it, until
+// none is left or timeout: v2 has cgroup.kill (atomic, forks included);
+// v1 (or a kernel before 5.14) is killed round after round, each round
+// catching what forked meanwhile. It returns the processes still there.
+func killGroup(dir string, version int, timeout time.Duration) []int {
+	if version == 2 {
+		writeCgroupFile(dir, "cgroup.kill", "1")
+	}
+	var pids []int
+	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Millisecond) {
+		pids, _ = cgroupTreeProcs(dir)
+		if len(pids) == 0 || time.Now().After(deadline) {
+			return pids
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // oomKills returns how many processes the kernel OOM-killed in the
@@ -408,6 +476,13 @@ func (c cgroupSet) remove(timeout time.Duration) error {
 		writeCgroupFile(c.Freezer, "freezer.state", "THAWED")
 		dirs = append(dirs, c.Freezer)
 	}
+	// The groups below first, deepest first (a kept sandbox's commands'):
+	// a group with groups in it cannot be removed.
+	var below []string
+	for _, d := range dirs {
+		below = append(below, groupsBelow(d)...)
+	}
+	dirs = append(below, dirs...)
 	for _, d := range dirs {
 		for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
 			err := syscall.Rmdir(d)
@@ -449,7 +524,7 @@ func (c cgroupSet) freeze(timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		pids, err := cgroupProcs(c.Pids)
+		pids, err := cgroupTreeProcs(c.Pids) // a kept sandbox's commands' groups too
 		if err != nil {
 			return err
 		}

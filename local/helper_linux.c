@@ -42,19 +42,21 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 3u
+#define PLAN_VERSION 4u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -77,8 +79,20 @@
 #define FILE_INIT_PID "init.pid"
 #define FILE_EXIT "exit.json"
 #define FILE_SHIM_LOG "shim.log"
+#define FILE_CONTROL "control"
+#define FILE_JOB_PID "job.pid"
 #define PLAN_FD 3
 #define NETNS_FD 4
+#define SERVER_FD 5
+#define REQUEST_MAGIC 0x44535231u
+#define REQUEST_CGROUP 1u
+#define REQUEST_FDS 4
+#define CTL_PLACED 'p'
+#define CTL_GO 'g'
+#define CTL_KILLED 'k'
+
+/* What a shim is (planMode in plan.go). */
+enum { MODE_SANDBOX = 0, MODE_KEEPER, MODE_COMMAND };
 
 enum {
 	OP_MOUNT = 1,
@@ -97,6 +111,9 @@ enum {
 	OP_INPUT,
 	OP_SYSCTL,
 	OP_NOFILE,
+	OP_UNSHARE,
+	OP_KEEP_PATH,
+	OP_BIND_KEPT,
 };
 
 /* Newer than some C libraries' headers. */
@@ -303,8 +320,10 @@ struct plan {
 	char *net_name, *net_path;
 	uint32_t netns; /* join the network namespace on NETNS_FD */
 	char *stdin_path; /* the job's standard input, an input; "": /dev/null */
-	uint32_t linger; /* one command of many (plan.Linger in plan.go) */
-	int64_t linger_until_ns; /* Unix ns; 0: no limit */
+	uint32_t mode; /* MODE_* */
+	int64_t until_ns; /* MODE_KEEPER: when the sandbox ends (Unix ns); 0: never */
+	char *cg_freezer;
+	char *exec_id, *channel; /* MODE_COMMAND: its name, its status channel */
 };
 
 struct rd {
@@ -422,15 +441,18 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	p->net_path = rd_str(&r, NULL);
 	p->netns = rd_u32(&r);
 	p->stdin_path = rd_str(&r, NULL);
-	p->linger = rd_u32(&r);
-	p->linger_until_ns = (int64_t)rd_u64(&r);
+	p->mode = rd_u32(&r);
+	p->until_ns = (int64_t)rd_u64(&r);
+	p->cg_freezer = rd_str(&r, NULL);
+	p->exec_id = rd_str(&r, NULL);
+	p->channel = rd_str(&r, NULL);
 	if (!r.err && r.p != r.end)
 		r.err = 1;
-	if (r.err) {
+	if (r.err || p->mode > MODE_COMMAND) {
 		snprintf(err, errcap, "sandbox plan: truncated or malformed");
 		return -1;
 	}
-	if (p->args == NULL || p->args[0] == NULL || p->args[0][0] == 0) {
+	if (p->mode != MODE_KEEPER && (p->args == NULL || p->args[0] == NULL || p->args[0][0] == 0)) {
 		snprintf(err, errcap, "sandbox plan: no command");
 		return -1;
 	}
@@ -439,6 +461,28 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 		return -1;
 	}
 	return 0;
+}
+
+/* plan_free frees what parse_plan allocated (a kept sandbox's init
+ * parses a plan for every command). */
+static void plan_free(struct plan *p) {
+	char **lists[2] = {p->args, p->env};
+	for (int i = 0; i < 2; i++) {
+		for (char **v = lists[i]; v && *v; v++)
+			free(*v);
+		free(lists[i]);
+	}
+	for (uint32_t i = 0; p->ops && i < p->nops; i++) {
+		free(p->ops[i].label);
+		for (int j = 0; j < 4; j++)
+			free(p->ops[i].s[j]);
+	}
+	char *strs[] = {p->cg_memory, p->cg_cpu, p->cg_pids, p->dir, (char *)p->seccomp, p->net_name, p->net_path, p->stdin_path,
+			p->cg_freezer, p->exec_id, p->channel};
+	for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+		free(strs[i]);
+	free(p->ops);
+	memset(p, 0, sizeof *p);
 }
 
 /* ---------- init: pid 1 of the sandbox ---------- */
@@ -555,9 +599,34 @@ static int write_input(const char *path, const char *data, size_t len, uid_t uid
 	return close(fd);
 }
 
+/* kept_fd is what OP_KEEP_PATH opened, for OP_BIND_KEPT. */
+static int kept_fd = -1;
+
 static int run_op(const struct plan *p, const struct op *o) {
 	detail = NULL;
 	switch (o->code) {
+	case OP_UNSHARE:
+		return unshare((int)o->n);
+	case OP_KEEP_PATH:
+		if (kept_fd >= 0)
+			close(kept_fd);
+		kept_fd = open(o->s[0], O_PATH | O_CLOEXEC);
+		return kept_fd < 0 ? -1 : 0;
+	case OP_BIND_KEPT: {
+		if (kept_fd < 0) {
+			detail = "nothing kept to bind";
+			errno = EBADF;
+			return -1;
+		}
+		char src[64];
+		snprintf(src, sizeof src, "/proc/self/fd/%d", kept_fd);
+		int rc = mount(src, o->s[0], NULL, MS_BIND, NULL);
+		int e = errno;
+		close(kept_fd);
+		kept_fd = -1;
+		errno = e;
+		return rc;
+	}
 	case OP_MOUNT:
 		return mount(o->s[0], o->s[1], o->s[2], (unsigned long)o->n, o->s[3][0] ? o->s[3] : NULL);
 	case OP_MKDIR:
@@ -613,59 +682,41 @@ static int run_op(const struct plan *p, const struct op *o) {
 	return -1;
 }
 
-/* init_report sends the shim how the job ended: code, signal number and a
- * reason, on descriptor 4, then exits with code. */
-static void init_send(int code, int signo, const char *reason) {
-	uint32_t len = reason ? (uint32_t)strlen(reason) : 0;
-	char head[12];
+/* report_fd is where init reports (initStatus in state.go): descriptor
+ * 4, a pipe to the shim; a kept sandbox's init reports on its requests'
+ * socket once, then on each command's socket, and so does a command
+ * that cannot start. */
+static int report_fd = 4;
+
+/* send_status sends how a command ended (code, signal number, a reason)
+ * on fd in one write: one message on a socket. */
+static void send_status(int fd, int code, int signo, const char *reason) {
+	char buf[12 + 4096];
+	uint32_t len = reason ? (uint32_t)strnlen(reason, sizeof buf - 12) : 0;
 	int32_t c = code, s = signo;
-	memcpy(head, &c, 4);
-	memcpy(head + 4, &s, 4);
-	memcpy(head + 8, &len, 4);
-	if (write_all(4, head, sizeof head) == 0 && len > 0)
-		write_all(4, reason, len);
-	close(4);
+	memcpy(buf, &c, 4);
+	memcpy(buf + 4, &s, 4);
+	memcpy(buf + 8, &len, 4);
+	if (len > 0)
+		memcpy(buf + 12, reason, len);
+	ssize_t k;
+	do
+		k = send(fd, buf, 12 + len, MSG_NOSIGNAL);
+	while (k < 0 && errno == EINTR);
+	if (k < 0 && errno == ENOTSOCK)
+		write_all(fd, buf, 12 + len);
+}
+
+/* init_report sends the shim how the job ended, then exits with code. */
+static void init_send(int code, int signo, const char *reason) {
+	send_status(report_fd, code, signo, reason);
+	close(report_fd);
 }
 
 static void init_report(int code, int signo, const char *reason) __attribute__((noreturn));
 static void init_report(int code, int signo, const char *reason) {
 	init_send(code, signo, reason);
 	_exit(code);
-}
-
-/* A lingering init (plan.Linger): once the command has ended and that is
- * reported, pid 1 stays while what the command left in the background
- * runs, reaping it, and goes (taking the pid namespace with it) when
- * nothing is left or at linger_until (runInit's linger in init_linux.go). */
-static volatile sig_atomic_t linger_code;
-static void linger_alarm(int sig) {
-	(void)sig;
-	_exit(linger_code);
-}
-
-static void init_linger(const struct plan *p, int code) __attribute__((noreturn));
-static void init_linger(const struct plan *p, int code) {
-	linger_code = code;
-	if (p->linger_until_ns > 0) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		int64_t left = p->linger_until_ns - ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec);
-		if (left <= 0)
-			_exit(code);
-		struct sigaction sa;
-		memset(&sa, 0, sizeof sa);
-		sa.sa_handler = linger_alarm;
-		sigaction(SIGALRM, &sa, NULL);
-		struct itimerval it;
-		memset(&it, 0, sizeof it);
-		it.it_value.tv_sec = left / 1000000000;
-		it.it_value.tv_usec = (left % 1000000000) / 1000 + 1;
-		setitimer(ITIMER_REAL, &it, NULL);
-	}
-	for (;;) {
-		if (wait4(-1, NULL, 0, NULL) < 0 && errno == ECHILD)
-			_exit(code);
-	}
 }
 
 /* init_fail writes a set-up failure into the job's stderr and reports it. */
@@ -743,6 +794,258 @@ static void hide_argv(size_t cmdline_len) {
 	memcpy(a, want, sizeof want);
 }
 
+/* run_ops takes the plan's steps, or reports the first that fails. */
+static void run_ops(const struct plan *p) {
+	for (uint32_t i = 0; i < p->nops; i++) {
+		const struct op *o = &p->ops[i];
+		if (run_op(p, o) < 0) {
+			int e = errno;
+			if (detail)
+				init_fail(CODE_SETUP_FAILED, "%s: %s: %s", o->label, detail, errtext(e));
+			init_fail(CODE_SETUP_FAILED, "%s: %s", o->label, errtext(e));
+		}
+	}
+}
+
+/* command_child is a kept sandbox's command between init's fork and the
+ * job (runExec in keeper_linux.go): in a session of its own, it places
+ * itself in its cgroup (cg, -1 for none), says so on ctl, waits for its
+ * shim's go-ahead, takes its plan's steps (a mount namespace and a /run
+ * of its own, its inputs, the bounding set, the seccomp filter), drops
+ * to the job's user and executes the job. What fails is written to the
+ * job's stderr and reported on ctl. */
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg) __attribute__((noreturn));
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg) {
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	/* Descriptors: 0 stays (/dev/null), 1 and 2 the job's stdout and
+	 * stderr, 3 ctl, 4 the cgroup's; nothing else (not init's requests'
+	 * socket, nor other commands' sockets). */
+	int a = fcntl(out, F_DUPFD_CLOEXEC, 10), b = fcntl(err, F_DUPFD_CLOEXEC, 10), c = fcntl(ctl, F_DUPFD_CLOEXEC, 10);
+	int d = cg >= 0 ? fcntl(cg, F_DUPFD_CLOEXEC, 10) : -1;
+	if (a < 0 || b < 0 || c < 0 || (cg >= 0 && d < 0) || dup2(a, 1) < 0 || dup2(b, 2) < 0 || dup3(c, 3, O_CLOEXEC) < 0 ||
+	    (d >= 0 && dup3(d, 4, O_CLOEXEC) < 0))
+		_exit(CODE_SETUP_FAILED);
+	syscall(SYS_close_range, d >= 0 ? 5 : 4, ~0U, 0);
+	report_fd = 3;
+	if (d >= 0) {
+		if (write_all(4, "0", 1) < 0)
+			init_fail(CODE_SETUP_FAILED, "place the command in its cgroup: %s", errtext(errno));
+		close(4);
+	}
+	char word = CTL_PLACED;
+	if (send(3, &word, 1, MSG_NOSIGNAL) != 1)
+		_exit(CODE_SETUP_FAILED); /* its shim is gone */
+	ssize_t n;
+	do
+		n = read(3, &word, 1);
+	while (n < 0 && errno == EINTR);
+	if (n != 1 || word != CTL_GO)
+		kill(getpid(), SIGKILL); /* killed before it started, or its shim is gone */
+	run_ops(p);
+
+	char pathbuf[4096], q1[4200], q2[4200];
+	const char *pathenv = DEFAULT_JOB_PATH;
+	const char *path = job_path(p->args[0], p->env, p->dir, pathbuf, sizeof pathbuf, &pathenv);
+	if (path == NULL) {
+		quote(q1, sizeof q1, p->args[0]);
+		quote(q2, sizeof q2, pathenv);
+		init_fail(CODE_NOT_FOUND, "%s: command not found in PATH %s", q1, q2);
+	}
+	struct stat st;
+	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
+	if (p->stdin_path[0]) {
+		int in = open(p->stdin_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (in < 0 || dup2(in, 0) < 0)
+			init_fail(CODE_SETUP_FAILED, "standard input %s: %s", p->stdin_path, errtext(errno));
+		close(in);
+	}
+	/* Leaving uid 0 for a non-zero uid clears every capability. */
+	uid_t id = p->job_id;
+	if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
+		init_fail(CODE_SETUP_FAILED, "become the job's user: %s", errtext(errno));
+	if (chdir(p->dir) < 0)
+		init_fail(CODE_CANNOT_EXEC, "working directory %s: %s", p->dir, errtext(errno));
+	execve(path, p->args, p->env);
+	int e = errno;
+	quote(q1, sizeof q1, p->args[0]);
+	init_fail(e == ENOENT ? CODE_NOT_FOUND : CODE_CANNOT_EXEC, "cannot run %s: %s", q1, errtext(e));
+}
+
+/* read_plan_fd reads a plan from a memfd the server wrote, whatever its
+ * offset. */
+static char *read_plan_fd(int fd, size_t *len) {
+	struct stat st;
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size > MAX_PLAN_BYTES) {
+		errno = EFBIG;
+		return NULL;
+	}
+	char *b = malloc((size_t)st.st_size + 1);
+	if (b == NULL)
+		return NULL;
+	size_t n = 0;
+	while (n < (size_t)st.st_size) {
+		ssize_t k = pread(fd, b + n, (size_t)st.st_size - n, (off_t)n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			free(b);
+			errno = k == 0 ? EIO : errno;
+			return NULL;
+		}
+		n += (size_t)k;
+	}
+	b[n] = 0;
+	*len = n;
+	return b;
+}
+
+/* start_command starts the command of one request (see keeper_linux.go):
+ * fds are the plan, stdout, stderr, ctl and perhaps the cgroup's. It
+ * returns the command's pid, 0 when it did not start (its shim is told
+ * why on ctl). */
+static pid_t start_command(int *fds, int nfds) {
+	int ctl = fds[3], cg = nfds > REQUEST_FDS ? fds[4] : -1;
+	char msg[4200];
+	size_t len = 0;
+	char *data = read_plan_fd(fds[0], &len);
+	struct plan cp;
+	memset(&cp, 0, sizeof cp);
+	pid_t pid = 0;
+	msg[0] = 0;
+	if (data == NULL) {
+		snprintf(msg, sizeof msg, "read the plan: %s", errtext(errno));
+	} else if (parse_plan(data, len, &cp, msg, sizeof msg) < 0) {
+		/* msg says why */
+	} else if (cp.mode != MODE_COMMAND) {
+		snprintf(msg, sizeof msg, "not the plan of a command");
+	} else {
+		pid = fork();
+		if (pid == 0)
+			command_child(&cp, fds[1], fds[2], ctl, cg);
+		if (pid < 0) {
+			snprintf(msg, sizeof msg, "start the command: %s", errtext(errno));
+			pid = 0;
+		}
+	}
+	if (pid == 0) {
+		char line[4300];
+		int k = snprintf(line, sizeof line, "%s%s\n", SETUP_PREFIX, msg);
+		write_all(fds[2], line, (size_t)(k < (int)sizeof line ? k : (int)sizeof line - 1));
+		send_status(ctl, CODE_SETUP_FAILED, 0, msg);
+	}
+	plan_free(&cp);
+	free(data);
+	return pid;
+}
+
+/* keeper_serve is a kept sandbox's init once its root is made: it says
+ * so on its requests' socket (descriptor 4), then starts each command
+ * that comes there and reports each one's end on the command's own
+ * socket, reaping every orphan of the sandbox meanwhile, until its
+ * keeper goes (serveCommands in keeper_linux.go). */
+static void keeper_serve(void) __attribute__((noreturn));
+static void keeper_serve(void) {
+	send_status(4, 0, 0, NULL);
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, NULL);
+	int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0)
+		_exit(CODE_SETUP_FAILED);
+	struct running {
+		pid_t pid;
+		int ctl;
+	} *run = NULL;
+	size_t nrun = 0, caprun = 0;
+	for (;;) {
+		struct pollfd fds[2] = {{4, POLLIN, 0}, {sfd, POLLIN, 0}};
+		if (poll(fds, 2, -1) < 0)
+			continue;
+		if (fds[1].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof si) > 0)
+				;
+			int ws;
+			pid_t w;
+			while ((w = waitpid(-1, &ws, WNOHANG)) > 0) {
+				for (size_t i = 0; i < nrun; i++) {
+					if (run[i].pid != w)
+						continue;
+					send_status(run[i].ctl, WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws), WIFSIGNALED(ws) ? WTERMSIG(ws) : 0,
+						    NULL);
+					close(run[i].ctl);
+					run[i] = run[--nrun];
+					break;
+				}
+			}
+		}
+		if (fds[0].revents == 0)
+			continue;
+		char buf[64];
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1))];
+		} cm;
+		struct iovec iov = {buf, sizeof buf};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+		ssize_t n = recvmsg(4, &mh, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			_exit(0); /* the keeper is gone: so is the sandbox */
+		int rfds[REQUEST_FDS + 1], nfds = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (int i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (nfds < REQUEST_FDS + 1)
+					rfds[nfds++] = fd;
+				else
+					close(fd);
+			}
+		}
+		uint32_t magic = 0, flags = 0;
+		if (n == 8) {
+			memcpy(&magic, buf, 4);
+			memcpy(&flags, buf + 4, 4);
+		}
+		int want = REQUEST_FDS + ((flags & REQUEST_CGROUP) ? 1 : 0);
+		pid_t pid = 0;
+		if (magic == REQUEST_MAGIC && nfds == want && !(mh.msg_flags & MSG_CTRUNC))
+			pid = start_command(rfds, nfds); /* else: not from a shim of ours, nobody to tell */
+		if (pid > 0) {
+			if (nrun == caprun) {
+				size_t nc = caprun ? caprun * 2 : 16;
+				struct running *nr = realloc(run, nc * sizeof *run);
+				if (nr == NULL) {
+					kill(pid, SIGKILL); /* its end is reported by nobody: its shim sees its socket close */
+					pid = 0;
+				} else {
+					run = nr;
+					caprun = nc;
+				}
+			}
+			if (pid > 0) {
+				run[nrun].pid = pid;
+				run[nrun].ctl = rfds[3];
+				nrun++;
+				rfds[3] = -1;
+			}
+		}
+		for (int i = 0; i < nfds; i++)
+			if (rfds[i] >= 0)
+				close(rfds[i]);
+	}
+}
+
 /* init_main is init: sync_r brings the go-ahead, status_w takes the
  * report, out_w and err_w are the job's stdout and stderr; tasks are the
  * v1 groups' "tasks" files, opened by the shim (ntasks 0 when the shim
@@ -809,15 +1112,9 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	hide_argv(cmdline_len);
 	umask(022); /* a known umask for the root we build and for the job */
 
-	for (uint32_t i = 0; i < p->nops; i++) {
-		const struct op *o = &p->ops[i];
-		if (run_op(p, o) < 0) {
-			int e = errno;
-			if (detail)
-				init_fail(CODE_SETUP_FAILED, "%s: %s: %s", o->label, detail, errtext(e));
-			init_fail(CODE_SETUP_FAILED, "%s: %s", o->label, errtext(e));
-		}
-	}
+	run_ops(p);
+	if (p->mode == MODE_KEEPER)
+		keeper_serve();
 
 	char pathbuf[4096], q1[4200], q2[4200];
 	const char *pathenv = DEFAULT_JOB_PATH;
@@ -880,10 +1177,7 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 			continue;
 		int code = WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws);
 		int signo = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
-		if (!p->linger)
-			init_report(code, signo, NULL);
-		init_send(code, signo, NULL);
-		init_linger(p, code);
+		init_report(code, signo, NULL);
 	}
 }
 
@@ -1144,6 +1438,63 @@ static void br_end(struct bridge *b) {
 		br_write_latest(b);
 }
 
+/* br_open opens the status channel at path (a FIFO; none: the job has
+ * no channel), read-write so that it never reports end-of-file between
+ * two writers. */
+static void br_open(struct bridge *br, const struct plan *p, const char *path) {
+	memset(br, 0, sizeof *br);
+	br->events = -1;
+	br->limit = p->max_events;
+	br->maxline = (size_t)p->max_status_line;
+	br->every_ns = p->latest_every_ns;
+	br->pause_ns = p->flood_pause_ns;
+	br->last_latest = INT64_MIN / 2; /* the first latest line is due at once */
+	br->fifo = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+	if (br->fifo < 0 && errno != ENOENT)
+		logmsg("status channel: open: %s", errtext(errno));
+	if (br->fifo >= 0 && ((br->partial = malloc(br->maxline + 1)) == NULL || (br->latest = malloc(br->maxline)) == NULL)) {
+		logmsg("status channel: %s", errtext(errno));
+		close(br->fifo);
+		br->fifo = -1;
+	}
+}
+
+/* br_due writes the latest line when it is due (and returns 1: the
+ * caller's loop goes round again), and otherwise lowers *wait_ns to when
+ * the bridge needs a turn; *fd is the channel to poll, -1 while it is
+ * read at a bounded pace (past the cap). */
+static int br_due(struct bridge *br, int64_t *wait_ns, int *fd) {
+	if (br->fifo < 0)
+		return 0;
+	int64_t t = mono_ns();
+	if (br->dirty) {
+		int64_t due = br->last_latest + br->every_ns - t;
+		if (due <= 0) {
+			br_write_latest(br);
+			return 1;
+		}
+		*wait_ns = *wait_ns < 0 || due < *wait_ns ? due : *wait_ns;
+	}
+	int paused = br->paused_until > t;
+	*fd = paused ? -1 : br->fifo;
+	if (paused)
+		*wait_ns = *wait_ns < 0 || br->paused_until - t < *wait_ns ? br->paused_until - t : *wait_ns;
+	return 0;
+}
+
+/* br_close keeps what is left in the channel, and closes it. */
+static void br_close(struct bridge *br) {
+	if (br->fifo >= 0) {
+		br_read(br, 1);
+		br_end(br);
+		close(br->fifo);
+	}
+	if (br->events >= 0)
+		close(br->events);
+	free(br->partial);
+	free(br->latest);
+}
+
 static const char *cg_dirs(const struct plan *p, int i) {
 	const char *d[3] = {p->cg_memory, p->cg_cpu, p->cg_pids};
 	/* Each distinct directory once (in cgroup v2 they are one). */
@@ -1363,7 +1714,7 @@ static int64_t now_ns(void) {
 /* shim_record records how the command ended: from init's report
  * (sdata), else from init's wait status (ws, when have_ws). */
 static int shim_record(const struct plan *p, struct outw *w, const char *sdata, size_t slen, int have_ws, int ws, const char *relerr,
-		       int deadline_hit) {
+		       int deadline_hit, long ooms_before) {
 	struct rec r;
 	memset(&r, 0, sizeof r);
 	int have_status = sdata != NULL && slen >= 12;
@@ -1401,10 +1752,545 @@ static int shim_record(const struct plan *p, struct outw *w, const char *sdata, 
 	long ooms = cg_oom_kills(p);
 	if (ooms < 0)
 		logmsg("read oom counter: %s", errtext(errno));
-	r.oom = ooms > 0;
+	r.oom = ooms > ooms_before;
 	r.output_bytes = w->n;
 	r.truncated = w->n > w->limit;
 	return write_exit(&r);
+}
+
+/* open_v1_tasks opens the "tasks" files of a cgroup v1 set, through
+ * which init places itself (init_main); v2: none, the shim places it. */
+static int open_v1_tasks(const struct plan *p, int *tasks, int *ntasks, char *err, size_t errcap) {
+	*ntasks = 0;
+	if (p->cg_version != 1)
+		return 0;
+	for (int i = 0; i < 3; i++) {
+		const char *d = cg_dirs(p, i);
+		if (d == NULL)
+			continue;
+		char path[4096];
+		snprintf(path, sizeof path, "%s/tasks", d);
+		if ((tasks[*ntasks] = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+			snprintf(err, errcap, "place the sandbox in its cgroups: cgroup: open %s: %s", path, errtext(errno));
+			for (int j = 0; j < *ntasks; j++)
+				close(tasks[j]);
+			return -1;
+		}
+		(*ntasks)++;
+	}
+	return 0;
+}
+
+/* The freezer of a plan's sandbox (thaw, freezeAgain and frozen in Go). */
+static void cg_thaw(const struct plan *p) {
+	char err[512];
+	if (p->cg_freezer[0])
+		cg_write(p->cg_freezer, p->cg_version == 2 ? "cgroup.freeze" : "freezer.state", p->cg_version == 2 ? "0" : "THAWED", err,
+			 sizeof err);
+}
+
+static int cg_frozen(const struct plan *p) {
+	if (!p->cg_freezer[0])
+		return 0;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", p->cg_freezer, p->cg_version == 2 ? "cgroup.freeze" : "freezer.state");
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	char buf[32] = "";
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	return strncmp(buf, p->cg_version == 2 ? "1" : "FROZEN", p->cg_version == 2 ? 1 : 6) == 0;
+}
+
+/* cg_refreeze freezes a sandbox that was frozen again, after a thaw: its
+ * processes are in its freezer group already. */
+static void cg_refreeze(const struct plan *p) {
+	char err[512];
+	if (p->cg_freezer[0])
+		cg_write(p->cg_freezer, p->cg_version == 2 ? "cgroup.freeze" : "freezer.state", p->cg_version == 2 ? "1" : "FROZEN", err,
+			 sizeof err);
+}
+
+/* relay_request passes one request that came on ctl (a datagram with
+ * descriptors) to init, if it is from root and well formed. */
+static void relay_request(int ctl, int init) {
+	char buf[64];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1)) + CMSG_SPACE(sizeof(struct ucred))];
+	} cm;
+	struct iovec iov = {buf, sizeof buf};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+	ssize_t n = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0)
+		return;
+	int fds[REQUEST_FDS + 1], nfds = 0, root = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET)
+			continue;
+		if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+			struct ucred cr;
+			memcpy(&cr, CMSG_DATA(c), sizeof cr);
+			root = cr.uid == 0;
+		} else if (c->cmsg_type == SCM_RIGHTS) {
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (int i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (nfds < REQUEST_FDS + 1)
+					fds[nfds++] = fd;
+				else
+					close(fd);
+			}
+		}
+	}
+	uint32_t magic = 0;
+	if (n == 8)
+		memcpy(&magic, buf, 4);
+	if (!root || magic != REQUEST_MAGIC || nfds == 0 || (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+		logmsg("a request %s, dropped", root ? "malformed" : "not from root");
+	} else {
+		/* A failure is the command's shim's to see: its socket with the
+		 * command closes unanswered. */
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1))];
+		} out;
+		memset(&out, 0, sizeof out);
+		struct iovec oiov = {buf, (size_t)n};
+		struct msghdr om = {.msg_iov = &oiov, .msg_iovlen = 1, .msg_control = out.b, .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
+		struct cmsghdr *c = CMSG_FIRSTHDR(&om);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+		ssize_t k;
+		do
+			k = sendmsg(init, &om, MSG_NOSIGNAL);
+		while (k < 0 && errno == EINTR);
+		if (k < 0)
+			logmsg("relay a request to the sandbox init: %s", errtext(errno));
+	}
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+}
+
+/* keeper_fail says on SERVER_FD why the kept sandbox could not be made. */
+static int keeper_fail(int *server, const char *msg) {
+	logmsg("kept sandbox: %s", msg);
+	if (*server >= 0) {
+		write_all(*server, msg, strlen(msg));
+		close(*server);
+		*server = -1;
+	}
+	return 1;
+}
+
+/* keeper_main is a kept sandbox's supervisor (runKeeper in
+ * keeper_linux.go): it starts the sandbox's init in the sandbox's
+ * namespaces, says on SERVER_FD whether the sandbox could be made, then
+ * relays command requests from FILE_CONTROL to init until init ends (a
+ * kill, Destroy) or the plan's until, when it kills init, and with it
+ * every process of the sandbox. */
+static int keeper_main(const struct plan *p, size_t cmdline_len) {
+	int server = fcntl(SERVER_FD, F_SETFD, FD_CLOEXEC) == 0 ? SERVER_FD : -1;
+	char err[4096];
+	if (setgroups(0, NULL) < 0) {
+		snprintf(err, sizeof err, "drop supplementary groups: %s", errtext(errno));
+		return keeper_fail(&server, err);
+	}
+	int ctl = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0), one = 1;
+	struct sockaddr_un sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", FILE_CONTROL);
+	unlink(FILE_CONTROL);
+	mode_t old = umask(077);
+	int bound = ctl >= 0 && setsockopt(ctl, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0 && bind(ctl, (struct sockaddr *)&sa, sizeof sa) == 0;
+	umask(old);
+	if (!bound) {
+		snprintf(err, sizeof err, "control socket: %s", errtext(errno));
+		return keeper_fail(&server, err);
+	}
+	int req[2], syncp[2], tasks[3], ntasks = 0;
+	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (devnull < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, req) < 0 || pipe2(syncp, O_CLOEXEC) < 0) {
+		snprintf(err, sizeof err, "socket pair: %s", errtext(errno));
+		return keeper_fail(&server, err);
+	}
+	if (open_v1_tasks(p, tasks, &ntasks, err, sizeof err) < 0)
+		return keeper_fail(&server, err);
+	/* init is born in the sandbox's network namespace, which the keeper
+	 * leaves again at once: it stays on the host's side. */
+	int own = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (own < 0 || setns(NETNS_FD, CLONE_NEWNET) < 0) {
+		snprintf(err, sizeof err, "join the sandbox's network namespace: %s", errtext(errno));
+		return keeper_fail(&server, err);
+	}
+	close(NETNS_FD);
+	int pidfd = -1;
+	pid_t pid = clone_as_owner(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_PIDFD | SIGCHLD,
+				   p->host_id_base, &pidfd, err, sizeof err);
+	if (pid == 0)
+		init_main(p, syncp[0], req[1], devnull, devnull, tasks, ntasks, cmdline_len);
+	int left = setns(own, CLONE_NEWNET);
+	close(own);
+	for (int i = 0; i < ntasks; i++)
+		close(tasks[i]);
+	close(syncp[0]);
+	close(req[1]);
+	close(devnull);
+	if (pid < 0)
+		return keeper_fail(&server, err);
+
+	/* Release (as shim_main does), then init's first word: its root is
+	 * built (code 0), or why not. */
+	char relerr[4096] = "", num[32];
+	int nn = snprintf(num, sizeof num, "%d", (int)pid);
+	if (left < 0)
+		snprintf(relerr, sizeof relerr, "leave the sandbox's network namespace: %s", errtext(errno));
+	else if (write_id_maps(pid, p) < 0)
+		snprintf(relerr, sizeof relerr, "map the sandbox's users: %s", errtext(errno));
+	else if (write_pid_file(FILE_INIT_PID, num, (size_t)nn) < 0)
+		snprintf(relerr, sizeof relerr, "write %s: %s", FILE_INIT_PID, errtext(errno));
+	for (int i = 0; i < 3 && !relerr[0] && ntasks == 0; i++) {
+		const char *d = cg_dirs(p, i);
+		char e2[3000];
+		if (d && cg_write(d, "cgroup.procs", num, e2, sizeof e2) < 0)
+			snprintf(relerr, sizeof relerr, "place the sandbox in its cgroups: %s", e2);
+	}
+	if (!relerr[0] && exists(FILE_KILLED))
+		snprintf(relerr, sizeof relerr, "killed before start");
+	if (!relerr[0] && write_all(syncp[1], "g", 1) < 0)
+		snprintf(relerr, sizeof relerr, "release the sandbox init: %s", errtext(errno));
+	close(syncp[1]);
+	char buf[4200];
+	ssize_t n = -1;
+	if (!relerr[0]) {
+		do
+			n = recv(req[0], buf, sizeof buf, 0);
+		while (n < 0 && errno == EINTR);
+		int32_t code = -1;
+		uint32_t rl = 0;
+		if (n >= 12) {
+			memcpy(&code, buf, 4);
+			memcpy(&rl, buf + 8, 4);
+			if (rl > (uint32_t)n - 12)
+				rl = (uint32_t)n - 12;
+		}
+		if (n < 12)
+			snprintf(relerr, sizeof relerr, "the sandbox init ended while it was set up");
+		else if (code != 0)
+			snprintf(relerr, sizeof relerr, "%.*s", (int)rl, buf + 12);
+	}
+	if (relerr[0]) {
+		kill(pid, SIGKILL);
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		return keeper_fail(&server, relerr);
+	}
+	write_all(server, "ok", 2);
+	close(server);
+
+	int64_t until = p->until_ns;
+	for (;;) {
+		struct pollfd fds[2] = {{ctl, POLLIN, 0}, {pidfd, POLLIN, 0}};
+		int timeout = -1;
+		if (until != 0) {
+			int64_t left_ns = until - now_ns();
+			if (left_ns <= 0) {
+				/* The sandbox's lifetime is over, server or not: init's
+				 * end takes every process of the sandbox along (a frozen
+				 * one once thawed). */
+				logmsg("the sandbox's lifetime ended");
+				cg_thaw(p);
+				kill(pid, SIGKILL);
+				until = 0;
+				continue;
+			}
+			timeout = left_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left_ns / 1000000 + 1);
+		}
+		if (poll(fds, 2, timeout) < 0)
+			continue;
+		if (fds[1].revents)
+			break;
+		if (fds[0].revents)
+			relay_request(ctl, req[0]);
+	}
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	unlink(FILE_CONTROL);
+	return 0;
+}
+
+/* command_kill kills one command of a kept sandbox: its process group
+ * (of jobpid, 0: none) and every process of its cgroup (cgdir, "" for
+ * none) until none is left, or two seconds (killCommand in Go). */
+static void command_kill(const struct plan *p, const char *cgdir, pid_t jobpid) {
+	char err[512];
+	if (jobpid > 0) {
+		kill(-jobpid, SIGKILL);
+		kill(jobpid, SIGKILL);
+	}
+	if (!cgdir[0])
+		return;
+	if (p->cg_version == 2)
+		cg_write(cgdir, "cgroup.kill", "1", err, sizeof err);
+	char path[4200];
+	snprintf(path, sizeof path, "%s/cgroup.procs", cgdir);
+	for (int64_t end = mono_ns() + 2000000000LL; mono_ns() < end; usleep(1000)) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			return;
+		size_t len;
+		char *data = read_all(fd, 1 << 20, &len);
+		close(fd);
+		int any = 0;
+		for (char *s = data; s && *s;) {
+			char *e;
+			long pid = strtol(s, &e, 10);
+			if (e == s)
+				break;
+			if (pid > 0) {
+				kill((pid_t)pid, SIGKILL);
+				any = 1;
+			}
+			s = e;
+		}
+		free(data);
+		if (!any)
+			return;
+	}
+}
+
+/* command_main supervises one command of a kept sandbox (runCommandShim
+ * in keeper_linux.go): it asks the sandbox's init for the command, lets
+ * it go once it is in its cgroup (unless Kill came first), keeps its
+ * output and status lines, enforces its deadline (its own processes
+ * only), records its end as soon as init reports it (and closes
+ * SERVER_FD: the server's Wait wakes up), and stays while what the
+ * command left in the background holds its output open. */
+static int command_main(const struct plan *p, struct outw *w) {
+	int server = fcntl(SERVER_FD, F_SETFD, FD_CLOEXEC) == 0 ? SERVER_FD : -1;
+	char err[4096] = "", cgdir[4200] = "";
+	int outp[2] = {-1, -1}, errp[2] = {-1, -1}, ctl[2] = {-1, -1}, cg = -1, one = 1;
+	if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
+	    setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0)
+		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
+	/* Its own cgroup, below the sandbox's; where none can be made the
+	 * command is told apart by its process group (its session) alone. */
+	if (!err[0]) {
+		snprintf(cgdir, sizeof cgdir, "%s/%s", p->cg_pids, p->exec_id);
+		char path[4300];
+		snprintf(path, sizeof path, "%s/cgroup.procs", cgdir);
+		if ((mkdir(cgdir, 0755) < 0 && errno != EEXIST) || (cg = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+			logmsg("no cgroup of the command's own: %s: %s", cgdir, errtext(errno));
+			cgdir[0] = 0;
+		}
+	}
+	long ooms_before = cg_oom_kills(p); /* the sandbox's so far: only new ones are this command's */
+	if (ooms_before < 0)
+		ooms_before = 0;
+	struct bridge br;
+	br_open(&br, p, p->channel);
+	if (!err[0]) {
+		char head[8];
+		uint32_t magic = REQUEST_MAGIC, flags = cg >= 0 ? REQUEST_CGROUP : 0;
+		memcpy(head, &magic, 4);
+		memcpy(head + 4, &flags, 4);
+		int fds[REQUEST_FDS + 1] = {PLAN_FD, outp[1], errp[1], ctl[1], cg};
+		int nfds = cg >= 0 ? REQUEST_FDS + 1 : REQUEST_FDS;
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1))];
+		} cm;
+		memset(&cm, 0, sizeof cm);
+		struct sockaddr_un to;
+		memset(&to, 0, sizeof to);
+		to.sun_family = AF_UNIX;
+		snprintf(to.sun_path, sizeof to.sun_path, "../../%s", FILE_CONTROL);
+		struct iovec iov = {head, sizeof head};
+		struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				    .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+		int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		ssize_t k = -1;
+		if (sock >= 0) {
+			do
+				k = sendmsg(sock, &mh, 0);
+			while (k < 0 && errno == EINTR);
+		}
+		if (k < 0)
+			snprintf(err, sizeof err, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
+		if (sock >= 0)
+			close(sock);
+	}
+	int ends[] = {PLAN_FD, outp[1], errp[1], ctl[1], cg};
+	for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
+		if (ends[i] >= 0)
+			close(ends[i]);
+	struct outs os = {-1, {-1, -1}};
+	if (!err[0] && outs_init(&os, outp[0], errp[0]) < 0)
+		snprintf(err, sizeof err, "epoll: %s", errtext(errno));
+	int ret = 0;
+	if (err[0]) {
+		ret = finish_failed(w, err);
+		if (os.fd[0] < 0 && outp[0] >= 0)
+			close(outp[0]);
+		if (os.fd[1] < 0 && errp[0] >= 0)
+			close(errp[0]);
+		goto out;
+	}
+
+	int placed = 0, recorded = 0, deadline_hit = 0, refreeze = 0;
+	pid_t jobpid = 0;
+	struct pollfd fds[3] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {ctl[0], POLLIN, 0}};
+	char buf[65536];
+	while (!recorded || outs_open(&os)) {
+		int64_t wait_ns = -1;
+		if (p->deadline_ns != 0 && !deadline_hit && !recorded) {
+			int64_t left = p->deadline_ns - now_ns();
+			if (left <= 0) {
+				/* The backstop for a command that no server watches: its
+				 * own processes, not the sandbox's others. A paused
+				 * sandbox is thawed until the end is recorded (init,
+				 * which reaps the command and reports, is frozen too). */
+				deadline_hit = 1;
+				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+				if (fd >= 0)
+					close(fd);
+				if (cg_frozen(p)) {
+					cg_thaw(p);
+					refreeze = 1;
+				}
+				command_kill(p, cgdir, jobpid);
+				continue;
+			}
+			wait_ns = left;
+		}
+		if (br_due(&br, &wait_ns, &fds[1].fd))
+			continue;
+		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
+		if (poll(fds, 3, timeout) < 0) {
+			if (errno != EINTR) {
+				logmsg("poll: %s", errtext(errno));
+				usleep(10000);
+			}
+			continue;
+		}
+		if (fds[0].revents)
+			outs_read(&os, w, buf, sizeof buf);
+		if (fds[1].fd >= 0 && fds[1].revents)
+			br_read(&br, 0);
+		if (fds[2].fd < 0 || fds[2].revents == 0)
+			continue;
+		char m[4200];
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(struct ucred))];
+		} cm;
+		struct iovec iov = {m, sizeof m};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+		ssize_t n = recvmsg(ctl[0], &mh, MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n == 1 && m[0] == CTL_PLACED && !placed) {
+			/* Kill writes its marker before it kills what is in the
+			 * command's group: either it sees the command there now,
+			 * or the command never goes. */
+			placed = 1;
+			struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+			if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+				struct ucred cr;
+				memcpy(&cr, CMSG_DATA(c), sizeof cr);
+				jobpid = cr.pid;
+				char num[32];
+				int nn = snprintf(num, sizeof num, "%d", (int)jobpid);
+				write_pid_file(FILE_JOB_PID, num, (size_t)nn);
+			}
+			char answer = exists(FILE_KILLED) || deadline_hit ? CTL_KILLED : CTL_GO;
+			send(ctl[0], &answer, 1, MSG_NOSIGNAL);
+			continue;
+		}
+		if (n >= 12) {
+			/* The command's end, or why it could not start (the first
+			 * report: init's after it is the same end again). What it
+			 * wrote before it ended is read first (until the pipes stay
+			 * quiet a moment: what it left in the background may hold
+			 * them open). */
+			struct pollfd q = {os.ep, POLLIN, 0};
+			while (outs_open(&os) && poll(&q, 1, 20) > 0)
+				if (outs_read(&os, w, buf, sizeof buf) <= 0 && errno != EINTR)
+					break;
+			if (br.fifo >= 0)
+				br_read(&br, 0);
+			if (shim_record(p, w, m, (size_t)n, 0, 0, "", deadline_hit, ooms_before) < 0) {
+				logmsg("cannot record the exit status: %s", errtext(errno));
+				ret = 1;
+			}
+		} else {
+			/* Nobody holds the command's socket any more without a word:
+			 * init has ended (the sandbox was destroyed, or its lifetime
+			 * is over), and every process of it with it. */
+			while (outs_open(&os)) {
+				int k = outs_read(&os, w, buf, sizeof buf);
+				if (k == 0 || (k < 0 && errno != EINTR))
+					break;
+			}
+			const char *why = "the sandbox ended before the command did";
+			out_printf(w, "%s%s\n", SETUP_PREFIX, why);
+			struct rec r;
+			memset(&r, 0, sizeof r);
+			r.code = 128 + SIGKILL;
+			r.signo = SIGKILL;
+			r.killed = exists(FILE_KILLED);
+			if (!r.killed)
+				snprintf(r.reason, sizeof r.reason, "%s", why);
+			r.deadline = deadline_hit;
+			r.oom = cg_oom_kills(p) > ooms_before;
+			r.output_bytes = w->n;
+			r.truncated = w->n > w->limit;
+			if (write_exit(&r) < 0) {
+				logmsg("cannot record the exit status: %s", errtext(errno));
+				ret = 1;
+			}
+		}
+		recorded = 1;
+		if (server >= 0) {
+			close(server); /* the server's Wait wakes up */
+			server = -1;
+		}
+		close(ctl[0]);
+		ctl[0] = -1;
+		fds[2].fd = -1;
+	}
+	for (int i = 0; i < 2; i++)
+		if (os.fd[i] >= 0)
+			close(os.fd[i]);
+	if (refreeze)
+		cg_refreeze(p);
+out:
+	if (os.ep >= 0)
+		close(os.ep);
+	if (ctl[0] >= 0)
+		close(ctl[0]);
+	br_close(&br);
+	if (server >= 0)
+		close(server);
+	if (cgdir[0])
+		rmdir(cgdir); /* only once empty: what the command left behind keeps it */
+	unlink(p->channel);
+	if (w->err)
+		logmsg("write output file: %s", errtext(w->err));
+	return ret;
 }
 
 /* shim_main supervises one sandboxed command (runShim/supervise in
@@ -1418,7 +2304,6 @@ static int shim_main(size_t cmdline_len) {
 	size_t len = 0;
 	char *data = read_all(PLAN_FD, MAX_PLAN_BYTES, &len);
 	int rerr = errno;
-	close(PLAN_FD);
 	struct plan p;
 	char err[4096] = "";
 	if (data == NULL)
@@ -1429,6 +2314,11 @@ static int shim_main(size_t cmdline_len) {
 		w.limit = p.output_limit;
 	if (err[0])
 		return finish_failed(&w, err);
+	if (p.mode == MODE_COMMAND)
+		return command_main(&p, &w); /* hands the plan (PLAN_FD) on */
+	close(PLAN_FD);
+	if (p.mode == MODE_KEEPER)
+		return keeper_main(&p, cmdline_len);
 	if (p.net_name[0])
 		return finish_failed(&w, "network: the C helpers start no network helper (the server gives such sandboxes to the Go ones)");
 	/* Supplementary groups would follow init and the job into the
@@ -1451,20 +2341,8 @@ static int shim_main(size_t cmdline_len) {
 	/* cgroup v1: init places itself (init_main), through the groups'
 	 * "tasks" files opened here; v2: the shim places it, below. */
 	int tasks[3], ntasks = 0;
-	if (p.cg_version == 1) {
-		for (int i = 0; i < 3; i++) {
-			const char *d = cg_dirs(&p, i);
-			if (d == NULL)
-				continue;
-			char path[4096];
-			snprintf(path, sizeof path, "%s/tasks", d);
-			if ((tasks[ntasks] = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
-				snprintf(err, sizeof err, "place the sandbox in its cgroups: cgroup: open %s: %s", path, errtext(errno));
-				return finish_failed(&w, err);
-			}
-			ntasks++;
-		}
-	}
+	if (open_v1_tasks(&p, tasks, &ntasks, err, sizeof err) < 0)
+		return finish_failed(&w, err);
 	/* A network namespace made ahead of need by the server (loopback up),
 	 * or a new one. The shim itself does no networking. */
 	unsigned long newnet = CLONE_NEWNET;
@@ -1491,21 +2369,7 @@ static int shim_main(size_t cmdline_len) {
 		return finish_failed(&w, err);
 
 	struct bridge br;
-	memset(&br, 0, sizeof br);
-	br.events = -1;
-	br.limit = p.max_events;
-	br.maxline = (size_t)p.max_status_line;
-	br.every_ns = p.latest_every_ns;
-	br.pause_ns = p.flood_pause_ns;
-	br.last_latest = INT64_MIN / 2; /* the first latest line is due at once */
-	br.fifo = open(FILE_STATUS_FIFO, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-	if (br.fifo < 0 && errno != ENOENT)
-		logmsg("status channel: open: %s", errtext(errno));
-	if (br.fifo >= 0 && ((br.partial = malloc(br.maxline + 1)) == NULL || (br.latest = malloc(br.maxline)) == NULL)) {
-		logmsg("status channel: %s", errtext(errno));
-		close(br.fifo);
-		br.fifo = -1;
-	}
+	br_open(&br, &p, FILE_STATUS_FIFO);
 
 	/* Release: maps, pid record, cgroups (v2; init places itself in v1
 	 * groups), then the go-ahead, unless Kill came first (it writes its
@@ -1537,19 +2401,15 @@ static int shim_main(size_t cmdline_len) {
 	}
 	close(syncp[1]);
 
-	/* Until init has exited: output, status lines, deadline; with
-	 * linger, the command's end as soon as init reports it (init stays
-	 * while what the command left in the background runs). */
+	/* Until init has exited: output, status lines, deadline. */
 	int deadline_hit = 0;
-	int recorded = 0; /* the end is in exit.json already (linger) */
 	char *sdata = NULL;
 	size_t slen = 0;
-	int status_read = 0;
-	struct pollfd fds[4] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}, {p.linger ? statusp[0] : -1, POLLIN, 0}};
+	struct pollfd fds[3] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
 	char buf[65536];
 	for (;;) {
 		int64_t wait_ns = -1; /* -1: no time limit */
-		if (p.deadline_ns != 0 && !deadline_hit && !recorded && !relerr[0] && !killed_before_start) {
+		if (p.deadline_ns != 0 && !deadline_hit && !relerr[0] && !killed_before_start) {
 			int64_t left = p.deadline_ns - now_ns();
 			if (left <= 0) {
 				/* The backstop for a job that no server watches. */
@@ -1558,30 +2418,15 @@ static int shim_main(size_t cmdline_len) {
 				if (fd >= 0)
 					close(fd);
 				kill(pid, SIGKILL);
-				if (!p.linger) /* one command of many takes only its own */
-					cg_kill(&p);
+				cg_kill(&p);
 				continue;
 			}
 			wait_ns = left;
 		}
-		if (br.fifo >= 0) {
-			int64_t t = mono_ns();
-			if (br.dirty) {
-				int64_t due = br.last_latest + br.every_ns - t;
-				if (due <= 0) {
-					br_write_latest(&br);
-					continue;
-				}
-				wait_ns = wait_ns < 0 || due < wait_ns ? due : wait_ns;
-			}
-			/* Past the cap the channel is read at a bounded pace. */
-			int paused = br.paused_until > t;
-			fds[1].fd = paused ? -1 : br.fifo;
-			if (paused)
-				wait_ns = wait_ns < 0 || br.paused_until - t < wait_ns ? br.paused_until - t : wait_ns;
-		}
+		if (br_due(&br, &wait_ns, &fds[1].fd))
+			continue;
 		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
-		int k = poll(fds, 4, timeout);
+		int k = poll(fds, 3, timeout);
 		if (k < 0) {
 			if (errno != EINTR) {
 				logmsg("poll: %s", errtext(errno));
@@ -1593,27 +2438,6 @@ static int shim_main(size_t cmdline_len) {
 			outs_read(&os, &w, buf, sizeof buf);
 		if (fds[1].fd >= 0 && fds[1].revents)
 			br_read(&br, 0);
-		if (fds[3].fd >= 0 && fds[3].revents) {
-			/* A lingering init reported the command's end: what the
-			 * command wrote before it ended is read (until the pipes
-			 * stay quiet a moment: what it left in the background
-			 * may hold them open), then the end is recorded. */
-			sdata = read_all(statusp[0], 1 << 16, &slen);
-			status_read = 1;
-			close(statusp[0]);
-			fds[3].fd = -1;
-			struct pollfd q = {os.ep, POLLIN, 0};
-			while (outs_open(&os) && poll(&q, 1, 20) > 0)
-				if (outs_read(&os, &w, buf, sizeof buf) <= 0 && errno != EINTR)
-					break;
-			if (br.fifo >= 0)
-				br_read(&br, 0);
-			if (shim_record(&p, &w, sdata, slen, 0, 0, relerr, deadline_hit) < 0) {
-				logmsg("cannot record the exit status: %s", errtext(errno));
-				return 1;
-			}
-			recorded = 1;
-		}
 		if (fds[2].revents)
 			break;
 	}
@@ -1632,21 +2456,11 @@ static int shim_main(size_t cmdline_len) {
 			close(os.fd[i]);
 	if (os.ep >= 0)
 		close(os.ep);
-	if (br.fifo >= 0) {
-		br_read(&br, 1);
-		br_end(&br);
-		close(br.fifo);
-	}
-	if (br.events >= 0)
-		close(br.events);
-	free(br.partial);
-	free(br.latest);
-	if (!status_read) {
-		sdata = read_all(statusp[0], 1 << 16, &slen);
-		close(statusp[0]);
-	}
+	br_close(&br);
+	sdata = read_all(statusp[0], 1 << 16, &slen);
+	close(statusp[0]);
 	int ret = 0;
-	if (!recorded && shim_record(&p, &w, sdata, slen, 1, ws, relerr, deadline_hit) < 0) {
+	if (shim_record(&p, &w, sdata, slen, 1, ws, relerr, deadline_hit, 0) < 0) {
 		logmsg("cannot record the exit status: %s", errtext(errno));
 		ret = 1;
 	}

@@ -3,7 +3,6 @@
 package local
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,7 +24,7 @@ const defaultJobPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 // Inherited descriptors of init (set up by the shim).
 const (
 	initSyncFD   = 3 // read: the plan, then EOF = "you are in your cgroups, go"
-	initStatusFD = 4 // write: one initStatus just before init exits
+	initStatusFD = 4 // write: one initStatus just before init exits; a kept sandbox's init: its requests (keeper_linux.go)
 )
 
 // runInit is pid 1 of the sandbox, uid 0 of its user namespace (the Go
@@ -66,9 +64,7 @@ func runInit(args []string) int {
 	statusPipe := os.NewFile(initStatusFD, "status")
 
 	report := func(s initStatus) int {
-		if data, err := json.Marshal(s); err == nil {
-			statusPipe.Write(data)
-		}
+		statusPipe.Write(s.encode())
 		statusPipe.Close()
 		return s.Code
 	}
@@ -88,6 +84,18 @@ func runInit(args []string) int {
 	p, err := unmarshalPlan(data)
 	if err != nil {
 		return fail(codeSetupFailed, err)
+	}
+	if p.Mode == modeKeeper {
+		// A kept sandbox's init: its root, then its commands (fd 4 is
+		// the socket of their requests; its first message says ready).
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT)
+		if err := closeOnExecFrom3(); err != nil {
+			return fail(codeSetupFailed, err)
+		}
+		if err := runOps(p.Ops, nil); err != nil {
+			return fail(codeSetupFailed, err)
+		}
+		return serveCommands(statusPipe)
 	}
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return fail(codeSetupFailed, errors.New("no command"))
@@ -138,34 +146,7 @@ func runInit(args []string) int {
 		}
 		return fail(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
 	}
-	st := reap(pid)
-	if !p.Linger {
-		return report(st)
-	}
-	// One command of many: its end is reported now, and pid 1 stays
-	// while what it left in the background runs (see linger).
-	report(st)
-	return linger(p, st.Code)
-}
-
-// linger keeps a lingering init (plan.Linger) reaping until nothing is
-// left in its pid namespace or until p.LingerUntil, then returns code:
-// init's exit takes the namespace, and what is still in it, along.
-func linger(p *plan, code int) int {
-	if p.LingerUntil > 0 {
-		left := time.Until(time.Unix(0, p.LingerUntil))
-		if left <= 0 {
-			return code
-		}
-		time.AfterFunc(left, func() { os.Exit(code) })
-	}
-	for {
-		var ws syscall.WaitStatus
-		_, err := syscall.Wait4(-1, &ws, 0, nil)
-		if errors.Is(err, syscall.ECHILD) {
-			return code
-		}
-	}
+	return report(reap(pid))
 }
 
 // closeRangeCloexec is CLOSE_RANGE_CLOEXEC of close_range(2), which
@@ -267,9 +248,14 @@ func reap(job int) initStatus {
 		if pid != job {
 			continue
 		}
-		if ws.Signaled() {
-			return initStatus{Code: 128 + int(ws.Signal()), Signo: int(ws.Signal())}
-		}
-		return initStatus{Code: ws.ExitStatus()}
+		return exitStatus(ws)
 	}
+}
+
+// exitStatus is how a process ended, as init reports it.
+func exitStatus(ws syscall.WaitStatus) initStatus {
+	if ws.Signaled() {
+		return initStatus{Code: 128 + int(ws.Signal()), Signo: int(ws.Signal())}
+	}
+	return initStatus{Code: ws.ExitStatus()}
 }

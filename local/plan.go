@@ -7,9 +7,10 @@ import (
 )
 
 // A plan is everything a sandbox's helpers (the shim and init, see doc.go)
-// need to start its one command: the server computes it at Exec and
-// writes it into the shim's descriptor 3. Nothing of it is kept on disk,
-// so the job's environment (often secrets) never is.
+// need to start its one command, or a kept sandbox's init, or one command
+// of a kept sandbox (Mode): the server computes it and writes it into the
+// shim's descriptor 3. Nothing of it is kept on disk, so the job's
+// environment (often secrets) never is.
 //
 // The root filesystem is a list of steps (ops) that init carries out one
 // after the other, so that what a sandbox looks like is decided here, in
@@ -23,7 +24,7 @@ import (
 // with any change of layout; a helper refuses a plan it does not know.
 const (
 	planMagic   = 0x44535031 // "DSP1"
-	planVersion = 3
+	planVersion = 4
 	// maxPlanBytes bounds what a helper reads: arguments and environment
 	// are limited by execve to a few MiB anyway.
 	maxPlanBytes = 64 << 20
@@ -72,6 +73,28 @@ const (
 	opSysctl
 	// opNoFile: RLIMIT_NOFILE n, soft and hard.
 	opNoFile
+	// opUnshare: unshare(n); a failure is fatal (opUnshareCgroup's is not).
+	opUnshare
+	// opKeepPath: open s0 (O_PATH) and keep it for opBindKept: a path
+	// that the next steps cover.
+	opKeepPath
+	// opBindKept: bind what opKeepPath opened onto s0, then close it.
+	opBindKept
+)
+
+// planMode says what a shim does with its plan (see doc.go).
+type planMode uint32
+
+const (
+	// modeSandbox: a sandbox's one command, in namespaces made for it.
+	modeSandbox planMode = iota
+	// modeKeeper: a kept sandbox (Spec.MultiExec): its supervisor, which
+	// starts the sandbox's long-lived init and relays command requests
+	// to it, until the sandbox goes or Until.
+	modeKeeper
+	// modeCommand: one command of a kept sandbox, which the sandbox's
+	// init forks; the shim collects its output and records its end.
+	modeCommand
 )
 
 // op is one step of init's set-up. label starts the message of its
@@ -112,14 +135,16 @@ type plan struct {
 	// command reads as its standard input (one of its inputs); "" for
 	// /dev/null.
 	Stdin string
-	// Linger: a command of a sandbox that runs many (MultiExec). Its init
-	// reports the command's end at once, then stays (pid 1 of the
-	// command's pid namespace) while processes the command left in the
-	// background run, until LingerUntil (Unix nanoseconds, 0: no limit)
-	// or a kill; the shim records the end when it is reported, and its
-	// deadline and kills take this command's processes only.
-	Linger      bool
-	LingerUntil int64
+	// Mode: what the shim is (planMode).
+	Mode planMode
+	// Until (modeKeeper): when the kept sandbox's processes end, server
+	// or not (Unix nanoseconds, 0: never).
+	Until int64
+	// ExecID (modeCommand) names the command: its directory, its child
+	// cgroup. Channel is its status channel, a FIFO, as the shim reaches
+	// it from its directory.
+	ExecID  string
+	Channel string
 }
 
 func (p *plan) marshal() []byte {
@@ -160,12 +185,11 @@ func (p *plan) marshal() []byte {
 	}
 	w.u32(netns)
 	w.str(p.Stdin)
-	var linger uint32
-	if p.Linger {
-		linger = 1
-	}
-	w.u32(linger)
-	w.u64(uint64(p.LingerUntil))
+	w.u32(uint32(p.Mode))
+	w.u64(uint64(p.Until))
+	w.str(p.Cgroup.Freezer)
+	w.str(p.ExecID)
+	w.str(p.Channel)
 	return w.b
 }
 
@@ -204,8 +228,14 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Net.Path = r.str()
 	p.Netns = r.u32() != 0
 	p.Stdin = r.str()
-	p.Linger = r.u32() != 0
-	p.LingerUntil = int64(r.u64())
+	p.Mode = planMode(r.u32())
+	p.Until = int64(r.u64())
+	p.Cgroup.Freezer = r.str()
+	p.ExecID = r.str()
+	p.Channel = r.str()
+	if r.err == nil && p.Mode > modeCommand {
+		r.err = fmt.Errorf("unknown mode %d", p.Mode)
+	}
 	if r.err == nil && len(r.b) != 0 {
 		r.err = fmt.Errorf("%d bytes too many", len(r.b))
 	}

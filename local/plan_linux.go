@@ -43,18 +43,28 @@ var devLinks = [...]struct{ name, target string }{
 }
 
 // buildPlan is the plan of the command rec (with its environment env) in
-// the sandbox whose directory is dir and whose state is st, whose shim
-// works in execDir (dir itself, or for one command of many its own
-// directory). With netns, the shim will join a ready network namespace
-// (its loopback up).
-func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+// the sandbox of one command whose directory is dir and whose state is
+// st. With netns, the shim will join a ready network namespace (its
+// loopback up).
+func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
 	if st.NoFile == 0 {
 		st.NoFile = b.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, execDir, st, !netns, cmd.Inputs)
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
 	if err != nil {
 		return nil, err
 	}
+	p := b.commandPlan(st, rec, cmd)
+	p.Mode, p.Ops, p.HostIDBase, p.IDRange, p.Netns = modeSandbox, ops, st.hostBase(), slotSize, netns
+	if st.Network != nil {
+		p.Net = *st.Network
+	}
+	return p, nil
+}
+
+// commandPlan is what every plan of a command has: the command, its
+// environment, its limits.
+func (b *Backend) commandPlan(st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
 	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
 	// inputs where they are.
 	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
@@ -68,19 +78,11 @@ func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord
 		LatestEvery:   int64(latestEvery),
 		FloodPause:    int64(floodPause),
 		Cgroup:        st.Cgroup,
-		HostIDBase:    st.hostBase(),
-		IDRange:       slotSize,
 		JobID:         jobID,
 		Args:          rec.Args,
 		Env:           env,
 		Dir:           rec.Dir,
 		Seccomp:       b.seccomp,
-		Ops:           ops,
-		Netns:         netns,
-		Linger:        st.Multi,
-	}
-	if st.Multi && !st.Expires.IsZero() {
-		p.LingerUntil = st.Expires.UnixNano()
 	}
 	if cmd.Stdin != "" {
 		p.Stdin = path.Join(InputsDir, cmd.Stdin)
@@ -88,34 +90,94 @@ func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord
 	if !rec.Deadline.IsZero() {
 		p.Deadline = rec.Deadline.UnixNano()
 	}
-	if st.Network != nil {
-		p.Net = *st.Network
+	return p
+}
+
+// keeperPlan is the plan of a kept sandbox's supervisor and init: the
+// sandbox's root, made once, and its lifetime. It has no command: the
+// commands come later, each with a plan of its own (execPlan).
+func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
+	if st.NoFile == 0 {
+		st.NoFile = b.noFile
+	}
+	// The network namespace bound at fileNetns has its loopback up.
+	ops, err := rootOps(dir, st, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{
+		Mode:          modeKeeper,
+		MaxEvents:     maxEventsBytes,
+		MaxStatusLine: maxStatusLine,
+		Cgroup:        st.Cgroup,
+		HostIDBase:    st.hostBase(),
+		IDRange:       slotSize,
+		JobID:         jobID,
+		Ops:           ops,
+		Netns:         true,
+	}
+	if !st.Expires.IsZero() {
+		p.Until = st.Expires.UnixNano()
 	}
 	return p, nil
 }
 
-// rootOps are init's steps: the job's root filesystem under dirRootfs,
-// built from the host's hostViewDirs or from the template, with the
-// command's inputs, made the root, then the restrictions that also bind
-// init itself (and loopback up in a network namespace init makes).
-// Entries of the host or the template are looked at now, by the server,
-// which sees what init will see before its pivot.
-//
-// The ops' paths are relative to the shim's working directory, execDir:
-// the sandbox directory's entries are reached through up (execUp from a
-// command's own directory).
-func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
-	up := ""
-	if execDir != dir {
-		up = execUp
-	}
+// execPlan is the plan of one command of a kept sandbox. Its steps are
+// the ones the sandbox's init takes in the command's process between its
+// fork and its exec, in the sandbox's root: a mount namespace of the
+// command's own (a copy of init's), a /run of its own with its status
+// channel and its inputs, then the capability bounding set emptied and
+// the seccomp filter.
+func (b *Backend) execPlan(st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
+	p := b.commandPlan(st, rec, cmd)
+	p.Mode, p.ExecID = modeCommand, rec.ID
+	p.Channel = filepath.Join(execUp, dirChannel, rec.ID)
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
 		copy(o.s[:], s)
 		ops = append(ops, o)
 	}
-	root := filepath.Join(up, dirRootfs)
+	run := path.Dir(path.Dir(StatusFile))
+	add(opUnshare, unix.CLONE_NEWNS, "mount namespace")
+	// The channel, in init's /run/channels, is kept open while a /run of
+	// the command's own covers it (and every other command's channel).
+	add(opKeepPath, 0, "status channel", path.Join(run, keptChannels, rec.ID))
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /run", "tmpfs", run, "tmpfs", "mode=0755,size=16k,nr_inodes=16")
+	add(opMkdir, 0o755, "status channel", path.Dir(StatusFile))
+	add(opTouch, 0, "status channel", StatusFile)
+	add(opBindKept, 0, "status channel", StatusFile)
+	inputOps(add, InputsDir, cmd.Inputs)
+	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "make /run read-only", "", run, "", "")
+	add(opDropBounding, 0, "drop the capability bounding set")
+	add(opSeccomp, 0, "seccomp")
+	p.Ops = ops
+	return p
+}
+
+// keptChannels is where, under /run, a kept sandbox's init has its
+// commands' status channels (the sandbox directory's dirChannel).
+const keptChannels = "channels"
+
+// rootOps are init's steps: the job's root filesystem under dirRootfs,
+// built from the host's hostViewDirs or from the template, with the
+// command's inputs, made the root, then the restrictions that also bind
+// init itself (and loopback up in a network namespace init makes).
+// Entries of the host or the template are looked at now, by the server,
+// which sees what init will see before its pivot. The ops' paths are
+// relative to the sandbox directory dir, the shim's working directory.
+//
+// A kept sandbox's init (st.Init) gets the same root without a command's
+// parts: its commands' status channels are at /run/channels, and each
+// command takes its inputs and the seccomp filter on its own (execPlan).
+func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
+	var ops []op
+	add := func(code opCode, n uint64, label string, s ...string) {
+		o := op{code: code, n: n, label: label}
+		copy(o.s[:], s)
+		ops = append(ops, o)
+	}
+	root := dirRootfs
 	at := func(p ...string) string { return filepath.Join(append([]string{root}, p...)...) }
 
 	// A cgroup namespace rooted at the sandbox's own group (init has been
@@ -129,7 +191,7 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 	// directories and files as read-only binds.
 	srcDir, names := "/", hostViewDirs[:]
 	if st.Template != "" {
-		srcDir, names = filepath.Join(up, dirTemplate), nil
+		srcDir, names = dirTemplate, nil
 		ents, err := os.ReadDir(filepath.Join(dir, dirTemplate))
 		if err != nil {
 			return nil, fmt.Errorf("read template: %w", err)
@@ -145,7 +207,7 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 		src := filepath.Join(srcDir, name) // as init sees it, before its pivot
 		here := src                        // as the server sees it
 		if srcDir != "/" {
-			here = filepath.Join(execDir, src)
+			here = filepath.Join(dir, src)
 		}
 		fi, err := os.Lstat(here)
 		if errors.Is(err, os.ErrNotExist) {
@@ -185,44 +247,29 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 			add(opMkdir, 0o755, "create /"+name, at(name))
 		}
 	}
-	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", filepath.Join(up, dirWorkspace), at("workspace"))
-	if _, err := os.Lstat(filepath.Join(execDir, fileStatusFIFO)); err == nil {
+	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
+	statusDir := filepath.Dir(StatusFile)
+	if st.Init {
+		// The commands' status channels: each command binds its own at
+		// StatusFile (execPlan).
+		add(opMkdir, 0o755, "status channels", at(filepath.Dir(statusDir)))
+		add(opMkdir, 0o755, "status channels", at(filepath.Dir(statusDir), keptChannels))
+		add(opMount, unix.MS_BIND, "status channels", dirChannel, at(filepath.Dir(statusDir), keptChannels))
+	} else if _, err := os.Lstat(filepath.Join(dir, fileStatusFIFO)); err == nil {
 		// The status channel at StatusFile, bound before the root is
 		// made read-only.
-		statusDir := filepath.Dir(StatusFile)
 		add(opMkdir, 0o755, "status channel", at(filepath.Dir(statusDir)))
 		add(opMkdir, 0o755, "status channel", at(statusDir))
 		add(opTouch, 0, "status channel", at(StatusFile))
 		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
 	}
 	if len(inputs) > 0 {
-		// The command's inputs: a tmpfs of its own (this mount namespace
-		// is the command's), owned by the job's user and readable by it
-		// alone, written by init and then made read-only. Their bytes
-		// came in the plan, in memory; they never touch the host's disk
-		// nor any argument list.
-		inDir := at(InputsDir)
 		add(opMkdir, 0o755, "inputs", at(filepath.Dir(filepath.Dir(InputsDir))))
 		add(opMkdir, 0o755, "inputs", at(filepath.Dir(InputsDir)))
-		add(opMkdir, 0o755, "inputs", inDir)
-		var size int64 = 4096
-		for _, data := range inputs {
-			size += (int64(len(data)) + 4095) &^ 4095
-		}
-		opts := fmt.Sprintf("mode=0500,uid=%d,gid=%d,size=%d,nr_inodes=%d", jobID, jobID, size, len(inputs)+2)
-		add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: mount", "tmpfs", inDir, "tmpfs", opts)
-		for _, name := range slices.Sorted(maps.Keys(inputs)) {
-			add(opInput, jobID, "inputs: write "+name, filepath.Join(inDir, name), string(inputs[name]))
-		}
-		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
+		inputOps(add, at(InputsDir), inputs)
 	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
-	if st.Multi {
-		// The sandbox's /tmp, which its commands share.
-		add(opMount, unix.MS_BIND, "bind /tmp", filepath.Join(up, dirTmp), at("tmp"))
-	} else {
-		add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
-	}
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
 	// The sandbox's own budgets of per-user kernel objects, lowered from
 	// the unlimited a new user namespace starts with (what the sandbox
@@ -262,24 +309,78 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 	add(opNoCoreDumps, 0, "set RLIMIT_CORE")
 	// The job's share of the host's file table (nofile.go).
 	add(opNoFile, uint64(st.NoFile), "set RLIMIT_NOFILE")
-	add(opDropBounding, 0, "drop the capability bounding set")
-	add(opSeccomp, 0, "seccomp")
+	if !st.Init {
+		// A kept sandbox's init needs mount and unshare for each command
+		// (and the Go helpers' command is executed as root, with every
+		// capability of the bounding set): each command drops them
+		// itself (execPlan).
+		add(opDropBounding, 0, "drop the capability bounding set")
+		add(opSeccomp, 0, "seccomp")
+	}
 	return ops, nil
+}
+
+// inputOps are the steps that give a command its inputs at inDir (whose
+// parent exists): a tmpfs of its own (in the command's mount namespace),
+// owned by the job's user and readable by it alone, written by init and
+// then made read-only. Their bytes came in the plan, in memory; they
+// never touch the host's disk nor any argument list.
+func inputOps(add func(code opCode, n uint64, label string, s ...string), inDir string, inputs map[string][]byte) {
+	if len(inputs) == 0 {
+		return
+	}
+	add(opMkdir, 0o755, "inputs", inDir)
+	var size int64 = 4096
+	for _, data := range inputs {
+		size += (int64(len(data)) + 4095) &^ 4095
+	}
+	opts := fmt.Sprintf("mode=0500,uid=%d,gid=%d,size=%d,nr_inodes=%d", jobID, jobID, size, len(inputs)+2)
+	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: mount", "tmpfs", inDir, "tmpfs", opts)
+	for _, name := range slices.Sorted(maps.Keys(inputs)) {
+		add(opInput, jobID, "inputs: write "+name, filepath.Join(inDir, name), string(inputs[name]))
+	}
+	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
 }
 
 // runOps carries out init's steps (the Go helper's way; helper_linux.c
 // has the same for the C one). prog is the plan's seccomp filter.
 func runOps(ops []op, prog []byte) error {
+	kept := -1 // opKeepPath's descriptor
+	defer func() {
+		if kept >= 0 {
+			unix.Close(kept)
+		}
+	}()
 	for _, o := range ops {
-		if err := runOp(o, prog); err != nil {
+		if err := runOp(o, prog, &kept); err != nil {
 			return fmt.Errorf("%s: %w", o.label, err)
 		}
 	}
 	return nil
 }
 
-func runOp(o op, prog []byte) error {
+func runOp(o op, prog []byte, kept *int) error {
 	switch o.code {
+	case opUnshare:
+		return unix.Unshare(int(o.n))
+	case opKeepPath:
+		if *kept >= 0 {
+			unix.Close(*kept)
+		}
+		fd, err := unix.Open(o.s[0], unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		*kept = fd
+		return nil
+	case opBindKept:
+		if *kept < 0 {
+			return errors.New("nothing kept to bind")
+		}
+		err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", *kept), o.s[0], "", unix.MS_BIND, "")
+		unix.Close(*kept)
+		*kept = -1
+		return err
 	case opMount:
 		return unix.Mount(o.s[0], o.s[1], o.s[2], uintptr(o.n), o.s[3])
 	case opMkdir:

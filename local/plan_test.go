@@ -9,7 +9,7 @@ import (
 func testPlan() *plan {
 	return &plan{
 		OutputLimit: 1 << 20, MaxEvents: 1 << 10, MaxStatusLine: 1 << 9, LatestEvery: 3, FloodPause: 4, Deadline: 1234567890123,
-		Cgroup:     cgroupSet{Version: 1, Memory: "/m/sb", CPU: "/c/sb", Pids: "/p/sb"},
+		Cgroup:     cgroupSet{Version: 1, Memory: "/m/sb", CPU: "/c/sb", Pids: "/p/sb", Freezer: "/f/sb"},
 		HostIDBase: 1879048192, IDRange: slotSize, JobID: jobID,
 		Args: []string{"/bin/sh", "-c", "echo 'a b'", ""}, Env: []string{"PATH=/bin", "SECRET=x=y"}, Dir: "/workspace",
 		Seccomp: []byte{1, 2, 3, 4, 5, 6, 7, 8},
@@ -18,10 +18,11 @@ func testPlan() *plan {
 			{code: opSeccomp, label: "seccomp"},
 			{code: opInput, n: jobID, label: "input", s: [4]string{"rootfs/run/delegate/inputs/script", "echo \x00 binary\xff", "", ""}},
 		},
-		Net:    netTool{Name: "pasta", Path: "/usr/bin/pasta"},
-		Netns:  true,
-		Stdin:  "/run/delegate/inputs/prompt",
-		Linger: true, LingerUntil: 1_800_000_000_000_000_000,
+		Net:   netTool{Name: "pasta", Path: "/usr/bin/pasta"},
+		Netns: true,
+		Stdin: "/run/delegate/inputs/prompt",
+		Mode:  modeCommand, Until: 1_800_000_000_000_000_000,
+		ExecID: "ex-01234567", Channel: "../../channel/ex-01234567",
 	}
 }
 
@@ -52,8 +53,8 @@ func TestPlanRejects(t *testing.T) {
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
 	// The op count, before two empty strings, Netns, an empty string,
-	// Linger and LingerUntil.
-	copy(huge[len(huge)-5*4-12:], []byte{0xff, 0xff, 0xff, 0x7f})
+	// Mode, Until and three empty strings.
+	copy(huge[len(huge)-8*4-8-4:], []byte{0xff, 0xff, 0xff, 0x7f})
 	tests := []struct {
 		name string
 		data []byte
@@ -64,6 +65,7 @@ func TestPlanRejects(t *testing.T) {
 		{"trailing bytes", append(append([]byte(nil), good...), 0), "too many"},
 		{"another version", other, "restart"},
 		{"huge count", huge, "truncated"},
+		{"unknown mode", func() []byte { p := testPlan(); p.Mode = modeCommand + 1; return p.marshal() }(), "unknown mode"},
 	}
 	for _, tt := range tests {
 		if _, err := unmarshalPlan(tt.data); err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -21,11 +21,14 @@ import (
 // none and polls its directory instead. dir holds its files: the sandbox
 // directory for a sandbox's one command, execs/<id> for one of many.
 type process struct {
-	s       *sbox
-	id      string
-	dir     string
-	done    chan struct{}
-	shimErr error // how the shim exited; read only after done is closed
+	s    *sbox
+	id   string
+	dir  string
+	done chan struct{}
+	// recorded is closed once the shim of a kept sandbox's command has
+	// recorded its end (nil for a sandbox's one command).
+	recorded chan struct{}
+	shimErr  error // how the shim exited; read only after done is closed
 }
 
 func (p *process) path(name string) string { return filepath.Join(p.dir, name) }
@@ -131,43 +134,28 @@ func (p *process) readExit() (sandbox.Exit, error) {
 	}, nil
 }
 
-// lingerPoll is how often Wait looks for the recorded end of one command
-// of many, whose shim outlives it.
-const lingerPoll = 5 * time.Millisecond
-
 // Wait implements sandbox.Process.
 func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
-	if p.done != nil && p.dir != p.s.dir {
-		// One command of many: its shim stays while what the command left
-		// in the background runs, and records the end before that.
-		tick := time.NewTicker(lingerPoll)
-		defer tick.Stop()
-		for {
-			if exit, err := p.readExit(); !errors.Is(err, os.ErrNotExist) {
-				return exit, err
-			}
-			select {
-			case <-p.done:
-				exit, err := p.readExit()
-				if errors.Is(err, os.ErrNotExist) {
-					return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
-				}
-				return exit, err
-			case <-ctx.Done():
-				return sandbox.Exit{}, ctx.Err()
-			case <-tick.C:
-			}
-		}
-	}
 	if p.done != nil {
+		// This server's child: its end, or (a kept sandbox's command,
+		// whose shim stays while what the command left in the background
+		// holds its output) the shim's word that it has recorded the end.
 		select {
+		case <-p.recorded:
 		case <-p.done:
 		case <-ctx.Done():
 			return sandbox.Exit{}, ctx.Err()
 		}
 		exit, err := p.readExit()
 		if errors.Is(err, os.ErrNotExist) {
-			return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				return sandbox.Exit{}, ctx.Err()
+			}
+			if exit, err = p.readExit(); errors.Is(err, os.ErrNotExist) {
+				return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
+			}
 		}
 		return exit, err
 	}
@@ -212,16 +200,16 @@ func (p *process) lostError(what string) error {
 
 // Kill implements sandbox.Process. It returns once every process of the
 // command (of the sandbox, for its one command) has been sent SIGKILL;
-// Wait then reports Killed. One command of many is its own pid
-// namespace: its init's death takes what it started along, and the
-// sandbox's other commands go on.
+// Wait then reports Killed. A kept sandbox's command is killed with
+// what it started (its cgroup, its process group); the sandbox's other
+// commands go on.
 func (p *process) Kill(ctx context.Context) error {
 	if p.s.gone() {
 		return nil
 	}
 	st, _ := p.s.b.state(p.s.dir, p.s.id)
 	if p.dir != p.s.dir {
-		return killExec(p.dir, st.Cgroup)
+		return killExec(p.dir, p.id, st.Cgroup)
 	}
 	return killSandbox(p.s.dir, st.Cgroup)
 }

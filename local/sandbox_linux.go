@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,8 +112,9 @@ func validateCommand(cmd sandbox.Command) (execRecord, error) {
 
 // Exec implements sandbox.Instance: it records the command (without its
 // environment) and starts the shim, which runs it from the plan written
-// into its descriptor 3. The shim is not tied to ctx nor to this process:
-// the job outlives a server restart.
+// into its descriptor 3 (in a kept sandbox, the sandbox's init forks it:
+// execKept). The shim is not tied to ctx nor to this process: the job
+// outlives a server restart.
 func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -131,89 +133,131 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if rec.ID, err = newID("ex-", 4); err != nil {
 		return nil, err
 	}
-	rec.Env = nil // the job's secrets stay off the disk, and so do its inputs
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return nil, fmt.Errorf("exec: %w", err)
+	if st.Multi {
+		return s.execKept(st, rec, cmd)
 	}
 	// The C helpers take sandboxes without network when this binary has
 	// them; the Go ones the others (only the Go shim starts a network
 	// helper), and all of them when the tests ask.
 	c := haveCHelper && st.Network == nil && !s.b.goHelpers
 	var netns *os.File
-	if c && !st.Multi {
+	if c {
 		netns = s.b.netns.take()
 		if netns != nil {
 			defer netns.Close() // the shim has its own once started
 		}
 	}
-	execDir := s.dir
-	if st.Multi {
-		// One command of many: a directory of its own for its files and
-		// its status channel, and the sandbox's network namespace.
-		execDir = filepath.Join(s.dir, dirExecs, rec.ID)
-		if err := os.Mkdir(execDir, 0o710); err != nil {
-			return nil, s.goneOr(fmt.Errorf("exec: %w", err))
-		}
-		if err := os.Chown(execDir, 0, int(st.hostBase())); err != nil {
-			return nil, fmt.Errorf("exec: %w", err)
-		}
-		if err := makeStatusFIFO(execDir, int(st.hostBase()+jobID)); err != nil {
-			return nil, fmt.Errorf("exec: %w", err)
-		}
-		fd, err := unix.Open(filepath.Join(s.dir, fileNetns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, s.goneOr(fmt.Errorf("exec: the sandbox's network namespace: %w", err))
-		}
-		netns = os.NewFile(uintptr(fd), "netns")
-		defer netns.Close()
-	}
-	pl, err := s.b.buildPlan(s.dir, execDir, st, rec, cmd, netns != nil)
+	pl, err := s.b.buildPlan(s.dir, st, rec, cmd, netns != nil)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
 	// O_EXCL makes "one command per sandbox" hold across goroutines and
-	// server processes alike (a sandbox of many has a directory per command).
-	f, err := os.OpenFile(filepath.Join(execDir, fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
+	// server processes alike.
+	if err := writeExecRecord(s.dir, rec); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("exec: sandbox %s already ran its one command (it was not made to run many: Spec.MultiExec)", s.id)
+	} else if err != nil {
+		return nil, err
 	}
+	shim, err := s.b.startShim(s.dir, pl, c, netns, nil)
+	if err != nil {
+		os.Remove(filepath.Join(s.dir, fileExec))
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	return s.started(rec.ID, s.dir, shim, nil), nil
+}
+
+// execKept starts one command of a kept sandbox: a directory of its own
+// (execs/<id>: its exec.json, output, exit.json), its status channel (a
+// FIFO in the sandbox's dirChannel) and its shim, which asks the
+// sandbox's init for it (keeper_linux.go).
+func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (sandbox.Process, error) {
+	if !st.Init {
+		return nil, fmt.Errorf("sandbox %s was kept by an earlier delegate, whose kept sandboxes cannot run more commands: release it and open another: %w", s.id, sandbox.ErrGone)
+	}
+	if _, alive := shimAlive(s.dir); !alive {
+		return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
+	}
+	execDir := filepath.Join(s.dir, dirExecs, rec.ID)
+	if err := os.Mkdir(execDir, 0o700); err != nil {
+		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
+	}
+	channel := filepath.Join(s.dir, dirChannel, rec.ID)
+	if err := unix.Mkfifo(channel, 0o600); err != nil {
+		return nil, s.goneOr(fmt.Errorf("exec: the status channel: %w", err))
+	}
+	if err := os.Chown(channel, int(st.hostBase()+jobID), int(st.hostBase()+jobID)); err != nil {
+		return nil, fmt.Errorf("exec: the status channel: %w", err)
+	}
+	if err := writeExecRecord(execDir, rec); err != nil {
+		return nil, err
+	}
+	c := haveCHelper && !s.b.goHelpers
+	// The shim closes its end of this pipe once it has recorded the
+	// command's end: Wait wakes up then, without polling.
+	recordedR, recordedW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
+	}
+	shim, err := s.b.startShim(execDir, s.b.execPlan(st, rec, cmd), c, nil, recordedW)
+	recordedW.Close()
+	if err != nil {
+		recordedR.Close()
+		os.Remove(channel)
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	recorded := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, recordedR)
+		recordedR.Close()
+		close(recorded)
+	}()
+	return s.started(rec.ID, execDir, shim, recorded), nil
+}
+
+// writeExecRecord writes the command's exec.json in dir, exclusively.
+func writeExecRecord(dir string, rec execRecord) error {
+	rec.Env = nil // the job's secrets stay off the disk, and so do its inputs
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("exec: %w", err)
 	}
 	_, err = f.Write(data)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(filepath.Join(execDir, fileExec))
-		return nil, fmt.Errorf("exec: %w", err)
+		os.Remove(filepath.Join(dir, fileExec))
+		return fmt.Errorf("exec: %w", err)
 	}
-	shim, err := s.b.startShim(execDir, pl, c, netns)
-	if err != nil {
-		os.Remove(filepath.Join(execDir, fileExec))
-		return nil, fmt.Errorf("exec: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(execDir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+	return nil
+}
+
+// started records a shim this server started, and returns its process.
+func (s *sbox) started(id, dir string, shim *exec.Cmd, recorded chan struct{}) *process {
+	if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
 		s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
 	}
-	p := &process{s: s, id: rec.ID, dir: execDir, done: make(chan struct{})}
+	p := &process{s: s, id: id, dir: dir, done: make(chan struct{}), recorded: recorded}
 	go func() {
 		p.shimErr = shim.Wait()
 		close(p.done)
 	}()
 	s.b.mu.Lock()
-	s.b.live[execDir] = p
+	s.b.live[dir] = p
 	s.b.mu.Unlock()
-	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", rec.ID, "shim", shim.Process.Pid)
-	return p, nil
+	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", shim.Process.Pid)
+	return p
 }
 
-// startShim starts the shim of the sandbox in dir with the plan, the C
-// one with c, and with netns (when the plan says so) the network
-// namespace to join. A shim that fails later records why in exit.json,
-// which Wait reports.
-func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec.Cmd, error) {
+// startShim starts a shim in dir with the plan, the C one with c, and
+// with netns (when the plan says so) the network namespace to join and
+// with server the pipe it closes for the server (serverFD). A shim that
+// fails later records why in exit.json, which Wait reports.
+func (b *Backend) startShim(dir string, pl *plan, c bool, netns, server *os.File) (*exec.Cmd, error) {
 	// The Go shim's stderr is its log (a panic goes there); the C shim
 	// opens the log itself when it has something to say.
 	var logf *os.File
@@ -253,8 +297,11 @@ func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec
 		// Never the server's stdout: that is the MCP channel.
 		shim.Stdout, shim.Stderr = logf, logf
 	}
-	if pl.Netns {
-		shim.ExtraFiles = append(shim.ExtraFiles, netns) // netnsFD
+	if pl.Netns || server != nil {
+		shim.ExtraFiles = append(shim.ExtraFiles, netns) // netnsFD (nil: none)
+	}
+	if server != nil {
+		shim.ExtraFiles = append(shim.ExtraFiles, server) // serverFD
 	}
 	err = shim.Start()
 	if err != nil {
@@ -325,37 +372,58 @@ func killSandbox(dir string, cg cgroupSet) error {
 	return nil
 }
 
-// killExec ends one command of a sandbox of many: its marker, then its
-// init (pid 1 of the command's pid namespace), signalled only if it is in
-// the sandbox's cgroup, so a recycled pid is never hit.
-func killExec(dir string, cg cgroupSet) error {
+// killExec ends one command of a kept sandbox: its marker (the shim
+// checks it before it lets a command go), then every process of the
+// command's cgroup, and its process group while its end is not recorded
+// if that pid is in the sandbox's cgroups (a pid recycled outside the
+// sandbox is never hit). The sandbox's other commands go on.
+func killExec(dir, execID string, cg cgroupSet) error {
 	if err := os.WriteFile(filepath.Join(dir, fileKilled), nil, 0o600); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil // destroyed: nothing left to kill
 		}
 		return fmt.Errorf("kill: %w", err)
 	}
-	initPID, err := readPID(filepath.Join(dir, fileInitPID))
-	if err != nil {
-		return nil // not started: the shim sees the marker before it releases init
-	}
-	pids, err := cg.procs()
-	if err != nil {
-		return fmt.Errorf("kill: %w", err)
-	}
-	for _, pid := range pids {
-		if pid == initPID {
-			syscall.Kill(pid, syscall.SIGKILL)
-			if cg.frozen() {
-				// The command's processes die once thawed (cgroup v1);
-				// the rest of the sandbox is frozen again at once.
-				cg.thaw()
-				cg.waitGone(pid, time.Second)
-				cg.freeze(5 * time.Second)
+	jobPID := 0
+	if _, err := os.Lstat(filepath.Join(dir, fileExit)); errors.Is(err, os.ErrNotExist) {
+		if pid, err := readPID(filepath.Join(dir, fileJobPID)); err == nil {
+			if pids, _ := cg.procs(); slices.Contains(pids, pid) {
+				jobPID = pid
 			}
 		}
 	}
+	// A paused sandbox is thawed until the command's end is recorded: its
+	// processes take no signal while frozen (cgroup v1), and its init,
+	// which reaps the command and reports its end, is frozen too. Then it
+	// is frozen again.
+	frozen := cg.frozen()
+	if frozen {
+		cg.thaw()
+	}
+	left := cg.killCommand(execID, jobPID)
+	if frozen {
+		pollUntil(2*time.Second, func() bool {
+			_, err := os.Lstat(filepath.Join(dir, fileExit))
+			return err == nil
+		})
+		if err := cg.freeze(5 * time.Second); err != nil {
+			return fmt.Errorf("kill: pause the sandbox again: %w", err)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("kill: processes %v of command %s still alive", left, execID)
+	}
 	return nil
+}
+
+// pollUntil polls cond until it holds or the timeout passes.
+func pollUntil(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 // Pause implements sandbox.Pauser: every process of the sandbox is frozen

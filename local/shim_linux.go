@@ -3,7 +3,6 @@
 package local
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,10 +98,18 @@ func runShim(args []string) int {
 		log.Error("shim cannot enter the sandbox directory", "err", err)
 		return 1
 	}
-	rec, recorded := supervise(log)
-	if recorded {
-		return 0 // a lingering command's end, recorded when init reported it
+	p, planData, planFile, loadErr := readPlan()
+	if loadErr == nil && p.Mode != modeSandbox {
+		defer planFile.Close()
+		if p.Mode == modeKeeper {
+			return runKeeper(log, p, planData)
+		}
+		return runCommandShim(log, p, planFile)
 	}
+	if planFile != nil {
+		planFile.Close()
+	}
+	rec := supervise(log, p, planData, loadErr)
 	if err := writeJSONAtomic(fileExit, rec); err != nil {
 		log.Error("shim cannot record the exit status", "err", err)
 		return 1
@@ -140,25 +147,25 @@ func shimProbe(base string) int {
 	return 0
 }
 
-// readPlan reads the plan the server writes into descriptor 3.
-func readPlan() (*plan, []byte, error) {
+// readPlan reads the plan the server writes into descriptor 3, which it
+// returns open (a kept sandbox's command hands it on to init).
+func readPlan() (*plan, []byte, *os.File, error) {
 	f := os.NewFile(planFD, "plan")
 	if f == nil {
-		return nil, nil, errors.New("no plan: descriptor 3 is not open")
+		return nil, nil, nil, errors.New("no plan: descriptor 3 is not open")
 	}
-	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxPlanBytes+1))
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the plan: %w", err)
+		return nil, nil, f, fmt.Errorf("read the plan: %w", err)
 	}
 	if len(data) == 0 {
-		return nil, nil, errors.New("no plan: the server went away before it sent one")
+		return nil, nil, f, errors.New("no plan: the server went away before it sent one")
 	}
 	if len(data) > maxPlanBytes {
-		return nil, nil, fmt.Errorf("the plan is larger than %d bytes", maxPlanBytes)
+		return nil, nil, f, fmt.Errorf("the plan is larger than %d bytes", maxPlanBytes)
 	}
 	p, err := unmarshalPlan(data)
-	return p, data, err
+	return p, data, f, err
 }
 
 // outputWriter keeps the first limit bytes of the job's stdout and
@@ -288,9 +295,9 @@ func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
 }
 
 // quiet waits until no output has come for a moment, or the output has
-// ended (copied closed), or a few seconds have passed: a lingering
-// command's background may hold the pipes open, so their end is not
-// waited for.
+// ended (copied closed), or a few seconds have passed: what a kept
+// sandbox's command left in the background may hold the pipes open, so
+// their end is not waited for.
 func (w *outputWriter) quiet(copied <-chan struct{}) {
 	const still = 20 * time.Millisecond
 	give := time.After(3 * time.Second)
@@ -308,24 +315,16 @@ func (w *outputWriter) quiet(copied <-chan struct{}) {
 	}
 }
 
-// supervise runs the command and returns how it ended, and whether it has
-// recorded that already (a lingering command's end is recorded as soon
-// as init reports it). Paths are relative to the shim's directory: the
-// sandbox's, or for one command of many its own (execs/<id>).
-func supervise(log *slog.Logger) (exitRecord, bool) {
-	p, planData, loadErr := readPlan()
+// supervise runs the command of a sandbox of one (the plan p, read as
+// planData, or why it could not be read) and returns how it ended. Paths
+// are relative to the shim's directory, the sandbox's.
+func supervise(log *slog.Logger, p *plan, planData []byte, loadErr error) exitRecord {
 	w := &outputWriter{limit: DefaultOutputLimit} // unreadable plan: still show why
 	if loadErr == nil && p.OutputLimit > 0 {
 		w.limit = p.OutputLimit
 	}
 	defer w.close()
-	// What the sandbox machinery itself says goes to the job's stderr.
-	stderr := stream{w, sandbox.Stderr}
-	fail := func(err error) (exitRecord, bool) {
-		fmt.Fprintf(stderr, "%s%v\n", setupPrefix, err)
-		log.Error("sandbox setup failed", "err", err)
-		return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}, false
-	}
+	fail := func(err error) exitRecord { return w.failed(err, log) }
 	if loadErr != nil {
 		return fail(loadErr)
 	}
@@ -386,7 +385,7 @@ func supervise(log *slog.Logger) (exitRecord, bool) {
 		copyOutput(w, outP[0], errP[0], log)
 		close(copied)
 	}()
-	bridge, err := startStatusBridge()
+	bridge, err := startStatusBridge(fileStatusFIFO)
 	if err != nil {
 		// The job runs without its status channel rather than not at all.
 		log.Warn("status channel", "err", err)
@@ -436,12 +435,6 @@ func supervise(log *slog.Logger) (exitRecord, bool) {
 		// The backstop for a job that no server watches any more.
 		deadline = time.AfterFunc(time.Until(d), func() {
 			deadlineHit.Store(true)
-			if p.Linger {
-				// One command of many: its own pid namespace only.
-				os.WriteFile(fileKilled, nil, 0o600)
-				cmd.Process.Kill()
-				return
-			}
 			if err := killSandbox(".", p.Cgroup); err != nil {
 				log.Error("kill at deadline", "err", err)
 			}
@@ -451,21 +444,6 @@ func supervise(log *slog.Logger) (exitRecord, bool) {
 	syncW.Close() // EOF: the go-ahead
 	statusData, _ := io.ReadAll(statusR)
 	statusR.Close()
-	recorded := false
-	if p.Linger && len(statusData) > 0 {
-		// init reported the command's end and stays for its background:
-		// the end is recorded now, once the output it wrote is read.
-		if deadline != nil {
-			deadline.Stop()
-		}
-		w.quiet(copied)
-		rec := p.record(w, statusData, nil, relErr, deadlineHit.Load(), log)
-		if err := writeJSONAtomic(fileExit, rec); err != nil {
-			log.Error("shim cannot record the exit status", "err", err)
-		} else {
-			recorded = true
-		}
-	}
 	cmd.Wait()
 	if net != nil {
 		// The job is over (init's end took every process of the sandbox
@@ -476,7 +454,17 @@ func supervise(log *slog.Logger) (exitRecord, bool) {
 	bridge.stop()
 
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	return p.record(w, statusData, &ws, relErr, deadlineHit.Load(), log), recorded
+	return p.record(w, statusData, &ws, relErr, deadlineHit.Load(), log)
+}
+
+// failed is the record of a command that could not start: why, in the
+// output (on stderr: the sandbox machinery's own words) and the record.
+func (w *outputWriter) failed(err error, log *slog.Logger) exitRecord {
+	fmt.Fprintf(stream{w, sandbox.Stderr}, "%s%v\n", setupPrefix, err)
+	log.Error("sandbox setup failed", "err", err)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}
 }
 
 // record is how the command ended: from init's report (statusData),
@@ -484,8 +472,7 @@ func supervise(log *slog.Logger) (exitRecord, bool) {
 func (p *plan) record(w *outputWriter, statusData []byte, ws *syscall.WaitStatus, relErr error, deadlineHit bool, log *slog.Logger) exitRecord {
 	stderr := stream{w, sandbox.Stderr}
 	var rec exitRecord
-	var s initStatus
-	haveStatus := len(statusData) > 0 && json.Unmarshal(statusData, &s) == nil
+	s, haveStatus := decodeInitStatus(statusData)
 	switch {
 	case haveStatus:
 		rec.Code, rec.Signo, rec.Reason = s.Code, s.Signo, s.Reason

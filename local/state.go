@@ -2,6 +2,7 @@ package local
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,10 @@ import (
 const (
 	shimCommand = "__sandbox-shim"
 	initCommand = "__sandbox-init"
+	// execCommand is a kept sandbox's command in the Go helpers: init
+	// forks and executes it (a fork of a Go program cannot run Go code),
+	// and it executes the job (runExec).
+	execCommand = "__sandbox-exec"
 	probeArg    = "--probe"
 	// setupPrefix starts every line the sandbox machinery itself writes into
 	// a job's output, so a user can tell it from the job's own output.
@@ -87,15 +92,23 @@ const (
 	dirChannel   = "channel"  // a small tmpfs holding the status channel
 	// A sandbox that runs many commands (Spec.MultiExec): each command's
 	// files (the ones above) are in a directory of its own, execs/<id>,
-	// which is its shim's working directory; its commands share a
-	// network namespace (bound at fileNetns) and a /tmp (dirTmp).
-	dirExecs  = "execs"
-	dirTmp    = "tmp"
-	fileNetns = "netns"
+	// which is its shim's working directory; the sandbox's network
+	// namespace is bound at fileNetns; the sandbox's supervisor (its
+	// shim.pid and init.pid are the sandbox directory's) takes command
+	// requests on fileControl; each command's status channel is the FIFO
+	// dirChannel/<id>. (dirTmp: the shared /tmp of kept sandboxes made
+	// before they had one init.)
+	dirExecs    = "execs"
+	dirTmp      = "tmp"
+	fileNetns   = "netns"
+	fileControl = "control"
+	// fileJobPID is the host pid of a kept sandbox's command (its
+	// process group's too), written by its shim when the command starts.
+	fileJobPID = "job.pid"
 )
 
 // execUp is how a command's directory (execs/<id>) reaches the sandbox
-// directory: the plan's paths are relative to the shim's directory.
+// directory: the shim's paths are relative to its directory.
 const execUp = "../.."
 
 // idPattern is what newID produces; anything else is not one of ours,
@@ -136,6 +149,10 @@ type sandboxState struct {
 	// execs/<id>; Expires is when its processes end by themselves.
 	Multi   bool      `json:"multi,omitempty"`
 	Expires time.Time `json:"expires,omitzero"`
+	// Init: the kept sandbox has one init, which forks each command (a
+	// kept sandbox made before had an init per command and cannot run
+	// more).
+	Init bool `json:"init,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and
@@ -185,11 +202,36 @@ type exitRecord struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// initStatus is what init reports to the shim just before it exits.
+// initStatus is what init reports to the shim: how the command ended, or
+// why it could not start. On the wire (a pipe, or a kept sandbox's
+// command's socket), as the C helpers write it too: int32 code, int32
+// signal, uint32 length of the reason, the reason, native-endian.
 type initStatus struct {
-	Code   int    `json:"code"`
-	Signo  int    `json:"signo,omitempty"`
-	Reason string `json:"reason,omitempty"`
+	Code   int
+	Signo  int
+	Reason string
+}
+
+const initStatusHead = 12
+
+func (s initStatus) encode() []byte {
+	b := make([]byte, initStatusHead, initStatusHead+len(s.Reason))
+	binary.NativeEndian.PutUint32(b, uint32(int32(s.Code)))
+	binary.NativeEndian.PutUint32(b[4:], uint32(int32(s.Signo)))
+	binary.NativeEndian.PutUint32(b[8:], uint32(len(s.Reason)))
+	return append(b, s.Reason...)
+}
+
+// decodeInitStatus reads one report (a reason cut short is kept as far
+// as it goes).
+func decodeInitStatus(b []byte) (initStatus, bool) {
+	if len(b) < initStatusHead {
+		return initStatus{}, false
+	}
+	s := initStatus{Code: int(int32(binary.NativeEndian.Uint32(b))), Signo: int(int32(binary.NativeEndian.Uint32(b[4:])))}
+	n := min(uint64(binary.NativeEndian.Uint32(b[8:])), uint64(len(b)-initStatusHead))
+	s.Reason = string(b[initStatusHead : initStatusHead+n])
+	return s, true
 }
 
 // writeFileAtomic replaces path with data so that readers see the old file

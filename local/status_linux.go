@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -96,10 +97,10 @@ const (
 	floodPause = 10 * time.Millisecond
 )
 
-// startStatusBridge opens the FIFO read-write, so that it never reports
-// end-of-file between two writers, and starts copying.
-func startStatusBridge() (*statusBridge, error) {
-	fifo, err := os.OpenFile(fileStatusFIFO, os.O_RDWR, 0)
+// startStatusBridge opens the FIFO at path read-write, so that it never
+// reports end-of-file between two writers, and starts copying.
+func startStatusBridge(path string) (*statusBridge, error) {
+	fifo, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -274,13 +275,22 @@ func (b *statusBridge) stop() {
 	if b == nil {
 		return
 	}
-	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && b.pending() > 0; {
-		time.Sleep(time.Millisecond)
-	}
+	b.flush()
 	b.copy.stopping.Store(true)
 	b.fifo.SetReadDeadline(time.Now())
 	<-b.done
 	b.fifo.Close()
+}
+
+// flush waits a moment for what waits in the channel to be copied (the
+// job has ended: nothing more of its own can come).
+func (b *statusBridge) flush() {
+	if b == nil {
+		return
+	}
+	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && b.pending() > 0; {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // pending is how many bytes wait in the pipe (FIONREAD, alias TIOCINQ).

@@ -1,0 +1,713 @@
+//go:build linux
+
+package local
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A kept sandbox (Spec.MultiExec) has one init for all its commands (the
+// Go helpers here; helper_linux.c has the same for the C ones; doc.go
+// tells the whole):
+//
+//	server → keeper (SelfExe __sandbox-shim <dir>, a plan of modeKeeper)
+//	       → init (pid 1 of the sandbox, as long as the sandbox lives)
+//	         → each command, forked by init
+//	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>,
+//	         modeCommand): its request to init, its output, its end
+//
+// A command's shim sends its request as one datagram to the keeper's
+// socket (fileControl in the sandbox directory, root's alone), with
+// descriptors: its plan (the memfd the server wrote), the write ends of
+// the command's stdout and stderr, one end of a socket pair of its own
+// with the command (ctl), and, where there is one, the command's child
+// cgroup's cgroup.procs, open for writing. The keeper checks that the
+// sender is root and relays the request to init over a socket pair;
+// init forks the command, which places itself in its cgroup through
+// that descriptor, says so on ctl ("p"; the kernel adds its pid as the
+// host sees it), waits for the shim's go-ahead ("g", or "k": killed
+// before it started), takes its plan's steps (a mount namespace and a
+// /run of its own, its inputs, the seccomp filter), drops to the job's
+// user and executes the job. init reports the job's end on ctl (an
+// initStatus), as the command process itself does when it cannot start.
+
+// Descriptors of a command shim and a keeper beside their plan.
+const (
+	// serverFD: a keeper writes "ok" or why its sandbox could not be
+	// made, then closes it; a command's shim closes it once it has
+	// recorded the command's end, so that the server's Wait needs no
+	// polling.
+	serverFD = 5
+	// The descriptors of a command's process between init's fork and its
+	// exec (and of the Go helpers' __sandbox-exec): stdin, stdout and
+	// stderr, then these.
+	execCtlFD    = 3
+	execPlanFD   = 4
+	execCgroupFD = 5
+)
+
+// requestMagic starts a command's request ("DSR1"); requestCgroup says
+// that the descriptor of a child cgroup is the last one.
+const (
+	requestMagic  = 0x44535231
+	requestCgroup = 1
+	requestFDs    = 4 // plan, stdout, stderr, ctl (and the cgroup's)
+)
+
+// ctlGo and ctlKilled are the shim's answers once the command has placed
+// itself; ctlPlaced is the command's word that it has.
+const (
+	ctlPlaced = 'p'
+	ctlGo     = 'g'
+	ctlKilled = 'k'
+)
+
+// runKeeper is a kept sandbox's supervisor (the Go helper): it starts the
+// sandbox's init in the sandbox's namespaces, says on serverFD whether the
+// sandbox could be made, then relays command requests from fileControl
+// to init until init ends (a kill, Destroy) or p.Until, when it kills
+// init, and with it every process of the sandbox.
+func runKeeper(log *slog.Logger, p *plan, planData []byte) int {
+	ready := os.NewFile(serverFD, "ready")
+	fail := func(err error) int {
+		log.Error("kept sandbox", "err", err)
+		if ready != nil {
+			fmt.Fprintf(ready, "%v", err)
+			ready.Close()
+		}
+		return 1
+	}
+	syscall.CloseOnExec(serverFD)
+	if err := closeOnExecFrom3(); err != nil {
+		return fail(err)
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return fail(fmt.Errorf("drop supplementary groups: %w", err))
+	}
+	ctl, err := listenControl()
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(ctl)
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail(fmt.Errorf("socket pair: %w", err))
+	}
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return fail(err)
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return fail(err)
+	}
+	initEnd := os.NewFile(uintptr(pair[1]), "requests")
+	cmd := initCmd(devnull, devnull, devnull, []*os.File{syncR, initEnd}, p.HostIDBase, p.IDRange, false)
+	// init is born in the sandbox's network namespace, which this thread
+	// leaves again at once: the keeper itself stays on the host's side.
+	err = startInNetns(func() error { return startAsOwner(cmd, p.HostIDBase) })
+	for _, f := range []*os.File{syncR, initEnd, devnull} {
+		f.Close()
+	}
+	if err != nil {
+		syncW.Close()
+		return fail(fmt.Errorf("start the sandbox init: %w", err))
+	}
+	pid := cmd.Process.Pid
+	relErr := func() error {
+		if err := os.WriteFile(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
+			return err
+		}
+		if err := p.Cgroup.addProc(pid); err != nil {
+			return fmt.Errorf("place the sandbox in its cgroups: %w", err)
+		}
+		if _, err := os.Stat(fileKilled); err == nil {
+			return errKilledBeforeStart
+		}
+		_, err := syncW.Write(planData)
+		return err
+	}()
+	syncW.Close()
+	if relErr != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fail(relErr)
+	}
+	// init's first word: its root is built (code 0), or why not.
+	buf := make([]byte, 64<<10)
+	n, err := unix.Read(pair[0], buf)
+	st, ok := decodeInitStatus(buf[:max(n, 0)])
+	if err != nil || !ok || st.Code != 0 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if ok {
+			return fail(errors.New(st.Reason))
+		}
+		return fail(fmt.Errorf("the sandbox init ended while it was set up (%v)", err))
+	}
+	ready.Write([]byte("ok"))
+	ready.Close()
+	ready = nil
+
+	ended := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(ended)
+	}()
+	go relay(log, ctl, pair[0])
+	var until <-chan time.Time
+	if p.Until != 0 {
+		t := time.NewTimer(time.Until(time.Unix(0, p.Until)))
+		defer t.Stop()
+		until = t.C
+	}
+	select {
+	case <-ended:
+		log.Info("the sandbox init ended", "status", cmd.ProcessState.String())
+	case <-until:
+		// The sandbox's lifetime is over, server or not: init's end takes
+		// every process of the sandbox along (a frozen one once thawed).
+		log.Info("the sandbox's lifetime ended")
+		p.Cgroup.thaw()
+		cmd.Process.Kill()
+		<-ended
+	}
+	unix.Unlink(fileControl)
+	return 0
+}
+
+// listenControl makes the keeper's socket, fileControl in its working
+// directory: a datagram socket that only root can send to, which asks
+// the kernel for each sender's credentials.
+func listenControl() (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("control socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("control socket: %w", err)
+	}
+	unix.Unlink(fileControl)
+	old := unix.Umask(0o077)
+	err = unix.Bind(fd, &unix.SockaddrUnix{Name: fileControl})
+	unix.Umask(old)
+	if err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("control socket: %w", err)
+	}
+	return fd, nil
+}
+
+// startInNetns runs start with this thread in the network namespace on
+// netnsFD, and brings the thread back into its own after.
+func startInNetns(start func() error) error {
+	own, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	defer unix.Close(own)
+	if err := unix.Setns(netnsFD, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("join the sandbox's network namespace: %w", err)
+	}
+	unix.Close(netnsFD)
+	err = start()
+	if serr := unix.Setns(own, unix.CLONE_NEWNET); serr != nil && err == nil {
+		err = fmt.Errorf("leave the sandbox's network namespace: %w", serr)
+	}
+	return err
+}
+
+// relay passes each request that comes on ctl from root to init, with
+// its descriptors, until ctl fails.
+func relay(log *slog.Logger, ctl, init int) {
+	buf := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace((requestFDs+1)*4)+unix.CmsgSpace(unix.SizeofUcred))
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			log.Error("control socket", "err", err)
+			return
+		}
+		fds, cred := parseControl(oob[:oobn])
+		switch {
+		case cred == nil || cred.Uid != 0:
+			log.Warn("a request not from root, dropped")
+		case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0 || n != 8 || binary.NativeEndian.Uint32(buf) != requestMagic:
+			log.Warn("a malformed request, dropped")
+		default:
+			// A failure is the command's shim's to see: its socket with
+			// the command closes unanswered.
+			if err := unix.Sendmsg(init, buf[:n], unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL); err != nil {
+				log.Warn("relay a request to the sandbox init", "err", err)
+			}
+		}
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+}
+
+// parseControl takes the descriptors and the credentials a message came
+// with.
+func parseControl(oob []byte) (fds []int, cred *unix.Ucred) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, nil
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET {
+			continue
+		}
+		switch m.Header.Type {
+		case unix.SCM_RIGHTS:
+			if f, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, f...)
+			}
+		case unix.SCM_CREDENTIALS:
+			if c, err := unix.ParseUnixCredentials(&m); err == nil {
+				cred = c
+			}
+		}
+	}
+	return fds, cred
+}
+
+// serveCommands is a kept sandbox's init (the Go helper) once its root is
+// made: it says so on requests, then starts each command that comes
+// there and reports each one's end on the command's socket, reaping
+// every orphan of the sandbox meanwhile, until the keeper goes.
+func serveCommands(requests *os.File) int {
+	req := int(requests.Fd())
+	sigc := make(chan os.Signal, 64)
+	signal.Notify(sigc, syscall.SIGCHLD)
+	if _, err := unix.Write(req, initStatus{}.encode()); err != nil {
+		return codeSetupFailed
+	}
+	type request struct {
+		data []byte
+		fds  []int
+	}
+	reqs := make(chan request)
+	go func() {
+		defer close(reqs)
+		for {
+			buf := make([]byte, 64)
+			oob := make([]byte, unix.CmsgSpace((requestFDs+1)*4))
+			n, oobn, _, _, err := unix.Recvmsg(req, buf, oob, unix.MSG_CMSG_CLOEXEC)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || n == 0 {
+				return // the keeper is gone: so is the sandbox
+			}
+			fds, _ := parseControl(oob[:oobn])
+			reqs <- request{buf[:n], fds}
+		}
+	}()
+	running := map[int]int{} // a command's pid: its ctl
+	for {
+		select {
+		case r, ok := <-reqs:
+			if !ok {
+				return 0
+			}
+			pid, ctl := startCommand(r.data, r.fds)
+			if pid > 0 {
+				running[pid] = ctl
+			}
+		case <-sigc:
+			for {
+				var ws syscall.WaitStatus
+				pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+				if ctl, ok := running[pid]; ok {
+					unix.Sendmsg(ctl, exitStatus(ws).encode(), nil, nil, unix.MSG_NOSIGNAL)
+					unix.Close(ctl)
+					delete(running, pid)
+				}
+			}
+		}
+	}
+}
+
+// startCommand starts the command of one request (see the top of this
+// file), and returns its pid and its ctl, which init keeps for the
+// command's end; 0 when it did not start (its shim is told why).
+func startCommand(data []byte, fds []int) (int, int) {
+	defer func() {
+		for _, fd := range fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	want := requestFDs
+	if len(data) == 8 && binary.NativeEndian.Uint32(data[4:])&requestCgroup != 0 {
+		want++
+	}
+	if len(data) != 8 || binary.NativeEndian.Uint32(data) != requestMagic || len(fds) != want {
+		return 0, -1 // not from a shim of ours: nobody to tell
+	}
+	planFD, out, errw, ctl := fds[0], fds[1], fds[2], fds[3]
+	cg := -1
+	if want > requestFDs {
+		cg = fds[4]
+	}
+	// The Go runtime cannot run in a fork: the command is this binary
+	// again (init's own, /proc/self/exe), which takes its steps and
+	// executes the job (runExec).
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{"delegate-sandbox-exec", execCommand}, &syscall.ProcAttr{
+		Env:   helperEnv(false),
+		Files: []uintptr{0, uintptr(out), uintptr(errw), uintptr(ctl), uintptr(planFD), uintptr(cg)},
+		// A session (and process group) of its own: what the command
+		// starts is told apart from the other commands' by it too.
+		Sys: &syscall.SysProcAttr{Setsid: true},
+	})
+	if err != nil {
+		msg := fmt.Sprintf("start the command: %v", err)
+		unix.Write(errw, []byte(setupPrefix+msg+"\n"))
+		unix.Sendmsg(ctl, initStatus{Code: codeSetupFailed, Reason: msg}.encode(), nil, nil, unix.MSG_NOSIGNAL)
+		return 0, -1
+	}
+	fds[3] = -1 // kept, for the report
+	return pid, ctl
+}
+
+// runExec is a kept sandbox's command between init's fork and the job
+// (the Go helpers; the C init does the same in its fork): in its own
+// session, it places itself in its cgroup, waits for its shim's
+// go-ahead, takes its plan's steps (the seccomp filter last) on this
+// thread, drops to the job's user and executes the job from this thread.
+// A step that fails is reported on ctl, and written to the job's stderr.
+func runExec() int {
+	runtime.LockOSThread() // never unlocked: this thread executes the job
+	report := func(code int, err error) int {
+		fmt.Fprintf(os.Stderr, "%s%v\n", setupPrefix, err)
+		unix.Sendmsg(execCtlFD, initStatus{Code: code, Reason: err.Error()}.encode(), nil, nil, unix.MSG_NOSIGNAL)
+		return code
+	}
+	if os.Getppid() != 1 {
+		fmt.Fprintf(os.Stderr, "%s%s is internal: it runs only as a command of a kept sandbox\n", setupPrefix, execCommand)
+		return codeSetupFailed
+	}
+	data, err := io.ReadAll(io.NewSectionReader(os.NewFile(execPlanFD, "plan"), 0, maxPlanBytes+1))
+	unix.Close(execPlanFD)
+	if err != nil {
+		return report(codeSetupFailed, fmt.Errorf("read the plan: %w", err))
+	}
+	p, err := unmarshalPlan(data)
+	if err == nil && (p.Mode != modeCommand || len(p.Args) == 0 || p.Args[0] == "") {
+		err = errors.New("not the plan of a command")
+	}
+	if err != nil {
+		return report(codeSetupFailed, err)
+	}
+	if _, err := unix.FcntlInt(execCgroupFD, unix.F_GETFD, 0); err == nil {
+		_, err := unix.Write(execCgroupFD, []byte("0"))
+		unix.Close(execCgroupFD)
+		if err != nil {
+			return report(codeSetupFailed, fmt.Errorf("place the command in its cgroup: %w", err))
+		}
+	}
+	if err := unix.Sendmsg(execCtlFD, []byte{ctlPlaced}, nil, nil, unix.MSG_NOSIGNAL); err != nil {
+		return codeSetupFailed // the shim is gone
+	}
+	var answer [1]byte
+	if n, _ := unix.Read(execCtlFD, answer[:]); n != 1 || answer[0] != ctlGo {
+		// Killed before it started (or its shim is gone).
+		unix.Kill(os.Getpid(), unix.SIGKILL)
+		return 128 + int(unix.SIGKILL)
+	}
+	if err := closeOnExecFrom3(); err != nil {
+		return report(codeSetupFailed, err)
+	}
+	if err := runOps(p.Ops, p.Seccomp); err != nil {
+		return report(codeSetupFailed, err)
+	}
+	path, err := jobPath(p.Args[0], p.Env, p.Dir)
+	if err != nil {
+		return report(codeNotFound, err)
+	}
+	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
+		return report(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir))
+	}
+	if p.Stdin != "" {
+		in, err := unix.Open(p.Stdin, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Dup3(in, 0, 0)
+			unix.Close(in)
+		}
+		if err != nil {
+			return report(codeSetupFailed, fmt.Errorf("standard input %s: %w", p.Stdin, err))
+		}
+	}
+	// This thread's credentials and working directory are the job's: a
+	// thread's own, not the process's (the runtime's other threads end
+	// at the exec). Leaving uid 0 clears every capability.
+	id := uintptr(p.JobID)
+	for _, c := range []struct {
+		name string
+		nr   uintptr
+		args [3]uintptr
+	}{
+		{"setgroups", unix.SYS_SETGROUPS, [3]uintptr{0, 0, 0}},
+		{"setresgid", unix.SYS_SETRESGID, [3]uintptr{id, id, id}},
+		{"setresuid", unix.SYS_SETRESUID, [3]uintptr{id, id, id}},
+	} {
+		if _, _, e := unix.RawSyscall(c.nr, c.args[0], c.args[1], c.args[2]); e != 0 {
+			return report(codeSetupFailed, fmt.Errorf("become the job's user: %s: %w", c.name, e))
+		}
+	}
+	if err := unix.Chdir(p.Dir); err != nil {
+		return report(codeCannotExec, fmt.Errorf("working directory %s: %w", p.Dir, err))
+	}
+	err = unix.Exec(path, p.Args, p.Env)
+	code := codeCannotExec
+	if errors.Is(err, unix.ENOENT) {
+		code = codeNotFound
+	}
+	return report(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
+}
+
+// runCommandShim supervises one command of a kept sandbox (the Go
+// helper; helper_linux.c has the C one): it asks the sandbox's init for
+// the command, lets it go once it is in its cgroup (unless Kill came
+// first), keeps its output and status lines, enforces its deadline (its
+// own processes only), records its end in exit.json as soon as init
+// reports it, and stays while what the command left in the background
+// holds its output open. Its working directory is the command's.
+func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
+	notify := os.NewFile(serverFD, "recorded")
+	syscall.CloseOnExec(serverFD)
+	w := &outputWriter{limit: p.OutputLimit}
+	if w.limit <= 0 {
+		w.limit = DefaultOutputLimit
+	}
+	defer w.close()
+	finish := func(rec exitRecord) int {
+		err := writeJSONAtomic(fileExit, rec)
+		if notify != nil {
+			notify.Close() // the server's Wait wakes up
+			notify = nil
+		}
+		if err != nil {
+			log.Error("shim cannot record the exit status", "err", err)
+			return 1
+		}
+		return 0
+	}
+	fail := func(err error) int { return finish(w.failed(err, log)) }
+
+	var outP, errP [2]int
+	if err := unix.Pipe2(outP[:], unix.O_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("pipe: %w", err))
+	}
+	if err := unix.Pipe2(errP[:], unix.O_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("pipe: %w", err))
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail(fmt.Errorf("socket pair: %w", err))
+	}
+	ctl := pair[0]
+	if err := unix.SetsockoptInt(ctl, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		return fail(fmt.Errorf("socket pair: %w", err))
+	}
+	// Its own cgroup, below the sandbox's; where none can be made the
+	// command is told apart by its process group (its session) alone.
+	cgDir := p.Cgroup.commandGroup(p.ExecID)
+	cg := -1
+	if err := os.Mkdir(cgDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		log.Warn("no cgroup of the command's own", "err", err)
+		cgDir = ""
+	} else if cg, err = unix.Open(filepath.Join(cgDir, "cgroup.procs"), unix.O_WRONLY|unix.O_CLOEXEC, 0); err != nil {
+		log.Warn("no cgroup of the command's own", "err", err)
+		cg, cgDir = -1, ""
+	}
+	ooms, _ := p.Cgroup.oomKills() // the sandbox's so far: only new ones are this command's
+	bridge, err := startStatusBridge(p.Channel)
+	if err != nil {
+		log.Warn("status channel", "err", err)
+	}
+	defer func() {
+		bridge.stop()
+		os.Remove(p.Channel)
+		if cgDir != "" {
+			unix.Rmdir(cgDir) // only once empty: what it left behind keeps it
+		}
+	}()
+
+	head := make([]byte, 8)
+	binary.NativeEndian.PutUint32(head, requestMagic)
+	fds := []int{int(planFile.Fd()), outP[1], errP[1], pair[1]}
+	if cg >= 0 {
+		binary.NativeEndian.PutUint32(head[4:], requestCgroup)
+		fds = append(fds, cg)
+	}
+	sendErr := sendRequest(head, fds)
+	for _, fd := range fds[1:] {
+		unix.Close(fd)
+	}
+	planFile.Close()
+	if sendErr != nil {
+		unix.Close(outP[0])
+		unix.Close(errP[0])
+		return fail(fmt.Errorf("the sandbox is gone: its init takes no command (%w)", sendErr))
+	}
+	copied := make(chan struct{})
+	go func() {
+		copyOutput(w, outP[0], errP[0], log)
+		close(copied)
+	}()
+
+	// What comes on ctl: the command placed (with its pid), reports.
+	type message struct {
+		data []byte
+		pid  int
+	}
+	msgs := make(chan message)
+	go func() {
+		defer close(msgs)
+		for {
+			buf := make([]byte, 64<<10)
+			oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+			n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, 0)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || n == 0 {
+				return // every end of the command's socket is closed
+			}
+			m := message{data: buf[:n]}
+			if _, cred := parseControl(oob[:oobn]); cred != nil {
+				m.pid = int(cred.Pid)
+			}
+			msgs <- m
+		}
+	}()
+	killed := func() bool {
+		_, err := os.Stat(fileKilled)
+		return err == nil
+	}
+	var (
+		jobPID      int // the command's host pid, once it is placed
+		deadlineHit atomic.Bool
+		deadline    <-chan time.Time
+	)
+	if d := p.deadlineTime(); !d.IsZero() {
+		t := time.NewTimer(time.Until(d))
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		select {
+		case <-deadline:
+			// The backstop for a command that no server watches: its own
+			// processes, not the sandbox's others.
+			deadline = nil
+			deadlineHit.Store(true)
+			os.WriteFile(fileKilled, nil, 0o600)
+			if p.Cgroup.frozen() {
+				// Paused: thawed until the end is recorded (init, which
+				// reaps the command and reports, is frozen too).
+				p.Cgroup.thaw()
+				defer p.Cgroup.freeze(5 * time.Second)
+			}
+			p.Cgroup.killCommand(p.ExecID, jobPID)
+			continue
+		case m, ok := <-msgs:
+			if ok && len(m.data) == 1 && m.data[0] == ctlPlaced && jobPID == 0 {
+				// Kill writes its marker before it kills what is in the
+				// command's group: either it sees the command there now,
+				// or the command never goes.
+				jobPID = m.pid
+				os.WriteFile(fileJobPID, []byte(strconv.Itoa(jobPID)), 0o600)
+				answer := byte(ctlGo)
+				if killed() || deadlineHit.Load() {
+					answer = ctlKilled
+				}
+				unix.Sendmsg(ctl, []byte{answer}, nil, nil, unix.MSG_NOSIGNAL)
+				continue
+			}
+			var rec exitRecord
+			if ok {
+				// The command's end, or why it could not start (the first
+				// report: init's report after it is the same end again).
+				w.quiet(copied)
+				bridge.flush()
+				rec = p.record(w, m.data, nil, nil, deadlineHit.Load(), log)
+			} else {
+				// Nobody holds the command's socket any more without a
+				// word: init has ended (the sandbox was destroyed, or its
+				// lifetime is over), and every process of it with it.
+				<-copied
+				rec = p.record(w, nil, nil, errors.New("the sandbox ended before the command did"), deadlineHit.Load(), log)
+				rec.Code, rec.Signo = 128+int(unix.SIGKILL), int(unix.SIGKILL)
+				if killed() {
+					rec.Killed, rec.Reason = true, ""
+				}
+			}
+			if n, err := p.Cgroup.oomKills(); err == nil {
+				rec.OOMKilled = n > ooms
+			}
+			code := finish(rec)
+			unix.Close(ctl)
+			// What the command left in the background may still write: it
+			// is kept (within the limit) until it closes its output.
+			<-copied
+			return code
+		}
+	}
+}
+
+// sendRequest sends a command's request, with its descriptors, to the
+// keeper of the sandbox whose directory is two levels up.
+func sendRequest(head []byte, fds []int) error {
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sock)
+	to := &unix.SockaddrUnix{Name: filepath.Join(execUp, fileControl)}
+	for {
+		err = unix.Sendmsg(sock, head, unix.UnixRights(fds...), to, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// killCommand kills one command of a kept sandbox: every process of its
+// cgroup (if it has one), and its process group, the one of jobPID (0:
+// none). It returns what is still alive of the command's group. (A
+// frozen sandbox's processes die once thawed: see killExec.)
+func (c cgroupSet) killCommand(execID string, jobPID int) []int {
+	if jobPID > 0 {
+		unix.Kill(-jobPID, unix.SIGKILL)
+		unix.Kill(jobPID, unix.SIGKILL)
+	}
+	if group := c.commandGroup(execID); dirExists(group) {
+		return killGroup(group, c.Version, 2*time.Second)
+	}
+	return nil
+}
