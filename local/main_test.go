@@ -128,6 +128,8 @@ func runHelper(name string, args []string) int {
 		return runBudgets(args)
 	case "sharedroot": // an egress job in a mount namespace with a shared root
 		return runSharedRoot(args)
+	case "keptserver": // a server keeping a sandbox, until killed
+		return runKeptServer(args)
 	case "check": // New as whoever runs this
 		_, err := New(Config{Dir: args[0]})
 		fmt.Printf("New: %v\n", err)

@@ -1,0 +1,516 @@
+//go:build linux
+
+package local
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// keptSandbox makes a kept sandbox (Spec.MultiExec) on b.
+func keptSandbox(t *testing.T, b *Backend, expires time.Time) *sbox {
+	t.Helper()
+	spec := defaultSpec()
+	spec.MultiExec, spec.Expires = true, expires
+	return create(t, b, spec)
+}
+
+// keptRun runs a shell script as a command of sb and wants exit 0.
+func keptRun(t *testing.T, sb *sbox, script string) string {
+	t.Helper()
+	exit, out := run(t, sb, "/bin/sh", "-c", script)
+	if exit.Code != 0 {
+		t.Fatalf("%q: exit %+v:\n%s", script, exit, out)
+	}
+	return out
+}
+
+// TestKeptCommandsShareProcesses: a later command of a kept sandbox sees
+// the processes an earlier one left in the background (ps, /proc) and
+// can signal them, by name and by a pid left in /tmp.
+func TestKeptCommandsShareProcesses(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/sleep.pid
+sleep 301 >/dev/null 2>&1 & echo $! > /tmp/other.pid`)
+			out := keptRun(t, sb, `pid=$(cat /tmp/sleep.pid); tr '\0' ' ' < /proc/$pid/cmdline; echo; ps -eo pid,args | grep -c '[s]leep 30'`)
+			if out != "sleep 300 \n2\n" {
+				t.Fatalf("the second command sees of the first one's background: %q, want its sleeps", out)
+			}
+			out = keptRun(t, sb, `pkill -x -f 'sleep 300' && echo signalled; kill $(cat /tmp/other.pid) && echo killed
+for p in $(cat /tmp/sleep.pid) $(cat /tmp/other.pid); do
+  i=0; while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+  kill -0 $p 2>/dev/null && echo "$p ALIVE" || echo "$p gone"
+done`)
+			pid1, pid2 := strings.TrimSpace(keptRun(t, sb, "cat /tmp/sleep.pid")), strings.TrimSpace(keptRun(t, sb, "cat /tmp/other.pid"))
+			if want := fmt.Sprintf("signalled\nkilled\n%s gone\n%s gone\n", pid1, pid2); out != want {
+				t.Errorf("the third command killing the first one's background: %q, want %q", out, want)
+			}
+			if pids := sandboxProcs(t, sb); len(pids) != 1 {
+				t.Errorf("processes in the sandbox besides its init: %v", pids)
+			}
+		})
+	}
+}
+
+// sandboxProcs lists the processes in the sandbox's cgroups (its init,
+// and its commands' processes), with their command lines.
+func sandboxProcs(t *testing.T, sb *sbox) []string {
+	t.Helper()
+	pids, err := stateOf(t, sb).Cgroup.procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, pid := range pids {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+	}
+	return out
+}
+
+// TestKeptDevServerRestart: the agent's round: a dev server started in the
+// background by one command, checked by the next, then killed and
+// started again on the same port by a later one.
+func TestKeptDevServerRestart(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed on this host")
+	}
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			const serve = `cd /workspace && python3 -m http.server 8123 --bind 127.0.0.1 >/tmp/server.log 2>&1 & echo $! > /tmp/server.pid
+i=0; until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8123), 1)' 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done; echo up`
+			const get = `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8123/page.txt").read().decode(), end="")'`
+			if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v1\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out := keptRun(t, sb, serve); out != "up\n" {
+				t.Fatalf("start the server: %q", out)
+			}
+			first := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
+			if out := keptRun(t, sb, get); out != "v1\n" {
+				t.Fatalf("the server from another command: %q", out)
+			}
+			// Restart: kill the server the first command started, start it
+			// again on the same port.
+			keptRun(t, sb, `pid=$(cat /tmp/server.pid); kill $pid; i=0; while kill -0 $pid 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done`)
+			if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v2\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			exit, out := run(t, sb, "/bin/sh", "-c", serve)
+			if exit.Code != 0 || out != "up\n" {
+				_, log := run(t, sb, "/bin/cat", "/tmp/server.log")
+				t.Fatalf("restart the server on the same port: %+v %q; its log:\n%s", exit, out, log)
+			}
+			second := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
+			if out := keptRun(t, sb, get); out != "v2\n" || second == first {
+				t.Errorf("after the restart: %q from server %s (the first was %s)", out, second, first)
+			}
+		})
+	}
+}
+
+// TestKeptCommandEnds: a command's deadline and its Kill end that
+// command's processes, those it moved to a session of their own
+// included, and nothing else: what another command left in the
+// background runs on, and the sandbox takes more commands.
+func TestKeptCommandEnds(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/keep.pid`)
+			mine := `sleep 1000 & echo $! > /tmp/mine.pid; setsid sleep 1001 >/dev/null 2>&1 & echo started; sleep 1002`
+			p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", mine}, Env: testEnv,
+				Deadline: time.Now().Add(700 * time.Millisecond)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exit, _ := finish(t, p); !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 {
+				t.Errorf("at its deadline: %+v", exit)
+			}
+			check := func(how string) {
+				t.Helper()
+				out := keptRun(t, sb, `kill -0 $(cat /tmp/keep.pid) && echo kept; ps -eo args | grep -c '^sleep 100[0-2]' || true`)
+				if out != "kept\n0\n" {
+					t.Errorf("after %s: %q, want the other command's sleep kept and none of this one's", how, out)
+				}
+			}
+			check("the deadline")
+			p = start(t, sb, "/bin/sh", "-c", mine)
+			if !waitFor(10*time.Second, func() bool {
+				out, _ := p.ReadOutput(context.Background(), 0, 100)
+				return len(out) > 0
+			}) {
+				t.Fatal("the command never started")
+			}
+			if err := p.Kill(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if exit, _ := finish(t, p); !exit.Killed || exit.Code != 137 || exit.DeadlineExceeded {
+				t.Errorf("killed: %+v", exit)
+			}
+			check("Kill")
+		})
+	}
+}
+
+// TestKeptServerKilled: the server is killed (SIGKILL) while a command of
+// a kept sandbox runs and another one's background process lives; a new
+// server finds the sandbox, the command's end and its output, and runs
+// more commands in it beside that background process.
+func TestKeptServerKilled(t *testing.T) {
+	canRun(t)
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			server := exec.Command(self, dir, mode)
+			server.Env = append(os.Environ(), testHelperEnv+"=keptserver")
+			server.Stderr = testLogWriter{t}
+			stdout, err := server.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := server.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer server.Process.Kill()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			var id, execID string
+			if _, serr := fmt.Sscan(line, &id, &execID); err != nil || serr != nil {
+				t.Fatalf("the server said %q (%v, %v)", line, err, serr)
+			}
+			if err := server.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			server.Wait()
+
+			b, err := New(Config{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.goHelpers = mode == "Go"
+			inst, err := b.Recover(context.Background(), id)
+			if err != nil {
+				t.Fatalf("Recover: %v", err)
+			}
+			sb := inst.(*sbox)
+			t.Cleanup(func() {
+				st := stateOf(t, sb)
+				if err := sb.Destroy(context.Background()); err != nil {
+					t.Errorf("Destroy: %v", err)
+				}
+				assertNoTrace(t, b, id, st)
+			})
+			p, err := sb.Process(context.Background(), execID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			exit, out := finish(t, p)
+			if exit.Code != 7 || out != "begin\nend\n" {
+				t.Errorf("the command the killed server started: %+v %q", exit, out)
+			}
+			if out := keptRun(t, sb, `ps -eo args | grep -c '^sleep 300'`); out != "1\n" {
+				t.Errorf("the background process of a command of the killed server: %q", out)
+			}
+		})
+	}
+}
+
+// runKeptServer is the test binary as a server that keeps a sandbox: it
+// starts a command that leaves a sleep behind and one that runs a while,
+// says their sandbox's and the second one's ids, and waits to be killed.
+func runKeptServer(args []string) int {
+	b, err := New(Config{Dir: args[0]})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b.goHelpers = args[1] == "Go"
+	spec := defaultSpec()
+	spec.MultiExec, spec.Expires = true, time.Now().Add(time.Minute)
+	sb, err := b.Create(context.Background(), spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx := context.Background()
+	first, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 300 >/dev/null 2>&1 &"}, Env: testEnv})
+	if err == nil {
+		_, err = first.Wait(ctx)
+	}
+	var second sandbox.Process
+	if err == nil {
+		second, err = sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo begin; sleep 1; echo end; exit 7"}, Env: testEnv})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(sb.ID(), second.ID())
+	time.Sleep(time.Minute)
+	return 0
+}
+
+// TestKeptSandboxExpires: a kept sandbox's processes end at Spec.Expires
+// by themselves (its supervisor ends its init), with no server watching;
+// then it is gone for Recover and Exec, and Destroy removes all of it.
+func TestKeptSandboxExpires(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(1500*time.Millisecond))
+			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 &`)
+			if len(sandboxProcs(t, sb)) != 2 {
+				t.Fatalf("processes of the sandbox: %v, want init and the sleep", sandboxProcs(t, sb))
+			}
+			if !waitFor(10*time.Second, func() bool { return len(sandboxProcs(t, sb)) == 0 }) {
+				t.Fatalf("processes after the sandbox expired: %v", sandboxProcs(t, sb))
+			}
+			if _, err := b.Recover(context.Background(), sb.id); !errors.Is(err, sandbox.ErrGone) {
+				t.Errorf("Recover of an expired sandbox: %v, want ErrGone", err)
+			}
+			if _, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/true"}}); !errors.Is(err, sandbox.ErrGone) {
+				t.Errorf("Exec in an expired sandbox: %v, want ErrGone", err)
+			}
+		})
+	}
+}
+
+// TestKeptPause: Pause freezes every process of a kept sandbox, what its
+// commands left in the background included (each command is in a cgroup
+// of its own below the sandbox's); a command killed while the sandbox is
+// paused dies, and the rest stays frozen until Resume.
+func TestKeptPause(t *testing.T) {
+	b := newBackend(t, 0)
+	if b.cg.Freezer == "" {
+		t.Skip("this host has no freezer")
+	}
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			keptRun(t, sb, `(while :; do date +%s%N >> /workspace/ticks; sleep 0.02; done) >/dev/null 2>&1 &`)
+			ticks := func() int {
+				data, _ := sb.ReadFile(context.Background(), "/workspace/ticks", 0, 1<<20)
+				return strings.Count(string(data), "\n")
+			}
+			if !waitFor(10*time.Second, func() bool { return ticks() > 3 }) {
+				t.Fatal("the background loop never ticked")
+			}
+			other := start(t, sb, "/bin/sh", "-c", "echo running; sleep 300")
+			waitFor(10*time.Second, func() bool { out, _ := other.ReadOutput(context.Background(), 0, 10); return len(out) > 0 })
+			if err := sb.Pause(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			before := ticks()
+			time.Sleep(300 * time.Millisecond)
+			if after := ticks(); after != before {
+				t.Errorf("the background loop ticked %d times while paused", after-before)
+			}
+			// Killed while paused, the command dies at once (the sandbox is
+			// thawed for it, then frozen again).
+			if err := other.Kill(context.Background()); err != nil {
+				t.Fatalf("Kill while paused: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if exit, err := other.Wait(ctx); err != nil || !exit.Killed {
+				t.Errorf("killed while paused: %+v %v", exit, err)
+			}
+			before = ticks()
+			time.Sleep(300 * time.Millisecond)
+			if after := ticks(); after != before {
+				t.Errorf("the background loop ticked %d times while paused, after the kill", after-before)
+			}
+			if err := sb.Resume(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if !waitFor(10*time.Second, func() bool { return ticks() > before+3 }) {
+				t.Error("resumed, the background loop did not go on")
+			}
+		})
+	}
+}
+
+// TestKeptCommandOwnParts: each command of a kept sandbox has its own
+// inputs, environment, working directory, standard input and status
+// channel, and the same confinement as a sandbox's one command; two run
+// at once.
+func TestKeptCommandOwnParts(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			keptRun(t, sb, "mkdir /workspace/sub")
+			script := `echo "$NAME $(pwd) $(cat $DELEGATE_INPUTS/secret) $(cat)"; ls $DELEGATE_INPUTS | tr '\n' ' '; echo
+echo "status of $NAME" > ` + StatusFile + `; sleep 0.5; find /run | sort | tr '\n' ' '; echo
+grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | tr '\t\n' '  '; echo; id -u`
+			var ps []sandbox.Process
+			for _, name := range []string{"one", "two"} {
+				p, err := sb.Exec(context.Background(), sandbox.Command{
+					Args: []string{"/bin/sh", "-c", script}, Env: append([]string{"NAME=" + name}, testEnv...), Dir: "/workspace/sub",
+					Inputs: map[string][]byte{"secret": []byte(name + "-secret"), "stdin": []byte(name + "-stdin")}, Stdin: "stdin",
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ps = append(ps, p)
+			}
+			for i, name := range []string{"one", "two"} {
+				exit, out := finish(t, ps[i])
+				want := fmt.Sprintf("%s /workspace/sub %s-secret %s-stdin\nsecret stdin \n", name, name, name) +
+					"/run /run/delegate /run/delegate/inputs /run/delegate/inputs/secret /run/delegate/inputs/stdin /run/delegate/status \n" +
+					"CapEff: 0000000000000000 CapBnd: 0000000000000000 NoNewPrivs: 1 Seccomp: 2 \n1000\n"
+				if exit.Code != 0 || out != want {
+					t.Errorf("command %s: %+v\n%q\nwant\n%q", name, exit, out, want)
+				}
+				ev, err := ps[i].ReadEvents(context.Background(), 0, 100)
+				if err != nil || string(ev) != "status of "+name+"\n" {
+					t.Errorf("command %s's status lines: %q, %v", name, ev, err)
+				}
+			}
+		})
+	}
+}
+
+// TestKeptSetupFailure: a command whose program is missing or whose
+// directory is not there fails as a sandbox's one command does; the
+// sandbox goes on.
+func TestKeptSetupFailure(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			for _, c := range []struct {
+				cmd  sandbox.Command
+				code int
+				out  string
+			}{
+				{sandbox.Command{Args: []string{"no-such-command"}, Env: testEnv}, codeNotFound,
+					setupPrefix + `"no-such-command": command not found in PATH "/usr/local/bin:/usr/bin:/bin"` + "\n"},
+				{sandbox.Command{Args: []string{"/bin/true"}, Env: testEnv, Dir: "/nowhere"}, codeCannotExec,
+					setupPrefix + "working directory /nowhere does not exist in the sandbox\n"},
+				{sandbox.Command{Args: []string{"/etc/passwd"}, Env: testEnv}, codeCannotExec,
+					setupPrefix + `cannot run "/etc/passwd": permission denied` + "\n"},
+			} {
+				p, err := sb.Exec(context.Background(), c.cmd)
+				if err != nil {
+					t.Fatal(err)
+				}
+				exit, out := finishTagged(t, p)
+				if exit.Code != c.code || out != "[stderr]"+c.out || exit.Reason != strings.TrimSuffix(strings.TrimPrefix(c.out, setupPrefix), "\n") {
+					t.Errorf("%q: %+v %q; want %d %q", c.cmd.Args, exit, out, c.code, c.out)
+				}
+			}
+			if out := keptRun(t, sb, "echo still"); out != "still\n" {
+				t.Errorf("after the failures: %q", out)
+			}
+		})
+	}
+}
+
+// TestCommandGroupV2: a kept sandbox's command's group in cgroup v2 (not
+// every test host has v2 controllers: the unified hierarchy of a hybrid
+// host, or v2 itself, has cgroup.kill and cgroup.procs all the same):
+// a process places itself through a descriptor opened for it, and
+// killGroup ends it and what it forked, whatever its session.
+func TestCommandGroupV2(t *testing.T) {
+	canRun(t)
+	root := ""
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := parseMountinfo(strings.NewReader(string(mi)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			root = m.MountPoint
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup2 hierarchy here")
+	}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.kill")); err != nil {
+		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+			t.Skipf("no usable cgroup2 hierarchy at %s", root)
+		}
+	}
+	sbDir := filepath.Join(root, fmt.Sprintf("delegate-test-%d", os.Getpid()))
+	if err := os.Mkdir(sbDir, 0o755); err != nil {
+		t.Skipf("cannot make a group in %s: %v", root, err)
+	}
+	cg := cgroupSet{Version: 2, Memory: sbDir, CPU: sbDir, Pids: sbDir, Freezer: sbDir}
+	t.Cleanup(func() {
+		killGroup(sbDir, 2, 5*time.Second)
+		if err := cg.remove(5 * time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	group := cg.commandGroup("ex-0000abcd")
+	if err := os.Mkdir(group, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	procsFile, err := os.OpenFile(filepath.Join(group, "cgroup.procs"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The process writes "0" itself (as a command does) before it runs.
+	cmd := exec.Command("/bin/sh", "-c", `echo 0 >&3; exec 3>&-; setsid sleep 1000 & sleep 1000`)
+	cmd.ExtraFiles = []*os.File{procsFile}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	procsFile.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	if !waitFor(5*time.Second, func() bool { p, _ := cgroupTreeProcs(sbDir); return len(p) == 3 }) {
+		p, _ := cgroupTreeProcs(sbDir)
+		t.Fatalf("processes in the sandbox's group and below: %v, want the shell and two sleeps", p)
+	}
+	if p, _ := cg.procs(); len(p) != 3 {
+		t.Errorf("the set's processes (below it included): %v", p)
+	}
+	if left := killGroup(group, 2, 5*time.Second); len(left) != 0 {
+		t.Errorf("left after killGroup: %v", left)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Error("the command's shell outlived killGroup")
+	}
+	if err := cg.remove(5 * time.Second); err != nil {
+		t.Errorf("remove with a command's group below: %v", err)
+	}
+	if _, err := os.Stat(sbDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sandbox's group is left: %v", err)
+	}
+}
