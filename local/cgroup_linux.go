@@ -569,7 +569,9 @@ func (c cgroupSet) thaw() error {
 // cgroupProcs lists the processes of one group (none if it is gone).
 func cgroupProcs(dir string) ([]int, error) {
 	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
+		// Gone, or being removed (a kept sandbox's command's group, which
+		// its shim removes once empty, between the listing and the read).
 		return nil, nil
 	}
 	if err != nil {
