@@ -86,7 +86,12 @@
 #define SERVER_FD 5
 #define REQUEST_MAGIC 0x44535231u
 #define REQUEST_CGROUP 1u
+#define REQUEST_ID 2u
+#define REQUEST_SPARE 4u
 #define REQUEST_FDS 4
+#define EXEC_ID_LEN 11 /* "ex-" and 8 hex digits (newID in state.go) */
+#define SPARE_MAGIC 0x44535331u
+#define SPARE_DELAY_NS 20000000LL
 #define CTL_PLACED 'p'
 #define CTL_GO 'g'
 #define CTL_KILLED 'k'
@@ -903,6 +908,32 @@ static char *read_plan_fd(int fd, size_t *len) {
 	return b;
 }
 
+/* command_plan reads and parses a command's plan from the memfd fd into
+ * cp (plan_free it), and returns the buffer it parsed (free it); msg is
+ * "" or why the plan cannot be run. */
+static char *command_plan(int fd, struct plan *cp, char *msg, size_t msgcap) {
+	size_t len = 0;
+	char *data = read_plan_fd(fd, &len);
+	memset(cp, 0, sizeof *cp);
+	msg[0] = 0;
+	if (data == NULL)
+		snprintf(msg, msgcap, "read the plan: %s", errtext(errno));
+	else if (parse_plan(data, len, cp, msg, msgcap) < 0)
+		; /* msg says why */
+	else if (cp->mode != MODE_COMMAND)
+		snprintf(msg, msgcap, "not the plan of a command");
+	return data;
+}
+
+/* command_failed tells a command's shim why its command did not start:
+ * on its stderr and on its ctl. */
+static void command_failed(int errw, int ctl, const char *msg) {
+	char line[4300];
+	int k = snprintf(line, sizeof line, "%s%s\n", SETUP_PREFIX, msg);
+	write_all(errw, line, (size_t)(k < (int)sizeof line ? k : (int)sizeof line - 1));
+	send_status(ctl, CODE_SETUP_FAILED, 0, msg);
+}
+
 /* start_command starts the command of one request (see keeper_linux.go):
  * fds are the plan, stdout, stderr, ctl and perhaps the cgroup's. It
  * returns the command's pid, 0 when it did not start (its shim is told
@@ -910,19 +941,10 @@ static char *read_plan_fd(int fd, size_t *len) {
 static pid_t start_command(int *fds, int nfds) {
 	int ctl = fds[3], cg = nfds > REQUEST_FDS ? fds[4] : -1;
 	char msg[4200];
-	size_t len = 0;
-	char *data = read_plan_fd(fds[0], &len);
 	struct plan cp;
-	memset(&cp, 0, sizeof cp);
+	char *data = command_plan(fds[0], &cp, msg, sizeof msg);
 	pid_t pid = 0;
-	msg[0] = 0;
-	if (data == NULL) {
-		snprintf(msg, sizeof msg, "read the plan: %s", errtext(errno));
-	} else if (parse_plan(data, len, &cp, msg, sizeof msg) < 0) {
-		/* msg says why */
-	} else if (cp.mode != MODE_COMMAND) {
-		snprintf(msg, sizeof msg, "not the plan of a command");
-	} else {
+	if (msg[0] == 0) {
 		pid = fork();
 		if (pid == 0)
 			command_child(&cp, fds[1], fds[2], ctl, cg);
@@ -931,15 +953,60 @@ static pid_t start_command(int *fds, int nfds) {
 			pid = 0;
 		}
 	}
-	if (pid == 0) {
-		char line[4300];
-		int k = snprintf(line, sizeof line, "%s%s\n", SETUP_PREFIX, msg);
-		write_all(fds[2], line, (size_t)(k < (int)sizeof line ? k : (int)sizeof line - 1));
-		send_status(ctl, CODE_SETUP_FAILED, 0, msg);
-	}
+	if (pid == 0)
+		command_failed(fds[2], ctl, msg);
 	plan_free(&cp);
 	free(data);
 	return pid;
+}
+
+/* spare_child is the next command of a kept sandbox (cgroup v1), forked
+ * by init ahead of its request: it places itself in the group its keeper
+ * made for it (cg: its cgroup.procs), which takes the kernel a grace
+ * period of RCU (milliseconds) when no other move came shortly before,
+ * off the command's way; then it waits on sock for the request's
+ * descriptors (plan, stdout, stderr, ctl) and becomes the command
+ * (command_child, which is then in its group already). */
+static void spare_child(int sock, int cg) __attribute__((noreturn));
+static void spare_child(int sock, int cg) {
+	if (dup3(sock, 3, O_CLOEXEC) < 0 || dup3(cg, 4, O_CLOEXEC) < 0)
+		_exit(CODE_SETUP_FAILED);
+	syscall(SYS_close_range, 5, ~0U, 0);
+	if (write_all(4, "0", 1) < 0)
+		_exit(CODE_SETUP_FAILED); /* init sees it end, and forks the command itself */
+	close(4);
+	int rfds[REQUEST_FDS], nfds = 0;
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
+	} cm;
+	char buf[8];
+	struct iovec iov = {buf, sizeof buf};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+	ssize_t n;
+	do
+		n = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0)
+		_exit(0); /* init is gone, or took another way */
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < k && nfds < REQUEST_FDS; i++)
+			memcpy(&rfds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+	}
+	if (nfds != REQUEST_FDS)
+		_exit(CODE_SETUP_FAILED);
+	close(3);
+	char msg[4200];
+	struct plan cp;
+	command_plan(rfds[0], &cp, msg, sizeof msg);
+	if (msg[0]) {
+		command_failed(rfds[2], rfds[3], msg);
+		_exit(CODE_SETUP_FAILED);
+	}
+	command_child(&cp, rfds[1], rfds[2], rfds[3], -1);
 }
 
 /* keeper_serve is a kept sandbox's init once its root is made: it says
@@ -962,6 +1029,9 @@ static void keeper_serve(void) {
 		int ctl;
 	} *run = NULL;
 	size_t nrun = 0, caprun = 0;
+	/* The spare (spare_child): its pid and init's end of its socket. */
+	pid_t spare = 0;
+	int spare_sock = -1;
 	for (;;) {
 		struct pollfd fds[2] = {{4, POLLIN, 0}, {sfd, POLLIN, 0}};
 		if (poll(fds, 2, -1) < 0)
@@ -973,6 +1043,13 @@ static void keeper_serve(void) {
 			int ws;
 			pid_t w;
 			while ((w = waitpid(-1, &ws, WNOHANG)) > 0) {
+				if (w == spare) {
+					/* It could not place itself: the next command is
+					 * forked as it comes. */
+					spare = 0;
+					close(spare_sock);
+					spare_sock = -1;
+				}
 				for (size_t i = 0; i < nrun; i++) {
 					if (run[i].pid != w)
 						continue;
@@ -1017,10 +1094,64 @@ static void keeper_serve(void) {
 			memcpy(&magic, buf, 4);
 			memcpy(&flags, buf + 4, 4);
 		}
+		if (magic == SPARE_MAGIC && nfds == 1 && !(mh.msg_flags & MSG_CTRUNC)) {
+			/* The keeper made the next command's group (cgroup v1):
+			 * a spare places itself there now, ahead of the request. */
+			if (spare > 0) {
+				kill(spare, SIGKILL);
+				close(spare_sock);
+				spare = 0;
+				spare_sock = -1;
+			}
+			int sp[2];
+			if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) == 0) {
+				pid_t c = fork();
+				if (c == 0)
+					spare_child(sp[1], rfds[0]);
+				close(sp[1]);
+				if (c > 0) {
+					spare = c;
+					spare_sock = sp[0];
+				} else {
+					close(sp[0]);
+				}
+			}
+			close(rfds[0]);
+			continue;
+		}
 		int want = REQUEST_FDS + ((flags & REQUEST_CGROUP) ? 1 : 0);
 		pid_t pid = 0;
-		if (magic == REQUEST_MAGIC && nfds == want && !(mh.msg_flags & MSG_CTRUNC))
-			pid = start_command(rfds, nfds); /* else: not from a shim of ours, nobody to tell */
+		if (magic == REQUEST_MAGIC && nfds == want && !(mh.msg_flags & MSG_CTRUNC)) {
+			if ((flags & REQUEST_SPARE) && spare > 0) {
+				/* The keeper gave the spare's group to this command:
+				 * the spare becomes the command. */
+				union {
+					struct cmsghdr h;
+					char b[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
+				} out;
+				memset(&out, 0, sizeof out);
+				struct iovec oiov = {buf, 8};
+				struct msghdr om = {.msg_iov = &oiov, .msg_iovlen = 1, .msg_control = out.b, .msg_controllen = sizeof out.b};
+				struct cmsghdr *c = CMSG_FIRSTHDR(&om);
+				c->cmsg_level = SOL_SOCKET;
+				c->cmsg_type = SCM_RIGHTS;
+				c->cmsg_len = CMSG_LEN(sizeof(int) * REQUEST_FDS);
+				memcpy(CMSG_DATA(c), rfds, sizeof(int) * REQUEST_FDS);
+				ssize_t k;
+				do
+					k = sendmsg(spare_sock, &om, MSG_NOSIGNAL);
+				while (k < 0 && errno == EINTR);
+				close(spare_sock);
+				spare_sock = -1;
+				if (k >= 0)
+					pid = spare;
+				else
+					kill(spare, SIGKILL);
+				spare = 0;
+			}
+			if (pid == 0)
+				pid = start_command(rfds, nfds); /* no spare: forked now, outside a group of its own */
+		} /* else: not from a shim of ours, nobody to tell */
 		if (pid > 0) {
 			if (nrun == caprun) {
 				size_t nc = caprun ? caprun * 2 : 16;
@@ -1815,9 +1946,98 @@ static void cg_refreeze(const struct plan *p) {
 			 sizeof err);
 }
 
+/* A kept sandbox's keeper gives each command (cgroup v1) a group of its
+ * own, below the sandbox's pids group: the group of the spare init holds
+ * ready (spare_child), renamed after the command, or else a new one. */
+struct spares {
+	int v1;      /* cgroup v1: spares (v2's groups cannot be renamed; the shim makes them) */
+	unsigned n;  /* the last spare's number */
+	int have;    /* init has a spare in group spare-<n> */
+};
+
+/* spare_make makes the next spare's group and sends it to init, which
+ * forks the spare there. */
+static void spare_make(const struct plan *p, struct spares *sp, int init) {
+	if (!sp->v1 || sp->have)
+		return;
+	char dir[4200], path[4300];
+	snprintf(dir, sizeof dir, "%s/spare-%u", p->cg_pids, ++sp->n);
+	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	int fd = -1;
+	if (mkdir(dir, 0755) < 0 || (fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+		logmsg("a spare's cgroup: %s: %s", dir, errtext(errno));
+		rmdir(dir);
+		sp->v1 = 0; /* the commands' groups are made as they come */
+		return;
+	}
+	char head[8];
+	uint32_t magic = SPARE_MAGIC, flags = 0;
+	memcpy(head, &magic, 4);
+	memcpy(head + 4, &flags, 4);
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cm;
+	memset(&cm, 0, sizeof cm);
+	struct iovec iov = {head, sizeof head};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	ssize_t k;
+	do
+		k = sendmsg(init, &mh, MSG_NOSIGNAL);
+	while (k < 0 && errno == EINTR);
+	close(fd);
+	if (k < 0) {
+		logmsg("send a spare to the sandbox init: %s", errtext(errno));
+		rmdir(dir);
+		return;
+	}
+	sp->have = 1;
+}
+
+/* command_group gives the command exec_id its group: the spare's,
+ * renamed, (REQUEST_SPARE) or a new one whose cgroup.procs it adds to
+ * fds (REQUEST_CGROUP). It returns the request's flags for init. */
+static uint32_t command_group(const struct plan *p, struct spares *sp, const char *exec_id, int *fds, int *nfds) {
+	char dir[4200], path[4300];
+	snprintf(dir, sizeof dir, "%s/%s", p->cg_pids, exec_id);
+	if (sp->v1 && sp->have) {
+		char from[4200];
+		snprintf(from, sizeof from, "%s/spare-%u", p->cg_pids, sp->n);
+		sp->have = 0; /* used, or (the rename failed) left to end with init's */
+		if (rename(from, dir) == 0)
+			return REQUEST_SPARE;
+		logmsg("name the spare's cgroup %s: %s", dir, errtext(errno));
+	}
+	int fd = -1;
+	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	if ((mkdir(dir, 0755) < 0 && errno != EEXIST) || (fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+		logmsg("no cgroup of the command's own: %s: %s", dir, errtext(errno));
+		return 0;
+	}
+	fds[(*nfds)++] = fd;
+	return REQUEST_CGROUP;
+}
+
+/* valid_exec_id says whether id (len bytes) is a command's id as newID
+ * makes them. */
+static int valid_exec_id(const char *id, size_t len) {
+	if (len != EXEC_ID_LEN || memcmp(id, "ex-", 3) != 0)
+		return 0;
+	for (size_t i = 3; i < len; i++)
+		if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
 /* relay_request passes one request that came on ctl (a datagram with
- * descriptors) to init, if it is from root and well formed. */
-static void relay_request(int ctl, int init) {
+ * descriptors) to init, if it is from root and well formed; a request
+ * that names its command (REQUEST_ID) gets the command's group here. */
+static void relay_request(const struct plan *p, struct spares *sp, int ctl, int init) {
 	char buf[64];
 	union {
 		struct cmsghdr h;
@@ -1848,12 +2068,23 @@ static void relay_request(int ctl, int init) {
 			}
 		}
 	}
-	uint32_t magic = 0;
-	if (n == 8)
+	uint32_t magic = 0, flags = 0;
+	if (n >= 8) {
 		memcpy(&magic, buf, 4);
-	if (!root || magic != REQUEST_MAGIC || nfds == 0 || (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+		memcpy(&flags, buf + 4, 4);
+	}
+	int named = (flags & REQUEST_ID) && !(flags & REQUEST_CGROUP) && nfds == REQUEST_FDS && valid_exec_id(buf + 8, (size_t)n - 8);
+	if (!root || magic != REQUEST_MAGIC || nfds == 0 || (n != 8 && !named) || (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
 		logmsg("a request %s, dropped", root ? "malformed" : "not from root");
 	} else {
+		if (named) {
+			char id[EXEC_ID_LEN + 1];
+			memcpy(id, buf + 8, EXEC_ID_LEN);
+			id[EXEC_ID_LEN] = 0;
+			flags = command_group(p, sp, id, fds, &nfds);
+			memcpy(buf + 4, &flags, 4);
+			n = 8;
+		}
 		/* A failure is the command's shim's to see: its socket with the
 		 * command closes unanswered. */
 		union {
@@ -1995,6 +2226,9 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 	}
 	write_all(server, "ok", 2);
 	close(server);
+	struct spares sp = {.v1 = p->cg_version == 1 && p->cg_pids[0] != 0};
+	spare_make(p, &sp, req[0]);
+	int64_t spare_due = 0; /* when to make the next spare (monotonic ns; 0: none due) */
 
 	int64_t until = p->until_ns;
 	for (;;) {
@@ -2014,12 +2248,28 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 			}
 			timeout = left_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left_ns / 1000000 + 1);
 		}
+		if (spare_due != 0) {
+			int64_t left_ns = spare_due - mono_ns();
+			if (left_ns <= 0) {
+				spare_make(p, &sp, req[0]);
+				spare_due = 0;
+				continue;
+			}
+			int t = (int)(left_ns / 1000000 + 1);
+			timeout = timeout < 0 || t < timeout ? t : timeout;
+		}
 		if (poll(fds, 2, timeout) < 0)
 			continue;
 		if (fds[1].revents)
 			break;
-		if (fds[0].revents)
-			relay_request(ctl, req[0]);
+		if (fds[0].revents) {
+			relay_request(p, &sp, ctl, req[0]);
+			/* The next command's spare, once this one has had a moment:
+			 * the spare's move into its group makes the kernel wait
+			 * for a grace period, which the command need not share. */
+			if (sp.v1 && !sp.have)
+				spare_due = mono_ns() + SPARE_DELAY_NS;
+		}
 	}
 	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
 		;
@@ -2082,8 +2332,13 @@ static int command_main(const struct plan *p, struct outw *w) {
 	    setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0)
 		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
 	/* Its own cgroup, below the sandbox's; where none can be made the
-	 * command is told apart by its process group (its session) alone. */
-	if (!err[0]) {
+	 * command is told apart by its process group (its session) alone.
+	 * In cgroup v1 the keeper gives it one (command_group), the request
+	 * names the command for that. */
+	int named = p->cg_version == 1 && strlen(p->exec_id) == EXEC_ID_LEN;
+	if (named)
+		snprintf(cgdir, sizeof cgdir, "%s/%s", p->cg_pids, p->exec_id);
+	else if (!err[0]) {
 		snprintf(cgdir, sizeof cgdir, "%s/%s", p->cg_pids, p->exec_id);
 		char path[4300];
 		snprintf(path, sizeof path, "%s/cgroup.procs", cgdir);
@@ -2098,10 +2353,12 @@ static int command_main(const struct plan *p, struct outw *w) {
 	struct bridge br;
 	br_open(&br, p, p->channel);
 	if (!err[0]) {
-		char head[8];
-		uint32_t magic = REQUEST_MAGIC, flags = cg >= 0 ? REQUEST_CGROUP : 0;
+		char head[8 + EXEC_ID_LEN];
+		uint32_t magic = REQUEST_MAGIC, flags = cg >= 0 ? REQUEST_CGROUP : named ? REQUEST_ID : 0;
 		memcpy(head, &magic, 4);
 		memcpy(head + 4, &flags, 4);
+		if (named)
+			memcpy(head + 8, p->exec_id, EXEC_ID_LEN);
 		int fds[REQUEST_FDS + 1] = {PLAN_FD, outp[1], errp[1], ctl[1], cg};
 		int nfds = cg >= 0 ? REQUEST_FDS + 1 : REQUEST_FDS;
 		union {
@@ -2113,7 +2370,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 		memset(&to, 0, sizeof to);
 		to.sun_family = AF_UNIX;
 		snprintf(to.sun_path, sizeof to.sun_path, "../../%s", FILE_CONTROL);
-		struct iovec iov = {head, sizeof head};
+		struct iovec iov = {head, named ? sizeof head : 8};
 		struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
 				    .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);

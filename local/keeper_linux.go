@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -61,10 +62,15 @@ const (
 )
 
 // requestMagic starts a command's request ("DSR1"); requestCgroup says
-// that the descriptor of a child cgroup is the last one.
+// that the descriptor of a child cgroup is the last one; requestID that
+// the command's id follows the head (cgroup v1: the keeper gives the
+// command its group, see commandGroupFD); requestSpare (keeper to the C
+// init) that the command is init's spare, in its group already.
 const (
 	requestMagic  = 0x44535231
 	requestCgroup = 1
+	requestID     = 2
+	requestSpare  = 4
 	requestFDs    = 4 // plan, stdout, stderr, ctl (and the cgroup's)
 )
 
@@ -168,7 +174,7 @@ func runKeeper(log *slog.Logger, p *plan, planData []byte) int {
 		cmd.Wait()
 		close(ended)
 	}()
-	go relay(log, ctl, pair[0])
+	go relay(log, p.Cgroup, ctl, pair[0])
 	var until <-chan time.Time
 	if p.Until != 0 {
 		t := time.NewTimer(time.Until(time.Unix(0, p.Until)))
@@ -233,8 +239,11 @@ func startInNetns(start func() error) error {
 }
 
 // relay passes each request that comes on ctl from root to init, with
-// its descriptors, until ctl fails.
-func relay(log *slog.Logger, ctl, init int) {
+// its descriptors, until ctl fails. A request that names its command
+// (requestID) gets the command's group here. (The C keeper also has a
+// spare command placed in its group ahead of the request: see
+// spare_child in helper_linux.c.)
+func relay(log *slog.Logger, cg cgroupSet, ctl, init int) {
 	buf := make([]byte, 64)
 	oob := make([]byte, unix.CmsgSpace((requestFDs+1)*4)+unix.CmsgSpace(unix.SizeofUcred))
 	for {
@@ -247,12 +256,28 @@ func relay(log *slog.Logger, ctl, init int) {
 			return
 		}
 		fds, cred := parseControl(oob[:oobn])
+		var head uint32
+		if n >= 8 {
+			head = binary.NativeEndian.Uint32(buf[4:])
+		}
+		named := head&requestID != 0 && head&requestCgroup == 0 && len(fds) == requestFDs && execIDPattern.Match(buf[8:max(n, 8)])
 		switch {
 		case cred == nil || cred.Uid != 0:
 			log.Warn("a request not from root, dropped")
-		case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0 || n != 8 || binary.NativeEndian.Uint32(buf) != requestMagic:
+		case flags&(unix.MSG_CTRUNC|unix.MSG_TRUNC) != 0 || (n != 8 && !named) || binary.NativeEndian.Uint32(buf) != requestMagic:
 			log.Warn("a malformed request, dropped")
 		default:
+			if named {
+				head = 0
+				if fd, err := commandGroupFD(cg.commandGroup(string(buf[8:n]))); err != nil {
+					log.Warn("no cgroup of the command's own", "err", err)
+				} else {
+					fds = append(fds, fd)
+					head = requestCgroup
+				}
+				binary.NativeEndian.PutUint32(buf[4:], head)
+				n = 8
+			}
 			// A failure is the command's shim's to see: its socket with
 			// the command closes unanswered.
 			if err := unix.Sendmsg(init, buf[:n], unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL); err != nil {
@@ -263,6 +288,19 @@ func relay(log *slog.Logger, ctl, init int) {
 			unix.Close(fd)
 		}
 	}
+}
+
+// execIDPattern is a command's id as newID makes them ("ex-" and 8 hex
+// digits): the name of its group.
+var execIDPattern = regexp.MustCompile(`^ex-[0-9a-f]{8}$`)
+
+// commandGroupFD makes a command's group at dir and opens its
+// cgroup.procs, through which the command places itself.
+func commandGroupFD(dir string) (int, error) {
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return -1, err
+	}
+	return unix.Open(filepath.Join(dir, "cgroup.procs"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
 }
 
 // parseControl takes the descriptors and the credentials a message came
@@ -535,14 +573,17 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 	}
 	// Its own cgroup, below the sandbox's; where none can be made the
 	// command is told apart by its process group (its session) alone.
+	// In cgroup v1 the keeper gives it one (relay), the request names the
+	// command for that.
 	cgDir := p.Cgroup.commandGroup(p.ExecID)
 	cg := -1
-	if err := os.Mkdir(cgDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		log.Warn("no cgroup of the command's own", "err", err)
-		cgDir = ""
-	} else if cg, err = unix.Open(filepath.Join(cgDir, "cgroup.procs"), unix.O_WRONLY|unix.O_CLOEXEC, 0); err != nil {
-		log.Warn("no cgroup of the command's own", "err", err)
-		cg, cgDir = -1, ""
+	named := p.Cgroup.Version == 1 && execIDPattern.MatchString(p.ExecID)
+	if !named {
+		var err error
+		if cg, err = commandGroupFD(cgDir); err != nil {
+			log.Warn("no cgroup of the command's own", "err", err)
+			cg, cgDir = -1, ""
+		}
 	}
 	ooms, _ := p.Cgroup.oomKills() // the sandbox's so far: only new ones are this command's
 	bridge, err := startStatusBridge(p.Channel)
@@ -560,9 +601,13 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 	head := make([]byte, 8)
 	binary.NativeEndian.PutUint32(head, requestMagic)
 	fds := []int{int(planFile.Fd()), outP[1], errP[1], pair[1]}
-	if cg >= 0 {
+	switch {
+	case cg >= 0:
 		binary.NativeEndian.PutUint32(head[4:], requestCgroup)
 		fds = append(fds, cg)
+	case named:
+		binary.NativeEndian.PutUint32(head[4:], requestID)
+		head = append(head, p.ExecID...)
 	}
 	sendErr := sendRequest(head, fds)
 	for _, fd := range fds[1:] {

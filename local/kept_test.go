@@ -68,7 +68,8 @@ done`)
 }
 
 // sandboxProcs lists the processes in the sandbox's cgroups (its init,
-// and its commands' processes), with their command lines.
+// and its commands' processes), with their command lines; not the spare
+// the C init holds ready for the next command.
 func sandboxProcs(t *testing.T, sb *sbox) []string {
 	t.Helper()
 	pids, err := stateOf(t, sb).Cgroup.procs()
@@ -77,10 +78,73 @@ func sandboxProcs(t *testing.T, sb *sbox) []string {
 	}
 	var out []string
 	for _, pid := range pids {
+		if isSpare(pid) {
+			continue
+		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
 	}
 	return out
+}
+
+// isSpare says whether pid is a kept sandbox's spare: in a pids group
+// spare-N.
+func isSpare(pid int) bool { return spareGroup(pid) != "" }
+
+// spareGroup is the name of the spare group pid is in ("spare-N"), or "".
+func spareGroup(pid int) string {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if _, path, ok := strings.Cut(line, ":pids:"); ok && strings.HasPrefix(filepath.Base(path), "spare-") {
+			return filepath.Base(path)
+		}
+	}
+	return ""
+}
+
+// TestKeptCommandGroup: each command of a kept sandbox is in a cgroup of
+// its own, named after it, below the sandbox's (the C keeper's spare,
+// renamed, in cgroup v1); the C helpers hold one spare ready, placed
+// in its group ahead of the next command, and no more: the first spare
+// (spare-1) became the first command, a later one waits.
+func TestKeptCommandGroup(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			for range 3 {
+				p := start(t, sb, "/bin/sh", "-c", "{ grep ':pids:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3")
+				exit, out := finish(t, p)
+				if want := "/" + p.ID() + "\n"; exit.Code != 0 || out != want {
+					t.Errorf("the command's group: %+v %q, want %q", exit, out, want)
+				}
+			}
+			var groups []string
+			spares := func() int {
+				pids, err := stateOf(t, sb).Cgroup.procs()
+				if err != nil {
+					t.Fatal(err)
+				}
+				groups = nil
+				for _, pid := range pids {
+					if g := spareGroup(pid); g != "" {
+						groups = append(groups, g)
+					}
+				}
+				return len(groups)
+			}
+			want := 0
+			if mode == "C" && b.cg.Version == 1 {
+				want = 1 // made a moment after the last command came
+			}
+			waitFor(5*time.Second, func() bool { return spares() == want })
+			time.Sleep(100 * time.Millisecond) // and no more come
+			if n := spares(); n != want || (n == 1 && groups[0] == "spare-1") {
+				t.Errorf("spares in the sandbox: %q, want %d (and not the first)", groups, want)
+			}
+		})
+	}
 }
 
 // TestKeptDevServerRestart: the agent's round: a dev server started in the
@@ -324,6 +388,7 @@ func TestKeptPause(t *testing.T) {
 			other := start(t, sb, "/bin/sh", "-c", "echo running; sleep 300")
 			waitFor(10*time.Second, func() bool { out, _ := other.ReadOutput(context.Background(), 0, 10); return len(out) > 0 })
 			if err := sb.Pause(context.Background()); err != nil {
+				logProcs(t, sb)
 				t.Fatal(err)
 			}
 			before := ticks()
@@ -353,6 +418,19 @@ func TestKeptPause(t *testing.T) {
 				t.Error("resumed, the background loop did not go on")
 			}
 		})
+	}
+}
+
+// logProcs logs what each process of the sandbox is doing (a pause that
+// does not complete: which one is not frozen, and where it waits).
+func logProcs(t *testing.T, sb *sbox) {
+	pids, _ := stateOf(t, sb).Cgroup.procs()
+	for _, p := range pids {
+		var f [5][]byte
+		for i, name := range []string{"cmdline", "stat", "wchan", "stack", "cgroup"} {
+			f[i], _ = os.ReadFile(fmt.Sprintf("/proc/%d/%s", p, name))
+		}
+		t.Logf("%d %q: %s wchan=%s\n%s%s", p, f[0], f[1], f[2], f[3], f[4])
 	}
 }
 
