@@ -7,7 +7,7 @@ package local
 // sandbox adds to the host besides its job.
 type SupervisorMemory struct {
 	Sandboxes int   // sandboxes whose supervisors were measured
-	Processes int   // shims and inits
+	Processes int   // shims (keepers) and inits (and spares)
 	PSS       int64 // bytes, all of them together
 	PSSAnon   int64 // of which anonymous memory: theirs alone
 	PSSFile   int64 // of which file pages (the binary, libc), shared

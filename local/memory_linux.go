@@ -23,9 +23,12 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		if !e.IsDir() || !idPattern.MatchString(e.Name()) {
 			continue
 		}
-		// A sandbox of one command has its shim in its own directory; a
-		// kept sandbox has one per command, under execs/ (a command that
-		// ended with nothing left in the background has none).
+		// A sandbox of one command has its shim and init in its own
+		// directory; a kept sandbox has its keeper and init there, and a
+		// shim per command under execs/ while the command runs (or what
+		// it left in the background holds its output), and the C init's
+		// spare, a fork of it waiting for the next command in the
+		// sandbox's cgroup.
 		dirs := []string{filepath.Join(b.dir, e.Name())}
 		if execs, err := os.ReadDir(filepath.Join(dirs[0], dirExecs)); err == nil {
 			for _, x := range execs {
@@ -42,6 +45,7 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 			// init, if it is still the shim's child (pids are reused).
 			if pid, err := readPID(filepath.Join(dir, fileInitPID)); err == nil && parentOf(pid) == shim {
 				pids = append(pids, pid)
+				pids = append(pids, spares(dir, pid)...)
 			}
 			for _, pid := range pids {
 				u, err := procPSS(pid)
@@ -60,6 +64,27 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		}
 	}
 	return m, nil
+}
+
+// spares lists the spares of the kept sandbox in dir whose init is
+// initPID: the processes of its pids group's spare-N groups that are
+// init's children.
+func spares(dir string, initPID int) []int {
+	var st sandboxState
+	if readJSON(filepath.Join(dir, fileState), &st) != nil || !st.Init || st.Cgroup.Pids == "" {
+		return nil
+	}
+	groups, _ := filepath.Glob(filepath.Join(st.Cgroup.Pids, "spare-*"))
+	var out []int
+	for _, g := range groups {
+		pids, _ := cgroupProcs(g)
+		for _, pid := range pids {
+			if parentOf(pid) == initPID {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }
 
 type pssUse struct{ pss, anon, file int64 }
