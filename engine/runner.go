@@ -163,7 +163,11 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
 		switch {
 		case a.attached:
-			// A kept sandbox's: it stays for the next command.
+			// A kept sandbox's: it stays for the next command, unless its
+			// machine is gone.
+			if sb, gerr := r.keeper.sbs.GetSandbox(context.WithoutCancel(ctx), job.Manifest.Sandbox); gerr == nil && r.keeper.failed(ctx, sb, err) {
+				break
+			}
 			r.keeper.detach(context.WithoutCancel(ctx), job.Manifest.Sandbox)
 		case a.kept != "":
 			r.keeper.end(context.WithoutCancel(ctx), a.kept, delegate.SandboxGone, "the job that made it failed to start: "+reason)
