@@ -1,7 +1,10 @@
 package delegate
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -231,7 +234,7 @@ func (m *Manifest) Validate() error {
 		}
 	}
 	if r := m.Resources; r != nil {
-		if r.CPU < 0 || r.CPU > MaxCPU {
+		if !(r.CPU >= 0 && r.CPU <= MaxCPU) { // NaN too
 			return fieldErr("manifest.resources.cpu", "must be between 0.01 and %d cores (got %g)", MaxCPU, r.CPU)
 		}
 		if r.CPU != 0 && r.CPU < 0.01 {
@@ -383,6 +386,21 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 			m.Network = NetworkEgress // the CLI must reach the model's API
 		}
 	}
+}
+
+// Digest is the SHA-256 of the manifest as it is (call it before
+// ApplyDefaults: the manifest as submitted), in hex. It is computed over
+// the manifest's JSON encoding, whose fields come in a fixed order and
+// whose maps are sorted, so the same request digests the same however
+// its JSON was spelled (key order, spaces, a null for an absent field).
+// Call it on a validated manifest (whose every field encodes).
+func (m *Manifest) Digest() string {
+	b, err := json.Marshal(m)
+	if err != nil {
+		b = fmt.Appendf(nil, "%#v", *m) // not reached for a valid manifest
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // DecodedFiles returns the files with their content decoded and their path

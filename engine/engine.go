@@ -204,12 +204,16 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
+	// The manifest as submitted, before defaults: a retry of the same
+	// request digests the same even if the server's defaults changed.
+	var digest string
 	if k := opts.IdempotencyKey; k != "" {
 		if len(k) > 200 || strings.ContainsRune(k, 0) {
 			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
 		}
+		digest = m.Digest()
 		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
-			return job, nil
+			return sameRequest(job, k, digest)
 		}
 	}
 	backend := e.backend.get()
@@ -255,19 +259,30 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		Backend:   backend.Name(),
 		Owner:     e.owner,
 
-		IdempotencyKey: opts.IdempotencyKey,
+		IdempotencyKey:    opts.IdempotencyKey,
+		IdempotencyDigest: digest,
 	}
 	if err := e.store.CreateJob(ctx, job); err != nil {
 		if opts.IdempotencyKey != "" {
 			// A concurrent submission with the same key won the race.
 			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
-				return first, nil
+				return sameRequest(first, opts.IdempotencyKey, digest)
 			}
 		}
 		return nil, fmt.Errorf("submit: %w", err)
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	e.sched.enqueue(job.ID)
+	return job, nil
+}
+
+// sameRequest answers a submission whose idempotency key names job: the
+// job itself when the manifest is the one the key was first sent with (or
+// when the job predates digests), else an error that says so.
+func sameRequest(job *delegate.Job, key, digest string) (*delegate.Job, error) {
+	if job.IdempotencyDigest != "" && job.IdempotencyDigest != digest {
+		return nil, &delegate.IdempotencyConflictError{Key: key, JobID: job.ID}
+	}
 	return job, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,5 +182,48 @@ func TestIdempotencyKey(t *testing.T) {
 	case p := <-f.backend.Started:
 		t.Fatalf("the work ran a third time: %v", p.Cmd.Args)
 	default:
+	}
+}
+
+// TestIdempotencyKeyOtherManifest: a key sent again with another manifest
+// is refused, naming the key, saying why and giving the first job's id;
+// the manifest as submitted is what counts (defaults applied to the first
+// do not make its retry differ), and nothing new is stored or run.
+func TestIdempotencyKeyOtherManifest(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	ctx := context.Background()
+	m := script("once")
+	m.Env = map[string]string{"A": "1", "B": "2"}
+	first, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{IdempotencyKey: "k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := script("once")
+	retry.Env = map[string]string{"B": "2", "A": "1"}
+	if again, err := f.eng.Submit(ctx, retry, delegate.SubmitOptions{IdempotencyKey: "k1"}); err != nil || again.ID != first.ID {
+		t.Fatalf("the same request again: %v, %v; want job %s", again, err, first.ID)
+	}
+	for _, change := range []func(*delegate.Manifest){
+		func(m *delegate.Manifest) { m.Task = "twice" },
+		func(m *delegate.Manifest) { m.Env["A"] = "other" },
+		func(m *delegate.Manifest) { m.Timeout = new(3600) }, // the default, but not what was sent
+	} {
+		other := script("once")
+		other.Env = map[string]string{"A": "1", "B": "2"}
+		change(&other)
+		_, err := f.eng.Submit(ctx, other, delegate.SubmitOptions{IdempotencyKey: "k1"})
+		var conflict *delegate.IdempotencyConflictError
+		if !errors.As(err, &conflict) || conflict.JobID != first.ID || delegate.ErrorKind(err) != delegate.KindConflict {
+			t.Fatalf("another manifest with the key: %v", err)
+		}
+		for _, want := range []string{`"k1"`, first.ID, "different manifest"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%q does not say %s", err, want)
+			}
+		}
+	}
+	page, err := f.eng.List(ctx, delegate.ListOptions{})
+	if err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("jobs stored: %+v %v", page, err)
 	}
 }

@@ -164,6 +164,11 @@ var migrations = []string{
 	ALTER TABLE job_output ADD COLUMN runs BLOB;
 	CREATE INDEX job_output_stderr ON job_output(job_id, offset) WHERE stream >= 2;
 	ALTER TABLE jobs ADD COLUMN stderr_kept INTEGER NOT NULL DEFAULT 0;`,
+	// An idempotency key keeps the digest of the manifest it was first
+	// sent with, so that the key sent again with another manifest is
+	// refused rather than answered with the first job. Jobs from before
+	// have none ('') and match any manifest, as they did.
+	`ALTER TABLE jobs ADD COLUMN idempotency_digest TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
