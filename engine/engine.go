@@ -220,13 +220,16 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if backend == nil {
 		return nil, errNoBackend
 	}
-	if m.Network == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
-		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
-	}
 	chosenTemplate := m.VMTemplate != ""
+	askedNetwork := m.Network
 	m.ApplyDefaults(e.cfg.Defaults)
 	if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
+	}
+	// After the defaults: a claude job asks for egress by default, and
+	// must be refused now, not accepted and failed when it starts.
+	if err := checkEgress(backend, m, askedNetwork); err != nil {
+		return nil, err
 	}
 	if err := e.cfg.Maxima.check(&m); err != nil {
 		return nil, err
@@ -274,6 +277,26 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	e.sched.enqueue(job.ID)
 	return job, nil
+}
+
+// checkEgress refuses a job whose network (asked, or its agent's default)
+// the backend cannot give, saying what the host lacks and how to add it.
+func checkEgress(backend sandbox.Backend, m delegate.Manifest, asked delegate.Network) error {
+	caps := backend.Capabilities()
+	if m.Network != delegate.NetworkEgress || caps.NetworkEgress {
+		return nil
+	}
+	why := caps.NetworkEgressMissing
+	if why == "" {
+		why = "this backend cannot give a job network access"
+	}
+	if asked == "" {
+		return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+			"a %s job needs network egress by default (its CLI must reach the model's API), which the %s backend cannot give here: %s; "+
+				"or set network: none if the job needs no network", m.AgentType, backend.Name(), why)}
+	}
+	return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+		"egress is not available on the %s backend here: %s; or set network: none", backend.Name(), why)}
 }
 
 // sameRequest answers a submission whose idempotency key names job: the

@@ -227,3 +227,43 @@ func TestIdempotencyKeyOtherManifest(t *testing.T) {
 		t.Fatalf("jobs stored: %+v %v", page, err)
 	}
 }
+
+// TestEgressRefusedAtSubmit: a job that needs network egress on a backend
+// that cannot give it is refused when it is submitted, with the backend's
+// reason (what the host lacks and the install line) — network: egress
+// asked for, and a claude job, whose default it is; nothing is stored.
+func TestEgressRefusedAtSubmit(t *testing.T) {
+	f := newFixture(t, engine.Config{Secret: func(string) (string, bool) { return "k", true }})
+	f.backend.Caps.NetworkEgress = false
+	f.backend.Caps.NetworkEgressMissing = "neither pasta nor slirp4netns is on this server's PATH: apt-get install passt"
+	ctx := context.Background()
+	egress := script("curl example.com")
+	egress.Network = delegate.NetworkEgress
+	claude := delegate.Manifest{AgentType: delegate.AgentClaude, Task: "fix it"}
+	for _, tc := range []struct {
+		name string
+		m    delegate.Manifest
+		want []string
+	}{
+		{"asked", egress, []string{"egress is not available", "apt-get install passt", "network: none"}},
+		{"claude's default", claude, []string{"claude job needs network egress by default", "apt-get install passt", "network: none"}},
+	} {
+		_, err := f.eng.Submit(ctx, tc.m, delegate.SubmitOptions{})
+		var fe *delegate.FieldError
+		if !errors.As(err, &fe) || fe.Field != "manifest.network" {
+			t.Fatalf("%s: %v, want a field error on manifest.network", tc.name, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(fe.Rule, w) {
+				t.Errorf("%s: %q does not say %q", tc.name, fe.Rule, w)
+			}
+		}
+	}
+	claude.Network = delegate.NetworkNone // the submitter's choice: no network, allowed
+	if _, err := f.eng.Submit(ctx, claude, delegate.SubmitOptions{}); err != nil {
+		t.Fatalf("claude with network none: %v", err)
+	}
+	if page, err := f.eng.List(ctx, delegate.ListOptions{}); err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("jobs stored: %+v %v", page, err)
+	}
+}

@@ -231,16 +231,21 @@ func (b *Backend) Name() string { return "local" }
 // network helper being installed, looked for now.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	_, netErr := findNetTool(b.netForce, b.lookPath)
+	var netMissing string
+	if netErr != nil {
+		netMissing = netErr.Error()
+	}
 	return sandbox.Capabilities{
-		FilesystemIsolation: true,
-		NetworkIsolation:    true,
-		NetworkEgress:       netErr == nil,
-		CPULimit:            true,
-		MemoryLimit:         true,
-		PidsLimit:           true,
-		DiskLimit:           true,
-		Recover:             true,
-		Templates:           true,
+		FilesystemIsolation:  true,
+		NetworkIsolation:     true,
+		NetworkEgress:        netErr == nil,
+		NetworkEgressMissing: netMissing,
+		CPULimit:             true,
+		MemoryLimit:          true,
+		PidsLimit:            true,
+		DiskLimit:            true,
+		Recover:              true,
+		Templates:            true,
 		// The shim watches the job's process for as long as it runs.
 		Supervised: true,
 		StatusFile: StatusFile,

@@ -31,7 +31,7 @@ type Backend struct {
 // New returns an empty backend.
 func New() *Backend {
 	return &Backend{sandboxes: map[string]*Sandbox{}, Started: make(chan *Process, 100),
-		Caps: sandbox.Capabilities{Recover: true, Supervised: true, StatusFile: "/run/delegate/status"}}
+		Caps: sandbox.Capabilities{Recover: true, Supervised: true, NetworkEgress: true, StatusFile: "/run/delegate/status"}}
 }
 
 var _ sandbox.Backend = (*Backend)(nil)

@@ -29,6 +29,11 @@ type Capabilities struct {
 	Recover             bool // a running sandbox survives a server restart
 	Templates           bool // vmTemplate is honoured
 	NetworkEgress       bool // Spec.Network can be honoured
+	// NetworkEgressMissing says, when NetworkEgress is false, what the
+	// host lacks and how an operator adds it ("neither pasta nor
+	// slirp4netns is on this server's PATH: apt-get install passt"); the
+	// engine refuses such jobs at submission with it.
+	NetworkEgressMissing string
 	// Supervised: the backend watches the process itself, so its liveness
 	// counts as the job's heartbeat.
 	Supervised bool
