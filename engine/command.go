@@ -54,6 +54,15 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 	default:
 		return sandbox.Command{}, fmt.Errorf("agentType %q: %w", m.AgentType, delegate.ErrInvalid)
 	}
+	if m.Stdin != "" && stdin == "" {
+		// The submitter's standard input, as an input like the script:
+		// data the process reads, never on a command line.
+		data, err := m.DecodedStdin()
+		if err != nil {
+			return sandbox.Command{}, err
+		}
+		inputs["stdin"], stdin = data, "stdin"
+	}
 	env := map[string]string{
 		"PATH":    basePath,
 		"HOME":    delegate.Workspace,

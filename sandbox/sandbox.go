@@ -129,7 +129,8 @@ type Backend interface {
 type Sandbox interface {
 	ID() string
 	// WriteFile writes a file (creating parent dirs) at an absolute path
-	// inside the sandbox, owned by the job's user.
+	// inside the sandbox, owned by the job's user. With fs.ModeSymlink in
+	// mode it makes a symbolic link to data instead.
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
 	// ReadFile reads a file inside the sandbox, at most max bytes.
 	ReadFile(ctx context.Context, path string, max int64) ([]byte, error)
