@@ -121,6 +121,9 @@ type NotFoundError struct {
 	// Reason replaces "not found" when there is more to say (an artifact
 	// that was listed but not kept: "not kept: larger than …").
 	Reason string
+	// There, if set, says what does exist instead ("the job's artifacts:
+	// out.txt, log.txt"), so that a typo is seen at once.
+	There string
 }
 
 func (e *NotFoundError) Error() string {
@@ -130,6 +133,9 @@ func (e *NotFoundError) Error() string {
 	}
 	if e.Reason != "" {
 		return s + ": " + e.Reason
+	}
+	if e.There != "" {
+		return s + ": not found (" + e.There + ")"
 	}
 	return s + ": not found"
 }

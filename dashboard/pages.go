@@ -27,6 +27,12 @@ func parsePages() map[string]*template.Template {
 		"iso":         func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"duration":    formatDuration,
 		"terminal":    func(s delegate.Status) bool { return s.Terminal() },
+		// The exit code and why it ended, by the rule every reader
+		// follows (delegate.ExitReason).
+		"exit": delegate.ExitText,
+		"jobExit": func(j *delegate.Job) string {
+			return delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled))
+		},
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"list", "job", "login", "error"} {
