@@ -206,7 +206,8 @@ func TestAdmissionError(t *testing.T) {
 	}
 }
 
-// TestProvisioningSteps: a backend's steps become the job's progress.
+// TestProvisioningSteps: a backend's steps become the job's progress, and
+// entries of its timeline when it keeps one.
 func TestProvisioningSteps(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	f.eng.Close()
@@ -223,15 +224,32 @@ func TestProvisioningSteps(t *testing.T) {
 	f.backend = b.Backend
 	eng := f.start(b)
 	f.eng = eng
-	j := f.submit(script("true"))
-	p := f.started()
-	if got := <-seen; got != "making the sandbox" {
-		t.Fatalf("progress during Create: %q", got)
+	for _, mode := range []delegate.StatusMode{delegate.StatusModeSimple, delegate.StatusModeDetailed} {
+		m := script("true")
+		m.StatusMode = mode
+		j := f.submit(m)
+		p := f.started()
+		if got := <-seen; got != "making the sandbox" {
+			t.Fatalf("progress during Create: %q", got)
+		}
+		eventually(t, `progress "running"`, func() bool {
+			got, _ := eng.Get(context.Background(), j.ID)
+			return got.Progress == "running"
+		})
+		p.Finish(sandbox.Exit{})
+		f.wait(eng, j.ID)
+		evs, err := f.store.Events(context.Background(), j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps := 0
+		for _, ev := range evs {
+			if ev.Message == "making the sandbox" {
+				steps++
+			}
+		}
+		if want := map[delegate.StatusMode]int{delegate.StatusModeSimple: 0, delegate.StatusModeDetailed: 1}[mode]; steps != want {
+			t.Errorf("statusMode %s: %d timeline entries for the step, want %d: %+v", mode, steps, want, evs)
+		}
 	}
-	eventually(t, `progress "running"`, func() bool {
-		got, _ := eng.Get(context.Background(), j.ID)
-		return got.Progress == "running"
-	})
-	p.Finish(sandbox.Exit{})
-	f.wait(eng, j.ID)
 }
