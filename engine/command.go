@@ -15,8 +15,9 @@ import (
 // the engine's timer.
 const deadlineGrace = 5 * time.Second
 
-// basePath is the PATH every job starts with.
-const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// basePath is the PATH every job starts with (a backend may add the
+// tools its sandboxes have).
+const basePath = sandbox.DefaultPath
 
 // maxEnvString is the most bytes one environment string (NAME=value and
 // its NUL) may have: Linux's MAX_ARG_STRLEN, 32 pages; execve refuses

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,7 +33,9 @@ type Backend struct {
 	// rootfsDir and defaultTemplate: see Config.
 	rootfsDir       string
 	defaultTemplate string
-	cg              cgroupLayout
+	// toolDirs are the operator's tool directories (Config.ToolDirs).
+	toolDirs []string
+	cg       cgroupLayout
 	// uids: the sandboxes' host ids, each sandbox's slot claimed in the
 	// host's registry (uids.go).
 	uids   uidRange
@@ -123,6 +126,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	b.uidReg = &uidRegistry{dir: uidRegistryDir, r: b.uids}
+	if err := b.checkToolDirs(cfg.ToolDirs); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	b.toolDirs = slices.Clone(cfg.ToolDirs)
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
@@ -377,6 +384,11 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 	}
 	if err := makeStatusFIFO(dir, hostJob); err != nil {
 		return err
+	}
+	if tpl < 0 {
+		if err := writeAccounts(dir); err != nil {
+			return err
+		}
 	}
 	if tpl >= 0 {
 		// A read-only bind here, made as host root, lets the unprivileged

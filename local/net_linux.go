@@ -34,8 +34,8 @@ const (
 )
 
 // errNoNetTool is Create's answer on a host that has neither helper.
-var errNoNetTool = errors.New("network egress needs a user-mode network helper, and neither pasta nor slirp4netns is on this server's PATH: " +
-	"install one where delegate runs (apt-get install passt, or apt-get install slirp4netns; no restart needed)")
+var errNoNetTool = errors.New("network egress needs a user-mode network helper, and neither is on this server's PATH: " +
+	"install pasta (apt-get install passt) or slirp4netns (apt-get install slirp4netns) where delegate runs; no restart needed")
 
 // The sandbox's side of the network is the same whichever helper serves
 // it: slirp4netns's fixed layout, which pasta is told to copy, so that a

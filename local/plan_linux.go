@@ -49,13 +49,19 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 	if st.NoFile == 0 {
 		st.NoFile = b.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs, b.toolDirs)
 	if err != nil {
 		return nil, err
 	}
 	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
 	// inputs where they are.
 	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
+	// The standard PATH finds the tools this root has (tools_linux.go).
+	if st.Template != "" {
+		env = standardPath(env, filepath.Join(dir, dirTemplate), nil)
+	} else {
+		env = standardPath(env, "/", b.toolDirs)
+	}
 	if len(cmd.Inputs) > 0 {
 		env = append(env, InputsEnv+"="+InputsDir)
 	}
@@ -94,7 +100,7 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 // init itself (and loopback up in a network namespace init makes).
 // Entries of the host or the template are looked at now, by the server,
 // which sees what init will see before its pivot.
-func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
+func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -159,6 +165,13 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 			continue // devices, sockets, fifos of a template: not ours to give
 		}
 		have[name] = true
+	}
+	if st.Template == "" {
+		// The host view: the job's own users, and the operator's tools.
+		if have["etc"] {
+			accountOps(dir, add, at)
+		}
+		toolDirOps(toolDirs, add, at)
 	}
 	if st.Network != nil {
 		add(opResolvConf, 0, "network", root, netResolvConf)

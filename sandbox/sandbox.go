@@ -65,6 +65,12 @@ func (s Spec) Step(step string) {
 	}
 }
 
+// DefaultPath is the PATH the engine gives a job whose manifest sets
+// none. A backend may add to it the directories of the tools its
+// sandboxes hold (a toolchain installed outside it, the operator's tool
+// directories); a PATH the job chose it leaves as it is.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // Command is the one process a job runs. Args[0] is looked up on the
 // sandbox's PATH (from Env) when it has no slash. Nothing here goes
 // through a shell: every element is passed to execve as is.
