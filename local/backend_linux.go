@@ -33,9 +33,7 @@ type Backend struct {
 	// rootfsDir and defaultTemplate: see Config.
 	rootfsDir       string
 	defaultTemplate string
-	// toolDirs are the operator's tool directories (Config.ToolDirs).
-	toolDirs []string
-	cg       cgroupLayout
+	cg              cgroupLayout
 	// uids: the sandboxes' host ids, each sandbox's slot claimed in the
 	// host's registry (uids.go).
 	uids   uidRange
@@ -61,6 +59,9 @@ type Backend struct {
 	goHelpers bool
 	// netns has network namespaces ready for the C helpers.
 	netns *netnsPool
+
+	// toolDirs are the operator's tool directories (Config.ToolDirs).
+	toolDirs []string
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
