@@ -32,7 +32,7 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 		},
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
-		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsArtifactsCmd(cfg))
+		p.jobsCancelCmd(cfg), p.jobsReleaseCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsArtifactsCmd(cfg))
 	return cmd
 }
 
@@ -350,6 +350,29 @@ func (p *Program) jobsCancelCmd(cfg *Config) *cobra.Command {
 					fmt.Fprintf(p.Stdout, "%s cancelled\n", j.ID)
 				} else {
 					fmt.Fprintf(p.Stdout, "%s had already finished: %s\n", j.ID, j.Status)
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func (p *Program) jobsReleaseCmd(cfg *Config) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ID",
+		Short: "Destroy the sandbox a finished job kept (run --keep)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				j, released, err := svc.Release(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if released {
+					fmt.Fprintf(p.Stdout, "%s: sandbox released\n", j.ID)
+				} else {
+					fmt.Fprintf(p.Stdout, "%s: no sandbox kept (already released, or the job was not run with --keep)\n", j.ID)
 				}
 				return nil
 			})
