@@ -63,7 +63,7 @@ func (l kvList) String() string {
 	}
 	return strings.Join(pairs, ",")
 }
-func (l kvList) Type() string   { return "KEY=VALUE" }
+func (l kvList) Type() string { return "KEY=VALUE" }
 
 func (l kvList) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
