@@ -34,6 +34,9 @@ type Job struct {
 	ExecID    string `json:"exec_id,omitempty"`
 	// Owner is the engine instance driving the job (see Engine ownership).
 	Owner string `json:"-"`
+	// Sandbox is the kept sandbox the job ran in (manifest.sandbox) or
+	// made (lifecycle persistent); "" for a job whose sandbox went with it.
+	Sandbox string `json:"sandbox,omitempty"`
 
 	// Result is the job's own summary: the text of a completion callback,
 	// or the Claude CLI's final result.

@@ -89,6 +89,9 @@ type Manifest struct {
 	// most MaxStdinBytes once decoded; empty: /dev/null. A claude job
 	// reads its prompt there, so it takes none.
 	Stdin string `json:"stdin,omitempty"`
+	// Sandbox runs the job in a kept sandbox (its id) instead of a new
+	// one: with its files, its network, its limits, its processes.
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // Network says whether a job may reach the outside network.
@@ -305,6 +308,21 @@ func (m *Manifest) Validate() error {
 	}
 	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
 		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
+	}
+	if m.Sandbox != "" {
+		if err := CheckSandboxID("manifest.sandbox", m.Sandbox); err != nil {
+			return err
+		}
+		// The sandbox has its limits, its template and its network: a
+		// command runs within them.
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"resources", m.Resources != nil}, {"vmTemplate", m.VMTemplate != ""}, {"network", m.Network != ""}, {"lifecycle", m.Lifecycle != ""}} {
+			if f.set {
+				return fieldErr("manifest."+f.name, "is the sandbox's own for a command in sandbox %s: leave it out", m.Sandbox)
+			}
+		}
 	}
 	return nil
 }

@@ -11,14 +11,14 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
 // roomy is a mock backend with a finite amount of memory: Admit reserves
 // a job's memory, Destroy gives it back.
 type roomy struct {
-	*mock.Backend
+	*sandboxtest.Fake
 	mu       sync.Mutex
 	capacity int64
 	used     int64
@@ -57,13 +57,13 @@ func (r *roomy) Admit(ctx context.Context, spec sandbox.Spec) (sandbox.Admission
 	return &reservation{r: r, mem: spec.MemoryBytes}, nil
 }
 
-func (r *roomy) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (r *roomy) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	v, ok := spec.Admission.(*reservation)
 	if !ok {
 		return nil, errors.New("created without admission")
 	}
 	spec.Step("making the sandbox")
-	sb, err := r.Backend.Create(ctx, spec)
+	sb, err := r.Fake.Create(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ func (r *roomy) Destroy(ctx context.Context, id string) error {
 	r.used -= r.held[id]
 	delete(r.held, id)
 	r.mu.Unlock()
-	return r.Backend.Destroy(ctx, id)
+	return r.Fake.Destroy(ctx, id)
 }
 
 func (r *roomy) free() int64 {
@@ -89,7 +89,7 @@ func (r *roomy) free() int64 {
 }
 
 func newRoomy(capacity int64) *roomy {
-	return &roomy{Backend: mock.New(), capacity: capacity, held: map[string]int64{}}
+	return &roomy{Fake: sandboxtest.NewFake(), capacity: capacity, held: map[string]int64{}}
 }
 
 func sized(task, mem string) delegate.Manifest {
@@ -104,7 +104,7 @@ func TestAdmissionQueuesForCapacity(t *testing.T) {
 	f := newFixture(t, engine.Config{MaxConcurrent: 3, AdmissionRetry: time.Hour})
 	f.eng.Close()
 	b := newRoomy(2<<30 + 64<<20)
-	f.backend = b.Backend
+	f.backend = b.Fake
 	eng := f.start(b)
 	f.eng = eng
 
@@ -143,7 +143,8 @@ func TestAdmissionQueuesForCapacity(t *testing.T) {
 		}
 	}
 	evs, _ := eng.Timeline(context.Background(), big3.ID)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0].Message, "waiting for capacity") {
+	// The wait, then the backend's provisioning step.
+	if len(evs) != 2 || !strings.HasPrefix(evs[0].Message, "waiting for capacity") || evs[1].Message != "making the sandbox" {
 		t.Fatalf("timeline of the job that waited: %+v", evs)
 	}
 	// Each sandbox is destroyed just after its job is marked finished.
@@ -157,7 +158,7 @@ func TestAdmissionRetries(t *testing.T) {
 	f.eng.Close()
 	b := newRoomy(1 << 30)
 	b.used = 1 << 30 // held by someone else
-	f.backend = b.Backend
+	f.backend = b.Fake
 	eng := f.start(b)
 	f.eng = eng
 
@@ -221,7 +222,7 @@ func TestProvisioningSteps(t *testing.T) {
 		seen <- j.Progress
 		return nil
 	}
-	f.backend = b.Backend
+	f.backend = b.Fake
 	eng := f.start(b)
 	f.eng = eng
 	for _, mode := range []delegate.StatusMode{delegate.StatusModeSimple, delegate.StatusModeDetailed} {

@@ -17,8 +17,8 @@ import (
 // collectArtifacts copies the files matching the manifest's globs out of
 // the sandbox into the content-addressed artifact store. A file over a
 // cap is listed with the reason it was skipped, not silently dropped.
-func (r *runner) collectArtifacts(ctx context.Context, id string, m delegate.Manifest, sb sandbox.Sandbox) {
-	files, err := sb.ListFiles(ctx)
+func (r *runner) collectArtifacts(ctx context.Context, id string, m delegate.Manifest, sb sandbox.Instance) {
+	files, err := sb.ListFiles(ctx, sandbox.ListOptions{Regular: true})
 	if err != nil {
 		r.log.Warn("list artifacts", "job", id, "err", err)
 		r.report(ctx, id, m, fmt.Sprintf("artifacts could not be listed: %v", err), nil)
@@ -37,7 +37,7 @@ func (r *runner) collectArtifacts(ctx context.Context, id string, m delegate.Man
 		case total+f.Size > r.cfg.ArtifactMaxTotal:
 			a.Skipped = fmt.Sprintf("over the %d MiB per-job cap", r.cfg.ArtifactMaxTotal>>20)
 		default:
-			data, err := sb.ReadFile(ctx, f.Path, r.cfg.ArtifactMaxFile+1)
+			data, err := sb.ReadFile(ctx, f.Path, 0, r.cfg.ArtifactMaxFile+1)
 			if err != nil {
 				a.Skipped = fmt.Sprintf("could not be read: %v", err)
 				break

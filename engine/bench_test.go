@@ -8,7 +8,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mock"
+	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
 // The engine's hot paths over a real SQLite store and the in-memory
@@ -55,7 +55,7 @@ var day = 86400
 // (the job waits behind a running one).
 func BenchmarkSubmit(b *testing.B) {
 	f := newFixture(b, engine.Config{MaxConcurrent: 1})
-	f.backend.Started = make(chan *mock.Process, 1)
+	f.backend.Started = make(chan *sandboxtest.Process, 1)
 	ctx := context.Background()
 	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "bench", Agent: &delegate.AgentConfig{Command: "sleep 86400"}, Timeout: &day}
 	f.submit(m)
@@ -70,7 +70,7 @@ func BenchmarkSubmit(b *testing.B) {
 // BenchmarkSubmitParallel: 16 submitters at once share commits.
 func BenchmarkSubmitParallel(b *testing.B) {
 	f := newFixture(b, engine.Config{MaxConcurrent: 1})
-	f.backend.Started = make(chan *mock.Process, 1)
+	f.backend.Started = make(chan *sandboxtest.Process, 1)
 	ctx := context.Background()
 	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "bench", Agent: &delegate.AgentConfig{Command: "sleep 86400"}, Timeout: &day}
 	f.submit(m)

@@ -141,8 +141,19 @@ func (r *runner) rollback(jobID, sandboxID string) {
 type backendRef struct {
 	open func(ctx context.Context) (sandbox.Backend, error)
 
-	mu sync.Mutex
-	b  sandbox.Backend
+	mu   sync.Mutex
+	b    sandbox.Backend
+	mine bool // b was opened here, and is closed here
+}
+
+// close closes the backend if this engine opened it itself.
+func (br *backendRef) close() error {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	if br.mine && br.b != nil {
+		return br.b.Close()
+	}
+	return nil
 }
 
 // get returns the backend, nil if there is none (yet).
@@ -167,7 +178,9 @@ func (br *backendRef) opened(ctx context.Context) (sandbox.Backend, error) {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	if br.b == nil {
-		br.b = b
+		br.b, br.mine = b, true
+	} else {
+		b.Close() // another call opened one first
 	}
 	return br.b, nil
 }

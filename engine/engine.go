@@ -195,7 +195,9 @@ func (e *Engine) Close() error {
 	e.life.stop()
 	// Nothing reports any more: store what was reported last.
 	e.progress.close()
-	return nil
+	// A backend this engine opened for itself (to stop an orphan) is its
+	// to close; one it was given belongs to its caller.
+	return e.backend.close()
 }
 
 // Submit validates a manifest, stores the job as pending and queues it.

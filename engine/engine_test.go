@@ -13,8 +13,8 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
@@ -22,7 +22,7 @@ type fixture struct {
 	t       testing.TB
 	dbPath  string
 	store   *sqlite.DB
-	backend *mock.Backend
+	backend *sandboxtest.Fake
 	eng     *engine.Engine
 	cfg     engine.Config
 }
@@ -42,7 +42,7 @@ func newFixture(t testing.TB, cfg engine.Config) *fixture {
 	if cfg.ArtifactDir == "" {
 		cfg.ArtifactDir = t.TempDir()
 	}
-	f := &fixture{t: t, dbPath: dbPath, store: store, backend: mock.New(), cfg: cfg}
+	f := &fixture{t: t, dbPath: dbPath, store: store, backend: sandboxtest.NewFake(), cfg: cfg}
 	f.eng = f.start(f.backend)
 	return f
 }
@@ -66,7 +66,7 @@ func (f *fixture) submit(m delegate.Manifest) *delegate.Job {
 	return j
 }
 
-func (f *fixture) started() *mock.Process {
+func (f *fixture) started() *sandboxtest.Process {
 	f.t.Helper()
 	select {
 	case p := <-f.backend.Started:
@@ -204,8 +204,8 @@ func TestCommandAndEnv(t *testing.T) {
 				t.Errorf("%s: env lacks %q: %q", tc.m.AgentType, want, p.Cmd.Env)
 			}
 		}
-		if string(p.Sandbox.Files["/workspace/in/data.txt"]) != "hi" {
-			t.Errorf("file not injected: %v", p.Sandbox.Files)
+		if data, _ := p.Sandbox.File("/workspace/in/data.txt"); string(data) != "hi" {
+			t.Errorf("file not injected: %q", data)
 		}
 		if p.Sandbox.Spec.MemoryBytes != 64<<20 || p.Sandbox.Spec.CPU != 1 || p.Sandbox.Spec.DiskBytes != 16<<20 {
 			t.Errorf("spec %+v", p.Sandbox.Spec)

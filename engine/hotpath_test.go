@@ -13,11 +13,11 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
-func tokenOf(t testing.TB, p *mock.Process) string {
+func tokenOf(t testing.TB, p *sandboxtest.Process) string {
 	t.Helper()
 	for _, kv := range p.Cmd.Env {
 		if v, ok := strings.CutPrefix(kv, "DELEGATE_JOB_TOKEN="); ok {
@@ -39,7 +39,7 @@ func running(t testing.TB, eng *engine.Engine, id string) {
 
 // flood writes status lines to a job's channel as fast as it can until
 // stop is closed (or a bound, to keep memory in check), and counts them.
-func flood(p *mock.Process, stop <-chan struct{}, lines *atomic.Int64) {
+func flood(p *sandboxtest.Process, stop <-chan struct{}, lines *atomic.Int64) {
 	for lines.Load() < 20_000_000 {
 		select {
 		case <-stop:

@@ -192,16 +192,16 @@ type gatedFiles struct {
 	entered chan string // a sandbox id, when writing its files begins
 }
 
-func (b *gatedFiles) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (b *gatedFiles) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	sb, err := b.Backend.Create(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return &gatedSandbox{Sandbox: sb, b: b}, nil
+	return &gatedSandbox{Instance: sb, b: b}, nil
 }
 
 type gatedSandbox struct {
-	sandbox.Sandbox
+	sandbox.Instance
 	b *gatedFiles
 }
 
@@ -219,7 +219,7 @@ func (s *gatedSandbox) WriteFile(ctx context.Context, p string, data []byte, mod
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return s.Sandbox.WriteFile(ctx, p, data, mode)
+	return s.Instance.WriteFile(ctx, p, data, mode)
 }
 
 // TestLocalShutdownRollsBack: a server stopped while a job is being

@@ -23,7 +23,7 @@ type Observer interface {
 }
 
 // createSandbox is backend.Create, timed for the observer.
-func (r *runner) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (r *runner) createSandbox(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	began := time.Now()
 	sb, err := r.backend().Create(ctx, spec)
 	if err == nil && r.cfg.Observer != nil {

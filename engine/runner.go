@@ -173,8 +173,8 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 type attempt struct {
 	job   *delegate.Job
 	adm   sandbox.Admission
-	sb    sandbox.Sandbox // made by the first step; rolled back on failure
-	token string          // the job's callback token, known only here and in its environment
+	sb    sandbox.Instance // made by the first step; rolled back on failure
+	token string           // the job's callback token, known only here and in its environment
 	proc  sandbox.Process
 }
 
@@ -375,7 +375,7 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 // Each tick does a bounded amount of work (see collect), so that a job
 // flooding its output or status channel cannot keep the loop from its
 // timer: a job is killed at its timeout whatever it writes.
-func (r *runner) follow(h *run, id string, sb sandbox.Sandbox, proc sandbox.Process, m delegate.Manifest) {
+func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Process, m delegate.Manifest) {
 	ctx := r.life.ctx
 	job, err := r.store.GetJob(ctx, id)
 	if err != nil {
@@ -808,7 +808,7 @@ func clipResult(s string) string {
 
 // settle records how the process ended, collects artifacts, and destroys an
 // ephemeral sandbox.
-func (r *runner) settle(t *tracker, sb sandbox.Sandbox, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
+func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
 	id, m := t.id, t.m
 	var (
 		status = delegate.StatusSuccess

@@ -8,14 +8,14 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
 // templateBackend is the mock backend with a fixed set of templates it
 // checks at submit time.
 type templateBackend struct {
-	*mock.Backend
+	*sandboxtest.Fake
 	names []string
 	err   error // returned for every name when set (the backend's trouble)
 }
@@ -36,7 +36,7 @@ func TestSubmitChecksTemplate(t *testing.T) {
 	ctx := context.Background()
 	// Several engines on one store: none may take another's jobs.
 	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})
-	tb := templateBackend{Backend: f.backend, names: []string{"bookworm", "alpine"}}
+	tb := templateBackend{Fake: f.backend, names: []string{"bookworm", "alpine"}}
 	eng := f.start(tb)
 
 	m := script("ls /")

@@ -16,15 +16,15 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/httpapi"
-	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
 type env struct {
 	t       *testing.T
 	eng     *engine.Engine
-	backend *mock.Backend
+	backend *sandboxtest.Fake
 	srv     *httptest.Server
 }
 
@@ -34,7 +34,7 @@ func newEnv(t *testing.T, cfg engine.Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	b := mock.New()
+	b := sandboxtest.NewFake()
 	cfg.Defaults = delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}
 	cfg.PollInterval = 10 * time.Millisecond
 	cfg.ArtifactDir = t.TempDir()
@@ -49,13 +49,13 @@ func newEnv(t *testing.T, cfg engine.Config) *env {
 }
 
 // start submits a job and returns it once running, with its token.
-func (e *env) start(m delegate.Manifest) (*delegate.Job, *mock.Process, string) {
+func (e *env) start(m delegate.Manifest) (*delegate.Job, *sandboxtest.Process, string) {
 	e.t.Helper()
 	j, err := e.eng.Submit(context.Background(), m, delegate.SubmitOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	var p *mock.Process
+	var p *sandboxtest.Process
 	select {
 	case p = <-e.backend.Started:
 	case <-time.After(5 * time.Second):
@@ -70,7 +70,7 @@ func (e *env) start(m delegate.Manifest) (*delegate.Job, *mock.Process, string) 
 	return j, p, tokenOf(e.t, p)
 }
 
-func tokenOf(t *testing.T, p *mock.Process) string {
+func tokenOf(t *testing.T, p *sandboxtest.Process) string {
 	for _, kv := range p.Cmd.Env {
 		if v, ok := strings.CutPrefix(kv, "DELEGATE_JOB_TOKEN="); ok {
 			return v

@@ -41,7 +41,8 @@ type Backend struct {
 
 	mu sync.Mutex
 	// live holds the processes this server itself started (the shims are
-	// its children), so Wait can block on them instead of polling.
+	// its children), by their directory, so Wait can block on them
+	// instead of polling.
 	live map[string]*process
 	// creating holds the ids of sandboxes being created: List leaves them
 	// out, so a cleanup sweep cannot destroy one under Create's feet.
@@ -234,6 +235,11 @@ func (b *Backend) check() (cgroupLayout, error) {
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "local" }
 
+// Close implements sandbox.Backend: the local backend holds nothing in
+// the server's process that outlives a call (each sandbox's shim is a
+// process of its own, detached, that goes on).
+func (b *Backend) Close() error { return nil }
+
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
 // New fails on a host where it could not be. NetworkEgress depends on a
 // network helper being installed, looked for now.
@@ -257,11 +263,16 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// The shim watches the job's process for as long as it runs.
 		Supervised: true,
 		StatusFile: StatusFile,
+		// Sandboxes made with Spec.MultiExec (and no network) run many
+		// commands.
+		MultiExec: true,
+		// The cgroup freezer (v2, or v1's freezer hierarchy).
+		Pause: b.cg.Freezer != "",
 	}
 }
 
 // Create implements sandbox.Backend.
-func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -272,6 +283,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
 		net = &tool
+	}
+	if spec.MultiExec && spec.Network {
+		return nil, errors.New("local backend: a sandbox that runs many commands has no network yet (its network helper serves one command); keep it with network: none, or use the Proxmox backend")
 	}
 	if spec.MemoryBytes <= 0 {
 		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
@@ -361,6 +375,8 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),
 		Network:     net,
+		Multi:       spec.MultiExec,
+		Expires:     spec.Expires,
 	}
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
@@ -383,13 +399,32 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 	if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make workspace private: %w", err)
 	}
-	if err := makeStatusFIFO(dir, hostJob); err != nil {
-		return err
-	}
-	if tpl < 0 {
-		if err := writeAccounts(dir); err != nil {
+	if spec.MultiExec {
+		// Its commands share a network namespace, kept here, and a /tmp
+		// (each makes its own mount namespace and pid namespace); each
+		// has its own status channel, in its own directory.
+		if err := os.Mkdir(filepath.Join(dir, dirExecs), 0o710); err != nil {
 			return err
 		}
+		if err := os.Chown(filepath.Join(dir, dirExecs), 0, int(base)); err != nil {
+			return err
+		}
+		if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
+			return err
+		}
+		tmp := filepath.Join(dir, dirTmp)
+		if err := os.Mkdir(tmp, 0o755); err != nil {
+			return err
+		}
+		tmpOpts := fmt.Sprintf("size=%d,mode=1777,uid=%d,gid=%d", min(spec.DiskBytes, maxTmpBytes), base, base)
+		if err := unix.Mount("tmpfs", tmp, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
+			return fmt.Errorf("mount /tmp tmpfs: %w", err)
+		}
+		if err := unix.Mount("", tmp, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make /tmp private: %w", err)
+		}
+	} else if err := makeStatusFIFO(dir, hostJob); err != nil {
+		return err
 	}
 	if tpl >= 0 {
 		// A read-only bind here, made as host root, lets the unprivileged
@@ -414,7 +449,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 }
 
 // Recover implements sandbox.Backend.
-func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
+func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, error) {
 	if !idPattern.MatchString(id) {
 		return nil, fmt.Errorf("sandbox %q: %w", id, sandbox.ErrGone)
 	}
@@ -494,6 +529,12 @@ func (b *Backend) destroy(id string) error {
 		errs = append(errs, err)
 	}
 	b.waitShim(id, dir, drainTimeout)
+	if st.Multi {
+		ents, _ := os.ReadDir(filepath.Join(dir, dirExecs))
+		for _, e := range ents {
+			b.waitShim(id, filepath.Join(dir, dirExecs, e.Name()), drainTimeout)
+		}
+	}
 	// Normally gone with the cgroups; its record goes with the directory,
 	// so one that escaped them must be gone before that.
 	if err := waitNetHelperGone(dir, drainTimeout); err != nil {
@@ -535,7 +576,7 @@ func (b *Backend) ended(id, dir string) bool {
 		return false
 	}
 	b.mu.Lock()
-	p := b.live[id]
+	p := b.live[dir]
 	b.mu.Unlock()
 	if p != nil && p.done != nil {
 		select {
@@ -598,7 +639,7 @@ func removeAll(dir string) error {
 // init), and kills it if it does not.
 func (b *Backend) waitShim(id, dir string, timeout time.Duration) {
 	b.mu.Lock()
-	p := b.live[id]
+	p := b.live[dir]
 	b.mu.Unlock()
 	if p != nil && p.done != nil {
 		select {

@@ -29,13 +29,14 @@ func (b *Backend) CheckTemplate(ctx context.Context, name string) error { return
 
 func (b *Backend) Name() string                       { return "local" }
 func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{} }
-func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	return nil, errUnsupported
 }
-func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
+func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, error) {
 	return nil, errUnsupported
 }
 func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) { return nil, errUnsupported }
 func (b *Backend) Destroy(ctx context.Context, id string) error     { return errUnsupported }
+func (b *Backend) Close() error                                     { return nil }
 func runShim(args []string) int                                     { return 2 }
 func runInit(args []string) int                                     { return 2 }

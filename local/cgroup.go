@@ -8,6 +8,10 @@ type cgroupSet struct {
 	Memory  string `json:"memory"`
 	CPU     string `json:"cpu"`
 	Pids    string `json:"pids"`
+	// Freezer is the group Pause freezes (v2: the sandbox's own group;
+	// v1: one in the freezer hierarchy, which the helpers do not place
+	// processes in: Pause moves them); "" where there is none.
+	Freezer string `json:"freezer,omitempty"`
 }
 
 // dirs returns each distinct directory once, in a fixed order.

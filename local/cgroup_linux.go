@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,10 @@ type cgroupLayout struct {
 	Memory  string
 	CPU     string
 	Pids    string
+	// Freezer is where sandboxes are frozen when paused: cgroup v2's own
+	// groups (cgroup.freeze), or v1's freezer hierarchy; "" when this
+	// host has none (sandboxes cannot be paused).
+	Freezer string
 }
 
 // serverLeaf is the cgroup v2 leaf the server moves itself into when its
@@ -90,7 +95,7 @@ func detectCgroups(mounts []mountEntry, self []procCgroup, readFile func(string)
 			if filepath.Base(dir) == serverLeaf {
 				dir = filepath.Dir(dir)
 			}
-			return cgroupLayout{Version: 2, Memory: dir, CPU: dir, Pids: dir}, nil
+			return cgroupLayout{Version: 2, Memory: dir, CPU: dir, Pids: dir, Freezer: dir}, nil
 		}
 	}
 
@@ -117,7 +122,21 @@ func detectCgroups(mounts []mountEntry, self []procCgroup, readFile func(string)
 	if len(missing) > 0 {
 		return cgroupLayout{}, fmt.Errorf("no usable cgroup controllers: %s not found in cgroup v2 (with all of memory, cpu, pids) nor in a cgroup v1 hierarchy", strings.Join(missing, ", "))
 	}
-	return cgroupLayout{Version: 1, Memory: dirs["memory"], CPU: dirs["cpu"], Pids: dirs["pids"]}, nil
+	l := cgroupLayout{Version: 1, Memory: dirs["memory"], CPU: dirs["cpu"], Pids: dirs["pids"]}
+	// The freezer is optional: without it sandboxes are not paused.
+	for _, m := range mounts {
+		if m.FSType != "cgroup" || !hasOption(m.SuperOptions, "freezer") {
+			continue
+		}
+		for _, pc := range self {
+			if hasOption(pc.Controllers, "freezer") {
+				if dir, ok := groupDir(m, pc.Path); ok {
+					l.Freezer = dir
+				}
+			}
+		}
+	}
+	return l, nil
 }
 
 // hostCgroups detects the layout from this process's view of the system
@@ -153,6 +172,12 @@ func hostCgroups() (cgroupLayout, error) {
 			return cgroupLayout{}, fmt.Errorf("cgroups: %w", err)
 		}
 	}
+	if own.Freezer != "" {
+		l.Freezer = filepath.Join(own.Freezer, "delegate")
+		if err := os.MkdirAll(l.Freezer, 0o755); err != nil {
+			l.Freezer = "" // not fatal: sandboxes are not paused
+		}
+	}
 	return l, nil
 }
 
@@ -185,7 +210,7 @@ func prepareV2(own string) (cgroupLayout, error) {
 	if err := enable(parent); err != nil {
 		return cgroupLayout{}, fmt.Errorf("cgroups: %w", err)
 	}
-	return cgroupLayout{Version: 2, Memory: parent, CPU: parent, Pids: parent}, nil
+	return cgroupLayout{Version: 2, Memory: parent, CPU: parent, Pids: parent, Freezer: parent}, nil
 }
 
 // limits are what a sandbox's groups enforce.
@@ -206,12 +231,16 @@ func cpuQuota(cores float64) int64 {
 
 // names returns the sandbox's groups under the layout, not yet created.
 func (l cgroupLayout) names(id string) cgroupSet {
-	return cgroupSet{
+	c := cgroupSet{
 		Version: l.Version,
 		Memory:  filepath.Join(l.Memory, id),
 		CPU:     filepath.Join(l.CPU, id),
 		Pids:    filepath.Join(l.Pids, id),
 	}
+	if l.Freezer != "" {
+		c.Freezer = filepath.Join(l.Freezer, id)
+	}
+	return c
 }
 
 // create makes the groups and writes the limits. On error the caller
@@ -219,6 +248,11 @@ func (l cgroupLayout) names(id string) cgroupSet {
 func (c cgroupSet) create(lim limits) error {
 	for _, d := range c.dirs() {
 		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	if c.Version == 1 && c.Freezer != "" {
+		if err := os.Mkdir(c.Freezer, 0o755); err != nil {
 			return fmt.Errorf("cgroup: %w", err)
 		}
 	}
@@ -367,7 +401,14 @@ func (c cgroupSet) waitEmpty(timeout time.Duration) error {
 func (c cgroupSet) remove(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var errs []error
-	for _, d := range c.dirs() {
+	dirs := c.dirs()
+	if c.Version == 1 && c.Freezer != "" {
+		// Thawed first: a frozen group's tasks never exit, so it would
+		// never be empty.
+		writeCgroupFile(c.Freezer, "freezer.state", "THAWED")
+		dirs = append(dirs, c.Freezer)
+	}
+	for _, d := range dirs {
 		for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
 			err := syscall.Rmdir(d)
 			if err == nil || errors.Is(err, syscall.ENOENT) {
@@ -386,4 +427,128 @@ func (c cgroupSet) remove(timeout time.Duration) error {
 func dirExists(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.IsDir()
+}
+
+// freeze stops every process of the sandbox where it is (their memory
+// stays): cgroup v2 freezes the group itself; v1 freezes the sandbox's
+// freezer group and moves every process of its pids group into it (a
+// task that joins a frozen group is frozen), again until none is left
+// out (one may fork while it is moved).
+func (c cgroupSet) freeze(timeout time.Duration) error {
+	if c.Freezer == "" {
+		return errors.New("cgroup: this host has no freezer (cgroup v2, or v1's freezer hierarchy)")
+	}
+	if c.Version == 2 {
+		if err := writeCgroupFile(c.Freezer, "cgroup.freeze", "1"); err != nil {
+			return err
+		}
+		return waitCgroupValue(c.Freezer, "cgroup.events", "frozen 1", timeout)
+	}
+	if err := writeCgroupFile(c.Freezer, "freezer.state", "FROZEN"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		pids, err := cgroupProcs(c.Pids)
+		if err != nil {
+			return err
+		}
+		frozen, err := cgroupProcs(c.Freezer)
+		if err != nil {
+			return err
+		}
+		in := map[int]bool{}
+		for _, p := range frozen {
+			in[p] = true
+		}
+		moved := 0
+		for _, p := range pids {
+			if !in[p] {
+				// A process that exited meanwhile cannot be moved: no matter.
+				if writeCgroupFile(c.Freezer, "cgroup.procs", strconv.Itoa(p)) == nil {
+					moved++
+				}
+			}
+		}
+		if moved == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup: processes of %s kept appearing while it was frozen", c.Pids)
+		}
+	}
+	return waitCgroupValue(c.Freezer, "freezer.state", "FROZEN", timeout)
+}
+
+// thaw lets a frozen sandbox's processes go on.
+func (c cgroupSet) thaw() error {
+	switch {
+	case c.Freezer == "":
+		return nil
+	case c.Version == 2:
+		return writeCgroupFile(c.Freezer, "cgroup.freeze", "0")
+	}
+	return writeCgroupFile(c.Freezer, "freezer.state", "THAWED")
+}
+
+// cgroupProcs lists the processes of one group (none if it is gone).
+func cgroupProcs(dir string) ([]int, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	var out []int
+	for _, f := range strings.Fields(string(data)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// waitCgroupValue waits until the file in dir holds want (a whole line,
+// or the whole content).
+func waitCgroupValue(dir, file, want string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		data, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			if strings.TrimSpace(line) == want {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup: %s/%s is %q, not %q after %s", dir, file, strings.TrimSpace(string(data)), want, timeout)
+		}
+		time.Sleep(delay)
+	}
+}
+
+// frozen reports whether the sandbox is frozen (paused).
+func (c cgroupSet) frozen() bool {
+	if c.Freezer == "" {
+		return false
+	}
+	file, want := "freezer.state", "FROZEN"
+	if c.Version == 2 {
+		file, want = "cgroup.freeze", "1"
+	}
+	data, err := os.ReadFile(filepath.Join(c.Freezer, file))
+	return err == nil && strings.TrimSpace(string(data)) == want
+}
+
+// waitGone waits a while for a process to leave the sandbox's groups.
+func (c cgroupSet) waitGone(pid int, timeout time.Duration) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		pids, _ := c.procs()
+		if !slices.Contains(pids, pid) {
+			return
+		}
+	}
 }

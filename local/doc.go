@@ -80,6 +80,28 @@
 // ends with the sandbox's init whatever ends that (the job, a kill, the
 // death of the shim); the job sees it there and can do nothing to it.
 //
+// Many commands (Spec.MultiExec, a kept sandbox): each command has its
+// own shim and init, as the one command of a sandbox has, working in a
+// directory of its own (execs/<id>: its exec.json, output, exit.json,
+// status channel); every command gets a new mount, pid, user, ipc and
+// uts namespace built from the same plan (so the same root, limits,
+// seccomp filter and capabilities), and joins the sandbox's network
+// namespace (bound at "netns" when the sandbox is made) and its /tmp (a
+// tmpfs at "tmp", like the workspace). A command's init lingers (plan
+// Linger): it reports the command's end at once, and stays pid 1 of the
+// command's pid namespace while what the command left in the background
+// runs, until the sandbox's lifetime ends (Spec.Expires, enforced by
+// init itself, with no server) or a kill. Killing one command kills its
+// init, whose pid namespace takes the command's processes along; the
+// sandbox's other commands go on. Commands of one sandbox share its
+// files, its network and its limits: they trust each other. A sandbox
+// with network runs one command (its network helper serves one).
+//
+// Pause (sandbox.Pauser): the cgroup freezer stops every process of the
+// sandbox where it is, memory kept: cgroup v2 freezes the sandbox's
+// group; v1 has the sandbox's own group in the freezer hierarchy, into
+// which Pause moves the sandbox's processes, frozen as they arrive.
+//
 // Limits: memory, cpu and pids through cgroups (v2 when the unified
 // hierarchy has those controllers, else v1). The workspace is a tmpfs of
 // Spec.DiskBytes; tmpfs pages are memory, so what a job writes to

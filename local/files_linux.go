@@ -3,14 +3,20 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
+	"slices"
 	"strings"
+	"time"
 
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -165,10 +171,11 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 	return nil
 }
 
-// readWorkspaceFile reads at most max bytes of p (inside /workspace).
-func readWorkspaceFile(wsDir, p string, max int64) ([]byte, error) {
-	if max < 0 {
-		return nil, fmt.Errorf("read %s: negative max %d", p, max)
+// readWorkspaceFile reads at most max bytes of p (inside /workspace) from
+// offset on.
+func readWorkspaceFile(wsDir, p string, offset, max int64) ([]byte, error) {
+	if max < 0 || offset < 0 {
+		return nil, fmt.Errorf("read %s: negative offset %d or max %d", p, offset, max)
 	}
 	rel, err := workspaceRel(p)
 	if err != nil {
@@ -191,9 +198,145 @@ func readWorkspaceFile(wsDir, p string, max int64) ([]byte, error) {
 	if err := checkRegular(fd); err != nil {
 		return nil, explain("read", p, err)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, max))
+	data, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, offset, math.MaxInt64-offset), max))
 	if err != nil {
 		return nil, explain("read", p, err)
 	}
 	return data, nil
+}
+
+// maxListed bounds a workspace listing without a limit of its own: a job
+// could create millions of empty files to make the server's collection
+// step slow.
+const maxListed = 100000
+
+// listWorkspace lists what is under a directory of the workspace. Every
+// directory is opened beneath the one above it without following links
+// (openat2), so a job that swaps a directory for a link to the host's
+// /etc while it is listed gets an error, never the host's names.
+func listWorkspace(ctx context.Context, wsDir string, opts sandbox.ListOptions) ([]sandbox.FileInfo, error) {
+	dir := path.Clean(opts.Dir)
+	if opts.Dir == "" {
+		dir = delegate.Workspace
+	}
+	ws, err := openWorkspace(wsDir)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	defer unix.Close(ws)
+	start := ws
+	if dir != delegate.Workspace {
+		rel, err := workspaceRel(dir)
+		if err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		if start, err = unix.Openat2(ws, rel, &unix.OpenHow{
+			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: workspaceResolve,
+		}); err != nil {
+			return nil, explain("list", dir, err)
+		}
+		defer unix.Close(start)
+	}
+	limit := opts.Limit
+	if limit <= 0 {
+		limit = maxListed
+	}
+	var out []sandbox.FileInfo
+	var walk func(fd int, at string, level int) error
+	walk = func(fd int, at string, level int) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// A duplicate of the descriptor: os.File closes what it reads.
+		dup, err := unix.Dup(fd)
+		if err != nil {
+			return err
+		}
+		d := os.NewFile(uintptr(dup), at)
+		names, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			return explain("list", at, err)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue // gone since it was listed
+				}
+				return explain("list", path.Join(at, name), err)
+			}
+			info := sandbox.FileInfo{Path: path.Join(at, name), Size: st.Size, Mode: fileMode(st.Mode),
+				ModTime: time.Unix(st.Mtim.Unix())}
+			if info.Mode.Type() == fs.ModeSymlink {
+				buf := make([]byte, 4096)
+				if n, err := unix.Readlinkat(fd, name, buf); err == nil {
+					info.Link = string(buf[:n])
+				}
+			}
+			if !opts.Regular || info.Mode.IsRegular() {
+				if len(out) >= limit {
+					if opts.Limit > 0 {
+						return sandbox.ErrTruncated
+					}
+					return fmt.Errorf("more than %d entries under %s", maxListed, dir)
+				}
+				out = append(out, info)
+			}
+			if info.Mode.IsDir() && (opts.Depth <= 0 || level < opts.Depth) {
+				sub, err := unix.Openat2(fd, name, &unix.OpenHow{
+					Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+					Resolve: workspaceResolve,
+				})
+				if err != nil {
+					return explain("list", info.Path, err)
+				}
+				err = walk(sub, info.Path, level+1)
+				unix.Close(sub)
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	err = walk(start, dir, 1)
+	if errors.Is(err, sandbox.ErrTruncated) {
+		return out, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fileMode turns a stat mode into an fs.FileMode (type and permissions).
+func fileMode(m uint32) fs.FileMode {
+	mode := fs.FileMode(m & 0o777)
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		mode |= fs.ModeDir
+	case unix.S_IFLNK:
+		mode |= fs.ModeSymlink
+	case unix.S_IFIFO:
+		mode |= fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		mode |= fs.ModeSocket
+	case unix.S_IFCHR:
+		mode |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		mode |= fs.ModeDevice
+	}
+	if m&unix.S_ISUID != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if m&unix.S_ISGID != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if m&unix.S_ISVTX != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
 }

@@ -42,15 +42,15 @@ func TestFilesBothWays(t *testing.T) {
 		"1000:1000 755 /workspace/in/deep\n",
 		"1000:1000 640 /workspace/in/deep/data.txt\n",
 		"[v2]\n")
-	got, err := sb.ReadFile(ctx, "/workspace/out/result.txt", 1<<20)
+	got, err := sb.ReadFile(ctx, "/workspace/out/result.txt", 0, 1<<20)
 	if err != nil || string(got) != "from the job" {
 		t.Errorf("ReadFile = %q, %v", got, err)
 	}
-	got, err = sb.ReadFile(ctx, "/workspace/out/result.txt", 4)
+	got, err = sb.ReadFile(ctx, "/workspace/out/result.txt", 0, 4)
 	if err != nil || string(got) != "from" {
 		t.Errorf("ReadFile with max 4 = %q, %v", got, err)
 	}
-	if _, err := sb.ReadFile(ctx, "/workspace/missing", 10); !errors.Is(err, os.ErrNotExist) {
+	if _, err := sb.ReadFile(ctx, "/workspace/missing", 0, 10); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ReadFile of a missing file: err = %v, want ErrNotExist", err)
 	}
 }
@@ -89,7 +89,7 @@ func TestFilePathRules(t *testing.T) {
 			if err := sb.WriteFile(ctx, p, []byte("x"), 0o644); err == nil {
 				t.Errorf("WriteFile(%q) succeeded", p)
 			}
-			if data, err := sb.ReadFile(ctx, p, 100); err == nil {
+			if data, err := sb.ReadFile(ctx, p, 0, 100); err == nil {
 				t.Errorf("ReadFile(%q) = %q, want an error", p, data)
 			}
 		}()

@@ -24,7 +24,7 @@ func TestCHelperConstants(t *testing.T) {
 	if got := cConstants(); got != want {
 		t.Errorf("helper_linux.c has\n%s\nwant\n%s", got, want)
 	}
-	if argv0 := initCmd(nil, nil, nil, nil, 0, 0).Args[0]; argv0 != "delegate-sandbox-init" {
+	if argv0 := initCmd(nil, nil, nil, nil, 0, 0, true).Args[0]; argv0 != "delegate-sandbox-init" {
 		t.Errorf("the Go init's argv[0] is %q", argv0)
 	}
 }

@@ -46,6 +46,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,7 +54,7 @@
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 2u
+#define PLAN_VERSION 3u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -302,6 +303,8 @@ struct plan {
 	char *net_name, *net_path;
 	uint32_t netns; /* join the network namespace on NETNS_FD */
 	char *stdin_path; /* the job's standard input, an input; "": /dev/null */
+	uint32_t linger; /* one command of many (plan.Linger in plan.go) */
+	int64_t linger_until_ns; /* Unix ns; 0: no limit */
 };
 
 struct rd {
@@ -419,6 +422,8 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	p->net_path = rd_str(&r, NULL);
 	p->netns = rd_u32(&r);
 	p->stdin_path = rd_str(&r, NULL);
+	p->linger = rd_u32(&r);
+	p->linger_until_ns = (int64_t)rd_u64(&r);
 	if (!r.err && r.p != r.end)
 		r.err = 1;
 	if (r.err) {
@@ -610,8 +615,7 @@ static int run_op(const struct plan *p, const struct op *o) {
 
 /* init_report sends the shim how the job ended: code, signal number and a
  * reason, on descriptor 4, then exits with code. */
-static void init_report(int code, int signo, const char *reason) __attribute__((noreturn));
-static void init_report(int code, int signo, const char *reason) {
+static void init_send(int code, int signo, const char *reason) {
 	uint32_t len = reason ? (uint32_t)strlen(reason) : 0;
 	char head[12];
 	int32_t c = code, s = signo;
@@ -621,7 +625,47 @@ static void init_report(int code, int signo, const char *reason) {
 	if (write_all(4, head, sizeof head) == 0 && len > 0)
 		write_all(4, reason, len);
 	close(4);
+}
+
+static void init_report(int code, int signo, const char *reason) __attribute__((noreturn));
+static void init_report(int code, int signo, const char *reason) {
+	init_send(code, signo, reason);
 	_exit(code);
+}
+
+/* A lingering init (plan.Linger): once the command has ended and that is
+ * reported, pid 1 stays while what the command left in the background
+ * runs, reaping it, and goes (taking the pid namespace with it) when
+ * nothing is left or at linger_until (runInit's linger in init_linux.go). */
+static volatile sig_atomic_t linger_code;
+static void linger_alarm(int sig) {
+	(void)sig;
+	_exit(linger_code);
+}
+
+static void init_linger(const struct plan *p, int code) __attribute__((noreturn));
+static void init_linger(const struct plan *p, int code) {
+	linger_code = code;
+	if (p->linger_until_ns > 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		int64_t left = p->linger_until_ns - ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec);
+		if (left <= 0)
+			_exit(code);
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = linger_alarm;
+		sigaction(SIGALRM, &sa, NULL);
+		struct itimerval it;
+		memset(&it, 0, sizeof it);
+		it.it_value.tv_sec = left / 1000000000;
+		it.it_value.tv_usec = (left % 1000000000) / 1000 + 1;
+		setitimer(ITIMER_REAL, &it, NULL);
+	}
+	for (;;) {
+		if (wait4(-1, NULL, 0, NULL) < 0 && errno == ECHILD)
+			_exit(code);
+	}
 }
 
 /* init_fail writes a set-up failure into the job's stderr and reports it. */
@@ -834,9 +878,12 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 		}
 		if (w != pid)
 			continue;
-		if (WIFSIGNALED(ws))
-			init_report(128 + WTERMSIG(ws), WTERMSIG(ws), NULL);
-		init_report(WEXITSTATUS(ws), 0, NULL);
+		int code = WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws);
+		int signo = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+		if (!p->linger)
+			init_report(code, signo, NULL);
+		init_send(code, signo, NULL);
+		init_linger(p, code);
 	}
 }
 
@@ -1313,6 +1360,53 @@ static int64_t now_ns(void) {
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* shim_record records how the command ended: from init's report
+ * (sdata), else from init's wait status (ws, when have_ws). */
+static int shim_record(const struct plan *p, struct outw *w, const char *sdata, size_t slen, int have_ws, int ws, const char *relerr,
+		       int deadline_hit) {
+	struct rec r;
+	memset(&r, 0, sizeof r);
+	int have_status = sdata != NULL && slen >= 12;
+	int32_t scode = 0, ssig = 0;
+	if (have_status) {
+		uint32_t rl;
+		memcpy(&scode, sdata, 4);
+		memcpy(&ssig, sdata + 4, 4);
+		memcpy(&rl, sdata + 8, 4);
+		if (rl > slen - 12)
+			rl = (uint32_t)(slen - 12);
+		r.code = scode;
+		r.signo = ssig;
+		snprintf(r.reason, sizeof r.reason, "%.*s", (int)rl, sdata + 12);
+	} else if (have_ws && WIFSIGNALED(ws)) {
+		r.code = 128 + WTERMSIG(ws);
+		r.signo = WTERMSIG(ws);
+	} else if (have_ws) {
+		r.code = WEXITSTATUS(ws);
+	}
+	if (relerr[0]) {
+		out_printf(w, "%s%s\n", SETUP_PREFIX, relerr);
+		logmsg("sandbox setup failed: %s", relerr);
+		r.code = CODE_SETUP_FAILED;
+		r.signo = 0;
+		snprintf(r.reason, sizeof r.reason, "%s", relerr);
+	}
+	/* A Kill that came after the job had ended on its own changes
+	 * nothing: only a job that died of a signal was killed. */
+	if (exists(FILE_KILLED))
+		r.killed = !have_status || ssig != 0;
+	/* Likewise for the deadline: a job that ended on its own just as the
+	 * deadline came was not killed by it. */
+	r.deadline = deadline_hit && (!have_status || ssig != 0);
+	long ooms = cg_oom_kills(p);
+	if (ooms < 0)
+		logmsg("read oom counter: %s", errtext(errno));
+	r.oom = ooms > 0;
+	r.output_bytes = w->n;
+	r.truncated = w->n > w->limit;
+	return write_exit(&r);
+}
+
 /* shim_main supervises one sandboxed command (runShim/supervise in
  * shim_linux.go): it starts init in fresh namespaces, places it in the
  * sandbox's cgroups, lets it go, keeps the output and the status lines,
@@ -1443,13 +1537,19 @@ static int shim_main(size_t cmdline_len) {
 	}
 	close(syncp[1]);
 
-	/* Until init has exited: output, status lines, deadline. */
+	/* Until init has exited: output, status lines, deadline; with
+	 * linger, the command's end as soon as init reports it (init stays
+	 * while what the command left in the background runs). */
 	int deadline_hit = 0;
-	struct pollfd fds[3] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}};
+	int recorded = 0; /* the end is in exit.json already (linger) */
+	char *sdata = NULL;
+	size_t slen = 0;
+	int status_read = 0;
+	struct pollfd fds[4] = {{os.ep, POLLIN, 0}, {br.fifo, POLLIN, 0}, {pidfd, POLLIN, 0}, {p.linger ? statusp[0] : -1, POLLIN, 0}};
 	char buf[65536];
 	for (;;) {
 		int64_t wait_ns = -1; /* -1: no time limit */
-		if (p.deadline_ns != 0 && !deadline_hit && !relerr[0] && !killed_before_start) {
+		if (p.deadline_ns != 0 && !deadline_hit && !recorded && !relerr[0] && !killed_before_start) {
 			int64_t left = p.deadline_ns - now_ns();
 			if (left <= 0) {
 				/* The backstop for a job that no server watches. */
@@ -1458,7 +1558,8 @@ static int shim_main(size_t cmdline_len) {
 				if (fd >= 0)
 					close(fd);
 				kill(pid, SIGKILL);
-				cg_kill(&p);
+				if (!p.linger) /* one command of many takes only its own */
+					cg_kill(&p);
 				continue;
 			}
 			wait_ns = left;
@@ -1480,7 +1581,7 @@ static int shim_main(size_t cmdline_len) {
 				wait_ns = wait_ns < 0 || br.paused_until - t < wait_ns ? br.paused_until - t : wait_ns;
 		}
 		int timeout = wait_ns < 0 ? -1 : wait_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(wait_ns / 1000000 + 1);
-		int k = poll(fds, 3, timeout);
+		int k = poll(fds, 4, timeout);
 		if (k < 0) {
 			if (errno != EINTR) {
 				logmsg("poll: %s", errtext(errno));
@@ -1492,6 +1593,27 @@ static int shim_main(size_t cmdline_len) {
 			outs_read(&os, &w, buf, sizeof buf);
 		if (fds[1].fd >= 0 && fds[1].revents)
 			br_read(&br, 0);
+		if (fds[3].fd >= 0 && fds[3].revents) {
+			/* A lingering init reported the command's end: what the
+			 * command wrote before it ended is read (until the pipes
+			 * stay quiet a moment: what it left in the background
+			 * may hold them open), then the end is recorded. */
+			sdata = read_all(statusp[0], 1 << 16, &slen);
+			status_read = 1;
+			close(statusp[0]);
+			fds[3].fd = -1;
+			struct pollfd q = {os.ep, POLLIN, 0};
+			while (outs_open(&os) && poll(&q, 1, 20) > 0)
+				if (outs_read(&os, &w, buf, sizeof buf) <= 0 && errno != EINTR)
+					break;
+			if (br.fifo >= 0)
+				br_read(&br, 0);
+			if (shim_record(&p, &w, sdata, slen, 0, 0, relerr, deadline_hit) < 0) {
+				logmsg("cannot record the exit status: %s", errtext(errno));
+				return 1;
+			}
+			recorded = 1;
+		}
 		if (fds[2].revents)
 			break;
 	}
@@ -1519,62 +1641,23 @@ static int shim_main(size_t cmdline_len) {
 		close(br.events);
 	free(br.partial);
 	free(br.latest);
-
-	struct rec r;
-	memset(&r, 0, sizeof r);
-	size_t slen = 0;
-	char *sdata = read_all(statusp[0], 1 << 16, &slen);
-	close(statusp[0]);
-	int have_status = sdata != NULL && slen >= 12;
-	int32_t scode = 0, ssig = 0;
-	if (have_status) {
-		uint32_t rl;
-		memcpy(&scode, sdata, 4);
-		memcpy(&ssig, sdata + 4, 4);
-		memcpy(&rl, sdata + 8, 4);
-		if (rl > slen - 12)
-			rl = (uint32_t)(slen - 12);
-		r.code = scode;
-		r.signo = ssig;
-		snprintf(r.reason, sizeof r.reason, "%.*s", (int)rl, sdata + 12);
-	} else if (WIFSIGNALED(ws)) {
-		r.code = 128 + WTERMSIG(ws);
-		r.signo = WTERMSIG(ws);
-	} else {
-		r.code = WEXITSTATUS(ws);
+	if (!status_read) {
+		sdata = read_all(statusp[0], 1 << 16, &slen);
+		close(statusp[0]);
+	}
+	int ret = 0;
+	if (!recorded && shim_record(&p, &w, sdata, slen, 1, ws, relerr, deadline_hit) < 0) {
+		logmsg("cannot record the exit status: %s", errtext(errno));
+		ret = 1;
 	}
 	free(sdata);
-	if (relerr[0]) {
-		out_printf(&w, "%s%s\n", SETUP_PREFIX, relerr);
-		logmsg("sandbox setup failed: %s", relerr);
-		r.code = CODE_SETUP_FAILED;
-		r.signo = 0;
-		snprintf(r.reason, sizeof r.reason, "%s", relerr);
-	}
-	/* A Kill that came after the job had ended on its own changes
-	 * nothing: only a job that died of a signal was killed. */
-	if (exists(FILE_KILLED))
-		r.killed = !have_status || ssig != 0;
-	/* Likewise for the deadline: a job that ended on its own just as the
-	 * deadline came was not killed by it. */
-	r.deadline = deadline_hit && (!have_status || ssig != 0);
-	long ooms = cg_oom_kills(&p);
-	if (ooms < 0)
-		logmsg("read oom counter: %s", errtext(errno));
-	r.oom = ooms > 0;
-	r.output_bytes = w.n;
-	r.truncated = w.n > w.limit;
 	if (w.err)
 		logmsg("write output file: %s", errtext(w.err));
 	if (w.fd >= 0)
 		close(w.fd);
 	if (w.sfd >= 0)
 		close(w.sfd);
-	if (write_exit(&r) < 0) {
-		logmsg("cannot record the exit status: %s", errtext(errno));
-		return 1;
-	}
-	return 0;
+	return ret;
 }
 
 /* probe_main starts an init that only checks it is pid 1 and uid 0, in

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -137,7 +138,34 @@ func runInit(args []string) int {
 		}
 		return fail(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
 	}
-	return report(reap(pid))
+	st := reap(pid)
+	if !p.Linger {
+		return report(st)
+	}
+	// One command of many: its end is reported now, and pid 1 stays
+	// while what it left in the background runs (see linger).
+	report(st)
+	return linger(p, st.Code)
+}
+
+// linger keeps a lingering init (plan.Linger) reaping until nothing is
+// left in its pid namespace or until p.LingerUntil, then returns code:
+// init's exit takes the namespace, and what is still in it, along.
+func linger(p *plan, code int) int {
+	if p.LingerUntil > 0 {
+		left := time.Until(time.Unix(0, p.LingerUntil))
+		if left <= 0 {
+			return code
+		}
+		time.AfterFunc(left, func() { os.Exit(code) })
+	}
+	for {
+		var ws syscall.WaitStatus
+		_, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.ECHILD) {
+			return code
+		}
+	}
 }
 
 // closeRangeCloexec is CLOSE_RANGE_CLOEXEC of close_range(2), which

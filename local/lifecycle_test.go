@@ -416,7 +416,7 @@ func TestTemplate(t *testing.T) {
 		t.Errorf("exit %+v", exit)
 	}
 	wantContains(t, out, "from-the-template\n", "injected\n", "host-hidden\n", "sbin-link\n", "proc-ok\n", "root-ro\n")
-	if got, err := sb.ReadFile(context.Background(), "/workspace/out", 10); err != nil || string(got) != "out\n" {
+	if got, err := sb.ReadFile(context.Background(), "/workspace/out", 0, 10); err != nil || string(got) != "out\n" {
 		t.Errorf("ReadFile = %q, %v", got, err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "marker2")); err == nil {

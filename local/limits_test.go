@@ -130,7 +130,7 @@ func TestDiskLimit(t *testing.T) {
 	if fields := strings.Fields(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]); len(fields) < 2 || fields[1] != "8192" {
 		t.Errorf("df of /workspace: %q, want 8192 KiB", out)
 	}
-	data, err := sb.ReadFile(context.Background(), "/workspace/big", 100*mib)
+	data, err := sb.ReadFile(context.Background(), "/workspace/big", 0, 100*mib)
 	if err != nil || int64(len(data)) > 8*mib {
 		t.Errorf("ReadFile of the partial file: %d bytes, %v", len(data), err)
 	}

@@ -199,7 +199,7 @@ func create(t testing.TB, b *Backend, spec sandbox.Spec) *sbox {
 var testEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/workspace", "LANG=C"}
 
 // start runs args in sb.
-func start(t testing.TB, sb sandbox.Sandbox, args ...string) sandbox.Process {
+func start(t testing.TB, sb sandbox.Instance, args ...string) sandbox.Process {
 	t.Helper()
 	p, err := sb.Exec(context.Background(), sandbox.Command{Args: args, Env: testEnv, OutputLimit: 1 << 20})
 	if err != nil {
@@ -245,7 +245,7 @@ func finishTagged(t testing.TB, p sandbox.Process) (sandbox.Exit, string) {
 	return exit, tagged(out)
 }
 
-func run(t testing.TB, sb sandbox.Sandbox, args ...string) (sandbox.Exit, string) {
+func run(t testing.TB, sb sandbox.Instance, args ...string) (sandbox.Exit, string) {
 	t.Helper()
 	return finish(t, start(t, sb, args...))
 }
@@ -257,7 +257,7 @@ func sh(t *testing.T, b *Backend, script string) (sandbox.Exit, string) {
 }
 
 // withHelper copies the test binary into sb as /workspace/helper.
-func withHelper(t testing.TB, sb sandbox.Sandbox) {
+func withHelper(t testing.TB, sb sandbox.Instance) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -273,7 +273,7 @@ func withHelper(t testing.TB, sb sandbox.Sandbox) {
 }
 
 // runHelperIn runs the test binary's helper mode inside sb.
-func runHelperIn(t testing.TB, sb sandbox.Sandbox, helper string, args ...string) (sandbox.Exit, string) {
+func runHelperIn(t testing.TB, sb sandbox.Instance, helper string, args ...string) (sandbox.Exit, string) {
 	t.Helper()
 	withHelper(t, sb)
 	p, err := sb.Exec(context.Background(), sandbox.Command{

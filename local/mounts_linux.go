@@ -77,7 +77,7 @@ func pivot(root string) error {
 // own: a lazy detach takes them all). Mounts anyone else made there are left to removeSandboxDir,
 // which finds them.
 func unmountSandbox(dir string) error {
-	for _, d := range []string{dirWorkspace, dirChannel, dirTemplate} {
+	for _, d := range []string{dirWorkspace, dirChannel, dirTemplate, dirTmp, fileNetns} {
 		p := filepath.Join(dir, d)
 		for range 8 { // stacked mounts need one round each
 			err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)

@@ -116,3 +116,27 @@ func newNetns() (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), "netns"), nil
 }
+
+// pinNetns makes a network namespace (loopback up) and binds it at path,
+// so that it lives as long as the binding: a kept sandbox's, which every
+// one of its commands joins. It is made on a thread of its own, which
+// the runtime discards afterwards (its namespace changed).
+func pinNetns(path string) error {
+	if err := touch(path); err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with us
+		f, err := newNetns()
+		if err == nil {
+			err = unix.Mount(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), path, "", unix.MS_BIND, "")
+			f.Close()
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	return nil
+}

@@ -72,9 +72,9 @@ func sandboxAccounts(hostPasswd, hostGroup []byte) (passwd, group []byte) {
 }
 
 // writeAccounts writes the sandbox's passwd and group files into the
-// sandbox directory dir (after the channel's tmpfs is mounted): owned by
-// root, readable by all. A host without the files gets the job's user and
-// nobody alone.
+// channel's tmpfs of dir (a sandbox's directory, or one command's of
+// many: makeStatusFIFO calls it), owned by root, readable by all. A host
+// without the files gets the job's user and nobody alone.
 func writeAccounts(dir string) error {
 	hostPasswd, err := os.ReadFile("/etc/passwd")
 	if err != nil && !os.IsNotExist(err) {
@@ -99,11 +99,12 @@ func writeAccounts(dir string) error {
 
 // accountOps bind the sandbox's passwd and group over the host's in the
 // root being built, when the host's are plain files (a link would lead
-// the bind elsewhere) and the sandbox has its own (one made before it
-// had them keeps the host's).
-func accountOps(dir string, add func(code opCode, n uint64, label string, s ...string), at func(p ...string) string) {
+// the bind elsewhere) and the command's directory execDir (the shim's,
+// which the ops' paths are relative to) has them (a sandbox made before
+// it had them keeps the host's).
+func accountOps(execDir string, add func(code opCode, n uint64, label string, s ...string), at func(p ...string) string) {
 	for _, f := range []struct{ src, name string }{{filePasswd, "passwd"}, {fileGroup, "group"}} {
-		if _, err := os.Lstat(filepath.Join(dir, f.src)); err != nil {
+		if _, err := os.Lstat(filepath.Join(execDir, f.src)); err != nil {
 			continue
 		}
 		if fi, err := os.Lstat(filepath.Join("/etc", f.name)); err != nil || !fi.Mode().IsRegular() {

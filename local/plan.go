@@ -23,7 +23,7 @@ import (
 // with any change of layout; a helper refuses a plan it does not know.
 const (
 	planMagic   = 0x44535031 // "DSP1"
-	planVersion = 2
+	planVersion = 3
 	// maxPlanBytes bounds what a helper reads: arguments and environment
 	// are limited by execve to a few MiB anyway.
 	maxPlanBytes = 64 << 20
@@ -112,6 +112,14 @@ type plan struct {
 	// command reads as its standard input (one of its inputs); "" for
 	// /dev/null.
 	Stdin string
+	// Linger: a command of a sandbox that runs many (MultiExec). Its init
+	// reports the command's end at once, then stays (pid 1 of the
+	// command's pid namespace) while processes the command left in the
+	// background run, until LingerUntil (Unix nanoseconds, 0: no limit)
+	// or a kill; the shim records the end when it is reported, and its
+	// deadline and kills take this command's processes only.
+	Linger      bool
+	LingerUntil int64
 }
 
 func (p *plan) marshal() []byte {
@@ -152,6 +160,12 @@ func (p *plan) marshal() []byte {
 	}
 	w.u32(netns)
 	w.str(p.Stdin)
+	var linger uint32
+	if p.Linger {
+		linger = 1
+	}
+	w.u32(linger)
+	w.u64(uint64(p.LingerUntil))
 	return w.b
 }
 
@@ -190,6 +204,8 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Net.Path = r.str()
 	p.Netns = r.u32() != 0
 	p.Stdin = r.str()
+	p.Linger = r.u32() != 0
+	p.LingerUntil = int64(r.u64())
 	if r.err == nil && len(r.b) != 0 {
 		r.err = fmt.Errorf("%d bytes too many", len(r.b))
 	}

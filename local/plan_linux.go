@@ -43,13 +43,15 @@ var devLinks = [...]struct{ name, target string }{
 }
 
 // buildPlan is the plan of the command rec (with its environment env) in
-// the sandbox whose directory is dir and whose state is st. With netns,
-// the shim will join a ready network namespace (its loopback up).
-func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+// the sandbox whose directory is dir and whose state is st, whose shim
+// works in execDir (dir itself, or for one command of many its own
+// directory). With netns, the shim will join a ready network namespace
+// (its loopback up).
+func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
 	if st.NoFile == 0 {
 		st.NoFile = b.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, st, !netns, cmd.Inputs, b.toolDirs)
+	ops, err := rootOps(dir, execDir, st, !netns, cmd.Inputs, b.toolDirs)
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +83,10 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 		Seccomp:       b.seccomp,
 		Ops:           ops,
 		Netns:         netns,
+		Linger:        st.Multi,
+	}
+	if st.Multi && !st.Expires.IsZero() {
+		p.LingerUntil = st.Expires.UnixNano()
 	}
 	if cmd.Stdin != "" {
 		p.Stdin = path.Join(InputsDir, cmd.Stdin)
@@ -100,14 +106,22 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 // init itself (and loopback up in a network namespace init makes).
 // Entries of the host or the template are looked at now, by the server,
 // which sees what init will see before its pivot.
-func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
+//
+// The ops' paths are relative to the shim's working directory, execDir:
+// the sandbox directory's entries are reached through up (execUp from a
+// command's own directory).
+func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
+	up := ""
+	if execDir != dir {
+		up = execUp
+	}
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
 		copy(o.s[:], s)
 		ops = append(ops, o)
 	}
-	root := dirRootfs
+	root := filepath.Join(up, dirRootfs)
 	at := func(p ...string) string { return filepath.Join(append([]string{root}, p...)...) }
 
 	// A cgroup namespace rooted at the sandbox's own group (init has been
@@ -121,7 +135,7 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 	// directories and files as read-only binds.
 	srcDir, names := "/", hostViewDirs[:]
 	if st.Template != "" {
-		srcDir, names = dirTemplate, nil
+		srcDir, names = filepath.Join(up, dirTemplate), nil
 		ents, err := os.ReadDir(filepath.Join(dir, dirTemplate))
 		if err != nil {
 			return nil, fmt.Errorf("read template: %w", err)
@@ -137,7 +151,7 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		src := filepath.Join(srcDir, name) // as init sees it, before its pivot
 		here := src                        // as the server sees it
 		if srcDir != "/" {
-			here = filepath.Join(dir, src)
+			here = filepath.Join(execDir, src)
 		}
 		fi, err := os.Lstat(here)
 		if errors.Is(err, os.ErrNotExist) {
@@ -169,7 +183,7 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 	if st.Template == "" {
 		// The host view: the job's own users, and the operator's tools.
 		if have["etc"] {
-			accountOps(dir, add, at)
+			accountOps(execDir, add, at)
 		}
 		toolDirOps(toolDirs, add, at)
 	}
@@ -184,8 +198,8 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 			add(opMkdir, 0o755, "create /"+name, at(name))
 		}
 	}
-	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
-	if _, err := os.Lstat(filepath.Join(dir, fileStatusFIFO)); err == nil {
+	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", filepath.Join(up, dirWorkspace), at("workspace"))
+	if _, err := os.Lstat(filepath.Join(execDir, fileStatusFIFO)); err == nil {
 		// The status channel at StatusFile, bound before the root is
 		// made read-only.
 		statusDir := filepath.Dir(StatusFile)
@@ -216,7 +230,12 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
 	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
-	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
+	if st.Multi {
+		// The sandbox's /tmp, which its commands share.
+		add(opMount, unix.MS_BIND, "bind /tmp", filepath.Join(up, dirTmp), at("tmp"))
+	} else {
+		add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
+	}
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
 	// The sandbox's own budgets of per-user kernel objects, lowered from
 	// the unlimited a new user namespace starts with (what the sandbox

@@ -18,9 +18,10 @@ func testPlan() *plan {
 			{code: opSeccomp, label: "seccomp"},
 			{code: opInput, n: jobID, label: "input", s: [4]string{"rootfs/run/delegate/inputs/script", "echo \x00 binary\xff", "", ""}},
 		},
-		Net:   netTool{Name: "pasta", Path: "/usr/bin/pasta"},
-		Netns: true,
-		Stdin: "/run/delegate/inputs/prompt",
+		Net:    netTool{Name: "pasta", Path: "/usr/bin/pasta"},
+		Netns:  true,
+		Stdin:  "/run/delegate/inputs/prompt",
+		Linger: true, LingerUntil: 1_800_000_000_000_000_000,
 	}
 }
 
@@ -50,7 +51,9 @@ func TestPlanRejects(t *testing.T) {
 	other := testPlan().marshal()
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
-	copy(huge[len(huge)-5*4:], []byte{0xff, 0xff, 0xff, 0x7f}) // the op count, before two empty strings, Netns and an empty string
+	// The op count, before two empty strings, Netns, an empty string,
+	// Linger and LingerUntil.
+	copy(huge[len(huge)-5*4-12:], []byte{0xff, 0xff, 0xff, 0x7f})
 	tests := []struct {
 		name string
 		data []byte

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -15,15 +16,19 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
-// process is a sandbox's one command. done is set when this server
+// process is a command of a sandbox. done is set when this server
 // started the shim (its child); a process found again after a restart has
-// none and polls the sandbox directory instead.
+// none and polls its directory instead. dir holds its files: the sandbox
+// directory for a sandbox's one command, execs/<id> for one of many.
 type process struct {
 	s       *sbox
 	id      string
+	dir     string
 	done    chan struct{}
 	shimErr error // how the shim exited; read only after done is closed
 }
+
+func (p *process) path(name string) string { return filepath.Join(p.dir, name) }
 
 var _ sandbox.Process = (*process)(nil)
 
@@ -35,7 +40,7 @@ func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sand
 	if err != nil || len(data) == 0 {
 		return nil, err
 	}
-	return splitStreams(p.s.path(fileStreams), offset, data)
+	return splitStreams(p.path(fileStreams), offset, data)
 }
 
 // splitStreams cuts data, the output from offset on, into pieces by the
@@ -104,7 +109,7 @@ func splitStreams(path string, offset int64, data []byte) ([]sandbox.Output, err
 // or sandbox.ErrGone when the sandbox itself has disappeared.
 func (p *process) readExit() (sandbox.Exit, error) {
 	var r exitRecord
-	if err := readJSON(p.s.path(fileExit), &r); err != nil {
+	if err := readJSON(p.path(fileExit), &r); err != nil {
 		if errors.Is(err, os.ErrNotExist) && p.s.gone() {
 			return sandbox.Exit{}, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
 		}
@@ -126,8 +131,34 @@ func (p *process) readExit() (sandbox.Exit, error) {
 	}, nil
 }
 
+// lingerPoll is how often Wait looks for the recorded end of one command
+// of many, whose shim outlives it.
+const lingerPoll = 5 * time.Millisecond
+
 // Wait implements sandbox.Process.
 func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
+	if p.done != nil && p.dir != p.s.dir {
+		// One command of many: its shim stays while what the command left
+		// in the background runs, and records the end before that.
+		tick := time.NewTicker(lingerPoll)
+		defer tick.Stop()
+		for {
+			if exit, err := p.readExit(); !errors.Is(err, os.ErrNotExist) {
+				return exit, err
+			}
+			select {
+			case <-p.done:
+				exit, err := p.readExit()
+				if errors.Is(err, os.ErrNotExist) {
+					return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
+				}
+				return exit, err
+			case <-ctx.Done():
+				return sandbox.Exit{}, ctx.Err()
+			case <-tick.C:
+			}
+		}
+	}
 	if p.done != nil {
 		select {
 		case <-p.done:
@@ -147,7 +178,7 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		if !errors.Is(err, os.ErrNotExist) {
 			return exit, err
 		}
-		pid, alive := shimAlive(p.s.dir)
+		pid, alive := shimAlive(p.dir)
 		if !alive {
 			// It may have recorded the exit just before it ended.
 			if exit, err := p.readExit(); !errors.Is(err, os.ErrNotExist) {
@@ -156,7 +187,7 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 			if pid != 0 {
 				return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim (pid %d) is gone", pid))
 			}
-			if st, err := os.Stat(p.s.path(fileExec)); err != nil || time.Since(st.ModTime()) > shimGrace {
+			if st, err := os.Stat(p.path(fileExec)); err != nil || time.Since(st.ModTime()) > shimGrace {
 				return sandbox.Exit{}, p.lostError("the sandbox shim never started")
 			}
 		}
@@ -172,7 +203,7 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 // of the shim's log for whoever has to find out why.
 func (p *process) lostError(what string) error {
 	msg := fmt.Sprintf("sandbox %s: %s without recording how the command ended (killed or crashed); its result is lost", p.s.id, what)
-	if log, err := os.ReadFile(p.s.path(fileShimLog)); err == nil && len(log) > 0 {
+	if log, err := os.ReadFile(p.path(fileShimLog)); err == nil && len(log) > 0 {
 		tail := strings.TrimSpace(string(log[max(0, len(log)-500):]))
 		msg += "; shim log: " + tail
 	}
@@ -180,11 +211,17 @@ func (p *process) lostError(what string) error {
 }
 
 // Kill implements sandbox.Process. It returns once every process of the
-// sandbox has been sent SIGKILL; Wait then reports Killed.
+// command (of the sandbox, for its one command) has been sent SIGKILL;
+// Wait then reports Killed. One command of many is its own pid
+// namespace: its init's death takes what it started along, and the
+// sandbox's other commands go on.
 func (p *process) Kill(ctx context.Context) error {
 	if p.s.gone() {
 		return nil
 	}
 	st, _ := p.s.b.state(p.s.dir, p.s.id)
+	if p.dir != p.s.dir {
+		return killExec(p.dir, st.Cgroup)
+	}
 	return killSandbox(p.s.dir, st.Cgroup)
 }

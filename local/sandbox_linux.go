@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
@@ -30,7 +31,7 @@ type sbox struct {
 	dir string
 }
 
-var _ sandbox.Sandbox = (*sbox)(nil)
+var _ sandbox.Instance = (*sbox)(nil)
 
 func (s *sbox) ID() string { return s.id }
 
@@ -44,7 +45,7 @@ func (s *sbox) gone() bool {
 	return errors.Is(err, os.ErrNotExist)
 }
 
-// WriteFile implements sandbox.Sandbox; see writeWorkspaceFile.
+// WriteFile implements sandbox.Files; see writeWorkspaceFile.
 func (s *sbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -55,12 +56,12 @@ func (s *sbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.Fil
 	return nil
 }
 
-// ReadFile implements sandbox.Sandbox; see readWorkspaceFile.
-func (s *sbox) ReadFile(ctx context.Context, p string, max int64) ([]byte, error) {
+// ReadFile implements sandbox.Files; see readWorkspaceFile.
+func (s *sbox) ReadFile(ctx context.Context, p string, offset, max int64) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	data, err := readWorkspaceFile(s.path(dirWorkspace), p, max)
+	data, err := readWorkspaceFile(s.path(dirWorkspace), p, offset, max)
 	if err != nil {
 		return nil, s.goneOr(err)
 	}
@@ -108,7 +109,7 @@ func validateCommand(cmd sandbox.Command) (execRecord, error) {
 	return execRecord{Args: cmd.Args, Env: cmd.Env, Dir: path.Clean(dir), OutputLimit: limit, Deadline: cmd.Deadline}, nil
 }
 
-// Exec implements sandbox.Sandbox: it records the command (without its
+// Exec implements sandbox.Instance: it records the command (without its
 // environment) and starts the shim, which runs it from the plan written
 // into its descriptor 3. The shim is not tied to ctx nor to this process:
 // the job outlives a server restart.
@@ -140,21 +141,42 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	// helper), and all of them when the tests ask.
 	c := haveCHelper && st.Network == nil && !s.b.goHelpers
 	var netns *os.File
-	if c {
+	if c && !st.Multi {
 		netns = s.b.netns.take()
 		if netns != nil {
 			defer netns.Close() // the shim has its own once started
 		}
 	}
-	pl, err := s.b.buildPlan(s.dir, st, rec, cmd, netns != nil)
+	execDir := s.dir
+	if st.Multi {
+		// One command of many: a directory of its own for its files and
+		// its status channel, and the sandbox's network namespace.
+		execDir = filepath.Join(s.dir, dirExecs, rec.ID)
+		if err := os.Mkdir(execDir, 0o710); err != nil {
+			return nil, s.goneOr(fmt.Errorf("exec: %w", err))
+		}
+		if err := os.Chown(execDir, 0, int(st.hostBase())); err != nil {
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+		if err := makeStatusFIFO(execDir, int(st.hostBase()+jobID)); err != nil {
+			return nil, fmt.Errorf("exec: %w", err)
+		}
+		fd, err := unix.Open(filepath.Join(s.dir, fileNetns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, s.goneOr(fmt.Errorf("exec: the sandbox's network namespace: %w", err))
+		}
+		netns = os.NewFile(uintptr(fd), "netns")
+		defer netns.Close()
+	}
+	pl, err := s.b.buildPlan(s.dir, execDir, st, rec, cmd, netns != nil)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
 	// O_EXCL makes "one command per sandbox" hold across goroutines and
-	// server processes alike.
-	f, err := os.OpenFile(s.path(fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// server processes alike (a sandbox of many has a directory per command).
+	f, err := os.OpenFile(filepath.Join(execDir, fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("exec: sandbox %s already ran its one command", s.id)
+		return nil, fmt.Errorf("exec: sandbox %s already ran its one command (it was not made to run many: Spec.MultiExec)", s.id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
@@ -164,24 +186,24 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(s.path(fileExec))
+		os.Remove(filepath.Join(execDir, fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	shim, err := s.b.startShim(s.dir, pl, c, netns)
+	shim, err := s.b.startShim(execDir, pl, c, netns)
 	if err != nil {
-		os.Remove(s.path(fileExec))
+		os.Remove(filepath.Join(execDir, fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	if err := os.WriteFile(s.path(fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(execDir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
 		s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
 	}
-	p := &process{s: s, id: rec.ID, done: make(chan struct{})}
+	p := &process{s: s, id: rec.ID, dir: execDir, done: make(chan struct{})}
 	go func() {
 		p.shimErr = shim.Wait()
 		close(p.done)
 	}()
 	s.b.mu.Lock()
-	s.b.live[s.id] = p
+	s.b.live[execDir] = p
 	s.b.mu.Unlock()
 	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", rec.ID, "shim", shim.Process.Pid)
 	return p, nil
@@ -241,16 +263,22 @@ func (b *Backend) startShim(dir string, pl *plan, c bool, netns *os.File) (*exec
 	return shim, nil
 }
 
-// Process implements sandbox.Sandbox.
+// Process implements sandbox.Instance.
 func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
+	dir := s.dir
+	if strings.HasPrefix(execID, "ex-") && !strings.ContainsAny(execID, "/.") {
+		if _, err := os.Lstat(filepath.Join(s.dir, dirExecs, execID)); err == nil {
+			dir = filepath.Join(s.dir, dirExecs, execID) // one command of many
+		}
+	}
 	s.b.mu.Lock()
-	p := s.b.live[s.id]
+	p := s.b.live[dir]
 	s.b.mu.Unlock()
 	if p != nil && p.id == execID {
 		return p, nil
 	}
 	var rec execRecord
-	if err := readJSON(s.path(fileExec), &rec); err != nil {
+	if err := readJSON(filepath.Join(dir, fileExec), &rec); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
 		}
@@ -259,7 +287,7 @@ func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, err
 	if rec.ID != execID {
 		return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
 	}
-	return &process{s: s, id: execID}, nil
+	return &process{s: s, id: execID, dir: dir}, nil
 }
 
 // killSandbox ends every process of a sandbox. The marker comes first:
@@ -272,6 +300,8 @@ func killSandbox(dir string, cg cgroupSet) error {
 		}
 		return fmt.Errorf("kill: %w", err)
 	}
+	// A frozen task takes no signal until thawed (cgroup v1).
+	cg.thaw()
 	pids, err := cg.procs()
 	// pid 1 first: its death takes the whole pid namespace with it. Only
 	// signalled if it is in the sandbox's cgroup, so a recycled pid of
@@ -291,6 +321,64 @@ func killSandbox(dir string, cg cgroupSet) error {
 	}
 	if err != nil {
 		return fmt.Errorf("kill: %w", err)
+	}
+	return nil
+}
+
+// killExec ends one command of a sandbox of many: its marker, then its
+// init (pid 1 of the command's pid namespace), signalled only if it is in
+// the sandbox's cgroup, so a recycled pid is never hit.
+func killExec(dir string, cg cgroupSet) error {
+	if err := os.WriteFile(filepath.Join(dir, fileKilled), nil, 0o600); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // destroyed: nothing left to kill
+		}
+		return fmt.Errorf("kill: %w", err)
+	}
+	initPID, err := readPID(filepath.Join(dir, fileInitPID))
+	if err != nil {
+		return nil // not started: the shim sees the marker before it releases init
+	}
+	pids, err := cg.procs()
+	if err != nil {
+		return fmt.Errorf("kill: %w", err)
+	}
+	for _, pid := range pids {
+		if pid == initPID {
+			syscall.Kill(pid, syscall.SIGKILL)
+			if cg.frozen() {
+				// The command's processes die once thawed (cgroup v1);
+				// the rest of the sandbox is frozen again at once.
+				cg.thaw()
+				cg.waitGone(pid, time.Second)
+				cg.freeze(5 * time.Second)
+			}
+		}
+	}
+	return nil
+}
+
+// Pause implements sandbox.Pauser: every process of the sandbox is frozen
+// (cgroup freezer), its memory kept.
+func (s *sbox) Pause(ctx context.Context) error {
+	st, err := s.b.state(s.dir, s.id)
+	if err != nil {
+		return s.goneOr(fmt.Errorf("pause: %w", err))
+	}
+	if err := st.Cgroup.freeze(5 * time.Second); err != nil {
+		return s.goneOr(fmt.Errorf("pause sandbox %s: %w", s.id, err))
+	}
+	return nil
+}
+
+// Resume implements sandbox.Pauser.
+func (s *sbox) Resume(ctx context.Context) error {
+	st, err := s.b.state(s.dir, s.id)
+	if err != nil {
+		return s.goneOr(fmt.Errorf("resume: %w", err))
+	}
+	if err := st.Cgroup.thaw(); err != nil {
+		return s.goneOr(fmt.Errorf("resume sandbox %s: %w", s.id, err))
 	}
 	return nil
 }

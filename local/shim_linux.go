@@ -41,7 +41,11 @@ var errKilledBeforeStart = errors.New("killed before start")
 // SelfExe's path for an unprivileged uid), in fresh namespaces, as uid 0
 // of a user namespace mapped to an unprivileged host range (hostID and
 // size: the plan's; the probe has none and uses the defaults).
-func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint32, args ...string) *exec.Cmd {
+func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint32, newNet bool, args ...string) *exec.Cmd {
+	flags := uintptr(initCloneFlags)
+	if !newNet {
+		flags &^= syscall.CLONE_NEWNET // joined by the shim already
+	}
 	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostID), Size: int(size)}}
 	return &exec.Cmd{
 		Path:       "/proc/self/exe",
@@ -52,7 +56,7 @@ func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint
 		Stderr:     stderr,
 		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:  initCloneFlags,
+			Cloneflags:  flags,
 			UidMappings: idMap,
 			GidMappings: idMap,
 			// setgroups stays allowed so init can give the job an empty
@@ -95,7 +99,10 @@ func runShim(args []string) int {
 		log.Error("shim cannot enter the sandbox directory", "err", err)
 		return 1
 	}
-	rec := supervise(log)
+	rec, recorded := supervise(log)
+	if recorded {
+		return 0 // a lingering command's end, recorded when init reported it
+	}
 	if err := writeJSONAtomic(fileExit, rec); err != nil {
 		log.Error("shim cannot record the exit status", "err", err)
 		return 1
@@ -120,7 +127,7 @@ func shimProbe(base string) int {
 		return 1
 	}
 	defer devnull.Close()
-	cmd := initCmd(devnull, os.Stderr, os.Stderr, nil, uint32(id), slotSize, probeArg)
+	cmd := initCmd(devnull, os.Stderr, os.Stderr, nil, uint32(id), slotSize, true, probeArg)
 	err = startAsOwner(cmd, uint32(id))
 	if err == nil {
 		err = cmd.Wait()
@@ -162,8 +169,9 @@ func readPlan() (*plan, []byte, error) {
 // first byte to keep, the record of streams first: a quiet job leaves
 // none, as with the C shim.
 type outputWriter struct {
-	mu       sync.Mutex // the two streams are copied by two goroutines
-	f, sf    *os.File   // the output and its stream records
+	last     atomic.Int64 // when output came last (Unix ns): see quiet
+	mu       sync.Mutex   // the two streams are copied by two goroutines
+	f, sf    *os.File     // the output and its stream records
 	limit, n int64
 	cur      sandbox.Stream // the stream of the last byte kept
 	recs     int64          // stream records written
@@ -182,6 +190,7 @@ func (s stream) Write(p []byte) (int, error) {
 }
 
 func (w *outputWriter) write(s sandbox.Stream, p []byte) {
+	w.last.Store(time.Now().UnixNano())
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if keep := w.limit - w.n; keep > 0 && len(p) > 0 && w.err == nil {
@@ -278,9 +287,32 @@ func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
 	}
 }
 
-// supervise runs the command and returns how it ended. Paths are relative
-// to the sandbox directory.
-func supervise(log *slog.Logger) exitRecord {
+// quiet waits until no output has come for a moment, or the output has
+// ended (copied closed), or a few seconds have passed: a lingering
+// command's background may hold the pipes open, so their end is not
+// waited for.
+func (w *outputWriter) quiet(copied <-chan struct{}) {
+	const still = 20 * time.Millisecond
+	give := time.After(3 * time.Second)
+	for {
+		if time.Since(time.Unix(0, w.last.Load())) >= still {
+			return
+		}
+		select {
+		case <-copied:
+			return
+		case <-give:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// supervise runs the command and returns how it ended, and whether it has
+// recorded that already (a lingering command's end is recorded as soon
+// as init reports it). Paths are relative to the shim's directory: the
+// sandbox's, or for one command of many its own (execs/<id>).
+func supervise(log *slog.Logger) (exitRecord, bool) {
 	p, planData, loadErr := readPlan()
 	w := &outputWriter{limit: DefaultOutputLimit} // unreadable plan: still show why
 	if loadErr == nil && p.OutputLimit > 0 {
@@ -289,16 +321,21 @@ func supervise(log *slog.Logger) exitRecord {
 	defer w.close()
 	// What the sandbox machinery itself says goes to the job's stderr.
 	stderr := stream{w, sandbox.Stderr}
-	fail := func(err error) exitRecord {
+	fail := func(err error) (exitRecord, bool) {
 		fmt.Fprintf(stderr, "%s%v\n", setupPrefix, err)
 		log.Error("sandbox setup failed", "err", err)
-		return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}
-	}
-	if loadErr == nil && p.Netns {
-		loadErr = errors.New("the Go helpers join no network namespace made ahead (the server gives such plans to the C ones)")
+		return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}, false
 	}
 	if loadErr != nil {
 		return fail(loadErr)
+	}
+	if p.Netns {
+		// A network namespace the server made (a kept sandbox's, which
+		// its commands share): joined by this thread, which clones init.
+		if err := unix.Setns(netnsFD, unix.CLONE_NEWNET); err != nil {
+			return fail(fmt.Errorf("join the sandbox's network namespace: %w", err))
+		}
+		unix.Close(netnsFD)
 	}
 	// Whatever this shim was given beyond its plan must not reach the
 	// network helper nor init (closeOnExecFrom3).
@@ -333,7 +370,7 @@ func supervise(log *slog.Logger) exitRecord {
 	if err != nil {
 		return fail(err)
 	}
-	cmd := initCmd(devnull, outW, errW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange)
+	cmd := initCmd(devnull, outW, errW, []*os.File{syncR, statusW}, p.HostIDBase, p.IDRange, !p.Netns)
 	startErr := startAsOwner(cmd, p.HostIDBase)
 	for _, f := range []*os.File{syncR, statusW, outW, errW, devnull} {
 		f.Close()
@@ -390,14 +427,21 @@ func supervise(log *slog.Logger) exitRecord {
 		return err
 	}
 	var deadlineHit atomic.Bool
+	var deadline *time.Timer
 	relErr := release()
 	if relErr != nil {
 		// Killed before the EOF below, so init never gets to act on it.
 		cmd.Process.Kill()
 	} else if d := p.deadlineTime(); !d.IsZero() {
 		// The backstop for a job that no server watches any more.
-		deadline := time.AfterFunc(time.Until(d), func() {
+		deadline = time.AfterFunc(time.Until(d), func() {
 			deadlineHit.Store(true)
+			if p.Linger {
+				// One command of many: its own pid namespace only.
+				os.WriteFile(fileKilled, nil, 0o600)
+				cmd.Process.Kill()
+				return
+			}
 			if err := killSandbox(".", p.Cgroup); err != nil {
 				log.Error("kill at deadline", "err", err)
 			}
@@ -407,6 +451,21 @@ func supervise(log *slog.Logger) exitRecord {
 	syncW.Close() // EOF: the go-ahead
 	statusData, _ := io.ReadAll(statusR)
 	statusR.Close()
+	recorded := false
+	if p.Linger && len(statusData) > 0 {
+		// init reported the command's end and stays for its background:
+		// the end is recorded now, once the output it wrote is read.
+		if deadline != nil {
+			deadline.Stop()
+		}
+		w.quiet(copied)
+		rec := p.record(w, statusData, nil, relErr, deadlineHit.Load(), log)
+		if err := writeJSONAtomic(fileExit, rec); err != nil {
+			log.Error("shim cannot record the exit status", "err", err)
+		} else {
+			recorded = true
+		}
+	}
 	cmd.Wait()
 	if net != nil {
 		// The job is over (init's end took every process of the sandbox
@@ -416,16 +475,23 @@ func supervise(log *slog.Logger) exitRecord {
 	<-copied
 	bridge.stop()
 
+	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return p.record(w, statusData, &ws, relErr, deadlineHit.Load(), log), recorded
+}
+
+// record is how the command ended: from init's report (statusData),
+// else from init's wait status ws.
+func (p *plan) record(w *outputWriter, statusData []byte, ws *syscall.WaitStatus, relErr error, deadlineHit bool, log *slog.Logger) exitRecord {
+	stderr := stream{w, sandbox.Stderr}
 	var rec exitRecord
 	var s initStatus
 	haveStatus := len(statusData) > 0 && json.Unmarshal(statusData, &s) == nil
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	switch {
 	case haveStatus:
 		rec.Code, rec.Signo, rec.Reason = s.Code, s.Signo, s.Reason
-	case ws.Signaled():
+	case ws != nil && ws.Signaled():
 		rec.Code, rec.Signo = 128+int(ws.Signal()), int(ws.Signal())
-	default:
+	case ws != nil:
 		rec.Code = ws.ExitStatus()
 	}
 	if relErr != nil && !errors.Is(relErr, errKilledBeforeStart) {
@@ -433,22 +499,25 @@ func supervise(log *slog.Logger) exitRecord {
 		log.Error("sandbox setup failed", "err", relErr)
 		rec.Code, rec.Signo, rec.Reason = codeSetupFailed, 0, relErr.Error()
 	}
-	if killed() {
+	if _, err := os.Stat(fileKilled); err == nil {
 		// A Kill that came after the job had ended on its own changes
 		// nothing: only a job that died of a signal was killed.
 		rec.Killed = !haveStatus || s.Signo != 0
 	}
 	// Likewise for the deadline: a job that ended on its own just as the
 	// deadline came was not killed by it.
-	rec.DeadlineExceeded = deadlineHit.Load() && (!haveStatus || s.Signo != 0)
+	rec.DeadlineExceeded = deadlineHit && (!haveStatus || s.Signo != 0)
 	if n, err := p.Cgroup.oomKills(); err != nil {
 		log.Warn("read oom counter", "err", err)
 	} else {
 		rec.OOMKilled = n > 0
 	}
+	w.mu.Lock()
 	rec.OutputBytes, rec.Truncated = w.n, w.n > w.limit
-	if w.err != nil {
-		log.Error("write output file", "err", w.err)
+	werr := w.err
+	w.mu.Unlock()
+	if werr != nil {
+		log.Error("write output file", "err", werr)
 	}
 	return rec
 }

@@ -85,7 +85,18 @@ const (
 	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
 	dirTemplate  = "template" // read-only bind of Spec.Template
 	dirChannel   = "channel"  // a small tmpfs holding the status channel
+	// A sandbox that runs many commands (Spec.MultiExec): each command's
+	// files (the ones above) are in a directory of its own, execs/<id>,
+	// which is its shim's working directory; its commands share a
+	// network namespace (bound at fileNetns) and a /tmp (dirTmp).
+	dirExecs  = "execs"
+	dirTmp    = "tmp"
+	fileNetns = "netns"
 )
+
+// execUp is how a command's directory (execs/<id>) reaches the sandbox
+// directory: the plan's paths are relative to the shim's directory.
+const execUp = "../.."
 
 // idPattern is what newID produces; anything else is not one of ours,
 // which also keeps ids from being path tricks.
@@ -121,6 +132,10 @@ type sandboxState struct {
 	// of its user namespace; 0 in the state of a sandbox made before
 	// each had its own (legacyIDBase).
 	HostUID uint32 `json:"hostUid,omitempty"`
+	// Multi: the sandbox runs many commands (Spec.MultiExec), each in
+	// execs/<id>; Expires is when its processes end by themselves.
+	Multi   bool      `json:"multi,omitempty"`
+	Expires time.Time `json:"expires,omitzero"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and

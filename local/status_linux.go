@@ -49,7 +49,7 @@ func makeStatusFIFO(dir string, hostJob int) error {
 	if err := os.Chown(p, hostJob, hostJob); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
-	return nil
+	return writeAccounts(dir)
 }
 
 // bindStatusFIFO makes the channel appear at StatusFile in the new root

@@ -73,9 +73,12 @@ func TestDetectCgroups(t *testing.T) {
 33 31 0:30 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct
 35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
 41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
 `
-	const hybridSelf = "8:pids:/\n4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/\n0::/\n"
+	const hybridSelf = "8:pids:/\n6:freezer:/\n4:memory:/process_api/abc\n2:cpuacct:/\n1:cpu:/\n0::/\n"
+	const hybridFreezer = "/sys/fs/cgroup/freezer"
+	const combinedFreezer = "" // no freezer hierarchy: sandboxes are not paused
 	const combined = `32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
 35 31 0:32 /docker/x /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
@@ -98,13 +101,13 @@ func TestDetectCgroups(t *testing.T) {
 		wantErr            string
 	}{
 		{"v1 with a nearly empty unified hierarchy", hybrid, hybridSelf,
-			cgroupLayout{1, "/sys/fs/cgroup/memory/process_api/abc", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/pids"}, ""},
+			cgroupLayout{1, "/sys/fs/cgroup/memory/process_api/abc", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/pids", hybridFreezer}, ""},
 		{"v1 comounted cpu,cpuacct, memory mounted from a sub-group", combined, combinedSelf,
-			cgroupLayout{1, "/sys/fs/cgroup/memory/y", "/sys/fs/cgroup/cpu,cpuacct/a", "/sys/fs/cgroup/pids/a"}, ""},
+			cgroupLayout{1, "/sys/fs/cgroup/memory/y", "/sys/fs/cgroup/cpu,cpuacct/a", "/sys/fs/cgroup/pids/a", combinedFreezer}, ""},
 		{"v2", unified, "0::/system.slice/delegate.service\n",
-			cgroupLayout{2, "/sys/fs/cgroup/system.slice/delegate.service", "/sys/fs/cgroup/system.slice/delegate.service", "/sys/fs/cgroup/system.slice/delegate.service"}, ""},
+			cgroupLayout{2, "/sys/fs/cgroup/system.slice/delegate.service", "/sys/fs/cgroup/system.slice/delegate.service", "/sys/fs/cgroup/system.slice/delegate.service", "/sys/fs/cgroup/system.slice/delegate.service"}, ""},
 		{"v2 after moving the server into its leaf", unified, "0::/svc/" + serverLeaf + "\n",
-			cgroupLayout{2, "/sys/fs/cgroup/svc", "/sys/fs/cgroup/svc", "/sys/fs/cgroup/svc"}, ""},
+			cgroupLayout{2, "/sys/fs/cgroup/svc", "/sys/fs/cgroup/svc", "/sys/fs/cgroup/svc", "/sys/fs/cgroup/svc"}, ""},
 		{"no pids controller", strings.ReplaceAll(hybrid, "rw,pids", "rw,devices"), hybridSelf, cgroupLayout{}, "pids"},
 		{"nothing", "", "", cgroupLayout{}, "memory, cpu, pids"},
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/mock"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -153,7 +154,7 @@ func benchEngine(b *testing.B) delegate.JobService {
 	if err != nil {
 		b.Fatal(err)
 	}
-	backend := mock.New()
+	backend := sandboxtest.NewFake()
 	backend.CreateHook = func(ctx context.Context, _ sandbox.Spec) error { <-ctx.Done(); return ctx.Err() }
 	eng := engine.New(store, backend, engine.Config{MaxConcurrent: 1, ArtifactDir: b.TempDir()})
 	if err := eng.Start(ctx); err != nil {

@@ -165,6 +165,17 @@ func (b *Backend) Instance() string { return b.cfg.Instance }
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "proxmox" }
 
+// Close implements sandbox.Backend: the warm pool's upkeep stops (its
+// VMs stay, for the next server to adopt) and the API client's idle
+// connections close. Job VMs go on.
+func (b *Backend) Close() error {
+	if p := b.pool.Load(); p != nil {
+		p.stopOnce.Do(p.stop)
+	}
+	b.c.CloseIdleConnections()
+	return nil
+}
+
 // Capabilities implements sandbox.Backend.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
@@ -179,6 +190,11 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// The engine's polls of the guest agent watch the process.
 		Supervised: true,
 		StatusFile: StatusFile,
+		// Each command is its own runner under the guest agent, in the
+		// one VM: they share its disk and its network.
+		MultiExec: true,
+		// status/suspend and status/resume.
+		Pause: true,
 	}
 }
 
@@ -194,7 +210,7 @@ func (b *Backend) Check(ctx context.Context) error {
 // Admit reserved one, else clone the template where Admit placed the VM,
 // size and tag it, start it, and wait for its guest agent. Whatever
 // fails, the VM is destroyed (if it is still ours).
-func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	h, _ := spec.Admission.(*hold)
 	if h == nil || h.b != b {
 		var err error
@@ -530,7 +546,7 @@ func (b *Backend) locate(ctx context.Context, vmid int) (pve.Resource, error) {
 }
 
 // Recover implements sandbox.Backend: a VM of ours that still exists.
-func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Sandbox, error) {
+func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, error) {
 	vmid, job, err := parseID(id)
 	if err != nil {
 		return nil, err

@@ -18,12 +18,12 @@ import (
 
 // vm makes one VM through the backend alone (no engine: nobody watches
 // the command but the test).
-func vm(t *testing.T) (*proxmox.Backend, sandbox.Sandbox) {
+func vm(t *testing.T) (*proxmox.Backend, sandbox.Instance) {
 	t.Helper()
 	return vmWith(t, proxmox.Config{})
 }
 
-func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Sandbox) {
+func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Instance) {
 	t.Helper()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
@@ -40,7 +40,7 @@ func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Sandbox
 	return b, sb
 }
 
-func runCmd(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit, string) {
+func runCmd(t *testing.T, sb sandbox.Instance, cmd sandbox.Command) (sandbox.Exit, string) {
 	t.Helper()
 	exit, p := runProc(t, sb, cmd)
 	out, err := p.ReadOutput(context.Background(), 0, 1<<20)
@@ -51,7 +51,7 @@ func runCmd(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit
 }
 
 // runProc runs cmd to its end and returns the process.
-func runProc(t *testing.T, sb sandbox.Sandbox, cmd sandbox.Command) (sandbox.Exit, sandbox.Process) {
+func runProc(t *testing.T, sb sandbox.Instance, cmd sandbox.Command) (sandbox.Exit, sandbox.Process) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -219,7 +219,7 @@ func (s *vmSandbox) bundle(cmd sandbox.Command, run string, now time.Time) []byt
 	return out
 }
 
-// Exec implements sandbox.Sandbox, honouring every field of the command:
+// Exec implements sandbox.Instance, honouring every field of the command:
 // Args, Env and Inputs in the bundle, Stdin, Dir (default /workspace),
 // Deadline (a watchdog in the guest) and OutputLimit (no more is read out
 // of the guest, and Exit says what was cut).

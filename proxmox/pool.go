@@ -155,6 +155,9 @@ type pool struct {
 	log   *slog.Logger
 	kick  chan struct{}
 	wg    sync.WaitGroup
+	// stop ends the upkeep (KeepPool's stop and Backend.Close share it).
+	stop     func()
+	stopOnce sync.Once
 
 	mu       sync.Mutex
 	vms      map[int]*poolVM
@@ -210,7 +213,7 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 	}
 	p.wg.Add(1)
 	go p.run(ctx, !adopted)
-	return func() {
+	p.stop = func() {
 		cancel()
 		done := make(chan struct{})
 		go func() { p.wg.Wait(); close(done) }()
@@ -219,7 +222,8 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 		case <-time.After(5 * time.Second):
 			p.log.Warn("the pool's VMs being made are left to the next start (it destroys them)")
 		}
-	}, nil
+	}
+	return func() { p.stopOnce.Do(p.stop) }, nil
 }
 
 // PoolCount is how many of the pool's VMs are in a state.

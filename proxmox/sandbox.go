@@ -11,6 +11,7 @@ import (
 	"math"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +29,7 @@ type vmSandbox struct {
 	owner owner
 }
 
-var _ sandbox.Sandbox = (*vmSandbox)(nil)
+var _ sandbox.Instance = (*vmSandbox)(nil)
 
 func (s *vmSandbox) ID() string { return sandboxID(s.vmid, s.owner.job) }
 
@@ -110,7 +111,7 @@ const linkScript = `out=$1 part=$2
 target=$(cat -- "$part") && mkdir -p -- "${out%/*}" && ln -s -- "$target" "$out"; rc=$?
 rm -f -- "$part"; exit $rc`
 
-// WriteFile implements sandbox.Sandbox. file-write carries at most
+// WriteFile implements sandbox.Instance. file-write carries at most
 // pve.MaxFileWrite bytes and only overwrites, so the file is written in
 // parts in guestDir (where no one but root reaches them) and joined in
 // the guest.
@@ -137,41 +138,149 @@ func (s *vmSandbox) WriteFile(ctx context.Context, p string, data []byte, mode f
 	return nil
 }
 
-// ReadFile implements sandbox.Sandbox (the agent reads at most 16 MiB).
-func (s *vmSandbox) ReadFile(ctx context.Context, p string, max int64) ([]byte, error) {
+// ReadFile implements sandbox.Instance (the agent reads at most 16 MiB).
+func (s *vmSandbox) ReadFile(ctx context.Context, p string, offset, max int64) ([]byte, error) {
 	if err := checkWorkspacePath(p); err != nil {
 		return nil, err
+	}
+	if offset < 0 || max < 0 {
+		return nil, fmt.Errorf("read %s: negative offset %d or max %d", p, offset, max)
+	}
+	if offset+max > pve.MaxFileRead {
+		// Past what one agent/file-read returns: dd reads the part.
+		out, err := s.runOK(ctx, []string{"/bin/dd", "if=" + p, "iflag=skip_bytes,count_bytes", "skip=" + strconv.FormatInt(offset, 10),
+			"count=" + strconv.FormatInt(max, 10), "status=none"})
+		if err != nil {
+			return nil, fmt.Errorf("read %s in VM %d: %w", p, s.vmid, err)
+		}
+		return out, nil
 	}
 	fc, err := s.b.c.AgentFileRead(ctx, s.node, s.vmid, p)
 	if err != nil {
 		return nil, fmt.Errorf("read %s in VM %d: %w", p, s.vmid, err)
 	}
-	if int64(len(fc.Data)) > max {
-		return fc.Data[:max], nil
-	}
-	return fc.Data, nil
+	data := fc.Data[min(offset, int64(len(fc.Data))):]
+	return data[:min(max, int64(len(data)))], nil
 }
 
-// ListFiles implements sandbox.Sandbox with find(1) in the guest: regular
-// files only (-type f does not follow links), NUL-separated.
-func (s *vmSandbox) ListFiles(ctx context.Context) ([]sandbox.FileInfo, error) {
-	out, err := s.runOK(ctx, []string{"/usr/bin/find", workspace, "-type", "f", "-printf", `%s %p\0`})
+// ListFiles implements sandbox.Files with find(1) in the guest, which
+// does not follow links: one NUL-separated record per entry (type, mode,
+// size, mtime, path, link target).
+func (s *vmSandbox) ListFiles(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.FileInfo, error) {
+	dir := opts.Dir
+	if dir == "" {
+		dir = workspace
+	}
+	if dir != workspace {
+		if err := checkWorkspacePath(dir); err != nil {
+			return nil, err
+		}
+	}
+	argv := []string{"/usr/bin/find", dir, "-mindepth", "1"}
+	if opts.Depth > 0 {
+		argv = append(argv, "-maxdepth", strconv.Itoa(opts.Depth))
+	}
+	if opts.Regular {
+		argv = append(argv, "-type", "f")
+	}
+	argv = append(argv, "-printf", `%y %m %s %T@ %p\0%l\0`)
+	out, err := s.runOK(ctx, argv)
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", workspace, err)
+		return nil, fmt.Errorf("list %s: %w", dir, err)
 	}
+	recs := bytes.Split(out, []byte{0})
 	var files []sandbox.FileInfo
-	for _, rec := range bytes.Split(out, []byte{0}) {
-		size, name, ok := strings.Cut(string(rec), " ")
-		if !ok {
+	for i := 0; i+1 < len(recs); i += 2 {
+		f, ok := parseFindRecord(string(recs[i]), string(recs[i+1]))
+		if !ok || checkWorkspacePath(f.Path) != nil {
 			continue
 		}
-		n, err := strconv.ParseInt(size, 10, 64)
-		if err != nil || checkWorkspacePath(name) != nil {
-			continue
+		if opts.Limit > 0 && len(files) == opts.Limit {
+			return files, sandbox.ErrTruncated
 		}
-		files = append(files, sandbox.FileInfo{Path: name, Size: n})
+		files = append(files, f)
 	}
+	slices.SortFunc(files, func(a, b sandbox.FileInfo) int { return strings.Compare(a.Path, b.Path) })
 	return files, nil
+}
+
+// Pause implements sandbox.Pauser: the VM is suspended (its RAM kept; its
+// guest agent answers nothing until Resume).
+func (s *vmSandbox) Pause(ctx context.Context) error {
+	return s.power(ctx, "pause", s.b.c.SuspendVM)
+}
+
+// Resume implements sandbox.Pauser.
+func (s *vmSandbox) Resume(ctx context.Context) error {
+	return s.power(ctx, "resume", s.b.c.ResumeVM)
+}
+
+// power runs a suspend or resume task on the VM, if it is still this
+// sandbox's.
+func (s *vmSandbox) power(ctx context.Context, what string, call func(context.Context, string, int) (string, error)) error {
+	if ok, err := s.b.ownedBy(ctx, s.node, s.vmid, s.owner); err != nil {
+		return fmt.Errorf("%s VM %d: %w", what, s.vmid, err)
+	} else if !ok {
+		return fmt.Errorf("%s VM %d: %w", what, s.vmid, sandbox.ErrGone)
+	}
+	upid, err := call(ctx, s.node, s.vmid)
+	if err == nil {
+		err = s.b.c.WaitTask(ctx, s.node, upid)
+	}
+	if err != nil {
+		return fmt.Errorf("%s VM %d: %w", what, s.vmid, err)
+	}
+	return nil
+}
+
+// killScript kills a command's session: the pid its launcher recorded
+// ($1, the output file's .pid) leads it. A constant: the path arrives as
+// an argument.
+const killScript = `p=$(cat -- "$1" 2>/dev/null) && kill -s KILL -- "-$p" "$p" 2>/dev/null; exit 0`
+
+// parseFindRecord reads "TYPE MODE SIZE MTIME PATH" and the link target
+// that find -printf '%y %m %s %T@ %p\0%l\0' wrote.
+func parseFindRecord(rec, link string) (sandbox.FileInfo, bool) {
+	fields := strings.SplitN(rec, " ", 5)
+	if len(fields) != 5 {
+		return sandbox.FileInfo{}, false
+	}
+	perm, err1 := strconv.ParseUint(fields[1], 8, 32)
+	size, err2 := strconv.ParseInt(fields[2], 10, 64)
+	secs, err3 := strconv.ParseFloat(fields[3], 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return sandbox.FileInfo{}, false
+	}
+	mode := fs.FileMode(perm & 0o777)
+	if perm&0o4000 != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if perm&0o2000 != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if perm&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	switch fields[0] {
+	case "d":
+		mode |= fs.ModeDir
+	case "l":
+		mode |= fs.ModeSymlink
+	case "p":
+		mode |= fs.ModeNamedPipe
+	case "s":
+		mode |= fs.ModeSocket
+	case "c":
+		mode |= fs.ModeDevice | fs.ModeCharDevice
+	case "b":
+		mode |= fs.ModeDevice
+	}
+	f := sandbox.FileInfo{Path: fields[4], Size: size, Mode: mode,
+		ModTime: time.Unix(0, int64(secs*1e9)).UTC()}
+	if mode&fs.ModeSymlink != 0 {
+		f.Link = link
+	}
+	return f, true
 }
 
 // deadlineSeconds is how long the guest's watchdog waits: whole seconds
@@ -183,7 +292,7 @@ func deadlineSeconds(deadline, now time.Time) int64 {
 	return max(1, int64(math.Ceil(deadline.Sub(now).Seconds())))
 }
 
-// Process implements sandbox.Sandbox: execID is "pid:N:L:RUN" (L the
+// Process implements sandbox.Instance: execID is "pid:N:L:RUN" (L the
 // bytes of output kept, 0 for all; RUN the command's bundle, whose
 // directory holds its files), or "pid:N" and "pid:N:L" for a command an
 // older delegate started, whose files are in guestDir.
@@ -547,7 +656,18 @@ func (p *process) Kill(ctx context.Context) error {
 	}
 	p.killed = true
 	p.mu.Unlock()
-	// The VM is stopped only if it is still this job's.
+	if p.run != "" {
+		// One command of the VM's: its session (its process group, which
+		// the launcher made with setsid) is killed, and the VM's other
+		// commands go on. A command that already ended has nothing left
+		// to kill.
+		if _, err := p.s.run(ctx, []string{"/bin/sh", "-c", killScript, "delegate-kill", p.output + ".pid"}); err != nil {
+			return fmt.Errorf("kill the command in VM %d: %w", p.s.vmid, err)
+		}
+		return nil
+	}
+	// A command of an older delegate, which ran alone in its VM: the VM is
+	// stopped, only if it is still this job's.
 	if ok, err := p.s.b.ownedBy(ctx, p.s.node, p.s.vmid, p.s.owner); err != nil || !ok {
 		return err
 	}

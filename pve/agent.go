@@ -12,6 +12,10 @@ const (
 	// takes at most 61440 characters of content, and the data travels
 	// base64-encoded (so any bytes arrive intact, on every PVE version).
 	MaxFileWrite = 61440 / 4 * 3
+	// MaxFileRead is the most AgentFileRead returns: Proxmox's agent
+	// file-read gives "the content of the file, maximum 16777216" bytes
+	// and says "truncated" past it (the API schema).
+	MaxFileRead = 16 << 20
 	// MaxExecInput is the most stdin AgentExec passes (input-data).
 	MaxExecInput = 64 << 10
 )

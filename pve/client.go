@@ -21,6 +21,9 @@ import (
 	"time"
 )
 
+// CloseIdleConnections closes the client's idle connections to Proxmox.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+
 // maxResponse bounds an answer (file-read returns up to 16 MiB, which
 // JSON may grow several times).
 const maxResponse = 128 << 20

@@ -225,6 +225,20 @@ func (c *Client) StopVM(ctx context.Context, node string, vmid int) (string, err
 	return upid, err
 }
 
+// SuspendVM pauses a running VM, its RAM kept (a qmsuspend task).
+func (c *Client) SuspendVM(ctx context.Context, node string, vmid int) (string, error) {
+	var upid string
+	err := c.post(ctx, vmPath(node, vmid)+"/status/suspend", nil, &upid)
+	return upid, err
+}
+
+// ResumeVM lets a suspended VM go on (a qmresume task).
+func (c *Client) ResumeVM(ctx context.Context, node string, vmid int) (string, error) {
+	var upid string
+	err := c.post(ctx, vmPath(node, vmid)+"/status/resume", nil, &upid)
+	return upid, err
+}
+
 // ShutdownOptions tune a clean shutdown.
 type ShutdownOptions struct {
 	Timeout   time.Duration // 0: Proxmox's default

@@ -325,6 +325,17 @@
 // been disabled" (qemu's qmp-dispatch, reported by check_agent_error),
 // and agent/info shows them disabled.
 //
+// Suspend and resume (status/suspend, status/resume; qemu-server's
+// vm_suspend and vm_resume, PVE/QemuServer.pm, QMP "stop" and "cont"): a
+// qmsuspend task stops a running VM's vCPUs, its RAM kept: the guest's
+// processes are frozen (the cgroup freezer of its sandbox), its status
+// stays "running" with qmpstatus "paused" (vmstatus reads QMP's
+// query-status), and its guest agent, frozen with it, answers no ping
+// (agent calls fail as for an agent that is down). A qmresume task lets
+// it go on; resuming a running VM changes nothing; both refuse a stopped
+// VM ("VM N not running"). Both need VM.PowerMgmt (the schema). Suspend
+// to disk (todisk, hibernation) is not simulated and is refused saying so.
+//
 // RestartAgent stops a guest's agent as an upgrade would: its process
 // group dies, and what the agent started with it; what left the group
 // (setsid) lives on. Stopping or destroying the VM destroys its sandbox

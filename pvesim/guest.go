@@ -15,7 +15,7 @@ import (
 // one process. Stopping the VM destroys the sandbox, and with it
 // everything the guest ran.
 type guest struct {
-	sb     sandbox.Sandbox
+	sb     sandbox.Instance
 	agent  guestAgent
 	bootAt time.Time // when the boot ends and the agent may answer
 }
@@ -88,6 +88,7 @@ func (s *Server) halt(v *vm) *guest {
 	g := v.guest
 	v.guest = nil
 	v.status = "stopped"
+	v.paused = false
 	v.pid = 0
 	return g
 }
@@ -107,8 +108,8 @@ var errAgentNotRunning = errors.New("QEMU guest agent is not running")
 // with s.mu held.
 func (s *Server) agentUp(v *vm) error {
 	g := v.guest
-	if g == nil || time.Now().Before(g.bootAt) || s.faults.AgentDown || g.agent.exited() {
-		return errAgentNotRunning
+	if g == nil || v.paused || time.Now().Before(g.bootAt) || s.faults.AgentDown || g.agent.exited() {
+		return errAgentNotRunning // a paused VM's agent is frozen with it
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ func init() {
 		"POST " + p + "/status/start":                   hStart,
 		"POST " + p + "/status/stop":                    func(c *call) (any, error) { return stopVM(c, "qmstop") },
 		"POST " + p + "/status/shutdown":                func(c *call) (any, error) { return stopVM(c, "qmshutdown") },
+		"POST " + p + "/status/suspend":                 hSuspend,
+		"POST " + p + "/status/resume":                  hResume,
 		"DELETE " + p:                                   hDelete,
 		"PUT " + p + "/resize":                          hResize,
 		"GET /nodes/{node}/tasks/{upid}/status":         hTaskStatus,

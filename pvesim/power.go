@@ -1,6 +1,7 @@
 package pvesim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -20,7 +21,7 @@ func hStatusCurrent(c *call) (any, error) {
 		return nil, err
 	}
 	res := map[string]any{
-		"vmid": v.vmid, "status": v.status, "qmpstatus": v.status, "cpus": v.vcpus(),
+		"vmid": v.vmid, "status": v.status, "qmpstatus": v.qmpStatus(), "cpus": v.vcpus(),
 		"maxmem": v.memoryMiB() << 20, "mem": 0, "maxdisk": v.maxDisk(), "disk": 0, "cpu": 0,
 		"uptime": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
 		"ha": map[string]any{"managed": 0},
@@ -238,7 +239,7 @@ func (s *Server) vmListEntry(v *vm, full bool) map[string]any {
 		e["cpu"] = 0.02
 	}
 	if full {
-		e["qmpstatus"] = v.status
+		e["qmpstatus"] = v.qmpStatus()
 		if v.status == "running" {
 			e["running-qemu"] = "9.2.0"
 			e["running-machine"] = "pc-i440fx-9.2+pve1"
@@ -262,4 +263,69 @@ func hVMList(c *call) (any, error) {
 		out = append(out, s.vmListEntry(v, c.boolOr("full", false)))
 	}
 	return out, nil
+}
+
+// qmpStatus is QEMU's own state of the VM: "paused" for a suspended VM
+// that Proxmox lists as running (qemu-server's vmstatus, from QMP's
+// query-status).
+func (v *vm) qmpStatus() string {
+	if v.status == "running" && v.paused {
+		return "paused"
+	}
+	return v.status
+}
+
+// hSuspend is POST .../status/suspend, a qmsuspend task: a running VM's
+// vCPUs stop, its RAM kept (qemu-server's vm_suspend, QMP "stop"; "VM N
+// not running" otherwise); its guest agent does not answer while it is
+// paused. Hibernation (todisk) is not simulated: refused, saying so.
+func hSuspend(c *call) (any, error) {
+	return pauseVM(c, "qmsuspend", true)
+}
+
+// hResume is POST .../status/resume, a qmresume task: a suspended VM
+// goes on (qemu-server's vm_resume, QMP "cont"); resuming a VM that runs
+// changes nothing. "VM N not running" for a stopped one.
+func hResume(c *call) (any, error) {
+	return pauseVM(c, "qmresume", false)
+}
+
+func pauseVM(c *call, typ string, pause bool) (any, error) {
+	s := c.s
+	if pause && c.boolOr("todisk", false) {
+		return nil, errors.New("pvesim: suspend to disk (hibernation) is not simulated")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := c.loadVMToChange()
+	if err != nil {
+		return nil, err
+	}
+	if v.status != "running" {
+		return nil, dieErr("VM %d not running", v.vmid)
+	}
+	vmid, node := v.vmid, v.node
+	return s.runTask(c, taskSpec{node: node, typ: typ, id: strconv.Itoa(vmid),
+		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
+			s.mu.Lock()
+			v, ok := s.vms[vmid]
+			if !ok || v.node != node || v.status != "running" || v.guest == nil {
+				s.mu.Unlock()
+				return fmt.Errorf("VM %d not running", vmid)
+			}
+			g := v.guest
+			v.paused = pause
+			s.mu.Unlock()
+			pz, ok := g.sb.(interface {
+				Pause(context.Context) error
+				Resume(context.Context) error
+			})
+			if !ok {
+				return errors.New("pvesim: this host cannot freeze a guest (no cgroup freezer)")
+			}
+			if pause {
+				return pz.Pause(s.ctx)
+			}
+			return pz.Resume(s.ctx)
+		}}), nil
 }

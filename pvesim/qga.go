@@ -104,7 +104,7 @@ func (e *agentError) Error() string { return "Agent error: " + e.desc }
 
 // qga talks to the emulated agent of one running guest.
 type qga struct {
-	sb   sandbox.Sandbox
+	sb   sandbox.Instance
 	proc sandbox.Process
 	next atomic.Int64
 	// blocked are the commands it refuses, as qemu-ga -b does.
@@ -119,7 +119,7 @@ type qga struct {
 var _ guestAgent = (*qga)(nil)
 
 // startAgent runs the agent loop in sb and waits until it is ready.
-func startAgent(ctx context.Context, sb sandbox.Sandbox, blocked []string) (*qga, error) {
+func startAgent(ctx context.Context, sb sandbox.Instance, blocked []string) (*qga, error) {
 	proc, err := sb.Exec(ctx, sandbox.Command{
 		Args:        []string{"/bin/sh", "-c", agentScript},
 		Env:         agentEnv,
@@ -136,7 +136,7 @@ func startAgent(ctx context.Context, sb sandbox.Sandbox, blocked []string) (*qga
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := sb.ReadFile(ctx, qgaDir+"/ready", 1); err == nil {
+		if _, err := sb.ReadFile(ctx, qgaDir+"/ready", 0, 1); err == nil {
 			return a, nil
 		}
 		if a.exited() {
@@ -213,7 +213,7 @@ func (a *qga) request(ctx context.Context, op string, files map[string][]byte, t
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		data, err := a.sb.ReadFile(ctx, d+"/ack", 4096)
+		data, err := a.sb.ReadFile(ctx, d+"/ack", 0, 4096)
 		if err == nil && len(data) > 0 && data[len(data)-1] == '\n' {
 			return n, strings.TrimSuffix(string(data), "\n"), nil
 		}
@@ -312,7 +312,7 @@ func (a *qga) execStatus(ctx context.Context, pid int) (execStatus, error) {
 		return execStatus{}, &agentError{desc: "Invalid parameter 'pid'"}
 	}
 	d := a.dir(n)
-	rc, err := a.sb.ReadFile(ctx, d+"/rc", 64)
+	rc, err := a.sb.ReadFile(ctx, d+"/rc", 0, 64)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, sandbox.ErrGone) {
 			return execStatus{}, nil // still running
@@ -342,7 +342,7 @@ func (a *qga) execStatus(ctx context.Context, pid int) (execStatus, error) {
 }
 
 func (a *qga) readCapped(ctx context.Context, p string) ([]byte, bool) {
-	data, err := a.sb.ReadFile(ctx, p, maxExecOutput+1)
+	data, err := a.sb.ReadFile(ctx, p, 0, maxExecOutput+1)
 	if err != nil {
 		return nil, false
 	}
@@ -391,7 +391,7 @@ func (a *qga) fileRead(ctx context.Context, path string, offset, count int64) ([
 	if errno, ok := strings.CutPrefix(ack, "err read "); ok {
 		return nil, false, &agentError{desc: "failed to read file: " + errno}
 	}
-	data, err := a.sb.ReadFile(ctx, a.dir(n)+"/out", count)
+	data, err := a.sb.ReadFile(ctx, a.dir(n)+"/out", 0, count)
 	if err != nil {
 		return nil, false, fmt.Errorf("guest agent: read answer: %w", err)
 	}

@@ -91,7 +91,7 @@ done
 
 // qgaReal is the connection to one guest's qemu-ga.
 type qgaReal struct {
-	sb   sandbox.Sandbox
+	sb   sandbox.Instance
 	proc sandbox.Process
 	dir  *os.File // the guest's qgaDir on the host (O_PATH)
 	done chan struct{}
@@ -107,7 +107,7 @@ var _ guestAgent = (*qgaReal)(nil)
 
 // startRealAgent starts guestInit in sb, whose workspace is hostWS on
 // this host, and waits for qemu-ga's socket.
-func startRealAgent(ctx context.Context, sb sandbox.Sandbox, hostWS, bin string, blocked []string) (*qgaReal, error) {
+func startRealAgent(ctx context.Context, sb sandbox.Instance, hostWS, bin string, blocked []string) (*qgaReal, error) {
 	proc, err := sb.Exec(ctx, sandbox.Command{
 		Args:        []string{"/bin/sh", "-c", guestInit, "guest-init", bin, strings.Join(blocked, ",")},
 		Env:         agentEnv,

@@ -19,6 +19,9 @@ type vm struct {
 	vmid int
 	node string
 	ct   bool // an LXC container (it runs nothing: see lxc.go)
+	// paused: a running VM suspended (status/suspend); its guest is
+	// frozen.
+	paused bool
 	// conf is the config file: key -> value as written (lock, template
 	// and description included).
 	conf    map[string]string

@@ -1,7 +1,11 @@
 // Package sandbox defines what the engine needs from an isolation backend:
-// create a sandbox, put files in it, run one command with its output kept,
-// read files back, destroy it, and find it again after a restart. A backend
-// is thin; the job's life (queue, timeouts, statuses) belongs to the engine.
+// create a sandbox (an Instance), put files in it, run commands in it with
+// their output kept, read its files back, pause it, destroy it, and find
+// it again after a restart. A backend is thin; the life of jobs and of
+// kept sandboxes (queue, timeouts, idle timers, statuses) belongs to the
+// engine.
+//
+// sandboxtest.Run is the contract as a test suite: every backend runs it.
 package sandbox
 
 import (
@@ -40,6 +44,13 @@ type Capabilities struct {
 	// StatusFile is where, inside the sandbox, the job can write status
 	// lines that Process.ReadEvents returns, network or not ("" if none).
 	StatusFile string
+	// MultiExec: Exec may be called again on an instance made with
+	// Spec.MultiExec, also while earlier commands run; each command sees
+	// the files and the network the others left, with the same
+	// isolation. Without it an instance runs one command.
+	MultiExec bool
+	// Pause: an Instance is a Pauser.
+	Pause bool
 }
 
 // Spec describes the sandbox a job needs.
@@ -56,6 +67,12 @@ type Spec struct {
 	// Admission is the room an Admitter reserved for this sandbox, if
 	// any: Create uses it instead of placing the sandbox again.
 	Admission Admission
+	// MultiExec: the instance will run more than one command (a kept
+	// sandbox); a backend with Capabilities.MultiExec prepares for it.
+	MultiExec bool
+	// Expires, if set, is when the instance's processes end even if no
+	// server is there to destroy it (a kept sandbox's lifetime).
+	Expires time.Time
 }
 
 // Step reports a provisioning step through Progress, if there is one.
@@ -71,7 +88,7 @@ func (s Spec) Step(step string) {
 // directories); a PATH the job chose it leaves as it is.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Command is the one process a job runs. Args[0] is looked up on the
+// Command is a process to run in an instance. Args[0] is looked up on the
 // sandbox's PATH (from Env) when it has no slash. Nothing here goes
 // through a shell: every element is passed to execve as is.
 type Command struct {
@@ -119,36 +136,69 @@ type Backend interface {
 	Name() string
 	Capabilities() Capabilities
 	// Create provisions a sandbox. It must not leak anything if it fails.
-	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	Create(ctx context.Context, spec Spec) (Instance, error)
 	// Recover finds a sandbox created earlier (perhaps by another process of
 	// this server that has died), or returns ErrGone.
-	Recover(ctx context.Context, id string) (Sandbox, error)
+	Recover(ctx context.Context, id string) (Instance, error)
 	// List returns every sandbox this backend holds, so that the cleanup
 	// loop can destroy what no job owns.
 	List(ctx context.Context) ([]Info, error)
 	// Destroy removes a sandbox by id (all its processes, files, limits).
 	// Destroying what is already gone is not an error.
 	Destroy(ctx context.Context, id string) error
+	// Close releases what the backend holds in this process (clients,
+	// background work); the sandboxes go on, for Recover to find.
+	Close() error
 }
 
-// Sandbox is one isolated machine (a namespace set, a VM).
-type Sandbox interface {
+// Instance is one live sandbox: a namespace set, a VM. Its commands (one,
+// or many with Capabilities.MultiExec) share its files, its network and
+// its limits, and trust each other; each has the isolation of the first.
+type Instance interface {
 	ID() string
-	// WriteFile writes a file (creating parent dirs) at an absolute path
-	// inside the sandbox, owned by the job's user. With fs.ModeSymlink in
-	// mode it makes a symbolic link to data instead.
-	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
-	// ReadFile reads a file inside the sandbox, at most max bytes.
-	ReadFile(ctx context.Context, path string, max int64) ([]byte, error)
-	// ListFiles lists the regular files under /workspace, recursively,
-	// without following symbolic links.
-	ListFiles(ctx context.Context) ([]FileInfo, error)
-	// Exec starts the job's command. A sandbox runs one command.
+	Files
+	// Exec starts a command, with an id of its own (Process.ID).
 	Exec(ctx context.Context, cmd Command) (Process, error)
 	// Process returns the running (or finished) process started by Exec with
 	// that id, also after a restart; ErrGone if there is none.
 	Process(ctx context.Context, execID string) (Process, error)
 	Destroy(ctx context.Context) error
+}
+
+// Files reads and writes an instance's workspace. Paths are absolute and
+// inside /workspace; one that leaves it (.., a symbolic link that leads
+// out) is refused with an error naming the path and the rule, and nothing
+// is written.
+type Files interface {
+	// WriteFile writes a file (creating parent dirs) at an absolute path
+	// inside the sandbox, owned by the job's user. With fs.ModeSymlink in
+	// mode it makes a symbolic link to data instead.
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	// ReadFile reads a regular file from offset on, at most max bytes.
+	ReadFile(ctx context.Context, path string, offset, max int64) ([]byte, error)
+	// ListFiles lists what is under a directory of the workspace, without
+	// following symbolic links.
+	ListFiles(ctx context.Context, opts ListOptions) ([]FileInfo, error)
+}
+
+// ListOptions choose what ListFiles lists.
+type ListOptions struct {
+	Dir   string // absolute, inside /workspace; "" for /workspace
+	Depth int    // levels below Dir: 1 its entries, 0 every level
+	// Limit: at most this many entries (0: no limit); when there are
+	// more, ListFiles returns the first Limit and ErrTruncated.
+	Limit int
+	// Regular lists regular files only (artifacts).
+	Regular bool
+}
+
+// Pauser is an Instance that can be paused (Capabilities.Pause): its
+// processes stop where they are and keep their memory; Resume lets them
+// go on. Pausing a paused instance, or resuming a running one, is no
+// error.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
 }
 
 // Process is the job's command, running or finished.
@@ -199,9 +249,17 @@ const PollInterval = 100 * time.Millisecond
 
 // FileInfo is a file in the workspace.
 type FileInfo struct {
-	Path string // absolute, inside /workspace
-	Size int64
+	Path    string      // absolute, inside /workspace
+	Size    int64       // bytes; the target's length for a link
+	Mode    fs.FileMode // type bits and permissions
+	ModTime time.Time
+	// Link is a symbolic link's target, as written.
+	Link string
 }
+
+// ErrTruncated is returned with the entries ListFiles found when
+// ListOptions.Limit stopped it.
+var ErrTruncated = errors.New("listing truncated at its limit")
 
 // Info names a sandbox and the job it was made for (from Spec.JobID; ""
 // when the backend cannot tell).

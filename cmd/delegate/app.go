@@ -126,6 +126,9 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 
 func (a *app) Close() {
 	a.eng.Close()
+	if a.backend != nil {
+		a.backend.Close()
+	}
 	a.store.Close()
 }
 

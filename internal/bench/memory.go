@@ -33,7 +33,7 @@ func SupervisorMemory(b sandbox.Backend) (m local.SupervisorMemory, ok bool, err
 // supervisors once every job runs, and ends them.
 func sandboxMemory(ctx context.Context, b sandbox.Backend, n int) (local.SupervisorMemory, error) {
 	var procs []sandbox.Process
-	var boxes []sandbox.Sandbox
+	var boxes []sandbox.Instance
 	defer func() {
 		for _, p := range procs {
 			p.Kill(ctx)

@@ -36,6 +36,8 @@ var Methods = []string{
 	"POST /nodes/{node}/qemu/{vmid}/status/start",
 	"POST /nodes/{node}/qemu/{vmid}/status/stop",
 	"POST /nodes/{node}/qemu/{vmid}/status/shutdown",
+	"POST /nodes/{node}/qemu/{vmid}/status/suspend",
+	"POST /nodes/{node}/qemu/{vmid}/status/resume",
 	"DELETE /nodes/{node}/qemu/{vmid}",
 	"PUT /nodes/{node}/qemu/{vmid}/resize",
 	"GET /nodes/{node}/tasks/{upid}/status",
