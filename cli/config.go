@@ -141,7 +141,7 @@ func envVars() []envVar {
 		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
-		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
 	}
