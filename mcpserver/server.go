@@ -53,7 +53,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.submit)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
+		Description:  fmt.Sprintf("Block until the job ends, asks questions, or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -93,6 +93,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
 	}, h.release)
+	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
@@ -292,6 +293,9 @@ type WaitOut struct {
 	Progress string          `json:"progress,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Done     bool            `json:"done"`
+	// Questions the job waits for answers to (answer_job): wait_job
+	// returns at once while there are any.
+	Questions []QuestionOut `json:"questions,omitempty"`
 }
 
 func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitIn) (WaitOut, error) {
@@ -311,14 +315,14 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if token != nil {
 		go h.reportProgress(wctx, req, token, in.JobID)
 	}
-	j, err := h.svc.Wait(wctx, in.JobID)
+	j, questions, err := h.waitOrAsk(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
 		return WaitOut{}, err
 	}
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal()}, nil
+	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
