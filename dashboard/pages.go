@@ -31,6 +31,12 @@ func parsePages() map[string]*template.Template {
 		"fieldValue":  fieldValue,
 		"enumName":    enumName,
 		"inputType":   inputType,
+		// The exit code and why it ended, by the rule every reader
+		// follows (delegate.ExitReason).
+		"exit": delegate.ExitText,
+		"jobExit": func(j *delegate.Job) string {
+			return delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled))
+		},
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"list", "job", "login", "error"} {

@@ -389,18 +389,27 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	})
 }
 
-// stepper reports a backend's provisioning steps as the job's progress.
+// stepper reports a backend's provisioning steps as the job's progress,
+// and as entries of its timeline (statusMode detailed and streaming), so
+// that where a slow start spent its time (a clone, a boot, the guest
+// agent) shows afterwards too.
 func (r *runner) stepper(ctx context.Context, id string) func(string) {
 	return func(step string) {
 		step = clip(step)
+		now := time.Now().UTC()
 		r.log.Debug("provisioning step", "job", id, "step", step)
-		r.jobs.update(ctx, id, func(j *delegate.Job) error {
+		j, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 			if j.Status.Terminal() {
 				return delegate.ErrTerminal
 			}
 			j.Progress = step
 			return nil
 		})
+		if err == nil && j.Manifest.StatusMode != delegate.StatusModeSimple {
+			if err := r.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: step}, maxEvents); err != nil {
+				r.log.Warn("provisioning step: timeline", "job", id, "err", err)
+			}
+		}
 	}
 }
 

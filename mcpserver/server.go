@@ -372,8 +372,11 @@ type ResultIn struct {
 
 // ResultOut is a finished job's result.
 type ResultOut struct {
-	Status   delegate.Status `json:"status"`
-	ExitCode *int            `json:"exit_code,omitempty"`
+	Status delegate.Status `json:"status"`
+	// ExitCode is the status the job's process ended with (137: killed),
+	// ExitReason why: exited, oom, timeout, cancelled, none.
+	ExitCode   *int                `json:"exit_code,omitempty"`
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// Output is the end of the kept stdout, Stderr of the kept stderr
 	// (delegate.JobResult says why apart; get_job_logs has the two
 	// interleaved); OutputBytes counts all the job wrote to both,
@@ -400,7 +403,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
 	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
+		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
@@ -490,6 +493,7 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
+		"manifest.stdin":            "base64, the job's stdin, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)

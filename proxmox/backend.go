@@ -529,7 +529,7 @@ func lastingAgentError(err error) bool {
 // privilegeHint names the privilege a 403 says the token lacks.
 func privilegeHint(err error) error {
 	if path, priv := pve.MissingPrivilege(err); priv != "" {
-		return fmt.Errorf("the API token lacks %s on %s (see the README for the role delegate needs): %w", priv, path, err)
+		return fmt.Errorf("the API token lacks %s on %s (see docs/PROXMOX.md for the role delegate needs): %w", priv, path, err)
 	}
 	return err
 }

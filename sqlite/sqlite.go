@@ -194,6 +194,11 @@ var migrations = []string{
 		answer TEXT,
 		UNIQUE (job_id, id)
 	);`,
+	// An idempotency key keeps the digest of the manifest it was first
+	// sent with, so that the key sent again with another manifest is
+	// refused rather than answered with the first job. Jobs from before
+	// have none ('') and match any manifest, as they did.
+	`ALTER TABLE jobs ADD COLUMN idempotency_digest TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
