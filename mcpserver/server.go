@@ -44,6 +44,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
+	addSandboxTools(s, dec, log, svc)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
@@ -221,6 +222,8 @@ type StatusOut struct {
 	// entries; TimelineDropped counts the older ones dropped.
 	Timeline        []delegate.Event `json:"timeline,omitempty"`
 	TimelineDropped int64            `json:"timeline_dropped,omitempty"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -228,7 +231,7 @@ func statusOf(j *delegate.Job) StatusOut {
 		Status: j.Status, Progress: newsOf(j), Error: j.Error, CreatedAt: msec(j.CreatedAt),
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
-		TimelineDropped: j.TimelineDropped,
+		TimelineDropped: j.TimelineDropped, SandboxID: j.Sandbox,
 	}
 }
 
@@ -384,6 +387,8 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -400,6 +405,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
+		SandboxID:       r.Sandbox,
 	}, nil
 }
 
@@ -480,6 +486,7 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
+		"manifest.sandbox":          "run in a kept sandbox (its files, processes, network); commands of one sandbox trust each other",
 		"manifest.secrets":          "server secrets to set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),

@@ -26,6 +26,7 @@ import (
 // service is a mock whose Watch is a channel the test can push to.
 type service struct {
 	mock.JobService
+	mock.SandboxService
 	changes chan string
 }
 
@@ -142,6 +143,7 @@ func fullService() *service {
 		return &delegate.JobPage{Jobs: []delegate.JobSummary{{ID: "job-1", Status: delegate.StatusSuccess, AgentType: delegate.AgentScript,
 			Task: "make", CreatedAt: t0, ExitCode: &code, SandboxKept: true}}, NextCursor: "c2"}, nil
 	}
+	fullSandboxes(&s.SandboxService)
 	return s
 }
 
@@ -187,6 +189,11 @@ func TestToolOutputsMatchSchemas(t *testing.T) {
 	args := map[string]map[string]any{
 		"submit_job": {"manifest": map[string]any{"agentType": "script", "task": "make"}},
 		"list_jobs":  {"status": "success", "limit": 5},
+		// The sandbox tools (sandboxes_test.go checks each op of sandbox_files).
+		"open_sandbox":    {"resources": map[string]any{"memory": "512M"}},
+		"list_sandboxes":  {},
+		"sandbox_files":   {"sandbox_id": "sbx-1", "op": "read", "path": "f"},
+		"release_sandbox": {"sandbox_id": "sbx-1"},
 	}
 	if len(tools.Tools) != len(toolTypes) {
 		t.Errorf("%d tools, want %d", len(tools.Tools), len(toolTypes))
