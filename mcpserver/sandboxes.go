@@ -27,7 +27,7 @@ import (
 
 // sandboxTools are the tools whose not-found errors are about their
 // sandbox_id.
-var sandboxTools = map[string]bool{"open_sandbox": true, "list_sandboxes": true, "sandbox_files": true, "release_sandbox": true}
+var sandboxTools = map[string]bool{"list_sandboxes": true, "sandbox_files": true, "release_sandbox": true}
 
 func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc delegate.JobService) {
 	sb, ok := svc.(delegate.SandboxService)
@@ -379,10 +379,13 @@ func sandboxError(tool string, err error) error {
 		field = "manifest.sandbox"
 	}
 	var nf *delegate.NotFoundError
-	if errors.As(err, &nf) && nf.Resource == "sandbox" || !errors.As(err, &nf) && sandboxTools[tool] {
-		return fmt.Errorf("%s: %w (list_sandboxes shows the sandboxes that exist)", field, err)
+	switch found := errors.As(err, &nf); {
+	case found && nf.Resource == "sandbox":
+	case !found && sandboxTools[tool]: // a bare ErrNotFound of a tool that takes a sandbox_id is about it
+	default:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%s: %w (list_sandboxes shows the sandboxes that exist)", field, err)
 }
 
 // A kept sandbox as a resource: sandbox://{id} is list_sandboxes' answer
