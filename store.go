@@ -14,4 +14,5 @@ type Store interface {
 	ProgressStore
 	OutputStore
 	ArtifactStore
+	SandboxStore
 }

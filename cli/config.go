@@ -49,6 +49,14 @@ type Config struct {
 	MaxDisk    int64
 	MaxTimeout int
 
+	// Kept sandboxes (DELEGATE_MAX_SANDBOXES, DELEGATE_SANDBOX_IDLE,
+	// _PAUSE, _LIFETIME): how many may exist, and their timers' longest
+	// values (a sandbox may ask for shorter idle and lifetime).
+	MaxSandboxes    int
+	SandboxIdle     time.Duration
+	SandboxPause    time.Duration
+	SandboxLifetime time.Duration
+
 	CallbackHost       string
 	CallbackPort       int
 	CallbackPublicURL  string
@@ -128,6 +136,10 @@ func envVars() []envVar {
 		{"DELEGATE_MAX_MEMORY", "the host's memory (local)", "most memory a job may ask for"},
 		{"DELEGATE_MAX_DISK", "the host's memory (local: /workspace is memory)", "largest /workspace a job may ask for"},
 		{"DELEGATE_MAX_TIMEOUT", strconv.Itoa(delegate.MaxTimeoutSeconds), "longest timeout a job may ask for, in seconds"},
+		{"DELEGATE_MAX_SANDBOXES", strconv.Itoa(delegate.DefaultMaxSandboxes), "kept sandboxes that may exist at once (opened, or kept by persistent jobs)"},
+		{"DELEGATE_SANDBOX_IDLE", delegate.DefaultSandboxIdle.String(), "a kept sandbox idle this long is paused (a duration like 30m)"},
+		{"DELEGATE_SANDBOX_PAUSE", delegate.DefaultSandboxPause.String(), "a kept sandbox paused this long is destroyed"},
+		{"DELEGATE_SANDBOX_LIFETIME", delegate.DefaultSandboxLifetime.String(), "a kept sandbox is destroyed this long after it was made"},
 		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
@@ -171,6 +183,10 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		DataDir:         defaultDataDir(getenv),
 		Backend:         "local",
 		MaxConcurrent:   delegate.DefaultMaxConcurrent,
+		MaxSandboxes:    delegate.DefaultMaxSandboxes,
+		SandboxIdle:     delegate.DefaultSandboxIdle,
+		SandboxPause:    delegate.DefaultSandboxPause,
+		SandboxLifetime: delegate.DefaultSandboxLifetime,
 		OutputLimit:     delegate.DefaultOutputLimit,
 		CleanupInterval: delegate.DefaultCleanupInterval,
 		Defaults:        delegate.ServerDefaults(),
@@ -213,6 +229,20 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		bad("DELEGATE_BACKEND", "must be local or proxmox")
 	}
 	intIn("DELEGATE_MAX_CONCURRENT", 1, 1024, &c.MaxConcurrent)
+	intIn("DELEGATE_MAX_SANDBOXES", 1, 1024, &c.MaxSandboxes)
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"DELEGATE_SANDBOX_IDLE", &c.SandboxIdle}, {"DELEGATE_SANDBOX_PAUSE", &c.SandboxPause}, {"DELEGATE_SANDBOX_LIFETIME", &c.SandboxLifetime}} {
+		if v := getenv(d.name); v != "" {
+			n, err := time.ParseDuration(v)
+			if err != nil || n < time.Second || n > delegate.MaxSandboxLifetime {
+				bad(d.name, fmt.Sprintf("must be a duration like 30m or 24h, from 1s to %s", delegate.MaxSandboxLifetime))
+				continue
+			}
+			*d.dst = n
+		}
+	}
 	if v := getenv("DELEGATE_OUTPUT_LIMIT"); v != "" {
 		n, err := delegate.ParseSize(v)
 		if err != nil || n < delegate.MinOutputLimit || n > delegate.MaxOutputLimit {

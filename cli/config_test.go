@@ -44,6 +44,21 @@ func TestLoadConfig(t *testing.T) {
 			"DELEGATE_LOG_LEVEL": "loud", "DELEGATE_BACKEND": "docker",
 		}, []string{"DEFAULT_TIMEOUT", "DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_DISK", "CLEANUP_INTERVAL_SECONDS",
 			"DELEGATE_MAX_CONCURRENT", "DELEGATE_OUTPUT_LIMIT", "DELEGATE_LOG_LEVEL", "DELEGATE_BACKEND"}, nil},
+		{"kept sandboxes", map[string]string{
+			"DELEGATE_MAX_SANDBOXES": "3", "DELEGATE_SANDBOX_IDLE": "90s", "DELEGATE_SANDBOX_PAUSE": "2h", "DELEGATE_SANDBOX_LIFETIME": "72h",
+		}, nil, func(t *testing.T, c Config) {
+			if c.MaxSandboxes != 3 || c.SandboxIdle != 90*time.Second || c.SandboxPause != 2*time.Hour || c.SandboxLifetime != 72*time.Hour {
+				t.Errorf("parsed: %d %s %s %s", c.MaxSandboxes, c.SandboxIdle, c.SandboxPause, c.SandboxLifetime)
+			}
+		}},
+		{"kept sandboxes default", nil, nil, func(t *testing.T, c Config) {
+			if c.MaxSandboxes != 8 || c.SandboxIdle != 30*time.Minute || c.SandboxPause != 24*time.Hour || c.SandboxLifetime != 24*time.Hour {
+				t.Errorf("defaults: %d %s %s %s", c.MaxSandboxes, c.SandboxIdle, c.SandboxPause, c.SandboxLifetime)
+			}
+		}},
+		{"kept sandboxes bad", map[string]string{
+			"DELEGATE_MAX_SANDBOXES": "0", "DELEGATE_SANDBOX_IDLE": "30", "DELEGATE_SANDBOX_PAUSE": "500ms", "DELEGATE_SANDBOX_LIFETIME": "1000h",
+		}, []string{"DELEGATE_MAX_SANDBOXES", "DELEGATE_SANDBOX_IDLE", "DELEGATE_SANDBOX_PAUSE", "DELEGATE_SANDBOX_LIFETIME"}, nil},
 		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
 		{"rootfs dir", map[string]string{"DELEGATE_DATA_DIR": "/var/lib/delegate"}, nil, func(t *testing.T, c Config) {
 			if got := c.LocalRootfsDir(); got != "/var/lib/delegate/rootfs" {

@@ -85,12 +85,24 @@ type Config struct {
 	Logger     *slog.Logger
 	// Observer, if set, hears sandbox starts and job ends (metrics).
 	Observer Observer
+
+	// Kept sandboxes (keeper.go): at most MaxSandboxes at once
+	// (default delegate.DefaultMaxSandboxes); idle SandboxIdle they are
+	// paused, paused SandboxPause they go, SandboxLifetime ends them
+	// (defaults delegate.DefaultSandbox*); their timers are checked every
+	// SandboxTick (default 5 s).
+	MaxSandboxes    int
+	SandboxIdle     time.Duration
+	SandboxPause    time.Duration
+	SandboxLifetime time.Duration
+	SandboxTick     time.Duration
 }
 
 // Engine drives jobs from a store through a backend. It implements
 // delegate.JobService; its read side is its Reader's.
 type Engine struct {
 	*Reader
+	*keeper // delegate.SandboxService
 
 	cfg   Config
 	log   *slog.Logger
@@ -152,6 +164,21 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxSandboxes <= 0 {
+		cfg.MaxSandboxes = delegate.DefaultMaxSandboxes
+	}
+	if cfg.SandboxIdle <= 0 {
+		cfg.SandboxIdle = delegate.DefaultSandboxIdle
+	}
+	if cfg.SandboxPause <= 0 {
+		cfg.SandboxPause = delegate.DefaultSandboxPause
+	}
+	if cfg.SandboxLifetime <= 0 {
+		cfg.SandboxLifetime = delegate.DefaultSandboxLifetime
+	}
+	if cfg.SandboxTick <= 0 {
+		cfg.SandboxTick = 5 * time.Second
+	}
 	log := cfg.Logger
 	owner := newOwner()
 	life := newGroup()
@@ -160,19 +187,20 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	progress := newProgressWriter(store, jobs.notify, log)
 	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, changes: jobs.changes}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
+	keep := newKeeper(cfg, log, owner, store, ref, jobs)
 	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, log: log, retry: cfg.AdmissionRetry,
 		slots: cfg.MaxConcurrent, room: make(chan struct{})}
 	run := &runner{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
-		progress: progress, callbacks: cb, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
+		progress: progress, callbacks: cb, keeper: keep, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
-		sched: sched, read: read, suspect: make(map[string]struct{})}
+		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
 	// A job's end: its follower winds it up, and its token stops working.
 	jobs.ended = func(id string, st delegate.Status) {
 		cb.tokens.forget(id)
 		run.ended(id, st)
 	}
-	return &Engine{Reader: read, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
+	return &Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
 		progress: progress, callbacks: cb, sched: sched, runner: run, maint: maint}
 }
 
@@ -222,15 +250,40 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
 	}
 	chosenTemplate := m.VMTemplate != ""
+	var kept *delegate.Sandbox
+	if m.Sandbox != "" {
+		// A command in a kept sandbox: it runs within the sandbox's
+		// limits, template and network, and leaves the sandbox be.
+		sb, err := e.keeper.GetSandbox(ctx, m.Sandbox)
+		if err != nil {
+			var fe *delegate.FieldError
+			if errors.As(err, &fe) {
+				fe.Field = "manifest.sandbox"
+			}
+			return nil, err
+		}
+		if sb.State.Terminal() {
+			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is %s (%s): open a new one", sb.ID, sb.State, sb.Reason)}
+		}
+		if sb.Backend != backend.Name() {
+			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
+		}
+		kept = sb
+	}
 	m.ApplyDefaults(e.cfg.Defaults)
-	if err := m.Validate(); err != nil { // the defaults themselves may be bad
+	if kept != nil {
+		res := kept.Resources
+		m.Resources, m.VMTemplate, m.Network, m.Lifecycle = &res, kept.Template, kept.Network, delegate.LifecyclePersistent
+	} else if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
 	if err := e.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
-		return nil, err
+	if kept == nil {
+		if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkResources(ctx, backend, m, e.log); err != nil {
 		return nil, err
@@ -258,6 +311,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		Owner:     e.owner,
 
 		IdempotencyKey: opts.IdempotencyKey,
+	}
+	if kept != nil {
+		job.Sandbox = kept.ID
 	}
 	if err := e.store.CreateJob(ctx, job); err != nil {
 		if opts.IdempotencyKey != "" {
@@ -335,6 +391,21 @@ func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, e
 	}
 	if !j.Status.Terminal() {
 		return j, false, fmt.Errorf("job %s is %s: %w; cancel_job it first, or wait for it to end", id, j.Status, delegate.ErrNotFinished)
+	}
+	if j.Sandbox != "" {
+		// The kept sandbox it made: released as a sandbox is.
+		sb, released, err := e.keeper.ReleaseSandbox(ctx, j.Sandbox)
+		if err != nil {
+			return j, false, err
+		}
+		if released {
+			j, err = e.jobs.update(ctx, id, func(j *delegate.Job) error {
+				j.Progress = "sandbox released"
+				return nil
+			})
+		}
+		_ = sb
+		return j, released, err
 	}
 	if j.SandboxID == "" {
 		return j, false, nil

@@ -30,6 +30,7 @@ type maintenance struct {
 	runner *runner
 	sched  *scheduler
 	read   *Reader
+	keeper *keeper
 
 	mu      sync.Mutex
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
@@ -53,6 +54,7 @@ func (m *maintenance) start(ctx context.Context, life *group) error {
 	life.every(m.cfg.CleanupInterval, m.cleanup)
 	life.every(max(m.cfg.HeartbeatThreshold/4, 100*time.Millisecond), m.checkHeartbeats)
 	life.every(m.cfg.PollInterval, m.watchFinishes(finishes, own))
+	life.every(m.cfg.SandboxTick, m.keeper.tick)
 	return nil
 }
 
@@ -156,8 +158,13 @@ func (m *maintenance) sweep(ctx context.Context) {
 			continue // finished, and its sandbox is being destroyed right now
 		case job != nil && job.Owner != "" && job.Owner != m.owner && m.cfg.OwnerAlive(job.Owner):
 			continue // another live engine's: it destroys it (or its sweep does)
-		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID:
-			continue // kept until release_job
+		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID && job.Sandbox == "":
+			continue // kept until release_job (a persistent job of a backend that keeps no sandbox)
+		case m.keeper.keeps(ctx, backend.Name(), sb.ID):
+			continue // a kept sandbox's machine: its timers end it
+		case job != nil && job.Sandbox != "":
+			// The machine of a kept sandbox that has ended: its
+			// destroy was interrupted.
 		case job == nil:
 			unknown[sb.ID] = struct{}{}
 			if _, again := suspect[sb.ID]; !again {

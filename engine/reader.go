@@ -129,7 +129,7 @@ func summary(j *delegate.Job) delegate.JobSummary {
 
 // sandboxKept: a finished persistent job whose sandbox has not been released.
 func sandboxKept(j *delegate.Job) bool {
-	return j.Status.Terminal() && j.Manifest.Lifecycle == delegate.LifecyclePersistent && j.SandboxID != ""
+	return j.Status.Terminal() && j.Manifest.Lifecycle == delegate.LifecyclePersistent && j.SandboxID != "" && j.Manifest.Sandbox == ""
 }
 
 func statusNames() string {

@@ -31,6 +31,7 @@ type runner struct {
 	jobs      *jobWriter
 	progress  *progressWriter
 	callbacks *callbacks
+	keeper    *keeper // kept sandboxes: the commands run in them
 	// roomFreed is the scheduler's: a sandbox is gone, jobs waiting for
 	// capacity may fit now.
 	roomFreed func()
@@ -159,7 +160,13 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 			observed = r.jobEnded
 		}
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
-		if a.sb != nil {
+		switch {
+		case a.attached:
+			// A kept sandbox's: it stays for the next command.
+			r.keeper.detach(context.WithoutCancel(ctx), job.Manifest.Sandbox)
+		case a.kept != "":
+			r.keeper.end(context.WithoutCancel(ctx), a.kept, delegate.SandboxGone, "the job that made it failed to start: "+reason)
+		case a.sb != nil:
 			r.rollback(id, a.sb.ID())
 		}
 		return
@@ -176,6 +183,11 @@ type attempt struct {
 	sb    sandbox.Instance // made by the first step; rolled back on failure
 	token string           // the job's callback token, known only here and in its environment
 	proc  sandbox.Process
+	// attached: sb is a kept sandbox's (manifest.sandbox), which a failure
+	// leaves be; kept: the kept sandbox this persistent job made, which a
+	// failure ends.
+	attached bool
+	kept     string
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -193,14 +205,48 @@ var provisionSteps = []struct {
 	{"start the command", (*runner).startCommand},
 }
 
+// attachSteps take a command in a kept sandbox (manifest.sandbox) from
+// pending to running: the sandbox is there already.
+var attachSteps = []struct {
+	name string
+	do   func(*runner, context.Context, *attempt) error
+}{
+	{"attach to the kept sandbox", (*runner).attachStep},
+	{"write the files", (*runner).writeFiles},
+	{"issue the callback token", (*runner).issueToken},
+	{"start the command", (*runner).startCommand},
+}
+
 // provision runs the provisioning steps.
 func (r *runner) provision(ctx context.Context, a *attempt) error {
-	for _, step := range provisionSteps {
+	steps := provisionSteps
+	if a.job.Manifest.Sandbox != "" {
+		steps = attachSteps
+	}
+	for _, step := range steps {
 		if err := step.do(r, ctx, a); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// attachStep finds the kept sandbox the command runs in (resumed if it
+// was paused) and records the command there.
+func (r *runner) attachStep(ctx context.Context, a *attempt) error {
+	sb, inst, err := r.keeper.instance(ctx, a.job.Manifest.Sandbox, true)
+	if err != nil {
+		return err
+	}
+	a.sb, a.attached = inst, true
+	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
+		if j.Status.Terminal() {
+			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
+		}
+		j.SandboxID, j.Sandbox, j.Progress = inst.ID(), sb.ID, "writing files"
+		return nil
+	})
+	return err
 }
 
 // createStep creates the sandbox and records it on the job.
@@ -210,16 +256,31 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	spec.Admission, spec.Progress = a.adm, r.stepper(ctx, a.job.ID)
+	// A persistent job's sandbox is kept, for more commands: made to run
+	// them where the backend can, with a lifetime.
+	keep := a.job.Manifest.Lifecycle == delegate.LifecyclePersistent && r.backend().Capabilities().MultiExec &&
+		!(a.job.Manifest.Network == delegate.NetworkEgress && r.backend().Name() == "local")
+	if keep {
+		spec.MultiExec, spec.Expires = true, time.Now().Add(r.cfg.SandboxLifetime)
+	}
 	sb, err := r.createSandbox(ctx, spec)
 	if err != nil {
 		return err
 	}
 	a.sb = sb
+	keptID := ""
+	if keep {
+		k, err := r.keeper.kept(ctx, a.job, sb, spec.Expires)
+		if err != nil {
+			return fmt.Errorf("record the kept sandbox: %w", err)
+		}
+		a.kept, keptID = k.ID, k.ID
+	}
 	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
 		}
-		j.SandboxID, j.Progress = sb.ID(), "writing files"
+		j.SandboxID, j.Sandbox, j.Progress = sb.ID(), keptID, "writing files"
 		return nil
 	})
 	return err
@@ -840,6 +901,9 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
+	if j, err := r.store.GetJob(context.WithoutCancel(r.life.ctx), id); err == nil && j.Sandbox != "" {
+		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
+	}
 }
 
 // finish moves the job to a terminal status. If it already is terminal (a

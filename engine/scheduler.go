@@ -131,6 +131,9 @@ func (s *scheduler) admit(id string) (adm sandbox.Admission, res admitResult, ro
 	if job.Status != delegate.StatusPending {
 		return nil, admitDrop, nil // cancelled while it waited
 	}
+	if job.Manifest.Sandbox != "" {
+		return nil, admitted, nil // a kept sandbox's: no new machine
+	}
 	spec, err := sandboxSpec(job)
 	if err != nil {
 		s.runner.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)

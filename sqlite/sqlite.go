@@ -27,6 +27,7 @@ type DB struct {
 	*ProgressStore
 	*OutputStore
 	*ArtifactStore
+	*SandboxStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -164,6 +165,20 @@ var migrations = []string{
 	ALTER TABLE job_output ADD COLUMN runs BLOB;
 	CREATE INDEX job_output_stderr ON job_output(job_id, offset) WHERE stream >= 2;
 	ALTER TABLE jobs ADD COLUMN stderr_kept INTEGER NOT NULL DEFAULT 0;`,
+	// Kept sandboxes (issue 17): a row each, whole as JSON beside the
+	// columns they are selected by; a job names the kept sandbox it ran
+	// in or made.
+	`CREATE TABLE sandboxes (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		state TEXT NOT NULL,
+		backend TEXT NOT NULL,
+		instance TEXT NOT NULL,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX sandboxes_live ON sandboxes(state, seq);
+	CREATE INDEX sandboxes_instance ON sandboxes(backend, instance);
+	ALTER TABLE jobs ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -233,6 +248,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.ArtifactStore, err = newArtifactStore(ctx, db); err != nil {
+		return err
+	}
+	if db.SandboxStore, err = newSandboxStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

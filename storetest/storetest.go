@@ -54,6 +54,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"OutputOffsets", testOutputOffsets},
 		{"OutputStreams", testOutputStreams},
 		{"Artifacts", testArtifacts},
+		{"Sandboxes", testSandboxes},
+		{"JobNamesItsSandbox", testJobNamesItsSandbox},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
@@ -765,5 +767,96 @@ func testArtifacts(t *testing.T, open Open) {
 		{Name: "z.txt", Size: 3, SHA256: "3"}}
 	if err != nil || fmt.Sprint(arts) != fmt.Sprint(want) {
 		t.Fatalf("artifacts: %+v %v; want %+v", arts, err, want)
+	}
+}
+
+// testSandboxes: a kept sandbox is stored whole (the fields the API hides
+// included), listed newest first, live or all, found by its instance,
+// changed in a transaction, and final once released or gone.
+func testSandboxes(t *testing.T, open Open) {
+	ctx := context.Background()
+	st := open()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	mk := func(id, instance string) *delegate.Sandbox {
+		return &delegate.Sandbox{ID: id, State: delegate.SandboxIdle, Backend: "local", Instance: instance, JobID: "job-1", Owner: "o1",
+			Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.NetworkNone,
+			CreatedAt: now, LastUsedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, PauseTimeout: time.Hour}
+	}
+	a, b := mk("sbx-a", "sb-1"), mk("sbx-b", "sb-2")
+	for _, sb := range []*delegate.Sandbox{a, b} {
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := open().GetSandbox(ctx, "sbx-a")
+	if err != nil || got.Instance != "sb-1" || got.Owner != "o1" || got.IdleTimeout != time.Minute || !got.ExpiresAt.Equal(a.ExpiresAt) || got.Resources.Memory != "512M" {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+	if _, err := st.GetSandbox(ctx, "sbx-none"); !errors.Is(err, delegate.ErrNotFound) || !strings.Contains(err.Error(), "sbx-none") {
+		t.Errorf("an unknown sandbox: %v", err)
+	}
+	if sb, err := st.SandboxOfInstance(ctx, "local", "sb-2"); err != nil || sb.ID != "sbx-b" {
+		t.Errorf("by instance: %+v, %v", sb, err)
+	}
+	if _, err := st.SandboxOfInstance(ctx, "proxmox", "sb-2"); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("another backend's instance: %v", err)
+	}
+	upd, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error {
+		sb.State, sb.Running, sb.Commands = delegate.SandboxRunning, 1, 1
+		return nil
+	})
+	if err != nil || upd.State != delegate.SandboxRunning || upd.Running != 1 {
+		t.Fatalf("update: %+v, %v", upd, err)
+	}
+	if _, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error {
+		sb.Running = 99
+		return errors.New("refused")
+	}); err == nil {
+		t.Error("a failed update was not refused")
+	}
+	if again, _ := open().GetSandbox(ctx, "sbx-a"); again.Running != 1 {
+		t.Errorf("a failed update wrote %d", again.Running)
+	}
+	if _, err := st.UpdateSandbox(ctx, "sbx-b", func(sb *delegate.Sandbox) error {
+		sb.State, sb.Reason, sb.EndedAt = delegate.SandboxReleased, "released on request", now
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	if _, err := st.UpdateSandbox(ctx, "sbx-b", func(sb *delegate.Sandbox) error {
+		called = true
+		return nil
+	}); !errors.Is(err, delegate.ErrTerminal) || called {
+		t.Errorf("a released sandbox changed (called %v): %v", called, err)
+	}
+	live, err := open().ListSandboxes(ctx, true, 0)
+	if err != nil || len(live) != 1 || live[0].ID != "sbx-a" {
+		t.Errorf("live: %+v, %v", live, err)
+	}
+	all, err := open().ListSandboxes(ctx, false, 0)
+	if err != nil || len(all) != 2 || all[0].ID != "sbx-b" {
+		t.Errorf("all, newest first: %+v, %v", all, err)
+	}
+}
+
+// testJobNamesItsSandbox: a job keeps the kept sandbox it ran in.
+func testJobNamesItsSandbox(t *testing.T, open Open) {
+	ctx := context.Background()
+	st := open()
+	j := &delegate.Job{ID: "job-sbx", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Sandbox: "sbx-a"},
+		Status: delegate.StatusPending, CreatedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC(), Sandbox: "sbx-a"}
+	if err := st.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	got, err := open().GetJob(ctx, j.ID)
+	if err != nil || got.Sandbox != "sbx-a" || got.Manifest.Sandbox != "sbx-a" {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	if _, err := st.UpdateJob(ctx, j.ID, func(j *delegate.Job) error { j.Sandbox = "sbx-b"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := open().GetJob(ctx, j.ID); got.Sandbox != "sbx-b" {
+		t.Errorf("updated: %q", got.Sandbox)
 	}
 }

@@ -1,0 +1,318 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
+)
+
+// keptFixture is the engine with fast sandbox timers.
+func keptFixture(t *testing.T, cfg engine.Config) *fixture {
+	if cfg.SandboxTick == 0 {
+		cfg.SandboxTick = 10 * time.Millisecond
+	}
+	return newFixture(t, cfg)
+}
+
+func (f *fixture) sandbox(id string) *delegate.Sandbox {
+	f.t.Helper()
+	sb, err := f.eng.GetSandbox(context.Background(), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sb
+}
+
+// TestKeptSandboxCommands: commands submitted with manifest.sandbox run
+// in the kept sandbox's one instance, side by side, as jobs; the sandbox
+// counts them and is idle once none runs.
+func TestKeptSandboxCommands(t *testing.T) {
+	f := keptFixture(t, engine.Config{})
+	ctx := context.Background()
+	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != delegate.SandboxIdle || sb.Instance == "" || !strings.HasPrefix(sb.ID, "sbx-") {
+		t.Fatalf("opened %+v", sb)
+	}
+	if f.backend.Len() != 1 {
+		t.Fatalf("%d instances, want 1", f.backend.Len())
+	}
+	in := script("echo one")
+	in.Sandbox = sb.ID
+	one := f.submit(in)
+	p1 := f.started()
+	in.Task = "echo two"
+	two := f.submit(in)
+	p2 := f.started()
+	if p1.Sandbox != p2.Sandbox || p1.Sandbox.ID() != sb.Instance {
+		t.Fatalf("the commands ran in %s and %s, want both in %s", p1.Sandbox.ID(), p2.Sandbox.ID(), sb.Instance)
+	}
+	if p1.ID() == p2.ID() {
+		t.Error("two commands with one id")
+	}
+	eventually(t, "two commands running", func() bool { return f.sandbox(sb.ID).Running == 2 })
+	if got := f.sandbox(sb.ID); got.State != delegate.SandboxRunning || got.Commands != 2 {
+		t.Errorf("with two commands: %+v", got)
+	}
+	p1.Finish(sandbox.Exit{})
+	p2.Finish(sandbox.Exit{Code: 3})
+	if j := f.wait(f.eng, one.ID); j.Status != delegate.StatusSuccess || j.Sandbox != sb.ID {
+		t.Errorf("first command: %+v", j)
+	}
+	if j := f.wait(f.eng, two.ID); j.Status != delegate.StatusFailed {
+		t.Errorf("second command: %+v", j)
+	}
+	eventually(t, "the sandbox idle", func() bool {
+		got := f.sandbox(sb.ID)
+		return got.State == delegate.SandboxIdle && got.Running == 0
+	})
+	if f.backend.Len() != 1 {
+		t.Errorf("%d instances after the commands, want the kept one", f.backend.Len())
+	}
+	// The kept sandbox's limits are its own: a command may not bring any.
+	bad := script("true")
+	bad.Sandbox, bad.Resources = sb.ID, &delegate.Resources{Memory: "4G"}
+	if _, err := f.eng.Submit(ctx, bad, delegate.SubmitOptions{}); err == nil || !strings.Contains(err.Error(), "manifest.resources") {
+		t.Errorf("a command with resources of its own: %v", err)
+	}
+	missing := script("true")
+	missing.Sandbox = "sbx-nothere"
+	if _, err := f.eng.Submit(ctx, missing, delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrNotFound) || !strings.Contains(err.Error(), "sbx-nothere") {
+		t.Errorf("an unknown sandbox: %v", err)
+	}
+}
+
+// TestPersistentJobKeepsASandbox: a persistent job makes a kept sandbox,
+// which the next command runs in; releasing it destroys its machine, and
+// a command for it is then refused.
+func TestPersistentJobKeepsASandbox(t *testing.T) {
+	f := keptFixture(t, engine.Config{})
+	ctx := context.Background()
+	m := script("echo first")
+	m.Lifecycle = delegate.LifecyclePersistent
+	first := f.submit(m)
+	f.started().Finish(sandbox.Exit{})
+	j := f.wait(f.eng, first.ID)
+	if j.Sandbox == "" {
+		t.Fatalf("the persistent job kept no sandbox: %+v", j)
+	}
+	sb := f.sandbox(j.Sandbox)
+	if sb.JobID != first.ID || sb.Instance != j.SandboxID || sb.Commands != 1 {
+		t.Errorf("the kept sandbox: %+v", sb)
+	}
+	next := script("cat keep.txt")
+	next.Sandbox = sb.ID
+	f.submit(next)
+	if p := f.started(); p.Sandbox.ID() != sb.Instance {
+		t.Errorf("the next command ran in %s, want %s", p.Sandbox.ID(), sb.Instance)
+	} else {
+		p.Finish(sandbox.Exit{})
+	}
+	page, _ := f.eng.List(ctx, delegate.ListOptions{})
+	kept := 0
+	for _, s := range page.Jobs {
+		if s.SandboxKept {
+			kept++
+		}
+	}
+	if kept != 1 {
+		t.Errorf("%d jobs say they keep a sandbox, want the one that made it", kept)
+	}
+	released, ok, err := f.eng.ReleaseSandbox(ctx, sb.ID)
+	if err != nil || !ok || released.State != delegate.SandboxReleased {
+		t.Fatalf("release: %+v %v %v", released, ok, err)
+	}
+	eventually(t, "the machine destroyed", func() bool { return f.backend.Len() == 0 })
+	if _, again, err := f.eng.ReleaseSandbox(ctx, sb.ID); err != nil || again {
+		t.Errorf("a second release: %v %v", again, err)
+	}
+	if _, err := f.eng.Submit(ctx, next, delegate.SubmitOptions{}); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Errorf("a command for a released sandbox: %v", err)
+	}
+	if j, _ := f.eng.Get(ctx, first.ID); j.SandboxID != "" {
+		t.Errorf("the job that made it still names its machine: %+v", j)
+	}
+}
+
+// TestKeptSandboxTimers: idle past its idle timeout a sandbox is paused;
+// a command resumes it; paused past its pause timeout it goes; past its
+// lifetime it goes whatever it does.
+func TestKeptSandboxTimers(t *testing.T) {
+	f := keptFixture(t, engine.Config{})
+	ctx := context.Background()
+	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{IdleTimeout: 1, PauseTimeout: 2, Lifetime: 3600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := func() *sandboxtest.FakeInstance {
+		i, err := f.backend.Recover(ctx, sb.Instance)
+		if err != nil {
+			return nil
+		}
+		return i.(*sandboxtest.FakeInstance)
+	}
+	eventually2(t, 5*time.Second, "paused when idle", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
+	if !inst().Paused() {
+		t.Fatal("the sandbox is recorded paused, its machine is not")
+	}
+	// A file call on a paused sandbox resumes it (never an error).
+	if err := f.eng.WriteSandboxFile(ctx, sb.ID, "notes.txt", []byte("hi"), 0o644); err != nil {
+		t.Fatalf("write to a paused sandbox: %v", err)
+	}
+	if got := f.sandbox(sb.ID); got.State != delegate.SandboxIdle || inst().Paused() {
+		t.Errorf("after a file call: %+v (machine paused %v)", got, inst().Paused())
+	}
+	eventually2(t, 5*time.Second, "paused again", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
+	eventually2(t, 5*time.Second, "gone after its pause timeout", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
+	if got := f.sandbox(sb.ID); !strings.Contains(got.Reason, "pause timeout") || inst() != nil {
+		t.Errorf("gone: %+v", got)
+	}
+
+	short, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{Lifetime: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := script("sleep 100")
+	m.Sandbox = short.ID
+	job := f.submit(m)
+	f.started()
+	eventually2(t, 5*time.Second, "gone at its lifetime, a command running", func() bool { return f.sandbox(short.ID).State == delegate.SandboxGone })
+	if j := f.wait(f.eng, job.ID); j.Status == delegate.StatusSuccess {
+		t.Errorf("the command of a sandbox that went: %+v", j)
+	}
+
+	// Longer timers than the server's settings are refused, naming the
+	// field and the setting.
+	for _, spec := range []struct {
+		spec           delegate.SandboxSpec
+		field, setting string
+	}{
+		{delegate.SandboxSpec{IdleTimeout: 3 * 3600}, "idle_timeout", "DELEGATE_SANDBOX_IDLE"},
+		{delegate.SandboxSpec{PauseTimeout: 48 * 3600}, "pause_timeout", "DELEGATE_SANDBOX_PAUSE"},
+		{delegate.SandboxSpec{Lifetime: 48 * 3600}, "lifetime", "DELEGATE_SANDBOX_LIFETIME"},
+	} {
+		_, err := f.eng.OpenSandbox(ctx, spec.spec)
+		var fe *delegate.FieldError
+		if !errors.As(err, &fe) || fe.Field != spec.field || !strings.Contains(err.Error(), spec.setting) {
+			t.Errorf("%+v: %v", spec.spec, err)
+		}
+	}
+}
+
+func eventually2(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestKeptSandboxFiles: files of a sandbox's workspace, read at an
+// offset, written, listed; paths that leave the workspace are refused
+// naming the field.
+func TestKeptSandboxFiles(t *testing.T) {
+	f := keptFixture(t, engine.Config{})
+	ctx := context.Background()
+	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.eng.WriteSandboxFile(ctx, sb.ID, "src/a.txt", []byte("hello world"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := f.eng.ReadSandboxFile(ctx, sb.ID, "/workspace/src/a.txt", 6, 100)
+	if err != nil || string(fc.Data) != "world" || fc.Size != 11 || !fc.EOF {
+		t.Errorf("read: %+v %v", fc, err)
+	}
+	fc, err = f.eng.ReadSandboxFile(ctx, sb.ID, "src/a.txt", 0, 5)
+	if err != nil || string(fc.Data) != "hello" || fc.EOF {
+		t.Errorf("read part: %+v %v", fc, err)
+	}
+	ls, err := f.eng.ListSandboxFiles(ctx, sb.ID, delegate.FileListOptions{Depth: 2})
+	if err != nil || len(ls.Entries) != 2 || ls.Entries[1].Path != "/workspace/src/a.txt" || ls.Entries[1].Type != "file" || ls.Entries[0].Type != "dir" {
+		t.Errorf("list: %+v %v", ls, err)
+	}
+	for _, tc := range []struct {
+		err   error
+		field string
+	}{
+		{f.eng.WriteSandboxFile(ctx, sb.ID, "../etc/x", []byte("x"), 0o644), "path"},
+		{f.eng.WriteSandboxFile(ctx, sb.ID, "/etc/passwd", []byte("x"), 0o644), "path"},
+		{f.eng.WriteSandboxFile(ctx, sb.ID, "x", []byte("x"), fs.ModeSetuid|0o755), "mode"},
+		{errOf(f.eng.ReadSandboxFile(ctx, sb.ID, "a", 0, delegate.MaxFileRead+1)), "length"},
+		{errOf(f.eng.ListSandboxFiles(ctx, sb.ID, delegate.FileListOptions{Path: "../.."})), "path"},
+	} {
+		var fe *delegate.FieldError
+		if !errors.As(tc.err, &fe) || fe.Field != tc.field {
+			t.Errorf("got %v, want a field error on %s", tc.err, tc.field)
+		}
+	}
+	if _, err := f.eng.ReadSandboxFile(ctx, sb.ID, "missing", 0, 10); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("a missing file: %v", err)
+	}
+	if _, err := f.eng.ReadSandboxFile(ctx, "sbx-gone", "a", 0, 10); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("an unknown sandbox: %v", err)
+	}
+}
+
+func errOf[T any](_ T, err error) error { return err }
+
+// TestKeptSandboxCapacity: past the most kept sandboxes, opening one is
+// refused naming the setting and the oldest idle ones.
+func TestKeptSandboxCapacity(t *testing.T) {
+	f := keptFixture(t, engine.Config{MaxSandboxes: 2})
+	ctx := context.Background()
+	var first *delegate.Sandbox
+	for i := range 2 {
+		sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = sb
+		}
+	}
+	_, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if !errors.Is(err, delegate.ErrConflict) || !strings.Contains(err.Error(), "DELEGATE_MAX_SANDBOXES=2") || !strings.Contains(err.Error(), first.ID) {
+		t.Fatalf("past the maximum: %v", err)
+	}
+	f.eng.ReleaseSandbox(ctx, first.ID)
+	if _, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{}); err != nil {
+		t.Errorf("after a release: %v", err)
+	}
+}
+
+// TestKeptSandboxSurvivesRestart: a kept sandbox's machine is spared by
+// the sweep, and an engine that starts after its keeper died adopts it
+// and keeps its timers.
+func TestKeptSandboxSurvivesRestart(t *testing.T) {
+	dead := func(string) bool { return false }
+	f := keptFixture(t, engine.Config{OwnerAlive: dead, CleanupInterval: 20 * time.Millisecond})
+	ctx := context.Background()
+	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{IdleTimeout: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // several sweeps
+	if f.backend.Len() != 1 {
+		t.Fatal("the sweep destroyed a kept sandbox's machine")
+	}
+	f.eng.Close()
+	second := f.start(f.backend)
+	eventually2(t, 5*time.Second, "adopted and paused by the next engine", func() bool {
+		got, _ := second.GetSandbox(ctx, sb.ID)
+		return got.State == delegate.SandboxPaused
+	})
+}
