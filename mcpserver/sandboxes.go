@@ -39,8 +39,9 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 		Name: "open_sandbox",
 		Description: "Open a sandbox kept for several commands (submit_job manifest.sandbox) and its files (sandbox_files); " +
 			"paused when idle, gone after its lifetime.",
-		InputSchema:  openSandboxSchema(),
-		Annotations:  annotations(false, false, false, true),
+		InputSchema: openSandboxSchema(),
+		// Closed world: it runs nothing (commands are submit_job's).
+		Annotations:  annotations(false, false, false, false),
 		OutputSchema: outputSchema[OpenSandboxOut](),
 	}, h.open)
 	addTool(s, dec, log, &mcp.Tool{
