@@ -30,6 +30,10 @@ func parsePages() map[string]*template.Template {
 		"iso":         func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"duration":    formatDuration,
 		"terminal":    func(s delegate.Status) bool { return s.Terminal() },
+		"questionURL": questionURL,
+		"fieldValue":  fieldValue,
+		"enumName":    enumName,
+		"inputType":   inputType,
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox"} {
@@ -129,6 +133,8 @@ type jobView struct {
 	Now     time.Time
 	Notice  string
 	LiveURL string
+	// Questions are those the job waits for answers to (questions.go).
+	Questions []delegate.Question
 }
 
 // readJob reads all a job's page shows.
@@ -147,6 +153,9 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	}
 	if !j.Status.Terminal() {
 		v.LiveLog = j.Manifest.StatusMode == delegate.StatusModeStreaming
+		if v.Questions, err = d.openQuestions(ctx, id); err != nil {
+			return jobView{}, err
+		}
 		return v, nil
 	}
 	res, err := d.svc.Result(ctx, id, delegate.ResultOptions{})
@@ -191,6 +200,7 @@ func logPieces(l *delegate.LogPage) []logPiece {
 // nothing from the query string is shown as it is).
 var notices = map[string]string{
 	"cancelled": "Cancelled: its processes are being killed and its sandbox destroyed.",
+	"answered":  "Answered: the job finds the answer where it waits for it.",
 	"finished":  "It had already finished: nothing was cancelled.",
 }
 

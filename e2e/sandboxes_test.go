@@ -32,11 +32,9 @@ type sandboxOut struct {
 type filesOut struct {
 	Text       *string `json:"text"`
 	Content    *string `json:"content"`
-	Offset     *int64  `json:"offset"`
 	Size       *int64  `json:"size"`
 	EOF        *bool   `json:"eof"`
 	NextOffset *int64  `json:"next_offset"`
-	Written    *int64  `json:"written"`
 	Entries    []struct {
 		Path string `json:"path"`
 		Type string `json:"type"`
@@ -87,13 +85,13 @@ func sandboxConversation(t *testing.T, cs *mcp.ClientSession) {
 	for _, tool := range tools.Tools {
 		offered[tool.Name] = tool
 	}
-	for _, name := range []string{"open_sandbox", "list_sandboxes", "sandbox_files", "release_sandbox"} {
+	for _, name := range []string{"open_sandbox", "list_sandboxes", "sandbox_files", "release_job"} {
 		if offered[name] == nil {
 			t.Fatalf("%s is not offered", name)
 		}
 	}
-	if a := offered["release_sandbox"].Annotations; a.DestructiveHint != nil || a.ReadOnlyHint {
-		t.Errorf("release_sandbox is destructive: %+v", a)
+	if a := offered["release_job"].Annotations; a.DestructiveHint != nil || a.ReadOnlyHint {
+		t.Errorf("release_job is destructive: %+v", a)
 	}
 
 	open := call[sandboxOut](t, cs, "open_sandbox", map[string]any{"resources": map[string]any{"memory": "256M"}, "idle_timeout": 600})
@@ -125,7 +123,7 @@ func sandboxConversation(t *testing.T, cs *mcp.ClientSession) {
 	}
 	w := call[filesOut](t, cs, "sandbox_files", map[string]any{"sandbox_id": id, "op": "write", "path": "bin/hello.sh",
 		"text": "#!/bin/sh\necho \"hello $1\"\n", "mode": "0755"})
-	if w.Written == nil || *w.Written != 26 {
+	if w.Size == nil || *w.Size != 26 {
 		t.Fatalf("write: %+v", w)
 	}
 	if r := inSandbox(t, cs, id, "./bin/hello.sh world"); r.Output != "hello world\n" {
@@ -212,10 +210,9 @@ func sandboxConversation(t *testing.T, cs *mcp.ClientSession) {
 
 	// Released: gone, and said so.
 	rel := call[struct {
-		Released bool   `json:"released"`
-		State    string `json:"state"`
-	}](t, cs, "release_sandbox", map[string]any{"sandbox_id": id})
-	if !rel.Released || rel.State != "released" {
+		Released bool `json:"released"`
+	}](t, cs, "release_job", map[string]any{"sandbox_id": id})
+	if !rel.Released {
 		t.Fatalf("release: %+v", rel)
 	}
 	one := call[struct {
@@ -229,7 +226,7 @@ func sandboxConversation(t *testing.T, cs *mcp.ClientSession) {
 	}
 	if again := call[struct {
 		Released bool `json:"released"`
-	}](t, cs, "release_sandbox", map[string]any{"sandbox_id": id}); again.Released {
+	}](t, cs, "release_job", map[string]any{"sandbox_id": id}); again.Released {
 		t.Error("released twice")
 	}
 }

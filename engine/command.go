@@ -82,6 +82,7 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		inputs["task"] = []byte(m.Task)
 	}
 	env["DELEGATE_JOB_TOKEN"] = token
+	env["DELEGATE_ANSWERS"] = AnswersDir // questions.go
 	if r.cfg.CallbackURL != "" {
 		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(r.cfg.CallbackURL, "/") + "/callback/" + job.ID
 	}

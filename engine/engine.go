@@ -12,6 +12,8 @@
 //     batches by one flusher;
 //   - Reader (reader.go): the read side, over the store alone;
 //   - callbacks (callback.go): the token index and the reports of jobs;
+//   - questions (questions.go): questions on jobs, their answers, and the
+//     answers' way into the sandboxes;
 //   - scheduler (scheduler.go): run slots, the queue, admission;
 //   - runner (runner.go): one job's run as ordered provisioning steps,
 //     then following the command and settling its end;
@@ -113,6 +115,7 @@ type Engine struct {
 	jobs      *jobWriter
 	progress  *progressWriter
 	callbacks *callbacks
+	questions *questions
 	sched     *scheduler
 	runner    *runner
 	maint     *maintenance
@@ -188,10 +191,11 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, changes: jobs.changes}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
 	keep := newKeeper(cfg, log, owner, store, ref, jobs)
+	qs := newQuestions(store, jobs, progress, log, 4*cfg.PollInterval)
 	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, log: log, retry: cfg.AdmissionRetry,
 		slots: cfg.MaxConcurrent, room: make(chan struct{})}
 	run := &runner{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
-		progress: progress, callbacks: cb, keeper: keep, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
+		progress: progress, callbacks: cb, keeper: keep, questions: qs, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
@@ -201,7 +205,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		run.ended(id, st)
 	}
 	return &Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
-		progress: progress, callbacks: cb, sched: sched, runner: run, maint: maint}
+		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.

@@ -72,6 +72,14 @@ func (k *keeper) backend() (sandbox.Backend, error) {
 	return b, nil
 }
 
+// endedError: the sandbox asked for has ended. It is ErrTerminal to
+// errors.Is (the kind adapters report), without that error's words,
+// which are a job's.
+type endedError struct{ msg string }
+
+func (e *endedError) Error() string { return e.msg }
+func (e *endedError) Unwrap() error { return delegate.ErrTerminal }
+
 // checkTimeouts refuses a spec asking for longer timers than the
 // server's settings, which are the longest a sandbox may have.
 func (k *keeper) checkTimeouts(spec delegate.SandboxSpec) error {
@@ -278,7 +286,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 		return nil, nil, err
 	}
 	if sb.State.Terminal() {
-		return sb, nil, fmt.Errorf("sandbox %s is %s (%s): open a new one: %w", id, sb.State, sb.Reason, delegate.ErrTerminal)
+		return sb, nil, &endedError{fmt.Sprintf("sandbox %s is %s (%s): open a new one", id, sb.State, sb.Reason)}
 	}
 	if sb.Backend != b.Name() {
 		return sb, nil, fmt.Errorf("sandbox %s is on the %s backend, this server runs %s: %w", id, sb.Backend, b.Name(), delegate.ErrInvalid)
@@ -289,7 +297,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	inst, err := b.Recover(ctx, sb.Instance)
 	if errors.Is(err, sandbox.ErrGone) {
 		k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
-		return sb, nil, fmt.Errorf("sandbox %s is gone (its machine is): open a new one: %w", id, delegate.ErrTerminal)
+		return sb, nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", id)}
 	}
 	if err != nil {
 		return sb, nil, err

@@ -32,6 +32,7 @@ type runner struct {
 	progress  *progressWriter
 	callbacks *callbacks
 	keeper    *keeper // kept sandboxes: the commands run in them
+	questions *questions
 	// roomFreed is the scheduler's: a sandbox is gone, jobs waiting for
 	// capacity may fit now.
 	roomFreed func()
@@ -439,6 +440,8 @@ func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Pro
 		r.log.Error("follow job", "job", id, "err", err)
 		return
 	}
+	r.questions.follow(id, sb)
+	defer r.questions.unfollow(id)
 	deadline := job.StartedAt.Add(time.Duration(m.TimeoutSeconds()) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -498,6 +501,7 @@ func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Pro
 				continue
 			}
 			t.collect(ctx, false)
+			r.questions.deliver(ctx, id)
 			// This engine, or another process (the CLI, a callback
 			// received by another server), may have ended it. A job that
 			// reported its own completion gets a moment to exit by itself,
@@ -566,6 +570,7 @@ type tracker struct {
 	eventsRead int64
 	latest     int64 // lines of an overflowed status channel seen (sandbox.LatestEvent)
 	events     lineSplitter
+	asks       questionScanner
 	claude     lineSplitter
 }
 
@@ -782,6 +787,7 @@ func (t *tracker) collectEvents(ctx context.Context, final bool) {
 		moved += len(b)
 		lines, skipped := t.events.tail(b, final && len(b) == 0, keep)
 		t.statusLines(lines, skipped)
+		t.questionLines(ctx, b, final && len(b) == 0)
 		if len(b) == 0 {
 			t.collectLatest(ctx)
 			return
@@ -807,6 +813,17 @@ func (t *tracker) collectLatest(ctx context.Context) {
 	skipped := count - t.latest - 1
 	t.latest = count
 	t.statusLines([]string{line}, int(skipped))
+	if isQuestionLine([]byte(line)) {
+		one := 1
+		t.asks.take([]byte(line), &one, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
+	}
+}
+
+// questionLines asks the questions among the status lines in b. Every
+// line is looked at, not only those a flood leaves for the progress (see
+// collectEvents): a question must not be lost among them.
+func (t *tracker) questionLines(ctx context.Context, b []byte, final bool) {
+	t.asks.questions(b, final, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
 }
 
 func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }

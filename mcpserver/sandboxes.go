@@ -19,15 +19,59 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// Kept sandboxes: four tools beside the job tools, offered when the
-// service keeps sandboxes (the engine does). A command in a kept sandbox
-// is a job (submit_job with manifest.sandbox), so every job tool works on
-// it unchanged; these tools only open, describe, release a sandbox and
-// reach its files.
+// Kept sandboxes: three tools beside the job tools, offered when the
+// service keeps sandboxes (the engine does), and release_job releases
+// them too. A command in a kept sandbox is a job (submit_job with
+// manifest.sandbox), so every job tool works on it unchanged; these tools
+// only open and describe a sandbox and reach its files. Every agent
+// session pays for each tool (TestToolsListSize): a fourth tool to
+// release one would repeat release_job, which a persistent job's kept
+// sandbox needs anyway.
 
 // sandboxTools are the tools whose not-found errors are about their
 // sandbox_id.
-var sandboxTools = map[string]bool{"list_sandboxes": true, "sandbox_files": true, "release_sandbox": true}
+var sandboxTools = map[string]bool{"list_sandboxes": true, "sandbox_files": true}
+
+// addReleaseTool adds release_job: with sandboxes, it releases a kept
+// sandbox by its id or by the persistent job that made it.
+func addReleaseTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *handlers) {
+	sb, ok := h.svc.(delegate.SandboxService)
+	if !ok {
+		addTool(s, dec, log, &mcp.Tool{
+			Name:         "release_job",
+			Description:  "Destroy the sandbox a finished persistent job kept.",
+			InputSchema:  inputSchema[JobIn](),
+			Annotations:  annotations(false, true, true, false),
+			OutputSchema: outputSchema[ReleaseOut](),
+		}, h.release)
+		return
+	}
+	addTool(s, dec, log, &mcp.Tool{
+		Name:         "release_job",
+		Description:  "Destroy a kept sandbox (sandbox_id) or the one a finished persistent job kept (job_id).",
+		InputSchema:  inputSchema[ReleaseIn](),
+		Annotations:  annotations(false, true, true, false),
+		OutputSchema: outputSchema[ReleaseOut](),
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in *ReleaseIn) (ReleaseOut, error) {
+		switch {
+		case (in.JobID == "") == (in.SandboxID == ""):
+			return ReleaseOut{}, &delegate.FieldError{Field: "sandbox_id", Rule: "give sandbox_id or job_id, one of them"}
+		case in.JobID != "":
+			return h.release(ctx, req, &JobIn{JobID: in.JobID})
+		}
+		_, released, err := sb.ReleaseSandbox(ctx, in.SandboxID)
+		if err != nil {
+			return ReleaseOut{}, err
+		}
+		return ReleaseOut{Released: released}, nil
+	})
+}
+
+// ReleaseIn is release_job's input when the service keeps sandboxes.
+type ReleaseIn struct {
+	JobID     string `json:"job_id,omitempty"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+}
 
 func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc delegate.JobService) {
 	sb, ok := svc.(delegate.SandboxService)
@@ -37,7 +81,7 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	h := &sandboxHandlers{svc: sb}
 	addTool(s, dec, log, &mcp.Tool{
 		Name: "open_sandbox",
-		Description: "Open a sandbox kept for several commands (submit_job manifest.sandbox) and its files (sandbox_files); " +
+		Description: "Open a sandbox kept for many commands (submit_job manifest.sandbox) and its files (sandbox_files); " +
 			"paused when idle, gone after its lifetime.",
 		InputSchema: openSandboxSchema(),
 		// Closed world: it runs nothing (commands are submit_job's).
@@ -46,26 +90,18 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	}, h.open)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_sandboxes",
-		Description:  "Kept sandboxes that exist, or the one sandbox_id names.",
+		Description:  "Kept sandboxes, or the one sandbox_id names.",
 		InputSchema:  inputSchema[ListSandboxesIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ListSandboxesOut](),
 	}, h.list)
 	addTool(s, dec, log, &mcp.Tool{
-		Name: "sandbox_files",
-		Description: "Files in a sandbox's /workspace. read: ≤1 MiB from offset, as text or, if not UTF-8, content (base64); " +
-			"go on at next_offset until eof. write: content or text.",
+		Name:         "sandbox_files",
+		Description:  "A sandbox's /workspace files. read: ≤1 MiB at offset, as text or, if not UTF-8, content; then next_offset until eof.",
 		InputSchema:  filesSchema(),
 		Annotations:  annotations(false, false, true, false),
 		OutputSchema: outputSchema[FilesOut](),
 	}, h.files)
-	addTool(s, dec, log, &mcp.Tool{
-		Name:         "release_sandbox",
-		Description:  "Destroy a kept sandbox, its files and processes.",
-		InputSchema:  inputSchema[SandboxIn](),
-		Annotations:  annotations(false, true, true, false),
-		OutputSchema: outputSchema[ReleaseSandboxOut](),
-	}, h.release)
 	addSandboxResource(s, sb, log)
 }
 
@@ -85,13 +121,12 @@ type OpenSandboxIn struct {
 type SandboxOut struct {
 	SandboxID string                `json:"sandbox_id"`
 	State     delegate.SandboxState `json:"state"`
-	// JobID is the persistent job that made it.
-	JobID      string             `json:"job_id,omitempty"`
-	Resources  delegate.Resources `json:"resources"`
-	Network    delegate.Network   `json:"network,omitempty"`
-	CreatedAt  time.Time          `json:"created_at"`
-	LastUsedAt time.Time          `json:"last_used_at"`
-	ExpiresAt  time.Time          `json:"expires_at"`
+	// JobID is the persistent job that made it. (Its limits are what it
+	// was opened with: every byte of tools/list counts.)
+	JobID      string    `json:"job_id,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	LastUsedAt time.Time `json:"last_used_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
 	// Commands counts the commands run in it, Running those running now.
 	Commands int    `json:"commands"`
 	Running  int    `json:"running"`
@@ -100,7 +135,7 @@ type SandboxOut struct {
 
 func sandboxOf(sb *delegate.Sandbox) SandboxOut {
 	return SandboxOut{
-		SandboxID: sb.ID, State: sb.State, JobID: sb.JobID, Resources: sb.Resources, Network: sb.Network,
+		SandboxID: sb.ID, State: sb.State, JobID: sb.JobID,
 		CreatedAt: msec(sb.CreatedAt), LastUsedAt: msec(sb.LastUsedAt), ExpiresAt: msec(sb.ExpiresAt),
 		Commands: sb.Commands, Running: sb.Running, Reason: sb.Reason,
 	}
@@ -156,25 +191,6 @@ func (h *sandboxHandlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *
 	return out, nil
 }
 
-// SandboxIn names a sandbox.
-type SandboxIn struct {
-	SandboxID string `json:"sandbox_id"`
-}
-
-// ReleaseSandboxOut says what release_sandbox did.
-type ReleaseSandboxOut struct {
-	State    delegate.SandboxState `json:"state"`
-	Released bool                  `json:"released"` // false when it was gone already
-}
-
-func (h *sandboxHandlers) release(ctx context.Context, _ *mcp.CallToolRequest, in *SandboxIn) (ReleaseSandboxOut, error) {
-	sb, released, err := h.svc.ReleaseSandbox(ctx, in.SandboxID)
-	if err != nil {
-		return ReleaseSandboxOut{}, err
-	}
-	return ReleaseSandboxOut{State: sb.State, Released: released}, nil
-}
-
 // The operations of sandbox_files.
 const (
 	opRead  = "read"
@@ -201,15 +217,15 @@ type FilesIn struct {
 
 // FilesOut is what sandbox_files did: a read's bytes (Text when they are
 // UTF-8, else Content in base64) and where to read on; a write's size; a
-// listing.
+// listing. (The read's offset is the caller's: every byte of tools/list
+// counts.)
 type FilesOut struct {
-	Text       *string `json:"text,omitempty"`
-	Content    *string `json:"content,omitempty"`
-	Offset     *int64  `json:"offset,omitempty"`
-	Size       *int64  `json:"size,omitempty"` // the whole file's
-	EOF        *bool   `json:"eof,omitempty"`
-	NextOffset *int64  `json:"next_offset,omitempty"`
-	Written    *int64  `json:"written,omitempty"`
+	Text    *string `json:"text,omitempty"`
+	Content *string `json:"content,omitempty"`
+	// Size is the whole file's, read or written.
+	Size       *int64 `json:"size,omitempty"`
+	EOF        *bool  `json:"eof,omitempty"`
+	NextOffset *int64 `json:"next_offset,omitempty"`
 	// Entries are a listing's; Truncated says the limit stopped it.
 	Entries   []FileEntry `json:"entries,omitzero"`
 	Truncated bool        `json:"truncated,omitempty"`
@@ -271,7 +287,7 @@ func (h *sandboxHandlers) read(ctx context.Context, in *FilesIn) (FilesOut, erro
 	if err != nil {
 		return FilesOut{}, err
 	}
-	out := FilesOut{Offset: new(fc.Offset), Size: new(fc.Size), EOF: new(fc.EOF)}
+	out := FilesOut{Size: new(fc.Size), EOF: new(fc.EOF)}
 	if utf8.Valid(fc.Data) {
 		out.Text = new(string(fc.Data))
 	} else {
@@ -308,7 +324,7 @@ func (h *sandboxHandlers) write(ctx context.Context, in *FilesIn) (FilesOut, err
 	if err := h.svc.WriteSandboxFile(ctx, in.SandboxID, in.Path, data, mode); err != nil {
 		return FilesOut{}, err
 	}
-	return FilesOut{Written: new(int64(len(data)))}, nil
+	return FilesOut{Size: new(int64(len(data)))}, nil
 }
 
 // parseMode reads octal permissions ("0644", "755"); "" is 0644. Only
@@ -350,9 +366,9 @@ func (h *sandboxHandlers) listFiles(ctx context.Context, in *FilesIn) (FilesOut,
 func openSandboxSchema() *jsonschema.Schema {
 	s := inputSchema[OpenSandboxIn]()
 	describe(s, map[string]string{
-		"resources.memory": "e.g. 512M",
-		"idle_timeout":     fmt.Sprintf("seconds, default %d", int(delegate.DefaultSandboxIdle/time.Second)),
-		"lifetime":         fmt.Sprintf("seconds, default %d", int(delegate.DefaultSandboxLifetime/time.Second)),
+		// The defaults are the server's settings: no number here.
+		"idle_timeout": "seconds",
+		"lifetime":     "seconds",
 	})
 	oneOf(s, "network", delegate.NetworkNone, delegate.NetworkEgress)
 	return s
@@ -362,7 +378,7 @@ func filesSchema() *jsonschema.Schema {
 	s := inputSchema[FilesIn]()
 	describe(s, map[string]string{
 		"content": "base64",
-		"mode":    "octal, default 0644",
+		"mode":    "octal",
 	})
 	oneOf(s, "op", opRead, opWrite, opList)
 	return s

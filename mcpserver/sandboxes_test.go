@@ -26,7 +26,8 @@ func init() {
 	toolTypes["open_sandbox"] = struct{ in, out reflect.Type }{reflect.TypeFor[mcpserver.OpenSandboxIn](), reflect.TypeFor[mcpserver.OpenSandboxOut]()}
 	toolTypes["list_sandboxes"] = struct{ in, out reflect.Type }{reflect.TypeFor[mcpserver.ListSandboxesIn](), reflect.TypeFor[mcpserver.ListSandboxesOut]()}
 	toolTypes["sandbox_files"] = struct{ in, out reflect.Type }{reflect.TypeFor[mcpserver.FilesIn](), reflect.TypeFor[mcpserver.FilesOut]()}
-	toolTypes["release_sandbox"] = struct{ in, out reflect.Type }{reflect.TypeFor[mcpserver.SandboxIn](), reflect.TypeFor[mcpserver.ReleaseSandboxOut]()}
+	// With sandboxes, release_job takes a sandbox_id too.
+	toolTypes["release_job"] = struct{ in, out reflect.Type }{reflect.TypeFor[mcpserver.ReleaseIn](), reflect.TypeFor[mcpserver.ReleaseOut]()}
 }
 
 func keptSandbox(id string) *delegate.Sandbox {
@@ -139,7 +140,7 @@ func TestOpenListRelease(t *testing.T) {
 		t.Errorf("list_sandboxes %+v", l)
 	}
 	first := l.Sandboxes[0]
-	if !first.LastUsedAt.Equal(t0.Add(time.Minute+123*time.Millisecond)) || first.Commands != 3 || first.Resources.Memory != "512M" || first.JobID != "job-1" {
+	if !first.LastUsedAt.Equal(t0.Add(time.Minute+123*time.Millisecond)) || first.Commands != 3 || first.JobID != "job-1" {
 		t.Errorf("a sandbox shown as %+v", first)
 	}
 	structured(t, call(t, cs, "list_sandboxes", map[string]any{"sandbox_id": "sbx-7"}), &l)
@@ -147,11 +148,37 @@ func TestOpenListRelease(t *testing.T) {
 		t.Errorf("list_sandboxes of one: asked %q, got %+v", got, l)
 	}
 
-	var r mcpserver.ReleaseSandboxOut
-	res = call(t, cs, "release_sandbox", map[string]any{"sandbox_id": "sbx-1"})
+	// release_job releases a sandbox by its id, or by the persistent job
+	// that made it; one of the two.
+	var released []string
+	s.ReleaseSandboxFn = func(ctx context.Context, id string) (*delegate.Sandbox, bool, error) {
+		released = append(released, id)
+		return keptSandbox(id), id == "sbx-1", nil
+	}
+	s.ReleaseFn = func(ctx context.Context, id string) (*delegate.Job, bool, error) {
+		released = append(released, id)
+		return finishedJob(id), true, nil
+	}
+	var r mcpserver.ReleaseOut
+	res = call(t, cs, "release_job", map[string]any{"sandbox_id": "sbx-1"})
 	structured(t, res, &r)
-	if !r.Released || r.State != delegate.SandboxReleased {
-		t.Errorf("release_sandbox %+v", r)
+	checkOutput(t, cs, res, "release_job")
+	if !r.Released {
+		t.Errorf("release_job of a sandbox: %+v", r)
+	}
+	if structured(t, call(t, cs, "release_job", map[string]any{"sandbox_id": "sbx-2"}), &r); r.Released {
+		t.Errorf("release_job of a sandbox gone already: %+v", r)
+	}
+	if structured(t, call(t, cs, "release_job", map[string]any{"job_id": "job-4"}), &r); !r.Released {
+		t.Errorf("release_job of a job: %+v", r)
+	}
+	if fmt.Sprint(released) != "[sbx-1 sbx-2 job-4]" {
+		t.Errorf("released %v", released)
+	}
+	for _, args := range []map[string]any{{}, {"job_id": "job-4", "sandbox_id": "sbx-1"}} {
+		if res := call(t, cs, "release_job", args); !res.IsError || errorText(res) != "sandbox_id: give sandbox_id or job_id, one of them" {
+			t.Errorf("release_job %v: %s", args, errorText(res))
+		}
 	}
 }
 
@@ -273,10 +300,11 @@ func TestSandboxFiles(t *testing.T) {
 	}
 
 	// Writes: base64 or text, with a mode.
+	var written mcpserver.FilesOut
 	structured(t, call(t, cs, "sandbox_files", map[string]any{"sandbox_id": "sbx-1", "op": "write", "path": "a/b.bin",
-		"content": base64.StdEncoding.EncodeToString([]byte{0, 1, 0xff}), "mode": "0755"}), &out)
-	if out.Written == nil || *out.Written != 3 {
-		t.Errorf("write answered %+v", out)
+		"content": base64.StdEncoding.EncodeToString([]byte{0, 1, 0xff}), "mode": "0755"}), &written)
+	if written.Size == nil || *written.Size != 3 || written.EOF != nil || written.Text != nil {
+		t.Errorf("write answered %+v", written)
 	}
 	res = call(t, cs, "sandbox_files", map[string]any{"sandbox_id": "sbx-1", "op": "write", "path": "main.go", "text": "package main\n"})
 	structured(t, res, &out)
@@ -330,8 +358,8 @@ func TestSandboxArgumentErrors(t *testing.T) {
 		{"sandbox_files", `{"sandbox_id":"sbx-1","op":"write","path":"f","text":"x","mode":644}`, "mode: must be a string (got a number)"},
 		{"sandbox_files", `{"sandbox_id":"sbx-1","op":"list","depth":33}`, "depth: must be between 1 and 32"},
 		{"sandbox_files", `{"sandbox_id":"sbx-1","op":"list","limit":10001}`, "limit: must be between 1 and 10000"},
-		{"release_sandbox", `{}`, "sandbox_id: required (a string)"},
-		{"release_sandbox", `{"sandbox_id":"a","job_id":"b"}`, "job_id: unknown field (known: sandbox_id)"},
+		{"release_job", `{"sandbox_id":7}`, "sandbox_id: must be a string (got a number)"},
+		{"release_job", `{"sandbox":"a"}`, "sandbox: unknown field (known: job_id, sandbox_id)"},
 		{"list_sandboxes", `{"sandbox_id":5}`, "sandbox_id: must be a string (got a number)"},
 		{"submit_job", `{"manifest":{"task":"x","sandbox":"SBX 1"}}`, `manifest.sandbox: must be a sandbox id like sbx-…`},
 		{"submit_job", `{"manifest":{"task":"x","sandbox":"sbx-1","network":"egress"}}`, `manifest.network: is the sandbox's own`},
@@ -353,6 +381,9 @@ func TestSandboxNotFound(t *testing.T) {
 	s.ReleaseSandboxFn = func(context.Context, string) (*delegate.Sandbox, bool, error) {
 		return nil, false, delegate.SandboxNotFound("sbx-x")
 	}
+	s.ReleaseFn = func(context.Context, string) (*delegate.Job, bool, error) {
+		return nil, false, delegate.JobNotFound("job-x")
+	}
 	s.ReadSandboxFileFn = func(context.Context, string, string, int64, int64) (*delegate.FileContent, error) {
 		return nil, fmt.Errorf("sandbox sbx-x: %w", delegate.ErrNotFound) // without a NotFoundError
 	}
@@ -369,7 +400,8 @@ func TestSandboxNotFound(t *testing.T) {
 		want string
 	}{
 		{"list_sandboxes", map[string]any{"sandbox_id": "sbx-x"}, `sandbox_id: sandbox "sbx-x": not found (list_sandboxes shows the sandboxes that exist)`},
-		{"release_sandbox", map[string]any{"sandbox_id": "sbx-x"}, `sandbox_id: sandbox "sbx-x": not found (list_sandboxes shows`},
+		{"release_job", map[string]any{"sandbox_id": "sbx-x"}, `sandbox_id: sandbox "sbx-x": not found (list_sandboxes shows`},
+		{"release_job", map[string]any{"job_id": "job-x"}, `job_id: job "job-x": not found (list_jobs shows`},
 		{"sandbox_files", map[string]any{"sandbox_id": "sbx-x", "op": "read", "path": "f"}, "sandbox_id: sandbox sbx-x: not found (list_sandboxes shows"},
 		{"sandbox_files", map[string]any{"sandbox_id": "sbx-1", "op": "write", "path": "../etc/passwd", "text": ""}, `path: "../etc/passwd" leads out of /workspace`},
 		{"submit_job", map[string]any{"manifest": map[string]any{"task": "ls", "sandbox": "sbx-x"}},

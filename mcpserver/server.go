@@ -54,7 +54,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.submit)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
+		Description:  fmt.Sprintf("Block until the job ends, asks questions, or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -87,13 +87,8 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, log, &mcp.Tool{
-		Name:         "release_job",
-		Description:  "Destroy the sandbox a finished persistent job kept.",
-		InputSchema:  inputSchema[JobIn](),
-		Annotations:  annotations(false, true, true, false),
-		OutputSchema: outputSchema[ReleaseOut](),
-	}, h.release)
+	addReleaseTool(s, dec, log, h)
+	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
@@ -295,6 +290,9 @@ type WaitOut struct {
 	Progress string          `json:"progress,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Done     bool            `json:"done"`
+	// Questions the job waits for answers to (answer_job): wait_job
+	// returns at once while there are any.
+	Questions []QuestionOut `json:"questions,omitempty"`
 }
 
 func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitIn) (WaitOut, error) {
@@ -314,14 +312,14 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if token != nil {
 		go h.reportProgress(wctx, req, token, in.JobID)
 	}
-	j, err := h.svc.Wait(wctx, in.JobID)
+	j, questions, err := h.waitOrAsk(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
 		return WaitOut{}, err
 	}
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal()}, nil
+	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -486,7 +484,7 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
-		"manifest.sandbox":          "run in a kept sandbox (its files, processes, network); commands of one sandbox trust each other",
+		"manifest.sandbox":          "run in this kept sandbox; commands of one sandbox trust each other",
 		"manifest.secrets":          "server secrets to set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),

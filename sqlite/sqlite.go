@@ -28,6 +28,7 @@ type DB struct {
 	*OutputStore
 	*ArtifactStore
 	*SandboxStore
+	*QuestionStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -179,6 +180,20 @@ var migrations = []string{
 	CREATE INDEX sandboxes_live ON sandboxes(state, seq);
 	CREATE INDEX sandboxes_instance ON sandboxes(backend, instance);
 	ALTER TABLE jobs ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';`,
+	// The questions jobs ask (question.go), in the order asked (rowid).
+	// form is the requestedSchema as JSON; answer is the answer as JSON,
+	// NULL while there is none.
+	`CREATE TABLE job_questions (
+		job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		id TEXT NOT NULL,
+		origin TEXT NOT NULL,
+		message TEXT NOT NULL,
+		form TEXT NOT NULL,
+		asked_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL DEFAULT 0,
+		answer TEXT,
+		UNIQUE (job_id, id)
+	);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -251,6 +266,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.SandboxStore, err = newSandboxStore(ctx, db); err != nil {
+		return err
+	}
+	if db.QuestionStore, err = newQuestionStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

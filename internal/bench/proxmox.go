@@ -161,7 +161,41 @@ func Proxmox(ctx context.Context, n int, scale float64, stdout io.Writer, log *s
 		fmt.Fprintf(stdout, "warm pool upkeep: %d API calls for %d VMs made (%.0f per VM: clone, configure, start, agent wait, ready mark; and a listing every %s)\n",
 			upkeep, made, float64(upkeep)/float64(made), div(10*time.Second))
 	}
+	k, err := b.kept(ctx, "echo hello", n)
+	if err != nil {
+		return fmt.Errorf("kept VM: %w", err)
+	}
+	fmt.Fprintf(stdout, "%-34s %22s %22s\n", "echo hello in a kept VM", "submit -> done "+at(median(k.done)), "API calls "+k.callRange())
 	return nil
+}
+
+// kept opens a kept sandbox (a VM that stays) and runs n commands in it
+// one after the other: each command's time and API calls, the VM's
+// making and destruction aside.
+func (b *pveBench) kept(ctx context.Context, task string, n int) (*samples, error) {
+	sb, err := b.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		return nil, err
+	}
+	defer b.eng.ReleaseSandbox(context.WithoutCancel(ctx), sb.ID)
+	s := &samples{}
+	for range n {
+		before := len(b.sim.Requests())
+		start := time.Now()
+		j, err := b.eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: task, Sandbox: sb.ID}, delegate.SubmitOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if j, err = b.eng.Wait(ctx, j.ID); err != nil {
+			return nil, err
+		}
+		if j.Status != delegate.StatusSuccess {
+			return nil, fmt.Errorf("command %s in %s: %s %s", j.ID, sb.ID, j.Status, j.Error)
+		}
+		s.done = append(s.done, time.Since(start))
+		s.calls = append(s.calls, len(b.sim.Requests())-before)
+	}
+	return s, nil
 }
 
 type pveBench struct {
