@@ -147,6 +147,8 @@ type JobResult struct {
 	FinishedAt      time.Time  `json:"finished_at,omitzero"`
 	// Duration is how long the job ran.
 	Duration time.Duration `json:"-"`
+	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).
+	Sandbox string `json:"sandbox_id,omitempty"`
 }
 
 // LogOptions say which part of a job's output to read.

@@ -20,6 +20,9 @@ import (
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
 		"jobURL":      jobURL,
+		"sandboxURL":  sandboxURL,
+		"since":       since,
+		"idle":        idle,
 		"artifactURL": artifactURL,
 		"listURL":     listURL,
 		"bytes":       formatBytes,
@@ -39,7 +42,7 @@ func parsePages() map[string]*template.Template {
 		},
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"list", "job", "login", "error"} {
+	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox"} {
 		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+name+".html"))
 	}
@@ -53,7 +56,9 @@ func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page str
 		Page     any
 		SignedIn bool
 		Version  string
-	}{data, d.signedIn(r), buildinfo.Version()}
+		// Sandboxes: the service keeps sandboxes, the header links them.
+		Sandboxes bool
+	}{data, d.signedIn(r), buildinfo.Version(), d.sbx != nil}
 	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
 		d.log.Error("dashboard: render", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)

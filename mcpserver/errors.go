@@ -27,6 +27,9 @@ var notFoundHints = map[string]string{
 // text from a database or a hypervisor is no use to it, and may say more
 // about the server than it should.
 func toolError(ctx context.Context, log *slog.Logger, tool string, err error) error {
+	if e := sandboxError(tool, err); e != nil {
+		return e
+	}
 	switch delegate.ErrorKind(err) {
 	case delegate.KindNotFound:
 		var nf *delegate.NotFoundError

@@ -44,6 +44,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
+	addSandboxTools(s, dec, log, svc)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
@@ -86,13 +87,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, log, &mcp.Tool{
-		Name:         "release_job",
-		Description:  "Destroy the sandbox a finished persistent job kept.",
-		InputSchema:  inputSchema[JobIn](),
-		Annotations:  annotations(false, true, true, false),
-		OutputSchema: outputSchema[ReleaseOut](),
-	}, h.release)
+	addReleaseTool(s, dec, log, h)
 	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
@@ -222,6 +217,8 @@ type StatusOut struct {
 	// entries; TimelineDropped counts the older ones dropped.
 	Timeline        []delegate.Event `json:"timeline,omitempty"`
 	TimelineDropped int64            `json:"timeline_dropped,omitempty"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -229,7 +226,7 @@ func statusOf(j *delegate.Job) StatusOut {
 		Status: j.Status, Progress: newsOf(j), Error: j.Error, CreatedAt: msec(j.CreatedAt),
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
-		TimelineDropped: j.TimelineDropped,
+		TimelineDropped: j.TimelineDropped, SandboxID: j.Sandbox,
 	}
 }
 
@@ -391,6 +388,8 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -407,6 +406,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
+		SandboxID:       r.Sandbox,
 	}, nil
 }
 
@@ -487,13 +487,14 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
+		"manifest.sandbox":          "a kept sandbox to run in (its commands trust each other)",
 		"manifest.secrets":          "server secrets to set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
-		"manifest.stdin":            "base64, the job's stdin, ≤1 MiB",
+		"manifest.stdin":            "base64 stdin, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
