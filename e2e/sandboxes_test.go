@@ -382,3 +382,120 @@ func TestSandboxesDashboardInChromium(t *testing.T) {
 		t.Errorf("browser: %s", p)
 	}
 }
+
+// TestSandboxOverMCPProxmox: the same conversation with a kept VM of a
+// simulated cluster (commands through its guest agent, files through
+// agent/file-read and file-write), over stdio and HTTP; then a sandbox
+// idle past its idle timeout is suspended, and its next command resumes
+// it with what it left running; no VM is left once they are released.
+func TestSandboxOverMCPProxmox(t *testing.T) {
+	for _, transport := range []string{"stdio", "http"} {
+		t.Run(transport, func(t *testing.T) {
+			sim, env := simCluster(t, 1)
+			dataDir := t.TempDir()
+			var cs *mcp.ClientSession
+			if transport == "stdio" {
+				cs, _, _ = stdioSession(t, dataDir, "", env...)
+			} else {
+				cs = httpSession(t, httpServer(t, dataDir, env...), "")
+			}
+			sandboxConversation(t, cs)
+			if transport == "http" {
+				noVMsLeft(t, sim)
+				return
+			}
+
+			open := call[sandboxOut](t, cs, "open_sandbox", map[string]any{"idle_timeout": 1})
+			id := open.SandboxID
+			bg := inSandbox(t, cs, id, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > counter; sleep 0.1; done' >/dev/null 2>&1 & sleep 0.3; echo started`)
+			if bg.Status != "success" {
+				t.Fatalf("background: %+v", bg)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				one := call[struct {
+					Sandboxes []sandboxOut `json:"sandboxes"`
+				}](t, cs, "list_sandboxes", map[string]any{"sandbox_id": id})
+				if one.Sandboxes[0].State == "paused" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not paused after its idle timeout: %+v", one.Sandboxes[0])
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			paused := 0
+			for _, v := range jobVMs(sim) {
+				if v.Paused {
+					paused++
+				}
+			}
+			if paused != 1 {
+				t.Errorf("%d VMs suspended in the simulator, want the kept one", paused)
+			}
+			alive := inSandbox(t, cs, id, `a=$(cat counter); sleep 1; b=$(cat counter); [ "$b" -gt "$a" ] && echo alive`)
+			if alive.Output != "alive\n" {
+				t.Fatalf("after the resume, the background process did not go on: %+v", alive)
+			}
+			call[struct{}](t, cs, "release_job", map[string]any{"sandbox_id": id})
+			noVMsLeft(t, sim)
+		})
+	}
+}
+
+// TestSandboxesSurviveKill: kill -9 of the server with a kept sandbox
+// running a command, one idle with a process in the background, and one
+// paused: after the restart each is adopted — the command's result
+// arrives, the background process still counts, the paused one resumes
+// for its next command — and none is lost.
+func TestSandboxesSurviveKill(t *testing.T) {
+	dataDir := t.TempDir()
+	cs, cmd, _ := stdioSession(t, dataDir, "")
+	open := func(idle int) string {
+		return call[sandboxOut](t, cs, "open_sandbox", map[string]any{"idle_timeout": idle}).SandboxID
+	}
+	running, idle, paused := open(600), open(600), open(1)
+	if r := inSandbox(t, cs, idle, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > counter; sleep 0.1; done' >/dev/null 2>&1 & sleep 0.3; echo started`); r.Status != "success" {
+		t.Fatalf("background: %+v", r)
+	}
+	if r := inSandbox(t, cs, paused, `echo kept > note`); r.Status != "success" {
+		t.Fatalf("paused sandbox's first command: %+v", r)
+	}
+	long := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"sandbox": running, "task": "sleep 12; echo finished", "timeout": 60}})
+	state := func(cs *mcp.ClientSession, id string) string {
+		return call[struct {
+			Sandboxes []sandboxOut `json:"sandboxes"`
+		}](t, cs, "list_sandboxes", map[string]any{"sandbox_id": id}).Sandboxes[0].State
+	}
+	for deadline := time.Now().Add(30 * time.Second); state(cs, paused) != "paused" || state(cs, running) != "running"; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("states before the kill: running %s, paused %s", state(cs, running), state(cs, paused))
+		}
+	}
+
+	killServer(t, cmd)
+	cs2, _, _ := stdioSession(t, dataDir, "")
+	for {
+		w := call[struct {
+			Done bool `json:"done"`
+		}](t, cs2, "wait_job", map[string]any{"job_id": long.JobID, "timeout_seconds": 30})
+		if w.Done {
+			break
+		}
+	}
+	if r := call[resultOut](t, cs2, "get_job_result", map[string]any{"job_id": long.JobID}); r.Status != "success" || r.Output != "finished\n" {
+		t.Fatalf("the command running through the kill: %+v", r)
+	}
+	if r := inSandbox(t, cs2, idle, `a=$(cat counter); sleep 1; b=$(cat counter); [ "$b" -gt "$a" ] && echo alive`); r.Output != "alive\n" {
+		t.Fatalf("the idle sandbox's background process after the kill: %+v", r)
+	}
+	if r := inSandbox(t, cs2, paused, `cat note`); r.Output != "kept\n" {
+		t.Fatalf("the paused sandbox after the kill: %+v", r)
+	}
+	for _, id := range []string{running, idle, paused} {
+		if s := state(cs2, id); s == "gone" || s == "released" {
+			t.Errorf("sandbox %s is %s after the restart", id, s)
+		}
+		call[struct{}](t, cs2, "release_job", map[string]any{"sandbox_id": id})
+	}
+}

@@ -65,6 +65,8 @@ type VM struct {
 	// Pending are changes waiting for its next start ("" for an option
 	// to be removed).
 	Pending map[string]string
+	// Paused: running, suspended (status/suspend) until a resume.
+	Paused bool
 }
 
 // VMs lists the VMs by vmid.
@@ -92,7 +94,7 @@ func (s *Server) VM(vmid int) (VM, bool) {
 func (s *Server) vmView(v *vm) VM {
 	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
 		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf), Type: v.typ(),
-		Snapshots: v.snapshotNames()}
+		Snapshots: v.snapshotNames(), Paused: v.paused}
 	if len(v.pending)+len(v.pendingDelete) > 0 {
 		out.Pending = maps.Clone(v.pending)
 		if out.Pending == nil {
