@@ -8,6 +8,8 @@
 //   node tasks.mjs http URL COMMAND [ARG]
 // Commands:
 //   run SCRIPT       submit a job through the task session and settle it
+//   insandbox ID SCRIPT
+//                    the same, a command in kept sandbox ID
 //   cancel           submit a long job, cancel it through tasks/cancel
 //   submit SCRIPT    submit, print the task's reference (and the stdio
 //                    server's pid), then wait for stdin to close
@@ -161,6 +163,13 @@ switch (command) {
   case "run": {
     const s = session();
     await settle(await s.callTool("submit_job", manifest(arg)));
+    report.wire = since();
+    await s.close();
+    break;
+  }
+  case "insandbox": {
+    const s = session();
+    await settle(await s.callTool("submit_job", { manifest: { task: arg2, sandbox: arg, timeout: 600 } }));
     report.wire = since();
     await s.close();
     break;
