@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -245,7 +246,12 @@ func TestSubmitRejects(t *testing.T) {
 	}
 }
 
-func TestTimeoutKills(t *testing.T) {
+// TestTimeoutKills runs in a synctest bubble: the job's 1 s timeout
+// passes on the bubble's clock, at once and in the same order on any
+// machine.
+func TestTimeoutKills(t *testing.T) { synctest.Test(t, testTimeoutKills) }
+
+func testTimeoutKills(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	m := script("sleep 100")
 	m.Timeout = new(1)
