@@ -38,13 +38,16 @@ type keeper struct {
 	// Recover (on Proxmox, a config read) each time. An entry goes when
 	// the sandbox ends or a call on it fails.
 	insts map[string]sandbox.Instance
+	// opening are the sandboxes whose machine is being made: the sweep
+	// spares a machine made for one of them.
+	opening map[string]struct{}
 }
 
 var _ delegate.SandboxService = (*keeper)(nil)
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
 	return &keeper{cfg: cfg, log: log, owner: owner, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
-		insts: map[string]sandbox.Instance{}}
+		insts: map[string]sandbox.Instance{}, opening: map[string]struct{}{}}
 }
 
 // known returns the machine of a sandbox found before, if it is still
@@ -206,6 +209,14 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		return nil, err
 	}
 	s.MultiExec, s.Expires = true, sb.ExpiresAt
+	k.mu.Lock()
+	k.opening[sb.ID] = struct{}{}
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		delete(k.opening, sb.ID)
+		k.mu.Unlock()
+	}()
 	inst, err := b.Create(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("open a sandbox: %w", err)
@@ -621,7 +632,15 @@ func (k *keeper) pause(ctx context.Context, b sandbox.Backend, sb *delegate.Sand
 
 // keeps reports whether an instance is the machine of a live sandbox
 // (the sweep leaves those alone).
-func (k *keeper) keeps(ctx context.Context, backend, instance string) bool {
-	sb, err := k.sbs.SandboxOfInstance(ctx, backend, instance)
+func (k *keeper) keeps(ctx context.Context, backend string, info sandbox.Info) bool {
+	k.mu.Lock()
+	_, opening := k.opening[info.JobID]
+	k.mu.Unlock()
+	if opening {
+		// Made for a sandbox being opened, which records its machine
+		// once Create returns (on Proxmox, after a clone and a boot).
+		return true
+	}
+	sb, err := k.sbs.SandboxOfInstance(ctx, backend, info.ID)
 	return err == nil && !sb.State.Terminal()
 }

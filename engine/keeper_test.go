@@ -368,3 +368,49 @@ func TestKeptSandboxMachineLost(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepSparesSandboxBeingOpened: the machine of a sandbox that is
+// being opened exists on the backend before the sandbox records it; the
+// sweep leaves it alone however many sweeps pass (it destroyed it on the
+// Proxmox simulator, where a clone takes a second), and a second machine
+// of that sandbox is a leftover once the sandbox has its own.
+func TestSweepSparesSandboxBeingOpened(t *testing.T) {
+	ctx := context.Background()
+	f := keptFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
+	release := make(chan struct{})
+	entered := make(chan string, 1)
+	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+		entered <- spec.JobID
+		<-release
+		return nil
+	}
+	opened := make(chan error, 1)
+	go func() {
+		_, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+		opened <- err
+	}()
+	owner := <-entered
+	if !strings.HasPrefix(owner, "sbx-") {
+		t.Fatalf("a sandbox's machine is made for %q, want its sandbox id", owner)
+	}
+	f.backend.CreateHook = nil
+	inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: owner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // many sweeps
+	if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
+		t.Fatalf("the sweep destroyed the machine of a sandbox being opened: %v", err)
+	}
+	close(release)
+	if err := <-opened; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second machine destroyed as a leftover", func() bool {
+		_, err := f.backend.Recover(ctx, inFlight.ID())
+		return errors.Is(err, sandbox.ErrGone)
+	})
+	if f.backend.Len() != 1 {
+		t.Fatalf("%d machines, want the sandbox's one", f.backend.Len())
+	}
+}
