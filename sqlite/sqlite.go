@@ -28,6 +28,7 @@ type DB struct {
 	*OutputStore
 	*ArtifactStore
 	*SandboxStore
+	*WorkspaceStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -179,6 +180,17 @@ var migrations = []string{
 	CREATE INDEX sandboxes_live ON sandboxes(state, seq);
 	CREATE INDEX sandboxes_instance ON sandboxes(backend, instance);
 	ALTER TABLE jobs ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';`,
+	// Imported workspaces (issue 18): per job, the baseline of its import
+	// and, once it has ended, its changes and their summary, in a table of
+	// their own (they may be megabytes; the job row is rewritten on every
+	// update).
+	`CREATE TABLE job_workspaces (
+		seq INTEGER PRIMARY KEY REFERENCES jobs(seq) ON DELETE CASCADE,
+		source TEXT NOT NULL DEFAULT '',
+		baseline BLOB,
+		changes BLOB,
+		summary TEXT
+	);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -251,6 +263,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.SandboxStore, err = newSandboxStore(ctx, db); err != nil {
+		return err
+	}
+	if db.WorkspaceStore, err = newWorkspaceStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

@@ -56,6 +56,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Artifacts", testArtifacts},
 		{"Sandboxes", testSandboxes},
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
+		{"Workspaces", testWorkspaces},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
