@@ -40,6 +40,8 @@ func dispatchHelper() (int, bool) {
 		return runShim(os.Args[2:]), true
 	case initCommand:
 		return runInit(os.Args[2:]), true
+	case extractCommand:
+		return runExtract(os.Args[2:]), true
 	}
 	return 0, false
 }

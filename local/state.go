@@ -15,6 +15,8 @@ import (
 const (
 	shimCommand = "__sandbox-shim"
 	initCommand = "__sandbox-init"
+	// extractCommand unpacks a workspace archive (archive_linux.go).
+	extractCommand = "__workspace-extract"
 	probeArg    = "--probe"
 	// setupPrefix starts every line the sandbox machinery itself writes into
 	// a job's output, so a user can tell it from the job's own output.
