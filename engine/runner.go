@@ -160,6 +160,7 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 			observed = r.jobEnded
 		}
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
+		r.removeClone(id, job.Manifest)
 		switch {
 		case a.attached:
 			// A kept sandbox's: it stays for the next command.
@@ -188,6 +189,9 @@ type attempt struct {
 	// failure ends.
 	attached bool
 	kept     string
+	// maker is the manifest of the job that made the kept sandbox a
+	// command runs in (its workspace and caches); nil when opened empty.
+	maker *delegate.Manifest
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -200,6 +204,7 @@ var provisionSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"create the sandbox", (*runner).createStep},
+	{"import the workspace", (*runner).importWorkspace},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -239,6 +244,11 @@ func (r *runner) attachStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	a.sb, a.attached = inst, true
+	if sb.JobID != "" {
+		if mm, err := r.store.JobManifest(ctx, sb.JobID); err == nil {
+			a.maker = &mm
+		}
+	}
 	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
@@ -327,7 +337,11 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 
 // startCommand starts the job's command and records the job as running.
 func (r *runner) startCommand(ctx context.Context, a *attempt) error {
-	cmd, err := r.command(a.job, a.token)
+	ws := &a.job.Manifest
+	if a.attached {
+		ws = a.maker
+	}
+	cmd, err := r.command(a.job, a.token, ws)
 	if err != nil {
 		return err
 	}
@@ -409,14 +423,18 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 	if err != nil {
 		return sandbox.Spec{}, fmt.Errorf("resources.disk: %w", err)
 	}
-	return sandbox.Spec{
+	spec := sandbox.Spec{
 		JobID:       job.ID,
 		CPU:         r.CPU,
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
 		Network:     job.Manifest.Network == delegate.NetworkEgress,
-	}, nil
+	}
+	for _, c := range job.Manifest.Caches {
+		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Manifest.Workspace)})
+	}
+	return spec, nil
 }
 
 // follow watches a running process until it ends, is killed, or times out,
@@ -890,6 +908,10 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	if len(m.Artifacts) > 0 && waitErr == nil {
 		r.collectArtifacts(context.WithoutCancel(r.life.ctx), id, m, sb)
 	}
+	// So are the changes to its workspace, before the sandbox goes.
+	if waitErr == nil {
+		r.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
+	}
 	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
@@ -901,6 +923,9 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
+	if m.Lifecycle != delegate.LifecyclePersistent {
+		r.removeClone(id, m)
+	}
 	if j, err := r.store.GetJob(context.WithoutCancel(r.life.ctx), id); err == nil && j.Sandbox != "" {
 		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
 	}

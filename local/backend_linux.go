@@ -265,8 +265,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// commands.
 		MultiExec: true,
 		// The cgroup freezer (v2, or v1's freezer hierarchy).
-		Pause:  b.cg.Freezer != "",
-		Caches: b.cacheDir != "",
+		Pause:      b.cg.Freezer != "",
+		Caches:     b.cacheDir != "",
+		Workspaces: true,
 	}
 }
 

@@ -49,6 +49,8 @@ type Capabilities struct {
 	Pause bool
 	// Caches: Spec.Caches are honoured (kept between sandboxes).
 	Caches bool
+	// Workspaces: every Instance is an Archiver.
+	Workspaces bool
 }
 
 // Spec describes the sandbox a job needs.

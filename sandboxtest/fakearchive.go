@@ -106,3 +106,10 @@ func (s *FakeInstance) GetArchive(ctx context.Context) (io.ReadCloser, error) {
 	}
 	return io.NopCloser(&buf), nil
 }
+
+// Remove deletes a file as a command would.
+func (s *FakeInstance) Remove(p string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.files, p)
+}
