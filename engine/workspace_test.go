@@ -214,3 +214,41 @@ func TestWorkspaceRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkspaceKeptSandbox: a persistent job's workspace stays in its
+// kept sandbox; each command run there later gets the changes since the
+// import (against the baseline of the job that made the sandbox) and the
+// same environment (HOME out of the workspace).
+func TestWorkspaceKeptSandbox(t *testing.T) {
+	root := t.TempDir()
+	dir := project(t, root, "p", map[string]string{"a.txt": "one\n"})
+	ctx := context.Background()
+	f := newFixture(t, engine.Config{WorkspaceRoots: []string{root}})
+	m := script("true")
+	m.Workspace, m.Lifecycle = &delegate.WorkspaceSource{Dir: dir}, delegate.LifecyclePersistent
+	maker := f.submit(m)
+	f.started().Finish(sandbox.Exit{})
+	j := f.wait(f.eng, maker.ID)
+	if j.Sandbox == "" {
+		t.Fatalf("no kept sandbox: %+v", j)
+	}
+	if r, err := f.eng.Result(ctx, maker.ID, delegate.ResultOptions{}); err != nil || r.Changes == nil || len(r.Changes.Files) != 0 {
+		t.Fatalf("the maker's changes: %+v %v", r, err)
+	}
+	for i, content := range []string{"two\n", "three\n"} {
+		c := script("edit")
+		c.Sandbox = j.Sandbox
+		cmd := f.submit(c)
+		p := f.started()
+		if !slices.Contains(p.Cmd.Env, "HOME=/tmp") {
+			t.Errorf("command %d: HOME %q", i, p.Cmd.Env)
+		}
+		p.Sandbox.WriteFile(ctx, "/workspace/a.txt", []byte(content), 0o644)
+		p.Finish(sandbox.Exit{})
+		f.wait(f.eng, cmd.ID)
+		page, err := f.eng.Diff(ctx, cmd.ID, delegate.DiffOptions{})
+		if err != nil || !strings.Contains(page.Text, "-one\n+"+content) {
+			t.Errorf("command %d: diff %+v %v; want the change since the import", i, page, err)
+		}
+	}
+}
