@@ -55,7 +55,7 @@ func (m *Manifest) validateWorkspace() error {
 				return fieldErr("manifest.workspace.dir", "must be at most %d bytes without NUL", maxWorkspacePath)
 			}
 			if !path.IsAbs(w.Dir) {
-				return fieldErr("manifest.workspace.dir", "must be an absolute path (got %q)", w.Dir)
+				return fieldErr("manifest.workspace.dir", "must be an absolute path: %q is not", w.Dir)
 			}
 			if w.Ref != "" {
 				return fieldErr("manifest.workspace.ref", "is for a git source: a dir comes as it is on disk")
@@ -65,7 +65,7 @@ func (m *Manifest) validateWorkspace() error {
 				return fieldErr("manifest.workspace.git", "must be at most %d bytes without NUL", maxGitURL)
 			}
 			if !strings.HasPrefix(w.Git, "https://") {
-				return fieldErr("manifest.workspace.git", "must be an https URL (got %q)", w.Git)
+				return fieldErr("manifest.workspace.git", "must be an https URL: %q is not", w.Git)
 			}
 			if len(w.Ref) > maxGitRef || strings.ContainsAny(w.Ref, "\x00 \t\n~^:?*[\\") || strings.HasPrefix(w.Ref, "-") {
 				return fieldErr("manifest.workspace.ref", "must be a branch, tag or commit id (at most %d bytes, no spaces or ~^:?*[\\)", maxGitRef)
@@ -78,7 +78,7 @@ func (m *Manifest) validateWorkspace() error {
 	for i, c := range m.Caches {
 		field := fmt.Sprintf("manifest.caches[%d]", i)
 		if !slices.Contains(Caches, c) {
-			return fieldErr(field, "must be one of %s (got %q)", strings.Join(Caches, ", "), c)
+			return fieldErr(field, "must be one of %s: %q is not", strings.Join(Caches, ", "), c)
 		}
 		if slices.Index(m.Caches, c) != i {
 			return fieldErr(field, "%q is named twice", c)

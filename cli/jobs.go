@@ -30,7 +30,7 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 		},
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
-		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg))
+		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsDiffCmd(cfg), p.jobsApplyCmd(cfg))
 	return cmd
 }
 

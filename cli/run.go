@@ -27,6 +27,11 @@ type runFlags struct {
 	quiet            bool
 	raw              bool // the job's output as it is, also on a terminal
 	files, envs      []string
+	// The workspace source (--workspace DIR, or --git URL [--ref REF])
+	// and the caches.
+	workspace, git, ref string
+	includeIgnored      bool
+	caches              []string
 }
 
 func (p *Program) runCmd(cfg *Config) *cobra.Command {
@@ -71,6 +76,11 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 	fs.IntVar(&f.timeout, "timeout", 0, "timeout in `seconds` (default: the manifest's, else DEFAULT_TIMEOUT)")
 	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M")
 	fs.Float64Var(&f.cpu, "cpu", 0, "cpu cores")
+	fs.StringVar(&f.workspace, "workspace", "", "copy `DIR` (a git work tree as git sees it) into /workspace; 'delegate jobs diff' and 'jobs apply' bring the job's changes back")
+	fs.StringVar(&f.git, "git", "", "clone the https `URL` into /workspace instead")
+	fs.StringVar(&f.ref, "ref", "", "the branch, tag or commit of --git")
+	fs.BoolVar(&f.includeIgnored, "include-ignored", false, "with --workspace: copy the files git ignores too")
+	fs.StringArrayVar(&f.caches, "cache", nil, "keep the `NAME` cache of this workspace between jobs: go, npm, pip, cargo (repeatable)")
 	fs.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 	fs.BoolVar(&f.raw, "raw", false, "write the job's output byte for byte also on a terminal (escape sequences and all)")
 	cfg.addConcurrencyFlag(fs)
@@ -82,6 +92,14 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 	m, err := buildManifest(p.Stdin, f)
 	if err != nil {
 		return err
+	}
+	if m.Workspace != nil && m.Workspace.Dir != "" && f.workspace != "" {
+		// The person running the CLI chose the directory: it is an
+		// allowed root of this run (the server's rules for roots hold).
+		if rule := cfg.workspaceRootRule(m.Workspace.Dir); rule != "" {
+			return usagef("--workspace: %s %s", m.Workspace.Dir, rule)
+		}
+		cfg.WorkspaceRoots = append(cfg.WorkspaceRoots, m.Workspace.Dir)
 	}
 	log := newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn))
 	svc, closeSvc, err := p.Open(ctx, cfg, log, true)
@@ -113,6 +131,9 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		if j.Status.Terminal() {
 			finish()
 			progress.done(j)
+			if m.Workspace != nil && !f.quiet {
+				p.tellChanges(ctx, svc, j.ID)
+			}
 			return jobExit(exitCode(j))
 		}
 		if ctx.Err() != nil {
@@ -126,6 +147,27 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 			continue
 		}
 		progress.show(j)
+	}
+}
+
+// tellChanges says on stderr what the job changed in its workspace, and
+// how to have it.
+func (p *Program) tellChanges(ctx context.Context, svc delegate.JobService, id string) {
+	ws, ok := svc.(delegate.WorkspaceService)
+	if !ok {
+		return
+	}
+	c, err := ws.Changes(context.WithoutCancel(ctx), id)
+	switch {
+	case err != nil:
+		return
+	case c.Error != "":
+		fmt.Fprintf(p.Stderr, "delegate: the workspace's changes were not kept: %s\n", c.Error)
+	case len(c.Files) == 0:
+		fmt.Fprintf(p.Stderr, "delegate: the job changed nothing in its workspace\n")
+	default:
+		fmt.Fprintf(p.Stderr, "delegate: the job changed %d files (%d added, %d modified, %d deleted): 'delegate jobs diff %s' shows them, 'delegate jobs apply %s' writes them back\n",
+			c.Added+c.Modified+c.Deleted, c.Added, c.Modified, c.Deleted, id, id)
 	}
 }
 
@@ -250,6 +292,21 @@ func buildManifest(stdin io.Reader, f runFlags) (delegate.Manifest, error) {
 	if f.timeoutSet {
 		m.Timeout = new(f.timeout)
 	}
+	switch {
+	case f.workspace != "" && f.git != "":
+		return m, usagef("give --workspace DIR or --git URL, not both")
+	case f.workspace != "":
+		abs, err := filepath.Abs(f.workspace)
+		if err != nil {
+			return m, usagef("--workspace: %v", err)
+		}
+		m.Workspace = &delegate.WorkspaceSource{Dir: abs, IncludeIgnored: f.includeIgnored}
+	case f.git != "":
+		m.Workspace = &delegate.WorkspaceSource{Git: f.git, Ref: f.ref, IncludeIgnored: f.includeIgnored}
+	case f.ref != "" || f.includeIgnored:
+		return m, usagef("--ref and --include-ignored go with --workspace or --git")
+	}
+	m.Caches = append(m.Caches, f.caches...)
 	if f.memory != "" || f.cpu != 0 {
 		if m.Resources == nil {
 			m.Resources = &delegate.Resources{}

@@ -384,6 +384,10 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// Changes are what the job changed in its workspace (a job with
+	// manifest.workspace); the diff is job://{id}/diff, the patch
+	// job://{id}/patch.
+	Changes *delegate.WorkspaceChanges `json:"changes,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -399,7 +403,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
-		DurationSeconds: seconds(r.Duration),
+		DurationSeconds: seconds(r.Duration), Changes: r.Changes,
 	}, nil
 }
 
@@ -486,6 +490,8 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
+		"manifest.workspace":        "project copied into /workspace, no base64: dir on the server, or git+ref; result lists changes, job://{id}/diff",
+		"manifest.caches":           "go npm pip cargo, kept per workspace",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
