@@ -912,6 +912,9 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	if waitErr == nil {
 		r.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
 	}
+	if m.Lifecycle != delegate.LifecyclePersistent {
+		r.removeClone(id, m) // its changes' old side is read
+	}
 	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
@@ -923,9 +926,6 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
-	if m.Lifecycle != delegate.LifecyclePersistent {
-		r.removeClone(id, m)
-	}
 	if j, err := r.store.GetJob(context.WithoutCancel(r.life.ctx), id); err == nil && j.Sandbox != "" {
 		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
 	}

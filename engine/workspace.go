@@ -111,8 +111,10 @@ func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps 
 func dirErr(err error, capWhy string) error {
 	var ce *workspace.CapError
 	switch {
-	case errors.As(err, &ce):
+	case errors.As(err, &ce) && ce.What == "bytes":
 		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("%v (the cap is the least of the server's and %s)", err, capWhy)}
+	case errors.As(err, &ce):
+		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("%v (DELEGATE_WORKSPACE_MAX_FILES)", err)}
 	case errors.Is(err, fs.ErrNotExist):
 		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("does not exist: %v", err)}
 	case errors.Is(err, fs.ErrPermission):
