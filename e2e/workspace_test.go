@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -465,4 +466,61 @@ func TestWorkspaceProxmox(t *testing.T) {
 			t.Errorf("%s %s %v: %v", r.Method, r.Path, r.Params, err)
 		}
 	}
+}
+
+// BenchmarkWorkspaceGoCache: the second `go test ./...` of a small module
+// through `delegate run --workspace DIR --cache go` (the whole run: the
+// CLI, the sandbox, the copy in, the test, the changes out), against the
+// same command on the host with a warm cache of its own.
+//
+//	go test -run '^$' -bench WorkspaceGoCache -benchtime 3x ./e2e/
+func BenchmarkWorkspaceGoCache(b *testing.B) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		b.Skip("go is not installed")
+	}
+	root := b.TempDir()
+	dir := filepath.Join(root, "calc")
+	os.MkdirAll(dir, 0o755)
+	for name, content := range map[string]string{
+		"go.mod":       "module example.com/calc\n\ngo 1.22\n",
+		"calc.go":      "package calc\n\nfunc Add(a, b int) int { return a + b }\n",
+		"calc_test.go": "package calc\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n\tif Add(2, 3) != 5 {\n\t\tt.Fatal(Add(2, 3))\n\t}\n}\n",
+	} {
+		os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644)
+	}
+	hostCache := b.TempDir()
+	host := func() time.Duration {
+		cmd := exec.Command(goBin, "test", "./...")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOCACHE="+hostCache, "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
+		t0 := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("go test on the host: %v %s", err, out)
+		}
+		return time.Since(t0)
+	}
+	dataDir := b.TempDir()
+	env := serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn")
+	run := func() time.Duration {
+		cmd := exec.Command(binary, "run", "-q", "--workspace", dir, "--cache", "go", "--memory", "1G",
+			"--env", "PATH="+filepath.Dir(goBin)+":/usr/bin:/bin", "--env", "GOTOOLCHAIN=local", "--env", "GOFLAGS=-mod=mod", "--script", "go test ./...")
+		cmd.Env = env
+		t0 := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("delegate run: %v %s", err, out)
+		}
+		return time.Since(t0)
+	}
+	host()
+	run() // the first runs fill the caches
+	var h, d time.Duration
+	for b.Loop() {
+		h += host()
+		d += run()
+	}
+	n := float64(b.N)
+	b.ReportMetric(h.Seconds()/n, "host-s")
+	b.ReportMetric(d.Seconds()/n, "delegate-s")
+	b.ReportMetric(d.Seconds()/h.Seconds(), "ratio")
 }
