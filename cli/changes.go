@@ -150,8 +150,8 @@ func (p *Program) apply(ctx context.Context, set *delegate.ChangeSet, to string,
 			return applyError(err)
 		}
 		fmt.Fprintf(p.Stdout, "%s %s\n", name, commit)
-		fmt.Fprintf(p.Stderr, "delegate: committed %d changes to branch %s in %s; the checked-out branch, the index and the work tree are as they were\n",
-			len(cs.Changes), name, target)
+		fmt.Fprintf(p.Stderr, "delegate: committed the changes of %s to branch %s in %s; the checked-out branch, the index and the work tree are as they were\n",
+			files(len(cs.Changes)), name, target)
 		return nil
 	}
 	done, err := workspace.Apply(ctx, target, &cs, workspace.ApplyOptions{})
@@ -186,7 +186,7 @@ func applyError(err error) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "nothing written: %d files %s:", len(list), what)
+	fmt.Fprintf(&b, "nothing written: %s %s:", files(len(list)), what)
 	for _, c := range list {
 		fmt.Fprintf(&b, "\n  %s: %s", c.Path, c.Reason)
 	}

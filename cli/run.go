@@ -166,9 +166,17 @@ func (p *Program) tellChanges(ctx context.Context, svc delegate.JobService, id s
 	case len(c.Files) == 0:
 		fmt.Fprintf(p.Stderr, "delegate: the job changed nothing in its workspace\n")
 	default:
-		fmt.Fprintf(p.Stderr, "delegate: the job changed %d files (%d added, %d modified, %d deleted): 'delegate jobs diff %s' shows them, 'delegate jobs apply %s' writes them back\n",
-			c.Added+c.Modified+c.Deleted, c.Added, c.Modified, c.Deleted, id, id)
+		fmt.Fprintf(p.Stderr, "delegate: the job changed %s (%d added, %d modified, %d deleted): 'delegate jobs diff %s' shows them, 'delegate jobs apply %s' writes them back\n",
+			files(c.Added+c.Modified+c.Deleted), c.Added, c.Modified, c.Deleted, id, id)
 	}
+}
+
+// files says n files.
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return fmt.Sprintf("%d files", n)
 }
 
 // logCopier copies a job's output to w as it comes: its stdout and

@@ -255,7 +255,7 @@ func TestWorkspaceCLI(t *testing.T) {
 	fix := newestJob(t, dataDir)
 	// Without -q, run says what the job changed.
 	_, errOut, _ = delegateCLI(t, dataDir, "run", "--workspace", dir, "--script", "echo more >> calc.go")
-	if !strings.Contains(errOut, "the job changed 1 files (0 added, 1 modified, 0 deleted): 'delegate jobs diff") {
+	if !strings.Contains(errOut, "the job changed 1 file (0 added, 1 modified, 0 deleted): 'delegate jobs diff") {
 		t.Errorf("run does not say what the job changed: %s", errOut)
 	}
 	diff, _, code := delegateCLI(t, dataDir, "jobs", "diff", fix)
@@ -287,7 +287,7 @@ func TestWorkspaceCLI(t *testing.T) {
 	orig, _ := os.ReadFile(filepath.Join(dir, "calc.go"))
 	os.WriteFile(filepath.Join(dir, "calc.go"), append(orig, "// mine\n"...), 0o644)
 	_, errOut, code = delegateCLI(t, dataDir, "jobs", "apply", fix)
-	if code != 1 || !strings.Contains(errOut, "nothing written: 1 files changed here since the import:\n  calc.go: ") {
+	if code != 1 || !strings.Contains(errOut, "nothing written: 1 file changed here since the import:\n  calc.go: ") {
 		t.Errorf("apply over an edit: %d %s", code, errOut)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "CHANGES")); err == nil {
