@@ -16,4 +16,5 @@ type Store interface {
 	ArtifactStore
 	SandboxStore
 	WorkspaceStore
+	QuestionStore // question.go
 }

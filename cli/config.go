@@ -37,6 +37,9 @@ type Config struct {
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
 	// which the backend checks when it starts.
 	SandboxUIDs string
+	// ToolDirs are host directories of tools local jobs see read-only, on
+	// their PATH (DELEGATE_TOOL_DIRS, separated by ':').
+	ToolDirs []string
 	// PidsMax and NoFile are a local sandbox's processes and each
 	// process's open files (DELEGATE_PIDS_MAX, DELEGATE_NOFILE; 0: the
 	// backend chooses them from the host's file table).
@@ -144,6 +147,7 @@ func envVars() []envVar {
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
 		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
+		{"DELEGATE_TOOL_DIRS", "", "host directories of tools local jobs see read-only at their paths, their bin on PATH, separated by ':' (e.g. /opt/node:/opt/jdk)"},
 		{"DELEGATE_PIDS_MAX", "512 (less on a small host)", "processes and threads of one local sandbox"},
 		{"DELEGATE_MAX_CPU", "the host's cores (local)", "most cpu cores a job may ask for"},
 		{"DELEGATE_MAX_MEMORY", "the host's memory (local)", "most memory a job may ask for"},
@@ -167,7 +171,7 @@ func envVars() []envVar {
 		{"DELEGATE_WORKSPACE_MAX_FILES", "50000", "most files (directories and links included) a workspace source may hold"},
 		{"DELEGATE_WORKSPACE_GIT_ALLOW", "", "CIDRs a git source may be cloned from besides public addresses (a git server on the LAN), comma-separated"},
 		{"DELEGATE_CACHE_MAX", "10G", "what the caches jobs ask for (manifest.caches) may hold in all; the least recently used go first"},
-		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
 	}
@@ -299,6 +303,15 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	intIn("DELEGATE_NOFILE", 16, 1<<20, &c.NoFile)
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
+	}
+	if v := getenv("DELEGATE_TOOL_DIRS"); v != "" {
+		for d := range strings.SplitSeq(v, ":") {
+			if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+				bad("DELEGATE_TOOL_DIRS", fmt.Sprintf("must be clean absolute paths of directories, separated by ':' (got %q)", d))
+				break
+			}
+			c.ToolDirs = append(c.ToolDirs, d)
+		}
 	}
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)

@@ -20,6 +20,9 @@ import (
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
 		"jobURL":      jobURL,
+		"sandboxURL":  sandboxURL,
+		"since":       since,
+		"idle":        idle,
 		"artifactURL": artifactURL,
 		"listURL":     listURL,
 		"bytes":       formatBytes,
@@ -27,9 +30,19 @@ func parsePages() map[string]*template.Template {
 		"iso":         func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"duration":    formatDuration,
 		"terminal":    func(s delegate.Status) bool { return s.Terminal() },
+		"questionURL": questionURL,
+		"fieldValue":  fieldValue,
+		"enumName":    enumName,
+		"inputType":   inputType,
+		// The exit code and why it ended, by the rule every reader
+		// follows (delegate.ExitReason).
+		"exit": delegate.ExitText,
+		"jobExit": func(j *delegate.Job) string {
+			return delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled))
+		},
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"list", "job", "login", "error"} {
+	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox"} {
 		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+name+".html"))
 	}
@@ -43,7 +56,9 @@ func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page str
 		Page     any
 		SignedIn bool
 		Version  string
-	}{data, d.signedIn(r), buildinfo.Version()}
+		// Sandboxes: the service keeps sandboxes, the header links them.
+		Sandboxes bool
+	}{data, d.signedIn(r), buildinfo.Version(), d.sbx != nil}
 	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
 		d.log.Error("dashboard: render", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
@@ -124,6 +139,8 @@ type jobView struct {
 	Now     time.Time
 	Notice  string
 	LiveURL string
+	// Questions are those the job waits for answers to (questions.go).
+	Questions []delegate.Question
 }
 
 // readJob reads all a job's page shows.
@@ -142,6 +159,9 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	}
 	if !j.Status.Terminal() {
 		v.LiveLog = j.Manifest.StatusMode == delegate.StatusModeStreaming
+		if v.Questions, err = d.openQuestions(ctx, id); err != nil {
+			return jobView{}, err
+		}
 		return v, nil
 	}
 	res, err := d.svc.Result(ctx, id, delegate.ResultOptions{})
@@ -186,6 +206,7 @@ func logPieces(l *delegate.LogPage) []logPiece {
 // nothing from the query string is shown as it is).
 var notices = map[string]string{
 	"cancelled": "Cancelled: its processes are being killed and its sandbox destroyed.",
+	"answered":  "Answered: the job finds the answer where it waits for it.",
 	"finished":  "It had already finished: nothing was cancelled.",
 }
 

@@ -5,6 +5,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -44,6 +45,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
+	addSandboxTools(s, dec, log, svc)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
@@ -53,7 +55,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.submit)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
+		Description:  fmt.Sprintf("Block until the job ends, asks questions, or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -86,13 +88,8 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, log, &mcp.Tool{
-		Name:         "release_job",
-		Description:  "Destroy the sandbox a finished persistent job kept.",
-		InputSchema:  inputSchema[JobIn](),
-		Annotations:  annotations(false, true, true, false),
-		OutputSchema: outputSchema[ReleaseOut](),
-	}, h.release)
+	addReleaseTool(s, dec, log, h)
+	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
@@ -221,6 +218,8 @@ type StatusOut struct {
 	// entries; TimelineDropped counts the older ones dropped.
 	Timeline        []delegate.Event `json:"timeline,omitempty"`
 	TimelineDropped int64            `json:"timeline_dropped,omitempty"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -228,7 +227,7 @@ func statusOf(j *delegate.Job) StatusOut {
 		Status: j.Status, Progress: newsOf(j), Error: j.Error, CreatedAt: msec(j.CreatedAt),
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
-		TimelineDropped: j.TimelineDropped,
+		TimelineDropped: j.TimelineDropped, SandboxID: j.Sandbox,
 	}
 }
 
@@ -292,6 +291,9 @@ type WaitOut struct {
 	Progress string          `json:"progress,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Done     bool            `json:"done"`
+	// Questions the job waits for answers to (answer_job): wait_job
+	// returns at once while there are any.
+	Questions []QuestionOut `json:"questions,omitempty"`
 }
 
 func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitIn) (WaitOut, error) {
@@ -311,14 +313,14 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if token != nil {
 		go h.reportProgress(wctx, req, token, in.JobID)
 	}
-	j, err := h.svc.Wait(wctx, in.JobID)
+	j, questions, err := h.waitOrAsk(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
 		return WaitOut{}, err
 	}
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal()}, nil
+	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -368,8 +370,11 @@ type ResultIn struct {
 
 // ResultOut is a finished job's result.
 type ResultOut struct {
-	Status   delegate.Status `json:"status"`
-	ExitCode *int            `json:"exit_code,omitempty"`
+	Status delegate.Status `json:"status"`
+	// ExitCode is the status the job's process ended with (137: killed),
+	// ExitReason why: exited, oom, timeout, cancelled, none.
+	ExitCode   *int                `json:"exit_code,omitempty"`
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// Output is the end of the kept stdout, Stderr of the kept stderr
 	// (delegate.JobResult says why apart; get_job_logs has the two
 	// interleaved); OutputBytes counts all the job wrote to both,
@@ -384,10 +389,13 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 	// Changes are what the job changed in its workspace (a job with
-	// manifest.workspace); the diff is job://{id}/diff, the patch
-	// job://{id}/patch.
-	Changes *delegate.WorkspaceChanges `json:"changes,omitempty"`
+	// manifest.workspace: delegate.WorkspaceChanges); the diff is
+	// job://{id}/diff, the patch job://{id}/patch. Its schema is left
+	// open: tools/list's budget is spent, and the values name themselves.
+	Changes json.RawMessage `json:"changes,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -400,11 +408,21 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
 	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
+		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
-		DurationSeconds: seconds(r.Duration), Changes: r.Changes,
+		DurationSeconds: seconds(r.Duration),
+		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes),
 	}, nil
+}
+
+// changesJSON is a result's changes as JSON (nil for none).
+func changesJSON(c *delegate.WorkspaceChanges) json.RawMessage {
+	if c == nil {
+		return nil
+	}
+	data, _ := json.Marshal(c)
+	return data
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
@@ -484,14 +502,14 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
+		"manifest.sandbox":          "a kept sandbox to run in (its commands trust each other)",
 		"manifest.secrets":          "server secrets to set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
-		"manifest.workspace":        "project copied into /workspace, no base64: dir on the server, or git+ref; result lists changes, job://{id}/diff",
-		"manifest.caches":           "go npm pip cargo, kept per workspace",
+		"manifest.stdin":            "base64 stdin, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
