@@ -92,6 +92,12 @@ type Manifest struct {
 	// Sandbox runs the job in a kept sandbox (its id) instead of a new
 	// one: with its files, its network, its limits, its processes.
 	Sandbox string `json:"sandbox,omitempty"`
+	// Workspace is copied into /workspace before the job, and what the
+	// job changes there is kept (see WorkspaceSource).
+	Workspace *WorkspaceSource `json:"workspace,omitempty"`
+	// Caches are kept between jobs of the same workspace source, mounted
+	// at /cache/NAME (see Caches).
+	Caches []string `json:"caches,omitempty"`
 }
 
 // Network says whether a job may reach the outside network.
@@ -308,6 +314,9 @@ func (m *Manifest) Validate() error {
 	}
 	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
 		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
+	}
+	if err := m.validateWorkspace(); err != nil {
+		return err
 	}
 	if m.Sandbox != "" {
 		if err := CheckSandboxID("manifest.sandbox", m.Sandbox); err != nil {

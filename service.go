@@ -143,8 +143,11 @@ type JobResult struct {
 	Result          string     `json:"result,omitempty"`
 	OOMKilled       bool       `json:"oom_killed,omitempty"`
 	Artifacts       []Artifact `json:"artifacts"`
-	StartedAt       time.Time  `json:"started_at,omitzero"`
-	FinishedAt      time.Time  `json:"finished_at,omitzero"`
+	// Changes are what the job changed in its imported workspace (nil
+	// without a workspace source); WorkspaceService has the diff.
+	Changes    *WorkspaceChanges `json:"changes,omitempty"`
+	StartedAt  time.Time         `json:"started_at,omitzero"`
+	FinishedAt time.Time         `json:"finished_at,omitzero"`
 	// Duration is how long the job ran.
 	Duration time.Duration `json:"-"`
 	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).

@@ -15,5 +15,6 @@ type Store interface {
 	OutputStore
 	ArtifactStore
 	SandboxStore
+	WorkspaceStore
 	QuestionStore // question.go
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -96,6 +97,18 @@ type Config struct {
 
 	// ProxmoxPool is the warm pool `serve` keeps (PROXMOX_POOL_*).
 	ProxmoxPool PoolConfig
+
+	// Workspaces: the directories a job's workspace source may lie under
+	// (DELEGATE_WORKSPACE_ROOTS, a list like PATH; none: dir sources are
+	// refused), a source's caps (DELEGATE_WORKSPACE_MAX_BYTES, _MAX_FILES),
+	// the addresses a git clone may reach besides public ones
+	// (DELEGATE_WORKSPACE_GIT_ALLOW), and what the caches may hold in all
+	// (DELEGATE_CACHE_MAX).
+	WorkspaceRoots    []string
+	WorkspaceMaxBytes int64
+	WorkspaceMaxFiles int
+	WorkspaceGitAllow []netip.Prefix
+	CacheMaxBytes     int64
 }
 
 // PoolConfig is the warm pool of booted Proxmox VMs: how many, and their
@@ -153,6 +166,11 @@ func envVars() []envVar {
 		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
+		{"DELEGATE_WORKSPACE_ROOTS", "", "directories (a list like PATH) whose subdirectories jobs may import as manifest.workspace.dir; unset: none"},
+		{"DELEGATE_WORKSPACE_MAX_BYTES", "256M", "most a workspace source may hold (and never more than half the job's memory)"},
+		{"DELEGATE_WORKSPACE_MAX_FILES", "50000", "most files (directories and links included) a workspace source may hold"},
+		{"DELEGATE_WORKSPACE_GIT_ALLOW", "", "CIDRs a git source may be cloned from besides public addresses (a git server on the LAN), comma-separated"},
+		{"DELEGATE_CACHE_MAX", "10G", "what the caches jobs ask for (manifest.caches) may hold in all; the least recently used go first"},
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
@@ -199,6 +217,10 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		CallbackHost:       defaultCallbackHost,
 		CallbackPort:       defaultCallbackPort,
 		HeartbeatThreshold: delegate.DefaultHeartbeatThreshold,
+
+		WorkspaceMaxBytes: defaultWorkspaceMaxBytes,
+		WorkspaceMaxFiles: defaultWorkspaceMaxFiles,
+		CacheMaxBytes:     defaultCacheMax,
 	}
 	var errs []string
 	bad := func(name, rule string) { errs = append(errs, fmt.Sprintf("%s=%q: %s", name, getenv(name), rule)) }
@@ -314,6 +336,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
+	c.loadWorkspaces(getenv, bad)
 	c.loadMaxima(getenv, host, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {
@@ -489,6 +512,11 @@ func (c *Config) check() error {
 	c.DataDir = abs
 	if rule := templateRule(c.Defaults.VMTemplate, c.DataDir); rule != "" {
 		return fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %s", c.Defaults.VMTemplate, rule)
+	}
+	for _, root := range c.WorkspaceRoots {
+		if rule := c.workspaceRootRule(root); rule != "" {
+			return fmt.Errorf("DELEGATE_WORKSPACE_ROOTS: %s %s", root, rule)
+		}
 	}
 	return nil
 }

@@ -33,7 +33,7 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
 		p.jobsCancelCmd(cfg), p.jobsReleaseCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsArtifactsCmd(cfg),
-		p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg))
+		p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg), p.jobsDiffCmd(cfg), p.jobsApplyCmd(cfg))
 	return cmd
 }
 

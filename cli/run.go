@@ -36,6 +36,11 @@ type runFlags struct {
 	files, envs      []string
 	secrets          []string
 	artifacts        []string
+	// The workspace source (--workspace DIR, or --git URL [--ref REF])
+	// and the caches.
+	workspace, git, ref string
+	includeIgnored      bool
+	caches              []string
 }
 
 func (p *Program) runCmd(cfg *Config) *cobra.Command {
@@ -114,6 +119,11 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 	fs.StringVar(&f.disk, "disk", "", "size of /workspace, e.g. 1G")
 	fs.StringVar(&f.statusMode, "status-mode", "", "simple, detailed or streaming (default streaming)")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not pass standard input to the job")
+	fs.StringVar(&f.workspace, "workspace", "", "copy `DIR` (a git work tree as git sees it) into /workspace; 'delegate jobs diff' and 'jobs apply' bring the job's changes back")
+	fs.StringVar(&f.git, "git", "", "clone the https `URL` into /workspace instead")
+	fs.StringVar(&f.ref, "ref", "", "the branch, tag or commit of --git")
+	fs.BoolVar(&f.includeIgnored, "include-ignored", false, "with --workspace: copy the files git ignores too")
+	fs.StringArrayVar(&f.caches, "cache", nil, "keep the `NAME` cache of this workspace between jobs: go, npm, pip, cargo (repeatable)")
 	fs.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 	fs.BoolVar(&f.raw, "raw", false, "write the job's output byte for byte also on a terminal (escape sequences and all)")
 	cfg.addConcurrencyFlag(fs)
@@ -125,6 +135,14 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 	m, err := buildManifest(p.Stdin, p.Stderr, f)
 	if err != nil {
 		return err
+	}
+	if m.Workspace != nil && m.Workspace.Dir != "" && f.workspace != "" {
+		// The person running the CLI chose the directory: it is an
+		// allowed root of this run (the server's rules for roots hold).
+		if rule := cfg.workspaceRootRule(m.Workspace.Dir); rule != "" {
+			return usagef("--workspace: %s %s", m.Workspace.Dir, rule)
+		}
+		cfg.WorkspaceRoots = append(cfg.WorkspaceRoots, m.Workspace.Dir)
 	}
 	log := newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn))
 	svc, closeSvc, err := p.Open(ctx, cfg, log, true)
@@ -156,6 +174,9 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		if j.Status.Terminal() {
 			finish()
 			progress.done(j)
+			if m.Workspace != nil && !f.quiet {
+				p.tellChanges(ctx, svc, j.ID)
+			}
 			if len(j.Manifest.Artifacts) > 0 && !(f.quiet && j.Status == delegate.StatusSuccess) {
 				arts, err := svc.Artifacts(context.WithoutCancel(ctx), j.ID)
 				if err != nil {
@@ -177,6 +198,35 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		}
 		progress.show(j)
 	}
+}
+
+// tellChanges says on stderr what the job changed in its workspace, and
+// how to have it.
+func (p *Program) tellChanges(ctx context.Context, svc delegate.JobService, id string) {
+	ws, ok := svc.(delegate.WorkspaceService)
+	if !ok {
+		return
+	}
+	c, err := ws.Changes(context.WithoutCancel(ctx), id)
+	switch {
+	case err != nil:
+		return
+	case c.Error != "":
+		fmt.Fprintf(p.Stderr, "delegate: the workspace's changes were not kept: %s\n", c.Error)
+	case len(c.Files) == 0:
+		fmt.Fprintf(p.Stderr, "delegate: the job changed nothing in its workspace\n")
+	default:
+		fmt.Fprintf(p.Stderr, "delegate: the job changed %s (%d added, %d modified, %d deleted): 'delegate jobs diff %s' shows them, 'delegate jobs apply %s' writes them back\n",
+			files(c.Added+c.Modified+c.Deleted), c.Added, c.Modified, c.Deleted, id, id)
+	}
+}
+
+// files says n files.
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return fmt.Sprintf("%d files", n)
 }
 
 // logCopier copies a job's output to w as it comes: its stdout and
@@ -345,6 +395,21 @@ func buildManifest(stdin io.Reader, stderr io.Writer, f runFlags) (delegate.Mani
 	if f.timeoutSet {
 		m.Timeout = new(f.timeout)
 	}
+	switch {
+	case f.workspace != "" && f.git != "":
+		return m, usagef("give --workspace DIR or --git URL, not both")
+	case f.workspace != "":
+		abs, err := filepath.Abs(f.workspace)
+		if err != nil {
+			return m, usagef("--workspace: %v", err)
+		}
+		m.Workspace = &delegate.WorkspaceSource{Dir: abs, IncludeIgnored: f.includeIgnored}
+	case f.git != "":
+		m.Workspace = &delegate.WorkspaceSource{Git: f.git, Ref: f.ref, IncludeIgnored: f.includeIgnored}
+	case f.ref != "" || f.includeIgnored:
+		return m, usagef("--ref and --include-ignored go with --workspace or --git")
+	}
+	m.Caches = append(m.Caches, f.caches...)
 	if f.memory != "" || f.cpu != 0 || f.disk != "" {
 		if m.Resources == nil {
 			m.Resources = &delegate.Resources{}

@@ -33,7 +33,11 @@ var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/scrip
 // inputs (files only the job's user reads) and environment values, never
 // in Args, which every user of the sandbox's host can read; nothing is
 // spliced into a shell line.
-func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, error) {
+//
+// ws is the manifest whose workspace source and caches the sandbox has:
+// the job's own, or for a command in a kept sandbox that of the job that
+// made it (nil: none).
+func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	var stdin string
@@ -72,6 +76,9 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		"TERM":    "dumb",
 		"USER":    "sandbox",
 		"LOGNAME": "sandbox",
+	}
+	if ws != nil {
+		workspaceEnv(env, ws.Workspace, ws.Caches)
 	}
 	for k, v := range m.Env {
 		env[k] = v

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/workspace"
 )
 
 // Config tunes an Engine. Zero values get the defaults of package delegate
@@ -98,6 +100,19 @@ type Config struct {
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration
 	SandboxTick     time.Duration
+
+	// Workspaces (workspace.go): a dir source must lie under one of
+	// WorkspaceRoots (clean absolute paths; none: dir sources are
+	// refused); a source holds at most WorkspaceMaxBytes and
+	// WorkspaceMaxFiles (defaults workspace.DefaultMaxBytes and
+	// DefaultMaxFiles), never more than half the job's memory nor its
+	// disk. Git sources are cloned under CloneDir (default: under the
+	// temporary directory), reaching public addresses and GitAllow.
+	WorkspaceRoots    []string
+	WorkspaceMaxBytes int64
+	WorkspaceMaxFiles int
+	CloneDir          string
+	GitAllow          []netip.Prefix
 }
 
 // Engine drives jobs from a store through a backend. It implements
@@ -181,6 +196,15 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	}
 	if cfg.SandboxTick <= 0 {
 		cfg.SandboxTick = 5 * time.Second
+	}
+	if cfg.WorkspaceMaxBytes <= 0 {
+		cfg.WorkspaceMaxBytes = workspace.DefaultMaxBytes
+	}
+	if cfg.WorkspaceMaxFiles <= 0 {
+		cfg.WorkspaceMaxFiles = workspace.DefaultMaxFiles
+	}
+	if cfg.CloneDir == "" {
+		cfg.CloneDir = filepath.Join(os.TempDir(), "delegate-clones")
 	}
 	log := cfg.Logger
 	owner := newOwner()
@@ -300,6 +324,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		}
 	}
 	if err := checkResources(ctx, backend, m, e.log); err != nil {
+		return nil, err
+	}
+	if err := e.checkWorkspace(ctx, &m, backend.Capabilities(), backend.Name()); err != nil {
 		return nil, err
 	}
 	for i, name := range m.Secrets {

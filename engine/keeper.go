@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -307,6 +309,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 			}
 			return nil
 		})
+		// Nor the clone of its git source, which its commands' changes
+		// were read against.
+		os.RemoveAll(filepath.Join(k.cfg.CloneDir, sb.JobID))
 	}
 	k.log.Info("sandbox ended", "sandbox", id, "state", state, "reason", reason)
 	k.jobs.notify("")

@@ -171,11 +171,15 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 	if arts == nil {
 		arts = []delegate.Artifact{}
 	}
+	changes, err := rd.resultChanges(ctx, j)
+	if err != nil {
+		return nil, err
+	}
 	return &delegate.JobResult{
 		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode, ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled),
 		Output: out, OutputOffset: outOffset, Stderr: errs, StderrOffset: errOffset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
+		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
 		Sandbox: j.Sandbox,
 	}, nil

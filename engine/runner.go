@@ -161,6 +161,7 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 			observed = r.jobEnded
 		}
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
+		r.removeClone(id, job.Manifest)
 		switch {
 		case a.attached:
 			// A kept sandbox's: it stays for the next command, unless its
@@ -193,6 +194,9 @@ type attempt struct {
 	// failure ends.
 	attached bool
 	kept     string
+	// maker is the manifest of the job that made the kept sandbox a
+	// command runs in (its workspace and caches); nil when opened empty.
+	maker *delegate.Manifest
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -205,6 +209,7 @@ var provisionSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"create the sandbox", (*runner).createStep},
+	{"import the workspace", (*runner).importWorkspace},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -244,6 +249,11 @@ func (r *runner) attachStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	a.sb, a.attached = inst, true
+	if sb.JobID != "" {
+		if mm, err := r.store.JobManifest(ctx, sb.JobID); err == nil {
+			a.maker = &mm
+		}
+	}
 	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
@@ -332,7 +342,11 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 
 // startCommand starts the job's command and records the job as running.
 func (r *runner) startCommand(ctx context.Context, a *attempt) error {
-	cmd, err := r.command(a.job, a.token)
+	ws := &a.job.Manifest
+	if a.attached {
+		ws = a.maker
+	}
+	cmd, err := r.command(a.job, a.token, ws)
 	if err != nil {
 		return err
 	}
@@ -423,14 +437,18 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 	if err != nil {
 		return sandbox.Spec{}, fmt.Errorf("resources.disk: %w", err)
 	}
-	return sandbox.Spec{
+	spec := sandbox.Spec{
 		JobID:       job.ID,
 		CPU:         r.CPU,
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
 		Network:     job.Manifest.Network == delegate.NetworkEgress,
-	}, nil
+	}
+	for _, c := range job.Manifest.Caches {
+		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Manifest.Workspace)})
+	}
+	return spec, nil
 }
 
 // follow watches a running process until it ends, is killed, or times out,
@@ -919,6 +937,13 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	// client that sees the end also sees them.
 	if len(m.Artifacts) > 0 && waitErr == nil {
 		r.collectArtifacts(context.WithoutCancel(r.life.ctx), id, m, sb)
+	}
+	// So are the changes to its workspace, before the sandbox goes.
+	if waitErr == nil {
+		r.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
+	}
+	if m.Lifecycle != delegate.LifecyclePersistent {
+		r.removeClone(id, m) // its changes' old side is read
 	}
 	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one

@@ -63,6 +63,9 @@ type Backend struct {
 
 	// toolDirs are the operator's tool directories (Config.ToolDirs).
 	toolDirs []string
+	// cacheDir and cacheMax: see Config (cache_linux.go).
+	cacheDir string
+	cacheMax int64
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -115,7 +118,15 @@ func New(cfg Config) (*Backend, error) {
 			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
 	}
 	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
-		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log)}
+		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes)}
+	if cfg.CacheDir != "" {
+		if b.cacheDir, err = filepath.Abs(cfg.CacheDir); err != nil {
+			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
+		}
+		if err := os.MkdirAll(b.cacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
+		}
+	}
 	if cfg.RootfsDir != "" {
 		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
 			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)
@@ -267,7 +278,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// commands.
 		MultiExec: true,
 		// The cgroup freezer (v2, or v1's freezer hierarchy).
-		Pause: b.cg.Freezer != "",
+		Pause:      b.cg.Freezer != "",
+		Caches:     b.cacheDir != "",
+		Workspaces: true,
 	}
 }
 
@@ -426,6 +439,18 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 	} else if err := makeStatusFIFO(dir, hostJob); err != nil {
 		return err
 	}
+	if len(spec.Caches) > 0 {
+		// Recorded before the cgroups: Destroy gives back what the
+		// state names, and unmounts whatever is under caches/.
+		caches, err := b.attachCaches(id, dir, spec, hostJob)
+		st.Caches = caches
+		if werr := writeJSONAtomic(filepath.Join(dir, fileState), st); err == nil {
+			err = werr
+		}
+		if err != nil {
+			return err
+		}
+	}
 	if tpl >= 0 {
 		// A read-only bind here, made as host root, lets the unprivileged
 		// init reach a template whose path it could not search. It binds
@@ -542,6 +567,8 @@ func (b *Backend) destroy(id string) error {
 	}
 	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
+	} else {
+		b.releaseCaches(id, st.Caches)
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
 		errs = append(errs, err)
@@ -612,6 +639,7 @@ func removeSandboxDir(dir string) error {
 	for _, d := range sandboxDirs {
 		unix.Rmdir(filepath.Join(dir, d))
 	}
+	removeCacheDirs(dir)
 	err := unix.Rmdir(dir)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil

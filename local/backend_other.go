@@ -40,3 +40,4 @@ func (b *Backend) Destroy(ctx context.Context, id string) error     { return err
 func (b *Backend) Close() error                                     { return nil }
 func runShim(args []string) int                                     { return 2 }
 func runInit(args []string) int                                     { return 2 }
+func runExtract(args []string) int                                  { return 2 }

@@ -41,6 +41,12 @@ type Config struct {
 	// refuses a range that an entry of /etc/subuid, /etc/subgid,
 	// /etc/passwd or /etc/group overlaps.
 	UIDs string
+	// CacheDir keeps the caches jobs ask for (Spec.Caches), per project
+	// and name; "": none are kept (Capabilities.Caches is false).
+	// CacheMaxBytes bounds them all together: the least recently used go
+	// first (DefaultCacheMaxBytes when 0).
+	CacheDir      string
+	CacheMaxBytes int64
 	// Logger receives the backend's own events; nil discards them.
 	Logger *slog.Logger
 }

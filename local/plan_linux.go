@@ -199,6 +199,14 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 		}
 	}
 	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", filepath.Join(up, dirWorkspace), at("workspace"))
+	if len(st.Caches) > 0 {
+		// The caches, bound into the sandbox directory by Create.
+		add(opMkdir, 0o755, "create /cache", at("cache"))
+		for _, c := range st.Caches {
+			add(opMkdir, 0o755, "create /cache/"+c.Name, at("cache", c.Name))
+			add(opMount, unix.MS_BIND, "bind /cache/"+c.Name, filepath.Join(up, dirCaches, c.Name), at("cache", c.Name))
+		}
+	}
 	if _, err := os.Lstat(filepath.Join(execDir, fileStatusFIFO)); err == nil {
 		// The status channel at StatusFile, bound before the root is
 		// made read-only.

@@ -92,6 +92,9 @@ const (
 	dirExecs  = "execs"
 	dirTmp    = "tmp"
 	fileNetns = "netns"
+	// dirCaches holds the mount points of the sandbox's caches
+	// (cache_linux.go), bound at /cache/NAME inside.
+	dirCaches = "caches"
 )
 
 // execUp is how a command's directory (execs/<id>) reaches the sandbox
@@ -136,6 +139,8 @@ type sandboxState struct {
 	// execs/<id>; Expires is when its processes end by themselves.
 	Multi   bool      `json:"multi,omitempty"`
 	Expires time.Time `json:"expires,omitzero"`
+	// Caches are the caches it has (cache_linux.go).
+	Caches []cacheMount `json:"caches,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and

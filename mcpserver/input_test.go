@@ -199,8 +199,22 @@ func leaves(schema map[string]any, path string) []leaf {
 	return out
 }
 
+// typeOf is a property's type: its "type", or below the top, where the
+// schema leaves it out, what its items or properties say.
+func typeOf(p map[string]any) any {
+	switch {
+	case p["type"] != nil:
+		return p["type"]
+	case p["items"] != nil:
+		return "array"
+	case p["properties"] != nil || p["additionalProperties"] != nil:
+		return "object"
+	}
+	return nil
+}
+
 func example(p map[string]any) any {
-	switch p["type"] {
+	switch typeOf(p) {
 	case "string":
 		return "a"
 	case "integer":

@@ -3,7 +3,10 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net/url"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -27,6 +30,12 @@ func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 		Description: "A job's output so far; subscribe for updates"}, read)
 	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-artifact", URITemplate: "job://{id}/artifacts/{+name}",
 		Description: "A file collected from a job"}, read)
+	if _, ok := svc.(delegate.WorkspaceService); ok {
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-diff", URITemplate: "job://{id}/diff{?offset}", MIMEType: "text/x-diff",
+			Description: "What a job changed in its workspace, as a unified diff, 64 KiB a page (a last line names the next page)"}, read)
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-patch", URITemplate: "job://{id}/patch", MIMEType: "text/x-diff",
+			Description: "A job's workspace changes as a patch for git apply"}, read)
+	}
 }
 
 // readResource reads one resource; its errors are resourceError's to
@@ -37,6 +46,9 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	id, sub, _ := strings.Cut(rest, "/")
+	if ws, ok := svc.(delegate.WorkspaceService); ok && (sub == "patch" || sub == "diff" || strings.HasPrefix(sub, "diff?")) {
+		return readChanges(ctx, ws, uri, id, sub)
+	}
 	switch {
 	case sub == "":
 		st, err := fullStatus(ctx, svc, id)
@@ -83,6 +95,37 @@ func readLog(ctx context.Context, svc delegate.JobService, id string) ([]byte, e
 		}
 		cursor = l.NextCursor
 	}
+}
+
+// readChanges reads job://{id}/patch, or a page of job://{id}/diff: a
+// page that is not the last ends with a line naming the next one.
+func readChanges(ctx context.Context, ws delegate.WorkspaceService, uri, id, sub string) (*mcp.ReadResourceResult, error) {
+	if sub == "patch" {
+		data, err := ws.Patch(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return contents(uri, "text/x-diff", data), nil
+	}
+	var off int64
+	if _, q, ok := strings.Cut(sub, "?"); ok {
+		v, err := url.ParseQuery(q)
+		if err == nil && v.Has("offset") {
+			off, err = strconv.ParseInt(v.Get("offset"), 10, 64)
+		}
+		if err != nil {
+			return nil, &delegate.FieldError{Field: "offset", Rule: "must be a number of bytes, the next page's (" + uri + ")"}
+		}
+	}
+	page, err := ws.Diff(ctx, id, delegate.DiffOptions{Offset: off})
+	if err != nil {
+		return nil, err
+	}
+	text := page.Text
+	if page.Next != 0 {
+		text += fmt.Sprintf("\n[delegate: %d of %d bytes; next page: job://%s/diff?offset=%d]\n", page.Next, page.Total, id, page.Next)
+	}
+	return contents(uri, "text/x-diff", []byte(text)), nil
 }
 
 func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {

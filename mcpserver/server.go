@@ -5,6 +5,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -390,6 +391,11 @@ type ResultOut struct {
 	DurationSeconds float64             `json:"duration_seconds"`
 	// SandboxID is the kept sandbox the job ran in or made.
 	SandboxID string `json:"sandbox_id,omitempty"`
+	// Changes are what the job changed in its workspace (a job with
+	// manifest.workspace: delegate.WorkspaceChanges); the diff is
+	// job://{id}/diff, the patch job://{id}/patch. Its schema is left
+	// open: tools/list's budget is spent, and the values name themselves.
+	Changes json.RawMessage `json:"changes,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -406,8 +412,17 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
-		SandboxID:       r.Sandbox,
+		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes),
 	}, nil
+}
+
+// changesJSON is a result's changes as JSON (nil for none).
+func changesJSON(c *delegate.WorkspaceChanges) json.RawMessage {
+	if c == nil {
+		return nil
+	}
+	data, _ := json.Marshal(c)
+	return data
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.

@@ -198,6 +198,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		MultiExec: true,
 		// status/suspend and status/resume.
 		Pause: true,
+		// A workspace goes in and out through the agent (archive.go);
+		// caches are not kept.
+		Workspaces: true,
 	}
 }
 

@@ -11,6 +11,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"time"
 
@@ -51,6 +52,10 @@ type Capabilities struct {
 	MultiExec bool
 	// Pause: an Instance is a Pauser.
 	Pause bool
+	// Caches: Spec.Caches are honoured (kept between sandboxes).
+	Caches bool
+	// Workspaces: every Instance is an Archiver.
+	Workspaces bool
 }
 
 // Spec describes the sandbox a job needs.
@@ -73,6 +78,18 @@ type Spec struct {
 	// Expires, if set, is when the instance's processes end even if no
 	// server is there to destroy it (a kept sandbox's lifetime).
 	Expires time.Time
+	// Caches are directories kept between sandboxes, each mounted
+	// read-write at /cache/NAME (Capabilities.Caches).
+	Caches []Cache
+}
+
+// Cache names a kept cache: Name is the directory under /cache, Key the
+// project it belongs to (two keys never share one). Jobs that share a
+// cache trust each other; one sandbox at a time writes it, and another
+// that asks meanwhile gets an empty one of its own (Progress says so).
+type Cache struct {
+	Name string
+	Key  string
 }
 
 // Step reports a provisioning step through Progress, if there is one.
@@ -190,6 +207,41 @@ type ListOptions struct {
 	Limit int
 	// Regular lists regular files only (artifacts).
 	Regular bool
+}
+
+// Archiver is an Instance whose workspace moves as tar streams: a
+// project copied in before the job, read back after it so that the
+// engine can tell what the job changed. Every backend that has one
+// passes sandboxtest's archive tests.
+type Archiver interface {
+	// PutArchive unpacks a tar stream (gzip or not) into /workspace, as
+	// the job's user: names relative and clean, nothing written through
+	// a link, modes' permission bits and modification times (to the
+	// nanosecond) kept, special files and hard links skipped. An entry
+	// that breaks a rule fails it, naming the entry.
+	PutArchive(ctx context.Context, r io.Reader) (Unpacked, error)
+	// GetArchive returns /workspace as a tar stream (gzip or not): links
+	// as links, hard links as the files they link to, modification times
+	// to the nanosecond. It may leave out the objects of git
+	// repositories (.git/objects), which are never changes. The caller
+	// closes it.
+	GetArchive(ctx context.Context) (io.ReadCloser, error)
+}
+
+// Unpacked says what PutArchive wrote.
+type Unpacked struct {
+	Files, Dirs int
+	Bytes       int64
+	// Skipped lists what was not written and why ("a fifo").
+	Skipped []string
+}
+
+// HostWorkspace is an Instance whose workspace is a directory the server
+// reaches on its own filesystem (the local backend's tmpfs), which the
+// engine then reads in place, beneath it, as its owner, without
+// following links, rather than through GetArchive.
+type HostWorkspace interface {
+	WorkspaceDir() string
 }
 
 // Pauser is an Instance that can be paused (Capabilities.Pause): its

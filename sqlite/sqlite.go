@@ -29,6 +29,7 @@ type DB struct {
 	*ArtifactStore
 	*SandboxStore
 	*QuestionStore
+	*WorkspaceStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -199,6 +200,17 @@ var migrations = []string{
 	// refused rather than answered with the first job. Jobs from before
 	// have none ('') and match any manifest, as they did.
 	`ALTER TABLE jobs ADD COLUMN idempotency_digest TEXT NOT NULL DEFAULT '';`,
+	// Imported workspaces (issue 18): per job, the baseline of its import
+	// and, once it has ended, its changes and their summary, in a table of
+	// their own (they may be megabytes; the job row is rewritten on every
+	// update).
+	`CREATE TABLE job_workspaces (
+		seq INTEGER PRIMARY KEY REFERENCES jobs(seq) ON DELETE CASCADE,
+		source TEXT NOT NULL DEFAULT '',
+		baseline BLOB,
+		changes BLOB,
+		summary TEXT
+	);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -274,6 +286,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.QuestionStore, err = newQuestionStore(ctx, db); err != nil {
+		return err
+	}
+	if db.WorkspaceStore, err = newWorkspaceStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

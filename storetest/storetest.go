@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
 		{"Questions", testQuestions},
 		{"Answers", testAnswers},
+		{"Workspaces", testWorkspaces},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}

@@ -79,6 +79,12 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		Secret:             secret,
 		OpenBackend:        open,
 		Observer:           observer,
+
+		WorkspaceRoots:    cfg.WorkspaceRoots,
+		WorkspaceMaxBytes: cfg.WorkspaceMaxBytes,
+		WorkspaceMaxFiles: cfg.WorkspaceMaxFiles,
+		CloneDir:          filepath.Join(cfg.DataDir, "clones"),
+		GitAllow:          cfg.WorkspaceGitAllow,
 	})
 	return &app{store: store, backend: backend, eng: eng}, nil
 }
@@ -115,7 +121,8 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, ToolDirs: cfg.ToolDirs, Logger: log,
 			// The host's file table is shared by the jobs running at once
 			// and the sandboxes kept after theirs.
-			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes})
+			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes,
+			CacheDir: filepath.Join(cfg.DataDir, "caches"), CacheMaxBytes: cfg.CacheMaxBytes})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
