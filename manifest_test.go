@@ -81,6 +81,17 @@ func TestParseManifest(t *testing.T) {
 		{"two objects", `{"agentType":"script","task":"x"} {}`, "manifest", "single JSON value"},
 		{"not json", `nope`, "manifest", "valid JSON"},
 		{"NUL in task", `{"agentType":"script","task":"a\u0000b"}`, "manifest.task", "NUL"},
+		{"network egress", `{"task":"x","network":"egress"}`, "", ""},
+		{"network allowlist", `{"task":"x","network":{"allow":["pypi.org","*.pythonhosted.org","github.com:443"],"ask":true}}`, "", ""},
+		{"network empty allowlist", `{"task":"x","network":{"allow":[]}}`, "", ""},
+		{"network mode", `{"task":"x","network":"internet"}`, "manifest.network", "must be none, egress or"},
+		{"network allowlist without allow", `{"task":"x","network":{"ask":true}}`, "manifest.network.allow", "required (an array of strings)"},
+		{"network unknown member", `{"task":"x","network":{"allow":[],"deny":["a"]}}`, "manifest.network.deny", "unknown field (known: allow, ask)"},
+		{"network allow not strings", `{"task":"x","network":{"allow":["a.test",7]}}`, "manifest.network.allow[1]", "must be a string (got a number)"},
+		{"network ask not bool", `{"task":"x","network":{"allow":[],"ask":"yes"}}`, "manifest.network.ask", "must be true or false"},
+		{"network number", `{"task":"x","network":1}`, "manifest.network", `must be "none", "egress" or an allowlist`},
+		{"network empty rule", `{"task":"x","network":{"allow":["a.test",""]}}`, "manifest.network.allow[1]", "must be a host name"},
+		{"network duplicate member", `{"task":"x","network":{"allow":[],"allow":["a"]}}`, "manifest.network.allow", "duplicate key"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

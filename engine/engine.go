@@ -246,7 +246,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if backend == nil {
 		return nil, errNoBackend
 	}
-	if m.Network == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
+	if m.Network.Mode == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
 		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
 	}
 	chosenTemplate := m.VMTemplate != ""

@@ -151,7 +151,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := k.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if m.Network == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
+	if m.Network.Mode == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
 		return nil, &delegate.FieldError{Field: "network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
 	}
 	if err := checkTemplate(ctx, b, m.VMTemplate, chosen); err != nil {

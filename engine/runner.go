@@ -259,7 +259,7 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 	// A persistent job's sandbox is kept, for more commands: made to run
 	// them where the backend can, with a lifetime.
 	keep := a.job.Manifest.Lifecycle == delegate.LifecyclePersistent && r.backend().Capabilities().MultiExec &&
-		!(a.job.Manifest.Network == delegate.NetworkEgress && r.backend().Name() == "local")
+		!(a.job.Manifest.Network.Mode == delegate.NetworkEgress && r.backend().Name() == "local")
 	if keep {
 		spec.MultiExec, spec.Expires = true, time.Now().Add(r.cfg.SandboxLifetime)
 	}
@@ -415,7 +415,7 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
-		Network:     job.Manifest.Network == delegate.NetworkEgress,
+		Network:     job.Manifest.Network.Reaches(),
 	}, nil
 }
 

@@ -77,6 +77,30 @@ func runHelper(name string, args []string) int {
 		}
 		fmt.Printf("resolved %s: %v\n", args[0], addrs)
 		return 0
+	case "lookup": // lookup name...: the system resolver's answer for each
+		for _, a := range args {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			addrs, err := net.DefaultResolver.LookupHost(ctx, a)
+			cancel()
+			if err != nil {
+				fmt.Printf("%s: no (%v)\n", a, err)
+				continue
+			}
+			fmt.Printf("%s: %s\n", a, strings.Join(addrs, " "))
+		}
+		return 0
+	case "udp": // udp addr...: send a datagram to each
+		for _, a := range args {
+			c, err := net.Dial("udp", a)
+			if err != nil {
+				fmt.Printf("udp %s: %v\n", a, err)
+				continue
+			}
+			_, err = c.Write([]byte("hello " + a))
+			c.Close()
+			fmt.Printf("udp %s: sent (%v)\n", a, err)
+		}
+		return 0
 	case "loopback": // talk to ourselves over 127.0.0.1
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
