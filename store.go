@@ -15,4 +15,5 @@ type Store interface {
 	OutputStore
 	ArtifactStore
 	SandboxStore
+	NetworkStore
 }

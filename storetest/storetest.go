@@ -56,6 +56,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Artifacts", testArtifacts},
 		{"Sandboxes", testSandboxes},
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
+		{"Networks", testNetworks},
+		{"NetworkLog", testNetworkLog},
+		{"AllowlistManifest", testAllowlistManifest},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
