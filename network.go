@@ -156,10 +156,11 @@ type NetworkState struct {
 	// (the operator's NAME_INJECT bindings); never their values.
 	Inject []string `json:"inject,omitempty"`
 	// TokenHash is the SHA-256 of the network's token, by which the proxy
-	// asks for its policy. The token itself is only in the sandbox's
-	// proxy URL (a VM's) or in the backend's own records (a local
-	// sandbox's listeners).
+	// asks for its policy. Token is the token itself, kept (like the CA)
+	// while the network lives, for the commands of a kept sandbox that
+	// must name it to the proxy (a VM's proxy URL); emptied at its end.
 	TokenHash string `json:"-"`
+	Token     string `json:"-"`
 	// CA is the network's own certificate authority (certificate and
 	// key, PEM), made when it injects secrets: a restarted server serves
 	// the same one, which the sandbox trusts. Destroyed (emptied) when
@@ -287,6 +288,17 @@ type NetworkReport struct {
 	// when there was nothing after them yet.
 	Next int64 `json:"next,omitempty"`
 }
+
+// NetworkResult is the network part of a job's result: its counts, and
+// the attempts it denied (the first MaxResultDenials).
+type NetworkResult struct {
+	Policy  Network        `json:"policy"`
+	Summary NetworkSummary `json:"summary"`
+	Denied  []NetworkEntry `json:"denied"`
+}
+
+// MaxResultDenials is how many denied attempts a job's result lists.
+const MaxResultDenials = 20
 
 // NetworkService reads a job's network log and widens its allowlist.
 // The engine implements it; the adapters (MCP, CLI, dashboard) use it.

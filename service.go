@@ -143,6 +143,9 @@ type JobResult struct {
 	FinishedAt      time.Time  `json:"finished_at,omitzero"`
 	// Duration is how long the job ran.
 	Duration time.Duration `json:"-"`
+	// Network is set for a job whose network went through the egress
+	// proxy (NetworkService has its whole log).
+	Network *NetworkResult `json:"network,omitempty"`
 }
 
 // LogOptions say which part of a job's output to read.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -62,6 +63,13 @@ type Config struct {
 	CallbackPublicURL  string
 	HeartbeatThreshold time.Duration
 	SecretsFile        string
+
+	// EgressAllow lifts single ranges out of what the egress proxy always
+	// denies (a package mirror at 10.1.2.3/32), DELEGATE_EGRESS_ALLOW;
+	// EgressAllowPrivate lets jobs reach the private ranges,
+	// DELEGATE_EGRESS_ALLOW_PRIVATE. Neither widens an allowlist.
+	EgressAllow        []netip.Prefix
+	EgressAllowPrivate bool
 
 	// HTTPToken and HTTPTokenFile are DELEGATE_HTTP_TOKEN and
 	// DELEGATE_HTTP_TOKEN_FILE as they are: `serve --http` reads them
@@ -146,7 +154,10 @@ func envVars() []envVar {
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
 		{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
 		{"HEARTBEAT_THRESHOLD_SECONDS", strconv.Itoa(int(delegate.DefaultHeartbeatThreshold.Seconds())), "a running job silent this long fails with lost heartbeat"},
-		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600); NAME_INJECT='host Header Format {}' binds a secret to a host"},
+		{"DELEGATE_SECRET_<NAME>_INJECT", "", "'host Header Format {}': the egress proxy adds the secret to the job's HTTPS requests to host; the job sees a placeholder"},
+		{"DELEGATE_EGRESS_ALLOW", "", "comma-separated ranges jobs may reach although the egress proxy denies them (10.1.2.3/32): never widens an allowlist"},
+		{"DELEGATE_EGRESS_ALLOW_PRIVATE", "false", "let jobs' network reach 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
@@ -296,6 +307,23 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
+	if v := getenv("DELEGATE_EGRESS_ALLOW"); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(f))
+			if err != nil {
+				bad("DELEGATE_EGRESS_ALLOW", fmt.Sprintf("%q is not an address range like 10.1.2.3/32 or fd00:1::/64", strings.TrimSpace(f)))
+				break
+			}
+			c.EgressAllow = append(c.EgressAllow, p.Masked())
+		}
+	}
+	if v := getenv("DELEGATE_EGRESS_ALLOW_PRIVATE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			bad("DELEGATE_EGRESS_ALLOW_PRIVATE", "must be true or false")
+		}
+		c.EgressAllowPrivate = b
+	}
 	str("DELEGATE_HTTP_TOKEN", &c.HTTPToken)
 	str("DELEGATE_HTTP_TOKEN_FILE", &c.HTTPTokenFile)
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {

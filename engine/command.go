@@ -32,7 +32,7 @@ var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/scrip
 // inputs (files only the job's user reads) and environment values, never
 // in Args, which every user of the sandbox's host can read; nothing is
 // spliced into a shell line.
-func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, error) {
+func (r *runner) command(job *delegate.Job, token string, jn *jobNetwork) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	var stdin string
@@ -71,6 +71,12 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		if !ok {
 			return sandbox.Command{}, fmt.Errorf("secret %q is no longer set on the server", name)
 		}
+		if _, bound := r.cfg.SecretBindings[name]; bound {
+			// The proxy injects it for its host: never in the sandbox,
+			// whose environment gets a placeholder (networkEnv) — or
+			// nothing, when its network cannot carry it.
+			continue
+		}
 		env[name] = v
 	}
 	env["DELEGATE_JOB_ID"] = job.ID
@@ -88,6 +94,7 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 	if f := r.backend().Capabilities().StatusFile; f != "" {
 		env["DELEGATE_STATUS_FILE"] = f
 	}
+	r.networkEnv(env, jn, job.ID)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)

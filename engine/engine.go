@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
@@ -96,6 +97,16 @@ type Config struct {
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration
 	SandboxTick     time.Duration
+
+	// Egress, if set, is the server's egress proxy (NewEgress): a job
+	// whose network reaches out, on a backend with
+	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
+	// network of its own (token, policy, log) in the store.
+	Egress *Egress
+	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
+	// such a secret never enters a job's environment (a placeholder
+	// does); the proxy adds it to the job's requests for its host.
+	SecretBindings map[string]egress.Binding
 }
 
 // Engine drives jobs from a store through a backend. It implements
@@ -195,13 +206,19 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
-	// A job's end: its follower winds it up, and its token stops working.
+	e := &Engine{}
+	// A job's end: its follower winds it up, its token stops working,
+	// and so does its network.
 	jobs.ended = func(id string, st delegate.Status) {
 		cb.tokens.forget(id)
 		run.ended(id, st)
+		if cfg.Egress != nil {
+			go e.endNetwork(id)
+		}
 	}
-	return &Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
+	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
 		progress: progress, callbacks: cb, sched: sched, runner: run, maint: maint}
+	return e
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
@@ -246,10 +263,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if backend == nil {
 		return nil, errNoBackend
 	}
-	if m.Network.Mode == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
-		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
-	}
 	chosenTemplate := m.VMTemplate != ""
+	defaultNetwork := m.Network.IsZero()
 	var kept *delegate.Sandbox
 	if m.Sandbox != "" {
 		// A command in a kept sandbox: it runs within the sandbox's
@@ -278,6 +293,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
 	if err := e.cfg.Maxima.check(&m); err != nil {
+		return nil, err
+	}
+	if err := checkNetwork(backend, m.Network, defaultNetwork, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
 		return nil, err
 	}
 	if kept == nil {

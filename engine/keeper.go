@@ -27,6 +27,7 @@ type keeper struct {
 	cfg   Config
 	log   *slog.Logger
 	owner string
+	all   delegate.Store // the networks of its sandboxes are in it too
 	sbs   delegate.SandboxStore
 	ref   *backendRef
 	jobs  *jobWriter
@@ -38,7 +39,7 @@ type keeper struct {
 var _ delegate.SandboxService = (*keeper)(nil)
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{}}
+	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{}}
 }
 
 // lock serializes the changes of one sandbox's machine.
@@ -151,8 +152,8 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := k.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if m.Network.Mode == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
-		return nil, &delegate.FieldError{Field: "network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
+	if err := checkNetwork(b, m.Network, false, nil, nil, "network"); err != nil {
+		return nil, err
 	}
 	if err := checkTemplate(ctx, b, m.VMTemplate, chosen); err != nil {
 		return nil, err
@@ -167,8 +168,18 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		return nil, err
 	}
 	s.MultiExec, s.Expires = true, sb.ExpiresAt
+	// Its network, through the egress proxy where the backend has one:
+	// its commands share it (and its log), until the sandbox goes.
+	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, nil, lifetime)
+	if err != nil {
+		return nil, fmt.Errorf("open a sandbox: its network: %w", err)
+	}
+	s.Egress = jn.spec()
 	inst, err := b.Create(ctx, s)
 	if err != nil {
+		if jn != nil {
+			k.cfg.Egress.end(context.WithoutCancel(ctx), jn.id)
+		}
 		return nil, fmt.Errorf("open a sandbox: %w", err)
 	}
 	sb.Instance = inst.ID()
@@ -245,6 +256,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 		if err := b.Destroy(context.WithoutCancel(ctx), sb.Instance); err != nil {
 			k.log.Warn("destroy a sandbox", "sandbox", id, "instance", sb.Instance, "err", err)
 		}
+	}
+	if k.cfg.Egress != nil {
+		k.cfg.Egress.end(context.WithoutCancel(ctx), sandboxNetworkID(sb))
 	}
 	if sb.JobID != "" {
 		// The job that made it keeps it no more.

@@ -177,6 +177,7 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
 		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
+		Network: rd.networkResult(ctx, j),
 	}, nil
 }
 

@@ -169,6 +169,9 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		case a.sb != nil:
 			r.rollback(id, a.sb.ID())
 		}
+		if a.net != nil && !a.attached && a.kept == "" && r.cfg.Egress != nil {
+			r.cfg.Egress.end(context.WithoutCancel(ctx), a.net.id)
+		}
 		return
 	}
 	log.Debug("job running", "sandbox", a.sb.ID())
@@ -188,6 +191,9 @@ type attempt struct {
 	// failure ends.
 	attached bool
 	kept     string
+	// net is the job's network through the egress proxy (or its kept
+	// sandbox's); nil when its network is not the proxy's.
+	net *jobNetwork
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -199,6 +205,7 @@ var provisionSteps = []struct {
 	name string
 	do   func(*runner, context.Context, *attempt) error
 }{
+	{"open the job's network", (*runner).networkStep},
 	{"create the sandbox", (*runner).createStep},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
@@ -212,6 +219,7 @@ var attachSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"attach to the kept sandbox", (*runner).attachStep},
+	{"find the sandbox's network", (*runner).attachNetwork},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -255,11 +263,12 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	spec.Admission, spec.Progress = a.adm, r.stepper(ctx, a.job.ID)
+	spec.Admission, spec.Progress, spec.Egress = a.adm, r.stepper(ctx, a.job.ID), a.net.spec()
 	// A persistent job's sandbox is kept, for more commands: made to run
-	// them where the backend can, with a lifetime.
+	// them where the backend can, with a lifetime. (A local sandbox whose
+	// network is a network helper's, not the proxy's, runs one command.)
 	keep := a.job.Manifest.Lifecycle == delegate.LifecyclePersistent && r.backend().Capabilities().MultiExec &&
-		!(a.job.Manifest.Network.Mode == delegate.NetworkEgress && r.backend().Name() == "local")
+		!(a.job.Manifest.Network.Reaches() && a.net == nil && r.backend().Name() == "local")
 	if keep {
 		spec.MultiExec, spec.Expires = true, time.Now().Add(r.cfg.SandboxLifetime)
 	}
@@ -327,7 +336,7 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 
 // startCommand starts the job's command and records the job as running.
 func (r *runner) startCommand(ctx context.Context, a *attempt) error {
-	cmd, err := r.command(a.job, a.token)
+	cmd, err := r.command(a.job, a.token, a.net)
 	if err != nil {
 		return err
 	}
@@ -884,6 +893,11 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	if waitErr == nil {
 		c := exit.Code
 		code = &c
+	}
+	// So is its network log (the job's own network; a kept sandbox's
+	// goes on).
+	if r.cfg.Egress != nil && m.Network.Reaches() && m.Sandbox == "" {
+		r.cfg.Egress.settle(context.WithoutCancel(r.life.ctx), id)
 	}
 	// Artifacts are collected before the job is marked finished, so that a
 	// client that sees the end also sees them.

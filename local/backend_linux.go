@@ -490,7 +490,7 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	}
 	// A sandbox whose network is the egress proxy's gets its listeners
 	// again (a restarted server), unless they are served already.
-	if st, err := b.state(dir, id); err == nil && st.Proxy != nil {
+	if st, err := b.state(dir, id); err == nil && st.Proxy != nil && b.egress != nil {
 		if err := b.serveEgress(id, dir, st); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}

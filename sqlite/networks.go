@@ -30,16 +30,16 @@ var _ delegate.NetworkStore = (*NetworkStore)(nil)
 func newNetworkStore(ctx context.Context, db *DB) (*NetworkStore, error) {
 	s := &NetworkStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.get, `SELECT seq, token_hash, ca, data FROM networks WHERE id = ?`},
-		{db.rdb, &s.stmt.byToken, `SELECT seq, token_hash, ca, data FROM networks WHERE token_hash = ?`},
-		{db.rdb, &s.stmt.live, `SELECT seq, token_hash, ca, data FROM networks WHERE ended = 0 ORDER BY seq`},
+		{db.rdb, &s.stmt.get, `SELECT seq, token_hash, token, ca, data FROM networks WHERE id = ?`},
+		{db.rdb, &s.stmt.byToken, `SELECT seq, token_hash, token, ca, data FROM networks WHERE token_hash = ?`},
+		{db.rdb, &s.stmt.live, `SELECT seq, token_hash, token, ca, data FROM networks WHERE ended = 0 ORDER BY seq`},
 		{db.rdb, &s.stmt.log, `SELECT l.data FROM network_log l JOIN networks n ON n.seq = l.network_seq
 			WHERE n.id = ? AND l.seq > ? ORDER BY l.seq LIMIT ?`},
 		{db.rdb, &s.stmt.logDenied, `SELECT l.data FROM network_log l JOIN networks n ON n.seq = l.network_seq
 			WHERE n.id = ? AND l.seq > ? AND l.allowed = 0 AND l.attempt = 1 ORDER BY l.seq LIMIT ?`},
-		{db.wdb, &s.stmt.wGet, `SELECT seq, token_hash, ca, data FROM networks WHERE id = ?`},
-		{db.wdb, &s.stmt.wInsert, `INSERT INTO networks (id, token_hash, ended, ca, data) VALUES (?, ?, ?, ?, ?)`},
-		{db.wdb, &s.stmt.wUpdate, `UPDATE networks SET ended = ?, ca = ?, data = ? WHERE seq = ?`},
+		{db.wdb, &s.stmt.wGet, `SELECT seq, token_hash, token, ca, data FROM networks WHERE id = ?`},
+		{db.wdb, &s.stmt.wInsert, `INSERT INTO networks (id, token_hash, token, ended, ca, data) VALUES (?, ?, ?, ?, ?, ?)`},
+		{db.wdb, &s.stmt.wUpdate, `UPDATE networks SET ended = ?, token = ?, ca = ?, data = ? WHERE seq = ?`},
 		{db.wdb, &s.stmt.wAppend, `INSERT INTO network_log (network_seq, seq, allowed, attempt, data) VALUES (?, ?, ?, ?, ?)`},
 	})
 }
@@ -66,18 +66,19 @@ func scanNetwork(id string, sc interface{ Scan(...any) error }) (*storedNetwork,
 	var (
 		seq  int64
 		hash string
+		tok  string
 		ca   []byte
 		data []byte
 		row  networkRow
 	)
-	if err := sc.Scan(&seq, &hash, &ca, &data); err != nil {
+	if err := sc.Scan(&seq, &hash, &tok, &ca, &data); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(data, &row); err != nil {
 		return nil, fmt.Errorf("decode network %s: %w", id, err)
 	}
 	return &storedNetwork{seq: seq, logged: row.Logged, n: &delegate.NetworkState{ID: row.ID, Policy: row.Policy, Inject: row.Inject,
-		TokenHash: hash, CA: ca, CreatedAt: row.CreatedAt, EndedAt: row.EndedAt, Summary: row.Summary}}, nil
+		TokenHash: hash, Token: tok, CA: ca, CreatedAt: row.CreatedAt, EndedAt: row.EndedAt, Summary: row.Summary}}, nil
 }
 
 func networkData(n *delegate.NetworkState, logged int64) ([]byte, error) {
@@ -95,7 +96,7 @@ func (s *NetworkStore) CreateNetwork(ctx context.Context, n *delegate.NetworkSta
 		return err
 	}
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Stmt(s.stmt.wInsert).Exec(n.ID, n.TokenHash, boolInt(!n.EndedAt.IsZero()), n.CA, data)
+		_, err := tx.Stmt(s.stmt.wInsert).Exec(n.ID, n.TokenHash, n.Token, boolInt(!n.EndedAt.IsZero()), n.CA, data)
 		if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 			return fmt.Errorf("network %s exists (or its token is taken): %w", n.ID, delegate.ErrConflict)
 		}
@@ -166,7 +167,7 @@ func (s *NetworkStore) put(tx *sql.Tx, sn *storedNetwork) error {
 	if err != nil {
 		return err
 	}
-	_, err = tx.Stmt(s.stmt.wUpdate).Exec(boolInt(!sn.n.EndedAt.IsZero()), sn.n.CA, data, sn.seq)
+	_, err = tx.Stmt(s.stmt.wUpdate).Exec(boolInt(!sn.n.EndedAt.IsZero()), sn.n.Token, sn.n.CA, data, sn.seq)
 	return err
 }
 

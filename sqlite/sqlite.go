@@ -186,6 +186,7 @@ var migrations = []string{
 		seq INTEGER PRIMARY KEY AUTOINCREMENT,
 		id TEXT NOT NULL UNIQUE,
 		token_hash TEXT NOT NULL UNIQUE,
+		token TEXT NOT NULL DEFAULT '',
 		ended INTEGER NOT NULL DEFAULT 0,
 		ca BLOB,
 		data TEXT NOT NULL

@@ -19,7 +19,7 @@ func testNetworks(t *testing.T, open Open) {
 	s := open()
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	n := &delegate.NetworkState{ID: "job-net1", Policy: delegate.Allowlist("pypi.org", "*.pythonhosted.org"), Inject: []string{"GH"},
-		TokenHash: "hash1", CA: []byte("-----BEGIN CERTIFICATE-----\nx\n"), CreatedAt: now}
+		TokenHash: "hash1", Token: "tok1", CA: []byte("-----BEGIN CERTIFICATE-----\nx\n"), CreatedAt: now}
 	if err := s.CreateNetwork(ctx, n); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func testNetworks(t *testing.T, open Open) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != "job-net1" || got.TokenHash != "hash1" || string(got.CA) != string(n.CA) || got.Policy.String() != n.Policy.String() ||
+	if got.ID != "job-net1" || got.TokenHash != "hash1" || got.Token != "tok1" || string(got.CA) != string(n.CA) || got.Policy.String() != n.Policy.String() ||
 		!slices.Equal(got.Inject, []string{"GH"}) || !got.CreatedAt.Equal(now) {
 		t.Errorf("GetNetwork = %+v, want %+v", got, n)
 	}
@@ -69,7 +69,7 @@ func testNetworks(t *testing.T, open Open) {
 	if err != nil || len(live) != 2 {
 		t.Fatalf("LiveNetworks = %d, %v; want 2", len(live), err)
 	}
-	if _, err := s.UpdateNetwork(ctx, "job-net2", func(n *delegate.NetworkState) error { n.EndedAt = now; n.CA = nil; return nil }); err != nil {
+	if _, err := s.UpdateNetwork(ctx, "job-net2", func(n *delegate.NetworkState) error { n.EndedAt = now; n.CA, n.Token = nil, ""; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	live, _ = s.LiveNetworks(ctx)
