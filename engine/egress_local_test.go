@@ -272,7 +272,7 @@ func TestEgressSubmitChecks(t *testing.T) {
 	w := testnet.World(t)
 	eng, _, _ := egressFixture(t, w)
 	for _, tc := range []struct {
-		m                delegate.Manifest
+		m               delegate.Manifest
 		wantField, rule string
 	}{
 		{delegate.Manifest{Task: "true", Network: delegate.Allowlist("ok.test", "https://x.test/")}, "manifest.network.allow[1]", "not a URL"},
