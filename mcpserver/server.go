@@ -283,6 +283,8 @@ func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in *JobIn
 type WaitIn struct {
 	JobID          string `json:"job_id"`
 	TimeoutSeconds *int   `json:"timeout_seconds,omitempty"`
+	// Allow widens the running job's network allowlist before the wait.
+	Allow []string `json:"allow,omitempty"`
 }
 
 // WaitOut is where a job is after wait_job: small, because the next call
@@ -304,6 +306,15 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	}
 	if _, err := h.svc.Get(ctx, in.JobID); err != nil {
 		return WaitOut{}, err
+	}
+	if len(in.Allow) > 0 {
+		ns, ok := h.svc.(delegate.NetworkService)
+		if !ok {
+			return WaitOut{}, &delegate.FieldError{Field: "allow", Rule: "this server has no egress proxy whose allowlists could be widened"}
+		}
+		if _, err := ns.AllowNetwork(ctx, in.JobID, in.Allow, "mcp"); err != nil {
+			return WaitOut{}, err
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -384,6 +395,11 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// Network is a *delegate.NetworkResult for a job whose network went
+	// through the egress proxy: its counts and denied attempts (the whole
+	// log is job://{id}/network). Untyped here, so that tools/list does
+	// not spell its fields out.
+	Network any `json:"network,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -399,8 +415,17 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
-		DurationSeconds: seconds(r.Duration),
+		DurationSeconds: seconds(r.Duration), Network: networkOut(r.Network),
 	}, nil
+}
+
+// networkOut is nil for a result without a network part (an untyped nil,
+// which omitempty leaves out).
+func networkOut(n *delegate.NetworkResult) any {
+	if n == nil {
+		return nil
+	}
+	return n
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
@@ -490,8 +515,19 @@ func submitSchema() *jsonschema.Schema {
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
 	oneOf(s, "manifest.statusMode", delegate.StatusModeSimple, delegate.StatusModeDetailed, delegate.StatusModeStreaming)
-	oneOf(s, "manifest.network", delegate.NetworkNone, delegate.NetworkEgress)
+	networkSchema(at(s, "manifest.network"))
 	return s
+}
+
+// networkSchema: "none", "egress", or an allowlist object.
+func networkSchema(p *jsonschema.Schema) {
+	*p = jsonschema.Schema{AnyOf: []*jsonschema.Schema{
+		{Enum: []any{string(delegate.NetworkNone), string(delegate.NetworkEgress)}},
+		{Type: "object", Properties: map[string]*jsonschema.Schema{
+			"allow": {Type: "array", Items: &jsonschema.Schema{Type: "string"}, Description: "pypi.org, *.x.org, h:443"},
+			"ask":   {Type: "boolean"},
+		}},
+	}}
 }
 
 func listSchema() *jsonschema.Schema {
