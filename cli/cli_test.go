@@ -31,7 +31,9 @@ type result struct {
 }
 
 type harness struct {
-	svc   *mock.JobService
+	svc *mock.JobService
+	// other, if set, is the service Open returns instead of svc.
+	other delegate.JobService
 	env   map[string]string
 	stdin string
 	serve func(cli.ServeOptions) error
@@ -56,6 +58,9 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 			mu.Lock()
 			r.opened, r.runJobs = append(r.opened, cfg), append(r.runJobs, runJobs)
 			mu.Unlock()
+			if h.other != nil {
+				return h.other, func() {}, nil
+			}
 			return h.svc, func() {}, nil
 		},
 		Serve: func(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {

@@ -30,7 +30,7 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 		},
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
-		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg))
+		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsNetworkCmd(cfg), p.jobsAllowCmd(cfg))
 	return cmd
 }
 
@@ -237,6 +237,13 @@ reset.`,
 						return err
 					}
 					fmt.Fprintln(p.Stderr, verdict(res.JobID, res.Status, res.Duration, res.ExitCode, res.Error))
+					if n := res.Network; n != nil {
+						line := fmt.Sprintf("network: %d allowed, %d denied", n.Summary.Allowed, n.Summary.Denied)
+						if len(n.Summary.DeniedNames) > 0 {
+							line += " (" + strings.Join(n.Summary.DeniedNames, ", ") + "): delegate jobs network " + res.JobID
+						}
+						fmt.Fprintln(p.Stderr, safe(line))
+					}
 				}
 				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))
 			})
