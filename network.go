@@ -219,8 +219,12 @@ type NetworkEntry struct {
 	Lost       int64  `json:"lost,omitempty"` // Via log: entries lost
 }
 
-// Target is what the entry tried to reach: name:port, or addr:port.
+// Target is what the entry tried to reach: name:port, or addr:port; a
+// DNS query's name alone.
 func (e NetworkEntry) Target() string {
+	if e.Via == "dns" && e.Name != "" {
+		return e.Name
+	}
 	h := e.Name
 	if h == "" {
 		h = e.Addr

@@ -74,7 +74,9 @@ var systemRoots = [...]string{
 func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
 	r := sandbox.EgressRoute{
 		ProxyURL:  "http://" + net.JoinHostPort(proxyHost, strconv.Itoa(proxyPort)),
-		NoProxy:   "localhost,127.0.0.1,::1",
+		// The sandbox's own loopback, and the callback listener, which is
+		// reached directly (the proxy would refuse an address).
+		NoProxy:   "localhost,127.0.0.1,::1," + proxyHost,
 		TrustFile: TrustFile,
 	}
 	if p := b.callbackPort(); p != 0 {

@@ -166,11 +166,27 @@ func indent(s string) string {
 // Site is one test web site: what reached it is recorded, so that a test
 // can tell that a denied request never arrived.
 type Site struct {
-	Name string
-	mu   sync.Mutex
-	reqs []Request
-	udp  []string
-	tcp  int
+	Name   string
+	mu     sync.Mutex
+	reqs   []Request
+	udp    []string
+	tcp    int
+	routes map[string]http.Handler // by path prefix
+}
+
+// Route serves the paths under prefix with h until the test ends.
+func (s *Site) Route(t testing.TB, prefix string, h http.Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.routes == nil {
+		s.routes = map[string]http.Handler{}
+	}
+	s.routes[prefix] = h
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.routes, prefix)
+	})
 }
 
 // Request is a request a site served.
@@ -183,15 +199,22 @@ type Request struct {
 func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.reqs = append(s.reqs, Request{Host: r.Host, Path: r.URL.Path, Header: r.Header.Clone(), TLS: r.TLS != nil})
+	var h http.Handler
+	for prefix, rh := range s.routes {
+		if strings.HasPrefix(r.URL.Path, prefix) {
+			h = rh
+		}
+	}
 	s.mu.Unlock()
+	if h != nil {
+		h.ServeHTTP(w, r)
+		return
+	}
 	switch r.URL.Path {
 	case "/big":
 		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 		io.Copy(w, io.LimitReader(zeros{}, n))
-	case "/simple/pkg/":
-		// A package index page, as pip reads it (PEP 503).
-		fmt.Fprintf(w, "<html><body><a href=\"/files/pkg-1.0.tar.gz\">pkg-1.0.tar.gz</a></body></html>\n")
 	default:
 		// Never the request's headers: an echo would hand an injected
 		// credential back to the job.
