@@ -73,7 +73,7 @@ var systemRoots = [...]string{
 // EgressRoute implements sandbox.EgressRouter.
 func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
 	r := sandbox.EgressRoute{
-		ProxyURL:  "http://" + net.JoinHostPort(proxyHost, strconv.Itoa(proxyPort)),
+		ProxyURL: "http://" + net.JoinHostPort(proxyHost, strconv.Itoa(proxyPort)),
 		// The sandbox's own loopback, and the callback listener, which is
 		// reached directly (the proxy would refuse an address).
 		NoProxy:   "localhost,127.0.0.1,::1," + proxyHost,
