@@ -287,3 +287,57 @@ func TestEgressSubmitChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressKeptSandbox: a kept sandbox opened with an allowlist gives
+// its commands one network through the proxy (local sandboxes of many
+// commands have one now); widened by the sandbox's id, the next command
+// reaches the new name; released, the network ends.
+func TestEgressKeptSandbox(t *testing.T) {
+	if !testnet.Isolate(t) {
+		return
+	}
+	w := testnet.World(t)
+	eng, _, f := egressFixture(t, w)
+	ctx := context.Background()
+	sb, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{Network: delegate.Allowlist("allowed.test")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	command := func(task string) string {
+		t.Helper()
+		j, err := eng.Submit(ctx, delegate.Manifest{Task: task, Sandbox: sb.ID}, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, err := eng.Wait(ctx, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := eng.Result(ctx, done.ID, delegate.ResultOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(res.Output)
+	}
+	probe := `for u in http://allowed.test/ http://denied.test/; do curl -sf --max-time 5 "$u" >/dev/null && echo "reached $u" || echo "refused $u"; done`
+	out := command(probe)
+	if !strings.Contains(out, "reached http://allowed.test/") || !strings.Contains(out, "refused http://denied.test/") {
+		t.Fatalf("first command:\n%s", out)
+	}
+	if _, err := eng.AllowNetwork(ctx, sb.ID, []string{"denied.test"}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if out := command(probe); !strings.Contains(out, "reached http://denied.test/") {
+		t.Errorf("after widening the sandbox's allowlist:\n%s", out)
+	}
+	rep, err := eng.Network(ctx, sb.ID, delegate.NetworkLogOptions{Denied: true})
+	if err != nil || rep.Network != sb.ID || rep.Summary.Denied == 0 {
+		t.Errorf("the sandbox's log: %+v, %v", rep, err)
+	}
+	if _, _, err := eng.ReleaseSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.store.GetNetwork(ctx, sb.ID); err != nil || n.EndedAt.IsZero() {
+		t.Errorf("the network of a released sandbox: %+v, %v", n, err)
+	}
+}

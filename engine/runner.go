@@ -894,10 +894,13 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		c := exit.Code
 		code = &c
 	}
-	// So is its network log (the job's own network; a kept sandbox's
-	// goes on).
-	if r.cfg.Egress != nil && m.Network.Reaches() && m.Sandbox == "" {
-		r.cfg.Egress.settle(context.WithoutCancel(r.life.ctx), id)
+	// So is its network log (its own network's, or its kept sandbox's,
+	// which goes on).
+	if r.cfg.Egress != nil && (m.Network.Reaches() || m.Sandbox != "") {
+		ctx := context.WithoutCancel(r.life.ctx)
+		if netID, err := resolveNetwork(ctx, r.store, id); err == nil {
+			r.cfg.Egress.settle(ctx, netID)
+		}
 	}
 	// Artifacts are collected before the job is marked finished, so that a
 	// client that sees the end also sees them.
