@@ -205,3 +205,64 @@ func TestEgressProxySandbox(t *testing.T) {
 		t.Errorf("state: proxy %+v, helper %+v; want the proxy alone", st.Proxy, st.Network)
 	}
 }
+
+// TestEgressRecover: a server that stops and another that recovers the
+// sandbox serve its listeners again: the running job, which could not
+// connect meanwhile, reaches its allowed name once more.
+func TestEgressRecover(t *testing.T) {
+	if !testnet.Isolate(t) {
+		return
+	}
+	w := testnet.World(t)
+	pols := &policies{p: map[string]egress.Policy{}}
+	b, _, _ := egressBackend(t, w, pols)
+	rules, _ := egress.ParseRules([]string{"allowed.test"})
+	pols.set("tok", egress.Policy{Mode: egress.Allowlist, Allow: rules})
+	sb := create(t, b, egressSpec("tok"))
+	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", `
+n=0; ok=0
+while [ $n -lt 200 ]; do
+	if curl -sf --max-time 2 http://allowed.test/ >/dev/null; then echo up; ok=$((ok+1)); else echo down; fi
+	[ -e /workspace/stop ] && break
+	n=$((n+1)); sleep 0.05
+done`}, Env: proxyEnv(b, "tok"), OutputLimit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput := func(want string) {
+		t.Helper()
+		if !waitFor(20*time.Second, func() bool {
+			outs, _ := p.ReadOutput(context.Background(), 0, 1<<20)
+			return strings.Count(string(sandbox.Join(outs)), want) > 0
+		}) {
+			t.Fatalf("the job never printed %q", want)
+		}
+	}
+	waitOutput("up")
+	b.Close() // the server goes: its listeners close
+	waitOutput("down")
+	// Another server, on the same directory, recovers the sandbox.
+	b2, err := New(Config{Dir: b.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2.egress = b.egress
+	t.Cleanup(func() { b2.Close() })
+	outs, _ := p.ReadOutput(context.Background(), 0, 1<<20)
+	before := strings.Count(string(sandbox.Join(outs)), "up")
+	if _, err := b2.Recover(context.Background(), sb.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(20*time.Second, func() bool {
+		outs, _ := p.ReadOutput(context.Background(), 0, 1<<20)
+		return strings.Count(string(sandbox.Join(outs)), "up") > before
+	}) {
+		t.Fatal("the job did not reach allowed.test after Recover")
+	}
+	// Recover again is a no-op (the listeners are served once).
+	if _, err := b2.Recover(context.Background(), sb.ID()); err != nil {
+		t.Fatalf("a second Recover: %v", err)
+	}
+	sb.WriteFile(context.Background(), "/workspace/stop", nil, 0o644)
+	finish(t, p)
+}
