@@ -3,6 +3,7 @@
 package local
 
 import (
+	"io"
 	"context"
 	"fmt"
 	"log/slog"
@@ -89,6 +90,22 @@ func runHelper(name string, args []string) int {
 			fmt.Printf("%s: %s\n", a, strings.Join(addrs, " "))
 		}
 		return 0
+	case "tunnels": // tunnels N host:port roots.pem: open N TLS tunnels through the proxy, hold them until /workspace/stop
+		return runTunnels(args)
+	case "sink": // sink addr: accept TCP connections and hold them, reading what comes
+		ln, err := net.Listen("tcp", args[0])
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return 1
+			}
+			go io.Copy(io.Discard, c)
+		}
 	case "udp": // udp addr...: send a datagram to each
 		for _, a := range args {
 			c, err := net.Dial("udp", a)
