@@ -270,4 +270,3 @@ func goMemory() (uint64, int) {
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse + m.StackInuse, runtime.NumGoroutine()
 }
-

@@ -3,9 +3,9 @@
 package local
 
 import (
-	"io"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
