@@ -92,6 +92,14 @@ func TestParseManifest(t *testing.T) {
 		{"network number", `{"task":"x","network":1}`, "manifest.network", `must be "none", "egress" or an allowlist`},
 		{"network empty rule", `{"task":"x","network":{"allow":["a.test",""]}}`, "manifest.network.allow[1]", "must be a host name"},
 		{"network duplicate member", `{"task":"x","network":{"allow":[],"allow":["a"]}}`, "manifest.network.allow", "duplicate key"},
+		{"link", `{"task":"x","files":[{"path":"a","content":"","link":"b/c"},{"path":"b/c","content":"` + b64 + `"}]}`, "", ""},
+		{"link with content", `{"task":"x","files":[{"path":"a","content":"` + b64 + `","link":"b"}]}`, "manifest.files[0].link", "content must be empty"},
+		{"file under a link", `{"task":"x","files":[{"path":"d","content":"","link":"/etc"},{"path":"d/x/passwd","content":""}]}`, "manifest.files[1].path", "under files[0], a symbolic link"},
+		{"NUL in a link", `{"task":"x","files":[{"path":"a","content":"","link":"b\u0000"}]}`, "manifest.files[0].link", "NUL"},
+		{"stdin", `{"task":"cat","stdin":"` + b64 + `"}`, "", ""},
+		{"stdin not base64", `{"task":"cat","stdin":"aGk"}`, "manifest.stdin", "not base64"},
+		{"stdin of claude", `{"agentType":"claude","task":"x","stdin":"` + b64 + `"}`, "manifest.stdin", "its standard input is the prompt"},
+		{"stdin too large", `{"task":"cat","stdin":"` + strings.Repeat("QUFB", delegate.MaxStdinBytes/3+1) + `"}`, "manifest.stdin", "at most 1048576 bytes once decoded"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,5 +15,6 @@ type Store interface {
 	OutputStore
 	ArtifactStore
 	SandboxStore
+	QuestionStore // question.go
 	NetworkStore
 }

@@ -142,7 +142,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "-n", "0"}, "--runs: must be at least 1", 2},
 		{[]string{"pve-sim", "--nodes", "0"}, "--nodes: must be from 1 to 64", 2},
 		{[]string{"pve-sim", "--bogus"}, "unknown flag: --bogus", 2},
-		{[]string{"run"}, "give --script CMD or --manifest FILE", 125},
+		{[]string{"run"}, "give --script CMD, --task TEXT (with --agent) or --manifest FILE", 125},
 		{[]string{"run", "--script", "x", "--manifest", "m.json"}, "not both", 125},
 		{[]string{"run", "--script", "x", "oops"}, `unexpected argument "oops" (quote the script`, 125},
 		{[]string{"run", "--bogus"}, "unknown flag: --bogus", 125},
@@ -652,7 +652,7 @@ func TestServiceErrorTable(t *testing.T) {
 		hint string
 	}{
 		{"a job", delegate.JobNotFound("job-x"), 1, "'delegate jobs list' shows the jobs."},
-		{"an artifact", delegate.ArtifactNotFound("job-x", "a.txt"), 1, "'delegate jobs result ID --json' lists a job's artifacts."},
+		{"an artifact", delegate.ArtifactNotFound("job-x", "a.txt"), 1, "'delegate jobs artifacts ID' lists a job's artifacts."},
 		{"not finished", fmt.Errorf("job job-x is running: %w", delegate.ErrNotFinished), 1, "'delegate jobs logs ID --follow'"},
 		{"unavailable", fmt.Errorf("%w: pve: connection refused", delegate.ErrUnavailable), cli.ExitUnavailable, "Try again later."},
 		{"internal", errors.New("SQL logic error: no such table: jobs (1)"), 1, ""},

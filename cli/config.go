@@ -37,6 +37,9 @@ type Config struct {
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
 	// which the backend checks when it starts.
 	SandboxUIDs string
+	// ToolDirs are host directories of tools local jobs see read-only, on
+	// their PATH (DELEGATE_TOOL_DIRS, separated by ':').
+	ToolDirs []string
 	// PidsMax and NoFile are a local sandbox's processes and each
 	// process's open files (DELEGATE_PIDS_MAX, DELEGATE_NOFILE; 0: the
 	// backend chooses them from the host's file table).
@@ -139,6 +142,7 @@ func envVars() []envVar {
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
 		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
+		{"DELEGATE_TOOL_DIRS", "", "host directories of tools local jobs see read-only at their paths, their bin on PATH, separated by ':' (e.g. /opt/node:/opt/jdk)"},
 		{"DELEGATE_PIDS_MAX", "512 (less on a small host)", "processes and threads of one local sandbox"},
 		{"DELEGATE_MAX_CPU", "the host's cores (local)", "most cpu cores a job may ask for"},
 		{"DELEGATE_MAX_MEMORY", "the host's memory (local)", "most memory a job may ask for"},
@@ -160,7 +164,7 @@ func envVars() []envVar {
 		{"DELEGATE_EGRESS_ALLOW_PRIVATE", "false", "let jobs' network reach 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
-		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
 	}
@@ -288,6 +292,15 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	intIn("DELEGATE_NOFILE", 16, 1<<20, &c.NoFile)
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
+	}
+	if v := getenv("DELEGATE_TOOL_DIRS"); v != "" {
+		for d := range strings.SplitSeq(v, ":") {
+			if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+				bad("DELEGATE_TOOL_DIRS", fmt.Sprintf("must be clean absolute paths of directories, separated by ':' (got %q)", d))
+				break
+			}
+			c.ToolDirs = append(c.ToolDirs, d)
+		}
 	}
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)

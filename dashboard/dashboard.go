@@ -83,6 +83,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}/network", d.guard(d.network))
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
+	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "No such page.")
 	})
@@ -222,7 +223,7 @@ var serviceErrors = map[delegate.Kind]struct {
 }
 
 // notFound is what a page says of what it did not find.
-var notFound = map[string]string{"job": "No such job.", "artifact": "No such artifact."}
+var notFound = map[string]string{"job": "No such job.", "artifact": "No such artifact.", "question": "No such question."}
 
 // serviceError answers what the service said, in words for people.
 func (d *dash) serviceError(w http.ResponseWriter, r *http.Request, err error) {

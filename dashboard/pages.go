@@ -28,6 +28,16 @@ func parsePages() map[string]*template.Template {
 		"iso":         func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 		"duration":    formatDuration,
 		"terminal":    func(s delegate.Status) bool { return s.Terminal() },
+		"questionURL": questionURL,
+		"fieldValue":  fieldValue,
+		"enumName":    enumName,
+		"inputType":   inputType,
+		// The exit code and why it ended, by the rule every reader
+		// follows (delegate.ExitReason).
+		"exit": delegate.ExitText,
+		"jobExit": func(j *delegate.Job) string {
+			return delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled))
+		},
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"list", "job", "login", "error"} {
@@ -125,6 +135,8 @@ type jobView struct {
 	Now     time.Time
 	Notice  string
 	LiveURL string
+	// Questions are those the job waits for answers to (questions.go).
+	Questions []delegate.Question
 	// Network is the job's network log through the egress proxy: its
 	// policy and counts, and its denied attempts (the whole log is
 	// NetworkURL, as JSON).
@@ -155,6 +167,9 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	}
 	if !j.Status.Terminal() {
 		v.LiveLog = j.Manifest.StatusMode == delegate.StatusModeStreaming
+		if v.Questions, err = d.openQuestions(ctx, id); err != nil {
+			return jobView{}, err
+		}
 		return v, nil
 	}
 	res, err := d.svc.Result(ctx, id, delegate.ResultOptions{})
@@ -221,6 +236,7 @@ func logPieces(l *delegate.LogPage) []logPiece {
 // nothing from the query string is shown as it is).
 var notices = map[string]string{
 	"cancelled": "Cancelled: its processes are being killed and its sandbox destroyed.",
+	"answered":  "Answered: the job finds the answer where it waits for it.",
 	"finished":  "It had already finished: nothing was cancelled.",
 }
 

@@ -15,8 +15,9 @@ import (
 // the engine's timer.
 const deadlineGrace = 5 * time.Second
 
-// basePath is the PATH every job starts with.
-const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// basePath is the PATH every job starts with (a backend may add the
+// tools its sandboxes have).
+const basePath = sandbox.DefaultPath
 
 // maxEnvString is the most bytes one environment string (NAME=value and
 // its NUL) may have: Linux's MAX_ARG_STRLEN, 32 pages; execve refuses
@@ -54,6 +55,15 @@ func (r *runner) command(job *delegate.Job, token string, jn *jobNetwork) (sandb
 	default:
 		return sandbox.Command{}, fmt.Errorf("agentType %q: %w", m.AgentType, delegate.ErrInvalid)
 	}
+	if m.Stdin != "" && stdin == "" {
+		// The submitter's standard input, as an input like the script:
+		// data the process reads, never on a command line.
+		data, err := m.DecodedStdin()
+		if err != nil {
+			return sandbox.Command{}, err
+		}
+		inputs["stdin"], stdin = data, "stdin"
+	}
 	env := map[string]string{
 		"PATH":    basePath,
 		"HOME":    delegate.Workspace,
@@ -88,6 +98,7 @@ func (r *runner) command(job *delegate.Job, token string, jn *jobNetwork) (sandb
 		inputs["task"] = []byte(m.Task)
 	}
 	env["DELEGATE_JOB_TOKEN"] = token
+	env["DELEGATE_ANSWERS"] = AnswersDir // questions.go
 	if r.cfg.CallbackURL != "" {
 		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(r.cfg.CallbackURL, "/") + "/callback/" + job.ID
 	}

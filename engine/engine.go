@@ -12,6 +12,8 @@
 //     batches by one flusher;
 //   - Reader (reader.go): the read side, over the store alone;
 //   - callbacks (callback.go): the token index and the reports of jobs;
+//   - questions (questions.go): questions on jobs, their answers, and the
+//     answers' way into the sandboxes;
 //   - scheduler (scheduler.go): run slots, the queue, admission;
 //   - runner (runner.go): one job's run as ordered provisioning steps,
 //     then following the command and settling its end;
@@ -124,6 +126,7 @@ type Engine struct {
 	jobs      *jobWriter
 	progress  *progressWriter
 	callbacks *callbacks
+	questions *questions
 	sched     *scheduler
 	runner    *runner
 	maint     *maintenance
@@ -199,10 +202,11 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, changes: jobs.changes}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
 	keep := newKeeper(cfg, log, owner, store, ref, jobs)
+	qs := newQuestions(store, jobs, progress, log, 4*cfg.PollInterval)
 	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, log: log, retry: cfg.AdmissionRetry,
 		slots: cfg.MaxConcurrent, room: make(chan struct{})}
 	run := &runner{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
-		progress: progress, callbacks: cb, keeper: keep, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
+		progress: progress, callbacks: cb, keeper: keep, questions: qs, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
@@ -217,7 +221,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		}
 	}
 	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
-		progress: progress, callbacks: cb, sched: sched, runner: run, maint: maint}
+		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
 	return e
 }
 
@@ -251,12 +255,16 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
+	// The manifest as submitted, before defaults: a retry of the same
+	// request digests the same even if the server's defaults changed.
+	var digest string
 	if k := opts.IdempotencyKey; k != "" {
 		if len(k) > 200 || strings.ContainsRune(k, 0) {
 			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
 		}
+		digest = m.Digest()
 		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
-			return job, nil
+			return sameRequest(job, k, digest)
 		}
 	}
 	backend := e.backend.get()
@@ -264,7 +272,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, errNoBackend
 	}
 	chosenTemplate := m.VMTemplate != ""
-	defaultNetwork := m.Network.IsZero()
+	askedNetwork := m.Network
 	var kept *delegate.Sandbox
 	if m.Sandbox != "" {
 		// A command in a kept sandbox: it runs within the sandbox's
@@ -292,10 +300,18 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	} else if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
+	// After the defaults: a claude job asks for egress by default, and
+	// must be refused now, not accepted and failed when it starts. (A
+	// kept sandbox has the network it was made with.)
+	if kept == nil {
+		if err := checkEgress(backend, m, askedNetwork); err != nil {
+			return nil, err
+		}
+	}
 	if err := e.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if err := checkNetwork(backend, m.Network, defaultNetwork, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
+	if err := checkNetwork(backend, m.Network, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
 		return nil, err
 	}
 	if kept == nil {
@@ -328,7 +344,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		Backend:   backend.Name(),
 		Owner:     e.owner,
 
-		IdempotencyKey: opts.IdempotencyKey,
+		IdempotencyKey:    opts.IdempotencyKey,
+		IdempotencyDigest: digest,
 	}
 	if kept != nil {
 		job.Sandbox = kept.ID
@@ -337,13 +354,43 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		if opts.IdempotencyKey != "" {
 			// A concurrent submission with the same key won the race.
 			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
-				return first, nil
+				return sameRequest(first, opts.IdempotencyKey, digest)
 			}
 		}
 		return nil, fmt.Errorf("submit: %w", err)
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	e.sched.enqueue(job.ID)
+	return job, nil
+}
+
+// checkEgress refuses a job whose network (asked, or its agent's default)
+// the backend cannot give, saying what the host lacks and how to add it.
+func checkEgress(backend sandbox.Backend, m delegate.Manifest, asked delegate.Network) error {
+	caps := backend.Capabilities()
+	if m.Network.Mode != delegate.NetworkEgress || caps.NetworkEgress {
+		return nil
+	}
+	why := caps.NetworkEgressMissing
+	if why == "" {
+		why = "this backend cannot give a job network access"
+	}
+	if asked.IsZero() {
+		return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+			"a %s job needs network egress by default (its CLI must reach the model's API), which the %s backend cannot give here: %s; "+
+				"or set network: none if the job needs no network", m.AgentType, backend.Name(), why)}
+	}
+	return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+		"egress is not available on the %s backend here: %s; or set network: none", backend.Name(), why)}
+}
+
+// sameRequest answers a submission whose idempotency key names job: the
+// job itself when the manifest is the one the key was first sent with (or
+// when the job predates digests), else an error that says so.
+func sameRequest(job *delegate.Job, key, digest string) (*delegate.Job, error) {
+	if job.IdempotencyDigest != "" && job.IdempotencyDigest != digest {
+		return nil, &delegate.IdempotencyConflictError{Key: key, JobID: job.ID}
+	}
 	return job, nil
 }
 

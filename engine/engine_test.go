@@ -173,6 +173,10 @@ func TestCommandAndEnv(t *testing.T) {
 		{delegate.Manifest{AgentType: delegate.AgentClaude, Task: tricky, Agent: &delegate.AgentConfig{ClaudeModel: "opus"}},
 			[]string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus"},
 			map[string]string{"prompt": tricky}, "prompt"},
+		// The submitter's standard input: one more input, the process's stdin.
+		{delegate.Manifest{AgentType: delegate.AgentScript, Task: "cat", Stdin: "aW4K"}, shArgs, map[string]string{"script": "cat", "stdin": "in\n"}, "stdin"},
+		{delegate.Manifest{AgentType: delegate.AgentCustom, Task: tricky, Agent: &delegate.AgentConfig{Command: "wc -l"}, Stdin: "YQpiCg=="}, shArgs,
+			map[string]string{"script": "wc -l", "stdin": "a\nb\n"}, "stdin"},
 	}
 	for _, tc := range tests {
 		tc.m.Env = map[string]string{"FOO": "a b;c"}

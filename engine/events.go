@@ -14,7 +14,7 @@ const maxMessage = 500
 // statusLine is what a job may write to its status channel, one per line:
 // plain text (a progress message) or a JSON object.
 type statusLine struct {
-	Type     string   `json:"type"` // progress (default), heartbeat
+	Type     string   `json:"type"` // progress (default), heartbeat, question (questions.go)
 	Progress string   `json:"progress"`
 	Message  string   `json:"message"`
 	Percent  *float64 `json:"percent"`
@@ -27,8 +27,8 @@ func parseStatusLine(line string) string {
 	if strings.HasPrefix(line, "{") {
 		var s statusLine
 		if json.Unmarshal([]byte(line), &s) == nil {
-			if s.Type == "heartbeat" {
-				return ""
+			if s.Type == "heartbeat" || s.Type == "question" {
+				return "" // a question is reported when it is asked
 			}
 			msg := s.Progress
 			if msg == "" {

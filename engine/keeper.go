@@ -34,12 +34,43 @@ type keeper struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // by sandbox id
+	// insts are the machines this engine has found (Recover) or made, by
+	// sandbox id: a command or file call on a sandbox in use needs no
+	// Recover (on Proxmox, a config read) each time. An entry goes when
+	// the sandbox ends or a call on it fails.
+	insts map[string]sandbox.Instance
 }
 
 var _ delegate.SandboxService = (*keeper)(nil)
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{}}
+	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
+		insts: map[string]sandbox.Instance{}}
+}
+
+// known returns the machine of a sandbox found before, if it is still
+// the one the store names.
+func (k *keeper) known(sb *delegate.Sandbox) sandbox.Instance {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if inst := k.insts[sb.ID]; inst != nil && inst.ID() == sb.Instance {
+		return inst
+	}
+	return nil
+}
+
+func (k *keeper) remember(id string, inst sandbox.Instance) {
+	k.mu.Lock()
+	k.insts[id] = inst
+	k.mu.Unlock()
+}
+
+// forget drops what is known of a sandbox's machine (it ended, or a call
+// on it failed: the next use finds it again, and finds it gone if it is).
+func (k *keeper) forget(id string) {
+	k.mu.Lock()
+	delete(k.insts, id)
+	k.mu.Unlock()
 }
 
 // lock serializes the changes of one sandbox's machine.
@@ -72,6 +103,14 @@ func (k *keeper) backend() (sandbox.Backend, error) {
 	}
 	return b, nil
 }
+
+// endedError: the sandbox asked for has ended. It is ErrTerminal to
+// errors.Is (the kind adapters report), without that error's words,
+// which are a job's.
+type endedError struct{ msg string }
+
+func (e *endedError) Error() string { return e.msg }
+func (e *endedError) Unwrap() error { return delegate.ErrTerminal }
 
 // checkTimeouts refuses a spec asking for longer timers than the
 // server's settings, which are the longest a sandbox may have.
@@ -152,7 +191,10 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := k.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if err := checkNetwork(b, m.Network, false, nil, nil, "network"); err != nil {
+	if m.Network.Mode == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
+		return nil, &delegate.FieldError{Field: "network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
+	}
+	if err := checkNetwork(b, m.Network, nil, nil, "network"); err != nil {
 		return nil, err
 	}
 	if err := checkTemplate(ctx, b, m.VMTemplate, chosen); err != nil {
@@ -187,6 +229,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		b.Destroy(context.WithoutCancel(ctx), inst.ID())
 		return nil, err
 	}
+	k.remember(sb.ID, inst)
 	k.log.Info("sandbox opened", "sandbox", sb.ID, "instance", sb.Instance, "lifetime", lifetime)
 	k.jobs.notify("")
 	return sb, nil
@@ -204,6 +247,7 @@ func (k *keeper) kept(ctx context.Context, job *delegate.Job, inst sandbox.Insta
 	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
+	k.remember(sb.ID, inst)
 	return sb, nil
 }
 
@@ -240,6 +284,7 @@ func (k *keeper) ReleaseSandbox(ctx context.Context, id string) (*delegate.Sandb
 func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState, reason string) (*delegate.Sandbox, bool, error) {
 	unlock := k.lock(id)
 	defer unlock()
+	k.forget(id)
 	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
 		sb.State, sb.Reason, sb.EndedAt = state, reason, time.Now().UTC()
 		return nil
@@ -292,7 +337,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 		return nil, nil, err
 	}
 	if sb.State.Terminal() {
-		return sb, nil, fmt.Errorf("sandbox %s is %s (%s): open a new one: %w", id, sb.State, sb.Reason, delegate.ErrTerminal)
+		return sb, nil, &endedError{fmt.Sprintf("sandbox %s is %s (%s): open a new one", id, sb.State, sb.Reason)}
 	}
 	if sb.Backend != b.Name() {
 		return sb, nil, fmt.Errorf("sandbox %s is on the %s backend, this server runs %s: %w", id, sb.Backend, b.Name(), delegate.ErrInvalid)
@@ -300,13 +345,17 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if command && sb.Running >= delegate.MaxSandboxCommands {
 		return sb, nil, fmt.Errorf("sandbox %s runs %d commands, the most one sandbox runs at once: wait for one to end: %w", id, sb.Running, delegate.ErrConflict)
 	}
-	inst, err := b.Recover(ctx, sb.Instance)
-	if errors.Is(err, sandbox.ErrGone) {
-		k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
-		return sb, nil, fmt.Errorf("sandbox %s is gone (its machine is): open a new one: %w", id, delegate.ErrTerminal)
-	}
-	if err != nil {
-		return sb, nil, err
+	inst := k.known(sb)
+	if inst == nil {
+		inst, err = b.Recover(ctx, sb.Instance)
+		if errors.Is(err, sandbox.ErrGone) {
+			k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
+			return sb, nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", id)}
+		}
+		if err != nil {
+			return sb, nil, err
+		}
+		k.remember(id, inst)
 	}
 	if sb.State == delegate.SandboxPaused {
 		pz, ok := inst.(sandbox.Pauser)
@@ -339,6 +388,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 
 // gone records that a sandbox's machine died by itself.
 func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) {
+	k.forget(sb.ID)
 	if _, err := k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
 		s.State, s.Reason, s.EndedAt, s.Running = delegate.SandboxGone, reason, time.Now().UTC(), 0
 		return nil
@@ -346,6 +396,18 @@ func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) 
 		k.log.Warn("sandbox gone", "sandbox", sb.ID, "reason", reason)
 		k.jobs.notify("")
 	}
+}
+
+// failed hears that a call on a sandbox's machine failed: what is known
+// of the machine is dropped, and a machine that is gone makes the
+// sandbox gone (true).
+func (k *keeper) failed(ctx context.Context, sb *delegate.Sandbox, err error) bool {
+	k.forget(sb.ID)
+	if !errors.Is(err, sandbox.ErrGone) {
+		return false
+	}
+	k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
+	return true
 }
 
 // detach records that a command in a sandbox ended: it is idle (its idle
@@ -377,7 +439,7 @@ func (k *keeper) ReadSandboxFile(ctx context.Context, id, path string, offset, l
 	if err != nil {
 		return nil, err
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +453,7 @@ func (k *keeper) ReadSandboxFile(ctx context.Context, id, path string, offset, l
 	}
 	data, err := inst.ReadFile(ctx, p, offset, length)
 	if err != nil {
-		return nil, fileError("path", p, err)
+		return nil, k.fileError(ctx, sb, "path", p, err)
 	}
 	fc := &delegate.FileContent{Data: data, Offset: offset, Size: size}
 	fc.EOF = size >= 0 && offset+int64(len(data)) >= size
@@ -413,12 +475,12 @@ func (k *keeper) WriteSandboxFile(ctx context.Context, id, path string, data []b
 	if err != nil {
 		return err
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return err
 	}
 	if err := inst.WriteFile(ctx, p, data, mode); err != nil {
-		return fileError("path", p, err)
+		return k.fileError(ctx, sb, "path", p, err)
 	}
 	return nil
 }
@@ -443,14 +505,14 @@ func (k *keeper) ListSandboxFiles(ctx context.Context, id string, opts delegate.
 	if limit == 0 {
 		limit = delegate.DefaultFileLimit
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: dir, Depth: depth, Limit: limit})
 	out := &delegate.FileListing{Entries: []delegate.FileInfo{}, Truncated: errors.Is(err, sandbox.ErrTruncated)}
 	if err != nil && !out.Truncated {
-		return nil, fileError("path", dir, err)
+		return nil, k.fileError(ctx, sb, "path", dir, err)
 	}
 	for _, f := range infos {
 		out.Entries = append(out.Entries, delegate.FileInfo{Path: f.Path, Type: delegate.FileType(f.Mode), Size: f.Size,
@@ -478,9 +540,9 @@ func parentDir(p string) string {
 
 // fileError names the path of a file operation the backend refused: a
 // missing file, a link out, not a regular file (the backend's words).
-func fileError(field, p string, err error) error {
-	if errors.Is(err, sandbox.ErrGone) {
-		return fmt.Errorf("%s: %w", p, err)
+func (k *keeper) fileError(ctx context.Context, sb *delegate.Sandbox, field, p string, err error) error {
+	if k.failed(ctx, sb, err) {
+		return &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return &delegate.NotFoundError{Resource: "file", ID: p, Of: "the sandbox"}

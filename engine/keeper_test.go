@@ -316,3 +316,47 @@ func TestKeptSandboxSurvivesRestart(t *testing.T) {
 		return got.State == delegate.SandboxPaused
 	})
 }
+
+// TestKeptSandboxMachineLost: a kept sandbox's machine vanishes behind
+// the engine's back (the engine knows it from an earlier command): the
+// next command fails naming why, never hangs, and the sandbox is gone;
+// so is a file call's.
+func TestKeptSandboxMachineLost(t *testing.T) {
+	for _, via := range []string{"command", "file"} {
+		t.Run(via, func(t *testing.T) {
+			f := keptFixture(t, engine.Config{SandboxTick: time.Hour})
+			ctx := context.Background()
+			sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := script("true")
+			in.Sandbox = sb.ID
+			first := f.submit(in)
+			f.started().Finish(sandbox.Exit{})
+			if j := f.wait(f.eng, first.ID); j.Status != delegate.StatusSuccess {
+				t.Fatalf("first command: %+v", j)
+			}
+			if err := f.backend.Destroy(ctx, sb.Instance); err != nil {
+				t.Fatal(err)
+			}
+			if via == "file" {
+				err := f.eng.WriteSandboxFile(ctx, sb.ID, "a.txt", []byte("x"), 0o644)
+				if !errors.Is(err, delegate.ErrTerminal) || !strings.Contains(err.Error(), "gone") {
+					t.Fatalf("file call on a lost machine: %v", err)
+				}
+			} else {
+				second := f.submit(in)
+				j := f.wait(f.eng, second.ID)
+				if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "gone") {
+					t.Fatalf("command on a lost machine: %+v", j)
+				}
+			}
+			// The job's end is recorded first, the sandbox's right after.
+			eventually2(t, 5*time.Second, "the sandbox gone", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
+			if got := f.sandbox(sb.ID); !strings.Contains(got.Reason, "machine is gone") || got.Running != 0 {
+				t.Errorf("gone: %+v", got)
+			}
+		})
+	}
+}

@@ -23,10 +23,8 @@ var _ delegate.NetworkService = (*Engine)(nil)
 // checkNetwork checks a job's (or a kept sandbox's) network against the
 // backend: an allowlist's rules, and an allowlist or an injected secret
 // only where the backend enforces them. field names the network
-// ("manifest.network"); defaulted says the manifest left it to the
-// server's default (egress for claude), which a backend without egress
-// is not refused for (as before allowlists).
-func checkNetwork(b sandbox.Backend, n delegate.Network, defaulted bool, secrets []string, bindings map[string]egress.Binding, field string) error {
+// ("manifest.network"). Whether egress itself is there is checkEgress's.
+func checkNetwork(b sandbox.Backend, n delegate.Network, secrets []string, bindings map[string]egress.Binding, field string) error {
 	if n.Mode == delegate.NetworkAllowlist {
 		if _, err := egress.ParseRules(n.Allow); err != nil {
 			var re *egress.RuleError
@@ -39,9 +37,6 @@ func checkNetwork(b sandbox.Backend, n delegate.Network, defaulted bool, secrets
 	caps := b.Capabilities()
 	if n.Mode == delegate.NetworkAllowlist && !caps.EgressProxy {
 		return &delegate.FieldError{Field: field, Rule: fmt.Sprintf("an allowlist needs a backend whose sandboxes reach out only through delegate's egress proxy, which the %s backend here does not (set network: egress or none)", b.Name())}
-	}
-	if n.Mode == delegate.NetworkEgress && !caps.NetworkEgress && !defaulted {
-		return &delegate.FieldError{Field: field, Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
 	}
 	for i, s := range secrets {
 		bd, bound := bindings[s]

@@ -32,6 +32,7 @@ type runner struct {
 	progress  *progressWriter
 	callbacks *callbacks
 	keeper    *keeper // kept sandboxes: the commands run in them
+	questions *questions
 	// roomFreed is the scheduler's: a sandbox is gone, jobs waiting for
 	// capacity may fit now.
 	roomFreed func()
@@ -162,7 +163,11 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
 		switch {
 		case a.attached:
-			// A kept sandbox's: it stays for the next command.
+			// A kept sandbox's: it stays for the next command, unless its
+			// machine is gone.
+			if sb, gerr := r.keeper.sbs.GetSandbox(context.WithoutCancel(ctx), job.Manifest.Sandbox); gerr == nil && r.keeper.failed(ctx, sb, err) {
+				break
+			}
 			r.keeper.detach(context.WithoutCancel(ctx), job.Manifest.Sandbox)
 		case a.kept != "":
 			r.keeper.end(context.WithoutCancel(ctx), a.kept, delegate.SandboxGone, "the job that made it failed to start: "+reason)
@@ -393,18 +398,27 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	})
 }
 
-// stepper reports a backend's provisioning steps as the job's progress.
+// stepper reports a backend's provisioning steps as the job's progress,
+// and as entries of its timeline (statusMode detailed and streaming), so
+// that where a slow start spent its time (a clone, a boot, the guest
+// agent) shows afterwards too.
 func (r *runner) stepper(ctx context.Context, id string) func(string) {
 	return func(step string) {
 		step = clip(step)
+		now := time.Now().UTC()
 		r.log.Debug("provisioning step", "job", id, "step", step)
-		r.jobs.update(ctx, id, func(j *delegate.Job) error {
+		j, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 			if j.Status.Terminal() {
 				return delegate.ErrTerminal
 			}
 			j.Progress = step
 			return nil
 		})
+		if err == nil && j.Manifest.StatusMode != delegate.StatusModeSimple {
+			if err := r.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: step}, maxEvents); err != nil {
+				r.log.Warn("provisioning step: timeline", "job", id, "err", err)
+			}
+		}
 	}
 }
 
@@ -448,6 +462,8 @@ func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Pro
 		r.log.Error("follow job", "job", id, "err", err)
 		return
 	}
+	r.questions.follow(id, sb)
+	defer r.questions.unfollow(id)
 	deadline := job.StartedAt.Add(time.Duration(m.TimeoutSeconds()) * time.Second)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -507,6 +523,7 @@ func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Pro
 				continue
 			}
 			t.collect(ctx, false)
+			r.questions.deliver(ctx, id)
 			// This engine, or another process (the CLI, a callback
 			// received by another server), may have ended it. A job that
 			// reported its own completion gets a moment to exit by itself,
@@ -575,6 +592,7 @@ type tracker struct {
 	eventsRead int64
 	latest     int64 // lines of an overflowed status channel seen (sandbox.LatestEvent)
 	events     lineSplitter
+	asks       questionScanner
 	claude     lineSplitter
 }
 
@@ -791,6 +809,7 @@ func (t *tracker) collectEvents(ctx context.Context, final bool) {
 		moved += len(b)
 		lines, skipped := t.events.tail(b, final && len(b) == 0, keep)
 		t.statusLines(lines, skipped)
+		t.questionLines(ctx, b, final && len(b) == 0)
 		if len(b) == 0 {
 			t.collectLatest(ctx)
 			return
@@ -816,6 +835,17 @@ func (t *tracker) collectLatest(ctx context.Context) {
 	skipped := count - t.latest - 1
 	t.latest = count
 	t.statusLines([]string{line}, int(skipped))
+	if isQuestionLine([]byte(line)) {
+		one := 1
+		t.asks.take([]byte(line), &one, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
+	}
+}
+
+// questionLines asks the questions among the status lines in b. Every
+// line is looked at, not only those a flood leaves for the progress (see
+// collectEvents): a question must not be lost among them.
+func (t *tracker) questionLines(ctx context.Context, b []byte, final bool) {
+	t.asks.questions(b, final, func(line string) { t.r.questions.statusLine(ctx, t.id, line) })
 }
 
 func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }

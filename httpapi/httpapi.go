@@ -46,8 +46,8 @@ type Options struct {
 	Burst int
 }
 
-// Handler serves POST /callback/{job_id}/{complete,status,heartbeat} and
-// GET /health.
+// Handler serves POST /callback/{job_id}/{complete,status,heartbeat},
+// the questions of questions.go, and GET /health.
 func Handler(svc delegate.CallbackService, opts Options) http.Handler {
 	return newHandler(svc, opts).mux
 }
@@ -62,13 +62,15 @@ func newHandler(svc delegate.CallbackService, opts Options) *handler {
 	h := &handler{svc: svc, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /callback/{job_id}/{kind}", h.counted(http.HandlerFunc(h.callback)))
+	mux.Handle("POST /callback/{job_id}/question", h.counted(http.HandlerFunc(h.ask)))
+	mux.Handle("GET /callback/{job_id}/answer/{question_id}", h.counted(http.HandlerFunc(h.awaitAnswer)))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	// Anything else gets a JSON 404/405, never the default HTML-ish text.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/callback/") {
-			writeError(w, http.StatusMethodNotAllowed, "callbacks are POST /callback/{job_id}/complete|status|heartbeat")
+			writeError(w, http.StatusMethodNotAllowed, "callbacks are POST /callback/{job_id}/complete|status|heartbeat|question and GET /callback/{job_id}/answer/{question_id}")
 			return
 		}
 		writeError(w, http.StatusNotFound, "no such endpoint")
@@ -105,49 +107,12 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "unknown callback "+string(kind)+": use complete, status or heartbeat")
 		return
 	}
-	token, ok := bearer(r)
+	token, ok := h.admit(w, r, id, string(kind))
 	if !ok {
-		w.Header().Set("Connection", "close")
-		writeError(w, http.StatusUnauthorized, "missing token: send Authorization: Bearer $DELEGATE_JOB_TOKEN")
 		return
 	}
-	// The token, from the header, before a byte of the body is read: a
-	// stranger's body is never read (nor kept in memory), the answer
-	// comes at once, and the connection closes with it.
-	switch err := h.svc.Authenticate(r.Context(), id, token); {
-	case errors.Is(err, delegate.ErrUnauthenticated):
-		w.Header().Set("Connection", "close")
-		writeError(w, http.StatusUnauthorized, "unknown token for this job")
-		return
-	case errors.Is(err, delegate.ErrForbidden):
-		w.Header().Set("Connection", "close")
-		writeError(w, http.StatusForbidden, "this token belongs to another job")
-		return
-	case err != nil:
-		h.opts.Logger.Error("callback", "job", id, "kind", string(kind), "err", err)
-		writeError(w, http.StatusInternalServerError, "internal error")
-		return
-	}
-	if !h.conns.authenticated(r.Context(), id) {
-		w.Header().Set("Connection", "close") // this job keeps enough open
-	}
-	if wait, ok := h.rate.allow(id); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds()+0.999)))
-		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many callbacks from this job: at most %g a second (%d at once)", h.rate.rate, h.rate.burst))
-		return
-	}
-	if r.ContentLength > h.opts.BodyLimit {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
-		return
-	}
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.BodyLimit))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "could not read the body")
+	raw, ok := h.readBody(w, r)
+	if !ok {
 		return
 	}
 	var b body
@@ -192,6 +157,63 @@ func (h *handler) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"job_id": job.ID, "status": string(job.Status)})
+}
+
+// admit authenticates a callback from its headers and applies the
+// connection and rate bounds; it answers the request itself (and returns
+// false) when the callback may not go on.
+func (h *handler) admit(w http.ResponseWriter, r *http.Request, id, what string) (string, bool) {
+	token, ok := bearer(r)
+	if !ok {
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusUnauthorized, "missing token: send Authorization: Bearer $DELEGATE_JOB_TOKEN")
+		return "", false
+	}
+	// The token, from the header, before a byte of the body is read: a
+	// stranger's body is never read (nor kept in memory), the answer
+	// comes at once, and the connection closes with it.
+	switch err := h.svc.Authenticate(r.Context(), id, token); {
+	case errors.Is(err, delegate.ErrUnauthenticated):
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusUnauthorized, "unknown token for this job")
+		return "", false
+	case errors.Is(err, delegate.ErrForbidden):
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusForbidden, "this token belongs to another job")
+		return "", false
+	case err != nil:
+		h.opts.Logger.Error("callback", "job", id, "kind", what, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error")
+		return "", false
+	}
+	if !h.conns.authenticated(r.Context(), id) {
+		w.Header().Set("Connection", "close") // this job keeps enough open
+	}
+	if wait, ok := h.rate.allow(id); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds()+0.999)))
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many callbacks from this job: at most %g a second (%d at once)", h.rate.rate, h.rate.burst))
+		return "", false
+	}
+	return token, true
+}
+
+// readBody reads a callback's body, at most BodyLimit bytes.
+func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.ContentLength > h.opts.BodyLimit {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
+		return nil, false
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.BodyLimit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d bytes", h.opts.BodyLimit))
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "could not read the body")
+		return nil, false
+	}
+	return raw, true
 }
 
 // callbackErrors is the one table from a service error's kind to a

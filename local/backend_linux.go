@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,9 @@ type Backend struct {
 	goHelpers bool
 	// netns has network namespaces ready for the C helpers.
 	netns *netnsPool
+
+	// toolDirs are the operator's tool directories (Config.ToolDirs).
+	toolDirs []string
 
 	// egress serves the listeners of sandboxes made with Spec.Egress
 	// (egress_linux.go); egressCallback is Config.EgressCallbackPort.
@@ -132,6 +136,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	b.uidReg = &uidRegistry{dir: uidRegistryDir, r: b.uids}
+	if err := b.checkToolDirs(cfg.ToolDirs); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	b.toolDirs = slices.Clone(cfg.ToolDirs)
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
@@ -249,16 +257,21 @@ func (b *Backend) Close() error {
 // network helper being installed, looked for now.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	_, netErr := findNetTool(b.netForce, b.lookPath)
+	var netMissing string
+	if netErr != nil && b.egress == nil {
+		netMissing = netErr.Error()
+	}
 	return sandbox.Capabilities{
-		FilesystemIsolation: true,
-		NetworkIsolation:    true,
-		NetworkEgress:       netErr == nil || b.egress != nil,
-		CPULimit:            true,
-		MemoryLimit:         true,
-		PidsLimit:           true,
-		DiskLimit:           true,
-		Recover:             true,
-		Templates:           true,
+		FilesystemIsolation:  true,
+		NetworkIsolation:     true,
+		NetworkEgress:        netErr == nil || b.egress != nil,
+		NetworkEgressMissing: netMissing,
+		CPULimit:             true,
+		MemoryLimit:          true,
+		PidsLimit:            true,
+		DiskLimit:            true,
+		Recover:              true,
+		Templates:            true,
 		// The shim watches the job's process for as long as it runs.
 		Supervised: true,
 		StatusFile: StatusFile,

@@ -24,6 +24,13 @@ type Config struct {
 	// name too (no other path). It is trusted configuration; it must not
 	// be "/" nor lead to Dir.
 	DefaultTemplate string
+	// ToolDirs are host directories of tools (a toolchain, a language
+	// runtime) that jobs without a template see read-only at their own
+	// paths, with their bin directory (or themselves) on the standard
+	// PATH. Each must be a clean absolute path of a directory every user
+	// can reach, writable by none of the sandboxes' users; see
+	// tools_linux.go.
+	ToolDirs []string
 	// PidsMax caps the processes and threads of one sandbox, and NoFile
 	// the open files of each of its processes (RLIMIT_NOFILE, soft and
 	// hard; at most the server's own). 0: chosen from the host's file

@@ -130,6 +130,18 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 			}
 		}
 	}
+	if mode&fs.ModeSymlink != 0 {
+		// A link, as the job's user's: it resolves inside the sandbox
+		// only (every lookup of ours refuses links).
+		name := parts[len(parts)-1]
+		if err := unix.Symlinkat(string(data), cur, name); err != nil {
+			return explain("write", p, err)
+		}
+		if err := unix.Fchownat(cur, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return explain("write", p, err)
+		}
+		return nil
+	}
 	// No O_TRUNC before we know it is a regular file; O_NONBLOCK so a FIFO
 	// cannot make us wait.
 	fd, err := unix.Openat2(cur, parts[len(parts)-1], &unix.OpenHow{
@@ -186,11 +198,35 @@ func readWorkspaceFile(wsDir, p string, offset, max int64) ([]byte, error) {
 	if err := checkRegular(fd); err != nil {
 		return nil, explain("read", p, err)
 	}
-	data, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, offset, math.MaxInt64-offset), max))
-	if err != nil {
+	// One buffer of the size there is to read (io.ReadAll would grow one
+	// step by step: a 1 MiB read took 2.6 ms instead of 0.9), one byte
+	// more to see a file that grows meanwhile.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, explain("read", p, err)
 	}
-	return data, nil
+	want := st.Size - offset
+	if want > max {
+		want = max
+	}
+	if want < 0 {
+		want = 0
+	}
+	data := make([]byte, 0, want+1)
+	r := io.LimitReader(io.NewSectionReader(f, offset, math.MaxInt64-offset), max)
+	for {
+		n, err := r.Read(data[len(data):cap(data)])
+		data = data[:len(data)+n]
+		if err == io.EOF {
+			return data, nil
+		}
+		if err != nil {
+			return nil, explain("read", p, err)
+		}
+		if len(data) == cap(data) {
+			data = append(data, 0)[:len(data)]
+		}
+	}
 }
 
 // maxListed bounds a workspace listing without a limit of its own: a job

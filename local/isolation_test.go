@@ -3,6 +3,7 @@
 package local
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
 )
 
 // TestIsolation runs one probe per sandbox; each script prints a verdict
@@ -94,6 +97,18 @@ func TestIsolation(t *testing.T) {
 			want:   []string{"fd full null random shm stderr stdin stdout tty urandom zero \n", "4\n"},
 		},
 	}
+	// Each probe runs in a fresh sandbox, and as the second and third
+	// command of a kept one (Spec.MultiExec): a command of a kept sandbox
+	// is built from the same plan, so it must be as confined.
+	kept := func(t *testing.T) *sbox {
+		spec := defaultSpec()
+		spec.MultiExec, spec.Expires = true, time.Now().Add(time.Minute)
+		sb := create(t, b, spec)
+		if exit, out := run(t, sb, "/bin/sh", "-c", "echo first > /workspace/first"); exit.Code != 0 {
+			t.Fatalf("first command: %+v %s", exit, out)
+		}
+		return sb
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.needs != "" {
@@ -101,13 +116,22 @@ func TestIsolation(t *testing.T) {
 					t.Skipf("%s is not installed on this host", tt.needs)
 				}
 			}
-			exit, out := sh(t, b, tt.script)
-			if exit.Code != 0 {
-				t.Errorf("exit = %+v", exit)
+			check := func(how string, exit sandbox.Exit, out string) {
+				t.Helper()
+				if exit.Code != 0 {
+					t.Errorf("%s: exit = %+v", how, exit)
+				}
+				wantContains(t, out, tt.want...)
+				if strings.Contains(out, "WROTE") || strings.Contains(out, "SEEN") || strings.Contains(out, "READ") {
+					t.Errorf("%s: isolation breach:\n%s", how, out)
+				}
 			}
-			wantContains(t, out, tt.want...)
-			if strings.Contains(out, "WROTE") || strings.Contains(out, "SEEN") || strings.Contains(out, "READ") {
-				t.Errorf("isolation breach:\n%s", out)
+			exit, out := sh(t, b, tt.script)
+			check("fresh sandbox", exit, out)
+			sb := kept(t)
+			for _, how := range []string{"second command of a kept sandbox", "third command of a kept sandbox"} {
+				exit, out := run(t, sb, "/bin/sh", "-c", tt.script)
+				check(how, exit, out)
 			}
 		})
 	}
@@ -181,4 +205,71 @@ func TestNetwork(t *testing.T) {
 	if exit.Code != 0 || !strings.Contains(out, "loopback pong <nil>") {
 		t.Errorf("loopback inside: exit %+v, output %q", exit, out)
 	}
+}
+
+// TestKeptSandboxesApart: two kept sandboxes, each with a command's
+// background process, cannot see each other's processes, files, /tmp,
+// loopback or abstract sockets, nor signal each other.
+func TestKeptSandboxesApart(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed on this host")
+	}
+	b := newBackend(t, 0)
+	keptBox := func() *sbox {
+		spec := defaultSpec()
+		spec.MultiExec, spec.Expires = true, time.Now().Add(time.Minute)
+		return create(t, b, spec)
+	}
+	a, other := keptBox(), keptBox()
+	// A leaves a sleep, a TCP listener on loopback and an abstract socket
+	// behind, and files in /workspace and /tmp.
+	serve := `import socket, os, time
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(("127.0.0.1", 7781)); t.listen()
+u = socket.socket(socket.AF_UNIX); u.bind("\0delegate-apart"); u.listen()
+open("/tmp/ready", "w").write("ready")
+time.sleep(300)
+`
+	if err := a.WriteFile(context.Background(), "/workspace/serve.py", []byte(serve), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exit, out := run(t, a, "/bin/sh", "-c", `sleep 300 >/dev/null 2>&1 &
+python3 /workspace/serve.py >/dev/null 2>&1 &
+echo mine > /workspace/a.txt
+for i in $(seq 100); do [ -e /tmp/ready ] && break; sleep 0.05; done; cat /tmp/ready`)
+	if exit.Code != 0 || !strings.Contains(out, "ready") {
+		t.Fatalf("A: %+v %s", exit, out)
+	}
+	probe := `import socket, os
+def connect(fam, addr):
+    s = socket.socket(fam)
+    s.settimeout(2)
+    try:
+        s.connect(addr); return "CONNECTED"
+    except OSError as e:
+        return "refused"
+print("tcp", connect(socket.AF_INET, ("127.0.0.1", 7781)))
+print("abstract", connect(socket.AF_UNIX, "\0delegate-apart"))
+cmds = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try: cmds.append(open("/proc/%s/cmdline" % p).read().replace("\0", " "))
+        except OSError: pass
+print("sleep seen" if any("sleep 300" in c or "serve.py" in c for c in cmds) else "no sleep")
+print("files", sorted(os.listdir("/workspace")), sorted(os.listdir("/tmp")))
+`
+	if err := other.WriteFile(context.Background(), "/workspace/probe.py", []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exit, out = run(t, other, "/bin/sh", "-c", `python3 /workspace/probe.py; kill -9 -1 2>/dev/null; echo killed-all`)
+	if exit.Code != 0 && !strings.Contains(out, "killed-all") {
+		t.Fatalf("B: %+v %s", exit, out)
+	}
+	wantContains(t, out, "tcp refused\n", "abstract refused\n", "no sleep\n", "files ['probe.py'] []\n")
+	// A's server outlived B's kill of everything it could signal.
+	exit, out = run(t, a, "/bin/sh", "-c", `python3 -c '
+import socket; s = socket.socket(); s.connect(("127.0.0.1", 7781)); print("serving")'`)
+	if exit.Code != 0 {
+		t.Fatalf("A after B: %+v %s", exit, out)
+	}
+	wantContains(t, out, "serving\n")
 }

@@ -23,27 +23,37 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		if !e.IsDir() || !idPattern.MatchString(e.Name()) {
 			continue
 		}
-		dir := filepath.Join(b.dir, e.Name())
-		shim, alive := shimAlive(dir)
-		if !alive {
-			continue
-		}
-		pids := []int{shim}
-		// init, if it is still the shim's child (pids are reused).
-		if pid, err := readPID(filepath.Join(dir, fileInitPID)); err == nil && parentOf(pid) == shim {
-			pids = append(pids, pid)
+		// A sandbox of one command has its shim in its own directory; a
+		// kept sandbox has one per command, under execs/ (a command that
+		// ended with nothing left in the background has none).
+		dirs := []string{filepath.Join(b.dir, e.Name())}
+		if execs, err := os.ReadDir(filepath.Join(dirs[0], dirExecs)); err == nil {
+			for _, x := range execs {
+				dirs = append(dirs, filepath.Join(dirs[0], dirExecs, x.Name()))
+			}
 		}
 		counted := false
-		for _, pid := range pids {
-			u, err := procPSS(pid)
-			if err != nil {
-				continue // it just ended
+		for _, dir := range dirs {
+			shim, alive := shimAlive(dir)
+			if !alive {
+				continue
 			}
-			m.PSS += u.pss
-			m.PSSAnon += u.anon
-			m.PSSFile += u.file
-			m.Processes++
-			counted = true
+			pids := []int{shim}
+			// init, if it is still the shim's child (pids are reused).
+			if pid, err := readPID(filepath.Join(dir, fileInitPID)); err == nil && parentOf(pid) == shim {
+				pids = append(pids, pid)
+			}
+			for _, pid := range pids {
+				u, err := procPSS(pid)
+				if err != nil {
+					continue // it just ended
+				}
+				m.PSS += u.pss
+				m.PSSAnon += u.anon
+				m.PSSFile += u.file
+				m.Processes++
+				counted = true
+			}
 		}
 		if counted {
 			m.Sandboxes++

@@ -51,13 +51,19 @@ func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord
 	if st.NoFile == 0 {
 		st.NoFile = b.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, execDir, st, !netns, cmd.Inputs)
+	ops, err := rootOps(dir, execDir, st, !netns, cmd.Inputs, b.toolDirs)
 	if err != nil {
 		return nil, err
 	}
 	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
 	// inputs where they are.
 	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
+	// The standard PATH finds the tools this root has (tools_linux.go).
+	if st.Template != "" {
+		env = standardPath(env, filepath.Join(dir, dirTemplate), nil)
+	} else {
+		env = standardPath(env, "/", b.toolDirs)
+	}
 	if len(cmd.Inputs) > 0 {
 		env = append(env, InputsEnv+"="+InputsDir)
 	}
@@ -104,7 +110,7 @@ func (b *Backend) buildPlan(dir, execDir string, st sandboxState, rec execRecord
 // The ops' paths are relative to the shim's working directory, execDir:
 // the sandbox directory's entries are reached through up (execUp from a
 // command's own directory).
-func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
+func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
 	up := ""
 	if execDir != dir {
 		up = execUp
@@ -173,6 +179,13 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 			continue // devices, sockets, fifos of a template: not ours to give
 		}
 		have[name] = true
+	}
+	if st.Template == "" {
+		// The host view: the job's own users, and the operator's tools.
+		if have["etc"] {
+			accountOps(execDir, add, at)
+		}
+		toolDirOps(toolDirs, add, at)
 	}
 	if st.Network != nil {
 		add(opResolvConf, 0, "network", root, netResolvConf)

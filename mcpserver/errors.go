@@ -31,7 +31,7 @@ func toolError(ctx context.Context, log *slog.Logger, tool string, err error) er
 	case delegate.KindNotFound:
 		var nf *delegate.NotFoundError
 		if errors.As(err, &nf) && nf.Resource != "job" {
-			if hint, ok := notFoundHints[nf.Resource]; ok {
+			if hint, ok := notFoundHints[nf.Resource]; ok && nf.There == "" {
 				return fmt.Errorf("%w (%s)", err, hint)
 			}
 			return err

@@ -53,7 +53,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.submit)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
+		Description:  fmt.Sprintf("Block until the job ends, asks questions, or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -93,6 +93,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
 	}, h.release)
+	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
@@ -294,6 +295,9 @@ type WaitOut struct {
 	Progress string          `json:"progress,omitempty"`
 	Error    string          `json:"error,omitempty"`
 	Done     bool            `json:"done"`
+	// Questions the job waits for answers to (answer_job): wait_job
+	// returns at once while there are any.
+	Questions []QuestionOut `json:"questions,omitempty"`
 }
 
 func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitIn) (WaitOut, error) {
@@ -322,14 +326,14 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if token != nil {
 		go h.reportProgress(wctx, req, token, in.JobID)
 	}
-	j, err := h.svc.Wait(wctx, in.JobID)
+	j, questions, err := h.waitOrAsk(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {
 		return WaitOut{}, err
 	}
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal()}, nil
+	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -379,8 +383,11 @@ type ResultIn struct {
 
 // ResultOut is a finished job's result.
 type ResultOut struct {
-	Status   delegate.Status `json:"status"`
-	ExitCode *int            `json:"exit_code,omitempty"`
+	Status delegate.Status `json:"status"`
+	// ExitCode is the status the job's process ended with (137: killed),
+	// ExitReason why: exited, oom, timeout, cancelled, none.
+	ExitCode   *int                `json:"exit_code,omitempty"`
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// Output is the end of the kept stdout, Stderr of the kept stderr
 	// (delegate.JobResult says why apart; get_job_logs has the two
 	// interleaved); OutputBytes counts all the job wrote to both,
@@ -412,7 +419,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
 	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
+		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration), Network: networkOut(r.Network),
@@ -511,6 +518,7 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
+		"manifest.stdin":            "base64, the job's stdin, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)

@@ -23,14 +23,18 @@ import (
 // in-memory transport: what each tool asks of the service, and what it
 // renders.
 
-// service is a mock whose Watch is a channel the test can push to.
+// service is a mock whose Watch is a channel the test can push to. It
+// takes questions too, as the engine does: its jobs ask none unless a
+// test says (questions_test.go).
 type service struct {
 	mock.JobService
+	mock.QuestionService
 	changes chan string
 }
 
 func newService() *service {
 	s := &service{changes: make(chan string, 16)}
+	s.QuestionsFn = func(context.Context, string) ([]delegate.Question, error) { return nil, nil }
 	s.WatchFn = func(ctx context.Context) <-chan string {
 		out := make(chan string)
 		go func() {
@@ -142,6 +146,9 @@ func fullService() *service {
 		return &delegate.JobPage{Jobs: []delegate.JobSummary{{ID: "job-1", Status: delegate.StatusSuccess, AgentType: delegate.AgentScript,
 			Task: "make", CreatedAt: t0, ExitCode: &code, SandboxKept: true}}, NextCursor: "c2"}, nil
 	}
+	s.AnswerFn = func(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
+		return &delegate.Question{JobID: jobID, ID: id, State: delegate.QuestionAnswered, Answer: &a}, nil
+	}
 	return s
 }
 
@@ -156,6 +163,7 @@ var toolTypes = map[string]struct{ in, out reflect.Type }{
 	"cancel_job":     {reflect.TypeFor[mcpserver.JobIn](), reflect.TypeFor[mcpserver.CancelOut]()},
 	"release_job":    {reflect.TypeFor[mcpserver.JobIn](), reflect.TypeFor[mcpserver.ReleaseOut]()},
 	"list_jobs":      {reflect.TypeFor[mcpserver.ListIn](), reflect.TypeFor[mcpserver.ListOut]()},
+	"answer_job":     {reflect.TypeFor[mcpserver.AnswerJobIn](), reflect.TypeFor[mcpserver.AnswerJobOut]()},
 }
 
 func resolve(t *testing.T, schema any) *jsonschema.Resolved {
@@ -185,6 +193,7 @@ func TestToolOutputsMatchSchemas(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := map[string]map[string]any{
+		"answer_job": {"job_id": "job-1", "answers": map[string]any{"q": map[string]any{"action": "accept", "content": map[string]any{"a": 1}}}},
 		"submit_job": {"manifest": map[string]any{"agentType": "script", "task": "make"}},
 		"list_jobs":  {"status": "success", "limit": 5},
 	}

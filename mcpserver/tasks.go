@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -19,8 +20,13 @@ import (
 // Submit returns) is the task store, and a task outlives the client's
 // connection and a restart of the server. The client then follows the
 // task with tasks/get, which carries get_job_result's answer inline once
-// the job has ended, and may end it with tasks/cancel. A client that does
-// not declare the extension gets today's answers.
+// the job has ended, and may end it with tasks/cancel. A job waiting for
+// a person's answer (the root's question.go) makes its task
+// input_required: its open questions are the task's inputRequests, each
+// an elicitation in form mode keyed by the question's id, which the
+// client answers with tasks/update. A client that does not declare the
+// extension gets today's answers (and the questions through wait_job and
+// answer_job, questions.go).
 //
 // The Go SDK (v1.8.0) has no Tasks types: the extension is advertised with
 // ServerCapabilities.AddExtension, the task answer to tools/call is made
@@ -37,14 +43,14 @@ const TasksExtension = "io.modelcontextprotocol/tasks"
 // statelessly over HTTP.
 const modernProtocol = "2026-07-28"
 
-// The task statuses of SEP-2663 that a job takes. The other two are not
-// made: "failed" is for a call that failed as a JSON-RPC call, which a
-// submitted job never does, and "input_required" waits for questions,
-// which jobs cannot ask yet.
+// The task statuses of SEP-2663 that a job takes. "failed" is not made:
+// it is for a call that failed as a JSON-RPC call, which a submitted job
+// never does.
 const (
-	taskWorking   = "working"
-	taskCompleted = "completed"
-	taskCancelled = "cancelled"
+	taskWorking       = "working"
+	taskInputRequired = "input_required"
+	taskCompleted     = "completed"
+	taskCancelled     = "cancelled"
 )
 
 // Task is a job seen as a task (SEP-2663's DetailedTask).
@@ -59,6 +65,9 @@ type Task struct {
 	PollIntervalMs int64  `json:"pollIntervalMs,omitempty"`
 	// Result is the CallToolResult of a completed task.
 	Result json.RawMessage `json:"result,omitempty"`
+	// InputRequests are the questions an input_required task waits for,
+	// by question id: each an elicitation (questions.go).
+	InputRequests map[string]inputRequest `json:"inputRequests,omitempty"`
 }
 
 // taskResult answers tools/call (resultType "task": a CreateTaskResult)
@@ -90,13 +99,15 @@ type updateParams struct {
 
 type tasks struct {
 	svc delegate.JobService
+	qs  delegate.QuestionService // nil: a service that takes no questions
 	h   *handlers
 	now func() time.Time
 }
 
 // addTasks serves the extension (capabilities advertises it).
 func addTasks(s *mcp.Server, h *handlers) {
-	t := &tasks{svc: h.svc, h: h, now: time.Now}
+	qs, _ := h.svc.(delegate.QuestionService)
+	t := &tasks{svc: h.svc, qs: qs, h: h, now: time.Now}
 	s.AddReceivingMiddleware(t.middleware)
 	// The names are not standard methods of the SDK, so these cannot fail.
 	must(mcp.AddReceivingCustomMethod(s, "tasks/get", t.get))
@@ -265,7 +276,7 @@ func (t *tasks) job(ctx context.Context, meta map[string]any, id string) (*deleg
 }
 
 // get answers tasks/get: working while the job is pending, provisioning or
-// running; completed, with get_job_result's answer inline (isError when
+// running; input_required while it runs and waits for answers; completed, with get_job_result's answer inline (isError when
 // the job failed or timed out), once it has ended; cancelled. failed is
 // for a call that failed as a JSON-RPC call, which a submitted job never
 // does: everything a job can end with is a tool result.
@@ -284,6 +295,9 @@ func (t *tasks) get(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (*
 // detailed is a job as tasks/get shows it.
 func (t *tasks) detailed(ctx context.Context, j *delegate.Job) (Task, error) {
 	task := t.seed(j)
+	if task.Status == taskWorking {
+		return t.withQuestions(ctx, j, task)
+	}
 	if task.Status != taskCompleted {
 		return task, nil
 	}
@@ -330,11 +344,94 @@ func (t *tasks) cancel(ctx context.Context, _ *mcp.ServerSession, p *taskParams)
 	return &ackResult{ResultType: "complete"}, nil
 }
 
-// update answers tasks/update. Responses to keys that are not outstanding
-// are ignored, as the specification says.
+// inputRequest is an open question as an input request: an elicitation
+// in form mode. It is the same on every poll while the question is open
+// (a requester tells questions apart by their ids and contents).
+type inputRequest struct {
+	Method string             `json:"method"`
+	Params elicitationRequest `json:"params"`
+}
+
+type elicitationRequest struct {
+	Mode            string        `json:"mode"`
+	Message         string        `json:"message"`
+	RequestedSchema delegate.Form `json:"requestedSchema"`
+}
+
+// withQuestions makes a running job that waits for answers
+// input_required, its open questions the input requests.
+func (t *tasks) withQuestions(ctx context.Context, j *delegate.Job, task Task) (Task, error) {
+	if t.qs == nil || j.Status != delegate.StatusRunning {
+		return task, nil
+	}
+	qs, err := t.qs.Questions(ctx, j.ID)
+	if err != nil {
+		return Task{}, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to retrieve task: reading the job's questions: " + err.Error()}
+	}
+	for _, q := range qs {
+		if q.State != delegate.QuestionOpen {
+			continue
+		}
+		if task.InputRequests == nil {
+			task.InputRequests = map[string]inputRequest{}
+			task.Status = taskInputRequired
+			task.StatusMessage = "waiting for an answer: " + clipRunes(q.Message, 200)
+		}
+		task.InputRequests[q.ID] = inputRequest{Method: "elicitation/create",
+			Params: elicitationRequest{Mode: "form", Message: q.Message, RequestedSchema: q.Form}}
+	}
+	return task, nil
+}
+
+func clipRunes(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// update answers tasks/update: each response to an open question is its
+// answer (an ElicitResult: action, content). Responses to keys that are
+// not outstanding (no such question, or answered or closed meanwhile) are
+// ignored, as the specification says; a response that does not fit its
+// question's form is an error naming it (the others are kept).
 func (t *tasks) update(ctx context.Context, _ *mcp.ServerSession, p *updateParams) (*ackResult, error) {
 	if _, err := t.job(ctx, p.Meta, p.TaskID); err != nil {
 		return nil, err
+	}
+	if t.qs == nil || len(p.InputResponses) == 0 {
+		return &ackResult{ResultType: "complete"}, nil
+	}
+	qs, err := t.qs.Questions(ctx, p.TaskID)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to update task: reading the job's questions: " + err.Error()}
+	}
+	var bad []string
+	for _, q := range qs {
+		raw, ok := p.InputResponses[q.ID]
+		if !ok || q.State != delegate.QuestionOpen {
+			continue
+		}
+		var r struct {
+			Action  delegate.AnswerAction `json:"action"`
+			Content map[string]any        `json:"content"`
+		}
+		if err := json.Unmarshal(raw, &r); err != nil {
+			bad = append(bad, fmt.Sprintf("inputResponses.%s: must be an elicitation result {action, content}", q.ID))
+			continue
+		}
+		_, err := t.qs.Answer(ctx, p.TaskID, q.ID, delegate.Answer{Action: r.Action, Content: r.Content, By: "tasks/update"})
+		switch kind := delegate.ErrorKind(err); {
+		case err == nil, kind == delegate.KindConflict, kind == delegate.KindTerminal, kind == delegate.KindNotFound:
+			// answered, or no longer outstanding
+		case kind == delegate.KindInvalid:
+			bad = append(bad, fmt.Sprintf("inputResponses.%s.%v", q.ID, err))
+		default:
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to update task: " + err.Error()}
+		}
+	}
+	if len(bad) > 0 {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: strings.Join(bad, "; ")}
 	}
 	return &ackResult{ResultType: "complete"}, nil
 }

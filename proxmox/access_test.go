@@ -187,7 +187,7 @@ func TestTemplateShapes(t *testing.T) {
 // (one definition: pvesim.PveumCommands), and says what each privilege
 // is for.
 func TestReadmeLeastPrivilege(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}

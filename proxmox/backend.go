@@ -92,6 +92,9 @@ type Backend struct {
 	idMu    sync.Mutex
 	cloning map[int]bool // vmids handed out whose clone task has not ended
 
+	destroyMu  sync.Mutex
+	destroying map[string]*destroyCall // by sandbox id: see Destroy
+
 	tplMu sync.Mutex
 	tpls  map[int]*templateInfo
 	// cores is the most cores of an online node (CheckResources), as
@@ -526,7 +529,7 @@ func lastingAgentError(err error) bool {
 // privilegeHint names the privilege a 403 says the token lacks.
 func privilegeHint(err error) error {
 	if path, priv := pve.MissingPrivilege(err); priv != "" {
-		return fmt.Errorf("the API token lacks %s on %s (see the README for the role delegate needs): %w", priv, path, err)
+		return fmt.Errorf("the API token lacks %s on %s (see docs/PROXMOX.md for the role delegate needs): %w", priv, path, err)
 	}
 	return err
 }
@@ -663,6 +666,41 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return nil // not ours: nothing to destroy
 	}
+	// One destroy of a sandbox at a time in this process: the engine
+	// ends a kept sandbox and its sweep finds the VM of an ended sandbox
+	// at the same moment; the second waits for the first's result rather
+	// than send a stop and a delete of its own to a VM being deleted.
+	b.destroyMu.Lock()
+	if b.destroying == nil {
+		b.destroying = map[string]*destroyCall{}
+	}
+	if d := b.destroying[id]; d != nil {
+		b.destroyMu.Unlock()
+		select {
+		case <-d.done:
+			return d.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	d := &destroyCall{done: make(chan struct{})}
+	b.destroying[id] = d
+	b.destroyMu.Unlock()
+	d.err = b.destroy(ctx, vmid, job)
+	b.destroyMu.Lock()
+	delete(b.destroying, id)
+	b.destroyMu.Unlock()
+	close(d.done)
+	return d.err
+}
+
+// destroyCall is a Destroy under way; done closes when err is set.
+type destroyCall struct {
+	done chan struct{}
+	err  error
+}
+
+func (b *Backend) destroy(ctx context.Context, vmid int, job string) error {
 	o := owner{b.cfg.Instance, job}
 	if node := b.nodeOf(vmid); node != "" {
 		ok, found, err := b.owned(ctx, node, vmid, o)

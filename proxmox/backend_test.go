@@ -36,7 +36,7 @@ func TestHelpers(t *testing.T) {
 }
 
 func TestSandboxIDs(t *testing.T) {
-	for _, id := range []string{"vm-99", "vm-x", "100", "", "vm-100-x", "vm-100-", "vm--job-1"} {
+	for _, id := range []string{"vm-99", "vm-x", "100", "", "vm-100-x", "vm-100-", "vm--job-1", "vm-100-pool-1"} {
 		if _, _, err := parseID(id); err == nil {
 			t.Errorf("parseID(%q) accepted", id)
 		}
@@ -44,7 +44,7 @@ func TestSandboxIDs(t *testing.T) {
 	for _, tc := range []struct {
 		vmid int
 		job  string
-	}{{123, "job-abc"}, {100, ""}, {999999999, "job-x-y"}} {
+	}{{123, "job-abc"}, {100, ""}, {999999999, "job-x-y"}, {105, "sbx-abc"}} {
 		if n, job, err := parseID(sandboxID(tc.vmid, tc.job)); err != nil || n != tc.vmid || job != tc.job {
 			t.Errorf("round trip of %d %q: %d %q %v", tc.vmid, tc.job, n, job, err)
 		}

@@ -598,7 +598,7 @@ func TestStaleLockReported(t *testing.T) {
 // simulator's access API makes in TestResourcePool (one definition:
 // pvesim.PveumPoolCommands).
 func TestReadmePoolLines(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,7 +615,7 @@ func TestReadmePoolLines(t *testing.T) {
 // (its qm lines, read from the README) passes the template check without
 // a warning and runs jobs.
 func TestReadmeTemplateRecipe(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,8 @@ func (o owner) owns(cfg pve.VMConfig) bool {
 		return false
 	}
 	if o.job == "" {
-		return strings.HasPrefix(cfg.Name, namePrefix(o.instance)+"job-")
+		rest, ok := strings.CutPrefix(cfg.Name, namePrefix(o.instance))
+		return ok && isOwnerID(rest)
 	}
 	return cfg.Name == o.vmName()
 }
@@ -157,7 +158,7 @@ func listedJob(r pve.Resource, instance string) string {
 		return ""
 	}
 	if r.Name != "" {
-		if job, ok := strings.CutPrefix(r.Name, namePrefix(instance)); ok && strings.HasPrefix(job, "job-") {
+		if job, ok := strings.CutPrefix(r.Name, namePrefix(instance)); ok && isOwnerID(job) {
 			return job
 		}
 		return ""
@@ -167,14 +168,22 @@ func listedJob(r pve.Resource, instance string) string {
 		return ""
 	}
 	for _, t := range tags {
-		if strings.HasPrefix(t, "job-") {
+		if isOwnerID(t) {
 			return t
 		}
 	}
 	return ""
 }
 
-// A sandbox id names the VM and the job it was made for: "vm-105-job-x".
+// isOwnerID: s is the id of what a VM is made for, a job ("job-…") or a
+// kept sandbox opened without one ("sbx-…"); tags keep either as it is
+// (both are lower case already).
+func isOwnerID(s string) bool {
+	return strings.HasPrefix(s, "job-") || strings.HasPrefix(s, "sbx-")
+}
+
+// A sandbox id names the VM and the job (or kept sandbox) it was made
+// for: "vm-105-job-x", "vm-106-sbx-y".
 // The vmid alone is not enough, since Proxmox reuses the vmid of a
 // destroyed VM. (Ids of older servers, "vm-105", still parse.)
 func sandboxID(vmid int, job string) string {
@@ -190,7 +199,7 @@ func parseID(id string) (vmid int, job string, err error) {
 	rest, ok := strings.CutPrefix(id, "vm-")
 	num, job, hasJob := strings.Cut(rest, "-")
 	n, aerr := strconv.Atoi(num)
-	if !ok || aerr != nil || n < 100 || n > 999999999 || (hasJob && !strings.HasPrefix(job, "job-")) {
+	if !ok || aerr != nil || n < 100 || n > 999999999 || (hasJob && !isOwnerID(job)) {
 		return 0, "", fmt.Errorf("proxmox: %q is not a sandbox id: %w", id, sandbox.ErrGone)
 	}
 	return n, job, nil

@@ -20,6 +20,8 @@ func TestListedJob(t *testing.T) {
 		{"named", pve.Resource{Type: "qemu", Name: "delegate-abcd1234-job-x1"}, "job-x1"},
 		{"named, tags of a template", pve.Resource{Type: "qemu", Name: "delegate-abcd1234-job-x1", Tags: "delegate;template"}, "job-x1"},
 		{"no name yet, our tags", pve.Resource{Type: "qemu", Tags: "delegate;delegate-abcd1234;job-x1"}, "job-x1"},
+		{"a kept sandbox", pve.Resource{Type: "qemu", Name: "delegate-abcd1234-sbx-k1"}, "sbx-k1"},
+		{"a kept sandbox, no name yet", pve.Resource{Type: "qemu", Tags: "delegate;delegate-abcd1234;sbx-k1"}, "sbx-k1"},
 		{"no name yet, a template's tags", pve.Resource{Type: "qemu", Tags: "delegate;template"}, ""},
 		{"named otherwise, our tags copied", pve.Resource{Type: "qemu", Name: "my-vm", Tags: "delegate;delegate-abcd1234;job-x1"}, ""},
 		{"another instance", pve.Resource{Type: "qemu", Name: "delegate-ffff0000-job-x1", Tags: "delegate;delegate-ffff0000;job-x1"}, ""},

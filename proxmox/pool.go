@@ -613,7 +613,7 @@ func isPoolListing(r pve.Resource, instance string) bool {
 		return true
 	}
 	return strings.HasPrefix(r.Name, namePrefix(instance)+"pool-") &&
-		!slices.ContainsFunc(tags, func(t string) bool { return strings.HasPrefix(t, "job-") })
+		!slices.ContainsFunc(tags, isOwnerID)
 }
 
 // inFlight: a clone of this process is making the VM.

@@ -463,3 +463,64 @@ func TestTimeoutFromRunning(t *testing.T) {
 	}
 	noJobVMs(t, sim)
 }
+
+// TestKeptSandboxOnSimulator: a kept sandbox is one VM that outlives its
+// commands and the orphan sweeps (several a second here), keeps its
+// files between commands, and is deleted when released.
+func TestKeptSandboxOnSimulator(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	ctx := context.Background()
+	sb, err := s.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(task string) *delegate.Job {
+		t.Helper()
+		j, err := s.eng.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: task, Sandbox: sb.ID}, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.wait(t, j.ID)
+	}
+	if j := run("echo kept > note.txt"); j.Status != delegate.StatusSuccess {
+		t.Fatalf("first command: %s %s", j.Status, j.Error)
+	}
+	time.Sleep(600 * time.Millisecond) // three sweeps
+	j := run("cat note.txt")
+	if j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "kept\n" {
+		t.Fatalf("second command: %s %s %q", j.Status, j.Error, s.output(t, j.ID))
+	}
+	// The command's end is recorded first, its sandbox's right after.
+	var got *delegate.Sandbox
+	for range 100 {
+		if got, err = s.eng.GetSandbox(ctx, sb.ID); err == nil && got.State == delegate.SandboxIdle {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || got.State != delegate.SandboxIdle || got.Commands != 2 {
+		t.Fatalf("after two commands: %+v %v", got, err)
+	}
+	vmid, _, _ := strings.Cut(strings.TrimPrefix(got.Instance, "vm-"), "-")
+	if _, ok := sim.VM(atoiT(t, vmid)); !ok {
+		t.Fatalf("the kept VM %s is gone", got.Instance)
+	}
+	if _, released, err := s.eng.ReleaseSandbox(ctx, sb.ID); err != nil || !released {
+		t.Fatalf("release: %v %v", released, err)
+	}
+	noJobVMs(t, sim)
+	if d := deletes(sim, token); d[atoiT(t, vmid)] != 1 {
+		t.Errorf("deletes of the kept VM %s: %v", vmid, d)
+	}
+}
+
+func atoiT(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -34,6 +34,11 @@ type Capabilities struct {
 	Recover             bool // a running sandbox survives a server restart
 	Templates           bool // vmTemplate is honoured
 	NetworkEgress       bool // Spec.Network can be honoured
+	// NetworkEgressMissing says, when NetworkEgress is false, what the
+	// host lacks and how an operator adds it ("neither pasta nor
+	// slirp4netns is on this server's PATH: apt-get install passt"); the
+	// engine refuses such jobs at submission with it.
+	NetworkEgressMissing string
 	// Supervised: the backend watches the process itself, so its liveness
 	// counts as the job's heartbeat.
 	Supervised bool
@@ -131,6 +136,12 @@ func (s Spec) Step(step string) {
 	}
 }
 
+// DefaultPath is the PATH the engine gives a job whose manifest sets
+// none. A backend may add to it the directories of the tools its
+// sandboxes hold (a toolchain installed outside it, the operator's tool
+// directories); a PATH the job chose it leaves as it is.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // Command is a process to run in an instance. Args[0] is looked up on the
 // sandbox's PATH (from Env) when it has no slash. Nothing here goes
 // through a shell: every element is passed to execve as is.
@@ -214,7 +225,8 @@ type Instance interface {
 // is written.
 type Files interface {
 	// WriteFile writes a file (creating parent dirs) at an absolute path
-	// inside the sandbox, owned by the job's user.
+	// inside the sandbox, owned by the job's user. With fs.ModeSymlink in
+	// mode it makes a symbolic link to data instead.
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
 	// ReadFile reads a regular file from offset on, at most max bytes.
 	ReadFile(ctx context.Context, path string, offset, max int64) ([]byte, error)

@@ -28,6 +28,7 @@ type DB struct {
 	*OutputStore
 	*ArtifactStore
 	*SandboxStore
+	*QuestionStore
 	*NetworkStore
 
 	w   writer
@@ -180,6 +181,25 @@ var migrations = []string{
 	CREATE INDEX sandboxes_live ON sandboxes(state, seq);
 	CREATE INDEX sandboxes_instance ON sandboxes(backend, instance);
 	ALTER TABLE jobs ADD COLUMN sandbox TEXT NOT NULL DEFAULT '';`,
+	// The questions jobs ask (question.go), in the order asked (rowid).
+	// form is the requestedSchema as JSON; answer is the answer as JSON,
+	// NULL while there is none.
+	`CREATE TABLE job_questions (
+		job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+		id TEXT NOT NULL,
+		origin TEXT NOT NULL,
+		message TEXT NOT NULL,
+		form TEXT NOT NULL,
+		asked_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL DEFAULT 0,
+		answer TEXT,
+		UNIQUE (job_id, id)
+	);`,
+	// An idempotency key keeps the digest of the manifest it was first
+	// sent with, so that the key sent again with another manifest is
+	// refused rather than answered with the first job. Jobs from before
+	// have none ('') and match any manifest, as they did.
+	`ALTER TABLE jobs ADD COLUMN idempotency_digest TEXT NOT NULL DEFAULT '';`,
 	// Networks the egress proxy serves (issue 23): a job's or a kept
 	// sandbox's, found by id or by its token's hash; each with its log.
 	`CREATE TABLE networks (
@@ -272,6 +292,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.SandboxStore, err = newSandboxStore(ctx, db); err != nil {
+		return err
+	}
+	if db.QuestionStore, err = newQuestionStore(ctx, db); err != nil {
 		return err
 	}
 	if db.NetworkStore, err = newNetworkStore(ctx, db); err != nil {

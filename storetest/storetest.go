@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"ListPagesAndFilters", testList},
 		{"RecoveryReads", testRecoveryReads},
 		{"IdempotencyKey", testIdempotencyKey},
+		{"IdempotencyDigest", testIdempotencyDigest},
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"FinishCounter", testFinishCounter},
 		{"ManifestIsImmutable", testManifestIsImmutable},
@@ -56,6 +57,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Artifacts", testArtifacts},
 		{"Sandboxes", testSandboxes},
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
+		{"Questions", testQuestions},
+		{"Answers", testAnswers},
 		{"Networks", testNetworks},
 		{"NetworkLog", testNetworkLog},
 		{"AllowlistManifest", testAllowlistManifest},
@@ -427,6 +430,34 @@ func testIdempotencyKey(t *testing.T, open Open) {
 	}
 	if _, err := s.JobByIdempotencyKey(ctx, "nope"); !errors.Is(err, delegate.ErrNotFound) {
 		t.Fatal(err)
+	}
+}
+
+// testIdempotencyDigest: the digest of the manifest a key was first sent
+// with is kept with the key, read back by the key and by the job's id
+// (also through another handle, as another process would), and no update
+// changes it.
+func testIdempotencyDigest(t *testing.T, open Open) {
+	ctx := context.Background()
+	s := open()
+	j := NewJob("a")
+	j.IdempotencyKey, j.IdempotencyDigest = "key-1", "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	create(t, s, j)
+	create(t, s, NewJob("b")) // no key, no digest
+	if _, err := s.UpdateJob(ctx, "a", func(j *delegate.Job) error { j.Progress = "p"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range []delegate.Store{s, open()} {
+		got, err := s.JobByIdempotencyKey(ctx, "key-1")
+		if err != nil || got.ID != "a" || got.IdempotencyDigest != j.IdempotencyDigest {
+			t.Fatalf("handle %d: by key: %+v %v", i, got, err)
+		}
+		if got, err := s.GetJob(ctx, "a"); err != nil || got.IdempotencyDigest != j.IdempotencyDigest {
+			t.Fatalf("handle %d: by id: %+v %v", i, got, err)
+		}
+		if got, err := s.GetJob(ctx, "b"); err != nil || got.IdempotencyDigest != "" {
+			t.Fatalf("handle %d: a job without a key: %+v %v", i, got, err)
+		}
 	}
 }
 

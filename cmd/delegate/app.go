@@ -156,7 +156,7 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		return b, nil
 	default:
 		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
-			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, Logger: log,
+			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, ToolDirs: cfg.ToolDirs, Logger: log,
 			// The host's file table is shared by the jobs running at once
 			// and the sandboxes kept after theirs.
 			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes,

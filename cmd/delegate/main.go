@@ -80,6 +80,6 @@ func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io
 		if err != nil {
 			return nil, err
 		}
-		return &bench.App{Jobs: a.eng, Backend: a.backend, Close: a.Close}, nil
+		return &bench.App{Jobs: a.eng, Sandboxes: a.eng, Backend: a.backend, Close: a.Close}, nil
 	}, out)
 }

@@ -33,10 +33,20 @@
   });
   events.addEventListener('html', function (e) {
     var log = document.getElementById('log');
+    // A question's form being filled in is kept as it is (and the field
+    // being typed in keeps the focus), not replaced by a new, empty one.
+    var forms = {};
+    live.querySelectorAll('form[data-question]').forEach(function (f) { forms[f.dataset.question] = f; });
+    var focused = document.activeElement;
     live.innerHTML = JSON.parse(e.data).html;
     // Keep the log followed so far in place of the new, empty one.
     var slot = document.getElementById('log');
     if (log && slot) { slot.replaceWith(log); }
+    live.querySelectorAll('form[data-question]').forEach(function (f) {
+      var kept = forms[f.dataset.question];
+      if (kept) { f.replaceWith(kept); }
+    });
+    if (focused && live.contains(focused)) { focused.focus(); }
     localize(live);
   });
   events.addEventListener('log', function (e) {

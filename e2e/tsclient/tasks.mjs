@@ -14,6 +14,12 @@
 //   resume REF       resume a task from its reference and settle it
 //   plain SCRIPT     the same client without the extension: submit_job,
 //                    wait_job, get_job_result, as today
+//   ask SCRIPT       a job that asks: the requester's onInputRequest
+//                    answers each elicitation (an enum's last value, a
+//                    number 7, true, "answered NAME") through tasks/update
+//   unanswered SCRIPT TIMEOUT
+//                    a job that asks, followed with tasks/get and never
+//                    answered, until it ends (its timeout is TIMEOUT s)
 // It prints one JSON object on stdout with what it saw (and what went over
 // the wire: requests by method, messages and their bytes); the Go test
 // checks it.
@@ -22,7 +28,7 @@ import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { AjvJsonSchemaValidator } from "@modelcontextprotocol/client/validators/ajv";
 import { createTaskSessionFromClient } from "@modelcontextprotocol/ext-tasks/client";
 
-const [mode, target, command, arg] = process.argv.slice(2);
+const [mode, target, command, arg, arg2] = process.argv.slice(2);
 const PROTOCOL = "2026-07-28";
 const clientInfo = { name: "delegate-e2e-tasks", version: "1.0.0" };
 const endpointId = "delegate-e2e"; // the same server across a restart, whatever its URL
@@ -97,13 +103,26 @@ const checkOutput = (structured) => {
   return v.valid ? "valid" : v.errorMessage;
 };
 
-const manifest = (task) => ({ manifest: { agentType: "script", task, timeout: 600 } });
+const manifest = (task, timeout = 600) => ({ manifest: { agentType: "script", task, timeout } });
 
-const session = () => createTaskSessionFromClient(client, {
+const session = (options = {}) => createTaskSessionFromClient(client, {
   endpointId,
   rawDispatch,
   v2RequestFraming: { protocolVersion: PROTOCOL, clientInfo, clientCapabilities: {} },
+  ...options,
 });
+
+// answerForm fills an elicitation's form as a person might.
+const answerForm = (schema) => {
+  const content = {};
+  for (const [name, field] of Object.entries(schema?.properties ?? {})) {
+    if (field.enum) content[name] = field.enum[field.enum.length - 1];
+    else if (field.type === "boolean") content[name] = true;
+    else if (field.type === "number" || field.type === "integer") content[name] = 7;
+    else content[name] = `answered ${name}`;
+  }
+  return content;
+};
 
 // settle follows an execution to its end, noting every task status seen.
 const settle = async (execution) => {
@@ -193,6 +212,42 @@ switch (command) {
     const s = session();
     await settle(await s.resumeTask(JSON.parse(arg)));
     await s.close();
+    break;
+  }
+  case "ask": {
+    report.asked = [];
+    const s = session({
+      onInputRequest: async (request, context) => {
+        report.asked.push({ kind: request.kind, inputId: context.inputId ?? null, taskId: context.taskId ?? null,
+          message: request.params?.message ?? null, requestedSchema: request.params?.requestedSchema ?? null });
+        return { action: "accept", content: answerForm(request.params?.requestedSchema) };
+      },
+    });
+    await settle(await s.callTool("submit_job", manifest(arg)));
+    report.wire = since();
+    await s.close();
+    break;
+  }
+  case "unanswered": {
+    // Called and followed by hand: an ext-tasks execution answers an
+    // elicitation it has no handler for with cancel, by itself.
+    const call = await rawDispatch({ method: "tools/call", params: framed({ name: "submit_job", arguments: manifest(arg, Number(arg2)) }) });
+    report.kind = call.result?.resultType ?? null;
+    report.taskId = call.result?.taskId ?? null;
+    report.seen = [];
+    for (;;) {
+      const r = await rawDispatch({ method: "tasks/get", params: framed({ taskId: report.taskId }) });
+      const task = r.result ?? r.error;
+      const last = report.seen[report.seen.length - 1];
+      if (last?.status !== task.status) report.seen.push({ status: task.status, message: task.statusMessage ?? null, inputRequests: task.inputRequests ?? null });
+      if (task.status !== "working" && task.status !== "input_required") {
+        report.outcome = task.status;
+        report.isError = task.result?.isError ?? false;
+        report.result = task.result?.structuredContent ?? null;
+        break;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
     break;
   }
   case "plain": {

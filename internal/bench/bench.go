@@ -19,9 +19,11 @@ import (
 
 // App is a job service with the sandbox backend under it.
 type App struct {
-	Jobs    delegate.JobService
-	Backend sandbox.Backend
-	Close   func()
+	Jobs delegate.JobService
+	// Sandboxes keeps sandboxes; nil: no kept-sandbox figures.
+	Sandboxes delegate.SandboxService
+	Backend   sandbox.Backend
+	Close     func()
 }
 
 // Opener opens an App over a fresh data dir, running one job at a time
@@ -72,6 +74,11 @@ func Local(ctx context.Context, n int, open Opener, stdout io.Writer) error {
 	row("plain exec /bin/true (baseline)", plain)
 	row("sandbox /bin/true (create+exec+wait+destroy)", sandboxed)
 	row("job round trip (submit -> success, sqlite)", job)
+	if a.Sandboxes != nil && a.Backend.Capabilities().MultiExec {
+		if err := kept(ctx, n, a, job.median(), plain.median(), stdout); err != nil {
+			return err
+		}
+	}
 	// What a running sandbox costs besides its job: its supervisors'
 	// memory, alone and among others (shared pages are shared by more).
 	for _, k := range []int{1, 10} {
