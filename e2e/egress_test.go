@@ -143,3 +143,32 @@ echo widened-ok
 		t.Error("the secret is in the server's log")
 	}
 }
+
+// TestEgressAskThroughTasks: a job whose allowlist says ask: true tries a
+// name it does not hold; the held request is a question on the job, which
+// a Tasks client (@modelcontextprotocol/ext-tasks' onInputRequest, over
+// stdio) answers yes through tasks/update: the allowlist is widened and
+// the held request goes through.
+func TestEgressAskThroughTasks(t *testing.T) {
+	if !testnet.Isolate(t) {
+		return
+	}
+	requireTasksClient(t)
+	testnet.World(t)
+	dataDir := t.TempDir()
+	m, _ := json.Marshal(map[string]any{"agentType": "script", "timeout": 120,
+		"task":    `if curl -sf --max-time 40 http://denied.test/ >/dev/null; then echo reached; else echo refused; fi`,
+		"network": map[string]any{"allow": []string{"allowed.test"}, "ask": true}})
+	r := questionClient(t, "stdio", binary, dataDir, "ask", string(m))
+	if r.Outcome != "completed" || r.Result.Status != "success" || !strings.Contains(r.Result.Output, "reached") {
+		t.Fatalf("%+v", r)
+	}
+	if len(r.Asked) != 1 || !strings.Contains(r.Asked[0].Message, "denied.test:80") || !strings.HasPrefix(r.Asked[0].InputID, "egress:") ||
+		!strings.Contains(string(r.Asked[0].RequestedSchema), `"allow"`) {
+		t.Fatalf("asked %+v", r.Asked)
+	}
+	out, _, _ := delegateCLI(t, dataDir, "jobs", "network", r.TaskID)
+	if !strings.Contains(out, "allowlist widened: denied.test:80") || !strings.Contains(out, "after asking") {
+		t.Errorf("the log:\n%s", out)
+	}
+}

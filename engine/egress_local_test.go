@@ -341,3 +341,71 @@ func TestEgressKeptSandbox(t *testing.T) {
 		t.Errorf("the network of a released sandbox: %+v, %v", n, err)
 	}
 }
+
+// TestEgressAsk: with ask: true a denied request waits for a person: the
+// job's question (from "egress") is answered — yes: the allowlist is
+// widened and the held request goes through; no: it is refused at once,
+// not after the 30 s.
+func TestEgressAsk(t *testing.T) {
+	if !testnet.Isolate(t) {
+		return
+	}
+	w := testnet.World(t)
+	eng, _, _ := egressFixture(t, w)
+	ctx := context.Background()
+	for _, yes := range []bool{true, false} {
+		n := delegate.Allowlist("allowed.test")
+		n.Ask = true
+		job, err := eng.Submit(ctx, delegate.Manifest{Network: n, StatusMode: delegate.StatusModeDetailed,
+			Task: `start=$(date +%s); if curl -sf --max-time 40 http://denied.test/ >/dev/null; then echo reached; else echo refused; fi; echo "after $(( $(date +%s) - start ))s"`},
+			delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var q delegate.Question
+		deadline := time.Now().Add(20 * time.Second)
+		for q.ID == "" {
+			qs, _ := eng.Questions(ctx, job.ID)
+			for _, x := range qs {
+				if x.From == "egress" && x.State == delegate.QuestionOpen {
+					q = x
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no question asked: %+v", qs)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !strings.Contains(q.Message, "denied.test:80") || len(q.Form.Fields) != 1 || q.Form.Fields[0].Name != "allow" || q.Expires.IsZero() {
+			t.Errorf("the question: %+v", q)
+		}
+		a := delegate.Answer{Action: delegate.AnswerAccept, Content: map[string]any{"allow": true}, By: "test"}
+		if !yes {
+			a = delegate.Answer{Action: delegate.AnswerDecline, By: "test"}
+		}
+		if _, err := eng.Answer(ctx, job.ID, q.ID, a); err != nil {
+			t.Fatal(err)
+		}
+		eng.Wait(ctx, job.ID)
+		res, err := eng.Result(ctx, job.ID, delegate.ResultOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := string(res.Output)
+		if yes && (!strings.Contains(out, "reached") || w.Sites["denied"].Hits() == 0) {
+			t.Errorf("allowed: %s", out)
+		}
+		if !yes && (!strings.Contains(out, "refused") || strings.Contains(out, "after 3")) {
+			t.Errorf("declined: %s (it must not wait the 30 s out)", out)
+		}
+		tl, _ := eng.Timeline(ctx, job.ID)
+		widened := false
+		for _, ev := range tl {
+			widened = widened || strings.Contains(ev.Message, "allowlist widened by answer: denied.test:80")
+		}
+		if widened != yes {
+			t.Errorf("widened %v, want %v: %+v", widened, yes, tl)
+		}
+		w.Sites["denied"].Reset()
+	}
+}

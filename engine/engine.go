@@ -222,6 +222,11 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	}
 	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
 		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
+	if cfg.Egress != nil {
+		// A request an allowlist with ask: true denies is a question on
+		// the job.
+		cfg.Egress.SetAsk(e.askNetwork)
+	}
 	return e
 }
 

@@ -343,3 +343,37 @@ func (e *Engine) AllowNetwork(ctx context.Context, id string, rules []string, by
 	}
 	return e.Network(ctx, id, delegate.NetworkLogOptions{Denied: true, Limit: delegate.MaxResultDenials})
 }
+
+// askNetwork is the egress proxy's Asker (Egress.SetAsk): a request the
+// allowlist of a job with ask: true denies becomes a question on the job
+// from "egress" (an MCP Tasks client sees its task input_required, the CLI
+// and the dashboard see it too), open until the proxy stops waiting. An
+// answer that allows it widens the allowlist (AllowNetwork, by
+// "answer") before this returns, so the held request goes through.
+func (e *Engine) askNetwork(ctx context.Context, networkID string, q egress.Question) error {
+	if !strings.HasPrefix(networkID, "job-") {
+		return fmt.Errorf("network %s is a kept sandbox's, whose commands' questions are their own: widen it by its id", networkID)
+	}
+	target := q.String()
+	expires := time.Now().Add(30 * time.Second)
+	if d, ok := ctx.Deadline(); ok {
+		expires = d
+	}
+	stored, _, err := e.questions.ask(ctx, networkID, delegate.Question{From: egressFrom,
+		Message: fmt.Sprintf("The job's network asks to reach %s, which its allowlist does not name (%s). Allow it?", target, q.Via),
+		Form: delegate.Form{Fields: []delegate.Field{{Name: "allow", Type: delegate.FieldBoolean, Required: true,
+			Title: clip("Allow " + target), Description: "adds " + clip(target) + " to the job's network allowlist"}}},
+		Expires: expires.UTC()})
+	if err != nil {
+		return err
+	}
+	ans, err := e.questions.await(ctx, networkID, stored.ID)
+	if err != nil || ans == nil || ans.Answer == nil || ans.Answer.Action != delegate.AnswerAccept || ans.Answer.Content["allow"] != true {
+		return err
+	}
+	_, err = e.AllowNetwork(context.WithoutCancel(ctx), networkID, []string{target}, "answer")
+	return err
+}
+
+// egressFrom names the egress proxy as the asker of a job's question.
+const egressFrom = "egress"
