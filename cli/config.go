@@ -81,9 +81,16 @@ type Config struct {
 	HTTPTokenFile string
 
 	// Proxmox (DELEGATE_BACKEND=proxmox).
-	Proxmox       pve.Config
-	ProxmoxBridge string
-	ProxmoxVLAN   int
+	Proxmox pve.Config
+	// ProxmoxEgressProxy is where job VMs reach the egress proxy
+	// (PROXMOX_EGRESS_PROXY, address:port): set, jobs' networks go
+	// through it alone, behind each VM's firewall; ProxmoxEgressListen is
+	// where the server listens for them (PROXMOX_EGRESS_LISTEN, default
+	// the same address).
+	ProxmoxEgressProxy  string
+	ProxmoxEgressListen string
+	ProxmoxBridge       string
+	ProxmoxVLAN         int
 	// ProxmoxAgentTimeout bounds the wait for a new VM's guest agent.
 	ProxmoxAgentTimeout time.Duration
 	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
@@ -351,6 +358,16 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		}
 		c.Proxmox = pc
 		str("PROXMOX_JOB_BRIDGE", &c.ProxmoxBridge)
+		str("PROXMOX_EGRESS_PROXY", &c.ProxmoxEgressProxy)
+		str("PROXMOX_EGRESS_LISTEN", &c.ProxmoxEgressListen)
+		if v := c.ProxmoxEgressProxy; v != "" {
+			if ap, err := netip.ParseAddrPort(v); err != nil || ap.Port() == 0 {
+				bad("PROXMOX_EGRESS_PROXY", "must be the address and port job VMs reach the egress proxy at, like 10.0.0.5:3128")
+			}
+			if c.ProxmoxEgressListen == "" {
+				c.ProxmoxEgressListen = v
+			}
+		}
 		intIn("PROXMOX_JOB_VLAN", 0, 4094, &c.ProxmoxVLAN)
 		agent := 300
 		intIn("PROXMOX_AGENT_TIMEOUT", 1, 3600, &agent)

@@ -50,6 +50,9 @@ func checkNetwork(b sandbox.Backend, n delegate.Network, secrets []string, bindi
 		if !caps.EgressProxy {
 			return &delegate.FieldError{Field: f, Rule: fmt.Sprintf("%s is injected by delegate's egress proxy for %s, which the %s backend here does not route through", s, bd.Host, b.Name())}
 		}
+		if !caps.EgressTrust {
+			return &delegate.FieldError{Field: f, Rule: fmt.Sprintf("%s is injected by delegate's egress proxy for %s, which needs the job's CA in the sandbox's trust, which the %s backend does not install", s, bd.Host, b.Name())}
+		}
 	}
 	return nil
 }

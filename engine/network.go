@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -514,4 +515,30 @@ func (e *Egress) widened(n *delegate.NetworkState) {
 	if ent != nil {
 		e.apply(ent, n)
 	}
+}
+
+// ServeShared serves the proxy on a listener of its own at addr, for
+// sandboxes that cannot have one each (Proxmox VMs): every client names
+// its job in Proxy-Authorization. It serves until Close.
+func (e *Egress) ServeShared(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.done.Add(1)
+	go func() {
+		defer e.done.Done()
+		<-e.stop
+		cancel()
+	}()
+	e.done.Add(1)
+	go func() {
+		defer e.done.Done()
+		if err := e.proxy.Serve(ctx, ln, ""); err != nil && ctx.Err() == nil {
+			e.log.Error("egress proxy: the shared listener failed", "addr", addr, "err", err)
+		}
+	}()
+	e.log.Info("egress proxy listening for job VMs", "addr", ln.Addr().String())
+	return nil
 }

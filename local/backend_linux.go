@@ -280,8 +280,10 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		MultiExec: true,
 		// The cgroup freezer (v2, or v1's freezer hierarchy).
 		Pause: b.cg.Freezer != "",
-		// Sandboxes whose only road out is the proxy's listeners.
+		// Sandboxes whose only road out is the proxy's listeners, with a
+		// trust bundle of their own.
 		EgressProxy: b.egress != nil,
+		EgressTrust: b.egress != nil,
 	}
 }
 

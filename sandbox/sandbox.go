@@ -56,6 +56,10 @@ type Capabilities struct {
 	// the server's egress proxy, which alone decides where its job may go
 	// (so an allowlist holds); the Backend is an EgressRouter.
 	EgressProxy bool
+	// EgressTrust: the backend puts Spec.Egress.CACert in the sandbox's
+	// trust (EgressRoute.TrustFile), which credentials injected by the
+	// proxy need.
+	EgressTrust bool
 }
 
 // Spec describes the sandbox a job needs.

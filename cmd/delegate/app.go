@@ -50,7 +50,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	var backend sandbox.Backend
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
-	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met, nil, 0) }
+	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met, nil, 0, "") }
 	poll := time.Duration(0) // the engine's default
 	var eg *engine.Egress
 	if withBackend {
@@ -64,11 +64,21 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 			store.Close()
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
-		backend, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort)
+		backend, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort, callbackURL)
 		if err != nil {
 			eg.Close()
 			store.Close()
 			return nil, err
+		}
+		if cfg.Backend == "proxmox" && cfg.ProxmoxEgressProxy != "" {
+			// Job VMs reach the proxy's shared listener, naming their job
+			// in Proxy-Authorization.
+			if err := eg.ServeShared(cfg.ProxmoxEgressListen); err != nil {
+				backend.Close()
+				eg.Close()
+				store.Close()
+				return nil, fmt.Errorf("PROXMOX_EGRESS_LISTEN=%s: %w", cfg.ProxmoxEgressListen, err)
+			}
 		}
 		if cfg.Backend == "proxmox" {
 			poll = time.Second // every poll is a few API calls
@@ -127,8 +137,9 @@ func callbackAddr(cfg cli.Config, callbackURL string) (netip.AddrPort, int) {
 
 // openBackend makes the sandbox backend DELEGATE_BACKEND names; proxy is
 // the egress proxy its sandboxes go through (nil: none), cbPort the
-// callback port a local sandbox forwards (0: none).
-func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int) (sandbox.Backend, error) {
+// callback port a local sandbox forwards (0: none), callbackURL the
+// callback server's public URL, which job VMs' firewalls let them reach.
+func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
@@ -144,7 +155,13 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		if err != nil {
 			return nil, fmt.Errorf("proxmox backend: instance id: %w", err)
 		}
-		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
+		var eg *proxmox.Egress
+		if cfg.ProxmoxEgressProxy != "" && proxy != nil {
+			if eg, err = proxmox.ParseEgress(cfg.ProxmoxEgressProxy, callbackURL); err != nil {
+				return nil, fmt.Errorf("proxmox backend: %w", err)
+			}
+		}
+		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
 			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit})
 		if err != nil {
