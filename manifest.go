@@ -83,8 +83,9 @@ type Manifest struct {
 	StatusMode StatusMode `json:"statusMode,omitempty"`
 	// Artifacts are globs relative to /workspace; matching files are kept.
 	Artifacts []string `json:"artifacts,omitempty"`
-	// Network is none (default) or egress (default for claude).
-	Network Network `json:"network,omitempty"`
+	// Network is none (default), egress (default for claude), or an
+	// allowlist {"allow": [...], "ask": bool} (network.go).
+	Network Network `json:"network,omitzero"`
 	// Stdin is the job's standard input, base64 (standard encoding), at
 	// most MaxStdinBytes once decoded; empty: /dev/null. A claude job
 	// reads its prompt there, so it takes none.
@@ -99,14 +100,6 @@ type Manifest struct {
 	// at /cache/NAME (see Caches).
 	Caches []string `json:"caches,omitempty"`
 }
-
-// Network says whether a job may reach the outside network.
-type Network string
-
-const (
-	NetworkNone   Network = "none"
-	NetworkEgress Network = "egress"
-)
 
 // AgentConfig tunes the agent.
 type AgentConfig struct {
@@ -281,10 +274,8 @@ func (m *Manifest) Validate() error {
 	default:
 		return fieldErr("manifest.statusMode", "must be simple, detailed or streaming (got %q)", m.StatusMode)
 	}
-	switch m.Network {
-	case "", NetworkNone, NetworkEgress:
-	default:
-		return fieldErr("manifest.network", "must be none or egress (got %q)", m.Network)
+	if err := m.Network.Validate("manifest.network"); err != nil {
+		return err
 	}
 	if len(m.Artifacts) > MaxArtifactGlobs {
 		return fieldErr("manifest.artifacts", "must have at most %d globs", MaxArtifactGlobs)
@@ -327,7 +318,7 @@ func (m *Manifest) Validate() error {
 		for _, f := range []struct {
 			name string
 			set  bool
-		}{{"resources", m.Resources != nil}, {"vmTemplate", m.VMTemplate != ""}, {"network", m.Network != ""}, {"lifecycle", m.Lifecycle != ""}} {
+		}{{"resources", m.Resources != nil}, {"vmTemplate", m.VMTemplate != ""}, {"network", !m.Network.IsZero()}, {"lifecycle", m.Lifecycle != ""}} {
 			if f.set {
 				return fieldErr("manifest."+f.name, "is the sandbox's own for a command in sandbox %s: leave it out", m.Sandbox)
 			}
@@ -459,10 +450,10 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	if m.StatusMode == "" {
 		m.StatusMode = StatusModeSimple
 	}
-	if m.Network == "" {
-		m.Network = NetworkNone
+	if m.Network.Mode == "" {
+		m.Network.Mode = NetworkNone
 		if m.AgentType == AgentClaude {
-			m.Network = NetworkEgress // the CLI must reach the model's API
+			m.Network.Mode = NetworkEgress // the CLI must reach the model's API
 		}
 	}
 }

@@ -152,6 +152,9 @@ type JobResult struct {
 	Duration time.Duration `json:"-"`
 	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).
 	Sandbox string `json:"sandbox_id,omitempty"`
+	// Network is set for a job whose network went through the egress
+	// proxy (NetworkService has its whole log).
+	Network *NetworkResult `json:"network,omitempty"`
 }
 
 // LogOptions say which part of a job's output to read.

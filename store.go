@@ -17,4 +17,5 @@ type Store interface {
 	SandboxStore
 	WorkspaceStore
 	QuestionStore // question.go
+	NetworkStore
 }

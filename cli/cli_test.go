@@ -33,7 +33,9 @@ type result struct {
 type harness struct {
 	svc *mock.JobService
 	// sbx, if set, is the service's SandboxService (sandboxes_test.go).
-	sbx   *mock.SandboxService
+	sbx *mock.SandboxService
+	// other, if set, is the service Open returns instead of svc.
+	other delegate.JobService
 	env   map[string]string
 	stdin string
 	serve func(cli.ServeOptions) error
@@ -63,6 +65,9 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 					*mock.JobService
 					*mock.SandboxService
 				}{h.svc, h.sbx}, func() {}, nil
+			}
+			if h.other != nil {
+				return h.other, func() {}, nil
 			}
 			return h.svc, func() {}, nil
 		},

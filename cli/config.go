@@ -67,6 +67,13 @@ type Config struct {
 	HeartbeatThreshold time.Duration
 	SecretsFile        string
 
+	// EgressAllow lifts single ranges out of what the egress proxy always
+	// denies (a package mirror at 10.1.2.3/32), DELEGATE_EGRESS_ALLOW;
+	// EgressAllowPrivate lets jobs reach the private ranges,
+	// DELEGATE_EGRESS_ALLOW_PRIVATE. Neither widens an allowlist.
+	EgressAllow        []netip.Prefix
+	EgressAllowPrivate bool
+
 	// HTTPToken and HTTPTokenFile are DELEGATE_HTTP_TOKEN and
 	// DELEGATE_HTTP_TOKEN_FILE as they are: `serve --http` reads them
 	// (LoadHTTPToken), the other commands never need the file.
@@ -74,9 +81,16 @@ type Config struct {
 	HTTPTokenFile string
 
 	// Proxmox (DELEGATE_BACKEND=proxmox).
-	Proxmox       pve.Config
-	ProxmoxBridge string
-	ProxmoxVLAN   int
+	Proxmox pve.Config
+	// ProxmoxEgressProxy is where job VMs reach the egress proxy
+	// (PROXMOX_EGRESS_PROXY, address:port): set, jobs' networks go
+	// through it alone, behind each VM's firewall; ProxmoxEgressListen is
+	// where the server listens for them (PROXMOX_EGRESS_LISTEN, default
+	// the same address).
+	ProxmoxEgressProxy  string
+	ProxmoxEgressListen string
+	ProxmoxBridge       string
+	ProxmoxVLAN         int
 	// ProxmoxAgentTimeout bounds the wait for a new VM's guest agent.
 	ProxmoxAgentTimeout time.Duration
 	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
@@ -163,7 +177,10 @@ func envVars() []envVar {
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
 		{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
 		{"HEARTBEAT_THRESHOLD_SECONDS", strconv.Itoa(int(delegate.DefaultHeartbeatThreshold.Seconds())), "a running job silent this long fails with lost heartbeat"},
-		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600); NAME_INJECT='host Header Format {}' binds a secret to a host"},
+		{"DELEGATE_SECRET_<NAME>_INJECT", "", "'host Header Format {}': the egress proxy adds the secret to the job's HTTPS requests to host; the job sees a placeholder"},
+		{"DELEGATE_EGRESS_ALLOW", "", "comma-separated ranges jobs may reach although the egress proxy denies them (10.1.2.3/32): never widens an allowlist"},
+		{"DELEGATE_EGRESS_ALLOW_PRIVATE", "false", "let jobs' network reach 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
 		{"DELEGATE_WORKSPACE_ROOTS", "", "directories (a list like PATH) whose subdirectories jobs may import as manifest.workspace.dir; unset: none"},
@@ -331,6 +348,23 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
+	if v := getenv("DELEGATE_EGRESS_ALLOW"); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(f))
+			if err != nil {
+				bad("DELEGATE_EGRESS_ALLOW", fmt.Sprintf("%q is not an address range like 10.1.2.3/32 or fd00:1::/64", strings.TrimSpace(f)))
+				break
+			}
+			c.EgressAllow = append(c.EgressAllow, p.Masked())
+		}
+	}
+	if v := getenv("DELEGATE_EGRESS_ALLOW_PRIVATE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			bad("DELEGATE_EGRESS_ALLOW_PRIVATE", "must be true or false")
+		}
+		c.EgressAllowPrivate = b
+	}
 	str("DELEGATE_HTTP_TOKEN", &c.HTTPToken)
 	str("DELEGATE_HTTP_TOKEN_FILE", &c.HTTPTokenFile)
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
@@ -346,6 +380,16 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		}
 		c.Proxmox = pc
 		str("PROXMOX_JOB_BRIDGE", &c.ProxmoxBridge)
+		str("PROXMOX_EGRESS_PROXY", &c.ProxmoxEgressProxy)
+		str("PROXMOX_EGRESS_LISTEN", &c.ProxmoxEgressListen)
+		if v := c.ProxmoxEgressProxy; v != "" {
+			if ap, err := netip.ParseAddrPort(v); err != nil || ap.Port() == 0 {
+				bad("PROXMOX_EGRESS_PROXY", "must be the address and port job VMs reach the egress proxy at, like 10.0.0.5:3128")
+			}
+			if c.ProxmoxEgressListen == "" {
+				c.ProxmoxEgressListen = v
+			}
+		}
 		intIn("PROXMOX_JOB_VLAN", 0, 4094, &c.ProxmoxVLAN)
 		agent := 300
 		intIn("PROXMOX_AGENT_TIMEOUT", 1, 3600, &agent)

@@ -33,7 +33,8 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
 		p.jobsCancelCmd(cfg), p.jobsReleaseCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsArtifactsCmd(cfg),
-		p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg), p.jobsDiffCmd(cfg), p.jobsApplyCmd(cfg))
+		p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg), p.jobsDiffCmd(cfg), p.jobsApplyCmd(cfg),
+		p.jobsNetworkCmd(cfg), p.jobsAllowCmd(cfg))
 	return cmd
 }
 
@@ -249,6 +250,13 @@ reset.`,
 					}
 					fmt.Fprintln(p.Stderr, verdict(res.JobID, res.Status, res.Duration, res.ExitCode, res.ExitReason, res.Error))
 					printArtifacts(p.Stderr, res.JobID, res.Artifacts)
+					if n := res.Network; n != nil {
+						line := fmt.Sprintf("network: %d allowed, %d denied", n.Summary.Allowed, n.Summary.Denied)
+						if len(n.Summary.DeniedNames) > 0 {
+							line += " (" + strings.Join(n.Summary.DeniedNames, ", ") + "): delegate jobs network " + res.JobID
+						}
+						fmt.Fprintln(p.Stderr, safe(line))
+					}
 				}
 				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))
 			})

@@ -109,7 +109,7 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 	fs.StringArrayVar(&f.files, "file", nil, "put `LOCAL[:REMOTE]` in the sandbox, a file or a directory's tree (repeatable; REMOTE relative to /workspace, default the base name)")
 	fs.StringArrayVar(&f.envs, "env", nil, "environment variable `KEY=VALUE` (repeatable)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "set $`NAME` in the job to the secret NAME, read here from DELEGATE_SECRET_NAME or DELEGATE_SECRETS_FILE (repeatable)")
-	fs.StringVar(&f.network, "network", "", "none (default) or egress: reach the outside network (not the host's loopback)")
+	fs.StringVar(&f.network, "network", "", "none (default), egress (every public host, through delegate's egress proxy), or an allowlist `pypi.org,*.pythonhosted.org,github.com:443`")
 	fs.StringArrayVar(&f.artifacts, "artifact", nil, "keep the files matching `GLOB` (relative to /workspace; ** for any directories; repeatable)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the sandbox after the job (lifecycle persistent)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "vmTemplate: the root filesystem `NAME` in DELEGATE_ROOTFS_DIR (local), or the VM template (proxmox)")
@@ -383,9 +383,7 @@ func buildManifest(stdin io.Reader, stderr io.Writer, f runFlags) (delegate.Mani
 		m.Secrets = append(m.Secrets, s)
 	}
 	m.Artifacts = append(m.Artifacts, f.artifacts...)
-	if f.network != "" {
-		m.Network = delegate.Network(f.network)
-	}
+	m.Network = networkFlag(f.network)
 	if f.keep {
 		m.Lifecycle = delegate.LifecyclePersistent
 	}
@@ -512,4 +510,17 @@ func fileSpec(spec string) (localPath, remote string, err error) {
 		}
 	}
 	return localPath, remote, nil
+}
+
+// networkFlag is a --network flag's network: none, egress, or an
+// allowlist of comma-separated names (the zero Network when not given).
+func networkFlag(flag string) delegate.Network {
+	switch mode := delegate.NetworkMode(flag); mode {
+	case "":
+		return delegate.Network{}
+	case delegate.NetworkNone, delegate.NetworkEgress:
+		return delegate.Network{Mode: mode}
+	default:
+		return delegate.Allowlist(strings.Split(flag, ",")...)
+	}
 }

@@ -85,7 +85,7 @@ type sandboxFlags struct {
 
 // spec is the SandboxSpec the flags ask for.
 func (f sandboxFlags) spec() (delegate.SandboxSpec, error) {
-	s := delegate.SandboxSpec{VMTemplate: f.rootfs, Network: delegate.Network(f.network)}
+	s := delegate.SandboxSpec{VMTemplate: f.rootfs, Network: networkFlag(f.network)}
 	if f.memory != "" || f.cpu != 0 || f.disk != "" {
 		s.Resources = &delegate.Resources{Memory: f.memory, CPU: f.cpu, Disk: f.disk}
 	}
@@ -119,6 +119,9 @@ func sandboxFlagError(err error) error {
 		"manifest.vmTemplate": "--rootfs", "manifest.network": "--network", "idle_timeout": "--idle", "lifetime": "--lifetime",
 		"resources.memory": "--memory", "resources.cpu": "--cpu", "resources.disk": "--disk", "vmTemplate": "--rootfs", "network": "--network",
 	}[fe.Field]
+	if rest, cut := strings.CutPrefix(strings.TrimPrefix(fe.Field, "manifest."), "network."); cut {
+		flag, ok = "--network ("+rest+")", true // a rule of an allowlist
+	}
 	if !ok {
 		return err
 	}
@@ -160,7 +163,7 @@ func (p *Program) sandboxesOpenCmd(cfg *Config) *cobra.Command {
 	fs.Float64Var(&f.cpu, "cpu", 0, "cpu cores")
 	fs.StringVar(&f.disk, "disk", "", "workspace disk, e.g. 1G")
 	fs.StringVar(&f.rootfs, "rootfs", "", "root file system (local) or VM template (Proxmox)")
-	fs.StringVar(&f.network, "network", "", "none or egress (default none)")
+	fs.StringVar(&f.network, "network", "", "none (default), egress, or an allowlist `pypi.org,github.com:443`")
 	fs.DurationVar(&f.idle, "idle", 0, "idle this long, it is paused, e.g. 30m (default DELEGATE_SANDBOX_IDLE)")
 	fs.DurationVar(&f.lifetime, "lifetime", 0, "destroyed after this long, e.g. 8h (default DELEGATE_SANDBOX_LIFETIME)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON: the sandbox")
@@ -282,8 +285,8 @@ func (p *Program) printSandbox(sb *delegate.Sandbox, now time.Time) {
 	}
 	r := sb.Resources
 	network := sb.Network
-	if network == "" {
-		network = delegate.NetworkNone
+	if network.IsZero() {
+		network.Mode = delegate.NetworkNone
 	}
 	row("limits", "%g CPU, %s memory, %s disk, network %s", r.CPU, dash(r.Memory), dash(r.Disk), network)
 	row("backend", "%s%s", sb.Backend, map[bool]string{true: ", " + safe(sb.Template)}[sb.Template != ""])
@@ -306,13 +309,6 @@ func (p *Program) printSandbox(sb *delegate.Sandbox, now time.Time) {
 	}
 	row("commands", "%d run, %d running", sb.Commands, sb.Running)
 	tw.Flush()
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func (p *Program) sandboxesReleaseCmd(cfg *Config) *cobra.Command {

@@ -29,7 +29,7 @@ func sandboxHarness() *harness {
 func sandbox(id string, state delegate.SandboxState) *delegate.Sandbox {
 	now := time.Now()
 	return &delegate.Sandbox{ID: id, State: state, Backend: "local", Instance: "inst-hidden", JobID: "job-9",
-		Resources: delegate.Resources{CPU: 2, Memory: "1G", Disk: "4G"}, Network: delegate.NetworkNone,
+		Resources: delegate.Resources{CPU: 2, Memory: "1G", Disk: "4G"}, Network: delegate.Network{Mode: delegate.NetworkNone},
 		CreatedAt: now.Add(-2*time.Hour - 3*time.Minute), LastUsedAt: now.Add(-(31*time.Minute + 30*time.Second)),
 		PausedAt: now.Add(-90 * time.Second), ExpiresAt: now.Add(21*time.Hour + 57*time.Minute + 30*time.Second),
 		IdleTimeout: 30 * time.Minute, PauseTimeout: 24 * time.Hour, Commands: 4}
@@ -65,7 +65,7 @@ func TestSandboxUsageErrors(t *testing.T) {
 		{[]string{"sandboxes", "open", "--lifetime", "9999h"}, "--lifetime: must be between 1 and 2592000 seconds", 2},
 		{[]string{"sandboxes", "open", "--idle", "soon"}, `invalid argument "soon" for "--idle"`, 2},
 		{[]string{"sandboxes", "open", "--memory", "lots"}, "--memory: must be", 2},
-		{[]string{"sandboxes", "open", "--network", "wifi"}, "--network: must be", 2},
+		{[]string{"sandboxes", "open", "--network", "pypi.org,"}, "--network (allow[1]): must be a host name", 2},
 		{[]string{"exec"}, "missing ID and CMD", 125},
 		{[]string{"exec", "sbx-1"}, "missing CMD (after --)", 125},
 		{[]string{"exec", "sbx-1", "--"}, "missing CMD after --", 125},
@@ -102,7 +102,7 @@ func TestSandboxesOpen(t *testing.T) {
 	r := h.run(t, "sandboxes", "open", "--memory", "1G", "--cpu", "2", "--disk", "4G", "--rootfs", "debian", "--network", "egress",
 		"--idle", "10m", "--lifetime", "8h")
 	want := delegate.SandboxSpec{Resources: &delegate.Resources{Memory: "1G", CPU: 2, Disk: "4G"}, VMTemplate: "debian",
-		Network: delegate.NetworkEgress, IdleTimeout: 600, Lifetime: 8 * 3600}
+		Network: delegate.Network{Mode: delegate.NetworkEgress}, IdleTimeout: 600, Lifetime: 8 * 3600}
 	if r.code != 0 || r.stdout != "sbx-new\n" || !reflect.DeepEqual(got, want) {
 		t.Fatalf("open: exit %d stdout %q stderr %q; spec %+v", r.code, r.stdout, r.stderr, got)
 	}

@@ -81,6 +81,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}", d.guard(d.job))
 	mux.Handle("GET /jobs/{id}/events", d.guard(d.jobEvents))
 	mux.Handle("GET /jobs/{id}/output", d.guard(d.output))
+	mux.Handle("GET /jobs/{id}/network", d.guard(d.network))
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))

@@ -36,8 +36,9 @@ var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/scrip
 //
 // ws is the manifest whose workspace source and caches the sandbox has:
 // the job's own, or for a command in a kept sandbox that of the job that
-// made it (nil: none).
-func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest) (sandbox.Command, error) {
+// made it (nil: none). jn is the job's network through the egress proxy
+// (nil: none).
+func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest, jn *jobNetwork) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	var stdin string
@@ -88,6 +89,12 @@ func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest)
 		if !ok {
 			return sandbox.Command{}, fmt.Errorf("secret %q is no longer set on the server", name)
 		}
+		if _, bound := r.cfg.SecretBindings[name]; bound {
+			// The proxy injects it for its host: never in the sandbox,
+			// whose environment gets a placeholder (networkEnv) — or
+			// nothing, when its network cannot carry it.
+			continue
+		}
 		env[name] = v
 	}
 	env["DELEGATE_JOB_ID"] = job.ID
@@ -106,6 +113,7 @@ func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest)
 	if f := r.backend().Capabilities().StatusFile; f != "" {
 		env["DELEGATE_STATUS_FILE"] = f
 	}
+	r.networkEnv(env, jn, job.ID)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)

@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/workspace"
 )
@@ -113,6 +114,15 @@ type Config struct {
 	WorkspaceMaxFiles int
 	CloneDir          string
 	GitAllow          []netip.Prefix
+	// Egress, if set, is the server's egress proxy (NewEgress): a job
+	// whose network reaches out, on a backend with
+	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
+	// network of its own (token, policy, log) in the store.
+	Egress *Egress
+	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
+	// such a secret never enters a job's environment (a placeholder
+	// does); the proxy adds it to the job's requests for its host.
+	SecretBindings map[string]egress.Binding
 }
 
 // Engine drives jobs from a store through a backend. It implements
@@ -223,13 +233,24 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
-	// A job's end: its follower winds it up, and its token stops working.
+	e := &Engine{}
+	// A job's end: its follower winds it up, its token stops working,
+	// and so does its network.
 	jobs.ended = func(id string, st delegate.Status) {
 		cb.tokens.forget(id)
 		run.ended(id, st)
+		if cfg.Egress != nil {
+			go e.endNetwork(id)
+		}
 	}
-	return &Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
+	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
 		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
+	if cfg.Egress != nil {
+		// A request an allowlist with ask: true denies is a question on
+		// the job.
+		cfg.Egress.SetAsk(e.askNetwork)
+	}
+	return e
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
@@ -318,6 +339,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := e.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
+	if err := checkNetwork(backend, m.Network, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
+		return nil, err
+	}
 	if kept == nil {
 		if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
 			return nil, err
@@ -375,14 +399,14 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 // the backend cannot give, saying what the host lacks and how to add it.
 func checkEgress(backend sandbox.Backend, m delegate.Manifest, asked delegate.Network) error {
 	caps := backend.Capabilities()
-	if m.Network != delegate.NetworkEgress || caps.NetworkEgress {
+	if m.Network.Mode != delegate.NetworkEgress || caps.NetworkEgress {
 		return nil
 	}
 	why := caps.NetworkEgressMissing
 	if why == "" {
 		why = "this backend cannot give a job network access"
 	}
-	if asked == "" {
+	if asked.IsZero() {
 		return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
 			"a %s job needs network egress by default (its CLI must reach the model's API), which the %s backend cannot give here: %s; "+
 				"or set network: none if the job needs no network", m.AgentType, backend.Name(), why)}

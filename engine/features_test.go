@@ -238,7 +238,7 @@ func TestEgressRefusedAtSubmit(t *testing.T) {
 	f.backend.Caps.NetworkEgressMissing = "neither pasta nor slirp4netns is on this server's PATH: apt-get install passt"
 	ctx := context.Background()
 	egress := script("curl example.com")
-	egress.Network = delegate.NetworkEgress
+	egress.Network = delegate.Egress()
 	claude := delegate.Manifest{AgentType: delegate.AgentClaude, Task: "fix it"}
 	for _, tc := range []struct {
 		name string
@@ -259,7 +259,7 @@ func TestEgressRefusedAtSubmit(t *testing.T) {
 			}
 		}
 	}
-	claude.Network = delegate.NetworkNone // the submitter's choice: no network, allowed
+	claude.Network = delegate.Network{Mode: delegate.NetworkNone} // the submitter's choice: no network, allowed
 	if _, err := f.eng.Submit(ctx, claude, delegate.SubmitOptions{}); err != nil {
 		t.Fatalf("claude with network none: %v", err)
 	}

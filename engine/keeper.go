@@ -29,6 +29,7 @@ type keeper struct {
 	cfg   Config
 	log   *slog.Logger
 	owner string
+	all   delegate.Store // the networks of its sandboxes are in it too
 	sbs   delegate.SandboxStore
 	ref   *backendRef
 	jobs  *jobWriter
@@ -48,7 +49,7 @@ type keeper struct {
 var _ delegate.SandboxService = (*keeper)(nil)
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
+	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
 		insts: map[string]sandbox.Instance{}, opening: map[string]struct{}{}}
 }
 
@@ -195,8 +196,11 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := k.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if m.Network == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
+	if m.Network.Mode == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
 		return nil, &delegate.FieldError{Field: "network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
+	}
+	if err := checkNetwork(b, m.Network, nil, nil, "network"); err != nil {
+		return nil, err
 	}
 	if err := checkTemplate(ctx, b, m.VMTemplate, chosen); err != nil {
 		return nil, err
@@ -219,8 +223,18 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		delete(k.opening, sb.ID)
 		k.mu.Unlock()
 	}()
+	// Its network, through the egress proxy where the backend has one:
+	// its commands share it (and its log), until the sandbox goes.
+	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, nil, lifetime)
+	if err != nil {
+		return nil, fmt.Errorf("open a sandbox: its network: %w", err)
+	}
+	s.Egress = jn.spec()
 	inst, err := b.Create(ctx, s)
 	if err != nil {
+		if jn != nil {
+			k.cfg.Egress.end(context.WithoutCancel(ctx), jn.id)
+		}
 		return nil, fmt.Errorf("open a sandbox: %w", err)
 	}
 	sb.Instance = inst.ID()
@@ -300,6 +314,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 		if err := b.Destroy(context.WithoutCancel(ctx), sb.Instance); err != nil {
 			k.log.Warn("destroy a sandbox", "sandbox", id, "instance", sb.Instance, "err", err)
 		}
+	}
+	if k.cfg.Egress != nil {
+		k.cfg.Egress.end(context.WithoutCancel(ctx), sandboxNetworkID(sb))
 	}
 	if sb.JobID != "" {
 		// The job that made it keeps it no more.

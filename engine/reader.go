@@ -182,6 +182,7 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
 		Sandbox: j.Sandbox,
+		Network: rd.networkResult(ctx, j),
 	}, nil
 }
 

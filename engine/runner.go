@@ -175,6 +175,9 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		case a.sb != nil:
 			r.rollback(id, a.sb.ID())
 		}
+		if a.net != nil && !a.attached && a.kept == "" && r.cfg.Egress != nil {
+			r.cfg.Egress.end(context.WithoutCancel(ctx), a.net.id)
+		}
 		return
 	}
 	log.Debug("job running", "sandbox", a.sb.ID())
@@ -197,6 +200,9 @@ type attempt struct {
 	// maker is the manifest of the job that made the kept sandbox a
 	// command runs in (its workspace and caches); nil when opened empty.
 	maker *delegate.Manifest
+	// net is the job's network through the egress proxy (or its kept
+	// sandbox's); nil when its network is not the proxy's.
+	net *jobNetwork
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -208,6 +214,7 @@ var provisionSteps = []struct {
 	name string
 	do   func(*runner, context.Context, *attempt) error
 }{
+	{"open the job's network", (*runner).networkStep},
 	{"create the sandbox", (*runner).createStep},
 	{"import the workspace", (*runner).importWorkspace},
 	{"write the files", (*runner).writeFiles},
@@ -222,6 +229,7 @@ var attachSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"attach to the kept sandbox", (*runner).attachStep},
+	{"find the sandbox's network", (*runner).attachNetwork},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -270,11 +278,12 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	spec.Admission, spec.Progress = a.adm, r.stepper(ctx, a.job.ID)
+	spec.Admission, spec.Progress, spec.Egress = a.adm, r.stepper(ctx, a.job.ID), a.net.spec()
 	// A persistent job's sandbox is kept, for more commands: made to run
-	// them where the backend can, with a lifetime.
+	// them where the backend can, with a lifetime. (A local sandbox whose
+	// network is a network helper's, not the proxy's, runs one command.)
 	keep := a.job.Manifest.Lifecycle == delegate.LifecyclePersistent && r.backend().Capabilities().MultiExec &&
-		!(a.job.Manifest.Network == delegate.NetworkEgress && r.backend().Name() == "local")
+		!(a.job.Manifest.Network.Reaches() && a.net == nil && r.backend().Name() == "local")
 	if keep {
 		spec.MultiExec, spec.Expires = true, time.Now().Add(r.cfg.SandboxLifetime)
 	}
@@ -346,7 +355,7 @@ func (r *runner) startCommand(ctx context.Context, a *attempt) error {
 	if a.attached {
 		ws = a.maker
 	}
-	cmd, err := r.command(a.job, a.token, ws)
+	cmd, err := r.command(a.job, a.token, ws, a.net)
 	if err != nil {
 		return err
 	}
@@ -443,7 +452,7 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
-		Network:     job.Manifest.Network == delegate.NetworkEgress,
+		Network:     job.Manifest.Network.Reaches(),
 	}
 	for _, c := range job.Manifest.Caches {
 		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Manifest.Workspace)})
@@ -932,6 +941,14 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	if waitErr == nil {
 		c := exit.Code
 		code = &c
+	}
+	// So is its network log (its own network's, or its kept sandbox's,
+	// which goes on).
+	if r.cfg.Egress != nil && (m.Network.Reaches() || m.Sandbox != "") {
+		ctx := context.WithoutCancel(r.life.ctx)
+		if netID, err := resolveNetwork(ctx, r.store, id); err == nil {
+			r.cfg.Egress.settle(ctx, netID)
+		}
 	}
 	// Artifacts are collected before the job is marked finished, so that a
 	// client that sees the end also sees them.

@@ -66,6 +66,13 @@ type Backend struct {
 	// cacheDir and cacheMax: see Config (cache_linux.go).
 	cacheDir string
 	cacheMax int64
+
+	// egress serves the listeners of sandboxes made with Spec.Egress
+	// (egress_linux.go); egressCallback is Config.EgressCallbackPort.
+	egress         sandbox.EgressServer
+	egressCallback int
+	egressMu       sync.Mutex
+	served         map[string]*servedSandbox // by sandbox id
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -118,7 +125,8 @@ func New(cfg Config) (*Backend, error) {
 			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
 	}
 	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
-		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes)}
+		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes),
+		egress: cfg.Egress, egressCallback: cfg.EgressCallbackPort, served: map[string]*servedSandbox{}}
 	if cfg.CacheDir != "" {
 		if b.cacheDir, err = filepath.Abs(cfg.CacheDir); err != nil {
 			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
@@ -246,10 +254,14 @@ func (b *Backend) check() (cgroupLayout, error) {
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "local" }
 
-// Close implements sandbox.Backend: the local backend holds nothing in
-// the server's process that outlives a call (each sandbox's shim is a
-// process of its own, detached, that goes on).
-func (b *Backend) Close() error { return nil }
+// Close implements sandbox.Backend: each sandbox's shim is a process of
+// its own, detached, that goes on; what the backend holds in the server's
+// process is the egress proxy's listeners, which the next server opens
+// again when it recovers the sandboxes.
+func (b *Backend) Close() error {
+	b.stopAllEgress()
+	return nil
+}
 
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
 // New fails on a host where it could not be. NetworkEgress depends on a
@@ -257,13 +269,13 @@ func (b *Backend) Close() error { return nil }
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	_, netErr := findNetTool(b.netForce, b.lookPath)
 	var netMissing string
-	if netErr != nil {
+	if netErr != nil && b.egress == nil {
 		netMissing = netErr.Error()
 	}
 	return sandbox.Capabilities{
 		FilesystemIsolation:  true,
 		NetworkIsolation:     true,
-		NetworkEgress:        netErr == nil,
+		NetworkEgress:        netErr == nil || b.egress != nil,
 		NetworkEgressMissing: netMissing,
 		CPULimit:             true,
 		MemoryLimit:          true,
@@ -281,6 +293,10 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		Pause:      b.cg.Freezer != "",
 		Caches:     b.cacheDir != "",
 		Workspaces: true,
+		// Sandboxes whose only road out is the proxy's listeners, with a
+		// trust bundle of their own.
+		EgressProxy: b.egress != nil,
+		EgressTrust: b.egress != nil,
 	}
 }
 
@@ -290,15 +306,25 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		return nil, err
 	}
 	var net *netTool
-	if spec.Network {
+	var proxy *proxyState
+	switch {
+	case spec.Network && spec.Egress != nil:
+		if b.egress == nil {
+			return nil, fmt.Errorf("local backend: %w", errNoEgressProxy)
+		}
+		if spec.Egress.Token == "" {
+			return nil, errors.New("local backend: Spec.Egress has no token")
+		}
+		proxy = &proxyState{Token: spec.Egress.Token, Callback: b.callbackPort(), Trust: len(spec.Egress.CACert) > 0}
+	case spec.Network:
 		tool, err := findNetTool(b.netForce, b.lookPath)
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
 		net = &tool
 	}
-	if spec.MultiExec && spec.Network {
-		return nil, errors.New("local backend: a sandbox that runs many commands has no network yet (its network helper serves one command); keep it with network: none, or use the Proxmox backend")
+	if spec.MultiExec && net != nil {
+		return nil, errors.New("local backend: a sandbox that runs many commands has no network through a network helper (it serves one command); its network goes through the egress proxy (Spec.Egress) or nowhere")
 	}
 	if spec.MemoryBytes <= 0 {
 		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
@@ -342,13 +368,15 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 			}
 		}
 	}()
-	if err := b.provision(id, dir, spec, net, tpl); err != nil {
+	if err := b.provision(id, dir, spec, net, proxy, tpl); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	created = true
 	netName := "none"
 	if net != nil {
 		netName = net.Name
+	} else if proxy != nil {
+		netName = "egress proxy"
 	}
 	b.log.Info("sandbox created", "sandbox", id, "job", spec.JobID, "cpu", spec.CPU,
 		"memory", spec.MemoryBytes, "disk", spec.DiskBytes, "template", spec.Template, "network", netName)
@@ -357,9 +385,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 
 // provision fills a new sandbox directory. Every step leaves a trace that
 // destroy can undo (state.json is written before the cgroups exist). net
-// is the network helper the shim will start, nil for no network; tpl the
-// template's root filesystem (openTemplate), -1 for none.
-func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl int) error {
+// is the network helper the shim will start, proxy the egress proxy's
+// part, nil both for no network; tpl the template's root filesystem
+// (openTemplate), -1 for none.
+func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, proxy *proxyState, tpl int) error {
 	// The sandbox's host ids: a slot of its own.
 	base, err := b.uidReg.claim(dir)
 	if err != nil {
@@ -388,6 +417,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),
 		Network:     net,
+		Proxy:       proxy,
 		Multi:       spec.MultiExec,
 		Expires:     spec.Expires,
 	}
@@ -422,8 +452,10 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		if err := os.Chown(filepath.Join(dir, dirExecs), 0, int(base)); err != nil {
 			return err
 		}
-		if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
-			return err
+		if proxy == nil {
+			if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
+				return err
+			}
 		}
 		tmp := filepath.Join(dir, dirTmp)
 		if err := os.Mkdir(tmp, 0o755); err != nil {
@@ -470,7 +502,21 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 			return fmt.Errorf("make the template read-only: %w", err)
 		}
 	}
-	return st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax})
+	if err := st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax}); err != nil {
+		return err
+	}
+	if proxy != nil {
+		if err := makeProxyNetns(filepath.Join(dir, fileNetns)); err != nil {
+			return err
+		}
+		if proxy.Trust {
+			if err := writeTrustBundle(dir, tpl, spec.Egress.CACert); err != nil {
+				return err
+			}
+		}
+		return b.serveEgress(id, dir, st)
+	}
+	return nil
 }
 
 // Recover implements sandbox.Backend.
@@ -481,6 +527,13 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	dir := filepath.Join(b.dir, id)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: %w", id, sandbox.ErrGone)
+	}
+	// A sandbox whose network is the egress proxy's gets its listeners
+	// again (a restarted server), unless they are served already.
+	if st, err := b.state(dir, id); err == nil && st.Proxy != nil && b.egress != nil {
+		if err := b.serveEgress(id, dir, st); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 	}
 	return &sbox{b: b, id: id, dir: dir}, nil
 }
@@ -533,6 +586,8 @@ func (b *Backend) destroy(id string) error {
 		delete(b.live, id)
 		b.mu.Unlock()
 	}()
+	// Its listeners close first: nothing is served to a sandbox going.
+	b.stopEgress(id)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		// Nothing to find the sandbox by; groups under the usual names may
 		// still be there (a Destroy interrupted after its directory went).
@@ -621,7 +676,7 @@ func (b *Backend) ended(id, dir string) bool {
 // them, Destroy removes them one by one instead of walking the directory.
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
-		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
+		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady, fileTrust, fileNetns}
 	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel}
 )
 

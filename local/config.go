@@ -1,6 +1,10 @@
 package local
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
 
 // Config configures a Backend.
 type Config struct {
@@ -49,6 +53,14 @@ type Config struct {
 	CacheMaxBytes int64
 	// Logger receives the backend's own events; nil discards them.
 	Logger *slog.Logger
+	// Egress, if set, is the server's egress proxy: a sandbox made with
+	// Spec.Egress has no network but its listeners (egress_linux.go), and
+	// the backend enforces allowlists (Capabilities.EgressProxy).
+	Egress sandbox.EgressServer
+	// EgressCallbackPort is the port of the callback listener in such a
+	// sandbox, which the proxy forwards to the callback server: the
+	// server's callback port (0: none).
+	EgressCallbackPort int
 }
 
 // DefaultOutputLimit is the output kept when Command.OutputLimit is zero or

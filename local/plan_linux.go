@@ -189,6 +189,8 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 	}
 	if st.Network != nil {
 		add(opResolvConf, 0, "network", root, netResolvConf)
+	} else if st.Proxy != nil {
+		add(opResolvConf, 0, "network", root, proxyResolvConf)
 	}
 	// Empty /root and /home (read-only, like the rest of the root): programs
 	// expect them, and they show that nothing of the host's is there. The
@@ -215,6 +217,15 @@ func rootOps(dir, execDir string, st sandboxState, loopback bool, inputs map[str
 		add(opMkdir, 0o755, "status channel", at(statusDir))
 		add(opTouch, 0, "status channel", at(StatusFile))
 		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
+	}
+	if st.Proxy != nil && st.Proxy.Trust {
+		// The trust bundle (the system roots and the job's CA), bound
+		// read-only from the sandbox directory.
+		add(opMkdir, 0o755, "trust bundle", at(filepath.Dir(filepath.Dir(TrustFile))))
+		add(opMkdir, 0o755, "trust bundle", at(filepath.Dir(TrustFile)))
+		add(opTouch, 0, "trust bundle", at(TrustFile))
+		add(opMount, unix.MS_BIND, "trust bundle", filepath.Join(up, fileTrust), at(TrustFile))
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "trust bundle: read-only", "", at(TrustFile), "", "")
 	}
 	if len(inputs) > 0 {
 		// The command's inputs: a tmpfs of its own (this mount namespace

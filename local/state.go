@@ -128,6 +128,9 @@ type sandboxState struct {
 	// Network is the helper that gives the sandbox network egress; nil:
 	// no network but its own loopback.
 	Network *netTool `json:"network,omitempty"`
+	// Proxy: the sandbox's network is the egress proxy's alone
+	// (egress_linux.go); nil: not.
+	Proxy *proxyState `json:"proxy,omitempty"`
 	// NoFile is its processes' RLIMIT_NOFILE (nofile.go); 0 in the state
 	// of a sandbox made before it had one (the backend's then).
 	NoFile int `json:"noFile,omitempty"`
@@ -150,6 +153,19 @@ func (st sandboxState) hostBase() uint32 {
 		return legacyIDBase
 	}
 	return st.HostUID
+}
+
+// proxyState is the proxy's part of a sandbox's state.
+type proxyState struct {
+	// Token names the job's network to the proxy. It never enters the
+	// sandbox: the listeners are the job's alone, so the server knows
+	// whose they are. (state.json is root's, 0600.)
+	Token string `json:"token"`
+	// Callback is the port of the callback listener in the sandbox; 0:
+	// none.
+	Callback int `json:"callback,omitempty"`
+	// Trust: the sandbox has a trust bundle (fileTrust at TrustFile).
+	Trust bool `json:"trust,omitempty"`
 }
 
 // netTool is the network helper of one sandbox, chosen by Create and

@@ -185,6 +185,16 @@ func leaves(schema map[string]any, path string) []leaf {
 			pp = path + "." + name
 		}
 		switch {
+		case p["anyOf"] != nil:
+			// manifest.network: a mode, or an allowlist object.
+			for _, alt := range p["anyOf"].([]any) {
+				a := alt.(map[string]any)
+				if a["enum"] != nil {
+					out = append(out, leaf{pp, a["enum"].([]any)[0], 42})
+				} else {
+					out = append(out, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
+				}
+			}
 		case p["enum"] != nil:
 			out = append(out, leaf{pp, p["enum"].([]any)[0], 42})
 		case p["properties"] != nil:

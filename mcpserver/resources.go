@@ -36,6 +36,10 @@ func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-patch", URITemplate: "job://{id}/patch", MIMEType: "text/x-diff",
 			Description: "A job's workspace changes as a patch for git apply"}, read)
 	}
+	if _, ok := svc.(delegate.NetworkService); ok {
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-network", URITemplate: "job://{id}/network", MIMEType: "application/json",
+			Description: "A job's network log: every connection and DNS query through delegate's egress proxy, allowed or denied and why"}, read)
+	}
 }
 
 // readResource reads one resource; its errors are resourceError's to
@@ -66,6 +70,17 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 			return nil, err
 		}
 		return contents(uri, "text/plain", out), nil
+	case sub == "network":
+		ns, ok := svc.(delegate.NetworkService)
+		if !ok {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		rep, err := networkLog(ctx, ns, id)
+		if err != nil {
+			return nil, err
+		}
+		data, _ := json.Marshal(rep)
+		return contents(uri, "application/json", data), nil
 	case strings.HasPrefix(sub, "artifacts/"):
 		_, data, err := svc.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
 		if err != nil {
@@ -77,6 +92,16 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/octet-stream", Blob: data}}}, nil
 	}
 	return nil, mcp.ResourceNotFoundError(uri)
+}
+
+// networkLog reads a job's whole network log (all it keeps).
+func networkLog(ctx context.Context, ns delegate.NetworkService, id string) (*delegate.NetworkReport, error) {
+	rep, err := ns.Network(ctx, id, delegate.NetworkLogOptions{Limit: delegate.MaxNetworkLog})
+	if err != nil {
+		return nil, err
+	}
+	rep.Next = 0
+	return rep, nil
 }
 
 // readLog reads all of a job's output kept so far, page by page (under the
@@ -139,5 +164,6 @@ func publishUpdates(ctx context.Context, s *mcp.Server, svc delegate.JobService)
 	for id := range svc.Watch(ctx) {
 		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
 		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/network"})
 	}
 }

@@ -81,8 +81,7 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	h := &sandboxHandlers{svc: sb}
 	addTool(s, dec, log, &mcp.Tool{
 		Name: "open_sandbox",
-		Description: "Open a sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; " +
-			"paused when idle, ends at its lifetime.",
+		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; paused when idle.",
 		InputSchema: openSandboxSchema(),
 		// Closed world: it runs nothing (commands are submit_job's).
 		Annotations:  annotations(false, false, false, false),
@@ -370,7 +369,9 @@ func openSandboxSchema() *jsonschema.Schema {
 		"idle_timeout": "seconds",
 		"lifetime":     "seconds",
 	})
-	oneOf(s, "network", delegate.NetworkNone, delegate.NetworkEgress)
+	// The same as a job's: said, not spelled out again (tools/list's
+	// budget).
+	*at(s, "network") = jsonschema.Schema{Description: "as submit_job's"}
 	return s
 }
 

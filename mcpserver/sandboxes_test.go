@@ -32,7 +32,7 @@ func init() {
 
 func keptSandbox(id string) *delegate.Sandbox {
 	return &delegate.Sandbox{ID: id, State: delegate.SandboxPaused, Backend: "local", Instance: "inst-secret", JobID: "job-1",
-		Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.NetworkNone,
+		Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.Network{Mode: delegate.NetworkNone},
 		CreatedAt: t0, LastUsedAt: t0.Add(time.Minute + 123456789), PausedAt: t0.Add(31 * time.Minute), ExpiresAt: t0.Add(24 * time.Hour),
 		IdleTimeout: 30 * time.Minute, PauseTimeout: 24 * time.Hour, Commands: 3}
 }
@@ -120,7 +120,7 @@ func TestOpenListRelease(t *testing.T) {
 	res := call(t, cs, "open_sandbox", map[string]any{"resources": map[string]any{"memory": "1G", "cpu": 2}, "vmTemplate": "debian",
 		"network": "egress", "idle_timeout": 600, "lifetime": 7200})
 	structured(t, res, &o)
-	want := delegate.SandboxSpec{Resources: &delegate.Resources{Memory: "1G", CPU: 2}, VMTemplate: "debian", Network: delegate.NetworkEgress,
+	want := delegate.SandboxSpec{Resources: &delegate.Resources{Memory: "1G", CPU: 2}, VMTemplate: "debian", Network: delegate.Network{Mode: delegate.NetworkEgress},
 		IdleTimeout: 600, Lifetime: 7200}
 	if !reflect.DeepEqual(spec, want) {
 		t.Errorf("the service got %+v, want %+v", spec, want)

@@ -282,6 +282,8 @@ func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in *JobIn
 type WaitIn struct {
 	JobID          string `json:"job_id"`
 	TimeoutSeconds *int   `json:"timeout_seconds,omitempty"`
+	// Allow widens the running job's network allowlist before the wait.
+	Allow []string `json:"allow,omitempty"`
 }
 
 // WaitOut is where a job is after wait_job: small, because the next call
@@ -306,6 +308,15 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	}
 	if _, err := h.svc.Get(ctx, in.JobID); err != nil {
 		return WaitOut{}, err
+	}
+	if len(in.Allow) > 0 {
+		ns, ok := h.svc.(delegate.NetworkService)
+		if !ok {
+			return WaitOut{}, &delegate.FieldError{Field: "allow", Rule: "this server has no egress proxy whose allowlists could be widened"}
+		}
+		if _, err := ns.AllowNetwork(ctx, in.JobID, in.Allow, "mcp"); err != nil {
+			return WaitOut{}, err
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -396,6 +407,11 @@ type ResultOut struct {
 	// job://{id}/diff, the patch job://{id}/patch. Its schema is left
 	// open: tools/list's budget is spent, and the values name themselves.
 	Changes json.RawMessage `json:"changes,omitempty"`
+	// Network is a *delegate.NetworkResult for a job whose network went
+	// through the egress proxy: its counts and denied attempts (the whole
+	// log is job://{id}/network). Untyped here, so that tools/list does
+	// not spell its fields out.
+	Network any `json:"network,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -412,7 +428,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
-		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes),
+		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes), Network: networkOut(r.Network),
 	}, nil
 }
 
@@ -423,6 +439,15 @@ func changesJSON(c *delegate.WorkspaceChanges) json.RawMessage {
 	}
 	data, _ := json.Marshal(c)
 	return data
+}
+
+// networkOut is nil for a result without a network part (an untyped nil,
+// which omitempty leaves out).
+func networkOut(n *delegate.NetworkResult) any {
+	if n == nil {
+		return nil
+	}
+	return n
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
@@ -502,8 +527,8 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
-		"manifest.sandbox":          "a kept sandbox to run in (its commands trust each other)",
-		"manifest.secrets":          "server secrets to set as env vars",
+		"manifest.sandbox":          "kept sandbox to run in; its commands trust each other",
+		"manifest.secrets":          "server secrets, set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),
 		"manifest.vmTemplate":       "rootfs or template name",
@@ -514,8 +539,21 @@ func submitSchema() *jsonschema.Schema {
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
 	oneOf(s, "manifest.statusMode", delegate.StatusModeSimple, delegate.StatusModeDetailed, delegate.StatusModeStreaming)
-	oneOf(s, "manifest.network", delegate.NetworkNone, delegate.NetworkEgress)
+	networkSchema(at(s, "manifest.network"))
 	return s
+}
+
+// networkSchema: "none", "egress", or an allowlist object.
+func networkSchema(p *jsonschema.Schema) {
+	*p = jsonschema.Schema{AnyOf: []*jsonschema.Schema{
+		{Enum: []any{string(delegate.NetworkNone), string(delegate.NetworkEgress)}},
+		// An object and an array without their types, like the other
+		// nested schemas (their properties and items show them).
+		{Properties: map[string]*jsonschema.Schema{
+			"allow": {Items: &jsonschema.Schema{Type: "string"}, Description: "pypi.org, *.x.org, h:443"},
+			"ask":   {Type: "boolean"},
+		}},
+	}}
 }
 
 func listSchema() *jsonschema.Schema {

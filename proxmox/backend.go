@@ -75,7 +75,10 @@ type Config struct {
 	// times this (PROXMOX_CPU_OVERCOMMIT). 0: a job's VM needs only a
 	// node with at least its cores (vCPU overcommit is normal on Proxmox).
 	CPUOvercommit float64
-	Logger        *slog.Logger
+	// Egress, if set, routes jobs' networks through delegate's egress
+	// proxy alone (egress.go): their VMs' firewalls let out nothing else.
+	Egress *Egress
+	Logger *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster.
@@ -201,6 +204,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// A workspace goes in and out through the agent (archive.go);
 		// caches are not kept.
 		Workspaces: true,
+		// A job VM's firewall lets it reach the egress proxy alone
+		// (egress.go), when the operator names it.
+		EgressProxy: b.cfg.Egress != nil,
 	}
 }
 
@@ -330,14 +336,47 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 			u.Options[k] = withDriveOption(v, "backup", "0")
 		}
 	}
+	proxied := spec.Network && spec.Egress != nil
 	switch {
 	case !spec.Network:
 		u.Delete = append(u.Delete, netKeys(cfg)...) // no NIC: the job reaches nothing, the agent still works
 	case b.cfg.Bridge != "":
 		u.Nets = map[int]string{0: jobNet(cfg.Option("net0"), b.cfg.Bridge, b.cfg.VLAN)}
 	}
+	if proxied {
+		// Its one NIC, behind the firewall (egress.go); a NIC the rules
+		// do not cover goes.
+		if b.cfg.Egress == nil {
+			return fmt.Errorf("proxmox: this backend has no egress proxy (PROXMOX_EGRESS_PROXY): %w", errFirewall)
+		}
+		if len(spec.Egress.CACert) > 0 {
+			return errors.New("proxmox: injected credentials need the job's CA in the VM's trust, which this backend does not install")
+		}
+		if err := b.checkFirewallOn(ctx, s.node); err != nil {
+			return err
+		}
+		net0 := cfg.Option("net0")
+		if u.Nets != nil {
+			net0 = u.Nets[0]
+		}
+		if net0 == "" {
+			return fmt.Errorf("proxmox: template of VM %d has no net0 to put behind the firewall: %w", s.vmid, errFirewall)
+		}
+		u.Nets = map[int]string{0: withDriveOption(net0, "firewall", "1")}
+		for _, k := range netKeys(cfg) {
+			if k != "net0" {
+				u.Delete = append(u.Delete, k)
+			}
+		}
+	}
 	if err := b.c.SetVMConfig(ctx, s.node, s.vmid, u); err != nil {
 		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, privilegeHint(err))
+	}
+	if proxied {
+		spec.Step(fmt.Sprintf("setting VM %d's firewall: only the egress proxy", s.vmid))
+		if err := b.setFirewall(ctx, s); err != nil {
+			return err
+		}
 	}
 	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
 		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
@@ -371,6 +410,11 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 	}
 	if err := b.checkAgent(ctx, s, h.info); err != nil {
 		return err
+	}
+	if proxied {
+		if err := b.pinAddress(ctx, s); err != nil {
+			return err
+		}
 	}
 	return s.prepare(ctx)
 }

@@ -43,6 +43,8 @@ type vm struct {
 	// that apply at its next start (pendingDelete: options to remove).
 	pending       map[string]string
 	pendingDelete []string
+	// fw is its firewall configuration (firewall/<vmid>.fw); nil: none.
+	fw *vmFirewall
 }
 
 // VM is a VM as tests see it.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"net"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -56,6 +57,14 @@ type Capabilities struct {
 	Caches bool
 	// Workspaces: every Instance is an Archiver.
 	Workspaces bool
+	// EgressProxy: a sandbox made with Spec.Egress reaches nothing but
+	// the server's egress proxy, which alone decides where its job may go
+	// (so an allowlist holds); the Backend is an EgressRouter.
+	EgressProxy bool
+	// EgressTrust: the backend puts Spec.Egress.CACert in the sandbox's
+	// trust (EgressRoute.TrustFile), which credentials injected by the
+	// proxy need.
+	EgressTrust bool
 }
 
 // Spec describes the sandbox a job needs.
@@ -81,6 +90,55 @@ type Spec struct {
 	// Caches are directories kept between sandboxes, each mounted
 	// read-write at /cache/NAME (Capabilities.Caches).
 	Caches []Cache
+	// Egress, with Network, routes the sandbox's network through the
+	// server's egress proxy alone (Capabilities.EgressProxy).
+	Egress *Egress
+}
+
+// Egress is a sandbox's network through the server's egress proxy.
+type Egress struct {
+	// Token names the job's network to the proxy, which asks the engine
+	// for its policy by it.
+	Token string
+	// CACert, if set, is the job's own certificate authority (PEM), which
+	// the sandbox trusts besides its system roots: the proxy stands in
+	// with it for the hosts it adds an operator's credential for.
+	CACert []byte
+}
+
+// EgressServer is the egress proxy as a backend serves it: each listener
+// the backend opens for a sandbox is served for that sandbox's token
+// until ctx ends. *egress.Proxy is one.
+type EgressServer interface {
+	Serve(ctx context.Context, ln net.Listener, token string) error
+	ServeTransparent(ctx context.Context, ln net.Listener, token string) error
+	ServeDNS(ctx context.Context, pc net.PacketConn, token string) error
+	ServeDNSStream(ctx context.Context, ln net.Listener, token string) error
+	ServeCallback(ctx context.Context, ln net.Listener, token string) error
+}
+
+// EgressRoute is how a job inside a sandbox reaches the proxy, for its
+// environment.
+type EgressRoute struct {
+	// ProxyURL is http_proxy's and https_proxy's value (with the token in
+	// it where the proxy cannot tell sandboxes apart otherwise).
+	ProxyURL string
+	// NoProxy is no_proxy's: what the job reaches directly (its own
+	// loopback).
+	NoProxy string
+	// CallbackURL, if set, replaces the server's callback base URL: the
+	// job reaches the callback server there.
+	CallbackURL string
+	// TrustFile is where a sandbox made with Egress.CACert finds its
+	// trust bundle (its system roots and the job's CA).
+	TrustFile string
+}
+
+// EgressRouter is a Backend with Capabilities.EgressProxy.
+type EgressRouter interface {
+	// EgressRoute says how a job whose network token is token reaches
+	// the proxy from one of the backend's sandboxes.
+	EgressRoute(token string) EgressRoute
 }
 
 // Cache names a kept cache: Name is the directory under /cache, Key the

@@ -596,6 +596,7 @@ func cloneManifest(m delegate.Manifest) delegate.Manifest {
 	m.Env = maps.Clone(m.Env)
 	m.Secrets = slices.Clone(m.Secrets)
 	m.Artifacts = slices.Clone(m.Artifacts)
+	m.Network.Allow = slices.Clone(m.Network.Allow)
 	if m.Agent != nil {
 		a := *m.Agent
 		m.Agent = &a

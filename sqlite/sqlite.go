@@ -30,6 +30,7 @@ type DB struct {
 	*SandboxStore
 	*QuestionStore
 	*WorkspaceStore
+	*NetworkStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -211,6 +212,26 @@ var migrations = []string{
 		changes BLOB,
 		summary TEXT
 	);`,
+	// Networks the egress proxy serves (issue 23): a job's or a kept
+	// sandbox's, found by id or by its token's hash; each with its log.
+	`CREATE TABLE networks (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		token_hash TEXT NOT NULL UNIQUE,
+		token TEXT NOT NULL DEFAULT '',
+		ended INTEGER NOT NULL DEFAULT 0,
+		ca BLOB,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX networks_live ON networks(ended, seq);
+	CREATE TABLE network_log (
+		network_seq INTEGER NOT NULL REFERENCES networks(seq) ON DELETE CASCADE,
+		seq INTEGER NOT NULL,
+		allowed INTEGER NOT NULL,
+		attempt INTEGER NOT NULL,
+		data TEXT NOT NULL,
+		PRIMARY KEY (network_seq, seq)
+	) WITHOUT ROWID;`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -289,6 +310,9 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.WorkspaceStore, err = newWorkspaceStore(ctx, db); err != nil {
+		return err
+	}
+	if db.NetworkStore, err = newNetworkStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

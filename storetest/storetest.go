@@ -60,6 +60,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Questions", testQuestions},
 		{"Answers", testAnswers},
 		{"Workspaces", testWorkspaces},
+		{"Networks", testNetworks},
+		{"NetworkLog", testNetworkLog},
+		{"AllowlistManifest", testAllowlistManifest},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
@@ -811,7 +814,7 @@ func testSandboxes(t *testing.T, open Open) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	mk := func(id, instance string) *delegate.Sandbox {
 		return &delegate.Sandbox{ID: id, State: delegate.SandboxIdle, Backend: "local", Instance: instance, JobID: "job-1", Owner: "o1",
-			Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.NetworkNone,
+			Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.Network{Mode: delegate.NetworkNone},
 			CreatedAt: now, LastUsedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, PauseTimeout: time.Hour}
 	}
 	a, b := mk("sbx-a", "sb-1"), mk("sbx-b", "sb-2")

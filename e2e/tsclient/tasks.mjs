@@ -16,7 +16,8 @@
 //   resume REF       resume a task from its reference and settle it
 //   plain SCRIPT     the same client without the extension: submit_job,
 //                    wait_job, get_job_result, as today
-//   ask SCRIPT       a job that asks: the requester's onInputRequest
+//   ask SCRIPT       a job that asks (SCRIPT may be a whole manifest, as
+//                    JSON): the requester's onInputRequest
 //                    answers each elicitation (an enum's last value, a
 //                    number 7, true, "answered NAME") through tasks/update
 //   unanswered SCRIPT TIMEOUT
@@ -105,7 +106,8 @@ const checkOutput = (structured) => {
   return v.valid ? "valid" : v.errorMessage;
 };
 
-const manifest = (task, timeout = 600) => ({ manifest: { agentType: "script", task, timeout } });
+// A task, or (starting with "{") a whole manifest as JSON.
+const manifest = (task, timeout = 600) => task.startsWith("{") ? { manifest: JSON.parse(task) } : ({ manifest: { agentType: "script", task, timeout } });
 
 const session = (options = {}) => createTaskSessionFromClient(client, {
   endpointId,
