@@ -195,6 +195,10 @@ func leaves(schema map[string]any, path string) []leaf {
 					out = append(out, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
 				}
 			}
+		case p["description"] == "as submit_job's" && len(p) == 1:
+			// open_sandbox's network: submit_job's manifest.network, said
+			// by reference (tools/list's budget); it takes the same.
+			out = append(out, leaf{pp, "none", 42}, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
 		case p["enum"] != nil:
 			out = append(out, leaf{pp, p["enum"].([]any)[0], 42})
 		case p["properties"] != nil:
