@@ -32,15 +32,6 @@ import (
 // recently used caches are removed while all of them hold more than
 // Config.CacheMaxBytes.
 
-// cacheMount is a cache a sandbox has, as its state records it.
-type cacheMount struct {
-	Name string `json:"name"`
-	Key  string `json:"key"`
-	// Shared: the project's cache is bound; otherwise an empty one of the
-	// sandbox's own.
-	Shared bool `json:"shared,omitempty"`
-}
-
 // cacheMeta is a cache's record, written when a sandbox releases it.
 type cacheMeta struct {
 	Bytes int64     `json:"bytes"`

@@ -146,6 +146,15 @@ type sandboxState struct {
 	Caches []cacheMount `json:"caches,omitempty"`
 }
 
+// cacheMount is a cache a sandbox has, as its state records it.
+type cacheMount struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+	// Shared: the project's cache is bound; otherwise an empty one of the
+	// sandbox's own.
+	Shared bool `json:"shared,omitempty"`
+}
+
 // hostBase is the first of the sandbox's host ids: its init's uid and
 // gid; its job's are hostBase()+jobID.
 func (st sandboxState) hostBase() uint32 {
