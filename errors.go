@@ -121,6 +121,9 @@ type NotFoundError struct {
 	// Reason replaces "not found" when there is more to say (an artifact
 	// that was listed but not kept: "not kept: larger than …").
 	Reason string
+	// There, if set, says what does exist instead ("the job's artifacts:
+	// out.txt, log.txt"), so that a typo is seen at once.
+	There string
 }
 
 func (e *NotFoundError) Error() string {
@@ -130,6 +133,9 @@ func (e *NotFoundError) Error() string {
 	}
 	if e.Reason != "" {
 		return s + ": " + e.Reason
+	}
+	if e.There != "" {
+		return s + ": not found (" + e.There + ")"
 	}
 	return s + ": not found"
 }
@@ -144,3 +150,22 @@ func JobNotFound(id string) *NotFoundError { return &NotFoundError{Resource: "jo
 func ArtifactNotFound(job, name string) *NotFoundError {
 	return &NotFoundError{Resource: "artifact", ID: name, Of: "job " + job}
 }
+
+// IdempotencyConflictError: an idempotency key was sent again with a
+// manifest other than the one it was first sent with. Returning the first
+// job would hand the caller the result of work it did not ask for, and
+// running the new manifest would break the key's promise, so the
+// submission is refused (as payment APIs refuse a key reused with other
+// parameters). It wraps ErrConflict.
+type IdempotencyConflictError struct {
+	Key   string
+	JobID string // the job the key was first used for
+}
+
+func (e *IdempotencyConflictError) Error() string {
+	return fmt.Sprintf("idempotency_key %q was used for job %s with a different manifest: a retry must send the same manifest; "+
+		"use a new key for other work (or read job %s)", e.Key, e.JobID, e.JobID)
+}
+
+// Unwrap lets errors.Is(err, ErrConflict) match.
+func (e *IdempotencyConflictError) Unwrap() error { return ErrConflict }

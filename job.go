@@ -43,6 +43,11 @@ type Job struct {
 	Result string `json:"result,omitempty"`
 	// IdempotencyKey makes a retried submission return the same job.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// IdempotencyDigest is the digest of the manifest as it was submitted
+	// with the key (Manifest.Digest, before defaults): a later submission
+	// with the key and another manifest is refused, not answered with this
+	// job. "" for a job stored before digests were kept (it matches any).
+	IdempotencyDigest string `json:"-"`
 	// TokenHash is the SHA-256 of the job's callback token; the token
 	// itself is only ever given to the sandbox.
 	TokenHash string `json:"-"`

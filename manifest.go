@@ -1,7 +1,10 @@
 package delegate
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +59,10 @@ const (
 	MinDiskBytes      = 1 << 20
 	MaxSizeBytes      = 1 << 40
 	MaxArtifactGlobs  = 32
+	// MaxStdinBytes caps a job's standard input (decoded): it travels in
+	// the manifest and into the sandbox in memory, like the task. More
+	// data goes in files.
+	MaxStdinBytes = 1 << 20
 )
 
 // Manifest is what a client submits: the seed's fields, field for field.
@@ -76,20 +83,23 @@ type Manifest struct {
 	StatusMode StatusMode `json:"statusMode,omitempty"`
 	// Artifacts are globs relative to /workspace; matching files are kept.
 	Artifacts []string `json:"artifacts,omitempty"`
-	// Network is none (default) or egress (default for claude).
-	Network Network `json:"network,omitempty"`
+	// Network is none (default), egress (default for claude), or an
+	// allowlist {"allow": [...], "ask": bool} (network.go).
+	Network Network `json:"network,omitzero"`
+	// Stdin is the job's standard input, base64 (standard encoding), at
+	// most MaxStdinBytes once decoded; empty: /dev/null. A claude job
+	// reads its prompt there, so it takes none.
+	Stdin string `json:"stdin,omitempty"`
 	// Sandbox runs the job in a kept sandbox (its id) instead of a new
 	// one: with its files, its network, its limits, its processes.
 	Sandbox string `json:"sandbox,omitempty"`
+	// Workspace is copied into /workspace before the job, and what the
+	// job changes there is kept (see WorkspaceSource).
+	Workspace *WorkspaceSource `json:"workspace,omitempty"`
+	// Caches are kept between jobs of the same workspace source, mounted
+	// at /cache/NAME (see Caches).
+	Caches []string `json:"caches,omitempty"`
 }
-
-// Network says whether a job may reach the outside network.
-type Network string
-
-const (
-	NetworkNone   Network = "none"
-	NetworkEgress Network = "egress"
-)
 
 // AgentConfig tunes the agent.
 type AgentConfig struct {
@@ -102,6 +112,10 @@ type File struct {
 	Path    string `json:"path"`
 	Content string `json:"content"`        // base64 (standard encoding)
 	Mode    string `json:"mode,omitempty"` // octal permissions, e.g. "0755"; default "0644"
+	// Link, if set, makes Path a symbolic link to Link instead of a file
+	// (Content and Mode empty): a tree sent as it is, links as links.
+	// Inside the sandbox a link resolves there, never on the server.
+	Link string `json:"link,omitempty"`
 }
 
 // Resources asks for cpu cores, memory and workspace disk.
@@ -234,7 +248,7 @@ func (m *Manifest) Validate() error {
 		}
 	}
 	if r := m.Resources; r != nil {
-		if r.CPU < 0 || r.CPU > MaxCPU {
+		if !(r.CPU >= 0 && r.CPU <= MaxCPU) { // NaN too
 			return fieldErr("manifest.resources.cpu", "must be between 0.01 and %d cores (got %g)", MaxCPU, r.CPU)
 		}
 		if r.CPU != 0 && r.CPU < 0.01 {
@@ -260,10 +274,8 @@ func (m *Manifest) Validate() error {
 	default:
 		return fieldErr("manifest.statusMode", "must be simple, detailed or streaming (got %q)", m.StatusMode)
 	}
-	switch m.Network {
-	case "", NetworkNone, NetworkEgress:
-	default:
-		return fieldErr("manifest.network", "must be none or egress (got %q)", m.Network)
+	if err := m.Network.Validate("manifest.network"); err != nil {
+		return err
 	}
 	if len(m.Artifacts) > MaxArtifactGlobs {
 		return fieldErr("manifest.artifacts", "must have at most %d globs", MaxArtifactGlobs)
@@ -273,8 +285,29 @@ func (m *Manifest) Validate() error {
 			return fieldErr(fmt.Sprintf("manifest.artifacts[%d]", i), "%v", err)
 		}
 	}
+	if m.Stdin != "" {
+		if m.AgentType == AgentClaude {
+			return fieldErr("manifest.stdin", "is not taken by agentType claude (its standard input is the prompt, the task)")
+		}
+		tooLarge := fmt.Sprintf("must be at most %d bytes once decoded (send larger data as files)", MaxStdinBytes)
+		// A value far too long is refused before decoding (base64 may
+		// be wrapped in lines, hence the slack).
+		if len(m.Stdin) > 2*base64.StdEncoding.EncodedLen(MaxStdinBytes) {
+			return fieldErr("manifest.stdin", "%s", tooLarge)
+		}
+		n, err := checkBase64(m.Stdin)
+		if err != nil {
+			return fieldErr("manifest.stdin", "%v", err)
+		}
+		if n > MaxStdinBytes {
+			return fieldErr("manifest.stdin", "%s", tooLarge)
+		}
+	}
 	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
 		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
+	}
+	if err := m.validateWorkspace(); err != nil {
+		return err
 	}
 	if m.Sandbox != "" {
 		if err := CheckSandboxID("manifest.sandbox", m.Sandbox); err != nil {
@@ -285,7 +318,7 @@ func (m *Manifest) Validate() error {
 		for _, f := range []struct {
 			name string
 			set  bool
-		}{{"resources", m.Resources != nil}, {"vmTemplate", m.VMTemplate != ""}, {"network", m.Network != ""}, {"lifecycle", m.Lifecycle != ""}} {
+		}{{"resources", m.Resources != nil}, {"vmTemplate", m.VMTemplate != ""}, {"network", !m.Network.IsZero()}, {"lifecycle", m.Lifecycle != ""}} {
 			if f.set {
 				return fieldErr("manifest."+f.name, "is the sandbox's own for a command in sandbox %s: leave it out", m.Sandbox)
 			}
@@ -313,6 +346,7 @@ func validateFiles(files []File) error {
 		return fieldErr("manifest.files", "must have at most %d files", MaxFiles)
 	}
 	seen := make(map[string]int, len(files))
+	links := map[string]int{}
 	var total int64
 	for i, f := range files {
 		field := fmt.Sprintf("manifest.files[%d]", i)
@@ -324,6 +358,15 @@ func validateFiles(files []File) error {
 			return fieldErr(field+".path", "%s is also files[%d]", p, j)
 		}
 		seen[p] = i
+		if f.Link != "" {
+			if len(f.Link) > 4096 || strings.ContainsRune(f.Link, 0) {
+				return fieldErr(field+".link", "must be at most 4096 bytes without NUL")
+			}
+			if f.Content != "" || f.Mode != "" {
+				return fieldErr(field+".link", "makes a symbolic link: content must be empty (\"\") and mode left out")
+			}
+			links[p] = i
+		}
 		if f.Mode != "" && !modeRE.MatchString(f.Mode) {
 			return fieldErr(field+".mode", "must be octal permissions like 0644 or 0755 (got %q)", f.Mode)
 		}
@@ -334,6 +377,18 @@ func validateFiles(files []File) error {
 		total += n
 		if total > MaxFileBytesTotal {
 			return fieldErr(field+".content", "files must total at most %d MiB", MaxFileBytesTotal>>20)
+		}
+	}
+	if len(links) > 0 {
+		// Nothing is written through a link: a file under a link's path
+		// would land wherever the link points.
+		for i, f := range files {
+			p, _ := WorkspacePath(f.Path)
+			for d := path.Dir(p); d != Workspace; d = path.Dir(d) {
+				if j, ok := links[d]; ok {
+					return fieldErr(fmt.Sprintf("manifest.files[%d].path", i), "%s is under files[%d], a symbolic link", p, j)
+				}
+			}
 		}
 	}
 	return nil
@@ -395,12 +450,27 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	if m.StatusMode == "" {
 		m.StatusMode = StatusModeSimple
 	}
-	if m.Network == "" {
-		m.Network = NetworkNone
+	if m.Network.Mode == "" {
+		m.Network.Mode = NetworkNone
 		if m.AgentType == AgentClaude {
-			m.Network = NetworkEgress // the CLI must reach the model's API
+			m.Network.Mode = NetworkEgress // the CLI must reach the model's API
 		}
 	}
+}
+
+// Digest is the SHA-256 of the manifest as it is (call it before
+// ApplyDefaults: the manifest as submitted), in hex. It is computed over
+// the manifest's JSON encoding, whose fields come in a fixed order and
+// whose maps are sorted, so the same request digests the same however
+// its JSON was spelled (key order, spaces, a null for an absent field).
+// Call it on a validated manifest (whose every field encodes).
+func (m *Manifest) Digest() string {
+	b, err := json.Marshal(m)
+	if err != nil {
+		b = fmt.Appendf(nil, "%#v", *m) // not reached for a valid manifest
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // DecodedFiles returns the files with their content decoded and their path
@@ -411,6 +481,10 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 		p, err := WorkspacePath(f.Path)
 		if err != nil {
 			return nil, fieldErr(fmt.Sprintf("manifest.files[%d].path", i), "%v", err)
+		}
+		if f.Link != "" {
+			out = append(out, DecodedFile{Path: p, Data: []byte(f.Link), Mode: fs.ModeSymlink | 0o777})
+			continue
 		}
 		data, err := base64.StdEncoding.DecodeString(f.Content)
 		if err != nil {
@@ -429,11 +503,24 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 	return out, nil
 }
 
+// DecodedStdin returns the job's standard input, decoded (nil: none).
+// Call it on a validated manifest.
+func (m *Manifest) DecodedStdin() ([]byte, error) {
+	if m.Stdin == "" {
+		return nil, nil
+	}
+	data, err := base64.StdEncoding.DecodeString(m.Stdin)
+	if err != nil {
+		return nil, fieldErr("manifest.stdin", "%v", errNotBase64)
+	}
+	return data, nil
+}
+
 // DecodedFile is a manifest file ready to write.
 type DecodedFile struct {
-	Path string // absolute, inside /workspace
-	Data []byte
-	Mode fs.FileMode
+	Path string      // absolute, inside /workspace
+	Data []byte      // for a symbolic link, its target
+	Mode fs.FileMode // fs.ModeSymlink for a link
 }
 
 // errNotBase64 is the rule a file's content breaks when it is not base64.

@@ -85,7 +85,7 @@ const (
 type SandboxSpec struct {
 	Resources  *Resources `json:"resources,omitempty"`
 	VMTemplate string     `json:"vmTemplate,omitempty"`
-	Network    Network    `json:"network,omitempty"`
+	Network    Network    `json:"network,omitzero"`
 	// Timeouts in seconds: idle before it is paused, paused before it
 	// goes, and its whole lifetime.
 	IdleTimeout  int `json:"idle_timeout,omitempty"`

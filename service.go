@@ -96,6 +96,8 @@ type JobSummary struct {
 	StartedAt  time.Time `json:"started_at,omitzero"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 	ExitCode   *int      `json:"exit_code,omitempty"`
+	// ExitReason says why a finished job's process ended (exit.go).
+	ExitReason ExitReason `json:"exit_reason,omitempty"`
 	// SandboxKept: a finished persistent job's sandbox is still there
 	// (Release destroys it).
 	SandboxKept bool `json:"sandbox_kept,omitempty"`
@@ -120,6 +122,8 @@ type JobResult struct {
 	JobID    string `json:"job_id"`
 	Status   Status `json:"status"`
 	ExitCode *int   `json:"exit_code,omitempty"`
+	// ExitReason says why the process ended (exit.go): exit_code is how.
+	ExitReason ExitReason `json:"exit_reason,omitempty"`
 	// Output is the end of the kept stdout, from OutputOffset (bytes of
 	// kept stdout before it) on, never starting inside a UTF-8 sequence.
 	// Output kept before delegate told the streams apart is stdout and
@@ -139,10 +143,18 @@ type JobResult struct {
 	Result          string     `json:"result,omitempty"`
 	OOMKilled       bool       `json:"oom_killed,omitempty"`
 	Artifacts       []Artifact `json:"artifacts"`
-	StartedAt       time.Time  `json:"started_at,omitzero"`
-	FinishedAt      time.Time  `json:"finished_at,omitzero"`
+	// Changes are what the job changed in its imported workspace (nil
+	// without a workspace source); WorkspaceService has the diff.
+	Changes    *WorkspaceChanges `json:"changes,omitempty"`
+	StartedAt  time.Time         `json:"started_at,omitzero"`
+	FinishedAt time.Time         `json:"finished_at,omitzero"`
 	// Duration is how long the job ran.
 	Duration time.Duration `json:"-"`
+	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).
+	Sandbox string `json:"sandbox_id,omitempty"`
+	// Network is set for a job whose network went through the egress
+	// proxy (NetworkService has its whole log).
+	Network *NetworkResult `json:"network,omitempty"`
 }
 
 // LogOptions say which part of a job's output to read.

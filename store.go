@@ -15,5 +15,7 @@ type Store interface {
 	OutputStore
 	ArtifactStore
 	SandboxStore
+	WorkspaceStore
 	QuestionStore // question.go
+	NetworkStore
 }

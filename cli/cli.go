@@ -118,7 +118,8 @@ func Execute(ctx context.Context, p Program, args []string) int {
 		name = cmd.CommandPath()
 	}
 	fmt.Fprintf(p.Stderr, "%s: %v\n", name, err)
-	inRun := cmd != nil && cmd.Name() == "run" && cmd.Parent() == root
+	// exec, like run, passes a command's exit codes through.
+	inRun := cmd != nil && (cmd.Name() == "run" || cmd.Name() == "exec") && cmd.Parent() == root
 	var usage usageError
 	var config configError
 	if errors.As(err, &usage) {
@@ -129,6 +130,9 @@ func Execute(ctx context.Context, p Program, args []string) int {
 		return ExitUsage
 	}
 	exit, hint := serviceExit(err)
+	if h := sandboxHint(err); h != "" {
+		hint = h
+	}
 	if hint != "" {
 		fmt.Fprintln(p.Stderr, hint)
 	}
@@ -184,6 +188,7 @@ func (p *Program) root() *cobra.Command {
 		p.serveCmd(&cfg),
 		p.runCmd(&cfg),
 		p.jobsCmd(&cfg),
+		p.sandboxesCmd(&cfg), p.execCmd(&cfg), p.cpCmd(&cfg),
 		p.pveSimCmd(&cfg),
 		p.benchCmd(&cfg),
 		&cobra.Command{

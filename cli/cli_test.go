@@ -31,7 +31,11 @@ type result struct {
 }
 
 type harness struct {
-	svc   *mock.JobService
+	svc *mock.JobService
+	// sbx, if set, is the service's SandboxService (sandboxes_test.go).
+	sbx *mock.SandboxService
+	// other, if set, is the service Open returns instead of svc.
+	other delegate.JobService
 	env   map[string]string
 	stdin string
 	serve func(cli.ServeOptions) error
@@ -56,6 +60,15 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 			mu.Lock()
 			r.opened, r.runJobs = append(r.opened, cfg), append(r.runJobs, runJobs)
 			mu.Unlock()
+			if h.sbx != nil {
+				return struct {
+					*mock.JobService
+					*mock.SandboxService
+				}{h.svc, h.sbx}, func() {}, nil
+			}
+			if h.other != nil {
+				return h.other, func() {}, nil
+			}
 			return h.svc, func() {}, nil
 		},
 		Serve: func(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
@@ -137,7 +150,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "-n", "0"}, "--runs: must be at least 1", 2},
 		{[]string{"pve-sim", "--nodes", "0"}, "--nodes: must be from 1 to 64", 2},
 		{[]string{"pve-sim", "--bogus"}, "unknown flag: --bogus", 2},
-		{[]string{"run"}, "give --script CMD or --manifest FILE", 125},
+		{[]string{"run"}, "give --script CMD, --task TEXT (with --agent) or --manifest FILE", 125},
 		{[]string{"run", "--script", "x", "--manifest", "m.json"}, "not both", 125},
 		{[]string{"run", "--script", "x", "oops"}, `unexpected argument "oops" (quote the script`, 125},
 		{[]string{"run", "--bogus"}, "unknown flag: --bogus", 125},
@@ -647,7 +660,7 @@ func TestServiceErrorTable(t *testing.T) {
 		hint string
 	}{
 		{"a job", delegate.JobNotFound("job-x"), 1, "'delegate jobs list' shows the jobs."},
-		{"an artifact", delegate.ArtifactNotFound("job-x", "a.txt"), 1, "'delegate jobs result ID --json' lists a job's artifacts."},
+		{"an artifact", delegate.ArtifactNotFound("job-x", "a.txt"), 1, "'delegate jobs artifacts ID' lists a job's artifacts."},
 		{"not finished", fmt.Errorf("job job-x is running: %w", delegate.ErrNotFinished), 1, "'delegate jobs logs ID --follow'"},
 		{"unavailable", fmt.Errorf("%w: pve: connection refused", delegate.ErrUnavailable), cli.ExitUnavailable, "Try again later."},
 		{"internal", errors.New("SQL logic error: no such table: jobs (1)"), 1, ""},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -36,6 +37,9 @@ type Config struct {
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
 	// which the backend checks when it starts.
 	SandboxUIDs string
+	// ToolDirs are host directories of tools local jobs see read-only, on
+	// their PATH (DELEGATE_TOOL_DIRS, separated by ':').
+	ToolDirs []string
 	// PidsMax and NoFile are a local sandbox's processes and each
 	// process's open files (DELEGATE_PIDS_MAX, DELEGATE_NOFILE; 0: the
 	// backend chooses them from the host's file table).
@@ -63,6 +67,13 @@ type Config struct {
 	HeartbeatThreshold time.Duration
 	SecretsFile        string
 
+	// EgressAllow lifts single ranges out of what the egress proxy always
+	// denies (a package mirror at 10.1.2.3/32), DELEGATE_EGRESS_ALLOW;
+	// EgressAllowPrivate lets jobs reach the private ranges,
+	// DELEGATE_EGRESS_ALLOW_PRIVATE. Neither widens an allowlist.
+	EgressAllow        []netip.Prefix
+	EgressAllowPrivate bool
+
 	// HTTPToken and HTTPTokenFile are DELEGATE_HTTP_TOKEN and
 	// DELEGATE_HTTP_TOKEN_FILE as they are: `serve --http` reads them
 	// (LoadHTTPToken), the other commands never need the file.
@@ -70,9 +81,16 @@ type Config struct {
 	HTTPTokenFile string
 
 	// Proxmox (DELEGATE_BACKEND=proxmox).
-	Proxmox       pve.Config
-	ProxmoxBridge string
-	ProxmoxVLAN   int
+	Proxmox pve.Config
+	// ProxmoxEgressProxy is where job VMs reach the egress proxy
+	// (PROXMOX_EGRESS_PROXY, address:port): set, jobs' networks go
+	// through it alone, behind each VM's firewall; ProxmoxEgressListen is
+	// where the server listens for them (PROXMOX_EGRESS_LISTEN, default
+	// the same address).
+	ProxmoxEgressProxy  string
+	ProxmoxEgressListen string
+	ProxmoxBridge       string
+	ProxmoxVLAN         int
 	// ProxmoxAgentTimeout bounds the wait for a new VM's guest agent.
 	ProxmoxAgentTimeout time.Duration
 	// ProxmoxNodeMemory is what VMs may use per node ("" key: every node).
@@ -93,6 +111,18 @@ type Config struct {
 
 	// ProxmoxPool is the warm pool `serve` keeps (PROXMOX_POOL_*).
 	ProxmoxPool PoolConfig
+
+	// Workspaces: the directories a job's workspace source may lie under
+	// (DELEGATE_WORKSPACE_ROOTS, a list like PATH; none: dir sources are
+	// refused), a source's caps (DELEGATE_WORKSPACE_MAX_BYTES, _MAX_FILES),
+	// the addresses a git clone may reach besides public ones
+	// (DELEGATE_WORKSPACE_GIT_ALLOW), and what the caches may hold in all
+	// (DELEGATE_CACHE_MAX).
+	WorkspaceRoots    []string
+	WorkspaceMaxBytes int64
+	WorkspaceMaxFiles int
+	WorkspaceGitAllow []netip.Prefix
+	CacheMaxBytes     int64
 }
 
 // PoolConfig is the warm pool of booted Proxmox VMs: how many, and their
@@ -131,6 +161,7 @@ func envVars() []envVar {
 		{"DEFAULT_VM_TEMPLATE", "(host view)", "default vmTemplate (local: a rootfs name, or an absolute path; proxmox: a template)"},
 		{"DELEGATE_ROOTFS_DIR", "DELEGATE_DATA_DIR/rootfs", "root filesystems a job may name in vmTemplate (local backend)"},
 		{"DELEGATE_SANDBOX_UIDS", "1879048192-2147352575", "host uids of local sandboxes, FIRST-LAST: 65536 per sandbox, clear of /etc/subuid and /etc/subgid"},
+		{"DELEGATE_TOOL_DIRS", "", "host directories of tools local jobs see read-only at their paths, their bin on PATH, separated by ':' (e.g. /opt/node:/opt/jdk)"},
 		{"DELEGATE_PIDS_MAX", "512 (less on a small host)", "processes and threads of one local sandbox"},
 		{"DELEGATE_MAX_CPU", "the host's cores (local)", "most cpu cores a job may ask for"},
 		{"DELEGATE_MAX_MEMORY", "the host's memory (local)", "most memory a job may ask for"},
@@ -146,10 +177,18 @@ func envVars() []envVar {
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
 		{"CALLBACK_PUBLIC_URL", "http://CALLBACK_HOST:CALLBACK_PORT", "callback base URL handed to sandboxes"},
 		{"HEARTBEAT_THRESHOLD_SECONDS", strconv.Itoa(int(delegate.DefaultHeartbeatThreshold.Seconds())), "a running job silent this long fails with lost heartbeat"},
-		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600)"},
+		{"DELEGATE_SECRETS_FILE", "", "file of NAME=value secret lines (mode 0600); NAME_INJECT='host Header Format {}' binds a secret to a host"},
+		{"DELEGATE_SECRET_<NAME>_INJECT", "", "'host Header Format {}': the egress proxy adds the secret to the job's HTTPS requests to host; the job sees a placeholder"},
+		{"DELEGATE_EGRESS_ALLOW", "", "comma-separated ranges jobs may reach although the egress proxy denies them (10.1.2.3/32): never widens an allowlist"},
+		{"DELEGATE_EGRESS_ALLOW_PRIVATE", "false", "let jobs' network reach 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
-		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see the README)"},
+		{"DELEGATE_WORKSPACE_ROOTS", "", "directories (a list like PATH) whose subdirectories jobs may import as manifest.workspace.dir; unset: none"},
+		{"DELEGATE_WORKSPACE_MAX_BYTES", "256M", "most a workspace source may hold (and never more than half the job's memory)"},
+		{"DELEGATE_WORKSPACE_MAX_FILES", "50000", "most files (directories and links included) a workspace source may hold"},
+		{"DELEGATE_WORKSPACE_GIT_ALLOW", "", "CIDRs a git source may be cloned from besides public addresses (a git server on the LAN), comma-separated"},
+		{"DELEGATE_CACHE_MAX", "10G", "what the caches jobs ask for (manifest.caches) may hold in all; the least recently used go first"},
+		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
 	}
@@ -195,6 +234,10 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		CallbackHost:       defaultCallbackHost,
 		CallbackPort:       defaultCallbackPort,
 		HeartbeatThreshold: delegate.DefaultHeartbeatThreshold,
+
+		WorkspaceMaxBytes: defaultWorkspaceMaxBytes,
+		WorkspaceMaxFiles: defaultWorkspaceMaxFiles,
+		CacheMaxBytes:     defaultCacheMax,
 	}
 	var errs []string
 	bad := func(name, rule string) { errs = append(errs, fmt.Sprintf("%s=%q: %s", name, getenv(name), rule)) }
@@ -278,6 +321,15 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	if c.RootfsDir != "" && (!filepath.IsAbs(c.RootfsDir) || filepath.Clean(c.RootfsDir) != c.RootfsDir) {
 		bad("DELEGATE_ROOTFS_DIR", "must be a clean absolute path")
 	}
+	if v := getenv("DELEGATE_TOOL_DIRS"); v != "" {
+		for d := range strings.SplitSeq(v, ":") {
+			if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+				bad("DELEGATE_TOOL_DIRS", fmt.Sprintf("must be clean absolute paths of directories, separated by ':' (got %q)", d))
+				break
+			}
+			c.ToolDirs = append(c.ToolDirs, d)
+		}
+	}
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)
 	c.CleanupInterval = time.Duration(cleanup) * time.Second
@@ -296,11 +348,29 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	intIn("HEARTBEAT_THRESHOLD_SECONDS", 1, 86400, &heartbeat)
 	c.HeartbeatThreshold = time.Duration(heartbeat) * time.Second
 	str("DELEGATE_SECRETS_FILE", &c.SecretsFile)
+	if v := getenv("DELEGATE_EGRESS_ALLOW"); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(f))
+			if err != nil {
+				bad("DELEGATE_EGRESS_ALLOW", fmt.Sprintf("%q is not an address range like 10.1.2.3/32 or fd00:1::/64", strings.TrimSpace(f)))
+				break
+			}
+			c.EgressAllow = append(c.EgressAllow, p.Masked())
+		}
+	}
+	if v := getenv("DELEGATE_EGRESS_ALLOW_PRIVATE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			bad("DELEGATE_EGRESS_ALLOW_PRIVATE", "must be true or false")
+		}
+		c.EgressAllowPrivate = b
+	}
 	str("DELEGATE_HTTP_TOKEN", &c.HTTPToken)
 	str("DELEGATE_HTTP_TOKEN_FILE", &c.HTTPTokenFile)
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
+	c.loadWorkspaces(getenv, bad)
 	c.loadMaxima(getenv, host, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {
@@ -310,6 +380,16 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		}
 		c.Proxmox = pc
 		str("PROXMOX_JOB_BRIDGE", &c.ProxmoxBridge)
+		str("PROXMOX_EGRESS_PROXY", &c.ProxmoxEgressProxy)
+		str("PROXMOX_EGRESS_LISTEN", &c.ProxmoxEgressListen)
+		if v := c.ProxmoxEgressProxy; v != "" {
+			if ap, err := netip.ParseAddrPort(v); err != nil || ap.Port() == 0 {
+				bad("PROXMOX_EGRESS_PROXY", "must be the address and port job VMs reach the egress proxy at, like 10.0.0.5:3128")
+			}
+			if c.ProxmoxEgressListen == "" {
+				c.ProxmoxEgressListen = v
+			}
+		}
 		intIn("PROXMOX_JOB_VLAN", 0, 4094, &c.ProxmoxVLAN)
 		agent := 300
 		intIn("PROXMOX_AGENT_TIMEOUT", 1, 3600, &agent)
@@ -476,6 +556,11 @@ func (c *Config) check() error {
 	c.DataDir = abs
 	if rule := templateRule(c.Defaults.VMTemplate, c.DataDir); rule != "" {
 		return fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %s", c.Defaults.VMTemplate, rule)
+	}
+	for _, root := range c.WorkspaceRoots {
+		if rule := c.workspaceRootRule(root); rule != "" {
+			return fmt.Errorf("DELEGATE_WORKSPACE_ROOTS: %s %s", root, rule)
+		}
 	}
 	return nil
 }

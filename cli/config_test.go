@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -60,6 +61,34 @@ func TestLoadConfig(t *testing.T) {
 			"DELEGATE_MAX_SANDBOXES": "0", "DELEGATE_SANDBOX_IDLE": "30", "DELEGATE_SANDBOX_PAUSE": "500ms", "DELEGATE_SANDBOX_LIFETIME": "1000h",
 		}, []string{"DELEGATE_MAX_SANDBOXES", "DELEGATE_SANDBOX_IDLE", "DELEGATE_SANDBOX_PAUSE", "DELEGATE_SANDBOX_LIFETIME"}, nil},
 		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
+		{"workspaces", map[string]string{
+			"DELEGATE_DATA_DIR": "/var/lib/delegate", "DELEGATE_WORKSPACE_ROOTS": "/home/ann/src:/srv/projects",
+			"DELEGATE_WORKSPACE_MAX_BYTES": "64M", "DELEGATE_WORKSPACE_MAX_FILES": "1000", "DELEGATE_WORKSPACE_GIT_ALLOW": "10.1.0.0/16, 192.0.2.7/32",
+			"DELEGATE_CACHE_MAX": "2G",
+		}, nil, func(t *testing.T, c Config) {
+			if fmt.Sprint(c.WorkspaceRoots) != "[/home/ann/src /srv/projects]" || c.WorkspaceMaxBytes != 64<<20 || c.WorkspaceMaxFiles != 1000 ||
+				fmt.Sprint(c.WorkspaceGitAllow) != "[10.1.0.0/16 192.0.2.7/32]" || c.CacheMaxBytes != 2<<30 {
+				t.Errorf("parsed: %v %d %d %v %d", c.WorkspaceRoots, c.WorkspaceMaxBytes, c.WorkspaceMaxFiles, c.WorkspaceGitAllow, c.CacheMaxBytes)
+			}
+		}},
+		{"workspaces default", nil, nil, func(t *testing.T, c Config) {
+			if c.WorkspaceRoots != nil || c.WorkspaceMaxBytes != 256<<20 || c.WorkspaceMaxFiles != 50000 || c.CacheMaxBytes != 10<<30 {
+				t.Errorf("defaults: %v %d %d %d", c.WorkspaceRoots, c.WorkspaceMaxBytes, c.WorkspaceMaxFiles, c.CacheMaxBytes)
+			}
+		}},
+		{"workspace root /", map[string]string{"DELEGATE_WORKSPACE_ROOTS": "/"}, []string{"DELEGATE_WORKSPACE_ROOTS", "must not be /"}, nil},
+		{"workspace root holding the data dir", map[string]string{"DELEGATE_DATA_DIR": "/var/lib/delegate", "DELEGATE_WORKSPACE_ROOTS": "/var/lib"},
+			[]string{"DELEGATE_WORKSPACE_ROOTS", "/var/lib must neither hold nor lie in the data dir"}, nil},
+		{"workspace root in the data dir", map[string]string{"DELEGATE_DATA_DIR": "/var/lib/delegate", "DELEGATE_WORKSPACE_ROOTS": "/var/lib/delegate/sandboxes"},
+			[]string{"DELEGATE_WORKSPACE_ROOTS", "lie in the data dir"}, nil},
+		{"workspace root holding the secrets", map[string]string{"DELEGATE_SECRETS_FILE": "/etc/delegate/secrets", "DELEGATE_WORKSPACE_ROOTS": "/etc"},
+			[]string{"DELEGATE_WORKSPACE_ROOTS", "must not hold the secrets file"}, nil},
+		{"workspace root holding the token", map[string]string{"DELEGATE_HTTP_TOKEN_FILE": "/srv/token", "DELEGATE_WORKSPACE_ROOTS": "/srv"},
+			[]string{"DELEGATE_WORKSPACE_ROOTS", "must not hold the token file"}, nil},
+		{"workspace bad values", map[string]string{"DELEGATE_WORKSPACE_ROOTS": "src", "DELEGATE_WORKSPACE_MAX_BYTES": "lots",
+			"DELEGATE_WORKSPACE_MAX_FILES": "0", "DELEGATE_WORKSPACE_GIT_ALLOW": "lan", "DELEGATE_CACHE_MAX": "2T"},
+			[]string{"DELEGATE_WORKSPACE_ROOTS", "clean absolute path", "DELEGATE_WORKSPACE_MAX_BYTES", "DELEGATE_WORKSPACE_MAX_FILES",
+				"DELEGATE_WORKSPACE_GIT_ALLOW", "DELEGATE_CACHE_MAX"}, nil},
 		{"rootfs dir", map[string]string{"DELEGATE_DATA_DIR": "/var/lib/delegate"}, nil, func(t *testing.T, c Config) {
 			if got := c.LocalRootfsDir(); got != "/var/lib/delegate/rootfs" {
 				t.Errorf("default rootfs dir %q", got)
@@ -128,7 +157,13 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatal("accepted")
 			}
 			for _, name := range tc.wantErr {
-				if !strings.Contains(err.Error(), name+"=") {
+				// A variable is named as NAME=value; other words (a
+				// rule) as they are.
+				named := strings.Contains(err.Error(), name+"=")
+				if strings.ToUpper(name) != name {
+					named = strings.Contains(err.Error(), name)
+				}
+				if !named {
 					t.Errorf("error does not name %s: %v", name, err)
 				}
 			}
@@ -344,7 +379,13 @@ func TestPoolConfig(t *testing.T) {
 				t.Fatal("accepted")
 			}
 			for _, name := range tc.wantErr {
-				if !strings.Contains(err.Error(), name+"=") {
+				// A variable is named as NAME=value; other words (a
+				// rule) as they are.
+				named := strings.Contains(err.Error(), name+"=")
+				if strings.ToUpper(name) != name {
+					named = strings.Contains(err.Error(), name)
+				}
+				if !named {
 					t.Errorf("error does not name %s: %v", name, err)
 				}
 			}

@@ -27,7 +27,7 @@ var serviceErrors = map[delegate.Kind]struct {
 
 // notFoundHints replace the hint for what is not a job.
 var notFoundHints = map[string]string{
-	"artifact": "'delegate jobs result ID --json' lists a job's artifacts.",
+	"artifact": "'delegate jobs artifacts ID' lists a job's artifacts.",
 }
 
 // serviceExit is the exit status and the hint ("" none) for err.
@@ -37,6 +37,9 @@ func serviceExit(err error) (int, string) {
 		return ExitError, ""
 	}
 	var nf *delegate.NotFoundError
+	if errors.As(err, &nf) && nf.There != "" {
+		return a.exit, "" // the error says what there is
+	}
 	if errors.As(err, &nf) && notFoundHints[nf.Resource] != "" {
 		return a.exit, notFoundHints[nf.Resource]
 	}

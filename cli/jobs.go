@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,7 +32,9 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 		},
 	}
 	cmd.AddCommand(p.jobsListCmd(cfg), p.jobsStatusCmd(cfg), p.jobsResultCmd(cfg), p.jobsLogsCmd(cfg),
-		p.jobsCancelCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg))
+		p.jobsCancelCmd(cfg), p.jobsReleaseCmd(cfg), p.jobsArtifactCmd(cfg), p.jobsArtifactsCmd(cfg),
+		p.jobsQuestionsCmd(cfg), p.jobsAnswerCmd(cfg), p.jobsDiffCmd(cfg), p.jobsApplyCmd(cfg),
+		p.jobsNetworkCmd(cfg), p.jobsAllowCmd(cfg))
 	return cmd
 }
 
@@ -77,10 +81,7 @@ func (p *Program) jobsListCmd(cfg *Config) *cobra.Command {
 				tw := tabwriter.NewWriter(p.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "JOB\tSTATUS\tEXIT\tCREATED\tTASK")
 				for _, j := range page.Jobs {
-					exit := "-"
-					if j.ExitCode != nil {
-						exit = fmt.Sprint(*j.ExitCode)
-					}
+					exit := delegate.ExitText(j.ExitCode, j.ExitReason)
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%q\n", j.ID, j.Status, exit, j.CreatedAt.Local().Format(time.DateTime), j.Task)
 				}
 				tw.Flush()
@@ -120,7 +121,9 @@ func flagError(err error) error {
 // statusJSON is a job with its timeline, as `jobs status --json` prints it.
 type statusJSON struct {
 	*delegate.Job
-	Timeline []delegate.Event `json:"timeline,omitempty"`
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
+	Timeline   []delegate.Event    `json:"timeline,omitempty"`
+	Artifacts  []delegate.Artifact `json:"artifacts,omitempty"`
 }
 
 func (p *Program) jobsStatusCmd(cfg *Config) *cobra.Command {
@@ -140,10 +143,16 @@ func (p *Program) jobsStatusCmd(cfg *Config) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return p.printJSON(statusJSON{Job: j, Timeline: timeline})
+				var arts []delegate.Artifact
+				if j.Status.Terminal() && len(j.Manifest.Artifacts) > 0 {
+					if arts, err = svc.Artifacts(ctx, j.ID); err != nil {
+						return err
+					}
 				}
-				p.printStatus(j, timeline)
+				if asJSON {
+					return p.printJSON(statusJSON{Job: j, ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), Timeline: timeline, Artifacts: arts})
+				}
+				p.printStatus(j, timeline, arts)
 				return nil
 			})
 		},
@@ -152,7 +161,7 @@ func (p *Program) jobsStatusCmd(cfg *Config) *cobra.Command {
 	return cmd
 }
 
-func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
+func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event, arts []delegate.Artifact) {
 	w := p.Stdout
 	fmt.Fprintf(w, "%s %s", j.ID, j.Status)
 	if j.Progress != "" && j.Progress != string(j.Status) {
@@ -175,11 +184,14 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event) {
 	if !j.FinishedAt.IsZero() {
 		row("finished", "%s, after %.1fs", j.FinishedAt.Local().Format(time.DateTime), j.Duration(time.Now()).Seconds())
 	}
-	if j.ExitCode != nil {
-		row("exit code", "%d", *j.ExitCode)
+	if j.Status.Terminal() {
+		row("exit code", "%s", delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled)))
 	}
 	row("output", "%d bytes%s", j.OutputBytes, map[bool]string{true: " (truncated)"}[j.OutputTruncated])
 	tw.Flush()
+	if j.Status.Terminal() {
+		fmt.Fprint(w, artifactLines(j.ID, arts, "  "))
+	}
 	if len(timeline) > 0 {
 		fmt.Fprintln(w, "timeline:")
 		if j.TimelineDropped > 0 {
@@ -236,7 +248,15 @@ reset.`,
 					if err := errors.Join(finishOut(), finishErr()); err != nil {
 						return err
 					}
-					fmt.Fprintln(p.Stderr, verdict(res.JobID, res.Status, res.Duration, res.ExitCode, res.Error))
+					fmt.Fprintln(p.Stderr, verdict(res.JobID, res.Status, res.Duration, res.ExitCode, res.ExitReason, res.Error))
+					printArtifacts(p.Stderr, res.JobID, res.Artifacts)
+					if n := res.Network; n != nil {
+						line := fmt.Sprintf("network: %d allowed, %d denied", n.Summary.Allowed, n.Summary.Denied)
+						if len(n.Summary.DeniedNames) > 0 {
+							line += " (" + strings.Join(n.Summary.DeniedNames, ", ") + "): delegate jobs network " + res.JobID
+						}
+						fmt.Fprintln(p.Stderr, safe(line))
+					}
 				}
 				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))
 			})
@@ -286,7 +306,7 @@ func (p *Program) logs(ctx context.Context, svc delegate.JobService, id string, 
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, j.Error))
+			fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), j.Error))
 			return nil
 		}
 		switch {
@@ -346,6 +366,29 @@ func (p *Program) jobsCancelCmd(cfg *Config) *cobra.Command {
 	}
 }
 
+func (p *Program) jobsReleaseCmd(cfg *Config) *cobra.Command {
+	return &cobra.Command{
+		Use:   "release ID",
+		Short: "Destroy the sandbox a finished job kept (run --keep)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				j, released, err := svc.Release(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if released {
+					fmt.Fprintf(p.Stdout, "%s: sandbox released\n", j.ID)
+				} else {
+					fmt.Fprintf(p.Stdout, "%s: no sandbox kept (already released, or the job was not run with --keep)\n", j.ID)
+				}
+				return nil
+			})
+		},
+	}
+}
+
 func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
 	var outPath string
 	var raw bool
@@ -379,4 +422,128 @@ func (p *Program) jobsArtifactCmd(cfg *Config) *cobra.Command {
 	cmd.Flags().StringVarP(&outPath, "output", "o", "", "write the artifact to `FILE` instead of stdout")
 	cmd.Flags().BoolVar(&raw, "raw", false, "write it byte for byte also on a terminal")
 	return cmd
+}
+
+func (p *Program) jobsArtifactsCmd(cfg *Config) *cobra.Command {
+	var outDir string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "artifacts ID [--out DIR] [flags]",
+		Short: "List the files kept from a job, or save them all",
+		Long: `List the files kept from a job (its manifest's artifacts: name, size,
+sha256, or why one was not kept), or with --out DIR save every kept one
+under DIR, by its name (a path relative to /workspace), creating DIR and
+the directories within it. Nothing is written outside DIR, also through
+links that are already in it.`,
+		Args: exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+				arts, err := svc.Artifacts(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if outDir == "" {
+					if asJSON {
+						if arts == nil {
+							arts = []delegate.Artifact{}
+						}
+						return p.printJSON(arts)
+					}
+					return p.listArtifacts(args[0], arts)
+				}
+				return p.saveArtifacts(ctx, svc, args[0], arts, outDir)
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&outDir, "out", "o", "", "save every kept artifact under `DIR`")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
+	return cmd
+}
+
+func (p *Program) listArtifacts(id string, arts []delegate.Artifact) error {
+	if len(arts) == 0 {
+		fmt.Fprintf(p.Stderr, "delegate: %s kept no artifacts (a job keeps the files its manifest's artifacts globs match: run --artifact GLOB)\n", id)
+		return nil
+	}
+	tw := tabwriter.NewWriter(p.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSIZE\tSHA256")
+	for _, a := range arts {
+		sum := a.SHA256
+		if a.Skipped != "" {
+			sum = "not kept: " + a.Skipped
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", safe(a.Name), a.Size, safe(sum))
+	}
+	return tw.Flush()
+}
+
+// saveArtifacts writes every kept artifact under dir. The names are the
+// job's (a job names its files): they are opened through an os.Root, so
+// that none lands outside dir, whatever it says or links dir holds.
+func (p *Program) saveArtifacts(ctx context.Context, svc delegate.JobService, id string, arts []delegate.Artifact, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	saved := 0
+	for _, a := range arts {
+		if a.Skipped != "" {
+			fmt.Fprintf(p.Stderr, "delegate: %s not kept: %s\n", safe(a.Name), safe(a.Skipped))
+			continue
+		}
+		name := filepath.FromSlash(a.Name)
+		if !filepath.IsLocal(name) {
+			return fmt.Errorf("artifact %q: not a relative path; nothing more saved", a.Name)
+		}
+		_, data, err := svc.ReadArtifact(ctx, id, a.Name)
+		if err != nil {
+			return err
+		}
+		if d := filepath.Dir(name); d != "." {
+			if err := root.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("save %s: %w", safe(a.Name), err)
+			}
+		}
+		if err := root.WriteFile(name, data, 0o644); err != nil {
+			return fmt.Errorf("save %s: %w", safe(a.Name), err)
+		}
+		fmt.Fprintf(p.Stderr, "%s: %d bytes, sha256 %s\n", safe(filepath.Join(dir, name)), a.Size, a.SHA256)
+		saved++
+	}
+	fmt.Fprintf(p.Stderr, "delegate: saved %d of %d artifacts in %s\n", saved, len(arts), safe(dir))
+	return nil
+}
+
+// artifactLines lists a finished job's artifacts for a person, each line
+// starting with prefix: what was kept and what was not, and why, then how
+// to save them.
+func artifactLines(id string, arts []delegate.Artifact, prefix string) string {
+	if len(arts) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	kept := 0
+	for _, a := range arts {
+		if a.Skipped != "" {
+			fmt.Fprintf(&b, "%sartifact %s, %d bytes, not kept: %s\n", prefix, safe(a.Name), a.Size, safe(a.Skipped))
+			continue
+		}
+		kept++
+		fmt.Fprintf(&b, "%sartifact %s, %d bytes\n", prefix, safe(a.Name), a.Size)
+	}
+	if kept > 0 {
+		fmt.Fprintf(&b, "%s'delegate jobs artifacts %s --out DIR' saves them\n", prefix, id)
+	}
+	return b.String()
+}
+
+// printArtifacts lists a finished job's artifacts after its verdict, on
+// delegate's lines.
+func printArtifacts(w io.Writer, id string, arts []delegate.Artifact) {
+	fmt.Fprint(w, artifactLines(id, arts, "delegate: "))
 }

@@ -66,10 +66,7 @@ func (p *progressLine) done(j *delegate.Job) {
 	if p.quiet && j.Status == delegate.StatusSuccess {
 		return
 	}
-	line := fmt.Sprintf("delegate: %s %s in %.1fs", j.ID, j.Status, j.Duration(time.Now()).Seconds())
-	if j.Error != "" {
-		line += ": " + safe(j.Error)
-	}
+	line := verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), j.Error)
 	if j.OutputTruncated {
 		line += fmt.Sprintf(" (output truncated: %d bytes written, first kept)", j.OutputBytes)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -53,8 +54,16 @@ Guests really run commands, each in a local sandbox: run it as root.
 // kvList is a repeatable KEY=VALUE flag.
 type kvList map[string]string
 
-func (l kvList) String() string { return fmt.Sprint(map[string]string(l)) }
-func (l kvList) Type() string   { return "KEY=VALUE" }
+// String is what the help shows as the default: "" (none) when empty, as
+// pflag omits an empty default, where fmt would print "map[]".
+func (l kvList) String() string {
+	pairs := make([]string, 0, len(l))
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		pairs = append(pairs, k+"="+l[k])
+	}
+	return strings.Join(pairs, ",")
+}
+func (l kvList) Type() string { return "KEY=VALUE" }
 
 func (l kvList) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")

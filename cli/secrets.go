@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
 )
 
 // openPrivate opens the file a setting names, if only its owner can read
@@ -73,9 +74,12 @@ func (c Config) SecretResolver() (func(string) (string, bool), error) {
 }
 
 // secretResolver looks a secret up in DELEGATE_SECRET_<NAME>, then in the
-// secrets file.
+// secrets file. A NAME_INJECT binding is not a secret a job may name.
 func secretResolver(file map[string]string) func(string) (string, bool) {
 	return func(name string) (string, bool) {
+		if _, ok := egress.InjectTarget(name); ok {
+			return "", false
+		}
 		if v, ok := os.LookupEnv("DELEGATE_SECRET_" + name); ok {
 			return v, true
 		}
@@ -105,4 +109,56 @@ func (c Config) LoadHTTPToken() (string, error) {
 		return "", fmt.Errorf("DELEGATE_HTTP_TOKEN_FILE=%s: the file is empty", c.HTTPTokenFile)
 	}
 	return token, nil
+}
+
+// SecretBindings reads the operator's injection bindings, by secret:
+// DELEGATE_SECRET_<NAME>_INJECT='host Header Format {}' in the
+// environment, and NAME_INJECT=... lines of DELEGATE_SECRETS_FILE (the
+// environment wins, as for the secrets). A bound secret is never put in a
+// job's environment: delegate's egress proxy adds it to the job's HTTPS
+// requests for that host. A bad binding, or one whose secret is not set,
+// is an error naming its key and the field at fault.
+func (c Config) SecretBindings() (map[string]egress.Binding, error) {
+	file, err := loadSecrets(c.SecretsFile)
+	if err != nil {
+		return nil, err
+	}
+	return secretBindings(os.Environ(), file)
+}
+
+func secretBindings(environ []string, file map[string]string) (map[string]egress.Binding, error) {
+	resolve := secretResolver(file)
+	out := map[string]egress.Binding{}
+	add := func(where, key, value string) error {
+		name, ok := egress.InjectTarget(key)
+		if !ok {
+			return nil
+		}
+		if _, done := out[name]; done {
+			return nil
+		}
+		b, err := egress.ParseBinding(name, value)
+		if err != nil {
+			return fmt.Errorf("%s%w", where, err)
+		}
+		if _, ok := resolve(name); !ok {
+			return fmt.Errorf("%s%s%s binds the secret %s, which is not set (DELEGATE_SECRET_%s or %s= in DELEGATE_SECRETS_FILE)", where, name, egress.InjectSuffix, name, name, name)
+		}
+		out[name] = b
+		return nil
+	}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if key, ok := strings.CutPrefix(k, "DELEGATE_SECRET_"); ok {
+			if err := add("DELEGATE_SECRET_", key, v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for k, v := range file {
+		if err := add("DELEGATE_SECRETS_FILE: ", k, v); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

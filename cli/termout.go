@@ -77,12 +77,12 @@ func jobOutput(w io.Writer, raw bool) (out io.Writer, finish func() error) {
 }
 
 // verdict is delegate's own line about a finished job.
-func verdict(id string, status delegate.Status, d time.Duration, exit *int, errText string) string {
+func verdict(id string, status delegate.Status, d time.Duration, exit *int, reason delegate.ExitReason, errText string) string {
 	line := fmt.Sprintf("delegate: %s %s in %.1fs", id, status, d.Seconds())
 	if exit != nil {
-		line += fmt.Sprintf(", exit code %d", *exit)
+		line += ", exit code " + delegate.ExitText(exit, reason)
 	}
-	if errText != "" {
+	if errText != "" && (exit == nil || errText != fmt.Sprintf("exit code %d", *exit)) {
 		line += ": " + safe(errText)
 	}
 	return line

@@ -58,6 +58,7 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	d := &dash{svc: svc, opts: opts, log: opts.Logger, pages: parsePages()}
+	d.sbx, _ = svc.(delegate.SandboxService)
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		panic(err) // the embedded tree is part of the binary
@@ -80,9 +81,11 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}", d.guard(d.job))
 	mux.Handle("GET /jobs/{id}/events", d.guard(d.jobEvents))
 	mux.Handle("GET /jobs/{id}/output", d.guard(d.output))
+	mux.Handle("GET /jobs/{id}/network", d.guard(d.network))
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))
+	d.addSandboxRoutes(mux, csrf)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "No such page.")
 	})
@@ -90,7 +93,9 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 }
 
 type dash struct {
-	svc   delegate.JobService
+	svc delegate.JobService
+	// sbx is svc's SandboxService, nil if it keeps no sandboxes.
+	sbx   delegate.SandboxService
 	opts  Options
 	log   *slog.Logger
 	pages map[string]*template.Template
@@ -222,7 +227,8 @@ var serviceErrors = map[delegate.Kind]struct {
 }
 
 // notFound is what a page says of what it did not find.
-var notFound = map[string]string{"job": "No such job.", "artifact": "No such artifact.", "question": "No such question."}
+var notFound = map[string]string{"job": "No such job.", "artifact": "No such artifact.", "question": "No such question.",
+	"sandbox": "No such sandbox."}
 
 // serviceError answers what the service said, in words for people.
 func (d *dash) serviceError(w http.ResponseWriter, r *http.Request, err error) {

@@ -39,7 +39,9 @@ func summaries() []delegate.JobSummary {
 		{ID: "job-new", Status: delegate.StatusRunning, AgentType: delegate.AgentScript, Task: hostile, Progress: "step " + hostile,
 			CreatedAt: t0.Add(time.Minute), StartedAt: t0.Add(time.Minute)},
 		{ID: "job-old", Status: delegate.StatusFailed, AgentType: delegate.AgentScript, Task: "exit 3",
-			CreatedAt: t0, StartedAt: t0, FinishedAt: t0.Add(3 * time.Second), ExitCode: intp(3)},
+			CreatedAt: t0, StartedAt: t0, FinishedAt: t0.Add(3 * time.Second), ExitCode: intp(3), ExitReason: delegate.ExitReasonExited},
+		{ID: "job-slow", Status: delegate.StatusTimeout, AgentType: delegate.AgentScript, Task: "sleep 99",
+			CreatedAt: t0, StartedAt: t0, FinishedAt: t0.Add(3 * time.Second), ExitCode: intp(137), ExitReason: delegate.ExitReasonTimeout},
 	}
 }
 
@@ -97,6 +99,8 @@ func TestListShowsJobsEscaped(t *testing.T) {
 		`href="/jobs/job-new"`, `href="/jobs/job-old"`,
 		`<span class="status st-running">running</span>`, `<span class="status st-failed">failed</span>`,
 		`href="/?cursor=c2" rel="next"`, // the next page
+		// The exit code as the process ended, and why, apart (exit.go).
+		`<td data-label="Exit">3</td>`, `<td data-label="Exit">137 (timeout)</td>`,
 		`data-live="/events"`,
 		`<footer class="foot">delegate ` + buildinfo.Version() + `</footer>`, // the version shown everywhere
 	} {

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -20,6 +21,9 @@ import (
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
 		"jobURL":      jobURL,
+		"sandboxURL":  sandboxURL,
+		"since":       since,
+		"idle":        idle,
 		"artifactURL": artifactURL,
 		"listURL":     listURL,
 		"bytes":       formatBytes,
@@ -31,9 +35,15 @@ func parsePages() map[string]*template.Template {
 		"fieldValue":  fieldValue,
 		"enumName":    enumName,
 		"inputType":   inputType,
+		// The exit code and why it ended, by the rule every reader
+		// follows (delegate.ExitReason).
+		"exit": delegate.ExitText,
+		"jobExit": func(j *delegate.Job) string {
+			return delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled))
+		},
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"list", "job", "login", "error"} {
+	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox"} {
 		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+name+".html"))
 	}
@@ -47,7 +57,9 @@ func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page str
 		Page     any
 		SignedIn bool
 		Version  string
-	}{data, d.signedIn(r), buildinfo.Version()}
+		// Sandboxes: the service keeps sandboxes, the header links them.
+		Sandboxes bool
+	}{data, d.signedIn(r), buildinfo.Version(), d.sbx != nil}
 	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
 		d.log.Error("dashboard: render", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
@@ -130,6 +142,11 @@ type jobView struct {
 	LiveURL string
 	// Questions are those the job waits for answers to (questions.go).
 	Questions []delegate.Question
+	// Network is the job's network log through the egress proxy: its
+	// policy and counts, and its denied attempts (the whole log is
+	// NetworkURL, as JSON).
+	Network    *delegate.NetworkReport
+	NetworkURL string
 }
 
 // readJob reads all a job's page shows.
@@ -145,6 +162,13 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	}
 	if v.Timeline, err = d.svc.Timeline(ctx, id); err != nil {
 		return jobView{}, err
+	}
+	if ns, ok := d.svc.(delegate.NetworkService); ok && (j.Manifest.Network.Reaches() || j.Manifest.Sandbox != "") {
+		rep, err := ns.Network(ctx, id, delegate.NetworkLogOptions{Denied: true, Limit: maxPageDenials})
+		if err != nil && !errors.Is(err, delegate.ErrNotFound) {
+			return jobView{}, err
+		}
+		v.Network, v.NetworkURL = rep, jobURL(j.ID)+"/network"
 	}
 	if !j.Status.Terminal() {
 		v.LiveLog = j.Manifest.StatusMode == delegate.StatusModeStreaming
@@ -170,6 +194,28 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	v.Output = logPieces(log)
 	v.Shown, v.Kept, v.Cut = int64(len(log.Output)), log.Offset+int64(len(log.Output)), log.Offset > 0
 	return v, nil
+}
+
+// maxPageDenials is how many denied attempts a job's page lists.
+const maxPageDenials = 50
+
+// network serves a job's whole network log, as JSON.
+func (d *dash) network(w http.ResponseWriter, r *http.Request) {
+	ns, ok := d.svc.(delegate.NetworkService)
+	if !ok {
+		d.fail(w, r, http.StatusNotFound, "This server keeps no network logs.")
+		return
+	}
+	rep, err := ns.Network(r.Context(), r.PathValue("id"), delegate.NetworkLogOptions{Limit: delegate.MaxNetworkLog})
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Disposition", attachment(rep.JobID+"-network.json"))
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(rep)
 }
 
 // logPiece is a piece of a log as the page shows it.

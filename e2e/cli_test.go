@@ -68,7 +68,7 @@ func TestCLIRun(t *testing.T) {
 		want string
 		code int
 	}{
-		{[]string{"run"}, "give --script CMD or --manifest FILE", 125},
+		{[]string{"run"}, "give --script CMD, --task TEXT (with --agent) or --manifest FILE", 125},
 		{[]string{"run", "--script", "x", "--timeout", "999999"}, "manifest.timeout", 125},
 		{[]string{"run", "--file", "nosuchfile", "--script", "x"}, "nosuchfile: no such file", 125},
 		{[]string{"run", "--file", ":x", "--script", "x"}, "must be LOCAL or LOCAL:REMOTE", 125},

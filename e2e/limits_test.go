@@ -133,7 +133,7 @@ func TestMalformedMessages(t *testing.T) {
 			}
 		}
 		m := exchange(`{"jsonrpc":"2.0","id":4,"method":"tools/list"}`)
-		if tools, _ := m["result"].(map[string]any)["tools"].([]any); len(tools) != 9 {
+		if tools, _ := m["result"].(map[string]any)["tools"].([]any); len(tools) != 12 {
 			t.Fatalf("tools/list after bad messages: %v", m)
 		}
 	})
@@ -162,7 +162,7 @@ func TestMalformedMessages(t *testing.T) {
 				t.Errorf("%s: %d %s, want 400 and a JSON-RPC error saying %q", tc.body, resp.StatusCode, body, tc.want)
 			}
 		}
-		if res, err := cs.ListTools(testContext(t), nil); err != nil || len(res.Tools) != 9 {
+		if res, err := cs.ListTools(testContext(t), nil); err != nil || len(res.Tools) != 12 {
 			t.Fatalf("the session after bad messages: %v", err)
 		}
 	})

@@ -22,10 +22,19 @@ import (
 
 var binary string
 
+// binaryEnv names the built binary to a test binary run again by it.
+const binaryEnv = "DELEGATE_E2E_BINARY"
+
 func TestMain(m *testing.M) {
 	// The Proxmox simulator's guests are local sandboxes of this binary.
 	if local.Reexec() {
 		return
+	}
+	// A test that runs again in namespaces of its own (testnet.Isolate)
+	// uses the binary its parent built.
+	if b := os.Getenv(binaryEnv); b != "" {
+		binary = b
+		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "delegate-e2e-")
 	if err != nil {
@@ -33,6 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "delegate")
+	os.Setenv(binaryEnv, binary)
 	// As a release is built: the version set once, with -ldflags (see
 	// internal/buildinfo and TestVersionIsOne).
 	build := exec.Command("go", "build", "-ldflags", "-X "+versionVar+"="+e2eVersion, "-o", binary, "../cmd/delegate")

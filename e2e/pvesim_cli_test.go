@@ -70,8 +70,9 @@ func TestPveSimLeastPrivilege(t *testing.T) {
 			if !strings.Contains(strings.Join(comments, "\n"), "role DelegateJobs (") || !strings.Contains(strings.Join(comments, "\n"), agentPriv) {
 				t.Errorf("comments %q", comments)
 			}
+			dataDir := t.TempDir()
 			run := exec.CommandContext(ctx, binary, "run", "--script", `echo "job as $USER"`)
-			run.Env = serverEnv(t.TempDir(), "DELEGATE_LOG_LEVEL=warn", "DELEGATE_BACKEND=proxmox", "DEFAULT_MEMORY=512M", "DEFAULT_DISK=1G")
+			run.Env = serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn", "DELEGATE_BACKEND=proxmox", "DEFAULT_MEMORY=512M", "DEFAULT_DISK=1G")
 			for k, v := range env {
 				run.Env = append(run.Env, k+"="+v)
 			}
@@ -79,6 +80,15 @@ func TestPveSimLeastPrivilege(t *testing.T) {
 			run.Stdout, run.Stderr = &stdout, &runErr
 			if err := run.Run(); err != nil || !strings.HasPrefix(stdout.String(), "job as") {
 				t.Fatalf("run with the least-privilege token: %v %q\n%s\nsimulator: %s", err, stdout.String(), runErr.String(), stderr.String())
+			}
+			// jobs status shows where the start spent its time.
+			status := exec.CommandContext(ctx, binary, "jobs", "status", newestJob(t, dataDir))
+			status.Env = run.Env
+			shown, err := status.Output()
+			for _, w := range []string{"timeline:", "cloning from delegate-template on pve1", "starting VM", "waiting for the guest agent"} {
+				if err != nil || !strings.Contains(string(shown), w) {
+					t.Errorf("jobs status of a Proxmox job lacks %q: %v\n%s", w, err, shown)
+				}
 			}
 		})
 	}

@@ -258,3 +258,32 @@ func TestTasksRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestTasksKeptSandbox: a command in a kept sandbox is a task too (one
+// tools/call), over stdio and HTTP; the sandbox was opened by the CLI, in
+// another process, and the second command sees the first's file.
+func TestTasksKeptSandbox(t *testing.T) {
+	requireTasksClient(t)
+	for _, mode := range []string{"stdio", "http"} {
+		t.Run(mode, func(t *testing.T) {
+			dataDir := t.TempDir()
+			out, errOut, code := delegateCLI(t, dataDir, "sandboxes", "open")
+			id := strings.TrimSpace(out)
+			if code != 0 || !strings.HasPrefix(id, "sbx-") {
+				t.Fatalf("sandboxes open (%d): %q %s", code, out, errOut)
+			}
+			target := tasksTarget(t, mode, dataDir)
+			first := tasksClient(t, mode, target, dataDir, "insandbox", id, "echo one > f")
+			second := tasksClient(t, mode, target, dataDir, "insandbox", id, "cat f")
+			for _, r := range []tasksReport{first, second} {
+				if r.Kind != "task" || r.Outcome != "completed" || r.Result.Status != "success" || r.Wire.Requests["tools/call"] != 1 {
+					t.Fatalf("not one settled task: %+v", r)
+				}
+			}
+			if second.Result.Output != "one\n" {
+				t.Errorf("the second command's output: %q", second.Result.Output)
+			}
+			delegateCLI(t, dataDir, "sandboxes", "release", id)
+		})
+	}
+}

@@ -143,7 +143,8 @@ func TestAdmissionQueuesForCapacity(t *testing.T) {
 		}
 	}
 	evs, _ := eng.Timeline(context.Background(), big3.ID)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0].Message, "waiting for capacity") {
+	// The wait, then the backend's provisioning step.
+	if len(evs) != 2 || !strings.HasPrefix(evs[0].Message, "waiting for capacity") || evs[1].Message != "making the sandbox" {
 		t.Fatalf("timeline of the job that waited: %+v", evs)
 	}
 	// Each sandbox is destroyed just after its job is marked finished.
@@ -206,7 +207,8 @@ func TestAdmissionError(t *testing.T) {
 	}
 }
 
-// TestProvisioningSteps: a backend's steps become the job's progress.
+// TestProvisioningSteps: a backend's steps become the job's progress, and
+// entries of its timeline when it keeps one.
 func TestProvisioningSteps(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	f.eng.Close()
@@ -223,15 +225,32 @@ func TestProvisioningSteps(t *testing.T) {
 	f.backend = b.Fake
 	eng := f.start(b)
 	f.eng = eng
-	j := f.submit(script("true"))
-	p := f.started()
-	if got := <-seen; got != "making the sandbox" {
-		t.Fatalf("progress during Create: %q", got)
+	for _, mode := range []delegate.StatusMode{delegate.StatusModeSimple, delegate.StatusModeDetailed} {
+		m := script("true")
+		m.StatusMode = mode
+		j := f.submit(m)
+		p := f.started()
+		if got := <-seen; got != "making the sandbox" {
+			t.Fatalf("progress during Create: %q", got)
+		}
+		eventually(t, `progress "running"`, func() bool {
+			got, _ := eng.Get(context.Background(), j.ID)
+			return got.Progress == "running"
+		})
+		p.Finish(sandbox.Exit{})
+		f.wait(eng, j.ID)
+		evs, err := f.store.Events(context.Background(), j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps := 0
+		for _, ev := range evs {
+			if ev.Message == "making the sandbox" {
+				steps++
+			}
+		}
+		if want := map[delegate.StatusMode]int{delegate.StatusModeSimple: 0, delegate.StatusModeDetailed: 1}[mode]; steps != want {
+			t.Errorf("statusMode %s: %d timeline entries for the step, want %d: %+v", mode, steps, want, evs)
+		}
 	}
-	eventually(t, `progress "running"`, func() bool {
-		got, _ := eng.Get(context.Background(), j.ID)
-		return got.Progress == "running"
-	})
-	p.Finish(sandbox.Exit{})
-	f.wait(eng, j.ID)
 }

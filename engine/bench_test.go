@@ -8,6 +8,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
@@ -130,5 +131,51 @@ func BenchmarkStatusFlood(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(f.store.WriteStats().Writes-before.Writes), "writes")
 		f.eng.Close()
+	}
+}
+
+// BenchmarkRoundTrip: a job from submission to success, the command
+// ending as soon as it starts: the engine's own part of a job's round
+// trip, fresh (a sandbox made and destroyed) and as a command in a kept
+// sandbox (delegate bench has the same with real sandboxes).
+func BenchmarkRoundTrip(b *testing.B) {
+	for _, kept := range []bool{false, true} {
+		name := "fresh"
+		if kept {
+			name = "kept"
+		}
+		b.Run(name, func(b *testing.B) {
+			f := newFixture(b, engine.Config{})
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			go func() {
+				for {
+					select {
+					case p := <-f.backend.Started:
+						p.Finish(sandbox.Exit{})
+					case <-ctx.Done():
+						return
+					}
+				}
+			}()
+			m := script("true")
+			if kept {
+				sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				m.Sandbox = sb.ID
+			}
+			b.ResetTimer()
+			for range b.N {
+				j, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if j, err = f.eng.Wait(ctx, j.ID); err != nil || j.Status != delegate.StatusSuccess {
+					b.Fatalf("%+v %v", j, err)
+				}
+			}
+		})
 	}
 }

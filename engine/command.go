@@ -15,8 +15,9 @@ import (
 // the engine's timer.
 const deadlineGrace = 5 * time.Second
 
-// basePath is the PATH every job starts with.
-const basePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// basePath is the PATH every job starts with (a backend may add the
+// tools its sandboxes have).
+const basePath = sandbox.DefaultPath
 
 // maxEnvString is the most bytes one environment string (NAME=value and
 // its NUL) may have: Linux's MAX_ARG_STRLEN, 32 pages; execve refuses
@@ -32,7 +33,12 @@ var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/scrip
 // inputs (files only the job's user reads) and environment values, never
 // in Args, which every user of the sandbox's host can read; nothing is
 // spliced into a shell line.
-func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, error) {
+//
+// ws is the manifest whose workspace source and caches the sandbox has:
+// the job's own, or for a command in a kept sandbox that of the job that
+// made it (nil: none). jn is the job's network through the egress proxy
+// (nil: none).
+func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest, jn *jobNetwork) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	var stdin string
@@ -54,6 +60,15 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 	default:
 		return sandbox.Command{}, fmt.Errorf("agentType %q: %w", m.AgentType, delegate.ErrInvalid)
 	}
+	if m.Stdin != "" && stdin == "" {
+		// The submitter's standard input, as an input like the script:
+		// data the process reads, never on a command line.
+		data, err := m.DecodedStdin()
+		if err != nil {
+			return sandbox.Command{}, err
+		}
+		inputs["stdin"], stdin = data, "stdin"
+	}
 	env := map[string]string{
 		"PATH":    basePath,
 		"HOME":    delegate.Workspace,
@@ -63,6 +78,9 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		"USER":    "sandbox",
 		"LOGNAME": "sandbox",
 	}
+	if ws != nil {
+		workspaceEnv(env, ws.Workspace, ws.Caches)
+	}
 	for k, v := range m.Env {
 		env[k] = v
 	}
@@ -70,6 +88,12 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 		v, ok := r.cfg.Secret(name)
 		if !ok {
 			return sandbox.Command{}, fmt.Errorf("secret %q is no longer set on the server", name)
+		}
+		if _, bound := r.cfg.SecretBindings[name]; bound {
+			// The proxy injects it for its host: never in the sandbox,
+			// whose environment gets a placeholder (networkEnv) — or
+			// nothing, when its network cannot carry it.
+			continue
 		}
 		env[name] = v
 	}
@@ -89,6 +113,7 @@ func (r *runner) command(job *delegate.Job, token string) (sandbox.Command, erro
 	if f := r.backend().Capabilities().StatusFile; f != "" {
 		env["DELEGATE_STATUS_FILE"] = f
 	}
+	r.networkEnv(env, jn, job.ID)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)

@@ -31,13 +31,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/workspace"
 )
 
 // Config tunes an Engine. Zero values get the defaults of package delegate
@@ -98,6 +101,28 @@ type Config struct {
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration
 	SandboxTick     time.Duration
+
+	// Workspaces (workspace.go): a dir source must lie under one of
+	// WorkspaceRoots (clean absolute paths; none: dir sources are
+	// refused); a source holds at most WorkspaceMaxBytes and
+	// WorkspaceMaxFiles (defaults workspace.DefaultMaxBytes and
+	// DefaultMaxFiles), never more than half the job's memory nor its
+	// disk. Git sources are cloned under CloneDir (default: under the
+	// temporary directory), reaching public addresses and GitAllow.
+	WorkspaceRoots    []string
+	WorkspaceMaxBytes int64
+	WorkspaceMaxFiles int
+	CloneDir          string
+	GitAllow          []netip.Prefix
+	// Egress, if set, is the server's egress proxy (NewEgress): a job
+	// whose network reaches out, on a backend with
+	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
+	// network of its own (token, policy, log) in the store.
+	Egress *Egress
+	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
+	// such a secret never enters a job's environment (a placeholder
+	// does); the proxy adds it to the job's requests for its host.
+	SecretBindings map[string]egress.Binding
 }
 
 // Engine drives jobs from a store through a backend. It implements
@@ -182,6 +207,15 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.SandboxTick <= 0 {
 		cfg.SandboxTick = 5 * time.Second
 	}
+	if cfg.WorkspaceMaxBytes <= 0 {
+		cfg.WorkspaceMaxBytes = workspace.DefaultMaxBytes
+	}
+	if cfg.WorkspaceMaxFiles <= 0 {
+		cfg.WorkspaceMaxFiles = workspace.DefaultMaxFiles
+	}
+	if cfg.CloneDir == "" {
+		cfg.CloneDir = filepath.Join(os.TempDir(), "delegate-clones")
+	}
 	log := cfg.Logger
 	owner := newOwner()
 	life := newGroup()
@@ -199,13 +233,24 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	sched.runner = run
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
-	// A job's end: its follower winds it up, and its token stops working.
+	e := &Engine{}
+	// A job's end: its follower winds it up, its token stops working,
+	// and so does its network.
 	jobs.ended = func(id string, st delegate.Status) {
 		cb.tokens.forget(id)
 		run.ended(id, st)
+		if cfg.Egress != nil {
+			go e.endNetwork(id)
+		}
 	}
-	return &Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
+	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
 		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
+	if cfg.Egress != nil {
+		// A request an allowlist with ask: true denies is a question on
+		// the job.
+		cfg.Egress.SetAsk(e.askNetwork)
+	}
+	return e
 }
 
 // EnvSecret resolves secret NAME from the server's DELEGATE_SECRET_NAME.
@@ -238,22 +283,24 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
+	// The manifest as submitted, before defaults: a retry of the same
+	// request digests the same even if the server's defaults changed.
+	var digest string
 	if k := opts.IdempotencyKey; k != "" {
 		if len(k) > 200 || strings.ContainsRune(k, 0) {
 			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
 		}
+		digest = m.Digest()
 		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
-			return job, nil
+			return sameRequest(job, k, digest)
 		}
 	}
 	backend := e.backend.get()
 	if backend == nil {
 		return nil, errNoBackend
 	}
-	if m.Network == delegate.NetworkEgress && !backend.Capabilities().NetworkEgress {
-		return nil, &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", backend.Name())}
-	}
 	chosenTemplate := m.VMTemplate != ""
+	askedNetwork := m.Network
 	var kept *delegate.Sandbox
 	if m.Sandbox != "" {
 		// A command in a kept sandbox: it runs within the sandbox's
@@ -281,7 +328,18 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	} else if err := m.Validate(); err != nil { // the defaults themselves may be bad
 		return nil, fmt.Errorf("server defaults: %w", err)
 	}
+	// After the defaults: a claude job asks for egress by default, and
+	// must be refused now, not accepted and failed when it starts. (A
+	// kept sandbox has the network it was made with.)
+	if kept == nil {
+		if err := checkEgress(backend, m, askedNetwork); err != nil {
+			return nil, err
+		}
+	}
 	if err := e.cfg.Maxima.check(&m); err != nil {
+		return nil, err
+	}
+	if err := checkNetwork(backend, m.Network, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
 		return nil, err
 	}
 	if kept == nil {
@@ -290,6 +348,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		}
 	}
 	if err := checkResources(ctx, backend, m, e.log); err != nil {
+		return nil, err
+	}
+	if err := e.checkWorkspace(ctx, &m, backend.Capabilities(), backend.Name()); err != nil {
 		return nil, err
 	}
 	for i, name := range m.Secrets {
@@ -314,7 +375,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		Backend:   backend.Name(),
 		Owner:     e.owner,
 
-		IdempotencyKey: opts.IdempotencyKey,
+		IdempotencyKey:    opts.IdempotencyKey,
+		IdempotencyDigest: digest,
 	}
 	if kept != nil {
 		job.Sandbox = kept.ID
@@ -323,13 +385,43 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		if opts.IdempotencyKey != "" {
 			// A concurrent submission with the same key won the race.
 			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
-				return first, nil
+				return sameRequest(first, opts.IdempotencyKey, digest)
 			}
 		}
 		return nil, fmt.Errorf("submit: %w", err)
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	e.sched.enqueue(job.ID)
+	return job, nil
+}
+
+// checkEgress refuses a job whose network (asked, or its agent's default)
+// the backend cannot give, saying what the host lacks and how to add it.
+func checkEgress(backend sandbox.Backend, m delegate.Manifest, asked delegate.Network) error {
+	caps := backend.Capabilities()
+	if m.Network.Mode != delegate.NetworkEgress || caps.NetworkEgress {
+		return nil
+	}
+	why := caps.NetworkEgressMissing
+	if why == "" {
+		why = "this backend cannot give a job network access"
+	}
+	if asked.IsZero() {
+		return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+			"a %s job needs network egress by default (its CLI must reach the model's API), which the %s backend cannot give here: %s; "+
+				"or set network: none if the job needs no network", m.AgentType, backend.Name(), why)}
+	}
+	return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
+		"egress is not available on the %s backend here: %s; or set network: none", backend.Name(), why)}
+}
+
+// sameRequest answers a submission whose idempotency key names job: the
+// job itself when the manifest is the one the key was first sent with (or
+// when the job predates digests), else an error that says so.
+func sameRequest(job *delegate.Job, key, digest string) (*delegate.Job, error) {
+	if job.IdempotencyDigest != "" && job.IdempotencyDigest != digest {
+		return nil, &delegate.IdempotencyConflictError{Key: key, JobID: job.ID}
+	}
 	return job, nil
 }
 

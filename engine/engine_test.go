@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -173,6 +174,10 @@ func TestCommandAndEnv(t *testing.T) {
 		{delegate.Manifest{AgentType: delegate.AgentClaude, Task: tricky, Agent: &delegate.AgentConfig{ClaudeModel: "opus"}},
 			[]string{"claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "--model", "opus"},
 			map[string]string{"prompt": tricky}, "prompt"},
+		// The submitter's standard input: one more input, the process's stdin.
+		{delegate.Manifest{AgentType: delegate.AgentScript, Task: "cat", Stdin: "aW4K"}, shArgs, map[string]string{"script": "cat", "stdin": "in\n"}, "stdin"},
+		{delegate.Manifest{AgentType: delegate.AgentCustom, Task: tricky, Agent: &delegate.AgentConfig{Command: "wc -l"}, Stdin: "YQpiCg=="}, shArgs,
+			map[string]string{"script": "wc -l", "stdin": "a\nb\n"}, "stdin"},
 	}
 	for _, tc := range tests {
 		tc.m.Env = map[string]string{"FOO": "a b;c"}
@@ -241,7 +246,12 @@ func TestSubmitRejects(t *testing.T) {
 	}
 }
 
-func TestTimeoutKills(t *testing.T) {
+// TestTimeoutKills runs in a synctest bubble: the job's 1 s timeout
+// passes on the bubble's clock, at once and in the same order on any
+// machine.
+func TestTimeoutKills(t *testing.T) { synctest.Test(t, testTimeoutKills) }
+
+func testTimeoutKills(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	m := script("sleep 100")
 	m.Timeout = new(1)

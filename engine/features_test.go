@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,5 +182,88 @@ func TestIdempotencyKey(t *testing.T) {
 	case p := <-f.backend.Started:
 		t.Fatalf("the work ran a third time: %v", p.Cmd.Args)
 	default:
+	}
+}
+
+// TestIdempotencyKeyOtherManifest: a key sent again with another manifest
+// is refused, naming the key, saying why and giving the first job's id;
+// the manifest as submitted is what counts (defaults applied to the first
+// do not make its retry differ), and nothing new is stored or run.
+func TestIdempotencyKeyOtherManifest(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	ctx := context.Background()
+	m := script("once")
+	m.Env = map[string]string{"A": "1", "B": "2"}
+	first, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{IdempotencyKey: "k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := script("once")
+	retry.Env = map[string]string{"B": "2", "A": "1"}
+	if again, err := f.eng.Submit(ctx, retry, delegate.SubmitOptions{IdempotencyKey: "k1"}); err != nil || again.ID != first.ID {
+		t.Fatalf("the same request again: %v, %v; want job %s", again, err, first.ID)
+	}
+	for _, change := range []func(*delegate.Manifest){
+		func(m *delegate.Manifest) { m.Task = "twice" },
+		func(m *delegate.Manifest) { m.Env["A"] = "other" },
+		func(m *delegate.Manifest) { m.Timeout = new(3600) }, // the default, but not what was sent
+	} {
+		other := script("once")
+		other.Env = map[string]string{"A": "1", "B": "2"}
+		change(&other)
+		_, err := f.eng.Submit(ctx, other, delegate.SubmitOptions{IdempotencyKey: "k1"})
+		var conflict *delegate.IdempotencyConflictError
+		if !errors.As(err, &conflict) || conflict.JobID != first.ID || delegate.ErrorKind(err) != delegate.KindConflict {
+			t.Fatalf("another manifest with the key: %v", err)
+		}
+		for _, want := range []string{`"k1"`, first.ID, "different manifest"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%q does not say %s", err, want)
+			}
+		}
+	}
+	page, err := f.eng.List(ctx, delegate.ListOptions{})
+	if err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("jobs stored: %+v %v", page, err)
+	}
+}
+
+// TestEgressRefusedAtSubmit: a job that needs network egress on a backend
+// that cannot give it is refused when it is submitted, with the backend's
+// reason (what the host lacks and the install line) — network: egress
+// asked for, and a claude job, whose default it is; nothing is stored.
+func TestEgressRefusedAtSubmit(t *testing.T) {
+	f := newFixture(t, engine.Config{Secret: func(string) (string, bool) { return "k", true }})
+	f.backend.Caps.NetworkEgress = false
+	f.backend.Caps.NetworkEgressMissing = "neither pasta nor slirp4netns is on this server's PATH: apt-get install passt"
+	ctx := context.Background()
+	egress := script("curl example.com")
+	egress.Network = delegate.Egress()
+	claude := delegate.Manifest{AgentType: delegate.AgentClaude, Task: "fix it"}
+	for _, tc := range []struct {
+		name string
+		m    delegate.Manifest
+		want []string
+	}{
+		{"asked", egress, []string{"egress is not available", "apt-get install passt", "network: none"}},
+		{"claude's default", claude, []string{"claude job needs network egress by default", "apt-get install passt", "network: none"}},
+	} {
+		_, err := f.eng.Submit(ctx, tc.m, delegate.SubmitOptions{})
+		var fe *delegate.FieldError
+		if !errors.As(err, &fe) || fe.Field != "manifest.network" {
+			t.Fatalf("%s: %v, want a field error on manifest.network", tc.name, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(fe.Rule, w) {
+				t.Errorf("%s: %q does not say %q", tc.name, fe.Rule, w)
+			}
+		}
+	}
+	claude.Network = delegate.Network{Mode: delegate.NetworkNone} // the submitter's choice: no network, allowed
+	if _, err := f.eng.Submit(ctx, claude, delegate.SubmitOptions{}); err != nil {
+		t.Fatalf("claude with network none: %v", err)
+	}
+	if page, err := f.eng.List(ctx, delegate.ListOptions{}); err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("jobs stored: %+v %v", page, err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -27,18 +29,53 @@ type keeper struct {
 	cfg   Config
 	log   *slog.Logger
 	owner string
+	all   delegate.Store // the networks of its sandboxes are in it too
 	sbs   delegate.SandboxStore
 	ref   *backendRef
 	jobs  *jobWriter
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // by sandbox id
+	// insts are the machines this engine has found (Recover) or made, by
+	// sandbox id: a command or file call on a sandbox in use needs no
+	// Recover (on Proxmox, a config read) each time. An entry goes when
+	// the sandbox ends or a call on it fails.
+	insts map[string]sandbox.Instance
+	// opening are the sandboxes whose machine is being made: the sweep
+	// spares a machine made for one of them.
+	opening map[string]struct{}
 }
 
 var _ delegate.SandboxService = (*keeper)(nil)
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{}}
+	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
+		insts: map[string]sandbox.Instance{}, opening: map[string]struct{}{}}
+}
+
+// known returns the machine of a sandbox found before, if it is still
+// the one the store names.
+func (k *keeper) known(sb *delegate.Sandbox) sandbox.Instance {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if inst := k.insts[sb.ID]; inst != nil && inst.ID() == sb.Instance {
+		return inst
+	}
+	return nil
+}
+
+func (k *keeper) remember(id string, inst sandbox.Instance) {
+	k.mu.Lock()
+	k.insts[id] = inst
+	k.mu.Unlock()
+}
+
+// forget drops what is known of a sandbox's machine (it ended, or a call
+// on it failed: the next use finds it again, and finds it gone if it is).
+func (k *keeper) forget(id string) {
+	k.mu.Lock()
+	delete(k.insts, id)
+	k.mu.Unlock()
 }
 
 // lock serializes the changes of one sandbox's machine.
@@ -159,8 +196,11 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := k.cfg.Maxima.check(&m); err != nil {
 		return nil, err
 	}
-	if m.Network == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
+	if m.Network.Mode == delegate.NetworkEgress && !b.Capabilities().NetworkEgress {
 		return nil, &delegate.FieldError{Field: "network", Rule: fmt.Sprintf("egress is not available on the %s backend here (set network: none)", b.Name())}
+	}
+	if err := checkNetwork(b, m.Network, nil, nil, "network"); err != nil {
+		return nil, err
 	}
 	if err := checkTemplate(ctx, b, m.VMTemplate, chosen); err != nil {
 		return nil, err
@@ -175,8 +215,26 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		return nil, err
 	}
 	s.MultiExec, s.Expires = true, sb.ExpiresAt
+	k.mu.Lock()
+	k.opening[sb.ID] = struct{}{}
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		delete(k.opening, sb.ID)
+		k.mu.Unlock()
+	}()
+	// Its network, through the egress proxy where the backend has one:
+	// its commands share it (and its log), until the sandbox goes.
+	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, nil, lifetime)
+	if err != nil {
+		return nil, fmt.Errorf("open a sandbox: its network: %w", err)
+	}
+	s.Egress = jn.spec()
 	inst, err := b.Create(ctx, s)
 	if err != nil {
+		if jn != nil {
+			k.cfg.Egress.end(context.WithoutCancel(ctx), jn.id)
+		}
 		return nil, fmt.Errorf("open a sandbox: %w", err)
 	}
 	sb.Instance = inst.ID()
@@ -184,6 +242,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		b.Destroy(context.WithoutCancel(ctx), inst.ID())
 		return nil, err
 	}
+	k.remember(sb.ID, inst)
 	k.log.Info("sandbox opened", "sandbox", sb.ID, "instance", sb.Instance, "lifetime", lifetime)
 	k.jobs.notify("")
 	return sb, nil
@@ -201,6 +260,7 @@ func (k *keeper) kept(ctx context.Context, job *delegate.Job, inst sandbox.Insta
 	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
+	k.remember(sb.ID, inst)
 	return sb, nil
 }
 
@@ -237,6 +297,7 @@ func (k *keeper) ReleaseSandbox(ctx context.Context, id string) (*delegate.Sandb
 func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState, reason string) (*delegate.Sandbox, bool, error) {
 	unlock := k.lock(id)
 	defer unlock()
+	k.forget(id)
 	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
 		sb.State, sb.Reason, sb.EndedAt = state, reason, time.Now().UTC()
 		return nil
@@ -254,6 +315,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 			k.log.Warn("destroy a sandbox", "sandbox", id, "instance", sb.Instance, "err", err)
 		}
 	}
+	if k.cfg.Egress != nil {
+		k.cfg.Egress.end(context.WithoutCancel(ctx), sandboxNetworkID(sb))
+	}
 	if sb.JobID != "" {
 		// The job that made it keeps it no more.
 		k.jobs.update(context.WithoutCancel(ctx), sb.JobID, func(j *delegate.Job) error {
@@ -262,6 +326,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 			}
 			return nil
 		})
+		// Nor the clone of its git source, which its commands' changes
+		// were read against.
+		os.RemoveAll(filepath.Join(k.cfg.CloneDir, sb.JobID))
 	}
 	k.log.Info("sandbox ended", "sandbox", id, "state", state, "reason", reason)
 	k.jobs.notify("")
@@ -294,13 +361,17 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if command && sb.Running >= delegate.MaxSandboxCommands {
 		return sb, nil, fmt.Errorf("sandbox %s runs %d commands, the most one sandbox runs at once: wait for one to end: %w", id, sb.Running, delegate.ErrConflict)
 	}
-	inst, err := b.Recover(ctx, sb.Instance)
-	if errors.Is(err, sandbox.ErrGone) {
-		k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
-		return sb, nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", id)}
-	}
-	if err != nil {
-		return sb, nil, err
+	inst := k.known(sb)
+	if inst == nil {
+		inst, err = b.Recover(ctx, sb.Instance)
+		if errors.Is(err, sandbox.ErrGone) {
+			k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
+			return sb, nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", id)}
+		}
+		if err != nil {
+			return sb, nil, err
+		}
+		k.remember(id, inst)
 	}
 	if sb.State == delegate.SandboxPaused {
 		pz, ok := inst.(sandbox.Pauser)
@@ -333,6 +404,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 
 // gone records that a sandbox's machine died by itself.
 func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) {
+	k.forget(sb.ID)
 	if _, err := k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
 		s.State, s.Reason, s.EndedAt, s.Running = delegate.SandboxGone, reason, time.Now().UTC(), 0
 		return nil
@@ -340,6 +412,18 @@ func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) 
 		k.log.Warn("sandbox gone", "sandbox", sb.ID, "reason", reason)
 		k.jobs.notify("")
 	}
+}
+
+// failed hears that a call on a sandbox's machine failed: what is known
+// of the machine is dropped, and a machine that is gone makes the
+// sandbox gone (true).
+func (k *keeper) failed(ctx context.Context, sb *delegate.Sandbox, err error) bool {
+	k.forget(sb.ID)
+	if !errors.Is(err, sandbox.ErrGone) {
+		return false
+	}
+	k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
+	return true
 }
 
 // detach records that a command in a sandbox ended: it is idle (its idle
@@ -371,7 +455,7 @@ func (k *keeper) ReadSandboxFile(ctx context.Context, id, path string, offset, l
 	if err != nil {
 		return nil, err
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +469,7 @@ func (k *keeper) ReadSandboxFile(ctx context.Context, id, path string, offset, l
 	}
 	data, err := inst.ReadFile(ctx, p, offset, length)
 	if err != nil {
-		return nil, fileError("path", p, err)
+		return nil, k.fileError(ctx, sb, "path", p, err)
 	}
 	fc := &delegate.FileContent{Data: data, Offset: offset, Size: size}
 	fc.EOF = size >= 0 && offset+int64(len(data)) >= size
@@ -407,12 +491,12 @@ func (k *keeper) WriteSandboxFile(ctx context.Context, id, path string, data []b
 	if err != nil {
 		return err
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return err
 	}
 	if err := inst.WriteFile(ctx, p, data, mode); err != nil {
-		return fileError("path", p, err)
+		return k.fileError(ctx, sb, "path", p, err)
 	}
 	return nil
 }
@@ -437,14 +521,14 @@ func (k *keeper) ListSandboxFiles(ctx context.Context, id string, opts delegate.
 	if limit == 0 {
 		limit = delegate.DefaultFileLimit
 	}
-	_, inst, err := k.instance(ctx, id, false)
+	sb, inst, err := k.instance(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: dir, Depth: depth, Limit: limit})
 	out := &delegate.FileListing{Entries: []delegate.FileInfo{}, Truncated: errors.Is(err, sandbox.ErrTruncated)}
 	if err != nil && !out.Truncated {
-		return nil, fileError("path", dir, err)
+		return nil, k.fileError(ctx, sb, "path", dir, err)
 	}
 	for _, f := range infos {
 		out.Entries = append(out.Entries, delegate.FileInfo{Path: f.Path, Type: delegate.FileType(f.Mode), Size: f.Size,
@@ -472,9 +556,9 @@ func parentDir(p string) string {
 
 // fileError names the path of a file operation the backend refused: a
 // missing file, a link out, not a regular file (the backend's words).
-func fileError(field, p string, err error) error {
-	if errors.Is(err, sandbox.ErrGone) {
-		return fmt.Errorf("%s: %w", p, err)
+func (k *keeper) fileError(ctx context.Context, sb *delegate.Sandbox, field, p string, err error) error {
+	if k.failed(ctx, sb, err) {
+		return &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return &delegate.NotFoundError{Resource: "file", ID: p, Of: "the sandbox"}
@@ -570,7 +654,15 @@ func (k *keeper) pause(ctx context.Context, b sandbox.Backend, sb *delegate.Sand
 
 // keeps reports whether an instance is the machine of a live sandbox
 // (the sweep leaves those alone).
-func (k *keeper) keeps(ctx context.Context, backend, instance string) bool {
-	sb, err := k.sbs.SandboxOfInstance(ctx, backend, instance)
+func (k *keeper) keeps(ctx context.Context, backend string, info sandbox.Info) bool {
+	k.mu.Lock()
+	_, opening := k.opening[info.JobID]
+	k.mu.Unlock()
+	if opening {
+		// Made for a sandbox being opened, which records its machine
+		// once Create returns (on Proxmox, after a clone and a boot).
+		return true
+	}
+	sb, err := k.sbs.SandboxOfInstance(ctx, backend, info.ID)
 	return err == nil && !sb.State.Terminal()
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -148,6 +149,13 @@ func TestPersistentJobKeepsASandbox(t *testing.T) {
 // a command resumes it; paused past its pause timeout it goes; past its
 // lifetime it goes whatever it does.
 func TestKeptSandboxTimers(t *testing.T) {
+	// In a synctest bubble the timers run on the bubble's clock: the
+	// waits below take no real time, and the order of the timers'
+	// firings is the same on a loaded machine as on an idle one.
+	synctest.Test(t, testKeptSandboxTimers)
+}
+
+func testKeptSandboxTimers(t *testing.T) {
 	f := keptFixture(t, engine.Config{})
 	ctx := context.Background()
 	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{IdleTimeout: 1, PauseTimeout: 2, Lifetime: 3600})
@@ -315,4 +323,94 @@ func TestKeptSandboxSurvivesRestart(t *testing.T) {
 		got, _ := second.GetSandbox(ctx, sb.ID)
 		return got.State == delegate.SandboxPaused
 	})
+}
+
+// TestKeptSandboxMachineLost: a kept sandbox's machine vanishes behind
+// the engine's back (the engine knows it from an earlier command): the
+// next command fails naming why, never hangs, and the sandbox is gone;
+// so is a file call's.
+func TestKeptSandboxMachineLost(t *testing.T) {
+	for _, via := range []string{"command", "file"} {
+		t.Run(via, func(t *testing.T) {
+			f := keptFixture(t, engine.Config{SandboxTick: time.Hour})
+			ctx := context.Background()
+			sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := script("true")
+			in.Sandbox = sb.ID
+			first := f.submit(in)
+			f.started().Finish(sandbox.Exit{})
+			if j := f.wait(f.eng, first.ID); j.Status != delegate.StatusSuccess {
+				t.Fatalf("first command: %+v", j)
+			}
+			if err := f.backend.Destroy(ctx, sb.Instance); err != nil {
+				t.Fatal(err)
+			}
+			if via == "file" {
+				err := f.eng.WriteSandboxFile(ctx, sb.ID, "a.txt", []byte("x"), 0o644)
+				if !errors.Is(err, delegate.ErrTerminal) || !strings.Contains(err.Error(), "gone") {
+					t.Fatalf("file call on a lost machine: %v", err)
+				}
+			} else {
+				second := f.submit(in)
+				j := f.wait(f.eng, second.ID)
+				if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "gone") {
+					t.Fatalf("command on a lost machine: %+v", j)
+				}
+			}
+			// The job's end is recorded first, the sandbox's right after.
+			eventually2(t, 5*time.Second, "the sandbox gone", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
+			if got := f.sandbox(sb.ID); !strings.Contains(got.Reason, "machine is gone") || got.Running != 0 {
+				t.Errorf("gone: %+v", got)
+			}
+		})
+	}
+}
+
+// TestSweepSparesSandboxBeingOpened: the machine of a sandbox that is
+// being opened exists on the backend before the sandbox records it; the
+// sweep leaves it alone however many sweeps pass (it destroyed it on the
+// Proxmox simulator, where a clone takes a second), and a second machine
+// of that sandbox is a leftover once the sandbox has its own.
+func TestSweepSparesSandboxBeingOpened(t *testing.T) {
+	ctx := context.Background()
+	f := keptFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
+	release := make(chan struct{})
+	entered := make(chan string, 1)
+	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+		entered <- spec.JobID
+		<-release
+		return nil
+	}
+	opened := make(chan error, 1)
+	go func() {
+		_, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+		opened <- err
+	}()
+	owner := <-entered
+	if !strings.HasPrefix(owner, "sbx-") {
+		t.Fatalf("a sandbox's machine is made for %q, want its sandbox id", owner)
+	}
+	f.backend.CreateHook = nil
+	inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: owner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // many sweeps
+	if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
+		t.Fatalf("the sweep destroyed the machine of a sandbox being opened: %v", err)
+	}
+	close(release)
+	if err := <-opened; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second machine destroyed as a leftover", func() bool {
+		_, err := f.backend.Recover(ctx, inFlight.ID())
+		return errors.Is(err, sandbox.ErrGone)
+	})
+	if f.backend.Len() != 1 {
+		t.Fatalf("%d machines, want the sandbox's one", f.backend.Len())
+	}
 }

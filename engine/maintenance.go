@@ -160,7 +160,7 @@ func (m *maintenance) sweep(ctx context.Context) {
 			continue // another live engine's: it destroys it (or its sweep does)
 		case job != nil && job.Manifest.Lifecycle == delegate.LifecyclePersistent && job.SandboxID == sb.ID && job.Sandbox == "":
 			continue // kept until release_job (a persistent job of a backend that keeps no sandbox)
-		case m.keeper.keeps(ctx, backend.Name(), sb.ID):
+		case m.keeper.keeps(ctx, backend.Name(), sb):
 			continue // a kept sandbox's machine: its timers end it
 		case job != nil && job.Sandbox != "":
 			// The machine of a kept sandbox that has ended: its

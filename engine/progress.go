@@ -68,6 +68,15 @@ func (b *progressBuffer) report(id, progress string, result *string, timeline bo
 	b.poke()
 }
 
+// event adds a timeline entry without changing the job's progress: a
+// step of the engine's own, told after the fact.
+func (b *progressBuffer) event(id, msg string, now time.Time) {
+	b.mu.Lock()
+	b.entry(id).addEvents(delegate.Event{Time: now, Message: msg})
+	b.mu.Unlock()
+	b.poke()
+}
+
 // dropped counts timeline entries a job sent that were never kept.
 func (b *progressBuffer) dropped(id string, n int64) {
 	if n <= 0 {

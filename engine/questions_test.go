@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -259,8 +260,11 @@ func TestQuestionOnBehalf(t *testing.T) {
 }
 
 // TestQuestionUnansweredTimesOut: the job's own timeout runs on while it
-// waits; the job ends as timeout and its question closes with it.
-func TestQuestionUnansweredTimesOut(t *testing.T) {
+// waits; the job ends as timeout and its question closes with it. It runs
+// in a synctest bubble (the job's timeout on the bubble's clock).
+func TestQuestionUnansweredTimesOut(t *testing.T) { synctest.Test(t, testQuestionUnansweredTimesOut) }
+
+func testQuestionUnansweredTimesOut(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	m := script("asks and waits")
 	m.Timeout = new(1)

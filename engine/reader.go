@@ -123,7 +123,7 @@ func summary(j *delegate.Job) delegate.JobSummary {
 	return delegate.JobSummary{
 		ID: j.ID, Status: j.Status, AgentType: j.Manifest.AgentType, Task: task, Progress: j.Progress,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, ExitCode: j.ExitCode,
-		SandboxKept: sandboxKept(j),
+		ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), SandboxKept: sandboxKept(j),
 	}
 }
 
@@ -171,12 +171,18 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 	if arts == nil {
 		arts = []delegate.Artifact{}
 	}
+	changes, err := rd.resultChanges(ctx, j)
+	if err != nil {
+		return nil, err
+	}
 	return &delegate.JobResult{
-		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode,
+		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode, ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled),
 		Output: out, OutputOffset: outOffset, Stderr: errs, StderrOffset: errOffset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts,
+		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
+		Sandbox: j.Sandbox,
+		Network: rd.networkResult(ctx, j),
 	}, nil
 }
 
@@ -349,5 +355,27 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 	if _, err := rd.store.GetJob(ctx, id); err != nil {
 		return delegate.Artifact{}, nil, err
 	}
-	return delegate.Artifact{}, nil, delegate.ArtifactNotFound(id, name)
+	nf := delegate.ArtifactNotFound(id, name)
+	nf.There = artifactNames(arts)
+	return delegate.Artifact{}, nil, nf
+}
+
+// maxNamesShown bounds the names a not-found error lists.
+const maxNamesShown = 20
+
+// artifactNames says which artifacts a job has, for an error about one it
+// does not have.
+func artifactNames(arts []delegate.Artifact) string {
+	if len(arts) == 0 {
+		return "the job kept no artifacts"
+	}
+	names := make([]string, 0, min(len(arts), maxNamesShown))
+	for _, a := range arts[:min(len(arts), maxNamesShown)] {
+		names = append(names, strconv.Quote(a.Name))
+	}
+	s := "the job's artifacts: " + strings.Join(names, ", ")
+	if len(arts) > maxNamesShown {
+		s += fmt.Sprintf(" and %d more", len(arts)-maxNamesShown)
+	}
+	return s
 }

@@ -161,14 +161,22 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 			observed = r.jobEnded
 		}
 		r.finishAt(id, delegate.StatusFailed, reason, time.Now().UTC(), observed, nil)
+		r.removeClone(id, job.Manifest)
 		switch {
 		case a.attached:
-			// A kept sandbox's: it stays for the next command.
+			// A kept sandbox's: it stays for the next command, unless its
+			// machine is gone.
+			if sb, gerr := r.keeper.sbs.GetSandbox(context.WithoutCancel(ctx), job.Manifest.Sandbox); gerr == nil && r.keeper.failed(ctx, sb, err) {
+				break
+			}
 			r.keeper.detach(context.WithoutCancel(ctx), job.Manifest.Sandbox)
 		case a.kept != "":
 			r.keeper.end(context.WithoutCancel(ctx), a.kept, delegate.SandboxGone, "the job that made it failed to start: "+reason)
 		case a.sb != nil:
 			r.rollback(id, a.sb.ID())
+		}
+		if a.net != nil && !a.attached && a.kept == "" && r.cfg.Egress != nil {
+			r.cfg.Egress.end(context.WithoutCancel(ctx), a.net.id)
 		}
 		return
 	}
@@ -189,6 +197,12 @@ type attempt struct {
 	// failure ends.
 	attached bool
 	kept     string
+	// maker is the manifest of the job that made the kept sandbox a
+	// command runs in (its workspace and caches); nil when opened empty.
+	maker *delegate.Manifest
+	// net is the job's network through the egress proxy (or its kept
+	// sandbox's); nil when its network is not the proxy's.
+	net *jobNetwork
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -200,7 +214,9 @@ var provisionSteps = []struct {
 	name string
 	do   func(*runner, context.Context, *attempt) error
 }{
+	{"open the job's network", (*runner).networkStep},
 	{"create the sandbox", (*runner).createStep},
+	{"import the workspace", (*runner).importWorkspace},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -213,6 +229,7 @@ var attachSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"attach to the kept sandbox", (*runner).attachStep},
+	{"find the sandbox's network", (*runner).attachNetwork},
 	{"write the files", (*runner).writeFiles},
 	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
@@ -240,6 +257,11 @@ func (r *runner) attachStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	a.sb, a.attached = inst, true
+	if sb.JobID != "" {
+		if mm, err := r.store.JobManifest(ctx, sb.JobID); err == nil {
+			a.maker = &mm
+		}
+	}
 	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
@@ -256,11 +278,12 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	spec.Admission, spec.Progress = a.adm, r.stepper(ctx, a.job.ID)
+	spec.Admission, spec.Progress, spec.Egress = a.adm, r.stepper(ctx, a.job.ID), a.net.spec()
 	// A persistent job's sandbox is kept, for more commands: made to run
-	// them where the backend can, with a lifetime.
+	// them where the backend can, with a lifetime. (A local sandbox whose
+	// network is a network helper's, not the proxy's, runs one command.)
 	keep := a.job.Manifest.Lifecycle == delegate.LifecyclePersistent && r.backend().Capabilities().MultiExec &&
-		!(a.job.Manifest.Network == delegate.NetworkEgress && r.backend().Name() == "local")
+		!(a.job.Manifest.Network.Reaches() && a.net == nil && r.backend().Name() == "local")
 	if keep {
 		spec.MultiExec, spec.Expires = true, time.Now().Add(r.cfg.SandboxLifetime)
 	}
@@ -328,7 +351,11 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 
 // startCommand starts the job's command and records the job as running.
 func (r *runner) startCommand(ctx context.Context, a *attempt) error {
-	cmd, err := r.command(a.job, a.token)
+	ws := &a.job.Manifest
+	if a.attached {
+		ws = a.maker
+	}
+	cmd, err := r.command(a.job, a.token, ws, a.net)
 	if err != nil {
 		return err
 	}
@@ -385,18 +412,27 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	})
 }
 
-// stepper reports a backend's provisioning steps as the job's progress.
+// stepper reports a backend's provisioning steps as the job's progress,
+// and as entries of its timeline (statusMode detailed and streaming), so
+// that where a slow start spent its time (a clone, a boot, the guest
+// agent) shows afterwards too.
 func (r *runner) stepper(ctx context.Context, id string) func(string) {
 	return func(step string) {
 		step = clip(step)
+		now := time.Now().UTC()
 		r.log.Debug("provisioning step", "job", id, "step", step)
-		r.jobs.update(ctx, id, func(j *delegate.Job) error {
+		j, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 			if j.Status.Terminal() {
 				return delegate.ErrTerminal
 			}
 			j.Progress = step
 			return nil
 		})
+		if err == nil && j.Manifest.StatusMode != delegate.StatusModeSimple {
+			if err := r.store.AddEvent(ctx, id, delegate.Event{Time: now, Message: step}, maxEvents); err != nil {
+				r.log.Warn("provisioning step: timeline", "job", id, "err", err)
+			}
+		}
 	}
 }
 
@@ -410,14 +446,18 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 	if err != nil {
 		return sandbox.Spec{}, fmt.Errorf("resources.disk: %w", err)
 	}
-	return sandbox.Spec{
+	spec := sandbox.Spec{
 		JobID:       job.ID,
 		CPU:         r.CPU,
 		MemoryBytes: mem,
 		DiskBytes:   disk,
 		Template:    job.Manifest.VMTemplate,
-		Network:     job.Manifest.Network == delegate.NetworkEgress,
-	}, nil
+		Network:     job.Manifest.Network.Reaches(),
+	}
+	for _, c := range job.Manifest.Caches {
+		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Manifest.Workspace)})
+	}
+	return spec, nil
 }
 
 // follow watches a running process until it ends, is killed, or times out,
@@ -902,10 +942,25 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		c := exit.Code
 		code = &c
 	}
+	// So is its network log (its own network's, or its kept sandbox's,
+	// which goes on).
+	if r.cfg.Egress != nil && (m.Network.Reaches() || m.Sandbox != "") {
+		ctx := context.WithoutCancel(r.life.ctx)
+		if netID, err := resolveNetwork(ctx, r.store, id); err == nil {
+			r.cfg.Egress.settle(ctx, netID)
+		}
+	}
 	// Artifacts are collected before the job is marked finished, so that a
 	// client that sees the end also sees them.
 	if len(m.Artifacts) > 0 && waitErr == nil {
 		r.collectArtifacts(context.WithoutCancel(r.life.ctx), id, m, sb)
+	}
+	// So are the changes to its workspace, before the sandbox goes.
+	if waitErr == nil {
+		r.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
+	}
+	if m.Lifecycle != delegate.LifecyclePersistent {
+		r.removeClone(id, m) // its changes' old side is read
 	}
 	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,19 @@ type Backend struct {
 	goHelpers bool
 	// netns has network namespaces ready for the C helpers.
 	netns *netnsPool
+
+	// toolDirs are the operator's tool directories (Config.ToolDirs).
+	toolDirs []string
+	// cacheDir and cacheMax: see Config (cache_linux.go).
+	cacheDir string
+	cacheMax int64
+
+	// egress serves the listeners of sandboxes made with Spec.Egress
+	// (egress_linux.go); egressCallback is Config.EgressCallbackPort.
+	egress         sandbox.EgressServer
+	egressCallback int
+	egressMu       sync.Mutex
+	served         map[string]*servedSandbox // by sandbox id
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -112,7 +126,16 @@ func New(cfg Config) (*Backend, error) {
 			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
 	}
 	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
-		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log)}
+		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes),
+		egress: cfg.Egress, egressCallback: cfg.EgressCallbackPort, served: map[string]*servedSandbox{}}
+	if cfg.CacheDir != "" {
+		if b.cacheDir, err = filepath.Abs(cfg.CacheDir); err != nil {
+			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
+		}
+		if err := os.MkdirAll(b.cacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
+		}
+	}
 	if cfg.RootfsDir != "" {
 		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
 			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)
@@ -125,6 +148,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
 	b.uidReg = &uidRegistry{dir: uidRegistryDir, r: b.uids}
+	if err := b.checkToolDirs(cfg.ToolDirs); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	b.toolDirs = slices.Clone(cfg.ToolDirs)
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
@@ -228,26 +255,35 @@ func (b *Backend) check() (cgroupLayout, error) {
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "local" }
 
-// Close implements sandbox.Backend: the local backend holds nothing in
-// the server's process that outlives a call (each sandbox's shim is a
-// process of its own, detached, that goes on).
-func (b *Backend) Close() error { return nil }
+// Close implements sandbox.Backend: each sandbox's shim is a process of
+// its own, detached, that goes on; what the backend holds in the server's
+// process is the egress proxy's listeners, which the next server opens
+// again when it recovers the sandboxes.
+func (b *Backend) Close() error {
+	b.stopAllEgress()
+	return nil
+}
 
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
 // New fails on a host where it could not be. NetworkEgress depends on a
 // network helper being installed, looked for now.
 func (b *Backend) Capabilities() sandbox.Capabilities {
 	_, netErr := findNetTool(b.netForce, b.lookPath)
+	var netMissing string
+	if netErr != nil && b.egress == nil {
+		netMissing = netErr.Error()
+	}
 	return sandbox.Capabilities{
-		FilesystemIsolation: true,
-		NetworkIsolation:    true,
-		NetworkEgress:       netErr == nil,
-		CPULimit:            true,
-		MemoryLimit:         true,
-		PidsLimit:           true,
-		DiskLimit:           true,
-		Recover:             true,
-		Templates:           true,
+		FilesystemIsolation:  true,
+		NetworkIsolation:     true,
+		NetworkEgress:        netErr == nil || b.egress != nil,
+		NetworkEgressMissing: netMissing,
+		CPULimit:             true,
+		MemoryLimit:          true,
+		PidsLimit:            true,
+		DiskLimit:            true,
+		Recover:              true,
+		Templates:            true,
 		// The shim watches the job's process for as long as it runs.
 		Supervised: true,
 		StatusFile: StatusFile,
@@ -255,7 +291,13 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// commands.
 		MultiExec: true,
 		// The cgroup freezer (v2, or v1's freezer hierarchy).
-		Pause: b.cg.Freezer != "",
+		Pause:      b.cg.Freezer != "",
+		Caches:     b.cacheDir != "",
+		Workspaces: true,
+		// Sandboxes whose only road out is the proxy's listeners, with a
+		// trust bundle of their own.
+		EgressProxy: b.egress != nil,
+		EgressTrust: b.egress != nil,
 	}
 }
 
@@ -265,15 +307,25 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		return nil, err
 	}
 	var net *netTool
-	if spec.Network {
+	var proxy *proxyState
+	switch {
+	case spec.Network && spec.Egress != nil:
+		if b.egress == nil {
+			return nil, fmt.Errorf("local backend: %w", errNoEgressProxy)
+		}
+		if spec.Egress.Token == "" {
+			return nil, errors.New("local backend: Spec.Egress has no token")
+		}
+		proxy = &proxyState{Token: spec.Egress.Token, Callback: b.callbackPort(), Trust: len(spec.Egress.CACert) > 0}
+	case spec.Network:
 		tool, err := findNetTool(b.netForce, b.lookPath)
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
 		net = &tool
 	}
-	if spec.MultiExec && spec.Network {
-		return nil, errors.New("local backend: a sandbox that runs many commands has no network yet (its network helper serves one command); keep it with network: none, or use the Proxmox backend")
+	if spec.MultiExec && net != nil {
+		return nil, errors.New("local backend: a sandbox that runs many commands has no network through a network helper (it serves one command); its network goes through the egress proxy (Spec.Egress) or nowhere")
 	}
 	if spec.MemoryBytes <= 0 {
 		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
@@ -317,13 +369,15 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 			}
 		}
 	}()
-	if err := b.provision(id, dir, spec, net, tpl); err != nil {
+	if err := b.provision(id, dir, spec, net, proxy, tpl); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	created = true
 	netName := "none"
 	if net != nil {
 		netName = net.Name
+	} else if proxy != nil {
+		netName = "egress proxy"
 	}
 	b.log.Info("sandbox created", "sandbox", id, "job", spec.JobID, "cpu", spec.CPU,
 		"memory", spec.MemoryBytes, "disk", spec.DiskBytes, "template", spec.Template, "network", netName)
@@ -332,9 +386,10 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 
 // provision fills a new sandbox directory. Every step leaves a trace that
 // destroy can undo (state.json is written before the cgroups exist). net
-// is the network helper the shim will start, nil for no network; tpl the
-// template's root filesystem (openTemplate), -1 for none.
-func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl int) error {
+// is the network helper the shim will start, proxy the egress proxy's
+// part, nil both for no network; tpl the template's root filesystem
+// (openTemplate), -1 for none.
+func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, proxy *proxyState, tpl int) error {
 	// The sandbox's host ids: a slot of its own.
 	base, err := b.uidReg.claim(dir)
 	if err != nil {
@@ -363,6 +418,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		Template:    spec.Template,
 		Cgroup:      b.cg.names(id),
 		Network:     net,
+		Proxy:       proxy,
 		Multi:       spec.MultiExec,
 		Expires:     spec.Expires,
 		Init:        spec.MultiExec,
@@ -395,21 +451,39 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 		if err := os.Mkdir(filepath.Join(dir, dirExecs), 0o700); err != nil {
 			return err
 		}
-		if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
-			return err
+		if proxy == nil {
+			if err := pinNetns(filepath.Join(dir, fileNetns)); err != nil {
+				return err
+			}
 		}
 		ch := filepath.Join(dir, dirChannel)
 		if err := os.Mkdir(ch, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=4096,mode=0711"); err != nil {
+		if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=4096,mode=0711"); err != nil {
 			return fmt.Errorf("mount the status channels' tmpfs: %w", err)
 		}
 		if err := unix.Mount("", ch, "", unix.MS_PRIVATE, ""); err != nil {
 			return fmt.Errorf("make the status channels' tmpfs private: %w", err)
 		}
+		// The sandbox's accounts, on the same tmpfs (passwd_linux.go).
+		if err := writeAccounts(dir); err != nil {
+			return err
+		}
 	} else if err := makeStatusFIFO(dir, hostJob); err != nil {
 		return err
+	}
+	if len(spec.Caches) > 0 {
+		// Recorded before the cgroups: Destroy gives back what the
+		// state names, and unmounts whatever is under caches/.
+		caches, err := b.attachCaches(id, dir, spec, hostJob)
+		st.Caches = caches
+		if werr := writeJSONAtomic(filepath.Join(dir, fileState), st); err == nil {
+			err = werr
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if tpl >= 0 {
 		// A read-only bind here, made as host root, lets the unprivileged
@@ -432,6 +506,19 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, tpl
 	}
 	if err := st.Cgroup.create(limits{MemoryBytes: spec.MemoryBytes, CPU: spec.CPU, PidsMax: b.pidsMax}); err != nil {
 		return err
+	}
+	if proxy != nil {
+		if err := makeProxyNetns(filepath.Join(dir, fileNetns)); err != nil {
+			return err
+		}
+		if proxy.Trust {
+			if err := writeTrustBundle(dir, tpl, spec.Egress.CACert); err != nil {
+				return err
+			}
+		}
+		if err := b.serveEgress(id, dir, st); err != nil {
+			return err
+		}
 	}
 	if spec.MultiExec {
 		return b.startKeeper(dir, st)
@@ -461,7 +548,10 @@ func (b *Backend) startKeeper(dir string, st sandboxState) error {
 		return err
 	}
 	defer readyR.Close()
-	shim, err := b.startShim(dir, pl, haveCHelper && !b.goHelpers, netns, readyW)
+	// The C helpers build roots without network steps (resolv.conf):
+	// a sandbox whose network is the egress proxy's gets the Go ones.
+	c := haveCHelper && !b.goHelpers && st.Network == nil && st.Proxy == nil
+	shim, err := b.startShim(dir, pl, c, netns, readyW)
 	readyW.Close()
 	if err != nil {
 		return err
@@ -492,11 +582,18 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: %w", id, sandbox.ErrGone)
 	}
+	st, stErr := b.state(dir, id)
 	// A kept sandbox lives as long as its init (and its supervisor).
-	var st sandboxState
-	if readJSON(filepath.Join(dir, fileState), &st) == nil && st.Init {
+	if stErr == nil && st.Init {
 		if _, alive := shimAlive(dir); !alive {
 			return nil, fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", id, sandbox.ErrGone)
+		}
+	}
+	// A sandbox whose network is the egress proxy's gets its listeners
+	// again (a restarted server), unless they are served already.
+	if stErr == nil && st.Proxy != nil && b.egress != nil {
+		if err := b.serveEgress(id, dir, st); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
 	return &sbox{b: b, id: id, dir: dir}, nil
@@ -550,6 +647,8 @@ func (b *Backend) destroy(id string) error {
 		delete(b.live, id)
 		b.mu.Unlock()
 	}()
+	// Its listeners close first: nothing is served to a sandbox going.
+	b.stopEgress(id)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		// Nothing to find the sandbox by; groups under the usual names may
 		// still be there (a Destroy interrupted after its directory went).
@@ -584,6 +683,8 @@ func (b *Backend) destroy(id string) error {
 	}
 	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
+	} else {
+		b.releaseCaches(id, st.Caches)
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
 		errs = append(errs, err)
@@ -636,7 +737,7 @@ func (b *Backend) ended(id, dir string) bool {
 // them, Destroy removes them one by one instead of walking the directory.
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
-		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady}
+		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady, fileTrust, fileNetns}
 	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel}
 )
 
@@ -654,6 +755,7 @@ func removeSandboxDir(dir string) error {
 	for _, d := range sandboxDirs {
 		unix.Rmdir(filepath.Join(dir, d))
 	}
+	removeCacheDirs(dir)
 	err := unix.Rmdir(dir)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil

@@ -41,3 +41,4 @@ func (b *Backend) Close() error                                     { return nil
 func runShim(args []string) int                                     { return 2 }
 func runInit(args []string) int                                     { return 2 }
 func runExec() int                                                  { return 2 }
+func runExtract(args []string) int                                  { return 2 }

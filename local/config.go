@@ -1,6 +1,10 @@
 package local
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/delegate-dev/delegate/sandbox"
+)
 
 // Config configures a Backend.
 type Config struct {
@@ -20,6 +24,13 @@ type Config struct {
 	// name too (no other path). It is trusted configuration; it must not
 	// be "/" nor lead to Dir.
 	DefaultTemplate string
+	// ToolDirs are host directories of tools (a toolchain, a language
+	// runtime) that jobs without a template see read-only at their own
+	// paths, with their bin directory (or themselves) on the standard
+	// PATH. Each must be a clean absolute path of a directory every user
+	// can reach, writable by none of the sandboxes' users; see
+	// tools_linux.go.
+	ToolDirs []string
 	// PidsMax caps the processes and threads of one sandbox, and NoFile
 	// the open files of each of its processes (RLIMIT_NOFILE, soft and
 	// hard; at most the server's own). 0: chosen from the host's file
@@ -34,8 +45,22 @@ type Config struct {
 	// refuses a range that an entry of /etc/subuid, /etc/subgid,
 	// /etc/passwd or /etc/group overlaps.
 	UIDs string
+	// CacheDir keeps the caches jobs ask for (Spec.Caches), per project
+	// and name; "": none are kept (Capabilities.Caches is false).
+	// CacheMaxBytes bounds them all together: the least recently used go
+	// first (DefaultCacheMaxBytes when 0).
+	CacheDir      string
+	CacheMaxBytes int64
 	// Logger receives the backend's own events; nil discards them.
 	Logger *slog.Logger
+	// Egress, if set, is the server's egress proxy: a sandbox made with
+	// Spec.Egress has no network but its listeners (egress_linux.go), and
+	// the backend enforces allowlists (Capabilities.EgressProxy).
+	Egress sandbox.EgressServer
+	// EgressCallbackPort is the port of the callback listener in such a
+	// sandbox, which the proxy forwards to the callback server: the
+	// server's callback port (0: none).
+	EgressCallbackPort int
 }
 
 // DefaultOutputLimit is the output kept when Command.OutputLimit is zero or

@@ -130,6 +130,18 @@ func writeWorkspaceFile(wsDir, p string, data []byte, mode fs.FileMode) error {
 			}
 		}
 	}
+	if mode&fs.ModeSymlink != 0 {
+		// A link, as the job's user's: it resolves inside the sandbox
+		// only (every lookup of ours refuses links).
+		name := parts[len(parts)-1]
+		if err := unix.Symlinkat(string(data), cur, name); err != nil {
+			return explain("write", p, err)
+		}
+		if err := unix.Fchownat(cur, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return explain("write", p, err)
+		}
+		return nil
+	}
 	// No O_TRUNC before we know it is a regular file; O_NONBLOCK so a FIFO
 	// cannot make us wait.
 	fd, err := unix.Openat2(cur, parts[len(parts)-1], &unix.OpenHow{

@@ -5,6 +5,7 @@ package local
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,5 +121,30 @@ func TestWriteFileDiskFull(t *testing.T) {
 	err := sb.WriteFile(context.Background(), "/workspace/big", make([]byte, 8*mib), 0o644)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("WriteFile of 8 MiB into a 4 MiB workspace: err = %v, want ENOSPC", err)
+	}
+}
+
+// TestWriteLink: WriteFile with fs.ModeSymlink makes a link, the job's
+// own, that resolves inside the sandbox; and nothing is written through
+// a link afterwards.
+func TestWriteLink(t *testing.T) {
+	b := newBackend(t, 0)
+	sb := create(t, b, defaultSpec())
+	ctx := context.Background()
+	if err := sb.WriteFile(ctx, "/workspace/src/real.txt", []byte("real\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for p, target := range map[string]string{"/workspace/src/alias.txt": "real.txt", "/workspace/etc": "/etc"} {
+		if err := sb.WriteFile(ctx, p, []byte(target), fs.ModeSymlink|0o777); err != nil {
+			t.Fatalf("link %s: %v", p, err)
+		}
+	}
+	exit, out := run(t, sb, "/bin/sh", "-c", `cat /workspace/src/alias.txt; stat -c '%u:%g %F %N' /workspace/src/alias.txt /workspace/etc`)
+	if exit.Code != 0 {
+		t.Fatalf("exit %+v:\n%s", exit, out)
+	}
+	wantContains(t, out, "real\n", "1000:1000 symbolic link '/workspace/src/alias.txt' -> 'real.txt'\n", "1000:1000 symbolic link '/workspace/etc' -> '/etc'\n")
+	if err := sb.WriteFile(ctx, "/workspace/etc/x", []byte("no"), 0o644); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("a write through a link: %v", err)
 	}
 }

@@ -604,8 +604,10 @@ static int write_input(const char *path, const char *data, size_t len, uid_t uid
 	return close(fd);
 }
 
-/* kept_fd is what OP_KEEP_PATH opened, for OP_BIND_KEPT. */
-static int kept_fd = -1;
+/* kept_fd are what OP_KEEP_PATH opened, by slot (an op's n), for
+ * OP_BIND_KEPT. */
+#define KEPT_SLOTS 2
+static int kept_fd[KEPT_SLOTS] = {-1, -1};
 
 static int run_op(const struct plan *p, const struct op *o) {
 	detail = NULL;
@@ -613,22 +615,30 @@ static int run_op(const struct plan *p, const struct op *o) {
 	case OP_UNSHARE:
 		return unshare((int)o->n);
 	case OP_KEEP_PATH:
-		if (kept_fd >= 0)
-			close(kept_fd);
-		kept_fd = open(o->s[0], O_PATH | O_CLOEXEC);
-		return kept_fd < 0 ? -1 : 0;
 	case OP_BIND_KEPT: {
-		if (kept_fd < 0) {
+		if (o->n >= KEPT_SLOTS) {
+			detail = "no such slot";
+			errno = EINVAL;
+			return -1;
+		}
+		int *slot = &kept_fd[o->n];
+		if (o->code == OP_KEEP_PATH) {
+			if (*slot >= 0)
+				close(*slot);
+			*slot = open(o->s[0], O_PATH | O_CLOEXEC);
+			return *slot < 0 ? -1 : 0;
+		}
+		if (*slot < 0) {
 			detail = "nothing kept to bind";
 			errno = EBADF;
 			return -1;
 		}
 		char src[64];
-		snprintf(src, sizeof src, "/proc/self/fd/%d", kept_fd);
+		snprintf(src, sizeof src, "/proc/self/fd/%d", *slot);
 		int rc = mount(src, o->s[0], NULL, MS_BIND, NULL);
 		int e = errno;
-		close(kept_fd);
-		kept_fd = -1;
+		close(*slot);
+		*slot = -1;
 		errno = e;
 		return rc;
 	}
@@ -2809,7 +2819,7 @@ __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 /* ---------- for the Go tests (helper_cgo_linux.go) ---------- */
 
 const char *dsh_constants(void) {
-	static char buf[1024];
+	static char buf[2048];
 	snprintf(buf, sizeof buf,
 		 "magic=%u version=%u max=%u shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%lld path=%s "
 		 "files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
@@ -2818,6 +2828,12 @@ const char *dsh_constants(void) {
 		 FILE_STREAMS, FILE_EVENTS, FILE_EVENTS_LATEST, FILE_STATUS_FIFO, FILE_KILLED, FILE_INIT_PID, FILE_EXIT, FILE_SHIM_LOG, PLAN_FD, NETNS_FD, OP_MOUNT, OP_MKDIR, OP_TOUCH,
 		 OP_SYMLINK, OP_READ_ONLY, OP_PIVOT, OP_UNSHARE_CGROUP, OP_HOSTNAME, OP_LOOPBACK, OP_NO_CORE_DUMPS, OP_DROP_BOUNDING,
 		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
+	size_t n = strlen(buf);
+	snprintf(buf + n, sizeof buf - n,
+		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s", OP_UNSHARE,
+		 OP_KEEP_PATH, OP_BIND_KEPT, KEPT_SLOTS, MODE_SANDBOX, MODE_KEEPER, MODE_COMMAND, REQUEST_MAGIC, REQUEST_CGROUP,
+		 REQUEST_ID, REQUEST_SPARE, SPARE_MAGIC, REQUEST_FDS, EXEC_ID_LEN, CTL_PLACED, CTL_GO, CTL_KILLED, SERVER_FD,
+		 FILE_CONTROL, FILE_JOB_PID);
 	return buf;
 }
 

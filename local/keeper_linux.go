@@ -72,6 +72,9 @@ const (
 	requestID     = 2
 	requestSpare  = 4
 	requestFDs    = 4 // plan, stdout, stderr, ctl (and the cgroup's)
+	// spareMagic ("DSS1") starts the C keeper's word to its init that
+	// the next command's group is made (its cgroup.procs attached).
+	spareMagic = 0x44535331
 )
 
 // ctlGo and ctlKilled are the shim's answers once the command has placed

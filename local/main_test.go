@@ -5,6 +5,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -76,6 +77,46 @@ func runHelper(name string, args []string) int {
 			return 1
 		}
 		fmt.Printf("resolved %s: %v\n", args[0], addrs)
+		return 0
+	case "lookup": // lookup name...: the system resolver's answer for each
+		for _, a := range args {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			addrs, err := net.DefaultResolver.LookupHost(ctx, a)
+			cancel()
+			if err != nil {
+				fmt.Printf("%s: no (%v)\n", a, err)
+				continue
+			}
+			fmt.Printf("%s: %s\n", a, strings.Join(addrs, " "))
+		}
+		return 0
+	case "tunnels": // tunnels N host:port roots.pem: open N TLS tunnels through the proxy, hold them until /workspace/stop
+		return runTunnels(args)
+	case "sink": // sink addr: accept TCP connections and hold them, reading what comes
+		ln, err := net.Listen("tcp", args[0])
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return 1
+			}
+			go io.Copy(io.Discard, c)
+		}
+	case "udp": // udp addr...: send a datagram to each
+		for _, a := range args {
+			c, err := net.Dial("udp", a)
+			if err != nil {
+				fmt.Printf("udp %s: %v\n", a, err)
+				continue
+			}
+			_, err = c.Write([]byte("hello " + a))
+			c.Close()
+			fmt.Printf("udp %s: sent (%v)\n", a, err)
+		}
 		return 0
 	case "loopback": // talk to ourselves over 127.0.0.1
 		l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -70,6 +70,8 @@ func TestRecordModes(t *testing.T) {
 				switch {
 				case d.IsDir() && d.Name() == dirChannel:
 					want = 0o755 // the status channel's tmpfs, which init crosses
+				case d.Name() == filepath.Base(filePasswd) || d.Name() == filepath.Base(fileGroup):
+					want = 0o644 // the job's passwd and group, from the host's (passwd_linux.go)
 				case d.IsDir():
 					want = 0o700
 				}
@@ -83,7 +85,8 @@ func TestRecordModes(t *testing.T) {
 			}
 			// (The C shim writes a log only when it has something to say;
 			// the walk above checks it whenever it is there.)
-			for _, f := range []string{fileState, fileExec, fileExit, fileOutput, fileEvents, dirChannel, filepath.Base(fileStatusFIFO), fileShimPID, fileInitPID} {
+			for _, f := range []string{fileState, fileExec, fileExit, fileOutput, fileEvents, dirChannel, filepath.Base(fileStatusFIFO), fileShimPID, fileInitPID,
+				filepath.Base(filePasswd), filepath.Base(fileGroup)} {
 				if !slices.Contains(seen, f) {
 					t.Errorf("%s was not checked (files: %v)", f, seen)
 				}

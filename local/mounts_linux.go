@@ -78,18 +78,25 @@ func pivot(root string) error {
 // which finds them.
 func unmountSandbox(dir string) error {
 	for _, d := range []string{dirWorkspace, dirChannel, dirTemplate, dirTmp, fileNetns} {
-		p := filepath.Join(dir, d)
-		for range 8 { // stacked mounts need one round each
-			err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
-			if errors.Is(err, unix.EBUSY) {
-				err = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
-			}
-			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-				break // not (or no longer) a mount point
-			}
-			if err != nil {
-				return fmt.Errorf("unmount %s: %w", p, err)
-			}
+		if err := unmountAt(filepath.Join(dir, d)); err != nil {
+			return err
+		}
+	}
+	return unmountCaches(dir)
+}
+
+// unmountAt unmounts whatever is mounted at p, stacked mounts included.
+func unmountAt(p string) error {
+	for range 8 { // stacked mounts need one round each
+		err := unix.Unmount(p, unix.UMOUNT_NOFOLLOW)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // not (or no longer) a mount point
+		}
+		if err != nil {
+			return fmt.Errorf("unmount %s: %w", p, err)
 		}
 	}
 	return nil

@@ -34,7 +34,8 @@ const (
 )
 
 // errNoNetTool is Create's answer on a host that has neither helper.
-var errNoNetTool = errors.New("network egress needs pasta (apt-get install passt) or slirp4netns (apt-get install slirp4netns), and neither is on this server's PATH")
+var errNoNetTool = errors.New("network egress needs a user-mode network helper, and neither is on this server's PATH: " +
+	"install pasta (apt-get install passt) or slirp4netns (apt-get install slirp4netns) where delegate runs; no restart needed")
 
 // The sandbox's side of the network is the same whichever helper serves
 // it: slirp4netns's fixed layout, which pasta is told to copy, so that a
@@ -75,7 +76,11 @@ func findNetTool(force string, lookPath func(string) (string, error)) (netTool, 
 		return netTool{Name: name, Path: p}, nil
 	}
 	if force != "" {
-		return netTool{}, fmt.Errorf("network egress: %s is not on this server's PATH (%w)", force, errNoNetTool)
+		pkg := force
+		if force == netToolPasta {
+			pkg = "passt"
+		}
+		return netTool{}, fmt.Errorf("network egress: %s is not on this server's PATH (apt-get install %s)", force, pkg)
 	}
 	return netTool{}, errNoNetTool
 }

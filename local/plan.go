@@ -75,10 +75,11 @@ const (
 	opNoFile
 	// opUnshare: unshare(n); a failure is fatal (opUnshareCgroup's is not).
 	opUnshare
-	// opKeepPath: open s0 (O_PATH) and keep it for opBindKept: a path
-	// that the next steps cover.
+	// opKeepPath: open s0 (O_PATH) and keep it in slot n (of keptSlots)
+	// for opBindKept: a path that the next steps cover.
 	opKeepPath
-	// opBindKept: bind what opKeepPath opened onto s0, then close it.
+	// opBindKept: bind what opKeepPath kept in slot n onto s0, then
+	// close it.
 	opBindKept
 )
 

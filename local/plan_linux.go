@@ -50,11 +50,11 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 	if st.NoFile == 0 {
 		st.NoFile = b.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, st, !netns, cmd.Inputs)
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs, b.toolDirs)
 	if err != nil {
 		return nil, err
 	}
-	p := b.commandPlan(st, rec, cmd)
+	p := b.commandPlan(dir, st, rec, cmd)
 	p.Mode, p.Ops, p.HostIDBase, p.IDRange, p.Netns = modeSandbox, ops, st.hostBase(), slotSize, netns
 	if st.Network != nil {
 		p.Net = *st.Network
@@ -64,10 +64,16 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 
 // commandPlan is what every plan of a command has: the command, its
 // environment, its limits.
-func (b *Backend) commandPlan(st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
+func (b *Backend) commandPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
 	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
 	// inputs where they are.
 	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
+	// The standard PATH finds the tools this root has (tools_linux.go).
+	if st.Template != "" {
+		env = standardPath(env, filepath.Join(dir, dirTemplate), nil)
+	} else {
+		env = standardPath(env, "/", b.toolDirs)
+	}
 	if len(cmd.Inputs) > 0 {
 		env = append(env, InputsEnv+"="+InputsDir)
 	}
@@ -101,7 +107,7 @@ func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
 		st.NoFile = b.noFile
 	}
 	// The network namespace bound at fileNetns has its loopback up.
-	ops, err := rootOps(dir, st, false, nil)
+	ops, err := rootOps(dir, st, false, nil, b.toolDirs)
 	if err != nil {
 		return nil, err
 	}
@@ -128,8 +134,8 @@ func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
 // command's own (a copy of init's), a /run of its own with its status
 // channel and its inputs, then the capability bounding set emptied and
 // the seccomp filter.
-func (b *Backend) execPlan(st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
-	p := b.commandPlan(st, rec, cmd)
+func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
+	p := b.commandPlan(dir, st, rec, cmd)
 	p.Mode, p.ExecID = modeCommand, rec.ID
 	p.Channel = filepath.Join(execUp, dirChannel, rec.ID)
 	var ops []op
@@ -139,14 +145,25 @@ func (b *Backend) execPlan(st sandboxState, rec execRecord, cmd sandbox.Command)
 		ops = append(ops, o)
 	}
 	run := path.Dir(path.Dir(StatusFile))
+	trust := st.Proxy != nil && st.Proxy.Trust
 	add(opUnshare, unix.CLONE_NEWNS, "mount namespace")
 	// The channel, in init's /run/channels, is kept open while a /run of
-	// the command's own covers it (and every other command's channel).
+	// the command's own covers it (and every other command's channel),
+	// and so is the trust bundle of a sandbox with one.
 	add(opKeepPath, 0, "status channel", path.Join(run, keptChannels, rec.ID))
+	if trust {
+		add(opKeepPath, 1, "trust bundle", TrustFile)
+	}
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /run", "tmpfs", run, "tmpfs", "mode=0755,size=16k,nr_inodes=16")
 	add(opMkdir, 0o755, "status channel", path.Dir(StatusFile))
 	add(opTouch, 0, "status channel", StatusFile)
 	add(opBindKept, 0, "status channel", StatusFile)
+	if trust {
+		add(opMkdir, 0o755, "trust bundle", path.Dir(TrustFile))
+		add(opTouch, 0, "trust bundle", TrustFile)
+		add(opBindKept, 1, "trust bundle", TrustFile)
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "trust bundle: read-only", "", TrustFile, "", "")
+	}
 	inputOps(add, InputsDir, cmd.Inputs)
 	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "make /run read-only", "", run, "", "")
 	add(opDropBounding, 0, "drop the capability bounding set")
@@ -159,6 +176,9 @@ func (b *Backend) execPlan(st sandboxState, rec execRecord, cmd sandbox.Command)
 // commands' status channels (the sandbox directory's dirChannel).
 const keptChannels = "channels"
 
+// keptSlots is how many paths opKeepPath keeps at once (its n).
+const keptSlots = 2
+
 // rootOps are init's steps: the job's root filesystem under dirRootfs,
 // built from the host's hostViewDirs or from the template, with the
 // command's inputs, made the root, then the restrictions that also bind
@@ -170,7 +190,7 @@ const keptChannels = "channels"
 // A kept sandbox's init (st.Init) gets the same root without a command's
 // parts: its commands' status channels are at /run/channels, and each
 // command takes its inputs and the seccomp filter on its own (execPlan).
-func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte) ([]op, error) {
+func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -236,8 +256,17 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		}
 		have[name] = true
 	}
+	if st.Template == "" {
+		// The host view: the job's own users, and the operator's tools.
+		if have["etc"] {
+			accountOps(dir, add, at)
+		}
+		toolDirOps(toolDirs, add, at)
+	}
 	if st.Network != nil {
 		add(opResolvConf, 0, "network", root, netResolvConf)
+	} else if st.Proxy != nil {
+		add(opResolvConf, 0, "network", root, proxyResolvConf)
 	}
 	// Empty /root and /home (read-only, like the rest of the root): programs
 	// expect them, and they show that nothing of the host's is there. The
@@ -248,6 +277,14 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		}
 	}
 	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
+	if len(st.Caches) > 0 {
+		// The caches, bound into the sandbox directory by Create.
+		add(opMkdir, 0o755, "create /cache", at("cache"))
+		for _, c := range st.Caches {
+			add(opMkdir, 0o755, "create /cache/"+c.Name, at("cache", c.Name))
+			add(opMount, unix.MS_BIND, "bind /cache/"+c.Name, filepath.Join(dirCaches, c.Name), at("cache", c.Name))
+		}
+	}
 	statusDir := filepath.Dir(StatusFile)
 	if st.Init {
 		// The commands' status channels: each command binds its own at
@@ -262,6 +299,15 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		add(opMkdir, 0o755, "status channel", at(statusDir))
 		add(opTouch, 0, "status channel", at(StatusFile))
 		add(opMount, unix.MS_BIND, "status channel", fileStatusFIFO, at(StatusFile))
+	}
+	if st.Proxy != nil && st.Proxy.Trust {
+		// The trust bundle (the system roots and the job's CA), bound
+		// read-only from the sandbox directory.
+		add(opMkdir, 0o755, "trust bundle", at(filepath.Dir(filepath.Dir(TrustFile))))
+		add(opMkdir, 0o755, "trust bundle", at(filepath.Dir(TrustFile)))
+		add(opTouch, 0, "trust bundle", at(TrustFile))
+		add(opMount, unix.MS_BIND, "trust bundle", fileTrust, at(TrustFile))
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "trust bundle: read-only", "", at(TrustFile), "", "")
 	}
 	if len(inputs) > 0 {
 		add(opMkdir, 0o755, "inputs", at(filepath.Dir(filepath.Dir(InputsDir))))
@@ -345,10 +391,12 @@ func inputOps(add func(code opCode, n uint64, label string, s ...string), inDir 
 // runOps carries out init's steps (the Go helper's way; helper_linux.c
 // has the same for the C one). prog is the plan's seccomp filter.
 func runOps(ops []op, prog []byte) error {
-	kept := -1 // opKeepPath's descriptor
+	kept := [keptSlots]int{-1, -1} // opKeepPath's descriptors
 	defer func() {
-		if kept >= 0 {
-			unix.Close(kept)
+		for _, fd := range kept {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 	}()
 	for _, o := range ops {
@@ -359,27 +407,32 @@ func runOps(ops []op, prog []byte) error {
 	return nil
 }
 
-func runOp(o op, prog []byte, kept *int) error {
+func runOp(o op, prog []byte, kept *[keptSlots]int) error {
 	switch o.code {
 	case opUnshare:
 		return unix.Unshare(int(o.n))
-	case opKeepPath:
-		if *kept >= 0 {
-			unix.Close(*kept)
+	case opKeepPath, opBindKept:
+		if o.n >= keptSlots {
+			return fmt.Errorf("slot %d of %d", o.n, keptSlots)
 		}
-		fd, err := unix.Open(o.s[0], unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
+		slot := &kept[o.n]
+		if o.code == opKeepPath {
+			if *slot >= 0 {
+				unix.Close(*slot)
+			}
+			fd, err := unix.Open(o.s[0], unix.O_PATH|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			*slot = fd
+			return nil
 		}
-		*kept = fd
-		return nil
-	case opBindKept:
-		if *kept < 0 {
+		if *slot < 0 {
 			return errors.New("nothing kept to bind")
 		}
-		err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", *kept), o.s[0], "", unix.MS_BIND, "")
-		unix.Close(*kept)
-		*kept = -1
+		err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", *slot), o.s[0], "", unix.MS_BIND, "")
+		unix.Close(*slot)
+		*slot = -1
 		return err
 	case opMount:
 		return unix.Mount(o.s[0], o.s[1], o.s[2], uintptr(o.n), o.s[3])

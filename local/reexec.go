@@ -29,6 +29,10 @@ func Reexec() bool {
 	return false
 }
 
+// extractCommand unpacks a workspace archive into a sandbox's workspace
+// (archive_linux.go).
+const extractCommand = "__workspace-extract"
+
 // dispatchHelper runs the helper os.Args names (the hidden subcommands), if
 // any, and returns its exit status.
 func dispatchHelper() (int, bool) {
@@ -42,6 +46,8 @@ func dispatchHelper() (int, bool) {
 		return runInit(os.Args[2:]), true
 	case execCommand:
 		return runExec(), true
+	case extractCommand:
+		return runExtract(os.Args[2:]), true
 	}
 	return 0, false
 }

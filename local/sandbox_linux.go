@@ -139,9 +139,17 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	// The C helpers take sandboxes without network when this binary has
 	// them; the Go ones the others (only the Go shim starts a network
 	// helper), and all of them when the tests ask.
-	c := haveCHelper && st.Network == nil && !s.b.goHelpers
+	c := haveCHelper && st.Network == nil && st.Proxy == nil && !s.b.goHelpers
 	var netns *os.File
-	if c {
+	if st.Proxy != nil {
+		// The namespace the server made, where the proxy's listeners are.
+		fd, err := unix.Open(filepath.Join(s.dir, fileNetns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, s.goneOr(fmt.Errorf("exec: the sandbox's network namespace: %w", err))
+		}
+		netns = os.NewFile(uintptr(fd), "netns")
+		defer netns.Close()
+	} else if c {
 		netns = s.b.netns.take()
 		if netns != nil {
 			defer netns.Close() // the shim has its own once started
@@ -198,7 +206,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	shim, err := s.b.startShim(execDir, s.b.execPlan(st, rec, cmd), c, nil, recordedW)
+	shim, err := s.b.startShim(execDir, s.b.execPlan(s.dir, st, rec, cmd), c, nil, recordedW)
 	recordedW.Close()
 	if err != nil {
 		recordedR.Close()

@@ -105,6 +105,9 @@ const (
 	// fileJobPID is the host pid of a kept sandbox's command (its
 	// process group's too), written by its shim when the command starts.
 	fileJobPID = "job.pid"
+	// dirCaches holds the mount points of the sandbox's caches
+	// (cache_linux.go), bound at /cache/NAME inside.
+	dirCaches = "caches"
 )
 
 // execUp is how a command's directory (execs/<id>) reaches the sandbox
@@ -138,6 +141,9 @@ type sandboxState struct {
 	// Network is the helper that gives the sandbox network egress; nil:
 	// no network but its own loopback.
 	Network *netTool `json:"network,omitempty"`
+	// Proxy: the sandbox's network is the egress proxy's alone
+	// (egress_linux.go); nil: not.
+	Proxy *proxyState `json:"proxy,omitempty"`
 	// NoFile is its processes' RLIMIT_NOFILE (nofile.go); 0 in the state
 	// of a sandbox made before it had one (the backend's then).
 	NoFile int `json:"noFile,omitempty"`
@@ -153,6 +159,17 @@ type sandboxState struct {
 	// kept sandbox made before had an init per command and cannot run
 	// more).
 	Init bool `json:"init,omitempty"`
+	// Caches are the caches it has (cache_linux.go).
+	Caches []cacheMount `json:"caches,omitempty"`
+}
+
+// cacheMount is a cache a sandbox has, as its state records it.
+type cacheMount struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+	// Shared: the project's cache is bound; otherwise an empty one of the
+	// sandbox's own.
+	Shared bool `json:"shared,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and
@@ -162,6 +179,19 @@ func (st sandboxState) hostBase() uint32 {
 		return legacyIDBase
 	}
 	return st.HostUID
+}
+
+// proxyState is the proxy's part of a sandbox's state.
+type proxyState struct {
+	// Token names the job's network to the proxy. It never enters the
+	// sandbox: the listeners are the job's alone, so the server knows
+	// whose they are. (state.json is root's, 0600.)
+	Token string `json:"token"`
+	// Callback is the port of the callback listener in the sandbox; 0:
+	// none.
+	Callback int `json:"callback,omitempty"`
+	// Trust: the sandbox has a trust bundle (fileTrust at TrustFile).
+	Trust bool `json:"trust,omitempty"`
 }
 
 // netTool is the network helper of one sandbox, chosen by Create and

@@ -30,13 +30,14 @@ const (
 
 // makeStatusFIFO creates the channel, writable by the job's user only, on
 // a tmpfs of its own in the server's mount namespace (unmountSandbox
-// removes it).
+// removes it). The tmpfs also holds the sandbox's passwd and group
+// (passwd_linux.go): its size is a cap, not a reservation.
 func makeStatusFIFO(dir string, hostJob int) error {
 	ch := filepath.Join(dir, dirChannel)
 	if err := os.Mkdir(ch, 0o755); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
-	if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,nr_inodes=8,mode=0755"); err != nil {
+	if err := unix.Mount("tmpfs", ch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=1m,nr_inodes=8,mode=0755"); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
 	if err := unix.Mount("", ch, "", unix.MS_PRIVATE, ""); err != nil {
@@ -49,7 +50,7 @@ func makeStatusFIFO(dir string, hostJob int) error {
 	if err := os.Chown(p, hostJob, hostJob); err != nil {
 		return fmt.Errorf("create the status channel: %w", err)
 	}
-	return nil
+	return writeAccounts(dir)
 }
 
 // bindStatusFIFO makes the channel appear at StatusFile in the new root

@@ -27,11 +27,14 @@ var notFoundHints = map[string]string{
 // text from a database or a hypervisor is no use to it, and may say more
 // about the server than it should.
 func toolError(ctx context.Context, log *slog.Logger, tool string, err error) error {
+	if e := sandboxError(tool, err); e != nil {
+		return e
+	}
 	switch delegate.ErrorKind(err) {
 	case delegate.KindNotFound:
 		var nf *delegate.NotFoundError
 		if errors.As(err, &nf) && nf.Resource != "job" {
-			if hint, ok := notFoundHints[nf.Resource]; ok {
+			if hint, ok := notFoundHints[nf.Resource]; ok && nf.There == "" {
 				return fmt.Errorf("%w (%s)", err, hint)
 			}
 			return err

@@ -130,7 +130,7 @@ func TestFailingStore(t *testing.T) {
 	cs, logs := connectLogged(t, eng)
 
 	// Before it fails: a missing artifact says which, not a missing job.
-	if _, _, err := eng.ReadArtifact(ctx, "job-1", "nope.txt"); err == nil || err.Error() != `artifact "nope.txt" of job job-1: not found` {
+	if _, _, err := eng.ReadArtifact(ctx, "job-1", "nope.txt"); err == nil || err.Error() != `artifact "nope.txt" of job job-1: not found (the job kept no artifacts)` {
 		t.Errorf("the engine's missing artifact: %v", err)
 	}
 	if _, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "job://job-1/artifacts/nope.txt"}); err == nil ||

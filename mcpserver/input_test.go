@@ -185,6 +185,20 @@ func leaves(schema map[string]any, path string) []leaf {
 			pp = path + "." + name
 		}
 		switch {
+		case p["anyOf"] != nil:
+			// manifest.network: a mode, or an allowlist object.
+			for _, alt := range p["anyOf"].([]any) {
+				a := alt.(map[string]any)
+				if a["enum"] != nil {
+					out = append(out, leaf{pp, a["enum"].([]any)[0], 42})
+				} else {
+					out = append(out, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
+				}
+			}
+		case p["description"] == "as submit_job's" && len(p) == 1:
+			// open_sandbox's network: submit_job's manifest.network, said
+			// by reference (tools/list's budget); it takes the same.
+			out = append(out, leaf{pp, "none", 42}, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
 		case p["enum"] != nil:
 			out = append(out, leaf{pp, p["enum"].([]any)[0], 42})
 		case p["properties"] != nil:
@@ -199,8 +213,22 @@ func leaves(schema map[string]any, path string) []leaf {
 	return out
 }
 
+// typeOf is a property's type: its "type", or below the top, where the
+// schema leaves it out, what its items or properties say.
+func typeOf(p map[string]any) any {
+	switch {
+	case p["type"] != nil:
+		return p["type"]
+	case p["items"] != nil:
+		return "array"
+	case p["properties"] != nil || p["additionalProperties"] != nil:
+		return "object"
+	}
+	return nil
+}
+
 func example(p map[string]any) any {
-	switch p["type"] {
+	switch typeOf(p) {
 	case "string":
 		return "a"
 	case "integer":

@@ -3,7 +3,10 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"net/url"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -27,6 +30,16 @@ func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 		Description: "A job's output so far; subscribe for updates"}, read)
 	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-artifact", URITemplate: "job://{id}/artifacts/{+name}",
 		Description: "A file collected from a job"}, read)
+	if _, ok := svc.(delegate.WorkspaceService); ok {
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-diff", URITemplate: "job://{id}/diff{?offset}", MIMEType: "text/x-diff",
+			Description: "What a job changed in its workspace, as a unified diff, 64 KiB a page (a last line names the next page)"}, read)
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-patch", URITemplate: "job://{id}/patch", MIMEType: "text/x-diff",
+			Description: "A job's workspace changes as a patch for git apply"}, read)
+	}
+	if _, ok := svc.(delegate.NetworkService); ok {
+		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-network", URITemplate: "job://{id}/network", MIMEType: "application/json",
+			Description: "A job's network log: every connection and DNS query through delegate's egress proxy, allowed or denied and why"}, read)
+	}
 }
 
 // readResource reads one resource; its errors are resourceError's to
@@ -37,6 +50,9 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	id, sub, _ := strings.Cut(rest, "/")
+	if ws, ok := svc.(delegate.WorkspaceService); ok && (sub == "patch" || sub == "diff" || strings.HasPrefix(sub, "diff?")) {
+		return readChanges(ctx, ws, uri, id, sub)
+	}
 	switch {
 	case sub == "":
 		st, err := fullStatus(ctx, svc, id)
@@ -54,6 +70,17 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 			return nil, err
 		}
 		return contents(uri, "text/plain", out), nil
+	case sub == "network":
+		ns, ok := svc.(delegate.NetworkService)
+		if !ok {
+			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		rep, err := networkLog(ctx, ns, id)
+		if err != nil {
+			return nil, err
+		}
+		data, _ := json.Marshal(rep)
+		return contents(uri, "application/json", data), nil
 	case strings.HasPrefix(sub, "artifacts/"):
 		_, data, err := svc.ReadArtifact(ctx, id, strings.TrimPrefix(sub, "artifacts/"))
 		if err != nil {
@@ -65,6 +92,16 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "application/octet-stream", Blob: data}}}, nil
 	}
 	return nil, mcp.ResourceNotFoundError(uri)
+}
+
+// networkLog reads a job's whole network log (all it keeps).
+func networkLog(ctx context.Context, ns delegate.NetworkService, id string) (*delegate.NetworkReport, error) {
+	rep, err := ns.Network(ctx, id, delegate.NetworkLogOptions{Limit: delegate.MaxNetworkLog})
+	if err != nil {
+		return nil, err
+	}
+	rep.Next = 0
+	return rep, nil
 }
 
 // readLog reads all of a job's output kept so far, page by page (under the
@@ -85,6 +122,37 @@ func readLog(ctx context.Context, svc delegate.JobService, id string) ([]byte, e
 	}
 }
 
+// readChanges reads job://{id}/patch, or a page of job://{id}/diff: a
+// page that is not the last ends with a line naming the next one.
+func readChanges(ctx context.Context, ws delegate.WorkspaceService, uri, id, sub string) (*mcp.ReadResourceResult, error) {
+	if sub == "patch" {
+		data, err := ws.Patch(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return contents(uri, "text/x-diff", data), nil
+	}
+	var off int64
+	if _, q, ok := strings.Cut(sub, "?"); ok {
+		v, err := url.ParseQuery(q)
+		if err == nil && v.Has("offset") {
+			off, err = strconv.ParseInt(v.Get("offset"), 10, 64)
+		}
+		if err != nil {
+			return nil, &delegate.FieldError{Field: "offset", Rule: "must be a number of bytes, the next page's (" + uri + ")"}
+		}
+	}
+	page, err := ws.Diff(ctx, id, delegate.DiffOptions{Offset: off})
+	if err != nil {
+		return nil, err
+	}
+	text := page.Text
+	if page.Next != 0 {
+		text += fmt.Sprintf("\n[delegate: %d of %d bytes; next page: job://%s/diff?offset=%d]\n", page.Next, page.Total, id, page.Next)
+	}
+	return contents(uri, "text/x-diff", []byte(text)), nil
+}
+
 func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: mime, Text: strings.ToValidUTF8(string(data), "\uFFFD")}}}
 }
@@ -96,5 +164,6 @@ func publishUpdates(ctx context.Context, s *mcp.Server, svc delegate.JobService)
 	for id := range svc.Watch(ctx) {
 		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
 		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/network"})
 	}
 }

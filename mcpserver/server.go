@@ -5,6 +5,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -44,6 +45,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
 	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
+	addSandboxTools(s, dec, log, svc)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
@@ -86,13 +88,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addTool(s, dec, log, &mcp.Tool{
-		Name:         "release_job",
-		Description:  "Destroy the sandbox a finished persistent job kept.",
-		InputSchema:  inputSchema[JobIn](),
-		Annotations:  annotations(false, true, true, false),
-		OutputSchema: outputSchema[ReleaseOut](),
-	}, h.release)
+	addReleaseTool(s, dec, log, h)
 	addAnswerTool(s, dec, log, h)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "list_jobs",
@@ -222,6 +218,8 @@ type StatusOut struct {
 	// entries; TimelineDropped counts the older ones dropped.
 	Timeline        []delegate.Event `json:"timeline,omitempty"`
 	TimelineDropped int64            `json:"timeline_dropped,omitempty"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 func statusOf(j *delegate.Job) StatusOut {
@@ -229,7 +227,7 @@ func statusOf(j *delegate.Job) StatusOut {
 		Status: j.Status, Progress: newsOf(j), Error: j.Error, CreatedAt: msec(j.CreatedAt),
 		StartedAt: timePtr(j.StartedAt), FinishedAt: timePtr(j.FinishedAt),
 		DurationSeconds: seconds(j.Duration(time.Now())), OutputBytes: j.OutputBytes,
-		TimelineDropped: j.TimelineDropped,
+		TimelineDropped: j.TimelineDropped, SandboxID: j.Sandbox,
 	}
 }
 
@@ -284,6 +282,8 @@ func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in *JobIn
 type WaitIn struct {
 	JobID          string `json:"job_id"`
 	TimeoutSeconds *int   `json:"timeout_seconds,omitempty"`
+	// Allow widens the running job's network allowlist before the wait.
+	Allow []string `json:"allow,omitempty"`
 }
 
 // WaitOut is where a job is after wait_job: small, because the next call
@@ -308,6 +308,15 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	}
 	if _, err := h.svc.Get(ctx, in.JobID); err != nil {
 		return WaitOut{}, err
+	}
+	if len(in.Allow) > 0 {
+		ns, ok := h.svc.(delegate.NetworkService)
+		if !ok {
+			return WaitOut{}, &delegate.FieldError{Field: "allow", Rule: "this server has no egress proxy whose allowlists could be widened"}
+		}
+		if _, err := ns.AllowNetwork(ctx, in.JobID, in.Allow, "mcp"); err != nil {
+			return WaitOut{}, err
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -372,8 +381,11 @@ type ResultIn struct {
 
 // ResultOut is a finished job's result.
 type ResultOut struct {
-	Status   delegate.Status `json:"status"`
-	ExitCode *int            `json:"exit_code,omitempty"`
+	Status delegate.Status `json:"status"`
+	// ExitCode is the status the job's process ended with (137: killed),
+	// ExitReason why: exited, oom, timeout, cancelled, none.
+	ExitCode   *int                `json:"exit_code,omitempty"`
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// Output is the end of the kept stdout, Stderr of the kept stderr
 	// (delegate.JobResult says why apart; get_job_logs has the two
 	// interleaved); OutputBytes counts all the job wrote to both,
@@ -388,6 +400,18 @@ type ResultOut struct {
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
 	Artifacts       []delegate.Artifact `json:"artifacts"`
 	DurationSeconds float64             `json:"duration_seconds"`
+	// SandboxID is the kept sandbox the job ran in or made.
+	SandboxID string `json:"sandbox_id,omitempty"`
+	// Changes are what the job changed in its workspace (a job with
+	// manifest.workspace: delegate.WorkspaceChanges); the diff is
+	// job://{id}/diff, the patch job://{id}/patch. Its schema is left
+	// open: tools/list's budget is spent, and the values name themselves.
+	Changes json.RawMessage `json:"changes,omitempty"`
+	// Network is a *delegate.NetworkResult for a job whose network went
+	// through the egress proxy: its counts and denied attempts (the whole
+	// log is job://{id}/network). Untyped here, so that tools/list does
+	// not spell its fields out.
+	Network any `json:"network,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -400,11 +424,30 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
 	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, Output: text(r.Output), Stderr: text(r.Stderr),
+		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Output: text(r.Output), Stderr: text(r.Stderr),
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
+		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes), Network: networkOut(r.Network),
 	}, nil
+}
+
+// changesJSON is a result's changes as JSON (nil for none).
+func changesJSON(c *delegate.WorkspaceChanges) json.RawMessage {
+	if c == nil {
+		return nil
+	}
+	data, _ := json.Marshal(c)
+	return data
+}
+
+// networkOut is nil for a result without a network part (an untyped nil,
+// which omitempty leaves out).
+func networkOut(n *delegate.NetworkResult) any {
+	if n == nil {
+		return nil
+	}
+	return n
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
@@ -484,18 +527,33 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
-		"manifest.secrets":          "server secrets to set as env vars",
+		"manifest.sandbox":          "kept sandbox to run in; its commands trust each other",
+		"manifest.secrets":          "server secrets, set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
 		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
+		"manifest.stdin":            "base64 stdin, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
 	oneOf(s, "manifest.statusMode", delegate.StatusModeSimple, delegate.StatusModeDetailed, delegate.StatusModeStreaming)
-	oneOf(s, "manifest.network", delegate.NetworkNone, delegate.NetworkEgress)
+	networkSchema(at(s, "manifest.network"))
 	return s
+}
+
+// networkSchema: "none", "egress", or an allowlist object.
+func networkSchema(p *jsonschema.Schema) {
+	*p = jsonschema.Schema{AnyOf: []*jsonschema.Schema{
+		{Enum: []any{string(delegate.NetworkNone), string(delegate.NetworkEgress)}},
+		// An object and an array without their types, like the other
+		// nested schemas (their properties and items show them).
+		{Properties: map[string]*jsonschema.Schema{
+			"allow": {Items: &jsonschema.Schema{Type: "string"}, Description: "pypi.org, *.x.org, h:443"},
+			"ask":   {Type: "boolean"},
+		}},
+	}}
 }
 
 func listSchema() *jsonschema.Schema {

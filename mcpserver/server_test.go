@@ -28,6 +28,7 @@ import (
 // test says (questions_test.go).
 type service struct {
 	mock.JobService
+	mock.SandboxService
 	mock.QuestionService
 	changes chan string
 }
@@ -146,6 +147,7 @@ func fullService() *service {
 		return &delegate.JobPage{Jobs: []delegate.JobSummary{{ID: "job-1", Status: delegate.StatusSuccess, AgentType: delegate.AgentScript,
 			Task: "make", CreatedAt: t0, ExitCode: &code, SandboxKept: true}}, NextCursor: "c2"}, nil
 	}
+	fullSandboxes(&s.SandboxService)
 	s.AnswerFn = func(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
 		return &delegate.Question{JobID: jobID, ID: id, State: delegate.QuestionAnswered, Answer: &a}, nil
 	}
@@ -196,6 +198,10 @@ func TestToolOutputsMatchSchemas(t *testing.T) {
 		"answer_job": {"job_id": "job-1", "answers": map[string]any{"q": map[string]any{"action": "accept", "content": map[string]any{"a": 1}}}},
 		"submit_job": {"manifest": map[string]any{"agentType": "script", "task": "make"}},
 		"list_jobs":  {"status": "success", "limit": 5},
+		// The sandbox tools (sandboxes_test.go checks each op of sandbox_files).
+		"open_sandbox":   {"resources": map[string]any{"memory": "512M"}},
+		"list_sandboxes": {},
+		"sandbox_files":  {"sandbox_id": "sbx-1", "op": "read", "path": "f"},
 	}
 	if len(tools.Tools) != len(toolTypes) {
 		t.Errorf("%d tools, want %d", len(tools.Tools), len(toolTypes))

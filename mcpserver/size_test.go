@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"io"
 	"log/slog"
 	"testing"
@@ -16,8 +17,8 @@ import (
 // maxToolsListBytes is what the default toolset may cost an agent session:
 // the compact JSON of tools/list's tools array. It is the one budget of
 // every tool of the default toolset, present and to come, enforced here
-// alone (the README lists what each tool costs).
-const maxToolsListBytes = 8000
+// alone (the README lists what each tool costs). 8 KiB: "under 8 KB".
+const maxToolsListBytes = 8192
 
 // TestToolsListSize prints the bytes of tools/list as the server writes
 // them (through the stdio transport, raw) and fails above the budget.
@@ -47,6 +48,9 @@ func TestToolsListSize(t *testing.T) {
 		var name struct{ Name string }
 		json.Unmarshal(tool, &name)
 		t.Logf("%-15s %5d bytes", name.Name, len(tool))
+	}
+	if os.Getenv("DUMP_TOOLS") != "" {
+		os.WriteFile(os.Getenv("DUMP_TOOLS"), compact.Bytes(), 0o644)
 	}
 	t.Logf("tools/list: %d tools, %d bytes (budget %d)", len(tools), compact.Len(), maxToolsListBytes)
 	if compact.Len() > maxToolsListBytes {

@@ -1,6 +1,6 @@
 // Package mock holds hand-written test doubles of the services in the
-// root package: JobService and CallbackService stand in for the engine
-// when the adapters (MCP, the CLI, the dashboard; the callback endpoints)
+// root package: JobService, SandboxService and CallbackService stand in
+// for the engine when the adapters (MCP, the CLI, the dashboard; the callback endpoints)
 // are tested. The sandbox backend's double, sandboxtest.Fake, lives beside
 // the contract suite it passes.
 package mock

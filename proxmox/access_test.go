@@ -80,7 +80,7 @@ func TestLeastPrivilegeToken(t *testing.T) {
 			c := clientFor(t, sim, jt.User, jt.TokenName, jt.Secret)
 			s := newServer(t, c, proxmox.Config{Bridge: "vmbr0"}, engine.Config{})
 			plain := s.submit(t, "echo plain", "", 0)
-			m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo net", Network: delegate.NetworkEgress,
+			m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo net", Network: delegate.Egress(),
 				Resources: &delegate.Resources{Disk: "9G"}}
 			netJob, err := s.eng.Submit(context.Background(), m, delegate.SubmitOptions{})
 			if err != nil {
@@ -187,7 +187,7 @@ func TestTemplateShapes(t *testing.T) {
 // (one definition: pvesim.PveumCommands), and says what each privilege
 // is for.
 func TestReadmeLeastPrivilege(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}

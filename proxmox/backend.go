@@ -75,7 +75,10 @@ type Config struct {
 	// times this (PROXMOX_CPU_OVERCOMMIT). 0: a job's VM needs only a
 	// node with at least its cores (vCPU overcommit is normal on Proxmox).
 	CPUOvercommit float64
-	Logger        *slog.Logger
+	// Egress, if set, routes jobs' networks through delegate's egress
+	// proxy alone (egress.go): their VMs' firewalls let out nothing else.
+	Egress *Egress
+	Logger *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster.
@@ -91,6 +94,9 @@ type Backend struct {
 
 	idMu    sync.Mutex
 	cloning map[int]bool // vmids handed out whose clone task has not ended
+
+	destroyMu  sync.Mutex
+	destroying map[string]*destroyCall // by sandbox id: see Destroy
 
 	tplMu sync.Mutex
 	tpls  map[int]*templateInfo
@@ -195,6 +201,12 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		MultiExec: true,
 		// status/suspend and status/resume.
 		Pause: true,
+		// A workspace goes in and out through the agent (archive.go);
+		// caches are not kept.
+		Workspaces: true,
+		// A job VM's firewall lets it reach the egress proxy alone
+		// (egress.go), when the operator names it.
+		EgressProxy: b.cfg.Egress != nil,
 	}
 }
 
@@ -324,14 +336,47 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 			u.Options[k] = withDriveOption(v, "backup", "0")
 		}
 	}
+	proxied := spec.Network && spec.Egress != nil
 	switch {
 	case !spec.Network:
 		u.Delete = append(u.Delete, netKeys(cfg)...) // no NIC: the job reaches nothing, the agent still works
 	case b.cfg.Bridge != "":
 		u.Nets = map[int]string{0: jobNet(cfg.Option("net0"), b.cfg.Bridge, b.cfg.VLAN)}
 	}
+	if proxied {
+		// Its one NIC, behind the firewall (egress.go); a NIC the rules
+		// do not cover goes.
+		if b.cfg.Egress == nil {
+			return fmt.Errorf("proxmox: this backend has no egress proxy (PROXMOX_EGRESS_PROXY): %w", errFirewall)
+		}
+		if len(spec.Egress.CACert) > 0 {
+			return errors.New("proxmox: injected credentials need the job's CA in the VM's trust, which this backend does not install")
+		}
+		if err := b.checkFirewallOn(ctx, s.node); err != nil {
+			return err
+		}
+		net0 := cfg.Option("net0")
+		if u.Nets != nil {
+			net0 = u.Nets[0]
+		}
+		if net0 == "" {
+			return fmt.Errorf("proxmox: template of VM %d has no net0 to put behind the firewall: %w", s.vmid, errFirewall)
+		}
+		u.Nets = map[int]string{0: withDriveOption(net0, "firewall", "1")}
+		for _, k := range netKeys(cfg) {
+			if k != "net0" {
+				u.Delete = append(u.Delete, k)
+			}
+		}
+	}
 	if err := b.c.SetVMConfig(ctx, s.node, s.vmid, u); err != nil {
 		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, privilegeHint(err))
+	}
+	if proxied {
+		spec.Step(fmt.Sprintf("setting VM %d's firewall: only the egress proxy", s.vmid))
+		if err := b.setFirewall(ctx, s); err != nil {
+			return err
+		}
 	}
 	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
 		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
@@ -365,6 +410,11 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 	}
 	if err := b.checkAgent(ctx, s, h.info); err != nil {
 		return err
+	}
+	if proxied {
+		if err := b.pinAddress(ctx, s); err != nil {
+			return err
+		}
 	}
 	return s.prepare(ctx)
 }
@@ -526,7 +576,7 @@ func lastingAgentError(err error) bool {
 // privilegeHint names the privilege a 403 says the token lacks.
 func privilegeHint(err error) error {
 	if path, priv := pve.MissingPrivilege(err); priv != "" {
-		return fmt.Errorf("the API token lacks %s on %s (see the README for the role delegate needs): %w", priv, path, err)
+		return fmt.Errorf("the API token lacks %s on %s (see docs/PROXMOX.md for the role delegate needs): %w", priv, path, err)
 	}
 	return err
 }
@@ -663,6 +713,41 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if err != nil {
 		return nil // not ours: nothing to destroy
 	}
+	// One destroy of a sandbox at a time in this process: the engine
+	// ends a kept sandbox and its sweep finds the VM of an ended sandbox
+	// at the same moment; the second waits for the first's result rather
+	// than send a stop and a delete of its own to a VM being deleted.
+	b.destroyMu.Lock()
+	if b.destroying == nil {
+		b.destroying = map[string]*destroyCall{}
+	}
+	if d := b.destroying[id]; d != nil {
+		b.destroyMu.Unlock()
+		select {
+		case <-d.done:
+			return d.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	d := &destroyCall{done: make(chan struct{})}
+	b.destroying[id] = d
+	b.destroyMu.Unlock()
+	d.err = b.destroy(ctx, vmid, job)
+	b.destroyMu.Lock()
+	delete(b.destroying, id)
+	b.destroyMu.Unlock()
+	close(d.done)
+	return d.err
+}
+
+// destroyCall is a Destroy under way; done closes when err is set.
+type destroyCall struct {
+	done chan struct{}
+	err  error
+}
+
+func (b *Backend) destroy(ctx context.Context, vmid int, job string) error {
 	o := owner{b.cfg.Instance, job}
 	if node := b.nodeOf(vmid); node != "" {
 		ok, found, err := b.owned(ctx, node, vmid, o)

@@ -280,7 +280,7 @@ func TestJobBridgeKeepsNICOptions(t *testing.T) {
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Net0: "virtio=BC:24:11:00:00:09,bridge=vmbr0,firewall=1,rate=50,mtu=1400"}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{Bridge: "vmbr0", VLAN: 20}, engine.Config{})
-	j := s.submitManifest(t, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1", Network: delegate.NetworkEgress})
+	j := s.submitManifest(t, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1", Network: delegate.Egress()})
 	var net string
 	for range 400 {
 		for _, v := range sim.VMs() {
@@ -598,7 +598,7 @@ func TestStaleLockReported(t *testing.T) {
 // simulator's access API makes in TestResourcePool (one definition:
 // pvesim.PveumPoolCommands).
 func TestReadmePoolLines(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,7 +615,7 @@ func TestReadmePoolLines(t *testing.T) {
 // (its qm lines, read from the README) passes the template check without
 // a warning and runs jobs.
 func TestReadmeTemplateRecipe(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
 	}

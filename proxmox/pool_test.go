@@ -153,7 +153,7 @@ func TestPoolWarmJob(t *testing.T) {
 
 	// Neither a job with network nor one of another size takes a pool VM.
 	for _, m := range []delegate.Manifest{
-		{AgentType: delegate.AgentScript, Task: "echo net", Network: delegate.NetworkEgress},
+		{AgentType: delegate.AgentScript, Task: "echo net", Network: delegate.Egress()},
 		{AgentType: delegate.AgentScript, Task: "echo big", Resources: &delegate.Resources{Memory: "512M"}},
 	} {
 		j, err := s.eng.Submit(context.Background(), m, delegate.SubmitOptions{})

@@ -104,6 +104,13 @@ const joinScript = `mode=$1 out=$2; shift 2
 mkdir -p -- "${out%/*}" && cat -- "$@" > "$out" && chmod "$mode" -- "$out"; rc=$?
 rm -f -- "$@"; exit $rc`
 
+// linkScript makes a symbolic link whose target is the content of a part
+// written by the agent (the target, the job's text, stays off the
+// argument list, as contents do).
+const linkScript = `out=$1 part=$2
+target=$(cat -- "$part") && mkdir -p -- "${out%/*}" && ln -s -- "$target" "$out"; rc=$?
+rm -f -- "$part"; exit $rc`
+
 // WriteFile implements sandbox.Instance. file-write carries at most
 // pve.MaxFileWrite bytes and only overwrites, so the file is written in
 // parts in guestDir (where no one but root reaches them) and joined in
@@ -121,6 +128,9 @@ func (s *vmSandbox) WriteFile(ctx context.Context, p string, data []byte, mode f
 	args := []string{"/bin/sh", "-c", joinScript, "delegate-join", strconv.FormatUint(uint64(mode.Perm()), 8), p}
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
 		args = append(args, name(i))
+	}
+	if mode&fs.ModeSymlink != 0 {
+		args = []string{"/bin/sh", "-c", linkScript, "delegate-link", p, name(0)}
 	}
 	if _, err := s.runOK(ctx, args); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)

@@ -492,7 +492,14 @@ func TestKeptSandboxOnSimulator(t *testing.T) {
 	if j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "kept\n" {
 		t.Fatalf("second command: %s %s %q", j.Status, j.Error, s.output(t, j.ID))
 	}
-	got, err := s.eng.GetSandbox(ctx, sb.ID)
+	// The command's end is recorded first, its sandbox's right after.
+	var got *delegate.Sandbox
+	for range 100 {
+		if got, err = s.eng.GetSandbox(ctx, sb.ID); err == nil && got.State == delegate.SandboxIdle {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil || got.State != delegate.SandboxIdle || got.Commands != 2 {
 		t.Fatalf("after two commands: %+v %v", got, err)
 	}

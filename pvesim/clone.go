@@ -283,6 +283,11 @@ func hClone(c *call) (any, error) {
 			t.logf("%s", line)
 		}
 		nv.conf = conf
+		// qemu-server's clone copies the firewall file too
+		// (PVE::Firewall::clone_vmfw_conf).
+		if plan.src.fw != nil {
+			nv.fw = plan.src.fw.clone()
+		}
 		if target != "" {
 			nv.node = target
 		}

@@ -273,6 +273,26 @@
 //     online), then each node with its id, whether it answered (the
 //     first), whether it is online; a lone node is one entry, nodeid 0.
 //     It needs Sys.Audit on /.
+//   - The firewall (pve-firewall src/PVE/Firewall.pm and
+//     src/PVE/API2/Firewall/{Cluster,Host,VM,Rules,IPSet}.pm;
+//     firewall.go): the datacenter's options (cluster.fw; off until
+//     enable=1, and while it is off no rule of a node or VM applies), a
+//     node's (host.fw; enable defaults to 1), and a VM's (options,
+//     rules, IP sets), which a clone copies (qemu-server's clone calls
+//     clone_vmfw_conf). A rule is checked as verify_rule checks it for a
+//     VM: type in or out (group needs a security group), action ACCEPT,
+//     DROP or REJECT, iface netN, no macro delegate does not know, dport
+//     and sport only with a protocol that has ports ("missing property -
+//     'dport' requires this property", "protocol 'icmp' does not support
+//     ports"), addresses by parse_address_list (one IP version, a range
+//     alone, "+set" only for an IP set the VM has); it is disabled unless
+//     enable is given, and goes first (create_rule unshifts). An IP set's
+//     name is taken once ("IPSet 'x' already exists"), an entry once
+//     ("address '10.0.0.5/32' already exists"), never a /0. The formats
+//     IPorCIDRorAlias, pve-fw-addr-spec, pve-fw-dport-spec and
+//     pve-fw-protocol-spec are checked; packets are not filtered (a test
+//     reads what was set: VMFirewall; SetFirewall turns the datacenter's
+//     or a node's firewall on or off).
 //   - Long operations (clone, start, stop, shutdown, reboot, destroy,
 //     resize, config by POST, snapshots) return a UPID and run as tasks; task status has no
 //     endtime and an exitstatus only once stopped; task logs end with

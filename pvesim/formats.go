@@ -62,6 +62,17 @@ var formats = map[string]func(string) error{
 		}
 		return nil
 	},
+	// pve-firewall Firewall.pm.
+	"IPorCIDRorAlias": func(s string) error {
+		if fwAliasRe.MatchString(s) {
+			return nil
+		}
+		return verifyIPOrCIDR(s)
+	},
+	"pve-fw-addr-spec":     verifyAddrSpec,
+	"pve-fw-dport-spec":    verifyPortSpec,
+	"pve-fw-sport-spec":    verifyPortSpec,
+	"pve-fw-protocol-spec": verifyProtocol,
 	"CIDR": func(s string) error {
 		if p, err := netip.ParsePrefix(strings.TrimSuffix(s, "\n")); err == nil && p.Bits() > 7 {
 			return nil

@@ -73,6 +73,18 @@ func init() {
 		"GET /nodes/{node}/tasks":                       hTaskList,
 		"GET /nodes/{node}/storage/{storage}/content":   hStorageContent,
 		"GET /cluster/status":                           hClusterStatus,
+		"GET /cluster/firewall/options":                 hClusterFWOptions,
+		"PUT /cluster/firewall/options":                 hSetClusterFWOptions,
+		"GET /nodes/{node}/firewall/options":            hNodeFWOptions,
+		"PUT /nodes/{node}/firewall/options":            hSetNodeFWOptions,
+		"GET " + p + "/firewall/options":                hVMFWOptions,
+		"PUT " + p + "/firewall/options":                hSetVMFWOptions,
+		"GET " + p + "/firewall/rules":                  hVMFWRules,
+		"POST " + p + "/firewall/rules":                 hAddVMFWRule,
+		"GET " + p + "/firewall/ipset":                  hVMIPSets,
+		"POST " + p + "/firewall/ipset":                 hCreateVMIPSet,
+		"GET " + p + "/firewall/ipset/{name}":           hVMIPSet,
+		"POST " + p + "/firewall/ipset/{name}":          hAddVMIPSet,
 	}
 }
 

@@ -61,6 +61,10 @@ type Server struct {
 	pidSeq       int
 	snapSeq      int // snapshots made so far (their order)
 	closed       bool
+	// clusterFW and nodeFW are the datacenter's and the nodes' firewall
+	// options (firewall.go).
+	clusterFW map[string]string
+	nodeFW    map[string]map[string]string
 	// sandboxes are the guest sandboxes that exist, by id.
 	sandboxes map[string]bool
 	// workers are each node's pvedaemon workers (a semaphore); inflight
@@ -175,6 +179,8 @@ func New(opts Options) (*Server, error) {
 		inflight:     map[string]int{},
 		peak:         map[string]int{},
 		offlineSince: map[string]time.Time{},
+		clusterFW:    map[string]string{}, // the datacenter's firewall is off until enabled
+		nodeFW:       map[string]map[string]string{},
 		rng:          rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
 		pidSeq:       0x1000,
 	}

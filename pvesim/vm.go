@@ -43,6 +43,8 @@ type vm struct {
 	// that apply at its next start (pendingDelete: options to remove).
 	pending       map[string]string
 	pendingDelete []string
+	// fw is its firewall configuration (firewall/<vmid>.fw); nil: none.
+	fw *vmFirewall
 }
 
 // VM is a VM as tests see it.
@@ -65,6 +67,8 @@ type VM struct {
 	// Pending are changes waiting for its next start ("" for an option
 	// to be removed).
 	Pending map[string]string
+	// Paused: running, suspended (status/suspend) until a resume.
+	Paused bool
 }
 
 // VMs lists the VMs by vmid.
@@ -92,7 +96,7 @@ func (s *Server) VM(vmid int) (VM, bool) {
 func (s *Server) vmView(v *vm) VM {
 	out := VM{VMID: v.vmid, Node: v.node, Name: v.conf["name"], Status: v.status,
 		Template: v.conf["template"] == "1", Lock: v.conf["lock"], Config: maps.Clone(v.conf), Type: v.typ(),
-		Snapshots: v.snapshotNames()}
+		Snapshots: v.snapshotNames(), Paused: v.paused}
 	if len(v.pending)+len(v.pendingDelete) > 0 {
 		out.Pending = maps.Clone(v.pending)
 		if out.Pending == nil {

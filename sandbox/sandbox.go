@@ -11,7 +11,9 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
+	"net"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -33,6 +35,11 @@ type Capabilities struct {
 	Recover             bool // a running sandbox survives a server restart
 	Templates           bool // vmTemplate is honoured
 	NetworkEgress       bool // Spec.Network can be honoured
+	// NetworkEgressMissing says, when NetworkEgress is false, what the
+	// host lacks and how an operator adds it ("neither pasta nor
+	// slirp4netns is on this server's PATH: apt-get install passt"); the
+	// engine refuses such jobs at submission with it.
+	NetworkEgressMissing string
 	// Supervised: the backend watches the process itself, so its liveness
 	// counts as the job's heartbeat.
 	Supervised bool
@@ -46,6 +53,18 @@ type Capabilities struct {
 	MultiExec bool
 	// Pause: an Instance is a Pauser.
 	Pause bool
+	// Caches: Spec.Caches are honoured (kept between sandboxes).
+	Caches bool
+	// Workspaces: every Instance is an Archiver.
+	Workspaces bool
+	// EgressProxy: a sandbox made with Spec.Egress reaches nothing but
+	// the server's egress proxy, which alone decides where its job may go
+	// (so an allowlist holds); the Backend is an EgressRouter.
+	EgressProxy bool
+	// EgressTrust: the backend puts Spec.Egress.CACert in the sandbox's
+	// trust (EgressRoute.TrustFile), which credentials injected by the
+	// proxy need.
+	EgressTrust bool
 }
 
 // Spec describes the sandbox a job needs.
@@ -68,6 +87,67 @@ type Spec struct {
 	// Expires, if set, is when the instance's processes end even if no
 	// server is there to destroy it (a kept sandbox's lifetime).
 	Expires time.Time
+	// Caches are directories kept between sandboxes, each mounted
+	// read-write at /cache/NAME (Capabilities.Caches).
+	Caches []Cache
+	// Egress, with Network, routes the sandbox's network through the
+	// server's egress proxy alone (Capabilities.EgressProxy).
+	Egress *Egress
+}
+
+// Egress is a sandbox's network through the server's egress proxy.
+type Egress struct {
+	// Token names the job's network to the proxy, which asks the engine
+	// for its policy by it.
+	Token string
+	// CACert, if set, is the job's own certificate authority (PEM), which
+	// the sandbox trusts besides its system roots: the proxy stands in
+	// with it for the hosts it adds an operator's credential for.
+	CACert []byte
+}
+
+// EgressServer is the egress proxy as a backend serves it: each listener
+// the backend opens for a sandbox is served for that sandbox's token
+// until ctx ends. *egress.Proxy is one.
+type EgressServer interface {
+	Serve(ctx context.Context, ln net.Listener, token string) error
+	ServeTransparent(ctx context.Context, ln net.Listener, token string) error
+	ServeDNS(ctx context.Context, pc net.PacketConn, token string) error
+	ServeDNSStream(ctx context.Context, ln net.Listener, token string) error
+	ServeCallback(ctx context.Context, ln net.Listener, token string) error
+}
+
+// EgressRoute is how a job inside a sandbox reaches the proxy, for its
+// environment.
+type EgressRoute struct {
+	// ProxyURL is http_proxy's and https_proxy's value (with the token in
+	// it where the proxy cannot tell sandboxes apart otherwise).
+	ProxyURL string
+	// NoProxy is no_proxy's: what the job reaches directly (its own
+	// loopback).
+	NoProxy string
+	// CallbackURL, if set, replaces the server's callback base URL: the
+	// job reaches the callback server there.
+	CallbackURL string
+	// TrustFile is where a sandbox made with Egress.CACert finds its
+	// trust bundle (its system roots and the job's CA).
+	TrustFile string
+}
+
+// EgressRouter is a Backend with Capabilities.EgressProxy.
+type EgressRouter interface {
+	// EgressRoute says how a job whose network token is token reaches
+	// the proxy from one of the backend's sandboxes.
+	EgressRoute(token string) EgressRoute
+}
+
+// Cache names a kept cache: Name is the directory under /cache, Key the
+// project it belongs to (two keys never share one). Jobs that share a
+// cache trust each other; one sandbox at a time writes it, and another
+// that asks meanwhile gets an empty one of its own (Progress says so).
+type Cache struct {
+	Name string
+	Key  string
 }
 
 // Step reports a provisioning step through Progress, if there is one.
@@ -76,6 +156,12 @@ func (s Spec) Step(step string) {
 		s.Progress(step)
 	}
 }
+
+// DefaultPath is the PATH the engine gives a job whose manifest sets
+// none. A backend may add to it the directories of the tools its
+// sandboxes hold (a toolchain installed outside it, the operator's tool
+// directories); a PATH the job chose it leaves as it is.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Command is a process to run in an instance. Args[0] is looked up on the
 // sandbox's PATH (from Env) when it has no slash. Nothing here goes
@@ -160,7 +246,8 @@ type Instance interface {
 // is written.
 type Files interface {
 	// WriteFile writes a file (creating parent dirs) at an absolute path
-	// inside the sandbox, owned by the job's user.
+	// inside the sandbox, owned by the job's user. With fs.ModeSymlink in
+	// mode it makes a symbolic link to data instead.
 	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
 	// ReadFile reads a regular file from offset on, at most max bytes.
 	ReadFile(ctx context.Context, path string, offset, max int64) ([]byte, error)
@@ -178,6 +265,41 @@ type ListOptions struct {
 	Limit int
 	// Regular lists regular files only (artifacts).
 	Regular bool
+}
+
+// Archiver is an Instance whose workspace moves as tar streams: a
+// project copied in before the job, read back after it so that the
+// engine can tell what the job changed. Every backend that has one
+// passes sandboxtest's archive tests.
+type Archiver interface {
+	// PutArchive unpacks a tar stream (gzip or not) into /workspace, as
+	// the job's user: names relative and clean, nothing written through
+	// a link, modes' permission bits and modification times (to the
+	// nanosecond) kept, special files and hard links skipped. An entry
+	// that breaks a rule fails it, naming the entry.
+	PutArchive(ctx context.Context, r io.Reader) (Unpacked, error)
+	// GetArchive returns /workspace as a tar stream (gzip or not): links
+	// as links, hard links as the files they link to, modification times
+	// to the nanosecond. It may leave out the objects of git
+	// repositories (.git/objects), which are never changes. The caller
+	// closes it.
+	GetArchive(ctx context.Context) (io.ReadCloser, error)
+}
+
+// Unpacked says what PutArchive wrote.
+type Unpacked struct {
+	Files, Dirs int
+	Bytes       int64
+	// Skipped lists what was not written and why ("a fifo").
+	Skipped []string
+}
+
+// HostWorkspace is an Instance whose workspace is a directory the server
+// reaches on its own filesystem (the local backend's tmpfs), which the
+// engine then reads in place, beneath it, as its owner, without
+// following links, rather than through GetArchive.
+type HostWorkspace interface {
+	WorkspaceDir() string
 }
 
 // Pauser is an Instance that can be paused (Capabilities.Pause): its

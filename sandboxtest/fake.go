@@ -34,7 +34,7 @@ type Fake struct {
 // NewFake returns an empty fake backend.
 func NewFake() *Fake {
 	return &Fake{sandboxes: map[string]*FakeInstance{}, Started: make(chan *Process, 100),
-		Caps: sandbox.Capabilities{Recover: true, Supervised: true, StatusFile: "/run/delegate/status", MultiExec: true, Pause: true}}
+		Caps: sandbox.Capabilities{Recover: true, Supervised: true, NetworkEgress: true, StatusFile: "/run/delegate/status", MultiExec: true, Pause: true, Workspaces: true}}
 }
 
 var _ sandbox.Backend = (*Fake)(nil)
@@ -225,7 +225,11 @@ func (s *FakeInstance) ListFiles(ctx context.Context, opts sandbox.ListOptions) 
 		if opts.Limit > 0 && len(out) == opts.Limit {
 			return out, sandbox.ErrTruncated
 		}
-		out = append(out, sandbox.FileInfo{Path: p, Size: int64(len(f.data)), Mode: f.mode, ModTime: f.mod})
+		fi := sandbox.FileInfo{Path: p, Size: int64(len(f.data)), Mode: f.mode, ModTime: f.mod}
+		if f.mode&fs.ModeSymlink != 0 {
+			fi.Link = string(f.data)
+		}
+		out = append(out, fi)
 	}
 	return out, nil
 }

@@ -53,6 +53,7 @@ func Run(t *testing.T, h Harness) {
 	s := &suite{h: h, b: b}
 	t.Run("lifecycle", s.lifecycle)
 	t.Run("files", s.files)
+	t.Run("archive", s.archive)
 	if h.Commands {
 		t.Run("command", s.command)
 		if b.Capabilities().MultiExec {

@@ -22,7 +22,8 @@ import (
 // job_manifests (its files in job_files).
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
-	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox"}
+	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
+	"idempotency_digest"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -90,7 +91,7 @@ func scanJob(row scanner) (*delegate.Job, int64, error) {
 	)
 	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
-		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox)
+		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest)
 	if err := row.Scan(dest...); err != nil {
 		return nil, 0, err
 	}
@@ -118,7 +119,7 @@ func rowValues(j *delegate.Job) []any {
 	return []any{string(j.Status), j.Progress, j.Error, exit, j.OOMKilled, j.OutputBytes,
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
-		j.TimelineDropped, j.Sandbox}
+		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest}
 }
 
 func toNanos(t time.Time) int64 {
@@ -595,6 +596,7 @@ func cloneManifest(m delegate.Manifest) delegate.Manifest {
 	m.Env = maps.Clone(m.Env)
 	m.Secrets = slices.Clone(m.Secrets)
 	m.Artifacts = slices.Clone(m.Artifacts)
+	m.Network.Allow = slices.Clone(m.Network.Allow)
 	if m.Agent != nil {
 		a := *m.Agent
 		m.Agent = &a

@@ -87,3 +87,30 @@ func TestMigrateMovesManifests(t *testing.T) {
 		t.Fatalf("events: %+v %v", evs, err)
 	}
 }
+
+// TestMigrateIdempotencyDigest: a job stored with an idempotency key
+// before digests were kept is still found by its key, with no digest
+// (which the engine takes as matching any manifest, as before).
+func TestMigrateIdempotencyDigest(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(strings.Join(migrations[:4], ";") + `; PRAGMA user_version = 4;
+		INSERT INTO jobs (seq, id, status, created_at, updated_at, idempotency_key) VALUES (1, 'keyed', 'success', 1, 1, 'k');
+		INSERT INTO job_manifests (seq, manifest) VALUES (1, '{"agentType":"script","task":"x"}');`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	j, err := s.JobByIdempotencyKey(ctx, "k")
+	if err != nil || j.ID != "keyed" || j.IdempotencyDigest != "" || j.Manifest.Task != "x" {
+		t.Fatalf("a keyed job from schema 4: %+v %v", j, err)
+	}
+}

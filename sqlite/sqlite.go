@@ -29,6 +29,8 @@ type DB struct {
 	*ArtifactStore
 	*SandboxStore
 	*QuestionStore
+	*WorkspaceStore
+	*NetworkStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -194,6 +196,42 @@ var migrations = []string{
 		answer TEXT,
 		UNIQUE (job_id, id)
 	);`,
+	// An idempotency key keeps the digest of the manifest it was first
+	// sent with, so that the key sent again with another manifest is
+	// refused rather than answered with the first job. Jobs from before
+	// have none ('') and match any manifest, as they did.
+	`ALTER TABLE jobs ADD COLUMN idempotency_digest TEXT NOT NULL DEFAULT '';`,
+	// Imported workspaces (issue 18): per job, the baseline of its import
+	// and, once it has ended, its changes and their summary, in a table of
+	// their own (they may be megabytes; the job row is rewritten on every
+	// update).
+	`CREATE TABLE job_workspaces (
+		seq INTEGER PRIMARY KEY REFERENCES jobs(seq) ON DELETE CASCADE,
+		source TEXT NOT NULL DEFAULT '',
+		baseline BLOB,
+		changes BLOB,
+		summary TEXT
+	);`,
+	// Networks the egress proxy serves (issue 23): a job's or a kept
+	// sandbox's, found by id or by its token's hash; each with its log.
+	`CREATE TABLE networks (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		token_hash TEXT NOT NULL UNIQUE,
+		token TEXT NOT NULL DEFAULT '',
+		ended INTEGER NOT NULL DEFAULT 0,
+		ca BLOB,
+		data TEXT NOT NULL
+	);
+	CREATE INDEX networks_live ON networks(ended, seq);
+	CREATE TABLE network_log (
+		network_seq INTEGER NOT NULL REFERENCES networks(seq) ON DELETE CASCADE,
+		seq INTEGER NOT NULL,
+		allowed INTEGER NOT NULL,
+		attempt INTEGER NOT NULL,
+		data TEXT NOT NULL,
+		PRIMARY KEY (network_seq, seq)
+	) WITHOUT ROWID;`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -269,6 +307,12 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	if db.QuestionStore, err = newQuestionStore(ctx, db); err != nil {
+		return err
+	}
+	if db.WorkspaceStore, err = newWorkspaceStore(ctx, db); err != nil {
+		return err
+	}
+	if db.NetworkStore, err = newNetworkStore(ctx, db); err != nil {
 		return err
 	}
 	return prepare(ctx, []statement{

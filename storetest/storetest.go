@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"ListPagesAndFilters", testList},
 		{"RecoveryReads", testRecoveryReads},
 		{"IdempotencyKey", testIdempotencyKey},
+		{"IdempotencyDigest", testIdempotencyDigest},
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"FinishCounter", testFinishCounter},
 		{"ManifestIsImmutable", testManifestIsImmutable},
@@ -58,6 +59,10 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
 		{"Questions", testQuestions},
 		{"Answers", testAnswers},
+		{"Workspaces", testWorkspaces},
+		{"Networks", testNetworks},
+		{"NetworkLog", testNetworkLog},
+		{"AllowlistManifest", testAllowlistManifest},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
@@ -429,6 +434,34 @@ func testIdempotencyKey(t *testing.T, open Open) {
 	}
 }
 
+// testIdempotencyDigest: the digest of the manifest a key was first sent
+// with is kept with the key, read back by the key and by the job's id
+// (also through another handle, as another process would), and no update
+// changes it.
+func testIdempotencyDigest(t *testing.T, open Open) {
+	ctx := context.Background()
+	s := open()
+	j := NewJob("a")
+	j.IdempotencyKey, j.IdempotencyDigest = "key-1", "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	create(t, s, j)
+	create(t, s, NewJob("b")) // no key, no digest
+	if _, err := s.UpdateJob(ctx, "a", func(j *delegate.Job) error { j.Progress = "p"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range []delegate.Store{s, open()} {
+		got, err := s.JobByIdempotencyKey(ctx, "key-1")
+		if err != nil || got.ID != "a" || got.IdempotencyDigest != j.IdempotencyDigest {
+			t.Fatalf("handle %d: by key: %+v %v", i, got, err)
+		}
+		if got, err := s.GetJob(ctx, "a"); err != nil || got.IdempotencyDigest != j.IdempotencyDigest {
+			t.Fatalf("handle %d: by id: %+v %v", i, got, err)
+		}
+		if got, err := s.GetJob(ctx, "b"); err != nil || got.IdempotencyDigest != "" {
+			t.Fatalf("handle %d: a job without a key: %+v %v", i, got, err)
+		}
+	}
+}
+
 // testConcurrentWrites: concurrent writes all land, and one write that
 // fails (a duplicate idempotency key) undoes nothing of the others, even
 // if the store commits them together.
@@ -781,7 +814,7 @@ func testSandboxes(t *testing.T, open Open) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	mk := func(id, instance string) *delegate.Sandbox {
 		return &delegate.Sandbox{ID: id, State: delegate.SandboxIdle, Backend: "local", Instance: instance, JobID: "job-1", Owner: "o1",
-			Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.NetworkNone,
+			Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, Network: delegate.Network{Mode: delegate.NetworkNone},
 			CreatedAt: now, LastUsedAt: now, ExpiresAt: now.Add(time.Hour), IdleTimeout: time.Minute, PauseTimeout: time.Hour}
 	}
 	a, b := mk("sbx-a", "sb-1"), mk("sbx-b", "sb-2")

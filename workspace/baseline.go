@@ -110,6 +110,14 @@ func inGit(p string) bool {
 	return false
 }
 
+// delegates tells whether a path is delegate's own directory in the
+// workspace (/workspace/.delegate: the answers to a job's questions, see
+// engine.AnswersDir) or under it: never part of a baseline or of the
+// changes, which are the job's work.
+func delegates(p string) bool {
+	return p == ".delegate" || strings.HasPrefix(p, ".delegate/")
+}
+
 // checkName checks a relative path read from an archive or a stored
 // value: clean, relative, no "..", no empty or "." component, no NUL.
 func checkName(p string) error {

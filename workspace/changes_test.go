@@ -118,6 +118,8 @@ func TestChangesDiffAndPatch(t *testing.T) {
 		".git/hooks/pre-commit": "#!/bin/sh\necho planted\n",
 		".git/config":           "[core]\n\tfsmonitor = /tmp/evil\n",
 		"notes.txt":             "untracked notes, edited\n",
+		// The answers to its questions (engine.AnswersDir): delegate's.
+		".delegate/answers/q-1.json": "{\"action\":\"accept\"}\n",
 	})
 	os.Chmod(filepath.Join(sandbox, "script.sh"), 0o755)
 	os.Remove(filepath.Join(sandbox, "lib/gone.txt"))
@@ -221,6 +223,7 @@ func TestChangesDiffAndPatch(t *testing.T) {
 		t.Fatalf("git apply --check: %v\n%s\n--- patch:\n%s", err, out, patch)
 	}
 	git(t, target, "apply", pf)
+	os.RemoveAll(filepath.Join(sandbox, ".delegate")) // delegate's, not in the patch
 	compareTrees(t, sandbox, target)
 	if _, err := cs.Patch(int64(len(patch) - 1)); !errors.Is(err, ErrOverCap) {
 		t.Errorf("a patch over its cap: %v", err)

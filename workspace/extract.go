@@ -71,6 +71,9 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts ExtractOptions) 
 		}
 		var dirs []dirMode
 		n := 0
+		// made is the parent directory made (or found) last: the
+		// entries of one directory come together.
+		made := ""
 		for {
 			if n&255 == 0 {
 				if err := ctx.Err(); err != nil {
@@ -109,8 +112,11 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts ExtractOptions) 
 				if res.Bytes > opts.MaxBytes {
 					return &CapError{What: "bytes", Found: res.Bytes, Cap: opts.MaxBytes, More: true}
 				}
-				if err := b.mkdirAll(parent, 0o755); err != nil {
-					return err
+				if parent != made {
+					if err := b.mkdirAll(parent, 0o755); err != nil {
+						return err
+					}
+					made = parent
 				}
 				if err := b.createFile(name, tr, uint32(hdr.Mode)&0o777, hdr.ModTime.UnixNano(), false); err != nil {
 					return err

@@ -101,7 +101,10 @@ func (b *beneath) createFile(rel string, r io.Reader, perm uint32, mtime int64, 
 			unix.Unlinkat(pfd, name, 0)
 		}
 	}()
-	if err := copyToFd(fd, r); err != nil {
+	if b.buf == nil {
+		b.buf = make([]byte, 128<<10)
+	}
+	if err := copyToFd(fd, r, b.buf); err != nil {
 		return pathErr("write", rel, err)
 	}
 	if err := unix.Fchmod(fd, perm&0o777); err != nil {
@@ -127,8 +130,7 @@ func (b *beneath) createFile(rel string, r io.Reader, perm uint32, mtime int64, 
 	return nil
 }
 
-func copyToFd(fd int, r io.Reader) error {
-	buf := make([]byte, 128<<10)
+func copyToFd(fd int, r io.Reader, buf []byte) error {
 	for {
 		n, err := r.Read(buf)
 		for w := 0; w < n; {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/delegate-dev/delegate/cli"
+	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/metrics"
@@ -23,6 +25,7 @@ type app struct {
 	store   *sqlite.DB
 	backend sandbox.Backend // nil when the app only reads jobs
 	eng     *engine.Engine
+	egress  *engine.Egress // the egress proxy, when the app runs jobs
 }
 
 // openApp opens the store; with a backend it can also run jobs. Jobs get
@@ -30,6 +33,10 @@ type app struct {
 // hears the engine and the Proxmox client.
 func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend bool, callbackURL string, met *metrics.Metrics) (*app, error) {
 	secret, err := cfg.SecretResolver()
+	if err != nil {
+		return nil, err
+	}
+	bindings, err := cfg.SecretBindings()
 	if err != nil {
 		return nil, err
 	}
@@ -43,13 +50,35 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	var backend sandbox.Backend
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
-	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met) }
+	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met, nil, 0, "") }
 	poll := time.Duration(0) // the engine's default
+	var eg *engine.Egress
 	if withBackend {
-		backend, err = openBackend(ctx, cfg, log, met)
+		// The egress proxy: the only road out of a job's sandbox (where
+		// the backend routes through it), forwarding to the callback
+		// server when there is one.
+		cbAddr, cbPort := callbackAddr(cfg, callbackURL)
+		eg, err = engine.NewEgress(store, engine.EgressConfig{Bindings: bindings, Secret: secret, Logger: log,
+			Proxy: egress.Config{Callback: cbAddr, Allow: cfg.EgressAllow, AllowPrivate: cfg.EgressAllowPrivate}})
 		if err != nil {
 			store.Close()
+			return nil, fmt.Errorf("egress proxy: %w", err)
+		}
+		backend, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort, callbackURL)
+		if err != nil {
+			eg.Close()
+			store.Close()
 			return nil, err
+		}
+		if cfg.Backend == "proxmox" && cfg.ProxmoxEgressProxy != "" {
+			// Job VMs reach the proxy's shared listener, naming their job
+			// in Proxy-Authorization.
+			if err := eg.ServeShared(cfg.ProxmoxEgressListen); err != nil {
+				backend.Close()
+				eg.Close()
+				store.Close()
+				return nil, fmt.Errorf("PROXMOX_EGRESS_LISTEN=%s: %w", cfg.ProxmoxEgressListen, err)
+			}
 		}
 		if cfg.Backend == "proxmox" {
 			poll = time.Second // every poll is a few API calls
@@ -79,12 +108,44 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		Secret:             secret,
 		OpenBackend:        open,
 		Observer:           observer,
+
+		WorkspaceRoots:    cfg.WorkspaceRoots,
+		WorkspaceMaxBytes: cfg.WorkspaceMaxBytes,
+		WorkspaceMaxFiles: cfg.WorkspaceMaxFiles,
+		CloneDir:          filepath.Join(cfg.DataDir, "clones"),
+		GitAllow:          cfg.WorkspaceGitAllow,
+		Egress:            eg,
+		SecretBindings:    bindings,
 	})
-	return &app{store: store, backend: backend, eng: eng}, nil
+	return &app{store: store, backend: backend, eng: eng, egress: eg}, nil
 }
 
-// openBackend makes the sandbox backend DELEGATE_BACKEND names.
-func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics) (sandbox.Backend, error) {
+// callbackAddr is where the egress proxy forwards a sandbox's callback
+// connections (the callback server's own address, a wildcard as the
+// loopback) and its port, when jobs have a callback server.
+func callbackAddr(cfg cli.Config, callbackURL string) (netip.AddrPort, int) {
+	if callbackURL == "" || cfg.CallbackPort == 0 {
+		return netip.AddrPort{}, 0
+	}
+	host := cfg.CallbackHost
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, 0 // a name: the callback stays the public URL's
+	}
+	return netip.AddrPortFrom(a, uint16(cfg.CallbackPort)), cfg.CallbackPort
+}
+
+// openBackend makes the sandbox backend DELEGATE_BACKEND names; proxy is
+// the egress proxy its sandboxes go through (nil: none), cbPort the
+// callback port a local sandbox forwards (0: none), callbackURL the
+// callback server's public URL, which job VMs' firewalls let them reach.
+func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
@@ -100,7 +161,13 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		if err != nil {
 			return nil, fmt.Errorf("proxmox backend: instance id: %w", err)
 		}
-		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN,
+		var eg *proxmox.Egress
+		if cfg.ProxmoxEgressProxy != "" && proxy != nil {
+			if eg, err = proxmox.ParseEgress(cfg.ProxmoxEgressProxy, callbackURL); err != nil {
+				return nil, fmt.Errorf("proxmox backend: %w", err)
+			}
+		}
+		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
 			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit})
 		if err != nil {
@@ -112,10 +179,12 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		return b, nil
 	default:
 		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
-			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, Logger: log,
+			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, ToolDirs: cfg.ToolDirs, Logger: log,
 			// The host's file table is shared by the jobs running at once
 			// and the sandboxes kept after theirs.
-			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes})
+			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes,
+			CacheDir: filepath.Join(cfg.DataDir, "caches"), CacheMaxBytes: cfg.CacheMaxBytes,
+			Egress: proxy, EgressCallbackPort: cbPort})
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
@@ -132,6 +201,9 @@ func (a *app) Close() {
 	a.eng.Close()
 	if a.backend != nil {
 		a.backend.Close()
+	}
+	if a.egress != nil {
+		a.egress.Close()
 	}
 	a.store.Close()
 }

@@ -38,7 +38,13 @@
     var forms = {};
     live.querySelectorAll('form[data-question]').forEach(function (f) { forms[f.dataset.question] = f; });
     var focused = document.activeElement;
+    // A confirmation the reader has opened stays open (by its id).
+    var open = Array.prototype.map.call(live.querySelectorAll('details[id][open]'), function (el) { return el.id; });
     live.innerHTML = JSON.parse(e.data).html;
+    open.forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) { el.open = true; }
+    });
     // Keep the log followed so far in place of the new, empty one.
     var slot = document.getElementById('log');
     if (log && slot) { slot.replaceWith(log); }

@@ -8,13 +8,16 @@
 //   node tasks.mjs http URL COMMAND [ARG]
 // Commands:
 //   run SCRIPT       submit a job through the task session and settle it
+//   insandbox ID SCRIPT
+//                    the same, a command in kept sandbox ID
 //   cancel           submit a long job, cancel it through tasks/cancel
 //   submit SCRIPT    submit, print the task's reference (and the stdio
 //                    server's pid), then wait for stdin to close
 //   resume REF       resume a task from its reference and settle it
 //   plain SCRIPT     the same client without the extension: submit_job,
 //                    wait_job, get_job_result, as today
-//   ask SCRIPT       a job that asks: the requester's onInputRequest
+//   ask SCRIPT       a job that asks (SCRIPT may be a whole manifest, as
+//                    JSON): the requester's onInputRequest
 //                    answers each elicitation (an enum's last value, a
 //                    number 7, true, "answered NAME") through tasks/update
 //   unanswered SCRIPT TIMEOUT
@@ -103,7 +106,8 @@ const checkOutput = (structured) => {
   return v.valid ? "valid" : v.errorMessage;
 };
 
-const manifest = (task, timeout = 600) => ({ manifest: { agentType: "script", task, timeout } });
+// A task, or (starting with "{") a whole manifest as JSON.
+const manifest = (task, timeout = 600) => task.startsWith("{") ? { manifest: JSON.parse(task) } : ({ manifest: { agentType: "script", task, timeout } });
 
 const session = (options = {}) => createTaskSessionFromClient(client, {
   endpointId,
@@ -161,6 +165,13 @@ switch (command) {
   case "run": {
     const s = session();
     await settle(await s.callTool("submit_job", manifest(arg)));
+    report.wire = since();
+    await s.close();
+    break;
+  }
+  case "insandbox": {
+    const s = session();
+    await settle(await s.callTool("submit_job", { manifest: { task: arg2, sandbox: arg, timeout: 600 } }));
     report.wire = since();
     await s.close();
     break;

@@ -48,6 +48,16 @@ func TestProxmoxBench(t *testing.T) {
 	if !regexp.MustCompile(`warm pool upkeep: \d+ API calls for \d+ VMs made`).Match(out.Bytes()) {
 		t.Error("no pool upkeep line")
 	}
+	// A command in a kept VM (running, or suspended and resumed by it)
+	// makes calls about that VM only, and some.
+	for _, row := range []string{"echo hello in a kept VM", "echo hello in a suspended kept VM"} {
+		m := regexp.MustCompile(regexp.QuoteMeta(row) + `\s+submit -> done \d+\.\d\ds\s+API calls (\d+) \(`).FindSubmatch(out.Bytes())
+		if m == nil {
+			t.Errorf("no %q row", row)
+		} else if n, _ := strconv.Atoi(string(m[1])); n == 0 {
+			t.Errorf("%s: no API calls", row)
+		}
+	}
 	// The per-node bound holds while the pool refills beside the jobs.
 	m := regexp.MustCompile(`peak concurrent calls to pve1\s+(\d+)\s+(\d+)`).FindSubmatch(out.Bytes())
 	if m == nil {

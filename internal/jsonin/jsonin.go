@@ -158,6 +158,44 @@ func join(prefix, path string) string {
 
 var rawMessageType = reflect.TypeFor[json.RawMessage]()
 
+// networkType is manifest.network: a string ("none", "egress") or an
+// allowlist object, read by the same rules as the rest.
+var networkType = reflect.TypeFor[delegate.Network]()
+
+// networkInput is an allowlist as a client writes it.
+type networkInput struct {
+	Allow []string `json:"allow"`
+	Ask   bool     `json:"ask,omitempty"`
+}
+
+// network decodes a delegate.Network: a mode's name, or {"allow": [...],
+// "ask": bool} (an allowlist, whose mode is implied).
+func (jd *Decoder) network(dec *jsontext.Decoder, rv reflect.Value) error {
+	switch dec.PeekKind() {
+	case '"':
+		var mode string
+		if err := jd.decode(dec, reflect.ValueOf(&mode).Elem()); err != nil {
+			return err
+		}
+		rv.Set(reflect.ValueOf(delegate.Network{Mode: delegate.NetworkMode(mode)}))
+		return nil
+	case '{':
+		var in networkInput
+		if err := jd.object(dec, reflect.ValueOf(&in).Elem()); err != nil {
+			return err
+		}
+		if in.Allow == nil {
+			in.Allow = []string{}
+		}
+		rv.Set(reflect.ValueOf(delegate.Network{Mode: delegate.NetworkAllowlist, Allow: in.Allow, Ask: in.Ask}))
+		return nil
+	}
+	if _, err := dec.ReadValue(); err != nil {
+		return err
+	}
+	return &ruleError{`must be "none", "egress" or an allowlist {"allow": ["pypi.org", "*.pythonhosted.org", "github.com:443"], "ask": false}`}
+}
+
 // value is the hook the library calls before it decodes any value into v
 // (a pointer to it): the package decodes what it has rules for, and
 // leaves the rest to the library (SkipFunc).
@@ -220,6 +258,9 @@ func (jd *Decoder) decode(dec *jsontext.Decoder, rv reflect.Value) error {
 	t := rv.Type()
 	if t == rawMessageType {
 		return raw(dec, rv)
+	}
+	if t == networkType {
+		return jd.network(dec, rv)
 	}
 	switch t.Kind() {
 	case reflect.Pointer:

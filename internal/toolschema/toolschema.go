@@ -18,6 +18,10 @@ import (
 // additionalProperties false: an unknown field is refused with a message
 // that names it and the known ones, which tells a model more. A
 // json.RawMessage field takes any JSON value (its handler reads it).
+// Below the top, an object's "type" goes where its properties say it, and
+// an array's where its items do (16 bytes each, for what the keyword
+// beside it shows; the decoder refuses a value of another type, naming
+// the field, all the same).
 func Input[T any]() *jsonschema.Schema {
 	s, err := jsonschema.For[T](&jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
 		reflect.TypeFor[json.RawMessage](): {},
@@ -29,10 +33,18 @@ func Input[T any]() *jsonschema.Schema {
 	return s
 }
 
-func compact(s *jsonschema.Schema) {
+// compact compacts s, the top of a schema, and below it.
+func compact(s *jsonschema.Schema) { compactAt(s, true) }
+
+func compactAt(s *jsonschema.Schema, top bool) {
 	if s == nil {
 		return
 	}
+	defer func() {
+		if !top && (s.Type == "object" && (len(s.Properties) > 0 || s.AdditionalProperties != nil) || s.Type == "array" && s.Items != nil) {
+			s.Type = ""
+		}
+	}()
 	if len(s.Types) == 2 && s.Types[0] == "null" {
 		s.Type, s.Types = s.Types[1], nil
 	}
@@ -40,10 +52,10 @@ func compact(s *jsonschema.Schema) {
 		s.AdditionalProperties = nil // the "false" schema
 	}
 	for _, p := range s.Properties {
-		compact(p)
+		compactAt(p, false)
 	}
-	compact(s.Items)
-	compact(s.AdditionalProperties)
+	compactAt(s.Items, false)
+	compactAt(s.AdditionalProperties, false)
 }
 
 // Output is the schema of T as an output: the names of its fields, nested

@@ -40,10 +40,16 @@ func TestInput(t *testing.T) {
 		{"optional", `{"type":"integer"}`}, // no null alternative
 		{"raw", `true`},                    // any JSON value (the empty schema)
 		{"required", `{"type":"string"}`},
+		// Below the top, what the properties or items show goes.
+		{"one", `{"properties":{"name":{"type":"string"}},"required":["name"]}`},
+		{"tags", `{"items":{"type":"string"}}`},
 	} {
 		if string(got.Properties[c.prop]) != c.want {
 			t.Errorf("%s: %s, want %s", c.prop, got.Properties[c.prop], c.want)
 		}
+	}
+	if got.Type != "object" {
+		t.Errorf("the top lost its type: %s", data)
 	}
 	if got.AdditionalProperties != nil {
 		t.Errorf("additionalProperties kept: %s", data)

@@ -85,6 +85,18 @@ var Methods = []string{
 	"GET /nodes/{node}/tasks",
 	"GET /nodes/{node}/storage/{storage}/content",
 	"GET /cluster/status",
+	"GET /cluster/firewall/options",
+	"PUT /cluster/firewall/options",
+	"GET /nodes/{node}/firewall/options",
+	"PUT /nodes/{node}/firewall/options",
+	"GET /nodes/{node}/qemu/{vmid}/firewall/options",
+	"PUT /nodes/{node}/qemu/{vmid}/firewall/options",
+	"GET /nodes/{node}/qemu/{vmid}/firewall/rules",
+	"POST /nodes/{node}/qemu/{vmid}/firewall/rules",
+	"GET /nodes/{node}/qemu/{vmid}/firewall/ipset",
+	"POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
+	"GET /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
+	"POST /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
 }
 
 // keep lists the schema keys validation and permission checks use; the

@@ -1,0 +1,177 @@
+package proxmox_test
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/delegate-dev/delegate/sqlite"
+)
+
+// egressServer is a delegate server whose job VMs reach out only
+// through the egress proxy at 10.0.0.5:3128 (and the callback server at
+// 10.0.0.5:8765).
+func egressServer(t *testing.T, c *pve.Client) (*engine.Engine, *sqlite.DB) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eg, err := engine.NewEgress(st, engine.EgressConfig{Proxy: egress.Config{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond,
+		Egress: &proxmox.Egress{Proxy: netip.MustParseAddrPort("10.0.0.5:3128"), Callback: netip.MustParseAddrPort("10.0.0.5:8765")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(st, b, engine.Config{Egress: eg, PollInterval: 50 * time.Millisecond, CleanupInterval: 200 * time.Millisecond,
+		Defaults: delegate.Defaults{Timeout: 120, CPU: 1, Memory: "256M", Disk: "1G"}, ArtifactDir: t.TempDir()})
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close(); eg.Close() })
+	return eng, st
+}
+
+// runningVM waits for a job to run and returns its VM's id.
+func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) int {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		j, err := eng.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Status.Terminal() {
+			t.Fatalf("job %s ended: %s %s", id, j.Status, j.Error)
+		}
+		if j.Status == delegate.StatusRunning {
+			for _, v := range sim.VMs() {
+				if !v.Template && v.Status == "running" {
+					return v.VMID
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("the job never ran")
+	return 0
+}
+
+// TestEgressFirewallOnSimulator: a job whose network goes through the
+// egress proxy gets a VM whose firewall lets out only the proxy and the
+// callback server (net0 firewall=1; options; rules; its address pinned
+// by ipfilter) and whose environment names the proxy with the job's
+// token; the job is refused when the datacenter's or the node's firewall
+// is off, or when the VM's firewall (from its template) lets out more.
+func TestEgressFirewallOnSimulator(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
+	eng, _ := egressServer(t, c)
+	ctx := context.Background()
+	submit := func() *delegate.Job {
+		t.Helper()
+		j, err := eng.Submit(ctx, delegate.Manifest{Task: `echo "proxy=$https_proxy"; echo "no=$no_proxy"; sleep 1`,
+			Network: delegate.Allowlist("pypi.org")}, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	failsWith := func(want string) {
+		t.Helper()
+		j := submit()
+		done, err := eng.Wait(ctx, j.ID)
+		if err != nil || done.Status != delegate.StatusFailed || !strings.Contains(done.Error, want) {
+			t.Errorf("job %s: %s %q, want failed with %q", j.ID, done.Status, done.Error, want)
+		}
+		noJobVMs(t, sim)
+	}
+
+	// The datacenter's firewall is off by default.
+	failsWith("the datacenter's firewall is off")
+	sim.SetFirewall("", true)
+
+	j := submit()
+	vmid := runningVM(t, eng, sim, j.ID)
+	vm, _ := sim.VM(vmid)
+	fw := sim.VMFirewall(vmid)
+	if !strings.Contains(vm.Config["net0"], "firewall=1") {
+		t.Errorf("net0 = %s", vm.Config["net0"])
+	}
+	for k, want := range map[string]string{"enable": "1", "ipfilter": "1", "macfilter": "1", "policy_in": "DROP", "policy_out": "DROP"} {
+		if fw.Options[k] != want {
+			t.Errorf("firewall option %s = %q, want %q", k, fw.Options[k], want)
+		}
+	}
+	var rules []string
+	for _, r := range fw.Rules {
+		rules = append(rules, r["type"]+" "+r["action"]+" "+r["proto"]+" "+r["dest"]+":"+r["dport"]+" enable="+r["enable"])
+	}
+	slices.Sort(rules)
+	if want := []string{"out ACCEPT tcp 10.0.0.5:3128 enable=1", "out ACCEPT tcp 10.0.0.5:8765 enable=1"}; !slices.Equal(rules, want) {
+		t.Errorf("rules %q, want %q", rules, want)
+	}
+	if set := fw.IPSets["ipfilter-net0"]; len(set) != 1 || !strings.HasPrefix(set[0], "10.10.") {
+		t.Errorf("ipfilter-net0 = %v, want the VM's address", set)
+	}
+	done, _ := eng.Wait(ctx, j.ID)
+	res, _ := eng.Result(ctx, j.ID, delegate.ResultOptions{})
+	out := string(res.Output)
+	if done.Status != delegate.StatusSuccess || !strings.Contains(out, "proxy=http://job:dlg_") || !strings.Contains(out, "@10.0.0.5:3128") ||
+		!strings.Contains(out, "no=localhost,127.0.0.1") {
+		t.Errorf("job %s %s:\n%s", done.Status, done.Error, out)
+	}
+	noJobVMs(t, sim)
+
+	// A node whose firewall is off.
+	sim.SetFirewall("pve1", false)
+	failsWith("node pve1's firewall is off")
+	sim.SetFirewall("pve1", true)
+
+	// A template whose firewall (copied by the clone) lets everything out.
+	if err := c.AddVMFirewallRule(ctx, "pve1", 9000, pve.FirewallRule{Type: "out", Action: "ACCEPT"}); err != nil {
+		t.Fatal(err)
+	}
+	failsWith("accepts outbound traffic delegate did not allow")
+}
+
+// TestEgressFirewallPrivileges: the least-privilege job token (the
+// DelegateJobs role on /vms, /nodes, the storages, the bridge) may set a
+// VM's firewall but not read the datacenter's: the job is refused with
+// what to grant.
+func TestEgressFirewallPrivileges(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	sim.SetFirewall("", true)
+	admin := pvesim.Token{ID: "root@pam!admin", Secret: "admin-secret", Privileges: pvesim.RoleAdministrator}
+	if err := sim.AddToken(admin); err != nil {
+		t.Fatal(err)
+	}
+	jt, err := sim.CreateJobToken(context.Background(), admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, _ := egressServer(t, clientFor(t, sim, jt.User, jt.TokenName, jt.Secret))
+	j, err := eng.Submit(context.Background(), delegate.Manifest{Task: "true", Network: delegate.Allowlist("pypi.org")}, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _ := eng.Wait(context.Background(), j.ID)
+	if done.Status != delegate.StatusFailed || !strings.Contains(done.Error, "Sys.Audit on /") {
+		t.Errorf("job %s: %q", done.Status, done.Error)
+	}
+	noJobVMs(t, sim)
+}

@@ -1,0 +1,92 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// WorkspaceStore keeps the workspaces jobs imported: a row per job, keyed
+// by the job's rowid. It implements delegate.WorkspaceStore on a DB.
+type WorkspaceStore struct {
+	db   *DB
+	stmt struct {
+		get      *sql.Stmt // reader
+		wBase    *sql.Stmt // writer
+		wChanges *sql.Stmt
+	}
+}
+
+var _ delegate.WorkspaceStore = (*WorkspaceStore)(nil)
+
+func newWorkspaceStore(ctx context.Context, db *DB) (*WorkspaceStore, error) {
+	s := &WorkspaceStore{db: db}
+	return s, prepare(ctx, []statement{
+		{db.rdb, &s.stmt.get, `SELECT w.source, w.baseline, w.changes, w.summary FROM jobs j JOIN job_workspaces w ON w.seq = j.seq WHERE j.id = ?`},
+		{db.wdb, &s.stmt.wBase, `INSERT INTO job_workspaces (seq, source, baseline) SELECT seq, ?, ? FROM jobs WHERE id = ?
+			ON CONFLICT (seq) DO UPDATE SET source = excluded.source, baseline = excluded.baseline`},
+		{db.wdb, &s.stmt.wChanges, `INSERT INTO job_workspaces (seq, changes, summary) SELECT seq, ?, ? FROM jobs WHERE id = ?
+			ON CONFLICT (seq) DO UPDATE SET changes = excluded.changes, summary = excluded.summary`},
+	})
+}
+
+// SaveBaseline records the baseline of a job's import and where it was
+// read from.
+func (s *WorkspaceStore) SaveBaseline(ctx context.Context, id, source string, baseline []byte) error {
+	return s.write(ctx, id, "save the workspace baseline", s.stmt.wBase, source, baseline, id)
+}
+
+// SaveChanges records a job's changes and their summary (the job's row is
+// made if it has none: a command in a kept sandbox has the baseline of
+// the job that made the sandbox).
+func (s *WorkspaceStore) SaveChanges(ctx context.Context, id string, summary delegate.WorkspaceChanges, changes []byte) error {
+	sum, err := json.Marshal(summary)
+	if err != nil {
+		return fmt.Errorf("save the workspace changes of job %s: %w", id, err)
+	}
+	return s.write(ctx, id, "save the workspace changes", s.stmt.wChanges, changes, string(sum), id)
+}
+
+func (s *WorkspaceStore) write(ctx context.Context, id, what string, st *sql.Stmt, args ...any) error {
+	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
+		res, err := tx.Stmt(st).Exec(args...)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return delegate.JobNotFound(id)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s of job %s: %w", what, id, err)
+	}
+	return nil
+}
+
+// JobWorkspace returns a job's workspace, or an error wrapping
+// delegate.ErrNotFound when it has none.
+func (s *WorkspaceStore) JobWorkspace(ctx context.Context, id string) (*delegate.JobWorkspace, error) {
+	var (
+		w       delegate.JobWorkspace
+		summary sql.NullString
+	)
+	err := s.stmt.get.QueryRowContext(ctx, id).Scan(&w.Source, &w.Baseline, &w.Changes, &summary)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, delegate.WorkspaceNotFound(id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workspace of job %s: %w", id, err)
+	}
+	if summary.Valid {
+		w.Summary = new(delegate.WorkspaceChanges)
+		if err := json.Unmarshal([]byte(summary.String), w.Summary); err != nil {
+			return nil, fmt.Errorf("workspace of job %s: %w", id, err)
+		}
+	}
+	return &w, nil
+}

@@ -1,0 +1,57 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// testWorkspaces: a job's baseline is kept with where it was read from,
+// its changes and their summary come later (also for a job that has no
+// baseline of its own: a command in a kept sandbox), another handle (a
+// restarted server) reads them, and a job without a workspace, or no job,
+// is ErrNotFound.
+func testWorkspaces(t *testing.T, open Open) {
+	ctx := context.Background()
+	s := open()
+	create(t, s, NewJob("w"), NewJob("cmd"), NewJob("plain"))
+	if _, err := s.JobWorkspace(ctx, "w"); !errors.Is(err, delegate.ErrNotFound) {
+		t.Fatalf("before the baseline: %v, want ErrNotFound", err)
+	}
+	base := []byte(`{"version":1,"kind":"git","files":[]}`)
+	if err := s.SaveBaseline(ctx, "w", "/src/project", base); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.JobWorkspace(ctx, "w")
+	if err != nil || w.Source != "/src/project" || !bytes.Equal(w.Baseline, base) || w.Changes != nil || w.Summary != nil {
+		t.Fatalf("after the baseline: %+v %v", w, err)
+	}
+	changes := bytes.Repeat([]byte{0, 1, 2, 0xff}, 1<<16) // binary: the engine may compress them
+	sum := delegate.WorkspaceChanges{Added: 1, Modified: 2, Bytes: 10, Files: []delegate.ChangedFile{{Path: "a.go", Kind: "modified", Size: 3}}, More: 2}
+	if err := s.SaveChanges(ctx, "w", sum, changes); err != nil {
+		t.Fatal(err)
+	}
+	w, err = open().JobWorkspace(ctx, "w")
+	if err != nil || w.Source != "/src/project" || !bytes.Equal(w.Baseline, base) || !bytes.Equal(w.Changes, changes) ||
+		w.Summary == nil || w.Summary.Modified != 2 || len(w.Summary.Files) != 1 || w.Summary.Files[0].Path != "a.go" || w.Summary.More != 2 {
+		t.Fatalf("after the changes, from another handle: %+v %v", w.Summary, err)
+	}
+	if err := s.SaveChanges(ctx, "cmd", delegate.WorkspaceChanges{Error: "over the cap"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := s.JobWorkspace(ctx, "cmd"); err != nil || w.Baseline != nil || w.Summary == nil || w.Summary.Error != "over the cap" {
+		t.Fatalf("changes without a baseline: %+v %v", w, err)
+	}
+	if _, err := s.JobWorkspace(ctx, "plain"); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("a job without a workspace: %v, want ErrNotFound", err)
+	}
+	if err := s.SaveBaseline(ctx, "nope", "/x", base); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("SaveBaseline of no job: %v, want ErrNotFound", err)
+	}
+	if err := s.SaveChanges(ctx, "nope", sum, nil); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("SaveChanges of no job: %v, want ErrNotFound", err)
+	}
+}
