@@ -80,22 +80,37 @@
 // ends with the sandbox's init whatever ends that (the job, a kill, the
 // death of the shim); the job sees it there and can do nothing to it.
 //
-// Many commands (Spec.MultiExec, a kept sandbox): each command has its
-// own shim and init, as the one command of a sandbox has, working in a
-// directory of its own (execs/<id>: its exec.json, output, exit.json,
-// status channel); every command gets a new mount, pid, user, ipc and
-// uts namespace built from the same plan (so the same root, limits,
-// seccomp filter and capabilities), and joins the sandbox's network
-// namespace (bound at "netns" when the sandbox is made) and its /tmp (a
-// tmpfs at "tmp", like the workspace). A command's init lingers (plan
-// Linger): it reports the command's end at once, and stays pid 1 of the
-// command's pid namespace while what the command left in the background
-// runs, until the sandbox's lifetime ends (Spec.Expires, enforced by
-// init itself, with no server) or a kill. Killing one command kills its
-// init, whose pid namespace takes the command's processes along; the
-// sandbox's other commands go on. Commands of one sandbox share its
-// files, its network and its limits: they trust each other. A sandbox
-// with network runs one command (its network helper serves one).
+// Many commands (Spec.MultiExec, a kept sandbox; keeper_linux.go): one
+// init for them all, made when the sandbox is, and a supervisor of its
+// own, the keeper:
+//
+//	server → keeper (SelfExe __sandbox-shim <dir>, its own session)
+//	       → init (pid 1 of the sandbox's namespaces, its root built
+//	               once, for the sandbox's lifetime)
+//	         → each command, forked by init
+//	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>)
+//
+// A command's shim works in a directory of its own (execs/<id>: its
+// exec.json, output, exit.json) and sends init, through the keeper's
+// root-only socket ("control"), the descriptors of the command's plan,
+// stdout, stderr and a socket of its own. init forks the command, which
+// takes a cgroup of its own below the sandbox's, a mount namespace and
+// a /run of its own (its status channel, its inputs), drops the
+// capability bounding set, applies the seccomp filter and becomes the
+// job's user, from inside: no host process enters the sandbox. The
+// commands share the sandbox's pid namespace (ps and kill reach what
+// another command left running), its files, /tmp, network and limits:
+// they trust each other. A command's deadline and Kill end its own
+// cgroup (and process group), not the sandbox; what it leaves in the
+// background runs on under init. The keeper ends init, and with it every
+// process of the sandbox, at Spec.Expires, with no server; a restarted
+// server finds the keeper through the sandbox directory (Recover). With
+// the C helpers in cgroup v1 init holds a spare fork ready, placed in the
+// next command's group ahead of its request: moving a process into a
+// cgroup waits for an RCU grace period, off the command's way then. A
+// sandbox whose network is a network helper's runs one command (the
+// helper serves one); on the egress proxy's network its commands share
+// it.
 //
 // Pause (sandbox.Pauser): the cgroup freezer stops every process of the
 // sandbox where it is, memory kept: cgroup v2 freezes the sandbox's
