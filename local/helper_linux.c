@@ -91,7 +91,6 @@
 #define REQUEST_FDS 4
 #define EXEC_ID_LEN 11 /* "ex-" and 8 hex digits (newID in state.go) */
 #define SPARE_MAGIC 0x44535331u
-#define SPARE_DELAY_NS 20000000LL
 #define CTL_PLACED 'p'
 #define CTL_GO 'g'
 #define CTL_KILLED 'k'
@@ -2238,7 +2237,6 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 	close(server);
 	struct spares sp = {.v1 = p->cg_version == 1 && p->cg_pids[0] != 0};
 	spare_make(p, &sp, req[0]);
-	int64_t spare_due = 0; /* when to make the next spare (monotonic ns; 0: none due) */
 
 	int64_t until = p->until_ns;
 	for (;;) {
@@ -2258,27 +2256,13 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 			}
 			timeout = left_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left_ns / 1000000 + 1);
 		}
-		if (spare_due != 0) {
-			int64_t left_ns = spare_due - mono_ns();
-			if (left_ns <= 0) {
-				spare_make(p, &sp, req[0]);
-				spare_due = 0;
-				continue;
-			}
-			int t = (int)(left_ns / 1000000 + 1);
-			timeout = timeout < 0 || t < timeout ? t : timeout;
-		}
 		if (poll(fds, 2, timeout) < 0)
 			continue;
 		if (fds[1].revents)
 			break;
 		if (fds[0].revents) {
 			relay_request(p, &sp, ctl, req[0]);
-			/* The next command's spare, once this one has had a moment:
-			 * the spare's move into its group makes the kernel wait
-			 * for a grace period, which the command need not share. */
-			if (sp.v1 && !sp.have)
-				spare_due = mono_ns() + SPARE_DELAY_NS;
+			spare_make(p, &sp, req[0]); /* the next command's */
 		}
 	}
 	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
