@@ -552,7 +552,20 @@ func (c cgroupSet) freeze(timeout time.Duration) error {
 			return fmt.Errorf("cgroup: processes of %s kept appearing while it was frozen", c.Pids)
 		}
 	}
-	return waitCgroupValue(c.Freezer, "freezer.state", "FROZEN", timeout)
+	// The kernel tries to freeze each process once, when FROZEN is written
+	// or when the process arrives: one that was running just then and has
+	// gone to sleep since in the kernel, where it freezes only if asked
+	// again (a shell's vfork waiting for its child, which is frozen
+	// already), keeps the group FREEZING. Each write asks again.
+	for {
+		err := waitCgroupValue(c.Freezer, "freezer.state", "FROZEN", 20*time.Millisecond)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		if err := writeCgroupFile(c.Freezer, "freezer.state", "FROZEN"); err != nil {
+			return err
+		}
+	}
 }
 
 // thaw lets a frozen sandbox's processes go on.
