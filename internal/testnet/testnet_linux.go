@@ -84,6 +84,9 @@ const isolatedEnv = "DELEGATE_TESTNET_ISOLATED"
 func Isolate(t *testing.T) bool {
 	t.Helper()
 	if os.Getenv(isolatedEnv) != "" {
+		if !underMain {
+			t.Cleanup(removeWorld) // this process is this test's alone
+		}
 		return true
 	}
 	if why := cannotIsolate(); why != "" {
@@ -131,6 +134,18 @@ func cannotIsolate() string {
 	return ""
 }
 
+// underMain says that this process runs all the package's tests (Main),
+// not one (Isolate): the world is removed when they all have run.
+var underMain bool
+
+// removeWorld removes the world's files, once the process is done with
+// them.
+func removeWorld() {
+	if theWorld != nil {
+		os.RemoveAll(theWorld.Dir)
+	}
+}
+
 // notIsolated is why Main ran the tests outside namespaces of their own:
 // World skips the tests that need it.
 var notIsolated string
@@ -146,10 +161,9 @@ var notIsolated string
 // Without root (or ip) the tests run here and World skips them.
 func Main(m *testing.M) int {
 	if os.Getenv(isolatedEnv) != "" {
+		underMain = true
 		code := m.Run()
-		if theWorld != nil {
-			os.RemoveAll(theWorld.Dir)
-		}
+		removeWorld()
 		return code
 	}
 	if notIsolated = cannotIsolate(); notIsolated != "" {
@@ -187,6 +201,9 @@ func Main(m *testing.M) int {
 func IsolatedBench(b *testing.B) bool {
 	b.Helper()
 	if os.Getenv(isolatedEnv) != "" {
+		if !underMain {
+			b.Cleanup(removeWorld)
+		}
 		return true
 	}
 	if os.Geteuid() != 0 {
