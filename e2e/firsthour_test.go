@@ -252,6 +252,19 @@ func TestCLIExitRule(t *testing.T) {
 		}
 	}
 	cs, _, _ := stdioSession(t, dataDir, "")
+	listed := call[struct {
+		Jobs []struct {
+			JobID      string `json:"job_id"`
+			ExitReason string `json:"exit_reason"`
+		} `json:"jobs"`
+	}](t, cs, "list_jobs", map[string]any{})
+	reasons := map[string]string{}
+	for _, j := range listed.Jobs {
+		reasons[j.JobID] = j.ExitReason
+	}
+	if reasons[timedOut] != "timeout" || reasons[cancelled] != "cancelled" {
+		t.Errorf("list_jobs' exit reasons: %v, want timeout for %s and cancelled for %s", reasons, timedOut, cancelled)
+	}
 	for id, reason := range map[string]string{timedOut: "timeout", cancelled: "cancelled"} {
 		r := call[struct {
 			ExitCode   *int   `json:"exit_code"`

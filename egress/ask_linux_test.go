@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
 // asker stands in for the engine's questions to a person.
@@ -217,7 +219,7 @@ func TestAsk(t *testing.T) {
 			f.jobs.widen(t, f.p, token, q.Name)
 			return nil
 		})
-		c, err := dialIn(sb.ns, "udp", dnsServer)
+		c, err := dialIn(sb.ns, "udp", testnet.DNSServer)
 		if err != nil {
 			t.Fatal(err)
 		}

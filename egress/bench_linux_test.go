@@ -20,6 +20,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
 // The figures of issue 23: time to first byte and throughput of a 100 MB
@@ -88,7 +90,7 @@ func BenchmarkDownload100MB(b *testing.B) {
 // job does.
 func benchTransports(b *testing.B, f *fixture, sb *sandbox, tok string) (direct, proxied, transparent *http.Transport) {
 	proxyURL := &url.URL{Scheme: "http", User: url.UserPassword("job", tok), Host: f.proxy}
-	tlsConf := &tls.Config{RootCAs: f.w.roots}
+	tlsConf := &tls.Config{RootCAs: f.w.Roots}
 	inHost, inSandbox := newNSDialer(b, "/proc/self/ns/net"), newNSDialer(b, "/run/netns/"+sb.ns)
 	dialVia := func(d *nsDialer, r *net.Resolver) func(context.Context, string, string) (net.Conn, error) {
 		return func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -103,8 +105,8 @@ func benchTransports(b *testing.B, f *fixture, sb *sandbox, tok string) (direct,
 	sandboxResolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return inSandbox.dial(network, "10.0.2.3:53")
 	}}
-	direct = &http.Transport{DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
-	proxied = &http.Transport{Proxy: http.ProxyURL(proxyURL), DialContext: dialVia(inHost, f.w.resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	direct = &http.Transport{DialContext: dialVia(inHost, f.w.Resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
+	proxied = &http.Transport{Proxy: http.ProxyURL(proxyURL), DialContext: dialVia(inHost, f.w.Resolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
 	transparent = &http.Transport{DialContext: dialVia(inSandbox, sandboxResolver), TLSClientConfig: tlsConf, DisableKeepAlives: true, DisableCompression: true}
 	return direct, proxied, transparent
 }
@@ -140,7 +142,7 @@ func median(d []time.Duration) time.Duration {
 // binary as a helper) and measures what 100 open connections through it
 // cost: resident memory, Go heap and stacks, goroutines.
 func BenchmarkMemoryPer100Conns(b *testing.B) {
-	getWorld(b)
+	testnet.World(b)
 	exe, _ := os.Executable()
 	for _, kind := range []string{"connect", "http"} {
 		b.Run(kind, func(b *testing.B) {

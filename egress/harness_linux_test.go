@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
 // jobs stands in for the engine: the policies of the jobs by token.
@@ -56,23 +59,25 @@ func (j *jobs) widen(t testing.TB, p *Proxy, token string, rules ...string) {
 
 // fixture is a proxy over the test world, with its log.
 type fixture struct {
-	w     *world
+	w     *testnet.W
 	p     *Proxy
 	jobs  *jobs
 	log   *Recorder
-	cb    *site  // the server's callback endpoint
 	proxy string // a shared listener, for the proxy variables from the host
 }
 
 func newFixture(t testing.TB, configure func(*Config)) *fixture {
 	t.Helper()
-	w := getWorld(t)
-	f := &fixture{w: w, jobs: &jobs{}, log: NewRecorder(1000), cb: w.sites["host"]}
+	w := testnet.World(t)
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("the network tests need curl: ", err)
+	}
+	f := &fixture{w: w, jobs: &jobs{}, log: NewRecorder(1000)}
 	cfg := Config{
 		Policies: f.jobs,
 		Sink:     f.log,
-		Resolver: w.resolver,
-		RootCAs:  w.roots,
+		Resolver: w.Resolver,
+		RootCAs:  w.Roots,
 		Callback: netip.MustParseAddrPort("127.0.0.1:8082"), // the "host" site's loopback listener
 	}
 	if configure != nil {
@@ -111,7 +116,7 @@ func (f *fixture) proxyEnv(token string) []string {
 // curl runs curl with the test's roots (plus extra PEM files) trusted.
 func (f *fixture) curl(t testing.TB, ns string, env []string, args ...string) cmdResult {
 	t.Helper()
-	base := []string{"curl", "-sS", "--max-time", "15", "--cacert", f.w.rootsPEM}
+	base := []string{"curl", "-sS", "--max-time", "15", "--cacert", f.w.RootsPEM}
 	return run(t, ns, env, append(base, args...)...)
 }
 
@@ -119,12 +124,8 @@ func (f *fixture) curl(t testing.TB, ns string, env []string, args ...string) cm
 // engine would for the sandbox.
 func (f *fixture) bundle(t testing.TB, ca *CA) string {
 	t.Helper()
-	roots, err := os.ReadFile(f.w.rootsPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := filepath.Join(t.TempDir(), "bundle.pem")
-	if err := os.WriteFile(p, append(roots, ca.CertPEM()...), 0o644); err != nil {
+	if err := os.WriteFile(p, append(f.w.RootsBytes, ca.CertPEM()...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p

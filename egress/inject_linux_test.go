@@ -38,7 +38,7 @@ func TestInjection(t *testing.T) {
 	f.jobs.set(tok, pol)
 	sb := newSandbox(t, f.p, tok)
 	bundle := f.bundle(t, ca)
-	site := f.w.sites["inject"]
+	site := f.w.Sites["inject"]
 	placeholder := []string{"-H", "Authorization: Bearer placeholder-the-job-holds"}
 
 	var traces []string
@@ -53,20 +53,20 @@ func TestInjection(t *testing.T) {
 		{"transparent", sb.ns, nil, ViaTransparent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			site.reset()
+			site.Reset()
 			args := append([]string{"--cacert", bundle, "-v", "-i"}, placeholder...)
 			res := f.curl(t, tc.ns, tc.env, append(args, "https://inject.test/a", "https://inject.test/b")...)
 			if res.code != 0 || strings.Count(res.out, "hello from inject") != 2 {
 				t.Fatalf("%v\nlog:\n%s", res, f.dump(tok))
 			}
 			traces = append(traces, res.out, res.err)
-			reqs := site.requests()
+			reqs := site.Requests()
 			if len(reqs) != 2 {
 				t.Fatalf("the site got %d requests", len(reqs))
 			}
 			for _, r := range reqs {
-				if got := r.header.Values("Authorization"); len(got) != 1 || got[0] != "Bearer "+secret || !r.tls {
-					t.Errorf("the site got Authorization %q (tls %v)", got, r.tls)
+				if got := r.Header.Values("Authorization"); len(got) != 1 || got[0] != "Bearer "+secret || !r.TLS {
+					t.Errorf("the site got Authorization %q (tls %v)", got, r.TLS)
 				}
 			}
 			if !strings.Contains(res.err, "placeholder-the-job-holds") {
@@ -82,44 +82,44 @@ func TestInjection(t *testing.T) {
 	}
 
 	t.Run("not over plain HTTP", func(t *testing.T) {
-		site.reset()
+		site.Reset()
 		res := f.curl(t, "", f.proxyEnv(tok), "http://inject.test/")
 		if !strings.Contains(res.out, "hello from inject") {
 			t.Fatal(res)
 		}
-		if got := site.requests()[0].header.Get("Authorization"); got != "" {
+		if got := site.Requests()[0].Header.Get("Authorization"); got != "" {
 			t.Errorf("plain HTTP carried Authorization %q", got)
 		}
 	})
 	t.Run("not to other hosts", func(t *testing.T) {
-		f.w.sites["allowed"].reset()
+		f.w.Sites["allowed"].Reset()
 		res := f.curl(t, "", f.proxyEnv(tok), "--cacert", bundle, "https://allowed.test/")
-		if res.code != 0 || f.w.sites["allowed"].requests()[0].header.Get("Authorization") != "" {
-			t.Errorf("%v %+v", res, f.w.sites["allowed"].requests())
+		if res.code != 0 || f.w.Sites["allowed"].Requests()[0].Header.Get("Authorization") != "" {
+			t.Errorf("%v %+v", res, f.w.Sites["allowed"].Requests())
 		}
 	})
 	t.Run("not to a host that cannot prove it is the host", func(t *testing.T) {
-		bad := f.w.sites["badcert"]
-		bad.reset()
+		bad := f.w.Sites["badcert"]
+		bad.Reset()
 		res := f.curl(t, "", f.proxyEnv(tok), "--cacert", bundle, "-i", "https://badcert.test/")
-		if !strings.Contains(res.out, "502 Bad Gateway") || bad.hits() != 0 {
-			t.Errorf("%v; the site got %+v", res, bad.requests())
+		if !strings.Contains(res.out, "502 Bad Gateway") || bad.Hits() != 0 {
+			t.Errorf("%v; the site got %+v", res, bad.Requests())
 		}
 		f.entry(t, tok, "the unverified host", func(e Entry) bool {
 			return e.Name == "badcert.test" && strings.Contains(e.Err, "the credential was not sent")
 		})
 	})
 	t.Run("not on a request naming another host", func(t *testing.T) {
-		site.reset()
+		site.Reset()
 		res := f.curl(t, "", f.proxyEnv(tok), "--cacert", bundle, "-i", "-H", "Host: allowed.test", "https://inject.test/")
-		if !strings.Contains(res.out, "421 Misdirected Request") || site.hits() != 0 {
+		if !strings.Contains(res.out, "421 Misdirected Request") || site.Hits() != 0 {
 			t.Errorf("%v", res)
 		}
 	})
 	t.Run("a client that does not trust the job's CA", func(t *testing.T) {
-		site.reset()
+		site.Reset()
 		res := f.curl(t, "", f.proxyEnv(tok), "https://inject.test/")
-		if res.code != 60 || site.hits() != 0 {
+		if res.code != 60 || site.Hits() != 0 {
 			t.Errorf("%v", res)
 		}
 		f.entry(t, tok, "the refused handshake", func(e Entry) bool {

@@ -9,161 +9,38 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
-// The network tests build their own small internet: the test binary runs
-// again in fresh network and mount namespaces (so that nothing it adds —
-// interfaces, routes, the metadata address, /etc/resolv.conf — touches
-// the host or other tests), where a "sites" namespace holds the test web
-// sites, a test DNS server and a fake metadata service, reached over a
-// veth pair, and each test's sandbox namespace is wired to the proxy the
-// way doc.go describes for the local backend.
+// The network tests run in the test internet of internal/testnet: the
+// whole test binary runs again in fresh network and mount namespaces
+// (testnet.Main), where testnet.World holds the test web sites, a test DNS
+// server and a fake metadata service, reached over a veth pair, and each
+// test's sandbox namespace is wired to the proxy the way doc.go describes
+// for the local backend.
 
-const (
-	inNetnsEnv = "DELEGATE_EGRESS_TEST_NETNS" // set in the re-executed test binary
-	helperEnv  = "DELEGATE_EGRESS_TEST_HELPER"
-	// sandboxResolvConf is the sandboxes' /etc/resolv.conf: any address
-	// reaches the sandbox's own resolver, this one as well as another.
-	sandboxResolv = "nameserver 10.0.2.3\noptions timeout:2 attempts:1\n"
-)
-
-var netnsErr error // why the network tests cannot run, if they cannot
+const helperEnv = "DELEGATE_EGRESS_TEST_HELPER"
 
 func TestMain(m *testing.M) {
 	if h := os.Getenv(helperEnv); h != "" {
 		os.Exit(runHelper(h))
 	}
-	if os.Getenv(inNetnsEnv) == "" {
-		if os.Geteuid() != 0 {
-			netnsErr = errors.New("the network tests need root (network namespaces, veth pairs)")
-			os.Exit(m.Run())
-		}
-		exe, err := os.Executable()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "egress tests:", err)
-			os.Exit(2)
-		}
-		// ip netns keeps its names in /run/netns, which the tests mount
-		// a tmpfs of their own on; a directory made for that goes after.
-		_, statErr := os.Stat("/run/netns")
-		cmd := exec.Command(exe, os.Args[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.Env = append(os.Environ(), inNetnsEnv+"=1")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
-		code := 0
-		if err := cmd.Run(); err != nil {
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				code = ee.ExitCode()
-			} else {
-				fmt.Fprintln(os.Stderr, "egress tests: running in new namespaces:", err)
-				code = 2
-			}
-		}
-		if statErr != nil {
-			os.Remove("/run/netns")
-		}
-		os.Exit(code)
-	}
-	netnsErr = setupNamespaces()
-	code := m.Run()
-	for _, d := range tempDirs {
-		os.RemoveAll(d)
-	}
-	os.Exit(code)
-}
-
-// tempDirs are removed when the tests end (t.TempDir is per test; these
-// outlive one).
-var tempDirs []string
-
-// setupNamespaces prepares the re-executed binary's own namespaces.
-func setupNamespaces() error {
-	// Mounts made here stay here.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making mounts private: %w", err)
-	}
-	dir, err := os.MkdirTemp("", "egress-test-")
-	if err != nil {
-		return err
-	}
-	tempDirs = append(tempDirs, dir)
-	rc := filepath.Join(dir, "resolv.conf")
-	if err := os.WriteFile(rc, []byte(sandboxResolv), 0o644); err != nil {
-		return err
-	}
-	if err := unix.Mount(rc, "/etc/resolv.conf", "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("binding resolv.conf: %w", err)
-	}
-	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount("tmpfs", "/run/netns", "tmpfs", 0, "mode=0755"); err != nil {
-		return fmt.Errorf("a tmpfs on /run/netns: %w", err)
-	}
-	for _, tool := range []string{"ip", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("the network tests need %s: %w", tool, err)
-		}
-	}
-	return ipCmd("link", "set", "lo", "up")
-}
-
-func ipCmd(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-// inNetns runs fn on a thread that has entered the named network namespace:
-// sockets fn creates belong to it, wherever they are used afterwards.
-func inNetns(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		err = fn()
-		// A thread that cannot go back dies with this goroutine (it
-		// stays locked); one that can is handed back to the scheduler.
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	os.Exit(testnet.Main(m))
 }
 
 func listenIn(t testing.TB, ns, network, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	err := inNetns(ns, func() (err error) {
+	err := testnet.InNetns(ns, func() (err error) {
 		ln, err = net.Listen(network, addr)
 		return err
 	})
@@ -177,7 +54,7 @@ func listenIn(t testing.TB, ns, network, addr string) net.Listener {
 func listenPacketIn(t testing.TB, ns, network, addr string) net.PacketConn {
 	t.Helper()
 	var pc net.PacketConn
-	err := inNetns(ns, func() (err error) {
+	err := testnet.InNetns(ns, func() (err error) {
 		pc, err = net.ListenPacket(network, addr)
 		return err
 	})
@@ -190,7 +67,7 @@ func listenPacketIn(t testing.TB, ns, network, addr string) net.PacketConn {
 
 func dialIn(ns, network, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(ns, func() (err error) {
+	err := testnet.InNetns(ns, func() (err error) {
 		c, err = net.DialTimeout(network, addr, 3*time.Second)
 		return err
 	})
@@ -204,6 +81,9 @@ func dialIn(ns, network, addr string) (net.Conn, error) {
 // proxy's listeners, opened inside it by the server, on the ports a job
 // uses: 3128 (the proxy variables), 80 and 443 (redirected clients), 53
 // (DNS, UDP and TCP) and the callback port. Nothing leaves it otherwise.
+// Its /etc/resolv.conf is the test process's, naming the test DNS: that
+// address, like the local backend's 10.0.2.3 or any other, reaches the
+// sandbox's own resolver.
 type sandbox struct {
 	ns    string
 	token string
@@ -227,7 +107,7 @@ func newSandbox(t testing.TB, p *Proxy, token string) *sandbox {
 		{"-n", sb.ns, "route", "add", "local", "0.0.0.0/0", "dev", "lo"},
 		{"-n", sb.ns, "-6", "route", "add", "local", "::/0", "dev", "lo"},
 	} {
-		if err := ipCmd(args...); err != nil {
+		if err := testnet.IP(args...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -257,7 +137,7 @@ func newSandbox(t testing.TB, p *Proxy, token string) *sandbox {
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
-		if err := ipCmd("netns", "del", sb.ns); err != nil {
+		if err := testnet.IP("netns", "del", sb.ns); err != nil {
 			t.Error(err)
 		}
 	})

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
 // A client that uses the proxy variables (curl here; pip, git and npm do
@@ -48,11 +50,11 @@ func TestProxyVariablesAllowlist(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
-			f.w.sites["allowed"].reset()
+			f.w.Sites["allowed"].Reset()
 			before := 0
 			if tt.site != "" {
-				f.w.sites[tt.site].reset()
-				before = f.w.sites[tt.site].hits()
+				f.w.Sites[tt.site].Reset()
+				before = f.w.Sites[tt.site].Hits()
 			}
 			res := f.curl(t, "", env, "-i", tt.url)
 			if tt.ok {
@@ -69,8 +71,8 @@ func TestProxyVariablesAllowlist(t *testing.T) {
 				if tt.via == ViaHTTP && !strings.Contains(res.out, "403 Forbidden") {
 					t.Errorf("curl %s: %v, want a 403", tt.url, res)
 				}
-				if tt.site != "" && f.w.sites[tt.site].hits() != before {
-					t.Errorf("%s reached the %s site: %+v", tt.url, tt.site, f.w.sites[tt.site].requests())
+				if tt.site != "" && f.w.Sites[tt.site].Hits() != before {
+					t.Errorf("%s reached the %s site: %+v", tt.url, tt.site, f.w.Sites[tt.site].Requests())
 				}
 			}
 			e := f.entry(t, tok, tt.url, func(e Entry) bool {
@@ -83,8 +85,8 @@ func TestProxyVariablesAllowlist(t *testing.T) {
 	}
 	// An allowed name's DNS query reached the test DNS; a denied one's
 	// never left the proxy.
-	if !f.w.dns.asked("allowed.test") || f.w.dns.asked("denied.test") || f.w.dns.asked("nowhere.test") {
-		t.Errorf("the test DNS saw: %v", f.w.dns.queries)
+	if !f.w.DNS.Asked("allowed.test") || f.w.DNS.Asked("denied.test") || f.w.DNS.Asked("nowhere.test") {
+		t.Errorf("the test DNS saw: %v", f.w.DNS.Queries())
 	}
 }
 
@@ -100,7 +102,7 @@ func TestProxyAuthentication(t *testing.T) {
 		{"unknown token", []string{"http_proxy=http://job:nope@" + f.proxy}},
 	} {
 		res := f.curl(t, "", tc.env, "-i", "http://allowed.test/")
-		if !strings.Contains(res.out, "407") || f.w.sites["allowed"].hits() != 0 {
+		if !strings.Contains(res.out, "407") || f.w.Sites["allowed"].Hits() != 0 {
 			t.Errorf("%s: %v", tc.name, res)
 		}
 	}
@@ -143,14 +145,14 @@ func TestProxyVariablesEgress(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
-			s := f.w.sites[tt.site]
-			s.reset()
+			s := f.w.Sites[tt.site]
+			s.Reset()
 			res := f.curl(t, "", env, "-i", tt.url)
 			got := res.code == 0 && strings.Contains(res.out, "hello from "+tt.site)
 			if got != tt.ok {
 				t.Fatalf("curl %s: %v", tt.url, res)
 			}
-			if !tt.ok && s.hits() != 0 {
+			if !tt.ok && s.Hits() != 0 {
 				t.Errorf("%s reached %s", tt.url, tt.site)
 			}
 			f.entry(t, tok, tt.url, func(e Entry) bool { return e.Allowed == tt.ok && strings.Contains(e.Rule, tt.rule) })
@@ -188,7 +190,7 @@ func TestSandboxAllowlist(t *testing.T) {
 	const tok = "job-sandbox"
 	f.jobs.set(tok, Policy{Mode: Allowlist, Allow: mustRules(t, "allowed.test", "metadata.test", "rebind.test")})
 	sb := newSandbox(t, f.p, tok)
-	allowed, denied, meta := f.w.sites["allowed"], f.w.sites["denied"], f.w.sites["metadata"]
+	allowed, denied, meta := f.w.Sites["allowed"], f.w.Sites["denied"], f.w.Sites["metadata"]
 
 	tests := []struct {
 		name    string
@@ -197,7 +199,7 @@ func TestSandboxAllowlist(t *testing.T) {
 		code    int    // curl's exit code
 		out     string // in its output
 		entry   func(Entry) bool
-		notSite *site
+		notSite *testnet.Site
 	}{
 		{name: "http by name", args: []string{"http://allowed.test/"}, out: "hello from allowed",
 			entry: named(ViaTransparentH, "allowed.test", true)},
@@ -253,10 +255,10 @@ func TestSandboxAllowlist(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, s := range f.w.sites {
-				s.reset()
+			for _, s := range f.w.Sites {
+				s.Reset()
 			}
-			f.w.dns.reset()
+			f.w.DNS.Reset()
 			res := f.curl(t, sb.ns, tt.env, tt.args...)
 			if res.code != tt.code || !strings.Contains(res.out, tt.out) {
 				t.Fatalf("curl %v: %v, want exit %d and %q\nlog:\n%s", tt.args, res, tt.code, tt.out, f.dump(tok))
@@ -264,14 +266,14 @@ func TestSandboxAllowlist(t *testing.T) {
 			if tt.entry != nil {
 				f.entry(t, tok, tt.name, tt.entry)
 			}
-			if tt.notSite != nil && tt.notSite.hits() != 0 {
-				t.Errorf("reached %s: %+v", tt.notSite.name, tt.notSite.requests())
+			if tt.notSite != nil && tt.notSite.Hits() != 0 {
+				t.Errorf("reached %s: %+v", tt.notSite.Name, tt.notSite.Requests())
 			}
 		})
 	}
 
 	t.Run("UDP goes nowhere", func(t *testing.T) {
-		for _, addr := range []string{metaAddr + ":9999", "203.0.113.11:9999"} {
+		for _, addr := range []string{testnet.MetaAddr + ":9999", "203.0.113.11:9999"} {
 			c, err := dialIn(sb.ns, "udp", addr)
 			if err != nil {
 				t.Fatal(err)
@@ -280,28 +282,30 @@ func TestSandboxAllowlist(t *testing.T) {
 			c.Close()
 		}
 		time.Sleep(300 * time.Millisecond)
-		if meta.hits()+denied.hits() != 0 {
-			t.Errorf("a datagram left the sandbox: %q %q", meta.udp, denied.udp)
+		if meta.Hits()+denied.Hits() != 0 {
+			t.Errorf("a datagram left the sandbox: %q %q", meta.Datagrams(), denied.Datagrams())
 		}
 	})
 
 	t.Run("DNS answers only what is allowed", func(t *testing.T) {
-		f.w.dns.reset()
+		f.w.DNS.Reset()
 		for _, tc := range []struct {
 			net, server, name string
 			qtype             uint16
 			rcode             int
 			answer            string
 		}{
-			// Whichever server the job asks, the sandbox's resolver answers.
-			{"udp", dnsServer, "allowed.test.", dns.TypeA, dns.RcodeSuccess, "203.0.113.10"},
+			// Whichever server the job asks, the sandbox's resolver answers:
+			// the local backend's (10.0.2.3), the test DNS, another.
+			{"udp", "10.0.2.3:53", "allowed.test.", dns.TypeA, dns.RcodeSuccess, "203.0.113.10"},
+			{"udp", testnet.DNSServer, "allowed.test.", dns.TypeA, dns.RcodeSuccess, "203.0.113.10"},
 			{"udp", "8.8.8.8:53", "allowed.test.", dns.TypeAAAA, dns.RcodeSuccess, "2001:db8:1::10"},
-			{"tcp", dnsServer, "allowed.test.", dns.TypeA, dns.RcodeSuccess, "203.0.113.10"},
-			{"udp", dnsServer, "allowed.test.", dns.TypeTXT, dns.RcodeSuccess, ""},
-			{"udp", dnsServer, "allowed.test.", dns.TypeHTTPS, dns.RcodeSuccess, ""},
-			{"udp", dnsServer, "denied.test.", dns.TypeA, dns.RcodeNameError, ""},
-			{"tcp", dnsServer, "denied.test.", dns.TypeA, dns.RcodeNameError, ""},
-			{"udp", dnsServer, "metadata.test.", dns.TypeA, dns.RcodeNameError, ""},
+			{"tcp", testnet.DNSServer, "allowed.test.", dns.TypeA, dns.RcodeSuccess, "203.0.113.10"},
+			{"udp", testnet.DNSServer, "allowed.test.", dns.TypeTXT, dns.RcodeSuccess, ""},
+			{"udp", testnet.DNSServer, "allowed.test.", dns.TypeHTTPS, dns.RcodeSuccess, ""},
+			{"udp", testnet.DNSServer, "denied.test.", dns.TypeA, dns.RcodeNameError, ""},
+			{"tcp", testnet.DNSServer, "denied.test.", dns.TypeA, dns.RcodeNameError, ""},
+			{"udp", testnet.DNSServer, "metadata.test.", dns.TypeA, dns.RcodeNameError, ""},
 		} {
 			c, err := dialIn(sb.ns, tc.net, tc.server)
 			if err != nil {
@@ -332,7 +336,7 @@ func TestSandboxAllowlist(t *testing.T) {
 				t.Errorf("%s %s over %s to %s: rcode %s, answer %v", tc.name, dns.TypeToString[tc.qtype], tc.net, tc.server, dns.RcodeToString[r.Rcode], r.Answer)
 			}
 		}
-		if f.w.dns.asked("denied.test") {
+		if f.w.DNS.Asked("denied.test") {
 			t.Error("a query for a denied name reached the real DNS")
 		}
 		f.entry(t, tok, "the TXT query", func(e Entry) bool {
@@ -342,7 +346,7 @@ func TestSandboxAllowlist(t *testing.T) {
 
 	// Not DNS, on the DNS port: dropped (no answer, nothing forwarded).
 	t.Run("garbage on port 53", func(t *testing.T) {
-		c, err := dialIn(sb.ns, "udp", dnsServer)
+		c, err := dialIn(sb.ns, "udp", testnet.DNSServer)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +376,7 @@ func TestSandboxNone(t *testing.T) {
 		}
 	}
 	f.entry(t, tok, "the callback refused", func(e Entry) bool { return e.Via == ViaCallback && !e.Allowed && e.Rule == "network none" })
-	if f.w.sites["allowed"].hits()+f.w.sites["host"].hits() != 0 || f.w.dns.asked("allowed.test") {
+	if f.w.Sites["allowed"].Hits()+f.w.Sites["host"].Hits() != 0 || f.w.DNS.Asked("allowed.test") {
 		t.Error("a job with no network reached something")
 	}
 }

@@ -41,7 +41,7 @@ func TestConnectTunnelSNI(t *testing.T) {
 	f.jobs.set("allow", Policy{Mode: Allowlist, Allow: mustRules(t, "allowed.test")})
 	f.jobs.set("egress", Policy{Mode: Egress})
 	handshake := func(c net.Conn, sni string) error {
-		tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: f.w.roots})
+		tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: f.w.Roots})
 		tc.SetDeadline(time.Now().Add(5 * time.Second))
 		if err := tc.Handshake(); err != nil {
 			return err
@@ -53,15 +53,15 @@ func TestConnectTunnelSNI(t *testing.T) {
 		}
 		return nil
 	}
-	allowed := f.w.sites["allowed"]
+	allowed := f.w.Sites["allowed"]
 
 	if err := handshake(connectThrough(t, f, "allow", "allowed.test:443"), "allowed.test"); err != nil {
 		t.Errorf("the allowed name: %v", err)
 	}
-	allowed.reset()
+	allowed.Reset()
 	err := handshake(connectThrough(t, f, "allow", "allowed.test:443"), "denied.test")
-	if err == nil || !strings.Contains(err.Error(), "access denied") || allowed.hits() != 0 {
-		t.Errorf("fronting denied.test through allowed.test: %v; the site got %+v", err, allowed.requests())
+	if err == nil || !strings.Contains(err.Error(), "access denied") || allowed.Hits() != 0 {
+		t.Errorf("fronting denied.test through allowed.test: %v; the site got %+v", err, allowed.Requests())
 	}
 	f.entry(t, "allow", "the fronting", func(e Entry) bool {
 		return e.Via == ViaConnect && e.Name == "allowed.test" && !e.Allowed && e.Rule == `in the tunnel: SNI "denied.test" is not allowed.test`
@@ -107,7 +107,7 @@ func TestTransparentRefusesECH(t *testing.T) {
 		}
 		f.entry(t, tok, tc.name, func(e Entry) bool { return e.Via == ViaTransparent && !e.Allowed && strings.HasPrefix(e.Rule, tc.rule) })
 	}
-	if f.w.sites["allowed"].hits() != 0 {
+	if f.w.Sites["allowed"].Hits() != 0 {
 		t.Error("a refused connection reached the site")
 	}
 }

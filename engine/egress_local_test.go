@@ -136,11 +136,17 @@ echo "found=$found"
 			t.Errorf("the result's denied attempts %v lack %s", denied, want)
 		}
 	}
-	// The log: each attempt, and the injected header named (not its value).
-	rep, err := eng.Network(ctx, job.ID, delegate.NetworkLogOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The log: each attempt, and the injected header named (not its
+	// value). The network ends just after the job (its end is not on the
+	// job's path), so the report may say so a moment later.
+	var rep *delegate.NetworkReport
+	eventually(t, "the network ended after its job", func() bool {
+		var err error
+		if rep, err = eng.Network(ctx, job.ID, delegate.NetworkLogOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return rep.Ended
+	})
 	injected := false
 	for _, e := range rep.Entries {
 		injected = injected || (e.Name == "inject.test" && e.Injected == "X-Api-Key" && e.Allowed)

@@ -80,7 +80,7 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	}
 	h := &sandboxHandlers{svc: sb}
 	addTool(s, dec, log, &mcp.Tool{
-		Name: "open_sandbox",
+		Name:        "open_sandbox",
 		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; paused when idle.",
 		InputSchema: openSandboxSchema(),
 		// Closed world: it runs nothing (commands are submit_job's).

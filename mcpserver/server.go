@@ -501,6 +501,9 @@ type JobSummary struct {
 	Task      string             `json:"task"`
 	CreatedAt time.Time          `json:"created_at"`
 	ExitCode  *int               `json:"exit_code,omitempty"`
+	// ExitReason: why it ended (exit, timeout, cancelled, ...), as
+	// get_job_result says.
+	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// SandboxKept: a persistent job's sandbox is still there (release_job).
 	SandboxKept bool `json:"sandbox_kept,omitempty"`
 }
@@ -513,7 +516,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 	out := ListOut{Jobs: make([]JobSummary, 0, len(page.Jobs)), NextCursor: page.NextCursor}
 	for _, j := range page.Jobs {
 		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.AgentType, Task: j.Task,
-			CreatedAt: msec(j.CreatedAt), ExitCode: j.ExitCode, SandboxKept: j.SandboxKept})
+			CreatedAt: msec(j.CreatedAt), ExitCode: j.ExitCode, ExitReason: j.ExitReason, SandboxKept: j.SandboxKept})
 	}
 	return out, nil
 }

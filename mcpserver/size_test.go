@@ -5,9 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 

@@ -5,12 +5,14 @@
 // fresh network and mount namespaces (Isolate), so that nothing it adds —
 // interfaces, routes, /etc/resolv.conf — touches the host or other tests;
 // there a "sites" namespace, reached over a veth pair, holds test web
-// sites (HTTP and HTTPS with a test CA), raw TCP and UDP sinks, a fake
-// cloud metadata service at 169.254.169.254, a private address, and a
-// test DNS server that answers for names like allowed.test and
-// denied.test (World). The egress package's own tests build the same
-// world in their files; this one is for the packages that wire the proxy
-// (local, engine, e2e).
+// sites (HTTP and HTTPS with a test CA, and one whose certificate no one
+// trusts), raw TCP and UDP sinks, a fake cloud metadata service at
+// 169.254.169.254, a private address, and a test DNS server that answers
+// for names like allowed.test and denied.test, and for rebind.test first
+// with a public address and then with the metadata one (World). It serves
+// the egress proxy's own tests (the whole binary in one pair of
+// namespaces: Main) and those of the packages that wire the proxy (local,
+// engine, e2e: a process a test, Isolate).
 package testnet
 
 import (
@@ -60,6 +62,9 @@ const (
 	Denied  = "203.0.113.11"
 	Inject  = "203.0.113.12"
 	Private = "10.99.0.10"
+	// BadCert is badcert.test's: its HTTPS certificate is signed by a CA
+	// that is not in the test's roots.
+	BadCert = "203.0.113.13"
 )
 
 // isolatedEnv marks a test binary running one test in its own namespaces.
@@ -79,13 +84,13 @@ const isolatedEnv = "DELEGATE_TESTNET_ISOLATED"
 func Isolate(t *testing.T) bool {
 	t.Helper()
 	if os.Getenv(isolatedEnv) != "" {
+		if !underMain {
+			t.Cleanup(removeWorld) // this process is this test's alone
+		}
 		return true
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the network tests need root (network namespaces, veth pairs)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("the network tests need ip (iproute2)")
+	if why := cannotIsolate(); why != "" {
+		t.Skip(why)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -117,11 +122,88 @@ func Isolate(t *testing.T) bool {
 	return false
 }
 
+// cannotIsolate says why the tests cannot have namespaces of their own
+// here, or "".
+func cannotIsolate() string {
+	if os.Geteuid() != 0 {
+		return "the network tests need root (network namespaces, veth pairs)"
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return "the network tests need ip (iproute2)"
+	}
+	return ""
+}
+
+// underMain says that this process runs all the package's tests (Main),
+// not one (Isolate): the world is removed when they all have run.
+var underMain bool
+
+// removeWorld removes the world's files, once the process is done with
+// them.
+func removeWorld() {
+	if theWorld != nil {
+		os.RemoveAll(theWorld.Dir)
+	}
+}
+
+// notIsolated is why Main ran the tests outside namespaces of their own:
+// World skips the tests that need it.
+var notIsolated string
+
+// Main runs the package's tests, all of them, in one new process in fresh
+// network and mount namespaces, and returns its exit code: for a package
+// whose tests nearly all need the test internet (egress), one process and
+// one World for all instead of one a test (Isolate). Call it from
+// TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(testnet.Main(m)) }
+//
+// Without root (or ip) the tests run here and World skips them.
+func Main(m *testing.M) int {
+	if os.Getenv(isolatedEnv) != "" {
+		underMain = true
+		code := m.Run()
+		removeWorld()
+		return code
+	}
+	if notIsolated = cannotIsolate(); notIsolated != "" {
+		return m.Run()
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testnet:", err)
+		return 2
+	}
+	// World mounts a tmpfs of its own on /run/netns (where ip netns keeps
+	// its names); a directory made for that is removed after.
+	_, statErr := os.Stat("/run/netns")
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	code := 0
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			fmt.Fprintln(os.Stderr, "testnet: running the tests in new namespaces:", err)
+			return 2
+		}
+		code = ee.ExitCode()
+	}
+	if statErr != nil {
+		os.Remove("/run/netns")
+	}
+	return code
+}
+
 // IsolatedBench is Isolate for a benchmark: the benchmark runs in its own
 // namespaces and its figures are printed.
 func IsolatedBench(b *testing.B) bool {
 	b.Helper()
 	if os.Getenv(isolatedEnv) != "" {
+		if !underMain {
+			b.Cleanup(removeWorld)
+		}
 		return true
 	}
 	if os.Geteuid() != 0 {
@@ -215,6 +297,15 @@ func (s *Site) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 		io.Copy(w, io.LimitReader(zeros{}, n))
+	case "/stream":
+		// No length: chunked on the wire.
+		for i := range 3 {
+			fmt.Fprintf(w, "part %d of %s\n", i, s.Name)
+			w.(http.Flusher).Flush()
+		}
+	case "/echo":
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s got %d bytes", s.Name, len(b))
 	default:
 		// Never the request's headers: an echo would hand an injected
 		// credential back to the job.
@@ -234,6 +325,13 @@ func (s *Site) Requests() []Request {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Request(nil), s.reqs...)
+}
+
+// Datagrams returns the datagrams its UDP port got.
+func (s *Site) Datagrams() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.udp...)
 }
 
 // Hits counts what reached the site: requests, connections to its raw
@@ -278,7 +376,10 @@ var (
 func World(t testing.TB) *W {
 	t.Helper()
 	if os.Getenv(isolatedEnv) == "" {
-		t.Fatal("testnet.World outside its namespaces: call testnet.Isolate first")
+		if notIsolated != "" {
+			t.Skip(notIsolated)
+		}
+		t.Fatal("testnet.World outside its namespaces: call testnet.Isolate (or Main) first")
 	}
 	worldOnce.Do(func() { theWorld, worldErr = build() })
 	if worldErr != nil {
@@ -375,7 +476,7 @@ func build() (*W, error) {
 		// must not reach is refused by its rules, not by a missing route.
 		{"route", "add", "default", "via", Allowed},
 	}
-	for _, a := range []string{Denied, Inject, "203.0.113.13", "203.0.113.53"} {
+	for _, a := range []string{Denied, Inject, BadCert, "203.0.113.53"} {
 		cmds = append(cmds, []string{"-n", SitesNS, "addr", "add", a + "/24", "dev", "veth-s"})
 	}
 	for _, args := range cmds {
@@ -398,11 +499,21 @@ func build() (*W, error) {
 	// The programs this process starts trust the test CA as their
 	// system roots (Go reads SSL_CERT_FILE; so do curl and openssl).
 	os.Setenv("SSL_CERT_FILE", w.RootsPEM)
-	leaf, err := leafFor(ca, caKey, "allowed.test", "denied.test", "inject.test", "*.sub.test", "metadata.test", "private.test", "host.test")
+	leaf, err := leafFor(ca, caKey, "allowed.test", "denied.test", "inject.test", "*.sub.test", "*.files.sub.test",
+		"rebind.test", "metadata.test", "private.test", "host.test", "callback.test")
 	if err != nil {
 		return nil, err
 	}
-	serve := func(name, addr string, tlsOn bool) error {
+	// badcert.test's certificate, from a CA nobody trusts.
+	other, otherKey, err := newCA("untrusted CA")
+	if err != nil {
+		return nil, err
+	}
+	bad, err := leafFor(other, otherKey, "badcert.test")
+	if err != nil {
+		return nil, err
+	}
+	serve := func(name, addr string, cert *tls.Certificate) error {
 		s := w.Sites[name]
 		if s == nil {
 			s = &Site{Name: name}
@@ -418,24 +529,25 @@ func build() (*W, error) {
 		if err != nil {
 			return err
 		}
-		if tlsOn {
-			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*leaf}})
+		if cert != nil {
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*cert}})
 		}
 		go http.Serve(ln, s)
 		return nil
 	}
 	for _, s := range []struct {
 		name, addr string
-		tls        bool
+		cert       *tls.Certificate
 	}{
-		{"allowed", Allowed + ":80", false}, {"allowed", Allowed + ":443", true}, {"allowed", "[2001:db8:1::10]:80", false},
-		{"denied", Denied + ":80", false}, {"denied", Denied + ":443", true},
-		{"inject", Inject + ":80", false}, {"inject", Inject + ":443", true},
-		{"private", Private + ":80", false},
-		{"metadata", MetaAddr + ":80", false}, {"metadata", "[" + Meta6 + "]:80", false},
-		{"host", HostAddr + ":8081", false}, {"host", "127.0.0.1:8082", false},
+		{"allowed", Allowed + ":80", nil}, {"allowed", Allowed + ":443", leaf}, {"allowed", "[2001:db8:1::10]:80", nil},
+		{"denied", Denied + ":80", nil}, {"denied", Denied + ":443", leaf},
+		{"inject", Inject + ":80", nil}, {"inject", Inject + ":443", leaf},
+		{"badcert", BadCert + ":443", bad},
+		{"private", Private + ":80", nil},
+		{"metadata", MetaAddr + ":80", nil}, {"metadata", "[" + Meta6 + "]:80", nil},
+		{"host", HostAddr + ":8081", nil}, {"host", "127.0.0.1:8082", nil},
 	} {
-		if err := serve(s.name, s.addr, s.tls); err != nil {
+		if err := serve(s.name, s.addr, s.cert); err != nil {
 			return nil, err
 		}
 	}
@@ -534,19 +646,22 @@ func serial() *big.Int {
 type DNS struct {
 	mu      sync.Mutex
 	queries []string
+	rebinds int // A queries for rebind.test answered
 }
 
 var zone = map[string][]string{
-	"allowed.test.":       {Allowed, "2001:db8:1::10"},
-	"denied.test.":        {Denied},
-	"inject.test.":        {Inject},
-	"private.test.":       {Private},
-	"metadata.test.":      {MetaAddr},
-	"host.test.":          {HostAddr},
-	"files.sub.test.":     {Allowed},
-	"pypi.sub.test.":      {Allowed},
-	"git.sub.test.":       {Allowed},
-	"deep.more.sub.test.": {Allowed},
+	"allowed.test.":        {Allowed, "2001:db8:1::10"},
+	"denied.test.":         {Denied},
+	"inject.test.":         {Inject},
+	"badcert.test.":        {BadCert},
+	"private.test.":        {Private},
+	"metadata.test.":       {MetaAddr},
+	"host.test.":           {HostAddr},
+	"files.sub.test.":      {Allowed},
+	"pypi.sub.test.":       {Allowed},
+	"git.sub.test.":        {Allowed},
+	"deep.more.sub.test.":  {Allowed},
+	"deep.files.sub.test.": {Allowed},
 }
 
 // ServeDNS implements dns.Handler.
@@ -556,8 +671,19 @@ func (d *DNS) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	qs := q.Question[0]
 	d.mu.Lock()
 	d.queries = append(d.queries, strings.ToLower(qs.Name)+" "+dns.TypeToString[qs.Qtype])
-	d.mu.Unlock()
 	addrs, ok := zone[strings.ToLower(qs.Name)]
+	if strings.EqualFold(qs.Name, "rebind.test.") {
+		// DNS rebinding: the first A answer is public, the later ones
+		// the metadata address.
+		ok, addrs = true, []string{MetaAddr}
+		if qs.Qtype == dns.TypeA {
+			if d.rebinds == 0 {
+				addrs = []string{Allowed}
+			}
+			d.rebinds++
+		}
+	}
+	d.mu.Unlock()
 	if !ok {
 		m.Rcode = dns.RcodeNameError
 	}
@@ -580,11 +706,18 @@ func (d *DNS) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	w.WriteMsg(m)
 }
 
-// Reset forgets the queries.
+// Reset forgets the queries (and rebinds rebind.test anew).
 func (d *DNS) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.queries = nil
+	d.queries, d.rebinds = nil, 0
+}
+
+// Queries returns the queries that reached the test DNS, "name. TYPE".
+func (d *DNS) Queries() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.queries...)
 }
 
 // Asked says whether a query for name reached the test DNS.
