@@ -35,16 +35,19 @@ import (
 // socket (fileControl in the sandbox directory, root's alone), with
 // descriptors: its plan (the memfd the server wrote), the write ends of
 // the command's stdout and stderr, one end of a socket pair of its own
-// with the command (ctl), and, where there is one, the command's child
-// cgroup's cgroup.procs, open for writing. The keeper checks that the
-// sender is root and relays the request to init over a socket pair;
-// init forks the command, which places itself in its cgroup through
-// that descriptor, says so on ctl ("p"; the kernel adds its pid as the
-// host sees it), waits for the shim's go-ahead ("g", or "k": killed
-// before it started), takes its plan's steps (a mount namespace and a
-// /run of its own, its inputs, the seccomp filter), drops to the job's
-// user and executes the job. init reports the job's end on ctl (an
-// initStatus), as the command process itself does when it cannot start.
+// with the command (ctl), and the command's child cgroup's cgroup.procs,
+// open for writing (cgroup v2: the shim makes the group), or the
+// command's id (v1: the keeper makes the group, or names the spare's
+// after the command, see spare_child in helper_linux.c). The keeper
+// checks that the sender is root and relays the request to init over a
+// socket pair; init forks the command (or hands the request to its
+// spare), which places itself in its cgroup through that descriptor,
+// says so on ctl ("p"; the kernel adds its pid as the host sees it),
+// waits for the shim's go-ahead ("g", or "k": killed before it
+// started), takes its plan's steps (a mount namespace and a /run of its
+// own, its inputs, the seccomp filter), drops to the job's user and
+// executes the job. init reports the job's end on ctl (an initStatus),
+// as the command process itself does when it cannot start.
 
 // Descriptors of a command shim and a keeper beside their plan.
 const (
