@@ -704,7 +704,7 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 			if ok {
 				// The command's end, or why it could not start (the first
 				// report: init's report after it is the same end again).
-				w.quiet(copied)
+				w.quiet(copied, [2]int{outP[0], errP[0]})
 				bridge.flush()
 				rec = p.record(w, m.data, nil, nil, deadlineHit.Load(), log)
 			} else {

@@ -176,9 +176,9 @@ func readPlan() (*plan, []byte, *os.File, error) {
 // first byte to keep, the record of streams first: a quiet job leaves
 // none, as with the C shim.
 type outputWriter struct {
-	last     atomic.Int64 // when output came last (Unix ns): see quiet
-	mu       sync.Mutex   // the two streams are copied by two goroutines
-	f, sf    *os.File     // the output and its stream records
+	busy     atomic.Bool // copyOutput has read output it has not written yet: see quiet
+	mu       sync.Mutex  // the two streams are copied by two goroutines
+	f, sf    *os.File    // the output and its stream records
 	limit, n int64
 	cur      sandbox.Stream // the stream of the last byte kept
 	recs     int64          // stream records written
@@ -197,7 +197,6 @@ func (s stream) Write(p []byte) (int, error) {
 }
 
 func (w *outputWriter) write(s sandbox.Stream, p []byte) {
-	w.last.Store(time.Now().UnixNano())
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if keep := w.limit - w.n; keep > 0 && len(p) > 0 && w.err == nil {
@@ -268,8 +267,9 @@ func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
 	defer unix.Close(ep)
 	buf := make([]byte, 64<<10)
 	events := make([]unix.EpollEvent, 2)
-	for open := 2; open > 0; {
+	for open := 2; open > 0; w.busy.Store(false) {
 		n, err := unix.EpollWait(ep, events, -1)
+		w.busy.Store(true)
 		if err != nil {
 			if !errors.Is(err, unix.EINTR) {
 				log.Warn("wait for the output", "err", err)
@@ -294,15 +294,21 @@ func copyOutput(w *outputWriter, stdout, stderr int, log *slog.Logger) {
 	}
 }
 
-// quiet waits until no output has come for a moment, or the output has
-// ended (copied closed), or a few seconds have passed: what a kept
-// sandbox's command left in the background may hold the pipes open, so
-// their end is not waited for.
-func (w *outputWriter) quiet(copied <-chan struct{}) {
-	const still = 20 * time.Millisecond
+// quiet waits until what the command wrote before its end is kept: its
+// pipes (fds, the read ends) hold nothing unread and copyOutput has
+// written what it read, or the output has ended (copied closed), or a
+// few seconds have passed (a process that writes on and on). What the
+// command left in the background may hold the pipes open: their end is
+// not waited for, and what it writes later is kept after the record.
+func (w *outputWriter) quiet(copied <-chan struct{}, fds [2]int) {
 	give := time.After(3 * time.Second)
 	for {
-		if time.Since(time.Unix(0, w.last.Load())) >= still {
+		select {
+		case <-copied:
+			return
+		default:
+		}
+		if !w.busy.Load() && unread(fds[0]) == 0 && unread(fds[1]) == 0 && !w.busy.Load() {
 			return
 		}
 		select {
@@ -310,9 +316,19 @@ func (w *outputWriter) quiet(copied <-chan struct{}) {
 			return
 		case <-give:
 			return
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(time.Millisecond):
 		}
 	}
+}
+
+// unread is how many bytes wait in the pipe fd (FIONREAD, alias
+// TIOCINQ); 0 when it cannot say (closed).
+func unread(fd int) int {
+	n, err := unix.IoctlGetInt(fd, unix.TIOCINQ)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // supervise runs the command of a sandbox of one (the plan p, read as

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
@@ -295,5 +297,44 @@ func TestCloseOnExecListed(t *testing.T) {
 	}
 	if after, err := unix.FcntlInt(0, unix.F_GETFD, 0); err != nil || after != before {
 		t.Errorf("descriptor 0: flags %#x, then %#x (%v)", before, after, err)
+	}
+}
+
+// TestOutputQuiet: a kept sandbox's Go command shim, told that the
+// command ended, keeps what the command wrote before its end even when
+// its copier has not read it yet (the pipes hold it), and does not wait
+// for the pipes' end, which a background process may hold off.
+func TestOutputQuiet(t *testing.T) {
+	t.Chdir(t.TempDir())
+	var outP, errP [2]int
+	if err := unix.Pipe2(outP[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Pipe2(errP[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(outP[1])
+	defer unix.Close(errP[1])
+	w := &outputWriter{limit: 1 << 10}
+	defer w.close()
+	if _, err := unix.Write(outP[1], []byte("up\n")); err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan struct{})
+	go func() {
+		time.Sleep(50 * time.Millisecond) // a copier the scheduler was slow to run
+		copyOutput(w, outP[0], errP[0], slog.New(slog.DiscardHandler))
+		close(copied)
+	}()
+	start := time.Now()
+	w.quiet(copied, [2]int{outP[0], errP[0]})
+	w.mu.Lock()
+	n := w.n
+	w.mu.Unlock()
+	if n != 3 {
+		t.Errorf("kept %d bytes when quiet returned, want the 3 written before", n)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("quiet waited %v: for the pipes' end, which a background process holds", d)
 	}
 }
