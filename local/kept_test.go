@@ -592,3 +592,15 @@ func TestCommandGroupV2(t *testing.T) {
 		t.Errorf("the sandbox's group is left: %v", err)
 	}
 }
+
+// TestKeptAccounts: a kept sandbox's commands have the sandbox's own
+// passwd and group (its job user named), as a sandbox's one command has.
+func TestKeptAccounts(t *testing.T) {
+	b := newBackend(t, 0)
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	for range 2 {
+		if out := keptRun(t, sb, "id -un; id -gn"); out != jobUser+"\n"+jobUser+"\n" {
+			t.Errorf("the job's user and group: %q, want %s", out, jobUser)
+		}
+	}
+}
