@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -127,41 +126,17 @@ func (p *Program) exec(ctx context.Context, cfg Config, id string, argv []string
 	if err != nil {
 		return err
 	}
-	stdout, finishOut := jobOutput(p.Stdout, f.raw)
-	stderr, finishErr := jobOutput(p.Stderr, f.raw)
-	finish := func() { finishOut(); finishErr() }
-	defer finish() // the terminal's attributes back, whatever happens
-	out := &logCopier{svc: svc, id: job.ID, w: stdout, errw: stderr}
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		j, err := svc.Wait(wctx, job.ID)
-		cancel()
-		if err != nil {
-			return err
-		}
-		// Not the command's context: after a Ctrl-C the output still counts.
-		if _, err := out.copy(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, delegate.ErrNotFinished) {
-			return err
-		}
-		if j.Status.Terminal() {
-			finish()
-			// As a shell does, nothing is said of a command that exited
-			// (its code says it): only of one that did not.
-			if j.ExitCode == nil || j.Status == delegate.StatusTimeout || j.Status == delegate.StatusCancelled {
-				fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), j.Error))
-			}
-			return jobExit(exitCode(j))
-		}
-		if ctx.Err() != nil {
-			// Ctrl-C: cancel the command (its processes, not the
-			// sandbox), and wait for it to be killed.
-			fmt.Fprintf(p.Stderr, "delegate: cancelling %s\n", job.ID)
-			if _, _, err := svc.Cancel(context.WithoutCancel(ctx), job.ID); err != nil {
-				return err
-			}
-			ctx = context.WithoutCancel(ctx)
-		}
+	// No progress line: a command's output is all it says, as a shell's.
+	j, err := p.follow(ctx, svc, job.ID, f.raw, newProgressLine(p.Stderr, true, job.ID))
+	if err != nil {
+		return err
 	}
+	// As a shell does, nothing is said of a command that exited (its code
+	// says it): only of one that did not.
+	if j.ExitCode == nil || j.Status == delegate.StatusTimeout || j.Status == delegate.StatusCancelled {
+		fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), j.Error))
+	}
+	return jobExit(exitCode(j))
 }
 
 // stdinNote is how long reading standard input may take before delegate

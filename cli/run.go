@@ -155,43 +155,54 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		return err
 	}
 	progress := newProgressLine(p.Stderr, f.quiet, job.ID)
-	stdout, finishOut := jobOutput(p.Stdout, f.raw)
-	stderr, finishErr := jobOutput(p.Stderr, f.raw)
-	finish := func() { finishOut(); finishErr() }
-	defer finish() // the terminal's attributes back, whatever happens
-	out := &logCopier{svc: svc, id: job.ID, w: stdout, errw: stderr, before: progress.clear}
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		j, err := svc.Wait(wctx, job.ID)
-		cancel()
+	j, err := p.follow(ctx, svc, job.ID, f.raw, progress)
+	if err != nil {
+		return err
+	}
+	progress.done(j)
+	if m.Workspace != nil && !f.quiet {
+		p.tellChanges(ctx, svc, j.ID)
+	}
+	if len(j.Manifest.Artifacts) > 0 && !(f.quiet && j.Status == delegate.StatusSuccess) {
+		arts, err := svc.Artifacts(context.WithoutCancel(ctx), j.ID)
 		if err != nil {
 			return err
 		}
+		printArtifacts(p.Stderr, j.ID, arts)
+	}
+	return jobExit(exitCode(j))
+}
+
+// follow writes a job's output as it comes (stdout to stdout, stderr to
+// stderr) and its progress on stderr until the job ends, and returns it
+// ended, the terminal's attributes restored. A Ctrl-C (ctx done) cancels
+// the job, whose end it still waits for.
+func (p *Program) follow(ctx context.Context, svc delegate.JobService, id string, raw bool, progress *progressLine) (*delegate.Job, error) {
+	stdout, finishOut := jobOutput(p.Stdout, raw)
+	stderr, finishErr := jobOutput(p.Stderr, raw)
+	defer func() { finishOut(); finishErr() }() // whatever happens
+	out := &logCopier{svc: svc, id: id, w: stdout, errw: stderr, before: progress.clear}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		j, err := svc.Wait(wctx, id)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
 		// Not the command's context: after a Ctrl-C the output still counts.
 		if _, err := out.copy(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, delegate.ErrNotFinished) {
-			return err
+			return nil, err
 		}
 		if j.Status.Terminal() {
-			finish()
-			progress.done(j)
-			if m.Workspace != nil && !f.quiet {
-				p.tellChanges(ctx, svc, j.ID)
-			}
-			if len(j.Manifest.Artifacts) > 0 && !(f.quiet && j.Status == delegate.StatusSuccess) {
-				arts, err := svc.Artifacts(context.WithoutCancel(ctx), j.ID)
-				if err != nil {
-					return err
-				}
-				printArtifacts(p.Stderr, j.ID, arts)
-			}
-			return jobExit(exitCode(j))
+			return j, nil
 		}
 		if ctx.Err() != nil {
-			// Ctrl-C: cancel the job, and wait for it to be killed.
+			// Ctrl-C: cancel the job (a command in a kept sandbox: its
+			// processes, not the sandbox), and wait for it to be killed.
 			progress.clear()
-			fmt.Fprintf(p.Stderr, "delegate: cancelling %s\n", job.ID)
-			if _, _, err := svc.Cancel(context.WithoutCancel(ctx), job.ID); err != nil {
-				return err
+			fmt.Fprintf(p.Stderr, "delegate: cancelling %s\n", id)
+			if _, _, err := svc.Cancel(context.WithoutCancel(ctx), id); err != nil {
+				return nil, err
 			}
 			ctx = context.WithoutCancel(ctx)
 			continue
