@@ -108,7 +108,7 @@ type archiver struct {
 }
 
 func (a *archiver) entry(e *Entry) error {
-	keep := !inGit(e.Path) && !delegates(e.Path) && !a.opts.NoBaseline
+	keep := !unrecorded(e.Path) && !a.opts.NoBaseline
 	switch e.Type {
 	case TypeDir:
 		return a.tw.header(e.Path+"/", tarDir, int64(e.Perm), 0, e.MTime, "")

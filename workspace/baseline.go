@@ -110,12 +110,12 @@ func inGit(p string) bool {
 	return false
 }
 
-// delegates tells whether a path is delegate's own directory in the
-// workspace (/workspace/.delegate: the answers to a job's questions, see
-// engine.AnswersDir) or under it: never part of a baseline or of the
-// changes, which are the job's work.
-func delegates(p string) bool {
-	return p == ".delegate" || strings.HasPrefix(p, ".delegate/")
+// unrecorded tells whether a path is never part of a baseline or of the
+// changes: in a .git directory (inGit), or delegate's own directory in
+// the workspace (/workspace/.delegate: the answers to a job's questions,
+// see engine.AnswersDir), which is not the job's work.
+func unrecorded(p string) bool {
+	return inGit(p) || p == ".delegate" || strings.HasPrefix(p, ".delegate/")
 }
 
 // checkName checks a relative path read from an archive or a stored

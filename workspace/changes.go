@@ -288,7 +288,7 @@ func (c *collector) entry(name string, typ Type, mode Mode, size, mtime int64, t
 		}
 		return nil
 	}
-	if delegates(name) {
+	if unrecorded(name) {
 		return nil
 	}
 	if typ == TypeDir {
@@ -357,7 +357,7 @@ func (c *collector) hardLink(name, linkname string) error {
 	if c.n++; c.n > c.opts.MaxEntries {
 		return &CapError{What: "entries in the workspace", Found: int64(c.n), Cap: int64(c.opts.MaxEntries), More: true}
 	}
-	if inGit(name) || delegates(name) {
+	if unrecorded(name) {
 		return nil
 	}
 	if _, dup := c.seen[name]; dup {
@@ -383,7 +383,7 @@ func (c *collector) hardLink(name, linkname string) error {
 }
 
 func (c *collector) skip(name, reason string) {
-	if !inGit(name) && !delegates(name) {
+	if !unrecorded(name) {
 		c.cs.Skipped = append(c.cs.Skipped, Skipped{Path: name, Reason: reason})
 	}
 }
