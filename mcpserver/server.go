@@ -411,7 +411,7 @@ type ResultOut struct {
 	// through the egress proxy: its counts and denied attempts (the whole
 	// log is job://{id}/network). Untyped here, so that tools/list does
 	// not spell its fields out.
-	Network any `json:"network,omitempty"`
+	Network json.RawMessage `json:"network,omitempty"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
@@ -428,26 +428,18 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
 		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
 		DurationSeconds: seconds(r.Duration),
-		SandboxID:       r.Sandbox, Changes: changesJSON(r.Changes), Network: networkOut(r.Network),
+		SandboxID:       r.Sandbox, Changes: untyped(r.Changes), Network: untyped(r.Network),
 	}, nil
 }
 
-// changesJSON is a result's changes as JSON (nil for none).
-func changesJSON(c *delegate.WorkspaceChanges) json.RawMessage {
-	if c == nil {
+// untyped is a part of a result as JSON whose schema tools/list leaves
+// open (nil for none, which omitempty leaves out).
+func untyped[T any](v *T) json.RawMessage {
+	if v == nil {
 		return nil
 	}
-	data, _ := json.Marshal(c)
+	data, _ := json.Marshal(v)
 	return data
-}
-
-// networkOut is nil for a result without a network part (an untyped nil,
-// which omitempty leaves out).
-func networkOut(n *delegate.NetworkResult) any {
-	if n == nil {
-		return nil
-	}
-	return n
 }
 
 // text renders output as JSON text: bytes that are not UTF-8 become U+FFFD.
