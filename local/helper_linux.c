@@ -796,6 +796,24 @@ static const char *job_path(const char *name, char *const *env, const char *dir,
 	}
 }
 
+/* command_path finds the job's command on its PATH (job_path) and checks
+ * its working directory, for init and for a kept sandbox's command
+ * alike; init_fail says why not. */
+static const char *command_path(const struct plan *p, char *buf, size_t cap) {
+	char q1[4200], q2[4200];
+	const char *pathenv = DEFAULT_JOB_PATH;
+	const char *path = job_path(p->args[0], p->env, p->dir, buf, cap, &pathenv);
+	if (path == NULL) {
+		quote(q1, sizeof q1, p->args[0]);
+		quote(q2, sizeof q2, pathenv);
+		init_fail(CODE_NOT_FOUND, "%s: command not found in PATH %s", q1, q2);
+	}
+	struct stat st;
+	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
+	return path;
+}
+
 /* hide_argv makes /proc/1/cmdline read as the Go init's does, instead of
  * the shim's (which names the sandbox directory on the host). */
 static void hide_argv(size_t cmdline_len) {
@@ -860,17 +878,8 @@ static void command_child(const struct plan *p, int out, int err, int ctl, int c
 		kill(getpid(), SIGKILL); /* killed before it started, or its shim is gone */
 	run_ops(p);
 
-	char pathbuf[4096], q1[4200], q2[4200];
-	const char *pathenv = DEFAULT_JOB_PATH;
-	const char *path = job_path(p->args[0], p->env, p->dir, pathbuf, sizeof pathbuf, &pathenv);
-	if (path == NULL) {
-		quote(q1, sizeof q1, p->args[0]);
-		quote(q2, sizeof q2, pathenv);
-		init_fail(CODE_NOT_FOUND, "%s: command not found in PATH %s", q1, q2);
-	}
-	struct stat st;
-	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
-		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
+	char pathbuf[4096], q1[4200];
+	const char *path = command_path(p, pathbuf, sizeof pathbuf);
 	if (p->stdin_path[0]) {
 		int in = open(p->stdin_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 		if (in < 0 || dup2(in, 0) < 0)
@@ -1256,17 +1265,8 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	if (p->mode == MODE_KEEPER)
 		keeper_serve();
 
-	char pathbuf[4096], q1[4200], q2[4200];
-	const char *pathenv = DEFAULT_JOB_PATH;
-	const char *path = job_path(p->args[0], p->env, p->dir, pathbuf, sizeof pathbuf, &pathenv);
-	if (path == NULL) {
-		quote(q1, sizeof q1, p->args[0]);
-		quote(q2, sizeof q2, pathenv);
-		init_fail(CODE_NOT_FOUND, "%s: command not found in PATH %s", q1, q2);
-	}
-	struct stat st;
-	if (stat(p->dir, &st) < 0 || !S_ISDIR(st.st_mode))
-		init_fail(CODE_CANNOT_EXEC, "working directory %s does not exist in the sandbox", p->dir);
+	char pathbuf[4096], q1[4200];
+	const char *path = command_path(p, pathbuf, sizeof pathbuf);
 
 	/* One of the command's inputs as its standard input; 0 is /dev/null
 	 * otherwise (the shim's). */
