@@ -60,7 +60,7 @@ func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
 		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
 		{db.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
 		{db.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
-		{db.rdb, &s.stmt.files, `SELECT f.files FROM jobs j JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
+		{db.rdb, &s.stmt.files, `SELECT f.files FROM jobs j LEFT JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
 		{db.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
 		{db.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
 
@@ -245,19 +245,20 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 
 // JobFiles returns the files of the job's manifest.
 func (s *JobStore) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
-	var text string
+	// One read: no row, no such job; a NULL, a job without files.
+	var text sql.NullString
 	err := s.stmt.files.QueryRowContext(ctx, id).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
-		if _, err := s.GetJob(ctx, id); err != nil {
-			return nil, err
-		}
-		return nil, nil
+		return nil, delegate.JobNotFound(id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("files of job %s: %w", id, err)
 	}
+	if !text.Valid {
+		return nil, nil
+	}
 	var files []delegate.File
-	if err := json.Unmarshal([]byte(text), &files); err != nil {
+	if err := json.Unmarshal([]byte(text.String), &files); err != nil {
 		return nil, fmt.Errorf("files of job %s: %w", id, err)
 	}
 	return files, nil
@@ -314,6 +315,10 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	if f.SandboxID != "" {
 		query += ` AND sandbox_id = ?`
 		args = append(args, f.SandboxID)
+	}
+	if f.Sandbox != "" {
+		query += ` AND sandbox = ?`
+		args = append(args, f.Sandbox)
 	}
 	query += ` ORDER BY seq DESC LIMIT ?`
 	args = append(args, limit+1)
