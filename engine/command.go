@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"time"
@@ -25,8 +26,15 @@ const basePath = sandbox.DefaultPath
 const maxEnvString = 32 * 4096
 
 // scriptArgs runs the "script" input with /bin/sh: a fixed command line,
-// so that no job text shows in a process list.
-var scriptArgs = []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
+// so that no job text shows in a process list. Where the backend puts
+// every command's inputs at one path (Capabilities.InputsDir), the
+// script is named directly, sparing a shell's start.
+func (r *runner) scriptArgs() []string {
+	if dir := r.backend().Capabilities().InputsDir; dir != "" {
+		return []string{"/bin/sh", path.Join(dir, "script")}
+	}
+	return []string{"/bin/sh", "-c", `exec /bin/sh "$DELEGATE_INPUTS/script"`}
+}
 
 // command builds the argv, inputs and environment for a job. The command
 // line is fixed: the task and the script, untrusted text, travel as
@@ -49,11 +57,11 @@ func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest,
 		if m.Agent != nil && m.Agent.Command != "" {
 			script = m.Agent.Command
 		}
-		args, inputs["script"] = scriptArgs, []byte(script)
+		args, inputs["script"] = r.scriptArgs(), []byte(script)
 	case delegate.AgentCustom:
 		// The command is the submitter's own code; the task reaches it as
 		// data in $DELEGATE_TASK.
-		args, inputs["script"] = scriptArgs, []byte(m.Agent.Command)
+		args, inputs["script"] = r.scriptArgs(), []byte(m.Agent.Command)
 	case delegate.AgentClaude:
 		// The prompt on standard input, which claude -p reads.
 		args, inputs["prompt"], stdin = ClaudeArgs(m), []byte(m.Task), "prompt"

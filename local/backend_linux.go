@@ -287,6 +287,7 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// The shim watches the job's process for as long as it runs.
 		Supervised: true,
 		StatusFile: StatusFile,
+		InputsDir:  InputsDir,
 		// Sandboxes made with Spec.MultiExec (and no network) run many
 		// commands.
 		MultiExec: true,

@@ -46,6 +46,10 @@ type Capabilities struct {
 	// StatusFile is where, inside the sandbox, the job can write status
 	// lines that Process.ReadEvents returns, network or not ("" if none).
 	StatusFile string
+	// InputsDir is where, inside the sandbox, every command finds its
+	// inputs ($DELEGATE_INPUTS), when that is one fixed path; "" when
+	// each command's are somewhere of their own.
+	InputsDir string
 	// MultiExec: Exec may be called again on an instance made with
 	// Spec.MultiExec, also while earlier commands run; each command sees
 	// the files and the network the others left, with the same
