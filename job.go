@@ -81,6 +81,9 @@ type JobFilter struct {
 	Owner  string // empty: any
 	// SandboxID selects the job that owns a sandbox.
 	SandboxID string
+	// Sandbox selects the commands of a kept sandbox (and the job that
+	// made it): the jobs whose Sandbox is this id.
+	Sandbox string
 	// TokenHash selects the job whose callback token has this hash.
 	TokenHash string
 	// Active selects jobs that are not terminal (pending, provisioning, running).

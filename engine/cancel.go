@@ -88,7 +88,7 @@ func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 			r.life.Go(func() {
 				defer close(done)
 				defer r.unregister(job.ID)
-				r.follow(h, job.ID, sb, proc, job.Manifest)
+				r.follow(h, job.ID, sb, proc, job.Manifest, nil)
 			})
 			select {
 			case <-done:

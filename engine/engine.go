@@ -222,7 +222,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	ref := &backendRef{b: backend, open: cfg.OpenBackend}
 	jobs := newJobWriter(store)
 	progress := newProgressWriter(store, jobs.notify, log)
-	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, changes: jobs.changes}
+	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
 	keep := newKeeper(cfg, log, owner, store, ref, jobs)
 	qs := newQuestions(store, jobs, progress, log, 4*cfg.PollInterval)

@@ -220,6 +220,24 @@ func TestCommandAndEnv(t *testing.T) {
 	}
 }
 
+// TestScriptNamedWhereInputsAreFixed: a backend whose commands all find
+// their inputs at one path (local) gets the script by that path, one
+// shell and no job text in the arguments.
+func TestScriptNamedWhereInputsAreFixed(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	f.backend.Caps.InputsDir = "/run/delegate/inputs"
+	job := f.submit(script("echo $(rm -rf /)"))
+	p := f.started()
+	if want := []string{"/bin/sh", "/run/delegate/inputs/script"}; !slices.Equal(p.Cmd.Args, want) {
+		t.Errorf("args %q, want %q", p.Cmd.Args, want)
+	}
+	if string(p.Cmd.Inputs["script"]) != "echo $(rm -rf /)" {
+		t.Errorf("script input %q", p.Cmd.Inputs["script"])
+	}
+	p.Finish(sandbox.Exit{})
+	f.wait(f.eng, job.ID)
+}
+
 func mapValues(m map[string]string) func(func(string) bool) {
 	return func(yield func(string) bool) {
 		for _, v := range m {
@@ -481,4 +499,46 @@ func TestSweepSparesSandboxesBeingProvisioned(t *testing.T) {
 		_, err := f.backend.Recover(ctx, inFlight.ID())
 		return errors.Is(err, sandbox.ErrGone)
 	})
+}
+
+// TestWaitWakesForTheEnd: Wait returns when the job ends, woken (not at
+// its next poll, a minute away here), and a
+// wait that is up first returns the job as it is then (running, not as
+// it was when the wait began), though it woke for none of the changes
+// on the way.
+func TestWaitWakesForTheEnd(t *testing.T) {
+	// Polls so rare that only a wake-up can end the wait in time.
+	f := newFixture(t, engine.Config{PollInterval: time.Minute})
+	job := f.submit(script("long"))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	type waited struct {
+		j   *delegate.Job
+		err error
+	}
+	early := make(chan waited, 1)
+	go func() {
+		j, err := f.eng.Wait(ctx, job.ID)
+		early <- waited{j, err}
+	}()
+	p := f.started()
+	w := <-early
+	if w.err != nil || w.j.Status != delegate.StatusRunning {
+		t.Fatalf("a wait that was up: %v %+v", w.err, w.j)
+	}
+	ended := make(chan waited, 1)
+	go func() {
+		j, err := f.eng.Wait(context.Background(), job.ID)
+		ended <- waited{j, err}
+	}()
+	time.Sleep(20 * time.Millisecond) // the wait is waiting
+	p.Finish(sandbox.Exit{})
+	select {
+	case w := <-ended:
+		if w.err != nil || w.j.Status != delegate.StatusSuccess {
+			t.Fatalf("the wait for the end: %v %+v", w.err, w.j)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not return at the job's end")
+	}
 }

@@ -24,6 +24,9 @@ type jobWriter struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every change
 	watches map[chan string]struct{}
+	// ends has, for each job being waited for, a channel closed when it
+	// ends here, or when another process may have changed jobs.
+	ends map[string]chan struct{}
 
 	// own counts the jobs this engine has finished; foreign moves when the
 	// store's finish counter shows that another process finished one
@@ -32,7 +35,7 @@ type jobWriter struct {
 }
 
 func newJobWriter(store delegate.Store) *jobWriter {
-	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{})}
+	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{}), ends: make(map[string]chan struct{})}
 }
 
 // update changes a stored job and wakes waiters. Every change of status
@@ -59,9 +62,38 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 	if !before.Terminal() && j.Status.Terminal() {
 		w.own.Add(1)
 		w.ended(id, j.Status)
+		w.mu.Lock()
+		if c, ok := w.ends[id]; ok {
+			close(c)
+			delete(w.ends, id)
+		}
+		w.mu.Unlock()
 	}
 	w.notify(id)
 	return j, nil
+}
+
+// endOf returns a channel closed when job id ends by this process's
+// hand, or when another process may have changed jobs (notify("")): a
+// waiter for a job's end reads the job again only then.
+func (w *jobWriter) endOf(id string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, ok := w.ends[id]
+	if !ok {
+		c = make(chan struct{})
+		w.ends[id] = c
+	}
+	return c
+}
+
+// wake wakes the waiters for any change (not those for a job's end): a
+// sandbox changed.
+func (w *jobWriter) wake() {
+	w.mu.Lock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
 }
 
 // notify wakes waiters, and tells watchers that job id changed ("": some
@@ -71,6 +103,10 @@ func (w *jobWriter) notify(id string) {
 	close(w.changed)
 	w.changed = make(chan struct{})
 	if id == "" {
+		for id, c := range w.ends {
+			close(c)
+			delete(w.ends, id)
+		}
 		w.mu.Unlock()
 		return
 	}

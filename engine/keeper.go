@@ -244,7 +244,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	}
 	k.remember(sb.ID, inst)
 	k.log.Info("sandbox opened", "sandbox", sb.ID, "instance", sb.Instance, "lifetime", lifetime)
-	k.jobs.notify("")
+	k.jobs.wake()
 	return sb, nil
 }
 
@@ -331,7 +331,7 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 		os.RemoveAll(filepath.Join(k.cfg.CloneDir, sb.JobID))
 	}
 	k.log.Info("sandbox ended", "sandbox", id, "state", state, "reason", reason)
-	k.jobs.notify("")
+	k.jobs.wake()
 	return sb, true, nil
 }
 
@@ -398,7 +398,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if err != nil {
 		return sb, nil, err
 	}
-	k.jobs.notify("")
+	k.jobs.wake()
 	return sb, inst, nil
 }
 
@@ -410,7 +410,7 @@ func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) 
 		return nil
 	}); err == nil {
 		k.log.Warn("sandbox gone", "sandbox", sb.ID, "reason", reason)
-		k.jobs.notify("")
+		k.jobs.wake()
 	}
 }
 
@@ -440,7 +440,38 @@ func (k *keeper) detach(ctx context.Context, id string) {
 	if err != nil && !errors.Is(err, delegate.ErrTerminal) {
 		k.log.Warn("record a command's end in its sandbox", "sandbox", id, "err", err)
 	}
-	k.jobs.notify("")
+	k.jobs.wake()
+}
+
+// recount sets a kept sandbox's count of running commands from the jobs
+// active in it: after a restart, when commands of a server that died are
+// failed rather than followed to their end (which would count them out).
+// A command being started right now counts too: a sandbox may stay
+// running longer than it should, never go idle under a command.
+func (k *keeper) recount(ctx context.Context, id string) {
+	jobs, _, err := k.jobs.store.ListJobs(ctx, delegate.JobFilter{Sandbox: id, Active: true, Limit: delegate.MaxPageSize})
+	if err != nil {
+		k.log.Warn("count the commands of a sandbox", "sandbox", id, "err", err)
+		return
+	}
+	n := len(jobs)
+	_, err = k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
+		if sb.State.Terminal() {
+			return delegate.ErrTerminal
+		}
+		sb.Running = n
+		switch {
+		case n == 0 && sb.State == delegate.SandboxRunning:
+			sb.State, sb.LastUsedAt = delegate.SandboxIdle, time.Now().UTC()
+		case n > 0 && sb.State == delegate.SandboxIdle:
+			sb.State = delegate.SandboxRunning
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, delegate.ErrTerminal) && !errors.Is(err, delegate.ErrNotFound) {
+		k.log.Warn("count the commands of a sandbox", "sandbox", id, "err", err)
+	}
+	k.jobs.wake()
 }
 
 // ReadSandboxFile reads part of a file of a sandbox's workspace.
@@ -649,7 +680,7 @@ func (k *keeper) pause(ctx context.Context, b sandbox.Backend, sb *delegate.Sand
 		return nil
 	})
 	k.log.Info("sandbox paused", "sandbox", sb.ID, "idle", cur.IdleTimeout)
-	k.jobs.notify("")
+	k.jobs.wake()
 }
 
 // keeps reports whether an instance is the machine of a live sandbox

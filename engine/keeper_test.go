@@ -13,6 +13,7 @@ import (
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
+	"github.com/delegate-dev/delegate/storetest"
 )
 
 // keptFixture is the engine with fast sandbox timers.
@@ -323,6 +324,66 @@ func TestKeptSandboxSurvivesRestart(t *testing.T) {
 		got, _ := second.GetSandbox(ctx, sb.ID)
 		return got.State == delegate.SandboxPaused
 	})
+}
+
+// TestKeptCommandsLostInRestart: the commands of a kept sandbox that a
+// server left behind when it died (one caught while it was provisioned,
+// as an older server recorded it with the machine's id; one whose
+// process is gone) are failed by the next server, and the sandbox stays:
+// its machine is not destroyed, it counts no running command, and the
+// next command runs there.
+func TestKeptCommandsLostInRestart(t *testing.T) {
+	ctx := context.Background()
+	dead := func(string) bool { return false }
+	f := keptFixture(t, engine.Config{OwnerAlive: dead, SandboxTick: time.Hour})
+	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := script("sleep 100")
+	in.Sandbox = sb.ID
+	lost := f.submit(in)
+	p := f.started()
+	eventually(t, "the command running", func() bool {
+		j, _ := f.eng.Get(ctx, lost.ID)
+		return j.Status == delegate.StatusRunning
+	})
+	f.eng.Close()
+	p.Sandbox.Forget(p.ID())
+	caught := storetest.NewJob("job-caught")
+	caught.Manifest, caught.Owner = in, "a-server-that-died"
+	if err := f.store.CreateJob(ctx, caught); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.UpdateJob(ctx, caught.ID, func(j *delegate.Job) error {
+		j.Status, j.Sandbox, j.SandboxID = delegate.StatusProvisioning, sb.ID, sb.Instance
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	second := f.start(f.backend)
+	if j := f.wait(second, lost.ID); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "sandbox lost after a server restart") {
+		t.Fatalf("the command whose process is gone: %s %q", j.Status, j.Error)
+	}
+	if j := f.wait(second, caught.ID); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "while the sandbox was being provisioned") {
+		t.Fatalf("the command caught provisioning: %s %q", j.Status, j.Error)
+	}
+	eventually2(t, 5*time.Second, "the sandbox idle, counting no command", func() bool {
+		got, err := second.GetSandbox(ctx, sb.ID)
+		return err == nil && got.State == delegate.SandboxIdle && got.Running == 0
+	})
+	if f.backend.Len() != 1 {
+		t.Fatalf("the kept sandbox's machine was destroyed (%d machines)", f.backend.Len())
+	}
+	next, err := second.Submit(ctx, in, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.started().Finish(sandbox.Exit{})
+	if j := f.wait(second, next.ID); j.Status != delegate.StatusSuccess {
+		t.Fatalf("the next command: %s %q", j.Status, j.Error)
+	}
 }
 
 // TestKeptSandboxMachineLost: a kept sandbox's machine vanishes behind

@@ -109,8 +109,16 @@ func (m *maintenance) adopt(ctx context.Context, old *delegate.Job) {
 	case delegate.StatusProvisioning:
 		log.Info("failing job interrupted during provisioning")
 		m.runner.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
-		if job.SandboxID != "" {
+		switch {
+		case job.Manifest.Sandbox != "":
+			// A command in a kept sandbox: the machine is the sandbox's,
+			// which stays; the command no longer counts there.
+			m.keeper.recount(ctx, job.Manifest.Sandbox)
+		case job.SandboxID != "":
 			m.runner.rollback(job.ID, job.SandboxID)
+			if job.Sandbox != "" {
+				m.keeper.end(ctx, job.Sandbox, delegate.SandboxGone, "the job that made it was interrupted while it was provisioned")
+			}
 		}
 	case delegate.StatusRunning:
 		m.runner.reattach(ctx, job)

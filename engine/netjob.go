@@ -129,11 +129,7 @@ func (r *runner) networkStep(ctx context.Context, a *attempt) error {
 
 // attachNetwork finds the network of the kept sandbox a command runs in,
 // for its environment.
-func (r *runner) attachNetwork(ctx context.Context, a *attempt) error {
-	sb, err := r.store.GetSandbox(ctx, a.job.Manifest.Sandbox)
-	if err != nil {
-		return err
-	}
+func (r *runner) attachNetwork(ctx context.Context, a *attempt, sb *delegate.Sandbox) error {
 	n, err := r.store.GetNetwork(ctx, sandboxNetworkID(sb))
 	if errors.Is(err, delegate.ErrNotFound) {
 		return nil // its network is not the proxy's

@@ -30,9 +30,10 @@ type Reader struct {
 	// unstored is the progress held in memory, not stored yet (nil for a
 	// Reader alone: everything is in the store).
 	unstored *progressBuffer
-	// changes, if set, returns a channel closed at the next change this
-	// process makes, so that Wait wakes at once.
-	changes func() <-chan struct{}
+	// ends, if set, returns a channel closed when this process ends a
+	// job (or sees that another process may have), so that Wait wakes at
+	// once, and only then.
+	ends func(id string) <-chan struct{}
 }
 
 // NewReader reads jobs from store; artifactDir is the engine's
@@ -59,9 +60,9 @@ func (rd *Reader) Get(ctx context.Context, id string) (*delegate.Job, error) {
 // job as it is then. It sees changes made by other processes too.
 func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 	for {
-		var changed <-chan struct{}
-		if rd.changes != nil {
-			changed = rd.changes()
+		var ended <-chan struct{}
+		if rd.ends != nil {
+			ended = rd.ends(id)
 		}
 		// A read of the local store: it must not fail because the caller's
 		// wait is up at that very moment.
@@ -71,8 +72,13 @@ func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 		}
 		select {
 		case <-ctx.Done():
+			// The job as it is now: this wait did not wake for the
+			// changes on its way.
+			if now, err := rd.Get(context.WithoutCancel(ctx), id); err == nil {
+				job = now
+			}
 			return job, nil
-		case <-changed:
+		case <-ended:
 		case <-time.After(rd.poll):
 		}
 	}

@@ -124,11 +124,22 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 	defer r.unregister(id)
 	log := r.log.With("job", id)
 
+	var token string
 	job, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status != delegate.StatusPending {
 			return delegate.ErrTerminal // cancelled while queued
 		}
 		j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", r.owner, r.backend().Name()
+		if j.Manifest.Sandbox != "" {
+			// A command in a kept sandbox: this one write also records
+			// its sandbox and its callback token, which a fresh job's
+			// steps write on their way (see attachSteps). Its machine's
+			// id (SandboxID) is recorded once the command runs: a job
+			// caught provisioning is rolled back by its SandboxID, which
+			// must never be a kept sandbox's machine.
+			token, j.TokenHash = newToken()
+			j.Sandbox, j.Progress = j.Manifest.Sandbox, "starting the command"
+		}
 		return nil
 	})
 	if err != nil {
@@ -140,6 +151,10 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 
 	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
 	a := &attempt{job: job, adm: adm}
+	if token != "" {
+		r.indexToken(job, token)
+		a.token = token
+	}
 	err = r.provision(pctx, a)
 	cancelProvision()
 	if err != nil {
@@ -181,7 +196,7 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		return
 	}
 	log.Debug("job running", "sandbox", a.sb.ID())
-	r.follow(h, job.ID, a.sb, a.proc, job.Manifest)
+	r.follow(h, job.ID, a.sb, a.proc, job.Manifest, a.known())
 }
 
 // attempt is one job's way from pending to running: what the provisioning
@@ -203,6 +218,25 @@ type attempt struct {
 	// net is the job's network through the egress proxy (or its kept
 	// sandbox's); nil when its network is not the proxy's.
 	net *jobNetwork
+	// workspace: the kept sandbox a command runs in may hold a workspace
+	// whose changes are collected after the command (its maker had one,
+	// or its maker's manifest could not be read).
+	workspace bool
+}
+
+// started is what the run that started a job knows of it, which its
+// follower would otherwise read from the store again; a job followed
+// after a restart or a takeover has none (nil).
+type started struct {
+	job *delegate.Job // as stored when it began running
+	net *jobNetwork   // its network through the proxy; nil if none
+	// workspace: its end may have workspace changes to collect.
+	workspace bool
+}
+
+// known is what the attempt learned, for the job's follower.
+func (a *attempt) known() *started {
+	return &started{job: a.job, net: a.net, workspace: a.workspace || a.job.Manifest.Workspace != nil}
 }
 
 // provisionSteps take a job from pending to running, in order. A new
@@ -229,9 +263,7 @@ var attachSteps = []struct {
 	do   func(*runner, context.Context, *attempt) error
 }{
 	{"attach to the kept sandbox", (*runner).attachStep},
-	{"find the sandbox's network", (*runner).attachNetwork},
 	{"write the files", (*runner).writeFiles},
-	{"issue the callback token", (*runner).issueToken},
 	{"start the command", (*runner).startCommand},
 }
 
@@ -250,7 +282,9 @@ func (r *runner) provision(ctx context.Context, a *attempt) error {
 }
 
 // attachStep finds the kept sandbox the command runs in (resumed if it
-// was paused) and records the command there.
+// was paused), counts the command there, and finds what the command
+// shares with the sandbox: the workspace of the job that made it, and
+// its network. (The job was recorded in the sandbox as it was claimed.)
 func (r *runner) attachStep(ctx context.Context, a *attempt) error {
 	sb, inst, err := r.keeper.instance(ctx, a.job.Manifest.Sandbox, true)
 	if err != nil {
@@ -258,18 +292,13 @@ func (r *runner) attachStep(ctx context.Context, a *attempt) error {
 	}
 	a.sb, a.attached = inst, true
 	if sb.JobID != "" {
-		if mm, err := r.store.JobManifest(ctx, sb.JobID); err == nil {
+		mm, err := r.store.JobManifest(ctx, sb.JobID)
+		if err == nil {
 			a.maker = &mm
 		}
+		a.workspace = err != nil || mm.Workspace != nil
 	}
-	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
-		if j.Status.Terminal() {
-			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
-		}
-		j.SandboxID, j.Sandbox, j.Progress = inst.ID(), sb.ID, "writing files"
-		return nil
-	})
-	return err
+	return r.attachNetwork(ctx, a, sb)
 }
 
 // createStep creates the sandbox and records it on the job.
@@ -342,11 +371,17 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	if ent, ok := r.callbacks.indexJob(withToken, r.jobs.foreign.Load()); ok {
-		r.callbacks.tokens.put(a.job.ID, ent)
-	}
+	r.indexToken(withToken, token)
 	a.token = token
 	return nil
+}
+
+// indexToken lets callbacks made with the job's token in (job has its
+// hash stored).
+func (r *runner) indexToken(job *delegate.Job, token string) {
+	if ent, ok := r.callbacks.indexJob(job, r.jobs.foreign.Load()); ok {
+		r.callbacks.tokens.put(job.ID, ent)
+	}
 }
 
 // startCommand starts the job's command and records the job as running.
@@ -363,19 +398,20 @@ func (r *runner) startCommand(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", cmd.Args[0], err)
 	}
-	if _, err := r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
+	running, err := r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
 		}
-		j.Status, j.Progress, j.ExecID = delegate.StatusRunning, "running", proc.ID()
+		j.Status, j.Progress, j.SandboxID, j.ExecID = delegate.StatusRunning, "running", a.sb.ID(), proc.ID()
 		j.StartedAt = time.Now().UTC()
 		j.LastHeartbeat = j.StartedAt
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		proc.Kill(context.WithoutCancel(ctx))
 		return err
 	}
-	a.proc = proc
+	a.job, a.proc = running, proc
 	return nil
 }
 
@@ -386,7 +422,14 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	fail := func(err error) {
 		log.Warn("job lost with its sandbox", "err", err)
 		r.finish(job.ID, delegate.StatusFailed, fmt.Sprintf("sandbox lost after a server restart: %v", err), nil)
-		if job.SandboxID != "" {
+		switch {
+		case job.Sandbox != "":
+			// A kept sandbox's command (or the job that made it): the
+			// machine is the sandbox's, whose timers end it (and whose
+			// next use finds it gone, if it is); the command no longer
+			// counts there.
+			r.keeper.recount(ctx, job.Sandbox)
+		case job.SandboxID != "":
 			r.destroy(job.SandboxID, delegate.Manifest{})
 		}
 	}
@@ -408,7 +451,7 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	h, _ := r.register(job.ID)
 	r.life.Go(func() {
 		defer r.unregister(job.ID)
-		r.follow(h, job.ID, sb, proc, job.Manifest)
+		r.follow(h, job.ID, sb, proc, job.Manifest, nil)
 	})
 }
 
@@ -468,14 +511,20 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 // Each tick does a bounded amount of work (see collect), so that a job
 // flooding its output or status channel cannot keep the loop from its
 // timer: a job is killed at its timeout whatever it writes.
-func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Process, m delegate.Manifest) {
+//
+// known is what the run that started the job knows of it (nil: the job
+// is followed after a restart or a takeover, and read from the store).
+func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Process, m delegate.Manifest, known *started) {
 	ctx := r.life.ctx
-	job, err := r.store.GetJob(ctx, id)
-	if err != nil {
-		r.log.Error("follow job", "job", id, "err", err)
-		return
+	job := known.stored()
+	if job == nil {
+		var err error
+		if job, err = r.store.GetJob(ctx, id); err != nil {
+			r.log.Error("follow job", "job", id, "err", err)
+			return
+		}
 	}
-	t, err := r.newTracker(ctx, job, proc)
+	t, err := r.newTracker(ctx, job, proc, known != nil)
 	if err != nil {
 		r.log.Error("follow job", "job", id, "err", err)
 		return
@@ -528,7 +577,7 @@ func (r *runner) follow(h *run, id string, sb sandbox.Instance, proc sandbox.Pro
 	}
 	end := func(w waited) {
 		t.collect(context.WithoutCancel(ctx), true)
-		r.settle(t, sb, w.exit, w.err, timedOut, w.at)
+		r.settle(t, sb, w.exit, w.err, timedOut, w.at, known)
 	}
 	for {
 		select {
@@ -632,10 +681,14 @@ const (
 	eventsChunk   = 64 << 10
 )
 
-func (r *runner) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process) (*tracker, error) {
-	kept, err := r.store.OutputSize(ctx, job.ID)
-	if err != nil {
-		return nil, err
+// fresh: the job has just started (nothing of its output is stored yet).
+func (r *runner) newTracker(ctx context.Context, job *delegate.Job, proc sandbox.Process, fresh bool) (*tracker, error) {
+	var kept int64
+	if !fresh {
+		var err error
+		if kept, err = r.store.OutputSize(ctx, job.ID); err != nil {
+			return nil, err
+		}
 	}
 	var secrets []string
 	for _, name := range job.Manifest.Secrets {
@@ -917,7 +970,7 @@ func clipResult(s string) string {
 
 // settle records how the process ended, collects artifacts, and destroys an
 // ephemeral sandbox.
-func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time) {
+func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, waitErr error, timedOut bool, endedAt time.Time, known *started) {
 	id, m := t.id, t.m
 	var (
 		status = delegate.StatusSuccess
@@ -946,7 +999,11 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	// which goes on).
 	if r.cfg.Egress != nil && (m.Network.Reaches() || m.Sandbox != "") {
 		ctx := context.WithoutCancel(r.life.ctx)
-		if netID, err := resolveNetwork(ctx, r.store, id); err == nil {
+		if known != nil {
+			if known.net != nil {
+				r.cfg.Egress.settle(ctx, known.net.id)
+			}
+		} else if netID, err := resolveNetwork(ctx, r.store, id); err == nil {
 			r.cfg.Egress.settle(ctx, netID)
 		}
 	}
@@ -956,13 +1013,13 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		r.collectArtifacts(context.WithoutCancel(r.life.ctx), id, m, sb)
 	}
 	// So are the changes to its workspace, before the sandbox goes.
-	if waitErr == nil {
+	if waitErr == nil && (known == nil || known.workspace) {
 		r.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
 	}
 	if m.Lifecycle != delegate.LifecyclePersistent {
 		r.removeClone(id, m) // its changes' old side is read
 	}
-	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
+	j := r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
@@ -973,9 +1030,17 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
-	if j, err := r.store.GetJob(context.WithoutCancel(r.life.ctx), id); err == nil && j.Sandbox != "" {
+	if j != nil && j.Sandbox != "" {
 		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
 	}
+}
+
+// stored is the job as its run stored it last; nil if unknown.
+func (s *started) stored() *delegate.Job {
+	if s == nil {
+		return nil
+	}
+	return s.job
 }
 
 // finish moves the job to a terminal status. If it already is terminal (a
@@ -989,7 +1054,9 @@ func (r *runner) finish(id string, status delegate.Status, reason string, facts 
 // finishAt is finish for a job that ended at a known time (its process
 // exited then): its duration does not include what was done after. stored,
 // if set, sees the finished job before anyone waiting for it is woken.
-func (r *runner) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
+//
+// It returns the job as stored, nil when it could not be.
+func (r *runner) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) *delegate.Job {
 	ctx := context.WithoutCancel(r.life.ctx)
 	r.progress.flushJob(ctx, id)
 	j, err := r.jobs.updateThen(ctx, id, stored, func(j *delegate.Job) error {
@@ -1005,10 +1072,11 @@ func (r *runner) finishAt(id string, status delegate.Status, reason string, at t
 	})
 	if err != nil {
 		r.log.Error("finish job", "job", id, "err", err)
-		return
+		return nil
 	}
 	r.callbacks.tokens.forget(id)
 	r.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
+	return j
 }
 
 // destroy removes an ephemeral job's sandbox; a persistent one is kept.

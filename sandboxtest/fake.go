@@ -266,6 +266,14 @@ func (s *FakeInstance) Process(ctx context.Context, execID string) (sandbox.Proc
 	return p, nil
 }
 
+// Forget drops what the instance knows of a process, as if its record
+// were lost while the machine lives on: Process no longer finds it.
+func (s *FakeInstance) Forget(execID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.procs, execID)
+}
+
 func (s *FakeInstance) Destroy(ctx context.Context) error { return s.b.Destroy(ctx, s.id) }
 
 func (s *FakeInstance) Pause(ctx context.Context) error {

@@ -343,6 +343,9 @@ func testRecoveryReads(t *testing.T, open Open) {
 	for i, id := range []string{"j00", "j04", "j08"} {
 		if _, err := s.UpdateJob(ctx, id, func(j *delegate.Job) error {
 			j.Status, j.SandboxID = delegate.StatusProvisioning, fmt.Sprint("sb-", i)
+			if id != "j00" {
+				j.Sandbox = "sbx-kept" // commands of a kept sandbox
+			}
 			return nil
 		}); err != nil {
 			t.Fatal(err)
@@ -403,6 +406,10 @@ func testRecoveryReads(t *testing.T, open Open) {
 	}
 	if jobs, _, err := s.ListJobs(ctx, delegate.JobFilter{SandboxID: "sb-none"}); err != nil || len(jobs) != 0 {
 		t.Errorf("by an unknown sandbox: %v, %v", jobs, err)
+	}
+	jobs, _, err = s.ListJobs(ctx, delegate.JobFilter{Sandbox: "sbx-kept", Active: true})
+	if err != nil || len(jobs) != 2 || jobs[0].ID != "j08" || jobs[1].ID != "j04" {
+		t.Errorf("the commands of a kept sandbox: %v, %v", jobs, err)
 	}
 }
 
