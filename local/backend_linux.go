@@ -424,6 +424,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		Expires:     spec.Expires,
 		Init:        spec.MultiExec,
 	}
+	st.Spawns = spec.MultiExec && b.cKeeper(st)
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
 	}
@@ -527,6 +528,13 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 	return nil
 }
 
+// cKeeper says whether a kept sandbox's keeper is the C helper. The C
+// helpers build roots without network steps (resolv.conf): a sandbox
+// whose network is the egress proxy's gets the Go ones.
+func (b *Backend) cKeeper(st sandboxState) bool {
+	return haveCHelper && !b.goHelpers && st.Network == nil && st.Proxy == nil
+}
+
 // keeperTimeout bounds how long Create waits for a kept sandbox's init to
 // have built the sandbox's root (milliseconds, normally).
 const keeperTimeout = 30 * time.Second
@@ -549,10 +557,7 @@ func (b *Backend) startKeeper(dir string, st sandboxState) error {
 		return err
 	}
 	defer readyR.Close()
-	// The C helpers build roots without network steps (resolv.conf):
-	// a sandbox whose network is the egress proxy's gets the Go ones.
-	c := haveCHelper && !b.goHelpers && st.Network == nil && st.Proxy == nil
-	shim, err := b.startShim(dir, pl, c, netns, readyW)
+	shim, err := b.startShim(dir, pl, b.cKeeper(st), netns, readyW)
 	readyW.Close()
 	if err != nil {
 		return err

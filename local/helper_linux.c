@@ -91,6 +91,12 @@
 #define REQUEST_FDS 4
 #define EXEC_ID_LEN 11 /* "ex-" and 8 hex digits (newID in state.go) */
 #define SPARE_MAGIC 0x44535331u
+/* SPAWN_MAGIC ("DSX1") starts the server's request that a C keeper
+ * start a command's shim itself, a fork of its own (spawn_shim). */
+#define SPAWN_MAGIC 0x44535831u
+#define SPAWN_FDS 2 /* the plan, the server's pipe (SERVER_FD) */
+#define FILE_SHIM_PID "shim.pid"
+#define DIR_EXECS "execs"
 #define CTL_PLACED 'p'
 #define CTL_GO 'g'
 #define CTL_KILLED 'k'
@@ -2043,9 +2049,61 @@ static int valid_exec_id(const char *id, size_t len) {
 	return 1;
 }
 
+/* spawn_shim starts the shim of command id (its directory execs/<id>,
+ * its plan on plan, the server's pipe on server): a fork of the keeper,
+ * which becomes what the server would otherwise have executed
+ * ("SelfExe __sandbox-shim <dir>/execs/<id>", command_main), sparing the
+ * server a fork and an exec per command. It is in a session of its own
+ * and records its pid; its command line is the keeper's, and its parent
+ * the keeper (isShimOf in Go knows it by both). The keeper reaps it
+ * (SIGCHLD is ignored there). */
+static int shim_main(size_t cmdline_len);
+
+static void spawn_shim(const char *id, int plan, int server) {
+	pid_t pid = fork();
+	if (pid < 0) {
+		logmsg("start the shim of command %s: %s", id, errtext(errno));
+		return; /* the server's pipe closes unanswered: its Wait sees the shim gone */
+	}
+	if (pid > 0)
+		return;
+	signal(SIGCHLD, SIG_DFL);
+	if (logfd >= 0) {
+		close(logfd); /* the command's log is its own directory's */
+		logfd = -1;
+	}
+	char dir[64];
+	snprintf(dir, sizeof dir, "%s/%s", DIR_EXECS, id);
+	if (setsid() < 0 || chdir(dir) < 0) {
+		logmsg("start the shim of command %s: %s", id, errtext(errno));
+		_exit(1);
+	}
+	/* Above both targets first, so that neither move overwrites the
+	 * other descriptor. */
+	plan = fcntl(plan, F_DUPFD_CLOEXEC, 10);
+	server = fcntl(server, F_DUPFD_CLOEXEC, 10);
+	if (plan < 0 || server < 0 || dup2(plan, PLAN_FD) < 0 || dup2(server, SERVER_FD) < 0) {
+		logmsg("start the shim of command %s: %s", id, errtext(errno));
+		_exit(1);
+	}
+	/* Nothing of the keeper's stays open in it but its standard streams
+	 * and these two (3 and 5). */
+	if (syscall(SYS_close_range, 4, 4, 0) < 0 || syscall(SYS_close_range, 6, ~0U, 0) < 0)
+		for (int fd = 3; fd < 1024; fd++)
+			if (fd != PLAN_FD && fd != SERVER_FD)
+				close(fd);
+	char num[32];
+	int nn = snprintf(num, sizeof num, "%d", (int)getpid());
+	if (write_pid_file(FILE_SHIM_PID, num, (size_t)nn) < 0)
+		logmsg("write %s: %s", FILE_SHIM_PID, errtext(errno));
+	_exit(shim_main(0));
+}
+
 /* relay_request passes one request that came on ctl (a datagram with
  * descriptors) to init, if it is from root and well formed; a request
- * that names its command (REQUEST_ID) gets the command's group here. */
+ * that names its command (REQUEST_ID) gets the command's group here. A
+ * server's request to start a command's shim (SPAWN_MAGIC) is done here
+ * (spawn_shim). */
 static void relay_request(const struct plan *p, struct spares *sp, int ctl, int init) {
 	char buf[64];
 	union {
@@ -2081,6 +2139,18 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 	if (n >= 8) {
 		memcpy(&magic, buf, 4);
 		memcpy(&flags, buf + 4, 4);
+	}
+	if (magic == SPAWN_MAGIC) {
+		if (root && nfds == SPAWN_FDS && n == 8 + EXEC_ID_LEN && valid_exec_id(buf + 8, EXEC_ID_LEN) && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+			char id[EXEC_ID_LEN + 1];
+			memcpy(id, buf + 8, EXEC_ID_LEN);
+			id[EXEC_ID_LEN] = 0;
+			spawn_shim(id, fds[0], fds[1]);
+		} else
+			logmsg("a request to start a shim %s, dropped", root ? "malformed" : "not from root");
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		return;
 	}
 	int named = (flags & REQUEST_ID) && !(flags & REQUEST_CGROUP) && nfds == REQUEST_FDS && valid_exec_id(buf + 8, (size_t)n - 8);
 	if (!root || magic != REQUEST_MAGIC || nfds == 0 || (n != 8 && !named) || (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
@@ -2237,6 +2307,9 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 	close(server);
 	struct spares sp = {.v1 = p->cg_version == 1 && p->cg_pids[0] != 0};
 	spare_make(p, &sp, req[0]);
+	/* The shims it starts (spawn_shim) are reaped as they end; init's
+	 * end is seen on its pidfd. */
+	signal(SIGCHLD, SIG_IGN);
 
 	int64_t until = p->until_ns;
 	for (;;) {
@@ -2814,10 +2887,10 @@ const char *dsh_constants(void) {
 		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
 	size_t n = strlen(buf);
 	snprintf(buf + n, sizeof buf - n,
-		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s", OP_UNSHARE,
+		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%u,%d,%s,%s", OP_UNSHARE,
 		 OP_KEEP_PATH, OP_BIND_KEPT, KEPT_SLOTS, MODE_SANDBOX, MODE_KEEPER, MODE_COMMAND, REQUEST_MAGIC, REQUEST_CGROUP,
 		 REQUEST_ID, REQUEST_SPARE, SPARE_MAGIC, REQUEST_FDS, EXEC_ID_LEN, CTL_PLACED, CTL_GO, CTL_KILLED, SERVER_FD,
-		 FILE_CONTROL, FILE_JOB_PID);
+		 FILE_CONTROL, FILE_JOB_PID, SPAWN_MAGIC, SPAWN_FDS, FILE_SHIM_PID, DIR_EXECS);
 	return buf;
 }
 

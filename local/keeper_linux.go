@@ -30,6 +30,8 @@ import (
 //	         → each command, forked by init
 //	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>,
 //	         modeCommand): its request to init, its output, its end
+//	         (the C keeper forks it when the server asks, spawnMagic:
+//	         no fork and exec of the server per command)
 //
 // A command's shim sends its request as one datagram to the keeper's
 // socket (fileControl in the sandbox directory, root's alone), with
@@ -78,6 +80,12 @@ const (
 	// spareMagic ("DSS1") starts the C keeper's word to its init that
 	// the next command's group is made (its cgroup.procs attached).
 	spareMagic = 0x44535331
+	// spawnMagic ("DSX1") starts the server's request that a C keeper
+	// start a command's shim itself (a fork, no exec: spawn_shim in
+	// helper_linux.c), followed by the command's id, with spawnFDs
+	// descriptors: the plan and the server's pipe (serverFD).
+	spawnMagic = 0x44535831
+	spawnFDs   = 2
 )
 
 // ctlGo and ctlKilled are the shim's answers once the command has placed

@@ -604,3 +604,60 @@ func TestKeptAccounts(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptShimsFromTheKeeper: with the C helpers, the shim of a kept
+// sandbox's command is a fork of the sandbox's keeper (spawn_shim), not
+// a process the server starts; it is known as the command's shim (a
+// restarted server finds it by its pid file), the keeper is not, and a
+// shim the server starts for a sandbox made without it still works.
+func TestKeptShimsFromTheKeeper(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sleep", "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := p.(*process).dir
+	keeper, err := readPID(filepath.Join(sb.dir, fileShimPID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shim int
+	if !pollUntil(5*time.Second, func() bool {
+		shim, err = readPID(filepath.Join(dir, fileShimPID))
+		return err == nil
+	}) {
+		t.Fatalf("the command's shim recorded no pid: %v", err)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", shim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	if fields[1] != fmt.Sprint(keeper) {
+		t.Errorf("the shim's parent is %s, not the keeper (%d)", fields[1], keeper)
+	}
+	if !isShimOf(shim, dir) {
+		t.Error("the keeper's fork is not known as the command's shim")
+	}
+	if isShimOf(keeper, dir) {
+		t.Error("the keeper is taken for a command's shim")
+	}
+	if exit, err := p.Wait(context.Background()); err != nil || exit.Code != 0 {
+		t.Fatalf("the command: %+v %v", exit, err)
+	}
+
+	// A sandbox whose keeper was not asked to (a state without Spawns, as
+	// an earlier server wrote it): the server starts the shim.
+	st := stateOf(t, sb)
+	st.Spawns = false
+	if err := writeJSONAtomic(filepath.Join(sb.dir, fileState), st); err != nil {
+		t.Fatal(err)
+	}
+	if out := keptRun(t, sb, "echo from a shim the server started"); out != "from a shim the server started\n" {
+		t.Fatalf("output %q", out)
+	}
+}

@@ -4,6 +4,7 @@ package local
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,12 +202,18 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	}
 	c := haveCHelper && !s.b.goHelpers
 	// The shim closes its end of this pipe once it has recorded the
-	// command's end: Wait wakes up then, without polling.
+	// command's end (or ends): Wait wakes up then, without polling.
 	recordedR, recordedW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	shim, err := s.b.startShim(execDir, s.b.execPlan(s.dir, st, rec, cmd), c, nil, recordedW)
+	pl := s.b.execPlan(s.dir, st, rec, cmd)
+	var shim *exec.Cmd
+	if st.Spawns && c {
+		err = spawnShim(s.dir, rec.ID, pl, recordedW)
+	} else {
+		shim, err = s.b.startShim(execDir, pl, c, nil, recordedW)
+	}
 	recordedW.Close()
 	if err != nil {
 		recordedR.Close()
@@ -245,20 +252,73 @@ func writeExecRecord(dir string, rec execRecord) error {
 }
 
 // started records a shim this server started, and returns its process.
+// A shim the sandbox's keeper started (shim nil) records its own pid,
+// and its end is the end of recorded (its pipe closes with it, at the
+// latest).
 func (s *sbox) started(id, dir string, shim *exec.Cmd, recorded chan struct{}) *process {
-	if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
-		s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
-	}
 	p := &process{s: s, id: id, dir: dir, done: make(chan struct{}), recorded: recorded}
-	go func() {
-		p.shimErr = shim.Wait()
-		close(p.done)
-	}()
+	if shim == nil {
+		p.done = recorded
+		s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", "the keeper's")
+	} else {
+		if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+			s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
+		}
+		go func() {
+			p.shimErr = shim.Wait()
+			close(p.done)
+		}()
+		s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", shim.Process.Pid)
+	}
 	s.b.mu.Lock()
 	s.b.live[dir] = p
 	s.b.mu.Unlock()
-	s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", shim.Process.Pid)
 	return p
+}
+
+// spawnShim asks the C keeper of the sandbox at dir to start the shim of
+// command id (spawn_shim in helper_linux.c), with its plan and the
+// server's pipe. The keeper answers nothing: a shim that never starts
+// closes the pipe unanswered, which Wait reports.
+func spawnShim(dir, id string, pl *plan, server *os.File) error {
+	fd, err := unix.MemfdCreate("delegate-sandbox-plan", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	planFile := os.NewFile(uintptr(fd), "plan")
+	defer planFile.Close()
+	if _, err := planFile.Write(pl.marshal()); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	if _, err := planFile.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sock)
+	head := binary.NativeEndian.AppendUint32(nil, spawnMagic)
+	head = binary.NativeEndian.AppendUint32(head, 0)
+	head = append(head, id...)
+	// Through the directory's descriptor: a socket's path has at most
+	// 107 bytes, a data directory's path may have more.
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("ask the sandbox's keeper for the command: %w", err)
+	}
+	defer unix.Close(dfd)
+	to := &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dfd, fileControl)}
+	for {
+		err = unix.Sendmsg(sock, head, unix.UnixRights(int(planFile.Fd()), int(server.Fd())), to, 0)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("ask the sandbox's keeper for the command: %w", err)
+	}
+	return nil
 }
 
 // startShim starts a shim in dir with the plan, the C one with c, and
@@ -498,5 +558,20 @@ func isShimOf(pid int, dir string) bool {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	return len(args) == 3 && args[1] == shimCommand && args[2] == dir
+	if len(args) != 3 || args[1] != shimCommand {
+		return false
+	}
+	if args[2] == dir {
+		return true
+	}
+	// A command's shim that its sandbox's keeper started (spawn_shim in
+	// helper_linux.c) has the keeper's command line: it is the keeper's
+	// child, not the keeper.
+	execs := filepath.Dir(dir)
+	if filepath.Base(execs) != dirExecs || args[2] != filepath.Dir(execs) {
+		return false
+	}
+	keeper, err := readPID(filepath.Join(args[2], fileShimPID))
+	fields := strings.Fields(string(stat[i+2:]))
+	return err == nil && keeper != pid && len(fields) > 1 && fields[1] == strconv.Itoa(keeper)
 }

@@ -159,6 +159,10 @@ type sandboxState struct {
 	// kept sandbox made before had an init per command and cannot run
 	// more).
 	Init bool `json:"init,omitempty"`
+	// Spawns: its keeper is the C one, which starts its commands' shims
+	// when the server asks (spawnMagic), sparing the server a fork and
+	// an exec per command; without it the server starts them.
+	Spawns bool `json:"spawns,omitempty"`
 	// Caches are the caches it has (cache_linux.go).
 	Caches []cacheMount `json:"caches,omitempty"`
 }
