@@ -348,6 +348,9 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	}
 	unlock := k.lock(id)
 	defer unlock()
+	if sb, inst := k.use(ctx, b, id, command); inst != nil {
+		return sb, inst, nil
+	}
 	sb, err := k.sbs.GetSandbox(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -400,6 +403,40 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	}
 	k.jobs.wake()
 	return sb, inst, nil
+}
+
+// errNotPlain turns use away from a sandbox that instance must look at
+// first.
+var errNotPlain = errors.New("not a plain use")
+
+// use is instance's usual case in one write, without reading the
+// sandbox first: it is live, not paused, on this backend, with room for
+// a command, and its machine known to this engine. It returns a nil
+// instance (nothing written) for anything else. The caller holds the
+// sandbox's lock.
+func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command bool) (*delegate.Sandbox, sandbox.Instance) {
+	var inst sandbox.Instance
+	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
+		if sb.State.Terminal() || sb.State == delegate.SandboxPaused || sb.Backend != b.Name() ||
+			(command && sb.Running >= delegate.MaxSandboxCommands) {
+			return errNotPlain
+		}
+		if inst = k.known(sb); inst == nil {
+			return errNotPlain
+		}
+		if command {
+			sb.State = delegate.SandboxRunning
+			sb.Running++
+			sb.Commands++
+		}
+		sb.LastUsedAt = time.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return nil, nil
+	}
+	k.jobs.wake()
+	return sb, inst
 }
 
 // gone records that a sandbox's machine died by itself.
