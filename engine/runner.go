@@ -152,7 +152,7 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
 	a := &attempt{job: job, adm: adm}
 	if token != "" {
-		r.indexToken(job, token)
+		r.indexToken(job)
 		a.token = token
 	}
 	err = r.provision(pctx, a)
@@ -371,14 +371,14 @@ func (r *runner) issueToken(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	r.indexToken(withToken, token)
+	r.indexToken(withToken)
 	a.token = token
 	return nil
 }
 
-// indexToken lets callbacks made with the job's token in (job has its
-// hash stored).
-func (r *runner) indexToken(job *delegate.Job, token string) {
+// indexToken lets callbacks made with the job's token in (job, as
+// stored, has the token's hash).
+func (r *runner) indexToken(job *delegate.Job) {
 	if ent, ok := r.callbacks.indexJob(job, r.jobs.foreign.Load()); ok {
 		r.callbacks.tokens.put(job.ID, ent)
 	}
@@ -1030,6 +1030,9 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
+	if j == nil { // its end could not be stored: what it ran in, as stored before
+		j, _ = r.store.GetJob(context.WithoutCancel(r.life.ctx), id)
+	}
 	if j != nil && j.Sandbox != "" {
 		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
 	}
