@@ -390,12 +390,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 		if sb.State == delegate.SandboxPaused {
 			sb.State, sb.PausedAt = delegate.SandboxIdle, time.Time{}
 		}
-		if command {
-			sb.State = delegate.SandboxRunning
-			sb.Running++
-			sb.Commands++
-		}
-		sb.LastUsedAt = time.Now().UTC()
+		markUsed(sb, command)
 		return nil
 	})
 	if err != nil {
@@ -403,6 +398,17 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	}
 	k.jobs.wake()
 	return sb, inst, nil
+}
+
+// markUsed records a use of a sandbox: a command counts as running
+// there, any use restarts its idle time.
+func markUsed(sb *delegate.Sandbox, command bool) {
+	if command {
+		sb.State = delegate.SandboxRunning
+		sb.Running++
+		sb.Commands++
+	}
+	sb.LastUsedAt = time.Now().UTC()
 }
 
 // errNotPlain turns use away from a sandbox that instance must look at
@@ -424,12 +430,7 @@ func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command 
 		if inst = k.known(sb); inst == nil {
 			return errNotPlain
 		}
-		if command {
-			sb.State = delegate.SandboxRunning
-			sb.Running++
-			sb.Commands++
-		}
-		sb.LastUsedAt = time.Now().UTC()
+		markUsed(sb, command)
 		return nil
 	})
 	if err != nil {
