@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // keptSandbox makes a kept sandbox (Spec.MultiExec) on b.
@@ -659,5 +660,33 @@ func TestKeptShimsFromTheKeeper(t *testing.T) {
 	}
 	if out := keptRun(t, sb, "echo from a shim the server started"); out != "from a shim the server started\n" {
 		t.Fatalf("output %q", out)
+	}
+}
+
+// TestSpawnShimKeeperGone: a request for a command's shim that finds no
+// keeper at the sandbox's socket (it ended after Exec looked) says the
+// sandbox is gone, which makes the engine mark it so.
+func TestSpawnShimKeeperGone(t *testing.T) {
+	dir := t.TempDir()
+	// A socket that was bound and closed: its file stays, nobody listens.
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: filepath.Join(dir, fileControl)}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, d := range []string{dir, t.TempDir()} { // refused; no socket at all
+		err := spawnShim(d, "ex-00000000", &plan{Mode: modeCommand}, w)
+		if !errors.Is(err, sandbox.ErrGone) || !strings.Contains(err.Error(), "keeper is gone") {
+			t.Errorf("%s: %v", d, err)
+		}
 	}
 }

@@ -210,7 +210,9 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	pl := s.b.execPlan(s.dir, st, rec, cmd)
 	var shim *exec.Cmd
 	if st.Spawns && c {
-		err = spawnShim(s.dir, rec.ID, pl, recordedW)
+		if err = spawnShim(s.dir, rec.ID, pl, recordedW); errors.Is(err, sandbox.ErrGone) {
+			err = fmt.Errorf("sandbox %s: %w", s.id, err) // it ended since the check above
+		}
 	} else {
 		shim, err = s.b.startShim(execDir, pl, c, nil, recordedW)
 	}
@@ -314,6 +316,9 @@ func spawnShim(dir, id string, pl *plan, server *os.File) error {
 		if !errors.Is(err, unix.EINTR) {
 			break
 		}
+	}
+	if errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("its keeper is gone, and its init with it (%v): %w", err, sandbox.ErrGone)
 	}
 	if err != nil {
 		return fmt.Errorf("ask the sandbox's keeper for the command: %w", err)
