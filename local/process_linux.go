@@ -154,7 +154,11 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 				return sandbox.Exit{}, ctx.Err()
 			}
 			if exit, err = p.readExit(); errors.Is(err, os.ErrNotExist) {
-				return sandbox.Exit{}, p.lostError(fmt.Sprintf("the sandbox shim ended (%v)", p.shimErr))
+				what := "the sandbox shim ended"
+				if p.shimErr != nil { // a shim this server started, and how it ended
+					what += fmt.Sprintf(" (%v)", p.shimErr)
+				}
+				return sandbox.Exit{}, p.lostError(what)
 			}
 		}
 		return exit, err
