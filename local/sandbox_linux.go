@@ -278,23 +278,36 @@ func (s *sbox) started(id, dir string, shim *exec.Cmd, recorded chan struct{}) *
 	return p
 }
 
+// planMemfd holds a shim's plan, complete before the shim starts: it
+// reads it at once. A memfd holds it (and the job's environment) in
+// memory only, for as long as a descriptor of it is open.
+func planMemfd(pl *plan) (*os.File, error) {
+	fd, err := unix.MemfdCreate("delegate-sandbox-plan", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "plan")
+	if _, err := f.Write(pl.marshal()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	return f, nil
+}
+
 // spawnShim asks the C keeper of the sandbox at dir to start the shim of
 // command id (spawn_shim in helper_linux.c), with its plan and the
 // server's pipe. The keeper answers nothing: a shim that never starts
 // closes the pipe unanswered, which Wait reports.
 func spawnShim(dir, id string, pl *plan, server *os.File) error {
-	fd, err := unix.MemfdCreate("delegate-sandbox-plan", unix.MFD_CLOEXEC)
+	planFile, err := planMemfd(pl)
 	if err != nil {
-		return fmt.Errorf("plan: %w", err)
+		return err
 	}
-	planFile := os.NewFile(uintptr(fd), "plan")
 	defer planFile.Close()
-	if _, err := planFile.Write(pl.marshal()); err != nil {
-		return fmt.Errorf("plan: %w", err)
-	}
-	if _, err := planFile.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("plan: %w", err)
-	}
 	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -341,21 +354,11 @@ func (b *Backend) startShim(dir string, pl *plan, c bool, netns, server *os.File
 		}
 		defer logf.Close()
 	}
-	// The plan is complete before the shim starts: it reads it at once.
-	// A memfd holds it (and the job's environment) in memory only, for
-	// as long as a descriptor of it is open.
-	fd, err := unix.MemfdCreate("delegate-sandbox-plan", unix.MFD_CLOEXEC)
+	planFile, err := planMemfd(pl)
 	if err != nil {
-		return nil, fmt.Errorf("plan: %w", err)
+		return nil, err
 	}
-	planFile := os.NewFile(uintptr(fd), "plan")
 	defer planFile.Close()
-	if _, err := planFile.Write(pl.marshal()); err != nil {
-		return nil, fmt.Errorf("plan: %w", err)
-	}
-	if _, err := planFile.Seek(0, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("plan: %w", err)
-	}
 	shim := &exec.Cmd{
 		Path:       b.selfExe,
 		Args:       []string{b.selfExe, shimCommand, dir},
