@@ -88,6 +88,9 @@
 #define REQUEST_CGROUP 1u
 #define REQUEST_ID 2u
 #define REQUEST_SPARE 4u
+/* REQUEST_KILLED (keeper to the C init, with REQUEST_SPARE): the command
+ * was killed before its request came; the spare ends unstarted. */
+#define REQUEST_KILLED 8u
 #define REQUEST_FDS 4
 #define EXEC_ID_LEN 11 /* "ex-" and 8 hex digits (newID in state.go) */
 #define SPARE_MAGIC 0x44535331u
@@ -100,6 +103,11 @@
 #define CTL_PLACED 'p'
 #define CTL_GO 'g'
 #define CTL_KILLED 'k'
+/* CTL_PLACED_AHEAD: a spare's word that it is the command, placed ahead
+ * of its request, and goes on without waiting for the shim (the keeper
+ * checked the kill marker after it gave the spare's group the command's
+ * name: a kill after that finds the command in that group). */
+#define CTL_PLACED_AHEAD 'P'
 
 /* What a shim is (planMode in plan.go). */
 enum { MODE_SANDBOX = 0, MODE_KEEPER, MODE_COMMAND };
@@ -852,8 +860,8 @@ static void run_ops(const struct plan *p) {
  * of its own, its inputs, the bounding set, the seccomp filter), drops
  * to the job's user and executes the job. What fails is written to the
  * job's stderr and reported on ctl. */
-static void command_child(const struct plan *p, int out, int err, int ctl, int cg) __attribute__((noreturn));
-static void command_child(const struct plan *p, int out, int err, int ctl, int cg) {
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead) __attribute__((noreturn));
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead) {
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -873,15 +881,17 @@ static void command_child(const struct plan *p, int out, int err, int ctl, int c
 			init_fail(CODE_SETUP_FAILED, "place the command in its cgroup: %s", errtext(errno));
 		close(4);
 	}
-	char word = CTL_PLACED;
+	char word = ahead ? CTL_PLACED_AHEAD : CTL_PLACED;
 	if (send(3, &word, 1, MSG_NOSIGNAL) != 1)
 		_exit(CODE_SETUP_FAILED); /* its shim is gone */
-	ssize_t n;
-	do
-		n = read(3, &word, 1);
-	while (n < 0 && errno == EINTR);
-	if (n != 1 || word != CTL_GO)
-		kill(getpid(), SIGKILL); /* killed before it started, or its shim is gone */
+	if (!ahead) {
+		ssize_t n;
+		do
+			n = read(3, &word, 1);
+		while (n < 0 && errno == EINTR);
+		if (n != 1 || word != CTL_GO)
+			kill(getpid(), SIGKILL); /* killed before it started, or its shim is gone */
+	}
 	run_ops(p);
 
 	char pathbuf[4096], q1[4200];
@@ -971,7 +981,7 @@ static pid_t start_command(int *fds, int nfds) {
 	if (msg[0] == 0) {
 		pid = fork();
 		if (pid == 0)
-			command_child(&cp, fds[1], fds[2], ctl, cg);
+			command_child(&cp, fds[1], fds[2], ctl, cg, 0);
 		if (pid < 0) {
 			snprintf(msg, sizeof msg, "start the command: %s", errtext(errno));
 			pid = 0;
@@ -1023,6 +1033,11 @@ static void spare_child(int sock, int cg) {
 	if (nfds != REQUEST_FDS)
 		_exit(CODE_SETUP_FAILED);
 	close(3);
+	uint32_t flags = 0;
+	if (n >= 8)
+		memcpy(&flags, buf + 4, 4);
+	if (flags & REQUEST_KILLED)
+		kill(getpid(), SIGKILL); /* init reports it killed on ctl */
 	char msg[4200];
 	struct plan cp;
 	command_plan(rfds[0], &cp, msg, sizeof msg);
@@ -1030,7 +1045,7 @@ static void spare_child(int sock, int cg) {
 		command_failed(rfds[2], rfds[3], msg);
 		_exit(CODE_SETUP_FAILED);
 	}
-	command_child(&cp, rfds[1], rfds[2], rfds[3], -1);
+	command_child(&cp, rfds[1], rfds[2], rfds[3], -1, 1);
 }
 
 /* keeper_serve is a kept sandbox's init once its root is made: it says
@@ -2161,6 +2176,14 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 			memcpy(id, buf + 8, EXEC_ID_LEN);
 			id[EXEC_ID_LEN] = 0;
 			flags = command_group(p, sp, id, fds, &nfds);
+			if (flags & REQUEST_SPARE) {
+				/* After the rename: a kill from now on finds the command
+				 * in its group; one before left its marker. */
+				char killed[64];
+				snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
+				if (exists(killed))
+					flags |= REQUEST_KILLED;
+			}
 			memcpy(buf + 4, &flags, 4);
 			n = 8;
 		}
@@ -2526,7 +2549,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 		ssize_t n = recvmsg(ctl[0], &mh, MSG_DONTWAIT);
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
-		if (n == 1 && m[0] == CTL_PLACED && !placed) {
+		if (n == 1 && (m[0] == CTL_PLACED || m[0] == CTL_PLACED_AHEAD) && !placed) {
 			/* Kill writes its marker before it kills what is in the
 			 * command's group: either it sees the command there now,
 			 * or the command never goes. */
@@ -2540,8 +2563,10 @@ static int command_main(const struct plan *p, struct outw *w) {
 				int nn = snprintf(num, sizeof num, "%d", (int)jobpid);
 				write_pid_file(FILE_JOB_PID, num, (size_t)nn);
 			}
-			char answer = exists(FILE_KILLED) || deadline_hit ? CTL_KILLED : CTL_GO;
-			send(ctl[0], &answer, 1, MSG_NOSIGNAL);
+			if (m[0] == CTL_PLACED) {
+				char answer = exists(FILE_KILLED) || deadline_hit ? CTL_KILLED : CTL_GO;
+				send(ctl[0], &answer, 1, MSG_NOSIGNAL);
+			}
 			continue;
 		}
 		if (n >= 12) {
@@ -2887,10 +2912,10 @@ const char *dsh_constants(void) {
 		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
 	size_t n = strlen(buf);
 	snprintf(buf + n, sizeof buf - n,
-		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%u,%d,%s,%s", OP_UNSHARE,
+		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%u,%d,%s,%s ahead=%c,%u", OP_UNSHARE,
 		 OP_KEEP_PATH, OP_BIND_KEPT, KEPT_SLOTS, MODE_SANDBOX, MODE_KEEPER, MODE_COMMAND, REQUEST_MAGIC, REQUEST_CGROUP,
 		 REQUEST_ID, REQUEST_SPARE, SPARE_MAGIC, REQUEST_FDS, EXEC_ID_LEN, CTL_PLACED, CTL_GO, CTL_KILLED, SERVER_FD,
-		 FILE_CONTROL, FILE_JOB_PID, SPAWN_MAGIC, SPAWN_FDS, FILE_SHIM_PID, DIR_EXECS);
+		 FILE_CONTROL, FILE_JOB_PID, SPAWN_MAGIC, SPAWN_FDS, FILE_SHIM_PID, DIR_EXECS, CTL_PLACED_AHEAD, REQUEST_KILLED);
 	return buf;
 }
 

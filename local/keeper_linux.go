@@ -76,6 +76,10 @@ const (
 	requestCgroup = 1
 	requestID     = 2
 	requestSpare  = 4
+	// requestKilled (keeper to the C init, with requestSpare): the
+	// command was killed before its request came; the spare ends
+	// unstarted.
+	requestKilled = 8
 	requestFDs    = 4 // plan, stdout, stderr, ctl (and the cgroup's)
 	// spareMagic ("DSS1") starts the C keeper's word to its init that
 	// the next command's group is made (its cgroup.procs attached).
@@ -94,6 +98,11 @@ const (
 	ctlPlaced = 'p'
 	ctlGo     = 'g'
 	ctlKilled = 'k'
+	// ctlPlacedAhead is a C spare's word that it is the command, placed
+	// in its group ahead of the request, and goes on without an answer:
+	// the keeper checked the kill marker after it gave that group the
+	// command's name, and a kill after that finds the command there.
+	ctlPlacedAhead = 'P'
 )
 
 // runKeeper is a kept sandbox's supervisor (the Go helper): it starts the
@@ -695,17 +704,19 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 			p.Cgroup.killCommand(p.ExecID, jobPID)
 			continue
 		case m, ok := <-msgs:
-			if ok && len(m.data) == 1 && m.data[0] == ctlPlaced && jobPID == 0 {
+			if ok && len(m.data) == 1 && (m.data[0] == ctlPlaced || m.data[0] == ctlPlacedAhead) && jobPID == 0 {
 				// Kill writes its marker before it kills what is in the
 				// command's group: either it sees the command there now,
 				// or the command never goes.
 				jobPID = m.pid
 				os.WriteFile(fileJobPID, []byte(strconv.Itoa(jobPID)), 0o600)
-				answer := byte(ctlGo)
-				if killed() || deadlineHit.Load() {
-					answer = ctlKilled
+				if m.data[0] == ctlPlaced {
+					answer := byte(ctlGo)
+					if killed() || deadlineHit.Load() {
+						answer = ctlKilled
+					}
+					unix.Sendmsg(ctl, []byte{answer}, nil, nil, unix.MSG_NOSIGNAL)
 				}
-				unix.Sendmsg(ctl, []byte{answer}, nil, nil, unix.MSG_NOSIGNAL)
 				continue
 			}
 			var rec exitRecord

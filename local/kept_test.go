@@ -690,3 +690,35 @@ func TestSpawnShimKeeperGone(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptKilledAtOnce: a command killed right after Exec, before or
+// while it starts, ends killed, whichever way the kill meets it (the
+// keeper finding the marker after naming the spare's group, the kill
+// finding the command in that group, or the shim's answer), and leaves
+// nothing running; the sandbox takes the next command.
+func TestKeptKilledAtOnce(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+			ctx := context.Background()
+			for i := range 15 {
+				p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 300"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Kill(ctx); err != nil {
+					t.Fatalf("round %d: Kill: %v", i, err)
+				}
+				exit, err := p.Wait(ctx)
+				if err != nil || !exit.Killed {
+					t.Fatalf("round %d: %+v %v", i, exit, err)
+				}
+			}
+			if out := keptRun(t, sb, `ps -eo args | grep -c '^sleep 300' || true`); out != "0\n" {
+				t.Errorf("left running: %q", out)
+			}
+		})
+	}
+}
