@@ -856,7 +856,9 @@ static void run_ops(const struct plan *p) {
 /* command_child is a kept sandbox's command between init's fork and the
  * job (runExec in keeper_linux.go): in a session of its own, it places
  * itself in its cgroup (cg, -1 for none), says so on ctl, waits for its
- * shim's go-ahead, takes its plan's steps (a mount namespace and a /run
+ * shim's go-ahead (not when ahead: a spare, placed before its request,
+ * whose kill the keeper checked), takes its plan's steps (a mount
+ * namespace and a /run
  * of its own, its inputs, the bounding set, the seccomp filter), drops
  * to the job's user and executes the job. What fails is written to the
  * job's stderr and reported on ctl. */

@@ -46,7 +46,10 @@ import (
 // spare), which places itself in its cgroup through that descriptor,
 // says so on ctl ("p"; the kernel adds its pid as the host sees it),
 // waits for the shim's go-ahead ("g", or "k": killed before it
-// started), takes its plan's steps (a mount namespace and a /run of its
+// started; a C spare, in its group ahead of the request, says "P" and
+// goes on: the keeper looked for the kill marker after it named the
+// spare's group after the command), takes its plan's steps (a mount
+// namespace and a /run of its
 // own, its inputs, the seccomp filter), drops to the job's user and
 // executes the job. init reports the job's end on ctl (an initStatus),
 // as the command process itself does when it cannot start.
