@@ -27,6 +27,19 @@ func keptSandbox(t *testing.T, b *Backend, expires time.Time) *sbox {
 	return create(t, b, spec)
 }
 
+// inEachKeptSandbox runs f as a subtest per helper mode this build has
+// ("C", "Go"), with a kept sandbox that lives for lifetime, on a backend
+// of its own that uses those helpers.
+func inEachKeptSandbox(t *testing.T, lifetime time.Duration, f func(t *testing.T, mode string, b *Backend, sb *sbox)) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.goHelpers = mode == "Go"
+			f(t, mode, b, keptSandbox(t, b, time.Now().Add(lifetime)))
+		})
+	}
+}
+
 // keptRun runs a shell script as a command of sb and wants exit 0.
 func keptRun(t *testing.T, sb *sbox, script string) string {
 	t.Helper()
@@ -41,31 +54,26 @@ func keptRun(t *testing.T, sb *sbox, script string) string {
 // the processes an earlier one left in the background (ps, /proc) and
 // can signal them, by name and by a pid left in /tmp.
 func TestKeptCommandsShareProcesses(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/sleep.pid
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/sleep.pid
 sleep 301 >/dev/null 2>&1 & echo $! > /tmp/other.pid`)
-			out := keptRun(t, sb, `pid=$(cat /tmp/sleep.pid); tr '\0' ' ' < /proc/$pid/cmdline; echo; ps -eo pid,args | grep -c '[s]leep 30'`)
-			if out != "sleep 300 \n2\n" {
-				t.Fatalf("the second command sees of the first one's background: %q, want its sleeps", out)
-			}
-			out = keptRun(t, sb, `pkill -x -f 'sleep 300' && echo signalled; kill $(cat /tmp/other.pid) && echo killed
+		out := keptRun(t, sb, `pid=$(cat /tmp/sleep.pid); tr '\0' ' ' < /proc/$pid/cmdline; echo; ps -eo pid,args | grep -c '[s]leep 30'`)
+		if out != "sleep 300 \n2\n" {
+			t.Fatalf("the second command sees of the first one's background: %q, want its sleeps", out)
+		}
+		out = keptRun(t, sb, `pkill -x -f 'sleep 300' && echo signalled; kill $(cat /tmp/other.pid) && echo killed
 for p in $(cat /tmp/sleep.pid) $(cat /tmp/other.pid); do
   i=0; while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
   kill -0 $p 2>/dev/null && echo "$p ALIVE" || echo "$p gone"
 done`)
-			pid1, pid2 := strings.TrimSpace(keptRun(t, sb, "cat /tmp/sleep.pid")), strings.TrimSpace(keptRun(t, sb, "cat /tmp/other.pid"))
-			if want := fmt.Sprintf("signalled\nkilled\n%s gone\n%s gone\n", pid1, pid2); out != want {
-				t.Errorf("the third command killing the first one's background: %q, want %q", out, want)
-			}
-			if pids := sandboxProcs(t, sb); len(pids) != 1 {
-				t.Errorf("processes in the sandbox besides its init: %v", pids)
-			}
-		})
-	}
+		pid1, pid2 := strings.TrimSpace(keptRun(t, sb, "cat /tmp/sleep.pid")), strings.TrimSpace(keptRun(t, sb, "cat /tmp/other.pid"))
+		if want := fmt.Sprintf("signalled\nkilled\n%s gone\n%s gone\n", pid1, pid2); out != want {
+			t.Errorf("the third command killing the first one's background: %q, want %q", out, want)
+		}
+		if pids := sandboxProcs(t, sb); len(pids) != 1 {
+			t.Errorf("processes in the sandbox besides its init: %v", pids)
+		}
+	})
 }
 
 // sandboxProcs lists the processes in the sandbox's cgroups (its init,
@@ -109,43 +117,38 @@ func spareGroup(pid int) string {
 // in its group ahead of the next command, and no more: the first spare
 // (spare-1) became the first command, a later one waits.
 func TestKeptCommandGroup(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			for range 3 {
-				p := start(t, sb, "/bin/sh", "-c", "{ grep ':pids:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3")
-				exit, out := finish(t, p)
-				if want := "/" + p.ID() + "\n"; exit.Code != 0 || out != want {
-					t.Errorf("the command's group: %+v %q, want %q", exit, out, want)
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		for range 3 {
+			p := start(t, sb, "/bin/sh", "-c", "{ grep ':pids:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3")
+			exit, out := finish(t, p)
+			if want := "/" + p.ID() + "\n"; exit.Code != 0 || out != want {
+				t.Errorf("the command's group: %+v %q, want %q", exit, out, want)
+			}
+		}
+		var groups []string
+		spares := func() int {
+			pids, err := stateOf(t, sb).Cgroup.procs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			groups = nil
+			for _, pid := range pids {
+				if g := spareGroup(pid); g != "" {
+					groups = append(groups, g)
 				}
 			}
-			var groups []string
-			spares := func() int {
-				pids, err := stateOf(t, sb).Cgroup.procs()
-				if err != nil {
-					t.Fatal(err)
-				}
-				groups = nil
-				for _, pid := range pids {
-					if g := spareGroup(pid); g != "" {
-						groups = append(groups, g)
-					}
-				}
-				return len(groups)
-			}
-			want := 0
-			if mode == "C" && b.cg.Version == 1 {
-				want = 1 // made a moment after the last command came
-			}
-			waitFor(5*time.Second, func() bool { return spares() == want })
-			time.Sleep(100 * time.Millisecond) // and no more come
-			if n := spares(); n != want || (n == 1 && groups[0] == "spare-1") {
-				t.Errorf("spares in the sandbox: %q, want %d (and not the first)", groups, want)
-			}
-		})
-	}
+			return len(groups)
+		}
+		want := 0
+		if mode == "C" && b.cg.Version == 1 {
+			want = 1 // made a moment after the last command came
+		}
+		waitFor(5*time.Second, func() bool { return spares() == want })
+		time.Sleep(100 * time.Millisecond) // and no more come
+		if n := spares(); n != want || (n == 1 && groups[0] == "spare-1") {
+			t.Errorf("spares in the sandbox: %q, want %d (and not the first)", groups, want)
+		}
+	})
 }
 
 // TestKeptDevServerRestart: the agent's round: a dev server started in the
@@ -155,41 +158,36 @@ func TestKeptDevServerRestart(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed on this host")
 	}
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			const serve = `cd /workspace && python3 -m http.server 8123 --bind 127.0.0.1 >/tmp/server.log 2>&1 & echo $! > /tmp/server.pid
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		const serve = `cd /workspace && python3 -m http.server 8123 --bind 127.0.0.1 >/tmp/server.log 2>&1 & echo $! > /tmp/server.pid
 i=0; until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8123), 1)' 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done; echo up`
-			const get = `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8123/page.txt").read().decode(), end="")'`
-			if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v1\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if out := keptRun(t, sb, serve); out != "up\n" {
-				t.Fatalf("start the server: %q", out)
-			}
-			first := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
-			if out := keptRun(t, sb, get); out != "v1\n" {
-				t.Fatalf("the server from another command: %q", out)
-			}
-			// Restart: kill the server the first command started, start it
-			// again on the same port.
-			keptRun(t, sb, `pid=$(cat /tmp/server.pid); kill $pid; i=0; while kill -0 $pid 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done`)
-			if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v2\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			exit, out := run(t, sb, "/bin/sh", "-c", serve)
-			if exit.Code != 0 || out != "up\n" {
-				_, log := run(t, sb, "/bin/cat", "/tmp/server.log")
-				t.Fatalf("restart the server on the same port: %+v %q; its log:\n%s", exit, out, log)
-			}
-			second := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
-			if out := keptRun(t, sb, get); out != "v2\n" || second == first {
-				t.Errorf("after the restart: %q from server %s (the first was %s)", out, second, first)
-			}
-		})
-	}
+		const get = `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8123/page.txt").read().decode(), end="")'`
+		if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out := keptRun(t, sb, serve); out != "up\n" {
+			t.Fatalf("start the server: %q", out)
+		}
+		first := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
+		if out := keptRun(t, sb, get); out != "v1\n" {
+			t.Fatalf("the server from another command: %q", out)
+		}
+		// Restart: kill the server the first command started, start it
+		// again on the same port.
+		keptRun(t, sb, `pid=$(cat /tmp/server.pid); kill $pid; i=0; while kill -0 $pid 2>/dev/null; do i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done`)
+		if err := sb.WriteFile(context.Background(), "/workspace/page.txt", []byte("v2\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		exit, out := run(t, sb, "/bin/sh", "-c", serve)
+		if exit.Code != 0 || out != "up\n" {
+			_, log := run(t, sb, "/bin/cat", "/tmp/server.log")
+			t.Fatalf("restart the server on the same port: %+v %q; its log:\n%s", exit, out, log)
+		}
+		second := strings.TrimSpace(keptRun(t, sb, "cat /tmp/server.pid"))
+		if out := keptRun(t, sb, get); out != "v2\n" || second == first {
+			t.Errorf("after the restart: %q from server %s (the first was %s)", out, second, first)
+		}
+	})
 }
 
 // TestKeptCommandEnds: a command's deadline and its Kill end that
@@ -197,45 +195,40 @@ i=0; until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 812
 // included, and nothing else: what another command left in the
 // background runs on, and the sandbox takes more commands.
 func TestKeptCommandEnds(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/keep.pid`)
-			mine := `sleep 1000 & echo $! > /tmp/mine.pid; setsid sleep 1001 >/dev/null 2>&1 & echo started; sleep 1002`
-			p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", mine}, Env: testEnv,
-				Deadline: time.Now().Add(700 * time.Millisecond)})
-			if err != nil {
-				t.Fatal(err)
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/keep.pid`)
+		mine := `sleep 1000 & echo $! > /tmp/mine.pid; setsid sleep 1001 >/dev/null 2>&1 & echo started; sleep 1002`
+		p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", mine}, Env: testEnv,
+			Deadline: time.Now().Add(700 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exit, _ := finish(t, p); !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 {
+			t.Errorf("at its deadline: %+v", exit)
+		}
+		check := func(how string) {
+			t.Helper()
+			out := keptRun(t, sb, `kill -0 $(cat /tmp/keep.pid) && echo kept; ps -eo args | grep -c '^sleep 100[0-2]' || true`)
+			if out != "kept\n0\n" {
+				t.Errorf("after %s: %q, want the other command's sleep kept and none of this one's", how, out)
 			}
-			if exit, _ := finish(t, p); !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 {
-				t.Errorf("at its deadline: %+v", exit)
-			}
-			check := func(how string) {
-				t.Helper()
-				out := keptRun(t, sb, `kill -0 $(cat /tmp/keep.pid) && echo kept; ps -eo args | grep -c '^sleep 100[0-2]' || true`)
-				if out != "kept\n0\n" {
-					t.Errorf("after %s: %q, want the other command's sleep kept and none of this one's", how, out)
-				}
-			}
-			check("the deadline")
-			p = start(t, sb, "/bin/sh", "-c", mine)
-			if !waitFor(10*time.Second, func() bool {
-				out, _ := p.ReadOutput(context.Background(), 0, 100)
-				return len(out) > 0
-			}) {
-				t.Fatal("the command never started")
-			}
-			if err := p.Kill(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			if exit, _ := finish(t, p); !exit.Killed || exit.Code != 137 || exit.DeadlineExceeded {
-				t.Errorf("killed: %+v", exit)
-			}
-			check("Kill")
-		})
-	}
+		}
+		check("the deadline")
+		p = start(t, sb, "/bin/sh", "-c", mine)
+		if !waitFor(10*time.Second, func() bool {
+			out, _ := p.ReadOutput(context.Background(), 0, 100)
+			return len(out) > 0
+		}) {
+			t.Fatal("the command never started")
+		}
+		if err := p.Kill(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if exit, _ := finish(t, p); !exit.Killed || exit.Code != 137 || exit.DeadlineExceeded {
+			t.Errorf("killed: %+v", exit)
+		}
+		check("Kill")
+	})
 }
 
 // TestKeptServerKilled: the server is killed (SIGKILL) while a command of
@@ -343,26 +336,21 @@ func runKeptServer(args []string) int {
 // by themselves (its supervisor ends its init), with no server watching;
 // then it is gone for Recover and Exec, and Destroy removes all of it.
 func TestKeptSandboxExpires(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(1500*time.Millisecond))
-			keptRun(t, sb, `sleep 300 >/dev/null 2>&1 &`)
-			if len(sandboxProcs(t, sb)) != 2 {
-				t.Fatalf("processes of the sandbox: %v, want init and the sleep", sandboxProcs(t, sb))
-			}
-			if !waitFor(10*time.Second, func() bool { return len(sandboxProcs(t, sb)) == 0 }) {
-				t.Fatalf("processes after the sandbox expired: %v", sandboxProcs(t, sb))
-			}
-			if _, err := b.Recover(context.Background(), sb.id); !errors.Is(err, sandbox.ErrGone) {
-				t.Errorf("Recover of an expired sandbox: %v, want ErrGone", err)
-			}
-			if _, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/true"}}); !errors.Is(err, sandbox.ErrGone) {
-				t.Errorf("Exec in an expired sandbox: %v, want ErrGone", err)
-			}
-		})
-	}
+	inEachKeptSandbox(t, 1500*time.Millisecond, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		keptRun(t, sb, `sleep 300 >/dev/null 2>&1 &`)
+		if len(sandboxProcs(t, sb)) != 2 {
+			t.Fatalf("processes of the sandbox: %v, want init and the sleep", sandboxProcs(t, sb))
+		}
+		if !waitFor(10*time.Second, func() bool { return len(sandboxProcs(t, sb)) == 0 }) {
+			t.Fatalf("processes after the sandbox expired: %v", sandboxProcs(t, sb))
+		}
+		if _, err := b.Recover(context.Background(), sb.id); !errors.Is(err, sandbox.ErrGone) {
+			t.Errorf("Recover of an expired sandbox: %v, want ErrGone", err)
+		}
+		if _, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/true"}}); !errors.Is(err, sandbox.ErrGone) {
+			t.Errorf("Exec in an expired sandbox: %v, want ErrGone", err)
+		}
+	})
 }
 
 // TestKeptPause: Pause freezes every process of a kept sandbox, what its
@@ -440,78 +428,68 @@ func logProcs(t *testing.T, sb *sbox) {
 // channel, and the same confinement as a sandbox's one command; two run
 // at once.
 func TestKeptCommandOwnParts(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			keptRun(t, sb, "mkdir /workspace/sub")
-			script := `echo "$NAME $(pwd) $(cat $DELEGATE_INPUTS/secret) $(cat)"; ls $DELEGATE_INPUTS | tr '\n' ' '; echo
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		keptRun(t, sb, "mkdir /workspace/sub")
+		script := `echo "$NAME $(pwd) $(cat $DELEGATE_INPUTS/secret) $(cat)"; ls $DELEGATE_INPUTS | tr '\n' ' '; echo
 echo "status of $NAME" > ` + StatusFile + `; sleep 0.5; find /run | sort | tr '\n' ' '; echo
 grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | tr '\t\n' '  '; echo; id -u`
-			var ps []sandbox.Process
-			for _, name := range []string{"one", "two"} {
-				p, err := sb.Exec(context.Background(), sandbox.Command{
-					Args: []string{"/bin/sh", "-c", script}, Env: append([]string{"NAME=" + name}, testEnv...), Dir: "/workspace/sub",
-					Inputs: map[string][]byte{"secret": []byte(name + "-secret"), "stdin": []byte(name + "-stdin")}, Stdin: "stdin",
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ps = append(ps, p)
+		var ps []sandbox.Process
+		for _, name := range []string{"one", "two"} {
+			p, err := sb.Exec(context.Background(), sandbox.Command{
+				Args: []string{"/bin/sh", "-c", script}, Env: append([]string{"NAME=" + name}, testEnv...), Dir: "/workspace/sub",
+				Inputs: map[string][]byte{"secret": []byte(name + "-secret"), "stdin": []byte(name + "-stdin")}, Stdin: "stdin",
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-			for i, name := range []string{"one", "two"} {
-				exit, out := finish(t, ps[i])
-				want := fmt.Sprintf("%s /workspace/sub %s-secret %s-stdin\nsecret stdin \n", name, name, name) +
-					"/run /run/delegate /run/delegate/inputs /run/delegate/inputs/secret /run/delegate/inputs/stdin /run/delegate/status \n" +
-					"CapEff: 0000000000000000 CapBnd: 0000000000000000 NoNewPrivs: 1 Seccomp: 2 \n1000\n"
-				if exit.Code != 0 || out != want {
-					t.Errorf("command %s: %+v\n%q\nwant\n%q", name, exit, out, want)
-				}
-				ev, err := ps[i].ReadEvents(context.Background(), 0, 100)
-				if err != nil || string(ev) != "status of "+name+"\n" {
-					t.Errorf("command %s's status lines: %q, %v", name, ev, err)
-				}
+			ps = append(ps, p)
+		}
+		for i, name := range []string{"one", "two"} {
+			exit, out := finish(t, ps[i])
+			want := fmt.Sprintf("%s /workspace/sub %s-secret %s-stdin\nsecret stdin \n", name, name, name) +
+				"/run /run/delegate /run/delegate/inputs /run/delegate/inputs/secret /run/delegate/inputs/stdin /run/delegate/status \n" +
+				"CapEff: 0000000000000000 CapBnd: 0000000000000000 NoNewPrivs: 1 Seccomp: 2 \n1000\n"
+			if exit.Code != 0 || out != want {
+				t.Errorf("command %s: %+v\n%q\nwant\n%q", name, exit, out, want)
 			}
-		})
-	}
+			ev, err := ps[i].ReadEvents(context.Background(), 0, 100)
+			if err != nil || string(ev) != "status of "+name+"\n" {
+				t.Errorf("command %s's status lines: %q, %v", name, ev, err)
+			}
+		}
+	})
 }
 
 // TestKeptSetupFailure: a command whose program is missing or whose
 // directory is not there fails as a sandbox's one command does; the
 // sandbox goes on.
 func TestKeptSetupFailure(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			for _, c := range []struct {
-				cmd  sandbox.Command
-				code int
-				out  string
-			}{
-				{sandbox.Command{Args: []string{"no-such-command"}, Env: testEnv}, codeNotFound,
-					setupPrefix + `"no-such-command": command not found in PATH "/usr/local/bin:/usr/bin:/bin"` + "\n"},
-				{sandbox.Command{Args: []string{"/bin/true"}, Env: testEnv, Dir: "/nowhere"}, codeCannotExec,
-					setupPrefix + "working directory /nowhere does not exist in the sandbox\n"},
-				{sandbox.Command{Args: []string{"/etc/passwd"}, Env: testEnv}, codeCannotExec,
-					setupPrefix + `cannot run "/etc/passwd": permission denied` + "\n"},
-			} {
-				p, err := sb.Exec(context.Background(), c.cmd)
-				if err != nil {
-					t.Fatal(err)
-				}
-				exit, out := finishTagged(t, p)
-				if exit.Code != c.code || out != "[stderr]"+c.out || exit.Reason != strings.TrimSuffix(strings.TrimPrefix(c.out, setupPrefix), "\n") {
-					t.Errorf("%q: %+v %q; want %d %q", c.cmd.Args, exit, out, c.code, c.out)
-				}
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		for _, c := range []struct {
+			cmd  sandbox.Command
+			code int
+			out  string
+		}{
+			{sandbox.Command{Args: []string{"no-such-command"}, Env: testEnv}, codeNotFound,
+				setupPrefix + `"no-such-command": command not found in PATH "/usr/local/bin:/usr/bin:/bin"` + "\n"},
+			{sandbox.Command{Args: []string{"/bin/true"}, Env: testEnv, Dir: "/nowhere"}, codeCannotExec,
+				setupPrefix + "working directory /nowhere does not exist in the sandbox\n"},
+			{sandbox.Command{Args: []string{"/etc/passwd"}, Env: testEnv}, codeCannotExec,
+				setupPrefix + `cannot run "/etc/passwd": permission denied` + "\n"},
+		} {
+			p, err := sb.Exec(context.Background(), c.cmd)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if out := keptRun(t, sb, "echo still"); out != "still\n" {
-				t.Errorf("after the failures: %q", out)
+			exit, out := finishTagged(t, p)
+			if exit.Code != c.code || out != "[stderr]"+c.out || exit.Reason != strings.TrimSuffix(strings.TrimPrefix(c.out, setupPrefix), "\n") {
+				t.Errorf("%q: %+v %q; want %d %q", c.cmd.Args, exit, out, c.code, c.out)
 			}
-		})
-	}
+		}
+		if out := keptRun(t, sb, "echo still"); out != "still\n" {
+			t.Errorf("after the failures: %q", out)
+		}
+	})
 }
 
 // TestCommandGroupV2: a kept sandbox's command's group in cgroup v2 (not
@@ -697,28 +675,23 @@ func TestSpawnShimKeeperGone(t *testing.T) {
 // finding the command in that group, or the shim's answer), and leaves
 // nothing running; the sandbox takes the next command.
 func TestKeptKilledAtOnce(t *testing.T) {
-	for _, mode := range helperModes() {
-		t.Run(mode, func(t *testing.T) {
-			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
-			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
-			ctx := context.Background()
-			for i := range 15 {
-				p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 300"}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := p.Kill(ctx); err != nil {
-					t.Fatalf("round %d: Kill: %v", i, err)
-				}
-				exit, err := p.Wait(ctx)
-				if err != nil || !exit.Killed {
-					t.Fatalf("round %d: %+v %v", i, exit, err)
-				}
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		ctx := context.Background()
+		for i := range 15 {
+			p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 300"}})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if out := keptRun(t, sb, `ps -eo args | grep -c '^sleep 300' || true`); out != "0\n" {
-				t.Errorf("left running: %q", out)
+			if err := p.Kill(ctx); err != nil {
+				t.Fatalf("round %d: Kill: %v", i, err)
 			}
-		})
-	}
+			exit, err := p.Wait(ctx)
+			if err != nil || !exit.Killed {
+				t.Fatalf("round %d: %+v %v", i, exit, err)
+			}
+		}
+		if out := keptRun(t, sb, `ps -eo args | grep -c '^sleep 300' || true`); out != "0\n" {
+			t.Errorf("left running: %q", out)
+		}
+	})
 }
