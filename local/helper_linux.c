@@ -996,6 +996,36 @@ static pid_t start_command(int *fds, int nfds) {
 	return pid;
 }
 
+/* message_fds takes the descriptors a received message brought: at most
+ * max into fds (any more are closed), and says in *root, when root is
+ * not NULL, whether its sender's credentials (SO_PASSCRED) are uid 0.
+ * It returns how many it took. */
+static int message_fds(struct msghdr *mh, int *fds, int max, int *root) {
+	int nfds = 0;
+	if (root)
+		*root = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET)
+			continue;
+		if (c->cmsg_type == SCM_CREDENTIALS && root && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+			struct ucred cr;
+			memcpy(&cr, CMSG_DATA(c), sizeof cr);
+			*root = cr.uid == 0;
+		} else if (c->cmsg_type == SCM_RIGHTS) {
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (int i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (nfds < max)
+					fds[nfds++] = fd;
+				else
+					close(fd);
+			}
+		}
+	}
+	return nfds;
+}
+
 /* spare_child is the next command of a kept sandbox (cgroup v1), forked
  * by init ahead of its request: it places itself in the group its keeper
  * made for it (cg: its cgroup.procs), which takes the kernel a grace
@@ -1011,7 +1041,7 @@ static void spare_child(int sock, int cg) {
 	if (write_all(4, "0", 1) < 0)
 		_exit(CODE_SETUP_FAILED); /* init sees it end, and forks the command itself */
 	close(4);
-	int rfds[REQUEST_FDS], nfds = 0;
+	int rfds[REQUEST_FDS];
 	union {
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
@@ -1025,13 +1055,7 @@ static void spare_child(int sock, int cg) {
 	while (n < 0 && errno == EINTR);
 	if (n <= 0)
 		_exit(0); /* init is gone, or took another way */
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-		for (int i = 0; i < k && nfds < REQUEST_FDS; i++)
-			memcpy(&rfds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-	}
+	int nfds = message_fds(&mh, rfds, REQUEST_FDS, NULL);
 	if (nfds != REQUEST_FDS)
 		_exit(CODE_SETUP_FAILED);
 	close(3);
@@ -1116,20 +1140,8 @@ static void keeper_serve(void) {
 			continue;
 		if (n <= 0)
 			_exit(0); /* the keeper is gone: so is the sandbox */
-		int rfds[REQUEST_FDS + 1], nfds = 0;
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-				continue;
-			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-			for (int i = 0; i < k; i++) {
-				int fd;
-				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-				if (nfds < REQUEST_FDS + 1)
-					rfds[nfds++] = fd;
-				else
-					close(fd);
-			}
-		}
+		int rfds[REQUEST_FDS + 1];
+		int nfds = message_fds(&mh, rfds, REQUEST_FDS + 1, NULL);
 		uint32_t magic = 0, flags = 0;
 		if (n == 8) {
 			memcpy(&magic, buf, 4);
@@ -2132,26 +2144,8 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 	ssize_t n = recvmsg(ctl, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	if (n < 0)
 		return;
-	int fds[REQUEST_FDS + 1], nfds = 0, root = 0;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET)
-			continue;
-		if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
-			struct ucred cr;
-			memcpy(&cr, CMSG_DATA(c), sizeof cr);
-			root = cr.uid == 0;
-		} else if (c->cmsg_type == SCM_RIGHTS) {
-			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-			for (int i = 0; i < k; i++) {
-				int fd;
-				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-				if (nfds < REQUEST_FDS + 1)
-					fds[nfds++] = fd;
-				else
-					close(fd);
-			}
-		}
-	}
+	int fds[REQUEST_FDS + 1], root;
+	int nfds = message_fds(&mh, fds, REQUEST_FDS + 1, &root);
 	uint32_t magic = 0, flags = 0;
 	if (n >= 8) {
 		memcpy(&magic, buf, 4);
