@@ -114,12 +114,9 @@ func runInit(args []string) int {
 	if err := runOps(p.Ops, p.Seccomp); err != nil {
 		return fail(codeSetupFailed, err)
 	}
-	path, err := jobPath(p.Args[0], p.Env, p.Dir)
+	path, code, err := commandPath(p)
 	if err != nil {
-		return fail(codeNotFound, err)
-	}
-	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
-		return fail(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir))
+		return fail(code, err)
 	}
 	stdin := 0 // /dev/null, from the shim
 	if p.Stdin != "" {
@@ -140,13 +137,34 @@ func runInit(args []string) int {
 		},
 	})
 	if err != nil {
-		code := codeCannotExec
-		if errors.Is(err, syscall.ENOENT) {
-			code = codeNotFound
-		}
-		return fail(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
+		return fail(execFailed(p, err))
 	}
 	return report(reap(pid))
+}
+
+// commandPath finds a command's program and checks its working
+// directory, as init and a kept sandbox's command both do before they
+// execute it (command_path in helper_linux.c): the path, or the code
+// and the error to report.
+func commandPath(p *plan) (string, int, error) {
+	path, err := jobPath(p.Args[0], p.Env, p.Dir)
+	if err != nil {
+		return "", codeNotFound, err
+	}
+	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
+		return "", codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir)
+	}
+	return path, 0, nil
+}
+
+// execFailed is the code and the error to report of a command whose
+// program could not be executed.
+func execFailed(p *plan, err error) (int, error) {
+	code := codeCannotExec
+	if errors.Is(err, syscall.ENOENT) {
+		code = codeNotFound
+	}
+	return code, fmt.Errorf("cannot run %q: %w", p.Args[0], err)
 }
 
 // closeRangeCloexec is CLOSE_RANGE_CLOEXEC of close_range(2), which

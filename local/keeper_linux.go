@@ -508,12 +508,9 @@ func runExec() int {
 	if err := runOps(p.Ops, p.Seccomp); err != nil {
 		return report(codeSetupFailed, err)
 	}
-	path, err := jobPath(p.Args[0], p.Env, p.Dir)
+	path, code, err := commandPath(p)
 	if err != nil {
-		return report(codeNotFound, err)
-	}
-	if st, err := os.Stat(p.Dir); err != nil || !st.IsDir() {
-		return report(codeCannotExec, fmt.Errorf("working directory %s does not exist in the sandbox", p.Dir))
+		return report(code, err)
 	}
 	if p.Stdin != "" {
 		in, err := unix.Open(p.Stdin, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -545,12 +542,7 @@ func runExec() int {
 	if err := unix.Chdir(p.Dir); err != nil {
 		return report(codeCannotExec, fmt.Errorf("working directory %s: %w", p.Dir, err))
 	}
-	err = unix.Exec(path, p.Args, p.Env)
-	code := codeCannotExec
-	if errors.Is(err, unix.ENOENT) {
-		code = codeNotFound
-	}
-	return report(code, fmt.Errorf("cannot run %q: %w", p.Args[0], err))
+	return report(execFailed(p, unix.Exec(path, p.Args, p.Env)))
 }
 
 // runCommandShim supervises one command of a kept sandbox (the Go
