@@ -183,8 +183,12 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if !st.Init {
 		return nil, fmt.Errorf("sandbox %s was kept by an earlier delegate, whose kept sandboxes cannot run more commands: release it and open another: %w", s.id, sandbox.ErrGone)
 	}
-	if _, alive := shimAlive(s.dir); !alive {
-		return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
+	c := haveCHelper && !s.b.goHelpers
+	spawn := st.Spawns && c // the keeper's socket says whether it is there (spawnShim)
+	if !spawn {
+		if _, alive := shimAlive(s.dir); !alive {
+			return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
+		}
 	}
 	execDir := filepath.Join(s.dir, dirExecs, rec.ID)
 	if err := os.Mkdir(execDir, 0o700); err != nil {
@@ -200,7 +204,6 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if err := writeExecRecord(execDir, rec); err != nil {
 		return nil, err
 	}
-	c := haveCHelper && !s.b.goHelpers
 	// The shim closes its end of this pipe once it has recorded the
 	// command's end (or ends): Wait wakes up then, without polling.
 	recordedR, recordedW, err := os.Pipe()
@@ -209,9 +212,9 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	}
 	pl := s.b.execPlan(s.dir, st, rec, cmd)
 	var shim *exec.Cmd
-	if st.Spawns && c {
+	if spawn {
 		if err = spawnShim(s.dir, rec.ID, pl, recordedW); errors.Is(err, sandbox.ErrGone) {
-			err = fmt.Errorf("sandbox %s: %w", s.id, err) // it ended since the check above
+			err = fmt.Errorf("sandbox %s: %w", s.id, err)
 		}
 	} else {
 		shim, err = s.b.startShim(execDir, pl, c, nil, recordedW)
