@@ -22,10 +22,10 @@ func TestCHelperConstants(t *testing.T) {
 		opMount, opMkdir, opTouch, opSymlink, opReadOnly, opPivot, opUnshareCgroup, opHostname, opLoopback,
 		opNoCoreDumps, opDropBounding, opSeccomp, opResolvConf, opInput, opSysctl, opNoFile)
 	// A kept sandbox's: its ops, modes, requests and files.
-	want += fmt.Sprintf(",%d,%d,%d kept=%d modes=%d,%d,%d request=%d,%d,%d,%d,%d,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%d,%d,%s,%s ahead=%c,%d",
+	want += fmt.Sprintf(",%d,%d,%d kept=%d modes=%d,%d,%d request=%d,%d,%d,%d,%d,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%d,%d,%s,%s ahead=%c,%d channel=%s",
 		opUnshare, opKeepPath, opBindKept, keptSlots, modeSandbox, modeKeeper, modeCommand,
 		requestMagic, requestCgroup, requestID, requestSpare, spareMagic, requestFDs, len("ex-")+8, ctlPlaced, ctlGo, ctlKilled, serverFD,
-		fileControl, fileJobPID, spawnMagic, spawnFDs, fileShimPID, dirExecs, ctlPlacedAhead, requestKilled)
+		fileControl, fileJobPID, spawnMagic, spawnFDs, fileShimPID, dirExecs, ctlPlacedAhead, requestKilled, dirChannel)
 	if got := cConstants(); got != want {
 		t.Errorf("helper_linux.c has\n%s\nwant\n%s", got, want)
 	}

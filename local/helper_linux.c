@@ -100,6 +100,7 @@
 #define SPAWN_FDS 2 /* the plan, the server's pipe (SERVER_FD) */
 #define FILE_SHIM_PID "shim.pid"
 #define DIR_EXECS "execs"
+#define DIR_CHANNEL "channel" /* the commands' status channels, by id */
 #define CTL_PLACED 'p'
 #define CTL_GO 'g'
 #define CTL_KILLED 'k'
@@ -1615,8 +1616,8 @@ static void br_end(struct bridge *b) {
 
 /* br_open opens the status channel at path (a FIFO; none: the job has
  * no channel), read-write so that it never reports end-of-file between
- * two writers. */
-static void br_open(struct bridge *br, const struct plan *p, const char *path) {
+ * two writers; or takes fd, the channel opened so already (path NULL). */
+static void br_open(struct bridge *br, const struct plan *p, const char *path, int fd) {
 	memset(br, 0, sizeof *br);
 	br->events = -1;
 	br->limit = p->max_events;
@@ -1624,8 +1625,8 @@ static void br_open(struct bridge *br, const struct plan *p, const char *path) {
 	br->every_ns = p->latest_every_ns;
 	br->pause_ns = p->flood_pause_ns;
 	br->last_latest = INT64_MIN / 2; /* the first latest line is due at once */
-	br->fifo = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-	if (br->fifo < 0 && errno != ENOENT)
+	br->fifo = path ? open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW) : fd;
+	if (path && br->fifo < 0 && errno != ENOENT)
 		logmsg("status channel: open: %s", errtext(errno));
 	if (br->fifo >= 0 && ((br->partial = malloc(br->maxline + 1)) == NULL || (br->latest = malloc(br->maxline)) == NULL)) {
 		logmsg("status channel: %s", errtext(errno));
@@ -2078,24 +2079,138 @@ static int valid_exec_id(const char *id, size_t len) {
 	return 1;
 }
 
-/* spawn_shim starts the shim of command id (its directory execs/<id>,
- * its plan on plan, the server's pipe on server): a fork of the keeper,
- * which becomes what the server would otherwise have executed
- * ("SelfExe __sandbox-shim <dir>/execs/<id>", command_main), sparing the
- * server a fork and an exec per command. It is in a session of its own
- * and records its pid; its command line is the keeper's, and its parent
- * the keeper (isShimOf in Go knows it by both). The keeper reaps it
- * (SIGCHLD is ignored there). */
-static int shim_main(size_t cmdline_len);
+/* A command whose request its keeper sent to init itself (keeper_start):
+ * what the shim the keeper forks next finds made (command_main). */
+struct started_cmd {
+	int on;
+	int out, err, ctl, fifo; /* the read ends of its output, its ctl end, its status channel (or -1) */
+	long ooms_before;	 /* the sandbox's OOM kills before it */
+	char cgdir[4200];	 /* its cgroup, "" for none */
+	char failed[4096];	 /* why it could not be asked for, "" when it was */
+};
+static struct started_cmd started;
 
-static void spawn_shim(const char *id, int plan, int server) {
+/* send_fds sends buf with the descriptors fds on the connected socket
+ * sock. */
+static ssize_t send_fds(int sock, const void *buf, size_t n, const int *fds, int nfds) {
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1))];
+	} cm;
+	memset(&cm, 0, sizeof cm);
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+	memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+	ssize_t k;
+	do
+		k = sendmsg(sock, &mh, MSG_NOSIGNAL);
+	while (k < 0 && errno == EINTR);
+	return k;
+}
+
+/* keeper_start starts command id (the server's SPAWN_MAGIC request: its
+ * plan on plan, the server's pipe on server). The keeper makes what the
+ * command's shim would otherwise make (its output pipes, its ctl pair,
+ * its cgroup: the spare's, renamed, in v1), sends init the request
+ * itself, and only then forks the command's shim (spawn_shim): the
+ * command starts while its shim is made, and its request takes one hop
+ * instead of a shim's set-up and two hops. */
+static int shim_main(size_t cmdline_len);
+static int spawn_shim(const char *id, int plan, int server);
+static void command_kill(const struct plan *p, const char *cgdir, pid_t jobpid);
+
+static void keeper_start(const struct plan *p, struct spares *sp, const char *id, int plan, int server, int init) {
+	struct started_cmd *s = &started; /* the keeper's own is unused: its shims take a copy with fork */
+	memset(s, 0, sizeof *s);
+	s->on = 1;
+	s->out = s->err = s->ctl = s->fifo = -1;
+	int outp[2] = {-1, -1}, errp[2] = {-1, -1}, ctl[2] = {-1, -1}, one = 1;
+	int fds[REQUEST_FDS + 1] = {plan, -1, -1, -1, -1}, nfds = REQUEST_FDS;
+	if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
+	    setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0) {
+		snprintf(s->failed, sizeof s->failed, "pipe: %s", errtext(errno));
+	} else {
+		fds[1] = outp[1];
+		fds[2] = errp[1];
+		fds[3] = ctl[1];
+		s->ooms_before = cg_oom_kills(p); /* the sandbox's so far: only new ones are this command's */
+		if (s->ooms_before < 0)
+			s->ooms_before = 0;
+		/* Open before the command can write to it: a FIFO keeps what is
+		 * written only while someone holds it open. */
+		char channel[64];
+		snprintf(channel, sizeof channel, "%s/%s", DIR_CHANNEL, id);
+		s->fifo = open(channel, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+		if (s->fifo < 0 && errno != ENOENT)
+			logmsg("status channel of command %s: open: %s", id, errtext(errno));
+		uint32_t flags = 0;
+		if (p->cg_pids[0]) {
+			flags = command_group(p, sp, id, fds, &nfds);
+			if (flags)
+				snprintf(s->cgdir, sizeof s->cgdir, "%s/%s", p->cg_pids, id);
+			if (flags & REQUEST_SPARE) {
+				/* After the rename: a kill from now on finds the command
+				 * in its group; one before left its marker. */
+				char killed[64];
+				snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
+				if (exists(killed))
+					flags |= REQUEST_KILLED;
+			}
+		}
+		char head[8];
+		uint32_t magic = REQUEST_MAGIC;
+		memcpy(head, &magic, 4);
+		memcpy(head + 4, &flags, 4);
+		if (send_fds(init, head, sizeof head, fds, nfds) < 0)
+			snprintf(s->failed, sizeof s->failed, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
+	}
+	/* The write ends are the command's alone: its output ends when it
+	 * (and what it left behind) closes them. */
+	for (int i = 1; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	s->out = outp[0];
+	s->err = errp[0];
+	s->ctl = ctl[0];
+	if (spawn_shim(id, plan, server) < 0 && !s->failed[0] && s->cgdir[0]) {
+		/* Its pipe to the server closes unanswered: Wait sees the shim
+		 * gone. The command ends with nobody at its ctl, unless it goes
+		 * on regardless (a spare, 'P'): killed here. */
+		char killed[64];
+		snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
+		int fd = open(killed, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (fd >= 0)
+			close(fd);
+		command_kill(p, s->cgdir, 0);
+	}
+	int ours[] = {outp[0], errp[0], ctl[0], s->fifo};
+	for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+		if (ours[i] >= 0)
+			close(ours[i]);
+	s->on = 0;
+}
+
+/* spawn_shim starts the shim of command id (its directory execs/<id>,
+ * its plan on plan, the server's pipe on server, and what keeper_start
+ * made in started): a fork of the keeper, which becomes what the server
+ * would otherwise have executed ("SelfExe __sandbox-shim
+ * <dir>/execs/<id>", command_main), sparing the server a fork and an
+ * exec per command. It is in a session of its own and records its pid;
+ * its command line is the keeper's, and its parent the keeper (isShimOf
+ * in Go knows it by both). The keeper reaps it (SIGCHLD is ignored
+ * there). It returns -1 if there is none. */
+static int spawn_shim(const char *id, int plan, int server) {
 	pid_t pid = fork();
 	if (pid < 0) {
 		logmsg("start the shim of command %s: %s", id, errtext(errno));
-		return; /* the server's pipe closes unanswered: its Wait sees the shim gone */
+		return -1;
 	}
 	if (pid > 0)
-		return;
+		return 0;
 	signal(SIGCHLD, SIG_DFL);
 	if (logfd >= 0) {
 		close(logfd); /* the command's log is its own directory's */
@@ -2107,20 +2222,40 @@ static void spawn_shim(const char *id, int plan, int server) {
 		logmsg("start the shim of command %s: %s", id, errtext(errno));
 		_exit(1);
 	}
-	/* Above both targets first, so that neither move overwrites the
-	 * other descriptor. */
-	plan = fcntl(plan, F_DUPFD_CLOEXEC, 10);
-	server = fcntl(server, F_DUPFD_CLOEXEC, 10);
-	if (plan < 0 || server < 0 || dup2(plan, PLAN_FD) < 0 || dup2(server, SERVER_FD) < 0) {
-		logmsg("start the shim of command %s: %s", id, errtext(errno));
-		_exit(1);
-	}
+	/* Its descriptors at fixed places: PLAN_FD, SERVER_FD, then what
+	 * keeper_start made from 6 on. All are moved above the targets
+	 * first, so that no move overwrites another descriptor. */
+	int from[] = {plan, server, started.out, started.err, started.ctl, started.fifo};
+	int to[] = {PLAN_FD, SERVER_FD, 6, 7, 8, 9};
+	int n = started.on ? 6 : 2;
+	for (int i = 0; i < n; i++)
+		if (from[i] >= 0 && (from[i] = fcntl(from[i], F_DUPFD_CLOEXEC, 16)) < 0) {
+			logmsg("start the shim of command %s: %s", id, errtext(errno));
+			_exit(1);
+		}
+	for (int i = 0; i < n; i++)
+		if (from[i] >= 0 && dup3(from[i], to[i], O_CLOEXEC) < 0) {
+			logmsg("start the shim of command %s: %s", id, errtext(errno));
+			_exit(1);
+		}
 	/* Nothing of the keeper's stays open in it but its standard streams
-	 * and these two (3 and 5). */
-	if (syscall(SYS_close_range, 4, 4, 0) < 0 || syscall(SYS_close_range, 6, ~0U, 0) < 0)
-		for (int fd = 3; fd < 1024; fd++)
-			if (fd != PLAN_FD && fd != SERVER_FD)
-				close(fd);
+	 * and these. */
+	for (int fd = 3; fd < 10; fd++) {
+		int keep = 0;
+		for (int i = 0; i < n; i++)
+			keep |= fd == to[i] && from[i] >= 0;
+		if (!keep)
+			close(fd);
+	}
+	if (syscall(SYS_close_range, 10, ~0U, 0) < 0)
+		for (int fd = 10; fd < 1024; fd++)
+			close(fd);
+	if (started.on) {
+		started.out = started.out >= 0 ? 6 : -1;
+		started.err = started.err >= 0 ? 7 : -1;
+		started.ctl = started.ctl >= 0 ? 8 : -1;
+		started.fifo = started.fifo >= 0 ? 9 : -1;
+	}
 	char num[32];
 	int nn = snprintf(num, sizeof num, "%d", (int)getpid());
 	if (write_pid_file(FILE_SHIM_PID, num, (size_t)nn) < 0)
@@ -2156,7 +2291,7 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 			char id[EXEC_ID_LEN + 1];
 			memcpy(id, buf + 8, EXEC_ID_LEN);
 			id[EXEC_ID_LEN] = 0;
-			spawn_shim(id, fds[0], fds[1]);
+			keeper_start(p, sp, id, fds[0], fds[1], init);
 		} else
 			logmsg("a request to start a shim %s, dropped", root ? "malformed" : "not from root");
 		for (int i = 0; i < nfds; i++)
@@ -2185,23 +2320,7 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 		}
 		/* A failure is the command's shim's to see: its socket with the
 		 * command closes unanswered. */
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int) * (REQUEST_FDS + 1))];
-		} out;
-		memset(&out, 0, sizeof out);
-		struct iovec oiov = {buf, (size_t)n};
-		struct msghdr om = {.msg_iov = &oiov, .msg_iovlen = 1, .msg_control = out.b, .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
-		struct cmsghdr *c = CMSG_FIRSTHDR(&om);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-		ssize_t k;
-		do
-			k = sendmsg(init, &om, MSG_NOSIGNAL);
-		while (k < 0 && errno == EINTR);
-		if (k < 0)
+		if (send_fds(init, buf, (size_t)n, fds, nfds) < 0)
 			logmsg("relay a request to the sandbox init: %s", errtext(errno));
 	}
 	for (int i = 0; i < nfds; i++)
@@ -2403,29 +2522,28 @@ static void command_kill(const struct plan *p, const char *cgdir, pid_t jobpid) 
 	}
 }
 
-/* command_main supervises one command of a kept sandbox (runCommandShim
- * in keeper_linux.go): it asks the sandbox's init for the command, lets
- * it go once it is in its cgroup (unless Kill came first), keeps its
- * output and status lines, enforces its deadline (its own processes
- * only), records its end as soon as init reports it (and closes
- * SERVER_FD: the server's Wait wakes up), and stays while what the
- * command left in the background holds its output open. */
-static int command_main(const struct plan *p, struct outw *w) {
-	int server = fcntl(SERVER_FD, F_SETFD, FD_CLOEXEC) == 0 ? SERVER_FD : -1;
-	char err[4096] = "", cgdir[4200] = "";
-	int outp[2] = {-1, -1}, errp[2] = {-1, -1}, ctl[2] = {-1, -1}, cg = -1, one = 1;
+/* command_ask asks the sandbox's init for a command whose shim the
+ * server started (command_main; one the keeper started has all this
+ * made by keeper_start): the command's output pipes and ctl pair (the
+ * read ends and the shim's end stay in outp[0], errp[0], ctl[0]), its
+ * cgroup (cgdir, "" for none), its status channel (br), and a request
+ * sent to the keeper's socket. It returns the sandbox's OOM kills so
+ * far; err says what failed. */
+static long command_ask(const struct plan *p, char *err, size_t errcap, char *cgdir, size_t cgcap, int *outp, int *errp, int *ctl,
+			struct bridge *br) {
+	int cg = -1, one = 1;
 	if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
 	    setsockopt(ctl[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0)
-		snprintf(err, sizeof err, "pipe: %s", errtext(errno));
+		snprintf(err, errcap, "pipe: %s", errtext(errno));
 	/* Its own cgroup, below the sandbox's; where none can be made the
 	 * command is told apart by its process group (its session) alone.
 	 * In cgroup v1 the keeper gives it one (command_group), the request
 	 * names the command for that. */
 	int named = p->cg_version == 1 && strlen(p->exec_id) == EXEC_ID_LEN;
 	if (named)
-		snprintf(cgdir, sizeof cgdir, "%s/%s", p->cg_pids, p->exec_id);
+		snprintf(cgdir, cgcap, "%s/%s", p->cg_pids, p->exec_id);
 	else if (!err[0]) {
-		snprintf(cgdir, sizeof cgdir, "%s/%s", p->cg_pids, p->exec_id);
+		snprintf(cgdir, cgcap, "%s/%s", p->cg_pids, p->exec_id);
 		char path[4300];
 		snprintf(path, sizeof path, "%s/cgroup.procs", cgdir);
 		if ((mkdir(cgdir, 0755) < 0 && errno != EEXIST) || (cg = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
@@ -2436,8 +2554,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 	long ooms_before = cg_oom_kills(p); /* the sandbox's so far: only new ones are this command's */
 	if (ooms_before < 0)
 		ooms_before = 0;
-	struct bridge br;
-	br_open(&br, p, p->channel);
+	br_open(br, p, p->channel, -1);
 	if (!err[0]) {
 		char head[8 + EXEC_ID_LEN];
 		uint32_t magic = REQUEST_MAGIC, flags = cg >= 0 ? REQUEST_CGROUP : named ? REQUEST_ID : 0;
@@ -2472,7 +2589,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 			while (k < 0 && errno == EINTR);
 		}
 		if (k < 0)
-			snprintf(err, sizeof err, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
+			snprintf(err, errcap, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
 		if (sock >= 0)
 			close(sock);
 	}
@@ -2480,6 +2597,34 @@ static int command_main(const struct plan *p, struct outw *w) {
 	for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
 		if (ends[i] >= 0)
 			close(ends[i]);
+	return ooms_before;
+}
+
+/* command_main supervises one command of a kept sandbox (runCommandShim
+ * in keeper_linux.go): it asks the sandbox's init for the command, lets
+ * it go once it is in its cgroup (unless Kill came first), keeps its
+ * output and status lines, enforces its deadline (its own processes
+ * only), records its end as soon as init reports it (and closes
+ * SERVER_FD: the server's Wait wakes up), and stays while what the
+ * command left in the background holds its output open. */
+static int command_main(const struct plan *p, struct outw *w) {
+	int server = fcntl(SERVER_FD, F_SETFD, FD_CLOEXEC) == 0 ? SERVER_FD : -1;
+	char err[4096] = "", cgdir[4200] = "";
+	int outp[2] = {-1, -1}, errp[2] = {-1, -1}, ctl[2] = {-1, -1};
+	long ooms_before = 0;
+	struct bridge br;
+	if (started.on) {
+		/* Its keeper asked init for the command (keeper_start). */
+		snprintf(err, sizeof err, "%s", started.failed);
+		snprintf(cgdir, sizeof cgdir, "%s", started.cgdir);
+		outp[0] = started.out;
+		errp[0] = started.err;
+		ctl[0] = started.ctl;
+		ooms_before = started.ooms_before;
+		br_open(&br, p, NULL, started.fifo);
+		close(PLAN_FD);
+	} else
+		ooms_before = command_ask(p, err, sizeof err, cgdir, sizeof cgdir, outp, errp, ctl, &br);
 	struct outs os = {-1, {-1, -1}};
 	if (!err[0] && outs_init(&os, outp[0], errp[0]) < 0)
 		snprintf(err, sizeof err, "epoll: %s", errtext(errno));
@@ -2714,7 +2859,7 @@ static int shim_main(size_t cmdline_len) {
 		return finish_failed(&w, err);
 
 	struct bridge br;
-	br_open(&br, &p, FILE_STATUS_FIFO);
+	br_open(&br, &p, FILE_STATUS_FIFO, -1);
 
 	/* Release: maps, pid record, cgroups (v2; init places itself in v1
 	 * groups), then the go-ahead, unless Kill came first (it writes its
@@ -2908,10 +3053,10 @@ const char *dsh_constants(void) {
 		 OP_SECCOMP, OP_RESOLV_CONF, OP_INPUT, OP_SYSCTL, OP_NOFILE);
 	size_t n = strlen(buf);
 	snprintf(buf + n, sizeof buf - n,
-		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%u,%d,%s,%s ahead=%c,%u", OP_UNSHARE,
+		 ",%d,%d,%d kept=%d modes=%d,%d,%d request=%u,%u,%u,%u,%u,%d,%d ctl=%c%c%c server_fd=%d files=%s,%s spawn=%u,%d,%s,%s ahead=%c,%u channel=%s", OP_UNSHARE,
 		 OP_KEEP_PATH, OP_BIND_KEPT, KEPT_SLOTS, MODE_SANDBOX, MODE_KEEPER, MODE_COMMAND, REQUEST_MAGIC, REQUEST_CGROUP,
 		 REQUEST_ID, REQUEST_SPARE, SPARE_MAGIC, REQUEST_FDS, EXEC_ID_LEN, CTL_PLACED, CTL_GO, CTL_KILLED, SERVER_FD,
-		 FILE_CONTROL, FILE_JOB_PID, SPAWN_MAGIC, SPAWN_FDS, FILE_SHIM_PID, DIR_EXECS, CTL_PLACED_AHEAD, REQUEST_KILLED);
+		 FILE_CONTROL, FILE_JOB_PID, SPAWN_MAGIC, SPAWN_FDS, FILE_SHIM_PID, DIR_EXECS, CTL_PLACED_AHEAD, REQUEST_KILLED, DIR_CHANNEL);
 	return buf;
 }
 

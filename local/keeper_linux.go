@@ -30,8 +30,11 @@ import (
 //	         → each command, forked by init
 //	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>,
 //	         modeCommand): its request to init, its output, its end
-//	         (the C keeper forks it when the server asks, spawnMagic:
-//	         no fork and exec of the server per command)
+//	         (the C keeper, asked by the server with spawnMagic, makes
+//	         the request to init itself and then forks the shim, which
+//	         finds it made: no fork and exec of the server, and no
+//	         shim set-up before the command starts; keeper_start in
+//	         helper_linux.c)
 //
 // A command's shim sends its request as one datagram to the keeper's
 // socket (fileControl in the sandbox directory, root's alone), with
