@@ -2044,6 +2044,21 @@ static void spare_make(const struct plan *p, struct spares *sp, int init) {
 	sp->have = 1;
 }
 
+/* group_has_procs says whether the cgroup dir holds a process. */
+static int group_has_procs(const char *dir) {
+	char path[4300], buf[16];
+	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n;
+	do
+		n = read(fd, buf, sizeof buf);
+	while (n < 0 && errno == EINTR);
+	close(fd);
+	return n > 0;
+}
+
 /* command_group gives the command exec_id its group: the spare's,
  * renamed, (REQUEST_SPARE) or a new one whose cgroup.procs it adds to
  * fds (REQUEST_CGROUP). It returns the request's flags for init. */
@@ -2053,10 +2068,17 @@ static uint32_t command_group(const struct plan *p, struct spares *sp, const cha
 	if (sp->v1 && sp->have) {
 		char from[4200];
 		snprintf(from, sizeof from, "%s/spare-%u", p->cg_pids, sp->n);
-		sp->have = 0; /* used, or (the rename failed) left to end with init's */
-		if (rename(from, dir) == 0)
+		sp->have = 0; /* used, or left to end with init's (its next spare replaces it) */
+		/* The spare places itself in its group once init has forked it,
+		 * which may not have happened yet: a command given a group
+		 * still empty would miss a Kill that came before the spare's
+		 * move (its 'P' asks nobody), so it is forked as it comes. */
+		if (!group_has_procs(from))
+			logmsg("the spare is not in its cgroup %s yet: the command is forked", from);
+		else if (rename(from, dir) == 0)
 			return REQUEST_SPARE;
-		logmsg("name the spare's cgroup %s: %s", dir, errtext(errno));
+		else
+			logmsg("name the spare's cgroup %s: %s", dir, errtext(errno));
 	}
 	int fd = -1;
 	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
