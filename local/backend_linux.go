@@ -45,6 +45,10 @@ type Backend struct {
 	// its children), by their directory, so Wait can block on them
 	// instead of polling.
 	live map[string]*process
+	// spareExecs holds, by kept sandbox directory, the id of a command
+	// directory made ahead of the sandbox's next command
+	// (makeSpareExecDir).
+	spareExecs map[string]string
 	// creating holds the ids of sandboxes being created: List leaves them
 	// out, so a cleanup sweep cannot destroy one under Create's feet.
 	creating map[string]bool
@@ -125,7 +129,7 @@ func New(cfg Config) (*Backend, error) {
 		log.Warn("the job limits let the sandboxes together hold more than half of the host's file table",
 			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, creating: map[string]bool{}, lookPath: exec.LookPath,
+	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, spareExecs: map[string]string{}, creating: map[string]bool{}, lookPath: exec.LookPath,
 		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes),
 		egress: cfg.Egress, egressCallback: cfg.EgressCallbackPort, served: map[string]*servedSandbox{}}
 	if cfg.CacheDir != "" {
@@ -649,8 +653,15 @@ func (b *Backend) state(dir, id string) (sandboxState, error) {
 func (b *Backend) destroy(id string) error {
 	dir := filepath.Join(b.dir, id)
 	defer func() {
+		// Its processes (the sandbox's, and each command's of a kept
+		// one) and a command directory made ahead are forgotten with it.
 		b.mu.Lock()
-		delete(b.live, id)
+		for d := range b.live {
+			if d == dir || strings.HasPrefix(d, dir+string(filepath.Separator)) {
+				delete(b.live, d)
+			}
+		}
+		delete(b.spareExecs, dir)
 		b.mu.Unlock()
 	}()
 	// Its listeners close first: nothing is served to a sandbox going.

@@ -695,3 +695,66 @@ func TestKeptKilledAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestKeptExecDirsAhead: each command of a kept sandbox leaves the next
+// one's directory and status channel made (and no record in it), which
+// the next command takes; the sandbox's destruction forgets that
+// directory and every process of the sandbox the backend knew.
+func TestKeptExecDirsAhead(t *testing.T) {
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		ids, ahead := make([]string, 3), ""
+		for i := range ids {
+			p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "echo line > " + StatusFile + "; echo out"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[i] = p.ID()
+			if i > 0 && ids[i] != ahead {
+				t.Fatalf("command %d is %s, not in the directory made ahead for it, %s", i, ids[i], ahead)
+			}
+			b.mu.Lock()
+			next := b.spareExecs[sb.dir]
+			b.mu.Unlock()
+			if next == "" || next == ids[i] {
+				t.Fatalf("command %d (%s): the next command's directory is %q", i, ids[i], next)
+			}
+			if _, err := os.Stat(filepath.Join(sb.dir, dirExecs, next)); err != nil {
+				t.Fatalf("the next command's directory: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(sb.dir, dirExecs, next, fileExec)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the next command's directory has a record already: %v", err)
+			}
+			if fi, err := os.Stat(filepath.Join(sb.dir, dirChannel, next)); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+				t.Fatalf("the next command's status channel: %v %v", fi, err)
+			}
+			if exit, err := p.Wait(context.Background()); err != nil || exit.Code != 0 {
+				t.Fatalf("command %d: %+v %v", i, exit, err)
+			}
+			var rec execRecord
+			if err := readJSON(filepath.Join(sb.dir, dirExecs, ids[i], fileExec), &rec); err != nil || rec.ID != ids[i] {
+				t.Fatalf("command %d's record: %+v %v", i, rec, err)
+			}
+			if got, err := sb.Process(context.Background(), ids[i]); err != nil || got.ID() != ids[i] {
+				t.Fatalf("Process(%s) = %v, %v", ids[i], got, err)
+			}
+			events, err := os.ReadFile(filepath.Join(sb.dir, dirExecs, ids[i], fileEvents))
+			if err != nil || !strings.Contains(string(events), "line") {
+				t.Fatalf("command %d's status line: %q %v", i, events, err)
+			}
+			ahead = next
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if _, ok := b.spareExecs[sb.dir]; ok {
+			t.Error("the destroyed sandbox's next command directory is remembered")
+		}
+		for d := range b.live {
+			if strings.HasPrefix(d, sb.dir) {
+				t.Errorf("a process of the destroyed sandbox is remembered: %s", d)
+			}
+		}
+	})
+}

@@ -190,20 +190,11 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 			return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
 		}
 	}
-	execDir := filepath.Join(s.dir, dirExecs, rec.ID)
-	if err := os.Mkdir(execDir, 0o700); err != nil {
-		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
-	}
-	channel := filepath.Join(s.dir, dirChannel, rec.ID)
-	if err := unix.Mkfifo(channel, 0o600); err != nil {
-		return nil, s.goneOr(fmt.Errorf("exec: the status channel: %w", err))
-	}
-	if err := os.Chown(channel, int(st.hostBase()+jobID), int(st.hostBase()+jobID)); err != nil {
-		return nil, fmt.Errorf("exec: the status channel: %w", err)
-	}
-	if err := writeExecRecord(execDir, rec); err != nil {
+	execDir, err := s.takeExecDir(st, &rec)
+	if err != nil {
 		return nil, err
 	}
+	channel := filepath.Join(s.dir, dirChannel, rec.ID)
 	// The shim closes its end of this pipe once it has recorded the
 	// command's end (or ends): Wait wakes up then, without polling.
 	recordedR, recordedW, err := os.Pipe()
@@ -231,7 +222,77 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 		recordedR.Close()
 		close(recorded)
 	}()
-	return s.started(rec.ID, execDir, shim, recorded), nil
+	p := s.started(rec.ID, execDir, shim, recorded)
+	// Once the command is on its way: its record is for a later server
+	// (Process), which learns the command's id only after Exec returns;
+	// nothing in the sandbox reads it.
+	if err := writeExecRecord(execDir, rec); err != nil {
+		p.Kill(context.Background())
+		return nil, err
+	}
+	// The next command's directory, while this one starts.
+	if err := s.makeSpareExecDir(st); err != nil && !s.gone() {
+		s.b.log.Warn("make the next command's directory ahead", "sandbox", s.id, "err", err)
+	}
+	return p, nil
+}
+
+// takeExecDir gives a command of a kept sandbox its directory
+// (execs/<id>) and status channel (a FIFO in dirChannel): the ones made
+// ahead for it (its id then becomes rec.ID), or new ones.
+func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (string, error) {
+	s.b.mu.Lock()
+	id := s.b.spareExecs[s.dir]
+	delete(s.b.spareExecs, s.dir)
+	s.b.mu.Unlock()
+	if id != "" {
+		rec.ID = id
+		return filepath.Join(s.dir, dirExecs, id), nil
+	}
+	return s.makeExecDir(st, rec.ID)
+}
+
+// makeSpareExecDir makes the directory and status channel of the
+// sandbox's next command ahead of it, unless there are some: the next
+// Exec is spared a directory made on the data directory's filesystem
+// (0.04-0.3 ms here, the cost of a command's round trip most worth
+// saving after the sandbox's own). One left unused goes with the sandbox.
+func (s *sbox) makeSpareExecDir(st sandboxState) error {
+	s.b.mu.Lock()
+	_, have := s.b.spareExecs[s.dir]
+	s.b.mu.Unlock()
+	if have {
+		return nil
+	}
+	id, err := newID("ex-", 4)
+	if err != nil {
+		return err
+	}
+	if _, err := s.makeExecDir(st, id); err != nil {
+		return err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	if _, have := s.b.spareExecs[s.dir]; !have {
+		s.b.spareExecs[s.dir] = id
+	}
+	return nil
+}
+
+// makeExecDir makes the directory and status channel of command id.
+func (s *sbox) makeExecDir(st sandboxState, id string) (string, error) {
+	execDir := filepath.Join(s.dir, dirExecs, id)
+	if err := os.Mkdir(execDir, 0o700); err != nil {
+		return "", s.goneOr(fmt.Errorf("exec: %w", err))
+	}
+	channel := filepath.Join(s.dir, dirChannel, id)
+	if err := unix.Mkfifo(channel, 0o600); err != nil {
+		return "", s.goneOr(fmt.Errorf("exec: the status channel: %w", err))
+	}
+	if err := os.Chown(channel, int(st.hostBase()+jobID), int(st.hostBase()+jobID)); err != nil {
+		return "", fmt.Errorf("exec: the status channel: %w", err)
+	}
+	return execDir, nil
 }
 
 // writeExecRecord writes the command's exec.json in dir, exclusively.
