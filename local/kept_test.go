@@ -758,3 +758,64 @@ func TestKeptExecDirsAhead(t *testing.T) {
 		}
 	})
 }
+
+// TestKeptSpareGone: a spare that is not in its group when a command
+// comes (here: killed; or not placed yet) is not given the command: the
+// command is forked as it comes, in a group of its own named after it,
+// and a Kill at once still ends it.
+func TestKeptSpareGone(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	if b.cg.Version != 1 {
+		t.Skip("spares are cgroup v1's")
+	}
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	ctx := context.Background()
+	keptRun(t, sb, "true") // the first spare became it; the next is made
+	killSpare := func() {
+		t.Helper()
+		var spare int
+		if !waitFor(5*time.Second, func() bool {
+			pids, err := stateOf(t, sb).Cgroup.procs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, pid := range pids {
+				if spareGroup(pid) != "" {
+					spare = pid
+					return true
+				}
+			}
+			return false
+		}) {
+			t.Fatal("no spare in the sandbox")
+		}
+		if err := unix.Kill(spare, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(5*time.Second, func() bool { return spareGroup(spare) == "" })
+	}
+	for i := range 3 {
+		killSpare()
+		p := start(t, sb, "/bin/sh", "-c", "{ grep ':pids:' /proc/self/cgroup || grep '^0::' /proc/self/cgroup; } | cut -d: -f3")
+		exit, out := finish(t, p)
+		if want := "/" + p.ID() + "\n"; exit.Code != 0 || out != want {
+			t.Errorf("round %d: the command's group: %+v %q, want %q", i, exit, out, want)
+		}
+	}
+	killSpare()
+	p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 300"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if exit, err := p.Wait(wctx); err != nil || !exit.Killed {
+		t.Fatalf("killed at once: %+v %v", exit, err)
+	}
+}
