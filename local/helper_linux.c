@@ -2191,10 +2191,12 @@ static void keeper_start(const struct plan *p, struct spares *sp, const char *id
 			snprintf(s->failed, sizeof s->failed, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
 	}
 	/* The write ends are the command's alone: its output ends when it
-	 * (and what it left behind) closes them. */
-	for (int i = 1; i < nfds; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
+	 * (and what it left behind) closes them. (From the pairs, not fds:
+	 * a pipe made before one that failed is not in fds.) */
+	int ends[] = {outp[1], errp[1], ctl[1], nfds > REQUEST_FDS ? fds[REQUEST_FDS] : -1};
+	for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
+		if (ends[i] >= 0)
+			close(ends[i]);
 	s->out = outp[0];
 	s->err = errp[0];
 	s->ctl = ctl[0];
@@ -2245,15 +2247,45 @@ static int spawn_shim(const char *id, int plan, int server) {
 		_exit(1);
 	}
 	/* Its descriptors at fixed places: PLAN_FD, SERVER_FD, then what
-	 * keeper_start made from 6 on. All are moved above the targets
-	 * first, so that no move overwrites another descriptor. */
+	 * keeper_start made from 6 on. Nothing else of the keeper's stays
+	 * (first of all: the moves need room, also when the keeper is at its
+	 * descriptor limit, whose soft part is the shim's to raise); then
+	 * all are moved above the targets, so that no move overwrites
+	 * another descriptor. */
 	int from[] = {plan, server, started.out, started.err, started.ctl, started.fifo};
 	int to[] = {PLAN_FD, SERVER_FD, 6, 7, 8, 9};
 	int n = started.on ? 6 : 2;
+	int keep[6], nk = 0;
 	for (int i = 0; i < n; i++)
-		if (from[i] >= 0 && (from[i] = fcntl(from[i], F_DUPFD_CLOEXEC, 16)) < 0) {
-			logmsg("start the shim of command %s: %s", id, errtext(errno));
-			_exit(1);
+		if (from[i] >= 0) {
+			int j = nk++;
+			for (; j > 0 && keep[j - 1] > from[i]; j--)
+				keep[j] = keep[j - 1];
+			keep[j] = from[i];
+		}
+	unsigned lo = 3;
+	for (int i = 0; i <= nk; i++) {
+		unsigned hi = i < nk ? (unsigned)keep[i] : ~0U;
+		if (hi > lo && syscall(SYS_close_range, lo, hi == ~0U ? hi : hi - 1, 0) < 0)
+			for (unsigned fd = lo; fd < hi && fd < 1024; fd++)
+				close((int)fd);
+		if (i < nk)
+			lo = (unsigned)keep[i] + 1;
+	}
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	for (int i = 0; i < n; i++)
+		if (from[i] >= 0) {
+			int moved = fcntl(from[i], F_DUPFD_CLOEXEC, 10);
+			if (moved < 0) {
+				logmsg("start the shim of command %s: %s", id, errtext(errno));
+				_exit(1);
+			}
+			close(from[i]);
+			from[i] = moved;
 		}
 	for (int i = 0; i < n; i++)
 		if (from[i] >= 0 && dup3(from[i], to[i], O_CLOEXEC) < 0) {

@@ -819,3 +819,49 @@ func TestKeptSpareGone(t *testing.T) {
 		t.Fatalf("killed at once: %+v %v", exit, err)
 	}
 }
+
+// TestKeptKeeperOutOfDescriptors: a command the C keeper cannot make
+// pipes for (its descriptor limit reached) fails with the reason, the
+// sandbox runs the next command once the keeper has room again, and the
+// keeper keeps no descriptor of the failed one.
+func TestKeptKeeperOutOfDescriptors(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, sb, "true") // the keeper's spare and the like are made
+	keeper, err := readPID(filepath.Join(sb.dir, fileShimPID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", keeper))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	var before unix.Rlimit
+	if err := unix.Prlimit(keeper, unix.RLIMIT_NOFILE, nil, &before); err != nil {
+		t.Fatal(err)
+	}
+	n := open()
+	// The request brings two descriptors (the plan, the server's pipe)
+	// and the output pipe two more: the stderr pipe finds no room.
+	lim := unix.Rlimit{Cur: uint64(n + 5), Max: before.Max}
+	if err := unix.Prlimit(keeper, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Fatal(err)
+	}
+	exit, out := run(t, sb, "/bin/true")
+	if err := unix.Prlimit(keeper, unix.RLIMIT_NOFILE, &before, nil); err != nil {
+		t.Fatal(err)
+	}
+	if exit.Code == 0 || !strings.Contains(exit.Reason+out, "too many open files") {
+		t.Fatalf("a command without room for its pipes: %+v %q", exit, out)
+	}
+	keptRun(t, sb, "true")
+	if !waitFor(5*time.Second, func() bool { return open() == n }) {
+		t.Errorf("the keeper holds %d descriptors, %d before the failed command", open(), n)
+	}
+}
