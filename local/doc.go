@@ -91,9 +91,13 @@
 //	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>)
 //
 // A command's shim works in a directory of its own (execs/<id>: its
-// exec.json, output, exit.json) and sends init, through the keeper's
-// root-only socket ("control"), the descriptors of the command's plan,
-// stdout, stderr and a socket of its own. init forks the command, which
+// exec.json, output, exit.json). init gets, through the keeper, the
+// descriptors of the command's plan, stdout, stderr and a socket of the
+// shim's: the C keeper, asked by the server on its root-only socket
+// ("control"), makes them itself, sends them to init and then forks the
+// command's shim, which finds them made; with the Go keeper the server
+// starts the shim, which makes them and sends them through that socket.
+// init forks the command, which
 // takes a cgroup of its own below the sandbox's, a mount namespace and
 // a /run of its own (its status channel, its inputs), drops the
 // capability bounding set, applies the seccomp filter and becomes the
