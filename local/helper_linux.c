@@ -1790,6 +1790,14 @@ static int exists(const char *name) {
 	return lstat(name, &st) == 0;
 }
 
+/* mark_killed leaves the kill marker at path (FILE_KILLED, in a job's
+ * or a command's directory), as Kill does in Go. */
+static void mark_killed(const char *path) {
+	int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd >= 0)
+		close(fd);
+}
+
 /* finish_failed records a sandbox that could not start its command. */
 static int finish_failed(struct outw *w, const char *msg) {
 	struct rec r;
@@ -2060,8 +2068,10 @@ static int group_has_procs(const char *dir) {
 }
 
 /* command_group gives the command exec_id its group: the spare's,
- * renamed, (REQUEST_SPARE) or a new one whose cgroup.procs it adds to
- * fds (REQUEST_CGROUP). It returns the request's flags for init. */
+ * renamed, (REQUEST_SPARE, with REQUEST_KILLED if the command's kill
+ * marker is there after the rename) or a new one whose cgroup.procs it
+ * adds to fds (REQUEST_CGROUP). It returns the request's flags for init.
+ * The keeper's working directory is the sandbox's. */
 static uint32_t command_group(const struct plan *p, struct spares *sp, const char *exec_id, int *fds, int *nfds) {
 	char dir[4200], path[4300];
 	snprintf(dir, sizeof dir, "%s/%s", p->cg_pids, exec_id);
@@ -2075,9 +2085,13 @@ static uint32_t command_group(const struct plan *p, struct spares *sp, const cha
 		 * move (its 'P' asks nobody), so it is forked as it comes. */
 		if (!group_has_procs(from))
 			logmsg("the spare is not in its cgroup %s yet: the command is forked", from);
-		else if (rename(from, dir) == 0)
-			return REQUEST_SPARE;
-		else
+		else if (rename(from, dir) == 0) {
+			/* After the rename: a kill from now on finds the command in
+			 * its group; one before left its marker. */
+			char killed[64];
+			snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, exec_id, FILE_KILLED);
+			return REQUEST_SPARE | (exists(killed) ? REQUEST_KILLED : 0);
+		} else
 			logmsg("name the spare's cgroup %s: %s", dir, errtext(errno));
 	}
 	int fd = -1;
@@ -2174,14 +2188,6 @@ static void keeper_start(const struct plan *p, struct spares *sp, const char *id
 			flags = command_group(p, sp, id, fds, &nfds);
 			if (flags)
 				snprintf(s->cgdir, sizeof s->cgdir, "%s/%s", p->cg_pids, id);
-			if (flags & REQUEST_SPARE) {
-				/* After the rename: a kill from now on finds the command
-				 * in its group; one before left its marker. */
-				char killed[64];
-				snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
-				if (exists(killed))
-					flags |= REQUEST_KILLED;
-			}
 		}
 		char head[8];
 		uint32_t magic = REQUEST_MAGIC;
@@ -2206,9 +2212,7 @@ static void keeper_start(const struct plan *p, struct spares *sp, const char *id
 		 * on regardless (a spare, 'P'): killed here. */
 		char killed[64];
 		snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
-		int fd = open(killed, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-		if (fd >= 0)
-			close(fd);
+		mark_killed(killed);
 		command_kill(p, s->cgdir, 0);
 	}
 	int ours[] = {outp[0], errp[0], ctl[0], s->fifo};
@@ -2254,8 +2258,7 @@ static int spawn_shim(const char *id, int plan, int server) {
 	 * another descriptor. */
 	int from[] = {plan, server, started.out, started.err, started.ctl, started.fifo};
 	int to[] = {PLAN_FD, SERVER_FD, 6, 7, 8, 9};
-	int n = started.on ? 6 : 2;
-	int keep[6], nk = 0;
+	int n = 6, keep[6], nk = 0;
 	for (int i = 0; i < n; i++)
 		if (from[i] >= 0) {
 			int j = nk++;
@@ -2292,24 +2295,14 @@ static int spawn_shim(const char *id, int plan, int server) {
 			logmsg("start the shim of command %s: %s", id, errtext(errno));
 			_exit(1);
 		}
-	/* Nothing of the keeper's stays open in it but its standard streams
-	 * and these. */
-	for (int fd = 3; fd < 10; fd++) {
-		int keep = 0;
-		for (int i = 0; i < n; i++)
-			keep |= fd == to[i] && from[i] >= 0;
-		if (!keep)
-			close(fd);
-	}
+	/* The moved copies go: all else of the keeper's went above. */
 	if (syscall(SYS_close_range, 10, ~0U, 0) < 0)
 		for (int fd = 10; fd < 1024; fd++)
 			close(fd);
-	if (started.on) {
-		started.out = started.out >= 0 ? 6 : -1;
-		started.err = started.err >= 0 ? 7 : -1;
-		started.ctl = started.ctl >= 0 ? 8 : -1;
-		started.fifo = started.fifo >= 0 ? 9 : -1;
-	}
+	started.out = started.out >= 0 ? 6 : -1;
+	started.err = started.err >= 0 ? 7 : -1;
+	started.ctl = started.ctl >= 0 ? 8 : -1;
+	started.fifo = started.fifo >= 0 ? 9 : -1;
 	char num[32];
 	int nn = snprintf(num, sizeof num, "%d", (int)getpid());
 	if (write_pid_file(FILE_SHIM_PID, num, (size_t)nn) < 0)
@@ -2361,14 +2354,6 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 			memcpy(id, buf + 8, EXEC_ID_LEN);
 			id[EXEC_ID_LEN] = 0;
 			flags = command_group(p, sp, id, fds, &nfds);
-			if (flags & REQUEST_SPARE) {
-				/* After the rename: a kill from now on finds the command
-				 * in its group; one before left its marker. */
-				char killed[64];
-				snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, id, FILE_KILLED);
-				if (exists(killed))
-					flags |= REQUEST_KILLED;
-			}
 			memcpy(buf + 4, &flags, 4);
 			n = 8;
 		}
@@ -2706,9 +2691,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 				 * sandbox is thawed until the end is recorded (init,
 				 * which reaps the command and reports, is frozen too). */
 				deadline_hit = 1;
-				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-				if (fd >= 0)
-					close(fd);
+				mark_killed(FILE_KILLED);
 				if (cg_frozen(p)) {
 					cg_thaw(p);
 					refreeze = 1;
@@ -2958,9 +2941,7 @@ static int shim_main(size_t cmdline_len) {
 			if (left <= 0) {
 				/* The backstop for a job that no server watches. */
 				deadline_hit = 1;
-				int fd = open(FILE_KILLED, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-				if (fd >= 0)
-					close(fd);
+				mark_killed(FILE_KILLED);
 				kill(pid, SIGKILL);
 				cg_kill(&p);
 				continue;
