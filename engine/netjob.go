@@ -130,6 +130,9 @@ func (r *runner) networkStep(ctx context.Context, a *attempt) error {
 // attachNetwork finds the network of the kept sandbox a command runs in,
 // for its environment.
 func (r *runner) attachNetwork(ctx context.Context, a *attempt, sb *delegate.Sandbox) error {
+	if !sb.Network.Reaches() {
+		return nil // none was made (openNetwork): no read on a command's way
+	}
 	n, err := r.store.GetNetwork(ctx, sandboxNetworkID(sb))
 	if errors.Is(err, delegate.ErrNotFound) {
 		return nil // its network is not the proxy's
