@@ -75,7 +75,7 @@ func Local(ctx context.Context, n int, open Opener, stdout io.Writer) error {
 	row("sandbox /bin/true (create+exec+wait+destroy)", sandboxed)
 	row("job round trip (submit -> success, sqlite)", job)
 	if a.Sandboxes != nil && a.Backend.Capabilities().MultiExec {
-		if err := kept(ctx, n, a, job.median(), plain.median(), stdout); err != nil {
+		if err := kept(ctx, n, a, plain.median(), stdout); err != nil {
 			return err
 		}
 	}

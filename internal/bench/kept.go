@@ -14,12 +14,12 @@ import (
 )
 
 // kept measures kept sandboxes beside the figures of Local: a command's
-// round trip in a kept sandbox against a fresh job's (fresh is that
-// median) and plain exec, back to back and with think time between (as
-// an agent reads a result before its next command), a 1 MiB file written
-// and read back, a pause and resume, and what a kept sandbox costs while
-// idle.
-func kept(ctx context.Context, n int, a *App, fresh time.Duration, plain time.Duration, stdout io.Writer) error {
+// round trip in a kept sandbox against a fresh job's, measured in blocks
+// that alternate with the commands' (alternate), and against plain exec,
+// back to back and with think time between (as an agent reads a result
+// before its next command), a 1 MiB file written and read back, a pause
+// and resume, and what a kept sandbox costs while idle.
+func kept(ctx context.Context, n int, a *App, plain time.Duration, stdout io.Writer) error {
 	sb, err := a.Sandboxes.OpenSandbox(ctx, delegate.SandboxSpec{})
 	if err != nil {
 		return fmt.Errorf("open a kept sandbox: %w", err)
@@ -48,7 +48,10 @@ func kept(ctx context.Context, n int, a *App, fresh time.Duration, plain time.Du
 			return nil
 		}
 	}
-	command := measure(n, submit(sb.ID))
+	fresh, command, err := alternate(n, submit(""), submit(sb.ID))
+	if err != nil {
+		return err
+	}
 	// With think time: a fresh job and a command, each after 100 ms of
 	// nothing (not timed), alternating. The kernel then makes the move of
 	// a process into a cgroup wait for an RCU grace period, which
@@ -81,7 +84,7 @@ func kept(ctx context.Context, n int, a *App, fresh time.Duration, plain time.Du
 		}
 		return nil
 	})
-	for _, r := range []*result{command, write, read} {
+	for _, r := range []*result{write, read} {
 		if r.err != nil {
 			return r.err
 		}
@@ -95,7 +98,8 @@ func kept(ctx context.Context, n int, a *App, fresh time.Duration, plain time.Du
 		// 0.54 that one decimal would print as 0.5.
 		fmt.Fprintf(stdout, "%-44s %8.2fms %8.2fms %7.2fx %s\n", name, ms(r.median()), ms(r.p90()), float64(r.median())/float64(base), baseName)
 	}
-	row("kept sandbox: command round trip", command, fresh, "of a fresh job's")
+	row("fresh job, in blocks alternating with:", fresh, plain, "of plain exec (the next row's base)")
+	row("kept sandbox: command round trip", command, fresh.median(), "of a fresh job's")
 	row("  the same, against plain exec", command, plain, "of plain exec")
 	row(fmt.Sprintf("fresh job, %v apart", thinkTime), apartFresh, plain, "of plain exec")
 	row(fmt.Sprintf("kept sandbox: command, %v apart", thinkTime), apartKept, apartFresh.median(), "of a fresh job's, as apart")
@@ -124,6 +128,38 @@ func kept(ctx context.Context, n int, a *App, fresh time.Duration, plain time.Du
 		fmt.Fprintf(stdout, "%-44s %8.0fKiB  (%d processes besides the jobs' own)\n", name, kib(m.PSS), m.Processes)
 	}
 	return nil
+}
+
+// blockRuns is how many timed runs of one kind alternate's blocks hold.
+const blockRuns = 5
+
+// alternate measures a and b n times each, in blocks that alternate (an
+// untimed run, then blockRuns timed ones back to back), so that both see
+// the machine as it is in the same seconds: on a shared VM the figures
+// drift by a fifth and more between phases seconds apart, which a ratio
+// of two such phases would carry.
+func alternate(n int, a, b func() error) (ra, rb *result, err error) {
+	ra, rb = &result{}, &result{}
+	for len(ra.times) < n || len(rb.times) < n {
+		for _, m := range []struct {
+			r  *result
+			fn func() error
+		}{{ra, a}, {rb, b}} {
+			if err := m.fn(); err != nil {
+				return nil, nil, err
+			}
+			for i := 0; i < blockRuns && len(m.r.times) < n; i++ {
+				t0 := time.Now()
+				if err := m.fn(); err != nil {
+					return nil, nil, err
+				}
+				m.r.times = append(m.r.times, time.Since(t0))
+			}
+		}
+	}
+	slices.Sort(ra.times)
+	slices.Sort(rb.times)
+	return ra, rb, nil
 }
 
 // pauseResume pauses and resumes a kept instance whose command left a
