@@ -1770,8 +1770,14 @@ static void json_str(char *out, size_t cap, const char *s) {
 	out[o] = 0;
 }
 
-/* write_exit records how the command ended (exitRecord in state.go). */
-static int write_exit(const struct rec *r) {
+/* write_exit records how the command ended (exitRecord in state.go).
+ * tell, if not NULL, is the server's pipe of a kept sandbox's command
+ * (or -1): it gets the record first and is closed, which wakes the
+ * server's Wait with the record in hand: the file's creation and rename
+ * on the data directory's filesystem, and the server's reading it back,
+ * are off the command's way. The file is for a server that starts
+ * later. */
+static int write_exit(const struct rec *r, int *tell) {
 	char reason[8400], buf[9000];
 	json_str(reason, sizeof reason, r->reason);
 	int n = snprintf(buf, sizeof buf,
@@ -1781,6 +1787,12 @@ static int write_exit(const struct rec *r) {
 	if (n < 0 || n >= (int)sizeof buf) {
 		errno = EOVERFLOW;
 		return -1;
+	}
+	if (tell != NULL && *tell >= 0) {
+		if (write_all(*tell, buf, (size_t)n) < 0 && errno != EPIPE)
+			logmsg("tell the server how the command ended: %s", errtext(errno));
+		close(*tell);
+		*tell = -1;
 	}
 	return write_file_atomic(FILE_EXIT, buf, (size_t)n);
 }
@@ -1808,7 +1820,7 @@ static int finish_failed(struct outw *w, const char *msg) {
 	snprintf(r.reason, sizeof r.reason, "%s", msg);
 	r.output_bytes = w->n;
 	r.truncated = w->n > w->limit;
-	if (write_exit(&r) < 0) {
+	if (write_exit(&r, NULL) < 0) {
 		logmsg("cannot record the exit status: %s", errtext(errno));
 		return 1;
 	}
@@ -1898,7 +1910,7 @@ static int64_t now_ns(void) {
 /* shim_record records how the command ended: from init's report
  * (sdata), else from init's wait status (ws, when have_ws). */
 static int shim_record(const struct plan *p, struct outw *w, const char *sdata, size_t slen, int have_ws, int ws, const char *relerr,
-		       int deadline_hit, long ooms_before) {
+		       int deadline_hit, long ooms_before, int *tell) {
 	struct rec r;
 	memset(&r, 0, sizeof r);
 	int have_status = sdata != NULL && slen >= 12;
@@ -1939,7 +1951,7 @@ static int shim_record(const struct plan *p, struct outw *w, const char *sdata, 
 	r.oom = ooms > ooms_before;
 	r.output_bytes = w->n;
 	r.truncated = w->n > w->limit;
-	return write_exit(&r);
+	return write_exit(&r, tell);
 }
 
 /* open_v1_tasks opens the "tasks" files of a cgroup v1 set, through
@@ -2759,7 +2771,7 @@ static int command_main(const struct plan *p, struct outw *w) {
 					break;
 			if (br.fifo >= 0)
 				br_read(&br, 0);
-			if (shim_record(p, w, m, (size_t)n, 0, 0, "", deadline_hit, ooms_before) < 0) {
+			if (shim_record(p, w, m, (size_t)n, 0, 0, "", deadline_hit, ooms_before, &server) < 0) {
 				logmsg("cannot record the exit status: %s", errtext(errno));
 				ret = 1;
 			}
@@ -2785,14 +2797,14 @@ static int command_main(const struct plan *p, struct outw *w) {
 			r.oom = cg_oom_kills(p) > ooms_before;
 			r.output_bytes = w->n;
 			r.truncated = w->n > w->limit;
-			if (write_exit(&r) < 0) {
+			if (write_exit(&r, &server) < 0) {
 				logmsg("cannot record the exit status: %s", errtext(errno));
 				ret = 1;
 			}
 		}
 		recorded = 1;
 		if (server >= 0) {
-			close(server); /* the server's Wait wakes up */
+			close(server); /* the server's Wait wakes up (if write_exit has not closed it) */
 			server = -1;
 		}
 		close(ctl[0]);
@@ -2985,7 +2997,7 @@ static int shim_main(size_t cmdline_len) {
 	sdata = read_all(statusp[0], 1 << 16, &slen);
 	close(statusp[0]);
 	int ret = 0;
-	if (shim_record(&p, &w, sdata, slen, 1, ws, relerr, deadline_hit, 0) < 0) {
+	if (shim_record(&p, &w, sdata, slen, 1, ws, relerr, deadline_hit, 0, NULL) < 0) {
 		logmsg("cannot record the exit status: %s", errtext(errno));
 		ret = 1;
 	}

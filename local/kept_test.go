@@ -5,6 +5,7 @@ package local
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -863,5 +864,44 @@ func TestKeptKeeperOutOfDescriptors(t *testing.T) {
 	keptRun(t, sb, "true")
 	if !waitFor(5*time.Second, func() bool { return open() == n }) {
 		t.Errorf("the keeper holds %d descriptors, %d before the failed command", open(), n)
+	}
+}
+
+// TestKeptExitToldFirst: the C shim of a kept sandbox's command tells the
+// server how the command ended on its pipe and closes it before it writes
+// exit.json: Wait takes that record (here with the file gone), and the
+// file, once written, says the same.
+func TestKeptExitToldFirst(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "echo out; exit 7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := p.(*process)
+	select {
+	case <-proc.recorded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command's end was not recorded")
+	}
+	var told exitRecord
+	if err := json.Unmarshal(proc.toldExit(), &told); err != nil {
+		t.Fatalf("the shim's pipe: %q: %v", proc.toldExit(), err)
+	}
+	if told.Code != 7 || told.OutputBytes != 4 {
+		t.Errorf("told %+v, want code 7 and 4 bytes of output", told)
+	}
+	// The file comes after the pipe is closed.
+	var file exitRecord
+	if !pollUntil(5*time.Second, func() bool { return readJSON(proc.path(fileExit), &file) == nil }) || file != told {
+		t.Errorf("exit.json %+v, told %+v", file, told)
+	}
+	os.Remove(proc.path(fileExit))
+	exit, err := p.Wait(context.Background())
+	if err != nil || exit.Code != 7 || exit.OutputBytes != 4 {
+		t.Errorf("Wait without exit.json: %+v %v", exit, err)
 	}
 }

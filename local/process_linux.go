@@ -4,6 +4,7 @@ package local
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -28,8 +29,16 @@ type process struct {
 	// recorded is closed once the shim of a kept sandbox's command has
 	// recorded its end (nil for a sandbox's one command).
 	recorded chan struct{}
-	shimErr  error // how the shim exited; read only after done is closed
+	// told is what the shim wrote on its pipe before it closed it (nil
+	// when there is no pipe): the command's exit record, from a C shim;
+	// read only after recorded is closed.
+	told    *[]byte
+	shimErr error // how the shim exited; read only after done is closed
 }
+
+// maxToldExit bounds what Exec reads of a shim's pipe: an exit record is
+// at most 9000 bytes (write_exit in helper_linux.c).
+const maxToldExit = 16 << 10
 
 func (p *process) path(name string) string { return filepath.Join(p.dir, name) }
 
@@ -112,12 +121,34 @@ func splitStreams(path string, offset int64, data []byte) ([]sandbox.Output, err
 // or sandbox.ErrGone when the sandbox itself has disappeared.
 func (p *process) readExit() (sandbox.Exit, error) {
 	var r exitRecord
+	if told := p.toldExit(); len(told) > 0 && json.Unmarshal(told, &r) == nil {
+		return r.exit(), nil // as the shim told it, before the file
+	}
+	r = exitRecord{}
 	if err := readJSON(p.path(fileExit), &r); err != nil {
 		if errors.Is(err, os.ErrNotExist) && p.s.gone() {
 			return sandbox.Exit{}, fmt.Errorf("sandbox %s: %w", p.s.id, sandbox.ErrGone)
 		}
 		return sandbox.Exit{}, err
 	}
+	return r.exit(), nil
+}
+
+// toldExit is what the shim wrote on its pipe, once it has closed it.
+func (p *process) toldExit() []byte {
+	if p.told == nil || p.recorded == nil {
+		return nil
+	}
+	select {
+	case <-p.recorded:
+		return *p.told
+	default:
+		return nil
+	}
+}
+
+// exit is the record as Wait returns it.
+func (r exitRecord) exit() sandbox.Exit {
 	if r.Signal == "" && r.Signo > 0 {
 		r.Signal = syscall.Signal(r.Signo).String()
 	}
@@ -131,7 +162,7 @@ func (p *process) readExit() (sandbox.Exit, error) {
 
 		DeadlineExceeded: r.DeadlineExceeded,
 		Reason:           r.Reason,
-	}, nil
+	}
 }
 
 // Wait implements sandbox.Process.

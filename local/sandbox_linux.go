@@ -217,12 +217,17 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 		return nil, fmt.Errorf("exec: %w", err)
 	}
 	recorded := make(chan struct{})
+	told := new([]byte)
 	go func() {
+		// The C shim writes the command's exit record here before the
+		// file (write_exit); what else may come is read and dropped.
+		*told, _ = io.ReadAll(io.LimitReader(recordedR, maxToldExit))
 		io.Copy(io.Discard, recordedR)
 		recordedR.Close()
 		close(recorded)
 	}()
 	p := s.started(rec.ID, execDir, shim, recorded)
+	p.told = told
 	// Once the command is on its way: its record is for a later server
 	// (Process), which learns the command's id only after Exec returns;
 	// nothing in the sandbox reads it.
