@@ -2749,9 +2749,16 @@ static int command_main(const struct plan *p, struct outw *w) {
 				struct ucred cr;
 				memcpy(&cr, CMSG_DATA(c), sizeof cr);
 				jobpid = cr.pid;
-				char num[32];
-				int nn = snprintf(num, sizeof num, "%d", (int)jobpid);
-				write_pid_file(FILE_JOB_PID, num, (size_t)nn);
+				/* For a Kill from the server, which ends a command
+				 * without a cgroup of its own by its process group;
+				 * one with a group is ended through it, and the file
+				 * (made on the data directory's filesystem, milliseconds
+				 * at times) would only hold up its end's record. */
+				if (!cgdir[0] || !exists(cgdir)) {
+					char num[32];
+					int nn = snprintf(num, sizeof num, "%d", (int)jobpid);
+					write_pid_file(FILE_JOB_PID, num, (size_t)nn);
+				}
 			}
 			if (m[0] == CTL_PLACED) {
 				char answer = exists(FILE_KILLED) || deadline_hit ? CTL_KILLED : CTL_GO;

@@ -707,7 +707,9 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 				// command's group: either it sees the command there now,
 				// or the command never goes.
 				jobPID = m.pid
-				os.WriteFile(fileJobPID, []byte(strconv.Itoa(jobPID)), 0o600)
+				if cgDir == "" { // one with a group is killed through it (killExec)
+					os.WriteFile(fileJobPID, []byte(strconv.Itoa(jobPID)), 0o600)
+				}
 				if m.data[0] == ctlPlaced {
 					answer := byte(ctlGo)
 					if killed() || deadlineHit.Load() {

@@ -103,7 +103,8 @@ const (
 	fileNetns   = "netns"
 	fileControl = "control"
 	// fileJobPID is the host pid of a kept sandbox's command (its
-	// process group's too), written by its shim when the command starts.
+	// process group's too), written by its shim when the command starts
+	// without a cgroup of its own (one with a group is killed through it).
 	fileJobPID = "job.pid"
 	// dirCaches holds the mount points of the sandbox's caches
 	// (cache_linux.go), bound at /cache/NAME inside.
