@@ -110,8 +110,10 @@
 // process of the sandbox, at Spec.Expires, with no server; a restarted
 // server finds the keeper through the sandbox directory (Recover). With
 // the C helpers in cgroup v1 init holds a spare fork ready, placed in the
-// next command's group ahead of its request: moving a process into a
-// cgroup waits for an RCU grace period, off the command's way then. A
+// next command's group ahead of its request (the fork and the move off
+// the command's way), on a socket whose other end the keeper holds: the
+// keeper hands the spare the request itself and tells init only which
+// command it became, for its end. A
 // sandbox whose network is a network helper's runs one command (the
 // helper serves one); on the egress proxy's network its commands share
 // it.

@@ -91,6 +91,10 @@
 /* REQUEST_KILLED (keeper to the C init, with REQUEST_SPARE): the command
  * was killed before its request came; the spare ends unstarted. */
 #define REQUEST_KILLED 8u
+/* REQUEST_TAKEN (keeper to the C init, with one descriptor: the
+ * command's ctl): the keeper gave the spare its request itself; init
+ * reports the spare's end on ctl, as a command's. */
+#define REQUEST_TAKEN 16u
 #define REQUEST_FDS 4
 #define EXEC_ID_LEN 11 /* "ex-" and 8 hex digits (newID in state.go) */
 #define SPARE_MAGIC 0x44535331u
@@ -1029,11 +1033,12 @@ static int message_fds(struct msghdr *mh, int *fds, int max, int *root) {
 
 /* spare_child is the next command of a kept sandbox (cgroup v1), forked
  * by init ahead of its request: it places itself in the group its keeper
- * made for it (cg: its cgroup.procs), which takes the kernel a grace
- * period of RCU (milliseconds) when no other move came shortly before,
- * off the command's way; then it waits on sock for the request's
- * descriptors (plan, stdout, stderr, ctl) and becomes the command
- * (command_child, which is then in its group already). */
+ * made for it (cg: its "tasks" file: a thread that moves itself skips
+ * the global lock, whose RCU grace period would hold the cgroup mutex,
+ * and with it the keeper's renames, for milliseconds), off the command's
+ * way; then it waits on sock, whose other end the keeper holds, for the
+ * request's descriptors (plan, stdout, stderr, ctl) and becomes the
+ * command (command_child, which is then in its group already). */
 static void spare_child(int sock, int cg) __attribute__((noreturn));
 static void spare_child(int sock, int cg) {
 	if (dup3(sock, 3, O_CLOEXEC) < 0 || dup3(cg, 4, O_CLOEXEC) < 0)
@@ -1095,9 +1100,11 @@ static void keeper_serve(void) {
 		int ctl;
 	} *run = NULL;
 	size_t nrun = 0, caprun = 0;
-	/* The spare (spare_child): its pid and init's end of its socket. */
+	/* The spare (spare_child): its pid; and its wait status if it ended
+	 * before the keeper's word that it had been given a command
+	 * (REQUEST_TAKEN), which is then that command's end. */
 	pid_t spare = 0;
-	int spare_sock = -1;
+	int spare_ended = 0, spare_ws = 0;
 	for (;;) {
 		struct pollfd fds[2] = {{4, POLLIN, 0}, {sfd, POLLIN, 0}};
 		if (poll(fds, 2, -1) < 0)
@@ -1110,11 +1117,12 @@ static void keeper_serve(void) {
 			pid_t w;
 			while ((w = waitpid(-1, &ws, WNOHANG)) > 0) {
 				if (w == spare) {
-					/* It could not place itself: the next command is
-					 * forked as it comes. */
+					/* It could not place itself (the next command is
+					 * then forked as it comes), or it was given a
+					 * command and ended before the keeper's word. */
 					spare = 0;
-					close(spare_sock);
-					spare_sock = -1;
+					spare_ended = 1;
+					spare_ws = ws;
 				}
 				for (size_t i = 0; i < nrun; i++) {
 					if (run[i].pid != w)
@@ -1148,82 +1156,65 @@ static void keeper_serve(void) {
 			memcpy(&magic, buf, 4);
 			memcpy(&flags, buf + 4, 4);
 		}
-		if (magic == SPARE_MAGIC && nfds == 1 && !(mh.msg_flags & MSG_CTRUNC)) {
-			/* The keeper made the next command's group (cgroup v1):
-			 * a spare places itself there now, ahead of the request. */
-			if (spare > 0) {
-				kill(spare, SIGKILL);
-				close(spare_sock);
-				spare = 0;
-				spare_sock = -1;
-			}
-			int sp[2];
-			if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) == 0) {
-				pid_t c = fork();
-				if (c == 0)
-					spare_child(sp[1], rfds[0]);
-				close(sp[1]);
-				if (c > 0) {
-					spare = c;
-					spare_sock = sp[0];
-				} else {
-					close(sp[0]);
-				}
-			}
+		if (magic == SPARE_MAGIC && nfds == 2 && !(mh.msg_flags & MSG_CTRUNC)) {
+			/* The keeper made the next command's group (cgroup v1)
+			 * and a socket for its request: a spare places itself
+			 * there now, ahead of the request. */
+			if (spare > 0)
+				kill(spare, SIGKILL); /* never given a command */
+			spare = 0;
+			spare_ended = 0;
+			pid_t c = fork();
+			if (c == 0)
+				spare_child(rfds[1], rfds[0]);
+			if (c > 0)
+				spare = c;
 			close(rfds[0]);
+			close(rfds[1]);
 			continue;
 		}
 		int want = REQUEST_FDS + ((flags & REQUEST_CGROUP) ? 1 : 0);
 		pid_t pid = 0;
-		if (magic == REQUEST_MAGIC && nfds == want && !(mh.msg_flags & MSG_CTRUNC)) {
-			if ((flags & REQUEST_SPARE) && spare > 0) {
-				/* The keeper gave the spare's group to this command:
-				 * the spare becomes the command. */
-				union {
-					struct cmsghdr h;
-					char b[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
-				} out;
-				memset(&out, 0, sizeof out);
-				struct iovec oiov = {buf, 8};
-				struct msghdr om = {.msg_iov = &oiov, .msg_iovlen = 1, .msg_control = out.b, .msg_controllen = sizeof out.b};
-				struct cmsghdr *c = CMSG_FIRSTHDR(&om);
-				c->cmsg_level = SOL_SOCKET;
-				c->cmsg_type = SCM_RIGHTS;
-				c->cmsg_len = CMSG_LEN(sizeof(int) * REQUEST_FDS);
-				memcpy(CMSG_DATA(c), rfds, sizeof(int) * REQUEST_FDS);
-				ssize_t k;
-				do
-					k = sendmsg(spare_sock, &om, MSG_NOSIGNAL);
-				while (k < 0 && errno == EINTR);
-				close(spare_sock);
-				spare_sock = -1;
-				if (k >= 0)
-					pid = spare;
+		int ctl = -1;
+		if (magic == REQUEST_MAGIC && (flags & REQUEST_TAKEN) && nfds == 1 && !(mh.msg_flags & MSG_CTRUNC)) {
+			/* The keeper gave the spare a command itself (keeper_ask):
+			 * its end is reported on the command's ctl. */
+			ctl = rfds[0];
+			rfds[0] = -1;
+			pid = spare;
+			spare = 0;
+			if (pid == 0) {
+				if (spare_ended)
+					send_status(ctl, WIFSIGNALED(spare_ws) ? 128 + WTERMSIG(spare_ws) : WEXITSTATUS(spare_ws),
+						    WIFSIGNALED(spare_ws) ? WTERMSIG(spare_ws) : 0, NULL);
 				else
-					kill(spare, SIGKILL);
-				spare = 0;
+					send_status(ctl, CODE_SETUP_FAILED, 0, "the command's process was not there");
+				spare_ended = 0;
+				close(ctl);
 			}
-			if (pid == 0)
-				pid = start_command(rfds, nfds); /* no spare: forked now, outside a group of its own */
-		} /* else: not from a shim of ours, nobody to tell */
-		if (pid > 0) {
-			if (nrun == caprun) {
-				size_t nc = caprun ? caprun * 2 : 16;
-				struct running *nr = realloc(run, nc * sizeof *run);
-				if (nr == NULL) {
-					kill(pid, SIGKILL); /* its end is reported by nobody: its shim sees its socket close */
-					pid = 0;
-				} else {
-					run = nr;
-					caprun = nc;
-				}
-			}
+		} else if (magic == REQUEST_MAGIC && nfds == want && !(mh.msg_flags & MSG_CTRUNC)) {
+			pid = start_command(rfds, nfds);
 			if (pid > 0) {
-				run[nrun].pid = pid;
-				run[nrun].ctl = rfds[3];
-				nrun++;
+				ctl = rfds[3];
 				rfds[3] = -1;
 			}
+		} /* else: not from a keeper of ours, nobody to tell */
+		if (pid > 0 && nrun == caprun) {
+			size_t nc = caprun ? caprun * 2 : 16;
+			struct running *nr = realloc(run, nc * sizeof *run);
+			if (nr == NULL) {
+				kill(pid, SIGKILL); /* its end is reported by nobody: its shim sees its socket close */
+				close(ctl);
+				pid = 0;
+			} else {
+				run = nr;
+				caprun = nc;
+			}
+		}
+		if (pid > 0) {
+			run[nrun].pid = pid;
+			run[nrun].ctl = ctl;
+			nrun++;
 		}
 		for (int i = 0; i < nfds; i++)
 			if (rfds[i] >= 0)
@@ -2018,50 +2009,47 @@ struct spares {
 	int v1;      /* cgroup v1: spares (v2's groups cannot be renamed; the shim makes them) */
 	unsigned n;  /* the last spare's number */
 	int have;    /* init has a spare in group spare-<n> */
+	int sock;    /* the keeper's end of that spare's socket (-1: none) */
 };
 
-/* spare_make makes the next spare's group and sends it to init, which
- * forks the spare there. */
+static ssize_t send_fds(int sock, const void *buf, size_t n, const int *fds, int nfds);
+
+/* spare_make makes the next spare's group and a socket for its request,
+ * and sends init both, which forks the spare there; the keeper keeps the
+ * socket's other end and gives the spare its command itself (keeper_ask),
+ * which spares init's hop on the command's way. */
 static void spare_make(const struct plan *p, struct spares *sp, int init) {
 	if (!sp->v1 || sp->have)
 		return;
 	char dir[4200], path[4300];
 	snprintf(dir, sizeof dir, "%s/spare-%u", p->cg_pids, ++sp->n);
-	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
-	int fd = -1;
-	if (mkdir(dir, 0755) < 0 || (fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+	snprintf(path, sizeof path, "%s/tasks", dir);
+	int fds[2] = {-1, -1}, pair[2] = {-1, -1};
+	if (mkdir(dir, 0755) < 0 || (fds[0] = open(path, O_WRONLY | O_CLOEXEC)) < 0 ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
 		logmsg("a spare's cgroup: %s: %s", dir, errtext(errno));
+		if (fds[0] >= 0)
+			close(fds[0]);
 		rmdir(dir);
 		sp->v1 = 0; /* the commands' groups are made as they come */
 		return;
 	}
+	fds[1] = pair[1];
 	char head[8];
 	uint32_t magic = SPARE_MAGIC, flags = 0;
 	memcpy(head, &magic, 4);
 	memcpy(head + 4, &flags, 4);
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int))];
-	} cm;
-	memset(&cm, 0, sizeof cm);
-	struct iovec iov = {head, sizeof head};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof fd);
-	ssize_t k;
-	do
-		k = sendmsg(init, &mh, MSG_NOSIGNAL);
-	while (k < 0 && errno == EINTR);
-	close(fd);
+	ssize_t k = send_fds(init, head, sizeof head, fds, 2);
+	close(fds[0]);
+	close(fds[1]);
 	if (k < 0) {
 		logmsg("send a spare to the sandbox init: %s", errtext(errno));
+		close(pair[0]);
 		rmdir(dir);
 		return;
 	}
 	sp->have = 1;
+	sp->sock = pair[0];
 }
 
 /* group_has_procs says whether the cgroup dir holds a process. */
@@ -2099,15 +2087,18 @@ static uint32_t command_group(const struct plan *p, struct spares *sp, const cha
 			logmsg("the spare is not in its cgroup %s yet: the command is forked", from);
 		else if (rename(from, dir) == 0) {
 			/* After the rename: a kill from now on finds the command in
-			 * its group; one before left its marker. */
+			 * its group; one before left its marker. The spare's
+			 * socket is the caller's now (keeper_ask). */
 			char killed[64];
 			snprintf(killed, sizeof killed, "%s/%s/%s", DIR_EXECS, exec_id, FILE_KILLED);
 			return REQUEST_SPARE | (exists(killed) ? REQUEST_KILLED : 0);
 		} else
 			logmsg("name the spare's cgroup %s: %s", dir, errtext(errno));
+		close(sp->sock); /* unused: it ends, unstarted */
+		sp->sock = -1;
 	}
 	int fd = -1;
-	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	snprintf(path, sizeof path, "%s/%s", dir, p->cg_version == 1 ? "tasks" : "cgroup.procs");
 	if ((mkdir(dir, 0755) < 0 && errno != EEXIST) || (fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
 		logmsg("no cgroup of the command's own: %s: %s", dir, errtext(errno));
 		return 0;
@@ -2160,6 +2151,43 @@ static ssize_t send_fds(int sock, const void *buf, size_t n, const int *fds, int
 	return k;
 }
 
+/* keeper_ask sends the request of command exec_id on its way (head: its
+ * magic and flags; fds, *nfds of them: its plan, stdout, stderr, ctl and
+ * perhaps its group's procs file, which it may add): given the spare's
+ * group (REQUEST_SPARE), to the spare, and init hears only that it was
+ * taken (REQUEST_TAKEN with ctl, for its end), off the command's way;
+ * else to init, which forks the command. A spare gone by then leaves its
+ * group, renamed, to the command init forks. It returns < 0 if init
+ * takes no request. */
+static ssize_t keeper_ask(const struct plan *p, struct spares *sp, const char *exec_id, char *head, int *fds, int *nfds, int init) {
+	uint32_t flags;
+	memcpy(&flags, head + 4, 4);
+	if ((flags & REQUEST_SPARE) && sp->sock >= 0) {
+		int sock = sp->sock;
+		sp->sock = -1;
+		ssize_t k = send_fds(sock, head, 8, fds, REQUEST_FDS);
+		close(sock);
+		if (k >= 0) {
+			char taken[8];
+			uint32_t tf = REQUEST_TAKEN;
+			memcpy(taken, head, 4);
+			memcpy(taken + 4, &tf, 4);
+			return send_fds(init, taken, sizeof taken, &fds[3], 1);
+		}
+		logmsg("the spare is gone (%s): command %s is forked", errtext(errno), exec_id);
+		char path[4300];
+		snprintf(path, sizeof path, "%s/%s/tasks", p->cg_pids, exec_id);
+		int cg = open(path, O_WRONLY | O_CLOEXEC);
+		flags &= ~(REQUEST_SPARE | REQUEST_KILLED);
+		if (cg >= 0) {
+			fds[(*nfds)++] = cg;
+			flags |= REQUEST_CGROUP;
+		}
+		memcpy(head + 4, &flags, 4);
+	}
+	return send_fds(init, head, 8, fds, *nfds);
+}
+
 /* keeper_start starts command id (the server's SPAWN_MAGIC request: its
  * plan on plan, the server's pipe on server). The keeper makes what the
  * command's shim would otherwise make (its output pipes, its ctl pair,
@@ -2205,7 +2233,7 @@ static void keeper_start(const struct plan *p, struct spares *sp, const char *id
 		uint32_t magic = REQUEST_MAGIC;
 		memcpy(head, &magic, 4);
 		memcpy(head + 4, &flags, 4);
-		if (send_fds(init, head, sizeof head, fds, nfds) < 0)
+		if (keeper_ask(p, sp, id, head, fds, &nfds, init) < 0)
 			snprintf(s->failed, sizeof s->failed, "the sandbox is gone: its init takes no command (%s)", errtext(errno));
 	}
 	/* The write ends are the command's alone: its output ends when it
@@ -2361,17 +2389,19 @@ static void relay_request(const struct plan *p, struct spares *sp, int ctl, int 
 	if (!root || magic != REQUEST_MAGIC || nfds == 0 || (n != 8 && !named) || (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
 		logmsg("a request %s, dropped", root ? "malformed" : "not from root");
 	} else {
+		/* A failure is the command's shim's to see: its socket with the
+		 * command closes unanswered. */
+		ssize_t k;
 		if (named) {
 			char id[EXEC_ID_LEN + 1];
 			memcpy(id, buf + 8, EXEC_ID_LEN);
 			id[EXEC_ID_LEN] = 0;
 			flags = command_group(p, sp, id, fds, &nfds);
 			memcpy(buf + 4, &flags, 4);
-			n = 8;
-		}
-		/* A failure is the command's shim's to see: its socket with the
-		 * command closes unanswered. */
-		if (send_fds(init, buf, (size_t)n, fds, nfds) < 0)
+			k = keeper_ask(p, sp, id, buf, fds, &nfds, init);
+		} else
+			k = send_fds(init, buf, (size_t)n, fds, nfds);
+		if (k < 0)
 			logmsg("relay a request to the sandbox init: %s", errtext(errno));
 	}
 	for (int i = 0; i < nfds; i++)
@@ -2494,7 +2524,7 @@ static int keeper_main(const struct plan *p, size_t cmdline_len) {
 	}
 	write_all(server, "ok", 2);
 	close(server);
-	struct spares sp = {.v1 = p->cg_version == 1 && p->cg_pids[0] != 0};
+	struct spares sp = {.v1 = p->cg_version == 1 && p->cg_pids[0] != 0, .sock = -1};
 	spare_make(p, &sp, req[0]);
 	/* The shims it starts (spawn_shim) are reaped as they end; init's
 	 * end is seen on its pidfd. */
