@@ -25,8 +25,9 @@ type jobWriter struct {
 	changed chan struct{} // closed and replaced on every change
 	watches map[chan string]struct{}
 	// ends has, for each job being waited for, a channel closed when it
-	// ends here, or when another process may have changed jobs.
-	ends map[string]chan struct{}
+	// ends here, or when another process may have changed jobs, and how
+	// many waiters hold it: the last to stop waiting removes it.
+	ends map[string]*endWait
 
 	// own counts the jobs this engine has finished; foreign moves when the
 	// store's finish counter shows that another process finished one
@@ -35,7 +36,7 @@ type jobWriter struct {
 }
 
 func newJobWriter(store delegate.Store) *jobWriter {
-	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{}), ends: make(map[string]chan struct{})}
+	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{}), ends: make(map[string]*endWait)}
 }
 
 // update changes a stored job and wakes waiters. Every change of status
@@ -63,8 +64,8 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 		w.own.Add(1)
 		w.ended(id, j.Status)
 		w.mu.Lock()
-		if c, ok := w.ends[id]; ok {
-			close(c)
+		if e, ok := w.ends[id]; ok {
+			close(e.c)
 			delete(w.ends, id)
 		}
 		w.mu.Unlock()
@@ -73,18 +74,36 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 	return j, nil
 }
 
+// endWait is the channel of the waiters for one job's end.
+type endWait struct {
+	c       chan struct{}
+	waiters int
+}
+
 // endOf returns a channel closed when job id ends by this process's
 // hand, or when another process may have changed jobs (notify("")): a
-// waiter for a job's end reads the job again only then.
-func (w *jobWriter) endOf(id string) <-chan struct{} {
+// waiter for a job's end reads the job again only then. The waiter calls
+// release once it stops waiting on it: a job that had ended before (a
+// wait for a finished job) is never closed here, and its channel would
+// stay for the server's life.
+func (w *jobWriter) endOf(id string) (ended <-chan struct{}, release func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	c, ok := w.ends[id]
+	e, ok := w.ends[id]
 	if !ok {
-		c = make(chan struct{})
-		w.ends[id] = c
+		e = &endWait{c: make(chan struct{})}
+		w.ends[id] = e
 	}
-	return c
+	e.waiters++
+	return e.c, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if cur := w.ends[id]; cur == e {
+			if e.waiters--; e.waiters == 0 {
+				delete(w.ends, id)
+			}
+		}
+	}
 }
 
 // wake wakes the waiters for any change (not those for a job's end): a
@@ -103,8 +122,8 @@ func (w *jobWriter) notify(id string) {
 	close(w.changed)
 	w.changed = make(chan struct{})
 	if id == "" {
-		for id, c := range w.ends {
-			close(c)
+		for id, e := range w.ends {
+			close(e.c)
 			delete(w.ends, id)
 		}
 		w.mu.Unlock()

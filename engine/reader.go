@@ -32,8 +32,8 @@ type Reader struct {
 	unstored *progressBuffer
 	// ends, if set, returns a channel closed when this process ends a
 	// job (or sees that another process may have), so that Wait wakes at
-	// once, and only then.
-	ends func(id string) <-chan struct{}
+	// once, and only then; release is called once Wait stops waiting.
+	ends func(id string) (ended <-chan struct{}, release func())
 }
 
 // NewReader reads jobs from store; artifactDir is the engine's
@@ -61,17 +61,20 @@ func (rd *Reader) Get(ctx context.Context, id string) (*delegate.Job, error) {
 func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 	for {
 		var ended <-chan struct{}
+		release := func() {}
 		if rd.ends != nil {
-			ended = rd.ends(id)
+			ended, release = rd.ends(id)
 		}
 		// A read of the local store: it must not fail because the caller's
 		// wait is up at that very moment.
 		job, err := rd.Get(context.WithoutCancel(ctx), id)
 		if err != nil || job.Status.Terminal() {
+			release()
 			return job, err
 		}
 		select {
 		case <-ctx.Done():
+			release()
 			// The job as it is now: this wait did not wake for the
 			// changes on its way.
 			if now, err := rd.Get(context.WithoutCancel(ctx), id); err == nil {
@@ -81,6 +84,7 @@ func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 		case <-ended:
 		case <-time.After(rd.poll):
 		}
+		release()
 	}
 }
 

@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sqlite"
+)
+
+// TestWaitLeavesNoEndChannel: a wait for a job keeps a channel for the
+// job's end only while it waits: waits for a job that had ended already,
+// and waits given up, leave none behind (they stayed for the server's
+// life before, one per wait that came after the job's end); a channel
+// several waiters share stays until the last lets go.
+func TestWaitLeavesNoEndChannel(t *testing.T) {
+	ctx := context.Background()
+	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	now := time.Now().UTC()
+	for id, st := range map[string]delegate.Status{"done": delegate.StatusSuccess, "queued": delegate.StatusPending} {
+		j := &delegate.Job{ID: id, Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}, Status: st, CreatedAt: now, UpdatedAt: now}
+		if err := store.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := newJobWriter(store)
+	w.ended = func(string, delegate.Status) {}
+	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
+	held := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.ends)
+	}
+
+	if j, err := rd.Wait(ctx, "done"); err != nil || j.Status != delegate.StatusSuccess {
+		t.Fatalf("wait for an ended job: %v %v", j, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if j, err := rd.Wait(short, "queued"); err != nil || j.Status != delegate.StatusPending {
+		t.Fatalf("a wait given up: %v %v", j, err)
+	}
+	if n := held(); n != 0 {
+		t.Errorf("%d end channels left after the waits", n)
+	}
+
+	c1, release1 := w.endOf("queued")
+	c2, release2 := w.endOf("queued")
+	if c1 != c2 {
+		t.Fatal("two waiters for one job got different channels")
+	}
+	release1()
+	if held() != 1 {
+		t.Error("the channel went while a waiter still held it")
+	}
+	if _, err := w.update(ctx, "queued", func(j *delegate.Job) error { j.Status = delegate.StatusCancelled; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c2:
+	default:
+		t.Error("the job's end did not close its waiters' channel")
+	}
+	c3, release3 := w.endOf("queued") // a wait that came after the end
+	release2()                         // the old channel's last waiter: the new one stays
+	if held() != 1 {
+		t.Error("a release for the closed channel removed the next one")
+	}
+	release3()
+	if n := held(); n != 0 || c3 == c2 {
+		t.Errorf("%d end channels left (the same channel again: %v)", n, c3 == c2)
+	}
+}
