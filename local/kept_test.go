@@ -904,4 +904,14 @@ func TestKeptExitToldFirst(t *testing.T) {
 	if err != nil || exit.Code != 7 || exit.OutputBytes != 4 {
 		t.Errorf("Wait without exit.json: %+v %v", exit, err)
 	}
+	// The backend forgets the ended command (a later Process reads its
+	// directory).
+	if !pollUntil(5*time.Second, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		_, held := b.live[proc.dir]
+		return !held
+	}) {
+		t.Error("the backend still holds the ended command")
+	}
 }

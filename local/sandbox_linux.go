@@ -228,6 +228,17 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	}()
 	p := s.started(rec.ID, execDir, shim, recorded)
 	p.told = told
+	go func() {
+		// Once its end is told, a later Process finds it on the disk:
+		// the backend forgets it, or a long-lived sandbox's every
+		// command would stay in memory until the sandbox goes.
+		<-recorded
+		s.b.mu.Lock()
+		if s.b.live[execDir] == p {
+			delete(s.b.live, execDir)
+		}
+		s.b.mu.Unlock()
+	}()
 	// Once the command is on its way: its record is for a later server
 	// (Process), which learns the command's id only after Exec returns;
 	// nothing in the sandbox reads it.
