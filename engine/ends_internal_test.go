@@ -68,7 +68,7 @@ func TestWaitLeavesNoEndChannel(t *testing.T) {
 		t.Error("the job's end did not close its waiters' channel")
 	}
 	c3, release3 := w.endOf("queued") // a wait that came after the end
-	release2()                         // the old channel's last waiter: the new one stays
+	release2()                        // the old channel's last waiter: the new one stays
 	if held() != 1 {
 		t.Error("a release for the closed channel removed the next one")
 	}
