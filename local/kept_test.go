@@ -28,6 +28,17 @@ func keptSandbox(t *testing.T, b *Backend, expires time.Time) *sbox {
 	return create(t, b, spec)
 }
 
+// cKeptSandbox makes a kept sandbox that lives a minute on a backend of
+// its own, for a test of the C helpers (skipped in a build without them).
+func cKeptSandbox(t *testing.T) (*Backend, *sbox) {
+	t.Helper()
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	return b, keptSandbox(t, b, time.Now().Add(time.Minute))
+}
+
 // inEachKeptSandbox runs f as a subtest per helper mode this build has
 // ("C", "Go"), with a kept sandbox that lives for lifetime, on a backend
 // of its own that uses those helpers.
@@ -591,11 +602,7 @@ func TestKeptAccounts(t *testing.T) {
 // restarted server finds it by its pid file), the keeper is not, and a
 // shim the server starts for a sandbox made without it still works.
 func TestKeptShimsFromTheKeeper(t *testing.T) {
-	if !haveCHelper {
-		t.Skip("the C helpers are not in this build")
-	}
-	b := newBackend(t, 0)
-	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	_, sb := cKeptSandbox(t)
 	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sleep", "1"}})
 	if err != nil {
 		t.Fatal(err)
@@ -826,11 +833,7 @@ func TestKeptSpareGone(t *testing.T) {
 // sandbox runs the next command once the keeper has room again, and the
 // keeper keeps no descriptor of the failed one.
 func TestKeptKeeperOutOfDescriptors(t *testing.T) {
-	if !haveCHelper {
-		t.Skip("the C helpers are not in this build")
-	}
-	b := newBackend(t, 0)
-	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	_, sb := cKeptSandbox(t)
 	keptRun(t, sb, "true") // the keeper's spare and the like are made
 	keeper, err := readPID(filepath.Join(sb.dir, fileShimPID))
 	if err != nil {
@@ -872,11 +875,7 @@ func TestKeptKeeperOutOfDescriptors(t *testing.T) {
 // exit.json: Wait takes that record (here with the file gone), and the
 // file, once written, says the same.
 func TestKeptExitToldFirst(t *testing.T) {
-	if !haveCHelper {
-		t.Skip("the C helpers are not in this build")
-	}
-	b := newBackend(t, 0)
-	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	b, sb := cKeptSandbox(t)
 	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "echo out; exit 7"}})
 	if err != nil {
 		t.Fatal(err)
