@@ -32,7 +32,7 @@ type process struct {
 	// told is what the shim wrote on its pipe before it closed it (nil
 	// when there is no pipe): the command's exit record, from a C shim;
 	// read only after recorded is closed.
-	told    *[]byte
+	told    []byte
 	shimErr error // how the shim exited; read only after done is closed
 }
 
@@ -136,12 +136,12 @@ func (p *process) readExit() (sandbox.Exit, error) {
 
 // toldExit is what the shim wrote on its pipe, once it has closed it.
 func (p *process) toldExit() []byte {
-	if p.told == nil || p.recorded == nil {
+	if p.recorded == nil {
 		return nil
 	}
 	select {
 	case <-p.recorded:
-		return *p.told
+		return p.told
 	default:
 		return nil
 	}

@@ -217,22 +217,17 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 		return nil, fmt.Errorf("exec: %w", err)
 	}
 	recorded := make(chan struct{})
-	told := new([]byte)
+	p := s.started(rec.ID, execDir, shim, recorded)
 	go func() {
 		// The C shim writes the command's exit record here before the
 		// file (write_exit); what else may come is read and dropped.
-		*told, _ = io.ReadAll(io.LimitReader(recordedR, maxToldExit))
+		p.told, _ = io.ReadAll(io.LimitReader(recordedR, maxToldExit))
 		io.Copy(io.Discard, recordedR)
 		recordedR.Close()
 		close(recorded)
-	}()
-	p := s.started(rec.ID, execDir, shim, recorded)
-	p.told = told
-	go func() {
-		// Once its end is told, a later Process finds it on the disk:
-		// the backend forgets it, or a long-lived sandbox's every
-		// command would stay in memory until the sandbox goes.
-		<-recorded
+		// Its end is told: a later Process finds it on the disk. The
+		// backend forgets it, or a long-lived sandbox's every command
+		// would stay in memory until the sandbox goes.
 		s.b.mu.Lock()
 		if s.b.live[execDir] == p {
 			delete(s.b.live, execDir)
