@@ -740,6 +740,11 @@ static void send_status(int fd, int code, int signo, const char *reason) {
 		write_all(fd, buf, 12 + len);
 }
 
+/* ws_code and ws_signo are how a wait status is reported: the shell's
+ * exit code (128 + the signal for a signal), and the signal or 0. */
+static int ws_code(int ws) { return WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws); }
+static int ws_signo(int ws) { return WIFSIGNALED(ws) ? WTERMSIG(ws) : 0; }
+
 /* init_report sends the shim how the job ended, then exits with code. */
 static void init_send(int code, int signo, const char *reason) {
 	send_status(report_fd, code, signo, reason);
@@ -1127,8 +1132,7 @@ static void keeper_serve(void) {
 				for (size_t i = 0; i < nrun; i++) {
 					if (run[i].pid != w)
 						continue;
-					send_status(run[i].ctl, WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws), WIFSIGNALED(ws) ? WTERMSIG(ws) : 0,
-						    NULL);
+					send_status(run[i].ctl, ws_code(ws), ws_signo(ws), NULL);
 					close(run[i].ctl);
 					run[i] = run[--nrun];
 					break;
@@ -1185,8 +1189,7 @@ static void keeper_serve(void) {
 			spare = 0;
 			if (pid == 0) {
 				if (spare_ended)
-					send_status(ctl, WIFSIGNALED(spare_ws) ? 128 + WTERMSIG(spare_ws) : WEXITSTATUS(spare_ws),
-						    WIFSIGNALED(spare_ws) ? WTERMSIG(spare_ws) : 0, NULL);
+					send_status(ctl, ws_code(spare_ws), ws_signo(spare_ws), NULL);
 				else
 					send_status(ctl, CODE_SETUP_FAILED, 0, "the command's process was not there");
 				spare_ended = 0;
@@ -1342,9 +1345,7 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 		}
 		if (w != pid)
 			continue;
-		int code = WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : WEXITSTATUS(ws);
-		int signo = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
-		init_report(code, signo, NULL);
+		init_report(ws_code(ws), ws_signo(ws), NULL);
 	}
 }
 
@@ -1916,11 +1917,9 @@ static int shim_record(const struct plan *p, struct outw *w, const char *sdata, 
 		r.code = scode;
 		r.signo = ssig;
 		snprintf(r.reason, sizeof r.reason, "%.*s", (int)rl, sdata + 12);
-	} else if (have_ws && WIFSIGNALED(ws)) {
-		r.code = 128 + WTERMSIG(ws);
-		r.signo = WTERMSIG(ws);
 	} else if (have_ws) {
-		r.code = WEXITSTATUS(ws);
+		r.code = ws_code(ws);
+		r.signo = ws_signo(ws);
 	}
 	if (relerr[0]) {
 		out_printf(w, "%s%s\n", SETUP_PREFIX, relerr);
