@@ -31,7 +31,7 @@ type Sandbox struct {
 
 	CreatedAt time.Time `json:"created_at"`
 	// LastUsedAt is when a command ended or a file was read or written
-	// last: the idle timer counts from it.
+	// last (or it was opened or resumed): the idle timer counts from it.
 	LastUsedAt time.Time `json:"last_used_at"`
 	PausedAt   time.Time `json:"paused_at,omitzero"`
 	// ExpiresAt ends it whatever it does (its lifetime); EndedAt is when
@@ -44,7 +44,9 @@ type Sandbox struct {
 	IdleTimeout  time.Duration `json:"-"`
 	PauseTimeout time.Duration `json:"-"`
 
-	// Commands counts the commands run in it; Running those running now.
+	// Commands counts the commands submitted to it (the job that made it
+	// included); Running those not ended. Both, and whether it is running
+	// or idle, are its jobs' (see SandboxStore).
 	Commands int `json:"commands"`
 	Running  int `json:"running"`
 	// Reason says why it was released or went.
@@ -199,9 +201,21 @@ type SandboxService interface {
 
 // SandboxStore keeps sandboxes. UpdateSandbox changes one in a
 // transaction: a terminal state is final (ErrTerminal), as a job's is.
+//
+// A sandbox's activity is read from its jobs (those whose Sandbox is its
+// id), never stored with it, so that a command costs its sandbox no
+// write: Commands counts them, Running those not ended (FinishedAt zero),
+// LastUsedAt is the later of its own and their last end, and a live
+// sandbox not paused is SandboxRunning while Running > 0, SandboxIdle
+// otherwise. What UpdateSandbox's fn sets for these is not kept (but
+// LastUsedAt, when later).
 type SandboxStore interface {
 	CreateSandbox(ctx context.Context, sb *Sandbox) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
+	// GetSandboxUncounted is GetSandbox without Commands (0), whose count
+	// reads every job the sandbox had: a command's start reads this.
+	GetSandboxUncounted(ctx context.Context, id string) (*Sandbox, error)
+	// UpdateSandbox gives fn the sandbox uncounted, and returns it so.
 	UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (*Sandbox, error)
 	// ListSandboxes lists newest first; live selects those not terminal.
 	ListSandboxes(ctx context.Context, live bool, limit int) ([]Sandbox, error)

@@ -166,6 +166,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				}
 				m.Sandbox = sb.ID
 			}
+			before := f.store.WriteStats()
 			b.ResetTimer()
 			for range b.N {
 				j, err := f.eng.Submit(ctx, m, delegate.SubmitOptions{})
@@ -176,6 +177,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 					b.Fatalf("%+v %v", j, err)
 				}
 			}
+			after := f.store.WriteStats()
+			b.ReportMetric(float64(after.Writes-before.Writes)/float64(b.N), "writes/op")
+			b.ReportMetric(float64(after.Commits-before.Commits)/float64(b.N), "commits/op")
 		})
 	}
 }

@@ -305,7 +305,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if m.Sandbox != "" {
 		// A command in a kept sandbox: it runs within the sandbox's
 		// limits, template and network, and leaves the sandbox be.
-		sb, err := e.keeper.GetSandbox(ctx, m.Sandbox)
+		sb, err := e.keeper.commandSandbox(ctx, m.Sandbox)
 		if err != nil {
 			var fe *delegate.FieldError
 			if errors.As(err, &fe) {

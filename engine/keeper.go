@@ -248,20 +248,20 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	return sb, nil
 }
 
-// kept records the sandbox a persistent job made: it runs the job's
-// command now.
-func (k *keeper) kept(ctx context.Context, job *delegate.Job, inst sandbox.Instance, expires time.Time) (*delegate.Sandbox, error) {
+// kept records sandbox id, which a persistent job made (and names): it
+// runs the job's command now.
+func (k *keeper) kept(ctx context.Context, id string, job *delegate.Job, inst sandbox.Instance, expires time.Time) error {
 	idle, pause, _ := k.timeouts(delegate.SandboxSpec{})
 	now := time.Now().UTC()
 	m := job.Manifest
-	sb := &delegate.Sandbox{ID: newSandboxID(), State: delegate.SandboxRunning, Backend: k.ref.get().Name(), Instance: inst.ID(),
+	sb := &delegate.Sandbox{ID: id, State: delegate.SandboxRunning, Backend: k.ref.get().Name(), Instance: inst.ID(),
 		JobID: job.ID, Owner: k.owner, Resources: *m.Resources, Template: m.VMTemplate, Network: m.Network,
-		CreatedAt: now, LastUsedAt: now, ExpiresAt: expires, IdleTimeout: idle, PauseTimeout: pause, Commands: 1, Running: 1}
+		CreatedAt: now, LastUsedAt: now, ExpiresAt: expires, IdleTimeout: idle, PauseTimeout: pause}
 	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
-		return nil, err
+		return err
 	}
 	k.remember(sb.ID, inst)
-	return sb, nil
+	return nil
 }
 
 // GetSandbox describes one.
@@ -270,6 +270,15 @@ func (k *keeper) GetSandbox(ctx context.Context, id string) (*delegate.Sandbox, 
 		return nil, err
 	}
 	return k.sbs.GetSandbox(ctx, id)
+}
+
+// commandSandbox describes one for a command submitted to it (without
+// its count of commands, which reads each).
+func (k *keeper) commandSandbox(ctx context.Context, id string) (*delegate.Sandbox, error) {
+	if err := delegate.CheckSandboxID("sandbox_id", id); err != nil {
+		return nil, err
+	}
+	return k.sbs.GetSandboxUncounted(ctx, id)
 }
 
 // ListSandboxes lists them, newest first.
@@ -289,7 +298,13 @@ func (k *keeper) ReleaseSandbox(ctx context.Context, id string) (*delegate.Sandb
 	if sb.State.Terminal() {
 		return sb, false, nil
 	}
-	return k.end(ctx, id, delegate.SandboxReleased, "released on request")
+	ended, released, err := k.end(ctx, id, delegate.SandboxReleased, "released on request")
+	if err == nil {
+		if counted, gerr := k.sbs.GetSandbox(ctx, id); gerr == nil {
+			ended = counted // with its count of commands, which end's write leaves out
+		}
+	}
+	return ended, released, err
 }
 
 // end destroys a sandbox's machine and records why (released or gone).
@@ -351,7 +366,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if sb, inst := k.use(ctx, b, id, command); inst != nil {
 		return sb, inst, nil
 	}
-	sb, err := k.sbs.GetSandbox(ctx, id)
+	sb, err := k.sbs.GetSandboxUncounted(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -361,8 +376,8 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if sb.Backend != b.Name() {
 		return sb, nil, fmt.Errorf("sandbox %s is on the %s backend, this server runs %s: %w", id, sb.Backend, b.Name(), delegate.ErrInvalid)
 	}
-	if command && sb.Running >= delegate.MaxSandboxCommands {
-		return sb, nil, fmt.Errorf("sandbox %s runs %d commands, the most one sandbox runs at once: wait for one to end: %w", id, sb.Running, delegate.ErrConflict)
+	if command && sb.Running > delegate.MaxSandboxCommands { // this command counts there already
+		return sb, nil, fmt.Errorf("sandbox %s runs %d commands, the most one sandbox runs at once: wait for one to end: %w", id, sb.Running-1, delegate.ErrConflict)
 	}
 	inst := k.known(sb)
 	if inst == nil {
@@ -390,7 +405,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 		if sb.State == delegate.SandboxPaused {
 			sb.State, sb.PausedAt = delegate.SandboxIdle, time.Time{}
 		}
-		markUsed(sb, command)
+		sb.LastUsedAt = time.Now().UTC()
 		return nil
 	})
 	if err != nil {
@@ -400,37 +415,41 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	return sb, inst, nil
 }
 
-// markUsed records a use of a sandbox: a command counts as running
-// there, any use restarts its idle time.
-func markUsed(sb *delegate.Sandbox, command bool) {
-	if command {
-		sb.State = delegate.SandboxRunning
-		sb.Running++
-		sb.Commands++
-	}
-	sb.LastUsedAt = time.Now().UTC()
-}
-
 // errNotPlain turns use away from a sandbox that instance must look at
 // first.
 var errNotPlain = errors.New("not a plain use")
 
-// use is instance's usual case in one write, without reading the
-// sandbox first: it is live, not paused, on this backend, with room for
-// a command, and its machine known to this engine. It returns a nil
-// instance (nothing written) for anything else. The caller holds the
-// sandbox's lock.
+// use is instance's usual case: the sandbox is live, not paused, on this
+// backend, with room for a command, and its machine known to this
+// engine. A command costs it no write: its job, claimed for the sandbox
+// before it comes here, is what makes the sandbox running (and counts
+// in Running: room is for the others); a file call restarts its idle
+// time, in one write. It returns a nil instance (nothing written) for
+// anything else. The caller holds the sandbox's lock.
 func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command bool) (*delegate.Sandbox, sandbox.Instance) {
+	plain := func(sb *delegate.Sandbox) sandbox.Instance {
+		if sb.State.Terminal() || sb.State == delegate.SandboxPaused || sb.Backend != b.Name() ||
+			(command && sb.Running > delegate.MaxSandboxCommands) {
+			return nil
+		}
+		return k.known(sb)
+	}
+	if command {
+		sb, err := k.sbs.GetSandboxUncounted(ctx, id)
+		if err != nil {
+			return nil, nil
+		}
+		if inst := plain(sb); inst != nil {
+			return sb, inst
+		}
+		return nil, nil
+	}
 	var inst sandbox.Instance
 	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
-		if sb.State.Terminal() || sb.State == delegate.SandboxPaused || sb.Backend != b.Name() ||
-			(command && sb.Running >= delegate.MaxSandboxCommands) {
+		if inst = plain(sb); inst == nil {
 			return errNotPlain
 		}
-		if inst = k.known(sb); inst == nil {
-			return errNotPlain
-		}
-		markUsed(sb, command)
+		sb.LastUsedAt = time.Now().UTC()
 		return nil
 	})
 	if err != nil {
@@ -444,7 +463,7 @@ func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command 
 func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) {
 	k.forget(sb.ID)
 	if _, err := k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
-		s.State, s.Reason, s.EndedAt, s.Running = delegate.SandboxGone, reason, time.Now().UTC(), 0
+		s.State, s.Reason, s.EndedAt = delegate.SandboxGone, reason, time.Now().UTC()
 		return nil
 	}); err == nil {
 		k.log.Warn("sandbox gone", "sandbox", sb.ID, "reason", reason)
@@ -462,54 +481,6 @@ func (k *keeper) failed(ctx context.Context, sb *delegate.Sandbox, err error) bo
 	}
 	k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())
 	return true
-}
-
-// detach records that a command in a sandbox ended: it is idle (its idle
-// timer counting from now) once none runs.
-func (k *keeper) detach(ctx context.Context, id string) {
-	_, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
-		sb.Running = max(0, sb.Running-1)
-		if sb.Running == 0 && sb.State == delegate.SandboxRunning {
-			sb.State = delegate.SandboxIdle
-		}
-		sb.LastUsedAt = time.Now().UTC()
-		return nil
-	})
-	if err != nil && !errors.Is(err, delegate.ErrTerminal) {
-		k.log.Warn("record a command's end in its sandbox", "sandbox", id, "err", err)
-	}
-	k.jobs.wake()
-}
-
-// recount sets a kept sandbox's count of running commands from the jobs
-// active in it: after a restart, when commands of a server that died are
-// failed rather than followed to their end (which would count them out).
-// A command being started right now counts too: a sandbox may stay
-// running longer than it should, never go idle under a command.
-func (k *keeper) recount(ctx context.Context, id string) {
-	jobs, _, err := k.jobs.store.ListJobs(ctx, delegate.JobFilter{Sandbox: id, Active: true, Limit: delegate.MaxPageSize})
-	if err != nil {
-		k.log.Warn("count the commands of a sandbox", "sandbox", id, "err", err)
-		return
-	}
-	n := len(jobs)
-	_, err = k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
-		if sb.State.Terminal() {
-			return delegate.ErrTerminal
-		}
-		sb.Running = n
-		switch {
-		case n == 0 && sb.State == delegate.SandboxRunning:
-			sb.State, sb.LastUsedAt = delegate.SandboxIdle, time.Now().UTC()
-		case n > 0 && sb.State == delegate.SandboxIdle:
-			sb.State = delegate.SandboxRunning
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, delegate.ErrTerminal) && !errors.Is(err, delegate.ErrNotFound) {
-		k.log.Warn("count the commands of a sandbox", "sandbox", id, "err", err)
-	}
-	k.jobs.wake()
 }
 
 // ReadSandboxFile reads part of a file of a sandbox's workspace.
@@ -695,7 +666,7 @@ func (k *keeper) pause(ctx context.Context, b sandbox.Backend, sb *delegate.Sand
 	unlock := k.lock(sb.ID)
 	defer unlock()
 	// Still idle? A command may have come since the list was read.
-	cur, err := k.sbs.GetSandbox(ctx, sb.ID)
+	cur, err := k.sbs.GetSandboxUncounted(ctx, sb.ID)
 	if err != nil || cur.State != delegate.SandboxIdle || cur.Running > 0 || time.Since(cur.LastUsedAt) < cur.IdleTimeout {
 		return
 	}

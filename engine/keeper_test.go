@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"strings"
 	"testing"
@@ -91,6 +92,45 @@ func TestKeptSandboxCommands(t *testing.T) {
 	missing.Sandbox = "sbx-nothere"
 	if _, err := f.eng.Submit(ctx, missing, delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrNotFound) || !strings.Contains(err.Error(), "sbx-nothere") {
 		t.Errorf("an unknown sandbox: %v", err)
+	}
+}
+
+// TestKeptSandboxCommandCap: at most MaxSandboxCommands commands run at
+// once in one sandbox (counted from its jobs): one more fails, saying
+// why, and once one ends the next runs.
+func TestKeptSandboxCommandCap(t *testing.T) {
+	f := keptFixture(t, engine.Config{MaxConcurrent: 2 * delegate.MaxSandboxCommands})
+	sb, err := f.eng.OpenSandbox(context.Background(), delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := script("sleep 60")
+	in.Sandbox = sb.ID
+	var running []*sandboxtest.Process
+	for range delegate.MaxSandboxCommands {
+		f.submit(in)
+		running = append(running, f.started())
+	}
+	over := f.submit(in)
+	j := f.wait(f.eng, over.ID)
+	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, fmt.Sprintf("runs %d commands, the most one sandbox runs at once", delegate.MaxSandboxCommands)) {
+		t.Fatalf("a command past the cap: %s %q", j.Status, j.Error)
+	}
+	if got := f.sandbox(sb.ID); got.Running != delegate.MaxSandboxCommands || got.Commands != delegate.MaxSandboxCommands+1 || got.State != delegate.SandboxRunning {
+		t.Errorf("at the cap: %+v", got)
+	}
+	running[0].Finish(sandbox.Exit{})
+	eventually(t, "a command ended", func() bool { return f.sandbox(sb.ID).Running == delegate.MaxSandboxCommands-1 })
+	next := f.submit(in)
+	running = append(running[1:], f.started())
+	if got := f.sandbox(sb.ID); got.Running != delegate.MaxSandboxCommands {
+		t.Errorf("after one ended and one more came: %+v", got)
+	}
+	for _, p := range running {
+		p.Finish(sandbox.Exit{})
+	}
+	if j := f.wait(f.eng, next.ID); j.Status != delegate.StatusSuccess {
+		t.Errorf("the command after one ended: %s %q", j.Status, j.Error)
 	}
 }
 

@@ -112,8 +112,7 @@ func (m *maintenance) adopt(ctx context.Context, old *delegate.Job) {
 		switch {
 		case job.Manifest.Sandbox != "":
 			// A command in a kept sandbox: the machine is the sandbox's,
-			// which stays; the command no longer counts there.
-			m.keeper.recount(ctx, job.Manifest.Sandbox)
+			// which stays; its end above counts the command out there.
 		case job.SandboxID != "":
 			m.runner.rollback(job.ID, job.SandboxID)
 			if job.Sandbox != "" {

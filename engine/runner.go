@@ -179,12 +179,11 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		r.removeClone(id, job.Manifest)
 		switch {
 		case a.attached:
-			// A kept sandbox's: it stays for the next command, unless its
-			// machine is gone.
-			if sb, gerr := r.keeper.sbs.GetSandbox(context.WithoutCancel(ctx), job.Manifest.Sandbox); gerr == nil && r.keeper.failed(ctx, sb, err) {
-				break
+			// A kept sandbox's: it stays for the next command (the job's
+			// end above counts this one out), unless its machine is gone.
+			if sb, gerr := r.keeper.sbs.GetSandboxUncounted(context.WithoutCancel(ctx), job.Manifest.Sandbox); gerr == nil {
+				r.keeper.failed(ctx, sb, err)
 			}
-			r.keeper.detach(context.WithoutCancel(ctx), job.Manifest.Sandbox)
 		case a.kept != "":
 			r.keeper.end(context.WithoutCancel(ctx), a.kept, delegate.SandboxGone, "the job that made it failed to start: "+reason)
 		case a.sb != nil:
@@ -323,12 +322,11 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 	a.sb = sb
 	keptID := ""
 	if keep {
-		k, err := r.keeper.kept(ctx, a.job, sb, spec.Expires)
-		if err != nil {
-			return fmt.Errorf("record the kept sandbox: %w", err)
-		}
-		a.kept, keptID = k.ID, k.ID
+		keptID = newSandboxID()
 	}
+	// The job names its kept sandbox before the sandbox is recorded: a
+	// sandbox's activity is its jobs', and one recorded first would read
+	// idle, without its first command, until the job named it.
 	_, err = r.jobs.update(ctx, a.job.ID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job became %s: %w", j.Status, delegate.ErrTerminal)
@@ -336,7 +334,14 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 		j.SandboxID, j.Sandbox, j.Progress = sb.ID(), keptID, "writing files"
 		return nil
 	})
-	return err
+	if err != nil || !keep {
+		return err
+	}
+	if err := r.keeper.kept(ctx, keptID, a.job, sb, spec.Expires); err != nil {
+		return fmt.Errorf("record the kept sandbox: %w", err)
+	}
+	a.kept = keptID
+	return nil
 }
 
 // writeFiles writes the manifest's files into the sandbox. They are kept
@@ -422,14 +427,11 @@ func (r *runner) reattach(ctx context.Context, job *delegate.Job) {
 	fail := func(err error) {
 		log.Warn("job lost with its sandbox", "err", err)
 		r.finish(job.ID, delegate.StatusFailed, fmt.Sprintf("sandbox lost after a server restart: %v", err), nil)
-		switch {
-		case job.Sandbox != "":
-			// A kept sandbox's command (or the job that made it): the
-			// machine is the sandbox's, whose timers end it (and whose
-			// next use finds it gone, if it is); the command no longer
-			// counts there.
-			r.keeper.recount(ctx, job.Sandbox)
-		case job.SandboxID != "":
+		// A kept sandbox's command (or the job that made it): the
+		// machine is the sandbox's, whose timers end it (and whose next
+		// use finds it gone, if it is); its end above counts the command
+		// out there.
+		if job.Sandbox == "" && job.SandboxID != "" {
 			r.destroy(job.SandboxID, delegate.Manifest{})
 		}
 	}
@@ -1019,7 +1021,9 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 	if m.Lifecycle != delegate.LifecyclePersistent {
 		r.removeClone(id, m) // its changes' old side is read
 	}
-	j := r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
+	// Its end is also its kept sandbox's (if it ran in one): the
+	// sandbox's activity is read from its jobs.
+	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
@@ -1030,12 +1034,6 @@ func (r *runner) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wait
 		}
 	})
 	r.destroy(sb.ID(), m)
-	if j == nil { // its end could not be stored: what it ran in, as stored before
-		j, _ = r.store.GetJob(context.WithoutCancel(r.life.ctx), id)
-	}
-	if j != nil && j.Sandbox != "" {
-		r.keeper.detach(context.WithoutCancel(r.life.ctx), j.Sandbox)
-	}
 }
 
 // stored is the job as its run stored it last; nil if unknown.

@@ -122,3 +122,40 @@ func reportGroups(b *testing.B, s *sqlite.DB) {
 		b.ReportMetric(float64(st.Writes)/float64(st.Commits), "writes/commit")
 	}
 }
+
+// BenchmarkGetSandbox: a kept sandbox read with its activity, from the
+// index of its jobs, as its commands add up: the count of every command
+// it had (GetSandbox, for an agent's or the dashboard's read) grows with
+// them; the read a command's start makes (GetSandboxUncounted: the ones
+// not ended, and the last end) does not.
+func BenchmarkGetSandbox(b *testing.B) {
+	for _, commands := range []int{10, 1000, 10000} {
+		ctx := context.Background()
+		s := openBench(b)
+		now := time.Now().UTC()
+		if err := s.CreateSandbox(ctx, &delegate.Sandbox{ID: "sbx-a", State: delegate.SandboxIdle, Backend: "local", Instance: "sb-1",
+			CreatedAt: now, LastUsedAt: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+			b.Fatal(err)
+		}
+		for i := range commands {
+			j := newJob(fmt.Sprint("c", i))
+			j.Sandbox, j.Status, j.FinishedAt = "sbx-a", delegate.StatusSuccess, now
+			if err := s.CreateJob(ctx, j); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, read := range []struct {
+			name string
+			fn   func(context.Context, string) (*delegate.Sandbox, error)
+		}{{"counted", s.GetSandbox}, {"uncounted", s.GetSandboxUncounted}} {
+			b.Run(fmt.Sprintf("commands=%d/%s", commands, read.name), func(b *testing.B) {
+				for range b.N {
+					sb, err := read.fn(ctx, "sbx-a")
+					if err != nil || sb.Running != 0 {
+						b.Fatal(sb, err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -317,7 +317,7 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 		args = append(args, f.SandboxID)
 	}
 	if f.Sandbox != "" {
-		query += ` AND sandbox = ?`
+		query += ` AND sandbox = ? AND sandbox != ''` // the latter lets the index jobs_kept serve it
 		args = append(args, f.Sandbox)
 	}
 	query += ` ORDER BY seq DESC LIMIT ?`

@@ -3,9 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
 )
 
 // TestMigrateKeepsJobs: a database made by the first schema version keeps
@@ -112,5 +116,37 @@ func TestMigrateIdempotencyDigest(t *testing.T) {
 	j, err := s.JobByIdempotencyKey(ctx, "k")
 	if err != nil || j.ID != "keyed" || j.IdempotencyDigest != "" || j.Manifest.Task != "x" {
 		t.Fatalf("a keyed job from schema 4: %+v %v", j, err)
+	}
+}
+
+// TestSandboxCountsOfOldRows: a sandbox row from when its activity was
+// counted in the row ("running" state, counts in its JSON) reads its
+// activity from its jobs once the index for it is made.
+func TestSandboxCountsOfOldRows(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(migrations) - 1
+	if _, err := db.Exec(strings.Join(migrations[:before], ";") + fmt.Sprintf(`; PRAGMA user_version = %d;
+		INSERT INTO sandboxes (id, state, backend, instance, data) VALUES ('sbx-old', 'running', 'local', 'sb-1',
+			'{"id":"sbx-old","state":"running","backend":"local","instance":"sb-1","createdAt":"2026-11-01T10:00:00Z",
+			"lastUsedAt":"2026-11-01T10:00:00Z","expiresAt":"2026-11-02T10:00:00Z","commands":5,"running":2}');
+		INSERT INTO jobs (seq, id, status, created_at, updated_at, finished_at, sandbox) VALUES
+			(1, 'c1', 'success', 1, 1, %d, 'sbx-old');`, before, time.Date(2026, 11, 1, 11, 0, 0, 0, time.UTC).UnixNano())); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sb, err := s.GetSandbox(ctx, "sbx-old")
+	if err != nil || sb.State != delegate.SandboxIdle || sb.Running != 0 || sb.Commands != 1 ||
+		!sb.LastUsedAt.Equal(time.Date(2026, 11, 1, 11, 0, 0, 0, time.UTC)) {
+		t.Fatalf("an old sandbox row: %+v %v", sb, err)
 	}
 }

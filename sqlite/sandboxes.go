@@ -13,13 +13,18 @@ import (
 
 // SandboxStore keeps the kept sandboxes. A sandbox is a row with the
 // columns its queries select by (id, state, backend and instance) and the
-// rest as JSON: it is read and written whole, rarely (a command's start
-// and end, a timer), never on a hot path.
+// rest as JSON: it is read and written whole, rarely (a resume, a file
+// call, a timer), never on a command's way. What its commands change (how
+// many were submitted, how many have not ended, when the last one ended,
+// and so whether it is running or idle) is read from its jobs, through
+// an index, as it is read: a command costs the sandbox no write, and the
+// counts cannot drift from the jobs they count (a server killed between
+// a command's end and a count's update once left one to recount).
 type SandboxStore struct {
 	db   *DB
 	stmt struct {
-		get, list, live, byInstance *sql.Stmt // readers
-		wGet, wInsert, wUpdate      *sql.Stmt // writer
+		get, uncounted, list, live, byInstance *sql.Stmt // readers
+		wGet, wInsert, wUpdate                 *sql.Stmt // writer
 	}
 }
 
@@ -28,18 +33,34 @@ var _ delegate.SandboxStore = (*SandboxStore)(nil)
 func newSandboxStore(ctx context.Context, db *DB) (*SandboxStore, error) {
 	s := &SandboxStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.get, `SELECT data FROM sandboxes WHERE id = ?`},
-		{db.rdb, &s.stmt.list, `SELECT data FROM sandboxes ORDER BY seq DESC LIMIT ?`},
-		{db.rdb, &s.stmt.live, `SELECT data FROM sandboxes WHERE state NOT IN ('released', 'gone') ORDER BY seq DESC LIMIT ?`},
-		{db.rdb, &s.stmt.byInstance, `SELECT data FROM sandboxes WHERE backend = ? AND instance = ? ORDER BY seq DESC LIMIT 1`},
-		{db.wdb, &s.stmt.wGet, `SELECT data FROM sandboxes WHERE id = ?`},
+		{db.rdb, &s.stmt.get, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`},
+		{db.rdb, &s.stmt.uncounted, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?`},
+		{db.rdb, &s.stmt.list, `SELECT ` + sandboxColumns + ` FROM sandboxes ORDER BY seq DESC LIMIT ?`},
+		{db.rdb, &s.stmt.live, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE state NOT IN ('released', 'gone') ORDER BY seq DESC LIMIT ?`},
+		{db.rdb, &s.stmt.byInstance, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE backend = ? AND instance = ? ORDER BY seq DESC LIMIT 1`},
+		{db.wdb, &s.stmt.wGet, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?`},
 		{db.wdb, &s.stmt.wInsert, `INSERT INTO sandboxes (id, state, backend, instance, data) VALUES (?, ?, ?, ?, ?)`},
 		{db.wdb, &s.stmt.wUpdate, `UPDATE sandboxes SET state = ?, instance = ?, data = ? WHERE id = ?`},
 	})
 }
 
+// sandboxColumns are a sandbox's row and its activity, from its jobs
+// (the index jobs_kept: "sandbox != ”" lets SQLite use it): commands
+// submitted, commands not ended, the last end (ns, 0 for none).
+const sandboxColumns = `data,
+	(SELECT count(*) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != ''),` + activityColumns
+
+// uncountedColumns are sandboxColumns without the count of commands
+// submitted, the one that reads an index entry for each (the others read
+// the ones not ended, and the last).
+const uncountedColumns = `data, 0,` + activityColumns
+
+const activityColumns = `
+	(SELECT count(*) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != '' AND finished_at = 0),
+	(SELECT coalesce(max(finished_at), 0) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != '')`
+
 // sandboxRow is a sandbox as it is stored: every field, the ones the API
-// leaves out included.
+// leaves out included, but for its activity (sandboxColumns).
 type sandboxRow struct {
 	ID           string                `json:"id"`
 	State        delegate.SandboxState `json:"state"`
@@ -57,40 +78,80 @@ type sandboxRow struct {
 	EndedAt      time.Time             `json:"endedAt,omitzero"`
 	IdleTimeout  time.Duration         `json:"idleTimeout"`
 	PauseTimeout time.Duration         `json:"pauseTimeout"`
-	Commands     int                   `json:"commands"`
-	Running      int                   `json:"running"`
 	Reason       string                `json:"reason,omitempty"`
+	// Rows written before the activity was read from the jobs have
+	// "commands" and "running" too: ignored.
 }
 
+// toRow is what is stored of sb: running is not a state stored (its
+// jobs say whether one runs), idle stands for both.
 func toRow(sb *delegate.Sandbox) sandboxRow {
-	return sandboxRow{sb.ID, sb.State, sb.Backend, sb.Instance, sb.JobID, sb.Owner, sb.Resources, sb.Template, sb.Network,
+	state := sb.State
+	if state == delegate.SandboxRunning {
+		state = delegate.SandboxIdle
+	}
+	return sandboxRow{sb.ID, state, sb.Backend, sb.Instance, sb.JobID, sb.Owner, sb.Resources, sb.Template, sb.Network,
 		sb.CreatedAt, sb.LastUsedAt, sb.PausedAt, sb.ExpiresAt, sb.EndedAt, sb.IdleTimeout, sb.PauseTimeout,
-		sb.Commands, sb.Running, sb.Reason}
+		sb.Reason}
 }
 
 func (r sandboxRow) sandbox() *delegate.Sandbox {
 	return &delegate.Sandbox{ID: r.ID, State: r.State, Backend: r.Backend, Instance: r.Instance, JobID: r.JobID, Owner: r.Owner,
 		Resources: r.Resources, Template: r.Template, Network: r.Network, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt,
 		PausedAt: r.PausedAt, ExpiresAt: r.ExpiresAt, EndedAt: r.EndedAt, IdleTimeout: r.IdleTimeout, PauseTimeout: r.PauseTimeout,
-		Commands: r.Commands, Running: r.Running, Reason: r.Reason}
+		Reason: r.Reason}
 }
 
-func decodeSandbox(data []byte) (*delegate.Sandbox, error) {
+// activity is what a sandbox's jobs say of it (sandboxColumns).
+type activity struct {
+	commands, running int
+	lastEnd           time.Time
+}
+
+// apply gives sb its activity. A live sandbox, unless paused, is running
+// while a command of it has not ended, idle otherwise; it was last used
+// when it was last used itself (opened, resumed, a file call) or when its
+// last command ended, whichever is later.
+func (a activity) apply(sb *delegate.Sandbox) {
+	sb.Commands, sb.Running = a.commands, a.running
+	if a.lastEnd.After(sb.LastUsedAt) {
+		sb.LastUsedAt = a.lastEnd
+	}
+	if sb.State == delegate.SandboxIdle || sb.State == delegate.SandboxRunning {
+		sb.State = delegate.SandboxIdle
+		if a.running > 0 {
+			sb.State = delegate.SandboxRunning
+		}
+	}
+}
+
+// scanSandbox reads a row of sandboxColumns: the sandbox with its
+// activity.
+func scanSandbox(row scanner) (*delegate.Sandbox, activity, error) {
+	var data []byte
+	var commands, running, lastEnd int64
+	if err := row.Scan(&data, &commands, &running, &lastEnd); err != nil {
+		return nil, activity{}, err
+	}
 	var r sandboxRow
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("decode a sandbox: %w", err)
+		return nil, activity{}, fmt.Errorf("decode a sandbox: %w", err)
 	}
-	return r.sandbox(), nil
+	sb := r.sandbox()
+	a := activity{int(commands), int(running), fromNanos(lastEnd)}
+	a.apply(sb)
+	return sb, a, nil
 }
 
 // CreateSandbox stores a new sandbox.
 func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) error {
-	data, err := json.Marshal(toRow(sb))
+	row := toRow(sb)
+	data, err := json.Marshal(row)
 	if err != nil {
 		return err
 	}
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(sb.State), sb.Backend, sb.Instance, data)
+		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data)
 		return err
 	})
 	if err != nil {
@@ -101,33 +162,40 @@ func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) 
 
 // GetSandbox reads one.
 func (s *SandboxStore) GetSandbox(ctx context.Context, id string) (*delegate.Sandbox, error) {
-	var data []byte
-	err := s.stmt.get.QueryRowContext(ctx, id).Scan(&data)
+	sb, _, err := scanSandbox(s.stmt.get.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.SandboxNotFound(id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	return decodeSandbox(data)
+	return sb, nil
+}
+
+// GetSandboxUncounted reads one without counting its commands.
+func (s *SandboxStore) GetSandboxUncounted(ctx context.Context, id string) (*delegate.Sandbox, error) {
+	sb, _, err := scanSandbox(s.stmt.uncounted.QueryRowContext(ctx, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, delegate.SandboxNotFound(id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return sb, nil
 }
 
 // UpdateSandbox changes one in a transaction. A released or gone sandbox
-// is final: fn is not called, and ErrTerminal is returned with it.
+// is final: fn is not called, and ErrTerminal is returned with it. The
+// sandbox is read uncounted (a file call updates it too).
 func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*delegate.Sandbox) error) (*delegate.Sandbox, error) {
 	var out *delegate.Sandbox
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		var data []byte
-		err := tx.Stmt(s.stmt.wGet).QueryRow(id).Scan(&data)
+		sb, act, err := scanSandbox(tx.Stmt(s.stmt.wGet).QueryRow(id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.SandboxNotFound(id)
 		}
 		if err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
-		}
-		sb, err := decodeSandbox(data)
-		if err != nil {
-			return err
 		}
 		if sb.State.Terminal() {
 			out = sb
@@ -137,13 +205,16 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 			return err
 		}
 		sb.ID = id
-		if data, err = json.Marshal(toRow(sb)); err != nil {
+		row := toRow(sb)
+		data, err := json.Marshal(row)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Stmt(s.stmt.wUpdate).Exec(string(sb.State), sb.Instance, data, id); err != nil {
+		if _, err := tx.Stmt(s.stmt.wUpdate).Exec(string(row.State), sb.Instance, data, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		out = sb
+		out = row.sandbox() // as stored, and as its jobs have it
+		act.apply(out)
 		return nil
 	})
 	return out, err
@@ -165,13 +236,9 @@ func (s *SandboxStore) ListSandboxes(ctx context.Context, live bool, limit int) 
 	defer rows.Close()
 	out := []delegate.Sandbox{}
 	for rows.Next() {
-		var data []byte
-		if err := rows.Scan(&data); err != nil {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		sb, err := decodeSandbox(data)
+		sb, _, err := scanSandbox(rows)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("list sandboxes: %w", err)
 		}
 		out = append(out, *sb)
 	}
@@ -180,13 +247,12 @@ func (s *SandboxStore) ListSandboxes(ctx context.Context, live bool, limit int) 
 
 // SandboxOfInstance finds the sandbox a backend instance is.
 func (s *SandboxStore) SandboxOfInstance(ctx context.Context, backend, instance string) (*delegate.Sandbox, error) {
-	var data []byte
-	err := s.stmt.byInstance.QueryRowContext(ctx, backend, instance).Scan(&data)
+	sb, _, err := scanSandbox(s.stmt.byInstance.QueryRowContext(ctx, backend, instance))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, &delegate.NotFoundError{Resource: "sandbox", ID: instance, Reason: "no sandbox is that " + backend + " instance"}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox of instance %s: %w", instance, err)
 	}
-	return decodeSandbox(data)
+	return sb, nil
 }

@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Artifacts", testArtifacts},
 		{"Sandboxes", testSandboxes},
 		{"JobNamesItsSandbox", testJobNamesItsSandbox},
+		{"SandboxActivity", testSandboxActivity},
 		{"Questions", testQuestions},
 		{"Answers", testAnswers},
 		{"Workspaces", testWorkspaces},
@@ -844,20 +845,20 @@ func testSandboxes(t *testing.T, open Open) {
 		t.Errorf("another backend's instance: %v", err)
 	}
 	upd, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error {
-		sb.State, sb.Running, sb.Commands = delegate.SandboxRunning, 1, 1
+		sb.State, sb.PausedAt = delegate.SandboxPaused, now
 		return nil
 	})
-	if err != nil || upd.State != delegate.SandboxRunning || upd.Running != 1 {
+	if err != nil || upd.State != delegate.SandboxPaused || !upd.PausedAt.Equal(now) {
 		t.Fatalf("update: %+v, %v", upd, err)
 	}
 	if _, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error {
-		sb.Running = 99
+		sb.State = delegate.SandboxIdle
 		return errors.New("refused")
 	}); err == nil {
 		t.Error("a failed update was not refused")
 	}
-	if again, _ := open().GetSandbox(ctx, "sbx-a"); again.Running != 1 {
-		t.Errorf("a failed update wrote %d", again.Running)
+	if again, _ := open().GetSandbox(ctx, "sbx-a"); again.State != delegate.SandboxPaused {
+		t.Errorf("a failed update wrote %s", again.State)
 	}
 	if _, err := st.UpdateSandbox(ctx, "sbx-b", func(sb *delegate.Sandbox) error {
 		sb.State, sb.Reason, sb.EndedAt = delegate.SandboxReleased, "released on request", now
@@ -879,6 +880,109 @@ func testSandboxes(t *testing.T, open Open) {
 	all, err := open().ListSandboxes(ctx, false, 0)
 	if err != nil || len(all) != 2 || all[0].ID != "sbx-b" {
 		t.Errorf("all, newest first: %+v, %v", all, err)
+	}
+}
+
+// testSandboxActivity: a sandbox's activity is its jobs' (the ones whose
+// Sandbox names it): the commands submitted, those not ended (running
+// while there are some, idle otherwise, unless paused or ended), and the
+// last end, if later than its own last use. What an update sets for them
+// is not kept; an update, and a read uncounted, have no count of the
+// commands submitted.
+func testSandboxActivity(t *testing.T, open Open) {
+	ctx := context.Background()
+	st := open()
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	for _, id := range []string{"sbx-a", "sbx-b"} {
+		if err := st.CreateSandbox(ctx, &delegate.Sandbox{ID: id, State: delegate.SandboxIdle, Backend: "local", Instance: "i-" + id,
+			CreatedAt: t0, LastUsedAt: t0, ExpiresAt: t0.Add(time.Hour), IdleTimeout: time.Minute, PauseTimeout: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	activity := func(id string) *delegate.Sandbox {
+		t.Helper()
+		sb, err := open().GetSandbox(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	if sb := activity("sbx-a"); sb.State != delegate.SandboxIdle || sb.Commands != 0 || sb.Running != 0 || !sb.LastUsedAt.Equal(t0) {
+		t.Fatalf("before any command: %+v", sb)
+	}
+	job := func(id, sandbox string, status delegate.Status) {
+		t.Helper()
+		j := &delegate.Job{ID: id, Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Sandbox: "sbx-a"},
+			Status: status, CreatedAt: t0, UpdatedAt: t0, Sandbox: sandbox}
+		if err := st.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job("c1", "sbx-a", delegate.StatusRunning)
+	job("c2", "sbx-a", delegate.StatusProvisioning)
+	job("c3", "", delegate.StatusPending) // submitted, not yet claimed for it
+	job("other", "sbx-b", delegate.StatusRunning)
+	sb := activity("sbx-a")
+	if sb.State != delegate.SandboxRunning || sb.Commands != 2 || sb.Running != 2 || !sb.LastUsedAt.Equal(t0) {
+		t.Fatalf("two commands running: %+v", sb)
+	}
+	// An update sees the activity (uncounted), and what it sets for it is
+	// not kept.
+	upd, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error {
+		if sb.Running != 2 || sb.State != delegate.SandboxRunning {
+			t.Errorf("an update is given %+v", sb)
+		}
+		sb.Running, sb.Commands, sb.Reason = 99, 99, "noted"
+		return nil
+	})
+	if err != nil || upd.Reason != "noted" || upd.Commands != 0 || upd.Running != 2 {
+		t.Fatalf("update (uncounted): %+v, %v", upd, err)
+	}
+	if sb, err := open().GetSandboxUncounted(ctx, "sbx-a"); err != nil || sb.Commands != 0 || sb.Running != 2 || sb.State != delegate.SandboxRunning {
+		t.Errorf("uncounted: %+v, %v", sb, err)
+	}
+	if sb := activity("sbx-a"); sb.Running != 2 || sb.Commands != 2 || sb.Reason != "noted" {
+		t.Errorf("after an update that set the counts: %+v", sb)
+	}
+	end := func(id string, status delegate.Status, at time.Time) {
+		t.Helper()
+		if _, err := st.UpdateJob(ctx, id, func(j *delegate.Job) error {
+			j.Status, j.FinishedAt = status, at
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t1, t2 := t0.Add(time.Second), t0.Add(2*time.Second)
+	end("c1", delegate.StatusSuccess, t2)
+	if sb := activity("sbx-a"); sb.State != delegate.SandboxRunning || sb.Running != 1 || !sb.LastUsedAt.Equal(t2) {
+		t.Errorf("one command ended: %+v", sb)
+	}
+	end("c2", delegate.StatusFailed, t1) // one that never started counts as submitted
+	sb = activity("sbx-a")
+	if sb.State != delegate.SandboxIdle || sb.Running != 0 || sb.Commands != 2 || !sb.LastUsedAt.Equal(t2) {
+		t.Errorf("both ended: %+v", sb)
+	}
+	// A use of its own later than its commands' ends counts.
+	t3 := t0.Add(3 * time.Second)
+	if _, err := st.UpdateSandbox(ctx, "sbx-a", func(sb *delegate.Sandbox) error { sb.LastUsedAt = t3; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if sb := activity("sbx-a"); !sb.LastUsedAt.Equal(t3) {
+		t.Errorf("used at %s, then read: %s", t3, sb.LastUsedAt)
+	}
+	// Paused is kept while a command waits to resume it; the other
+	// sandbox's command counts there only, in a list and by instance too.
+	if _, err := st.UpdateSandbox(ctx, "sbx-b", func(sb *delegate.Sandbox) error { sb.State = delegate.SandboxPaused; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	list, err := open().ListSandboxes(ctx, true, 0)
+	if err != nil || len(list) != 2 || list[0].ID != "sbx-b" || list[0].State != delegate.SandboxPaused || list[0].Running != 1 ||
+		list[1].Running != 0 || list[1].Commands != 2 {
+		t.Errorf("listed: %+v, %v", list, err)
+	}
+	if sb, err := open().SandboxOfInstance(ctx, "local", "i-sbx-b"); err != nil || sb.Running != 1 || sb.Commands != 1 {
+		t.Errorf("by instance: %+v, %v", sb, err)
 	}
 }
 
