@@ -705,8 +705,8 @@ func TestKeptKilledAtOnce(t *testing.T) {
 }
 
 // TestKeptExecDirsAhead: each command of a kept sandbox leaves the next
-// one's directory and status channel made (and no record in it), which
-// the next command takes; the sandbox's destruction forgets that
+// one's directory, status channel and files its shim and Exec fill made
+// (empty: no record, no pid yet), which the next command takes; the sandbox's destruction forgets that
 // directory and every process of the sandbox the backend knew.
 func TestKeptExecDirsAhead(t *testing.T) {
 	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
@@ -729,8 +729,13 @@ func TestKeptExecDirsAhead(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(sb.dir, dirExecs, next)); err != nil {
 				t.Fatalf("the next command's directory: %v", err)
 			}
-			if _, err := os.Stat(filepath.Join(sb.dir, dirExecs, next, fileExec)); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("the next command's directory has a record already: %v", err)
+			for _, name := range aheadFiles {
+				if fi, err := os.Stat(filepath.Join(sb.dir, dirExecs, next, name)); err != nil || fi.Size() != 0 {
+					t.Fatalf("the next command's directory: %s is not there, empty: %v %v", name, fi, err)
+				}
+			}
+			if _, err := sb.Process(context.Background(), next); !errors.Is(err, sandbox.ErrGone) {
+				t.Fatalf("Process of the next command's id, before it came: %v", err)
 			}
 			if fi, err := os.Stat(filepath.Join(sb.dir, dirChannel, next)); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 				t.Fatalf("the next command's status channel: %v %v", fi, err)

@@ -162,7 +162,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	}
 	// O_EXCL makes "one command per sandbox" hold across goroutines and
 	// server processes alike.
-	if err := writeExecRecord(s.dir, rec); errors.Is(err, os.ErrExist) {
+	if err := writeExecRecord(s.dir, rec, false); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("exec: sandbox %s already ran its one command (it was not made to run many: Spec.MultiExec)", s.id)
 	} else if err != nil {
 		return nil, err
@@ -190,7 +190,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 			return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
 		}
 	}
-	execDir, err := s.takeExecDir(st, &rec)
+	execDir, ahead, err := s.takeExecDir(st, &rec)
 	if err != nil {
 		return nil, err
 	}
@@ -236,8 +236,10 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	}()
 	// Once the command is on its way: its record is for a later server
 	// (Process), which learns the command's id only after Exec returns;
-	// nothing in the sandbox reads it.
-	if err := writeExecRecord(execDir, rec); err != nil {
+	// nothing in the sandbox reads it. In a directory made ahead, the file
+	// is there already: filling it costs a write, creating it on the data
+	// directory's filesystem most of a command's round trip's ext4 time.
+	if err := writeExecRecord(execDir, rec, ahead); err != nil {
 		p.Kill(context.Background())
 		return nil, err
 	}
@@ -250,24 +252,27 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 
 // takeExecDir gives a command of a kept sandbox its directory
 // (execs/<id>) and status channel (a FIFO in dirChannel): the ones made
-// ahead for it (its id then becomes rec.ID), or new ones.
-func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (string, error) {
+// ahead for it (ahead; its id then becomes rec.ID), or new ones.
+func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (dir string, ahead bool, err error) {
 	s.b.mu.Lock()
 	id := s.b.spareExecs[s.dir]
 	delete(s.b.spareExecs, s.dir)
 	s.b.mu.Unlock()
 	if id != "" {
 		rec.ID = id
-		return filepath.Join(s.dir, dirExecs, id), nil
+		return filepath.Join(s.dir, dirExecs, id), true, nil
 	}
-	return s.makeExecDir(st, rec.ID)
+	dir, err = s.makeExecDir(st, rec.ID, false)
+	return dir, false, err
 }
 
 // makeSpareExecDir makes the directory and status channel of the
 // sandbox's next command ahead of it, unless there are some: the next
 // Exec is spared a directory made on the data directory's filesystem
-// (0.04-0.3 ms here, the cost of a command's round trip most worth
-// saving after the sandbox's own). One left unused goes with the sandbox.
+// (0.04-0.4 ms here, the cost of a command's round trip most worth
+// saving after the sandbox's own), and so are the files it and the
+// command's shim fill (made empty here: aheadFiles). One left unused
+// goes with the sandbox.
 func (s *sbox) makeSpareExecDir(st sandboxState) error {
 	s.b.mu.Lock()
 	_, have := s.b.spareExecs[s.dir]
@@ -279,7 +284,7 @@ func (s *sbox) makeSpareExecDir(st sandboxState) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.makeExecDir(st, id); err != nil {
+	if _, err := s.makeExecDir(st, id, true); err != nil {
 		return err
 	}
 	s.b.mu.Lock()
@@ -290,11 +295,28 @@ func (s *sbox) makeSpareExecDir(st sandboxState) error {
 	return nil
 }
 
-// makeExecDir makes the directory and status channel of command id.
-func (s *sbox) makeExecDir(st sandboxState, id string) (string, error) {
+// aheadFiles are the files of a command's directory made ahead, empty:
+// its exec.json (writeExecRecord fills it) and the pid file its shim
+// writes as it starts (write_pid_file truncates it). An empty one reads
+// as none yet (readPID, Process), as it would between creation and
+// write.
+var aheadFiles = [...]string{fileExec, fileShimPID}
+
+// makeExecDir makes the directory and status channel of command id, and
+// with ahead its aheadFiles.
+func (s *sbox) makeExecDir(st sandboxState, id string, ahead bool) (string, error) {
 	execDir := filepath.Join(s.dir, dirExecs, id)
 	if err := os.Mkdir(execDir, 0o700); err != nil {
 		return "", s.goneOr(fmt.Errorf("exec: %w", err))
+	}
+	if ahead {
+		for _, name := range aheadFiles {
+			f, err := os.OpenFile(filepath.Join(execDir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return "", s.goneOr(fmt.Errorf("exec: %w", err))
+			}
+			f.Close()
+		}
 	}
 	channel := filepath.Join(s.dir, dirChannel, id)
 	if err := unix.Mkfifo(channel, 0o600); err != nil {
@@ -306,14 +328,19 @@ func (s *sbox) makeExecDir(st sandboxState, id string) (string, error) {
 	return execDir, nil
 }
 
-// writeExecRecord writes the command's exec.json in dir, exclusively.
-func writeExecRecord(dir string, rec execRecord) error {
+// writeExecRecord writes the command's exec.json in dir, exclusively,
+// or (made) into the empty one made ahead (aheadFiles).
+func writeExecRecord(dir string, rec execRecord, made bool) error {
 	rec.Env = nil // the job's secrets stay off the disk, and so do its inputs
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, fileExec), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	if made {
+		flags = os.O_WRONLY | os.O_TRUNC
+	}
+	f, err := os.OpenFile(filepath.Join(dir, fileExec), flags, 0o600)
 	if err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}
@@ -475,7 +502,12 @@ func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, err
 	if p != nil && p.id == execID {
 		return p, nil
 	}
+	// No record, or the empty one of a directory made ahead (aheadFiles):
+	// no command has that id.
 	var rec execRecord
+	if fi, err := os.Stat(filepath.Join(dir, fileExec)); err == nil && fi.Size() == 0 {
+		return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
+	}
 	if err := readJSON(filepath.Join(dir, fileExec), &rec); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
