@@ -126,7 +126,7 @@ type SandboxOut struct {
 	CreatedAt  time.Time `json:"created_at"`
 	LastUsedAt time.Time `json:"last_used_at"`
 	ExpiresAt  time.Time `json:"expires_at"`
-	// Commands counts the commands run in it, Running those running now.
+	// Commands counts the commands submitted to it, Running those not ended.
 	Commands int    `json:"commands"`
 	Running  int    `json:"running"`
 	Reason   string `json:"reason,omitempty"`
