@@ -235,12 +235,14 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
 	e := &Engine{}
 	// A job's end: its follower winds it up, its token stops working,
-	// and so does its network.
+	// and so does its network (on a goroutine of the engine's life, which
+	// Close waits for: a process that closes its store after the engine,
+	// such as the CLI's exec, must not have it written to after).
 	jobs.ended = func(id string, st delegate.Status) {
 		cb.tokens.forget(id)
 		run.ended(id, st)
 		if cfg.Egress != nil {
-			go e.endNetwork(id)
+			life.Go(func() { e.endNetwork(id) })
 		}
 	}
 	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,

@@ -45,7 +45,8 @@ func newSandboxStore(ctx context.Context, db *DB) (*SandboxStore, error) {
 }
 
 // sandboxColumns are a sandbox's row and its activity, from its jobs
-// (the index jobs_kept: "sandbox != ”" lets SQLite use it): commands
+// through the index jobs_kept (each subquery repeats the index's
+// condition, a sandbox named, so that SQLite uses it): commands
 // submitted, commands not ended, the last end (ns, 0 for none).
 const sandboxColumns = `data,
 	(SELECT count(*) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != ''),` + activityColumns
