@@ -254,8 +254,14 @@ func (e *Egress) Record(token string, en egress.Entry) {
 	id := ent.id
 	e.mu.Unlock()
 	if denial != "" {
-		// The first denial of each destination is in the job's timeline.
-		go e.timeline(id, denial)
+		// The first denial of each destination is in the job's timeline
+		// (on a goroutine Close waits for: the proxy, closed first, calls
+		// this until then).
+		e.done.Add(1)
+		go func() {
+			defer e.done.Done()
+			e.timeline(id, denial)
+		}()
 	}
 	select {
 	case e.wake <- struct{}{}:
