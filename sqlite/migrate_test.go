@@ -17,21 +17,8 @@ import (
 // delegate is refused rather than misread.
 func TestMigrateKeepsJobs(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "jobs.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(migrations[0] + `; PRAGMA user_version = 1;
-		INSERT INTO jobs (id, status, manifest, created_at, updated_at) VALUES ('old', 'success', '{"agentType":"script","task":"x"}', 1, 1);`); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openMigrated(t, 1, `
+		INSERT INTO jobs (id, status, manifest, created_at, updated_at) VALUES ('old', 'success', '{"agentType":"script","task":"x"}', 1, 1);`)
 	j, err := s.GetJob(ctx, "old")
 	if err != nil || j.Status != "success" || j.Manifest.Task != "x" {
 		t.Fatalf("old job after migration: %+v %v", j, err)
@@ -50,25 +37,11 @@ func TestMigrateKeepsJobs(t *testing.T) {
 // files apart, and the count of finished jobs.
 func TestMigrateMovesManifests(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "jobs.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(migrations[0] + `;` + migrations[1] + `; PRAGMA user_version = 2;
+	s, _ := openMigrated(t, 2, `
 		INSERT INTO jobs (id, status, manifest, created_at, updated_at, progress) VALUES
 			('files', 'running', '{"agentType":"script","task":"x","files":[{"path":"a.txt","content":"aGk="}],"env":{"K":"v"}}', 1, 1, 'step 1'),
 			('plain', 'success', '{"agentType":"script","task":"y"}', 2, 2, 'success');
-		INSERT INTO job_events (job_id, seq, time, message) VALUES ('files', 1, 1, 'step 1');`); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+		INSERT INTO job_events (job_id, seq, time, message) VALUES ('files', 1, 1, 'step 1');`)
 	j, err := s.GetJob(ctx, "files")
 	if err != nil || j.Manifest.Task != "x" || j.Manifest.Env["K"] != "v" || len(j.Manifest.Files) != 0 || j.Progress != "step 1" {
 		t.Fatalf("migrated job: %+v %v", j, err)
@@ -97,22 +70,9 @@ func TestMigrateMovesManifests(t *testing.T) {
 // (which the engine takes as matching any manifest, as before).
 func TestMigrateIdempotencyDigest(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "jobs.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(strings.Join(migrations[:4], ";") + `; PRAGMA user_version = 4;
+	s, _ := openMigrated(t, 4, `
 		INSERT INTO jobs (seq, id, status, created_at, updated_at, idempotency_key) VALUES (1, 'keyed', 'success', 1, 1, 'k');
-		INSERT INTO job_manifests (seq, manifest) VALUES (1, '{"agentType":"script","task":"x"}');`); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+		INSERT INTO job_manifests (seq, manifest) VALUES (1, '{"agentType":"script","task":"x"}');`)
 	j, err := s.JobByIdempotencyKey(ctx, "k")
 	if err != nil || j.ID != "keyed" || j.IdempotencyDigest != "" || j.Manifest.Task != "x" {
 		t.Fatalf("a keyed job from schema 4: %+v %v", j, err)
@@ -124,29 +84,37 @@ func TestMigrateIdempotencyDigest(t *testing.T) {
 // activity from its jobs once the index for it is made.
 func TestSandboxCountsOfOldRows(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "jobs.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := len(migrations) - 1
-	if _, err := db.Exec(strings.Join(migrations[:before], ";") + fmt.Sprintf(`; PRAGMA user_version = %d;
+	s, _ := openMigrated(t, len(migrations)-1, fmt.Sprintf(`
 		INSERT INTO sandboxes (id, state, backend, instance, data) VALUES ('sbx-old', 'running', 'local', 'sb-1',
 			'{"id":"sbx-old","state":"running","backend":"local","instance":"sb-1","createdAt":"2026-11-01T10:00:00Z",
 			"lastUsedAt":"2026-11-01T10:00:00Z","expiresAt":"2026-11-02T10:00:00Z","commands":5,"running":2}');
 		INSERT INTO jobs (seq, id, status, created_at, updated_at, finished_at, sandbox) VALUES
-			(1, 'c1', 'success', 1, 1, %d, 'sbx-old');`, before, time.Date(2026, 11, 1, 11, 0, 0, 0, time.UTC).UnixNano())); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+			(1, 'c1', 'success', 1, 1, %d, 'sbx-old');`, time.Date(2026, 11, 1, 11, 0, 0, 0, time.UTC).UnixNano()))
 	sb, err := s.GetSandbox(ctx, "sbx-old")
 	if err != nil || sb.State != delegate.SandboxIdle || sb.Running != 0 || sb.Commands != 1 ||
 		!sb.LastUsedAt.Equal(time.Date(2026, 11, 1, 11, 0, 0, 0, time.UTC)) {
 		t.Fatalf("an old sandbox row: %+v %v", sb, err)
 	}
+}
+
+// openMigrated opens a database made by the first version migrations
+// (with data, SQL, put in it then) as this delegate does, migrating it
+// to the current schema, and returns it with its path.
+func openMigrated(t *testing.T, version int, data string) (*DB, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "jobs.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(strings.Join(migrations[:version], ";") + fmt.Sprintf("; PRAGMA user_version = %d;", version) + data); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
 }

@@ -163,19 +163,17 @@ func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) 
 
 // GetSandbox reads one.
 func (s *SandboxStore) GetSandbox(ctx context.Context, id string) (*delegate.Sandbox, error) {
-	sb, _, err := scanSandbox(s.stmt.get.QueryRowContext(ctx, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, delegate.SandboxNotFound(id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	return sb, nil
+	return s.getBy(ctx, s.stmt.get, id)
 }
 
 // GetSandboxUncounted reads one without counting its commands.
 func (s *SandboxStore) GetSandboxUncounted(ctx context.Context, id string) (*delegate.Sandbox, error) {
-	sb, _, err := scanSandbox(s.stmt.uncounted.QueryRowContext(ctx, id))
+	return s.getBy(ctx, s.stmt.uncounted, id)
+}
+
+// getBy reads sandbox id with st, a statement of one of the column sets.
+func (s *SandboxStore) getBy(ctx context.Context, st *sql.Stmt, id string) (*delegate.Sandbox, error) {
+	sb, _, err := scanSandbox(st.QueryRowContext(ctx, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.SandboxNotFound(id)
 	}

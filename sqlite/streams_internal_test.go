@@ -2,9 +2,7 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -69,24 +67,10 @@ func TestChunkEncoding(t *testing.T) {
 // stderr is read through its index.
 func TestMigrateOutputStreams(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "jobs.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(migrations[0] + `;` + migrations[1] + `;` + migrations[2] + `; PRAGMA user_version = 3;
+	s, _ := openMigrated(t, 3, `
 		INSERT INTO jobs (seq, id, status, created_at, updated_at) VALUES (1, 'old', 'running', 1, 1);
 		INSERT INTO job_manifests (seq, manifest) VALUES (1, '{"agentType":"script","task":"x"}');
-		INSERT INTO job_output (job_id, offset, data) VALUES ('old', 0, CAST('both ' AS BLOB)), ('old', 5, CAST('together' AS BLOB));`); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+		INSERT INTO job_output (job_id, offset, data) VALUES ('old', 0, CAST('both ' AS BLOB)), ('old', 5, CAST('together' AS BLOB));`)
 	got, err := s.ReadOutput(ctx, "old", 0, 100)
 	if err != nil || tagged(got) != "[combined]both together" {
 		t.Fatalf("old output: %q, %v", tagged(got), err)
