@@ -1055,9 +1055,7 @@ func (r *runner) finish(id string, status delegate.Status, reason string, facts 
 // finishAt is finish for a job that ended at a known time (its process
 // exited then): its duration does not include what was done after. stored,
 // if set, sees the finished job before anyone waiting for it is woken.
-//
-// It returns the job as stored, nil when it could not be.
-func (r *runner) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) *delegate.Job {
+func (r *runner) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
 	ctx := context.WithoutCancel(r.life.ctx)
 	r.progress.flushJob(ctx, id)
 	j, err := r.jobs.updateThen(ctx, id, stored, func(j *delegate.Job) error {
@@ -1073,11 +1071,10 @@ func (r *runner) finishAt(id string, status delegate.Status, reason string, at t
 	})
 	if err != nil {
 		r.log.Error("finish job", "job", id, "err", err)
-		return nil
+		return
 	}
 	r.callbacks.tokens.forget(id)
 	r.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
-	return j
 }
 
 // destroy removes an ephemeral job's sandbox; a persistent one is kept.
