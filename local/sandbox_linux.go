@@ -504,15 +504,16 @@ func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, err
 	}
 	// No record, or the empty one of a directory made ahead (aheadFiles):
 	// no command has that id.
-	var rec execRecord
-	if fi, err := os.Stat(filepath.Join(dir, fileExec)); err == nil && fi.Size() == 0 {
+	data, err := os.ReadFile(filepath.Join(dir, fileExec))
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(data) == 0) {
 		return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
 	}
-	if err := readJSON(filepath.Join(dir, fileExec), &rec); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
-		}
+	if err != nil {
 		return nil, err
+	}
+	var rec execRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filepath.Join(dir, fileExec), err)
 	}
 	if rec.ID != execID {
 		return nil, fmt.Errorf("sandbox %s: process %q: %w", s.id, execID, sandbox.ErrGone)
