@@ -186,6 +186,7 @@ func TestJobPageWhileRunning(t *testing.T) {
 		`<h1 class="job-id">job-1</h1>`,
 		`<span class="status st-running">running</span>`,
 		`compiling &lt;script&gt;`, `make &amp;&amp; &lt;script&gt;`, `started &lt;script&gt;`,
+		`<details class="cancel" id="cancel-job-1">`, // an id: a live update keeps it open (app.js)
 		`<form method="post" action="/jobs/job-1/cancel">`,
 		`Shown when the job ends`,
 		`data-live="/jobs/job-1/events"`,
