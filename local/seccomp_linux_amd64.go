@@ -4,7 +4,9 @@ package local
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -97,18 +99,16 @@ func seccompProgram() ([]unix.SockFilter, error) {
 		{code: jeq, k: unix.AUDIT_ARCH_X86_64, jf: "kill"},
 		{code: ld, k: seccompDataNr},
 		{code: jge, k: x32SyscallBit, jt: "eperm"},
-		{code: jeq, k: unix.SYS_CLONE, jt: "clone"},
-		{code: jeq, k: unix.SYS_SOCKET, jt: "family"},
-		{code: jeq, k: unix.SYS_SOCKETPAIR, jt: "family"},
 	}
+	targets := map[uint32]string{unix.SYS_CLONE: "clone", unix.SYS_SOCKET: "family", unix.SYS_SOCKETPAIR: "family"}
 	for _, nr := range enosysSyscalls() {
-		p = append(p, bpfInsn{code: jeq, k: nr, jt: "enosys"})
+		targets[nr] = "enosys"
 	}
 	for _, nr := range deniedSyscalls() {
-		p = append(p, bpfInsn{code: jeq, k: nr, jt: "eperm"})
+		targets[nr] = "eperm"
 	}
+	p = append(p, syscallTree(targets)...)
 	p = append(p,
-		bpfInsn{code: ret, k: unix.SECCOMP_RET_ALLOW},
 		bpfInsn{label: "clone", code: ld, k: seccompDataArg0Low},
 		bpfInsn{code: jset, k: namespaceCloneFlags, jt: "eperm"},
 		bpfInsn{code: ret, k: unix.SECCOMP_RET_ALLOW},
@@ -127,6 +127,50 @@ func seccompProgram() ([]unix.SockFilter, error) {
 	)
 	return assemble(p)
 }
+
+// syscallTree dispatches on the syscall number in the accumulator: to
+// targets[nr]'s label, or else allows the call. It is a balanced tree of
+// comparisons, not a chain: the kernel runs a new filter once for every
+// syscall number when it is loaded (to find the ones it always allows,
+// whose checks it then skips), so a chain of n tests costs n steps per
+// number: the chain this replaces made loading the filter take 120 µs
+// on this project's machines, on every sandbox's start and every kept
+// command's, the tree about 60 µs (TestSeccompProgramSteps bounds its
+// depth). Leaves of up to treeLeaf numbers are tested one by one.
+func syscallTree(targets map[uint32]string) []bpfInsn {
+	const (
+		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		jge = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+		ret = unix.BPF_RET | unix.BPF_K
+	)
+	nrs := slices.Sorted(maps.Keys(targets))
+	var out []bpfInsn
+	var node func(keys []uint32)
+	node = func(keys []uint32) {
+		if len(keys) <= treeLeaf {
+			for _, nr := range keys {
+				out = append(out, bpfInsn{code: jeq, k: nr, jt: targets[nr]})
+			}
+			out = append(out, bpfInsn{code: ret, k: unix.SECCOMP_RET_ALLOW})
+			return
+		}
+		mid := len(keys) / 2
+		high := fmt.Sprintf("nr>=%d", keys[mid])
+		out = append(out, bpfInsn{code: jge, k: keys[mid], jt: high})
+		node(keys[:mid])
+		at := len(out)
+		node(keys[mid:])
+		out[at].label = high
+	}
+	node(nrs)
+	return out
+}
+
+// treeLeaf is how many syscall numbers a leaf of syscallTree tests in a
+// row. Loading costs per instruction as well as per step: leaves of 4
+// to 10 load fastest (measured), smaller ones make the program longer,
+// larger ones the steps.
+const treeLeaf = 6
 
 func assemble(p []bpfInsn) ([]unix.SockFilter, error) {
 	at := map[string]int{}

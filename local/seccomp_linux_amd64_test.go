@@ -5,6 +5,7 @@ package local
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"strings"
 	"testing"
 
@@ -16,12 +17,20 @@ import (
 // probe can safely make.
 func bpfRun(t *testing.T, prog []unix.SockFilter, arch, nr uint32, arg0 uint64) uint32 {
 	t.Helper()
+	action, _ := bpfSteps(t, prog, arch, nr, arg0)
+	return action
+}
+
+// bpfSteps is bpfRun that also says how many instructions ran.
+func bpfSteps(t *testing.T, prog []unix.SockFilter, arch, nr uint32, arg0 uint64) (action uint32, steps int) {
+	t.Helper()
 	data := make([]byte, 64)
 	binary.LittleEndian.PutUint32(data[0:], nr)
 	binary.LittleEndian.PutUint32(data[4:], arch)
 	binary.LittleEndian.PutUint64(data[16:], arg0)
 	var acc uint32
 	for pc := 0; pc < len(prog); pc++ {
+		steps++
 		in := prog[pc]
 		switch in.Code {
 		case unix.BPF_LD | unix.BPF_W | unix.BPF_ABS:
@@ -33,13 +42,13 @@ func bpfRun(t *testing.T, prog []unix.SockFilter, arch, nr uint32, arg0 uint64) 
 		case unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K:
 			pc += int(map[bool]uint8{true: in.Jt, false: in.Jf}[acc&in.K != 0])
 		case unix.BPF_RET | unix.BPF_K:
-			return in.K
+			return in.K, steps
 		default:
 			t.Fatalf("unexpected BPF instruction %+v at %d", in, pc)
 		}
 	}
 	t.Fatal("the filter fell off its end")
-	return 0
+	return 0, steps
 }
 
 func TestSeccompProgram(t *testing.T) {
@@ -93,6 +102,50 @@ func TestSeccompProgram(t *testing.T) {
 			t.Errorf("%s: action %#x, want %#x", tt.name, got, tt.want)
 		}
 	}
+}
+
+// TestSeccompProgramSteps checks every syscall number's decision against
+// the lists the filter is made from, and that none takes more than a
+// tree's steps: the kernel runs the filter for each number when it loads
+// it, so a chain of tests would make every sandbox start slower
+// (syscallTree).
+func TestSeccompProgramSteps(t *testing.T) {
+	prog, err := seccompProgram()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint32]uint32{
+		unix.SYS_CLONE:      unix.SECCOMP_RET_ALLOW,                             // with no namespace flag
+		unix.SYS_SOCKET:     unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT), // family 0
+		unix.SYS_SOCKETPAIR: unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT),
+	}
+	for _, nr := range enosysSyscalls() {
+		want[nr] = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+	}
+	for _, nr := range deniedSyscalls() {
+		want[nr] = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+	}
+	// The prefix (architecture, number, x32), a depth of log2 of the
+	// numbers the filter names, a leaf of at most 10 tests and a return,
+	// and the arguments' tests of clone and socket. (A chain of the
+	// numbers takes 54.)
+	maxSteps := 4 + bits.Len(uint(len(want))) + 10 + 1 + 2 + len(allowedSocketFamilies())
+	deepest := 0
+	for nr := uint32(0); nr < 2048; nr++ {
+		w, ok := want[nr]
+		if !ok {
+			w = unix.SECCOMP_RET_ALLOW
+		}
+		got, steps := bpfSteps(t, prog, unix.AUDIT_ARCH_X86_64, nr, 0)
+		if got != w {
+			t.Errorf("syscall %d: action %#x, want %#x", nr, got, w)
+		}
+		deepest = max(deepest, steps)
+	}
+	if deepest > maxSteps {
+		t.Errorf("a syscall number takes %d steps of the filter, want at most %d (a tree, not a chain)", deepest, maxSteps)
+	}
+	t.Logf("%d instructions, at most %d steps per syscall number", len(prog), deepest)
 }
 
 // TestSeccompSocketFamilies checks the filter's decision for socket and
