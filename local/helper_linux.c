@@ -307,12 +307,19 @@ static int write_file_atomic(const char *name, const char *data, size_t n) {
 }
 
 /* write_pid_file writes a pid record in one write: a reader sees it
- * empty (no pid yet), or whole. */
+ * empty (no pid yet), or whole. The file may have been made ahead,
+ * empty: it is truncated only if it is not (on ext4 a truncation to
+ * nothing makes the file's close start its writeback: auto_da_alloc). */
 static int write_pid_file(const char *name, const char *data, size_t n) {
-	int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int fd = open(name, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -1;
-	int rc = write_all(fd, data, n);
+	struct stat st;
+	int rc = fstat(fd, &st);
+	if (rc == 0 && st.st_size != 0)
+		rc = ftruncate(fd, 0);
+	if (rc == 0)
+		rc = write_all(fd, data, n);
 	int e = errno;
 	close(fd);
 	errno = e;

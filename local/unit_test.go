@@ -338,3 +338,38 @@ func TestOutputQuiet(t *testing.T) {
 		t.Errorf("quiet waited %v: for the pipes' end, which a background process holds", d)
 	}
 }
+
+// TestFillFile: a file made ahead (empty) is filled without a truncation,
+// one with content is emptied first, and a missing one is made 0600.
+func TestFillFile(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name   string
+		before *string // nil: no file
+		flags  int
+	}{
+		{"made ahead, empty", new(""), os.O_WRONLY},
+		{"longer content", new("a record longer than the new one"), os.O_WRONLY},
+		{"missing", nil, os.O_WRONLY | os.O_CREATE},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-"))
+			if tt.before != nil {
+				if err := os.WriteFile(path, []byte(*tt.before), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := fillFile(path, []byte("12345"), tt.flags); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(path)
+			if err != nil || string(got) != "12345" {
+				t.Fatalf("file holds %q (%v), want %q", got, err, "12345")
+			}
+			if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+				t.Fatalf("mode %v (%v), want 0600", st.Mode(), err)
+			}
+		})
+	}
+}
