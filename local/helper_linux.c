@@ -56,7 +56,7 @@
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 4u
+#define PLAN_VERSION 5u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -354,6 +354,9 @@ struct plan {
 	int64_t until_ns; /* MODE_KEEPER: when the sandbox ends (Unix ns); 0: never */
 	char *cg_freezer;
 	char *exec_id, *channel; /* MODE_COMMAND: its name, its status channel */
+	uint32_t ahead;		 /* MODE_COMMAND: how many of ops, from the first, a spare takes ahead */
+	uint32_t nspare_ops;	 /* MODE_KEEPER: those steps (commandAheadOps in Go) */
+	struct op *spare_ops;
 };
 
 struct rd {
@@ -429,6 +432,23 @@ static char **rd_strs(struct rd *r) {
 	return v;
 }
 
+/* rd_ops reads a list of steps (*n of them; never NULL unless r->err). */
+static struct op *rd_ops(struct rd *r, uint32_t *n) {
+	*n = rd_count(r, 4 + 8 + 5 * 4);
+	struct op *ops = calloc((size_t)*n + 1, sizeof *ops);
+	if (ops == NULL)
+		r->err = 1;
+	for (uint32_t i = 0; i < *n && !r->err; i++) {
+		struct op *o = &ops[i];
+		o->code = rd_u32(r);
+		o->n = rd_u64(r);
+		o->label = rd_str(r, NULL);
+		for (int j = 0; j < 4; j++)
+			o->s[j] = rd_str(r, &o->len[j]);
+	}
+	return ops;
+}
+
 static int parse_plan(const char *data, size_t len, struct plan *p, char *err, size_t errcap) {
 	struct rd r = {(const unsigned char *)data, (const unsigned char *)data + len, 0};
 	uint32_t magic = rd_u32(&r), version = rd_u32(&r);
@@ -455,18 +475,7 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	p->env = rd_strs(&r);
 	p->dir = rd_str(&r, NULL);
 	p->seccomp = (unsigned char *)rd_str(&r, &p->seccomp_len);
-	p->nops = rd_count(&r, 4 + 8 + 5 * 4);
-	p->ops = calloc((size_t)p->nops + 1, sizeof *p->ops);
-	if (p->ops == NULL)
-		r.err = 1;
-	for (uint32_t i = 0; i < p->nops && !r.err; i++) {
-		struct op *o = &p->ops[i];
-		o->code = rd_u32(&r);
-		o->n = rd_u64(&r);
-		o->label = rd_str(&r, NULL);
-		for (int j = 0; j < 4; j++)
-			o->s[j] = rd_str(&r, &o->len[j]);
-	}
+	p->ops = rd_ops(&r, &p->nops);
 	p->net_name = rd_str(&r, NULL);
 	p->net_path = rd_str(&r, NULL);
 	p->netns = rd_u32(&r);
@@ -476,7 +485,9 @@ static int parse_plan(const char *data, size_t len, struct plan *p, char *err, s
 	p->cg_freezer = rd_str(&r, NULL);
 	p->exec_id = rd_str(&r, NULL);
 	p->channel = rd_str(&r, NULL);
-	if (!r.err && r.p != r.end)
+	p->ahead = rd_u32(&r);
+	p->spare_ops = rd_ops(&r, &p->nspare_ops);
+	if (!r.err && (r.p != r.end || p->ahead > p->nops))
 		r.err = 1;
 	if (r.err || p->mode > MODE_COMMAND) {
 		snprintf(err, errcap, "sandbox plan: truncated or malformed");
@@ -502,16 +513,20 @@ static void plan_free(struct plan *p) {
 			free(*v);
 		free(lists[i]);
 	}
-	for (uint32_t i = 0; p->ops && i < p->nops; i++) {
-		free(p->ops[i].label);
-		for (int j = 0; j < 4; j++)
-			free(p->ops[i].s[j]);
+	struct op *lists_ops[2] = {p->ops, p->spare_ops};
+	uint32_t nops[2] = {p->nops, p->nspare_ops};
+	for (int k = 0; k < 2; k++) {
+		for (uint32_t i = 0; lists_ops[k] && i < nops[k]; i++) {
+			free(lists_ops[k][i].label);
+			for (int j = 0; j < 4; j++)
+				free(lists_ops[k][i].s[j]);
+		}
+		free(lists_ops[k]);
 	}
 	char *strs[] = {p->cg_memory, p->cg_cpu, p->cg_pids, p->dir, (char *)p->seccomp, p->net_name, p->net_path, p->stdin_path,
 			p->cg_freezer, p->exec_id, p->channel};
 	for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
 		free(strs[i]);
-	free(p->ops);
 	memset(p, 0, sizeof *p);
 }
 
@@ -658,10 +673,18 @@ static int run_op(const struct plan *p, const struct op *o) {
 			errno = EBADF;
 			return -1;
 		}
-		char src[64];
-		snprintf(src, sizeof src, "/proc/self/fd/%d", *slot);
-		int rc = mount(src, o->s[0], NULL, MS_BIND, NULL);
+		/* s1: an entry of the kept directory (a command's channel in
+		 * init's channels). */
+		int from = o->s[1][0] ? openat(*slot, o->s[1], O_PATH | O_NOFOLLOW | O_CLOEXEC) : *slot;
+		int rc = -1;
+		if (from >= 0) {
+			char src[64];
+			snprintf(src, sizeof src, "/proc/self/fd/%d", from);
+			rc = mount(src, o->s[0], NULL, MS_BIND, NULL);
+		}
 		int e = errno;
+		if (from >= 0 && from != *slot)
+			close(from);
 		close(*slot);
 		*slot = -1;
 		errno = e;
@@ -857,16 +880,48 @@ static void hide_argv(size_t cmdline_len) {
 	memcpy(a, want, sizeof want);
 }
 
-/* run_ops takes the plan's steps, or reports the first that fails. */
-static void run_ops(const struct plan *p) {
-	for (uint32_t i = 0; i < p->nops; i++) {
-		const struct op *o = &p->ops[i];
+/* take_ops takes steps ops[first:n], and returns 0, or -1 with why the
+ * first that failed did in msg. */
+static int take_ops(const struct plan *p, const struct op *ops, uint32_t first, uint32_t n, char *msg, size_t cap) {
+	for (uint32_t i = first; i < n; i++) {
+		const struct op *o = &ops[i];
 		if (run_op(p, o) < 0) {
 			int e = errno;
 			if (detail)
-				init_fail(CODE_SETUP_FAILED, "%s: %s: %s", o->label, detail, errtext(e));
-			init_fail(CODE_SETUP_FAILED, "%s: %s", o->label, errtext(e));
+				snprintf(msg, cap, "%s: %s: %s", o->label, detail, errtext(e));
+			else
+				snprintf(msg, cap, "%s: %s", o->label, errtext(e));
+			return -1;
 		}
+	}
+	return 0;
+}
+
+/* run_ops takes the plan's steps from the first-th on, or reports the
+ * first that fails. */
+static void run_ops(const struct plan *p, uint32_t first) {
+	char msg[4200];
+	if (take_ops(p, p->ops, first, p->nops, msg, sizeof msg) < 0)
+		init_fail(CODE_SETUP_FAILED, "%s", msg);
+}
+
+/* close_from closes every descriptor from lo on but those kept for
+ * steps still to come (kept_fd, which a spare's steps ahead leave). */
+static void close_from(unsigned lo) {
+	int k[KEPT_SLOTS], n = 0;
+	for (int i = 0; i < KEPT_SLOTS; i++)
+		if (kept_fd[i] >= (int)lo) {
+			int j = n++;
+			for (; j > 0 && k[j - 1] > kept_fd[i]; j--)
+				k[j] = k[j - 1];
+			k[j] = kept_fd[i];
+		}
+	for (int i = 0; i <= n; i++) {
+		unsigned hi = i < n ? (unsigned)k[i] : ~0U;
+		if (hi > lo)
+			syscall(SYS_close_range, lo, hi == ~0U ? hi : hi - 1, 0);
+		if (i < n)
+			lo = (unsigned)k[i] + 1;
 	}
 }
 
@@ -875,12 +930,14 @@ static void run_ops(const struct plan *p) {
  * itself in its cgroup (cg, -1 for none), says so on ctl, waits for its
  * shim's go-ahead (not when ahead: a spare, placed before its request,
  * whose kill the keeper checked), takes its plan's steps (a mount
- * namespace and a /run
- * of its own, its inputs, the bounding set, the seccomp filter), drops
- * to the job's user and executes the job. What fails is written to the
- * job's stderr and reported on ctl. */
-static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead) __attribute__((noreturn));
-static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead) {
+ * namespace and a /run of its own, its inputs, the bounding set, the
+ * seccomp filter; a spare took the first taken of them before its
+ * request came, and failed, if failed is set), drops to the job's user
+ * and executes the job. What fails is written to the job's stderr and
+ * reported on ctl. */
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead, uint32_t taken, const char *failed)
+	__attribute__((noreturn));
+static void command_child(const struct plan *p, int out, int err, int ctl, int cg, int ahead, uint32_t taken, const char *failed) {
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -893,7 +950,7 @@ static void command_child(const struct plan *p, int out, int err, int ctl, int c
 	if (a < 0 || b < 0 || c < 0 || (cg >= 0 && d < 0) || dup2(a, 1) < 0 || dup2(b, 2) < 0 || dup3(c, 3, O_CLOEXEC) < 0 ||
 	    (d >= 0 && dup3(d, 4, O_CLOEXEC) < 0))
 		_exit(CODE_SETUP_FAILED);
-	syscall(SYS_close_range, d >= 0 ? 5 : 4, ~0U, 0);
+	close_from(d >= 0 ? 5 : 4);
 	report_fd = 3;
 	if (d >= 0) {
 		if (write_all(4, "0", 1) < 0)
@@ -911,7 +968,9 @@ static void command_child(const struct plan *p, int out, int err, int ctl, int c
 		if (n != 1 || word != CTL_GO)
 			kill(getpid(), SIGKILL); /* killed before it started, or its shim is gone */
 	}
-	run_ops(p);
+	if (failed != NULL && failed[0])
+		init_fail(CODE_SETUP_FAILED, "%s", failed);
+	run_ops(p, taken);
 
 	char pathbuf[4096], q1[4200];
 	const char *path = command_path(p, pathbuf, sizeof pathbuf);
@@ -1000,7 +1059,7 @@ static pid_t start_command(int *fds, int nfds) {
 	if (msg[0] == 0) {
 		pid = fork();
 		if (pid == 0)
-			command_child(&cp, fds[1], fds[2], ctl, cg, 0);
+			command_child(&cp, fds[1], fds[2], ctl, cg, 0, 0, NULL);
 		if (pid < 0) {
 			snprintf(msg, sizeof msg, "start the command: %s", errtext(errno));
 			pid = 0;
@@ -1043,22 +1102,52 @@ static int message_fds(struct msghdr *mh, int *fds, int max, int *root) {
 	return nfds;
 }
 
+/* same_ops says whether steps a (na of them) are steps b (nb). */
+static int same_ops(const struct op *a, uint32_t na, const struct op *b, uint32_t nb) {
+	if (na != nb)
+		return 0;
+	for (uint32_t i = 0; i < na; i++) {
+		if (a[i].code != b[i].code || a[i].n != b[i].n || strcmp(a[i].label, b[i].label) != 0)
+			return 0;
+		for (int j = 0; j < 4; j++)
+			if (a[i].len[j] != b[i].len[j] || memcmp(a[i].s[j], b[i].s[j], a[i].len[j]) != 0)
+				return 0;
+	}
+	return 1;
+}
+
 /* spare_child is the next command of a kept sandbox (cgroup v1), forked
  * by init ahead of its request: it places itself in the group its keeper
  * made for it (cg: its "tasks" file: a thread that moves itself skips
  * the global lock, whose RCU grace period would hold the cgroup mutex,
- * and with it the keeper's renames, for milliseconds), off the command's
+ * and with it the keeper's renames, for milliseconds), and takes the
+ * steps every command begins with (p's spare_ops), off the command's
  * way; then it waits on sock, whose other end the keeper holds, for the
  * request's descriptors (plan, stdout, stderr, ctl) and becomes the
- * command (command_child, which is then in its group already). */
-static void spare_child(int sock, int cg) __attribute__((noreturn));
-static void spare_child(int sock, int cg) {
+ * command (command_child, which is then in its group already, and
+ * skips those steps of its plan). */
+static void spare_child(const struct plan *p, int sock, int cg) __attribute__((noreturn));
+static void spare_child(const struct plan *p, int sock, int cg) {
 	if (dup3(sock, 3, O_CLOEXEC) < 0 || dup3(cg, 4, O_CLOEXEC) < 0)
 		_exit(CODE_SETUP_FAILED);
 	syscall(SYS_close_range, 5, ~0U, 0);
 	if (write_all(4, "0", 1) < 0)
 		_exit(CODE_SETUP_FAILED); /* init sees it end, and forks the command itself */
 	close(4);
+	/* The steps of every command (commandAheadOps in Go), taken while
+	 * it waits; what fails is its command's setup failure. What they
+	 * keep open for the command's steps moves out of the way of the
+	 * descriptors command_child places. */
+	static char failed[4200];
+	take_ops(p, p->spare_ops, 0, p->nspare_ops, failed, sizeof failed);
+	for (int i = 0; i < KEPT_SLOTS; i++)
+		if (kept_fd[i] >= 0) {
+			int moved = fcntl(kept_fd[i], F_DUPFD_CLOEXEC, 64);
+			if (moved < 0)
+				_exit(CODE_SETUP_FAILED);
+			close(kept_fd[i]);
+			kept_fd[i] = moved;
+		}
 	int rfds[REQUEST_FDS];
 	union {
 		struct cmsghdr h;
@@ -1085,11 +1174,13 @@ static void spare_child(int sock, int cg) {
 	char msg[4200];
 	struct plan cp;
 	command_plan(rfds[0], &cp, msg, sizeof msg);
+	if (!msg[0] && !same_ops(cp.ops, cp.ahead, p->spare_ops, p->nspare_ops))
+		snprintf(msg, sizeof msg, "the sandbox readied its commands with steps other than this command's (a server binary replaced while it ran): release the sandbox");
 	if (msg[0]) {
 		command_failed(rfds[2], rfds[3], msg);
 		_exit(CODE_SETUP_FAILED);
 	}
-	command_child(&cp, rfds[1], rfds[2], rfds[3], -1, 1);
+	command_child(&cp, rfds[1], rfds[2], rfds[3], -1, 1, cp.ahead, failed);
 }
 
 /* keeper_serve is a kept sandbox's init once its root is made: it says
@@ -1097,8 +1188,8 @@ static void spare_child(int sock, int cg) {
  * that comes there and reports each one's end on the command's own
  * socket, reaping every orphan of the sandbox meanwhile, until its
  * keeper goes (serveCommands in keeper_linux.go). */
-static void keeper_serve(void) __attribute__((noreturn));
-static void keeper_serve(void) {
+static void keeper_serve(const struct plan *p) __attribute__((noreturn));
+static void keeper_serve(const struct plan *p) {
 	send_status(4, 0, 0, NULL);
 	sigset_t chld;
 	sigemptyset(&chld);
@@ -1177,7 +1268,7 @@ static void keeper_serve(void) {
 			spare_ended = 0;
 			pid_t c = fork();
 			if (c == 0)
-				spare_child(rfds[1], rfds[0]);
+				spare_child(p, rfds[1], rfds[0]);
 			if (c > 0)
 				spare = c;
 			close(rfds[0]);
@@ -1298,9 +1389,9 @@ static void init_main(const struct plan *p, int sync_r, int status_w, int out_w,
 	hide_argv(cmdline_len);
 	umask(022); /* a known umask for the root we build and for the job */
 
-	run_ops(p);
+	run_ops(p, 0);
 	if (p->mode == MODE_KEEPER)
-		keeper_serve();
+		keeper_serve(p);
 
 	char pathbuf[4096], q1[4200];
 	const char *path = command_path(p, pathbuf, sizeof pathbuf);

@@ -24,7 +24,7 @@ import (
 // with any change of layout; a helper refuses a plan it does not know.
 const (
 	planMagic   = 0x44535031 // "DSP1"
-	planVersion = 4
+	planVersion = 5
 	// maxPlanBytes bounds what a helper reads: arguments and environment
 	// are limited by execve to a few MiB anyway.
 	maxPlanBytes = 64 << 20
@@ -78,8 +78,8 @@ const (
 	// opKeepPath: open s0 (O_PATH) and keep it in slot n (of keptSlots)
 	// for opBindKept: a path that the next steps cover.
 	opKeepPath
-	// opBindKept: bind what opKeepPath kept in slot n onto s0, then
-	// close it.
+	// opBindKept: bind what opKeepPath kept in slot n (or, s1 set, the
+	// entry s1 of that directory) onto s0, then close it.
 	opBindKept
 )
 
@@ -146,6 +146,12 @@ type plan struct {
 	// it from its directory.
 	ExecID  string
 	Channel string
+	// Ahead (modeCommand): how many of Ops, from the first, do not
+	// depend on the command; SpareOps (modeKeeper) are those steps, which
+	// a spare (the next command's process, which init forks before its
+	// request) takes while it waits, and skips in its command's plan.
+	Ahead    uint32
+	SpareOps []op
 }
 
 func (p *plan) marshal() []byte {
@@ -169,15 +175,7 @@ func (p *plan) marshal() []byte {
 	w.strs(p.Env)
 	w.str(p.Dir)
 	w.str(string(p.Seccomp))
-	w.u32(uint32(len(p.Ops)))
-	for _, o := range p.Ops {
-		w.u32(uint32(o.code))
-		w.u64(o.n)
-		w.str(o.label)
-		for _, s := range o.s {
-			w.str(s)
-		}
-	}
+	w.ops(p.Ops)
 	w.str(p.Net.Name)
 	w.str(p.Net.Path)
 	var netns uint32
@@ -191,7 +189,34 @@ func (p *plan) marshal() []byte {
 	w.str(p.Cgroup.Freezer)
 	w.str(p.ExecID)
 	w.str(p.Channel)
+	w.u32(p.Ahead)
+	w.ops(p.SpareOps)
 	return w.b
+}
+
+func (w *planWriter) ops(ops []op) {
+	w.u32(uint32(len(ops)))
+	for _, o := range ops {
+		w.u32(uint32(o.code))
+		w.u64(o.n)
+		w.str(o.label)
+		for _, s := range o.s {
+			w.str(s)
+		}
+	}
+}
+
+func (r *planReader) ops() []op {
+	var ops []op
+	n := r.count(4 + 8 + 5*4)
+	for range n {
+		o := op{code: opCode(r.u32()), n: r.u64(), label: r.str()}
+		for i := range o.s {
+			o.s[i] = r.str()
+		}
+		ops = append(ops, o)
+	}
+	return ops
 }
 
 func unmarshalPlan(data []byte) (*plan, error) {
@@ -217,14 +242,7 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Env = r.strs()
 	p.Dir = r.str()
 	p.Seccomp = []byte(r.str())
-	n := r.count(4 + 8 + 5*4)
-	for range n {
-		o := op{code: opCode(r.u32()), n: r.u64(), label: r.str()}
-		for i := range o.s {
-			o.s[i] = r.str()
-		}
-		p.Ops = append(p.Ops, o)
-	}
+	p.Ops = r.ops()
 	p.Net.Name = r.str()
 	p.Net.Path = r.str()
 	p.Netns = r.u32() != 0
@@ -234,6 +252,11 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Cgroup.Freezer = r.str()
 	p.ExecID = r.str()
 	p.Channel = r.str()
+	p.Ahead = r.u32()
+	p.SpareOps = r.ops()
+	if r.err == nil && int(p.Ahead) > len(p.Ops) {
+		r.err = fmt.Errorf("%d steps ahead of %d", p.Ahead, len(p.Ops))
+	}
 	if r.err == nil && p.Mode > modeCommand {
 		r.err = fmt.Errorf("unknown mode %d", p.Mode)
 	}

@@ -121,6 +121,7 @@ func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
 		JobID:         jobID,
 		Ops:           ops,
 		Netns:         true,
+		SpareOps:      commandAheadOps(st),
 	}
 	if !st.Expires.IsZero() {
 		p.Until = st.Expires.UnixNano()
@@ -131,13 +132,39 @@ func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
 // execPlan is the plan of one command of a kept sandbox. Its steps are
 // the ones the sandbox's init takes in the command's process between its
 // fork and its exec, in the sandbox's root: a mount namespace of the
-// command's own (a copy of init's), a /run of its own with its status
-// channel and its inputs, then the capability bounding set emptied and
+// command's own (a copy of init's) with a /run of its own, and the
+// capability bounding set emptied (commandAheadOps: Ahead of them), then
+// its status channel and its inputs in that /run, made read-only, and
 // the seccomp filter.
 func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
 	p := b.commandPlan(dir, st, rec, cmd)
 	p.Mode, p.ExecID = modeCommand, rec.ID
 	p.Channel = filepath.Join(execUp, dirChannel, rec.ID)
+	ahead := commandAheadOps(st)
+	ops := slices.Clip(ahead)
+	add := func(code opCode, n uint64, label string, s ...string) {
+		o := op{code: code, n: n, label: label}
+		copy(o.s[:], s)
+		ops = append(ops, o)
+	}
+	add(opBindKept, 0, "status channel", StatusFile, rec.ID)
+	inputOps(add, InputsDir, cmd.Inputs)
+	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "make /run read-only", "", path.Dir(path.Dir(StatusFile)), "", "")
+	add(opSeccomp, 0, "seccomp")
+	p.Ahead = uint32(len(ahead))
+	p.Ops = ops
+	return p
+}
+
+// commandAheadOps are the first steps of every command of a kept sandbox
+// (execPlan), which do not depend on the command: a mount namespace of
+// its own, a /run of its own that covers init's (whose channels
+// directory is kept open, for the command's channel; and the trust
+// bundle, bound in again read-only), and the capability bounding set
+// emptied (which leaves the capabilities the next steps use). A spare
+// takes them before its command comes (SpareOps), off the command's
+// way: 0.1 ms of its start.
+func commandAheadOps(st sandboxState) []op {
 	var ops []op
 	add := func(code opCode, n uint64, label string, s ...string) {
 		o := op{code: code, n: n, label: label}
@@ -147,29 +174,24 @@ func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sand
 	run := path.Dir(path.Dir(StatusFile))
 	trust := st.Proxy != nil && st.Proxy.Trust
 	add(opUnshare, unix.CLONE_NEWNS, "mount namespace")
-	// The channel, in init's /run/channels, is kept open while a /run of
-	// the command's own covers it (and every other command's channel),
-	// and so is the trust bundle of a sandbox with one.
-	add(opKeepPath, 0, "status channel", path.Join(run, keptChannels, rec.ID))
+	// The channels, in init's /run/channels, stay reachable while a /run
+	// of the command's own covers them, and so does the trust bundle of
+	// a sandbox with one.
+	add(opKeepPath, 0, "status channel", path.Join(run, keptChannels))
 	if trust {
 		add(opKeepPath, 1, "trust bundle", TrustFile)
 	}
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /run", "tmpfs", run, "tmpfs", "mode=0755,size=16k,nr_inodes=16")
 	add(opMkdir, 0o755, "status channel", path.Dir(StatusFile))
 	add(opTouch, 0, "status channel", StatusFile)
-	add(opBindKept, 0, "status channel", StatusFile)
 	if trust {
 		add(opMkdir, 0o755, "trust bundle", path.Dir(TrustFile))
 		add(opTouch, 0, "trust bundle", TrustFile)
 		add(opBindKept, 1, "trust bundle", TrustFile)
 		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "trust bundle: read-only", "", TrustFile, "", "")
 	}
-	inputOps(add, InputsDir, cmd.Inputs)
-	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "make /run read-only", "", run, "", "")
 	add(opDropBounding, 0, "drop the capability bounding set")
-	add(opSeccomp, 0, "seccomp")
-	p.Ops = ops
-	return p
+	return ops
 }
 
 // keptChannels is where, under /run, a kept sandbox's init has its
@@ -430,10 +452,20 @@ func runOp(o op, prog []byte, kept *[keptSlots]int) error {
 		if *slot < 0 {
 			return errors.New("nothing kept to bind")
 		}
-		err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", *slot), o.s[0], "", unix.MS_BIND, "")
-		unix.Close(*slot)
-		*slot = -1
-		return err
+		from := *slot
+		defer func() {
+			unix.Close(*slot)
+			*slot = -1
+		}()
+		if o.s[1] != "" {
+			fd, err := unix.Openat(*slot, o.s[1], unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			from = fd
+		}
+		return unix.Mount(fmt.Sprintf("/proc/self/fd/%d", from), o.s[0], "", unix.MS_BIND, "")
 	case opMount:
 		return unix.Mount(o.s[0], o.s[1], o.s[2], uintptr(o.n), o.s[3])
 	case opMkdir:

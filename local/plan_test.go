@@ -23,6 +23,8 @@ func testPlan() *plan {
 		Stdin: "/run/delegate/inputs/prompt",
 		Mode:  modeCommand, Until: 1_800_000_000_000_000_000,
 		ExecID: "ex-01234567", Channel: "../../channel/ex-01234567",
+		Ahead:    1,
+		SpareOps: []op{{code: opBindKept, n: 1, label: "status channel", s: [4]string{"/run/delegate/status", "ex-01234567", "", ""}}},
 	}
 }
 
@@ -53,8 +55,10 @@ func TestPlanRejects(t *testing.T) {
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
 	// The op count, before two empty strings, Netns, an empty string,
-	// Mode, Until and three empty strings.
-	copy(huge[len(huge)-8*4-8-4:], []byte{0xff, 0xff, 0xff, 0x7f})
+	// Mode, Until, three empty strings, Ahead and the spare ops' count.
+	copy(huge[len(huge)-10*4-8-4:], []byte{0xff, 0xff, 0xff, 0x7f})
+	hugeSpare := (&plan{}).marshal()
+	copy(hugeSpare[len(hugeSpare)-4:], []byte{0xff, 0xff, 0xff, 0x7f})
 	tests := []struct {
 		name string
 		data []byte
@@ -65,6 +69,8 @@ func TestPlanRejects(t *testing.T) {
 		{"trailing bytes", append(append([]byte(nil), good...), 0), "too many"},
 		{"another version", other, "restart"},
 		{"huge count", huge, "truncated"},
+		{"huge count of spare ops", hugeSpare, "truncated"},
+		{"more steps ahead than steps", func() []byte { p := testPlan(); p.Ahead = uint32(len(p.Ops) + 1); return p.marshal() }(), "steps ahead"},
 		{"unknown mode", func() []byte { p := testPlan(); p.Mode = modeCommand + 1; return p.marshal() }(), "unknown mode"},
 	}
 	for _, tt := range tests {
