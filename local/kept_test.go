@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -917,5 +918,47 @@ func TestKeptExitToldFirst(t *testing.T) {
 		return !held
 	}) {
 		t.Error("the backend still holds the ended command")
+	}
+}
+
+// TestSpareOpsLeadCommandPlans: the steps a kept sandbox's spare takes
+// before its command comes (the keeper's plan's SpareOps) are the first
+// Ahead steps of every command's plan, with a trust bundle and without,
+// and the command's own steps (its channel, its inputs, the seccomp
+// filter) come after them: the C spare skips what it took.
+func TestSpareOpsLeadCommandPlans(t *testing.T) {
+	be := newBackend(t, 0)
+	dir := t.TempDir()
+	for _, trust := range []bool{false, true} {
+		st := sandboxState{Cgroup: cgroupSet{Version: 1}}
+		if trust {
+			st.Proxy = &proxyState{Trust: true}
+		}
+		kp, err := be.keeperPlan(dir, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := sandbox.Command{Args: []string{"/bin/true"}, Inputs: map[string][]byte{"in.txt": []byte("x")}}
+		ep := be.execPlan(dir, st, execRecord{ID: "ex-0123abcd", Args: cmd.Args}, cmd)
+		if ep.Ahead == 0 || int(ep.Ahead) != len(kp.SpareOps) {
+			t.Fatalf("trust %v: %d steps ahead, the spare has %d", trust, ep.Ahead, len(kp.SpareOps))
+		}
+		if !reflect.DeepEqual(ep.Ops[:ep.Ahead], kp.SpareOps) {
+			t.Errorf("trust %v: the command's first steps\n%+v\nare not the spare's\n%+v", trust, ep.Ops[:ep.Ahead], kp.SpareOps)
+		}
+		for _, o := range ep.Ops[:ep.Ahead] {
+			if o.code == opSeccomp || o.code == opInput || strings.Contains(strings.Join(o.s[:], " "), "ex-0123abcd") {
+				t.Errorf("trust %v: step %q, which depends on the command, is taken ahead", trust, o.label)
+			}
+		}
+		after := map[opCode]bool{}
+		for _, o := range ep.Ops[ep.Ahead:] {
+			after[o.code] = true
+		}
+		for _, c := range []opCode{opBindKept, opInput, opSeccomp} {
+			if !after[c] {
+				t.Errorf("trust %v: no step %d after the ones taken ahead", trust, c)
+			}
+		}
 	}
 }
