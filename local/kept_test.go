@@ -962,3 +962,101 @@ func TestSpareOpsLeadCommandPlans(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptShimServesInTurn: a command's shim, once its command is
+// recorded and its output closed, supervises the sandbox's next command
+// (shim_idle in helper_linux.c): each command still gets its own output,
+// exit code and log; a command whose background process holds its output
+// keeps its shim, and the next gets another; a shim is counted once in
+// the supervisors' memory however many commands it served.
+func TestKeptShimServesInTurn(t *testing.T) {
+	b, sb := cKeptSandbox(t)
+	shimOf := func(p sandbox.Process) int {
+		t.Helper()
+		pid, err := readPID(filepath.Join(p.(*process).dir, fileShimPID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	runOne := func(script string) (sandbox.Process, sandbox.Exit, string) {
+		t.Helper()
+		p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		exit, err := p.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := p.ReadOutput(context.Background(), 0, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s strings.Builder
+		for _, o := range out {
+			s.Write(o.Data)
+		}
+		return p, exit, s.String()
+	}
+	first, exit, out := runOne("echo one")
+	if exit.Code != 0 || out != "one\n" {
+		t.Fatalf("first: %+v %q", exit, out)
+	}
+	shim := shimOf(first)
+	// The shim goes idle a moment after it told the server.
+	var second sandbox.Process
+	if !pollUntil(5*time.Second, func() bool {
+		p, exit, out := runOne("echo two >&2; exit 3")
+		if exit.Code != 3 || out != "two\n" {
+			t.Fatalf("second: %+v %q", exit, out)
+		}
+		second = p
+		return shimOf(p) == shim
+	}) {
+		t.Fatalf("no command was supervised by the first one's shim (%d)", shim)
+	}
+	// Its end is told the server first, then written down.
+	if !pollUntil(5*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(second.(*process).dir, fileExit))
+		return err == nil
+	}) {
+		t.Error("the second command's end is not recorded in its own directory")
+	}
+	// A command that leaves a process holding its output keeps its shim.
+	held, exit := runOneHeld(t, sb)
+	if exit.Code != 0 {
+		t.Fatalf("held: %+v", exit)
+	}
+	_, exit, out = runOne("echo four")
+	if exit.Code != 0 || out != "four\n" {
+		t.Fatalf("fourth: %+v %q", exit, out)
+	}
+	if _, alive := shimAlive(held.(*process).dir); !alive {
+		t.Error("the shim of the command whose output is held ended")
+	}
+	m, err := b.SupervisorMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The keeper, init, its spare, the held command's shim and at most
+	// IDLE_SHIMS (2) idle ones.
+	if m.Processes < 4 || m.Processes > 6 {
+		t.Errorf("%d supervisor processes counted, want 4 to 6", m.Processes)
+	}
+}
+
+// runOneHeld runs a command of sb that leaves a sleep holding its
+// output, and waits for its end.
+func runOneHeld(t *testing.T, sb *sbox) (sandbox.Process, sandbox.Exit) {
+	t.Helper()
+	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 30 & echo held"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := p.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, exit
+}

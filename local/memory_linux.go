@@ -26,9 +26,9 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		// A sandbox of one command has its shim and init in its own
 		// directory; a kept sandbox has its keeper and init there, and a
 		// shim per command under execs/ while the command runs (or what
-		// it left in the background holds its output), and the C init's
-		// spare, a fork of it waiting for the next command in the
-		// sandbox's cgroup.
+		// it left in the background holds its output, or it waits for
+		// the next command), and the C init's spare, a fork of it waiting
+		// for the next command in the sandbox's cgroup.
 		dirs := []string{filepath.Join(b.dir, e.Name())}
 		if execs, err := os.ReadDir(filepath.Join(dirs[0], dirExecs)); err == nil {
 			for _, x := range execs {
@@ -36,11 +36,16 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 			}
 		}
 		counted := false
+		seen := map[int]bool{}
 		for _, dir := range dirs {
 			shim, alive := shimAlive(dir)
-			if !alive {
+			// A shim supervises one command after another (shim_idle in
+			// helper_linux.c): the directories of its earlier commands
+			// name it too.
+			if !alive || seen[shim] {
 				continue
 			}
+			seen[shim] = true
 			pids := []int{shim}
 			// init, if it is still the shim's child (pids are reused).
 			if pid, err := readPID(filepath.Join(dir, fileInitPID)); err == nil && parentOf(pid) == shim {
