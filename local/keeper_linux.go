@@ -31,10 +31,12 @@ import (
 //	server → command shim (SelfExe __sandbox-shim <dir>/execs/<id>,
 //	         modeCommand): its request to init, its output, its end
 //	         (the C keeper, asked by the server with spawnMagic, makes
-//	         the request to init itself and then forks the shim, which
+//	         the request to init itself and then starts the shim, which
 //	         finds it made: no fork and exec of the server, and no
 //	         shim set-up before the command starts; keeper_start in
-//	         helper_linux.c)
+//	         helper_linux.c. That shim is a fork of the keeper, or the
+//	         shim of an earlier command, which waits for the next once
+//	         its command is recorded and its output closed: shim_idle)
 //
 // A command's shim sends its request as one datagram to the keeper's
 // socket (fileControl in the sandbox directory, root's alone), with
@@ -91,8 +93,9 @@ const (
 	// the next command's group is made (its cgroup.procs attached).
 	spareMagic = 0x44535331
 	// spawnMagic ("DSX1") starts the server's request that a C keeper
-	// start a command's shim itself (a fork, no exec: spawn_shim in
-	// helper_linux.c), followed by the command's id, with spawnFDs
+	// start a command's shim itself (a fork, no exec, or a shim that
+	// waits: start_shim in helper_linux.c), followed by the command's
+	// id, with spawnFDs
 	// descriptors: the plan and the server's pipe (serverFD).
 	spawnMagic = 0x44535831
 	spawnFDs   = 2

@@ -419,7 +419,7 @@ func planMemfd(pl *plan) (*os.File, error) {
 }
 
 // spawnShim asks the C keeper of the sandbox at dir to start the shim of
-// command id (spawn_shim in helper_linux.c), with its plan and the
+// command id (start_shim in helper_linux.c), with its plan and the
 // server's pipe. The keeper answers nothing: a shim that never starts
 // closes the pipe unanswered, which Wait reports.
 func spawnShim(dir, id string, pl *plan, server *os.File) error {
@@ -698,9 +698,10 @@ func isShimOf(pid int, dir string) bool {
 	if args[2] == dir {
 		return true
 	}
-	// A command's shim that its sandbox's keeper started (spawn_shim in
+	// A command's shim that its sandbox's keeper started (start_shim in
 	// helper_linux.c) has the keeper's command line: it is the keeper's
-	// child, not the keeper.
+	// child, not the keeper. (A shim that supervised an earlier command
+	// is named by that command's directory too, whose end it recorded.)
 	execs := filepath.Dir(dir)
 	if filepath.Base(execs) != dirExecs || args[2] != filepath.Dir(execs) {
 		return false
