@@ -110,7 +110,7 @@
  * supervises SHIM_SERVES commands at most (what each leaks stays
  * bounded), waits SHIM_IDLE_MS at most, and the keeper keeps IDLE_SHIMS
  * waiting at most: the next commands' shims are not forks of the keeper,
- * which cost each command 0.35 ms of CPU (the fork, the copies of the
+ * which cost each command about 0.3 ms of CPU (the fork, the copies of the
  * pages the new process writes, its exit). */
 #define IDLE_MAGIC 0x44534931u
 #define HANDOFF_MAGIC 0x44534831u
