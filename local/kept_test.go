@@ -810,7 +810,15 @@ func TestKeptSpareGone(t *testing.T) {
 		if err := unix.Kill(spare, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(5*time.Second, func() bool { return spareGroup(spare) == "" })
+		// Gone, reaped by init: not merely out of its group in
+		// /proc/<pid>/cgroup, which shows "/" for a cgroup v1 hierarchy
+		// as soon as a process begins to exit, while it is still in
+		// the group and its socket still open (a command given to it
+		// then ends as it did, killed).
+		waitFor(5*time.Second, func() bool {
+			_, err := os.Stat(fmt.Sprintf("/proc/%d", spare))
+			return errors.Is(err, os.ErrNotExist)
+		})
 	}
 	for i := range 3 {
 		killSpare()
