@@ -1012,23 +1012,9 @@ func TestKeptShimServesInTurn(t *testing.T) {
 	}
 	runOne := func(script string) (sandbox.Process, sandbox.Exit, string) {
 		t.Helper()
-		p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", script}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		exit, err := p.Wait(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := p.ReadOutput(context.Background(), 0, 1<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s strings.Builder
-		for _, o := range out {
-			s.Write(o.Data)
-		}
-		return p, exit, s.String()
+		p := start(t, sb, "/bin/sh", "-c", script)
+		exit, out := finish(t, p)
+		return p, exit, out
 	}
 	first, exit, out := runOne("echo one")
 	if exit.Code != 0 || out != "one\n" {
@@ -1055,7 +1041,7 @@ func TestKeptShimServesInTurn(t *testing.T) {
 		t.Error("the second command's end is not recorded in its own directory")
 	}
 	// A command that leaves a process holding its output keeps its shim.
-	held, exit := runOneHeld(t, sb)
+	held, exit, _ := runOne("sleep 30 & echo held")
 	if exit.Code != 0 {
 		t.Fatalf("held: %+v", exit)
 	}
@@ -1076,19 +1062,4 @@ func TestKeptShimServesInTurn(t *testing.T) {
 	if m.Processes < 3 || m.Processes > 6 {
 		t.Errorf("%d supervisor processes counted, want 3 to 6", m.Processes)
 	}
-}
-
-// runOneHeld runs a command of sb that leaves a sleep holding its
-// output, and waits for its end.
-func runOneHeld(t *testing.T, sb *sbox) (sandbox.Process, sandbox.Exit) {
-	t.Helper()
-	p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", "sleep 30 & echo held"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	exit, err := p.Wait(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p, exit
 }
