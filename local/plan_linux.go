@@ -141,12 +141,8 @@ func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sand
 	p.Mode, p.ExecID = modeCommand, rec.ID
 	p.Channel = filepath.Join(execUp, dirChannel, rec.ID)
 	ahead := commandAheadOps(st)
-	ops := slices.Clip(ahead)
-	add := func(code opCode, n uint64, label string, s ...string) {
-		o := op{code: code, n: n, label: label}
-		copy(o.s[:], s)
-		ops = append(ops, o)
-	}
+	ops := opList(slices.Clip(ahead))
+	add := ops.add
 	add(opBindKept, 0, "status channel", StatusFile, rec.ID)
 	inputOps(add, InputsDir, cmd.Inputs)
 	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "make /run read-only", "", path.Dir(path.Dir(StatusFile)), "", "")
@@ -165,12 +161,8 @@ func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sand
 // takes them before its command comes (SpareOps), off the command's
 // way: 0.1 ms of its start.
 func commandAheadOps(st sandboxState) []op {
-	var ops []op
-	add := func(code opCode, n uint64, label string, s ...string) {
-		o := op{code: code, n: n, label: label}
-		copy(o.s[:], s)
-		ops = append(ops, o)
-	}
+	var ops opList
+	add := ops.add
 	run := path.Dir(path.Dir(StatusFile))
 	trust := st.Proxy != nil && st.Proxy.Trust
 	add(opUnshare, unix.CLONE_NEWNS, "mount namespace")
@@ -194,6 +186,16 @@ func commandAheadOps(st sandboxState) []op {
 	return ops
 }
 
+// opList collects steps: its add is how rootOps, commandAheadOps,
+// execPlan and inputOps write them.
+type opList []op
+
+func (l *opList) add(code opCode, n uint64, label string, s ...string) {
+	o := op{code: code, n: n, label: label}
+	copy(o.s[:], s)
+	*l = append(*l, o)
+}
+
 // keptChannels is where, under /run, a kept sandbox's init has its
 // commands' status channels (the sandbox directory's dirChannel).
 const keptChannels = "channels"
@@ -213,12 +215,8 @@ const keptSlots = 2
 // parts: its commands' status channels are at /run/channels, and each
 // command takes its inputs and the seccomp filter on its own (execPlan).
 func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byte, toolDirs []string) ([]op, error) {
-	var ops []op
-	add := func(code opCode, n uint64, label string, s ...string) {
-		o := op{code: code, n: n, label: label}
-		copy(o.s[:], s)
-		ops = append(ops, o)
-	}
+	var ops opList
+	add := ops.add
 	root := dirRootfs
 	at := func(p ...string) string { return filepath.Join(append([]string{root}, p...)...) }
 
