@@ -2474,24 +2474,9 @@ static int shim_idle(void) {
 	snprintf(to.sun_path, sizeof to.sun_path, "../../%s", FILE_CONTROL);
 	int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	uint32_t head[2] = {IDLE_MAGIC, 0};
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int) * 8)];
-	} cm;
-	memset(&cm, 0, sizeof cm);
-	struct iovec iov = {head, sizeof head};
-	struct msghdr mh = {.msg_name = &to, .msg_namelen = sizeof to, .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-			    .msg_controllen = CMSG_SPACE(sizeof(int))};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &pair[0], sizeof(int));
 	ssize_t k = -1;
-	if (sock >= 0)
-		do
-			k = sendmsg(sock, &mh, MSG_NOSIGNAL);
-		while (k < 0 && errno == EINTR);
+	if (sock >= 0 && connect(sock, (struct sockaddr *)&to, sizeof to) == 0)
+		k = send_fds(sock, head, sizeof head, &pair[0], 1);
 	if (sock >= 0)
 		close(sock);
 	close(pair[0]);
@@ -2501,8 +2486,12 @@ static int shim_idle(void) {
 		return 0;
 	}
 	char buf[sizeof(struct handoff) + sizeof started.cgdir + sizeof started.failed];
-	iov = (struct iovec){buf, sizeof buf};
-	mh = (struct msghdr){.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 8)];
+	} cm;
+	struct iovec iov = {buf, sizeof buf};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
 	do
 		k = recvmsg(pair[1], &mh, MSG_CMSG_CLOEXEC);
 	while (k < 0 && errno == EINTR);

@@ -296,8 +296,9 @@ func (s *sbox) makeSpareExecDir(st sandboxState) error {
 }
 
 // aheadFiles are the files of a command's directory made ahead, empty:
-// its exec.json (writeExecRecord fills it) and the pid file its shim
-// writes as it starts (write_pid_file truncates it). An empty one reads
+// its exec.json and the pid file its shim writes as it starts, which
+// writeExecRecord and write_pid_file fill without a truncation
+// (fillFile). An empty one reads
 // as none yet (readPID, Process), as it would between creation and
 // write.
 var aheadFiles = [...]string{fileExec, fileShimPID}
