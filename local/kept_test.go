@@ -884,8 +884,26 @@ func TestKeptKeeperOutOfDescriptors(t *testing.T) {
 	n := own()
 	// The request brings two descriptors (the plan, the server's pipe)
 	// and the output pipe two more: the stderr pipe finds no room (or,
-	// with another shim waiting by then, the stdout pipe).
-	lim := unix.Rlimit{Cur: uint64(all() + 5), Max: before.Max}
+	// with another shim waiting by then, the stdout pipe; with one gone,
+	// the ctl pair). The limit bounds descriptors' numbers, not their
+	// count: it leaves five numbers free below it (the keeper holds some
+	// above, and frees and takes waiting shims' in between).
+	used := map[int]bool{}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", keeper))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		fd, _ := strconv.Atoi(e.Name())
+		used[fd] = true
+	}
+	limit := 0
+	for free := 0; free < 5; limit++ {
+		if !used[limit] {
+			free++
+		}
+	}
+	lim := unix.Rlimit{Cur: uint64(limit), Max: before.Max}
 	if err := unix.Prlimit(keeper, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
 		t.Fatal(err)
 	}
