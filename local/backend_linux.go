@@ -57,6 +57,8 @@ type Backend struct {
 	// one found (tests run both); lookPath finds the helpers.
 	netForce string
 	lookPath func(string) (string, error)
+	// netSeen is the last look for a helper that Capabilities made.
+	netSeen netLook
 
 	// seccomp is the jobs' filter (seccompProgram), made once.
 	seccomp []byte
@@ -270,9 +272,9 @@ func (b *Backend) Close() error {
 
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
 // New fails on a host where it could not be. NetworkEgress depends on a
-// network helper being installed, looked for now.
+// network helper being installed, looked for at most netLookFor ago.
 func (b *Backend) Capabilities() sandbox.Capabilities {
-	_, netErr := findNetTool(b.netForce, b.lookPath)
+	netErr := b.netSeen.find(b.netForce, b.lookPath)
 	var netMissing string
 	if netErr != nil && b.egress == nil {
 		netMissing = netErr.Error()

@@ -85,6 +85,33 @@ func findNetTool(force string, lookPath func(string) (string, error)) (netTool, 
 	return netTool{}, errNoNetTool
 }
 
+// netLookFor is how long Capabilities trusts its last look for a network
+// helper. The engine asks for the capabilities several times per job, and
+// a look stats two names in every PATH directory (~40 µs each time, when
+// neither is installed); a helper installed is seen within this time,
+// and Create, which starts one, always looks anew.
+const netLookFor = 2 * time.Second
+
+// netLook is the last look for a network helper: whether one was found.
+type netLook struct {
+	mu    sync.Mutex
+	at    time.Time
+	force string
+	err   error
+}
+
+// find returns findNetTool's error, from the last look if it is recent
+// and was for the same helper.
+func (l *netLook) find(force string, lookPath func(string) (string, error)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := time.Now(); l.at.IsZero() || l.force != force || now.Sub(l.at) >= netLookFor {
+		_, l.err = findNetTool(force, lookPath)
+		l.at, l.force = now, force
+	}
+	return l.err
+}
+
 // netHelperArgs is the helper's command line for the sandbox whose pid 1
 // is initPID on the host. pasta finds the sandbox's user namespace open
 // on its descriptor 3, and on 4 the file where it reports that it is

@@ -512,6 +512,44 @@ func TestFindNetTool(t *testing.T) {
 	}
 }
 
+// TestNetLook: Capabilities' look for a helper is reused for a while,
+// for the same forced helper only; once stale, a helper installed since
+// is found.
+func TestNetLook(t *testing.T) {
+	have := false
+	looks := 0
+	lookPath := func(name string) (string, error) {
+		looks++
+		if have {
+			return "/usr/bin/" + name, nil
+		}
+		return "", exec.ErrNotFound
+	}
+	var l netLook
+	steps := []struct {
+		name      string
+		force     string
+		install   bool
+		age       time.Duration // how old the last look is made
+		wantLooks int           // lookPath calls so far
+		wantFound bool
+	}{
+		{"first look", "", false, 0, 2, false},
+		{"recent: reused", "", true, 0, 2, false},
+		{"another helper forced", netToolSlirp, true, 0, 3, true},
+		{"recent again", netToolSlirp, false, 0, 3, true},
+		{"stale: looked again", netToolSlirp, false, netLookFor, 4, false},
+	}
+	for _, st := range steps {
+		have = st.install
+		l.at = l.at.Add(-st.age)
+		err := l.find(st.force, lookPath)
+		if looks != st.wantLooks || (err == nil) != st.wantFound {
+			t.Errorf("%s: %d looks, err %v; want %d looks, found %v", st.name, looks, err, st.wantLooks, st.wantFound)
+		}
+	}
+}
+
 // TestNetHelperRecord: a record names one process, not whatever has its
 // pid later.
 func TestNetHelperRecord(t *testing.T) {
