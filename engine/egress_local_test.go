@@ -348,6 +348,51 @@ func TestEgressKeptSandbox(t *testing.T) {
 	}
 }
 
+// TestEgressPersistentJob: the network of a persistent job goes on with
+// the sandbox it keeps (its next command reaches the allowed name with
+// it) and ends when the sandbox is released; the job's own end leaves it.
+func TestEgressPersistentJob(t *testing.T) {
+	if !testnet.Isolate(t) {
+		return
+	}
+	w := testnet.World(t)
+	eng, _, f := egressFixture(t, w)
+	ctx := context.Background()
+	probe := `curl -sf --max-time 5 http://allowed.test/ >/dev/null && echo reached || echo refused`
+	run := func(m delegate.Manifest) (*delegate.Job, string) {
+		t.Helper()
+		j, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, err = eng.Wait(ctx, j.ID); err != nil {
+			t.Fatal(err)
+		}
+		res, err := eng.Result(ctx, j.ID, delegate.ResultOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, string(res.Output)
+	}
+	job, out := run(delegate.Manifest{Task: probe, Lifecycle: delegate.LifecyclePersistent, Network: delegate.Allowlist("allowed.test")})
+	if job.Sandbox == "" || !strings.Contains(out, "reached") {
+		t.Fatalf("persistent job: sandbox %q, output %q", job.Sandbox, out)
+	}
+	if _, out := run(delegate.Manifest{Task: probe, Sandbox: job.Sandbox}); !strings.Contains(out, "reached") {
+		t.Errorf("the kept sandbox's next command: %q", out)
+	}
+	if n, err := f.store.GetNetwork(ctx, job.ID); err != nil || !n.EndedAt.IsZero() {
+		t.Errorf("the network of a kept sandbox after its job and a command: %+v, %v", n, err)
+	}
+	if _, _, err := eng.ReleaseSandbox(ctx, job.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the network ended with its sandbox", func() bool {
+		n, err := f.store.GetNetwork(ctx, job.ID)
+		return err == nil && !n.EndedAt.IsZero()
+	})
+}
+
 // TestEgressAsk: with ask: true a denied request waits for a person: the
 // job's question (from "egress") is answered — yes: the allowlist is
 // widened and the held request goes through; no: it is refused at once,

@@ -30,7 +30,7 @@ func TestWaitLeavesNoEndChannel(t *testing.T) {
 		}
 	}
 	w := newJobWriter(store)
-	w.ended = func(string, delegate.Status) {}
+	w.ended = func(*delegate.Job) {}
 	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
 	held := func() int {
 		w.mu.Lock()

@@ -238,11 +238,12 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	// and so does its network (on a goroutine of the engine's life, which
 	// Close waits for: a process that closes its store after the engine,
 	// such as the CLI's exec, must not have it written to after).
-	jobs.ended = func(id string, st delegate.Status) {
-		cb.tokens.forget(id)
-		run.ended(id, st)
-		if cfg.Egress != nil {
-			life.Go(func() { e.endNetwork(id) })
+	jobs.ended = func(j *delegate.Job) {
+		cb.tokens.forget(j.ID)
+		run.ended(j.ID, j.Status)
+		if cfg.Egress != nil && ownsNetwork(j) {
+			id, kept := j.ID, j.Sandbox
+			life.Go(func() { e.endNetwork(id, kept) })
 		}
 	}
 	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,

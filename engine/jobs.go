@@ -17,9 +17,9 @@ type jobWriter struct {
 	store delegate.Store
 
 	// ended hears every job this writer (or watchFinishes, for another
-	// process) saw reach a terminal status. Set once, at wiring, before
-	// any goroutine starts.
-	ended func(id string, st delegate.Status)
+	// process) saw reach a terminal status, as stored then (not to be
+	// changed). Set once, at wiring, before any goroutine starts.
+	ended func(j *delegate.Job)
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every change
@@ -62,7 +62,7 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 	}
 	if !before.Terminal() && j.Status.Terminal() {
 		w.own.Add(1)
-		w.ended(id, j.Status)
+		w.ended(j)
 		w.mu.Lock()
 		if e, ok := w.ends[id]; ok {
 			close(e.c)

@@ -267,7 +267,7 @@ func (m *maintenance) watchFinishes(lastStore, lastOwn int64) func(context.Conte
 		}
 		for id := range check {
 			if j, err := m.store.GetJob(ctx, id); err == nil && j.Status.Terminal() {
-				m.jobs.ended(id, j.Status)
+				m.jobs.ended(j)
 			}
 		}
 		m.jobs.notify("") // waiters read again

@@ -183,17 +183,24 @@ func (r *runner) networkEnv(env map[string]string, jn *jobNetwork, jobID string)
 	}
 }
 
-// endNetwork ends a job's network when the job ends, unless a kept
-// sandbox it made goes on with it.
-func (e *Engine) endNetwork(id string) {
+// ownsNetwork: the job may have a network of its own (networkStep), one
+// that ends with it. A command in a kept sandbox uses the sandbox's, and
+// a job whose network reaches nothing has none.
+func ownsNetwork(j *delegate.Job) bool {
+	return j.Manifest.Sandbox == "" && j.Manifest.Network.Reaches()
+}
+
+// endNetwork ends job id's network when the job ends, unless the kept
+// sandbox it made (kept, if any) goes on with it.
+func (e *Engine) endNetwork(id, kept string) {
 	eg := e.cfg.Egress
 	if eg == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if j, err := e.store.GetJob(ctx, id); err == nil && j.Sandbox != "" && j.Manifest.Sandbox == "" {
-		if sb, err := e.store.GetSandbox(ctx, j.Sandbox); err == nil && !sb.State.Terminal() {
+	if kept != "" {
+		if sb, err := e.store.GetSandbox(ctx, kept); err == nil && !sb.State.Terminal() {
 			return // the kept sandbox's now
 		}
 	}
