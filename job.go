@@ -61,6 +61,18 @@ type Job struct {
 	TimelineDropped int64 `json:"timeline_dropped,omitempty"`
 }
 
+// Clone is a copy of the job that shares nothing a caller could change
+// in place with it.
+func (j *Job) Clone() *Job {
+	c := *j
+	if j.ExitCode != nil {
+		code := *j.ExitCode
+		c.ExitCode = &code
+	}
+	c.Manifest = j.Manifest.Clone()
+	return &c
+}
+
 // Duration is how long the job ran (from start to finish, or to now).
 func (j *Job) Duration(now time.Time) time.Duration {
 	if j.StartedAt.IsZero() {

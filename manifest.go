@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -99,6 +101,31 @@ type Manifest struct {
 	// Caches are kept between jobs of the same workspace source, mounted
 	// at /cache/NAME (see Caches).
 	Caches []string `json:"caches,omitempty"`
+}
+
+// Clone is a copy of the manifest that shares nothing a caller could
+// change in place with it (maps, slices, pointed-to values).
+func (m Manifest) Clone() Manifest {
+	m.Files = slices.Clone(m.Files)
+	m.Env = maps.Clone(m.Env)
+	m.Secrets = slices.Clone(m.Secrets)
+	m.Artifacts = slices.Clone(m.Artifacts)
+	m.Caches = slices.Clone(m.Caches)
+	m.Network.Allow = slices.Clone(m.Network.Allow)
+	m.Agent = clonePtr(m.Agent)
+	m.Resources = clonePtr(m.Resources)
+	m.Timeout = clonePtr(m.Timeout)
+	m.Workspace = clonePtr(m.Workspace)
+	return m
+}
+
+// clonePtr points to a copy of *p (nil for nil).
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	c := *p
+	return &c
 }
 
 // AgentConfig tunes the agent.

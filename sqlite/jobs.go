@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,7 +180,7 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
-	s.manifests.put(j.ID, cloneManifest(m), len(manifest))
+	s.manifests.put(j.ID, m.Clone(), len(manifest))
 	return nil
 }
 
@@ -217,7 +215,7 @@ func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate
 		return fmt.Errorf("stored manifest: %w", err)
 	}
 	s.manifests.put(j.ID, m, len(text))
-	j.Manifest = cloneManifest(m)
+	j.Manifest = m.Clone()
 	return nil
 }
 
@@ -240,7 +238,7 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
 	}
 	s.manifests.put(id, m, len(text))
-	return cloneManifest(m), nil
+	return m.Clone(), nil
 }
 
 // JobFiles returns the files of the job's manifest.
@@ -396,7 +394,7 @@ func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs
 			return fmt.Errorf("job %s: stored manifest: %w", j.ID, err)
 		}
 		s.manifests.put(j.ID, m, len(text))
-		j.Manifest = cloneManifest(m)
+		j.Manifest = m.Clone()
 		delete(bySeq, seq)
 	}
 	if err := rows.Err(); err != nil {
@@ -567,7 +565,7 @@ func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
 	if !ok {
 		return delegate.Manifest{}, false
 	}
-	return cloneManifest(e.m), true
+	return e.m.Clone(), true
 }
 
 // put keeps m, whose stored JSON is size bytes.
@@ -592,29 +590,6 @@ func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
 	}
 	c.m[id] = cachedManifest{m: m, size: size}
 	c.bytes += size
-}
-
-// cloneManifest copies what a caller could change in place (maps, slices,
-// pointed-to structs), so that the cached manifest stays as stored.
-func cloneManifest(m delegate.Manifest) delegate.Manifest {
-	m.Files = slices.Clone(m.Files)
-	m.Env = maps.Clone(m.Env)
-	m.Secrets = slices.Clone(m.Secrets)
-	m.Artifacts = slices.Clone(m.Artifacts)
-	m.Network.Allow = slices.Clone(m.Network.Allow)
-	if m.Agent != nil {
-		a := *m.Agent
-		m.Agent = &a
-	}
-	if m.Resources != nil {
-		r := *m.Resources
-		m.Resources = &r
-	}
-	if m.Timeout != nil {
-		t := *m.Timeout
-		m.Timeout = &t
-	}
-	return m
 }
 
 // Finishes counts the jobs that reached a terminal status, in every
