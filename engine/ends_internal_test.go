@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,7 +64,7 @@ func TestWaitLeavesNoEndChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-c2:
+	case <-c2.c:
 	default:
 		t.Error("the job's end did not close its waiters' channel")
 	}
@@ -75,5 +76,69 @@ func TestWaitLeavesNoEndChannel(t *testing.T) {
 	release3()
 	if n := held(); n != 0 || c3 == c2 {
 		t.Errorf("%d end channels left (the same channel again: %v)", n, c3 == c2)
+	}
+}
+
+// countingStore counts the reads of jobs.
+type countingStore struct {
+	delegate.Store
+	gets atomic.Int64
+}
+
+func (s *countingStore) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
+	s.gets.Add(1)
+	return s.Store.GetJob(ctx, id)
+}
+
+// TestWaitTakesTheEndItIsTold: waiters woken by this process's end of a
+// job return the job as it was stored then, without reading it again,
+// each its own copy.
+func TestWaitTakesTheEndItIsTold(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store := &countingStore{Store: db}
+	now := time.Now().UTC()
+	j := &delegate.Job{ID: "queued", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Env: map[string]string{"A": "1"}},
+		Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now}
+	if err := db.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	w := newJobWriter(db)
+	w.ended = func(*delegate.Job) {}
+	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
+	const waiters = 2
+	got := make(chan *delegate.Job, waiters)
+	for range waiters {
+		go func() {
+			j, err := rd.Wait(ctx, "queued")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- j
+		}()
+	}
+	for store.gets.Load() < waiters { // both waiting
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := w.update(ctx, "queued", func(j *delegate.Job) error {
+		j.Status, j.Error = delegate.StatusCancelled, "stopped"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := <-got, <-got
+	if a == nil || b == nil || a.Status != delegate.StatusCancelled || b.Error != "stopped" {
+		t.Fatalf("waiters got %+v and %+v", a, b)
+	}
+	if n := store.gets.Load(); n != waiters {
+		t.Errorf("%d reads of the job for %d waits, want one each (before the end)", n, waiters)
+	}
+	a.Manifest.Env["A"] = "changed"
+	if b.Manifest.Env["A"] != "1" {
+		t.Error("the waiters share the job they were given")
 	}
 }

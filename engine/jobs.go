@@ -65,6 +65,7 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 		w.ended(j)
 		w.mu.Lock()
 		if e, ok := w.ends[id]; ok {
+			e.job = j.Clone() // j goes back to the caller, who may change it
 			close(e.c)
 			delete(w.ends, id)
 		}
@@ -78,15 +79,20 @@ func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*dele
 type endWait struct {
 	c       chan struct{}
 	waiters int
+	// job, set before c is closed, is the job as this process stored its
+	// end (its waiters need not read it again; terminal, it has no
+	// progress unstored); nil when c was closed because another process
+	// may have changed jobs. Not to be changed: each waiter clones it.
+	job *delegate.Job
 }
 
-// endOf returns a channel closed when job id ends by this process's
-// hand, or when another process may have changed jobs (notify("")): a
-// waiter for a job's end reads the job again only then. The waiter calls
-// release once it stops waiting on it: a job that had ended before (a
-// wait for a finished job) is never closed here, and its channel would
-// stay for the server's life.
-func (w *jobWriter) endOf(id string) (ended <-chan struct{}, release func()) {
+// endOf returns the wait for job id's end by this process's hand, whose
+// channel is also closed when another process may have changed jobs
+// (notify("")): a waiter for a job's end reads the job again only then.
+// The waiter calls release once it stops waiting on it: a job that had
+// ended before (a wait for a finished job) is never closed here, and its
+// channel would stay for the server's life.
+func (w *jobWriter) endOf(id string) (end *endWait, release func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e, ok := w.ends[id]
@@ -95,7 +101,7 @@ func (w *jobWriter) endOf(id string) (ended <-chan struct{}, release func()) {
 		w.ends[id] = e
 	}
 	e.waiters++
-	return e.c, func() {
+	return e, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if cur := w.ends[id]; cur == e {

@@ -30,10 +30,11 @@ type Reader struct {
 	// unstored is the progress held in memory, not stored yet (nil for a
 	// Reader alone: everything is in the store).
 	unstored *progressBuffer
-	// ends, if set, returns a channel closed when this process ends a
-	// job (or sees that another process may have), so that Wait wakes at
-	// once, and only then; release is called once Wait stops waiting.
-	ends func(id string) (ended <-chan struct{}, release func())
+	// ends, if set, returns the wait for a job's end: its channel is
+	// closed when this process ends the job (with the job as stored) or
+	// sees that another process may have, so that Wait wakes at once, and
+	// only then; release is called once Wait stops waiting.
+	ends func(id string) (end *endWait, release func())
 }
 
 // NewReader reads jobs from store; artifactDir is the engine's
@@ -60,10 +61,14 @@ func (rd *Reader) Get(ctx context.Context, id string) (*delegate.Job, error) {
 // job as it is then. It sees changes made by other processes too.
 func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 	for {
-		var ended <-chan struct{}
-		release := func() {}
+		var (
+			end     *endWait
+			ended   <-chan struct{}
+			release = func() {}
+		)
 		if rd.ends != nil {
-			ended, release = rd.ends(id)
+			end, release = rd.ends(id)
+			ended = end.c
 		}
 		// A read of the local store: it must not fail because the caller's
 		// wait is up at that very moment.
@@ -82,6 +87,10 @@ func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 			}
 			return job, nil
 		case <-ended:
+			if end.job != nil { // this process ended it: as stored then
+				release()
+				return end.job.Clone(), nil
+			}
 		case <-time.After(rd.poll):
 		}
 		release()
