@@ -122,40 +122,68 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 	}
 	h, ctx := r.register(id)
 	defer r.unregister(id)
-	log := r.log.With("job", id)
 
 	var token string
 	job, err := r.jobs.update(ctx, id, func(j *delegate.Job) error {
 		if j.Status != delegate.StatusPending {
 			return delegate.ErrTerminal // cancelled while queued
 		}
-		j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", r.owner, r.backend().Name()
-		if j.Manifest.Sandbox != "" {
-			// A command in a kept sandbox: this one write also records
-			// its sandbox and its callback token, which a fresh job's
-			// steps write on their way (see attachSteps). Its machine's
-			// id (SandboxID) is recorded once the command runs: a job
-			// caught provisioning is rolled back by its SandboxID, which
-			// must never be a kept sandbox's machine.
-			token, j.TokenHash = newToken()
-			j.Sandbox, j.Progress = j.Manifest.Sandbox, "starting the command"
-		}
+		token = r.claim(j)
 		return nil
 	})
 	if err != nil {
 		if !errors.Is(err, delegate.ErrTerminal) && ctx.Err() == nil {
-			log.Error("start job", "err", err)
+			r.log.Error("start job", "job", id, "err", err)
 		}
 		return
 	}
+	r.drive(h, ctx, &attempt{job: job, adm: adm, token: token})
+}
 
-	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
-	a := &attempt{job: job, adm: adm}
-	if token != "" {
-		r.indexToken(job)
-		a.token = token
+// claim makes a pending job this runner's, to be started now; it returns
+// the callback token of a command in a kept sandbox, made here (its hash
+// is recorded with the claim).
+func (r *runner) claim(j *delegate.Job) (token string) {
+	j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", r.owner, r.backend().Name()
+	if j.Manifest.Sandbox != "" {
+		// A command in a kept sandbox: this one write also records its
+		// sandbox and its callback token, which a fresh job's steps
+		// write on their way (see attachSteps). Its machine's id
+		// (SandboxID) is recorded once the command runs: a job caught
+		// provisioning is rolled back by its SandboxID, which must
+		// never be a kept sandbox's machine.
+		token, j.TokenHash = newToken()
+		j.Sandbox, j.Progress = j.Manifest.Sandbox, "starting the command"
 	}
-	err = r.provision(pctx, a)
+	return token
+}
+
+// claimed is a job that Submit stored claimed (claim), in a run slot it
+// took, with its run registered before the job could be seen.
+type claimed struct {
+	h     *run
+	ctx   context.Context
+	job   *delegate.Job // as stored, its files apart (files)
+	token string
+	files []delegate.File // the manifest's
+}
+
+// runClaimed takes a job that Submit stored claimed through provisioning
+// to its end.
+func (r *runner) runClaimed(c claimed) {
+	defer r.unregister(c.job.ID)
+	r.drive(c.h, c.ctx, &attempt{job: c.job, token: c.token, files: c.files, filesKnown: true})
+}
+
+// drive takes a claimed job through provisioning to its end.
+func (r *runner) drive(h *run, ctx context.Context, a *attempt) {
+	id, job := a.job.ID, a.job
+	log := r.log.With("job", id)
+	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
+	if a.token != "" {
+		r.indexToken(job)
+	}
+	err := r.provision(pctx, a)
 	cancelProvision()
 	if err != nil {
 		// The command never ran (or was killed before it was recorded as
@@ -206,6 +234,10 @@ type attempt struct {
 	sb    sandbox.Instance // made by the first step; rolled back on failure
 	token string           // the job's callback token, known only here and in its environment
 	proc  sandbox.Process
+	// files are the manifest's files when the run was given them
+	// (filesKnown); otherwise writeFiles reads them.
+	files      []delegate.File
+	filesKnown bool
 	// attached: sb is a kept sandbox's (manifest.sandbox), which a failure
 	// leaves be; kept: the kept sandbox this persistent job made, which a
 	// failure ends.
@@ -347,9 +379,12 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 // writeFiles writes the manifest's files into the sandbox. They are kept
 // apart from the job in the store: read only here.
 func (r *runner) writeFiles(ctx context.Context, a *attempt) error {
-	raw, err := r.store.JobFiles(ctx, a.job.ID)
-	if err != nil {
-		return err
+	raw := a.files
+	if !a.filesKnown {
+		var err error
+		if raw, err = r.store.JobFiles(ctx, a.job.ID); err != nil {
+			return err
+		}
 	}
 	withFiles := a.job.Manifest
 	withFiles.Files = raw

@@ -39,6 +39,27 @@ type scheduler struct {
 // for it.
 func (s *scheduler) enqueue(id string) { s.queueJob(id, false) }
 
+// takeSlot takes a run slot for a job to start at once (startClaimed),
+// if one is free and no job waits for one (those go first).
+func (s *scheduler) takeSlot() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slots == 0 || len(s.queue) > 0 || s.life.stopping() {
+		return false
+	}
+	s.slots--
+	return true
+}
+
+// startClaimed runs a job stored claimed, in the slot takeSlot gave.
+func (s *scheduler) startClaimed(c claimed) {
+	s.life.Go(func() {
+		s.runner.runClaimed(c)
+		s.releaseSlot()
+		s.roomFreed()
+	})
+}
+
 // queueJob starts the job in a free slot, or queues it (at the front: a
 // job that has waited for room already).
 func (s *scheduler) queueJob(id string, front bool) {
