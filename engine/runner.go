@@ -137,7 +137,7 @@ func (r *runner) run(id string, adm sandbox.Admission) {
 		}
 		return
 	}
-	r.drive(h, ctx, &attempt{job: job, adm: adm, token: token})
+	r.drive(ctx, h, &attempt{job: job, adm: adm, token: token})
 }
 
 // claim makes a pending job this runner's, to be started now; it returns
@@ -172,11 +172,11 @@ type claimed struct {
 // to its end.
 func (r *runner) runClaimed(c claimed) {
 	defer r.unregister(c.job.ID)
-	r.drive(c.h, c.ctx, &attempt{job: c.job, token: c.token, files: c.files, filesKnown: true})
+	r.drive(c.ctx, c.h, &attempt{job: c.job, token: c.token, files: c.files, filesKnown: true})
 }
 
 // drive takes a claimed job through provisioning to its end.
-func (r *runner) drive(h *run, ctx context.Context, a *attempt) {
+func (r *runner) drive(ctx context.Context, h *run, a *attempt) {
 	id, job := a.job.ID, a.job
 	log := r.log.With("job", id)
 	pctx, cancelProvision := context.WithTimeout(ctx, r.cfg.ProvisionTimeout)
@@ -377,7 +377,8 @@ func (r *runner) createStep(ctx context.Context, a *attempt) error {
 }
 
 // writeFiles writes the manifest's files into the sandbox. They are kept
-// apart from the job in the store: read only here.
+// apart from the job in the store: read only here, unless Submit handed
+// them to the run it started.
 func (r *runner) writeFiles(ctx context.Context, a *attempt) error {
 	raw := a.files
 	if !a.filesKnown {
