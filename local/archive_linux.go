@@ -53,7 +53,7 @@ func (s *sbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, e
 	if s.gone() {
 		return sandbox.Unpacked{}, fmt.Errorf("sandbox %s: %w", s.id, sandbox.ErrGone)
 	}
-	st, err := s.b.state(s.dir, s.id)
+	st, err := s.state()
 	if err != nil {
 		return sandbox.Unpacked{}, s.goneOr(fmt.Errorf("put archive: %w", err))
 	}

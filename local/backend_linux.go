@@ -608,7 +608,11 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
-	return &sbox{b: b, id: id, dir: dir}, nil
+	sb := &sbox{b: b, id: id, dir: dir}
+	if stErr == nil {
+		sb.st = &st
+	}
+	return sb, nil
 }
 
 // List implements sandbox.Backend.

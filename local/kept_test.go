@@ -640,13 +640,18 @@ func TestKeptShimsFromTheKeeper(t *testing.T) {
 	}
 
 	// A sandbox whose keeper was not asked to (a state without Spawns, as
-	// an earlier server wrote it): the server starts the shim.
+	// an earlier server wrote it), found by a server that starts: the
+	// server starts the shim.
 	st := stateOf(t, sb)
 	st.Spawns = false
 	if err := writeJSONAtomic(filepath.Join(sb.dir, fileState), st); err != nil {
 		t.Fatal(err)
 	}
-	if out := keptRun(t, sb, "echo from a shim the server started"); out != "from a shim the server started\n" {
+	found, err := sb.b.Recover(context.Background(), sb.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := keptRun(t, found.(*sbox), "echo from a shim the server started"); out != "from a shim the server started\n" {
 		t.Fatalf("output %q", out)
 	}
 }

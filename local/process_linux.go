@@ -242,7 +242,7 @@ func (p *process) Kill(ctx context.Context) error {
 	if p.s.gone() {
 		return nil
 	}
-	st, _ := p.s.b.state(p.s.dir, p.s.id)
+	st, _ := p.s.state()
 	if p.dir != p.s.dir {
 		return killExec(p.dir, p.id, st.Cgroup)
 	}

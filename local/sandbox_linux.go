@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +32,26 @@ type sbox struct {
 	b   *Backend
 	id  string
 	dir string
+
+	// st is the sandbox's state once read: Create writes it before it
+	// returns the sandbox, and nothing changes it after, so that a kept
+	// sandbox's commands need not read it each.
+	stMu sync.Mutex
+	st   *sandboxState
+}
+
+// state is the sandbox's state (Backend.state), read once.
+func (s *sbox) state() (sandboxState, error) {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	if s.st != nil {
+		return *s.st, nil
+	}
+	st, err := s.b.state(s.dir, s.id)
+	if err == nil {
+		s.st = &st
+	}
+	return st, err
 }
 
 var _ sandbox.Instance = (*sbox)(nil)
@@ -127,7 +148,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if s.gone() {
 		return nil, fmt.Errorf("sandbox %s: %w", s.id, sandbox.ErrGone)
 	}
-	st, err := s.b.state(s.dir, s.id)
+	st, err := s.state()
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
@@ -632,7 +653,7 @@ func pollUntil(timeout time.Duration, cond func() bool) bool {
 // Pause implements sandbox.Pauser: every process of the sandbox is frozen
 // (cgroup freezer), its memory kept.
 func (s *sbox) Pause(ctx context.Context) error {
-	st, err := s.b.state(s.dir, s.id)
+	st, err := s.state()
 	if err != nil {
 		return s.goneOr(fmt.Errorf("pause: %w", err))
 	}
@@ -644,7 +665,7 @@ func (s *sbox) Pause(ctx context.Context) error {
 
 // Resume implements sandbox.Pauser.
 func (s *sbox) Resume(ctx context.Context) error {
-	st, err := s.b.state(s.dir, s.id)
+	st, err := s.state()
 	if err != nil {
 		return s.goneOr(fmt.Errorf("resume: %w", err))
 	}
