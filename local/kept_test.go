@@ -1086,3 +1086,28 @@ func TestKeptShimServesInTurn(t *testing.T) {
 		t.Errorf("%d supervisor processes counted, want 3 to 6", m.Processes)
 	}
 }
+
+// TestKeptLongDataDir: a data directory whose control socket's path is
+// longer than a socket address holds still gets its commands to the
+// keeper (spawnShim addresses the socket through the directory's
+// descriptor then).
+func TestKeptLongDataDir(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	canRun(t)
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	b, err := New(Config{Dir: dir})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	if n := len(sb.path(fileControl)); n < len(unix.RawSockaddrUnix{}.Path) {
+		t.Fatalf("the control socket's path has %d bytes: not too long for an address", n)
+	}
+	for i := range 2 {
+		if out := keptRun(t, sb, fmt.Sprintf("echo %d", i)); out != fmt.Sprintf("%d\n", i) {
+			t.Errorf("command %d: output %q", i, out)
+		}
+	}
+}

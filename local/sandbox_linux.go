@@ -440,6 +440,13 @@ func planMemfd(pl *plan) (*os.File, error) {
 	return f, nil
 }
 
+// keeperRequests is the socket the requests to the C keepers go out of:
+// one for the process, unbound (the keepers answer nothing) and never
+// closed, instead of a socket made and closed per command.
+var keeperRequests = sync.OnceValues(func() (int, error) {
+	return unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+})
+
 // spawnShim asks the C keeper of the sandbox at dir to start the shim of
 // command id (start_shim in helper_linux.c), with its plan and the
 // server's pipe. The keeper answers nothing: a shim that never starts
@@ -450,22 +457,24 @@ func spawnShim(dir, id string, pl *plan, server *os.File) error {
 		return err
 	}
 	defer planFile.Close()
-	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	sock, err := keeperRequests()
 	if err != nil {
 		return err
 	}
-	defer unix.Close(sock)
 	head := binary.NativeEndian.AppendUint32(nil, spawnMagic)
 	head = binary.NativeEndian.AppendUint32(head, 0)
 	head = append(head, id...)
-	// Through the directory's descriptor: a socket's path has at most
-	// 107 bytes, a data directory's path may have more.
-	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("ask the sandbox's keeper for the command: %w", err)
+	to := &unix.SockaddrUnix{Name: filepath.Join(dir, fileControl)}
+	if len(to.Name) >= len(unix.RawSockaddrUnix{}.Path) {
+		// Through the directory's descriptor: a socket's path has at
+		// most 107 bytes, a data directory's path may have more.
+		dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("ask the sandbox's keeper for the command: %w", err)
+		}
+		defer unix.Close(dfd)
+		to.Name = fmt.Sprintf("/proc/self/fd/%d/%s", dfd, fileControl)
 	}
-	defer unix.Close(dfd)
-	to := &unix.SockaddrUnix{Name: fmt.Sprintf("/proc/self/fd/%d/%s", dfd, fileControl)}
 	for {
 		err = unix.Sendmsg(sock, head, unix.UnixRights(int(planFile.Fd()), int(server.Fd())), to, 0)
 		if !errors.Is(err, unix.EINTR) {
