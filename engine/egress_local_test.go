@@ -49,6 +49,25 @@ func egressFixture(t *testing.T, w *testnet.W) (*engine.Engine, *engine.Egress, 
 	return eng, eg, f
 }
 
+// runToEnd submits m, waits for its end and returns the job and its
+// output.
+func runToEnd(t *testing.T, eng *engine.Engine, m delegate.Manifest) (*delegate.Job, string) {
+	t.Helper()
+	ctx := context.Background()
+	j, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err = eng.Wait(ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := eng.Result(ctx, j.ID, delegate.ResultOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j, string(res.Output)
+}
+
 func file(path string, data []byte) delegate.File {
 	return delegate.File{Path: path, Content: base64.StdEncoding.EncodeToString(data)}
 }
@@ -311,19 +330,8 @@ func TestEgressKeptSandbox(t *testing.T) {
 	}
 	command := func(task string) string {
 		t.Helper()
-		j, err := eng.Submit(ctx, delegate.Manifest{Task: task, Sandbox: sb.ID}, delegate.SubmitOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done, err := eng.Wait(ctx, j.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := eng.Result(ctx, done.ID, delegate.ResultOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(res.Output)
+		_, out := runToEnd(t, eng, delegate.Manifest{Task: task, Sandbox: sb.ID})
+		return out
 	}
 	probe := `for u in http://allowed.test/ http://denied.test/; do curl -sf --max-time 5 "$u" >/dev/null && echo "reached $u" || echo "refused $u"; done`
 	out := command(probe)
@@ -359,26 +367,11 @@ func TestEgressPersistentJob(t *testing.T) {
 	eng, _, f := egressFixture(t, w)
 	ctx := context.Background()
 	probe := `curl -sf --max-time 5 http://allowed.test/ >/dev/null && echo reached || echo refused`
-	run := func(m delegate.Manifest) (*delegate.Job, string) {
-		t.Helper()
-		j, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j, err = eng.Wait(ctx, j.ID); err != nil {
-			t.Fatal(err)
-		}
-		res, err := eng.Result(ctx, j.ID, delegate.ResultOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j, string(res.Output)
-	}
-	job, out := run(delegate.Manifest{Task: probe, Lifecycle: delegate.LifecyclePersistent, Network: delegate.Allowlist("allowed.test")})
+	job, out := runToEnd(t, eng, delegate.Manifest{Task: probe, Lifecycle: delegate.LifecyclePersistent, Network: delegate.Allowlist("allowed.test")})
 	if job.Sandbox == "" || !strings.Contains(out, "reached") {
 		t.Fatalf("persistent job: sandbox %q, output %q", job.Sandbox, out)
 	}
-	if _, out := run(delegate.Manifest{Task: probe, Sandbox: job.Sandbox}); !strings.Contains(out, "reached") {
+	if _, out := runToEnd(t, eng, delegate.Manifest{Task: probe, Sandbox: job.Sandbox}); !strings.Contains(out, "reached") {
 		t.Errorf("the kept sandbox's next command: %q", out)
 	}
 	if n, err := f.store.GetNetwork(ctx, job.ID); err != nil || !n.EndedAt.IsZero() {

@@ -11,6 +11,17 @@ import (
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
+// openStore opens a store in a new file, closed with the test.
+func openStore(t *testing.T) *sqlite.DB {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
 // TestWaitLeavesNoEndChannel: a wait for a job keeps a channel for the
 // job's end only while it waits: waits for a job that had ended already,
 // and waits given up, leave none behind (they stayed for the server's
@@ -18,11 +29,7 @@ import (
 // several waiters share stays until the last lets go.
 func TestWaitLeavesNoEndChannel(t *testing.T) {
 	ctx := context.Background()
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := openStore(t)
 	now := time.Now().UTC()
 	for id, st := range map[string]delegate.Status{"done": delegate.StatusSuccess, "queued": delegate.StatusPending} {
 		j := &delegate.Job{ID: id, Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}, Status: st, CreatedAt: now, UpdatedAt: now}
@@ -95,11 +102,7 @@ func (s *countingStore) GetJob(ctx context.Context, id string) (*delegate.Job, e
 // each its own copy.
 func TestWaitTakesTheEndItIsTold(t *testing.T) {
 	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openStore(t)
 	store := &countingStore{Store: db}
 	now := time.Now().UTC()
 	j := &delegate.Job{ID: "queued", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Env: map[string]string{"A": "1"}},
