@@ -442,7 +442,11 @@ func planMemfd(pl *plan) (*os.File, error) {
 
 // keeperRequests is the socket the requests to the C keepers go out of:
 // one for the process, unbound (the keepers answer nothing) and never
-// closed, instead of a socket made and closed per command.
+// closed, instead of a socket made and closed per command. A request
+// waiting in a keeper's queue is charged to this socket's send buffer
+// until read; a keeper that stops reading holds at most its queue's
+// length of them (net.unix.max_dgram_qlen, 10 by default; a sandbox runs
+// at most MaxSandboxCommands at once), a few KiB of the ~200 KiB.
 var keeperRequests = sync.OnceValues(func() (int, error) {
 	return unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 })
