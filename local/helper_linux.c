@@ -920,22 +920,23 @@ static void run_ops(const struct plan *p, uint32_t first) {
 		init_fail(CODE_SETUP_FAILED, "%s", msg);
 }
 
-/* close_from closes every descriptor from lo on but those kept for
- * steps still to come (kept_fd, which a spare's steps ahead leave). */
-static void close_from(unsigned lo) {
-	int k[KEPT_SLOTS], n = 0;
-	for (int i = 0; i < KEPT_SLOTS; i++)
-		if (kept_fd[i] >= (int)lo) {
-			int j = n++;
-			for (; j > 0 && k[j - 1] > kept_fd[i]; j--)
+/* close_except closes every descriptor from lo on but the n (at most
+ * 8, in any order) of keep; those below lo, and -1, are left out. */
+static void close_except(unsigned lo, const int *keep, int n) {
+	int k[8], nk = 0;
+	for (int i = 0; i < n && i < 8; i++)
+		if (keep[i] >= (int)lo) {
+			int j = nk++;
+			for (; j > 0 && k[j - 1] > keep[i]; j--)
 				k[j] = k[j - 1];
-			k[j] = kept_fd[i];
+			k[j] = keep[i];
 		}
-	for (int i = 0; i <= n; i++) {
-		unsigned hi = i < n ? (unsigned)k[i] : ~0U;
-		if (hi > lo)
-			syscall(SYS_close_range, lo, hi == ~0U ? hi : hi - 1, 0);
-		if (i < n)
+	for (int i = 0; i <= nk; i++) {
+		unsigned hi = i < nk ? (unsigned)k[i] : ~0U;
+		if (hi > lo && syscall(SYS_close_range, lo, hi == ~0U ? hi : hi - 1, 0) < 0)
+			for (unsigned fd = lo; fd < hi && fd < 1024; fd++)
+				close((int)fd);
+		if (i < nk)
 			lo = (unsigned)k[i] + 1;
 	}
 }
@@ -965,7 +966,7 @@ static void command_child(const struct plan *p, int out, int err, int ctl, int c
 	if (a < 0 || b < 0 || c < 0 || (cg >= 0 && d < 0) || dup2(a, 1) < 0 || dup2(b, 2) < 0 || dup3(c, 3, O_CLOEXEC) < 0 ||
 	    (d >= 0 && dup3(d, 4, O_CLOEXEC) < 0))
 		_exit(CODE_SETUP_FAILED);
-	close_from(d >= 0 ? 5 : 4);
+	close_except(d >= 0 ? 5 : 4, kept_fd, KEPT_SLOTS); /* but what steps still to come use */
 	report_fd = 3;
 	if (d >= 0) {
 		if (write_all(4, "0", 1) < 0)
@@ -2392,23 +2393,8 @@ static int place_shim_fds(const char *id, int plan, int server) {
 	 * another descriptor. */
 	int from[] = {plan, server, started.out, started.err, started.ctl, started.fifo};
 	int to[] = {PLAN_FD, SERVER_FD, 6, 7, 8, 9};
-	int n = 6, keep[6], nk = 0;
-	for (int i = 0; i < n; i++)
-		if (from[i] >= 0) {
-			int j = nk++;
-			for (; j > 0 && keep[j - 1] > from[i]; j--)
-				keep[j] = keep[j - 1];
-			keep[j] = from[i];
-		}
-	unsigned lo = 3;
-	for (int i = 0; i <= nk; i++) {
-		unsigned hi = i < nk ? (unsigned)keep[i] : ~0U;
-		if (hi > lo && syscall(SYS_close_range, lo, hi == ~0U ? hi : hi - 1, 0) < 0)
-			for (unsigned fd = lo; fd < hi && fd < 1024; fd++)
-				close((int)fd);
-		if (i < nk)
-			lo = (unsigned)keep[i] + 1;
-	}
+	int n = 6;
+	close_except(3, from, n);
 	for (int i = 0; i < n; i++)
 		if (from[i] >= 0) {
 			int moved = fcntl(from[i], F_DUPFD_CLOEXEC, 10);
