@@ -10,6 +10,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/jsonin"
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -55,10 +56,19 @@ func addAnswerTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *hand
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "answer_job",
 		Description:  "Answer wait_job's questions: {id: {action: accept|decline|cancel, content}}.",
-		InputSchema:  inputSchema[AnswerJobIn](),
+		InputSchema:  answerSchema(),
 		Annotations:  annotations(false, false, true, false),
 		OutputSchema: outputSchema[AnswerJobOut](),
 	}, h.answer)
+}
+
+// answerSchema is AnswerJobIn's with answers an open object: the
+// description shows its shape in fewer bytes than its nested schema, and
+// the decoder refuses a wrong one naming the field all the same.
+func answerSchema() *jsonschema.Schema {
+	s := inputSchema[AnswerJobIn]()
+	*at(s, "answers") = jsonschema.Schema{Type: "object"}
+	return s
 }
 
 // answer gives answers to a job's questions. Answers to questions that

@@ -48,7 +48,7 @@ func addReleaseTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *han
 	}
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "release_job",
-		Description:  "Destroy a kept sandbox (sandbox_id) or the one a finished persistent job kept (job_id).",
+		Description:  "Destroy a kept sandbox: by sandbox_id, or a finished persistent job's by job_id.",
 		InputSchema:  inputSchema[ReleaseIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[ReleaseOut](),
@@ -81,7 +81,7 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	h := &sandboxHandlers{svc: sb}
 	addTool(s, dec, log, &mcp.Tool{
 		Name:        "open_sandbox",
-		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; paused when idle.",
+		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; pauses when idle.",
 		InputSchema: openSandboxSchema(),
 		// Closed world: it runs nothing (commands are submit_job's).
 		Annotations:  annotations(false, false, false, false),
@@ -96,7 +96,7 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 	}, h.list)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "sandbox_files",
-		Description:  "A sandbox's /workspace files. read: ≤1 MiB at offset, as text or, if not UTF-8, content; then next_offset until eof.",
+		Description:  "A sandbox's /workspace files. read: ≤1 MiB at offset, as text or (not UTF-8) content; next_offset until eof.",
 		InputSchema:  filesSchema(),
 		Annotations:  annotations(false, false, true, false),
 		OutputSchema: outputSchema[FilesOut](),

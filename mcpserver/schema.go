@@ -12,7 +12,7 @@ import (
 // Schemas are derived from the Go types (the input structs are what
 // jsonin.Decode accepts, the output structs what the tools return)
 // and then made compact: every agent session pays for tools/list in
-// tokens (TestToolsListSize keeps it under 5,000 bytes).
+// tokens (TestToolsListSize keeps the default listing at or under 8,000 bytes).
 
 // inputSchema and outputSchema are the shared compact schemas (see
 // internal/toolschema).

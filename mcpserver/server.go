@@ -48,14 +48,14 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	addSandboxTools(s, dec, log, svc)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "submit_job",
-		Description:  "Start a job in a new isolated sandbox; returns job_id at once. Next: wait_job, then get_job_result.",
+		Description:  "Run a job in a new isolated sandbox; returns job_id at once. Then wait_job, get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
 		OutputSchema: submitOutputSchema(),
 	}, h.submit)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends, asks questions, or timeout_seconds (max %d) pass; repeat while done is false.", maxWait),
+		Description:  fmt.Sprintf("Block until the job ends or asks, or timeout_seconds (≤%d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -69,7 +69,7 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	}, h.status)
 	addTool(s, dec, log, &mcp.Tool{
 		Name:         "get_job_result",
-		Description:  "Exit code, ends of stdout (output) and stderr, artifacts of a finished job.",
+		Description:  "A finished job's exit code, output and stderr tails, artifacts.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
@@ -519,7 +519,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 func submitSchema() *jsonschema.Schema {
 	s := inputSchema[SubmitIn]()
 	describe(s, map[string]string{
-		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command runs, task in $DELEGATE_TASK; claude: task is the prompt",
+		"manifest.agentType":        "script (default): task runs in sh; custom: agent.command, task in $DELEGATE_TASK; claude: task is a prompt",
 		"manifest.files":            "in /workspace, the cwd",
 		"manifest.files.content":    "base64",
 		"manifest.sandbox":          "kept sandbox to run in; its commands trust each other",
@@ -529,7 +529,7 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
-		"manifest.stdin":            "base64 stdin, ≤1 MiB",
+		"manifest.stdin":            "base64, ≤1 MiB",
 	})
 	oneOf(s, "manifest.agentType", delegate.AgentScript, delegate.AgentCustom, delegate.AgentClaude)
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
