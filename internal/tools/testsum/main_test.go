@@ -1,7 +1,10 @@
 package main
 
 import (
+	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -36,7 +39,7 @@ a.go:1: syntax error
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out strings.Builder
-			rc := run(strings.NewReader(tc.in), &out, now)
+			rc := run(strings.NewReader(tc.in), &out, now, nil)
 			if rc != tc.rc {
 				t.Errorf("rc %d, want %d", rc, tc.rc)
 			}
@@ -47,4 +50,63 @@ a.go:1: syntax error
 			}
 		})
 	}
+}
+
+// TestProgress: a run quiet for 30 s prints what is running and how many
+// tests passed so far; one that printed a line since does not.
+func TestProgress(t *testing.T) {
+	var clock atomic.Int64 // seconds
+	now := func() time.Time { return time.Unix(clock.Load(), 0) }
+	r, w := io.Pipe()
+	tick := make(chan time.Time)
+	var out syncBuilder
+	done := make(chan int)
+	go func() { done <- run(r, &out, now, tick) }()
+	io.WriteString(w, `{"Action":"run","Package":"a","Test":"T1"}
+{"Action":"pass","Package":"a","Test":"T1","Elapsed":0.1}
+{"Action":"run","Package":"a","Test":"TSlow"}
+{"Action":"run","Package":"b","Test":"T9"}
+`)
+	tick <- time.Time{} // not quiet yet: nothing printed
+	if s := out.String(); s != "" {
+		t.Fatalf("printed before 30 s of quiet: %q", s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "running: a (TSlow), b (T9); 1 tests passed so far") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no progress line after quiet: %q", out.String())
+		}
+		clock.Add(31) // each round is a quiet half-minute (the lines may not all be read yet)
+		tick <- time.Time{}
+	}
+	io.WriteString(w, `{"Action":"pass","Package":"a","Test":"TSlow","Elapsed":40}
+{"Action":"pass","Package":"a","Elapsed":41}
+{"Action":"pass","Package":"b","Test":"T9","Elapsed":40}
+{"Action":"pass","Package":"b","Elapsed":41}
+`)
+	w.Close()
+	if rc := <-done; rc != 0 {
+		t.Errorf("rc %d:\n%s", rc, out.String())
+	}
+	if !strings.Contains(out.String(), "3 tests passed, 0 failed") {
+		t.Errorf("totals wrong:\n%s", out.String())
+	}
+}
+
+// syncBuilder is a strings.Builder safe to read while run writes it.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
