@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -26,7 +27,13 @@ var notFoundHints = map[string]string{
 // in full, and the agent is told only which call failed and what to do:
 // text from a database or a hypervisor is no use to it, and may say more
 // about the server than it should.
-func toolError(ctx context.Context, log *slog.Logger, tool string, err error) error {
+//
+// A tool of another toolset (pvetools) gives its errors the kinds of
+// this package's sentinels: the Proxmox API's own answers, which the
+// agent administering it acts on, are errors of a kind (invalid,
+// forbidden, a conflict with the guest's state), and reach it.
+func (ts *Tools) toolError(ctx context.Context, tool string, err error) error {
+	log := ts.log
 	if e := sandboxError(tool, err); e != nil {
 		return e
 	}
@@ -47,8 +54,8 @@ func toolError(ctx context.Context, log *slog.Logger, tool string, err error) er
 		return err
 	case delegate.KindUnavailable:
 		log.Warn("tool call: a dependency is unavailable", "tool", tool, "err", err)
-		return fmt.Errorf("%s could not be completed: the sandbox backend or the job store does not answer now; "+
-			"call %s again in a minute", tool, tool)
+		return fmt.Errorf("%s could not be completed: %s does not answer now; "+
+			"call %s again in a minute", tool, ts.deps, tool)
 	}
 	if ctx.Err() != nil {
 		// The client gave up on the call; nobody reads the answer.
@@ -82,4 +89,62 @@ func resourceError(ctx context.Context, log *slog.Logger, uri string, err error)
 		return fmt.Errorf("reading %s failed on the server (the server's log says why); try again later", uri)
 	}
 	return err
+}
+
+// taskError is toolError for a tasks/* request: the JSON-RPC error the
+// client reads, failed ("Failed to retrieve task") and the table's words.
+// A job that is not there is SEP-2663's task not found; an error of a
+// kind of ours is the client's to correct (invalid params) in our words;
+// any other is logged in full and answered in a few words.
+func taskError(ctx context.Context, log *slog.Logger, failed, id string, err error) error {
+	var wire *jsonrpc.Error
+	if errors.As(err, &wire) {
+		return err // already the protocol's answer
+	}
+	switch delegate.ErrorKind(err) {
+	case delegate.KindNotFound:
+		var nf *delegate.NotFoundError
+		if !errors.As(err, &nf) || nf.Resource == "job" {
+			return errTaskNotFound(id)
+		}
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: failed + ": " + err.Error()}
+	case delegate.KindInvalid, delegate.KindTerminal, delegate.KindConflict, delegate.KindNotFinished,
+		delegate.KindUnauthenticated, delegate.KindForbidden:
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: failed + ": " + err.Error()}
+	case delegate.KindUnavailable:
+		log.Warn("tasks: a dependency is unavailable", "task", id, "err", err)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+			Message: failed + ": the sandbox backend or the job store does not answer now; try again in a minute"}
+	}
+	if ctx.Err() != nil {
+		log.Debug("tasks request ended with its request", "task", id, "err", err)
+	} else {
+		log.Error("tasks request failed", "task", id, "what", failed, "err", err)
+	}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+		Message: failed + ": the server failed (its log says why); try again, and if it fails again, " +
+			"tell the user that delegate's operator can find the cause in the server's log"}
+}
+
+// messageError is the JSON-RPC error for a message jsonin refused:
+// not JSON is a parse error, something wrong in params invalid params,
+// anything else an invalid request. An error that names no field is the
+// decoder's own failure (a bug), not the message's: not shown.
+func messageError(err error) *jsonrpc.Error {
+	var fe *delegate.FieldError
+	if !errors.As(err, &fe) {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "the server could not read the message"}
+	}
+	where := fe.Field
+	if where == "" {
+		where = "message"
+	}
+	code := int64(jsonrpc.CodeInvalidRequest)
+	switch {
+	case strings.HasPrefix(fe.Rule, "not valid JSON"), strings.HasPrefix(fe.Rule, "not valid UTF-8"):
+		code = jsonrpc.CodeParseError
+	case where == "params" || strings.HasPrefix(where, "params."):
+		code = jsonrpc.CodeInvalidParams
+	}
+	return &jsonrpc.Error{Code: code, Message: where + ": " + fe.Rule}
 }

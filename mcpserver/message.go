@@ -105,28 +105,6 @@ func decodeMessage(dec *jsonin.Decoder, data []byte) (jsonrpc.Message, json.RawM
 	return resp, nil, nil
 }
 
-// messageError is the JSON-RPC error for a message jsonin refused:
-// not JSON is a parse error, something wrong in params invalid params,
-// anything else an invalid request.
-func messageError(err error) *jsonrpc.Error {
-	var fe *delegate.FieldError
-	if !errors.As(err, &fe) {
-		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-	}
-	where := fe.Field
-	if where == "" {
-		where = "message"
-	}
-	code := int64(jsonrpc.CodeInvalidRequest)
-	switch {
-	case strings.HasPrefix(fe.Rule, "not valid JSON"), strings.HasPrefix(fe.Rule, "not valid UTF-8"):
-		code = jsonrpc.CodeParseError
-	case where == "params" || strings.HasPrefix(where, "params."):
-		code = jsonrpc.CodeInvalidParams
-	}
-	return &jsonrpc.Error{Code: code, Message: where + ": " + fe.Rule}
-}
-
 // makeID reads a request id: a string or a number (as the SDK reads it),
 // or nothing.
 func makeID(raw json.RawMessage) (jsonrpc.ID, error) {

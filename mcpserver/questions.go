@@ -3,13 +3,11 @@ package mcpserver
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -49,11 +47,11 @@ type AnswerJobOut struct {
 	Answered []string `json:"answered"`
 }
 
-func addAnswerTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *handlers) {
+func addAnswerTool(ts *Tools, h *handlers) {
 	if _, ok := h.svc.(delegate.QuestionService); !ok {
 		return
 	}
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "answer_job",
 		Description:  "Answer wait_job's questions: {id: {action: accept|decline|cancel, content}}.",
 		InputSchema:  answerSchema(),

@@ -14,7 +14,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -34,10 +33,10 @@ var sandboxTools = map[string]bool{"list_sandboxes": true, "sandbox_files": true
 
 // addReleaseTool adds release_job: with sandboxes, it releases a kept
 // sandbox by its id or by the persistent job that made it.
-func addReleaseTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *handlers) {
+func addReleaseTool(ts *Tools, h *handlers) {
 	sb, ok := h.svc.(delegate.SandboxService)
 	if !ok {
-		addTool(s, dec, log, &mcp.Tool{
+		addTool(ts, &mcp.Tool{
 			Name:         "release_job",
 			Description:  "Destroy the sandbox a finished persistent job kept.",
 			InputSchema:  inputSchema[JobIn](),
@@ -46,7 +45,7 @@ func addReleaseTool(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, h *han
 		}, h.release)
 		return
 	}
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "release_job",
 		Description:  "Destroy a kept sandbox: by sandbox_id, or a finished persistent job's by job_id.",
 		InputSchema:  inputSchema[ReleaseIn](),
@@ -73,13 +72,13 @@ type ReleaseIn struct {
 	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
-func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc delegate.JobService) {
+func addSandboxTools(ts *Tools, svc delegate.JobService) {
 	sb, ok := svc.(delegate.SandboxService)
 	if !ok {
 		return
 	}
 	h := &sandboxHandlers{svc: sb}
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:        "open_sandbox",
 		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; pauses when idle.",
 		InputSchema: openSandboxSchema(),
@@ -87,21 +86,21 @@ func addSandboxTools(s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, svc d
 		Annotations:  annotations(false, false, false, false),
 		OutputSchema: outputSchema[OpenSandboxOut](),
 	}, h.open)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "list_sandboxes",
 		Description:  "Kept sandboxes, or the one sandbox_id names.",
 		InputSchema:  inputSchema[ListSandboxesIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ListSandboxesOut](),
 	}, h.list)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "sandbox_files",
 		Description:  "A sandbox's /workspace files. read: ≤1 MiB at offset, as text or (not UTF-8) content; next_offset until eof.",
 		InputSchema:  filesSchema(),
 		Annotations:  annotations(false, false, true, false),
 		OutputSchema: outputSchema[FilesOut](),
 	}, h.files)
-	addSandboxResource(s, sb, log)
+	addSandboxResource(ts.server, sb, ts.log)
 }
 
 type sandboxHandlers struct{ svc delegate.SandboxService }

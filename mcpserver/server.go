@@ -14,7 +14,6 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
-	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -41,56 +40,56 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		log = slog.New(slog.DiscardHandler)
 	}
 	h := &handlers{svc: svc}
-	addTasks(s, h)
-	dec := new(jsonin.Decoder) // one for all tools: it keeps what it learns of their types
+	addTasks(s, h, log)
+	ts := NewTools(s, log, "the sandbox backend or the job store")
 	addResources(s, svc, log)
 	go publishUpdates(ctx, s, svc)
-	addSandboxTools(s, dec, log, svc)
-	addTool(s, dec, log, &mcp.Tool{
+	addSandboxTools(ts, svc)
+	addTool(ts, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Run a job in a new isolated sandbox; returns job_id at once. Then wait_job, get_job_result.",
 		InputSchema:  submitSchema(),
 		Annotations:  annotations(false, false, false, true),
 		OutputSchema: submitOutputSchema(),
 	}, h.submit)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "wait_job",
 		Description:  fmt.Sprintf("Block until the job ends or asks, or timeout_seconds (≤%d) pass; repeat while done is false.", maxWait),
 		InputSchema:  inputSchema[WaitIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "get_job_status",
 		Description:  "Status now, without waiting.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[StatusOut](),
 	}, h.status)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "get_job_result",
 		Description:  "A finished job's exit code, output and stderr tails, artifacts.",
 		InputSchema:  inputSchema[ResultIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ResultOut](),
 	}, h.result)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "get_job_logs",
 		Description:  "Output from cursor on; while running only in statusMode streaming.",
 		InputSchema:  inputSchema[LogsIn](),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[LogsOut](),
 	}, h.logs)
-	addTool(s, dec, log, &mcp.Tool{
+	addTool(ts, &mcp.Tool{
 		Name:         "cancel_job",
 		Description:  "Kill an unfinished job; its sandbox goes unless persistent.",
 		InputSchema:  inputSchema[JobIn](),
 		Annotations:  annotations(false, true, true, false),
 		OutputSchema: outputSchema[CancelOut](),
 	}, h.cancel)
-	addReleaseTool(s, dec, log, h)
-	addAnswerTool(s, dec, log, h)
-	addTool(s, dec, log, &mcp.Tool{
+	addReleaseTool(ts, h)
+	addAnswerTool(ts, h)
+	addTool(ts, &mcp.Tool{
 		Name:         "list_jobs",
 		Description:  "Jobs, newest first.",
 		InputSchema:  listSchema(),

@@ -86,8 +86,14 @@ var inputs = []input{
 // rawSessionWith serves svc with the given limits, reading in.
 func rawSessionWith(t *testing.T, svc *service, lim mcpserver.Limits, in input) *rawConn {
 	t.Helper()
+	return rawSessionLog(t, svc, lim, in, slog.New(slog.DiscardHandler))
+}
+
+// rawSessionLog is rawSessionWith with the server's log.
+func rawSessionLog(t *testing.T, svc *service, lim mcpserver.Limits, in input, log *slog.Logger) *rawConn {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	server := mcpserver.New(ctx, svc, slog.New(slog.DiscardHandler))
+	server := mcpserver.New(ctx, svc, log)
 	inR, inW := in.pipe(t)
 	outR, outW := io.Pipe()
 	ss, err := server.Connect(ctx, mcpserver.StdioTransport(inR, outW, lim, nil), nil)

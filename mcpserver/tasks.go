@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -98,6 +99,7 @@ type updateParams struct {
 }
 
 type tasks struct {
+	log *slog.Logger
 	svc delegate.JobService
 	qs  delegate.QuestionService // nil: a service that takes no questions
 	h   *handlers
@@ -105,9 +107,9 @@ type tasks struct {
 }
 
 // addTasks serves the extension (capabilities advertises it).
-func addTasks(s *mcp.Server, h *handlers) {
+func addTasks(s *mcp.Server, h *handlers, log *slog.Logger) {
 	qs, _ := h.svc.(delegate.QuestionService)
-	t := &tasks{svc: h.svc, qs: qs, h: h, now: time.Now}
+	t := &tasks{log: log, svc: h.svc, qs: qs, h: h, now: time.Now}
 	s.AddReceivingMiddleware(t.middleware)
 	// The names are not standard methods of the SDK, so these cannot fail.
 	must(mcp.AddReceivingCustomMethod(s, "tasks/get", t.get))
@@ -154,12 +156,12 @@ func (t *tasks) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		var sub SubmitOut
 		raw, _ := out.StructuredContent.(json.RawMessage)
 		if err := json.Unmarshal(raw, &sub); err != nil {
-			return nil, fmt.Errorf("submit_job as a task: reading the submission: %w", err)
+			return nil, taskError(ctx, t.log, "Failed to create task", "", fmt.Errorf("reading the submission: %w", err))
 		}
 		// The job is stored: tasks/get on its id answers from now on.
 		j, err := t.svc.Get(ctx, sub.JobID)
 		if err != nil {
-			return nil, fmt.Errorf("submit_job as a task: %w", err)
+			return nil, taskError(ctx, t.log, "Failed to create task", sub.JobID, err)
 		}
 		task := t.seed(j)
 		return &taskResult{ResultType: "task", Task: task}, nil
@@ -266,11 +268,8 @@ func (t *tasks) job(ctx context.Context, meta map[string]any, id string) (*deleg
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "taskId: required (the taskId of a task submit_job made)"}
 	}
 	j, err := t.svc.Get(ctx, id)
-	if errors.Is(err, delegate.ErrNotFound) {
-		return nil, errTaskNotFound(id)
-	}
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to retrieve task: " + err.Error()}
+		return nil, taskError(ctx, t.log, "Failed to retrieve task", id, err)
 	}
 	return j, nil
 }
@@ -303,11 +302,11 @@ func (t *tasks) detailed(ctx context.Context, j *delegate.Job) (Task, error) {
 	}
 	out, err := t.h.result(ctx, nil, &ResultIn{JobID: j.ID})
 	if err != nil {
-		return Task{}, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to retrieve task: reading the job's result: " + err.Error()}
+		return Task{}, taskError(ctx, t.log, "Failed to retrieve task: reading the job's result", j.ID, err)
 	}
 	res, err := toolResult(out, j.Status != delegate.StatusSuccess)
 	if err != nil {
-		return Task{}, err
+		return Task{}, taskError(ctx, t.log, "Failed to retrieve task", j.ID, err)
 	}
 	task.Result = res
 	return task, nil
@@ -336,10 +335,7 @@ func (t *tasks) cancel(ctx context.Context, _ *mcp.ServerSession, p *taskParams)
 		return nil, err
 	}
 	if _, _, err := t.svc.Cancel(ctx, p.TaskID); err != nil {
-		if errors.Is(err, delegate.ErrNotFound) {
-			return nil, errTaskNotFound(p.TaskID)
-		}
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to cancel task: " + err.Error()}
+		return nil, taskError(ctx, t.log, "Failed to cancel task", p.TaskID, err)
 	}
 	return &ackResult{ResultType: "complete"}, nil
 }
@@ -366,7 +362,7 @@ func (t *tasks) withQuestions(ctx context.Context, j *delegate.Job, task Task) (
 	}
 	qs, err := t.qs.Questions(ctx, j.ID)
 	if err != nil {
-		return Task{}, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to retrieve task: reading the job's questions: " + err.Error()}
+		return Task{}, taskError(ctx, t.log, "Failed to retrieve task: reading the job's questions", j.ID, err)
 	}
 	for _, q := range qs {
 		if q.State != delegate.QuestionOpen {
@@ -404,7 +400,7 @@ func (t *tasks) update(ctx context.Context, _ *mcp.ServerSession, p *updateParam
 	}
 	qs, err := t.qs.Questions(ctx, p.TaskID)
 	if err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to update task: reading the job's questions: " + err.Error()}
+		return nil, taskError(ctx, t.log, "Failed to update task: reading the job's questions", p.TaskID, err)
 	}
 	var bad []string
 	for _, q := range qs {
@@ -421,13 +417,14 @@ func (t *tasks) update(ctx context.Context, _ *mcp.ServerSession, p *updateParam
 			continue
 		}
 		_, err := t.qs.Answer(ctx, p.TaskID, q.ID, delegate.Answer{Action: r.Action, Content: r.Content, By: "tasks/update"})
+		var fe *delegate.FieldError
 		switch kind := delegate.ErrorKind(err); {
 		case err == nil, kind == delegate.KindConflict, kind == delegate.KindTerminal, kind == delegate.KindNotFound:
 			// answered, or no longer outstanding
-		case kind == delegate.KindInvalid:
-			bad = append(bad, fmt.Sprintf("inputResponses.%s.%v", q.ID, err))
+		case errors.As(err, &fe):
+			bad = append(bad, fmt.Sprintf("inputResponses.%s.%s: %s", q.ID, fe.Field, fe.Rule))
 		default:
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "Failed to update task: " + err.Error()}
+			return nil, taskError(ctx, t.log, "Failed to update task", p.TaskID, err)
 		}
 	}
 	if len(bad) > 0 {

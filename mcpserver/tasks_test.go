@@ -3,7 +3,9 @@ package mcpserver_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -347,5 +349,79 @@ func TestSubmitOutputSchemaAdmitsBoth(t *testing.T) {
 				t.Errorf("%s does not validate against submit_job's output schema: %v", raw, err)
 			}
 		}
+	}
+}
+
+// TestTasksErrorTable: a tasks/* request that fails in the service is
+// answered through the error table, as a tool call is: the store's or
+// the backend's own words are logged in full, never sent; an error of a
+// kind of ours reaches the client in our words.
+func TestTasksErrorTable(t *testing.T) {
+	const sqlText = "SQL logic error: no such table: job_questions (1)"
+	internal := fmt.Errorf("read job: %w", errors.New(sqlText))
+	unavailable := fmt.Errorf("%w: %s", delegate.ErrUnavailable, sqlText)
+	withTasks := meta("2026-07-28", true)
+	open := []delegate.Question{{ID: "q1", JobID: "run-1", State: delegate.QuestionOpen, Message: "go on?"}}
+	for _, tc := range []struct {
+		name, method, params string
+		break_               func(s *service, err error)
+		err                  error
+		code                 int64
+		want                 string
+	}{
+		{"get: the job", "tasks/get", `{"taskId":"run-1",` + withTasks + `}`,
+			func(s *service, err error) {
+				s.GetFn = func(context.Context, string) (*delegate.Job, error) { return nil, err }
+			},
+			internal, -32603, "Failed to retrieve task: the server failed (its log says why)"},
+		{"get: the result", "tasks/get", `{"taskId":"ok-1",` + withTasks + `}`,
+			func(s *service, err error) {
+				s.ResultFn = func(context.Context, string, delegate.ResultOptions) (*delegate.JobResult, error) { return nil, err }
+			},
+			internal, -32603, "Failed to retrieve task: reading the job's result: the server failed"},
+		{"get: the questions", "tasks/get", `{"taskId":"run-1",` + withTasks + `}`,
+			func(s *service, err error) {
+				s.QuestionsFn = func(context.Context, string) ([]delegate.Question, error) { return nil, err }
+			},
+			unavailable, -32603, "Failed to retrieve task: reading the job's questions: the sandbox backend or the job store does not answer now"},
+		{"cancel", "tasks/cancel", `{"taskId":"run-1",` + withTasks + `}`,
+			func(s *service, err error) {
+				s.CancelFn = func(context.Context, string) (*delegate.Job, bool, error) { return nil, false, err }
+			},
+			internal, -32603, "Failed to cancel task: the server failed"},
+		{"update: the questions", "tasks/update", `{"taskId":"run-1","inputResponses":{"q1":{"action":"accept"}},` + withTasks + `}`,
+			func(s *service, err error) {
+				s.QuestionsFn = func(context.Context, string) ([]delegate.Question, error) { return nil, err }
+			},
+			internal, -32603, "Failed to update task: reading the job's questions: the server failed"},
+		{"update: the answer", "tasks/update", `{"taskId":"run-1","inputResponses":{"q1":{"action":"accept"}},` + withTasks + `}`,
+			func(s *service, err error) {
+				s.QuestionsFn = func(context.Context, string) ([]delegate.Question, error) { return open, nil }
+				s.AnswerFn = func(context.Context, string, string, delegate.Answer) (*delegate.Question, error) { return nil, err }
+			},
+			internal, -32603, "Failed to update task: the server failed"},
+		{"update: an answer of a kind of ours", "tasks/update", `{"taskId":"run-1","inputResponses":{"q1":{"action":"accept"}},` + withTasks + `}`,
+			func(s *service, err error) {
+				s.QuestionsFn = func(context.Context, string) ([]delegate.Question, error) { return open, nil }
+				s.AnswerFn = func(context.Context, string, string, delegate.Answer) (*delegate.Question, error) { return nil, err }
+			},
+			fmt.Errorf("answer: %w", delegate.ErrForbidden), -32602, "Failed to update task: answer: token belongs to another job"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := taskService()
+			tc.break_(s, tc.err)
+			logs := &logBuffer{}
+			c := rawSessionLog(t, s, mcpserver.Limits{}, inputs[0], slog.New(slog.NewTextHandler(logs, nil)))
+			r := c.exchange(t, 1, tc.method, tc.params)
+			if r.Error == nil || r.Error.Code != tc.code || !strings.Contains(r.Error.Message, tc.want) {
+				t.Fatalf("result %s error %+v; want %d %q", r.Result, r.Error, tc.code, tc.want)
+			}
+			if strings.Contains(r.Error.Message, "SQL") {
+				t.Errorf("the client reads the store's words: %q", r.Error.Message)
+			}
+			if delegate.ErrorKind(tc.err) == delegate.KindInternal && !strings.Contains(logs.String(), sqlText) {
+				t.Errorf("the log lacks the error in full:\n%s", logs)
+			}
+		})
 	}
 }

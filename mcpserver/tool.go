@@ -13,6 +13,37 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// Tools adds tools to one MCP server the way every tool of delegate's is
+// added, the job tools here and the Proxmox toolset (pvetools) alike: the
+// arguments decoded by jsonin's rules, naming the field at fault, and
+// every error answered through the one table (toolError) by its
+// delegate.ErrorKind.
+type Tools struct {
+	server *mcp.Server
+	dec    *jsonin.Decoder // one for all tools: it keeps what it learns of their types
+	log    *slog.Logger
+	// deps names, for an agent, what a call of these tools needs that may
+	// not answer now (an ErrUnavailable error).
+	deps string
+}
+
+// NewTools is the tool adder for s. deps names what its tools' calls need
+// that may not answer for a while ("the Proxmox API"), as the agent reads
+// it when a call fails with delegate.ErrUnavailable. log hears the errors
+// the agent is not shown in full (nil: none).
+func NewTools(s *mcp.Server, log *slog.Logger, deps string) *Tools {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Tools{server: s, dec: new(jsonin.Decoder), log: log, deps: deps}
+}
+
+// AddTool registers a tool whose arguments decode into In and whose
+// answer is Out (see addTool).
+func AddTool[In, Out any](ts *Tools, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+	addTool(ts, t, h)
+}
+
 // addTool registers a tool with the non-generic Server.AddTool: the SDK
 // then neither validates the arguments nor the output against their JSON
 // schemas on every call (a third of a call's CPU, and its messages name
@@ -24,19 +55,19 @@ import (
 //
 // A service error becomes the agent's message through toolError; log hears
 // in full those the agent is not shown.
-func addTool[In, Out any](s *mcp.Server, dec *jsonin.Decoder, log *slog.Logger, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
-	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func addTool[In, Out any](ts *Tools, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
+	ts.server.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		var in In
 		args := req.Params.Arguments
-		if len(args) == 0 {
+		if len(bytes.TrimSpace(args)) == 0 {
 			args = json.RawMessage("{}") // no arguments: as if an empty object
 		}
-		if err := dec.Decode(args, &in, ""); err != nil {
-			return errorResult(argumentError(err)), nil
+		if err := ts.dec.Decode(args, &in, ""); err != nil {
+			return errorResult(ts.toolError(ctx, t.Name, argumentError(err))), nil
 		}
 		out, err := h(ctx, req, &in)
 		if err != nil {
-			return errorResult(toolError(ctx, log, t.Name, err)), nil
+			return errorResult(ts.toolError(ctx, t.Name, err)), nil
 		}
 		data, err := encode(out)
 		if err != nil {

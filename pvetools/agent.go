@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/google/jsonschema-go/jsonschema"
 )
@@ -218,7 +219,7 @@ func (t *tools) agentFile(ctx context.Context, in *FileIn) (FileOut, error) {
 		if in.Encoding == "base64" {
 			out.Content = base64.StdEncoding.EncodeToString(fc.Data)
 		} else if !utf8.Valid(fc.Data) {
-			return FileOut{}, fmt.Errorf("%s is not UTF-8 text (%d bytes): read it with encoding base64", in.File, len(fc.Data))
+			return FileOut{}, argErr("encoding", "text: %s is not UTF-8 text (%d bytes): read it with encoding base64", in.File, len(fc.Data))
 		} else {
 			out.Content = string(fc.Data)
 		}
@@ -277,7 +278,7 @@ func (t *tools) writeFile(ctx context.Context, node string, vmid int, file strin
 		return 0, fmt.Errorf("joining the parts of %s: %w", file, err)
 	}
 	if !out.Exited || out.ExitCode == nil || *out.ExitCode != 0 {
-		return 0, fmt.Errorf("joining the %d parts of %s failed in the guest: %s", len(args)-5, file, strings.TrimSpace(out.Stderr+" "+out.Note))
+		return 0, answer(delegate.ErrConflict, "joining the %d parts of %s failed in the guest: %s", len(args)-5, file, strings.TrimSpace(out.Stderr+" "+out.Note))
 	}
 	return len(args) - 5, nil
 }

@@ -103,6 +103,6 @@ func (t *tools) refuseJobVM(ctx context.Context, node string, typ pve.GuestType,
 	if j == nil {
 		return nil
 	}
-	return fmt.Errorf("VM %d belongs to delegate job %s (%s): %s could break the job; "+
+	return answer(delegate.ErrConflict, "VM %d belongs to delegate job %s (%s): %s could break the job; "+
 		"cancel the job with cancel_job, or pass force: true to go ahead", vmid, j.ID, j.Status, action)
 }

@@ -1,101 +1,43 @@
 package pvetools
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/internal/jsonin"
 	"github.com/delegate-dev/delegate/internal/toolschema"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// Registration and argument decoding: the one place that touches the
-// SDK's tool API. Tools are added with the non-generic Server.AddTool, so
-// the SDK neither validates arguments against the schema (its messages
-// name no field a model would recognise) nor the output: decodeArgs does
-// the first, naming the field and the rule, and the handler's typed
-// result is encoded once for both the structured and the text content.
+// Registration goes through mcpserver's tool adder (mcpserver.Tools),
+// as the job tools' does: the arguments decoded by jsonin's rules,
+// naming the field and the rule, the typed result encoded once for both
+// the structured and the text content, and every error answered through
+// the one table by its delegate.ErrorKind. So the errors here are of a
+// kind: a refused argument a *delegate.FieldError, Proxmox's own answers
+// (proxmoxError) of the kind their HTTP status says; an error of no kind
+// (the connection to the API failing, say) is logged and the agent told
+// only that the call failed.
 
-// addTool registers a tool whose arguments decode into In.
-func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h func(context.Context, *In) (Out, error)) {
-	if t.InputSchema == nil {
-		t.InputSchema = inputSchema[In]()
-	}
-	if t.OutputSchema == nil {
-		t.OutputSchema = outputSchema[Out]()
-	}
-	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		var in In
-		if err := decodeArgs(req.Params.Arguments, &in); err != nil {
-			return errorResult(err), nil
-		}
-		out, err := h(ctx, &in)
-		if err != nil {
-			return errorResult(err), nil
-		}
-		data, err := encode(out)
-		if err != nil {
-			return nil, fmt.Errorf("%s: encoding the result: %w", t.Name, err)
-		}
-		return &mcp.CallToolResult{
-			StructuredContent: json.RawMessage(data),
-			Content:           []mcp.Content{&mcp.TextContent{Text: string(data)}},
-		}, nil
-	})
-}
-
-func errorResult(err error) *mcp.CallToolResult {
-	var res mcp.CallToolResult
-	res.SetError(err)
-	return &res
-}
-
-// encode is json.Marshal without HTML escaping (command output keeps its
-// < and &).
-func encode(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
-// argError is a refused argument: the field and the rule it broke.
-type argError struct{ field, rule string }
-
-func (e *argError) Error() string {
-	if e.field == "" {
-		return "arguments: " + e.rule
-	}
-	return e.field + ": " + e.rule
-}
-
+// argErr is a refused argument: the field and the rule it broke.
 func argErr(field, format string, args ...any) error {
-	return &argError{field: field, rule: fmt.Sprintf(format, args...)}
+	return &delegate.FieldError{Field: field, Rule: fmt.Sprintf(format, args...)}
 }
 
-// decodeArgs reads a tool's arguments into v, a pointer to a struct, by
-// the rules every tool of delegate's has (internal/jsonin): one JSON
-// object without a key given twice at any depth, every key a field of v,
-// fields without omitempty required (null is absent), each value of its
-// field's type.
-func decodeArgs(raw json.RawMessage, v any) error {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		raw = json.RawMessage("{}")
-	}
-	err := jsonin.Decode(raw, v, "")
-	var fe *delegate.FieldError
-	if errors.As(err, &fe) && fe.Field == "" {
-		return &delegate.FieldError{Field: "arguments", Rule: fe.Rule}
-	}
-	return err
+// answerError is an answer in words the agent acts on (Proxmox's, or a
+// refusal of ours), of the kind its sentinel says.
+type answerError struct {
+	msg  string
+	kind error // a sentinel of package delegate, or a *delegate.NotFoundError
+}
+
+func (e *answerError) Error() string { return e.msg }
+func (e *answerError) Unwrap() error { return e.kind }
+
+// answer is an answerError of kind.
+func answer(kind error, format string, args ...any) error {
+	return &answerError{msg: fmt.Sprintf(format, args...), kind: kind}
 }
 
 // inputSchema and outputSchema are the compact schemas the job tools use
@@ -114,5 +56,5 @@ func annotations(readOnly, destructive, idempotent bool) *mcp.ToolAnnotations {
 
 // errElevated is the answer of a tool that changes something while the
 // server does not allow it.
-var errElevated = errors.New("this tool changes the cluster, and this server only allows read-only Proxmox tools: " +
+var errElevated = answer(delegate.ErrForbidden, "this tool changes the cluster, and this server only allows read-only Proxmox tools: "+
 	"start delegate with PROXMOX_ALLOW_ELEVATED=true to allow it")

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -88,7 +89,7 @@ type toolDef struct {
 	name, desc                        string
 	readOnly, destructive, idempotent bool
 	elevated                          bool
-	add                               func(s *mcp.Server, t *tools, tool *mcp.Tool)
+	add                               func(ts *mcpserver.Tools, t *tools, tool *mcp.Tool)
 }
 
 // def builds a toolDef for a handler. The input schema comes from In;
@@ -97,7 +98,7 @@ type toolDef struct {
 func def[In, Out any](name, desc string, readOnly, destructive, idempotent, elevated bool,
 	h func(t *tools, ctx context.Context, in *In) (Out, error), actions ...string) toolDef {
 	return toolDef{name: name, desc: desc, readOnly: readOnly, destructive: destructive, idempotent: idempotent,
-		elevated: elevated, add: func(s *mcp.Server, t *tools, tool *mcp.Tool) {
+		elevated: elevated, add: func(ts *mcpserver.Tools, t *tools, tool *mcp.Tool) {
 			schema := inputSchema[In]()
 			if p := schema.Properties["type"]; p != nil {
 				p.Enum = []any{"qemu", "lxc"}
@@ -115,7 +116,8 @@ func def[In, Out any](name, desc string, readOnly, destructive, idempotent, elev
 				p.AdditionalProperties = nil // any option; the handler reads each
 			}
 			tool.InputSchema = schema
-			addTool(s, tool, func(ctx context.Context, in *In) (Out, error) { return h(t, ctx, in) })
+			tool.OutputSchema = outputSchema[Out]()
+			mcpserver.AddTool(ts, tool, func(ctx context.Context, _ *mcp.CallToolRequest, in *In) (Out, error) { return h(t, ctx, in) })
 		}}
 }
 
@@ -164,8 +166,9 @@ func Register(s *mcp.Server, cfg Config) error {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := &tools{cfg: cfg, c: cfg.Client, log: cfg.Logger}
+	ts := mcpserver.NewTools(s, cfg.Logger, "the Proxmox API")
 	for _, d := range catalog {
-		d.add(s, t, &mcp.Tool{Name: d.name, Description: d.desc,
+		d.add(ts, t, &mcp.Tool{Name: d.name, Description: d.desc,
 			Annotations: annotations(d.readOnly, d.destructive, d.idempotent)})
 	}
 	return nil
@@ -252,7 +255,8 @@ func (t *tools) wait(ctx context.Context, node, upid string, deadline time.Time)
 	case err == nil:
 		return TaskOut{UPID: upid, Status: "stopped", ExitStatus: "OK"}, nil
 	case errors.As(err, &te):
-		return TaskOut{}, fmt.Errorf("Proxmox task %s failed: %s (upid %s; proxmox_node_task action log shows its log)",
+		// The guest's state or the cluster's refused it: Proxmox's words.
+		return TaskOut{}, answer(delegate.ErrConflict, "Proxmox task %s failed: %s (upid %s; proxmox_node_task action log shows its log)",
 			te.Type, te.ExitStatus, upid)
 	case ctx.Err() == nil && wctx.Err() != nil:
 		return TaskOut{UPID: upid, Status: "running"}, nil
@@ -269,7 +273,11 @@ func (t *tools) started(ctx context.Context, node, upid string, err error, deadl
 }
 
 // proxmoxError words an API error for an agent: Proxmox's message first
-// (its parameter errors too), then the request.
+// (its parameter errors too), then the request. It is of the kind the
+// answer is (apiKind), so that the error table shows it: the agent
+// administers this cluster, and Proxmox's words are what it acts on. An
+// error that is no answer of the API's (the connection, TLS, a time-out)
+// stays of no kind: logged, and the agent told that the call failed.
 func proxmoxError(err error) error {
 	var api *pve.APIError
 	if !errors.As(err, &api) {
@@ -284,5 +292,25 @@ func proxmoxError(err error) error {
 	if api.StatusCode == 403 {
 		b.WriteString("; the API token lacks this privilege (the README lists what each tool needs)")
 	}
-	return errors.New(b.String())
+	return &answerError{msg: b.String(), kind: apiKind(api, err)}
+}
+
+// apiKind is the kind of an answer of the API: a refused parameter is
+// invalid, a refused privilege forbidden, a guest or node or task that is
+// not there not found, a proxy that reaches no node (502, 503, 595...)
+// unavailable; anything else (Proxmox answers 500 for a guest that is
+// running, locked, a template...) collides with the state of what the
+// call names.
+func apiKind(api *pve.APIError, err error) error {
+	switch {
+	case pve.IsNotFound(err):
+		return &delegate.NotFoundError{Resource: "proxmox", ID: api.Path}
+	case api.StatusCode == 400:
+		return delegate.ErrInvalid
+	case api.StatusCode == 401 || api.StatusCode == 403:
+		return delegate.ErrForbidden
+	case api.StatusCode > 500:
+		return delegate.ErrUnavailable
+	}
+	return delegate.ErrConflict
 }

@@ -6,12 +6,14 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,6 +57,8 @@ type options struct {
 	jobToken bool
 	// observe hears the client's requests, as the metrics do.
 	observe pve.Observer
+	// log is the toolset's (nil: none).
+	log *slog.Logger
 }
 
 func newHarness(t *testing.T, o options) *harness {
@@ -107,7 +111,7 @@ func newHarness(t *testing.T, o options) *harness {
 	}
 	server := mcp.NewServer(&mcp.Implementation{Name: "delegate-test", Version: "1"}, nil)
 	if err := Register(server, Config{Client: client, AllowElevated: o.elevated, Jobs: o.jobs, Wait: o.wait,
-		PollInterval: 20 * time.Millisecond}); err != nil {
+		PollInterval: 20 * time.Millisecond, Logger: o.log}); err != nil {
 		t.Fatal(err)
 	}
 	st, ct := mcp.NewInMemoryTransports()
@@ -681,3 +685,35 @@ func TestJobTokenPrivileges(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorsThroughTheTable: the toolset answers through mcpserver's error
+// table. Proxmox's own answers are errors of a kind and reach the agent in
+// its words (the tests above); an error that is no answer of the API's
+// (here, the cluster gone: connection refused) is logged in full and the
+// agent told only which call failed and what to do.
+func TestErrorsThroughTheTable(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	h := newHarness(t, options{log: log})
+	call[nodesOut](t, h, "proxmox_get_nodes", map[string]any{})
+	h.sim.Close()
+	msg := callErr(t, h, "proxmox_get_nodes", map[string]any{})
+	wantContains(t, "the cluster gone", msg, "proxmox_get_nodes failed on the server (the server's log says why)")
+	if strings.Contains(msg, "refused") || strings.Contains(msg, "127.0.0.1") {
+		t.Errorf("the agent reads the transport's words: %q", msg)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "tool=proxmox_get_nodes") || !strings.Contains(logs.String(), "connect") {
+		t.Errorf("the log lacks the error in full:\n%s", logs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
