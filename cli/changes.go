@@ -88,8 +88,9 @@ func (p *Program) jobsApplyCmd(cfg *Config) *cobra.Command {
 from (or --to another copy of it). Nothing is written unless every file the
 changes touch is still as the import found it: otherwise the conflicts are
 listed. Symbolic links, setuid or setgid modes, paths that leave the directory
-and anything under .git are refused. Files are written as the directory's
-owner.
+and anything under .git are refused; so is a directory that is a git directory
+or lies in one (its hooks and configuration would run). Files are written as
+the directory's owner.
 
 With --branch the changes are committed to a new branch delegate/ID of the
 directory's git repository, on the commit the import started from, without

@@ -120,7 +120,7 @@ func dirErr(err error, capWhy string) error {
 	case errors.Is(err, fs.ErrPermission):
 		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("cannot be read by its owner: %v", err)}
 	case errors.Is(err, workspace.ErrNotAbsolute), errors.Is(err, workspace.ErrNotDirectory), errors.Is(err, workspace.ErrOutside),
-		errors.Is(err, workspace.ErrSymlink), errors.Is(err, workspace.ErrOtherFilesystem), errors.Is(err, workspace.ErrChanged),
+		errors.Is(err, workspace.ErrSymlink), errors.Is(err, workspace.ErrOtherFilesystem), errors.Is(err, workspace.ErrChanged), errors.Is(err, workspace.ErrGitDir),
 		errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.ENOTDIR):
 		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: err.Error()}
 	}

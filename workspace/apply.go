@@ -34,9 +34,11 @@ type Applied struct {
 // from (or another copy of it), as dir's owner, every path beneath dir
 // without following links. It first checks everything and writes nothing
 // unless all of it can go in:
+//   - it refuses a dir that is a git directory or lies in one (ErrGitDir);
 //   - it refuses (*RefusedError) symbolic links, setuid or setgid modes,
-//     paths that leave dir or lie under .git, and contents that are not
-//     what the changes say;
+//     paths that leave dir or lie under .git, or in a directory git would
+//     take for a repository once written (HEAD, objects/, refs/), and
+//     contents that are not what the changes say;
 //   - it reports a conflict (*ConflictError) for every path whose target
 //     is no longer as the import found it (a file edited, created or
 //     removed since; a link or a file where a directory was).
@@ -51,11 +53,17 @@ func Apply(ctx context.Context, dir string, cs *Changes, opts ApplyOptions) (*Ap
 	if err := refuse(cs); err != nil {
 		return nil, err
 	}
+	if err := refuseGitPath(dir); err != nil {
+		return nil, err
+	}
 	rootfd, st, err := openRoot(dir, opts.Within)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(rootfd)
+	if err := refuseGitDir(rootfd, dir); err != nil {
+		return nil, err
+	}
 	id, err := identityFor(st.Uid, st.Gid)
 	if err != nil {
 		return nil, err
@@ -69,6 +77,13 @@ func Apply(ctx context.Context, dir string, cs *Changes, opts ApplyOptions) (*Ap
 		defer unix.Close(fd)
 		b := newBeneath(fd)
 		defer b.close()
+		bad, err := gitShaped(cs, hasBeneath(b))
+		if err != nil {
+			return err
+		}
+		if len(bad) > 0 {
+			return &RefusedError{Conflicts: bad}
+		}
 		plan, err := check(ctx, b, cs)
 		if err != nil {
 			return err

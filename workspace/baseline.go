@@ -103,11 +103,32 @@ func (t *Type) UnmarshalText(b []byte) error {
 // or configuration that run on the user's machine).
 func inGit(p string) bool {
 	for _, c := range strings.Split(p, "/") {
-		if strings.EqualFold(c, ".git") {
+		if gitName(c) {
 			return true
 		}
 	}
 	return false
+}
+
+// gitName tells whether a path component names a .git directory on a
+// filesystem the changes may be written to, as git's own verify_path
+// reads one: case-folded (macOS, Windows), without the code points HFS+
+// ignores, and as NTFS reads it (trailing dots and spaces dropped, a
+// ":stream" suffix, the short name GIT~1).
+func gitName(c string) bool {
+	if !strings.ContainsAny(c, "gG") {
+		return false
+	}
+	c = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 0x200c && r <= 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x206a && r <= 0x206f, r == 0xfeff:
+			return -1 // ignored by HFS+ (git's utf8.c, next_hfs_char)
+		}
+		return r
+	}, c)
+	c, _, _ = strings.Cut(c, ":")
+	c = strings.TrimRight(c, ". ")
+	return strings.EqualFold(c, ".git") || strings.EqualFold(c, "git~1")
 }
 
 // unrecorded tells whether a path is never part of a baseline or of the

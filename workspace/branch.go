@@ -65,11 +65,17 @@ func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, 
 	if opts.Author.When.IsZero() {
 		opts.Author.When = time.Now()
 	}
+	if err := refuseGitPath(dir); err != nil {
+		return "", err
+	}
 	rootfd, st, err := openRoot(dir, opts.Within)
 	if err != nil {
 		return "", err
 	}
 	defer unix.Close(rootfd)
+	if err := refuseGitDir(rootfd, dir); err != nil {
+		return "", err
+	}
 	id, err := identityFor(st.Uid, st.Gid)
 	if err != nil {
 		return "", err
@@ -106,6 +112,21 @@ func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, 
 		root, err := loadTree(s, parent.TreeHash)
 		if err != nil {
 			return err
+		}
+		// A checkout of the branch writes into the work tree as it is
+		// then: what the commit holds and what lies there untracked.
+		inWork := hasBeneath(b)
+		bad, err := gitShaped(cs, func(p string) (bool, error) {
+			if ok, err := inWork(p); ok || err != nil {
+				return ok, err
+			}
+			return hasEntry(s, parent.TreeHash, p)
+		})
+		if err != nil {
+			return err
+		}
+		if len(bad) > 0 {
+			return &RefusedError{Conflicts: bad}
 		}
 		// Deletions first: a file may give way to a directory.
 		for _, c := range cs.Changes {
@@ -190,6 +211,29 @@ func refuseForBranch(cs *Changes) error {
 		return &RefusedError{Conflicts: bad}
 	}
 	return nil
+}
+
+// hasEntry tells whether the tree h holds path p (slash-separated).
+func hasEntry(s *filesystem.Storage, h plumbing.Hash, p string) (bool, error) {
+	parts := strings.Split(p, "/")
+	for i, name := range parts {
+		t, err := loadTree(s, h)
+		if err != nil {
+			return false, err
+		}
+		e, ok := t.entries[name]
+		if !ok {
+			return false, nil
+		}
+		if i == len(parts)-1 {
+			return true, nil
+		}
+		if e.Mode != filemode.Dir {
+			return false, nil
+		}
+		h = e.Hash
+	}
+	return false, nil
 }
 
 func writeObject(s *filesystem.Storage, typ plumbing.ObjectType, data []byte) (plumbing.Hash, error) {

@@ -63,7 +63,8 @@
 // and the rule. For manifest.workspace.dir: ErrNotAbsolute ("must be an
 // absolute path"), ErrOutside (not under an allowed root),
 // fs.ErrNotExist, ErrNotDirectory, ErrSymlink (the path, or a part of it
-// under the allowed root, is a link; a loop too), fs.ErrPermission
+// under the allowed root, is a link; a loop too), ErrGitDir (a git
+// directory or inside one), fs.ErrPermission
 // (unreadable by the tree's owner), ErrOverCap (*CapError: "312.4 MiB
 // found, over the cap of 256.0 MiB"), ErrChanged (*ChangedError: copy
 // again). For manifest.workspace.git: ErrBadURL, ErrAddressRefused; for
@@ -95,7 +96,16 @@
 //     filesystem's timestamp granularity.
 //   - Nothing under a .git directory is ever a change (a job must not
 //     plant hooks or core.fsmonitor): ReadChanges and DirChanges skip it,
-//     Apply and CommitBranch refuse it.
+//     Apply and CommitBranch refuse it, and a change that lies in a
+//     directory that would hold HEAD, objects/ and refs/ once written (a
+//     bare repository, to git). A .git is named as git's verify_path
+//     reads names on macOS and Windows (case-folded, HFS+'s ignored code
+//     points, NTFS's trailing dots and spaces and GIT~1).
+//   - A source under an allowed root (Scan with Within), and the target
+//     of Apply and CommitBranch, must be neither a git directory nor lie
+//     in one (ErrGitDir): no .git among the components of its path as
+//     given, as cleaned or with its links resolved, and no directory,
+//     itself or above it, that holds HEAD, objects/ and refs/.
 //   - The package never runs the git binary (a repository's configuration
 //     can make git run programs): go-git reads the index and the ignore
 //     rules, fetches over https and writes objects, in process, with no

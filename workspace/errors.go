@@ -20,6 +20,10 @@ var (
 	// ErrSymlink: a symbolic link where the path needs a directory or a
 	// file (never followed), or a loop.
 	ErrSymlink = errors.New("a symbolic link is in the way (links are never followed)")
+	// ErrGitDir: a source or target that is a git directory or lies in
+	// one (a job's files there would be a repository's hooks and
+	// configuration, which git runs as the repository's owner).
+	ErrGitDir = errors.New("a git directory, or inside one (a job's changes there would be hooks and configuration git runs)")
 	// ErrOtherFilesystem: a mount point inside the tree (never crossed).
 	ErrOtherFilesystem = errors.New("on another filesystem (mount points are not crossed)")
 	// ErrOverCap: a tree (or its changes) over a cap; see *CapError.

@@ -2,6 +2,9 @@ package workspace
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,4 +59,14 @@ func openat2Works() bool {
 	}
 	unix.Close(fd)
 	return true
+}
+
+// fdPath is the path the kernel gives the directory open as fd (its links
+// resolved), "" when it cannot say.
+func fdPath(fd int, _ string) string {
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil || !filepath.IsAbs(p) {
+		return ""
+	}
+	return p
 }

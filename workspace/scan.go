@@ -112,7 +112,10 @@ type ScanOptions struct {
 	MaxFiles int
 	// Within, if set, is a directory (an allowed root) that dir must lie
 	// in; dir is then opened beneath it without following any link on
-	// the way, so that a link swapped into the path cannot lead out.
+	// the way, so that a link swapped into the path cannot lead out. Such
+	// a source (a person's directory) must not be a git directory nor lie
+	// in one (ErrGitDir): its changes would be a repository's hooks and
+	// configuration.
 	Within string
 }
 
@@ -143,11 +146,21 @@ func Scan(ctx context.Context, dir string, opts ScanOptions) (*Tree, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	if opts.Within != "" {
+		if err := refuseGitPath(dir); err != nil {
+			return nil, err
+		}
+	}
 	rootfd, st, err := openRoot(dir, opts.Within)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(rootfd)
+	if opts.Within != "" {
+		if err := refuseGitDir(rootfd, dir); err != nil {
+			return nil, err
+		}
+	}
 	t := &Tree{Root: filepath.Clean(dir), Kind: KindDir, IncludeIgnored: opts.IncludeIgnored,
 		dev: int64(st.Dev), ino: int64(st.Ino), owner: st.Uid, ownerGid: st.Gid, within: opts.Within}
 	id, err := identityFor(st.Uid, st.Gid)
