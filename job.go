@@ -21,6 +21,12 @@ type Job struct {
 	// OutputLimit bytes are kept, and OutputTruncated says so.
 	OutputBytes     int64 `json:"output_bytes"`
 	OutputTruncated bool  `json:"output_truncated"`
+	// OutputLostBytes counts bytes of the output the job wrote within
+	// OutputLimit that could not be stored (the server's disk was full, or
+	// the sandbox could not keep them); OutputLost says why. The output
+	// stored is then not the whole of it, whatever its status.
+	OutputLostBytes int64  `json:"output_lost_bytes,omitempty"`
+	OutputLost      string `json:"output_lost,omitempty"`
 
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`

@@ -18,4 +18,5 @@ type Store interface {
 	WorkspaceStore
 	QuestionStore // question.go
 	NetworkStore
+	RetentionStore // retention.go
 }

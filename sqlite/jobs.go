@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest"}
+	"idempotency_digest", "output_lost_bytes", "output_lost"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -89,7 +89,8 @@ func scanJob(row scanner) (*delegate.Job, int64, error) {
 	)
 	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
-		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest)
+		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
+		&j.OutputLostBytes, &j.OutputLost)
 	if err := row.Scan(dest...); err != nil {
 		return nil, 0, err
 	}
@@ -117,7 +118,7 @@ func rowValues(j *delegate.Job) []any {
 	return []any{string(j.Status), j.Progress, j.Error, exit, j.OOMKilled, j.OutputBytes,
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
-		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest}
+		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, j.OutputLost}
 }
 
 func toNanos(t time.Time) int64 {
@@ -600,4 +601,16 @@ func (s *JobStore) Finishes(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("finished jobs: %w", err)
 	}
 	return n, nil
+}
+
+// forget drops the manifests of jobs that no longer exist (pruned).
+func (c *manifestCache) forget(ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if e, ok := c.m[id]; ok {
+			c.bytes -= e.size
+			delete(c.m, id)
+		}
+	}
 }

@@ -237,6 +237,12 @@ var migrations = []string{
 	// of being counted in its row by two more writes per command: this
 	// index finds them, and the ones not ended (finished_at 0) first.
 	`CREATE INDEX jobs_kept ON jobs(sandbox, finished_at) WHERE sandbox != '';`,
+	// Output that could not be stored is counted, with why (issue 35);
+	// retention finds the artifact files no kept job names through an
+	// index of their digests.
+	`ALTER TABLE jobs ADD COLUMN output_lost_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE jobs ADD COLUMN output_lost TEXT NOT NULL DEFAULT '';
+	CREATE INDEX job_artifacts_sha256 ON job_artifacts(sha256) WHERE sha256 != '';`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its

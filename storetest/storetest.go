@@ -64,6 +64,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Networks", testNetworks},
 		{"NetworkLog", testNetworkLog},
 		{"AllowlistManifest", testAllowlistManifest},
+		{"OutputLost", testOutputLost},
+		{"Prune", testPrune},
+		{"PruneMany", testPruneMany},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/delegate-dev/delegate"
@@ -53,5 +54,30 @@ func testWorkspaces(t *testing.T, open Open) {
 	}
 	if err := s.SaveChanges(ctx, "nope", sum, nil); !errors.Is(err, delegate.ErrNotFound) {
 		t.Errorf("SaveChanges of no job: %v, want ErrNotFound", err)
+	}
+	// A store may keep them in any form (compressed: see the sqlite
+	// store), as long as they read back as given: a large baseline, and
+	// values that look compressed already.
+	create(t, s, NewJob("big"), NewJob("gz"))
+	big := []byte(`{"version":1,"kind":"dir","files":[`)
+	for i := range 20000 {
+		big = fmt.Appendf(big, `{"path":"d/f%06d","type":"file","mode":"0644","size":1,"mtime":%d},`, i, 1700000000000000000+i)
+	}
+	big = append(big[:len(big)-1], "]}"...)
+	gz := []byte{0x1f, 0x8b, 8, 0, 'n', 'o', 't', ' ', 'g', 'z', 'i', 'p'}
+	if err := s.SaveBaseline(ctx, "big", "/src", big); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveBaseline(ctx, "gz", "/src", gz); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveChanges(ctx, "gz", sum, gz); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := open().JobWorkspace(ctx, "big"); err != nil || !bytes.Equal(w.Baseline, big) {
+		t.Errorf("a large baseline does not read back as given (%v)", err)
+	}
+	if w, err := open().JobWorkspace(ctx, "gz"); err != nil || !bytes.Equal(w.Baseline, gz) || !bytes.Equal(w.Changes, gz) {
+		t.Errorf("values that look gzipped do not read back as given: %+v, %v", w, err)
 	}
 }
