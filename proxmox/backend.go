@@ -330,9 +330,12 @@ func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec san
 		u.Delete = append(u.Delete, "protection")
 	}
 	// Its disks are left out of backups: vzdump --all neither freezes a
-	// running job nor keeps its secrets.
+	// running job nor keeps its secrets. Only the buses' drives have a
+	// backup key: an EFI vars disk or a TPM state (UEFI templates) given
+	// one is refused (qemu-server Drive.pm $efidisk_fmt, $tpmstate_fmt),
+	// and vzdump always takes both anyway.
 	for _, k := range diskKeys(cfg) {
-		if v := cfg.Option(k); !strings.Contains(v, "media=cdrom") {
+		if v := cfg.Option(k); isBusDisk(k) && !strings.Contains(v, "media=cdrom") {
 			u.Options[k] = withDriveOption(v, "backup", "0")
 		}
 	}

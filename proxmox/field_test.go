@@ -679,3 +679,33 @@ func TestFieldAtRealLatency(t *testing.T) {
 	}
 	noJobVMs(t, sim)
 }
+
+// TestUEFITemplate (issue 39, 1): a UEFI template with Secure Boot keys
+// and a TPM runs jobs: the job VM's disk leaves backups, and its EFI and
+// TPM drives, whose formats have no backup key, are left as they are.
+func TestUEFITemplate(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{OVMF: true, TPM: true}, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	j := s.submit(t, "sleep 0.3; echo uefi", "", 0)
+	var cfg map[string]string
+	for range 400 {
+		for _, v := range sim.VMs() {
+			if !v.Template && v.Status == "running" {
+				cfg = v.Config
+			}
+		}
+		if cfg != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if j := s.wait(t, j.ID); j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "uefi\n" {
+		t.Fatalf("%s %s %q", j.Status, j.Error, s.output(t, j.ID))
+	}
+	if !strings.Contains(cfg["scsi0"], "backup=0") || strings.Contains(cfg["efidisk0"], "backup") || strings.Contains(cfg["tpmstate0"], "backup") ||
+		cfg["efidisk0"] == "" || cfg["tpmstate0"] == "" {
+		t.Errorf("the job VM's drives: scsi0 %q efidisk0 %q tpmstate0 %q", cfg["scsi0"], cfg["efidisk0"], cfg["tpmstate0"])
+	}
+	noJobVMs(t, sim)
+}

@@ -641,6 +641,20 @@ func diskStorages(cfg pve.VMConfig) []string {
 	return out
 }
 
+// isBusDisk: k is a drive on a bus (scsiN, virtioN, sataN, ideN), whose
+// format has the options of a disk (backup among them); efidisk0 and
+// tpmstate0 have formats of their own.
+func isBusDisk(k string) bool {
+	for _, bus := range []string{"scsi", "virtio", "sata", "ide"} {
+		if n, ok := strings.CutPrefix(k, bus); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func isDiskKey(k string) bool {
 	for _, bus := range []string{"scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"} {
 		if n, ok := strings.CutPrefix(k, bus); ok {

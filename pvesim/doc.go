@@ -419,7 +419,12 @@
 // SetStorageOnline takes a storage offline. TemplateSpec makes the
 // templates of real clusters: protected, with a cloud-init drive on local
 // storage, with an agent that blocks exec and files, with agent: 0, with
-// NIC options (firewall, rate, mtu).
+// NIC options (firewall, rate, mtu), UEFI (bios: ovmf, an efidisk0 with
+// Secure Boot keys) and with a TPM state (tpmstate0). An efidisk0 or
+// tpmstate0 is checked against its own format, which has no backup,
+// cache or iothread key (qemu-server src/PVE/QemuServer/Drive.pm
+// $efidisk_fmt and $tpmstate_fmt; the schema's efidisk0 and tpmstate0):
+// "invalid key in comma-separated list property: backup".
 //
 // # Introspection
 //

@@ -212,6 +212,13 @@ type TemplateSpec struct {
 	// Net0, if set, is its net0 (default "virtio=<MAC>,bridge=vmbr0,
 	// firewall=1").
 	Net0 string
+	// OVMF makes a UEFI template, as "qm set --bios ovmf --machine q35
+	// --efidisk0 <storage>:1,efitype=4m,pre-enrolled-keys=1" does (Secure
+	// Boot keys enrolled): an efidisk0 on its disk's storage.
+	OVMF bool
+	// TPM gives it a TPM 2.0 state drive, as "qm set --tpmstate0
+	// <storage>:1,version=v2.0" does (Windows 11 templates have one).
+	TPM bool
 }
 
 // RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma's qemu-ga

@@ -201,6 +201,17 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 		}
 		conf["ide2"] = fmt.Sprintf("%s:vm-%d-cloudinit,media=cdrom", ci.id, vmid)
 	}
+	// An EFI vars disk and a TPM state are drives of their own formats
+	// (qemu-server src/PVE/QemuServer/Drive.pm $efidisk_fmt and
+	// $tpmstate_fmt: no backup, cache or iothread key), 4 MiB each,
+	// base volumes of the template like its disk.
+	if spec.OVMF {
+		conf["bios"], conf["machine"] = "ovmf", "q35"
+		conf["efidisk0"] = fmt.Sprintf("%s:%s,efitype=4m,pre-enrolled-keys=1,size=4M", st.id, st.volName("base", vmid, 1, ""))
+	}
+	if spec.TPM {
+		conf["tpmstate0"] = fmt.Sprintf("%s:%s,size=4M,version=v2.0", st.id, st.volName("base", vmid, 2, ""))
+	}
 	if spec.CIUpgrade != "" {
 		conf["ciupgrade"] = spec.CIUpgrade
 	}

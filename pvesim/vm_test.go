@@ -447,3 +447,59 @@ func TestParallelClones(t *testing.T) {
 		t.Errorf("%d VMs, want the template and 8 clones", n)
 	}
 }
+
+// TestUEFITemplate: a UEFI template's EFI vars disk and a TPM state are
+// cloned like its disk (linked), and their formats have no backup key,
+// as qemu-server's Drive.pm $efidisk_fmt and $tpmstate_fmt have none: a
+// config update that sets it is refused, naming the drive.
+func TestUEFITemplate(t *testing.T) {
+	s := newSim(t, Options{Nodes: DefaultNodes(1)})
+	if err := s.AddTemplate("pve1", 9001, "win11", TemplateSpec{OVMF: true, TPM: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	c := s.c
+	upid, err := c.CloneVM(ctx, "pve1", 9001, pve.CloneOptions{NewID: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitTask(ctx, "", upid); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := c.VMConfig(ctx, "pve1", 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := conf.Option("efidisk0"); !strings.HasPrefix(got, "local-lvm:base-9001-disk-1/vm-300-disk-") || !strings.HasSuffix(got, ",efitype=4m,pre-enrolled-keys=1,size=4M") {
+		t.Errorf("efidisk0 %q", got)
+	}
+	if got := conf.Option("tpmstate0"); !strings.HasPrefix(got, "local-lvm:base-9001-disk-2/vm-300-disk-") || !strings.HasSuffix(got, ",size=4M,version=v2.0") {
+		t.Errorf("tpmstate0 %q", got)
+	}
+	if conf.Option("bios") != "ovmf" {
+		t.Errorf("bios %q", conf.Option("bios"))
+	}
+	for _, key := range []string{"efidisk0", "tpmstate0"} {
+		err := c.SetVMConfig(ctx, "pve1", 300, pve.VMConfigUpdate{Options: map[string]string{key: conf.Option(key) + ",backup=0"}})
+		var api *pve.APIError
+		if !errors.As(err, &api) || api.StatusCode != 400 || api.Errors[key] != "invalid format - invalid key in comma-separated list property: backup\n" {
+			t.Errorf("%s with backup=0: %v", key, err)
+		}
+	}
+	// The disks take it.
+	if err := c.SetVMConfig(ctx, "pve1", 300, pve.VMConfigUpdate{Options: map[string]string{"scsi0": conf.Option("scsi0") + ",backup=0"}}); err != nil {
+		t.Errorf("scsi0 with backup=0: %v", err)
+	}
+	if err := c.WaitTask(ctx, "", mustStart(t, s, 300)); err != nil {
+		t.Fatalf("start a UEFI VM: %v", err)
+	}
+}
+
+func mustStart(t *testing.T, s *sim, vmid int) string {
+	t.Helper()
+	upid, err := s.c.StartVM(ctxT(t), "pve1", vmid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return upid
+}
