@@ -29,7 +29,11 @@ func checkTemplate(ctx context.Context, backend sandbox.Backend, name string, fr
 	case errors.As(err, &te) && fromManifest:
 		return &delegate.FieldError{Field: "manifest.vmTemplate", Rule: te.Rule()}
 	case errors.As(err, &te):
-		return fmt.Errorf("the server's default vmTemplate cannot be used: %w", err)
+		// The operator's to fix, so no field error of the submitter's; but
+		// the submitter can go round it (naming another): the reason
+		// reaches them, classified, not as "failed on the server".
+		return fmt.Errorf("the server's default vmTemplate %q cannot be used (name another in vmTemplate, or ask the operator to fix it): %s: %w",
+			name, te.Rule(), delegate.ErrInvalid)
 	}
 	return fmt.Errorf("check vmTemplate %q: %w", name, err)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/delegate-dev/delegate/sqlite"
 )
 
 // Proxmox as it is in the field: templates, limits and failures of real
@@ -708,4 +710,35 @@ func TestUEFITemplate(t *testing.T) {
 		t.Errorf("the job VM's drives: scsi0 %q efidisk0 %q tpmstate0 %q", cfg["scsi0"], cfg["efidisk0"], cfg["tpmstate0"])
 	}
 	noJobVMs(t, sim)
+}
+
+// TestDefaultTemplateWithoutAgent (issue 39, 10): the server's default
+// template with agent: 0 refuses a submission with a classified error
+// that says what is wrong and how to fix it, not "failed on the server".
+func TestDefaultTemplateWithoutAgent(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Agent: "0"}, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eng := engine.New(st, b, engine.Config{ArtifactDir: t.TempDir(),
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "256M", Disk: "1G", VMTemplate: "debian-job"}})
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	_, err = eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}, delegate.SubmitOptions{})
+	if k := delegate.ErrorKind(err); k != delegate.KindInvalid || !strings.Contains(err.Error(), "no QEMU guest agent enabled") ||
+		!strings.Contains(err.Error(), "agent enabled=1") || !strings.Contains(err.Error(), "default") {
+		t.Fatalf("submission with the default template: %v (kind %s)", err, k)
+	}
+	if clones(sim) != 0 {
+		t.Errorf("%d clones", clones(sim))
+	}
 }

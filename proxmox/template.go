@@ -76,7 +76,14 @@ func (b *Backend) CheckTemplate(ctx context.Context, name string) error {
 			return nil
 		}
 	}
-	return &sandbox.TemplateError{Name: name, Reason: why, Available: templateNames(resources)}
+	// The templates refused are not offered instead.
+	var others []pve.Resource
+	for _, r := range resources {
+		if !slices.ContainsFunc(tpls, func(t pve.Resource) bool { return t.VMID == r.VMID }) {
+			others = append(others, r)
+		}
+	}
+	return &sandbox.TemplateError{Name: name, Reason: why, Available: templateNames(others)}
 }
 
 var _ sandbox.ResourceChecker = (*Backend)(nil)
