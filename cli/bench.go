@@ -2,13 +2,19 @@ package cli
 
 import (
 	"log/slog"
+	"os"
+	"os/exec"
 	"time"
 
 	"github.com/spf13/cobra"
 )
 
 func (p *Program) benchCmd(cfg *Config) *cobra.Command {
-	var opts BenchOptions
+	var (
+		opts         BenchOptions
+		controlPlane bool
+		against      string
+	)
 	cmd := &cobra.Command{
 		Use:   "bench [flags]",
 		Short: "Measure sandbox start and job round trip, or many jobs at once",
@@ -22,9 +28,18 @@ to running, submit to done and API calls per job.
 With --load N, submit N jobs that sleep for --sleep, all at once, with the
 concurrency limit raised to N, and print the time until every submission
 was accepted, until every job was running and until every job was done,
-the memory each running sandbox adds, and the jobs lost (must be 0).`,
+the memory each running sandbox adds, and the jobs lost (must be 0).
+
+With --control-plane, measure this binary's server as an agent and its
+jobs use it (submit_job and get_job_status over stdio, list_jobs and the
+memory with the store full, callbacks from running jobs under their
+per-job limits, the answer to a job over its rate); with --against OLD,
+the same for another build's binary, alternating round by round, with
+the ratio of each figure (scripts/bench-compare builds OLD from a git
+revision).`,
 		Example: `  delegate bench
-  delegate bench --load 1000 --sleep 30s`,
+  delegate bench --load 1000 --sleep 30s
+  delegate bench --control-plane --against /tmp/delegate-old -n 9`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.Runs < 1 {
@@ -35,6 +50,28 @@ the memory each running sandbox adds, and the jobs lost (must be 0).`,
 			}
 			if opts.Sleep <= 0 {
 				return usagef("--sleep: must be positive")
+			}
+			if against != "" && !controlPlane {
+				return usagef("--against: only with --control-plane")
+			}
+			if controlPlane {
+				if opts.Load > 0 || opts.ProxmoxSim {
+					return usagef("--control-plane: not with --load or --proxmox-sim")
+				}
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				opts.ControlPlane = []string{self}
+				if against != "" {
+					if _, err := exec.LookPath(against); err != nil {
+						return usagef("--against: %v", err)
+					}
+					opts.ControlPlane = append(opts.ControlPlane, against)
+				}
+				if !cmd.Flags().Changed("runs") {
+					opts.Runs = 5
+				}
 			}
 			if opts.ProxmoxSim {
 				if opts.Scale < 1 {
@@ -54,5 +91,7 @@ the memory each running sandbox adds, and the jobs lost (must be 0).`,
 	fs.Float64Var(&opts.Scale, "scale", 1, "with --proxmox-sim: divide the simulated latencies by this (1: real timings)")
 	fs.IntVar(&opts.Load, "load", 0, "run `N` sleeping jobs at once instead, with the concurrency limit raised to N")
 	fs.DurationVar(&opts.Sleep, "sleep", 20*time.Second, "with --load: how long each job sleeps")
+	fs.BoolVar(&controlPlane, "control-plane", false, "measure the server's control plane (MCP calls, store, callbacks) instead; -n rounds (default 5)")
+	fs.StringVar(&against, "against", "", "with --control-plane: another build's `binary`, measured side by side")
 	return cmd
 }

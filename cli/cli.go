@@ -78,6 +78,10 @@ type BenchOptions struct {
 	// real-world latencies divided by Scale.
 	ProxmoxSim bool
 	Scale      float64
+	// ControlPlane measures the control plane of these binaries' servers
+	// instead (MCP calls, a full store, callbacks), side by side when two
+	// are given: this build (the running binary) first.
+	ControlPlane []string
 }
 
 // usageError is a mistake in the command line.

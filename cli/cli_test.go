@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -236,8 +237,18 @@ func TestServeAndBenchFlags(t *testing.T) {
 	var benchOpts cli.BenchOptions
 	h.bench = func(o cli.BenchOptions) error { benchOpts = o; return nil }
 	if r := h.run(t, "bench", "-n", "50", "--proxmox-sim", "--scale", "20"); r.code != 0 ||
-		benchOpts != (cli.BenchOptions{Runs: 10, ProxmoxSim: true, Scale: 20, Sleep: 20 * time.Second}) {
+		!reflect.DeepEqual(benchOpts, cli.BenchOptions{Runs: 10, ProxmoxSim: true, Scale: 20, Sleep: 20 * time.Second}) {
 		t.Errorf("bench: %d %+v", r.code, benchOpts)
+	}
+	if r := h.run(t, "bench", "--control-plane", "--against", "/bin/true"); r.code != 0 ||
+		len(benchOpts.ControlPlane) != 2 || benchOpts.ControlPlane[1] != "/bin/true" || benchOpts.Runs != 5 {
+		t.Errorf("bench --control-plane: %d %+v %s", r.code, benchOpts, r.stderr)
+	}
+	for _, args := range [][]string{{"bench", "--against", "/bin/true"}, {"bench", "--control-plane", "--load", "5"},
+		{"bench", "--control-plane", "--against", "/no/such/binary"}} {
+		if r := h.run(t, args...); r.code != 2 || !strings.Contains(r.stderr, "--") {
+			t.Errorf("%v: %d %q, want a usage error", args, r.code, r.stderr)
+		}
 	}
 }
 
