@@ -23,7 +23,9 @@
 // environment never touches the disk. The helpers that carry a plan out
 // exist twice, from the same plan:
 //
-//   - in C (helper_linux.c), compiled into binaries built with cgo (the
+//   - in C (one *_linux.c file per role beside its Go twin: the shim,
+//     init, the keeper, a command's shim; helper_linux.h lists them and
+//     holds what they share), compiled into binaries built with cgo (the
 //     default where a C compiler is installed: `go build`, `go run`): a
 //     constructor catches the shim's start before the Go runtime does,
 //     and init is a fork of the shim, not a second program. A sandbox

@@ -16,15 +16,15 @@ import (
 	"unsafe"
 )
 
-// haveCHelper: this binary has the C helpers (helper_linux.c), which
+// haveCHelper: this binary has the C helpers (helper_linux.h), which
 // take the sandboxes without network.
 const haveCHelper = true
 
-// cConstants is what helper_linux.c holds of this package's constants,
+// cConstants is what helper_linux.h holds of this package's constants,
 // for TestCHelperConstants.
 func cConstants() string { return C.GoString(C.dsh_constants()) }
 
-// cJobPath is helper_linux.c's jobPath, for TestJobPath: the path found
+// cJobPath is init_linux.c's jobPath, for TestJobPath: the path found
 // (or "") and the PATH searched.
 func cJobPath(name string, env []string, dir string) (path, pathEnv string) {
 	block := strings.Join(env, "\x00") + "\x00"
@@ -47,7 +47,7 @@ func cQuote(s string) string {
 	return C.GoString(C.dsh_quote(cs))
 }
 
-// cCgroups is what helper_linux.c makes of a cgroup set: its distinct
+// cCgroups is what cgroup_linux.c makes of a cgroup set: its distinct
 // directories and the OOM kills counted in the memory one.
 func cCgroups(c cgroupSet) (dirs []string, ooms int) {
 	cm, cc, cp := C.CString(c.Memory), C.CString(c.CPU), C.CString(c.Pids)

@@ -11,8 +11,8 @@ import (
 	"testing"
 )
 
-// TestCHelperConstants: helper_linux.c keeps its own copy of the names,
-// numbers and step codes it shares with this package.
+// TestCHelperConstants: the C helpers (helper_linux.h) keep their own copy
+// of the names, numbers and step codes they share with this package.
 func TestCHelperConstants(t *testing.T) {
 	want := fmt.Sprintf("magic=%d version=%d max=%d shim=%s init=%s argv0=%s probe=%s env=%s=%s prefix=%s codes=%d,%d,%d limit=%d path=%s "+
 		"files=%s,%s,%s,%s,%s,%s,%s,%s,%s plan_fd=%d netns_fd=%d ops=%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
@@ -27,7 +27,7 @@ func TestCHelperConstants(t *testing.T) {
 		requestMagic, requestCgroup, requestID, requestSpare, spareMagic, requestFDs, len("ex-")+8, ctlPlaced, ctlGo, ctlKilled, serverFD,
 		fileControl, fileJobPID, spawnMagic, spawnFDs, fileShimPID, dirExecs, ctlPlacedAhead, requestKilled, dirChannel)
 	if got := cConstants(); got != want {
-		t.Errorf("helper_linux.c has\n%s\nwant\n%s", got, want)
+		t.Errorf("helper_linux.h has\n%s\nwant\n%s", got, want)
 	}
 	if argv0 := initCmd(nil, nil, nil, nil, 0, 0, true).Args[0]; argv0 != "delegate-sandbox-init" {
 		t.Errorf("the Go init's argv[0] is %q", argv0)

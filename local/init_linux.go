@@ -28,7 +28,7 @@ const (
 )
 
 // runInit is pid 1 of the sandbox, uid 0 of its user namespace (the Go
-// helper; helper_linux.c has the same for the C one). It waits for the
+// helper; init_linux.c has the same for the C one). It waits for the
 // shim's go-ahead, which brings the plan, carries out the plan's steps
 // (root filesystem, restrictions), starts the job as an unprivileged
 // user, reaps zombies until the job has exited, and exits with the job's
@@ -144,7 +144,7 @@ func runInit(args []string) int {
 
 // commandPath finds a command's program and checks its working
 // directory, as init and a kept sandbox's command both do before they
-// execute it (command_path in helper_linux.c): the path, or the code
+// execute it (command_path in init_linux.c): the path, or the code
 // and the error to report.
 func commandPath(p *plan) (string, int, error) {
 	path, err := jobPath(p.Args[0], p.Env, p.Dir)

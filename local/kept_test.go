@@ -1019,7 +1019,7 @@ func TestSpareOpsLeadCommandPlans(t *testing.T) {
 
 // TestKeptShimServesInTurn: a command's shim, once its command is
 // recorded and its output closed, supervises the sandbox's next command
-// (shim_idle in helper_linux.c): each command still gets its own output,
+// (shim_idle in command_linux.c): each command still gets its own output,
 // exit code and log; a command whose background process holds its output
 // keeps its shim, and the next gets another; a shim is counted once in
 // the supervisors' memory however many commands it served.

@@ -40,7 +40,7 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		for _, dir := range dirs {
 			shim, alive := shimAlive(dir)
 			// A shim supervises one command after another (shim_idle in
-			// helper_linux.c): the directories of its earlier commands
+			// command_linux.c): the directories of its earlier commands
 			// name it too.
 			if !alive || seen[shim] {
 				continue

@@ -17,7 +17,7 @@ import (
 // another when a thread is locked), and only for the clone; its
 // effective capabilities are kept meanwhile, so that a host that lets
 // only privileged processes make user namespaces still lets the shim.
-// The C shim does the same (become_owner in helper_linux.c).
+// The C shim does the same (start_as_owner in owner_linux.c).
 func startAsOwner(cmd *exec.Cmd, owner uint32) error {
 	if err := setEffectiveIDs(owner); err != nil {
 		setEffectiveIDs(0)

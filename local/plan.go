@@ -15,7 +15,7 @@ import (
 // The root filesystem is a list of steps (ops) that init carries out one
 // after the other, so that what a sandbox looks like is decided here, in
 // Go, once, whether the helpers that carry it out are the C ones
-// (helper_linux.c, builds with cgo) or the Go ones (shim_linux.go,
+// (helper_linux.h, builds with cgo) or the Go ones (shim_linux.go,
 // init_linux.go).
 //
 // The encoding is native-endian (the helpers are this same binary on this
@@ -31,7 +31,7 @@ const (
 )
 
 // opCode is one kind of step. The numbers are shared with
-// helper_linux.c (TestCHelperConstants checks them).
+// helper_linux.h (TestCHelperConstants checks them).
 type opCode uint32
 
 const (

@@ -408,7 +408,7 @@ func inputOps(add func(code opCode, n uint64, label string, s ...string), inDir 
 	add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "inputs: make read-only", "", inDir, "", "")
 }
 
-// runOps carries out init's steps (the Go helper's way; helper_linux.c
+// runOps carries out init's steps (the Go helper's way; plan_linux.c
 // has the same for the C one). prog is the plan's seccomp filter.
 func runOps(ops []op, prog []byte) error {
 	kept := [keptSlots]int{-1, -1} // opKeepPath's descriptors

@@ -37,7 +37,7 @@ type process struct {
 }
 
 // maxToldExit bounds what Exec reads of a shim's pipe: an exit record is
-// at most 9000 bytes (write_exit in helper_linux.c).
+// at most 9000 bytes (write_exit in shim_linux.c).
 const maxToldExit = 16 << 10
 
 func (p *process) path(name string) string { return filepath.Join(p.dir, name) }

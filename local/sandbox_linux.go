@@ -452,7 +452,7 @@ var keeperRequests = sync.OnceValues(func() (int, error) {
 })
 
 // spawnShim asks the C keeper of the sandbox at dir to start the shim of
-// command id (start_shim in helper_linux.c), with its plan and the
+// command id (start_shim in keeper_linux.c), with its plan and the
 // server's pipe. The keeper answers nothing: a shim that never starts
 // closes the pipe unanswered, which Wait reports.
 func spawnShim(dir, id string, pl *plan, server *os.File) error {
@@ -734,7 +734,7 @@ func isShimOf(pid int, dir string) bool {
 		return true
 	}
 	// A command's shim that its sandbox's keeper started (start_shim in
-	// helper_linux.c) has the keeper's command line: it is the keeper's
+	// keeper_linux.c) has the keeper's command line: it is the keeper's
 	// child, not the keeper. (A shim that supervised an earlier command
 	// is named by that command's directory too, whose end it recorded.)
 	execs := filepath.Dir(dir)

@@ -73,7 +73,7 @@ func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint
 }
 
 // runShim supervises one sandboxed command (the Go helper; see
-// helper_linux.c for the C one). It runs in a session of its own so that
+// shim_linux.c for the C one). It runs in a session of its own so that
 // a server crash or restart does not end the job, and it keeps
 // everything (pids, output, exit status) in the sandbox directory, its
 // working directory, for the server to find. The plan comes on

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Hidden subcommands of SelfExe (see Reexec and helper_linux.c).
+// Hidden subcommands of SelfExe (see Reexec and helper_linux.h).
 const (
 	shimCommand = "__sandbox-shim"
 	initCommand = "__sandbox-init"
@@ -30,7 +30,7 @@ const (
 // server's (its secrets stay out of the sandbox's pid 1). GORACE only
 // matters for binaries built with -race, which otherwise sleep a second at
 // exit, twice per job. With c, the C helpers of this binary take the
-// shim's part (see helper_linux.c); without, the Go ones do.
+// shim's part (see helper_linux.h); without, the Go ones do.
 func helperEnv(c bool) []string {
 	// One P is all a Go helper needs (it copies output and waits), and
 	// set, it spares the runtime reading the cgroup limits at start.

@@ -22,7 +22,7 @@ import (
 const streamRecordSize = 8
 
 // maxStreamRecords is how many stream records a shim writes at most for
-// an output limit (max_stream_records in helper_linux.c): the last one
+// an output limit (max_stream_records in shim_linux.c): the last one
 // says that the rest of the output is Combined, so that a job switching
 // stream at every byte cannot make the records outgrow its output (or
 // each read of them cost more than the output's).
