@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/delegate-dev/delegate"
@@ -23,13 +25,21 @@ func workspaceService(svc delegate.JobService) (delegate.WorkspaceService, error
 }
 
 func (p *Program) jobsDiffCmd(cfg *Config) *cobra.Command {
-	var patch, asJSON bool
+	var patch, asJSON, raw bool
 	cmd := &cobra.Command{
 		Use:   "diff ID [flags]",
 		Short: "Show what a job changed in its workspace",
 		Long: `Show what a job changed in the workspace it imported (manifest.workspace) as a
-unified diff (binary files named, not shown), or with --patch as a patch that
-"git apply" takes. Nothing under .git is ever a change.`,
+unified diff, or with --patch as a patch that "git apply" takes. Nothing under
+.git is ever a change.
+
+A change git calls binary (a NUL byte in its first 8000 bytes), one too large
+to show and one past the diff's cap are listed with their size, mode and
+sha256, not shown: "jobs apply" writes them only with --binary. On a terminal
+every control character and escape sequence of the diff is written as text
+([8m, 
+), so that what you read is what apply writes; --raw, and a file or
+a pipe, get the bytes exact.`,
 		Example: `  delegate jobs diff job-abc | less
   delegate jobs diff job-abc --patch > fix.patch && git apply fix.patch`,
 		Args: exactArgs("ID"),
@@ -40,49 +50,63 @@ unified diff (binary files named, not shown), or with --patch as a patch that
 				if err != nil {
 					return err
 				}
-				switch {
-				case asJSON:
-					c, err := ws.Changes(ctx, args[0])
-					if err != nil {
-						return err
-					}
-					return p.printJSON(c)
-				case patch:
-					data, err := ws.Patch(ctx, args[0])
-					if err != nil {
-						return err
-					}
-					_, err = p.Stdout.Write(data)
+				out, finish := reviewOutput(p.Stdout, raw)
+				if err := p.writeDiff(ctx, ws, args[0], out, patch, asJSON); err != nil {
+					finish()
 					return err
 				}
-				for off := int64(0); ; {
-					page, err := ws.Diff(ctx, args[0], delegate.DiffOptions{Offset: off, Limit: delegate.MaxDiffPage})
-					if err != nil {
-						return err
-					}
-					if _, err := fmt.Fprint(p.Stdout, page.Text); err != nil {
-						return err
-					}
-					if page.Next == 0 {
-						return nil
-					}
-					off = page.Next
-				}
+				return finish()
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&patch, "patch", false, "print a patch for git apply (binary files included)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON (counts and paths)")
+	cmd.Flags().BoolVar(&raw, "raw", false, "write the bytes exact on a terminal too (control characters and escape sequences included)")
 	return cmd
+}
+
+// writeDiff writes a job's diff (or its patch, or its summary) to out.
+func (p *Program) writeDiff(ctx context.Context, ws delegate.WorkspaceService, id string, out io.Writer, patch, asJSON bool) error {
+	switch {
+	case asJSON:
+		c, err := ws.Changes(ctx, id)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		return enc.Encode(c)
+	case patch:
+		data, err := ws.Patch(ctx, id)
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(data)
+		return err
+	}
+	for off := int64(0); ; {
+		page, err := ws.Diff(ctx, id, delegate.DiffOptions{Offset: off, Limit: delegate.MaxDiffPage})
+		if err != nil {
+			return err
+		}
+		if _, err := io.WriteString(out, page.Text); err != nil {
+			return err
+		}
+		if page.Next == 0 {
+			return nil
+		}
+		off = page.Next
+	}
 }
 
 func (p *Program) jobsApplyCmd(cfg *Config) *cobra.Command {
 	var (
-		to     string
-		branch bool
+		to             string
+		branch, binary bool
 	)
 	cmd := &cobra.Command{
-		Use:   "apply ID [--to DIR] [--branch]",
+		Use:   "apply ID [--to DIR] [--branch] [--binary]",
 		Short: "Write a job's changes into its source directory, or commit them to a branch",
 		Long: `Write what a job changed in its workspace into the directory it was imported
 from (or --to another copy of it). Nothing is written unless every file the
@@ -94,7 +118,12 @@ the directory's owner.
 
 With --branch the changes are committed to a new branch delegate/ID of the
 directory's git repository, on the commit the import started from, without
-touching the checked-out branch, the index or the work tree.`,
+touching the checked-out branch, the index or the work tree.
+
+What "jobs diff" lists without showing (a change git calls binary, one too
+large to show, one past the diff's cap) is written, or committed, only with
+--binary: without it, apply lists them with their size, mode and sha256 and
+writes nothing. Names are written quoted when they hold control characters.`,
 		Example: `  delegate jobs apply job-abc
   delegate jobs apply job-abc --branch && git diff HEAD delegate/job-abc`,
 		Args: exactArgs("ID"),
@@ -109,17 +138,18 @@ touching the checked-out branch, the index or the work tree.`,
 				if err != nil {
 					return err
 				}
-				return p.apply(ctx, set, to, branch)
+				return p.apply(ctx, set, to, branch, binary)
 			})
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "write into `DIR` instead of the job's source directory")
 	cmd.Flags().BoolVar(&branch, "branch", false, "commit to a new branch delegate/ID instead of writing files")
+	cmd.Flags().BoolVar(&binary, "binary", false, "write the changes the diff lists without showing too (binary, too large to show)")
 	return cmd
 }
 
 // apply writes (or commits) a change set.
-func (p *Program) apply(ctx context.Context, set *delegate.ChangeSet, to string, branch bool) error {
+func (p *Program) apply(ctx context.Context, set *delegate.ChangeSet, to string, branch, binary bool) error {
 	target := set.Source.Dir
 	if to != "" {
 		abs, err := filepath.Abs(to)
@@ -145,37 +175,49 @@ func (p *Program) apply(ctx context.Context, set *delegate.ChangeSet, to string,
 			return fmt.Errorf("the baseline of job %s: %w", set.JobID, err)
 		}
 		name := "delegate/" + set.JobID
-		commit, err := workspace.CommitBranch(ctx, target, &base, &cs, workspace.BranchOptions{Name: name,
+		commit, err := workspace.CommitBranch(ctx, target, &base, &cs, workspace.BranchOptions{Name: name, Binary: binary,
 			Message: fmt.Sprintf("delegate: the changes of %s\n\n%d added, %d modified, %d deleted.\n", set.JobID, cs.Added, cs.Modified, cs.Deleted)})
 		if err != nil {
-			return applyError(err)
+			return applyError(err, set.JobID)
 		}
 		fmt.Fprintf(p.Stdout, "%s %s\n", name, commit)
 		fmt.Fprintf(p.Stderr, "delegate: committed the changes of %s to branch %s in %s; the checked-out branch, the index and the work tree are as they were\n",
 			files(len(cs.Changes)), name, target)
 		return nil
 	}
-	done, err := workspace.Apply(ctx, target, &cs, workspace.ApplyOptions{})
+	done, err := workspace.Apply(ctx, target, &cs, workspace.ApplyOptions{Binary: binary})
 	if err != nil {
-		return applyError(err)
+		return applyError(err, set.JobID)
 	}
 	for _, f := range done.Written {
-		fmt.Fprintf(p.Stdout, "written %s\n", f)
+		fmt.Fprintf(p.Stdout, "written %s\n", quoteName(f))
 	}
 	for _, f := range done.Deleted {
-		fmt.Fprintf(p.Stdout, "deleted %s\n", f)
+		fmt.Fprintf(p.Stdout, "deleted %s\n", quoteName(f))
 	}
 	for _, f := range done.Already {
-		fmt.Fprintf(p.Stdout, "already %s\n", f)
+		fmt.Fprintf(p.Stdout, "already %s\n", quoteName(f))
 	}
-	fmt.Fprintf(p.Stderr, "delegate: applied the changes of %s to %s (%d written, %d deleted)\n", set.JobID, target, len(done.Written), len(done.Deleted))
+	fmt.Fprintf(p.Stderr, "delegate: applied the changes of %s to %s (%d written, %d deleted)\n", set.JobID, quoteName(target), len(done.Written), len(done.Deleted))
 	return nil
 }
 
+// quoteName writes a file name as Go quotes a string (\x1b, \a, \u202e)
+// when it holds a control character, invalid UTF-8, a character that
+// reorders or hides text, a quote or a backslash; as it is otherwise. A
+// name is a job's: it must not drive the terminal, nor read as another.
+func quoteName(name string) string {
+	if safe(name) == name && !strings.ContainsAny(name, "\"\\") {
+		return name
+	}
+	return strconv.Quote(name)
+}
+
 // applyError lists what Apply would not write.
-func applyError(err error) error {
+func applyError(err error, id string) error {
 	var ce *workspace.ConflictError
 	var re *workspace.RefusedError
+	var ns *workspace.NotShownError
 	var list []workspace.Conflict
 	what := ""
 	switch {
@@ -183,13 +225,22 @@ func applyError(err error) error {
 		list, what = ce.Conflicts, "changed here since the import"
 	case errors.As(err, &re):
 		list, what = re.Conflicts, "refused"
+	case errors.As(err, &ns):
+		list, what = ns.Changes, fmt.Sprintf("that 'delegate jobs diff' lists without showing; 'delegate jobs apply %s --binary' writes them", id)
 	default:
-		return err
+		return safeError{err}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "nothing written: %s %s:", files(len(list)), what)
 	for _, c := range list {
-		fmt.Fprintf(&b, "\n  %s: %s", c.Path, c.Reason)
+		fmt.Fprintf(&b, "\n  %s: %s", quoteName(c.Path), safe(c.Reason))
 	}
 	return errors.New(b.String())
 }
+
+// safeError is an error whose text may hold a job's file names: written
+// escaped (see safe), still matched by errors.Is and errors.As.
+type safeError struct{ err error }
+
+func (e safeError) Error() string { return safe(e.err.Error()) }
+func (e safeError) Unwrap() error { return e.err }

@@ -26,7 +26,12 @@ import (
 const maxSGR = 64
 
 type termWriter struct {
-	w       io.Writer
+	w io.Writer
+	// strict writes every escape sequence as text, colours too, and a
+	// carriage return even before a newline: for text a person reviews
+	// (a diff), where an attribute such as conceal (ESC [ 8 m) would hide
+	// a line and a CR LF would hide that a file's lines end so.
+	strict  bool
 	pending []byte // the start of a sequence a later write may complete
 	wrote   bool   // something was written
 	lastNL  bool   // and it ended a line
@@ -49,12 +54,21 @@ func (t *termWriter) Write(p []byte) (int, error) {
 }
 
 // finish writes what is held, escaped, then, if anything was written,
-// resets the attributes and ends the line.
+// resets the attributes and ends the line (strict: ends the line, nothing
+// having set an attribute).
 func (t *termWriter) finish() error {
 	t.render(t.pending, true)
 	t.pending = nil
 	if err := t.flush(); err != nil || !t.wrote {
 		return err
+	}
+	if t.strict {
+		t.wrote = false
+		if !t.lastNL {
+			_, err := io.WriteString(t.w, "\n")
+			return err
+		}
+		return nil
 	}
 	end := "\x1b[0m"
 	if !t.lastNL {
@@ -73,6 +87,17 @@ func jobOutput(w io.Writer, raw bool) (out io.Writer, finish func() error) {
 		return w, func() error { return nil }
 	}
 	t := newTermWriter(w)
+	return t, t.finish
+}
+
+// reviewOutput is jobOutput for text a person reviews (a diff, a patch):
+// on a terminal, unless raw, every control character and escape sequence
+// is written as text, colours included.
+func reviewOutput(w io.Writer, raw bool) (out io.Writer, finish func() error) {
+	if raw || !isTerminal(w) {
+		return w, func() error { return nil }
+	}
+	t := &termWriter{w: w, strict: true}
 	return t, t.finish
 }
 
@@ -105,6 +130,12 @@ func (t *termWriter) render(buf []byte, final bool) []byte {
 	for i := 0; i < len(buf); {
 		b := buf[i]
 		switch {
+		case b == 0x1b && t.strict:
+			esc(b)
+			i++
+		case b == '\r' && t.strict:
+			t.out = append(t.out, `\r`...)
+			i++
 		case b == 0x1b:
 			if i+1 == len(buf) && !final {
 				return buf[i:]

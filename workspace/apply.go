@@ -19,6 +19,10 @@ type ApplyOptions struct {
 	// Within, if set, is the allowed root the target must lie in (as for
 	// Scan).
 	Within string
+	// Binary writes the changes the diff lists without showing their
+	// content too (NotShown: binary, too large, past the diff's cap);
+	// without it they are a *NotShownError.
+	Binary bool
 }
 
 // Applied says what Apply did, path by path.
@@ -35,6 +39,8 @@ type Applied struct {
 // without following links. It first checks everything and writes nothing
 // unless all of it can go in:
 //   - it refuses a dir that is a git directory or lies in one (ErrGitDir);
+//   - without opts.Binary, it writes none of the changes the diff lists
+//     without showing (*NotShownError: binary, too large, past the cap);
 //   - it refuses (*RefusedError) symbolic links, setuid or setgid modes,
 //     paths that leave dir or lie under .git, or in a directory git would
 //     take for a repository once written (HEAD, objects/, refs/), and
@@ -51,6 +57,9 @@ type Applied struct {
 // written; the error says where.
 func Apply(ctx context.Context, dir string, cs *Changes, opts ApplyOptions) (*Applied, error) {
 	if err := refuse(cs); err != nil {
+		return nil, err
+	}
+	if err := refuseNotShown(cs, opts.Binary); err != nil {
 		return nil, err
 	}
 	if err := refuseGitPath(dir); err != nil {
@@ -125,6 +134,18 @@ func refuse(cs *Changes) error {
 	}
 	if len(bad) > 0 {
 		return &RefusedError{Conflicts: bad}
+	}
+	return nil
+}
+
+// refuseNotShown: without binary, the changes a person reviewing the
+// diff has not seen are not written.
+func refuseNotShown(cs *Changes, binary bool) error {
+	if binary {
+		return nil
+	}
+	if hidden := cs.NotShown(DiffOptions{}); len(hidden) > 0 {
+		return &NotShownError{Changes: hidden}
 	}
 	return nil
 }

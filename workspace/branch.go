@@ -31,6 +31,9 @@ type BranchOptions struct {
 	Author object.Signature
 	// Within, if set, is the allowed root dir must lie in.
 	Within string
+	// Binary commits the changes the diff lists without showing their
+	// content too (as ApplyOptions.Binary).
+	Binary bool
 }
 
 // CommitBranch commits the changes to a new branch of the git work tree
@@ -54,6 +57,9 @@ func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, 
 		return "", fmt.Errorf("branch %q: not a valid branch name", opts.Name)
 	}
 	if err := refuseForBranch(cs); err != nil {
+		return "", err
+	}
+	if err := refuseNotShown(cs, opts.Binary); err != nil {
 		return "", err
 	}
 	if opts.Message == "" {

@@ -60,7 +60,7 @@ func TestCommitBranch(t *testing.T) {
 	before := userState(t, repo)
 	when := time.Date(2026, 2, 3, 4, 5, 6, 0, time.UTC)
 	commit, err := CommitBranch(context.Background(), repo, base, cs, BranchOptions{
-		Name: "delegate/job-1", Message: "delegate: job-1\n", Author: object.Signature{Name: "D", Email: "d@example.com", When: when},
+		Name: "delegate/job-1", Binary: true, Message: "delegate: job-1\n", Author: object.Signature{Name: "D", Email: "d@example.com", When: when},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestCommitBranch(t *testing.T) {
 	git(t, repo, "fsck", "--strict", "--no-dangling")
 
 	// Again: the branch exists.
-	if _, err := CommitBranch(context.Background(), repo, base, cs, BranchOptions{Name: "delegate/job-1"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if _, err := CommitBranch(context.Background(), repo, base, cs, BranchOptions{Name: "delegate/job-1", Binary: true}); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("a second time: %v", err)
 	}
 }

@@ -206,7 +206,7 @@ func TestChangesDiffAndPatch(t *testing.T) {
 	}
 	// Capped: the files past the cap are named.
 	capped := cs.Diff(DiffOptions{MaxBytes: 300, Limit: 1 << 20})
-	if capped.Omitted == 0 || !strings.Contains(capped.Text, "#   modified ünïcode.txt\n") {
+	if capped.Omitted == 0 || !strings.Contains(capped.Text, `#   modified "\303\274n\303\257code.txt": 16 bytes, mode 100644, sha256 `) {
 		t.Errorf("capped diff (%d omitted):\n%s", capped.Omitted, capped.Text)
 	}
 

@@ -122,6 +122,20 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Unwrap() error { return ErrRefused }
 
+// NotShownError lists the changes the diff names without showing their
+// content (binary, too large, past the diff's cap; see NotShown), which
+// are written only when asked (ApplyOptions.Binary, BranchOptions.Binary).
+// Nothing was written.
+type NotShownError struct {
+	Changes []Conflict
+}
+
+func (e *NotShownError) Error() string {
+	return fmt.Sprintf("%d change(s) the diff lists without showing %s (written only when asked), nothing written: %s", len(e.Changes), ErrRefused, listConflicts(e.Changes))
+}
+
+func (e *NotShownError) Unwrap() error { return ErrRefused }
+
 func listConflicts(cs []Conflict) string {
 	var b strings.Builder
 	for i, c := range cs {
@@ -132,7 +146,7 @@ func listConflicts(cs []Conflict) string {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		fmt.Fprintf(&b, "%s: %s", c.Path, c.Reason)
+		fmt.Fprintf(&b, "%s: %s", quoteName(c.Path), c.Reason)
 	}
 	return b.String()
 }

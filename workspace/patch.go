@@ -49,7 +49,8 @@ type DiffPage struct {
 // Diff renders the changes as a unified diff for a reader (git's format:
 // a/ and b/ prefixes, three lines of context) and returns one page of it.
 // Binary files are named ("Binary files a/x and b/x differ"), so are
-// files too large and files whose old content ReadOld could not find.
+// files too large and files whose old content ReadOld could not find,
+// each with its sides' sizes, modes and sha256 (NotShown lists them).
 // Without ReadOld, a modified or deleted text file has no old content to
 // show and is named so.
 func (cs *Changes) Diff(opts DiffOptions) DiffPage {
@@ -63,19 +64,7 @@ func (cs *Changes) Diff(opts DiffOptions) DiffPage {
 		opts.MaxFileBytes = DefaultDiffFileMax
 	}
 	var b bytes.Buffer
-	omitted := 0
-	for i := range cs.Changes {
-		c := &cs.Changes[i]
-		if b.Len() >= opts.MaxBytes {
-			if omitted == 0 {
-				b.WriteString("\n# The diff's cap is reached; not shown:\n")
-			}
-			omitted++
-			fmt.Fprintf(&b, "#   %s %s\n", c.Kind, c.Path)
-			continue
-		}
-		writeChange(&b, c, false, opts.MaxFileBytes)
-	}
+	omitted, _ := cs.render(&b, opts)
 	text := b.Bytes()
 	total := int64(len(text))
 	page := DiffPage{Offset: opts.Offset, Total: total, Omitted: omitted}
@@ -93,6 +82,64 @@ func (cs *Changes) Diff(opts DiffOptions) DiffPage {
 	}
 	page.Text = string(text[opts.Offset:end])
 	return page
+}
+
+// render writes the diff a reader sees into b (opts has its defaults)
+// and returns how many files it names past the diff's cap, and the
+// changes whose new content it does not show, with why.
+func (cs *Changes) render(b *bytes.Buffer, opts DiffOptions) (omitted int, hidden []Conflict) {
+	for i := range cs.Changes {
+		c := &cs.Changes[i]
+		if b.Len() >= opts.MaxBytes {
+			if omitted == 0 {
+				b.WriteString("\n# The diff's cap is reached; not shown:\n")
+			}
+			omitted++
+			fmt.Fprintf(b, "#   %s %s", c.Kind, quoteName(c.Path))
+			if c.New != nil {
+				fmt.Fprintf(b, ": %s", describe(c.New))
+				hidden = append(hidden, Conflict{Path: c.Path, Reason: "past the diff's cap (" + describe(c.New) + ")"})
+			}
+			b.WriteByte('\n')
+			continue
+		}
+		if why := writeChange(b, c, false, opts.MaxFileBytes); why != "" {
+			hidden = append(hidden, Conflict{Path: c.Path, Reason: why})
+		}
+	}
+	return omitted, hidden
+}
+
+// NotShown lists the changes with a new side whose content the diff (Diff
+// with opts' caps) names without showing: binary ones (git's rule: a NUL
+// byte in the first 8000 bytes, so that a script with one after its first
+// line is one), those too large to show, and those past the diff's cap.
+// (A file whose old content is unknown has its new content shown whole.) The diff lists each with its
+// size, mode and hash; a person who reviewed the diff has not seen them,
+// so Apply and CommitBranch write them only when asked to (Binary).
+func (cs *Changes) NotShown(opts DiffOptions) []Conflict {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultDiffMax
+	}
+	if opts.MaxFileBytes <= 0 {
+		opts.MaxFileBytes = DefaultDiffFileMax
+	}
+	var b bytes.Buffer
+	_, hidden := cs.render(&b, opts)
+	return hidden
+}
+
+// describe is a side as the diff lists what it does not show: its size,
+// git's mode and its sha256 (sha256sum's), or a link's target.
+func describe(s *State) string {
+	if s.Type == TypeSymlink {
+		return "a symbolic link to " + quoteName(s.Target)
+	}
+	sum := s.SHA256
+	if sum == "" {
+		sum = sha256hex(s.Data)
+	}
+	return fmt.Sprintf("%d bytes, mode %s, sha256 %s", s.Size, gitMode(s), sum)
 }
 
 // PatchError lists the files a patch cannot hold: their old content was
@@ -162,14 +209,26 @@ func content(s *State) []byte {
 }
 
 // writeChange writes one change: forApply writes binary patches and
-// everything in full; otherwise binary and large files are named only.
-func writeChange(b *bytes.Buffer, c *Change, forApply bool, maxFile int64) {
+// everything in full; otherwise binary and large files are listed (size,
+// mode, hash), not shown, and it returns why the new side is not shown
+// ("" when it is, or there is none).
+func writeChange(b *bytes.Buffer, c *Change, forApply bool, maxFile int64) string {
 	if c.Old != nil && c.New != nil && c.Old.Type != c.New.Type {
 		// A file became a link or the other way: git writes a deletion
 		// and a creation.
 		writeChange(b, &Change{Path: c.Path, Kind: Deleted, Old: c.Old, Binary: c.Old.Type == TypeFile && isBinary(c.Old.Data), OldMissing: c.OldMissing}, forApply, maxFile)
-		writeChange(b, &Change{Path: c.Path, Kind: Added, New: c.New, Binary: c.New.Type == TypeFile && isBinary(c.New.Data)}, forApply, maxFile)
-		return
+		return writeChange(b, &Change{Path: c.Path, Kind: Added, New: c.New, Binary: c.New.Type == TypeFile && isBinary(c.New.Data)}, forApply, maxFile)
+	}
+	// Not shown: the sides listed, and why, for NotShown.
+	listed := func(why string) string {
+		if c.Old != nil {
+			fmt.Fprintf(b, "#   old: %s\n", describe(c.Old))
+		}
+		if c.New == nil {
+			return ""
+		}
+		fmt.Fprintf(b, "#   new: %s\n", describe(c.New))
+		return why + " (" + describe(c.New) + ")"
 	}
 	a, bn := quoteName("a/"+c.Path), quoteName("b/"+c.Path)
 	fmt.Fprintf(b, "diff --git %s %s\n", a, bn)
@@ -183,7 +242,7 @@ func writeChange(b *bytes.Buffer, c *Change, forApply bool, maxFile int64) {
 			fmt.Fprintf(b, "old mode %s\nnew mode %s\n", om, nm)
 		}
 		if c.Old.SHA256 == c.New.SHA256 && c.Old.Type == TypeFile || c.Old.Type == TypeSymlink && c.Old.Target == c.New.Target {
-			return // the mode only
+			return "" // the mode only
 		}
 	}
 	oldName, newName := a, bn
@@ -193,28 +252,42 @@ func writeChange(b *bytes.Buffer, c *Change, forApply bool, maxFile int64) {
 	if c.New == nil {
 		newName = "/dev/null"
 	}
-	if c.Binary {
+	binary := c.Binary || c.New != nil && c.New.Type == TypeFile && isBinary(c.New.Data)
+	if binary {
 		if !forApply {
 			fmt.Fprintf(b, "Binary files %s and %s differ\n", oldName, newName)
-			return
+			return listed("binary: a NUL byte in its first 8000 bytes")
 		}
 		writeBinary(b, c)
-		return
-	}
-	if c.Old != nil && c.Old.Type == TypeFile && c.Old.Data == nil && c.Old.Size > 0 {
-		fmt.Fprintf(b, "# %s: the old content is unknown (%s): not shown\n", c.Path, orStr(c.OldMissing, "ReadOld was not called"))
-		return
+		return ""
 	}
 	if !forApply && (c.Old != nil && c.Old.Size > maxFile || c.New != nil && c.New.Size > maxFile) {
-		fmt.Fprintf(b, "# %s: too large to show (%s)\n", c.Path, sizes(c))
-		return
+		fmt.Fprintf(b, "# %s: too large to show (%s)\n", quoteName(c.Path), sizes(c))
+		return listed(fmt.Sprintf("too large to show (over %d bytes)", maxFile))
+	}
+	if c.Old != nil && c.Old.Type == TypeFile && c.Old.Data == nil && c.Old.Size > 0 {
+		fmt.Fprintf(b, "# %s: the old content is unknown (%s): not shown\n", quoteName(c.Path), orStr(c.OldMissing, "ReadOld was not called"))
+		if forApply || c.New == nil {
+			return ""
+		}
+		// What would be written is shown all the same, whole.
+		fmt.Fprintf(b, "#   new: %s, in full:\n", describe(c.New))
+		for _, l := range splitLines(content(c.New)) {
+			b.WriteByte('+')
+			b.WriteString(l)
+			if !strings.HasSuffix(l, "\n") {
+				b.WriteString("\n\\ No newline at end of file\n")
+			}
+		}
+		return ""
 	}
 	oldLines, newLines := splitLines(content(c.Old)), splitLines(content(c.New))
 	if len(oldLines) == 0 && len(newLines) == 0 {
-		return // an empty file added or deleted: the header says it all
+		return "" // an empty file added or deleted: the header says it all
 	}
 	fmt.Fprintf(b, "--- %s\n+++ %s\n", oldName, newName)
 	writeHunks(b, oldLines, newLines, diffLines(oldLines, newLines), defaultContextLines)
+	return ""
 }
 
 func orStr(s, def string) string {
