@@ -3,6 +3,7 @@ package delegate
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -50,6 +51,33 @@ func TestNotFoundSaysWhat(t *testing.T) {
 		}
 		if !errors.Is(tc.err, ErrNotFound) {
 			t.Errorf("%q does not wrap ErrNotFound", tc.err)
+		}
+	}
+}
+
+func TestNoSpaceError(t *testing.T) {
+	floor := &NoSpaceError{Dir: "/data", Free: 12 << 20, Floor: 64 << 20, Setting: "DELEGATE_MIN_FREE"}
+	full := &NoSpaceError{Dir: "/data", Free: 0}
+	for _, tc := range []struct {
+		err  error
+		want []string
+	}{
+		{floor, []string{"/data", "12.0 MiB free", "64.0 MiB", "DELEGATE_MIN_FREE", "delegate gc"}},
+		{full, []string{"no space left on /data", "0 B free"}},
+	} {
+		msg := tc.err.Error()
+		for _, w := range tc.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%q does not say %q", msg, w)
+			}
+		}
+		if ErrorKind(tc.err) != KindUnavailable {
+			t.Errorf("%q is of kind %v, want unavailable", msg, ErrorKind(tc.err))
+		}
+	}
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 5 << 30: "5.0 GiB"} {
+		if got := FormatBytes(n); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", n, got, want)
 		}
 	}
 }

@@ -46,4 +46,20 @@ type Pruned struct {
 	// Artifacts are the artifact contents (by sha256) that no job left
 	// in the store names any more: their files, outside the store, can go.
 	Artifacts []string `json:"-"`
+	// ArtifactFiles and ArtifactBytes are the artifact files removed (or,
+	// dry, that would be) from the server's artifact directory.
+	ArtifactFiles int   `json:"artifact_files"`
+	ArtifactBytes int64 `json:"artifact_bytes"`
+	// Before is the cutoff: what ended before it goes (zero: retention
+	// is off, and nothing does).
+	Before time.Time `json:"before,omitzero"`
+}
+
+// RetentionService prunes what is past its retention: the engine does it
+// in the background, and `delegate gc` when asked.
+type RetentionService interface {
+	// GC removes what ended more than the retention ago (RetentionStore's
+	// Prune) and the artifact files no job left names; opts.DryRun only
+	// counts them.
+	GC(ctx context.Context, opts PruneOptions) (*Pruned, error)
 }

@@ -195,6 +195,7 @@ func (p *Program) root() *cobra.Command {
 		p.sandboxesCmd(&cfg), p.execCmd(&cfg), p.cpCmd(&cfg),
 		p.pveSimCmd(&cfg),
 		p.benchCmd(&cfg),
+		p.gcCmd(&cfg),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

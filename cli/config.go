@@ -123,6 +123,13 @@ type Config struct {
 	WorkspaceMaxFiles int
 	WorkspaceGitAllow []netip.Prefix
 	CacheMaxBytes     int64
+
+	// Retention: finished jobs go this long after they ended
+	// (DELEGATE_RETENTION; 0: the default, < 0: never). MinFree is the
+	// data dir's floor of free space (DELEGATE_MIN_FREE; 0: the default,
+	// < 0: none). See gc.go.
+	Retention time.Duration
+	MinFree   int64
 }
 
 // PoolConfig is the warm pool of booted Proxmox VMs: how many, and their
@@ -188,6 +195,8 @@ func envVars() []envVar {
 		{"DELEGATE_WORKSPACE_MAX_FILES", "50000", "most files (directories and links included) a workspace source may hold"},
 		{"DELEGATE_WORKSPACE_GIT_ALLOW", "", "CIDRs a git source may be cloned from besides public addresses (a git server on the LAN), comma-separated"},
 		{"DELEGATE_CACHE_MAX", "10G", "what the caches jobs ask for (manifest.caches) may hold in all; the least recently used go first"},
+		{"DELEGATE_RETENTION", "30d", "finished jobs, their output and artifacts go this long after they ended (delegate gc; 0: kept forever)"},
+		{"DELEGATE_MIN_FREE", "1G or 5% of the disk, the smaller", "below this free in the data dir, submissions and new sandboxes are refused (0: no floor)"},
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
@@ -371,6 +380,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
 	c.loadWorkspaces(getenv, bad)
+	c.loadRetention(getenv, bad)
 	c.loadMaxima(getenv, host, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {

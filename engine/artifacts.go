@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -67,7 +68,12 @@ func (r *runner) storeBlob(data []byte) (string, error) {
 	sum := hex.EncodeToString(h[:])
 	path := blobPath(r.cfg.ArtifactDir, sum)
 	if _, err := os.Stat(path); err == nil {
-		return sum, nil
+		// Reused: a prune leaves a file this recent alone (blobGrace),
+		// though the job has not recorded it yet.
+		now := time.Now()
+		if err := os.Chtimes(path, now, now); err == nil {
+			return sum, nil
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", err

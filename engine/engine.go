@@ -119,6 +119,18 @@ type Config struct {
 	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
 	// network of its own (token, policy, log) in the store.
 	Egress *Egress
+	// DataDir is where the store and the sandboxes write (DELEGATE_DATA_DIR):
+	// below MinFree bytes free there (DELEGATE_MIN_FREE; 0: the smaller
+	// of 1 GiB and 5% of its file system; < 0: no floor), submissions
+	// and new sandboxes are refused. "" : not watched.
+	DataDir string
+	MinFree int64
+	// Retention: finished jobs, ended kept sandboxes and what they keep
+	// go this long after they ended (DELEGATE_RETENTION; 0:
+	// delegate.DefaultRetention; < 0: kept forever), pruned every
+	// PruneInterval (default 1 h).
+	Retention     time.Duration
+	PruneInterval time.Duration
 	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
 	// such a secret never enters a job's environment (a placeholder
 	// does); the proxy adds it to the job's requests for its host.
@@ -144,6 +156,7 @@ type Engine struct {
 	sched     *scheduler
 	runner    *runner
 	maint     *maintenance
+	space     space
 }
 
 // errNoBackend: an engine made without a backend (to read jobs) was asked
@@ -213,6 +226,12 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	if cfg.WorkspaceMaxFiles <= 0 {
 		cfg.WorkspaceMaxFiles = workspace.DefaultMaxFiles
 	}
+	if cfg.Retention == 0 {
+		cfg.Retention = delegate.DefaultRetention
+	}
+	if cfg.PruneInterval <= 0 {
+		cfg.PruneInterval = time.Hour
+	}
 	if cfg.CloneDir == "" {
 		cfg.CloneDir = filepath.Join(os.TempDir(), "delegate-clones")
 	}
@@ -247,7 +266,8 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		}
 	}
 	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
-		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint}
+		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint,
+		space: space{dir: cfg.DataDir, floor: cfg.MinFree}}
 	if cfg.Egress != nil {
 		// A request an allowlist with ask: true denies is a question on
 		// the job.
@@ -265,7 +285,23 @@ func (e *Engine) Owner() string { return e.owner }
 // Start recovers jobs left by engines that have died and starts the
 // maintenance timers. It returns once recovery has been decided for every
 // job.
-func (e *Engine) Start(ctx context.Context) error { return e.maint.start(ctx, e.life) }
+func (e *Engine) Start(ctx context.Context) error {
+	if err := e.maint.start(ctx, e.life); err != nil {
+		return err
+	}
+	// What is past its retention goes in the background: a minute after
+	// the start (not in the way of recovery), then every PruneInterval.
+	e.life.Go(func() {
+		select {
+		case <-e.life.ctx.Done():
+			return
+		case <-time.After(min(time.Minute, e.cfg.PruneInterval)):
+		}
+		e.prune(e.life.ctx)
+		e.life.every(e.cfg.PruneInterval, e.prune)
+	})
+	return nil
+}
 
 // Close stops the engine without touching running jobs: their sandboxes go
 // on, and the next engine to start re-attaches to them. Queued jobs stay
@@ -367,6 +403,10 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if m.AgentType == delegate.AgentClaude && m.Agent == nil {
 		m.Agent = &delegate.AgentConfig{}
 	}
+	// Last: what is wrong with the manifest is said first.
+	if err := e.space.check(); err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	job := &delegate.Job{
 		ID:        newJobID(),
@@ -404,7 +444,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 				return sameRequest(first, opts.IdempotencyKey, digest)
 			}
 		}
-		return nil, fmt.Errorf("submit: %w", err)
+		return nil, fmt.Errorf("submit: %w", e.space.explain(err))
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
 	if direct == nil {
@@ -416,6 +456,17 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	direct.files, direct.job.Manifest.Files = direct.job.Manifest.Files, nil
 	e.sched.startClaimed(*direct)
 	return job, nil
+}
+
+// OpenSandbox opens a kept sandbox (keeper.OpenSandbox), unless the data
+// dir is below its floor of free space; a sandbox that could not be made
+// for lack of room says so.
+func (e *Engine) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*delegate.Sandbox, error) {
+	if err := e.space.check(); err != nil {
+		return nil, err
+	}
+	sb, err := e.keeper.OpenSandbox(ctx, spec)
+	return sb, e.space.explain(err)
 }
 
 // checkEgress refuses a job whose network (asked, or its agent's default)

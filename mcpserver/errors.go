@@ -53,6 +53,11 @@ func (ts *Tools) toolError(ctx context.Context, tool string, err error) error {
 		delegate.KindUnauthenticated, delegate.KindForbidden:
 		return err
 	case delegate.KindUnavailable:
+		var full *delegate.NoSpaceError
+		if errors.As(err, &full) {
+			log.Warn("tool call: no space on the server", "tool", tool, "err", err, "cause", full.Err)
+			return full // says where, how much is free, and what to do
+		}
 		log.Warn("tool call: a dependency is unavailable", "tool", tool, "err", err)
 		return fmt.Errorf("%s could not be completed: %s does not answer now; "+
 			"call %s again in a minute", tool, ts.deps, tool)

@@ -83,6 +83,8 @@ func TestToolErrorTable(t *testing.T) {
 			"get_job_result failed on the server (the server's log says why); call it again", sqlText, "SQL"},
 		{"Proxmox's own words", fmt.Errorf("release the sandbox of job job-x: %w", errors.New(pveText)),
 			"get_job_result failed on the server", pveText, "lock-101"},
+		{"no space", fmt.Errorf("open sandbox: %w", &delegate.NoSpaceError{Dir: "/data", Free: 3 << 20, Err: errors.New("database or disk is full (13)")}),
+			"no space left on /data (3.0 MiB free): free space there", "database or disk is full", "(13)"},
 		{"unavailable", fmt.Errorf("%w: %s", delegate.ErrUnavailable, pveText),
 			"the sandbox backend or the job store does not answer now; call get_job_result again in a minute", pveText, "lock-101"},
 	} {

@@ -116,6 +116,10 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		GitAllow:          cfg.WorkspaceGitAllow,
 		Egress:            eg,
 		SecretBindings:    bindings,
+
+		DataDir:   cfg.DataDir,
+		MinFree:   cfg.MinFree,
+		Retention: cfg.Retention,
 	})
 	return &app{store: store, backend: backend, eng: eng, egress: eg}, nil
 }
