@@ -26,25 +26,25 @@ const agentAllowFix = "allow it in the template's qemu-ga: on RHEL, Rocky and Al
 
 // checkAgent makes sure the guest agent of a new VM of the hold's
 // template allows what delegate needs, asking once per template.
-func (b *Backend) checkAgent(ctx context.Context, s *vmSandbox, info *templateInfo) error {
+func (ts *templates) checkAgent(ctx context.Context, s *vmSandbox, info *templateInfo) error {
 	if info == nil {
 		return nil
 	}
-	b.tplMu.Lock()
+	ts.mu.Lock()
 	ok, refused := info.agentOK, info.agentRefused
-	b.tplMu.Unlock()
+	ts.mu.Unlock()
 	switch {
 	case refused != "":
 		return fmt.Errorf("vmTemplate: %s", refused)
 	case ok:
 		return nil
 	}
-	ai, err := b.c.AgentInfo(ctx, s.node, s.vmid)
+	ai, err := ts.c.AgentInfo(ctx, s.node, s.vmid)
 	if err != nil {
 		if cmd := pve.AgentDisabled(err); cmd == "" {
 			// An old agent without guest-info, or a passing failure: the
 			// commands themselves will tell.
-			b.log.Info("could not read the guest agent's commands", "vmid", s.vmid, "template", info.label, "err", err)
+			ts.log.Info("could not read the guest agent's commands", "vmid", s.vmid, "template", info.label, "err", err)
 			return nil
 		}
 	}
@@ -52,14 +52,14 @@ func (b *Backend) checkAgent(ctx context.Context, s *vmSandbox, info *templateIn
 	if err != nil {
 		disabled = []string{pve.AgentDisabled(err)}
 	}
-	b.tplMu.Lock()
-	defer b.tplMu.Unlock()
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
 	if len(disabled) == 0 {
 		info.agentOK = true
 		return nil
 	}
 	info.agentRefused = fmt.Sprintf("the guest agent (qemu-ga %s) of template %s does not allow %s, which delegate needs to run jobs: %s",
 		ai.Version, info.label, strings.Join(disabled, ", "), agentAllowFix)
-	b.log.Error("template refused: its guest agent blocks commands delegate needs", "template", info.label, "blocked", disabled)
+	ts.log.Error("template refused: its guest agent blocks commands delegate needs", "template", info.label, "blocked", disabled)
 	return fmt.Errorf("vmTemplate: %s", info.agentRefused)
 }

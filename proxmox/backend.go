@@ -11,11 +11,9 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -81,41 +79,31 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Backend implements sandbox.Backend on a Proxmox VE cluster.
+// Backend implements sandbox.Backend on a Proxmox VE cluster. It is a
+// coordinator of parts, each with its own job and lock, calling each
+// other through small interfaces they own:
+//
+//	tpls    the cluster's templates (template.go, agentcheck.go)
+//	placer  where a new VM goes, and the room it holds (placement.go)
+//	ids     vmids for clones (clone.go)
+//	cloner  the clones themselves (clone.go)
+//	vms     where this server's VMs are, and their ends (vms.go)
+//	fw      the egress firewall of job VMs (egress.go)
+//	pool    the warm pool, once KeepPool was called (pool.go)
+//
+// and it makes a VM ready for a job itself (provision.go).
 type Backend struct {
 	c   *pve.Client
 	cfg Config
 	log *slog.Logger
 
-	placeMu  sync.Mutex // one placement at a time: see placement.go
-	holdMu   sync.Mutex
-	holds    map[*hold]struct{}
-	blindWhy string
-
-	idMu    sync.Mutex
-	cloning map[int]bool // vmids handed out whose clone task has not ended
-
-	destroyMu  sync.Mutex
-	destroying map[string]*destroyCall // by sandbox id: see Destroy
-
-	tplMu sync.Mutex
-	tpls  map[int]*templateInfo
-	// cores is the most cores of an online node (CheckResources), as
-	// read at coresRead. Guarded by tplMu.
-	cores     int
-	coresRead time.Time
-
-	// nodes remembers where this server's VMs are, so that destroying
-	// one needs no listing of the cluster. Guarded by holdMu.
-	nodes map[int]string
-	// locked are this server's VMs the sweep skips for their lock, and
-	// since when. Guarded by holdMu.
-	locked map[int]lockedSince
-
-	// pool is the warm pool, once KeepPool was called (pool.go).
-	pool atomic.Pointer[pool]
-	// tplList is the cluster's templates, for CheckTemplate.
-	tplList templateList
+	tpls   *templates
+	placer *placer
+	ids    *vmids
+	cloner *cloner
+	vms    *vmTable
+	fw     *firewall
+	pool   atomic.Pointer[pool]
 }
 
 var (
@@ -160,9 +148,23 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("proxmox: node memory of %q must be at least 1G (got %d bytes)", node, m)
 		}
 	}
-	return &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
-		holds: map[*hold]struct{}{}, cloning: map[int]bool{}, tpls: map[int]*templateInfo{}, nodes: map[int]string{},
-		locked: map[int]lockedSince{}}, nil
+	b := &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance)}
+	conf := &b.cfg
+	b.tpls = newTemplates(c, conf, b.log)
+	b.placer = newPlacer(c, conf, b.log, b.tpls, b.idlePool)
+	b.ids = &vmids{c: c, cloning: map[int]bool{}}
+	b.vms = newVMTable(c, conf, b.log, b.placer, b.ids)
+	b.cloner = &cloner{c: c, cfg: conf, log: b.log, ids: b.ids, link: b.tpls, vms: b.vms}
+	b.fw = &firewall{c: c, egress: conf.Egress, log: b.log}
+	return b, nil
+}
+
+// idlePool is the warm pool as placement sees it (nil: none).
+func (b *Backend) idlePool() idlePool {
+	if p := b.pool.Load(); p != nil {
+		return p
+	}
+	return nil
 }
 
 // Instance is the id this backend's VMs carry.
@@ -172,14 +174,19 @@ func (b *Backend) Instance() string { return b.cfg.Instance }
 func (b *Backend) Name() string { return "proxmox" }
 
 // Close implements sandbox.Backend: the warm pool's upkeep stops (its
-// VMs stay, for the next server to adopt) and the API client's idle
-// connections close. Job VMs go on.
+// VMs stay, for the next server to adopt), the background work ends
+// (destroys are waited for a while), and the API client's idle
+// connections close. Job VMs go on. It reports what did not end well.
 func (b *Backend) Close() error {
+	var errs []error
 	if p := b.pool.Load(); p != nil {
 		p.stopOnce.Do(p.stop)
+		errs = append(errs, p.stopErr)
 	}
+	b.tpls.close()
+	errs = append(errs, b.vms.wait(30*time.Second))
 	b.c.CloseIdleConnections()
-	return nil
+	return errors.Join(errs...)
 }
 
 // Capabilities implements sandbox.Backend.
@@ -224,7 +231,7 @@ func (b *Backend) Check(ctx context.Context) error {
 // fails, the VM is destroyed (if it is still ours).
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	h, _ := spec.Admission.(*hold)
-	if h == nil || h.b != b {
+	if h == nil || h.p != b.placer {
 		var err error
 		if h, err = b.admit(ctx, spec); err != nil {
 			return nil, err
@@ -234,11 +241,11 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	o := owner{b.cfg.Instance, spec.JobID}
 	for attempt := 1; h.pooled != nil; attempt++ {
 		v := h.pooled
-		s, err := b.claim(ctx, h.pool, v, spec, o)
+		err := h.pool.claim(ctx, v, spec, o)
 		h.pool.forget(v)
 		if err == nil {
 			h.bind(v.vmid)
-			return s, nil
+			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o}, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -252,25 +259,24 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 			h = b.poolHold(ctx, spec)
 		}
 		if h == nil {
-			if h, err = b.place(ctx, spec, false); err != nil {
+			if h, err = b.placer.place(ctx, spec, false); err != nil {
 				return nil, err
 			}
 		}
 		defer h.Release()
 	}
 	spec.Step(fmt.Sprintf("cloning from %s on %s", templateLabel(h.tpl), h.node))
-	vmid, err := b.clone(ctx, h, o)
+	vmid, err := b.cloner.clone(ctx, h, o)
 	if err != nil {
 		return nil, err
 	}
 	h.bind(vmid)
-	b.remember(vmid, h.node)
-	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
-	if err := b.configure(ctx, s, h, spec, jobDescription(spec.JobID)); err != nil {
-		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
+	b.vms.remember(vmid, h.node)
+	if err := b.configure(ctx, vmid, h.node, o, h, spec, jobDescription(spec.JobID)); err != nil {
+		b.vms.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return nil, err
 	}
-	return s, nil
+	return &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}, nil
 }
 
 func templateLabel(t pve.Resource) string {
@@ -302,309 +308,13 @@ func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error
 	return nil, fmt.Errorf("vmTemplate: no template %q on the cluster (templates: %s)", name, strings.Join(names, ", "))
 }
 
-// configure sizes and tags the VM, starts it, waits for its agent and
-// readies the guest. The clone's config is read first: its disks and NICs
-// are the template's, under names of its own.
-func (b *Backend) configure(ctx context.Context, s *vmSandbox, h *hold, spec sandbox.Spec, desc string) error {
-	cfg, err := b.c.VMConfig(ctx, s.node, s.vmid)
-	if err != nil {
-		return fmt.Errorf("proxmox: read the config of VM %d: %w", s.vmid, privilegeHint(err))
-	}
-	sh := shapeOf(spec.CPU, spec.MemoryBytes)
-	u := pve.VMConfigUpdate{
-		Cores:       sh.cores,
-		Sockets:     1, // a template's sockets would multiply the cores
-		MemoryMiB:   h.memMiB,
-		Tags:        s.owner.tags(),
-		Description: &desc,
-		// No balloon: the job gets the memory it asked for, and a
-		// template's balloon larger than that memory is refused.
-		Options: map[string]string{"balloon": "0"},
-	}
-	if sh.cpulimit > 0 {
-		u.Options["cpulimit"] = strconv.FormatFloat(sh.cpulimit, 'f', 2, 64)
-	}
-	// A clone copies the template's protection, which would keep it from
-	// ever being destroyed.
-	if cfg.Option("protection") == "1" {
-		u.Delete = append(u.Delete, "protection")
-	}
-	// Its disks are left out of backups: vzdump --all neither freezes a
-	// running job nor keeps its secrets. Only the buses' drives have a
-	// backup key: an EFI vars disk or a TPM state (UEFI templates) given
-	// one is refused (qemu-server Drive.pm $efidisk_fmt, $tpmstate_fmt),
-	// and vzdump always takes both anyway.
-	for _, k := range diskKeys(cfg) {
-		if v := cfg.Option(k); isBusDisk(k) && !strings.Contains(v, "media=cdrom") {
-			u.Options[k] = withDriveOption(v, "backup", "0")
-		}
-	}
-	proxied := spec.Network && spec.Egress != nil
-	switch {
-	case !spec.Network:
-		u.Delete = append(u.Delete, netKeys(cfg)...) // no NIC: the job reaches nothing, the agent still works
-	case b.cfg.Bridge != "":
-		u.Nets = map[int]string{0: jobNet(cfg.Option("net0"), b.cfg.Bridge, b.cfg.VLAN)}
-	}
-	if proxied {
-		// Its one NIC, behind the firewall (egress.go); a NIC the rules
-		// do not cover goes.
-		if b.cfg.Egress == nil {
-			return fmt.Errorf("proxmox: this backend has no egress proxy (PROXMOX_EGRESS_PROXY): %w", errFirewall)
-		}
-		if len(spec.Egress.CACert) > 0 {
-			return errors.New("proxmox: injected credentials need the job's CA in the VM's trust, which this backend does not install")
-		}
-		if err := b.checkFirewallOn(ctx, s.node); err != nil {
-			return err
-		}
-		net0 := cfg.Option("net0")
-		if u.Nets != nil {
-			net0 = u.Nets[0]
-		}
-		if net0 == "" {
-			return fmt.Errorf("proxmox: template of VM %d has no net0 to put behind the firewall: %w", s.vmid, errFirewall)
-		}
-		u.Nets = map[int]string{0: withDriveOption(net0, "firewall", "1")}
-		for _, k := range netKeys(cfg) {
-			if k != "net0" {
-				u.Delete = append(u.Delete, k)
-			}
-		}
-	}
-	if err := b.c.SetVMConfig(ctx, s.node, s.vmid, u); err != nil {
-		return fmt.Errorf("proxmox: configure VM %d: %w", s.vmid, privilegeHint(err))
-	}
-	if proxied {
-		spec.Step(fmt.Sprintf("setting VM %d's firewall: only the egress proxy", s.vmid))
-		if err := b.setFirewall(ctx, s); err != nil {
-			return err
-		}
-	}
-	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
-		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
-		if err == nil {
-			err = b.c.WaitTask(ctx, s.node, upid)
-		}
-		if err != nil {
-			return fmt.Errorf("proxmox: resize %s of VM %d: %w", disk, s.vmid, privilegeHint(err))
-		}
-	}
-	// Idle pool VMs destroyed to make room for this one: it starts once
-	// they are gone, so that the node never holds both.
-	for _, v := range h.evict {
-		select {
-		case <-v.gone:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	spec.Step(fmt.Sprintf("starting VM %d", s.vmid))
-	upid, err := b.c.StartVM(ctx, s.node, s.vmid)
-	if err == nil {
-		err = b.c.WaitTask(ctx, s.node, upid)
-	}
-	if err != nil {
-		return fmt.Errorf("proxmox: start VM %d: %w", s.vmid, privilegeHint(err))
-	}
-	spec.Step("waiting for the guest agent")
-	if err := b.waitAgent(ctx, s); err != nil {
-		return err
-	}
-	if err := b.checkAgent(ctx, s, h.info); err != nil {
-		return err
-	}
-	if proxied {
-		if err := b.pinAddress(ctx, s); err != nil {
-			return err
-		}
-	}
-	return s.prepare(ctx)
-}
-
-// diskKeys lists the drive keys of a config (disks and CD-ROMs).
-func diskKeys(cfg pve.VMConfig) []string {
-	var keys []string
-	for k := range cfg.Raw {
-		if isDiskKey(k) {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-// withDriveOption sets key=value in a drive (or NIC) string, keeping the
-// rest.
-func withDriveOption(drive, key, value string) string {
-	parts := strings.Split(drive, ",")
-	for i, p := range parts {
-		if k, _, _ := strings.Cut(p, "="); k == key && i > 0 {
-			parts[i] = key + "=" + value
-			return strings.Join(parts, ",")
-		}
-	}
-	return drive + "," + key + "=" + value
-}
-
-// jobNet is a NIC of the clone moved to the job's bridge and VLAN: its
-// model, MAC and other options (firewall, rate, mtu, queues...) stay, so
-// that the template's firewall still applies. A clone without a NIC gets
-// a virtio one.
-func jobNet(net, bridge string, vlan int) string {
-	if net == "" {
-		net = "virtio"
-	}
-	var parts []string
-	for _, p := range strings.Split(net, ",") {
-		if k, _, _ := strings.Cut(p, "="); k != "bridge" && k != "tag" {
-			parts = append(parts, p)
-		}
-	}
-	out := parts[0] + ",bridge=" + bridge
-	if vlan > 0 {
-		out += ",tag=" + strconv.Itoa(vlan)
-	}
-	for _, p := range parts[1:] {
-		out += "," + p
-	}
-	return out
-}
-
-func netKeys(cfg pve.VMConfig) []string {
-	var keys []string
-	for k := range cfg.Raw {
-		if n, ok := strings.CutPrefix(k, "net"); ok {
-			if _, err := strconv.Atoi(n); err == nil {
-				keys = append(keys, k)
-			}
-		}
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-// bootDisk finds the VM's first disk and its size in bytes.
-func bootDisk(cfg pve.VMConfig) (string, int64) {
-	for _, bus := range []string{"scsi", "virtio", "sata", "ide"} {
-		for i := range 4 {
-			key := bus + strconv.Itoa(i)
-			v := cfg.Option(key)
-			if v == "" || strings.Contains(v, "media=cdrom") {
-				continue
-			}
-			for _, part := range strings.Split(v, ",") {
-				if size, ok := strings.CutPrefix(part, "size="); ok {
-					return key, parseSize(size)
-				}
-			}
-			return key, 0
-		}
-	}
-	return "", 0
-}
-
-func parseSize(s string) int64 {
-	mult := int64(1)
-	switch {
-	case strings.HasSuffix(s, "T"):
-		mult, s = 1<<40, strings.TrimSuffix(s, "T")
-	case strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "G")
-	case strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "M")
-	case strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "K")
-	}
-	n, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return 0
-	}
-	return int64(n * float64(mult))
-}
-
-// waitAgent polls the guest agent until it answers. Until its deadline
-// every error that may pass is waited out: the agent not up yet, and any
-// transient 5xx or transport error; what cannot pass (the VM gone or
-// stopped, no agent configured, a refused token) ends the wait at once.
-//
-// The pings back off: a ping to a guest that is still booting holds one
-// of its node's three pvedaemon workers for 3 s (qemu-server's
-// qga_check_running), so pinging without a pause keeps a worker busy for
-// each booting VM (the client's per-node bound keeps one free whatever
-// happens). The first comes a PollInterval after the start (no guest
-// answers sooner), then the pauses grow by half from half a PollInterval
-// to two: a booting VM holds a worker at most about two thirds of the
-// time, and is found ready at most some 5 s after it is.
-func (b *Backend) waitAgent(ctx context.Context, s *vmSandbox) error {
-	deadline := time.Now().Add(b.cfg.AgentTimeout)
-	pause := b.cfg.PollInterval
-	for first := true; ; first = false {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pause):
-		}
-		if first {
-			pause = b.cfg.PollInterval / 2
-		} else {
-			pause = min(pause*3/2, 2*b.cfg.PollInterval)
-		}
-		err := b.c.AgentPing(ctx, s.node, s.vmid)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if lastingAgentError(err) {
-			return fmt.Errorf("proxmox: guest agent of VM %d: %w", s.vmid, privilegeHint(err))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("proxmox: the guest agent of VM %d did not answer within %s (is qemu-guest-agent installed and enabled in the template?): %w",
-				s.vmid, b.cfg.AgentTimeout, err)
-		}
-	}
-}
-
-// lastingAgentError: an agent call failed in a way waiting cannot change.
-func lastingAgentError(err error) bool {
-	var api *pve.APIError
-	if errors.As(err, &api) && api.StatusCode >= 400 && api.StatusCode < 500 {
-		return true // refused: parameters, token, privileges
-	}
-	return pve.IsNotFound(err) || pve.IsVMNotRunning(err) || pve.IsAgentNotConfigured(err)
-}
-
-// privilegeHint names the privilege a 403 says the token lacks.
-func privilegeHint(err error) error {
-	if path, priv := pve.MissingPrivilege(err); priv != "" {
-		return fmt.Errorf("the API token lacks %s on %s (see docs/PROXMOX.md for the role delegate needs): %w", priv, path, err)
-	}
-	return err
-}
-
-// locate finds a VM's listing; ErrGone if it does not exist.
-func (b *Backend) locate(ctx context.Context, vmid int) (pve.Resource, error) {
-	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
-	if err != nil {
-		return pve.Resource{}, fmt.Errorf("proxmox: list VMs: %w", err)
-	}
-	for _, r := range resources {
-		if int(r.VMID) == vmid {
-			return r, nil
-		}
-	}
-	return pve.Resource{}, fmt.Errorf("proxmox: VM %d: %w", vmid, sandbox.ErrGone)
-}
-
 // Recover implements sandbox.Backend: a VM of ours that still exists.
 func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, error) {
 	vmid, job, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
-	r, err := b.locate(ctx, vmid)
+	r, err := b.vms.locate(ctx, vmid)
 	if err != nil {
 		return nil, err
 	}
@@ -619,22 +329,8 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	if !o.owns(cfg) {
 		return nil, fmt.Errorf("proxmox: VM %d is not this server's VM of %s (it is named %q): %w", vmid, orLegacy(job), cfg.Name, sandbox.ErrGone)
 	}
-	b.remember(vmid, r.Node)
+	b.vms.remember(vmid, r.Node)
 	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o}, nil
-}
-
-// remember notes the node of a VM of this server.
-func (b *Backend) remember(vmid int, node string) {
-	b.holdMu.Lock()
-	b.nodes[vmid] = node
-	b.holdMu.Unlock()
-}
-
-// nodeOf is the node this server last saw a VM on ("" if unknown).
-func (b *Backend) nodeOf(vmid int) string {
-	b.holdMu.Lock()
-	defer b.holdMu.Unlock()
-	return b.nodes[vmid]
 }
 
 func orLegacy(job string) string {
@@ -645,271 +341,54 @@ func orLegacy(job string) string {
 }
 
 // List implements sandbox.Backend: this instance's VMs, each with its
-// job, as /cluster/resources shows them (see listedJob). A VM with a
-// lock is left out: an operation (its clone, most likely) is at work on
-// it, and the sweep must wait for it to end.
-func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
-	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
-	if err != nil {
-		return nil, fmt.Errorf("proxmox: list VMs: %w", err)
-	}
-	var out []sandbox.Info
-	locked := map[int]bool{}
-	for _, r := range resources {
-		job := listedJob(r, b.cfg.Instance)
-		if r.Lock != "" {
-			if job != "" {
-				locked[int(r.VMID)] = true
-				b.lockedVM(r, job)
-			}
-			continue
-		}
-		if job != "" {
-			out = append(out, sandbox.Info{ID: sandboxID(int(r.VMID), job), JobID: job})
-		}
-	}
-	b.holdMu.Lock()
-	for id := range b.locked {
-		if !locked[id] {
-			delete(b.locked, id)
-		}
-	}
-	b.holdMu.Unlock()
-	return out, nil
-}
-
-// lockedSince is when the sweep first saw a VM of ours locked.
-type lockedSince struct {
-	lock     string
-	since    time.Time
-	reported bool
-}
-
-// lockedVM notes a VM of ours the sweep must skip because it is locked,
-// and reports it once its lock has lasted StaleLockAfter with no
-// operation of this server on it: a clone or create that died half-way
-// (its node rebooted) leaves the lock, and only root may clear it (qm
-// unlock, or skiplock, which Proxmox refuses to API tokens), so the VM
-// would stay for ever unseen.
-func (b *Backend) lockedVM(r pve.Resource, job string) {
-	vmid := int(r.VMID)
-	b.holdMu.Lock()
-	l, seen := b.locked[vmid]
-	if !seen || l.lock != r.Lock {
-		l = lockedSince{lock: r.Lock, since: time.Now()}
-	}
-	report := !l.reported && time.Since(l.since) >= b.cfg.StaleLockAfter
-	l.reported = l.reported || report
-	b.locked[vmid] = l
-	b.holdMu.Unlock()
-	if report && !b.inFlight(vmid) {
-		b.log.Warn("a VM of this server has been locked too long to be an operation in progress, and cannot be destroyed while it is: "+
-			"clear its lock as root on its node (qm unlock "+strconv.Itoa(vmid)+"), and the next cleanup destroys it",
-			"vmid", vmid, "node", r.Node, "lock", r.Lock, "job", job, "locked_for", time.Since(l.since).Round(time.Second))
-	}
-}
+// job, as /cluster/resources shows them; locked ones are left out (see
+// vmTable.list).
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) { return b.vms.list(ctx) }
 
 // Destroy implements sandbox.Backend. A VM that is no longer the one the
 // id names (destroyed, its vmid reused by another owner) is left alone.
-func (b *Backend) Destroy(ctx context.Context, id string) error {
-	vmid, job, err := parseID(id)
+func (b *Backend) Destroy(ctx context.Context, id string) error { return b.vms.destroyID(ctx, id) }
+
+// Admit implements sandbox.Admitter: it chooses the template and node of
+// a job's VM and reserves the room there. One placement runs at a time,
+// so that two jobs never count the same room.
+func (b *Backend) Admit(ctx context.Context, spec sandbox.Spec) (sandbox.Admission, error) {
+	h, err := b.admit(ctx, spec)
 	if err != nil {
-		return nil // not ours: nothing to destroy
+		return nil, err
 	}
-	// One destroy of a sandbox at a time in this process: the engine
-	// ends a kept sandbox and its sweep finds the VM of an ended sandbox
-	// at the same moment; the second waits for the first's result rather
-	// than send a stop and a delete of its own to a VM being deleted.
-	b.destroyMu.Lock()
-	if b.destroying == nil {
-		b.destroying = map[string]*destroyCall{}
-	}
-	if d := b.destroying[id]; d != nil {
-		b.destroyMu.Unlock()
-		select {
-		case <-d.done:
-			return d.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	d := &destroyCall{done: make(chan struct{})}
-	b.destroying[id] = d
-	b.destroyMu.Unlock()
-	d.err = b.destroy(ctx, vmid, job)
-	b.destroyMu.Lock()
-	delete(b.destroying, id)
-	b.destroyMu.Unlock()
-	close(d.done)
-	return d.err
+	return h, nil
 }
 
-// destroyCall is a Destroy under way; done closes when err is set.
-type destroyCall struct {
-	done chan struct{}
-	err  error
+// admit reserves a warm VM of the pool if one fits, else room for a
+// cold one.
+func (b *Backend) admit(ctx context.Context, spec sandbox.Spec) (*hold, error) {
+	if h := b.poolHold(ctx, spec); h != nil {
+		return h, nil
+	}
+	return b.placer.place(ctx, spec, false)
 }
 
-func (b *Backend) destroy(ctx context.Context, vmid int, job string) error {
-	o := owner{b.cfg.Instance, job}
-	if node := b.nodeOf(vmid); node != "" {
-		ok, found, err := b.owned(ctx, node, vmid, o)
-		switch {
-		case err != nil:
-			return err
-		case found && !ok:
-			return nil
-		case found:
-			return b.remove(ctx, node, vmid, o)
-		}
-		// Not there (any more): it may have migrated.
-	}
-	r, err := b.locate(ctx, vmid)
-	if errors.Is(err, sandbox.ErrGone) {
-		b.dropHolds(vmid)
+// poolHold reserves a warm VM for a job, or returns nil.
+func (b *Backend) poolHold(ctx context.Context, spec sandbox.Spec) *hold {
+	p := b.pool.Load()
+	if p == nil {
 		return nil
 	}
-	if err != nil {
-		return err
+	v := p.take(ctx, spec)
+	if v == nil {
+		return nil
 	}
-	return b.destroyVM(ctx, r.Node, vmid, o)
+	p.fed(spec.JobID)
+	return &hold{p: b.placer, node: v.node, memMiB: v.shape.memMiB, pooled: v, pool: p}
 }
 
-// destroyVM stops (at once: the guest is not trusted to shut down) and
-// deletes a VM with its disks, after making sure that it is o's: a vmid
-// may have been reused by anyone since.
-func (b *Backend) destroyVM(ctx context.Context, node string, vmid int, o owner) error {
-	if ok, err := b.ownedBy(ctx, node, vmid, o); err != nil || !ok {
-		return err
-	}
-	return b.remove(ctx, node, vmid, o)
+// CheckTemplate implements sandbox.TemplateChecker.
+func (b *Backend) CheckTemplate(ctx context.Context, name string) error {
+	return b.tpls.check(ctx, name)
 }
 
-// remove stops and deletes a VM known to be o's, retrying while it is
-// locked. Before each retry the VM's owner is read again: another
-// process may have destroyed it meanwhile, and its vmid been reused.
-func (b *Backend) remove(ctx context.Context, node string, vmid int, o owner) error {
-	var last error
-	unprotected := false
-	for attempt := 0; attempt < 20; attempt++ {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(b.cfg.PollInterval):
-			}
-			ok, found, err := b.owned(ctx, node, vmid, o)
-			switch {
-			case err != nil:
-				last = err
-				continue
-			case !found:
-				return nil
-			case !ok:
-				return nil
-			}
-		}
-		upid, err := b.c.StopVM(ctx, node, vmid)
-		if err == nil {
-			err = b.waitQuietly(ctx, node, upid)
-		}
-		if err != nil && pve.IsNotFound(err) {
-			b.dropHolds(vmid)
-			return nil
-		}
-		if err != nil && !pve.IsVMNotRunning(err) {
-			last = err
-			if pve.IsLocked(err) {
-				continue
-			}
-			// A stop can fail on a VM that is already stopped; the delete
-			// below tells the truth.
-		}
-		if err != nil && attempt == 0 {
-			// Not stopped by us: it may have been destroyed by another
-			// process since its owner was read, and its vmid taken by a
-			// new VM (not running yet). Read the owner again.
-			if ok, found, oerr := b.owned(ctx, node, vmid, o); oerr == nil && (!found || !ok) {
-				return nil
-			}
-		}
-		// Not destroy-unreferenced-disks: a fresh clone has none, and with
-		// it every destroy on the node fails while any of its image
-		// storages is offline ("storage 'x' is not online"), for ever.
-		upid, err = b.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true})
-		if err == nil {
-			err = b.waitQuietly(ctx, node, upid)
-		}
-		if pve.IsProtected(err) && !unprotected {
-			unprotected = true
-			// A VM made before its template's protection was cleared on
-			// clones: ours, so its protection goes.
-			b.log.Info("clearing the protection a VM of ours copied from its template", "vmid", vmid, "node", node)
-			if perr := b.c.SetVMConfig(ctx, node, vmid, pve.VMConfigUpdate{Delete: []string{"protection"}}); perr != nil {
-				err = fmt.Errorf("%w (and clearing its protection failed: %w)", err, privilegeHint(perr))
-			} else {
-				attempt--
-			}
-		}
-		if err == nil || pve.IsNotFound(err) {
-			b.dropHolds(vmid)
-			b.log.Info("destroyed VM", "vmid", vmid, "node", node, "job", o.job)
-			if p := b.pool.Load(); p != nil {
-				p.roomFreed()
-			}
-			return nil
-		}
-		last = err
-	}
-	return fmt.Errorf("proxmox: destroy VM %d: %w", vmid, privilegeHint(last))
-}
-
-// waitQuietly waits for a task nobody waits on (a stop or delete after
-// the job ended): it looks every PollInterval, first after half of it,
-// rather than WaitTask's quick first polls. A failed task is read by
-// WaitTask, which fetches its log.
-func (b *Backend) waitQuietly(ctx context.Context, node, upid string) error {
-	wait := b.cfg.PollInterval / 2
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		st, err := b.c.TaskStatus(ctx, node, upid)
-		if err != nil {
-			return err
-		}
-		if !st.Running() {
-			if st.OK() {
-				return nil
-			}
-			return b.c.WaitTask(ctx, node, upid)
-		}
-		wait = b.cfg.PollInterval
-	}
-}
-
-// ownedBy reads a VM's config and says whether it is o's. A VM that does
-// not exist is not (and that is no error).
-func (b *Backend) ownedBy(ctx context.Context, node string, vmid int, o owner) (bool, error) {
-	ok, _, err := b.owned(ctx, node, vmid, o)
-	return ok, err
-}
-
-// owned is ownedBy that also says whether the VM was found on node.
-func (b *Backend) owned(ctx context.Context, node string, vmid int, o owner) (ok, found bool, err error) {
-	cfg, err := b.c.VMConfig(ctx, node, vmid)
-	if pve.IsNotFound(err) {
-		b.dropHolds(vmid)
-		return false, false, nil
-	}
-	if err != nil {
-		return false, false, fmt.Errorf("proxmox: read config of VM %d: %w", vmid, privilegeHint(err))
-	}
-	if !o.owns(cfg) {
-		b.log.Info("leaving alone a VM that is not ours", "vmid", vmid, "name", cfg.Name, "want", o.vmName())
-		return false, true, nil
-	}
-	return true, true, nil
+// CheckResources implements sandbox.ResourceChecker.
+func (b *Backend) CheckResources(ctx context.Context, spec sandbox.Spec) error {
+	return b.tpls.checkCores(ctx, spec)
 }

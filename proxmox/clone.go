@@ -3,7 +3,9 @@ package proxmox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
@@ -21,11 +23,19 @@ import (
 // maxCloneAttempts bounds the retries of collisions and lock time-outs.
 const maxCloneAttempts = 6
 
+// vmids hands out vmids to this server's clones.
+type vmids struct {
+	c *pve.Client
+
+	mu      sync.Mutex
+	cloning map[int]bool // vmids handed out whose clone task has not ended
+}
+
 // allocate returns a vmid no clone of this server is using.
-func (b *Backend) allocate(ctx context.Context) (int, error) {
-	b.idMu.Lock()
-	defer b.idMu.Unlock()
-	first, err := b.c.NextID(ctx)
+func (ids *vmids) allocate(ctx context.Context) (int, error) {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	first, err := ids.c.NextID(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("proxmox: next vmid: %w", privilegeHint(err))
 	}
@@ -33,13 +43,13 @@ func (b *Backend) allocate(ctx context.Context) (int, error) {
 	// next one that is neither ours in flight nor taken is.
 	id := first
 	for ; ; id++ {
-		if b.cloning[id] {
+		if ids.cloning[id] {
 			continue
 		}
 		if id == first {
 			break
 		}
-		free, err := b.c.VMIDFree(ctx, id)
+		free, err := ids.c.VMIDFree(ctx, id)
 		if err != nil {
 			return 0, fmt.Errorf("proxmox: is vmid %d free: %w", id, err)
 		}
@@ -47,49 +57,78 @@ func (b *Backend) allocate(ctx context.Context) (int, error) {
 			break
 		}
 	}
-	b.cloning[id] = true
+	ids.cloning[id] = true
 	return id, nil
 }
 
 // allocated ends the hand-out of a vmid: its clone task ended, and the
 // vmid is now Proxmox's to report as taken (or free).
-func (b *Backend) allocated(id int) {
-	b.idMu.Lock()
-	delete(b.cloning, id)
-	b.idMu.Unlock()
+func (ids *vmids) allocated(id int) {
+	ids.mu.Lock()
+	delete(ids.cloning, id)
+	ids.mu.Unlock()
+}
+
+// inFlight: a clone of this process is making the VM.
+func (ids *vmids) inFlight(vmid int) bool {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	return ids.cloning[vmid]
+}
+
+// cloner makes VMs: linked (or full) clones of a template, named for
+// their owner in the clone call itself.
+type cloner struct {
+	c    *pve.Client
+	cfg  *Config
+	log  *slog.Logger
+	ids  *vmids
+	link linkMemo
+	vms  destroyer
+}
+
+// linkMemo remembers which templates' storages cannot link.
+type linkMemo interface {
+	isFull(info *templateInfo) bool
+	cloneFull(info *templateInfo)
+}
+
+// destroyer ends a VM of an owner, after checking it is still the owner's.
+type destroyer interface {
+	destroyVM(ctx context.Context, node string, vmid int, o owner) error
 }
 
 // clone makes the job's VM on the hold's node, named for its owner in
 // the clone call itself, and returns its vmid.
-func (b *Backend) clone(ctx context.Context, h *hold, o owner) (int, error) {
+func (cl *cloner) clone(ctx context.Context, h *hold, o owner) (int, error) {
 	tpl := h.tpl
 	for attempt := 1; ; attempt++ {
-		vmid, err := b.allocate(ctx)
+		vmid, err := cl.ids.allocate(ctx)
 		if err != nil {
 			return 0, err
 		}
 		h.cloning(vmid)
-		full := b.isFull(h.info)
-		opt := pve.CloneOptions{NewID: vmid, Name: o.vmName(), Description: "delegate job " + o.job, Full: &full, Pool: b.cfg.ResourcePool}
+		full := cl.link.isFull(h.info)
+		opt := pve.CloneOptions{NewID: vmid, Name: o.vmName(), Description: "delegate job " + o.job, Full: &full, Pool: cl.cfg.ResourcePool}
 		if h.target {
 			opt.Target = h.node
 		}
-		err = b.cloneOnce(ctx, tpl, opt, h.node, o)
-		b.allocated(vmid)
+		err = cl.cloneOnce(ctx, tpl, opt, h.node, o)
+		cl.ids.allocated(vmid)
 		switch {
 		case err == nil:
-			b.log.Info("cloned", "template", tpl.VMID, "vmid", vmid, "node", h.node, "full", full, "job", o.job)
+			cl.log.Info("cloned", "template", tpl.VMID, "vmid", vmid, "node", h.node, "full", full, "job", o.job)
 			return vmid, nil
 		case !full && pve.IsLinkedCloneUnsupported(err):
 			// Refused before anything was made: this storage cannot link.
-			b.log.Info("the template's storage cannot make linked clones: full clones from now on", "template", tpl.VMID, "err", err)
-			b.cloneFull(h.info)
+			cl.log.Info("the template's storage cannot make linked clones: full clones from now on", "template", tpl.VMID, "err", err)
+			cl.link.cloneFull(h.info)
 			attempt--
 			continue
 		case ctx.Err() != nil:
 			return 0, fmt.Errorf("proxmox: clone template %d: %w", tpl.VMID, ctx.Err())
 		case attempt < maxCloneAttempts && retryClone(err):
-			b.log.Info("clone collided, retrying with another vmid", "vmid", vmid, "attempt", attempt, "err", err)
+			cl.log.Info("clone collided, retrying with another vmid", "vmid", vmid, "attempt", attempt, "err", err)
 			wait := time.Duration(50+rand.IntN(200)) * time.Millisecond * time.Duration(attempt)
 			select {
 			case <-ctx.Done():
@@ -106,12 +145,12 @@ func (b *Backend) clone(ctx context.Context, h *hold, o owner) (int, error) {
 // the vmid now holds is destroyed only if it is this owner's. If ctx ends
 // meanwhile, the task (which goes on in Proxmox) is still waited for, a
 // while, so that its VM is not left behind.
-func (b *Backend) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.CloneOptions, node string, o owner) error {
-	upid, err := b.c.CloneVM(ctx, tpl.Node, int(tpl.VMID), opt)
+func (cl *cloner) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.CloneOptions, node string, o owner) error {
+	upid, err := cl.c.CloneVM(ctx, tpl.Node, int(tpl.VMID), opt)
 	if err != nil {
 		return err // refused before a task began: nothing was made
 	}
-	err = b.c.WaitTask(ctx, tpl.Node, upid)
+	err = cl.c.WaitTask(ctx, tpl.Node, upid)
 	if err == nil {
 		return nil
 	}
@@ -120,11 +159,11 @@ func (b *Backend) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.Clone
 		var cancel context.CancelFunc
 		cleanup, cancel = context.WithTimeout(cleanup, 5*time.Minute)
 		defer cancel()
-		if werr := b.c.WaitTask(cleanup, tpl.Node, upid); werr != nil {
+		if werr := cl.c.WaitTask(cleanup, tpl.Node, upid); werr != nil {
 			return err // it failed anyway (or still runs): Proxmox removes a failed clone
 		}
 	}
-	b.destroyVM(cleanup, node, opt.NewID, o)
+	cl.vms.destroyVM(cleanup, node, opt.NewID, o)
 	return err
 }
 

@@ -117,8 +117,8 @@ func TestCloneCollision(t *testing.T) {
 		taskFail: map[int]string{100: "unable to create VM 100: config file already exists"},
 		names:    map[int]string{100: "delegate-ffff0000-job-other", 101: "delegate-abcd1234-job-mine"}}
 	b := f.backend(t)
-	h := b.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, &templateInfo{}, false, 512, 1)
-	vmid, err := b.clone(context.Background(), h, owner{"abcd1234", "job-mine"})
+	h := b.placer.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, &templateInfo{}, false, 512, 1)
+	vmid, err := b.cloner.clone(context.Background(), h, owner{"abcd1234", "job-mine"})
 	if err != nil || vmid != 101 {
 		t.Fatalf("clone: %d %v", vmid, err)
 	}
@@ -141,8 +141,8 @@ func TestCloneLockTimeout(t *testing.T) {
 	msg := "can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout"
 	f := &fakeCluster{nextIDs: []int{100}, taskFail: map[int]string{100: msg}, names: map[int]string{}}
 	b := f.backend(t)
-	h := b.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, &templateInfo{}, false, 512, 1)
-	_, err := b.clone(context.Background(), h, owner{"abcd1234", "job-mine"})
+	h := b.placer.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, &templateInfo{}, false, 512, 1)
+	_, err := b.cloner.clone(context.Background(), h, owner{"abcd1234", "job-mine"})
 	if err == nil || !strings.Contains(err.Error(), msg) {
 		t.Fatalf("err = %v", err)
 	}
@@ -157,18 +157,18 @@ func TestCloneLinkedFallback(t *testing.T) {
 	f := &fakeCluster{nextIDs: []int{100}, linked: true, names: map[int]string{}}
 	b := f.backend(t)
 	info := &templateInfo{}
-	h := b.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, info, false, 512, 1)
-	if _, err := b.clone(context.Background(), h, owner{"abcd1234", "job-a"}); err != nil {
+	h := b.placer.reserve("pve1", pve.Resource{VMID: 9000, Node: "pve1", Name: "tpl"}, info, false, 512, 1)
+	if _, err := b.cloner.clone(context.Background(), h, owner{"abcd1234", "job-a"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.clone(context.Background(), h, owner{"abcd1234", "job-b"}); err != nil {
+	if _, err := b.cloner.clone(context.Background(), h, owner{"abcd1234", "job-b"}); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"POST /nodes/pve1/qemu/9000/clone 100 0", "POST /nodes/pve1/qemu/9000/clone 100 1", "POST /nodes/pve1/qemu/9000/clone 100 1"}
 	if got := f.called("POST"); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("clones %q, want %q", got, want)
 	}
-	if !b.isFull(info) {
+	if !b.tpls.isFull(info) {
 		t.Error("the template is not remembered as full-clone only")
 	}
 }

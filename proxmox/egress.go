@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -44,6 +45,14 @@ type Egress struct {
 	Callback netip.AddrPort
 }
 
+// firewall puts job VMs behind Proxmox's firewall, the egress proxy
+// their one way out.
+type firewall struct {
+	c      *pve.Client
+	egress *Egress
+	log    *slog.Logger
+}
+
 // ipfilterSet is the IP set Proxmox's ipfilter uses for net0.
 const ipfilterSet = "ipfilter-net0"
 
@@ -57,8 +66,8 @@ func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
 }
 
 // egressRules are the rules a job VM's firewall must have.
-func (b *Backend) egressRules() []pve.FirewallRule {
-	e := b.cfg.Egress
+func (fw *firewall) rules() []pve.FirewallRule {
+	e := fw.egress
 	rules := []pve.FirewallRule{{Type: "out", Action: "ACCEPT", Proto: "tcp", Dest: e.Proxy.Addr().String(),
 		DPort: strconv.Itoa(int(e.Proxy.Port())), Iface: "net0", Comment: "delegate: the egress proxy"}}
 	if e.Callback.IsValid() {
@@ -77,15 +86,15 @@ var errFirewall = errors.New("the job's network must go through delegate's egres
 
 // checkFirewallOn refuses a node whose VM rules would do nothing: the
 // datacenter's firewall is off by default, a node's on.
-func (b *Backend) checkFirewallOn(ctx context.Context, node string) error {
-	dc, err := b.c.ClusterFirewall(ctx)
+func (fw *firewall) checkOn(ctx context.Context, node string) error {
+	dc, err := fw.c.ClusterFirewall(ctx)
 	if err != nil {
 		return fmt.Errorf("proxmox: read the datacenter's firewall options (Sys.Audit on /): %w", privilegeHint(err))
 	}
 	if !pve.On(dc.Enable, false) {
 		return fmt.Errorf("proxmox: the datacenter's firewall is off, so no VM rule applies: turn it on (Datacenter → Firewall → Options → Firewall: Yes; PUT /cluster/firewall/options enable=1), with rules that keep the cluster reachable: %w", errFirewall)
 	}
-	n, err := b.c.NodeFirewall(ctx, node)
+	n, err := fw.c.NodeFirewall(ctx, node)
 	if err != nil {
 		return fmt.Errorf("proxmox: read node %s's firewall options (Sys.Audit on /nodes/%s): %w", node, node, privilegeHint(err))
 	}
@@ -98,29 +107,29 @@ func (b *Backend) checkFirewallOn(ctx context.Context, node string) error {
 // setFirewall gives a stopped job VM its firewall: options, the ipfilter
 // set, the rules to the proxy and the callback server (those a template
 // brought are kept; what is missing is added), then reads it all back.
-func (b *Backend) setFirewall(ctx context.Context, s *vmSandbox) error {
-	if err := b.c.SetVMFirewall(ctx, s.node, s.vmid, egressOptions); err != nil {
+func (fw *firewall) set(ctx context.Context, s *vmSandbox) error {
+	if err := fw.c.SetVMFirewall(ctx, s.node, s.vmid, egressOptions); err != nil {
 		return fmt.Errorf("proxmox: set VM %d's firewall options (VM.Config.Network): %w", s.vmid, privilegeHint(err))
 	}
-	if _, ok, err := b.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet); err != nil {
+	if _, ok, err := fw.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet); err != nil {
 		return fmt.Errorf("proxmox: VM %d's IP sets: %w", s.vmid, privilegeHint(err))
 	} else if !ok {
-		if err := b.c.CreateVMIPSet(ctx, s.node, s.vmid, ipfilterSet); err != nil {
+		if err := fw.c.CreateVMIPSet(ctx, s.node, s.vmid, ipfilterSet); err != nil {
 			return fmt.Errorf("proxmox: create VM %d's %s: %w", s.vmid, ipfilterSet, privilegeHint(err))
 		}
 	}
-	have, err := b.c.VMFirewallRules(ctx, s.node, s.vmid)
+	have, err := fw.c.VMFirewallRules(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: VM %d's firewall rules: %w", s.vmid, privilegeHint(err))
 	}
-	for _, r := range b.egressRules() {
+	for _, r := range fw.rules() {
 		if !hasRule(have, r) {
-			if err := b.c.AddVMFirewallRule(ctx, s.node, s.vmid, r); err != nil {
+			if err := fw.c.AddVMFirewallRule(ctx, s.node, s.vmid, r); err != nil {
 				return fmt.Errorf("proxmox: add VM %d's firewall rule to %s:%s: %w", s.vmid, r.Dest, r.DPort, privilegeHint(err))
 			}
 		}
 	}
-	return b.checkFirewall(ctx, s, "")
+	return fw.check(ctx, s, "")
 }
 
 // hasRule says whether rules hold r, enabled.
@@ -134,8 +143,8 @@ func hasRule(rules []pve.FirewallRule, r pve.FirewallRule) bool {
 // checkFirewall reads a job VM's firewall back: its NIC's firewall flag,
 // the options, the rules, and (with ip) the ipfilter set holding the
 // VM's address; an outbound rule that accepts anything else is refused.
-func (b *Backend) checkFirewall(ctx context.Context, s *vmSandbox, ip string) error {
-	cfg, err := b.c.VMConfig(ctx, s.node, s.vmid)
+func (fw *firewall) check(ctx context.Context, s *vmSandbox, ip string) error {
+	cfg, err := fw.c.VMConfig(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: read VM %d's config: %w", s.vmid, privilegeHint(err))
 	}
@@ -150,18 +159,18 @@ func (b *Backend) checkFirewall(ctx context.Context, s *vmSandbox, ip string) er
 			return fail("it has a second NIC, %s, which the firewall rules do not cover", k)
 		}
 	}
-	o, err := b.c.VMFirewall(ctx, s.node, s.vmid)
+	o, err := fw.c.VMFirewall(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: read VM %d's firewall options: %w", s.vmid, privilegeHint(err))
 	}
 	if !pve.On(o.Enable, false) || !pve.On(o.IPFilter, false) || !pve.On(o.MACFilter, true) || o.PolicyOut != "DROP" || o.PolicyIn != "DROP" {
 		return fail("its firewall options are %+v, not enable=1 ipfilter=1 macfilter=1 policy_in=DROP policy_out=DROP", o)
 	}
-	rules, err := b.c.VMFirewallRules(ctx, s.node, s.vmid)
+	rules, err := fw.c.VMFirewallRules(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: read VM %d's firewall rules: %w", s.vmid, privilegeHint(err))
 	}
-	want := b.egressRules()
+	want := fw.rules()
 	for _, r := range want {
 		if !hasRule(rules, r) {
 			return fail("it lacks the rule out ACCEPT tcp → %s:%s", r.Dest, r.DPort)
@@ -175,7 +184,7 @@ func (b *Backend) checkFirewall(ctx context.Context, s *vmSandbox, ip string) er
 	if ip == "" {
 		return nil
 	}
-	es, ok, err := b.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet)
+	es, ok, err := fw.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet)
 	if err != nil {
 		return fmt.Errorf("proxmox: read VM %d's %s: %w", s.vmid, ipfilterSet, privilegeHint(err))
 	}
@@ -188,8 +197,8 @@ func (b *Backend) checkFirewall(ctx context.Context, s *vmSandbox, ip string) er
 // pinAddress puts the VM's address, as its agent reports it, in its
 // ipfilter set (until then ipfilter lets it send nothing but DHCP), and
 // checks the whole firewall again.
-func (b *Backend) pinAddress(ctx context.Context, s *vmSandbox) error {
-	ifaces, err := b.c.AgentNetworkInterfaces(ctx, s.node, s.vmid)
+func (fw *firewall) pin(ctx context.Context, s *vmSandbox) error {
+	ifaces, err := fw.c.AgentNetworkInterfaces(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: VM %d's addresses (agent network-get-interfaces): %w", s.vmid, privilegeHint(err))
 	}
@@ -208,13 +217,13 @@ func (b *Backend) pinAddress(ctx context.Context, s *vmSandbox) error {
 	if ip == "" {
 		return fmt.Errorf("proxmox: VM %d reports no IPv4 address to pin: %w", s.vmid, errFirewall)
 	}
-	if es, _, err := b.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet); err == nil &&
+	if es, _, err := fw.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet); err == nil &&
 		!slices.ContainsFunc(es, func(e pve.IPSetEntry) bool { return e.CIDR == ip || e.CIDR == ip+"/32" }) {
-		if err := b.c.AddVMIPSetEntry(ctx, s.node, s.vmid, ipfilterSet, ip+"/32"); err != nil {
+		if err := fw.c.AddVMIPSetEntry(ctx, s.node, s.vmid, ipfilterSet, ip+"/32"); err != nil {
 			return fmt.Errorf("proxmox: pin VM %d to %s: %w", s.vmid, ip, privilegeHint(err))
 		}
 	}
-	return b.checkFirewall(ctx, s, ip)
+	return fw.check(ctx, s, ip)
 }
 
 // ParseEgress reads PROXMOX_EGRESS_PROXY (host:port, the address job VMs

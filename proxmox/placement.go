@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -36,7 +36,7 @@ const HostReserve = 2 << 30
 // is destroyed (or the reservation is released unused). It is the
 // sandbox.Admission the proxmox backend hands out.
 type hold struct {
-	b      *Backend
+	p      *placer
 	node   string
 	tpl    pve.Resource // the template to clone
 	info   *templateInfo
@@ -52,19 +52,19 @@ type hold struct {
 	// once they are gone.
 	evict []*poolVM
 
-	// Guarded by b.holdMu.
+	// Guarded by p.mu.
 	vmid int  // the vmid being cloned, then the VM's
 	used bool // Create made the VM: the hold ends when the VM is destroyed
 }
 
 // Release implements sandbox.Admission.
 func (h *hold) Release() {
-	h.b.holdMu.Lock()
+	h.p.mu.Lock()
 	used := h.used
 	if !used && h.pooled == nil {
-		delete(h.b.holds, h)
+		delete(h.p.holds, h)
 	}
-	h.b.holdMu.Unlock()
+	h.p.mu.Unlock()
 	if !used && h.pooled != nil {
 		h.pool.release(h.pooled)
 	}
@@ -73,27 +73,66 @@ func (h *hold) Release() {
 // cloning records the vmid a clone for this hold is trying, so that the
 // listing does not count it twice.
 func (h *hold) cloning(vmid int) {
-	h.b.holdMu.Lock()
-	defer h.b.holdMu.Unlock()
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
 	h.vmid = vmid
 }
 
 // bind records the VM that now holds the room; Release no longer frees it.
 func (h *hold) bind(vmid int) {
-	h.b.holdMu.Lock()
-	defer h.b.holdMu.Unlock()
+	h.p.mu.Lock()
+	defer h.p.mu.Unlock()
 	h.vmid, h.used = vmid, true
 }
 
-// dropHolds forgets the room (and the node) of a VM that is gone.
-func (b *Backend) dropHolds(vmid int) {
-	b.holdMu.Lock()
-	defer b.holdMu.Unlock()
-	delete(b.nodes, vmid)
-	for h := range b.holds {
+// placer chooses the node and template of each new VM and holds its
+// room there until the VM is gone (placement.go).
+type placer struct {
+	c    *pve.Client
+	cfg  *Config
+	log  *slog.Logger
+	tpls templateSource
+	// pool is the warm pool, when there is one (it may give way to jobs).
+	pool func() idlePool
+
+	placeMu sync.Mutex // one placement at a time
+
+	mu       sync.Mutex
+	holds    map[*hold]struct{}
+	blindWhy string
+}
+
+// templateSource is the templates as placement sees them.
+type templateSource interface {
+	find(ctx context.Context, resources []pve.Resource, name string) ([]pve.Resource, error)
+	info(ctx context.Context, t pve.Resource) (*templateInfo, error)
+	refusal(info *templateInfo) string
+}
+
+// idlePool is the warm pool as placement sees it: idle VMs that give
+// way to jobs, and jobs it must let go first.
+type idlePool interface {
+	evict(ctx context.Context, node string, free, need int64, resources []pve.Resource) []*poolVM
+	starve(job string)
+	fed(job string)
+	roomFreed()
+}
+
+func newPlacer(c *pve.Client, cfg *Config, log *slog.Logger, tpls templateSource, pool func() idlePool) *placer {
+	return &placer{c: c, cfg: cfg, log: log, tpls: tpls, pool: pool, holds: map[*hold]struct{}{}}
+}
+
+// freed forgets the room of a VM that is gone: it is free for the next.
+func (p *placer) freed(vmid int) {
+	p.mu.Lock()
+	for h := range p.holds {
 		if h.used && h.vmid == vmid { // not a reservation still cloning
-			delete(b.holds, h)
+			delete(p.holds, h)
 		}
+	}
+	p.mu.Unlock()
+	if pl := p.pool(); pl != nil {
+		pl.roomFreed()
 	}
 }
 
@@ -102,73 +141,39 @@ func memMiB(spec sandbox.Spec) int {
 	return int(max(16, (spec.MemoryBytes+(1<<20)-1)>>20))
 }
 
-// Admit implements sandbox.Admitter: it chooses the template and node of
-// a job's VM and reserves the room there. One placement runs at a time,
-// so that two jobs never count the same room.
-func (b *Backend) Admit(ctx context.Context, spec sandbox.Spec) (sandbox.Admission, error) {
-	h, err := b.admit(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	return h, nil
-}
-
-// admit reserves a warm VM of the pool if one fits, else room for a
-// cold one.
-func (b *Backend) admit(ctx context.Context, spec sandbox.Spec) (*hold, error) {
-	if h := b.poolHold(ctx, spec); h != nil {
-		return h, nil
-	}
-	return b.place(ctx, spec, false)
-}
-
-// poolHold reserves a warm VM for a job, or returns nil.
-func (b *Backend) poolHold(ctx context.Context, spec sandbox.Spec) *hold {
-	p := b.pool.Load()
-	if p == nil {
-		return nil
-	}
-	v := p.take(ctx, spec)
-	if v == nil {
-		return nil
-	}
-	p.fed(spec.JobID)
-	return &hold{b: b, node: v.node, memMiB: v.shape.memMiB, pooled: v, pool: p}
-}
-
 // place finds room for a new VM. forPool: it is for the warm pool,
 // which never takes room from jobs.
-func (b *Backend) place(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
-	h, err := b.placeOnce(ctx, spec, forPool)
-	if p := b.pool.Load(); p != nil && !forPool {
+func (p *placer) place(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
+	h, err := p.placeOnce(ctx, spec, forPool)
+	if pl := p.pool(); pl != nil && !forPool {
 		if errors.Is(err, sandbox.ErrNoCapacity) {
-			p.starve(spec.JobID)
+			pl.starve(spec.JobID)
 		} else {
-			p.fed(spec.JobID)
+			pl.fed(spec.JobID)
 		}
 	}
 	return h, err
 }
 
-func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
+func (p *placer) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error) {
 	tplName := spec.Template
 	if tplName == "" {
-		tplName = b.cfg.Template
+		tplName = p.cfg.Template
 	}
 	if tplName == "" {
 		return nil, fmt.Errorf("vmTemplate: no template given and DEFAULT_VM_TEMPLATE is not set")
 	}
-	b.placeMu.Lock()
-	defer b.placeMu.Unlock()
-	resources, err := b.c.ClusterResources(ctx, pve.ResourceAll)
+	p.placeMu.Lock()
+	defer p.placeMu.Unlock()
+	resources, err := p.c.ClusterResources(ctx, pve.ResourceAll)
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: read the cluster's resources: %w", err)
 	}
-	tpls, err := b.findTemplates(ctx, resources, tplName)
+	tpls, err := p.tpls.find(ctx, resources, tplName)
 	if err != nil {
 		return nil, err
 	}
-	cl := b.survey(ctx, resources)
+	cl := p.survey(ctx, resources)
 	need := memMiB(spec)
 	cores := shapeOf(spec.CPU, spec.MemoryBytes).cores
 
@@ -186,11 +191,11 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		if cl.nodes[t.Node] == nil {
 			continue
 		}
-		info, err := b.template(ctx, t)
+		info, err := p.tpls.info(ctx, t)
 		if err != nil {
 			return nil, err
 		}
-		if why := b.refusal(info); why != "" {
+		if why := p.tpls.refusal(info); why != "" {
 			return nil, fmt.Errorf("vmTemplate: %s", why)
 		}
 		if !seen[t.Node] {
@@ -202,7 +207,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		if cl.nodes[t.Node] == nil {
 			continue
 		}
-		info, _ := b.template(ctx, t) // cached above
+		info, _ := p.tpls.info(ctx, t) // cached above
 		if info == nil || !cl.shared(t.Node, info.storages) {
 			continue
 		}
@@ -243,9 +248,9 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 	if !known {
 		// Blind: Proxmox shows no node memory to this token and the
 		// operator set none. The template's own node is the best guess.
-		b.blind(cl.why)
+		p.blind(cl.why)
 		c := cands[0]
-		return b.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
+		return p.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
 	}
 
 	best, bestFree := -1, int64(0)
@@ -257,13 +262,13 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		if n.capacity <= 0 {
 			continue
 		}
-		heldMem, heldCPU := b.heldOn(c.node, cl.vmids)
+		heldMem, heldCPU := p.heldOn(c.node, cl.vmids)
 		free := n.capacity - n.used - heldMem
 		frees[i] = free
 		biggest = max(biggest, n.capacity)
 		view := fmt.Sprintf("%s %d of %d MiB", c.node, max(0, free)>>20, n.capacity>>20)
 		cpuOK := true
-		if r := b.cfg.CPUOvercommit; r > 0 && n.cores > 0 {
+		if r := p.cfg.CPUOvercommit; r > 0 && n.cores > 0 {
 			// vCPUs are reserved only when the operator sets a ratio.
 			room := int(float64(n.cores)*r) - n.usedCPU - heldCPU
 			cpuOK = room >= cores
@@ -276,7 +281,7 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 			best, bestFree = i, free
 		}
 	}
-	if p := b.pool.Load(); best < 0 && p != nil && !forPool && int64(need)<<20 <= biggest {
+	if pl := p.pool(); best < 0 && pl != nil && !forPool && int64(need)<<20 <= biggest {
 		// Idle pool VMs give way to a job: those of a node where they
 		// make enough room (a linked clone's node first) are destroyed.
 		order := make([]int, 0, len(cands))
@@ -292,8 +297,8 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 		}
 		for _, i := range order {
 			c := cands[i]
-			if victims := p.evict(ctx, c.node, frees[i], int64(need)<<20, resources); victims != nil {
-				h := b.reserve(c.node, c.tpl, c.info, c.target, need, cores)
+			if victims := pl.evict(ctx, c.node, frees[i], int64(need)<<20, resources); victims != nil {
+				h := p.reserve(c.node, c.tpl, c.info, c.target, need, cores)
 				h.evict = victims
 				return h, nil
 			}
@@ -305,20 +310,20 @@ func (b *Backend) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool
 				need, tplName, biggest>>20, HostReserve>>20)
 		}
 		what := fmt.Sprintf("%d MiB", need)
-		if b.cfg.CPUOvercommit > 0 {
+		if p.cfg.CPUOvercommit > 0 {
 			what += fmt.Sprintf(" and %d vCPUs", cores)
 		}
 		return nil, &sandbox.CapacityError{Reason: fmt.Sprintf("no node has %s free for a VM of template %q (free: %s)", what, tplName, strings.Join(views, "; "))}
 	}
 	c := cands[best]
-	return b.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
+	return p.reserve(c.node, c.tpl, c.info, c.target, need, cores), nil
 }
 
-func (b *Backend) reserve(node string, tpl pve.Resource, info *templateInfo, target bool, need, cores int) *hold {
-	h := &hold{b: b, node: node, tpl: tpl, info: info, target: target, memMiB: need, cores: cores}
-	b.holdMu.Lock()
-	b.holds[h] = struct{}{}
-	b.holdMu.Unlock()
+func (p *placer) reserve(node string, tpl pve.Resource, info *templateInfo, target bool, need, cores int) *hold {
+	h := &hold{p: p, node: node, tpl: tpl, info: info, target: target, memMiB: need, cores: cores}
+	p.mu.Lock()
+	p.holds[h] = struct{}{}
+	p.mu.Unlock()
 	return h
 }
 
@@ -326,12 +331,12 @@ func (b *Backend) reserve(node string, tpl pve.Resource, info *templateInfo, tar
 // VMs not yet in the listing (or counted by their hold instead). A hold
 // whose VM is no longer listed is gone (destroyed by another process): it
 // is dropped.
-func (b *Backend) heldOn(node string, listed map[int]bool) (mem int64, cpus int) {
-	b.holdMu.Lock()
-	defer b.holdMu.Unlock()
-	for h := range b.holds {
+func (p *placer) heldOn(node string, listed map[int]bool) (mem int64, cpus int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for h := range p.holds {
 		if h.used && !listed[h.vmid] {
-			delete(b.holds, h)
+			delete(p.holds, h)
 			continue
 		}
 		if h.node == node {
@@ -343,10 +348,10 @@ func (b *Backend) heldOn(node string, listed map[int]bool) (mem int64, cpus int)
 }
 
 // holdsVM reports whether a hold of this server counts a VM.
-func (b *Backend) holdsVM(vmid int) bool {
-	b.holdMu.Lock()
-	defer b.holdMu.Unlock()
-	for h := range b.holds {
+func (p *placer) holdsVM(vmid int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for h := range p.holds {
 		if h.vmid == vmid {
 			return true
 		}
@@ -355,13 +360,13 @@ func (b *Backend) holdsVM(vmid int) bool {
 }
 
 // blind logs, once per reason, that placement cannot see node memory.
-func (b *Backend) blind(why string) {
-	b.holdMu.Lock()
-	again := b.blindWhy == why
-	b.blindWhy = why
-	b.holdMu.Unlock()
+func (p *placer) blind(why string) {
+	p.mu.Lock()
+	again := p.blindWhy == why
+	p.blindWhy = why
+	p.mu.Unlock()
 	if !again {
-		b.log.Warn("placement is blind: jobs go to their template's node without a capacity check", "why", why)
+		p.log.Warn("placement is blind: jobs go to their template's node without a capacity check", "why", why)
 	}
 }
 
@@ -395,7 +400,7 @@ func (cl *clusterView) shared(node string, storages []string) bool {
 }
 
 // survey reads the nodes' capacity and the memory their VMs hold.
-func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *clusterView {
+func (p *placer) survey(ctx context.Context, resources []pve.Resource) *clusterView {
 	cl := &clusterView{nodes: map[string]*nodeRoom{}, storages: map[string]bool{}, vmids: map[int]bool{}}
 	noMaxMem := false
 	for _, r := range resources {
@@ -405,9 +410,9 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 				continue
 			}
 			n := &nodeRoom{cores: int(r.MaxCPU)}
-			if m, ok := b.cfg.NodeMemory[r.Node]; ok {
+			if m, ok := p.cfg.NodeMemory[r.Node]; ok {
 				n.capacity = m
-			} else if m, ok := b.cfg.NodeMemory[""]; ok {
+			} else if m, ok := p.cfg.NodeMemory[""]; ok {
 				n.capacity = m
 			} else if r.MaxMem > 0 {
 				n.capacity = max(1, int64(r.MaxMem)-HostReserve)
@@ -431,7 +436,7 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 	lookups := 0
 	for _, r := range resources {
 		n := cl.nodes[r.Node]
-		if n == nil || (r.Type != "qemu" && r.Type != "lxc") || bool(r.Template) || b.holdsVM(int(r.VMID)) {
+		if n == nil || (r.Type != "qemu" && r.Type != "lxc") || bool(r.Template) || p.holdsVM(int(r.VMID)) {
 			continue
 		}
 		fresh := r.Status == "" || r.Status == "unknown" // no RRD data yet: a VM seconds old
@@ -444,7 +449,7 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 			// Fresh VMs are listed without maxmem: their config says (what
 			// they run with, not what waits for their next start).
 			lookups++
-			if cfg, err := b.c.CurrentVMConfig(ctx, r.Node, int(r.VMID)); err == nil && !bool(cfg.Template) {
+			if cfg, err := p.c.CurrentVMConfig(ctx, r.Node, int(r.VMID)); err == nil && !bool(cfg.Template) {
 				mem = int64(cfg.MemoryMiB()) << 20
 				cpus = max(1, int(cfg.Cores)) * max(1, int(cfg.Sockets))
 			}
@@ -458,31 +463,6 @@ func (b *Backend) survey(ctx context.Context, resources []pve.Resource) *cluster
 // maxMemoryLookups bounds the config reads of one placement.
 const maxMemoryLookups = 8
 
-// findTemplates finds the templates a job names. Proxmox lists a VM's
-// name and template flag from its statistics, which a VM made in the last
-// ~10 s does not have yet: if none matches, those VMs' configs are read.
-func (b *Backend) findTemplates(ctx context.Context, resources []pve.Resource, name string) ([]pve.Resource, error) {
-	tpls, err := findTemplates(resources, name)
-	if err == nil {
-		return tpls, nil
-	}
-	found, lookups := false, 0
-	for i, r := range resources {
-		if r.Type != "qemu" || r.Name != "" || lookups >= 2*maxMemoryLookups || slices.Contains(r.TagList(), instanceTag(b.cfg.Instance)) {
-			continue // this instance's VMs are clones, never templates
-		}
-		lookups++
-		cfg, cerr := b.c.VMConfig(ctx, r.Node, int(r.VMID))
-		if cerr == nil && bool(cfg.Template) {
-			resources[i].Name, resources[i].Template, found = cfg.Name, true, true
-		}
-	}
-	if !found {
-		return nil, err
-	}
-	return findTemplates(resources, name)
-}
-
 func hasTagPrefix(r pve.Resource, prefix string) bool {
 	for _, t := range r.TagList() {
 		if t == prefix || strings.HasPrefix(t, prefix+"-") {
@@ -490,134 +470,6 @@ func hasTagPrefix(r pve.Resource, prefix string) bool {
 		}
 	}
 	return false
-}
-
-// templateInfo is what delegate needs of a template's config: it does
-// not change while it is a template, so it is read once in a while.
-type templateInfo struct {
-	read   time.Time
-	label  string // "name (vmid)"
-	digest string // of its config: a pool VM remembers it
-	// storages are those of its disks and of its CD-ROM and cloud-init
-	// drives: Proxmox refuses to clone it to another node unless every
-	// one is shared (qemu-server clone_vm, $check_storage_access_clone).
-	storages []string
-	nets     []string // netN keys
-	bootDisk string
-	bootSize int64
-	// agent: its agent option is on; without it no job can run.
-	agent bool
-	// protection is set: its clones copy it, and must lose it.
-	protection bool
-
-	// Guarded by b.tplMu.
-	full bool // its storage cannot make linked clones
-	// agentOK: a clone's guest agent was seen to allow what delegate
-	// needs; agentRefused says what it refused (then no job can run).
-	agentOK      bool
-	agentRefused string
-}
-
-// refusal says why no job can run on a template ("" if one can).
-func (b *Backend) refusal(info *templateInfo) string {
-	if !info.agent {
-		return fmt.Sprintf("template %s has no QEMU guest agent enabled (agent: 1), and delegate reaches its VMs only through the agent: "+
-			"install qemu-guest-agent in it and enable the option (qm set <vmid> --agent enabled=1)", info.label)
-	}
-	b.tplMu.Lock()
-	defer b.tplMu.Unlock()
-	return info.agentRefused
-}
-
-// templateTTL: a template is read again after this long (it may have
-// been replaced under the same vmid).
-const templateTTL = 10 * time.Minute
-
-func (b *Backend) template(ctx context.Context, t pve.Resource) (*templateInfo, error) {
-	b.tplMu.Lock()
-	info := b.tpls[int(t.VMID)]
-	b.tplMu.Unlock()
-	if info != nil && time.Since(info.read) < templateTTL {
-		return info, nil
-	}
-	cfg, err := b.c.VMConfig(ctx, t.Node, int(t.VMID))
-	if err != nil {
-		return nil, fmt.Errorf("proxmox: read template %d: %w", t.VMID, privilegeHint(err))
-	}
-	info = &templateInfo{read: time.Now(), label: templateLabel(t) + " (" + strconv.Itoa(int(t.VMID)) + ")", digest: cfg.Digest,
-		nets: netKeys(cfg), storages: diskStorages(cfg), agent: agentEnabled(cfg), protection: cfg.Option("protection") == "1"}
-	if t.Name == "" {
-		info.label = cfg.Name + " (" + strconv.Itoa(int(t.VMID)) + ")"
-	}
-	info.bootDisk, info.bootSize = bootDisk(cfg)
-	b.tplMu.Lock()
-	old := b.tpls[int(t.VMID)]
-	if old != nil {
-		info.full = old.full
-		if old.digest == info.digest {
-			info.agentOK, info.agentRefused = old.agentOK, old.agentRefused
-		}
-	}
-	b.tpls[int(t.VMID)] = info
-	b.tplMu.Unlock()
-	if old == nil || old.digest != info.digest {
-		b.warnTemplate(info, cfg)
-	}
-	return info, nil
-}
-
-// warnTemplate logs what a template's config shows that costs jobs
-// dearly but does not stop them.
-func (b *Backend) warnTemplate(info *templateInfo, cfg pve.VMConfig) {
-	if hasCloudInit(cfg) && cfg.Option("ciupgrade") != "0" {
-		b.log.Warn("the template's cloud-init upgrades packages at every first boot of a VM with network (ciupgrade defaults to 1): "+
-			"minutes per job, and it may restart the guest agent; set ciupgrade 0 on the template", "template", info.label)
-	}
-	if !info.agent {
-		b.log.Warn("the template has no QEMU guest agent enabled: its jobs fail", "template", info.label)
-	}
-}
-
-// agentEnabled reads the agent option ("1", "enabled=1,fstrim_cloned_disks=1"...).
-func agentEnabled(cfg pve.VMConfig) bool {
-	for _, part := range strings.Split(string(cfg.Agent), ",") {
-		k, v, ok := strings.Cut(part, "=")
-		if !ok {
-			v = k
-		} else if k != "enabled" {
-			continue
-		}
-		return v == "1" || v == "on" || v == "yes" || v == "true"
-	}
-	return false
-}
-
-// hasCloudInit: a drive of the config is a cloud-init drive.
-func hasCloudInit(cfg pve.VMConfig) bool {
-	for k := range cfg.Raw {
-		if v := cfg.Option(k); isDiskKey(k) && strings.Contains(v, "media=cdrom") && strings.Contains(volumeOf(v), "cloudinit") {
-			return true
-		}
-	}
-	return false
-}
-
-func volumeOf(drive string) string {
-	vol, _, _ := strings.Cut(drive, ",")
-	return vol
-}
-
-// cloneFull remembers that a template's storage cannot link.
-func (b *Backend) cloneFull(info *templateInfo) {
-	b.tplMu.Lock()
-	info.full = true
-	b.tplMu.Unlock()
-}
-
-func (b *Backend) isFull(info *templateInfo) bool {
-	b.tplMu.Lock()
-	defer b.tplMu.Unlock()
-	return info.full
 }
 
 // diskStorages lists the storages of a VM's drives: its disks, and its

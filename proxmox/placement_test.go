@@ -28,8 +28,8 @@ func TestSurvey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.reserve("pve2", pve.Resource{}, nil, false, 1024, 2).bind(105)
-	cl := b.survey(context.Background(), resources)
+	b.placer.reserve("pve2", pve.Resource{}, nil, false, 1024, 2).bind(105)
+	cl := b.placer.survey(context.Background(), resources)
 	if len(cl.order) != 2 || cl.why != "" {
 		t.Fatalf("online nodes %v (%s)", cl.order, cl.why)
 	}
@@ -39,7 +39,7 @@ func TestSurvey(t *testing.T) {
 	if n := cl.nodes["pve2"]; n.capacity != 14*gib || n.used != 2*gib+512<<20 {
 		t.Errorf("pve2: %+v", n)
 	}
-	if got, cpus := b.heldOn("pve2", cl.vmids); got != 1<<30 || cpus != 2 {
+	if got, cpus := b.placer.heldOn("pve2", cl.vmids); got != 1<<30 || cpus != 2 {
 		t.Errorf("held on pve2: %d", got)
 	}
 	if !cl.shared("pve1", []string{"ceph"}) || cl.shared("pve1", []string{"ceph", "local-lvm"}) || cl.shared("pve2", []string{"ceph"}) {
@@ -47,7 +47,7 @@ func TestSurvey(t *testing.T) {
 	}
 	// A hold whose VM was destroyed elsewhere no longer counts.
 	delete(cl.vmids, 105)
-	if got, _ := b.heldOn("pve2", cl.vmids); got != 0 {
+	if got, _ := b.placer.heldOn("pve2", cl.vmids); got != 0 {
 		t.Errorf("held on pve2 after its VM went: %d", got)
 	}
 
@@ -55,12 +55,12 @@ func TestSurvey(t *testing.T) {
 	// without maxmem (no Sys.Audit), placement is blind and says why.
 	blindRes := []pve.Resource{{Type: "node", Node: "pve1", Status: "online"}, {Type: "node", Node: "pve2", Status: "online"}}
 	b.cfg.NodeMemory = map[string]int64{"pve1": 6 * gib}
-	cl = b.survey(context.Background(), blindRes)
+	cl = b.placer.survey(context.Background(), blindRes)
 	if cl.nodes["pve1"].capacity != 6*gib || cl.nodes["pve2"].capacity != 0 || cl.why == "" {
 		t.Errorf("per node: %+v %+v %q", cl.nodes["pve1"], cl.nodes["pve2"], cl.why)
 	}
 	b.cfg.NodeMemory = map[string]int64{"": 8 * gib, "pve1": 6 * gib}
-	cl = b.survey(context.Background(), blindRes)
+	cl = b.placer.survey(context.Background(), blindRes)
 	if cl.nodes["pve1"].capacity != 6*gib || cl.nodes["pve2"].capacity != 8*gib || cl.why != "" {
 		t.Errorf("default: %+v %+v %q", cl.nodes["pve1"], cl.nodes["pve2"], cl.why)
 	}

@@ -149,15 +149,26 @@ type poolVM struct {
 
 // pool keeps the warm pool of a Backend.
 type pool struct {
-	b     *Backend
+	c *pve.Client
+	// instance and template are the backend's (Config).
+	instance, template string
+	placer             poolPlacer
+	cloner             vmCloner
+	prep               vmPreparer
+	tables             poolVMTable
+	tpls               poolTemplates
+	clones             cloneWatch
+
 	cfg   PoolConfig
 	shape shape
 	log   *slog.Logger
 	kick  chan struct{}
 	wg    sync.WaitGroup
-	// stop ends the upkeep (KeepPool's stop and Backend.Close share it).
+	// stop ends the upkeep (KeepPool's stop and Backend.Close share it);
+	// stopErr says if it left VMs being made.
 	stop     func()
 	stopOnce sync.Once
+	stopErr  error
 
 	mu       sync.Mutex
 	vms      map[int]*poolVM
@@ -171,6 +182,31 @@ type pool struct {
 	hungry   map[string]time.Time // jobs refused room, by job id
 	waitLog  bool
 }
+
+// What the pool needs of the backend's other parts.
+type (
+	poolPlacer interface {
+		place(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error)
+		holdsVM(vmid int) bool
+	}
+	vmCloner interface {
+		clone(ctx context.Context, h *hold, o owner) (int, error)
+	}
+	vmPreparer interface {
+		configure(ctx context.Context, vmid int, node string, o owner, h *hold, spec sandbox.Spec, desc string) error
+	}
+	poolVMTable interface {
+		remember(vmid int, node string)
+		gone(vmid int)
+		destroyVM(ctx context.Context, node string, vmid int, o owner) error
+		destroyLater(ctx context.Context, node string, vmid int, o owner)
+		remove(ctx context.Context, node string, vmid int, o owner) error
+	}
+	poolTemplates interface {
+		find(ctx context.Context, resources []pve.Resource, name string) ([]pve.Resource, error)
+		info(ctx context.Context, t pve.Resource) (*templateInfo, error)
+	}
+)
 
 // hungerWindow: a job refused room this recently holds up the pool's
 // refills (the engine asks again every few seconds while a job waits).
@@ -196,7 +232,9 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 	if cfg.Parallel <= 0 {
 		cfg.Parallel = 2
 	}
-	p := &pool{b: b, cfg: cfg, shape: shapeOf(cfg.CPU, cfg.MemoryBytes), log: b.log.With("pool", b.cfg.Template),
+	p := &pool{c: b.c, instance: b.cfg.Instance, template: b.cfg.Template, placer: b.placer, cloner: b.cloner, prep: b,
+		tables: b.vms, tpls: b.tpls, clones: b.ids,
+		cfg: cfg, shape: shapeOf(cfg.CPU, cfg.MemoryBytes), log: b.log.With("pool", b.cfg.Template),
 		kick: make(chan struct{}, 1), vms: map[int]*poolVM{}, hungry: map[string]time.Time{}}
 	if !b.pool.CompareAndSwap(nil, p) {
 		return nil, errors.New("proxmox: the backend already keeps a pool")
@@ -221,6 +259,7 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 		case <-done:
 		case <-time.After(5 * time.Second):
 			p.log.Warn("the pool's VMs being made are left to the next start (it destroys them)")
+			p.stopErr = errors.New("proxmox: the pool's VMs being made were left to the next start (it destroys them)")
 		}
 	}
 	return func() { p.stopOnce.Do(p.stop) }, nil
@@ -435,21 +474,20 @@ func jobDescription(job string) string {
 // make clones, configures and boots one pool VM, and marks it ready once
 // its agent answers. listed is set once the VM is in p.vms.
 func (p *pool) make(ctx context.Context, listed *bool) error {
-	b := p.b
 	spec := sandbox.Spec{CPU: p.cfg.CPU, MemoryBytes: p.cfg.MemoryBytes, DiskBytes: p.cfg.DiskBytes}
-	h, err := b.place(ctx, spec, true)
+	h, err := p.placer.place(ctx, spec, true)
 	if err != nil {
 		return err
 	}
 	defer h.Release()
-	o := owner{b.cfg.Instance, "pool-" + NewInstanceID()}
+	o := owner{p.instance, "pool-" + NewInstanceID()}
 	spec.JobID = o.job
-	vmid, err := b.clone(ctx, h, o)
+	vmid, err := p.cloner.clone(ctx, h, o)
 	if err != nil {
 		return err
 	}
 	h.bind(vmid)
-	b.remember(vmid, h.node)
+	p.tables.remember(vmid, h.node)
 	v := &poolVM{vmid: vmid, node: h.node, owner: o, shape: p.shape, state: poolStarting, gone: make(chan struct{})}
 	p.mu.Lock()
 	p.vms[vmid] = v
@@ -467,17 +505,16 @@ func (p *pool) make(ctx context.Context, listed *bool) error {
 			p.log.Info("pool VM left half-made to the next start", "vmid", vmid)
 			return err
 		}
-		b.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
+		p.tables.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return err
 	}
-	s := &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}
-	if err := b.configure(ctx, s, h, spec, poolDescription(int(h.tpl.VMID), h.info.digest)); err != nil {
+	if err := p.prep.configure(ctx, vmid, h.node, o, h, spec, poolDescription(int(h.tpl.VMID), h.info.digest)); err != nil {
 		return fail(err)
 	}
-	if err := b.c.SetVMConfig(ctx, h.node, vmid, pve.VMConfigUpdate{Tags: append(o.tags(), ReadyTag)}); err != nil {
+	if err := p.c.SetVMConfig(ctx, h.node, vmid, pve.VMConfigUpdate{Tags: append(o.tags(), ReadyTag)}); err != nil {
 		return fail(fmt.Errorf("proxmox: mark pool VM %d ready: %w", vmid, privilegeHint(err)))
 	}
-	cfg, err := b.c.VMConfig(ctx, h.node, vmid)
+	cfg, err := p.c.VMConfig(ctx, h.node, vmid)
 	if err != nil {
 		return fail(fmt.Errorf("proxmox: read pool VM %d: %w", vmid, err))
 	}
@@ -505,7 +542,6 @@ func (p *pool) retireLocked(ctx context.Context, v *poolVM) {
 // loses its ready tag, in an update checked against its digest: a job
 // that read it ready can no longer take it.
 func (p *pool) retire(ctx context.Context, v *poolVM) {
-	b := p.b
 	defer func() {
 		p.mu.Lock()
 		if p.vms[v.vmid] == v {
@@ -515,31 +551,31 @@ func (p *pool) retire(ctx context.Context, v *poolVM) {
 		close(v.gone)
 		p.poke()
 	}()
-	cfg, err := b.c.VMConfig(ctx, v.node, v.vmid)
+	cfg, err := p.c.VMConfig(ctx, v.node, v.vmid)
 	switch {
 	case pve.IsNotFound(err):
-		b.dropHolds(v.vmid)
+		p.tables.gone(v.vmid)
 		return
 	case err != nil:
 		p.log.Warn("retire pool VM: read its config", "vmid", v.vmid, "err", err)
 		return // the next check finds it again
 	case v.owner.instance == "":
 		// Found in a listing: its name says which pool VM it is.
-		job, ok := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+		job, ok := strings.CutPrefix(cfg.Name, namePrefix(p.instance))
 		if !ok || !strings.HasPrefix(job, "pool-") {
 			return // a job took it
 		}
-		v.owner = owner{b.cfg.Instance, job}
+		v.owner = owner{p.instance, job}
 	case !v.owner.owns(cfg):
 		return // a job took it
 	}
 	if slices.Contains(cfg.TagList(), ReadyTag) {
-		if err := b.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Tags: v.owner.tags(), Digest: cfg.Digest}); err != nil {
+		if err := p.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Tags: v.owner.tags(), Digest: cfg.Digest}); err != nil {
 			p.log.Info("pool VM changed before it could be retired (a job took it?)", "vmid", v.vmid, "err", err)
 			return
 		}
 	}
-	if err := b.remove(ctx, v.node, v.vmid, v.owner); err != nil {
+	if err := p.tables.remove(ctx, v.node, v.vmid, v.owner); err != nil {
 		p.log.Warn("retire pool VM", "vmid", v.vmid, "err", err)
 	}
 }
@@ -549,8 +585,7 @@ func (p *pool) retire(ctx context.Context, v *poolVM) {
 // pool VMs of this instance it does not know (a previous run's) are
 // adopted if they are ready and fit, else retired.
 func (p *pool) sync(ctx context.Context) {
-	b := p.b
-	resources, err := b.c.ClusterResources(ctx, pve.ResourceVM)
+	resources, err := p.c.ClusterResources(ctx, pve.ResourceVM)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.Warn("pool: list VMs", "err", err)
@@ -582,7 +617,7 @@ func (p *pool) sync(ctx context.Context) {
 	for _, r := range resources {
 		// A VM this process is making or made has a hold (it may be
 		// listed between its clone and its entry in the pool).
-		if _, known := p.vms[int(r.VMID)]; !known && r.Lock == "" && isPoolListing(r, b.cfg.Instance) && !b.inFlight(int(r.VMID)) && !b.holdsVM(int(r.VMID)) {
+		if _, known := p.vms[int(r.VMID)]; !known && r.Lock == "" && isPoolListing(r, p.instance) && !p.clones.inFlight(int(r.VMID)) && !p.placer.holdsVM(int(r.VMID)) {
 			found = append(found, r)
 		}
 	}
@@ -593,7 +628,7 @@ func (p *pool) sync(ctx context.Context) {
 		return
 	}
 	var tpls []pve.Resource
-	if t, err := b.findTemplates(ctx, resources, b.cfg.Template); err == nil {
+	if t, err := p.tpls.find(ctx, resources, p.template); err == nil {
 		tpls = t
 	}
 	for _, r := range found {
@@ -616,37 +651,29 @@ func isPoolListing(r pve.Resource, instance string) bool {
 		!slices.ContainsFunc(tags, isOwnerID)
 }
 
-// inFlight: a clone of this process is making the VM.
-func (b *Backend) inFlight(vmid int) bool {
-	b.idMu.Lock()
-	defer b.idMu.Unlock()
-	return b.cloning[vmid]
-}
-
 // adopt takes into the pool a VM found in the listing, if it is a ready
 // pool VM of this instance that fits the settings and answers; any
 // other pool VM of the instance is retired.
 func (p *pool) adopt(ctx context.Context, r pve.Resource, tpls []pve.Resource, first bool) {
-	b := p.b
 	vmid := int(r.VMID)
 	// Its shape as it runs: a change waiting for its next start is not
 	// what a job would get.
-	cfg, err := b.c.CurrentVMConfig(ctx, r.Node, vmid)
+	cfg, err := p.c.CurrentVMConfig(ctx, r.Node, vmid)
 	if err != nil {
 		if !pve.IsNotFound(err) {
 			p.log.Warn("pool: read a VM found", "vmid", vmid, "err", err)
 		}
 		return
 	}
-	job, ok := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+	job, ok := strings.CutPrefix(cfg.Name, namePrefix(p.instance))
 	if !ok || !strings.HasPrefix(job, "pool-") || bool(cfg.Template) {
 		return
 	}
-	v := &poolVM{vmid: vmid, node: r.Node, owner: owner{b.cfg.Instance, job}, digest: cfg.Digest, gone: make(chan struct{})}
+	v := &poolVM{vmid: vmid, node: r.Node, owner: owner{p.instance, job}, digest: cfg.Digest, gone: make(chan struct{})}
 	_, v.disk = bootDisk(cfg)
 	why := p.unfit(ctx, cfg, r, tpls)
 	if why == "" {
-		if err := b.c.AgentPing(ctx, r.Node, vmid); err != nil {
+		if err := p.c.AgentPing(ctx, r.Node, vmid); err != nil {
 			why = "its guest agent does not answer: " + err.Error()
 		}
 	}
@@ -691,9 +718,9 @@ func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls
 	tpl, _ := strconv.Atoi(m[1])
 	i := slices.IndexFunc(tpls, func(t pve.Resource) bool { return int(t.VMID) == tpl })
 	if i < 0 {
-		return fmt.Sprintf("its template %d is not the pool's template %q", tpl, p.b.cfg.Template)
+		return fmt.Sprintf("its template %d is not the pool's template %q", tpl, p.template)
 	}
-	info, err := p.b.template(ctx, tpls[i])
+	info, err := p.tpls.info(ctx, tpls[i])
 	if err != nil {
 		return "its template cannot be read: " + err.Error()
 	}
@@ -705,7 +732,7 @@ func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls
 
 // fits reports whether a job may take a VM of this pool.
 func (p *pool) fits(spec sandbox.Spec) bool {
-	return !spec.Network && (spec.Template == "" || spec.Template == p.b.cfg.Template) &&
+	return !spec.Network && (spec.Template == "" || spec.Template == p.template) &&
 		shapeOf(spec.CPU, spec.MemoryBytes) == p.shape
 }
 
@@ -730,13 +757,13 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 		}
 		return best
 	}
-	resources, err := p.b.c.ClusterResources(ctx, pve.ResourceVM)
+	resources, err := p.c.ClusterResources(ctx, pve.ResourceVM)
 	if err != nil {
 		return nil
 	}
 	var tpls []int
 	for _, r := range resources {
-		if r.Type == "qemu" && bool(r.Template) && (r.Name == p.b.cfg.Template || strconv.Itoa(int(r.VMID)) == p.b.cfg.Template) {
+		if r.Type == "qemu" && bool(r.Template) && (r.Name == p.template || strconv.Itoa(int(r.VMID)) == p.template) {
 			tpls = append(tpls, int(r.VMID))
 		}
 	}
@@ -745,7 +772,7 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 	for _, r := range resources {
 		tags := r.TagList()
 		if r.Type != "qemu" || r.Status != "running" || r.Lock != "" || p.vms[int(r.VMID)] != nil ||
-			!slices.Contains(tags, instanceTag(p.b.cfg.Instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) ||
+			!slices.Contains(tags, instanceTag(p.instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) ||
 			(r.MaxMem > 0 && int(r.MaxMem>>20) != p.shape.memMiB) || (r.MaxCPU > 0 && int(r.MaxCPU) != p.shape.cores) {
 			continue
 		}
@@ -822,7 +849,7 @@ func (p *pool) evict(ctx context.Context, node string, free, need int64, resourc
 		for _, r := range resources {
 			tags := r.TagList()
 			if r.Type == "qemu" && r.Node == node && r.Status == "running" && r.Lock == "" && r.MaxMem > 0 && p.vms[int(r.VMID)] == nil &&
-				slices.Contains(tags, instanceTag(p.b.cfg.Instance)) && slices.Contains(tags, PoolTag) && slices.Contains(tags, ReadyTag) {
+				slices.Contains(tags, instanceTag(p.instance)) && slices.Contains(tags, PoolTag) && slices.Contains(tags, ReadyTag) {
 				idle = append(idle, &poolVM{vmid: int(r.VMID), node: node, shape: shape{memMiB: int(r.MaxMem >> 20)}, gone: make(chan struct{})})
 			}
 		}
@@ -851,35 +878,34 @@ func (p *pool) evict(ctx context.Context, node string, free, need int64, resourc
 // against the VM's digest, renames and tags it for the job. Then the
 // agent is asked once: a VM that stopped since it was ready is not
 // given to the job.
-func (b *Backend) claim(ctx context.Context, p *pool, v *poolVM, spec sandbox.Spec, o owner) (*vmSandbox, error) {
+func (p *pool) claim(ctx context.Context, v *poolVM, spec sandbox.Spec, o owner) error {
 	spec.Step(fmt.Sprintf("taking warm VM %d on %s", v.vmid, v.node))
 	digest := v.digest
 	if digest == "" {
-		cfg, err := b.c.CurrentVMConfig(ctx, v.node, v.vmid)
+		cfg, err := p.c.CurrentVMConfig(ctx, v.node, v.vmid)
 		if err != nil {
-			return nil, fmt.Errorf("proxmox: read pool VM %d: %w", v.vmid, err)
+			return fmt.Errorf("proxmox: read pool VM %d: %w", v.vmid, err)
 		}
-		job, _ := strings.CutPrefix(cfg.Name, namePrefix(b.cfg.Instance))
+		job, _ := strings.CutPrefix(cfg.Name, namePrefix(p.instance))
 		s, ok := shapeOfConfig(cfg)
 		_, disk := bootDisk(cfg)
 		m := poolDescRe.FindStringSubmatch(cfg.Description)
 		if !strings.HasPrefix(job, "pool-") || !slices.Contains(cfg.TagList(), ReadyTag) || !ok || s != p.shape ||
 			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || m == nil || !slices.Contains(v.tpls, atoi(m[1])) {
-			return nil, fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape and template", v.vmid)
+			return fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape and template", v.vmid)
 		}
 		digest = cfg.Digest
 	}
 	desc := jobDescription(o.job)
-	err := b.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Name: o.vmName(), Tags: o.tags(), Description: &desc, Digest: digest})
+	err := p.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Name: o.vmName(), Tags: o.tags(), Description: &desc, Digest: digest})
 	if err != nil {
-		return nil, fmt.Errorf("proxmox: take pool VM %d: %w", v.vmid, privilegeHint(err))
+		return fmt.Errorf("proxmox: take pool VM %d: %w", v.vmid, privilegeHint(err))
 	}
-	b.remember(v.vmid, v.node)
-	s := &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o}
-	if err := b.c.AgentPing(ctx, v.node, v.vmid); err != nil {
-		go b.destroyVM(context.WithoutCancel(ctx), v.node, v.vmid, o)
-		return nil, fmt.Errorf("proxmox: the guest agent of pool VM %d: %w", v.vmid, err)
+	p.tables.remember(v.vmid, v.node)
+	if err := p.c.AgentPing(ctx, v.node, v.vmid); err != nil {
+		p.tables.destroyLater(ctx, v.node, v.vmid, o)
+		return fmt.Errorf("proxmox: the guest agent of pool VM %d: %w", v.vmid, err)
 	}
-	b.log.Info("took a pool VM", "vmid", v.vmid, "node", v.node, "job", o.job)
-	return s, nil
+	p.log.Info("took a pool VM", "vmid", v.vmid, "node", v.node, "job", o.job)
+	return nil
 }

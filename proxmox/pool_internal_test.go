@@ -87,7 +87,7 @@ func TestShapes(t *testing.T) {
 			t.Errorf("%d: %+v %v, want %+v %v", i, got, ok, tc.want, tc.ok)
 		}
 	}
-	p := &pool{b: &Backend{cfg: Config{Template: "debian"}}, shape: shapeOf(1, 512<<20)}
+	p := &pool{template: "debian", shape: shapeOf(1, 512<<20)}
 	fit := sandbox.Spec{CPU: 1, MemoryBytes: 512 << 20}
 	for _, tc := range []struct {
 		spec sandbox.Spec

@@ -34,7 +34,7 @@ var _ sandbox.Instance = (*vmSandbox)(nil)
 func (s *vmSandbox) ID() string { return sandboxID(s.vmid, s.owner.job) }
 
 func (s *vmSandbox) Destroy(ctx context.Context) error {
-	return s.b.destroyVM(ctx, s.node, s.vmid, s.owner)
+	return s.b.vms.destroyVM(ctx, s.node, s.vmid, s.owner)
 }
 
 // result is how a command run through the agent ended.
@@ -218,7 +218,7 @@ func (s *vmSandbox) Resume(ctx context.Context) error {
 // power runs a suspend or resume task on the VM, if it is still this
 // sandbox's.
 func (s *vmSandbox) power(ctx context.Context, what string, call func(context.Context, string, int) (string, error)) error {
-	if ok, err := s.b.ownedBy(ctx, s.node, s.vmid, s.owner); err != nil {
+	if ok, err := s.b.vms.ownedBy(ctx, s.node, s.vmid, s.owner); err != nil {
 		return fmt.Errorf("%s VM %d: %w", what, s.vmid, err)
 	} else if !ok {
 		return fmt.Errorf("%s VM %d: %w", what, s.vmid, sandbox.ErrGone)
@@ -668,7 +668,7 @@ func (p *process) Kill(ctx context.Context) error {
 	}
 	// A command of an older delegate, which ran alone in its VM: the VM is
 	// stopped, only if it is still this job's.
-	if ok, err := p.s.b.ownedBy(ctx, p.s.node, p.s.vmid, p.s.owner); err != nil || !ok {
+	if ok, err := p.s.b.vms.ownedBy(ctx, p.s.node, p.s.vmid, p.s.owner); err != nil || !ok {
 		return err
 	}
 	upid, err := p.s.b.c.StopVM(ctx, p.s.node, p.s.vmid)
