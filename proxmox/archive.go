@@ -178,7 +178,11 @@ func (f *guestFile) Read(p []byte) (int, error) {
 // others through dd (file-read has no offset).
 func (f *guestFile) fetch() error {
 	if f.off == 0 {
-		fc, err := f.s.b.c.AgentFileRead(f.ctx, f.s.node, f.s.vmid, f.name)
+		var fc pve.FileContent
+		err := f.s.onNode(f.ctx, func(node string) (err error) {
+			fc, err = f.s.b.c.AgentFileRead(f.ctx, node, f.s.vmid, f.name)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("read %s in VM %d: %w", f.name, f.s.vmid, err)
 		}

@@ -238,7 +238,11 @@ func (s *vmSandbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Proc
 	if err := s.writeParts(ctx, data, name); err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: write the command: %w", cmd.Args[0], s.vmid, err)
 	}
-	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, []string{"/bin/sh", "-c", bootstrapScript, run, systemdDir}, nil)
+	var pid int
+	err := s.onNode(ctx, func(node string) (err error) {
+		pid, err = s.b.c.AgentExec(ctx, node, s.vmid, []string{"/bin/sh", "-c", bootstrapScript, run, systemdDir}, nil)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in VM %d: %w", cmd.Args[0], s.vmid, agentHint(err))
 	}
@@ -254,10 +258,11 @@ func (s *vmSandbox) writeParts(ctx context.Context, data []byte, name func(i int
 	for i := 0; i == 0 || i*pve.MaxFileWrite < len(data); i++ {
 		part := name(i)
 		chunk := data[i*pve.MaxFileWrite : min(len(data), (i+1)*pve.MaxFileWrite)]
-		err := s.b.c.AgentFileWrite(ctx, s.node, s.vmid, part, chunk)
+		write := func(node string) error { return s.b.c.AgentFileWrite(ctx, node, s.vmid, part, chunk) }
+		err := s.onNode(ctx, write)
 		if err != nil && i == 0 && missingDir(err) {
 			if err = s.prepare(ctx); err == nil {
-				err = s.b.c.AgentFileWrite(ctx, s.node, s.vmid, part, chunk)
+				err = s.onNode(ctx, write)
 			}
 		}
 		if err != nil {

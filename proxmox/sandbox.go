@@ -23,8 +23,10 @@ import (
 
 // vmSandbox is one job's VM.
 type vmSandbox struct {
-	b     *Backend
-	vmid  int
+	b    *Backend
+	vmid int
+	// node is where the VM was made or found. A VM migrates: where says
+	// where it is now, and onNode follows it.
 	node  string
 	owner owner
 }
@@ -33,8 +35,44 @@ var _ sandbox.Instance = (*vmSandbox)(nil)
 
 func (s *vmSandbox) ID() string { return sandboxID(s.vmid, s.owner.job) }
 
+// Destroy implements sandbox.Instance: the VM goes, wherever it is now.
 func (s *vmSandbox) Destroy(ctx context.Context) error {
-	return s.b.vms.destroyVM(ctx, s.node, s.vmid, s.owner)
+	if s.b.vms.nodeOf(s.vmid) == "" {
+		s.b.vms.remember(s.vmid, s.node)
+	}
+	return s.b.vms.destroy(ctx, s.vmid, s.owner)
+}
+
+// errNotThere: the node does not have the VM (any more).
+var errNotThere = errors.New("the VM is not on this node")
+
+// where is the node the VM is on, as this server last saw it.
+func (s *vmSandbox) where() string {
+	if n := s.b.vms.nodeOf(s.vmid); n != "" {
+		return n
+	}
+	return s.node
+}
+
+// onNode makes call on the VM's node. A node that no longer has the VM
+// ("Configuration file ... does not exist") lost it to a migration, or
+// it is gone: it is looked for in the cluster's listing, and if it is on
+// another node and still this sandbox's, call is made again there;
+// sandbox.ErrGone if it is nowhere.
+func (s *vmSandbox) onNode(ctx context.Context, call func(node string) error) error {
+	node := s.where()
+	err := call(node)
+	if err == nil || !(pve.IsNotFound(err) || errors.Is(err, errNotThere)) {
+		return err
+	}
+	moved, ferr := s.b.vms.follow(ctx, s.vmid, s.owner, node)
+	switch {
+	case ferr != nil:
+		return ferr
+	case !moved:
+		return err
+	}
+	return call(s.where())
 }
 
 // result is how a command run through the agent ended.
@@ -49,13 +87,21 @@ type result struct {
 // run executes argv in the guest (no shell unless argv says so) and waits
 // for it.
 func (s *vmSandbox) run(ctx context.Context, argv []string) (result, error) {
-	pid, err := s.b.c.AgentExec(ctx, s.node, s.vmid, argv, nil)
+	var pid int
+	err := s.onNode(ctx, func(node string) (err error) {
+		pid, err = s.b.c.AgentExec(ctx, node, s.vmid, argv, nil)
+		return err
+	})
 	if err != nil {
 		return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, err)
 	}
 	wait := 20 * time.Millisecond
 	for {
-		st, err := s.b.c.AgentExecStatus(ctx, s.node, s.vmid, pid)
+		var st pve.ExecStatus
+		err := s.onNode(ctx, func(node string) (err error) {
+			st, err = s.b.c.AgentExecStatus(ctx, node, s.vmid, pid)
+			return err
+		})
 		if err != nil {
 			return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, err)
 		}
@@ -155,7 +201,11 @@ func (s *vmSandbox) ReadFile(ctx context.Context, p string, offset, max int64) (
 		}
 		return out, nil
 	}
-	fc, err := s.b.c.AgentFileRead(ctx, s.node, s.vmid, p)
+	var fc pve.FileContent
+	err := s.onNode(ctx, func(node string) (err error) {
+		fc, err = s.b.c.AgentFileRead(ctx, node, s.vmid, p)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read %s in VM %d: %w", p, s.vmid, err)
 	}
@@ -218,15 +268,20 @@ func (s *vmSandbox) Resume(ctx context.Context) error {
 // power runs a suspend or resume task on the VM, if it is still this
 // sandbox's.
 func (s *vmSandbox) power(ctx context.Context, what string, call func(context.Context, string, int) (string, error)) error {
-	if ok, err := s.b.vms.ownedBy(ctx, s.node, s.vmid, s.owner); err != nil {
-		return fmt.Errorf("%s VM %d: %w", what, s.vmid, err)
-	} else if !ok {
-		return fmt.Errorf("%s VM %d: %w", what, s.vmid, sandbox.ErrGone)
-	}
-	upid, err := call(ctx, s.node, s.vmid)
-	if err == nil {
-		err = s.b.c.WaitTask(ctx, s.node, upid)
-	}
+	err := s.onNode(ctx, func(node string) error {
+		if ok, found, err := s.b.vms.owned(ctx, node, s.vmid, s.owner); err != nil {
+			return err
+		} else if !found {
+			return fmt.Errorf("node %s: %w", node, errNotThere)
+		} else if !ok {
+			return sandbox.ErrGone
+		}
+		upid, err := call(ctx, node, s.vmid)
+		if err == nil {
+			err = s.b.c.WaitTask(ctx, node, upid)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%s VM %d: %w", what, s.vmid, err)
 	}
@@ -567,10 +622,16 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 				return p.record(e), nil
 			}
 		case pve.IsVMNotRunning(err) || pve.IsNotFound(err):
+			// On the node it is on now (a VM that migrated is followed).
 			if p.isKilled() {
 				continue
 			}
 			return sandbox.Exit{}, fmt.Errorf("VM %d stopped while the job ran: %w", p.s.vmid, err)
+		case errors.Is(err, sandbox.ErrGone):
+			if p.isKilled() {
+				continue
+			}
+			return sandbox.Exit{}, fmt.Errorf("VM %d is gone while the job ran: %w", p.s.vmid, err)
 		case time.Since(lastSeen) > p.s.b.cfg.AgentLostAfter:
 			return sandbox.Exit{}, fmt.Errorf("the guest agent of VM %d has not answered for %s: %w", p.s.vmid, p.s.b.cfg.AgentLostAfter, err)
 		}
@@ -610,7 +671,11 @@ func (p *process) ended(ctx context.Context, snap *snapshot) (sandbox.Exit, bool
 	if snap.alive {
 		return sandbox.Exit{}, false
 	}
-	st, err := p.s.b.c.AgentExecStatus(ctx, p.s.node, p.s.vmid, p.pid)
+	var st pve.ExecStatus
+	err := p.s.onNode(ctx, func(node string) (err error) {
+		st, err = p.s.b.c.AgentExecStatus(ctx, node, p.s.vmid, p.pid)
+		return err
+	})
 	if err == nil && !st.Exited {
 		return sandbox.Exit{}, false // not reaped yet
 	}
@@ -668,14 +733,20 @@ func (p *process) Kill(ctx context.Context) error {
 	}
 	// A command of an older delegate, which ran alone in its VM: the VM is
 	// stopped, only if it is still this job's.
-	if ok, err := p.s.b.vms.ownedBy(ctx, p.s.node, p.s.vmid, p.s.owner); err != nil || !ok {
+	err := p.s.onNode(ctx, func(node string) error {
+		if ok, found, err := p.s.b.vms.owned(ctx, node, p.s.vmid, p.s.owner); err != nil || !ok {
+			if err == nil && !found {
+				err = fmt.Errorf("node %s: %w", node, errNotThere)
+			}
+			return err
+		}
+		upid, err := p.s.b.c.StopVM(ctx, node, p.s.vmid)
+		if err == nil {
+			err = p.s.b.c.WaitTask(ctx, node, upid)
+		}
 		return err
-	}
-	upid, err := p.s.b.c.StopVM(ctx, p.s.node, p.s.vmid)
-	if err == nil {
-		err = p.s.b.c.WaitTask(ctx, p.s.node, upid)
-	}
-	if err != nil && !pve.IsVMNotRunning(err) && !pve.IsNotFound(err) {
+	})
+	if err != nil && !pve.IsVMNotRunning(err) && !pve.IsNotFound(err) && !errors.Is(err, sandbox.ErrGone) {
 		return fmt.Errorf("stop VM %d: %w", p.s.vmid, err)
 	}
 	return nil

@@ -91,6 +91,33 @@ func (t *vmTable) locate(ctx context.Context, vmid int) (pve.Resource, error) {
 	return pve.Resource{}, fmt.Errorf("proxmox: VM %d: %w", vmid, sandbox.ErrGone)
 }
 
+// follow finds a VM of o's again when the node it was on (from) no
+// longer has it: a migration moved it (a node's bulk migration before a
+// reboot, a balancer, HA). Its node is the cluster listing's, and its
+// config there must still be o's. moved says it is on another node now
+// (remembered: where returns it); ErrGone if it is nowhere, or no
+// longer o's.
+func (t *vmTable) follow(ctx context.Context, vmid int, o owner, from string) (moved bool, err error) {
+	r, err := t.locate(ctx, vmid)
+	if errors.Is(err, sandbox.ErrGone) {
+		t.gone(vmid)
+		return false, err
+	}
+	if err != nil || r.Node == from {
+		return false, err
+	}
+	ok, found, err := t.owned(ctx, r.Node, vmid, o)
+	switch {
+	case err != nil:
+		return false, err
+	case !found || !ok:
+		return false, fmt.Errorf("proxmox: VM %d (on %s now) is no longer %s's: %w", vmid, r.Node, orLegacy(o.job), sandbox.ErrGone)
+	}
+	t.remember(vmid, r.Node)
+	t.log.Info("a VM of this server moved to another node (a migration): following it", "vmid", vmid, "from", from, "to", r.Node, "job", o.job)
+	return true, nil
+}
+
 // list is this instance's VMs, each with its job, as /cluster/resources
 // shows them (see listedJob). A VM with a lock is left out: an operation
 // (its clone, most likely) is at work on it, and the sweep must wait for
@@ -265,11 +292,22 @@ func (t *vmTable) wait(timeout time.Duration) error {
 }
 
 // remove stops and deletes a VM known to be o's, retrying while it is
-// locked. Before each retry the VM's owner is read again: another
-// process may have destroyed it meanwhile, and its vmid been reused.
+// locked (a migration, a backup: lockPatience at most) and following it
+// to another node if it moved. Before each retry the VM's owner is read
+// again: another process may have destroyed it meanwhile, and its vmid
+// been reused.
 func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) error {
 	var last error
 	unprotected := false
+	lockedUntil := time.Now().Add(lockPatience)
+	// moved follows the VM to the node it went to; false: it is gone.
+	moved := func() bool {
+		if ok, _ := t.follow(ctx, vmid, o, node); ok {
+			node = t.nodeOf(vmid)
+			return true
+		}
+		return false
+	}
 	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 {
 			select {
@@ -282,6 +320,9 @@ func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) er
 			case err != nil:
 				last = err
 				continue
+			case !found && moved():
+				attempt--
+				continue
 			case !found:
 				return nil
 			case !ok:
@@ -293,12 +334,18 @@ func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) er
 			err = t.waitQuietly(ctx, node, upid)
 		}
 		if err != nil && pve.IsNotFound(err) {
+			if moved() {
+				continue // its owner is read again there
+			}
 			t.gone(vmid)
 			return nil
 		}
 		if err != nil && !pve.IsVMNotRunning(err) {
 			last = err
 			if pve.IsLocked(err) {
+				if time.Now().Before(lockedUntil) {
+					attempt-- // a lock of an operation that ends: a migration, a backup
+				}
 				continue
 			}
 			// A stop can fail on a VM that is already stopped; the delete
@@ -330,15 +377,26 @@ func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) er
 				attempt--
 			}
 		}
+		if pve.IsNotFound(err) && moved() {
+			continue
+		}
 		if err == nil || pve.IsNotFound(err) {
 			t.gone(vmid)
 			t.log.Info("destroyed VM", "vmid", vmid, "node", node, "job", o.job)
 			return nil
 		}
 		last = err
+		if pve.IsLocked(err) && time.Now().Before(lockedUntil) {
+			attempt--
+		}
 	}
 	return fmt.Errorf("proxmox: destroy VM %d: %w", vmid, privilegeHint(last))
 }
+
+// lockPatience is how long a destroy waits out a lock of an operation
+// that ends by itself: a live migration copies the guest's memory (a
+// minute or more for a large one), a backup its disks.
+const lockPatience = 5 * time.Minute
 
 // waitQuietly waits for a task nobody waits on (a stop or delete after
 // the job ended): it looks every PollInterval, first after half of it,

@@ -286,3 +286,5 @@ func encodeQuery(p params) (string, error) {
 func vmPath(node string, vmid int) string {
 	return "/nodes/" + url.PathEscape(node) + "/qemu/" + strconv.Itoa(vmid)
 }
+
+func nodePath(node string) string { return "/nodes/" + url.PathEscape(node) }

@@ -308,3 +308,42 @@ func (c *Client) Pending(ctx context.Context, node string, vmid int) ([]PendingO
 	_, err := c.get(ctx, vmPath(node, vmid)+"/pending", nil, &out)
 	return out, err
 }
+
+// MigrateOptions tune a migration.
+type MigrateOptions struct {
+	Target string // the node to move to
+	// Online migrates a running VM live (Proxmox refuses a running VM
+	// without it).
+	Online bool
+	// WithLocalDisks copies disks on local storage too.
+	WithLocalDisks bool
+}
+
+// MigrateVM moves a VM to another node of the cluster: a qmigrate task,
+// during which the VM's config has lock "migrate"; at its end the config
+// is on the target node.
+func (c *Client) MigrateVM(ctx context.Context, node string, vmid int, opt MigrateOptions) (string, error) {
+	p := params{"target": opt.Target}
+	if opt.Online {
+		p["online"] = true
+	}
+	if opt.WithLocalDisks {
+		p["with-local-disks"] = true
+	}
+	var upid string
+	err := c.post(ctx, vmPath(node, vmid)+"/migrate", p, &upid)
+	return upid, err
+}
+
+// MigrateAll moves every guest of a node to another (Node → Bulk
+// Migrate): a migrateall task starting one migration per guest, at most
+// maxWorkers at once (0: Proxmox's default).
+func (c *Client) MigrateAll(ctx context.Context, node, target string, maxWorkers int) (string, error) {
+	p := params{"target": target}
+	if maxWorkers > 0 {
+		p["maxworkers"] = maxWorkers
+	}
+	var upid string
+	err := c.post(ctx, nodePath(node)+"/migrateall", p, &upid)
+	return upid, err
+}

@@ -194,6 +194,24 @@
 //     lists them (src/PVE/API2/Qemu.pm vm_config, vm_pending), the digest
 //     covers them, and a snapshot rollback drops them (AbstractConfig.pm
 //     __snapshot_apply_config makes the config afresh).
+//   - Migration (qemu-server src/PVE/API2/Qemu.pm migrate_vm,
+//     src/PVE/QemuMigrate.pm; pve-manager PVE/API2/Nodes.pm migrateall;
+//     migrate.go): POST .../migrate refuses at once "target is local
+//     node." (400), "no such cluster node 'x'" and a running VM without
+//     online ("can't migrate running VM without --online"); its qmigrate
+//     task writes "lock: migrate" into the config (phase1) while the VM
+//     keeps running on its node, its guest, agent and commands going on
+//     (an online migration), then moves the config to the target node and
+//     clears the lock (phase3_cleanup, move_config_to_node): the old node
+//     then answers "Configuration file ... does not exist" and
+//     /cluster/resources lists the VM where it went. A running VM with a
+//     disk on local storage is refused without with-local-disks ("can't
+//     live migrate attached local disks without with-local-disks
+//     option"); an offline target fails the task as QemuMigrate's ssh
+//     test does. POST /nodes/{node}/migrateall starts one migration per
+//     guest of the node (templates too; online for a running VM), at most
+//     maxworkers at a time, logs those it could not start and waits for
+//     them all.
 //   - A VM's lock set by a task that died half-way (SetVMLock) stays: only
 //     root clears it (qm unlock; skiplock is root@pam's).
 //   - A VM has sockets x cores vCPUs (qemu-server src/PVE/QemuServer.pm
@@ -381,6 +399,10 @@
 //     network-get-interfaces reports loopback and an eth0 with the VM's
 //     MAC and an address derived from its vmid.
 //   - A stop loses the guest's disk: the next start boots a fresh sandbox.
+//   - A migration copies no disk: a VM with a disk on local storage (a
+//     template on local-lvm, say) is not migrated (the task fails, saying
+//     so), where Proxmox copies the disk offline, or online with
+//     with-local-disks. Containers are not migrated.
 //   - Memory and vCPUs of a running VM count as started (pending changes
 //     do not).
 //   - Only API tokens authenticate (no tickets), so nothing is ever

@@ -58,6 +58,8 @@ func init() {
 		"GET /access/permissions":                       hPermissions,
 		"GET /nodes/{node}/qemu":                        hVMList,
 		"POST " + p + "/status/reboot":                  hReboot,
+		"POST " + p + "/migrate":                        hMigrate,
+		"POST /nodes/{node}/migrateall":                 hMigrateAll,
 		"GET " + p + "/snapshot":                        hSnapshotList,
 		"POST " + p + "/snapshot":                       hSnapshotCreate,
 		"DELETE " + p + "/snapshot/{snapname}":          hSnapshotDelete,

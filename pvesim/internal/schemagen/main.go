@@ -70,6 +70,8 @@ var Methods = []string{
 	"GET /access/permissions",
 	"GET /nodes/{node}/qemu",
 	"POST /nodes/{node}/qemu/{vmid}/status/reboot",
+	"POST /nodes/{node}/qemu/{vmid}/migrate",
+	"POST /nodes/{node}/migrateall",
 	"GET /nodes/{node}/qemu/{vmid}/snapshot",
 	"POST /nodes/{node}/qemu/{vmid}/snapshot",
 	"DELETE /nodes/{node}/qemu/{vmid}/snapshot/{snapname}",
