@@ -14,7 +14,7 @@ func Rules() []Rule {
 			Why: "adapters (MCP tools, HTTP callbacks, the CLI, the dashboard, the Proxmox admin tools, the metrics) " +
 				"use the root's service interfaces, never the engine, the store or a sandbox backend",
 			Packages:  adapters,
-			Forbidden: []string{"engine", "sqlite", "local", "proxmox"},
+			Forbidden: []string{"engine", "sqlite", "postgres", "local", "proxmox"},
 			Except: []Exception{{
 				Package: "cli", Via: "pvesim",
 				Why: "`delegate pvesim` runs the Proxmox simulator in-process, and the simulator's guests are local sandboxes; " +
@@ -25,13 +25,13 @@ func Rules() []Rule {
 			Why: "backends (the local sandbox, Proxmox, its API client, the simulator) know neither the engine nor the store " +
 				"nor any adapter: the engine drives them through package sandbox",
 			Packages:  []string{"local", "proxmox", "pve", "pvesim"},
-			Forbidden: append([]string{"engine", "sqlite"}, adapters...),
+			Forbidden: append([]string{"engine", "sqlite", "postgres"}, adapters...),
 		},
 		{
 			Why: "the engine is written once for every backend and every store: it knows them through the sandbox " +
 				"contract and the root's store interfaces, and knows no adapter",
 			Packages:  []string{"engine"},
-			Forbidden: append([]string{"sqlite", "local", "proxmox", "pve", "pvesim"}, adapters...),
+			Forbidden: append([]string{"sqlite", "postgres", "local", "proxmox", "pve", "pvesim"}, adapters...),
 		},
 		{
 			Why:      "the store contract (storetest) is written against the root's store interfaces alone, so that every store can run it",
@@ -39,8 +39,8 @@ func Rules() []Rule {
 			Ours:     true,
 		},
 		{
-			Why:       "the store (sqlite) keeps the root's types: it knows no engine, backend or adapter",
-			Packages:  []string{"sqlite"},
+			Why:       "the stores (sqlite, postgres) keep the root's types: they know no engine, backend or adapter",
+			Packages:  []string{"sqlite", "postgres"},
 			Forbidden: append([]string{"engine", "sandbox", "local", "proxmox", "pve", "pvesim", "storetest"}, adapters...),
 		},
 	}

@@ -1,0 +1,49 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// ArtifactStore records the artifacts collected from jobs (their content
+// lives by hash outside the database). It implements
+// delegate.ArtifactStore on a DB.
+type ArtifactStore struct{ db *DB }
+
+var _ delegate.ArtifactStore = (*ArtifactStore)(nil)
+
+// AddArtifact records (or replaces) a collected artifact.
+func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.Artifact) error {
+	_, err := s.db.exec(ctx, `INSERT INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (job_id, name) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, skipped = excluded.skipped`,
+		id, clean(a.Name), a.Size, a.SHA256, clean(a.Skipped))
+	if isForeignKey(err) {
+		err = delegate.JobNotFound(id)
+	}
+	if err != nil {
+		return fmt.Errorf("add artifact to job %s: %w", id, err)
+	}
+	return nil
+}
+
+// Artifacts lists the job's artifacts by name.
+func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
+	// COLLATE "C": by bytes, as SQLite orders them, whatever the
+	// database's collation.
+	rows, err := s.db.pool.Query(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 ORDER BY name COLLATE "C"`, id)
+	if err != nil {
+		return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
+	}
+	defer rows.Close()
+	arts := []delegate.Artifact{}
+	for rows.Next() {
+		var a delegate.Artifact
+		if err := rows.Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped); err != nil {
+			return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
+		}
+		arts = append(arts, a)
+	}
+	return arts, rows.Err()
+}

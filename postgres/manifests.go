@@ -1,0 +1,64 @@
+package postgres
+
+import (
+	"sync"
+
+	"github.com/delegate-dev/delegate"
+)
+
+// The manifest cache holds at most manifestCacheBytes of manifests (as
+// stored, in JSON), none over manifestCacheMax: a task may be 256 KiB and
+// its env 32 MiB, and those are rarely read again. (The SQLite store's
+// cache, the same reasons.)
+const (
+	manifestCacheBytes = 16 << 20
+	manifestCacheMax   = 64 << 10
+)
+
+// manifestCache keeps parsed manifests (without files) by job id. A
+// manifest never changes once stored, so nothing is ever invalidated,
+// whichever server stored it; when full, an arbitrary part is forgotten.
+type manifestCache struct {
+	mu    sync.Mutex
+	m     map[string]cachedManifest
+	bytes int
+}
+
+type cachedManifest struct {
+	m    delegate.Manifest
+	size int
+}
+
+func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if !ok {
+		return delegate.Manifest{}, false
+	}
+	return e.m.Clone(), true
+}
+
+// put keeps m, whose stored JSON is size bytes.
+func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
+	if size > manifestCacheMax {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]cachedManifest)
+	}
+	if old, ok := c.m[id]; ok {
+		c.bytes -= old.size
+	}
+	for k, e := range c.m { // map order: an arbitrary victim
+		if c.bytes+size <= manifestCacheBytes {
+			break
+		}
+		delete(c.m, k)
+		c.bytes -= e.size
+	}
+	c.m[id] = cachedManifest{m: m, size: size}
+	c.bytes += size
+}
