@@ -62,3 +62,15 @@ func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
 	c.m[id] = cachedManifest{m: m, size: size}
 	c.bytes += size
 }
+
+// forget drops the manifests of jobs that no longer exist (pruned).
+func (c *manifestCache) forget(ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if e, ok := c.m[id]; ok {
+			c.bytes -= e.size
+			delete(c.m, id)
+		}
+	}
+}
