@@ -51,8 +51,11 @@ revision).`,
 			if opts.Sleep <= 0 {
 				return usagef("--sleep: must be positive")
 			}
-			if against != "" && !controlPlane {
-				return usagef("--against: only with --control-plane")
+			if (against != "" || opts.StoreJobs != 0) && !controlPlane {
+				return usagef("--against, --store-jobs: only with --control-plane")
+			}
+			if opts.StoreJobs < 0 {
+				return usagef("--store-jobs: must be a positive number of jobs")
 			}
 			if controlPlane {
 				if opts.Load > 0 || opts.ProxmoxSim {
@@ -93,5 +96,6 @@ revision).`,
 	fs.DurationVar(&opts.Sleep, "sleep", 20*time.Second, "with --load: how long each job sleeps")
 	fs.BoolVar(&controlPlane, "control-plane", false, "measure the server's control plane (MCP calls, store, callbacks) instead; -n rounds (default 5)")
 	fs.StringVar(&against, "against", "", "with --control-plane: another build's `binary`, measured side by side")
+	fs.IntVar(&opts.StoreJobs, "store-jobs", 0, "with --control-plane: `jobs` in the store when list_jobs and memory are measured (default 2000)")
 	return cmd
 }

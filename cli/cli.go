@@ -82,6 +82,9 @@ type BenchOptions struct {
 	// instead (MCP calls, a full store, callbacks), side by side when two
 	// are given: this build (the running binary) first.
 	ControlPlane []string
+	// StoreJobs is, with ControlPlane, the jobs in the store when
+	// list_jobs and the memory are measured (0: the bench's default).
+	StoreJobs int
 }
 
 // usageError is a mistake in the command line.

@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -16,10 +20,15 @@ func TestBenchControlPlane(t *testing.T) {
 		t.Skip("starts two servers and 4 sandboxes")
 	}
 	cmd := exec.Command(binary, "bench", "--control-plane", "--against", binary, "-n", "1")
-	cmd.Env = append(serverEnv(t.TempDir()), "DELEGATE_BENCH_SMALL=1")
+	tmp := t.TempDir() // the bench's data dirs go here
+	cmd.Env = append(serverEnv(t.TempDir()), "DELEGATE_BENCH_SMALL=1", "TMPDIR="+tmp)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	// Its jobs ended before its servers did: no sandbox is left running.
+	if left := processesNaming(t, tmp); len(left) > 0 {
+		t.Errorf("processes of the bench's sandboxes left running: %v", left)
 	}
 	text := string(out)
 	for _, want := range []string{"submit_job p50", "get_job_status p50", "list_jobs p50", "server RSS",
@@ -33,4 +42,23 @@ func TestBenchControlPlane(t *testing.T) {
 			t.Errorf("callbacks under the limits were refused: %s", line)
 		}
 	}
+}
+
+// processesNaming lists the processes whose command line names dir, and
+// kills them (a test that finds them has failed already).
+func processesNaming(t *testing.T, dir string) []string {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var found []string
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), dir) {
+			continue
+		}
+		found = append(found, strings.ReplaceAll(string(b), "\x00", " "))
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return found
 }

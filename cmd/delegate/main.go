@@ -54,7 +54,7 @@ func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs 
 
 func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io.Writer, log *slog.Logger) error {
 	if len(opts.ControlPlane) > 0 {
-		return bench.ControlPlane(ctx, bench.ControlPlaneOptions{Binaries: opts.ControlPlane, Rounds: opts.Runs}, out)
+		return bench.ControlPlane(ctx, bench.ControlPlaneOptions{Binaries: opts.ControlPlane, Rounds: opts.Runs, Jobs: opts.StoreJobs}, out)
 	}
 	if opts.ProxmoxSim {
 		return bench.Proxmox(ctx, opts.Runs, opts.Scale, out, log)

@@ -257,13 +257,11 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 	defer s.close()
 	f := cpFigures{}
 
-	// The running jobs, each saying its callback token.
+	// The running jobs, each saying its callback token. They end before
+	// the server does: a server that stops leaves its running sandboxes
+	// for the next to adopt.
 	running, err := s.startTokenJobs(ctx, opts.CallbackJobs)
-	defer func() {
-		for _, j := range running {
-			s.call(context.WithoutCancel(ctx), "cancel_job", map[string]any{"job_id": j.id}, nil)
-		}
-	}()
+	defer s.end(context.WithoutCancel(ctx), running)
 	if err != nil {
 		return nil, err
 	}
@@ -345,6 +343,23 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 	}
 	f["throttled_p50"] = msAt(th, 50)
 	return f, nil
+}
+
+// end cancels jobs and waits until each has ended.
+func (s *cpServer) end(ctx context.Context, jobs []cpJob) {
+	for _, j := range jobs {
+		s.call(ctx, "cancel_job", map[string]any{"job_id": j.id}, nil)
+	}
+	for _, j := range jobs {
+		for range 10 {
+			var w struct {
+				Done bool `json:"done"`
+			}
+			if err := s.call(ctx, "wait_job", map[string]any{"job_id": j.id, "timeout_seconds": 30}, &w); err != nil || w.Done {
+				break
+			}
+		}
+	}
 }
 
 // startTokenJobs starts n jobs that print their callback token and
