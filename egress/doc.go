@@ -30,7 +30,9 @@
 // rest; no query is forwarded as the job wrote it). Under an allowlist a
 // CONNECT tunnel's first ClientHello must name the host the tunnel was
 // opened to, so that an allowed name on a shared front end (a CDN) does
-// not carry another.
+// not carry another; a tunnel whose client speaks plain HTTP (a known
+// method and a space first) is served request by request, each naming the
+// tunnel's host and port in its Host (421 otherwise).
 //
 // Credentials the sandbox never holds: an operator's NAME_INJECT binding
 // (ParseBinding) sends a secret to one host, in one header. For that host

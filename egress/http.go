@@ -14,9 +14,11 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,6 +42,7 @@ const (
 	modeExplicit    httpMode = iota // proxy requests: absolute URIs and CONNECT
 	modeTransparent                 // redirected plain HTTP: named by Host
 	modeIntercept                   // decrypted HTTPS to an injected host
+	modeTunnel                      // plain HTTP in an allowlist's CONNECT tunnel: named by the tunnel
 )
 
 // forwarder relays one client connection's HTTP requests, one at a time,
@@ -146,6 +149,20 @@ func (f *forwarder) request(ctx context.Context, req *http.Request) bool {
 			return false
 		}
 		a.name, a.port = f.host, f.port
+	case modeTunnel:
+		a.name, a.port = f.host, f.port
+		name, addr, port, herr := parseHostPort(req.Host, f.port)
+		if herr != nil || addr.IsValid() || name != f.host || port != f.port {
+			// As the absolute-form and transparent requests are named
+			// by their Host: a shared front end routes by it, and the
+			// tunnel was allowed for its host alone.
+			a.token = f.token
+			e := a.entry()
+			e.Rule = "in the tunnel to " + a.what() + ": Host " + strconv.Quote(req.Host)
+			f.p.record(f.token, e)
+			writeStatus(f.client, http.StatusMisdirectedRequest, "this tunnel is to "+a.what()+", the request names "+strconv.Quote(req.Host), nil)
+			return false
+		}
 	}
 	a.token = f.token
 	if err != nil {
@@ -476,8 +493,14 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 	if pol.Mode == Allowlist && a.name != "" {
 		// Under an allowlist, a TLS client in the tunnel must name the
 		// host it asked for: behind a shared front end (a CDN) the SNI,
-		// not the address, picks the site.
-		e.Sent, e.Received, e.Err = tunnelChecked(f.client, pre, up, a.name)
+		// not the address, picks the site; so does an HTTP request's
+		// Host, which tunnelHTTP checks request by request.
+		var httpIn io.Reader
+		e.Sent, e.Received, e.Err, httpIn = tunnelChecked(f.client, pre, up, a.name)
+		if httpIn != nil {
+			f.tunnelHTTP(ctx, a, e, up, httpIn)
+			return
+		}
 		if e.Err != "" {
 			e.Allowed, e.Rule = false, e.Err
 			e.Err = ""
@@ -489,38 +512,89 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 	p.record(a.token, e)
 }
 
+// tunnelHTTP serves the rest of a CONNECT tunnel whose client speaks
+// plain HTTP: request by request over the tunnel's upstream connection,
+// each naming the tunnel's host and port (modeTunnel), or answered 421 and
+// the tunnel ended. The tunnel's entry is logged when it ends.
+func (f *forwarder) tunnelHTTP(ctx context.Context, a *attempt, e Entry, up net.Conn, in io.Reader) {
+	t := f.p.newForwarder(f.client, in, modeTunnel, ViaConnect)
+	t.token, t.fixed = f.token, f.token
+	t.host, t.port = a.name, a.port
+	t.up = &upstream{key: a.what(), conn: up, br: bufio.NewReader(up), sent: e.Sent, recv: e.Received, e: e}
+	t.loop(ctx)
+}
+
 // tunnelChecked is pipe for a CONNECT tunnel to name whose first client
 // bytes are examined before they go on: a TLS ClientHello must carry no
 // SNI or name, and no encrypted ClientHello. The server's bytes flow at
-// once (some protocols speak first). It returns why it refused, if it did.
-func tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent, recv int64, refused string) {
+// once (some protocols speak first). It returns why it refused, if it did;
+// or, when the client's first bytes are an HTTP request line's, the
+// client's bytes from there on (httpIn, nothing of them sent yet): the
+// tunnel is then the caller's to serve as HTTP (tunnelHTTP), the server's
+// bytes having stopped flowing.
+func tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent, recv int64, refused string, httpIn io.Reader) {
 	var wg sync.WaitGroup
 	var down int64
+	var handover atomic.Bool
 	wg.Go(func() {
 		n, err := io.Copy(client, up)
 		down = n
 		if err != nil {
+			if handover.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+				return // stopped for tunnelHTTP
+			}
 			client.Close()
 			up.Close()
 			return
 		}
 		closeWrite(client)
 	})
-	sent, refused = checkFirst(client, pre, up, name)
+	sent, refused, httpIn = checkFirst(client, pre, up, name, func() {
+		handover.Store(true)
+		up.SetReadDeadline(time.Now())
+	})
 	wg.Wait()
-	return sent, down, refused
+	if httpIn != nil {
+		up.SetReadDeadline(time.Time{})
+	}
+	return sent, down, refused, httpIn
 }
 
-// checkFirst is tunnelChecked's way up.
-func checkFirst(client net.Conn, pre []byte, up net.Conn, name string) (int64, string) {
+// httpMethods are the request methods that make a tunnel's first bytes
+// HTTP: a known method and a space, nothing less (a protocol whose client
+// starts with other capitals, "PING" or "A001 LOGIN", is left alone).
+var httpMethods = map[string]bool{
+	"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "OPTIONS": true, "TRACE": true, "PATCH": true,
+	"CONNECT": true, "PROPFIND": true, "PROPPATCH": true, "MKCOL": true, "COPY": true, "MOVE": true, "LOCK": true,
+	"UNLOCK": true, "REPORT": true, "SEARCH": true, "MKCALENDAR": true,
+}
+
+// checkFirst is tunnelChecked's way up; stop stops the way down when the
+// client turns out to speak HTTP.
+func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func()) (int64, string, io.Reader) {
 	prefix := bytes.NewReader(pre)
 	in := io.MultiReader(prefix, client) // reads exactly what is asked of it
 	var first [1]byte
 	if _, err := io.ReadFull(in, first[:]); err != nil {
 		closeWrite(up)
-		return 0, ""
+		return 0, "", nil
 	}
 	head := first[:]
+	if first[0] >= 'A' && first[0] <= 'Z' {
+		// A request line's method, read a byte at a time so that
+		// nothing is waited for that another protocol would not send.
+		for len(head) <= 12 && head[len(head)-1] >= 'A' && head[len(head)-1] <= 'Z' {
+			var b [1]byte
+			if _, err := io.ReadFull(in, b[:]); err != nil {
+				break
+			}
+			head = append(head, b[0])
+		}
+		if n := len(head); n > 1 && head[n-1] == ' ' && httpMethods[string(head[:n-1])] {
+			stop()
+			return 0, "", io.MultiReader(bytes.NewReader(head), prefix, client)
+		}
+	}
 	if first[0] == recordHandshake {
 		raw, hello, err := readClientHello(io.MultiReader(bytes.NewReader(first[:]), in))
 		refused := ""
@@ -538,7 +612,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string) (int64, s
 			client.Write(tlsAlert(alertAccessDenied))
 			client.Close()
 			up.Close()
-			return 0, refused
+			return 0, refused, nil
 		}
 		head = raw
 	}
@@ -560,7 +634,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string) (int64, s
 	} else {
 		closeWrite(up)
 	}
-	return sent, ""
+	return sent, "", nil
 }
 
 // pipe copies both ways until both are done, half-closing each side when

@@ -138,3 +138,72 @@ func TestRevoke(t *testing.T) {
 		t.Error("another job's tunnel was closed")
 	}
 }
+
+// Under an allowlist, plain HTTP in a CONNECT tunnel to an allowed name
+// must name that host in every request (issue 34, item 6): a shared front
+// end routes by Host as it does by SNI. A request naming another host (by
+// Host, by an absolute URI, by another port) is answered 421 and never
+// reaches the site; under egress it goes through.
+func TestConnectTunnelHost(t *testing.T) {
+	f := newFixture(t, nil)
+	f.jobs.set("allow", Policy{Mode: Allowlist, Allow: mustRules(t, "allowed.test")})
+	f.jobs.set("egress", Policy{Mode: Egress})
+	allowed := f.w.Sites["allowed"]
+	ask := func(c net.Conn, br *bufio.Reader, line, host string) (*http.Response, string) {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "%s HTTP/1.1\r\nHost: %s\r\n\r\n", line, host)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return nil, err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	fronted := func() bool {
+		for _, r := range allowed.Requests() {
+			if !strings.HasPrefix(r.Host, "allowed.test") {
+				return true
+			}
+		}
+		return false
+	}
+
+	// The allowed host, twice on one tunnel, then another: refused.
+	c := connectThrough(t, f, "allow", "allowed.test:80")
+	br := bufio.NewReader(c)
+	for range 2 {
+		if resp, body := ask(c, br, "GET /", "allowed.test"); resp == nil || resp.StatusCode != 200 || body != "hello from allowed\n" {
+			t.Fatalf("the allowed host in its tunnel: %v %q", resp, body)
+		}
+	}
+	if resp, body := ask(c, br, "GET /", "denied.test"); resp == nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("Host denied.test in a tunnel to allowed.test: %v %q", resp, body)
+	}
+	f.entry(t, "allow", "the fronting", func(e Entry) bool {
+		return e.Via == ViaConnect && !e.Allowed && e.Rule == `in the tunnel to allowed.test:80: Host "denied.test"`
+	})
+	for _, tc := range []struct{ line, host string }{
+		{"GET /", "denied.test"},
+		{"GET http://denied.test/", "allowed.test"},
+		{"GET /", "allowed.test:8080"},
+		{"GET /", "203.0.113.10"},
+	} {
+		c := connectThrough(t, f, "allow", "allowed.test:80")
+		if resp, body := ask(c, bufio.NewReader(c), tc.line, tc.host); resp == nil || resp.StatusCode != http.StatusMisdirectedRequest {
+			t.Errorf("%s, Host %s, first in a tunnel to allowed.test: %v %q", tc.line, tc.host, resp, body)
+		}
+	}
+	if fronted() || len(allowed.Requests()) != 2 {
+		t.Errorf("the site got %+v", allowed.Requests())
+	}
+	f.entry(t, "allow", "the tunnel", func(e Entry) bool {
+		return e.Via == ViaConnect && e.Name == "allowed.test" && e.Allowed && e.Sent > 0 && e.Received > 0
+	})
+
+	allowed.Reset()
+	c = connectThrough(t, f, "egress", "allowed.test:80")
+	if resp, body := ask(c, bufio.NewReader(c), "GET /", "denied.test"); resp == nil || resp.StatusCode != 200 || !fronted() {
+		t.Errorf("another Host under egress: %v %q", resp, body)
+	}
+}
