@@ -58,7 +58,7 @@ func (s *sbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, e
 		return sandbox.Unpacked{}, s.goneOr(fmt.Errorf("put archive: %w", err))
 	}
 	var out, errOut bytes.Buffer
-	cmd := exec.Command(s.b.selfExe, extractCommand, s.path(dirWorkspace))
+	cmd := exec.Command(s.b.shims.selfExe, extractCommand, s.path(dirWorkspace))
 	// Nothing of the server's environment: the C helpers' constructor
 	// must not take it for a shim.
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -25,61 +23,30 @@ import (
 )
 
 // Backend creates sandboxes on this host. It is safe for concurrent use.
+//
+// It makes, recovers, lists and destroys sandboxes; the rest is in
+// parts of one job each, made by New: the sandboxes' host uids (slots,
+// uids.go), what may be a root filesystem (roots, template_linux.go),
+// their plans (planner, plan_linux.go), their supervisors (shims,
+// shims_linux.go), their network (networks, net_linux.go), their caches
+// (caches, cache_linux.go), the egress proxy's listeners (proxies,
+// egress_linux.go), and what this server holds of them in memory
+// (liveSet, live_linux.go).
 type Backend struct {
 	dir     string
-	selfExe string
 	pidsMax int
 	noFile  int
 	log     *slog.Logger
-	// rootfsDir and defaultTemplate: see Config.
-	rootfsDir       string
-	defaultTemplate string
-	cg              cgroupLayout
-	// uids: the sandboxes' host ids, each sandbox's slot claimed in the
-	// host's registry (uids.go).
-	uids   uidRange
-	uidReg *uidRegistry
+	cg      cgroupLayout
 
-	mu sync.Mutex
-	// live holds the processes this server itself started (the shims are
-	// its children), by their directory, so Wait can block on them
-	// instead of polling.
-	live map[string]*process
-	// spareExecs holds, by kept sandbox directory, the id of a command
-	// directory made ahead of the sandbox's next command
-	// (makeSpareExecDir).
-	spareExecs map[string]string
-	// creating holds the ids of sandboxes being created: List leaves them
-	// out, so a cleanup sweep cannot destroy one under Create's feet.
-	creating map[string]bool
-
-	// netForce names the network helper to use instead of the preferred
-	// one found (tests run both); lookPath finds the helpers.
-	netForce string
-	lookPath func(string) (string, error)
-	// netSeen is the last look for a helper that Capabilities made.
-	netSeen netLook
-
-	// seccomp is the jobs' filter (seccompProgram), made once.
-	seccomp []byte
-	// goHelpers makes every sandbox use the Go helpers, also where the C
-	// ones would do (tests run both).
-	goHelpers bool
-	// netns has network namespaces ready for the C helpers.
-	netns *netnsPool
-
-	// toolDirs are the operator's tool directories (Config.ToolDirs).
-	toolDirs []string
-	// cacheDir and cacheMax: see Config (cache_linux.go).
-	cacheDir string
-	cacheMax int64
-
-	// egress serves the listeners of sandboxes made with Spec.Egress
-	// (egress_linux.go); egressCallback is Config.EgressCallbackPort.
-	egress         sandbox.EgressServer
-	egressCallback int
-	egressMu       sync.Mutex
-	served         map[string]*servedSandbox // by sandbox id
+	slots   *uidRegistry // each sandbox's slot of host ids, claimed in the host's registry
+	roots   *roots
+	plans   *planner
+	shims   *shims
+	nets    *networks
+	caches  *caches
+	proxies *proxies
+	live    *liveSet
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -131,44 +98,39 @@ func New(cfg Config) (*Backend, error) {
 		log.Warn("the job limits let the sandboxes together hold more than half of the host's file table",
 			"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryDefault", budget.MemDefault)
 	}
-	b := &Backend{dir: dir, selfExe: self, pidsMax: pids, noFile: nofile, log: log, live: map[string]*process{}, spareExecs: map[string]string{}, creating: map[string]bool{}, lookPath: exec.LookPath,
-		defaultTemplate: cfg.DefaultTemplate, netns: newNetnsPool(log), cacheMax: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes),
-		egress: cfg.Egress, egressCallback: cfg.EgressCallbackPort, served: map[string]*servedSandbox{}}
+	cacheDir := ""
 	if cfg.CacheDir != "" {
-		if b.cacheDir, err = filepath.Abs(cfg.CacheDir); err != nil {
+		if cacheDir, err = filepath.Abs(cfg.CacheDir); err != nil {
 			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
 		}
-		if err := os.MkdirAll(b.cacheDir, 0o700); err != nil {
+		if err := os.MkdirAll(cacheDir, 0o700); err != nil {
 			return nil, fmt.Errorf("local backend: CacheDir: %w", err)
 		}
 	}
+	rootfsDir := ""
 	if cfg.RootfsDir != "" {
-		if b.rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
+		if rootfsDir, err = filepath.Abs(cfg.RootfsDir); err != nil {
 			return nil, fmt.Errorf("local backend: RootfsDir: %w", err)
 		}
 	}
-	if b.uids, err = parseUIDRange(cmp.Or(cfg.UIDs, DefaultUIDs)); err != nil {
+	uids, err := parseUIDRange(cmp.Or(cfg.UIDs, DefaultUIDs))
+	if err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	if err := checkHostIDs(b.uids, ""); err != nil {
+	if err := checkHostIDs(uids, ""); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	b.uidReg = &uidRegistry{dir: uidRegistryDir, r: b.uids}
-	if err := b.checkToolDirs(cfg.ToolDirs); err != nil {
-		return nil, fmt.Errorf("local backend: %w", err)
-	}
-	b.toolDirs = slices.Clone(cfg.ToolDirs)
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
-	if b.cg, err = b.check(); err != nil {
+	cg, err := checkHost(self, uids)
+	if err != nil {
 		return nil, err
 	}
 	prog, err := seccompProgram()
 	if err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	b.seccomp = seccompBytes(prog)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
@@ -179,19 +141,35 @@ func New(cfg Config) (*Backend, error) {
 	}
 	// Mounts are found again by their path in /proc/self/mountinfo, which
 	// shows it without symlinks.
-	if b.dir, err = filepath.EvalSymlinks(dir); err != nil {
+	if dir, err = filepath.EvalSymlinks(dir); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
-	if b.rootfsDir != "" {
-		real := b.rootfsDir
+	rs := &roots{rootfsDir: rootfsDir, defaultTemplate: cfg.DefaultTemplate, sandboxes: dir, uids: uids}
+	if err := rs.checkToolDirs(cfg.ToolDirs); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	if rootfsDir != "" {
+		real := rootfsDir
 		if r, err := filepath.EvalSymlinks(real); err == nil {
 			real = r
 		}
-		if reason := b.forbiddenRoot(real); reason != "" {
-			return nil, fmt.Errorf("local backend: RootfsDir %s %s", b.rootfsDir, reason)
+		if reason := rs.forbiddenRoot(real); reason != "" {
+			return nil, fmt.Errorf("local backend: RootfsDir %s %s", rootfsDir, reason)
 		}
 	}
-	log.Debug("local backend ready", "dir", dir, "cgroup", b.cg.Version, "selfExe", self, "uids", b.uids.String(),
+	plans := &planner{noFile: nofile, toolDirs: slices.Clone(cfg.ToolDirs), seccomp: seccompBytes(prog)}
+	b := &Backend{
+		dir: dir, pidsMax: pids, noFile: nofile, log: log, cg: cg,
+		slots:   &uidRegistry{dir: uidRegistryDir, r: uids},
+		roots:   rs,
+		plans:   plans,
+		shims:   &shims{selfExe: self, plans: plans},
+		nets:    &networks{lookPath: exec.LookPath, pool: newNetnsPool(log)},
+		caches:  &caches{dir: cacheDir, max: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes), sandboxes: dir, log: log},
+		proxies: &proxies{server: cfg.Egress, callback: cfg.EgressCallbackPort, log: log, served: map[string]*servedSandbox{}},
+		live:    newLiveSet(),
+	}
+	log.Debug("local backend ready", "dir", dir, "cgroup", cg.Version, "selfExe", self, "uids", uids.String(),
 		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)
 	return b, nil
 }
@@ -201,11 +179,14 @@ func New(cfg Config) (*Backend, error) {
 // prepares the parent cgroups
 // of sandboxes, so it has the same side effects as New.
 func (b *Backend) Check() error {
-	_, err := b.check()
+	_, err := checkHost(b.shims.selfExe, b.slots.r)
 	return err
 }
 
-func (b *Backend) check() (cgroupLayout, error) {
+// checkHost is Check's, for New too: the host's cgroups, once it has
+// proved that a sandbox can be made (a probe of selfExe's helpers in
+// namespaces owned by the first of uids).
+func checkHost(selfExe string, uids uidRange) (cgroupLayout, error) {
 	if os.Geteuid() != 0 {
 		return cgroupLayout{}, errors.New(needRootReason)
 	}
@@ -224,12 +205,12 @@ func (b *Backend) check() (cgroupLayout, error) {
 	if err != nil {
 		return cgroupLayout{}, fmt.Errorf("the local backend cannot enforce limits: %w", err)
 	}
-	st, err := os.Stat(b.selfExe)
+	st, err := os.Stat(selfExe)
 	if err != nil {
 		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe: %w", err)
 	}
 	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
-		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", b.selfExe)
+		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", selfExe)
 	}
 	// Prove that SelfExe re-executes into the helpers (the Go ones and,
 	// when built in, the C ones) and that the kernel lets us create the
@@ -242,7 +223,7 @@ func (b *Backend) check() (cgroupLayout, error) {
 	}
 	for _, c := range probes {
 		var stderr bytes.Buffer
-		cmd := exec.CommandContext(ctx, b.selfExe, shimCommand, probeArg, strconv.FormatUint(uint64(b.uids.first), 10))
+		cmd := exec.CommandContext(ctx, selfExe, shimCommand, probeArg, strconv.FormatUint(uint64(uids.first), 10))
 		cmd.Env = helperEnv(c)
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -264,25 +245,26 @@ func (b *Backend) Name() string { return "local" }
 // Close implements sandbox.Backend: each sandbox's shim is a process of
 // its own, detached, that goes on; what the backend holds in the server's
 // process is the egress proxy's listeners, which the next server opens
-// again when it recovers the sandboxes.
+// again when it recovers the sandboxes, and the network namespaces made
+// ahead of need. It returns what failed to close.
 func (b *Backend) Close() error {
-	b.stopAllEgress()
-	return nil
+	return errors.Join(b.proxies.close(), b.nets.close())
 }
 
 // Capabilities implements sandbox.Backend. Everything listed is enforced:
 // New fails on a host where it could not be. NetworkEgress depends on a
 // network helper being installed, looked for at most netLookFor ago.
 func (b *Backend) Capabilities() sandbox.Capabilities {
-	netErr := b.netSeen.find(b.netForce, b.lookPath)
+	netErr := b.nets.missing()
+	egress := b.proxies.server != nil
 	var netMissing string
-	if netErr != nil && b.egress == nil {
+	if netErr != nil && !egress {
 		netMissing = netErr.Error()
 	}
 	return sandbox.Capabilities{
 		FilesystemIsolation:  true,
 		NetworkIsolation:     true,
-		NetworkEgress:        netErr == nil || b.egress != nil,
+		NetworkEgress:        netErr == nil || egress,
 		NetworkEgressMissing: netMissing,
 		CPULimit:             true,
 		MemoryLimit:          true,
@@ -299,12 +281,12 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		MultiExec: true,
 		// The cgroup freezer (v2, or v1's freezer hierarchy).
 		Pause:      b.cg.Freezer != "",
-		Caches:     b.cacheDir != "",
+		Caches:     b.caches.dir != "",
 		Workspaces: true,
 		// Sandboxes whose only road out is the proxy's listeners, with a
 		// trust bundle of their own.
-		EgressProxy: b.egress != nil,
-		EgressTrust: b.egress != nil,
+		EgressProxy: egress,
+		EgressTrust: egress,
 	}
 }
 
@@ -317,15 +299,15 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	var proxy *proxyState
 	switch {
 	case spec.Network && spec.Egress != nil:
-		if b.egress == nil {
+		if b.proxies.server == nil {
 			return nil, fmt.Errorf("local backend: %w", errNoEgressProxy)
 		}
 		if spec.Egress.Token == "" {
 			return nil, errors.New("local backend: Spec.Egress has no token")
 		}
-		proxy = &proxyState{Token: spec.Egress.Token, Callback: b.callbackPort(), Trust: len(spec.Egress.CACert) > 0}
+		proxy = &proxyState{Token: spec.Egress.Token, Callback: b.proxies.callbackPort(), Trust: len(spec.Egress.CACert) > 0}
 	case spec.Network:
-		tool, err := findNetTool(b.netForce, b.lookPath)
+		tool, err := b.nets.tool()
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
@@ -345,7 +327,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	}
 	tpl := -1 // the template's root filesystem, open
 	if spec.Template != "" {
-		fd, err := b.openTemplate(spec.Template)
+		fd, err := b.roots.openTemplate(spec.Template)
 		if err != nil {
 			return nil, fmt.Errorf("local backend: %w", err)
 		}
@@ -357,14 +339,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		return nil, err
 	}
 	dir := filepath.Join(b.dir, id)
-	b.mu.Lock()
-	b.creating[id] = true
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.creating, id)
-		b.mu.Unlock()
-	}()
+	defer b.live.create(id)()
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -398,7 +373,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 // (openTemplate), -1 for none.
 func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, proxy *proxyState, tpl int) error {
 	// The sandbox's host ids: a slot of its own.
-	base, err := b.uidReg.claim(dir)
+	base, err := b.slots.claim(dir)
 	if err != nil {
 		return err
 	}
@@ -430,7 +405,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		Expires:     spec.Expires,
 		Init:        spec.MultiExec,
 	}
-	st.Spawns = spec.MultiExec && b.cKeeper(st)
+	st.Spawns = spec.MultiExec && b.shims.cFor(st)
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
 	}
@@ -484,7 +459,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 	if len(spec.Caches) > 0 {
 		// Recorded before the cgroups: Destroy gives back what the
 		// state names, and unmounts whatever is under caches/.
-		caches, err := b.attachCaches(id, dir, spec, hostJob)
+		caches, err := b.caches.attach(id, dir, spec, hostJob)
 		st.Caches = caches
 		if werr := writeJSONAtomic(filepath.Join(dir, fileState), st); err == nil {
 			err = werr
@@ -524,65 +499,14 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 				return err
 			}
 		}
-		if err := b.serveEgress(id, dir, st); err != nil {
+		if err := b.proxies.serve(id, dir, st); err != nil {
 			return err
 		}
 	}
 	if spec.MultiExec {
-		return b.startKeeper(dir, st)
+		return b.shims.startKeeper(dir, st)
 	}
 	return nil
-}
-
-// cKeeper says whether a kept sandbox's keeper is the C helper. The C
-// helpers build roots without network steps (resolv.conf): a sandbox
-// whose network is the egress proxy's gets the Go ones.
-func (b *Backend) cKeeper(st sandboxState) bool {
-	return haveCHelper && !b.goHelpers && st.Network == nil && st.Proxy == nil
-}
-
-// keeperTimeout bounds how long Create waits for a kept sandbox's init to
-// have built the sandbox's root (milliseconds, normally).
-const keeperTimeout = 30 * time.Second
-
-// startKeeper starts a kept sandbox's supervisor, which starts its init
-// (keeper_linux.go), and waits for its word that the sandbox is ready.
-func (b *Backend) startKeeper(dir string, st sandboxState) error {
-	pl, err := b.keeperPlan(dir, st)
-	if err != nil {
-		return err
-	}
-	fd, err := unix.Open(filepath.Join(dir, fileNetns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("the sandbox's network namespace: %w", err)
-	}
-	netns := os.NewFile(uintptr(fd), "netns")
-	defer netns.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer readyR.Close()
-	shim, err := b.startShim(dir, pl, b.cKeeper(st), netns, readyW)
-	readyW.Close()
-	if err != nil {
-		return err
-	}
-	go shim.Wait() // it outlives this call; reaped when it ends while this server runs
-	if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
-		return err
-	}
-	readyR.SetReadDeadline(time.Now().Add(keeperTimeout))
-	word, err := io.ReadAll(io.LimitReader(readyR, 4096))
-	switch {
-	case err != nil:
-		return fmt.Errorf("start the sandbox's init: %w", err)
-	case string(word) == "ok":
-		return nil
-	case len(word) == 0:
-		return errors.New("start the sandbox's init: its supervisor ended without a word (see shim.log in the sandbox directory)")
-	}
-	return fmt.Errorf("start the sandbox's init: %s", word)
 }
 
 // Recover implements sandbox.Backend.
@@ -603,8 +527,8 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	}
 	// A sandbox whose network is the egress proxy's gets its listeners
 	// again (a restarted server), unless they are served already.
-	if stErr == nil && st.Proxy != nil && b.egress != nil {
-		if err := b.serveEgress(id, dir, st); err != nil {
+	if stErr == nil && st.Proxy != nil && b.proxies.server != nil {
+		if err := b.proxies.serve(id, dir, st); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
@@ -621,11 +545,9 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []sandbox.Info
 	for _, e := range ents {
-		if e.IsDir() && idPattern.MatchString(e.Name()) && !b.creating[e.Name()] {
+		if e.IsDir() && idPattern.MatchString(e.Name()) && !b.live.isCreating(e.Name()) {
 			var st sandboxState
 			readJSON(filepath.Join(b.dir, e.Name(), fileState), &st) // no state: no job to name
 			out = append(out, sandbox.Info{ID: e.Name(), JobID: st.JobID})
@@ -658,24 +580,19 @@ func (b *Backend) state(dir, id string) (sandboxState, error) {
 // order; what is already gone is skipped.
 func (b *Backend) destroy(id string) error {
 	dir := filepath.Join(b.dir, id)
-	defer func() {
-		// Its processes (the sandbox's, and each command's of a kept
-		// one) and a command directory made ahead are forgotten with it.
-		b.mu.Lock()
-		for d := range b.live {
-			if d == dir || strings.HasPrefix(d, dir+string(filepath.Separator)) {
-				delete(b.live, d)
-			}
-		}
-		delete(b.spareExecs, dir)
-		b.mu.Unlock()
-	}()
+	// What this server holds of it in memory is forgotten with it.
+	defer b.live.forget(dir)
 	// Its listeners close first: nothing is served to a sandbox going.
-	b.stopEgress(id)
+	// (One that fails to close holds nothing of the sandbox's: the rest
+	// goes on, and Destroy reports it.)
+	stopErr := b.proxies.stop(id)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		// Nothing to find the sandbox by; groups under the usual names may
 		// still be there (a Destroy interrupted after its directory went).
 		b.cg.names(id).remove(0)
+		if stopErr != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, stopErr)
+		}
 		return nil
 	}
 	st, stErr := b.state(dir, id)
@@ -707,7 +624,7 @@ func (b *Backend) destroy(id string) error {
 	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
 	} else {
-		b.releaseCaches(id, st.Caches)
+		b.caches.release(id, st.Caches)
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
 		errs = append(errs, err)
@@ -724,11 +641,11 @@ func (b *Backend) destroy(id string) error {
 	// that could not be read leaves the claim, whose directory is gone,
 	// to the next claim, which takes it.)
 	if len(errs) == 0 && st.HostUID != 0 {
-		if err := b.uidReg.release(st.HostUID, dir); err != nil {
+		if err := b.slots.release(st.HostUID, dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, stopErr)...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	b.log.Info("sandbox destroyed", "sandbox", id)
@@ -741,10 +658,7 @@ func (b *Backend) ended(id, dir string) bool {
 	if _, err := os.Lstat(filepath.Join(dir, fileExit)); err != nil {
 		return false
 	}
-	b.mu.Lock()
-	p := b.live[dir]
-	b.mu.Unlock()
-	if p != nil && p.done != nil {
+	if p := b.live.get(dir); p != nil && p.done != nil {
 		select {
 		case <-p.done:
 			return true
@@ -805,10 +719,7 @@ func removeAll(dir string) error {
 // waitShim waits for the sandbox's shim to exit (it does right after
 // init), and kills it if it does not.
 func (b *Backend) waitShim(id, dir string, timeout time.Duration) {
-	b.mu.Lock()
-	p := b.live[dir]
-	b.mu.Unlock()
-	if p != nil && p.done != nil {
+	if p := b.live.get(dir); p != nil && p.done != nil {
 		select {
 		case <-p.done:
 			return

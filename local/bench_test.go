@@ -96,7 +96,7 @@ func BenchmarkKeptTrue(b *testing.B) {
 
 func benchKept(b *testing.B, goHelpers bool, gap time.Duration) {
 	be := newBackend(b, 0)
-	be.goHelpers = goHelpers
+	be.shims.goHelpers = goHelpers
 	ctx := context.Background()
 	spec := defaultSpec()
 	spec.MultiExec, spec.Expires = true, time.Now().Add(time.Hour)

@@ -91,7 +91,7 @@ func TestKernelBudgetsPerSandbox(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			ctx := context.Background()
 			hog := create(t, b, defaultSpec())
 			withHelper(t, hog)

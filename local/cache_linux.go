@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,8 +48,18 @@ var (
 // Config.CacheMaxBytes is 0.
 const DefaultCacheMaxBytes = 10 << 30
 
-func (b *Backend) cachePath(c sandbox.Cache) string {
-	return filepath.Join(b.cacheDir, c.Key, c.Name)
+// caches keeps the caches of this backend's sandboxes (see above).
+type caches struct {
+	dir string // Config.CacheDir, "" for none
+	max int64  // Config.CacheMaxBytes
+	// sandboxes is the backend's directory: a cache held by a sandbox
+	// whose directory is gone there is free again.
+	sandboxes string
+	log       *slog.Logger
+}
+
+func (cs *caches) path(c sandbox.Cache) string {
+	return filepath.Join(cs.dir, c.Key, c.Name)
 }
 
 func checkCaches(caches []sandbox.Cache) error {
@@ -65,11 +76,11 @@ func checkCaches(caches []sandbox.Cache) error {
 
 // attachCaches gives a new sandbox its caches (see above); hostJob is its
 // job's host uid. It returns what it mounted, for the sandbox's state.
-func (b *Backend) attachCaches(id, dir string, spec sandbox.Spec, hostJob int) ([]cacheMount, error) {
+func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cacheMount, error) {
 	if len(spec.Caches) == 0 {
 		return nil, nil
 	}
-	if b.cacheDir == "" {
+	if cs.dir == "" {
 		return nil, errors.New("caches are not kept by this backend (Config.CacheDir is not set)")
 	}
 	if err := checkCaches(spec.Caches); err != nil {
@@ -85,7 +96,7 @@ func (b *Backend) attachCaches(id, dir string, spec sandbox.Spec, hostJob int) (
 		if err := os.Mkdir(mp, 0o755); err != nil {
 			return out, err
 		}
-		holder, err := b.takeCache(c, id)
+		holder, err := cs.take(c, id)
 		if err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
 		}
@@ -102,7 +113,7 @@ func (b *Backend) attachCaches(id, dir string, spec sandbox.Spec, hostJob int) (
 			continue
 		}
 		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true})
-		host := b.cachePath(c)
+		host := cs.path(c)
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
 		}
@@ -111,7 +122,7 @@ func (b *Backend) attachCaches(id, dir string, spec sandbox.Spec, hostJob int) (
 		if err != nil {
 			return out, fmt.Errorf("cache %s: hand it to the job's user: %w", c.Name, err)
 		}
-		b.log.Debug("cache handed over", "sandbox", id, "cache", c.Name, "entries", n, "took", time.Since(start))
+		cs.log.Debug("cache handed over", "sandbox", id, "cache", c.Name, "entries", n, "took", time.Since(start))
 		if err := unix.Mount(host, mp, "", unix.MS_BIND, ""); err != nil {
 			return out, fmt.Errorf("cache %s: bind: %w", c.Name, err)
 		}
@@ -125,15 +136,15 @@ func (b *Backend) attachCaches(id, dir string, spec sandbox.Spec, hostJob int) (
 	return out, nil
 }
 
-// takeCache records sandbox id as the cache's writer, unless another
+// take records sandbox id as the cache's writer, unless another
 // sandbox that still exists holds it: then it returns that one's id.
-func (b *Backend) takeCache(c sandbox.Cache, id string) (holder string, err error) {
-	if err := os.MkdirAll(filepath.Join(b.cacheDir, c.Key), 0o700); err != nil {
+func (cs *caches) take(c sandbox.Cache, id string) (holder string, err error) {
+	if err := os.MkdirAll(filepath.Join(cs.dir, c.Key), 0o700); err != nil {
 		return "", err
 	}
-	err = b.withCacheLock(c, func(f *os.File, cur string) error {
+	err = cs.withLock(c, func(f *os.File, cur string) error {
 		if cur != "" && cur != id && idPattern.MatchString(cur) {
-			if _, err := os.Lstat(filepath.Join(b.dir, cur)); err == nil {
+			if _, err := os.Lstat(filepath.Join(cs.sandboxes, cur)); err == nil {
 				holder = cur
 				return nil
 			}
@@ -144,10 +155,10 @@ func (b *Backend) takeCache(c sandbox.Cache, id string) (holder string, err erro
 	return holder, err
 }
 
-// withCacheLock runs fn with the cache's lock file, under flock, and its
+// withLock runs fn with the cache's lock file, under flock, and its
 // content (the holder's sandbox id, "" when free).
-func (b *Backend) withCacheLock(c sandbox.Cache, fn func(f *os.File, holder string) error) error {
-	f, err := os.OpenFile(b.cachePath(c)+".lock", os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+func (cs *caches) withLock(c sandbox.Cache, fn func(f *os.File, holder string) error) error {
+	f, err := os.OpenFile(cs.path(c)+".lock", os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
@@ -197,10 +208,10 @@ func treeSize(dir string) int64 {
 	return total
 }
 
-// releaseCaches measures and frees the caches a destroyed sandbox held
+// release measures and frees the caches a destroyed sandbox held
 // (its mounts are gone), then keeps all of them under the cap.
-func (b *Backend) releaseCaches(id string, caches []cacheMount) {
-	if b.cacheDir == "" {
+func (cs *caches) release(id string, caches []cacheMount) {
+	if cs.dir == "" {
 		return
 	}
 	released := false
@@ -209,30 +220,30 @@ func (b *Backend) releaseCaches(id string, caches []cacheMount) {
 			continue
 		}
 		c := sandbox.Cache{Name: m.Name, Key: m.Key}
-		err := b.withCacheLock(c, func(f *os.File, holder string) error {
+		err := cs.withLock(c, func(f *os.File, holder string) error {
 			if holder != id {
 				return nil // taken over already (this sandbox was thought gone)
 			}
-			meta := cacheMeta{Bytes: treeSize(b.cachePath(c)), Used: time.Now().UTC()}
-			if err := writeJSONAtomic(b.cachePath(c)+".json", meta); err != nil {
+			meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC()}
+			if err := writeJSONAtomic(cs.path(c)+".json", meta); err != nil {
 				return err
 			}
 			released = true
 			return rewrite(f, "")
 		})
 		if err != nil {
-			b.log.Warn("release cache", "sandbox", id, "cache", c.Name, "key", c.Key, "err", err)
+			cs.log.Warn("release cache", "sandbox", id, "cache", c.Name, "key", c.Key, "err", err)
 		}
 	}
 	if released {
-		b.evictCaches()
+		cs.evict()
 	}
 }
 
-// evictCaches removes the least recently used caches that no sandbox
+// evict removes the least recently used caches that no sandbox
 // holds while all of them hold more than the cap.
-func (b *Backend) evictCaches() {
-	metas, _ := filepath.Glob(filepath.Join(b.cacheDir, "*", "*.json"))
+func (cs *caches) evict() {
+	metas, _ := filepath.Glob(filepath.Join(cs.dir, "*", "*.json"))
 	type entry struct {
 		c    sandbox.Cache
 		meta cacheMeta
@@ -250,21 +261,21 @@ func (b *Backend) evictCaches() {
 	}
 	slices.SortFunc(all, func(a, b entry) int { return a.meta.Used.Compare(b.meta.Used) })
 	for _, e := range all {
-		if total <= b.cacheMax {
+		if total <= cs.max {
 			return
 		}
-		err := b.withCacheLock(e.c, func(f *os.File, holder string) error {
+		err := cs.withLock(e.c, func(f *os.File, holder string) error {
 			if holder != "" {
 				return errors.New("in use")
 			}
-			if err := os.RemoveAll(b.cachePath(e.c)); err != nil {
+			if err := os.RemoveAll(cs.path(e.c)); err != nil {
 				return err
 			}
-			return os.Remove(b.cachePath(e.c) + ".json")
+			return os.Remove(cs.path(e.c) + ".json")
 		})
 		if err == nil {
 			total -= e.meta.Bytes
-			b.log.Info("cache evicted", "cache", e.c.Name, "key", e.c.Key, "bytes", e.meta.Bytes, "last used", e.meta.Used)
+			cs.log.Info("cache evicted", "cache", e.c.Name, "key", e.c.Key, "bytes", e.meta.Bytes, "last used", e.meta.Used)
 		}
 	}
 }

@@ -21,7 +21,7 @@ import (
 // once all of them pass the cap.
 func TestCaches(t *testing.T) {
 	b := newBackend(t, 0)
-	b.cacheDir, b.cacheMax = t.TempDir(), 3<<20
+	b.caches.dir, b.caches.max = t.TempDir(), 3<<20
 	ctx := context.Background()
 	keyA, keyB := strings.Repeat("a", 16), strings.Repeat("b", 16)
 	var mu sync.Mutex
@@ -60,7 +60,7 @@ func TestCaches(t *testing.T) {
 	shIn(first, `[ "$(stat -c %u /cache/go)" = "$(id -u)" ] && mkdir -p /cache/go/build && head -c 2000000 /dev/zero >/cache/go/build/obj && echo one >/cache/go/mark`)
 	destroy(first)
 	var meta cacheMeta
-	if err := readJSON(filepath.Join(b.cacheDir, keyA, "go.json"), &meta); err != nil || meta.Bytes != 2000004 || meta.Used.IsZero() {
+	if err := readJSON(filepath.Join(b.caches.dir, keyA, "go.json"), &meta); err != nil || meta.Bytes != 2000004 || meta.Used.IsZero() {
 		t.Fatalf("the cache's record after its release: %+v %v", meta, err)
 	}
 
@@ -86,7 +86,7 @@ func TestCaches(t *testing.T) {
 		t.Errorf("another key's cache holds %q", out)
 	}
 	// A crash: the holder's directory is gone without a release.
-	os.WriteFile(filepath.Join(b.cacheDir, keyA, "go.lock"), []byte("sb-000000000000"), 0o600)
+	os.WriteFile(filepath.Join(b.caches.dir, keyA, "go.lock"), []byte("sb-000000000000"), 0o600)
 	again := mk(keyA)
 	if out := shIn(again, `cat /cache/go/mark`); out != "one\ntwo\n" {
 		t.Errorf("after a stale lock the cache holds %q", out)
@@ -95,10 +95,10 @@ func TestCaches(t *testing.T) {
 	// keyA (2 MB, used first) and keyB (2 MB, used last): over the 3 MiB
 	// cap once keyB is released, keyA goes.
 	destroy(other)
-	if _, err := os.Stat(filepath.Join(b.cacheDir, keyA, "go")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(b.caches.dir, keyA, "go")); !os.IsNotExist(err) {
 		t.Errorf("the least recently used cache is still there (%v)", err)
 	}
-	if _, err := os.Stat(filepath.Join(b.cacheDir, keyB, "go", "blob")); err != nil {
+	if _, err := os.Stat(filepath.Join(b.caches.dir, keyB, "go", "blob")); err != nil {
 		t.Errorf("the cache used last was evicted: %v", err)
 	}
 }

@@ -145,6 +145,19 @@
 // The shared kernel makes this weaker than a virtual machine; keep the
 // Proxmox backend for hostile code.
 //
+// The server's side, by part (each with one job, made by New, calling
+// another only through a small interface of its own): Backend makes,
+// recovers, lists and destroys sandboxes (backend_linux.go); sbox is one
+// sandbox (sandbox_linux.go, files_linux.go, archive_linux.go); the host
+// uid slots are uidRegistry (uids.go), the roots a template or a tool
+// directory may give roots (template_linux.go, tools_linux.go), the
+// plans planner (plan_linux.go), the supervisors' start shims
+// (shims_linux.go), the network helpers and the namespaces readied ahead
+// networks and netnsPool (net_linux.go, netns_linux.go), the caches
+// caches (cache_linux.go), the egress proxy's listeners proxies
+// (egress_linux.go), and what the server holds of its sandboxes in
+// memory liveSet (live_linux.go).
+//
 // The helpers run before main of any program that links this package
 // (see Reexec), so such a program is its own SelfExe.
 package local

@@ -53,7 +53,7 @@ func BenchmarkEgressWired(b *testing.B) {
 	}
 	b.Cleanup(func() { p.Close() })
 	bk := newBackend(b, 0)
-	bk.egress = p
+	bk.proxies.server = p
 	b.Cleanup(func() { bk.Close() })
 	rules, _ := egress.ParseRules([]string{"allowed.test"})
 	pols.set("bench", egress.Policy{Mode: egress.Allowlist, Allow: rules})

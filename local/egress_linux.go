@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -70,8 +71,22 @@ var systemRoots = [...]string{
 	"etc/ssl/ca-bundle.pem",             // openSUSE
 }
 
+// proxies serves the egress proxy's listeners of this backend's
+// sandboxes made with Spec.Egress, in the server's process.
+type proxies struct {
+	server   sandbox.EgressServer // Config.Egress, nil for none
+	callback int                  // Config.EgressCallbackPort
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	served map[string]*servedSandbox // by sandbox id
+}
+
 // EgressRoute implements sandbox.EgressRouter.
-func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
+func (b *Backend) EgressRoute(token string) sandbox.EgressRoute { return b.proxies.route(token) }
+
+// route is what a job whose sandbox's network is the proxy's is told.
+func (ps *proxies) route(token string) sandbox.EgressRoute {
 	r := sandbox.EgressRoute{
 		ProxyURL: "http://" + net.JoinHostPort(proxyHost, strconv.Itoa(proxyPort)),
 		// The sandbox's own loopback, and the callback listener, which is
@@ -79,7 +94,7 @@ func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
 		NoProxy:   "localhost,127.0.0.1,::1," + proxyHost,
 		TrustFile: TrustFile,
 	}
-	if p := b.callbackPort(); p != 0 {
+	if p := ps.callbackPort(); p != 0 {
 		r.CallbackURL = "http://" + net.JoinHostPort(proxyHost, strconv.Itoa(p))
 	}
 	return r
@@ -87,8 +102,8 @@ func (b *Backend) EgressRoute(token string) sandbox.EgressRoute {
 
 // callbackPort is the port of the callback listener in new sandboxes:
 // the server's callback port, unless it is one of the proxy's own.
-func (b *Backend) callbackPort() int {
-	switch p := b.egressCallback; p {
+func (ps *proxies) callbackPort() int {
+	switch p := ps.callback; p {
 	case 0, proxyPort, 80, 443, 53:
 		return 0
 	default:
@@ -102,18 +117,26 @@ type proxyListeners struct {
 	dnsUDP                             net.PacketConn
 }
 
-func (l *proxyListeners) close() {
+// close closes the listeners (those their Serve calls closed already
+// say so, which is no failure) and returns what failed.
+func (l *proxyListeners) close() error {
+	var errs []error
 	for _, c := range []io.Closer{l.proxy, l.http, l.tls, l.dnsTCP, l.callback, l.dnsUDP} {
-		if c != nil {
-			c.Close()
+		if c == nil {
+			continue
+		}
+		if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // servedSandbox is a sandbox whose listeners this server serves.
 type servedSandbox struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	ls     *proxyListeners
 }
 
 // makeProxyNetns makes the sandbox's network namespace, its loopback up
@@ -204,18 +227,18 @@ func openProxyListeners(path string, callback int) (*proxyListeners, error) {
 	return l, nil
 }
 
-// serveEgress serves a sandbox's listeners, opening them in its
-// namespace, unless this server serves them already.
-func (b *Backend) serveEgress(id, dir string, st sandboxState) error {
+// serve serves a sandbox's listeners, opening them in its namespace,
+// unless this server serves them already.
+func (ps *proxies) serve(id, dir string, st sandboxState) error {
 	if st.Proxy == nil {
 		return nil
 	}
-	if b.egress == nil {
+	if ps.server == nil {
 		return fmt.Errorf("sandbox %s goes through the egress proxy, and this server has none (local.Config.Egress)", id)
 	}
-	b.egressMu.Lock()
-	defer b.egressMu.Unlock()
-	if b.served[id] != nil {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.served[id] != nil {
 		return nil
 	}
 	ls, err := openProxyListeners(filepath.Join(dir, fileNetns), st.Proxy.Callback)
@@ -223,52 +246,59 @@ func (b *Backend) serveEgress(id, dir string, st sandboxState) error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &servedSandbox{cancel: cancel}
+	s := &servedSandbox{cancel: cancel, ls: ls}
 	token := st.Proxy.Token
 	serve := func(what string, f func() error) {
 		s.wg.Go(func() {
 			if err := f(); err != nil && ctx.Err() == nil {
-				b.log.Error("egress proxy: a sandbox's listener failed", "sandbox", id, "listener", what, "err", err)
+				ps.log.Error("egress proxy: a sandbox's listener failed", "sandbox", id, "listener", what, "err", err)
 			}
 		})
 	}
-	serve("proxy", func() error { return b.egress.Serve(ctx, ls.proxy, token) })
-	serve("http", func() error { return b.egress.ServeTransparent(ctx, ls.http, token) })
-	serve("https", func() error { return b.egress.ServeTransparent(ctx, ls.tls, token) })
-	serve("dns/tcp", func() error { return b.egress.ServeDNSStream(ctx, ls.dnsTCP, token) })
-	serve("dns/udp", func() error { return b.egress.ServeDNS(ctx, ls.dnsUDP, token) })
+	serve("proxy", func() error { return ps.server.Serve(ctx, ls.proxy, token) })
+	serve("http", func() error { return ps.server.ServeTransparent(ctx, ls.http, token) })
+	serve("https", func() error { return ps.server.ServeTransparent(ctx, ls.tls, token) })
+	serve("dns/tcp", func() error { return ps.server.ServeDNSStream(ctx, ls.dnsTCP, token) })
+	serve("dns/udp", func() error { return ps.server.ServeDNS(ctx, ls.dnsUDP, token) })
 	if ls.callback != nil {
-		serve("callback", func() error { return b.egress.ServeCallback(ctx, ls.callback, token) })
+		serve("callback", func() error { return ps.server.ServeCallback(ctx, ls.callback, token) })
 	}
-	b.served[id] = s
+	ps.served[id] = s
 	return nil
 }
 
-// stopEgress stops serving a sandbox's listeners (they close with their
-// Serve calls).
-func (b *Backend) stopEgress(id string) {
-	b.egressMu.Lock()
-	s := b.served[id]
-	delete(b.served, id)
-	b.egressMu.Unlock()
-	if s != nil {
-		s.cancel()
-		s.wg.Wait()
+// stop stops serving a sandbox's listeners (they close with their Serve
+// calls), and returns what failed to close.
+func (ps *proxies) stop(id string) error {
+	ps.mu.Lock()
+	s := ps.served[id]
+	delete(ps.served, id)
+	ps.mu.Unlock()
+	if s == nil {
+		return nil
 	}
+	s.cancel()
+	s.wg.Wait()
+	if err := s.ls.close(); err != nil {
+		return fmt.Errorf("sandbox %s: the egress proxy's listeners: %w", id, err)
+	}
+	return nil
 }
 
-// stopAllEgress stops serving every sandbox's listeners (Close: the next
-// server serves them again when it recovers the sandboxes).
-func (b *Backend) stopAllEgress() {
-	b.egressMu.Lock()
-	ids := make([]string, 0, len(b.served))
-	for id := range b.served {
+// close stops serving every sandbox's listeners (Close: the next server
+// serves them again when it recovers the sandboxes).
+func (ps *proxies) close() error {
+	ps.mu.Lock()
+	ids := make([]string, 0, len(ps.served))
+	for id := range ps.served {
 		ids = append(ids, id)
 	}
-	b.egressMu.Unlock()
+	ps.mu.Unlock()
+	var errs []error
 	for _, id := range ids {
-		b.stopEgress(id)
+		errs = append(errs, ps.stop(id))
 	}
+	return errors.Join(errs...)
 }
 
 // writeTrustBundle writes the sandbox's trust bundle: the system roots of

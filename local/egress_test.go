@@ -47,7 +47,7 @@ func egressBackend(t *testing.T, w *testnet.W, pols *policies) (*Backend, *egres
 	}
 	t.Cleanup(func() { p.Close() })
 	b := newBackend(t, 0)
-	b.egress = p
+	b.proxies.server = p
 	t.Cleanup(func() { b.Close() })
 	return b, p, rec
 }
@@ -246,7 +246,7 @@ done`}, Env: proxyEnv(b, "tok"), OutputLimit: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2.egress = b.egress
+	b2.proxies.server = b.proxies.server
 	t.Cleanup(func() { b2.Close() })
 	outs, _ := p.ReadOutput(context.Background(), 0, 1<<20)
 	before := strings.Count(string(sandbox.Join(outs)), "up")

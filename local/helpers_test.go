@@ -33,7 +33,7 @@ func TestHelpers(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			t.Run("isolation", func(t *testing.T) {
 				exit, out := sh(t, b, `id -u; id -G; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status
 					set -- $(tr '\0' ' ' < /proc/1/cmdline); echo "pid1=$*"; hostname; ls /dev | tr '\n' ' '; echo
@@ -262,7 +262,7 @@ func TestJobDescriptors(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			// The shell's descriptors, listed while it waits for ls alone
 			// (a pipeline or a redirection would hold one of its own).
 			exit, out := sh(t, b, `ls /proc/$$/fd; ls /proc/$$/fd/`+strconv.Itoa(root)+`/ 2>/dev/null || true`)
@@ -284,7 +284,7 @@ func TestJobSignalDispositions(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			exit, out := sh(t, b, `grep -E '^Sig(Ign|Blk):' /proc/self/status`)
 			if want := "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"; exit.Code != 0 || out != want {
 				t.Errorf("exit %+v, output %q; want %q", exit, out, want)

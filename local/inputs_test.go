@@ -23,7 +23,7 @@ func TestInputs(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			marker := "input-marker-" + mode + "-" + strings.Repeat("x", 8)
 			script := `echo "$DELEGATE_INPUTS"; cd "$DELEGATE_INPUTS"; ls -ln | sed 1d | while read -r m l u g s rest; do echo "$m $u $g $s"; done
 				stat -c '%a %u' .; { echo "` + marker + `" > script; } 2>/dev/null || echo "not writable"
@@ -116,12 +116,12 @@ func TestNoHostPathsInside(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			tpl := defaultSpec()
 			tpl.Template = useRootfs(b, buildRootfs(t))
 			specs := []sandbox.Spec{defaultSpec(), tpl}
 			if mode == "Go" {
-				if _, err := findNetTool("", b.lookPath); err == nil {
+				if _, err := findNetTool("", b.nets.lookPath); err == nil {
 					specs = append(specs, networkSpec())
 				}
 			}

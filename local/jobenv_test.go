@@ -59,7 +59,7 @@ func TestJobEnvironment(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			sb := create(t, b, defaultSpec())
 			p, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/sh", "-c", `
 				id; whoami; ls -ld /workspace | awk '{print "owner", $3}'

@@ -48,7 +48,7 @@ func inEachKeptSandbox(t *testing.T, lifetime time.Duration, f func(t *testing.T
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			f(t, mode, b, keptSandbox(t, b, time.Now().Add(lifetime)))
 		})
 	}
@@ -283,7 +283,7 @@ func TestKeptServerKilled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			inst, err := b.Recover(context.Background(), id)
 			if err != nil {
 				t.Fatalf("Recover: %v", err)
@@ -320,7 +320,7 @@ func runKeptServer(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	b.goHelpers = args[1] == "Go"
+	b.shims.goHelpers = args[1] == "Go"
 	spec := defaultSpec()
 	spec.MultiExec, spec.Expires = true, time.Now().Add(time.Minute)
 	sb, err := b.Create(context.Background(), spec)
@@ -378,7 +378,7 @@ func TestKeptPause(t *testing.T) {
 	}
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			sb := keptSandbox(t, b, time.Now().Add(time.Minute))
 			keptRun(t, sb, `(while :; do date +%s%N >> /workspace/ticks; sleep 0.02; done) >/dev/null 2>&1 &`)
 			ticks := func() int {
@@ -727,9 +727,7 @@ func TestKeptExecDirsAhead(t *testing.T) {
 			if i > 0 && ids[i] != ahead {
 				t.Fatalf("command %d is %s, not in the directory made ahead for it, %s", i, ids[i], ahead)
 			}
-			b.mu.Lock()
-			next := b.spareExecs[sb.dir]
-			b.mu.Unlock()
+			next := b.live.spare(sb.dir, false)
 			if next == "" || next == ids[i] {
 				t.Fatalf("command %d (%s): the next command's directory is %q", i, ids[i], next)
 			}
@@ -766,12 +764,12 @@ func TestKeptExecDirsAhead(t *testing.T) {
 		if err := sb.Destroy(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if _, ok := b.spareExecs[sb.dir]; ok {
+		if b.live.spare(sb.dir, false) != "" {
 			t.Error("the destroyed sandbox's next command directory is remembered")
 		}
-		for d := range b.live {
+		b.live.mu.Lock()
+		defer b.live.mu.Unlock()
+		for d := range b.live.procs {
 			if strings.HasPrefix(d, sb.dir) {
 				t.Errorf("a process of the destroyed sandbox is remembered: %s", d)
 			}
@@ -966,10 +964,7 @@ func TestKeptExitToldFirst(t *testing.T) {
 	// The backend forgets the ended command (a later Process reads its
 	// directory).
 	if !pollUntil(5*time.Second, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		_, held := b.live[proc.dir]
-		return !held
+		return b.live.get(proc.dir) == nil
 	}) {
 		t.Error("the backend still holds the ended command")
 	}
@@ -988,12 +983,12 @@ func TestSpareOpsLeadCommandPlans(t *testing.T) {
 		if trust {
 			st.Proxy = &proxyState{Trust: true}
 		}
-		kp, err := be.keeperPlan(dir, st)
+		kp, err := be.plans.keeperPlan(dir, st)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cmd := sandbox.Command{Args: []string{"/bin/true"}, Inputs: map[string][]byte{"in.txt": []byte("x")}}
-		ep := be.execPlan(dir, st, execRecord{ID: "ex-0123abcd", Args: cmd.Args}, cmd)
+		ep := be.plans.execPlan(dir, st, execRecord{ID: "ex-0123abcd", Args: cmd.Args}, cmd)
 		if ep.Ahead == 0 || int(ep.Ahead) != len(kp.SpareOps) {
 			t.Fatalf("trust %v: %d steps ahead, the spare has %d", trust, ep.Ahead, len(kp.SpareOps))
 		}

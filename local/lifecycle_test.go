@@ -301,9 +301,9 @@ func TestCreateRollback(t *testing.T) {
 
 func TestCreateValidation(t *testing.T) {
 	b := newBackend(t, 0)
-	b.rootfsDir = t.TempDir()
-	os.WriteFile(filepath.Join(b.rootfsDir, "file"), nil, 0o644)
-	os.Mkdir(filepath.Join(b.rootfsDir, "empty"), 0o755)
+	b.roots.rootfsDir = t.TempDir()
+	os.WriteFile(filepath.Join(b.roots.rootfsDir, "file"), nil, 0o644)
+	os.Mkdir(filepath.Join(b.roots.rootfsDir, "empty"), 0o755)
 	tests := []struct {
 		name string
 		edit func(*sandbox.Spec)
@@ -390,7 +390,7 @@ func buildRootfs(t *testing.T) string {
 // useRootfs makes the directory of root b's rootfs directory and returns
 // the name a Spec.Template gives for root.
 func useRootfs(b *Backend, root string) string {
-	b.rootfsDir = filepath.Dir(root)
+	b.roots.rootfsDir = filepath.Dir(root)
 	return filepath.Base(root)
 }
 
@@ -484,11 +484,11 @@ func TestListHidesSandboxesBeingCreated(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(b.dir, id), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	b.creating[id] = true
+	done := b.live.create(id)
 	if ids, _ := b.List(context.Background()); listed(ids, id) {
 		t.Errorf("List shows a sandbox being created: %v", ids)
 	}
-	delete(b.creating, id)
+	done()
 	if ids, _ := b.List(context.Background()); !listed(ids, id) {
 		t.Errorf("List = %v, want %s", ids, id)
 	}

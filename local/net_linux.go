@@ -92,6 +92,29 @@ func findNetTool(force string, lookPath func(string) (string, error)) (netTool, 
 // and Create, which starts one, always looks anew.
 const netLookFor = 2 * time.Second
 
+// networks gives sandboxes their network: the helper of those with
+// network (pasta or slirp4netns, looked for on the server's PATH), and
+// namespaces readied ahead for the others (netnsPool).
+type networks struct {
+	// force names the helper to use instead of the preferred one found
+	// (tests run both); lookPath finds the helpers.
+	force    string
+	lookPath func(string) (string, error)
+	// seen is the last look for a helper that Capabilities made.
+	seen netLook
+	pool *netnsPool
+}
+
+// tool is the helper a new sandbox with network gets (looked for anew).
+func (n *networks) tool() (netTool, error) { return findNetTool(n.force, n.lookPath) }
+
+// missing says why no helper can be had, nil when one can, from a
+// recent look.
+func (n *networks) missing() error { return n.seen.find(n.force, n.lookPath) }
+
+// close stops readying namespaces (Backend.Close).
+func (n *networks) close() error { return n.pool.close() }
+
 // netLook is the last look for a network helper: whether one was found.
 type netLook struct {
 	mu    sync.Mutex

@@ -3,6 +3,7 @@
 package local
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -29,6 +30,9 @@ type netnsPool struct {
 	mu      sync.Mutex
 	running bool
 	failed  bool // making one failed: sandboxes make their own from then on
+	closed  bool // close: no maker starts any more
+	stop    chan struct{}
+	wg      sync.WaitGroup // the maker
 }
 
 const (
@@ -37,7 +41,7 @@ const (
 )
 
 func newNetnsPool(log *slog.Logger) *netnsPool {
-	return &netnsPool{log: log, idle: netnsPoolIdle, ready: make(chan *os.File, netnsPoolSize)}
+	return &netnsPool{log: log, idle: netnsPoolIdle, ready: make(chan *os.File, netnsPoolSize), stop: make(chan struct{})}
 }
 
 // take returns a ready namespace, which the caller closes once the shim
@@ -55,9 +59,33 @@ func (p *netnsPool) take() *os.File {
 func (p *netnsPool) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.running && !p.failed {
+	if !p.running && !p.failed && !p.closed {
 		p.running = true
-		go p.make()
+		p.wg.Go(p.make)
+	}
+}
+
+// close stops the maker, waits for it, and closes the namespaces nobody
+// took; it returns what failed to close.
+func (p *netnsPool) close() error {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.stop)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	var errs []error
+	for {
+		select {
+		case f := <-p.ready:
+			errs = append(errs, f.Close())
+		default:
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("network namespaces made ahead: %w", err)
+			}
+			return nil
+		}
 	}
 }
 
@@ -87,6 +115,9 @@ func (p *netnsPool) make() {
 		idle.Reset(p.idle)
 		select {
 		case p.ready <- f:
+		case <-p.stop:
+			f.Close()
+			return // close takes what is ready
 		case <-idle.C:
 			f.Close()
 			for {

@@ -25,12 +25,13 @@ func TestNetnsPool(t *testing.T) {
 	p := newNetnsPool(slog.New(slog.DiscardHandler))
 	p.idle = 200 * time.Millisecond
 	var got []*os.File
-	for len(got) < 2 {
+	if !waitFor(10*time.Second, func() bool {
 		if f := p.take(); f != nil {
 			got = append(got, f)
-		} else {
-			time.Sleep(time.Millisecond)
 		}
+		return len(got) == 2
+	}) {
+		t.Fatalf("the pool made %d namespaces", len(got))
 	}
 	host, _ := os.Readlink("/proc/self/ns/net")
 	a, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", got[0].Fd()))
@@ -50,6 +51,42 @@ func TestNetnsPool(t *testing.T) {
 		return !p.running && len(p.ready) == 0
 	}) {
 		t.Error("the maker did not stop, or kept namespaces, once unused")
+	}
+}
+
+// TestBackendClose: Close stops the maker of namespaces, waits for it and
+// closes what it made (nothing of it is left running), and reports what
+// failed to close instead of nil whatever happened.
+func TestBackendClose(t *testing.T) {
+	b := newBackend(t, 0)
+	pool := b.nets.pool
+	pool.take() // the maker runs
+	if !waitFor(10*time.Second, func() bool { return len(pool.ready) == netnsPoolSize }) {
+		t.Fatal("the maker made no namespaces")
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	pool.mu.Lock()
+	running := pool.running
+	pool.mu.Unlock()
+	if running || len(pool.ready) != 0 {
+		t.Errorf("after Close the maker runs (%v) or holds %d namespaces", running, len(pool.ready))
+	}
+	if f := pool.take(); f != nil || pool.running {
+		t.Error("a closed pool makes namespaces again")
+	}
+
+	// A namespace that fails to close (closed already here) is reported.
+	b2 := newBackend(t, 0)
+	f, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	b2.nets.pool.ready <- f
+	if err := b2.Close(); err == nil || !strings.Contains(err.Error(), "network namespaces made ahead") {
+		t.Errorf("Close with a namespace that fails to close = %v, want that failure", err)
 	}
 }
 

@@ -41,7 +41,7 @@ func netTools(t *testing.T) []string {
 func netBackend(t *testing.T, tool string) *Backend {
 	t.Helper()
 	b := newBackend(t, 0)
-	b.netForce = tool
+	b.nets.force = tool
 	return b
 }
 
@@ -428,7 +428,7 @@ func TestNoNetworkByDefault(t *testing.T) {
 // and leaves nothing behind; sandboxes without network are not affected.
 func TestNetworkHelperMissing(t *testing.T) {
 	b := newBackend(t, 0)
-	b.lookPath = func(string) (string, error) { return "", exec.ErrNotFound }
+	b.nets.lookPath = func(string) (string, error) { return "", exec.ErrNotFound }
 	if b.Capabilities().NetworkEgress {
 		t.Error("Capabilities().NetworkEgress with no helper installed")
 	}
@@ -454,10 +454,10 @@ func TestNetworkHelperMissing(t *testing.T) {
 // the job before it starts, with the reason in its output.
 func TestNetworkHelperFails(t *testing.T) {
 	b := newBackend(t, 0)
-	b.lookPath = func(string) (string, error) { return "/bin/false", nil }
+	b.nets.lookPath = func(string) (string, error) { return "/bin/false", nil }
 	for _, tool := range []string{netToolPasta, netToolSlirp} {
 		t.Run(tool, func(t *testing.T) {
-			b.netForce = tool
+			b.nets.force = tool
 			sb := create(t, b, networkSpec())
 			exit, out := run(t, sb, "/bin/echo", "should not run")
 			want := tool + " could not set up the sandbox's network: it exited (exit status 1)"

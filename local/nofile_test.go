@@ -81,7 +81,7 @@ func TestJobNoFile(t *testing.T) {
 	for _, mode := range helperModes() {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t, 0)
-			b.goHelpers = mode == "Go"
+			b.shims.goHelpers = mode == "Go"
 			f, err := hostFileBudget(DefaultSandboxes)
 			if err != nil {
 				t.Fatal(err)

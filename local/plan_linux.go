@@ -42,19 +42,28 @@ var devLinks = [...]struct{ name, target string }{
 	{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"}, {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"},
 }
 
+// planner makes the plans of this backend's sandboxes from what New
+// fixed: the jobs' file limit, the operator's tool directories and the
+// seccomp filter.
+type planner struct {
+	noFile   int
+	toolDirs []string
+	seccomp  []byte
+}
+
 // buildPlan is the plan of the command rec (with its environment env) in
 // the sandbox of one command whose directory is dir and whose state is
 // st. With netns, the shim will join a ready network namespace (its
 // loopback up).
-func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
+func (pl *planner) buildPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command, netns bool) (*plan, error) {
 	if st.NoFile == 0 {
-		st.NoFile = b.noFile // a sandbox made before it was recorded
+		st.NoFile = pl.noFile // a sandbox made before it was recorded
 	}
-	ops, err := rootOps(dir, st, !netns, cmd.Inputs, b.toolDirs)
+	ops, err := rootOps(dir, st, !netns, cmd.Inputs, pl.toolDirs)
 	if err != nil {
 		return nil, err
 	}
-	p := b.commandPlan(dir, st, rec, cmd)
+	p := pl.commandPlan(dir, st, rec, cmd)
 	p.Mode, p.Ops, p.HostIDBase, p.IDRange, p.Netns = modeSandbox, ops, st.hostBase(), slotSize, netns
 	if st.Network != nil {
 		p.Net = *st.Network
@@ -64,7 +73,7 @@ func (b *Backend) buildPlan(dir string, st sandboxState, rec execRecord, cmd san
 
 // commandPlan is what every plan of a command has: the command, its
 // environment, its limits.
-func (b *Backend) commandPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
+func (pl *planner) commandPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
 	// $DELEGATE_INPUTS last, over whatever Env says: the job finds its
 	// inputs where they are.
 	env := slices.DeleteFunc(slices.Clone(cmd.Env), func(e string) bool { return strings.HasPrefix(e, InputsEnv+"=") })
@@ -72,7 +81,7 @@ func (b *Backend) commandPlan(dir string, st sandboxState, rec execRecord, cmd s
 	if st.Template != "" {
 		env = standardPath(env, filepath.Join(dir, dirTemplate), nil)
 	} else {
-		env = standardPath(env, "/", b.toolDirs)
+		env = standardPath(env, "/", pl.toolDirs)
 	}
 	if len(cmd.Inputs) > 0 {
 		env = append(env, InputsEnv+"="+InputsDir)
@@ -88,7 +97,7 @@ func (b *Backend) commandPlan(dir string, st sandboxState, rec execRecord, cmd s
 		Args:          rec.Args,
 		Env:           env,
 		Dir:           rec.Dir,
-		Seccomp:       b.seccomp,
+		Seccomp:       pl.seccomp,
 	}
 	if cmd.Stdin != "" {
 		p.Stdin = path.Join(InputsDir, cmd.Stdin)
@@ -102,12 +111,12 @@ func (b *Backend) commandPlan(dir string, st sandboxState, rec execRecord, cmd s
 // keeperPlan is the plan of a kept sandbox's supervisor and init: the
 // sandbox's root, made once, and its lifetime. It has no command: the
 // commands come later, each with a plan of its own (execPlan).
-func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
+func (pl *planner) keeperPlan(dir string, st sandboxState) (*plan, error) {
 	if st.NoFile == 0 {
-		st.NoFile = b.noFile
+		st.NoFile = pl.noFile
 	}
 	// The network namespace bound at fileNetns has its loopback up.
-	ops, err := rootOps(dir, st, false, nil, b.toolDirs)
+	ops, err := rootOps(dir, st, false, nil, pl.toolDirs)
 	if err != nil {
 		return nil, err
 	}
@@ -136,8 +145,8 @@ func (b *Backend) keeperPlan(dir string, st sandboxState) (*plan, error) {
 // capability bounding set emptied (commandAheadOps: Ahead of them), then
 // its status channel and its inputs in that /run, made read-only, and
 // the seccomp filter.
-func (b *Backend) execPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
-	p := b.commandPlan(dir, st, rec, cmd)
+func (pl *planner) execPlan(dir string, st sandboxState, rec execRecord, cmd sandbox.Command) *plan {
+	p := pl.commandPlan(dir, st, rec, cmd)
 	p.Mode, p.ExecID = modeCommand, rec.ID
 	p.Channel = filepath.Join(execUp, dirChannel, rec.ID)
 	ahead := commandAheadOps(st)

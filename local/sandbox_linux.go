@@ -161,7 +161,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	// The C helpers take sandboxes without network when this binary has
 	// them; the Go ones the others (only the Go shim starts a network
 	// helper), and all of them when the tests ask.
-	c := haveCHelper && st.Network == nil && st.Proxy == nil && !s.b.goHelpers
+	c := s.b.shims.cFor(st)
 	var netns *os.File
 	if st.Proxy != nil {
 		// The namespace the server made, where the proxy's listeners are.
@@ -172,12 +172,12 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 		netns = os.NewFile(uintptr(fd), "netns")
 		defer netns.Close()
 	} else if c {
-		netns = s.b.netns.take()
+		netns = s.b.nets.pool.take()
 		if netns != nil {
 			defer netns.Close() // the shim has its own once started
 		}
 	}
-	pl, err := s.b.buildPlan(s.dir, st, rec, cmd, netns != nil)
+	pl, err := s.b.plans.buildPlan(s.dir, st, rec, cmd, netns != nil)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
@@ -188,7 +188,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	} else if err != nil {
 		return nil, err
 	}
-	shim, err := s.b.startShim(s.dir, pl, c, netns, nil)
+	shim, err := s.b.shims.start(s.dir, pl, c, netns, nil)
 	if err != nil {
 		os.Remove(filepath.Join(s.dir, fileExec))
 		return nil, fmt.Errorf("exec: %w", err)
@@ -204,7 +204,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if !st.Init {
 		return nil, fmt.Errorf("sandbox %s was kept by an earlier delegate, whose kept sandboxes cannot run more commands: release it and open another: %w", s.id, sandbox.ErrGone)
 	}
-	c := haveCHelper && !s.b.goHelpers
+	c := s.b.shims.cCommands()
 	spawn := st.Spawns && c // the keeper's socket says whether it is there (spawnShim)
 	if !spawn {
 		if _, alive := shimAlive(s.dir); !alive {
@@ -222,14 +222,14 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	pl := s.b.execPlan(s.dir, st, rec, cmd)
+	pl := s.b.plans.execPlan(s.dir, st, rec, cmd)
 	var shim *exec.Cmd
 	if spawn {
 		if err = spawnShim(s.dir, rec.ID, pl, recordedW); errors.Is(err, sandbox.ErrGone) {
 			err = fmt.Errorf("sandbox %s: %w", s.id, err)
 		}
 	} else {
-		shim, err = s.b.startShim(execDir, pl, c, nil, recordedW)
+		shim, err = s.b.shims.start(execDir, pl, c, nil, recordedW)
 	}
 	recordedW.Close()
 	if err != nil {
@@ -249,11 +249,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 		// Its end is told: a later Process finds it on the disk. The
 		// backend forgets it, or a long-lived sandbox's every command
 		// would stay in memory until the sandbox goes.
-		s.b.mu.Lock()
-		if s.b.live[execDir] == p {
-			delete(s.b.live, execDir)
-		}
-		s.b.mu.Unlock()
+		s.b.live.drop(execDir, p)
 	}()
 	// Once the command is on its way: its record is for a later server
 	// (Process), which learns the command's id only after Exec returns;
@@ -275,11 +271,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 // (execs/<id>) and status channel (a FIFO in dirChannel): the ones made
 // ahead for it (ahead; its id then becomes rec.ID), or new ones.
 func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (dir string, ahead bool, err error) {
-	s.b.mu.Lock()
-	id := s.b.spareExecs[s.dir]
-	delete(s.b.spareExecs, s.dir)
-	s.b.mu.Unlock()
-	if id != "" {
+	if id := s.b.live.spare(s.dir, true); id != "" {
 		rec.ID = id
 		return filepath.Join(s.dir, dirExecs, id), true, nil
 	}
@@ -295,10 +287,7 @@ func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (dir string, ahead 
 // command's shim fill (made empty here: aheadFiles). One left unused
 // goes with the sandbox.
 func (s *sbox) makeSpareExecDir(st sandboxState) error {
-	s.b.mu.Lock()
-	_, have := s.b.spareExecs[s.dir]
-	s.b.mu.Unlock()
-	if have {
+	if s.b.live.spare(s.dir, false) != "" {
 		return nil
 	}
 	id, err := newID("ex-", 4)
@@ -308,11 +297,7 @@ func (s *sbox) makeSpareExecDir(st sandboxState) error {
 	if _, err := s.makeExecDir(st, id, true); err != nil {
 		return err
 	}
-	s.b.mu.Lock()
-	defer s.b.mu.Unlock()
-	if _, have := s.b.spareExecs[s.dir]; !have {
-		s.b.spareExecs[s.dir] = id
-	}
+	s.b.live.putSpare(s.dir, id)
 	return nil
 }
 
@@ -414,9 +399,7 @@ func (s *sbox) started(id, dir string, shim *exec.Cmd, recorded chan struct{}) *
 		}()
 		s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", shim.Process.Pid)
 	}
-	s.b.mu.Lock()
-	s.b.live[dir] = p
-	s.b.mu.Unlock()
+	s.b.live.add(dir, p)
 	return p
 }
 
@@ -494,53 +477,6 @@ func spawnShim(dir, id string, pl *plan, server *os.File) error {
 	return nil
 }
 
-// startShim starts a shim in dir with the plan, the C one with c, and
-// with netns (when the plan says so) the network namespace to join and
-// with server the pipe it closes for the server (serverFD). A shim that
-// fails later records why in exit.json, which Wait reports.
-func (b *Backend) startShim(dir string, pl *plan, c bool, netns, server *os.File) (*exec.Cmd, error) {
-	// The Go shim's stderr is its log (a panic goes there); the C shim
-	// opens the log itself when it has something to say.
-	var logf *os.File
-	if !c {
-		var err error
-		if logf, err = os.OpenFile(filepath.Join(dir, fileShimLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
-			return nil, err
-		}
-		defer logf.Close()
-	}
-	planFile, err := planMemfd(pl)
-	if err != nil {
-		return nil, err
-	}
-	defer planFile.Close()
-	shim := &exec.Cmd{
-		Path:       b.selfExe,
-		Args:       []string{b.selfExe, shimCommand, dir},
-		Env:        helperEnv(c),
-		Dir:        dir,
-		ExtraFiles: []*os.File{planFile}, // planFD
-		// A session of its own: signals for the server's process group
-		// (Ctrl-C, a service stop) do not reach the job's supervisor.
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	if logf != nil {
-		// Never the server's stdout: that is the MCP channel.
-		shim.Stdout, shim.Stderr = logf, logf
-	}
-	if pl.Netns || server != nil {
-		shim.ExtraFiles = append(shim.ExtraFiles, netns) // netnsFD (nil: none)
-	}
-	if server != nil {
-		shim.ExtraFiles = append(shim.ExtraFiles, server) // serverFD
-	}
-	err = shim.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start sandbox shim: %w", err)
-	}
-	return shim, nil
-}
-
 // Process implements sandbox.Instance.
 func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
 	dir := s.dir
@@ -549,10 +485,7 @@ func (s *sbox) Process(ctx context.Context, execID string) (sandbox.Process, err
 			dir = filepath.Join(s.dir, dirExecs, execID) // one command of many
 		}
 	}
-	s.b.mu.Lock()
-	p := s.b.live[dir]
-	s.b.mu.Unlock()
-	if p != nil && p.id == execID {
+	if p := s.b.live.get(dir); p != nil && p.id == execID {
 		return p, nil
 	}
 	// No record, or the empty one of a directory made ahead (aheadFiles):

@@ -26,11 +26,20 @@ const maxTemplateName = 128
 
 var _ sandbox.TemplateChecker = (*Backend)(nil)
 
+// roots says which directories may be a sandbox's root filesystem (a
+// template) or be bound into one (the operator's tool directories).
+type roots struct {
+	rootfsDir       string   // Config.RootfsDir, "" for none
+	defaultTemplate string   // Config.DefaultTemplate
+	sandboxes       string   // the backend's directory, which no root may show
+	uids            uidRange // the sandboxes' host ids, which may own none of it
+}
+
 // CheckTemplate implements sandbox.TemplateChecker: name must be the name
 // of a usable root filesystem in Config.RootfsDir, or the operator's
 // Config.DefaultTemplate itself.
 func (b *Backend) CheckTemplate(ctx context.Context, name string) error {
-	fd, err := b.openTemplate(name)
+	fd, err := b.roots.openTemplate(name)
 	if err != nil {
 		return err
 	}
@@ -42,25 +51,25 @@ func (b *Backend) CheckTemplate(ctx context.Context, name string) error {
 // checks it, and returns an O_PATH descriptor of it: the sandbox binds
 // that very directory, whatever happens to the path meanwhile. Errors are
 // *sandbox.TemplateError.
-func (b *Backend) openTemplate(name string) (int, error) {
+func (r *roots) openTemplate(name string) (int, error) {
 	bad := func(format string, args ...any) (int, error) {
-		return -1, &sandbox.TemplateError{Name: name, Reason: fmt.Sprintf(format, args...), Available: b.templateNames()}
+		return -1, &sandbox.TemplateError{Name: name, Reason: fmt.Sprintf(format, args...), Available: r.templateNames()}
 	}
 	var p string
 	switch {
 	case name == "":
 		return bad("empty")
 	case templateName.MatchString(name) && len(name) <= maxTemplateName:
-		if b.rootfsDir == "" {
+		if r.rootfsDir == "" {
 			return bad("no root filesystem directory is configured on this server")
 		}
-		p = filepath.Join(b.rootfsDir, name)
-	case filepath.IsAbs(name) && name == b.defaultTemplate:
+		p = filepath.Join(r.rootfsDir, name)
+	case filepath.IsAbs(name) && name == r.defaultTemplate:
 		p = name // the operator's own choice, trusted
 	default:
 		where := "the server's root filesystem directory"
-		if b.rootfsDir != "" {
-			where = b.rootfsDir
+		if r.rootfsDir != "" {
+			where = r.rootfsDir
 		}
 		return bad("must be the name of a root filesystem in %s (lower-case letters, digits, '.', '_' and '-', starting with a letter or digit), not a path", where)
 	}
@@ -71,12 +80,12 @@ func (b *Backend) openTemplate(name string) (int, error) {
 		if p == name {
 			return bad("%s does not exist", p)
 		}
-		return bad("no root filesystem %q in %s", name, b.rootfsDir)
+		return bad("no root filesystem %q in %s", name, r.rootfsDir)
 	}
 	if err != nil {
 		return bad("%v", err)
 	}
-	if reason := b.forbiddenRoot(real); reason != "" {
+	if reason := r.forbiddenRoot(real); reason != "" {
 		return bad("%s %s", real, reason)
 	}
 	fd, err := unix.Openat2(unix.AT_FDCWD, real, &unix.OpenHow{
@@ -87,7 +96,7 @@ func (b *Backend) openTemplate(name string) (int, error) {
 	if err != nil {
 		return bad("open %s: %v", real, err)
 	}
-	if err := checkRootfs(fd, real, b.uids); err != nil {
+	if err := checkRootfs(fd, real, r.uids); err != nil {
 		unix.Close(fd)
 		return bad("%v", err)
 	}
@@ -97,13 +106,13 @@ func (b *Backend) openTemplate(name string) (int, error) {
 // forbiddenRoot says why a directory can never be a template, or "": the
 // host's root would show the whole host, and the sandboxes directory (or
 // anything above or below it) other jobs' workspaces.
-func (b *Backend) forbiddenRoot(real string) string {
+func (r *roots) forbiddenRoot(real string) string {
 	within := func(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 	switch {
 	case real == "/":
 		return "is the host's root directory"
-	case within(real, b.dir) || within(b.dir, real):
-		return fmt.Sprintf("would show the sandboxes of other jobs (%s)", b.dir)
+	case within(real, r.sandboxes) || within(r.sandboxes, real):
+		return fmt.Sprintf("would show the sandboxes of other jobs (%s)", r.sandboxes)
 	}
 	return ""
 }
@@ -171,11 +180,11 @@ func checkRootfs(fd int, name string, ids uidRange) error {
 
 // templateNames lists the names a job may give: the directories (or links
 // to directories) in the rootfs directory whose names are valid.
-func (b *Backend) templateNames() []string {
-	if b.rootfsDir == "" {
+func (r *roots) templateNames() []string {
+	if r.rootfsDir == "" {
 		return nil
 	}
-	entries, err := os.ReadDir(b.rootfsDir)
+	entries, err := os.ReadDir(r.rootfsDir)
 	if err != nil {
 		return nil
 	}
@@ -184,7 +193,7 @@ func (b *Backend) templateNames() []string {
 		if !templateName.MatchString(e.Name()) || len(e.Name()) > maxTemplateName {
 			continue
 		}
-		if st, err := os.Stat(filepath.Join(b.rootfsDir, e.Name())); err == nil && st.IsDir() {
+		if st, err := os.Stat(filepath.Join(r.rootfsDir, e.Name())); err == nil && st.IsDir() {
 			names = append(names, e.Name())
 		}
 	}

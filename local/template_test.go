@@ -39,7 +39,7 @@ func TestTemplateIsAName(t *testing.T) {
 		victim.dir,
 		b.dir,
 		hostDir,
-		filepath.Join(b.rootfsDir, name), // its own path: names only
+		filepath.Join(b.roots.rootfsDir, name), // its own path: names only
 		"../" + name,
 		name + "/..",
 		"./" + name,
@@ -90,8 +90,8 @@ func TestTemplateOwnership(t *testing.T) {
 	ctx := context.Background()
 	// A job's host uid in some sandbox's slot, the last slot's base, and
 	// the one range every sandbox had before slots.
-	hostJobID := int(b.uids.first) + 5*slotSize + jobID
-	lastBase := int(b.uids.last) + 1 - slotSize
+	hostJobID := int(b.slots.r.first) + 5*slotSize + jobID
+	lastBase := int(b.slots.r.last) + 1 - slotSize
 	tests := []struct {
 		name  string
 		spoil func(root string) error
@@ -150,9 +150,9 @@ func TestTemplateLinks(t *testing.T) {
 	b := newBackend(t, 0)
 	ctx := context.Background()
 	root := buildRootfs(t)
-	b.rootfsDir = t.TempDir()
+	b.roots.rootfsDir = t.TempDir()
 	for name, target := range map[string]string{"elsewhere": root, "host": "/", "sandboxes": b.dir} {
-		if err := os.Symlink(target, filepath.Join(b.rootfsDir, name)); err != nil {
+		if err := os.Symlink(target, filepath.Join(b.roots.rootfsDir, name)); err != nil {
 			t.Fatal(err)
 		}
 	}

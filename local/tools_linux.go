@@ -37,12 +37,12 @@ var providedTops = [...]string{"workspace", "tmp", "proc", "dev", "run", "sys"}
 // anything above or under it, not under a directory the sandbox makes
 // itself, not writable by all nor owned by the sandboxes' users, and no
 // symbolic link on the way (the path is bound as it is named).
-func (b *Backend) checkToolDirs(dirs []string) error {
+func (r *roots) checkToolDirs(dirs []string) error {
 	for _, d := range dirs {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
 			return fmt.Errorf("tool directory %q: must be a clean absolute path", d)
 		}
-		if why := b.forbiddenRoot(d); why != "" {
+		if why := r.forbiddenRoot(d); why != "" {
 			return fmt.Errorf("tool directory %q: %s", d, why)
 		}
 		top := strings.Split(strings.TrimPrefix(d, "/"), "/")[0]
@@ -66,7 +66,7 @@ func (b *Backend) checkToolDirs(dirs []string) error {
 				return fmt.Errorf("tool directory %q: must be readable and searchable by all users (mode o+rx)", d)
 			case p != d && st.Mode&0o001 == 0:
 				return fmt.Errorf("tool directory %q: %s must be searchable by all users (mode o+x): the sandbox's init is unprivileged", d, p)
-			case p == d && (st.Mode&0o002 != 0 || b.uids.contains(st.Uid)):
+			case p == d && (st.Mode&0o002 != 0 || r.uids.contains(st.Uid)):
 				return fmt.Errorf("tool directory %q: must be writable by neither all users nor the sandboxes' (mode %04o, owner %d)", d, st.Mode&0o7777, st.Uid)
 			}
 			if p == "/" {
