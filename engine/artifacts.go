@@ -18,11 +18,11 @@ import (
 // collectArtifacts copies the files matching the manifest's globs out of
 // the sandbox into the content-addressed artifact store. A file over a
 // cap is listed with the reason it was skipped, not silently dropped.
-func (r *runner) collectArtifacts(ctx context.Context, id string, m delegate.Manifest, sb sandbox.Instance) {
+func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.Manifest, sb sandbox.Instance) {
 	files, err := sb.ListFiles(ctx, sandbox.ListOptions{Regular: true})
 	if err != nil {
 		r.log.Warn("list artifacts", "job", id, "err", err)
-		r.report(ctx, id, m, fmt.Sprintf("artifacts could not be listed: %v", err), nil)
+		r.progress.report(id, fmt.Sprintf("artifacts could not be listed: %v", err), nil, m.StatusMode != delegate.StatusModeSimple, time.Now().UTC())
 		return
 	}
 	var total int64
@@ -63,7 +63,7 @@ func (r *runner) collectArtifacts(ctx context.Context, id string, m delegate.Man
 }
 
 // storeBlob writes data under its sha256, once.
-func (r *runner) storeBlob(data []byte) (string, error) {
+func (r *finisher) storeBlob(data []byte) (string, error) {
 	h := sha256.Sum256(data)
 	sum := hex.EncodeToString(h[:])
 	path := blobPath(r.cfg.ArtifactDir, sum)

@@ -288,3 +288,11 @@ func redactorFor(m delegate.Manifest, secret func(string) (string, bool)) *redac
 	}
 	return newRedactor(values)
 }
+
+// index lets callbacks made with the job's token in (job, as stored, has
+// the token's hash).
+func (c *callbacks) index(job *delegate.Job) {
+	if ent, ok := c.indexJob(job, c.jobs.foreign.Load()); ok {
+		c.tokens.put(job.ID, ent)
+	}
+}

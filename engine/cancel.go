@@ -3,13 +3,31 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
+	"log/slog"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
 )
+
+// orphans is the part that cancels a job no live engine drives: it takes
+// the job over, kills its process (followed to its end like any other)
+// or rolls its sandbox back. It keeps no state of its own.
+type orphans struct {
+	cfg    Config
+	log    *slog.Logger
+	owner  string
+	life   *group
+	store  delegate.Store
+	ref    *backendRef
+	jobs   *jobWriter
+	runs   registry
+	follow runFollower // the follower, for a job whose command ran
+	end    rollbacker  // the finisher, for a sandbox whose command never ran
+}
+
+// rollbacker destroys a sandbox whose command never ran (the finisher).
+type rollbacker interface{ rollback(jobID, sandboxID string) }
 
 // cancelOrphan cancels a job that no live engine drives (its server died
 // or was stopped, and no server has adopted it yet), which nobody else
@@ -19,7 +37,7 @@ import (
 // itself, as the job's own engine would have. done is false when the job
 // is not such an orphan (or cannot be stopped from here): Cancel then
 // records the cancellation for the engine that drives it.
-func (r *runner) cancelOrphan(ctx context.Context, id string) (job *delegate.Job, cancelled, done bool, err error) {
+func (r *orphans) cancelOrphan(ctx context.Context, id string) (job *delegate.Job, cancelled, done bool, err error) {
 	old, err := r.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, false, true, err
@@ -74,7 +92,7 @@ func markCancelled(j *delegate.Job) {
 // kept, an ephemeral sandbox destroyed, a persistent one kept for
 // release_job); a sandbox that never ran its command is rolled back,
 // also one its engine made but had not recorded yet.
-func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *delegate.Job) {
+func (r *orphans) stopOrphan(ctx context.Context, backend sandbox.Backend, job *delegate.Job) {
 	if job.ExecID != "" {
 		sb, err := backend.Recover(ctx, job.SandboxID)
 		var proc sandbox.Process
@@ -82,13 +100,13 @@ func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 			proc, err = sb.Process(ctx, job.ExecID)
 		}
 		if err == nil {
-			h, _ := r.register(job.ID)
+			h, _ := r.runs.register(job.ID)
 			h.killNow()
 			done := make(chan struct{})
 			r.life.Go(func() {
 				defer close(done)
-				defer r.unregister(job.ID)
-				r.follow(h, job.ID, sb, proc, job.Manifest, nil)
+				defer r.runs.unregister(job.ID)
+				r.follow.follow(h, job.ID, sb, proc, job.Manifest, nil)
 			})
 			select {
 			case <-done:
@@ -99,7 +117,7 @@ func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 		r.log.Info("the cancelled job's process is gone", "job", job.ID, "err", err)
 	}
 	if job.SandboxID != "" {
-		r.rollback(job.ID, job.SandboxID)
+		r.end.rollback(job.ID, job.SandboxID)
 	}
 	// Its engine is gone and this one owns the job now: no sandbox for it
 	// is still being made, so every one made for it is a leftover.
@@ -110,77 +128,7 @@ func (r *runner) stopOrphan(ctx context.Context, backend sandbox.Backend, job *d
 	}
 	for _, in := range infos {
 		if in.JobID == job.ID && in.ID != job.SandboxID {
-			r.rollback(job.ID, in.ID)
+			r.end.rollback(job.ID, in.ID)
 		}
 	}
-}
-
-// rollback destroys a sandbox whose command never ran (provisioning
-// failed, was cancelled or interrupted), whatever the job's lifecycle:
-// there is nothing in it to keep.
-func (r *runner) rollback(jobID, sandboxID string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.life.ctx), 2*time.Minute)
-	defer cancel()
-	if err := r.backend().Destroy(ctx, sandboxID); err != nil {
-		// The job has ended: the cleanup loop will try again.
-		r.log.Warn("roll back sandbox", "job", jobID, "sandbox", sandboxID, "err", err)
-		return
-	}
-	r.jobs.update(ctx, jobID, func(j *delegate.Job) error {
-		if j.SandboxID == sandboxID {
-			j.SandboxID, j.ExecID = "", ""
-		}
-		return nil
-	})
-	r.log.Info("rolled back sandbox", "job", jobID, "sandbox", sandboxID)
-}
-
-// backendRef holds the engine's backend, or opens it with
-// Config.OpenBackend when the engine was made without one (a command-line
-// tool that only needs it to stop an orphaned job).
-type backendRef struct {
-	open func(ctx context.Context) (sandbox.Backend, error)
-
-	mu   sync.Mutex
-	b    sandbox.Backend
-	mine bool // b was opened here, and is closed here
-}
-
-// close closes the backend if this engine opened it itself.
-func (br *backendRef) close() error {
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	if br.mine && br.b != nil {
-		return br.b.Close()
-	}
-	return nil
-}
-
-// get returns the backend, nil if there is none (yet).
-func (br *backendRef) get() sandbox.Backend {
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	return br.b
-}
-
-// opened returns the backend, opening it if need be.
-func (br *backendRef) opened(ctx context.Context) (sandbox.Backend, error) {
-	if b := br.get(); b != nil {
-		return b, nil
-	}
-	if br.open == nil {
-		return nil, errors.New("this engine has no sandbox backend")
-	}
-	b, err := br.open(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("open the sandbox backend: %w", err)
-	}
-	br.mu.Lock()
-	defer br.mu.Unlock()
-	if br.b == nil {
-		br.b, br.mine = b, true
-	} else {
-		b.Close() // another call opened one first
-	}
-	return br.b, nil
 }

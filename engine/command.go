@@ -25,11 +25,22 @@ const basePath = sandbox.DefaultPath
 // more ("Argument list too long").
 const maxEnvString = 32 * 4096
 
+// commandBuilder is the part that builds a job's command: its argv, its
+// inputs and its environment (its secrets, its token, its network's
+// proxy), from the server's settings and the backend's capabilities.
+type commandBuilder struct {
+	cfg Config
+	ref *backendRef
+}
+
+// backend is the engine's backend.
+func (r *commandBuilder) backend() sandbox.Backend { return r.ref.get() }
+
 // scriptArgs runs the "script" input with /bin/sh: a fixed command line,
 // so that no job text shows in a process list. Where the backend puts
 // every command's inputs at one path (Capabilities.InputsDir), the
 // script is named directly, sparing a shell's start.
-func (r *runner) scriptArgs() []string {
+func (r *commandBuilder) scriptArgs() []string {
 	if dir := r.backend().Capabilities().InputsDir; dir != "" {
 		return []string{"/bin/sh", path.Join(dir, "script")}
 	}
@@ -46,7 +57,7 @@ func (r *runner) scriptArgs() []string {
 // the job's own, or for a command in a kept sandbox that of the job that
 // made it (nil: none). jn is the job's network through the egress proxy
 // (nil: none).
-func (r *runner) command(job *delegate.Job, token string, ws *delegate.Manifest, jn *jobNetwork) (sandbox.Command, error) {
+func (r *commandBuilder) command(job *delegate.Job, token string, ws *delegate.Manifest, jn *jobNetwork) (sandbox.Command, error) {
 	m := job.Manifest
 	var args []string
 	var stdin string
@@ -147,4 +158,34 @@ func ClaudeArgs(m delegate.Manifest) []string {
 		args = append(args, "--model", m.Agent.ClaudeModel)
 	}
 	return args
+}
+
+// networkEnv adds to a job's environment what its network needs: the
+// proxy's address, the trust bundle when the proxy stands in for hosts,
+// a placeholder for each secret the proxy injects, and the callback URL
+// as the sandbox reaches it.
+func (r *commandBuilder) networkEnv(env map[string]string, jn *jobNetwork, jobID string) {
+	if jn == nil {
+		return
+	}
+	router, ok := r.backend().(sandbox.EgressRouter)
+	if !ok {
+		return
+	}
+	route := router.EgressRoute(jn.token)
+	for _, k := range []string{"http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"} {
+		env[k] = route.ProxyURL
+	}
+	env["no_proxy"], env["NO_PROXY"] = route.NoProxy, route.NoProxy
+	if len(jn.caCert) > 0 && route.TrustFile != "" {
+		for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS", "PIP_CERT"} {
+			env[k] = route.TrustFile
+		}
+	}
+	for _, s := range jn.inject {
+		env[s] = Placeholder
+	}
+	if route.CallbackURL != "" && r.cfg.CallbackURL != "" {
+		env["DELEGATE_CALLBACK_URL"] = strings.TrimSuffix(route.CallbackURL, "/") + "/callback/" + jobID
+	}
 }

@@ -37,8 +37,7 @@ func TestWaitLeavesNoEndChannel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w := newJobWriter(store)
-	w.ended = func(*delegate.Job) {}
+	w := newJobWriter(store, func(*delegate.Job) {})
 	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
 	held := func() int {
 		w.mu.Lock()
@@ -110,8 +109,7 @@ func TestWaitTakesTheEndItIsTold(t *testing.T) {
 	if err := db.CreateJob(ctx, j); err != nil {
 		t.Fatal(err)
 	}
-	w := newJobWriter(db)
-	w.ended = func(*delegate.Job) {}
+	w := newJobWriter(db, func(*delegate.Job) {})
 	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
 	const waiters = 2
 	got := make(chan *delegate.Job, waiters)

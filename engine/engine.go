@@ -4,19 +4,31 @@
 // and a cleanup loop for sandboxes nobody owns.
 //
 // An Engine is a coordinator of parts, each with its own state and lock
-// (none holds its lock while it calls another):
+// (none holds its lock while it calls another). A part that calls another
+// does so through a small interface it declares, given at construction
+// (New makes them callee first: no part is set after it is made):
 //
 //   - jobWriter (jobs.go): every change of a job goes through it; it wakes
 //     waiters and watchers, and tells the parts when a job ends;
 //   - progressWriter (progress.go): progress coalesced in memory, stored in
 //     batches by one flusher;
-//   - Reader (reader.go): the read side, over the store alone;
+//   - Reader (reader*.go): the read side, over the store alone;
 //   - callbacks (callback.go): the token index and the reports of jobs;
 //   - questions (questions.go): questions on jobs, their answers, and the
 //     answers' way into the sandboxes;
-//   - scheduler (scheduler.go): run slots, the queue, admission;
-//   - runner (runner.go): one job's run as ordered provisioning steps,
-//     then following the command and settling its end;
+//   - scheduler (scheduler.go): run slots, the queue, admission; it hands
+//     a job to the starter, and waits for room on a roomSignal (room.go);
+//   - a job's run, in five parts: the starter (start.go: claim, the
+//     ordered provisioning steps), the commandBuilder (command.go: argv,
+//     inputs, environment), the workspaces (workspace.go: import, changes,
+//     clone), the follower (follow.go, tracker.go: output, status lines,
+//     timeout, kill) and the finisher (finish.go, artifacts.go: the end
+//     settled, the sandbox destroyed or rolled back); runs (runs.go) is
+//     the table of the jobs this engine drives;
+//   - orphans (cancel.go): a cancelled job that no live engine drives;
+//   - kept sandboxes: the keeper (keeper.go: open, attach, release, end),
+//     their files (sandbox_files.go), their timers (sandbox_timers.go),
+//     and what this engine knows of their machines (machines.go);
 //   - maintenance (maintenance.go): recovery, the sweep, the heartbeat
 //     watchdog, finishes seen in the store.
 //
@@ -26,122 +38,25 @@ package engine
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/workspace"
 )
 
-// Config tunes an Engine. Zero values get the defaults of package delegate
-// (delegate.DefaultMaxConcurrent...) or the one documented on the field.
-type Config struct {
-	// Defaults fill what a manifest leaves out; zero fields get
-	// delegate.ServerDefaults.
-	Defaults delegate.Defaults
-	// Maxima cap what a manifest may ask for (zero: no cap of the
-	// operator's).
-	Maxima Maxima
-	// MaxConcurrent jobs run at once; more wait as pending.
-	MaxConcurrent int
-	// OutputLimit bytes of a job's output are kept.
-	OutputLimit int64
-	// CleanupInterval between sweeps for orphaned sandboxes.
-	CleanupInterval time.Duration
-	// ProvisionTimeout bounds creating a sandbox and injecting files.
-	ProvisionTimeout time.Duration
-	// PollInterval is how often a running job's output is collected and its
-	// stored status re-read (another process may have cancelled it). Default 200 ms.
-	PollInterval time.Duration
-	// Secret resolves a secret name to its value on the server.
-	Secret func(name string) (string, bool)
-	// CallbackURL is the base URL sandboxes use to reach the callback
-	// server (CALLBACK_PUBLIC_URL); empty when there is none.
-	CallbackURL string
-	// HeartbeatThreshold: a running job with no sign of life for this long
-	// is failed ("lost heartbeat").
-	HeartbeatThreshold time.Duration
-	// ArtifactDir holds artifacts by sha256. ArtifactMaxFile and
-	// ArtifactMaxTotal cap one file and one job.
-	ArtifactDir      string
-	ArtifactMaxFile  int64
-	ArtifactMaxTotal int64
-	// OpenBackend, for an engine made without a backend, opens one when
-	// it needs it: to stop the sandbox of a job it cancels that no live
-	// engine drives. Nil: such a job is left to the next server.
-	OpenBackend func(ctx context.Context) (sandbox.Backend, error)
-	// AdmissionRetry: a job waiting for capacity (see sandbox.Admitter)
-	// asks again this often, besides whenever this engine frees room.
-	// Default 5 s.
-	AdmissionRetry time.Duration
-	// OwnerAlive says whether the engine that owns a job is still running;
-	// default: same host and its process is alive. Tests inject their own.
-	OwnerAlive func(owner string) bool
-	Logger     *slog.Logger
-	// Observer, if set, hears sandbox starts and job ends (metrics).
-	Observer Observer
-
-	// Kept sandboxes (keeper.go): at most MaxSandboxes at once
-	// (default delegate.DefaultMaxSandboxes); idle SandboxIdle they are
-	// paused, paused SandboxPause they go, SandboxLifetime ends them
-	// (defaults delegate.DefaultSandbox*); their timers are checked every
-	// SandboxTick (default 5 s).
-	MaxSandboxes    int
-	SandboxIdle     time.Duration
-	SandboxPause    time.Duration
-	SandboxLifetime time.Duration
-	SandboxTick     time.Duration
-
-	// Workspaces (workspace.go): a dir source must lie under one of
-	// WorkspaceRoots (clean absolute paths; none: dir sources are
-	// refused); a source holds at most WorkspaceMaxBytes and
-	// WorkspaceMaxFiles (defaults workspace.DefaultMaxBytes and
-	// DefaultMaxFiles), never more than half the job's memory nor its
-	// disk. Git sources are cloned under CloneDir (default: under the
-	// temporary directory), reaching public addresses and GitAllow.
-	WorkspaceRoots    []string
-	WorkspaceMaxBytes int64
-	WorkspaceMaxFiles int
-	CloneDir          string
-	GitAllow          []netip.Prefix
-	// Egress, if set, is the server's egress proxy (NewEgress): a job
-	// whose network reaches out, on a backend with
-	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
-	// network of its own (token, policy, log) in the store.
-	Egress *Egress
-	// DataDir is where the store and the sandboxes write (DELEGATE_DATA_DIR):
-	// below MinFree bytes free there (DELEGATE_MIN_FREE; 0: the smaller
-	// of 1 GiB and 5% of its file system; < 0: no floor), submissions
-	// and new sandboxes are refused. "" : not watched.
-	DataDir string
-	MinFree int64
-	// Retention: finished jobs, ended kept sandboxes and what they keep
-	// go this long after they ended (DELEGATE_RETENTION; 0:
-	// delegate.DefaultRetention; < 0: kept forever), pruned every
-	// PruneInterval (default 1 h).
-	Retention     time.Duration
-	PruneInterval time.Duration
-	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
-	// such a secret never enters a job's environment (a placeholder
-	// does); the proxy adds it to the job's requests for its host.
-	SecretBindings map[string]egress.Binding
-}
-
 // Engine drives jobs from a store through a backend. It implements
-// delegate.JobService; its read side is its Reader's.
+// delegate.JobService; its read side is its Reader's, its kept sandboxes
+// its keeper's and their files' (delegate.SandboxService).
 type Engine struct {
 	*Reader
-	*keeper // delegate.SandboxService
+	*keeper       // delegate.SandboxService
+	*sandboxFiles // delegate.SandboxService: the files
 
 	cfg   Config
 	log   *slog.Logger
@@ -149,15 +64,20 @@ type Engine struct {
 	life  *group
 
 	backend   *backendRef
+	room      *roomSignal
 	jobs      *jobWriter
 	progress  *progressWriter
 	callbacks *callbacks
 	questions *questions
 	sched     *scheduler
-	runner    *runner
+	runs      *runs
+	starter   *starter
+	orphans   *orphans
 	maint     *maintenance
 	space     space
 }
+
+var _ delegate.SandboxService = (*Engine)(nil)
 
 // errNoBackend: an engine made without a backend (to read jobs) was asked
 // to run one.
@@ -239,35 +159,47 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	owner := newOwner()
 	life := newGroup()
 	ref := &backendRef{b: backend, open: cfg.OpenBackend}
-	jobs := newJobWriter(store)
-	progress := newProgressWriter(store, jobs.notify, log)
-	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
-	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: newTokenIndex()}
-	keep := newKeeper(cfg, log, owner, store, ref, jobs)
-	qs := newQuestions(store, jobs, progress, log, 4*cfg.PollInterval)
-	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, log: log, retry: cfg.AdmissionRetry,
-		slots: cfg.MaxConcurrent, room: make(chan struct{})}
-	run := &runner{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
-		progress: progress, callbacks: cb, keeper: keep, questions: qs, roomFreed: sched.roomFreed, runs: make(map[string]*run)}
-	sched.runner = run
-	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runner: run,
-		sched: sched, read: read, keeper: keep, suspect: make(map[string]struct{})}
-	e := &Engine{}
+	room := newRoomSignal()
+	runs := newRuns(life)
+	tokens := newTokenIndex()
 	// A job's end: its follower winds it up, its token stops working,
 	// and so does its network (on a goroutine of the engine's life, which
 	// Close waits for: a process that closes its store after the engine,
 	// such as the CLI's exec, must not have it written to after).
-	jobs.ended = func(j *delegate.Job) {
-		cb.tokens.forget(j.ID)
-		run.ended(j.ID, j.Status)
+	jobs := newJobWriter(store, func(j *delegate.Job) {
+		tokens.forget(j.ID)
+		runs.ended(j.ID, j.Status)
 		if cfg.Egress != nil && ownsNetwork(j) {
 			id, kept := j.ID, j.Sandbox
-			life.Go(func() { e.endNetwork(id, kept) })
+			life.Go(func() { endNetwork(store, cfg.Egress, id, kept) })
 		}
-	}
-	*e = Engine{Reader: read, keeper: keep, cfg: cfg, log: log, owner: owner, life: life, backend: ref, jobs: jobs,
-		progress: progress, callbacks: cb, questions: qs, sched: sched, runner: run, maint: maint,
-		space: space{dir: cfg.DataDir, floor: cfg.MinFree}}
+	})
+	progress := newProgressWriter(store, jobs.notify, log)
+	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
+	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: tokens}
+	ms := newMachines()
+	keep := newKeeper(cfg, log, owner, store, ref, jobs, ms)
+	timers := &sandboxTimers{cfg: cfg, log: log, owner: owner, sbs: store, ref: ref, jobs: jobs, machines: ms, keeper: keep}
+	qs := newQuestions(store, jobs, progress, log, 4*cfg.PollInterval)
+	// A job's run, in parts that call each other through the small
+	// interfaces each owns, made callee first: none is set after.
+	ws := &workspaces{cfg: cfg, log: log, store: store, progress: progress}
+	fin := &finisher{cfg: cfg, log: log, life: life, store: store, ref: ref, jobs: jobs, progress: progress,
+		tokens: tokens, ws: ws, roomFreed: room.freed}
+	fol := &follower{cfg: cfg, log: log, life: life, store: store, ref: ref, jobs: jobs, progress: progress,
+		questions: qs, runs: runs, end: fin}
+	start := &starter{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs, progress: progress,
+		runs: runs, tokens: cb, kept: keep, ws: ws, cmd: &commandBuilder{cfg: cfg, ref: ref}, follow: fol, end: fin}
+	orph := &orphans{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs,
+		runs: runs, follow: fol, end: fin}
+	sched := &scheduler{life: life, store: store, backend: ref, jobs: jobs, runner: start, failer: fin, room: room,
+		log: log, retry: cfg.AdmissionRetry, slots: cfg.MaxConcurrent}
+	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runs: runs,
+		sched: sched, end: fin, follower: fol, tokens: tokens, read: read, keeper: keep, timers: timers,
+		suspect: make(map[string]struct{})}
+	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, cfg: cfg, log: log, owner: owner,
+		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
+		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree}}
 	if cfg.Egress != nil {
 		// A request an allowlist with ask: true denies is a question on
 		// the job.
@@ -316,195 +248,12 @@ func (e *Engine) Close() error {
 	return e.backend.close()
 }
 
-// Submit validates a manifest, stores the job as pending and queues it.
-// It returns at once.
-func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
-	if err := m.Validate(); err != nil {
-		return nil, err
-	}
-	// The manifest as submitted, before defaults: a retry of the same
-	// request digests the same even if the server's defaults changed.
-	var digest string
-	if k := opts.IdempotencyKey; k != "" {
-		if len(k) > 200 || strings.ContainsRune(k, 0) {
-			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
-		}
-		digest = m.Digest()
-		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
-			return sameRequest(job, k, digest)
-		}
-	}
-	backend := e.backend.get()
-	if backend == nil {
-		return nil, errNoBackend
-	}
-	chosenTemplate := m.VMTemplate != ""
-	askedNetwork := m.Network
-	var kept *delegate.Sandbox
-	if m.Sandbox != "" {
-		// A command in a kept sandbox: it runs within the sandbox's
-		// limits, template and network, and leaves the sandbox be.
-		sb, err := e.keeper.commandSandbox(ctx, m.Sandbox)
-		if err != nil {
-			var fe *delegate.FieldError
-			if errors.As(err, &fe) {
-				fe.Field = "manifest.sandbox"
-			}
-			return nil, err
-		}
-		if sb.State.Terminal() {
-			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is %s (%s): open a new one", sb.ID, sb.State, sb.Reason)}
-		}
-		if sb.Backend != backend.Name() {
-			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
-		}
-		kept = sb
-	}
-	m.ApplyDefaults(e.cfg.Defaults)
-	if kept != nil {
-		res := kept.Resources
-		m.Resources, m.VMTemplate, m.Network, m.Lifecycle = &res, kept.Template, kept.Network, delegate.LifecyclePersistent
-	} else if err := m.Validate(); err != nil { // the defaults themselves may be bad
-		return nil, fmt.Errorf("server defaults: %w", err)
-	}
-	// After the defaults: a claude job asks for egress by default, and
-	// must be refused now, not accepted and failed when it starts. (A
-	// kept sandbox has the network it was made with.)
-	if kept == nil {
-		if err := checkEgress(backend, m, askedNetwork); err != nil {
-			return nil, err
-		}
-	}
-	if err := e.cfg.Maxima.check(&m); err != nil {
-		return nil, err
-	}
-	if err := checkNetwork(backend, m.Network, m.Secrets, e.cfg.SecretBindings, "manifest.network"); err != nil {
-		return nil, err
-	}
-	if kept == nil {
-		if err := checkTemplate(ctx, backend, m.VMTemplate, chosenTemplate); err != nil {
-			return nil, err
-		}
-	}
-	if err := checkResources(ctx, backend, m, e.log); err != nil {
-		return nil, err
-	}
-	if err := e.checkWorkspace(ctx, &m, backend.Capabilities(), backend.Name()); err != nil {
-		return nil, err
-	}
-	for i, name := range m.Secrets {
-		if _, ok := e.cfg.Secret(name); !ok {
-			return nil, &delegate.FieldError{
-				Field: fmt.Sprintf("manifest.secrets[%d]", i),
-				Rule:  fmt.Sprintf("no secret %q on the server (set DELEGATE_SECRET_%s where delegate runs, or remove it)", name, name),
-			}
-		}
-	}
-	if m.AgentType == delegate.AgentClaude && m.Agent == nil {
-		m.Agent = &delegate.AgentConfig{}
-	}
-	// Last: what is wrong with the manifest is said first.
-	if err := e.space.check(); err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC()
-	job := &delegate.Job{
-		ID:        newJobID(),
-		Manifest:  m,
-		Status:    delegate.StatusPending,
-		Progress:  "queued",
-		CreatedAt: now,
-		UpdatedAt: now,
-		Backend:   backend.Name(),
-		Owner:     e.owner,
-
-		IdempotencyKey:    opts.IdempotencyKey,
-		IdempotencyDigest: digest,
-	}
-	if kept != nil {
-		job.Sandbox = kept.ID
-	}
-	// A job that can start now (a run slot free, none queued, no room to
-	// ask a backend for) is stored claimed, as its run would claim it
-	// first: one write less on its way, and no hop through the queue. Its
-	// run is registered before it can be seen, so that a cancel stops it.
-	var direct *claimed
-	if _, admits := backend.(sandbox.Admitter); (kept != nil || !admits) && e.sched.takeSlot() {
-		h, rctx := e.runner.register(job.ID)
-		direct = &claimed{h: h, ctx: rctx, token: e.runner.claim(job)}
-	}
-	if err := e.store.CreateJob(ctx, job); err != nil {
-		if direct != nil {
-			e.runner.unregister(job.ID)
-			e.sched.releaseSlot()
-		}
-		if opts.IdempotencyKey != "" {
-			// A concurrent submission with the same key won the race.
-			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
-				return sameRequest(first, opts.IdempotencyKey, digest)
-			}
-		}
-		return nil, fmt.Errorf("submit: %w", e.space.explain(err))
-	}
-	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
-	if direct == nil {
-		e.sched.enqueue(job.ID)
-		return job, nil
-	}
-	// The run gets its own copy, as stored (files apart).
-	direct.job = job.Clone()
-	direct.files, direct.job.Manifest.Files = direct.job.Manifest.Files, nil
-	e.sched.startClaimed(*direct)
-	return job, nil
-}
-
-// OpenSandbox opens a kept sandbox (keeper.OpenSandbox), unless the data
-// dir is below its floor of free space; a sandbox that could not be made
-// for lack of room says so.
-func (e *Engine) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*delegate.Sandbox, error) {
-	if err := e.space.check(); err != nil {
-		return nil, err
-	}
-	sb, err := e.keeper.OpenSandbox(ctx, spec)
-	return sb, e.space.explain(err)
-}
-
-// checkEgress refuses a job whose network (asked, or its agent's default)
-// the backend cannot give, saying what the host lacks and how to add it.
-func checkEgress(backend sandbox.Backend, m delegate.Manifest, asked delegate.Network) error {
-	caps := backend.Capabilities()
-	if m.Network.Mode != delegate.NetworkEgress || caps.NetworkEgress {
-		return nil
-	}
-	why := caps.NetworkEgressMissing
-	if why == "" {
-		why = "this backend cannot give a job network access"
-	}
-	if asked.IsZero() {
-		return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
-			"a %s job needs network egress by default (its CLI must reach the model's API), which the %s backend cannot give here: %s; "+
-				"or set network: none if the job needs no network", m.AgentType, backend.Name(), why)}
-	}
-	return &delegate.FieldError{Field: "manifest.network", Rule: fmt.Sprintf(
-		"egress is not available on the %s backend here: %s; or set network: none", backend.Name(), why)}
-}
-
-// sameRequest answers a submission whose idempotency key names job: the
-// job itself when the manifest is the one the key was first sent with (or
-// when the job predates digests), else an error that says so.
-func sameRequest(job *delegate.Job, key, digest string) (*delegate.Job, error) {
-	if job.IdempotencyDigest != "" && job.IdempotencyDigest != digest {
-		return nil, &delegate.IdempotencyConflictError{Key: key, JobID: job.ID}
-	}
-	return job, nil
-}
-
 // Cancel ends a job that has not finished. It returns the job and whether
 // this call cancelled it (false when it had already finished). The engine
 // driving the job kills it; a job that no live engine drives, this one
 // takes over and stops before Cancel returns (cancelOrphan).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
-	if job, cancelled, done, err := e.runner.cancelOrphan(ctx, id); done {
+	if job, cancelled, done, err := e.orphans.cancelOrphan(ctx, id); done {
 		return job, cancelled, err
 	}
 	e.progress.flushJob(ctx, id)
@@ -523,7 +272,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 		return nil, false, err
 	}
 	e.log.Info("job cancelled", "job", id)
-	e.runner.stop(id)
+	e.runs.stop(id)
 	return job, true, nil
 }
 
@@ -542,12 +291,6 @@ func (e *Engine) Authenticate(ctx context.Context, id, token string) error {
 // Watch delivers the id of every job this engine changes until ctx ends
 // (or the engine closes).
 func (e *Engine) Watch(ctx context.Context) <-chan string { return e.jobs.watch(ctx, e.life) }
-
-func newJobID() string {
-	var b [10]byte
-	rand.Read(b[:])
-	return "job-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
-}
 
 // Release destroys the sandbox a persistent job kept. It returns the job
 // and whether this call destroyed something (false: already released).
@@ -587,7 +330,7 @@ func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, e
 	if err := backend.Destroy(ctx, j.SandboxID); err != nil {
 		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
 	}
-	e.sched.roomFreed()
+	e.room.freed()
 	j, err = e.jobs.update(ctx, id, func(j *delegate.Job) error {
 		j.SandboxID, j.ExecID = "", ""
 		j.Progress = "sandbox released"
@@ -598,4 +341,28 @@ func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, e
 	}
 	e.log.Info("released sandbox", "job", id)
 	return j, true, nil
+}
+
+var _ delegate.QuestionService = (*Engine)(nil)
+
+// Ask puts a question on a running job (see delegate.QuestionService).
+func (e *Engine) Ask(ctx context.Context, jobID string, q delegate.Question) (*delegate.Question, error) {
+	stored, _, err := e.questions.ask(ctx, jobID, q)
+	return stored, err
+}
+
+// Questions returns a job's questions with their state.
+func (e *Engine) Questions(ctx context.Context, jobID string) ([]delegate.Question, error) {
+	_, qs, err := e.questions.read(ctx, jobID)
+	return qs, err
+}
+
+// AwaitAnswer blocks until a question is no longer open, or ctx is done.
+func (e *Engine) AwaitAnswer(ctx context.Context, jobID, id string) (*delegate.Question, error) {
+	return e.questions.await(ctx, jobID, id)
+}
+
+// Answer answers an open question.
+func (e *Engine) Answer(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
+	return e.questions.answer(ctx, jobID, id, a)
 }

@@ -18,7 +18,7 @@ type jobWriter struct {
 
 	// ended hears every job this writer (or watchFinishes, for another
 	// process) saw reach a terminal status, as stored then (not to be
-	// changed). Set once, at wiring, before any goroutine starts.
+	// changed). Given at construction.
 	ended func(j *delegate.Job)
 
 	mu      sync.Mutex
@@ -35,8 +35,8 @@ type jobWriter struct {
 	own, foreign atomic.Int64
 }
 
-func newJobWriter(store delegate.Store) *jobWriter {
-	return &jobWriter{store: store, changed: make(chan struct{}), watches: make(map[chan string]struct{}), ends: make(map[string]*endWait)}
+func newJobWriter(store delegate.Store, ended func(j *delegate.Job)) *jobWriter {
+	return &jobWriter{store: store, ended: ended, changed: make(chan struct{}), watches: make(map[chan string]struct{}), ends: make(map[string]*endWait)}
 }
 
 // update changes a stored job and wakes waiters. Every change of status

@@ -6,12 +6,10 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -19,76 +17,25 @@ import (
 )
 
 // keeper is the part that keeps sandboxes an agent works in (issue 17):
-// it opens them, attaches the commands run in them (each a job), serves
-// their files, keeps their timers (idle: paused; paused too long, or
-// their lifetime over: destroyed), releases them, and adopts those of an
-// engine that died. Every fact a restart needs is in the store, timers
-// as times; a per-sandbox lock keeps one change of a sandbox's machine
-// (resume, pause, destroy) at a time.
+// it opens them, attaches the commands run in them (each a job), finds
+// their machines (resumed if paused) for the commands and the files
+// (sandbox_files.go), releases them, and ends them. Every fact a restart
+// needs is in the store; what this engine knows of their machines, and
+// the per-sandbox locks, are in machines (machines.go), which it shares
+// with the timers (sandbox_timers.go).
 type keeper struct {
-	cfg   Config
-	log   *slog.Logger
-	owner string
-	all   delegate.Store // the networks of its sandboxes are in it too
-	sbs   delegate.SandboxStore
-	ref   *backendRef
-	jobs  *jobWriter
-
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex // by sandbox id
-	// insts are the machines this engine has found (Recover) or made, by
-	// sandbox id: a command or file call on a sandbox in use needs no
-	// Recover (on Proxmox, a config read) each time. An entry goes when
-	// the sandbox ends or a call on it fails.
-	insts map[string]sandbox.Instance
-	// opening are the sandboxes whose machine is being made: the sweep
-	// spares a machine made for one of them.
-	opening map[string]struct{}
+	cfg      Config
+	log      *slog.Logger
+	owner    string
+	all      delegate.Store // the networks of its sandboxes are in it too
+	sbs      delegate.SandboxStore
+	ref      *backendRef
+	jobs     *jobWriter
+	machines *machines
 }
 
-var _ delegate.SandboxService = (*keeper)(nil)
-
-func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, locks: map[string]*sync.Mutex{},
-		insts: map[string]sandbox.Instance{}, opening: map[string]struct{}{}}
-}
-
-// known returns the machine of a sandbox found before, if it is still
-// the one the store names.
-func (k *keeper) known(sb *delegate.Sandbox) sandbox.Instance {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if inst := k.insts[sb.ID]; inst != nil && inst.ID() == sb.Instance {
-		return inst
-	}
-	return nil
-}
-
-func (k *keeper) remember(id string, inst sandbox.Instance) {
-	k.mu.Lock()
-	k.insts[id] = inst
-	k.mu.Unlock()
-}
-
-// forget drops what is known of a sandbox's machine (it ended, or a call
-// on it failed: the next use finds it again, and finds it gone if it is).
-func (k *keeper) forget(id string) {
-	k.mu.Lock()
-	delete(k.insts, id)
-	k.mu.Unlock()
-}
-
-// lock serializes the changes of one sandbox's machine.
-func (k *keeper) lock(id string) func() {
-	k.mu.Lock()
-	l := k.locks[id]
-	if l == nil {
-		l = &sync.Mutex{}
-		k.locks[id] = l
-	}
-	k.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter, ms *machines) *keeper {
+	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, machines: ms}
 }
 
 func newSandboxID() string {
@@ -215,14 +162,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		return nil, err
 	}
 	s.MultiExec, s.Expires = true, sb.ExpiresAt
-	k.mu.Lock()
-	k.opening[sb.ID] = struct{}{}
-	k.mu.Unlock()
-	defer func() {
-		k.mu.Lock()
-		delete(k.opening, sb.ID)
-		k.mu.Unlock()
-	}()
+	defer k.machines.opening(sb.ID)()
 	// Its network, through the egress proxy where the backend has one:
 	// its commands share it (and its log), until the sandbox goes.
 	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, nil, lifetime)
@@ -242,7 +182,7 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		b.Destroy(context.WithoutCancel(ctx), inst.ID())
 		return nil, err
 	}
-	k.remember(sb.ID, inst)
+	k.machines.remember(sb.ID, inst)
 	k.log.Info("sandbox opened", "sandbox", sb.ID, "instance", sb.Instance, "lifetime", lifetime)
 	k.jobs.wake()
 	return sb, nil
@@ -260,7 +200,7 @@ func (k *keeper) kept(ctx context.Context, id string, job *delegate.Job, inst sa
 	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
 		return err
 	}
-	k.remember(sb.ID, inst)
+	k.machines.remember(sb.ID, inst)
 	return nil
 }
 
@@ -310,9 +250,9 @@ func (k *keeper) ReleaseSandbox(ctx context.Context, id string) (*delegate.Sandb
 // end destroys a sandbox's machine and records why (released or gone).
 // What runs in it dies with it; its jobs end as their processes do.
 func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState, reason string) (*delegate.Sandbox, bool, error) {
-	unlock := k.lock(id)
+	unlock := k.machines.lock(id)
 	defer unlock()
-	k.forget(id)
+	k.machines.forget(id)
 	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
 		sb.State, sb.Reason, sb.EndedAt = state, reason, time.Now().UTC()
 		return nil
@@ -361,7 +301,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if err != nil {
 		return nil, nil, err
 	}
-	unlock := k.lock(id)
+	unlock := k.machines.lock(id)
 	defer unlock()
 	if sb, inst := k.use(ctx, b, id, command); inst != nil {
 		return sb, inst, nil
@@ -379,7 +319,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	if command && sb.Running > delegate.MaxSandboxCommands { // this command counts there already
 		return sb, nil, fmt.Errorf("sandbox %s runs %d commands, the most one sandbox runs at once: wait for one to end: %w", id, sb.Running-1, delegate.ErrConflict)
 	}
-	inst := k.known(sb)
+	inst := k.machines.known(sb)
 	if inst == nil {
 		inst, err = b.Recover(ctx, sb.Instance)
 		if errors.Is(err, sandbox.ErrGone) {
@@ -389,7 +329,7 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 		if err != nil {
 			return sb, nil, err
 		}
-		k.remember(id, inst)
+		k.machines.remember(id, inst)
 	}
 	if sb.State == delegate.SandboxPaused {
 		pz, ok := inst.(sandbox.Pauser)
@@ -432,7 +372,7 @@ func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command 
 			(command && sb.Running > delegate.MaxSandboxCommands) {
 			return nil
 		}
-		return k.known(sb)
+		return k.machines.known(sb)
 	}
 	if command {
 		sb, err := k.sbs.GetSandboxUncounted(ctx, id)
@@ -461,7 +401,7 @@ func (k *keeper) use(ctx context.Context, b sandbox.Backend, id string, command 
 
 // gone records that a sandbox's machine died by itself.
 func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) {
-	k.forget(sb.ID)
+	k.machines.forget(sb.ID)
 	if _, err := k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
 		s.State, s.Reason, s.EndedAt = delegate.SandboxGone, reason, time.Now().UTC()
 		return nil
@@ -475,7 +415,7 @@ func (k *keeper) gone(ctx context.Context, sb *delegate.Sandbox, reason string) 
 // of the machine is dropped, and a machine that is gone makes the
 // sandbox gone (true).
 func (k *keeper) failed(ctx context.Context, sb *delegate.Sandbox, err error) bool {
-	k.forget(sb.ID)
+	k.machines.forget(sb.ID)
 	if !errors.Is(err, sandbox.ErrGone) {
 		return false
 	}
@@ -483,222 +423,10 @@ func (k *keeper) failed(ctx context.Context, sb *delegate.Sandbox, err error) bo
 	return true
 }
 
-// ReadSandboxFile reads part of a file of a sandbox's workspace.
-func (k *keeper) ReadSandboxFile(ctx context.Context, id, path string, offset, length int64) (*delegate.FileContent, error) {
-	if offset < 0 {
-		return nil, &delegate.FieldError{Field: "offset", Rule: fmt.Sprintf("must be 0 or more (got %d)", offset)}
-	}
-	if length <= 0 || length > delegate.MaxFileRead {
-		return nil, &delegate.FieldError{Field: "length", Rule: fmt.Sprintf("must be between 1 and %d bytes (got %d): read a larger file in parts, from offset", delegate.MaxFileRead, length)}
-	}
-	p, err := workspacePath("path", path)
-	if err != nil {
-		return nil, err
-	}
-	sb, inst, err := k.instance(ctx, id, false)
-	if err != nil {
-		return nil, err
-	}
-	size := int64(-1)
-	if infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: parentDir(p), Depth: 1}); err == nil {
-		for _, f := range infos {
-			if f.Path == p {
-				size = f.Size
-			}
-		}
-	}
-	data, err := inst.ReadFile(ctx, p, offset, length)
-	if err != nil {
-		return nil, k.fileError(ctx, sb, "path", p, err)
-	}
-	fc := &delegate.FileContent{Data: data, Offset: offset, Size: size}
-	fc.EOF = size >= 0 && offset+int64(len(data)) >= size
-	if size < 0 {
-		fc.EOF = int64(len(data)) < length
-	}
-	return fc, nil
-}
-
-// WriteSandboxFile writes a file of a sandbox's workspace.
-func (k *keeper) WriteSandboxFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error {
-	if int64(len(data)) > delegate.MaxFileBytesTotal {
-		return &delegate.FieldError{Field: "content", Rule: fmt.Sprintf("must be at most %d MiB", delegate.MaxFileBytesTotal>>20)}
-	}
-	if mode&^fs.ModePerm != 0 {
-		return &delegate.FieldError{Field: "mode", Rule: "must be permissions only, like 0644 or 0755"}
-	}
-	p, err := workspacePath("path", path)
-	if err != nil {
-		return err
-	}
-	sb, inst, err := k.instance(ctx, id, false)
-	if err != nil {
-		return err
-	}
-	if err := inst.WriteFile(ctx, p, data, mode); err != nil {
-		return k.fileError(ctx, sb, "path", p, err)
-	}
-	return nil
-}
-
-// ListSandboxFiles lists a directory of a sandbox's workspace.
-func (k *keeper) ListSandboxFiles(ctx context.Context, id string, opts delegate.FileListOptions) (*delegate.FileListing, error) {
-	if opts.Depth < 0 || opts.Depth > delegate.MaxFileDepth {
-		return nil, &delegate.FieldError{Field: "depth", Rule: fmt.Sprintf("must be between 1 and %d (got %d)", delegate.MaxFileDepth, opts.Depth)}
-	}
-	if opts.Limit < 0 || opts.Limit > delegate.MaxFileLimit {
-		return nil, &delegate.FieldError{Field: "limit", Rule: fmt.Sprintf("must be between 1 and %d (got %d)", delegate.MaxFileLimit, opts.Limit)}
-	}
-	dir := delegate.Workspace
-	if opts.Path != "" && opts.Path != delegate.Workspace && opts.Path != "." {
-		p, err := workspacePath("path", opts.Path)
-		if err != nil {
-			return nil, err
-		}
-		dir = p
-	}
-	depth, limit := max(opts.Depth, 1), opts.Limit
-	if limit == 0 {
-		limit = delegate.DefaultFileLimit
-	}
-	sb, inst, err := k.instance(ctx, id, false)
-	if err != nil {
-		return nil, err
-	}
-	infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: dir, Depth: depth, Limit: limit})
-	out := &delegate.FileListing{Entries: []delegate.FileInfo{}, Truncated: errors.Is(err, sandbox.ErrTruncated)}
-	if err != nil && !out.Truncated {
-		return nil, k.fileError(ctx, sb, "path", dir, err)
-	}
-	for _, f := range infos {
-		out.Entries = append(out.Entries, delegate.FileInfo{Path: f.Path, Type: delegate.FileType(f.Mode), Size: f.Size,
-			Mode: f.Mode, ModTime: f.ModTime.UTC().Truncate(time.Millisecond), Link: f.Link})
-	}
-	return out, nil
-}
-
-// workspacePath resolves a path of the workspace (relative to it, or
-// absolute inside it), naming the field when it leaves it.
-func workspacePath(field, p string) (string, error) {
-	abs, err := delegate.WorkspacePath(p)
-	if err != nil {
-		return "", &delegate.FieldError{Field: field, Rule: err.Error()}
-	}
-	return abs, nil
-}
-
-func parentDir(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i > 0 {
-		return p[:i]
-	}
-	return delegate.Workspace
-}
-
-// fileError names the path of a file operation the backend refused: a
-// missing file, a link out, not a regular file (the backend's words).
-func (k *keeper) fileError(ctx context.Context, sb *delegate.Sandbox, field, p string, err error) error {
-	if k.failed(ctx, sb, err) {
-		return &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return &delegate.NotFoundError{Resource: "file", ID: p, Of: "the sandbox"}
-	}
-	return &delegate.FieldError{Field: field, Rule: err.Error()}
-}
-
-// tick keeps the timers of the sandboxes this engine keeps, and adopts
-// those of engines that died: idle past its idle timeout, a sandbox is
-// paused (or, on a backend that cannot pause, it goes); paused past its
-// pause timeout, or past its lifetime, it goes.
-func (k *keeper) tick(ctx context.Context) {
-	b := k.ref.get()
-	if b == nil {
-		return
-	}
-	live, err := k.sbs.ListSandboxes(ctx, true, delegate.MaxPageSize)
-	if err != nil {
-		k.log.Warn("list sandboxes", "err", err)
-		return
-	}
-	now := time.Now()
-	for _, sb := range live {
-		if sb.Backend != b.Name() {
-			continue
-		}
-		if sb.Owner != k.owner {
-			if sb.Owner != "" && k.cfg.OwnerAlive(sb.Owner) {
-				continue // another live engine keeps its timers
-			}
-			adopted, err := k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
-				if s.Owner != sb.Owner {
-					return errSkip
-				}
-				s.Owner = k.owner
-				return nil
-			})
-			if err != nil {
-				continue
-			}
-			k.log.Info("sandbox adopted", "sandbox", sb.ID, "previous_owner", sb.Owner)
-			sb = *adopted
-			if _, err := b.Recover(ctx, sb.Instance); errors.Is(err, sandbox.ErrGone) {
-				k.gone(ctx, &sb, "its machine did not survive a server restart")
-				continue
-			}
-		}
-		switch {
-		case !now.Before(sb.ExpiresAt):
-			k.end(ctx, sb.ID, delegate.SandboxGone, fmt.Sprintf("its lifetime ended at %s", sb.ExpiresAt.Format(time.RFC3339)))
-		case sb.State == delegate.SandboxPaused && now.Sub(sb.PausedAt) >= sb.PauseTimeout:
-			k.end(ctx, sb.ID, delegate.SandboxGone, fmt.Sprintf("paused for %s, its pause timeout", sb.PauseTimeout))
-		case sb.State == delegate.SandboxIdle && sb.Running == 0 && now.Sub(sb.LastUsedAt) >= sb.IdleTimeout:
-			k.pause(ctx, b, &sb)
-		}
-	}
-}
-
-// pause pauses an idle sandbox, or ends it where its backend cannot.
-func (k *keeper) pause(ctx context.Context, b sandbox.Backend, sb *delegate.Sandbox) {
-	if !b.Capabilities().Pause {
-		k.end(ctx, sb.ID, delegate.SandboxGone, fmt.Sprintf("idle for %s, its idle timeout (the %s backend cannot pause)", sb.IdleTimeout, b.Name()))
-		return
-	}
-	unlock := k.lock(sb.ID)
-	defer unlock()
-	// Still idle? A command may have come since the list was read.
-	cur, err := k.sbs.GetSandboxUncounted(ctx, sb.ID)
-	if err != nil || cur.State != delegate.SandboxIdle || cur.Running > 0 || time.Since(cur.LastUsedAt) < cur.IdleTimeout {
-		return
-	}
-	inst, err := b.Recover(ctx, cur.Instance)
-	if err == nil {
-		if pz, ok := inst.(sandbox.Pauser); ok {
-			err = pz.Pause(ctx)
-		}
-	}
-	if errors.Is(err, sandbox.ErrGone) {
-		k.gone(ctx, cur, "its machine is gone")
-		return
-	}
-	if err != nil {
-		k.log.Warn("pause an idle sandbox", "sandbox", sb.ID, "err", err)
-		return
-	}
-	k.sbs.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
-		s.State, s.PausedAt = delegate.SandboxPaused, time.Now().UTC()
-		return nil
-	})
-	k.log.Info("sandbox paused", "sandbox", sb.ID, "idle", cur.IdleTimeout)
-	k.jobs.wake()
-}
-
 // keeps reports whether an instance is the machine of a live sandbox
 // (the sweep leaves those alone).
 func (k *keeper) keeps(ctx context.Context, backend string, info sandbox.Info) bool {
-	k.mu.Lock()
-	_, opening := k.opening[info.JobID]
-	k.mu.Unlock()
-	if opening {
+	if k.machines.isOpening(info.JobID) {
 		// Made for a sandbox being opened, which records its machine
 		// once Create returns (on Proxmox, after a clone and a boot).
 		return true

@@ -21,20 +21,54 @@ var errSkip = errors.New("skip")
 // other processes. Each of these is one call (a pass), run on a timer by
 // start and callable alone by tests.
 type maintenance struct {
-	cfg    Config
-	log    *slog.Logger
-	owner  string
-	store  delegate.Store
-	ref    *backendRef
-	jobs   *jobWriter
-	runner *runner
-	sched  *scheduler
-	read   *Reader
-	keeper *keeper
+	cfg      Config
+	log      *slog.Logger
+	owner    string
+	store    delegate.Store
+	ref      *backendRef
+	jobs     *jobWriter
+	runs     drivenRuns
+	sched    requeuer
+	end      ender
+	follower reattacher
+	tokens   interface{ ids() []string } // the callbacks' index of tokens
+	read     interface {
+		Get(ctx context.Context, id string) (*delegate.Job, error)
+	}
+	keeper keptMachines
+	timers interface{ tick(ctx context.Context) } // the kept sandboxes' timers
 
 	mu      sync.Mutex
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
 }
+
+// What maintenance asks of the other parts, each given at construction.
+type (
+	// drivenRuns (the table of runs): the jobs this engine drives.
+	drivenRuns interface {
+		drives(id string) bool
+		driven() []string
+		handle(id string) *run
+	}
+	// requeuer (the scheduler) queues an adopted pending job again.
+	requeuer interface{ enqueue(id string) }
+	// ender (the finisher) fails a job, and rolls back a sandbox whose
+	// command never ran.
+	ender interface {
+		finish(id string, status delegate.Status, reason string, facts func(*delegate.Job))
+		rollback(jobID, sandboxID string)
+	}
+	// reattacher (the follower) follows an adopted running job.
+	reattacher interface {
+		reattach(ctx context.Context, job *delegate.Job)
+	}
+	// keptMachines (the keeper): whether a machine is a live kept
+	// sandbox's, and a sandbox ended.
+	keptMachines interface {
+		keeps(ctx context.Context, backend string, info sandbox.Info) bool
+		end(ctx context.Context, id string, state delegate.SandboxState, reason string) (*delegate.Sandbox, bool, error)
+	}
+)
 
 // start recovers jobs left by engines that have died, sweeps, and starts
 // the timers. It returns once recovery has been decided for every job.
@@ -54,7 +88,7 @@ func (m *maintenance) start(ctx context.Context, life *group) error {
 	life.every(m.cfg.CleanupInterval, m.cleanup)
 	life.every(max(m.cfg.HeartbeatThreshold/4, 100*time.Millisecond), m.checkHeartbeats)
 	life.every(m.cfg.PollInterval, m.watchFinishes(finishes, own))
-	life.every(m.cfg.SandboxTick, m.keeper.tick)
+	life.every(m.cfg.SandboxTick, m.timers.tick)
 	return nil
 }
 
@@ -108,19 +142,19 @@ func (m *maintenance) adopt(ctx context.Context, old *delegate.Job) {
 		m.sched.enqueue(job.ID)
 	case delegate.StatusProvisioning:
 		log.Info("failing job interrupted during provisioning")
-		m.runner.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
+		m.end.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
 		switch {
 		case job.Manifest.Sandbox != "":
 			// A command in a kept sandbox: the machine is the sandbox's,
 			// which stays; its end above counts the command out there.
 		case job.SandboxID != "":
-			m.runner.rollback(job.ID, job.SandboxID)
+			m.end.rollback(job.ID, job.SandboxID)
 			if job.Sandbox != "" {
 				m.keeper.end(ctx, job.Sandbox, delegate.SandboxGone, "the job that made it was interrupted while it was provisioned")
 			}
 		}
 	case delegate.StatusRunning:
-		m.runner.reattach(ctx, job)
+		m.follower.reattach(ctx, job)
 	}
 }
 
@@ -161,7 +195,7 @@ func (m *maintenance) sweep(ctx context.Context) {
 		switch {
 		case job != nil && !job.Status.Terminal():
 			continue
-		case job != nil && m.runner.drives(job.ID):
+		case job != nil && m.runs.drives(job.ID):
 			continue // finished, and its sandbox is being destroyed right now
 		case job != nil && job.Owner != "" && job.Owner != m.owner && m.cfg.OwnerAlive(job.Owner):
 			continue // another live engine's: it destroys it (or its sweep does)
@@ -215,7 +249,7 @@ func (m *maintenance) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*deleg
 // of life is older than the threshold, and destroys their sandboxes.
 func (m *maintenance) checkHeartbeats(ctx context.Context) {
 	now := time.Now()
-	for _, id := range m.runner.driven() {
+	for _, id := range m.runs.driven() {
 		j, err := m.read.Get(ctx, id)
 		if err != nil || j.Status != delegate.StatusRunning {
 			continue
@@ -230,8 +264,8 @@ func (m *maintenance) checkHeartbeats(ctx context.Context) {
 		reason := fmt.Sprintf("lost heartbeat: no sign of life for %s (HEARTBEAT_THRESHOLD_SECONDS=%d)",
 			now.Sub(last).Round(time.Second), int(m.cfg.HeartbeatThreshold.Seconds()))
 		m.log.Warn("job lost its heartbeat", "job", id, "last", last)
-		m.runner.finish(id, delegate.StatusFailed, reason, nil)
-		if h := m.runner.handle(id); h != nil {
+		m.end.finish(id, delegate.StatusFailed, reason, nil)
+		if h := m.runs.handle(id); h != nil {
 			h.killNow() // the follower kills the process and destroys the sandbox
 		}
 	}
@@ -255,14 +289,14 @@ func (m *maintenance) watchFinishes(lastStore, lastOwn int64) func(context.Conte
 		}
 		m.jobs.foreign.Add(1) // callbacks re-read the status of the jobs they index
 		check := make(map[string]bool)
-		for _, id := range m.runner.driven() {
-			if h := m.runner.handle(id); h != nil && h.end.Load() == nil {
+		for _, id := range m.runs.driven() {
+			if h := m.runs.handle(id); h != nil && h.end.Load() == nil {
 				check[id] = true
 			}
 		}
 		// The callback index also holds jobs that other processes drive:
 		// forget those that have ended, so that it holds running jobs only.
-		for _, id := range m.runner.callbacks.tokens.ids() {
+		for _, id := range m.tokens.ids() {
 			check[id] = true
 		}
 		for id := range check {

@@ -65,30 +65,6 @@ func newQuestions(store delegate.Store, jobs *jobWriter, progress *progressWrite
 		changed: make(chan struct{}), follows: make(map[string]*delivery)}
 }
 
-var _ delegate.QuestionService = (*Engine)(nil)
-
-// Ask puts a question on a running job (see delegate.QuestionService).
-func (e *Engine) Ask(ctx context.Context, jobID string, q delegate.Question) (*delegate.Question, error) {
-	stored, _, err := e.questions.ask(ctx, jobID, q)
-	return stored, err
-}
-
-// Questions returns a job's questions with their state.
-func (e *Engine) Questions(ctx context.Context, jobID string) ([]delegate.Question, error) {
-	_, qs, err := e.questions.read(ctx, jobID)
-	return qs, err
-}
-
-// AwaitAnswer blocks until a question is no longer open, or ctx is done.
-func (e *Engine) AwaitAnswer(ctx context.Context, jobID, id string) (*delegate.Question, error) {
-	return e.questions.await(ctx, jobID, id)
-}
-
-// Answer answers an open question.
-func (e *Engine) Answer(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
-	return e.questions.answer(ctx, jobID, id, a)
-}
-
 // fromRE is what a part of delegate that asks on a job's behalf calls
 // itself.
 var fromRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)

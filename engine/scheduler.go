@@ -25,14 +25,27 @@ type scheduler struct {
 	store   delegate.Store
 	backend *backendRef
 	jobs    *jobWriter
-	runner  *runner
+	runner  jobRunner
+	failer  jobFailer
+	room    *roomSignal
 	log     *slog.Logger
 	retry   time.Duration // Config.AdmissionRetry
 
 	mu    sync.Mutex
-	slots int           // free run slots (Config.MaxConcurrent at first)
-	queue []string      // jobs waiting for a slot, first in first out
-	room  chan struct{} // closed and replaced when this engine frees room
+	slots int      // free run slots (Config.MaxConcurrent at first)
+	queue []string // jobs waiting for a slot, first in first out
+}
+
+// jobRunner is what the scheduler hands a job to once it has a run slot
+// (and room on the backend): the starter.
+type jobRunner interface {
+	run(id string, adm sandbox.Admission)
+	runClaimed(c claimed)
+}
+
+// jobFailer fails a job the scheduler cannot start (the finisher).
+type jobFailer interface {
+	finish(id string, status delegate.Status, reason string, facts func(*delegate.Job))
 }
 
 // enqueue runs the job when a run slot is free and the backend has room
@@ -56,7 +69,7 @@ func (s *scheduler) startClaimed(c claimed) {
 	s.life.Go(func() {
 		s.runner.runClaimed(c)
 		s.releaseSlot()
-		s.roomFreed()
+		s.room.freed()
 	})
 }
 
@@ -104,7 +117,7 @@ func (s *scheduler) startSlot(id string) {
 		if res == admitted {
 			s.runner.run(id, adm)
 			s.releaseSlot()
-			s.roomFreed()
+			s.room.freed()
 			return
 		}
 		s.releaseSlot()
@@ -138,9 +151,7 @@ func (s *scheduler) admit(id string) (adm sandbox.Admission, res admitResult, ro
 	if !ok {
 		return nil, admitted, nil
 	}
-	s.mu.Lock()
-	room = s.room
-	s.mu.Unlock()
+	room = s.room.wait()
 	ctx := s.life.ctx
 	job, err := s.store.GetJob(ctx, id)
 	if err != nil {
@@ -157,7 +168,7 @@ func (s *scheduler) admit(id string) (adm sandbox.Admission, res admitResult, ro
 	}
 	spec, err := sandboxSpec(job)
 	if err != nil {
-		s.runner.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
+		s.failer.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
 		return nil, admitDrop, nil
 	}
 	adm, err = a.Admit(ctx, spec)
@@ -175,7 +186,7 @@ func (s *scheduler) admit(id string) (adm sandbox.Admission, res admitResult, ro
 		s.waiting(job, "waiting for capacity: "+reason)
 		return nil, admitWait, room
 	default:
-		s.runner.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
+		s.failer.finish(id, delegate.StatusFailed, fmt.Sprintf("provisioning failed: %v", err), nil)
 		return nil, admitDrop, nil
 	}
 }
@@ -227,12 +238,4 @@ func (s *scheduler) waitForRoom(id string, room <-chan struct{}) bool {
 			}
 		}
 	}
-}
-
-// roomFreed wakes the jobs waiting for capacity.
-func (s *scheduler) roomFreed() {
-	s.mu.Lock()
-	close(s.room)
-	s.room = make(chan struct{})
-	s.mu.Unlock()
 }

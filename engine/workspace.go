@@ -11,8 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
-	"net/netip"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,23 +33,20 @@ import (
 // workspace package does the reading and writing; the sandbox contract's
 // Archiver moves the streams.
 
+// workspaces is the part that moves a job's workspace: its source
+// copied into the new sandbox (a git source cloned on this host first),
+// what the job changed read back before the sandbox goes, and the clone
+// removed once it is no longer needed. It keeps no state of its own: the
+// baseline of each import is in the store.
+type workspaces struct {
+	cfg      Config
+	log      *slog.Logger
+	store    delegate.Store
+	progress *progressWriter
+}
+
 // maxChangesBytes caps the new content of a job's changes that is kept.
 const maxChangesBytes = 64 << 20
-
-// workspaceLimits are the caps of a job's source: the operator's, and
-// never more than half the job's memory (the workspace is memory on the
-// local backend, and on a VM the copy passes through it), nor more than
-// its disk.
-func (c *Config) workspaceLimits(m *delegate.Manifest) (maxBytes int64, maxFiles int, why string) {
-	maxBytes, why = c.WorkspaceMaxBytes, "DELEGATE_WORKSPACE_MAX_BYTES"
-	if mem, err := delegate.ParseSize(m.Resources.Memory); err == nil && mem/2 < maxBytes {
-		maxBytes, why = mem/2, fmt.Sprintf("half of resources.memory %s", m.Resources.Memory)
-	}
-	if disk, err := delegate.ParseSize(m.Resources.Disk); err == nil && disk < maxBytes {
-		maxBytes, why = disk, fmt.Sprintf("resources.disk %s", m.Resources.Disk)
-	}
-	return maxBytes, c.WorkspaceMaxFiles, why
-}
 
 // rootOf is the allowed root a directory lies under, or "".
 func rootOf(roots []string, dir string) string {
@@ -61,50 +57,6 @@ func rootOf(roots []string, dir string) string {
 		}
 	}
 	return ""
-}
-
-// checkWorkspace checks a submission's workspace source and caches (m has
-// its defaults): the source is scanned (or the git ref asked for), so
-// that what cannot be copied is a field error now.
-func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps sandbox.Capabilities, backend string) error {
-	w := m.Workspace
-	if w == nil {
-		return nil
-	}
-	if !caps.Workspaces {
-		return &delegate.FieldError{Field: "manifest.workspace", Rule: fmt.Sprintf("the %s backend cannot copy a workspace in", backend)}
-	}
-	if len(m.Caches) > 0 && !caps.Caches {
-		return &delegate.FieldError{Field: "manifest.caches", Rule: fmt.Sprintf("caches are not kept on the %s backend: leave it out", backend)}
-	}
-	maxBytes, maxFiles, why := e.cfg.workspaceLimits(m)
-	if w.Git != "" {
-		_, _, err := workspace.CheckRef(ctx, workspace.CloneOptions{URL: w.Git, Ref: w.Ref, Dial: e.cfg.gitDial()})
-		return gitErr(err)
-	}
-	root := rootOf(e.cfg.WorkspaceRoots, w.Dir)
-	if root == "" {
-		if len(e.cfg.WorkspaceRoots) == 0 {
-			return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: "directories are not allowed on this server: the operator allows them with DELEGATE_WORKSPACE_ROOTS (a list of directories)"}
-		}
-		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("%s is not under an allowed root (DELEGATE_WORKSPACE_ROOTS: %s)", w.Dir, strings.Join(e.cfg.WorkspaceRoots, ", "))}
-	}
-	tree, err := workspace.Scan(ctx, w.Dir, workspace.ScanOptions{IncludeIgnored: w.IncludeIgnored, MaxBytes: maxBytes, MaxFiles: maxFiles, Within: root})
-	if err != nil {
-		return dirErr(err, why)
-	}
-	// The manifest's files are the job's input, not the project's: they
-	// must not shadow a file of it (and never show as changes).
-	entries := make(map[string]bool, len(tree.Entries))
-	for _, en := range tree.Entries {
-		entries[en.Path] = true
-	}
-	for i, f := range m.Files {
-		if p, err := delegate.WorkspacePath(f.Path); err == nil && entries[strings.TrimPrefix(p, delegate.Workspace+"/")] {
-			return &delegate.FieldError{Field: fmt.Sprintf("manifest.files[%d].path", i), Rule: fmt.Sprintf("%s is also in the workspace source: change it there, or name another path", f.Path)}
-		}
-	}
-	return nil
 }
 
 // dirErr is a scan's error as the field error of manifest.workspace.dir.
@@ -144,30 +96,6 @@ func gitErr(err error) error {
 	return &delegate.FieldError{Field: "manifest.workspace.git", Rule: fmt.Sprintf("could not be read: %v", err)}
 }
 
-// gitDial is the address policy of clones: public addresses, and those
-// the operator allows besides (DELEGATE_WORKSPACE_GIT_ALLOW), checked on
-// the address connected to, after DNS.
-func (c *Config) gitDial() workspace.DialFunc {
-	if len(c.GitAllow) == 0 {
-		return workspace.PublicDial
-	}
-	allow := c.GitAllow
-	d := &net.Dialer{Timeout: 30 * time.Second, Control: func(network, address string, _ syscall.RawConn) error {
-		ap, err := netip.ParseAddrPort(address)
-		if err != nil {
-			return fmt.Errorf("%w: %s", workspace.ErrAddressRefused, address)
-		}
-		ip := ap.Addr().Unmap()
-		for _, p := range allow {
-			if p.Contains(ip) {
-				return nil
-			}
-		}
-		return workspace.CheckAddress(ip)
-	}}
-	return d.DialContext
-}
-
 // CacheKey is the key of a source's caches: two sources never share one.
 func CacheKey(w *delegate.WorkspaceSource) string {
 	src := "dir\x00" + filepath.Clean(w.Dir)
@@ -201,14 +129,14 @@ func workspaceEnv(env map[string]string, w *delegate.WorkspaceSource, caches []s
 	}
 }
 
-// sourceDir is where a job's source is read on this host: the directory,
-// or the clone of a git source.
-func (r *runner) cloneDir(id string) string { return filepath.Join(r.cfg.CloneDir, id) }
+// cloneDir is where a job's git source is cloned on this host (a dir
+// source is read where it is).
+func (r *workspaces) cloneDir(id string) string { return filepath.Join(r.cfg.CloneDir, id) }
 
 // importWorkspace is the provisioning step that copies the job's source
 // into its new sandbox (a git source cloned first), lists what was
 // skipped in the timeline, and stores the baseline of the copy.
-func (r *runner) importWorkspace(ctx context.Context, a *attempt) error {
+func (r *workspaces) importWorkspace(ctx context.Context, a *attempt, step func(msg string)) error {
 	m := a.job.Manifest
 	w := m.Workspace
 	if w == nil {
@@ -225,7 +153,7 @@ func (r *runner) importWorkspace(ctx context.Context, a *attempt) error {
 		if ref == "" {
 			ref = "the default branch"
 		}
-		r.step(ctx, a, fmt.Sprintf("cloning %s at %s", w.Git, ref))
+		step(fmt.Sprintf("cloning %s at %s", w.Git, ref))
 		var err error
 		if dir, err = r.clone(ctx, a.job.ID, w, maxBytes, maxFiles); err != nil {
 			return err
@@ -238,7 +166,7 @@ func (r *runner) importWorkspace(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return fmt.Errorf("workspace: %w", dirErr(err, why))
 	}
-	r.step(ctx, a, fmt.Sprintf("copying workspace (%d files, %.1f MB)", tree.Files, float64(tree.Bytes)/1e6))
+	step(fmt.Sprintf("copying workspace (%d files, %.1f MB)", tree.Files, float64(tree.Bytes)/1e6))
 	_, local := a.sb.(sandbox.HostWorkspace)
 	pr, pw := io.Pipe()
 	var base *workspace.Baseline
@@ -283,7 +211,7 @@ func (r *runner) importWorkspace(ctx context.Context, a *attempt) error {
 // clone fetches a git source into a directory of the job's own, owned by
 // nobody when the server runs as root: the clone runs as that directory's
 // owner, with none of the server's credentials.
-func (r *runner) clone(ctx context.Context, id string, w *delegate.WorkspaceSource, maxBytes int64, maxFiles int) (string, error) {
+func (r *workspaces) clone(ctx context.Context, id string, w *delegate.WorkspaceSource, maxBytes int64, maxFiles int) (string, error) {
 	if err := os.MkdirAll(r.cfg.CloneDir, 0o700); err != nil {
 		return "", fmt.Errorf("clone: %w", err)
 	}
@@ -340,7 +268,7 @@ func baselineOf(ctx context.Context, store delegate.Store, j *delegate.Job) (*de
 // collectChanges computes what the job changed in its workspace, before
 // its sandbox goes, and stores them with their summary (or why they
 // could not be had).
-func (r *runner) collectChanges(ctx context.Context, id string, inst sandbox.Instance) {
+func (r *workspaces) collectChanges(ctx context.Context, id string, inst sandbox.Instance) {
 	j, err := r.store.GetJob(ctx, id)
 	if err != nil || (j.Manifest.Workspace == nil && j.Manifest.Sandbox == "") {
 		return
@@ -368,18 +296,9 @@ func (r *runner) collectChanges(ctx context.Context, id string, inst sandbox.Ins
 	}
 }
 
-// step says what provisioning does now: the job's progress, and an entry
-// of its timeline (statusMode detailed and streaming).
-func (r *runner) step(ctx context.Context, a *attempt, msg string) {
-	r.stepper(ctx, a.job.ID)(msg)
-	if a.job.Manifest.StatusMode != delegate.StatusModeSimple {
-		r.progress.event(a.job.ID, msg, time.Now().UTC())
-	}
-}
-
 // changes reads the workspace back and compares it with the baseline: in
 // place where the server reaches it, else through the archive.
-func (r *runner) changes(ctx context.Context, j *delegate.Job, jw *delegate.JobWorkspace, src *delegate.WorkspaceSource, inst sandbox.Instance) (delegate.WorkspaceChanges, []byte, error) {
+func (r *workspaces) changes(ctx context.Context, j *delegate.Job, jw *delegate.JobWorkspace, src *delegate.WorkspaceSource, inst sandbox.Instance) (delegate.WorkspaceChanges, []byte, error) {
 	var base workspace.Baseline
 	if err := json.Unmarshal(jw.Baseline, &base); err != nil {
 		return delegate.WorkspaceChanges{}, nil, fmt.Errorf("the stored baseline: %w", err)
@@ -471,7 +390,7 @@ func summarize(cs *workspace.Changes) delegate.WorkspaceChanges {
 
 // removeClone removes a job's clone once its changes are kept (a kept
 // sandbox's stays while the sandbox does: its commands' changes need it).
-func (r *runner) removeClone(id string, m delegate.Manifest) {
+func (r *workspaces) removeClone(id string, m delegate.Manifest) {
 	if m.Workspace == nil || m.Workspace.Git == "" || r.cfg.CloneDir == "" {
 		return
 	}
@@ -494,128 +413,4 @@ func gunzipped(data []byte) ([]byte, error) {
 		return nil, err
 	}
 	return io.ReadAll(zr)
-}
-
-// The read side (WorkspaceService), over the store alone.
-
-var _ delegate.WorkspaceService = (*Reader)(nil)
-
-// Changes implements delegate.WorkspaceService.
-func (rd *Reader) Changes(ctx context.Context, id string) (*delegate.WorkspaceChanges, error) {
-	j, jw, err := rd.workspaceOf(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return changesSummary(j, jw)
-}
-
-func changesSummary(j *delegate.Job, jw *delegate.JobWorkspace) (*delegate.WorkspaceChanges, error) {
-	if jw.Summary != nil {
-		return jw.Summary, nil
-	}
-	if !j.Status.Terminal() {
-		return nil, fmt.Errorf("job %s is %s: %w: its changes are known when it ends", j.ID, j.Status, delegate.ErrNotFinished)
-	}
-	return &delegate.WorkspaceChanges{Files: []delegate.ChangedFile{}, Error: "not computed: the job ended before its workspace could be read back (" + j.Error + ")"}, nil
-}
-
-// workspaceOf reads a job and its stored workspace.
-func (rd *Reader) workspaceOf(ctx context.Context, id string) (*delegate.Job, *delegate.JobWorkspace, error) {
-	j, err := rd.store.GetJob(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	jw, err := rd.store.JobWorkspace(ctx, id)
-	if err != nil {
-		return j, nil, err
-	}
-	return j, jw, nil
-}
-
-// changeSet reads a finished job's changes whole.
-func (rd *Reader) changeSet(ctx context.Context, id string) (*workspace.Changes, []byte, error) {
-	j, jw, err := rd.workspaceOf(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	sum, err := changesSummary(j, jw)
-	if err != nil {
-		return nil, nil, err
-	}
-	if jw.Changes == nil {
-		return nil, nil, fmt.Errorf("job %s: no changes were kept: %s: %w", id, sum.Error, delegate.ErrNotFound)
-	}
-	raw, err := gunzipped(jw.Changes)
-	if err != nil {
-		return nil, nil, fmt.Errorf("job %s: the stored changes: %w", id, err)
-	}
-	var cs workspace.Changes
-	if err := json.Unmarshal(raw, &cs); err != nil {
-		return nil, nil, fmt.Errorf("job %s: the stored changes: %w", id, err)
-	}
-	return &cs, raw, nil
-}
-
-// Diff implements delegate.WorkspaceService.
-func (rd *Reader) Diff(ctx context.Context, id string, opts delegate.DiffOptions) (*delegate.DiffPage, error) {
-	if opts.Offset < 0 {
-		return nil, &delegate.FieldError{Field: "offset", Rule: fmt.Sprintf("must be 0 or the next of the page before (got %d)", opts.Offset)}
-	}
-	if opts.Limit < 0 || opts.Limit > delegate.MaxDiffPage {
-		return nil, &delegate.FieldError{Field: "limit", Rule: fmt.Sprintf("must be between 1 and %d bytes (got %d)", delegate.MaxDiffPage, opts.Limit)}
-	}
-	cs, _, err := rd.changeSet(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	p := cs.Diff(workspace.DiffOptions{Offset: opts.Offset, Limit: opts.Limit})
-	return &delegate.DiffPage{Text: p.Text, Offset: p.Offset, Next: p.Next, Total: p.Total, Omitted: p.Omitted}, nil
-}
-
-// Patch implements delegate.WorkspaceService.
-func (rd *Reader) Patch(ctx context.Context, id string) ([]byte, error) {
-	cs, _, err := rd.changeSet(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return cs.Patch(0)
-}
-
-// ChangeSet implements delegate.WorkspaceService.
-func (rd *Reader) ChangeSet(ctx context.Context, id string) (*delegate.ChangeSet, error) {
-	_, raw, err := rd.changeSet(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	j, err := rd.store.GetJob(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	jw, src, err := baselineOf(ctx, rd.store, j)
-	if err != nil {
-		return nil, err
-	}
-	out := &delegate.ChangeSet{JobID: id, Baseline: jw.Baseline, Changes: raw}
-	if src != nil {
-		out.Source = *src
-	}
-	return out, nil
-}
-
-// resultChanges is the changes a result shows: nil for a job without a
-// workspace.
-func (rd *Reader) resultChanges(ctx context.Context, j *delegate.Job) (*delegate.WorkspaceChanges, error) {
-	if j.Manifest.Workspace == nil && j.Manifest.Sandbox == "" {
-		return nil, nil
-	}
-	jw, err := rd.store.JobWorkspace(ctx, j.ID)
-	if errors.Is(err, delegate.ErrNotFound) {
-		if j.Manifest.Workspace == nil {
-			return nil, nil // a command in a sandbox without a workspace
-		}
-		jw = &delegate.JobWorkspace{}
-	} else if err != nil {
-		return nil, err
-	}
-	return changesSummary(j, jw)
 }

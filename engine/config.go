@@ -1,0 +1,149 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
+	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/workspace"
+)
+
+// Config tunes an Engine. Zero values get the defaults of package delegate
+// (delegate.DefaultMaxConcurrent...) or the one documented on the field.
+type Config struct {
+	// Defaults fill what a manifest leaves out; zero fields get
+	// delegate.ServerDefaults.
+	Defaults delegate.Defaults
+	// Maxima cap what a manifest may ask for (zero: no cap of the
+	// operator's).
+	Maxima Maxima
+	// MaxConcurrent jobs run at once; more wait as pending.
+	MaxConcurrent int
+	// OutputLimit bytes of a job's output are kept.
+	OutputLimit int64
+	// CleanupInterval between sweeps for orphaned sandboxes.
+	CleanupInterval time.Duration
+	// ProvisionTimeout bounds creating a sandbox and injecting files.
+	ProvisionTimeout time.Duration
+	// PollInterval is how often a running job's output is collected and its
+	// stored status re-read (another process may have cancelled it). Default 200 ms.
+	PollInterval time.Duration
+	// Secret resolves a secret name to its value on the server.
+	Secret func(name string) (string, bool)
+	// CallbackURL is the base URL sandboxes use to reach the callback
+	// server (CALLBACK_PUBLIC_URL); empty when there is none.
+	CallbackURL string
+	// HeartbeatThreshold: a running job with no sign of life for this long
+	// is failed ("lost heartbeat").
+	HeartbeatThreshold time.Duration
+	// ArtifactDir holds artifacts by sha256. ArtifactMaxFile and
+	// ArtifactMaxTotal cap one file and one job.
+	ArtifactDir      string
+	ArtifactMaxFile  int64
+	ArtifactMaxTotal int64
+	// OpenBackend, for an engine made without a backend, opens one when
+	// it needs it: to stop the sandbox of a job it cancels that no live
+	// engine drives. Nil: such a job is left to the next server.
+	OpenBackend func(ctx context.Context) (sandbox.Backend, error)
+	// AdmissionRetry: a job waiting for capacity (see sandbox.Admitter)
+	// asks again this often, besides whenever this engine frees room.
+	// Default 5 s.
+	AdmissionRetry time.Duration
+	// OwnerAlive says whether the engine that owns a job is still running;
+	// default: same host and its process is alive. Tests inject their own.
+	OwnerAlive func(owner string) bool
+	Logger     *slog.Logger
+	// Observer, if set, hears sandbox starts and job ends (metrics).
+	Observer Observer
+
+	// Kept sandboxes (keeper.go): at most MaxSandboxes at once
+	// (default delegate.DefaultMaxSandboxes); idle SandboxIdle they are
+	// paused, paused SandboxPause they go, SandboxLifetime ends them
+	// (defaults delegate.DefaultSandbox*); their timers are checked every
+	// SandboxTick (default 5 s).
+	MaxSandboxes    int
+	SandboxIdle     time.Duration
+	SandboxPause    time.Duration
+	SandboxLifetime time.Duration
+	SandboxTick     time.Duration
+
+	// Workspaces (workspace.go): a dir source must lie under one of
+	// WorkspaceRoots (clean absolute paths; none: dir sources are
+	// refused); a source holds at most WorkspaceMaxBytes and
+	// WorkspaceMaxFiles (defaults workspace.DefaultMaxBytes and
+	// DefaultMaxFiles), never more than half the job's memory nor its
+	// disk. Git sources are cloned under CloneDir (default: under the
+	// temporary directory), reaching public addresses and GitAllow.
+	WorkspaceRoots    []string
+	WorkspaceMaxBytes int64
+	WorkspaceMaxFiles int
+	CloneDir          string
+	GitAllow          []netip.Prefix
+	// Egress, if set, is the server's egress proxy (NewEgress): a job
+	// whose network reaches out, on a backend with
+	// sandbox.Capabilities.EgressProxy, goes through it alone, with a
+	// network of its own (token, policy, log) in the store.
+	Egress *Egress
+	// DataDir is where the store and the sandboxes write (DELEGATE_DATA_DIR):
+	// below MinFree bytes free there (DELEGATE_MIN_FREE; 0: the smaller
+	// of 1 GiB and 5% of its file system; < 0: no floor), submissions
+	// and new sandboxes are refused. "" : not watched.
+	DataDir string
+	MinFree int64
+	// Retention: finished jobs, ended kept sandboxes and what they keep
+	// go this long after they ended (DELEGATE_RETENTION; 0:
+	// delegate.DefaultRetention; < 0: kept forever), pruned every
+	// PruneInterval (default 1 h).
+	Retention     time.Duration
+	PruneInterval time.Duration
+	// SecretBindings are the operator's NAME_INJECT bindings, by secret:
+	// such a secret never enters a job's environment (a placeholder
+	// does); the proxy adds it to the job's requests for its host.
+	SecretBindings map[string]egress.Binding
+}
+
+// workspaceLimits are the caps of a job's source: the operator's, and
+// never more than half the job's memory (the workspace is memory on the
+// local backend, and on a VM the copy passes through it), nor more than
+// its disk.
+func (c *Config) workspaceLimits(m *delegate.Manifest) (maxBytes int64, maxFiles int, why string) {
+	maxBytes, why = c.WorkspaceMaxBytes, "DELEGATE_WORKSPACE_MAX_BYTES"
+	if mem, err := delegate.ParseSize(m.Resources.Memory); err == nil && mem/2 < maxBytes {
+		maxBytes, why = mem/2, fmt.Sprintf("half of resources.memory %s", m.Resources.Memory)
+	}
+	if disk, err := delegate.ParseSize(m.Resources.Disk); err == nil && disk < maxBytes {
+		maxBytes, why = disk, fmt.Sprintf("resources.disk %s", m.Resources.Disk)
+	}
+	return maxBytes, c.WorkspaceMaxFiles, why
+}
+
+// gitDial is the address policy of clones: public addresses, and those
+// the operator allows besides (DELEGATE_WORKSPACE_GIT_ALLOW), checked on
+// the address connected to, after DNS.
+func (c *Config) gitDial() workspace.DialFunc {
+	if len(c.GitAllow) == 0 {
+		return workspace.PublicDial
+	}
+	allow := c.GitAllow
+	d := &net.Dialer{Timeout: 30 * time.Second, Control: func(network, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("%w: %s", workspace.ErrAddressRefused, address)
+		}
+		ip := ap.Addr().Unmap()
+		for _, p := range allow {
+			if p.Contains(ip) {
+				return nil
+			}
+		}
+		return workspace.CheckAddress(ip)
+	}}
+	return d.DialContext
+}

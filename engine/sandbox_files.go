@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// sandboxFiles is the part that serves the files of a kept sandbox's
+// workspace (part of delegate.SandboxService): read, write, list, each on
+// the machine the keeper finds (resumed if it was paused).
+type sandboxFiles struct {
+	keeper sandboxUser
+}
+
+// sandboxUser is what the files ask of the keeper: a live sandbox's
+// machine, and what a failed call on it means.
+type sandboxUser interface {
+	instance(ctx context.Context, id string, command bool) (*delegate.Sandbox, sandbox.Instance, error)
+	failed(ctx context.Context, sb *delegate.Sandbox, err error) bool
+}
+
+// ReadSandboxFile reads part of a file of a sandbox's workspace.
+func (k *sandboxFiles) ReadSandboxFile(ctx context.Context, id, path string, offset, length int64) (*delegate.FileContent, error) {
+	if offset < 0 {
+		return nil, &delegate.FieldError{Field: "offset", Rule: fmt.Sprintf("must be 0 or more (got %d)", offset)}
+	}
+	if length <= 0 || length > delegate.MaxFileRead {
+		return nil, &delegate.FieldError{Field: "length", Rule: fmt.Sprintf("must be between 1 and %d bytes (got %d): read a larger file in parts, from offset", delegate.MaxFileRead, length)}
+	}
+	p, err := workspacePath("path", path)
+	if err != nil {
+		return nil, err
+	}
+	sb, inst, err := k.keeper.instance(ctx, id, false)
+	if err != nil {
+		return nil, err
+	}
+	size := int64(-1)
+	if infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: parentDir(p), Depth: 1}); err == nil {
+		for _, f := range infos {
+			if f.Path == p {
+				size = f.Size
+			}
+		}
+	}
+	data, err := inst.ReadFile(ctx, p, offset, length)
+	if err != nil {
+		return nil, k.fileError(ctx, sb, "path", p, err)
+	}
+	fc := &delegate.FileContent{Data: data, Offset: offset, Size: size}
+	fc.EOF = size >= 0 && offset+int64(len(data)) >= size
+	if size < 0 {
+		fc.EOF = int64(len(data)) < length
+	}
+	return fc, nil
+}
+
+// WriteSandboxFile writes a file of a sandbox's workspace.
+func (k *sandboxFiles) WriteSandboxFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode) error {
+	if int64(len(data)) > delegate.MaxFileBytesTotal {
+		return &delegate.FieldError{Field: "content", Rule: fmt.Sprintf("must be at most %d MiB", delegate.MaxFileBytesTotal>>20)}
+	}
+	if mode&^fs.ModePerm != 0 {
+		return &delegate.FieldError{Field: "mode", Rule: "must be permissions only, like 0644 or 0755"}
+	}
+	p, err := workspacePath("path", path)
+	if err != nil {
+		return err
+	}
+	sb, inst, err := k.keeper.instance(ctx, id, false)
+	if err != nil {
+		return err
+	}
+	if err := inst.WriteFile(ctx, p, data, mode); err != nil {
+		return k.fileError(ctx, sb, "path", p, err)
+	}
+	return nil
+}
+
+// ListSandboxFiles lists a directory of a sandbox's workspace.
+func (k *sandboxFiles) ListSandboxFiles(ctx context.Context, id string, opts delegate.FileListOptions) (*delegate.FileListing, error) {
+	if opts.Depth < 0 || opts.Depth > delegate.MaxFileDepth {
+		return nil, &delegate.FieldError{Field: "depth", Rule: fmt.Sprintf("must be between 1 and %d (got %d)", delegate.MaxFileDepth, opts.Depth)}
+	}
+	if opts.Limit < 0 || opts.Limit > delegate.MaxFileLimit {
+		return nil, &delegate.FieldError{Field: "limit", Rule: fmt.Sprintf("must be between 1 and %d (got %d)", delegate.MaxFileLimit, opts.Limit)}
+	}
+	dir := delegate.Workspace
+	if opts.Path != "" && opts.Path != delegate.Workspace && opts.Path != "." {
+		p, err := workspacePath("path", opts.Path)
+		if err != nil {
+			return nil, err
+		}
+		dir = p
+	}
+	depth, limit := max(opts.Depth, 1), opts.Limit
+	if limit == 0 {
+		limit = delegate.DefaultFileLimit
+	}
+	sb, inst, err := k.keeper.instance(ctx, id, false)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := inst.ListFiles(ctx, sandbox.ListOptions{Dir: dir, Depth: depth, Limit: limit})
+	out := &delegate.FileListing{Entries: []delegate.FileInfo{}, Truncated: errors.Is(err, sandbox.ErrTruncated)}
+	if err != nil && !out.Truncated {
+		return nil, k.fileError(ctx, sb, "path", dir, err)
+	}
+	for _, f := range infos {
+		out.Entries = append(out.Entries, delegate.FileInfo{Path: f.Path, Type: delegate.FileType(f.Mode), Size: f.Size,
+			Mode: f.Mode, ModTime: f.ModTime.UTC().Truncate(time.Millisecond), Link: f.Link})
+	}
+	return out, nil
+}
+
+// workspacePath resolves a path of the workspace (relative to it, or
+// absolute inside it), naming the field when it leaves it.
+func workspacePath(field, p string) (string, error) {
+	abs, err := delegate.WorkspacePath(p)
+	if err != nil {
+		return "", &delegate.FieldError{Field: field, Rule: err.Error()}
+	}
+	return abs, nil
+}
+
+func parentDir(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i > 0 {
+		return p[:i]
+	}
+	return delegate.Workspace
+}
+
+// fileError names the path of a file operation the backend refused: a
+// missing file, a link out, not a regular file (the backend's words).
+func (k *sandboxFiles) fileError(ctx context.Context, sb *delegate.Sandbox, field, p string, err error) error {
+	if k.keeper.failed(ctx, sb, err) {
+		return &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return &delegate.NotFoundError{Resource: "file", ID: p, Of: "the sandbox"}
+	}
+	return &delegate.FieldError{Field: field, Rule: err.Error()}
+}
