@@ -73,6 +73,12 @@ type Config struct {
 	// times this (PROXMOX_CPU_OVERCOMMIT). 0: a job's VM needs only a
 	// node with at least its cores (vCPU overcommit is normal on Proxmox).
 	CPUOvercommit float64
+	// AddressTimeout bounds the wait for a job VM's address (DHCP may
+	// answer well after the guest agent). Default 60 s.
+	AddressTimeout time.Duration
+	// FirewallWait bounds the wait for a job VM's firewall to be in force
+	// (Proxmox applies it on a 5-10 s cycle). Default 30 s.
+	FirewallWait time.Duration
 	// Egress, if set, routes jobs' networks through delegate's egress
 	// proxy alone (egress.go): their VMs' firewalls let out nothing else.
 	Egress *Egress
@@ -125,6 +131,12 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	if cfg.StaleLockAfter <= 0 {
 		cfg.StaleLockAfter = 15 * time.Minute
 	}
+	if cfg.AddressTimeout <= 0 {
+		cfg.AddressTimeout = time.Minute
+	}
+	if cfg.FirewallWait <= 0 {
+		cfg.FirewallWait = 30 * time.Second
+	}
 	if cfg.CPUOvercommit < 0 || cfg.CPUOvercommit > 100 {
 		return nil, fmt.Errorf("proxmox: the CPU overcommit ratio %g must be from 0 (none) to 100", cfg.CPUOvercommit)
 	}
@@ -155,7 +167,7 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	b.ids = &vmids{c: c, cloning: map[int]bool{}}
 	b.vms = newVMTable(c, conf, b.log, b.placer, b.ids)
 	b.cloner = &cloner{c: c, cfg: conf, log: b.log, ids: b.ids, link: b.tpls, vms: b.vms}
-	b.fw = &firewall{c: c, egress: conf.Egress, log: b.log}
+	b.fw = &firewall{c: c, cfg: conf, egress: conf.Egress, log: b.log}
 	return b, nil
 }
 

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	stdnet "net"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -49,6 +51,7 @@ type Egress struct {
 // their one way out.
 type firewall struct {
 	c      *pve.Client
+	cfg    *Config
 	egress *Egress
 	log    *slog.Logger
 }
@@ -194,28 +197,46 @@ func (fw *firewall) check(ctx context.Context, s *vmSandbox, ip string) error {
 	return nil
 }
 
-// pinAddress puts the VM's address, as its agent reports it, in its
-// ipfilter set (until then ipfilter lets it send nothing but DHCP), and
-// checks the whole firewall again.
+// pin puts the VM's address in its ipfilter set (until then ipfilter
+// lets it send nothing but DHCP), checks the whole firewall again, and
+// waits until the firewall is in force (waitInForce). The address is the
+// IPv4 address of the interface whose hardware address is net0's MAC,
+// which DHCP may give it well after the guest agent answers (and a
+// guest may have other interfaces first, Docker's docker0 among them):
+// it is polled for, AddressTimeout at most.
 func (fw *firewall) pin(ctx context.Context, s *vmSandbox) error {
-	ifaces, err := fw.c.AgentNetworkInterfaces(ctx, s.node, s.vmid)
+	cfg, err := fw.c.VMConfig(ctx, s.node, s.vmid)
 	if err != nil {
-		return fmt.Errorf("proxmox: VM %d's addresses (agent network-get-interfaces): %w", s.vmid, privilegeHint(err))
+		return fmt.Errorf("proxmox: read VM %d's config: %w", s.vmid, privilegeHint(err))
 	}
-	var ip string
-	for _, in := range ifaces {
-		for _, a := range in.IPAddresses {
-			if addr, err := netip.ParseAddr(a.Address); err == nil && a.Type == "ipv4" && !addr.IsLoopback() && !addr.IsLinkLocalUnicast() {
-				ip = addr.String()
-				break
-			}
+	mac := nicMAC(cfg.Option("net0"))
+	if mac == "" {
+		return fmt.Errorf("proxmox: VM %d's net0 (%s) has no MAC address: %w", s.vmid, cfg.Option("net0"), errFirewall)
+	}
+	deadline := time.Now().Add(fw.cfg.AddressTimeout)
+	var ip, seen string
+	for {
+		ifaces, err := fw.c.AgentNetworkInterfaces(ctx, s.node, s.vmid)
+		switch {
+		case err == nil:
+			ip, seen = addressOf(ifaces, mac)
+		case lastingAgentError(err):
+			return fmt.Errorf("proxmox: VM %d's addresses (agent network-get-interfaces): %w", s.vmid, privilegeHint(err))
+		default:
+			seen = err.Error()
 		}
 		if ip != "" {
 			break
 		}
-	}
-	if ip == "" {
-		return fmt.Errorf("proxmox: VM %d reports no IPv4 address to pin: %w", s.vmid, errFirewall)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proxmox: VM %d's net0 (MAC %s) got no IPv4 address within %s (is DHCP served on the job network?; the agent reports: %s): %w",
+				s.vmid, mac, fw.cfg.AddressTimeout, seen, errFirewall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(fw.cfg.PollInterval):
+		}
 	}
 	if es, _, err := fw.c.VMIPSet(ctx, s.node, s.vmid, ipfilterSet); err == nil &&
 		!slices.ContainsFunc(es, func(e pve.IPSetEntry) bool { return e.CIDR == ip || e.CIDR == ip+"/32" }) {
@@ -223,7 +244,91 @@ func (fw *firewall) pin(ctx context.Context, s *vmSandbox) error {
 			return fmt.Errorf("proxmox: pin VM %d to %s: %w", s.vmid, ip, privilegeHint(err))
 		}
 	}
-	return fw.check(ctx, s, ip)
+	if err := fw.check(ctx, s, ip); err != nil {
+		return err
+	}
+	return fw.waitInForce(ctx, s)
+}
+
+// nicMAC is the MAC address of a NIC's config, lower case: the value
+// of its model key ("virtio=BC:24:11:..,bridge=vmbr0") or of macaddr.
+func nicMAC(net string) string {
+	for _, p := range strings.Split(net, ",") {
+		if _, v, ok := strings.Cut(p, "="); ok {
+			if hw, err := stdnet.ParseMAC(v); err == nil && len(hw) == 6 {
+				return hw.String()
+			}
+		}
+	}
+	return ""
+}
+
+// addressOf finds the IPv4 address of the interface whose hardware
+// address is mac (not loopback, not link-local); seen says what the agent
+// reported instead, for an error.
+func addressOf(ifaces []pve.NetworkInterface, mac string) (ip, seen string) {
+	var saw []string
+	for _, in := range ifaces {
+		var addrs []string
+		for _, a := range in.IPAddresses {
+			addr, err := netip.ParseAddr(a.Address)
+			if err != nil || a.Type != "ipv4" || addr.IsLoopback() || addr.IsLinkLocalUnicast() {
+				continue
+			}
+			if strings.EqualFold(in.HardwareAddress, mac) {
+				return addr.String(), ""
+			}
+			addrs = append(addrs, addr.String())
+		}
+		saw = append(saw, fmt.Sprintf("%s %s [%s]", in.Name, in.HardwareAddress, strings.Join(addrs, " ")))
+	}
+	return "", strings.Join(saw, "; ")
+}
+
+// probeScript connects to the proxy ($ARGV[0]) and asks it something: an
+// HTTP answer (407, most likely: no credentials) says the VM's packets
+// reach it, its firewall in force. A constant: the address is an
+// argument. Exit 0: answered; 1: refused or closed; 2: no answer in 3 s.
+const probeScript = `use IO::Socket::INET; $SIG{ALRM} = sub { exit 2 }; alarm 3;
+my $s = IO::Socket::INET->new(PeerAddr => $ARGV[0], Proto => "tcp") or exit 1;
+print $s "OPTIONS * HTTP/1.0\r\n\r\n"; my $l = <$s>;
+exit(defined $l && $l =~ m{^HTTP/1\.[01] [0-9]{3}} ? 0 : 1);`
+
+// waitInForce waits until the VM reaches the egress proxy: Proxmox's
+// firewall daemon applies a VM's rules and IP sets on a cycle
+// (pve-firewall every 10 s, proxmox-firewall every 5 s), so the address
+// just pinned is dropped until the next one, and a job that started at
+// once would see its first connections dropped and retried for up to
+// ~15 s. The guest probes the proxy (probeScript, with the guest's perl)
+// every PollInterval, FirewallWait at most; a guest without perl is not
+// probed (the log says so).
+func (fw *firewall) waitInForce(ctx context.Context, s *vmSandbox) error {
+	deadline := time.Now().Add(fw.cfg.FirewallWait)
+	proxy := fw.egress.Proxy.String()
+	for tries := 1; ; tries++ {
+		r, err := s.run(ctx, []string{fw.cfg.GuestPerl, "-e", probeScript, proxy})
+		switch {
+		case err != nil:
+			return fmt.Errorf("proxmox: probe the egress proxy from VM %d: %w", s.vmid, err)
+		case r.code == 0:
+			fw.log.Debug("the egress proxy answers the job VM: its firewall is in force", "vmid", s.vmid, "probes", tries)
+			return nil
+		case r.code == 127 || r.code == 126:
+			fw.log.Warn("cannot probe the egress proxy from the job VM (no perl there): its first connections may be dropped until Proxmox's firewall applies its rules",
+				"vmid", s.vmid, "perl", fw.cfg.GuestPerl)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("proxmox: VM %d does not reach the egress proxy at %s within %s of its firewall being set "+
+				"(is the proxy up and reachable from the job network, PROXMOX_EGRESS_PROXY its address there, and the datacenter's firewall daemon running?): %w",
+				s.vmid, proxy, fw.cfg.FirewallWait, errFirewall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(fw.cfg.PollInterval):
+		}
+	}
 }
 
 // ParseEgress reads PROXMOX_EGRESS_PROXY (host:port, the address job VMs

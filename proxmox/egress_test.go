@@ -2,6 +2,7 @@ package proxmox_test
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -46,6 +47,38 @@ func egressServer(t *testing.T, c *pve.Client) (*engine.Engine, *sqlite.DB) {
 	return eng, st
 }
 
+// withProxy is a simulated cluster whose job network has the egress
+// proxy at 10.0.0.5:3128: a stand-in that answers every request 407, as
+// delegate's proxy does one without credentials.
+func withProxy(t *testing.T, tune func(*pvesim.Options)) func(*pvesim.Options) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				c.Read(make([]byte, 512))
+				c.Write([]byte("HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"))
+			}()
+		}
+	}()
+	return func(o *pvesim.Options) {
+		o.Hosts = map[string]string{"10.0.0.5:3128": ln.Addr().String()}
+		if tune != nil {
+			tune(o)
+		}
+	}
+}
+
 // runningVM waits for a job to run and returns its VM's id.
 func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) int {
 	t.Helper()
@@ -78,7 +111,7 @@ func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) 
 // token; the job is refused when the datacenter's or the node's firewall
 // is off, or when the VM's firewall (from its template) lets out more.
 func TestEgressFirewallOnSimulator(t *testing.T) {
-	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
 	eng, _ := egressServer(t, c)
 	ctx := context.Background()
@@ -154,7 +187,7 @@ func TestEgressFirewallOnSimulator(t *testing.T) {
 // VM's firewall but not read the datacenter's: the job is refused with
 // what to grant.
 func TestEgressFirewallPrivileges(t *testing.T) {
-	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	sim.SetFirewall("", true)
 	admin := pvesim.Token{ID: "root@pam!admin", Secret: "admin-secret", Privileges: pvesim.RoleAdministrator}
 	if err := sim.AddToken(admin); err != nil {
@@ -172,6 +205,42 @@ func TestEgressFirewallPrivileges(t *testing.T) {
 	done, _ := eng.Wait(context.Background(), j.ID)
 	if done.Status != delegate.StatusFailed || !strings.Contains(done.Error, "Sys.Audit on /") {
 		t.Errorf("job %s: %q", done.Status, done.Error)
+	}
+	noJobVMs(t, sim)
+}
+
+// jobProbe is a job that connects to the egress proxy at once and
+// prints the first line it is answered ("closed" if none).
+const jobProbe = `perl -MIO::Socket::INET -e '$SIG{ALRM} = sub { print "timeout\n"; exit }; alarm 5;
+my $s = IO::Socket::INET->new(PeerAddr => "10.0.0.5:3128", Proto => "tcp") or do { print "refused\n"; exit };
+print $s "OPTIONS * HTTP/1.0\r\n\r\n"; my $l = <$s>; print defined $l ? $l : "closed\n"'`
+
+// TestEgressAddressPinning (issue 39, 4): DHCP answers a while after the
+// guest agent, the guest runs Docker (docker0 is listed first), and the
+// firewall applies its rules on a cycle: the job VM is pinned to net0's
+// address once it has one, and the job starts once the proxy answers it,
+// so that its first connection gets through.
+func TestEgressAddressPinning(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Docker: true}, withProxy(t, func(o *pvesim.Options) {
+		o.DHCPDelay = 1500 * time.Millisecond
+		o.FirewallInterval = 800 * time.Millisecond
+	}))
+	sim.SetFirewall("", true)
+	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
+	eng, _ := egressServer(t, c)
+	ctx := context.Background()
+	j, err := eng.Submit(ctx, delegate.Manifest{Task: jobProbe, Network: delegate.Allowlist("pypi.org")}, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmid := runningVM(t, eng, sim, j.ID)
+	if set := sim.VMFirewall(vmid).IPSets["ipfilter-net0"]; len(set) != 1 || !strings.HasPrefix(set[0], "10.10.") {
+		t.Errorf("ipfilter-net0 = %v, want net0's address (10.10.x.y), not docker0's", set)
+	}
+	done, _ := eng.Wait(ctx, j.ID)
+	res, _ := eng.Result(ctx, j.ID, delegate.ResultOptions{})
+	if done.Status != delegate.StatusSuccess || !strings.HasPrefix(string(res.Output), "HTTP/1.1 407") {
+		t.Errorf("job %s %s: the job's first connection to the proxy got %q", done.Status, done.Error, res.Output)
 	}
 	noJobVMs(t, sim)
 }

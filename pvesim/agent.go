@@ -2,8 +2,10 @@ package pvesim
 
 import (
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -262,26 +264,53 @@ func hAgentNetwork(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.s.mu.Lock()
-	mac := "bc:24:11:00:00:01"
-	if v, ok := c.s.vms[vmid]; ok {
-		if m := netMAC(v.conf["net0"]); m != "" {
-			mac = m
-		}
-	}
-	c.s.mu.Unlock()
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	stats := map[string]any{"rx-bytes": 0, "rx-packets": 0, "rx-errs": 0, "rx-dropped": 0,
 		"tx-bytes": 0, "tx-packets": 0, "tx-errs": 0, "tx-dropped": 0}
-	ip := "10.10." + strconv.Itoa(vmid/250%250) + "." + strconv.Itoa(vmid%250+2)
-	return map[string]any{"result": []any{
-		map[string]any{"name": "lo", "hardware-address": "00:00:00:00:00:00", "statistics": stats,
-			"ip-addresses": []any{
-				map[string]any{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
-				map[string]any{"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128},
-			}},
-		map[string]any{"name": "eth0", "hardware-address": strings.ToLower(mac), "statistics": stats,
-			"ip-addresses": []any{
-				map[string]any{"ip-address": ip, "ip-address-type": "ipv4", "prefix": 24},
-			}},
-	}}, nil
+	addr := func(ip, typ string, prefix int) map[string]any {
+		return map[string]any{"ip-address": ip, "ip-address-type": typ, "prefix": prefix}
+	}
+	out := []any{map[string]any{"name": "lo", "hardware-address": "00:00:00:00:00:00", "statistics": stats,
+		"ip-addresses": []any{addr("127.0.0.1", "ipv4", 8), addr("::1", "ipv6", 128)}}}
+	v := s.vms[vmid]
+	if v == nil {
+		return map[string]any{"result": out}, nil
+	}
+	if v.docker {
+		// Docker's bridge comes up with the guest, before DHCP is done.
+		out = append(out, map[string]any{"name": "docker0", "hardware-address": "02:42:8e:5c:11:07", "statistics": stats,
+			"ip-addresses": []any{addr("172.17.0.1", "ipv4", 16)}})
+	}
+	// netN is ethN; each has its link-local address at once, and net0 its
+	// lease once DHCP answered (network.go).
+	keys := slices.SortedFunc(func(yield func(string) bool) {
+		for k := range v.conf {
+			if netKeyRe.MatchString(k) && !yield(k) {
+				return
+			}
+		}
+	}, func(a, b string) int { return atoiOr(a[3:]) - atoiOr(b[3:]) })
+	for _, k := range keys {
+		mac := strings.ToLower(netMAC(v.conf[k]))
+		b, _ := hex.DecodeString(strings.ReplaceAll(mac, ":", ""))
+		ips := []any{}
+		if k == "net0" {
+			if ip, ok := s.lease(vmid); ok {
+				ips = append(ips, addr(ip.String(), "ipv4", 24))
+			}
+		}
+		if len(b) == 6 {
+			ll := fmt.Sprintf("fe80::%02x%02x:%02xff:fe%02x:%02x%02x", b[0]^2, b[1], b[2], b[3], b[4], b[5])
+			ips = append(ips, addr(ll, "ipv6", 64))
+		}
+		out = append(out, map[string]any{"name": "eth" + k[3:], "hardware-address": mac, "statistics": stats, "ip-addresses": ips})
+	}
+	return map[string]any{"result": out}, nil
+}
+
+func atoiOr(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }

@@ -308,9 +308,19 @@
 //     name is taken once ("IPSet 'x' already exists"), an entry once
 //     ("address '10.0.0.5/32' already exists"), never a /0. The formats
 //     IPorCIDRorAlias, pve-fw-addr-spec, pve-fw-dport-spec and
-//     pve-fw-protocol-spec are checked; packets are not filtered (a test
-//     reads what was set: VMFirewall; SetFirewall turns the datacenter's
-//     or a node's firewall on or off).
+//     pve-fw-protocol-spec are checked. SetFirewall turns the
+//     datacenter's or a node's firewall on or off.
+//   - The guests' network (network.go): a VM with a NIC has a network
+//     namespace of its own whose connections land on the simulator, which
+//     judges each by the VM's firewall as pve-firewall's last cycle
+//     compiled it (Options.FirewallInterval; pve-firewall's daemon runs
+//     update every 10 s, proxmox-firewall every 5 s: src/PVE/Firewall.pm
+//     ruleset_create_vm_chain: ipfilter, then the out rules in order, then
+//     policy_out) and carries the ones it lets out to Options.Hosts. DHCP
+//     answers Options.DHCPDelay after the guest agent: until then eth0
+//     has its link-local address only (qemu-ga's
+//     guest-network-get-interfaces lists what the guest has), and a guest
+//     with Docker lists docker0 first.
 //   - Long operations (clone, start, stop, shutdown, reboot, destroy,
 //     resize, config by POST, snapshots) return a UPID and run as tasks; task status has no
 //     endtime and an exitstatus only once stopped; task logs end with
@@ -395,9 +405,15 @@
 //     signal N as exit status 128+N; the simulator reports codes 129..192
 //     as signal N, so a command that exits with such a code on purpose is
 //     reported killed.
-//   - The guest has no network (the local backend has none):
-//     network-get-interfaces reports loopback and an eth0 with the VM's
-//     MAC and an address derived from its vmid.
+//   - The guest's network is the simulator's: only TCP to Options.Hosts
+//     reaches anything, UDP and DNS nothing; a connection the firewall
+//     drops is accepted and closed at once (a real DROP leaves the client
+//     waiting for its time-out), and one to an unfiltered address that
+//     is not a host is closed too (a real one is refused or times out).
+//     network-get-interfaces reports loopback, docker0 if the template
+//     has Docker, and ethN per netN with the VM's MAC (its IPv4 lease,
+//     10.10.x.y from the vmid, on eth0 only). Without root (no network
+//     namespace) a guest boots without a network, and the log says so.
 //   - A stop loses the guest's disk: the next start boots a fresh sandbox.
 //   - A migration copies no disk: a VM with a disk on local storage (a
 //     template on local-lvm, say) is not migrated (the task fails, saying

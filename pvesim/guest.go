@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -43,17 +44,27 @@ type guestAgent interface {
 // sandbox takes a while). The VM's memory and vCPUs size the sandbox;
 // its disk size sizes /workspace. blocked are the agent commands the
 // guest's qemu-ga does not allow.
-func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskBytes int64, rootfs string, blocked []string) (*guest, error) {
+func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskBytes int64, rootfs string, blocked []string, nic bool) (*guest, error) {
 	if diskBytes <= 0 {
 		diskBytes = 1 << 30
 	}
-	sb, err := s.backend.Create(ctx, sandbox.Spec{
+	spec := sandbox.Spec{
 		JobID:       fmt.Sprintf("pvesim-vm-%d", vmid),
 		CPU:         float64(cpus),
 		MemoryBytes: memBytes,
 		DiskBytes:   diskBytes,
 		Template:    rootfs,
-	})
+	}
+	if nic && s.guestDir != "" {
+		// Its network is the simulator's (network.go).
+		spec.Network, spec.Egress = true, &sandbox.Egress{Token: strconv.Itoa(vmid)}
+	}
+	sb, err := s.backend.Create(ctx, spec)
+	if err != nil && spec.Network {
+		s.log.Warn("pvesim: a guest with a NIC cannot have a network of its own here: it boots without one", "vmid", vmid, "err", err)
+		spec.Network, spec.Egress = false, nil
+		sb, err = s.backend.Create(ctx, spec)
+	}
 	if err != nil {
 		return nil, err
 	}

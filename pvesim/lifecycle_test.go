@@ -194,7 +194,8 @@ func testLifecycle(t *testing.T, full, emulation bool) {
 		t.Errorf("write to /etc: %v", err)
 	}
 	ifs, err := c.AgentNetworkInterfaces(ctx, "pve1", id)
-	if err != nil || len(ifs) != 2 || ifs[1].Name != "eth0" ||
+	if err != nil || len(ifs) != 3 || ifs[1].Name != "eth0" || ifs[2].Name != "eth1" || // net0 and net1
+		!strings.Contains(strings.ToLower(conf.Option("net1")), ifs[2].HardwareAddress) ||
 		!strings.Contains(strings.ToLower(conf.Option("net0")), ifs[1].HardwareAddress) {
 		t.Errorf("interfaces: %+v %v (net0 %s)", ifs, err, conf.Option("net0"))
 	}

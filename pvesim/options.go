@@ -73,6 +73,20 @@ type Options struct {
 	// last cycle, and a VM created since has none of them yet. Zero (the
 	// default) reports them live.
 	StatsInterval time.Duration
+	// DHCPDelay is how long after its guest agent first answers a VM's
+	// NIC gets its IPv4 address by DHCP (network.go): a guest agent
+	// answers before DHCP is done; default 300 ms, 3 s in the real
+	// profile.
+	DHCPDelay time.Duration
+	// FirewallInterval is pve-firewall's cycle (network.go): a VM's
+	// firewall as configured is in force from the next one on; default
+	// 200 ms, 10 s in the real profile (proxmox-firewall's is 5 s).
+	FirewallInterval time.Duration
+	// Hosts are what guests reach (network.go): a connection a VM's
+	// firewall lets out to one of these addresses ("10.0.0.5:3128") is
+	// carried to the host address it maps to ("127.0.0.1:41234", a test's
+	// stand-in for delegate's egress proxy); any other is closed.
+	Hosts map[string]string
 	// StorageLockHold is how long a clone holds its storage's lock for
 	// each disk (lvcreate and friends); default a quarter of the qmclone
 	// task's time. Parallel clones from one storage wait for each other,
@@ -219,6 +233,9 @@ type TemplateSpec struct {
 	// TPM gives it a TPM 2.0 state drive, as "qm set --tpmstate0
 	// <storage>:1,version=v2.0" does (Windows 11 templates have one).
 	TPM bool
+	// Docker: its guests run Docker, whose bridge docker0 (172.17.0.1)
+	// the guest agent reports before eth0 (network.go).
+	Docker bool
 }
 
 // RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma's qemu-ga
@@ -253,6 +270,8 @@ func RealLatency() Options {
 		AgentLatency:     25 * time.Millisecond,
 		AgentPingTimeout: 3 * time.Second,
 		StatsInterval:    10 * time.Second,
+		DHCPDelay:        3 * time.Second,
+		FirewallInterval: 10 * time.Second,
 	}
 }
 
@@ -296,6 +315,12 @@ func (o *Options) setDefaults() error {
 		if o.StatsInterval == 0 {
 			o.StatsInterval = real.StatsInterval
 		}
+		if o.DHCPDelay == 0 {
+			o.DHCPDelay = real.DHCPDelay
+		}
+		if o.FirewallInterval == 0 {
+			o.FirewallInterval = real.FirewallInterval
+		}
 	default:
 		return fmt.Errorf("pvesim: latency %q: must be fast or real", o.Latency)
 	}
@@ -307,6 +332,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.AgentPingTimeout == 0 {
 		o.AgentPingTimeout = 50 * time.Millisecond
+	}
+	if o.DHCPDelay == 0 {
+		o.DHCPDelay = 300 * time.Millisecond
+	}
+	if o.FirewallInterval <= 0 {
+		o.FirewallInterval = 200 * time.Millisecond
 	}
 	if o.DaemonWorkers == 0 {
 		o.DaemonWorkers = 3

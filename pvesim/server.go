@@ -65,6 +65,9 @@ type Server struct {
 	// options (firewall.go).
 	clusterFW map[string]string
 	nodeFW    map[string]map[string]string
+	// fwActive is every VM's firewall as pve-firewall's last cycle
+	// compiled it (network.go).
+	fwActive map[int]*compiledFW
 	// sandboxes are the guest sandboxes that exist, by id.
 	sandboxes map[string]bool
 	// workers are each node's pvedaemon workers (a semaphore); inflight
@@ -202,7 +205,9 @@ func New(opts Options) (*Server, error) {
 			}
 			s.ownDir = dir
 		}
-		b, err := local.New(local.Config{Dir: dir, Logger: log.With("component", "guests")})
+		// Guests with a NIC reach the network through the simulator's
+		// (network.go), the local backend's egress namespace.
+		b, err := local.New(local.Config{Dir: dir, Logger: log.With("component", "guests"), Egress: guestNet{s}})
 		if err != nil {
 			if s.ownDir != "" {
 				os.RemoveAll(s.ownDir)
@@ -265,6 +270,10 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}()
 	s.runStats()
+	s.mu.Lock()
+	s.compileFirewall()
+	s.mu.Unlock()
+	s.runFirewall()
 	s.log.Info("pvesim listening", "url", s.url, "fingerprint", s.fp, "nodes", len(s.nodes), "pve", s.rel.version)
 	return nil
 }

@@ -45,6 +45,8 @@ type vm struct {
 	pendingDelete []string
 	// fw is its firewall configuration (firewall/<vmid>.fw); nil: none.
 	fw *vmFirewall
+	// docker: its guest runs Docker (the template's image decides).
+	docker bool
 }
 
 // VM is a VM as tests see it.
@@ -219,7 +221,7 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 		conf["balloon"] = strconv.Itoa(spec.BalloonMiB)
 	}
 	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: conf, status: "stopped", rootfs: spec.Rootfs,
-		agentDisabled: slices.Clone(spec.AgentDisabledRPCs)}
+		agentDisabled: slices.Clone(spec.AgentDisabledRPCs), docker: spec.Docker}
 	return nil
 }
 
