@@ -87,24 +87,29 @@ var egressOptions = map[string]string{"enable": "1", "ipfilter": "1", "macfilter
 // errFirewall wraps what keeps a job's network from being only the proxy.
 var errFirewall = errors.New("the job's network must go through delegate's egress proxy alone, and Proxmox's firewall cannot make it")
 
-// checkFirewallOn refuses a node whose VM rules would do nothing: the
-// datacenter's firewall is off by default, a node's on.
-func (fw *firewall) checkOn(ctx context.Context, node string) error {
+// checkOn refuses a cluster whose VM rules would do nothing: the
+// datacenter's firewall decides (off by default). A node's own enable
+// does not: it switches the host's rules, and VM rules apply whatever it
+// says (pve-firewall src/PVE/Firewall.pm update: the guests' chains are
+// made when the datacenter's firewall is on; proxmox-firewall likewise).
+// It says which daemon applies them on the node: proxmox-firewall where
+// the node's nftables option is on, pve-firewall elsewhere.
+func (fw *firewall) checkOn(ctx context.Context, node string) (daemon string, err error) {
 	dc, err := fw.c.ClusterFirewall(ctx)
 	if err != nil {
-		return fmt.Errorf("proxmox: read the datacenter's firewall options (Sys.Audit on /): %w", privilegeHint(err))
+		return "", fmt.Errorf("proxmox: read the datacenter's firewall options (Sys.Audit on /): %w", privilegeHint(err))
 	}
 	if !pve.On(dc.Enable, false) {
-		return fmt.Errorf("proxmox: the datacenter's firewall is off, so no VM rule applies: turn it on (Datacenter → Firewall → Options → Firewall: Yes; PUT /cluster/firewall/options enable=1), with rules that keep the cluster reachable: %w", errFirewall)
+		return "", fmt.Errorf("proxmox: the datacenter's firewall is off, so no VM rule applies: turn it on (Datacenter → Firewall → Options → Firewall: Yes; PUT /cluster/firewall/options enable=1), "+
+			"first allowing what the nodes need, as docs/PROXMOX.md lists (its input policy drops everything else on every node): %w", errFirewall)
 	}
-	n, err := fw.c.NodeFirewall(ctx, node)
-	if err != nil {
-		return fmt.Errorf("proxmox: read node %s's firewall options (Sys.Audit on /nodes/%s): %w", node, node, privilegeHint(err))
+	daemon = "pve-firewall"
+	if n, err := fw.c.NodeFirewall(ctx, node); err != nil {
+		fw.log.Debug("cannot read the node's firewall options: its firewall daemon is taken to be pve-firewall", "node", node, "err", err)
+	} else if pve.On(n.NFTables, false) {
+		daemon = "proxmox-firewall"
 	}
-	if !pve.On(n.Enable, true) {
-		return fmt.Errorf("proxmox: node %s's firewall is off, so no VM rule applies there: turn it on (PUT /nodes/%s/firewall/options enable=1): %w", node, node, errFirewall)
-	}
-	return nil
+	return daemon, nil
 }
 
 // setFirewall gives a stopped job VM its firewall: options, the ipfilter
@@ -138,7 +143,7 @@ func (fw *firewall) set(ctx context.Context, s *vmSandbox) error {
 // hasRule says whether rules hold r, enabled.
 func hasRule(rules []pve.FirewallRule, r pve.FirewallRule) bool {
 	return slices.ContainsFunc(rules, func(h pve.FirewallRule) bool {
-		return h.Enable == 1 && h.Type == r.Type && h.Action == r.Action && h.Proto == r.Proto && h.Dest == r.Dest && h.DPort == r.DPort &&
+		return h.Enable == 1 && h.Macro == "" && h.Source == "" && h.Type == r.Type && h.Action == r.Action && h.Proto == r.Proto && h.Dest == r.Dest && h.DPort == r.DPort &&
 			(h.Iface == "" || h.Iface == r.Iface)
 	})
 }
@@ -180,8 +185,29 @@ func (fw *firewall) check(ctx context.Context, s *vmSandbox, ip string) error {
 		}
 	}
 	for _, r := range rules {
-		if r.Enable == 1 && r.Type == "out" && r.Action == "ACCEPT" && !slices.ContainsFunc(want, func(w pve.FirewallRule) bool { return hasRule([]pve.FirewallRule{r}, w) }) {
-			return fail("its firewall accepts outbound traffic delegate did not allow (rule %d: %s %s → %s:%s)", r.Pos, r.Action, r.Proto, r.Dest, r.DPort)
+		if r.Enable != 1 {
+			continue
+		}
+		what := fmt.Sprintf("rule %d", r.Pos)
+		inner := []pve.FirewallRule{r}
+		if r.Type == "group" {
+			// A security group's rules apply at its place: they are read.
+			if inner, err = fw.c.SecurityGroupRules(ctx, r.Action); err != nil {
+				return fmt.Errorf("proxmox: VM %d's firewall uses security group %q, whose rules delegate cannot read (Sys.Audit on /): %w", s.vmid, r.Action, privilegeHint(err))
+			}
+			what = fmt.Sprintf("rule %d, security group %s", r.Pos, r.Action)
+		}
+		for _, g := range inner {
+			if g.Enable != 1 || g.Action != "ACCEPT" {
+				continue
+			}
+			desc := fmt.Sprintf("%s: %s %s %s%s → %s:%s", what, g.Type, g.Action, g.Macro, g.Proto, g.Dest, g.DPort)
+			switch {
+			case g.Type == "in":
+				return fail("its firewall accepts inbound traffic, which a job VM must not (%s)", desc)
+			case g.Type == "out" && (r.Type == "group" || !slices.ContainsFunc(want, func(w pve.FirewallRule) bool { return hasRule([]pve.FirewallRule{g}, w) })):
+				return fail("its firewall accepts outbound traffic delegate did not allow (%s)", desc)
+			}
 		}
 	}
 	if ip == "" {
@@ -204,7 +230,7 @@ func (fw *firewall) check(ctx context.Context, s *vmSandbox, ip string) error {
 // which DHCP may give it well after the guest agent answers (and a
 // guest may have other interfaces first, Docker's docker0 among them):
 // it is polled for, AddressTimeout at most.
-func (fw *firewall) pin(ctx context.Context, s *vmSandbox) error {
+func (fw *firewall) pin(ctx context.Context, s *vmSandbox, daemon string) error {
 	cfg, err := fw.c.VMConfig(ctx, s.node, s.vmid)
 	if err != nil {
 		return fmt.Errorf("proxmox: read VM %d's config: %w", s.vmid, privilegeHint(err))
@@ -247,7 +273,7 @@ func (fw *firewall) pin(ctx context.Context, s *vmSandbox) error {
 	if err := fw.check(ctx, s, ip); err != nil {
 		return err
 	}
-	return fw.waitInForce(ctx, s)
+	return fw.waitInForce(ctx, s, daemon)
 }
 
 // nicMAC is the MAC address of a NIC's config, lower case: the value
@@ -302,7 +328,7 @@ exit(defined $l && $l =~ m{^HTTP/1\.[01] [0-9]{3}} ? 0 : 1);`
 // ~15 s. The guest probes the proxy (probeScript, with the guest's perl)
 // every PollInterval, FirewallWait at most; a guest without perl is not
 // probed (the log says so).
-func (fw *firewall) waitInForce(ctx context.Context, s *vmSandbox) error {
+func (fw *firewall) waitInForce(ctx context.Context, s *vmSandbox, daemon string) error {
 	deadline := time.Now().Add(fw.cfg.FirewallWait)
 	proxy := fw.egress.Proxy.String()
 	for tries := 1; ; tries++ {
@@ -320,8 +346,8 @@ func (fw *firewall) waitInForce(ctx context.Context, s *vmSandbox) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("proxmox: VM %d does not reach the egress proxy at %s within %s of its firewall being set "+
-				"(is the proxy up and reachable from the job network, PROXMOX_EGRESS_PROXY its address there, and the datacenter's firewall daemon running?): %w",
-				s.vmid, proxy, fw.cfg.FirewallWait, errFirewall)
+				"(is the proxy up and reachable from the job network, PROXMOX_EGRESS_PROXY its address there, and %s running on node %s?): %w",
+				s.vmid, proxy, fw.cfg.FirewallWait, daemon, s.node, errFirewall)
 		}
 		select {
 		case <-ctx.Done():

@@ -108,8 +108,8 @@ func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) 
 // egress proxy gets a VM whose firewall lets out only the proxy and the
 // callback server (net0 firewall=1; options; rules; its address pinned
 // by ipfilter) and whose environment names the proxy with the job's
-// token; the job is refused when the datacenter's or the node's firewall
-// is off, or when the VM's firewall (from its template) lets out more.
+// token; the job is refused when the datacenter's firewall is off, or
+// when the VM's firewall (from its template) lets out more.
 func TestEgressFirewallOnSimulator(t *testing.T) {
 	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
@@ -169,11 +169,6 @@ func TestEgressFirewallOnSimulator(t *testing.T) {
 		t.Errorf("job %s %s:\n%s", done.Status, done.Error, out)
 	}
 	noJobVMs(t, sim)
-
-	// A node whose firewall is off.
-	sim.SetFirewall("pve1", false)
-	failsWith("node pve1's firewall is off")
-	sim.SetFirewall("pve1", true)
 
 	// A template whose firewall (copied by the clone) lets everything out.
 	if err := c.AddVMFirewallRule(ctx, "pve1", 9000, pve.FirewallRule{Type: "out", Action: "ACCEPT"}); err != nil {
@@ -243,4 +238,68 @@ func TestEgressAddressPinning(t *testing.T) {
 		t.Errorf("job %s %s: the job's first connection to the proxy got %q", done.Status, done.Error, res.Output)
 	}
 	noJobVMs(t, sim)
+}
+
+// TestEgressFirewallChecks (issue 39, 5): the datacenter's firewall
+// decides whether VM rules apply, not a node's own enable, under either
+// daemon; a template's copied rules are checked completely: a security
+// group it uses, read for what it accepts, and inbound ACCEPT rules.
+func TestEgressFirewallChecks(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
+	sim.SetFirewall("", true)
+	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
+	ctx := context.Background()
+	// Templates whose firewall lets in, or out through a security group.
+	cases := []struct {
+		vmid int
+		name string
+		rule pve.FirewallRule
+		want string
+	}{
+		{9101, "tpl-ssh-in", pve.FirewallRule{Type: "in", Action: "ACCEPT", Proto: "tcp", DPort: "22"}, "accepts inbound traffic"},
+		{9102, "tpl-in-macro", pve.FirewallRule{Type: "in", Action: "ACCEPT", Macro: "SSH"}, "accepts inbound traffic"},
+		{9103, "tpl-group", pve.FirewallRule{Type: "group", Action: "webout"}, "security group webout"},
+	}
+	if err := c.CreateSecurityGroup(ctx, "webout", "web out"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddSecurityGroupRule(ctx, "webout", pve.FirewallRule{Type: "out", Action: "ACCEPT", Proto: "tcp", DPort: "443"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		if err := sim.AddTemplate("pve1", tc.vmid, tc.name, pvesim.TemplateSpec{Tags: "delegate;template"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddVMFirewallRule(ctx, "pve1", tc.vmid, tc.rule); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+	}
+	eng, _ := egressServer(t, c)
+	run := func(tpl string) *delegate.Job {
+		t.Helper()
+		j, err := eng.Submit(ctx, delegate.Manifest{Task: "true", VMTemplate: tpl, Network: delegate.Allowlist("pypi.org")}, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, _ := eng.Wait(ctx, j.ID)
+		noJobVMs(t, sim)
+		return done
+	}
+	// A node whose host firewall is off still applies VM rules.
+	sim.SetFirewall("pve1", false)
+	if j := run(""); j.Status != delegate.StatusSuccess {
+		t.Errorf("node firewall off: %s %q", j.Status, j.Error)
+	}
+	// proxmox-firewall (nftables) on the node.
+	if err := c.SetNodeFirewall(ctx, "pve1", map[string]string{"enable": "1", "nftables": "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if j := run(""); j.Status != delegate.StatusSuccess {
+		t.Errorf("proxmox-firewall: %s %q", j.Status, j.Error)
+	}
+	for _, tc := range cases {
+		if j := run(tc.name); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, tc.want) {
+			t.Errorf("%s: %s %q, want failed with %q", tc.name, j.Status, j.Error, tc.want)
+		}
+	}
 }

@@ -54,6 +54,7 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 		}
 	}
 	proxied := spec.Network && spec.Egress != nil
+	daemon := "" // the node's firewall daemon, for a proxied job
 	switch {
 	case !spec.Network:
 		u.Delete = append(u.Delete, netKeys(cfg)...) // no NIC: the job reaches nothing, the agent still works
@@ -69,7 +70,7 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 		if len(spec.Egress.CACert) > 0 {
 			return errors.New("proxmox: injected credentials need the job's CA in the VM's trust, which this backend does not install")
 		}
-		if err := b.fw.checkOn(ctx, s.node); err != nil {
+		if daemon, err = b.fw.checkOn(ctx, s.node); err != nil {
 			return err
 		}
 		net0 := cfg.Option("net0")
@@ -129,7 +130,7 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 		return err
 	}
 	if proxied {
-		if err := b.fw.pin(ctx, s); err != nil {
+		if err := b.fw.pin(ctx, s, daemon); err != nil {
 			return err
 		}
 	}

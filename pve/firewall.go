@@ -5,9 +5,10 @@ import (
 	"net/url"
 )
 
-// The firewall (pve-firewall): a VM's rules do nothing unless the
-// datacenter's firewall and its node's are on, and its NIC has
-// firewall=1.
+// The firewall (pve-firewall, or proxmox-firewall on a node with
+// nftables=1): a VM's rules do nothing unless the datacenter's firewall
+// is on and its NIC has firewall=1, whatever its node's own enable says
+// (that one is the host's rules).
 
 // FirewallOptions are a firewall's options as the API returns them: the
 // datacenter's, a node's, or a VM's. A value not set is absent.
@@ -19,6 +20,9 @@ type FirewallOptions struct {
 	RADV      *Int   `json:"radv"`
 	PolicyIn  string `json:"policy_in"`
 	PolicyOut string `json:"policy_out"`
+	// NFTables (a node's): proxmox-firewall, not pve-firewall, applies
+	// the rules there (PVE 8.2 and later).
+	NFTables *Int `json:"nftables"`
 }
 
 // On says whether an option is set to 1; unset is def.
@@ -43,6 +47,16 @@ func (c *Client) NodeFirewall(ctx context.Context, node string) (FirewallOptions
 	return o, err
 }
 
+// SetNodeFirewall sets a node's firewall options (Sys.Modify on
+// /nodes/N): "enable", "nftables"...
+func (c *Client) SetNodeFirewall(ctx context.Context, node string, opts map[string]string) error {
+	p := params{}
+	for k, v := range opts {
+		p[k] = v
+	}
+	return c.put(ctx, "/nodes/"+url.PathEscape(node)+"/firewall/options", p, nil)
+}
+
 // VMFirewall reads a VM's firewall options (VM.Audit).
 func (c *Client) VMFirewall(ctx context.Context, node string, vmid int) (FirewallOptions, error) {
 	var o FirewallOptions
@@ -63,8 +77,10 @@ func (c *Client) SetVMFirewall(ctx context.Context, node string, vmid int, opts 
 // FirewallRule is one rule of a VM's firewall.
 type FirewallRule struct {
 	Pos    Int    `json:"pos"`
-	Type   string `json:"type"`   // in, out
-	Action string `json:"action"` // ACCEPT, DROP, REJECT
+	Type   string `json:"type"`   // in, out, group
+	Action string `json:"action"` // ACCEPT, DROP, REJECT; a group's name for type group
+	// Macro names a set of protocols and ports (SSH, DNS, Ceph...).
+	Macro  string `json:"macro,omitempty"`
 	Proto  string `json:"proto,omitempty"`
 	Dest   string `json:"dest,omitempty"`
 	Source string `json:"source,omitempty"`
@@ -84,13 +100,39 @@ func (c *Client) VMFirewallRules(ctx context.Context, node string, vmid int) ([]
 
 // AddVMFirewallRule adds a rule, enabled, first in the VM's list.
 func (c *Client) AddVMFirewallRule(ctx context.Context, node string, vmid int, r FirewallRule) error {
+	return c.post(ctx, vmPath(node, vmid)+"/firewall/rules", ruleParams(r), nil)
+}
+
+func ruleParams(r FirewallRule) params {
 	p := params{"type": r.Type, "action": r.Action, "enable": "1"}
-	for k, v := range map[string]string{"proto": r.Proto, "dest": r.Dest, "source": r.Source, "dport": r.DPort, "iface": r.Iface, "comment": r.Comment} {
+	for k, v := range map[string]string{"macro": r.Macro, "proto": r.Proto, "dest": r.Dest, "source": r.Source, "dport": r.DPort, "iface": r.Iface, "comment": r.Comment} {
 		if v != "" {
 			p[k] = v
 		}
 	}
-	return c.post(ctx, vmPath(node, vmid)+"/firewall/rules", p, nil)
+	return p
+}
+
+// SecurityGroupRules lists a security group's rules, in order (Sys.Audit
+// on /).
+func (c *Client) SecurityGroupRules(ctx context.Context, group string) ([]FirewallRule, error) {
+	var rs []FirewallRule
+	_, err := c.get(ctx, "/cluster/firewall/groups/"+url.PathEscape(group), nil, &rs)
+	return rs, err
+}
+
+// CreateSecurityGroup makes a security group of the datacenter (Sys.Modify on /).
+func (c *Client) CreateSecurityGroup(ctx context.Context, group, comment string) error {
+	p := params{"group": group}
+	if comment != "" {
+		p["comment"] = comment
+	}
+	return c.post(ctx, "/cluster/firewall/groups", p, nil)
+}
+
+// AddSecurityGroupRule adds a rule, enabled, first in a security group.
+func (c *Client) AddSecurityGroupRule(ctx context.Context, group string, r FirewallRule) error {
+	return c.post(ctx, "/cluster/firewall/groups/"+url.PathEscape(group), ruleParams(r), nil)
 }
 
 // IPSetEntry is an entry of an IP set.

@@ -292,14 +292,21 @@
 //     first), whether it is online; a lone node is one entry, nodeid 0.
 //     It needs Sys.Audit on /.
 //   - The firewall (pve-firewall src/PVE/Firewall.pm and
-//     src/PVE/API2/Firewall/{Cluster,Host,VM,Rules,IPSet}.pm;
-//     firewall.go): the datacenter's options (cluster.fw; off until
-//     enable=1, and while it is off no rule of a node or VM applies), a
-//     node's (host.fw; enable defaults to 1), and a VM's (options,
-//     rules, IP sets), which a clone copies (qemu-server's clone calls
+//     src/PVE/API2/Firewall/{Cluster,Host,VM,Rules,IPSet,Groups}.pm;
+//     firewall.go, secgroups.go): the datacenter's options (cluster.fw;
+//     off until enable=1, and while it is off no rule of a node or VM
+//     applies), a node's (host.fw; enable defaults to 1, and switches the
+//     host's rules only: VM rules apply whatever it says, as update makes
+//     the guests' chains whenever the datacenter's firewall is on;
+//     nftables=1 hands the node to proxmox-firewall, which does the same),
+//     the datacenter's security groups (a VM rule of type group brings
+//     a group's rules in at its place), and a VM's (options, rules, IP
+//     sets), which a clone copies (qemu-server's clone calls
 //     clone_vmfw_conf). A rule is checked as verify_rule checks it for a
-//     VM: type in or out (group needs a security group), action ACCEPT,
-//     DROP or REJECT, iface netN, no macro delegate does not know, dport
+//     VM: type in or out (group needs a security group that exists:
+//     "no such security group 'x'"), action ACCEPT, DROP or REJECT,
+//     iface netN, a macro of the ones simulated (SSH, HTTP, HTTPS, Web,
+//     DNS, NTP, Ping, SMTP, Ceph), dport
 //     and sport only with a protocol that has ports ("missing property -
 //     'dport' requires this property", "protocol 'icmp' does not support
 //     ports"), addresses by parse_address_list (one IP version, a range

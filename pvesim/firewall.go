@@ -211,20 +211,7 @@ func hVMFWRules(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := []map[string]any{}
-	for i, r := range v.fwFor().rules {
-		e := map[string]any{"pos": i}
-		for k, val := range r {
-			if k == "enable" {
-				n, _ := strconv.Atoi(val)
-				e[k] = n
-				continue
-			}
-			e[k] = val
-		}
-		out = append(out, e)
-	}
-	return out, nil
+	return ruleList(v.fwFor().rules), nil
 }
 
 // ruleKeys are the properties of a rule (create_rule's parameters).
@@ -244,7 +231,7 @@ func hAddVMFWRule(c *call) (any, error) {
 			r[k] = c.str(k)
 		}
 	}
-	if err := verifyRule(r, fw); err != nil {
+	if err := verifyRule(r, fw, c.s.secGroups); err != nil {
 		return nil, err
 	}
 	// API2/Firewall/Rules.pm create_rule: a rule is disabled unless enable
@@ -259,7 +246,7 @@ func hAddVMFWRule(c *call) (any, error) {
 // verifyRule is PVE::Firewall::verify_rule for a VM's rule (rule_env
 // "vm"), as far as a rule of delegate's kind goes; errors are the
 // parameter errors it raises.
-func verifyRule(r map[string]string, fw *vmFirewall) error {
+func verifyRule(r map[string]string, fw *vmFirewall, groups map[string]*secGroup) error {
 	typ, action := r["type"], r["action"]
 	switch typ {
 	case "in", "out":
@@ -267,15 +254,17 @@ func verifyRule(r map[string]string, fw *vmFirewall) error {
 			return paramErr("action", fmt.Sprintf("unknown action '%s'", action))
 		}
 	case "group":
-		return paramErr("action", fmt.Sprintf("no such security group '%s'", action))
+		if groups[action] == nil {
+			return paramErr("action", fmt.Sprintf("no such security group '%s'", action))
+		}
 	default:
 		return paramErr("type", fmt.Sprintf("invalid rule type '%s' for rule_env 'vm'", typ))
 	}
 	if iface := r["iface"]; iface != "" && !regexp.MustCompile(`^net\d+$`).MatchString(iface) {
 		return paramErr("iface", `value does not match the regex pattern 'net\d+'`)
 	}
-	if r["macro"] != "" {
-		return paramErr("macro", fmt.Sprintf("unknown macro '%s'", r["macro"]))
+	if m := r["macro"]; m != "" && fwMacros[m] == nil {
+		return paramErr("macro", fmt.Sprintf("unknown macro '%s'", m))
 	}
 	proto := r["proto"]
 	for _, port := range []string{"dport", "sport"} {
@@ -300,6 +289,13 @@ func verifyRule(r map[string]string, fw *vmFirewall) error {
 		}
 	}
 	return nil
+}
+
+// fwMacros are some of Firewall.pm's $pve_fw_macros, by name: the TCP
+// ports each lets through (what the guests' network judges).
+var fwMacros = map[string][]string{
+	"SSH": {"22"}, "HTTP": {"80"}, "HTTPS": {"443"}, "Web": {"80", "443"}, "DNS": {"53"}, "NTP": nil, "Ping": nil,
+	"SMTP": {"25"}, "Ceph": {"6789", "3300", "6800:7300"},
 }
 
 // protocolsWithPorts is Firewall.pm's $PROTOCOLS_WITH_PORTS.

@@ -37,7 +37,7 @@ import (
 //     firewall=1 or a VM whose firewall is not enabled, or a VM the daemon
 //     has not compiled yet; otherwise, with ipfilter, nothing from an
 //     address outside ipfilter-net0; then the first enabled "out" rule
-//     that matches decides (ACCEPT lets it out, DROP and REJECT do not),
+//     that matches (a security group's rules count at its place) decides (ACCEPT lets it out, DROP and REJECT do not),
 //     then policy_out (ACCEPT by default).
 
 // compiledFW is a VM's firewall as one cycle of the daemon compiled it.
@@ -47,18 +47,25 @@ type compiledFW struct {
 	policyOut string
 	rules     []map[string]string
 	ipsets    map[string][]ipsetEntry
+	groups    map[string][]map[string]string // the security groups' rules
 }
 
 // compileFirewall is one cycle of pve-firewall: every VM's firewall as
 // configured now becomes the one in force. Call with s.mu held.
 func (s *Server) compileFirewall() {
 	dc := s.clusterFW["enable"] == "1"
+	groups := map[string][]map[string]string{}
+	for name, g := range s.secGroups {
+		for _, r := range g.rules {
+			groups[name] = append(groups[name], maps.Clone(r))
+		}
+	}
 	active := map[int]*compiledFW{}
 	for id, v := range s.vms {
 		if v.ct {
 			continue
 		}
-		c := &compiledFW{}
+		c := &compiledFW{groups: groups}
 		fw := v.fw
 		c.enabled = dc && fw != nil && fw.options["enable"] == "1" && netOption(v.conf["net0"], "firewall") == "1"
 		if fw != nil {
@@ -112,20 +119,35 @@ func (s *Server) lets(vmid int, dst netip.AddrPort) bool {
 		}
 	}
 	for _, r := range c.rules {
-		if r["enable"] != "1" || r["type"] != "out" || !ruleMatches(r, c, dst) {
-			continue
+		rules := []map[string]string{r}
+		if r["type"] == "group" {
+			rules = c.groups[r["action"]] // its rules, in its place
 		}
-		return r["action"] == "ACCEPT"
+		for _, r2 := range rules {
+			if r["enable"] != "1" || r2["enable"] != "1" || r2["type"] != "out" || !ruleMatches(r2, c, dst) {
+				continue
+			}
+			return r2["action"] == "ACCEPT"
+		}
 	}
 	return c.policyOut != "DROP" && c.policyOut != "REJECT"
 }
 
-// ruleMatches: a rule's protocol, destination and destination port take
-// a TCP connection to dst (a rule with a macro, a source or an alias it
-// cannot read matches nothing here).
+// ruleMatches: a rule's protocol (or macro), destination and
+// destination port take a TCP connection to dst (a rule with a source
+// or an alias matches nothing here).
 func ruleMatches(r map[string]string, c *compiledFW, dst netip.AddrPort) bool {
-	if r["macro"] != "" || r["source"] != "" {
+	if r["source"] != "" {
 		return false
+	}
+	if m := r["macro"]; m != "" {
+		ports := fwMacros[m]
+		if !slices.ContainsFunc(ports, func(p string) bool { return portIn(p, dst.Port()) }) {
+			return false
+		}
+		r = maps.Clone(r)
+		delete(r, "dport")
+		delete(r, "proto")
 	}
 	if p := r["proto"]; p != "" && p != "tcp" && p != "6" {
 		return false

@@ -65,6 +65,8 @@ type Server struct {
 	// options (firewall.go).
 	clusterFW map[string]string
 	nodeFW    map[string]map[string]string
+	// secGroups are the datacenter's security groups (secgroups.go).
+	secGroups map[string]*secGroup
 	// fwActive is every VM's firewall as pve-firewall's last cycle
 	// compiled it (network.go).
 	fwActive map[int]*compiledFW
@@ -184,6 +186,7 @@ func New(opts Options) (*Server, error) {
 		offlineSince: map[string]time.Time{},
 		clusterFW:    map[string]string{}, // the datacenter's firewall is off until enabled
 		nodeFW:       map[string]map[string]string{},
+		secGroups:    map[string]*secGroup{},
 		rng:          rand.New(rand.NewPCG(uint64(seed), uint64(seed>>1)|1)),
 		pidSeq:       0x1000,
 	}
