@@ -155,6 +155,11 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	if err := checkInstance(cfg.Instance); err != nil {
 		return nil, err
 	}
+	if cfg.Egress != nil && cfg.Bridge == "" {
+		return nil, errors.New("proxmox: PROXMOX_EGRESS_PROXY needs PROXMOX_JOB_BRIDGE (and PROXMOX_JOB_VLAN where that bridge carries other networks): " +
+			"job VMs behind the proxy must be on a network of their own whose only other host is the proxy's, as Proxmox's firewall lets their DHCP packets out to any address " +
+			"(docs/PROXMOX.md, \"A job network of its own\")")
+	}
 	for node, m := range cfg.NodeMemory {
 		if m < 1<<30 {
 			return nil, fmt.Errorf("proxmox: node memory of %q must be at least 1G (got %d bytes)", node, m)

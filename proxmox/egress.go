@@ -1,6 +1,7 @@
 package proxmox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -110,6 +111,55 @@ func (fw *firewall) checkOn(ctx context.Context, node string) (daemon string, er
 		daemon = "proxmox-firewall"
 	}
 	return daemon, nil
+}
+
+// checkJobNet checks what the API shows of the job network on a node:
+// with dhcp=1, Proxmox's firewall lets a VM's DHCP packets (UDP 68→67,
+// 546→547) out to any address before its rules (pve-firewall
+// ruleset_create_vm_chain; proxmox-firewall's allow-dhcp-out), so a job
+// may send UDP to port 67 of any host it can reach: the job network
+// must be one of its own, whose only other host is the egress proxy's
+// (and its DHCP server). So PROXMOX_JOB_BRIDGE must be a bridge of the
+// node, and the node itself must have no address on the job network (it
+// would be a neighbour of every job, and often a router): none on the
+// bridge without a VLAN, none on the bridge's VLAN interface with one.
+// What is behind the bridge's ports (a switch, a router) the API cannot
+// show: docs/PROXMOX.md says what it must be.
+func (fw *firewall) checkJobNet(ctx context.Context, node string) error {
+	bridge, vlan := fw.cfg.Bridge, fw.cfg.VLAN
+	ni, err := fw.c.NodeInterfaceOf(ctx, node, bridge)
+	switch {
+	case pve.IsNoSuchInterface(err):
+		return fmt.Errorf("proxmox: PROXMOX_JOB_BRIDGE=%s: node %s has no such interface: %w", bridge, node, errFirewall)
+	case err != nil:
+		return fmt.Errorf("proxmox: read node %s's interface %s (Sys.Audit on /nodes/%s): %w", node, bridge, node, privilegeHint(err))
+	case ni.Type != "bridge" && ni.Type != "OVSBridge" && ni.Type != "vnet":
+		return fmt.Errorf("proxmox: PROXMOX_JOB_BRIDGE=%s is a %s on node %s, not a bridge: %w", bridge, ni.Type, node, errFirewall)
+	}
+	onIt := func(what string, ni pve.NodeInterface) error {
+		if addr := cmp.Or(ni.CIDR, ni.Address, ni.CIDR6, ni.Address6); addr != "" {
+			return fmt.Errorf("proxmox: node %s has an address on the job network (%s on %s): a job VM could send DHCP's UDP to it, and through it, "+
+				"to any host it routes to; give the egress jobs a network of their own (PROXMOX_JOB_BRIDGE without the node's address, "+
+				"or PROXMOX_JOB_VLAN; docs/PROXMOX.md, \"A job network of its own\"): %w", node, addr, what, errFirewall)
+		}
+		return nil
+	}
+	if vlan == 0 {
+		return onIt(bridge, ni)
+	}
+	for _, name := range []string{fmt.Sprintf("%s.%d", bridge, vlan), fmt.Sprintf("vlan%d", vlan)} {
+		vi, err := fw.c.NodeInterfaceOf(ctx, node, name)
+		switch {
+		case pve.IsNoSuchInterface(err):
+		case err != nil:
+			return fmt.Errorf("proxmox: read node %s's interface %s (Sys.Audit on /nodes/%s): %w", node, name, node, privilegeHint(err))
+		default:
+			if err := onIt(name, vi); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // setFirewall gives a stopped job VM its firewall: options, the ipfilter

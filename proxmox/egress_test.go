@@ -21,8 +21,13 @@ import (
 
 // egressServer is a delegate server whose job VMs reach out only
 // through the egress proxy at 10.0.0.5:3128 (and the callback server at
-// 10.0.0.5:8765).
+// 10.0.0.5:8765), on the job network's bridge vmbr1 (withProxy).
 func egressServer(t *testing.T, c *pve.Client) (*engine.Engine, *sqlite.DB) {
+	t.Helper()
+	return egressServerOn(t, c, "vmbr1", 0)
+}
+
+func egressServerOn(t *testing.T, c *pve.Client, bridge string, vlan int) (*engine.Engine, *sqlite.DB) {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
 	if err != nil {
@@ -33,7 +38,7 @@ func egressServer(t *testing.T, c *pve.Client) (*engine.Engine, *sqlite.DB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond,
+	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond, Bridge: bridge, VLAN: vlan,
 		Egress: &proxmox.Egress{Proxy: netip.MustParseAddrPort("10.0.0.5:3128"), Callback: netip.MustParseAddrPort("10.0.0.5:8765")}})
 	if err != nil {
 		t.Fatal(err)
@@ -47,8 +52,9 @@ func egressServer(t *testing.T, c *pve.Client) (*engine.Engine, *sqlite.DB) {
 	return eng, st
 }
 
-// withProxy is a simulated cluster whose job network has the egress
-// proxy at 10.0.0.5:3128: a stand-in that answers every request 407, as
+// withProxy is a simulated cluster whose job network, the bridge vmbr1
+// (no address of the nodes on it), has the egress proxy at
+// 10.0.0.5:3128: a stand-in that answers every request 407, as
 // delegate's proxy does one without credentials.
 func withProxy(t *testing.T, tune func(*pvesim.Options)) func(*pvesim.Options) {
 	t.Helper()
@@ -73,6 +79,8 @@ func withProxy(t *testing.T, tune func(*pvesim.Options)) func(*pvesim.Options) {
 	}()
 	return func(o *pvesim.Options) {
 		o.Hosts = map[string]string{"10.0.0.5:3128": ln.Addr().String()}
+		o.Bridges = []pvesim.BridgeSpec{{Name: "vmbr1", Ports: "eno2"}, {Name: "vmbr2", Ports: "eno3", VLANAware: true,
+			VLANAddresses: map[int]string{20: "10.20.0.11/24"}}}
 		if tune != nil {
 			tune(o)
 		}
@@ -301,5 +309,47 @@ func TestEgressFirewallChecks(t *testing.T) {
 		if j := run(tc.name); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, tc.want) {
 			t.Errorf("%s: %s %q, want failed with %q", tc.name, j.Status, j.Error, tc.want)
 		}
+	}
+}
+
+// TestEgressJobNetwork (issue 39, 3): the egress proxy needs a job
+// network of its own, since the firewall lets a job's DHCP packets out
+// to any address: PROXMOX_JOB_BRIDGE is required, must be a bridge of
+// the node, and must not carry the node's own address (on the bridge,
+// or on its VLAN interface when PROXMOX_JOB_VLAN is set).
+func TestEgressJobNetwork(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
+	sim.SetFirewall("", true)
+	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
+	_, err := proxmox.New(c, proxmox.Config{Egress: &proxmox.Egress{Proxy: netip.MustParseAddrPort("10.0.0.5:3128")}})
+	if err == nil || !strings.Contains(err.Error(), "PROXMOX_JOB_BRIDGE") {
+		t.Errorf("egress without a job bridge: %v", err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		bridge string
+		vlan   int
+		want   string // "" : the job runs
+	}{
+		{"vmbr0", 0, "node pve1 has an address on the job network (10.0.0.11/24 on vmbr0)"},
+		{"vmbr9", 0, "PROXMOX_JOB_BRIDGE=vmbr9: node pve1 has no such interface"},
+		{"vmbr2", 20, "node pve1 has an address on the job network (10.20.0.11/24 on vmbr2.20)"},
+		{"vmbr2", 30, ""},
+		{"vmbr1", 0, ""},
+	} {
+		eng, _ := egressServerOn(t, c, tc.bridge, tc.vlan)
+		j, err := eng.Submit(ctx, delegate.Manifest{Task: "true", Network: delegate.Allowlist("pypi.org")}, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, _ := eng.Wait(ctx, j.ID)
+		switch {
+		case tc.want == "" && done.Status != delegate.StatusSuccess:
+			t.Errorf("%s tag %d: %s %q", tc.bridge, tc.vlan, done.Status, done.Error)
+		case tc.want != "" && (done.Status != delegate.StatusFailed || !strings.Contains(done.Error, tc.want)):
+			t.Errorf("%s tag %d: %s %q, want failed with %q", tc.bridge, tc.vlan, done.Status, done.Error, tc.want)
+		}
+		eng.Close()
+		noJobVMs(t, sim)
 	}
 }

@@ -73,6 +73,9 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 		if daemon, err = b.fw.checkOn(ctx, s.node); err != nil {
 			return err
 		}
+		if err := b.fw.checkJobNet(ctx, s.node); err != nil {
+			return err
+		}
 		net0 := cfg.Option("net0")
 		if u.Nets != nil {
 			net0 = u.Nets[0]

@@ -2,7 +2,9 @@ package pve
 
 import (
 	"context"
+	"errors"
 	"net/url"
+	"strings"
 )
 
 // The firewall (pve-firewall, or proxmox-firewall on a node with
@@ -169,4 +171,32 @@ func (c *Client) CreateVMIPSet(ctx context.Context, node string, vmid int, name 
 // AddVMIPSetEntry adds an address or network to a VM's IP set.
 func (c *Client) AddVMIPSetEntry(ctx context.Context, node string, vmid int, name, cidr string) error {
 	return c.post(ctx, vmPath(node, vmid)+"/firewall/ipset/"+url.PathEscape(name), params{"cidr": cidr}, nil)
+}
+
+// NodeInterface is one of a node's network interfaces (its
+// /etc/network/interfaces entry).
+type NodeInterface struct {
+	Type        string `json:"type"` // bridge, OVSBridge, eth, bond, vlan, vnet...
+	Method      string `json:"method"`
+	Address     string `json:"address"`
+	CIDR        string `json:"cidr"`
+	Address6    string `json:"address6"`
+	CIDR6       string `json:"cidr6"`
+	Gateway     string `json:"gateway"`
+	BridgePorts string `json:"bridge_ports"`
+	VLANAware   *Int   `json:"bridge_vlan_aware"`
+}
+
+// NodeInterfaceOf reads a node's network interface (Sys.Audit on
+// /nodes/N); IsNoSuchInterface tells a name the node does not have.
+func (c *Client) NodeInterfaceOf(ctx context.Context, node, iface string) (NodeInterface, error) {
+	var ni NodeInterface
+	_, err := c.get(ctx, "/nodes/"+url.PathEscape(node)+"/network/"+url.PathEscape(iface), nil, &ni)
+	return ni, err
+}
+
+// IsNoSuchInterface: the node has no interface of that name.
+func IsNoSuchInterface(err error) bool {
+	var api *APIError
+	return errors.As(err, &api) && strings.TrimSpace(api.Errors["iface"]) == "interface does not exist"
 }

@@ -317,6 +317,13 @@
 //     IPorCIDRorAlias, pve-fw-addr-spec, pve-fw-dport-spec and
 //     pve-fw-protocol-spec are checked. SetFirewall turns the
 //     datacenter's or a node's firewall on or off.
+//   - Each node's network configuration (nodenet.go; pve-manager
+//     PVE/API2/Network.pm): eno1 and the bridge vmbr0 on it, with the
+//     node's address (10.0.0.11, .12...) and gateway, as the installer
+//     makes them, and Options.Bridges; GET /nodes/{node}/network/{iface}
+//     reads one ("interface does not exist" otherwise), and a VM whose
+//     NIC names a bridge its node lacks does not start ("bridge 'x' does
+//     not exist").
 //   - The guests' network (network.go): a VM with a NIC has a network
 //     namespace of its own whose connections land on the simulator, which
 //     judges each by the VM's firewall as pve-firewall's last cycle

@@ -82,6 +82,7 @@ func init() {
 		"POST /cluster/firewall/groups/{group}":         hAddSecGroupRule,
 		"PUT /cluster/firewall/options":                 hSetClusterFWOptions,
 		"GET /nodes/{node}/firewall/options":            hNodeFWOptions,
+		"GET /nodes/{node}/network/{iface}":             hNodeIface,
 		"PUT /nodes/{node}/firewall/options":            hSetNodeFWOptions,
 		"GET " + p + "/firewall/options":                hVMFWOptions,
 		"PUT " + p + "/firewall/options":                hSetVMFWOptions,

@@ -87,6 +87,8 @@ type Options struct {
 	// carried to the host address it maps to ("127.0.0.1:41234", a test's
 	// stand-in for delegate's egress proxy); any other is closed.
 	Hosts map[string]string
+	// Bridges every node has besides vmbr0 (nodenet.go).
+	Bridges []BridgeSpec
 	// StorageLockHold is how long a clone holds its storage's lock for
 	// each disk (lvcreate and friends); default a quarter of the qmclone
 	// task's time. Parallel clones from one storage wait for each other,

@@ -92,7 +92,7 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 			return fmt.Errorf("MAX %d vcpus allowed per VM on this node", n.cpus)
 		}
 		for _, k := range slices.Sorted(maps.Keys(v.conf)) {
-			if b := netBridge(v.conf[k]); strings.HasPrefix(k, "net") && b != "" && b != "vmbr0" {
+			if b := netBridge(v.conf[k]); strings.HasPrefix(k, "net") && b != "" && !s.hasBridge(node, b) {
 				return fmt.Errorf("bridge '%s' does not exist", b)
 			}
 		}

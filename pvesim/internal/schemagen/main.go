@@ -94,6 +94,7 @@ var Methods = []string{
 	"POST /cluster/firewall/groups/{group}",
 	"PUT /cluster/firewall/options",
 	"GET /nodes/{node}/firewall/options",
+	"GET /nodes/{node}/network/{iface}",
 	"PUT /nodes/{node}/firewall/options",
 	"GET /nodes/{node}/qemu/{vmid}/firewall/options",
 	"PUT /nodes/{node}/qemu/{vmid}/firewall/options",
