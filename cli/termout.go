@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
@@ -17,10 +18,12 @@ import (
 // termWriter, which lets colours and text attributes through (SGR, ESC [
 // ... m, which move nothing) and writes every other escape sequence and
 // control character as visible text (\x1b]52;..., \x07), invalid UTF-8 as
-// \xNN and the Unicode controls that reorder or hide text as \uNNNN; at the
-// end it resets the attributes and ends the line, so that delegate's
-// verdict, on stderr and with its fixed prefix "delegate: ", is always
-// shown as written, on a line of its own.
+// \xNN and the Unicode controls that reorder or hide text as \uNNNN; a line
+// that begins like delegate's own lines ("delegate", look-alike letters
+// included, see lookalikeStart) is marked with a leading "│ "; at the end
+// it resets the attributes and ends the line, so that delegate's verdict,
+// on stderr and with its fixed prefix "delegate: ", is always shown as
+// written, on a line of its own, the only one unmarked.
 
 // maxSGR bounds a colour sequence held across writes.
 const maxSGR = 64
@@ -35,6 +38,7 @@ type termWriter struct {
 	pending []byte // the start of a sequence a later write may complete
 	wrote   bool   // something was written
 	lastNL  bool   // and it ended a line
+	midLine bool   // the next byte does not start a line
 	out     []byte
 }
 
@@ -74,7 +78,7 @@ func (t *termWriter) finish() error {
 	if !t.lastNL {
 		end += "\n"
 	}
-	t.wrote, t.lastNL = false, false
+	t.wrote, t.lastNL, t.midLine = false, false, false
 	_, err := io.WriteString(t.w, end)
 	return err
 }
@@ -128,6 +132,16 @@ func (t *termWriter) flush() error {
 func (t *termWriter) render(buf []byte, final bool) []byte {
 	esc := func(b byte) { t.out = fmt.Appendf(t.out, `\x%02x`, b) }
 	for i := 0; i < len(buf); {
+		if !t.midLine && !t.strict {
+			mark, decided := lookalikeStart(buf[i:], final)
+			if !decided {
+				return buf[i:] // the rest of the line's start may come
+			}
+			if mark {
+				t.out = append(t.out, lineMark...)
+			}
+			t.midLine = true
+		}
 		b := buf[i]
 		switch {
 		case b == 0x1b && t.strict:
@@ -165,6 +179,7 @@ func (t *termWriter) render(buf []byte, final bool) []byte {
 			if i+1 < len(buf) && buf[i+1] == '\n' {
 				t.out = append(t.out, '\r', '\n')
 				i += 2
+				t.midLine = false
 				continue
 			}
 			t.out = append(t.out, `\r`...)
@@ -172,6 +187,7 @@ func (t *termWriter) render(buf []byte, final bool) []byte {
 		case b == '\n' || b == '\t':
 			t.out = append(t.out, b)
 			i++
+			t.midLine = b != '\n'
 		case b < 0x20 || b == 0x7f:
 			esc(b)
 			i++
@@ -195,4 +211,86 @@ func (t *termWriter) render(buf []byte, final bool) []byte {
 		}
 	}
 	return nil
+}
+
+// lineMark begins a line of a job's output that begins like delegate's
+// own lines ("delegate: job-… success"), so that on a terminal the
+// verdict is the only line that begins "delegate" unmarked.
+const lineMark = "│ "
+
+// maxLineLook bounds how far the start of a line is read to tell whether
+// it begins "delegate": past it (colour sequences), the line is marked.
+const maxLineLook = 256
+
+// lookalikeStart tells whether b, the start of a line of a job's output,
+// reads "delegate" to the eye: colour sequences (SGR) skipped, letters of
+// either case, fullwidth and mathematical forms, and the Cyrillic, Greek
+// and other letters that look like those of "delegate". decided is false
+// when b ends before that can be told (unless final).
+func lookalikeStart(b []byte, final bool) (mark, decided bool) {
+	const word = "delegate"
+	matched := 0
+	for i := 0; i < len(b); {
+		if i >= maxLineLook {
+			return true, true
+		}
+		if b[i] == 0x1b {
+			j := i + 1
+			if j < len(b) && b[j] == '[' {
+				j++
+				for j < len(b) && (b[j] >= '0' && b[j] <= '9' || b[j] == ';' || b[j] == ':') {
+					j++
+				}
+				if j < len(b) && b[j] == 'm' {
+					i = j + 1 // a colour: nothing to the eye
+					continue
+				}
+			}
+			if j >= len(b) && !final {
+				return false, false
+			}
+			return false, true // an escape written as text: "\x1b…"
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size <= 1 && !utf8.FullRune(b[i:]) && !final {
+			return false, false
+		}
+		if foldLookalike(r) != rune(word[matched]) {
+			return false, true
+		}
+		if matched++; matched == len(word) {
+			return true, true
+		}
+		i += size
+	}
+	return false, final
+}
+
+// lookalikes maps letters that read as those of "delegate" to them.
+var lookalikes = map[rune]rune{
+	'а': 'a', 'А': 'a', 'ɑ': 'a', 'α': 'a', 'Α': 'a', 'ᴀ': 'a',
+	'ԁ': 'd', 'ⅾ': 'd', 'Ⅾ': 'd', 'Ꭰ': 'd', 'ᑯ': 'd',
+	'е': 'e', 'Е': 'e', 'ε': 'e', 'Ε': 'e', 'ҽ': 'e', '℮': 'e', 'ᴇ': 'e', 'ė': 'e', 'é': 'e', 'è': 'e', 'ê': 'e', 'ë': 'e',
+	'ɡ': 'g', 'ɢ': 'g', 'Ԍ': 'g', 'ġ': 'g',
+	'ӏ': 'l', 'Ӏ': 'l', 'І': 'l', 'ǀ': 'l', 'ⅼ': 'l', 'Ⅼ': 'l', 'ℓ': 'l', 'Ι': 'l', '׀': 'l', '|': 'l', '1': 'l', 'I': 'l', 'ı': 'l',
+	'т': 't', 'Т': 't', 'τ': 't', 'Τ': 't', 'ᴛ': 't',
+}
+
+// foldLookalike folds r toward the lower-case ASCII letter it looks like.
+func foldLookalike(r rune) rune {
+	switch {
+	case r >= 0xff01 && r <= 0xff5e: // fullwidth ASCII
+		r -= 0xfee0
+	case r >= 0x1d400 && r <= 0x1d6a3: // mathematical letters: 13 alphabets of A-Z a-z
+		k := (r - 0x1d400) % 52
+		if k < 26 {
+			r = 'a' + k
+		} else {
+			r = 'a' + k - 26
+		}
+	}
+	if v, ok := lookalikes[r]; ok {
+		return v
+	}
+	return unicode.ToLower(r)
 }
