@@ -48,6 +48,8 @@ type Program struct {
 	Serve func(ctx context.Context, cfg Config, opts ServeOptions, log *slog.Logger) error
 	// Bench runs the benchmarks and prints their figures on out.
 	Bench func(ctx context.Context, cfg Config, opts BenchOptions, out io.Writer, log *slog.Logger) error
+	// MigrateStore is `delegate store migrate` (store.go).
+	MigrateStore MigrateStoreFunc
 	// PollInterval is how often a command that follows a job reads it
 	// again (another process may be driving it). Default 200 ms.
 	PollInterval time.Duration
@@ -199,6 +201,7 @@ func (p *Program) root() *cobra.Command {
 		p.pveSimCmd(&cfg),
 		p.benchCmd(&cfg),
 		p.gcCmd(&cfg),
+		p.storeCmd(&cfg),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -33,6 +33,10 @@ type Config struct {
 	Defaults        delegate.Defaults
 	LogLevel        slog.Level
 
+	// Store is where the jobs are kept (DELEGATE_STORE): "" for the SQLite
+	// store in DataDir, or a PostgreSQL URL (store.go).
+	Store string
+
 	// SandboxUIDs is the local sandboxes' host uid range
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
 	// which the backend checks when it starts.
@@ -157,6 +161,7 @@ const (
 func envVars() []envVar {
 	return []envVar{
 		{"DELEGATE_DATA_DIR", "$XDG_STATE_HOME/delegate or ~/.local/state/delegate", "state directory: jobs.db, sandboxes"},
+		{"DELEGATE_STORE", "DELEGATE_DATA_DIR/jobs.db", "where jobs are kept: SQLite in the data dir, or a PostgreSQL URL postgres://user:password@host/db (delegate store migrate)"},
 		{"DELEGATE_BACKEND", "local", "sandbox backend: local or proxmox"},
 		{"DELEGATE_MAX_CONCURRENT", strconv.Itoa(delegate.DefaultMaxConcurrent), "jobs running at once; more wait as pending"},
 		{"DELEGATE_OUTPUT_LIMIT", fmt.Sprintf("%dM", delegate.DefaultOutputLimit>>20), "output kept per job (the rest is counted, not kept)"},
@@ -381,6 +386,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	}
 	c.loadWorkspaces(getenv, bad)
 	c.loadRetention(getenv, bad)
+	c.loadStore(getenv, &errs)
 	c.loadMaxima(getenv, host, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {

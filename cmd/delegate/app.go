@@ -17,12 +17,11 @@ import (
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
-	"github.com/delegate-dev/delegate/sqlite"
 )
 
 // app is an open data dir: the store, the backend and the engine over them.
 type app struct {
-	store   *sqlite.DB
+	store   store
 	backend sandbox.Backend // nil when the app only reads jobs
 	eng     *engine.Engine
 	egress  *engine.Egress // the egress proxy, when the app runs jobs
@@ -43,7 +42,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir (DELEGATE_DATA_DIR): %w", err)
 	}
-	store, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "jobs.db"))
+	store, err := openStore(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,8 @@ func main() {
 		Open:    openService,
 		Serve:   serve,
 		Bench:   runBench,
+
+		MigrateStore: migrateStore,
 	}, os.Args[1:])
 	stop()
 	os.Exit(code)

@@ -103,19 +103,7 @@ func New(t testing.TB) string {
 		}
 		t.Skipf("no PostgreSQL: %v", err)
 	}
-	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbs.Add(1))
-	// FILE_COPY: a copy of template0's files, faster here than the
-	// default (which writes them through the WAL).
-	if err := s.admin(context.Background(), "CREATE DATABASE "+name+" TEMPLATE template0 STRATEGY FILE_COPY"); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		// FORCE: a handle a test left open must not keep the database.
-		if err := s.admin(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return s.URL(name)
+	return s.NewDatabase(t)
 }
 
 // URL is the URL of database name on the server.
@@ -270,4 +258,38 @@ func (s *Server) Stop() error {
 func (s *Server) Log() string {
 	b, _ := os.ReadFile(s.log)
 	return strings.TrimSpace(string(b))
+}
+
+// Own starts a server for t alone (as Main does for a test binary: t
+// skips without PostgreSQL unless DELEGATE_REQUIRE_POSTGRES is set),
+// stopped when t ends.
+func Own(t testing.TB, opts Options) *Server {
+	t.Helper()
+	s, err := Start(opts)
+	if err != nil {
+		if Required() {
+			t.Fatalf("PostgreSQL (DELEGATE_REQUIRE_POSTGRES is set): %v", err)
+		}
+		t.Skipf("no PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// NewDatabase makes an empty database for t on s and returns its URL.
+func (s *Server) NewDatabase(t testing.TB) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), dbs.Add(1))
+	// FILE_COPY: a copy of template0's files, faster here than the
+	// default (which writes them through the WAL).
+	if err := s.admin(context.Background(), "CREATE DATABASE "+name+" TEMPLATE template0 STRATEGY FILE_COPY"); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		// FORCE: a handle a test left open must not keep the database.
+		if err := s.admin(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return s.URL(name)
 }
