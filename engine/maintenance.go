@@ -40,6 +40,14 @@ type maintenance struct {
 
 	mu      sync.Mutex
 	suspect map[string]struct{} // sandboxes found orphaned by the last sweep
+
+	// away is when this server was not running (checkHeartbeats' alone).
+	away pauses
+}
+
+// heartbeatEvery is the heartbeat checker's period.
+func (m *maintenance) heartbeatEvery() time.Duration {
+	return max(m.cfg.HeartbeatThreshold/4, 100*time.Millisecond)
 }
 
 // What maintenance asks of the other parts, each given at construction.
@@ -86,7 +94,8 @@ func (m *maintenance) start(ctx context.Context, life *group) error {
 		m.sweep(ctx)
 	}
 	life.every(m.cfg.CleanupInterval, m.cleanup)
-	life.every(max(m.cfg.HeartbeatThreshold/4, 100*time.Millisecond), m.checkHeartbeats)
+	m.away.tick(time.Now(), 0) // the checker's clock starts now
+	life.every(m.heartbeatEvery(), m.checkHeartbeats)
 	life.every(m.cfg.PollInterval, m.watchFinishes(finishes, own))
 	life.every(m.cfg.SandboxTick, m.timers.tick)
 	return nil
@@ -246,9 +255,20 @@ func (m *maintenance) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*deleg
 }
 
 // checkHeartbeats fails the running jobs this engine drives whose last sign
-// of life is older than the threshold, and destroys their sandboxes.
+// of life is older than the threshold, and destroys their sandboxes. Time
+// this server itself did not run (see pauses) does not count: a job that
+// wrote its status lines, or ended, while the server was stopped is not
+// failed for the silence the server saw; and after such a pause, the
+// jobs' channels are read before anything is judged.
 func (m *maintenance) checkHeartbeats(ctx context.Context) {
 	now := time.Now()
+	if away := m.away.tick(now, m.heartbeatEvery()); away >= m.heartbeatEvery()/2 {
+		if away > m.heartbeatEvery() {
+			m.log.Info("the server was not running (stopped, paused or suspended): its jobs' silence then does not count",
+				"away", away.Round(time.Millisecond))
+		}
+		return // the followers read what the channels hold first
+	}
 	for _, id := range m.runs.driven() {
 		j, err := m.read.Get(ctx, id)
 		if err != nil || j.Status != delegate.StatusRunning {
@@ -258,11 +278,12 @@ func (m *maintenance) checkHeartbeats(ctx context.Context) {
 		if last.IsZero() {
 			last = j.StartedAt
 		}
-		if now.Sub(last) < m.cfg.HeartbeatThreshold {
+		silent := now.Sub(last) - m.away.since(last)
+		if silent < m.cfg.HeartbeatThreshold {
 			continue
 		}
 		reason := fmt.Sprintf("lost heartbeat: no sign of life for %s (HEARTBEAT_THRESHOLD_SECONDS=%d)",
-			now.Sub(last).Round(time.Second), int(m.cfg.HeartbeatThreshold.Seconds()))
+			silent.Round(time.Second), int(m.cfg.HeartbeatThreshold.Seconds()))
 		m.log.Warn("job lost its heartbeat", "job", id, "last", last)
 		m.end.finish(id, delegate.StatusFailed, reason, nil)
 		if h := m.runs.handle(id); h != nil {
