@@ -32,7 +32,7 @@ func TestBenchControlPlane(t *testing.T) {
 	}
 	text := string(out)
 	for _, want := range []string{"submit_job p50", "get_job_status p50", "list_jobs p50", "server RSS",
-		"callbacks accepted", "answer p50 to a job over its rate (429)", "A/B", "[B] " + binary} {
+		"callbacks accepted", "answer p50 to a job over its rate (429", "A/B", "[B] " + binary} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
@@ -40,6 +40,9 @@ func TestBenchControlPlane(t *testing.T) {
 	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, "callbacks refused") && !strings.Contains(line, " 0  (0–0)") {
 			t.Errorf("callbacks under the limits were refused: %s", line)
+		}
+		if strings.HasPrefix(line, "answer p50 to a job over its rate") && strings.Contains(line, " 0 ms") {
+			t.Errorf("a job over its rate was never refused: %s", line)
 		}
 	}
 }

@@ -72,7 +72,7 @@ var cpMetrics = []cpMetric{
 	{"cb_p50", "callback p50", "ms", false},
 	{"cb_p99", "callback p99", "ms", false},
 	{"cb_refused", "callbacks refused (should be 0)", "", false},
-	{"throttled_p50", "answer p50 to a job over its rate (429)", "ms", false},
+	{"throttled_p50", "answer p50 to a job over its rate (429; 0: none)", "ms", false},
 }
 
 // ControlPlane measures the server's control plane as an agent and its
@@ -266,7 +266,12 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 		return nil, err
 	}
 
-	queued := map[string]any{"manifest": map[string]any{"task": "sleep 86400", "timeout": 86400}}
+	// The queued jobs are cancelled before the running ones (deferred
+	// calls run last first): a running job's end would start one.
+	var queuedIDs []string
+	var idsMu sync.Mutex
+	defer func() { s.cancelAll(context.WithoutCancel(ctx), queuedIDs) }()
+	queued := map[string]any{"manifest": map[string]any{"task": "sleep 86400", "agentType": "script", "timeout": 86400}}
 	var submitTimes, statusTimes []time.Duration
 	var ids []string
 	for range opts.Calls {
@@ -279,6 +284,7 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 		}
 		submitTimes = append(submitTimes, time.Since(start))
 		ids = append(ids, out.JobID)
+		queuedIDs = append(queuedIDs, out.JobID)
 	}
 	for _, id := range ids {
 		start := time.Now()
@@ -301,10 +307,16 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 		go func() {
 			defer wg.Done()
 			for next.Add(1) <= int64(rest) {
-				if err := s.call(ctx, "submit_job", queued, nil); err != nil {
+				var out struct {
+					JobID string `json:"job_id"`
+				}
+				if err := s.call(ctx, "submit_job", queued, &out); err != nil {
 					errs <- err
 					return
 				}
+				idsMu.Lock()
+				queuedIDs = append(queuedIDs, out.JobID)
+				idsMu.Unlock()
 			}
 		}()
 	}
@@ -345,6 +357,26 @@ func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOpti
 	return f, nil
 }
 
+// cancelAll cancels jobs, 16 at a time.
+func (s *cpServer) cancelAll(ctx context.Context, ids []string) {
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				s.call(ctx, "cancel_job", map[string]any{"job_id": id}, nil)
+			}
+		}()
+	}
+	for _, id := range ids {
+		work <- id
+	}
+	close(work)
+	wg.Wait()
+}
+
 // end cancels jobs and waits until each has ended.
 func (s *cpServer) end(ctx context.Context, jobs []cpJob) {
 	for _, j := range jobs {
@@ -366,7 +398,7 @@ func (s *cpServer) end(ctx context.Context, jobs []cpJob) {
 // sleep, and returns them once each has said its token.
 func (s *cpServer) startTokenJobs(ctx context.Context, n int) ([]cpJob, error) {
 	var jobs []cpJob
-	m := map[string]any{"manifest": map[string]any{"task": `echo "TOKEN=$DELEGATE_JOB_TOKEN"; exec sleep 86400`,
+	m := map[string]any{"manifest": map[string]any{"task": `echo "TOKEN=$DELEGATE_JOB_TOKEN"; exec sleep 86400`, "agentType": "script",
 		"statusMode": "streaming", "timeout": 86400, "resources": map[string]any{"memory": "64M", "disk": "16M"}}}
 	for range n {
 		var out struct {
@@ -475,10 +507,7 @@ func overRate(ctx context.Context, base string, j cpJob, d time.Duration) ([]tim
 			refused = append(refused, time.Since(start))
 		}
 	}
-	if len(refused) == 0 {
-		return nil, errors.New("no callback was refused at full speed: is the per-job rate limit off?")
-	}
-	return refused, nil
+	return refused, nil // none: a build without a per-job rate limit
 }
 
 func postCallback(ctx context.Context, client *http.Client, base string, j cpJob, body string) (int, error) {
