@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
 	"syscall"
 	"time"
 
@@ -15,8 +18,8 @@ import (
 	"github.com/delegate-dev/delegate/workspace"
 )
 
-// Config tunes an Engine. Zero values get the defaults of package delegate
-// (delegate.DefaultMaxConcurrent...) or the one documented on the field.
+// Config tunes an Engine. A field left zero gets DefaultConfig's (see
+// withDefaults for the one rule); each default is documented there.
 type Config struct {
 	// Defaults fill what a manifest leaves out; zero fields get
 	// delegate.ServerDefaults.
@@ -107,6 +110,76 @@ type Config struct {
 	// such a secret never enters a job's environment (a placeholder
 	// does); the proxy adds it to the job's requests for its host.
 	SecretBindings map[string]egress.Binding
+}
+
+// DefaultConfig is what an Engine runs with where its Config leaves a
+// field zero: the one table of the engine's defaults, every field of
+// Config in it (TestDefaultConfig holds it to that).
+func DefaultConfig() Config {
+	return Config{
+		Defaults:           delegate.ServerDefaults(),          // per field: what a manifest leaves out
+		Maxima:             Maxima{},                           // no cap of the operator's
+		MaxConcurrent:      delegate.DefaultMaxConcurrent,      // jobs run at once
+		OutputLimit:        delegate.DefaultOutputLimit,        // bytes of a job's output kept
+		CleanupInterval:    delegate.DefaultCleanupInterval,    // between recoveries and sweeps
+		ProvisionTimeout:   delegate.DefaultProvisionTimeout,   // to make a sandbox and start the command
+		PollInterval:       200 * time.Millisecond,             // a running job's output collected, its status read
+		Secret:             EnvSecret,                          // DELEGATE_SECRET_NAME of the server's environment
+		CallbackURL:        "",                                 // no callback server: jobs report on their status channel
+		HeartbeatThreshold: delegate.DefaultHeartbeatThreshold, // silence that fails a running job
+		ArtifactDir:        defaultArtifactDir(),               // under the temporary directory
+		ArtifactMaxFile:    delegate.DefaultArtifactMaxFile,    // bytes of one artifact
+		ArtifactMaxTotal:   delegate.DefaultArtifactMaxTotal,   // bytes of one job's artifacts
+		OpenBackend:        nil,                                // an engine without a backend leaves orphans to the next server
+		AdmissionRetry:     5 * time.Second,                    // a job waiting for capacity asks again
+		OwnerAlive:         ownerAlive,                         // same host, and its process alive
+		Logger:             discardLogger,                      // nothing logged
+		Observer:           nil,                                // no metrics
+		MaxSandboxes:       delegate.DefaultMaxSandboxes,       // kept sandboxes at once
+		SandboxIdle:        delegate.DefaultSandboxIdle,        // idle this long, a kept sandbox is paused
+		SandboxPause:       delegate.DefaultSandboxPause,       // paused this long, it goes
+		SandboxLifetime:    delegate.DefaultSandboxLifetime,    // the longest a kept sandbox lives
+		SandboxTick:        5 * time.Second,                    // kept sandboxes' timers checked
+		WorkspaceRoots:     nil,                                // no dir source allowed
+		WorkspaceMaxBytes:  workspace.DefaultMaxBytes,          // bytes of a workspace source
+		WorkspaceMaxFiles:  workspace.DefaultMaxFiles,          // files of a workspace source
+		CloneDir:           defaultCloneDir(),                  // under the temporary directory
+		GitAllow:           nil,                                // clones reach public addresses only
+		Egress:             nil,                                // no egress proxy: allowlists are refused
+		DataDir:            "",                                 // free space not watched
+		MinFree:            0,                                  // with a DataDir: the smaller of 1 GiB and 5% of its file system
+		Retention:          delegate.DefaultRetention,          // what ended goes this long after
+		PruneInterval:      time.Hour,                          // between prunes
+		SecretBindings:     nil,                                // no secret injected by the proxy
+	}
+}
+
+// discardLogger logs nothing.
+var discardLogger = slog.New(slog.DiscardHandler)
+
+func defaultArtifactDir() string { return filepath.Join(os.TempDir(), "delegate-artifacts") }
+func defaultCloneDir() string    { return filepath.Join(os.TempDir(), "delegate-clones") }
+
+// keepNegative are the fields whose negative value means something
+// (Retention: kept forever; MinFree: no floor), which withDefaults
+// leaves as they are.
+var keepNegative = map[string]bool{"Retention": true, "MinFree": true}
+
+// withDefaults is c with DefaultConfig's value in every field c leaves
+// zero, or sets below zero where that means nothing (a count, a size, a
+// duration: see keepNegative); Defaults is filled field by field.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	c.Defaults.Fill(d.Defaults)
+	cv, dv := reflect.ValueOf(&c).Elem(), reflect.ValueOf(d)
+	for i := range cv.NumField() {
+		f, def := cv.Field(i), dv.Field(i)
+		negative := f.CanInt() && f.Int() < 0 && !keepNegative[cv.Type().Field(i).Name]
+		if !def.IsZero() && (f.IsZero() || negative) {
+			f.Set(def)
+		}
+	}
+	return c
 }
 
 // workspaceLimits are the caps of a job's source: the operator's, and

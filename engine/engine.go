@@ -42,12 +42,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
-	"github.com/delegate-dev/delegate/workspace"
 )
 
 // Engine drives jobs from a store through a backend. It implements
@@ -85,76 +83,7 @@ var errNoBackend = errors.New("this process has no sandbox backend and runs no j
 
 // New makes an engine; Start begins work.
 func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
-	cfg.Defaults.Fill(delegate.ServerDefaults())
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = delegate.DefaultMaxConcurrent
-	}
-	if cfg.OutputLimit <= 0 {
-		cfg.OutputLimit = delegate.DefaultOutputLimit
-	}
-	if cfg.CleanupInterval <= 0 {
-		cfg.CleanupInterval = delegate.DefaultCleanupInterval
-	}
-	if cfg.ProvisionTimeout <= 0 {
-		cfg.ProvisionTimeout = delegate.DefaultProvisionTimeout
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 200 * time.Millisecond
-	}
-	if cfg.HeartbeatThreshold <= 0 {
-		cfg.HeartbeatThreshold = delegate.DefaultHeartbeatThreshold
-	}
-	if cfg.AdmissionRetry <= 0 {
-		cfg.AdmissionRetry = 5 * time.Second
-	}
-	if cfg.ArtifactMaxFile <= 0 {
-		cfg.ArtifactMaxFile = delegate.DefaultArtifactMaxFile
-	}
-	if cfg.ArtifactMaxTotal <= 0 {
-		cfg.ArtifactMaxTotal = delegate.DefaultArtifactMaxTotal
-	}
-	if cfg.ArtifactDir == "" {
-		cfg.ArtifactDir = filepath.Join(os.TempDir(), "delegate-artifacts")
-	}
-	if cfg.Secret == nil {
-		cfg.Secret = EnvSecret
-	}
-	if cfg.OwnerAlive == nil {
-		cfg.OwnerAlive = ownerAlive
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.MaxSandboxes <= 0 {
-		cfg.MaxSandboxes = delegate.DefaultMaxSandboxes
-	}
-	if cfg.SandboxIdle <= 0 {
-		cfg.SandboxIdle = delegate.DefaultSandboxIdle
-	}
-	if cfg.SandboxPause <= 0 {
-		cfg.SandboxPause = delegate.DefaultSandboxPause
-	}
-	if cfg.SandboxLifetime <= 0 {
-		cfg.SandboxLifetime = delegate.DefaultSandboxLifetime
-	}
-	if cfg.SandboxTick <= 0 {
-		cfg.SandboxTick = 5 * time.Second
-	}
-	if cfg.WorkspaceMaxBytes <= 0 {
-		cfg.WorkspaceMaxBytes = workspace.DefaultMaxBytes
-	}
-	if cfg.WorkspaceMaxFiles <= 0 {
-		cfg.WorkspaceMaxFiles = workspace.DefaultMaxFiles
-	}
-	if cfg.Retention == 0 {
-		cfg.Retention = delegate.DefaultRetention
-	}
-	if cfg.PruneInterval <= 0 {
-		cfg.PruneInterval = time.Hour
-	}
-	if cfg.CloneDir == "" {
-		cfg.CloneDir = filepath.Join(os.TempDir(), "delegate-clones")
-	}
+	cfg = cfg.withDefaults()
 	log := cfg.Logger
 	owner := newOwner()
 	life := newGroup()
