@@ -76,7 +76,7 @@ func runBudgets(args []string) int {
 	fmt.Printf("message queues: %d (%v)\n", m, merr)
 	if hog {
 		fmt.Println("holding")
-		time.Sleep(time.Hour)
+		waitKilled()
 	}
 	return 0
 }

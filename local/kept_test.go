@@ -158,7 +158,8 @@ func TestKeptCommandGroup(t *testing.T) {
 			want = 1 // made a moment after the last command came
 		}
 		waitFor(5*time.Second, func() bool { return spares() == want })
-		time.Sleep(100 * time.Millisecond) // and no more come
+		// No event says that no more spares come: a while without one.
+		time.Sleep(100 * time.Millisecond)
 		if n := spares(); n != want || (n == 1 && groups[0] == "spare-1") {
 			t.Errorf("spares in the sandbox: %q, want %d (and not the first)", groups, want)
 		}
@@ -342,7 +343,7 @@ func runKeptServer(args []string) int {
 		return 1
 	}
 	fmt.Println(sb.ID(), second.ID())
-	time.Sleep(time.Minute)
+	waitKilled()
 	return 0
 }
 
@@ -350,10 +351,14 @@ func runKeptServer(args []string) int {
 // by themselves (its supervisor ends its init), with no server watching;
 // then it is gone for Recover and Exec, and Destroy removes all of it.
 func TestKeptSandboxExpires(t *testing.T) {
-	inEachKeptSandbox(t, 1500*time.Millisecond, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+	const lifetime = 3 * time.Second
+	inEachKeptSandbox(t, lifetime, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		start := time.Now()
 		keptRun(t, sb, `sleep 300 >/dev/null 2>&1 &`)
-		if len(sandboxProcs(t, sb)) != 2 {
-			t.Fatalf("processes of the sandbox: %v, want init and the sleep", sandboxProcs(t, sb))
+		// Seen before the sandbox expires (a loaded machine may take the
+		// sandbox's whole life to get here: then its end is what counts).
+		if procs := sandboxProcs(t, sb); len(procs) != 2 && time.Since(start) < lifetime/2 {
+			t.Fatalf("processes of the sandbox: %v, want init and the sleep", procs)
 		}
 		if !waitFor(10*time.Second, func() bool { return len(sandboxProcs(t, sb)) == 0 }) {
 			t.Fatalf("processes after the sandbox expired: %v", sandboxProcs(t, sb))
@@ -395,6 +400,8 @@ func TestKeptPause(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := ticks()
+			// Paused, nothing happens: a while in which the loop would
+			// have ticked several times (no event marks a tick not made).
 			time.Sleep(300 * time.Millisecond)
 			if after := ticks(); after != before {
 				t.Errorf("the background loop ticked %d times while paused", after-before)
@@ -410,7 +417,7 @@ func TestKeptPause(t *testing.T) {
 				t.Errorf("killed while paused: %+v %v", exit, err)
 			}
 			before = ticks()
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // as above: ticks not made
 			if after := ticks(); after != before {
 				t.Errorf("the background loop ticked %d times while paused, after the kill", after-before)
 			}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -349,16 +350,26 @@ func stateOf(t testing.TB, sb *sbox) sandboxState {
 	return st
 }
 
-// waitFor polls cond until it holds or the timeout passes.
+// waitFor polls cond until it holds or the timeout passes: for what
+// another process does (a sandbox's files, its cgroups), which sends this
+// one no event.
 func waitFor(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's pace
 	}
 	return true
+}
+
+// waitKilled blocks a helper process of the tests until it is killed
+// (SIGKILL, or SIGTERM).
+func waitKilled() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGTERM)
+	<-c
 }
 
 func wantContains(t testing.TB, out string, want ...string) {

@@ -322,7 +322,7 @@ func TestOutputQuiet(t *testing.T) {
 	}
 	copied := make(chan struct{})
 	go func() {
-		time.Sleep(50 * time.Millisecond) // a copier the scheduler was slow to run
+		time.Sleep(50 * time.Millisecond) // the case under test: a copier the scheduler was slow to run
 		copyOutput(w, outP[0], errP[0], slog.New(slog.DiscardHandler))
 		close(copied)
 	}()
