@@ -118,7 +118,8 @@ the directory's owner.
 
 With --branch the changes are committed to a new branch delegate/ID of the
 directory's git repository, on the commit the import started from, without
-touching the checked-out branch, the index or the work tree.
+touching the checked-out branch, the index or the work tree. Symbolic links go
+in, but not one whose target leaves the work tree or lies under .git.
 
 What "jobs diff" lists without showing (a change git calls binary, one too
 large to show, one past the diff's cap) is written, or committed, only with

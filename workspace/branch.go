@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"path"
 	"sort"
 	"strings"
 	"time"
@@ -44,7 +46,10 @@ type BranchOptions struct {
 // the branch's ref, as dir's owner. A file the job modified carries its
 // whole new content, so one that had uncommitted edits at the import
 // brings them along; a deletion of a file the commit does not hold is
-// nothing to do. It returns the commit's id.
+// nothing to do. A symbolic link is committed as git records one, unless
+// its target leaves the work tree (absolute, climbing out, under .git,
+// through a link that does; a *RefusedError): a checkout would make it.
+// It returns the commit's id.
 func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, opts BranchOptions) (string, error) {
 	if err := base.Check(); err != nil {
 		return "", err
@@ -134,6 +139,12 @@ func CommitBranch(ctx context.Context, dir string, base *Baseline, cs *Changes, 
 		if len(bad) > 0 {
 			return &RefusedError{Conflicts: bad}
 		}
+		if bad, err := escapingLinks(s, parent.TreeHash, cs); err != nil || len(bad) > 0 {
+			if err != nil {
+				return err
+			}
+			return &RefusedError{Conflicts: bad}
+		}
 		// Deletions first: a file may give way to a directory.
 		for _, c := range cs.Changes {
 			if c.Old != nil && (c.New == nil || c.New.Type != c.Old.Type) {
@@ -221,25 +232,140 @@ func refuseForBranch(cs *Changes) error {
 
 // hasEntry tells whether the tree h holds path p (slash-separated).
 func hasEntry(s *filesystem.Storage, h plumbing.Hash, p string) (bool, error) {
+	_, ok, err := entryAt(s, h, p)
+	return ok, err
+}
+
+// entryAt finds path p (slash-separated) in the tree h.
+func entryAt(s *filesystem.Storage, h plumbing.Hash, p string) (object.TreeEntry, bool, error) {
 	parts := strings.Split(p, "/")
 	for i, name := range parts {
 		t, err := loadTree(s, h)
 		if err != nil {
-			return false, err
+			return object.TreeEntry{}, false, err
 		}
 		e, ok := t.entries[name]
 		if !ok {
-			return false, nil
+			return object.TreeEntry{}, false, nil
 		}
 		if i == len(parts)-1 {
-			return true, nil
+			return e, true, nil
 		}
 		if e.Mode != filemode.Dir {
-			return false, nil
+			return object.TreeEntry{}, false, nil
 		}
 		h = e.Hash
 	}
-	return false, nil
+	return object.TreeEntry{}, false, nil
+}
+
+// maxLinkDepth bounds the links followed to resolve one link's target.
+const maxLinkDepth = 8
+
+// escapingLinks lists the links the changes make whose target, resolved
+// in the tree the branch will hold (the commit h with the changes, links
+// followed), leaves the work tree, enters a .git directory, is empty or
+// loops: checking the branch out would make a link to anywhere (Apply
+// writes no link at all).
+func escapingLinks(s *filesystem.Storage, h plumbing.Hash, cs *Changes) ([]Conflict, error) {
+	side := map[string]*State{}
+	for i := range cs.Changes {
+		side[cs.Changes[i].Path] = cs.Changes[i].New
+	}
+	// linkAt returns the target of the link at p in the branch's tree.
+	linkAt := func(p string) (string, bool, error) {
+		if st, ok := side[p]; ok {
+			if st != nil && st.Type == TypeSymlink {
+				return st.Target, true, nil
+			}
+			return "", false, nil
+		}
+		e, ok, err := entryAt(s, h, p)
+		if err != nil || !ok || e.Mode != filemode.Symlink {
+			return "", false, err
+		}
+		b, err := object.GetBlob(s, e.Hash)
+		if err != nil {
+			return "", false, err
+		}
+		r, err := b.Reader()
+		if err != nil {
+			return "", false, err
+		}
+		defer r.Close()
+		var sb strings.Builder
+		if _, err := io.Copy(&sb, io.LimitReader(r, 1<<16)); err != nil {
+			return "", false, err
+		}
+		return sb.String(), true, nil
+	}
+	// resolve walks target from the directory dir (its parts), following
+	// the links on the way, and returns where it leads, or why it leaves
+	// ("" when it stays).
+	var resolve func(dir []string, target string, depth int) ([]string, string, error)
+	resolve = func(dir []string, target string, depth int) ([]string, string, error) {
+		switch {
+		case depth > maxLinkDepth:
+			return nil, "its target goes through more than 8 links (a loop?)", nil
+		case target == "":
+			return nil, "an empty target", nil
+		case strings.HasPrefix(target, "/"):
+			return nil, "its target " + quoteName(target) + " is absolute: it leaves the work tree", nil
+		}
+		cur := append([]string(nil), dir...)
+		for _, c := range strings.Split(target, "/") {
+			switch c {
+			case "", ".":
+				continue
+			case "..":
+				if len(cur) == 0 {
+					return nil, "its target " + quoteName(target) + " leaves the work tree", nil
+				}
+				cur = cur[:len(cur)-1]
+				continue
+			}
+			if gitName(c) {
+				return nil, "its target " + quoteName(target) + " lies under .git", nil
+			}
+			cur = append(cur, c)
+			here := strings.Join(cur, "/")
+			t, isLink, err := linkAt(here)
+			if err != nil {
+				return nil, "", err
+			}
+			if isLink {
+				// Where that link leads, links followed, is where the
+				// walk goes on.
+				to, why, err := resolve(cur[:len(cur)-1], t, depth+1)
+				if err != nil || why != "" {
+					if why != "" {
+						why = "its target goes through the link " + quoteName(here) + ", and " + why
+					}
+					return nil, why, err
+				}
+				cur = to
+			}
+		}
+		return cur, "", nil
+	}
+	var bad []Conflict
+	for _, c := range cs.Changes {
+		if c.New == nil || c.New.Type != TypeSymlink {
+			continue
+		}
+		dir := strings.Split(path.Dir(c.Path), "/")
+		if path.Dir(c.Path) == "." {
+			dir = nil
+		}
+		_, why, err := resolve(dir, c.New.Target, 0)
+		if err != nil {
+			return nil, err
+		}
+		if why != "" {
+			bad = append(bad, Conflict{Path: c.Path, Reason: "a symbolic link whose " + strings.TrimPrefix(why, "its ")})
+		}
+	}
+	return bad, nil
 }
 
 func writeObject(s *filesystem.Storage, typ plumbing.ObjectType, data []byte) (plumbing.Hash, error) {

@@ -50,7 +50,7 @@
 //	// cs is JSON (contents in base64): store it, or keep the stream.
 //
 // For the user (CLI `delegate jobs diff ID`, `delegate jobs apply ID
-// [--to DIR] [--branch]`, an MCP tool):
+// [--to DIR] [--branch] [--binary]`, an MCP tool):
 //
 //	page := cs.Diff(workspace.DiffOptions{Offset: off, Limit: 64 << 10}) // paged, capped
 //	patch, err := cs.Patch(0)                                            // for git apply
@@ -101,6 +101,9 @@
 //     bare repository, to git). A .git is named as git's verify_path
 //     reads names on macOS and Windows (case-folded, HFS+'s ignored code
 //     points, NTFS's trailing dots and spaces and GIT~1).
+//   - Apply writes no symbolic link; CommitBranch commits one only when
+//     its target, resolved in the branch's tree with the links on the way
+//     followed, stays in the work tree and out of .git.
 //   - A source under an allowed root (Scan with Within), and the target
 //     of Apply and CommitBranch, must be neither a git directory nor lie
 //     in one (ErrGitDir): no .git among the components of its path as
