@@ -15,13 +15,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// workspaceService is the job service's view of workspaces.
-func workspaceService(svc delegate.JobService) (delegate.WorkspaceService, error) {
-	ws, ok := svc.(delegate.WorkspaceService)
-	if !ok {
+// workspaceService is the services' view of workspaces.
+func workspaceService(s Services) (delegate.WorkspaceService, error) {
+	if s.Workspaces == nil {
 		return nil, errors.New("this delegate keeps no workspaces")
 	}
-	return ws, nil
+	return s.Workspaces, nil
 }
 
 func (p *Program) jobsDiffCmd(cfg *Config) *cobra.Command {
@@ -45,7 +44,7 @@ a pipe, get the bytes exact.`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+			return p.withServices(ctx, *cfg, func(svc Services) error {
 				ws, err := workspaceService(svc)
 				if err != nil {
 					return err
@@ -130,7 +129,7 @@ writes nothing. Names are written quoted when they hold control characters.`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+			return p.withServices(ctx, *cfg, func(svc Services) error {
 				ws, err := workspaceService(svc)
 				if err != nil {
 					return err

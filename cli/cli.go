@@ -40,10 +40,11 @@ type Program struct {
 	// Getenv reads the environment (os.Getenv; tests pass their own).
 	Getenv  func(string) string
 	Version string
-	// Open opens the job service over cfg's data dir. With runJobs it can
-	// run jobs too (a sandbox backend and a started engine); without, it
-	// only reads and changes stored jobs. close releases it.
-	Open func(ctx context.Context, cfg Config, log *slog.Logger, runJobs bool) (svc delegate.JobService, close func(), err error)
+	// Open opens the services over cfg's data dir. With runJobs they can
+	// run jobs too (a sandbox backend and a started engine); without, they
+	// only read and change stored jobs. close releases them, and says
+	// what failed to close.
+	Open func(ctx context.Context, cfg Config, log *slog.Logger, runJobs bool) (svc Services, close func() error, err error)
 	// Serve runs the MCP server until ctx ends.
 	Serve func(ctx context.Context, cfg Config, opts ServeOptions, log *slog.Logger) error
 	// Bench runs the benchmarks and prints their figures on out.
@@ -53,6 +54,25 @@ type Program struct {
 	// PollInterval is how often a command that follows a job reads it
 	// again (another process may be driving it). Default 200 ms.
 	PollInterval time.Duration
+}
+
+// Services are the services the commands use, each by name: main wires
+// them (the engine is every one), so that a service the engine stops
+// implementing fails the build instead of a command at run time. Jobs is
+// required; a command that needs a nil other says this delegate has none.
+type Services struct {
+	Jobs       delegate.JobService
+	Sandboxes  delegate.SandboxService
+	Questions  delegate.QuestionService
+	Network    delegate.NetworkService
+	Workspaces delegate.WorkspaceService
+}
+
+// closeInto closes what close releases, joining what failed to *err.
+func closeInto(err *error, close func() error) {
+	if cerr := close(); cerr != nil {
+		*err = errors.Join(*err, cerr)
+	}
 }
 
 // ServeOptions are the flags of `delegate serve`.

@@ -57,20 +57,20 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 		Stdin: strings.NewReader(h.stdin), Stdout: &stdout, Stderr: &stderr,
 		Getenv:  func(k string) string { return h.env[k] },
 		Version: "1.2.3",
-		Open: func(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (delegate.JobService, func(), error) {
+		Open: func(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (cli.Services, func() error, error) {
 			mu.Lock()
 			r.opened, r.runJobs = append(r.opened, cfg), append(r.runJobs, runJobs)
 			mu.Unlock()
 			if h.sbx != nil {
-				return struct {
+				return servicesOf(struct {
 					*mock.JobService
 					*mock.SandboxService
-				}{h.svc, h.sbx}, func() {}, nil
+				}{h.svc, h.sbx}), noClose, nil
 			}
 			if h.other != nil {
-				return h.other, func() {}, nil
+				return servicesOf(h.other), noClose, nil
 			}
-			return h.svc, func() {}, nil
+			return servicesOf(h.svc), noClose, nil
 		},
 		Serve: func(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
 			return h.serve(opts)
@@ -692,3 +692,16 @@ func TestServiceErrorTable(t *testing.T) {
 		})
 	}
 }
+
+// servicesOf names the services svc implements (as main wires the engine,
+// which implements them all).
+func servicesOf(svc delegate.JobService) cli.Services {
+	s := cli.Services{Jobs: svc}
+	s.Sandboxes, _ = svc.(delegate.SandboxService)
+	s.Questions, _ = svc.(delegate.QuestionService)
+	s.Network, _ = svc.(delegate.NetworkService)
+	s.Workspaces, _ = svc.(delegate.WorkspaceService)
+	return s
+}
+
+func noClose() error { return nil }

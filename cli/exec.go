@@ -102,7 +102,7 @@ func execManifest(id string, argv []string, f execFlags) (delegate.Manifest, err
 
 // exec runs argv in a kept sandbox and ends with its exit status (a
 // jobExit).
-func (p *Program) exec(ctx context.Context, cfg Config, id string, argv []string, f execFlags) error {
+func (p *Program) exec(ctx context.Context, cfg Config, id string, argv []string, f execFlags) (err error) {
 	m, err := execManifest(id, argv, f)
 	if err != nil {
 		return err
@@ -117,11 +117,12 @@ func (p *Program) exec(ctx context.Context, cfg Config, id string, argv []string
 		}
 	}
 	log := newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn))
-	svc, closeSvc, err := p.Open(ctx, cfg, log, true)
+	s, closeSvc, err := p.Open(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
-	defer closeSvc()
+	defer closeInto(&err, closeSvc)
+	svc := s.Jobs
 	job, err := svc.Submit(ctx, m, delegate.SubmitOptions{})
 	if err != nil {
 		return err

@@ -40,12 +40,17 @@ sees: "jobs cancel" reaches a job that a running server is driving.`,
 
 // withService runs fn with the job service over the data dir.
 func (p *Program) withService(ctx context.Context, cfg Config, fn func(delegate.JobService) error) error {
-	svc, closeSvc, err := p.Open(ctx, cfg, newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)), false)
+	return p.withServices(ctx, cfg, func(s Services) error { return fn(s.Jobs) })
+}
+
+// withServices runs fn with the services over the data dir.
+func (p *Program) withServices(ctx context.Context, cfg Config, fn func(Services) error) (err error) {
+	s, closeSvc, err := p.Open(ctx, cfg, newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)), false)
 	if err != nil {
 		return err
 	}
-	defer closeSvc()
-	return fn(svc)
+	defer closeInto(&err, closeSvc)
+	return fn(s)
 }
 
 func (p *Program) printJSON(v any) error {

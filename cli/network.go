@@ -10,13 +10,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// networkService is the job service's network side, where it has one.
-func networkService(svc delegate.JobService) (delegate.NetworkService, error) {
-	ns, ok := svc.(delegate.NetworkService)
-	if !ok {
+// networkService is the services' network side, where there is one.
+func networkService(s Services) (delegate.NetworkService, error) {
+	if s.Network == nil {
 		return nil, fmt.Errorf("this delegate keeps no network logs")
 	}
-	return ns, nil
+	return s.Network, nil
 }
 
 func (p *Program) jobsNetworkCmd(cfg *Config) *cobra.Command {
@@ -36,7 +35,7 @@ sandbox's id (sbx-...) too.`,
 		Args: exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+			return p.withServices(ctx, *cfg, func(svc Services) error {
 				ns, err := networkService(svc)
 				if err != nil {
 					return err
@@ -137,7 +136,7 @@ goes through, and the change is in the job's timeline and its network log.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			return p.withService(ctx, *cfg, func(svc delegate.JobService) error {
+			return p.withServices(ctx, *cfg, func(svc Services) error {
 				ns, err := networkService(svc)
 				if err != nil {
 					return err

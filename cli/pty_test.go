@@ -71,8 +71,8 @@ func onTerminal(t *testing.T, svc delegate.JobService, args ...string) (int, str
 			}
 			return ""
 		},
-		Open: func(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (delegate.JobService, func(), error) {
-			return svc, func() {}, nil
+		Open: func(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (cli.Services, func() error, error) {
+			return servicesOf(svc), noClose, nil
 		},
 		PollInterval: time.Millisecond,
 	}

@@ -17,12 +17,11 @@ import (
 
 // withQuestions runs fn with the question service over the data dir.
 func (p *Program) withQuestions(ctx context.Context, cfg Config, fn func(delegate.QuestionService) error) error {
-	return p.withService(ctx, cfg, func(svc delegate.JobService) error {
-		qs, ok := svc.(delegate.QuestionService)
-		if !ok {
+	return p.withServices(ctx, cfg, func(s Services) error {
+		if s.Questions == nil {
 			return errors.New("this job service takes no questions")
 		}
-		return fn(qs)
+		return fn(s.Questions)
 	})
 }
 

@@ -26,8 +26,8 @@ func runWith(t *testing.T, svc delegate.JobService, args ...string) result {
 	p := cli.Program{
 		Stdout: &stdout, Stderr: &stderr,
 		Getenv: func(k string) string { return map[string]string{"DELEGATE_DATA_DIR": "/tmp/delegate-cli-test"}[k] },
-		Open: func(context.Context, cli.Config, *slog.Logger, bool) (delegate.JobService, func(), error) {
-			return svc, func() {}, nil
+		Open: func(context.Context, cli.Config, *slog.Logger, bool) (cli.Services, func() error, error) {
+			return servicesOf(svc), noClose, nil
 		},
 	}
 	code := cli.Execute(context.Background(), p, args)

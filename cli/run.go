@@ -131,7 +131,7 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 }
 
 // run runs one job and ends with its exit status (a jobExit).
-func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
+func (p *Program) run(ctx context.Context, cfg Config, f runFlags) (err error) {
 	m, err := buildManifest(p.Stdin, p.Stderr, f)
 	if err != nil {
 		return err
@@ -145,11 +145,12 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 		cfg.WorkspaceRoots = append(cfg.WorkspaceRoots, m.Workspace.Dir)
 	}
 	log := newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn))
-	svc, closeSvc, err := p.Open(ctx, cfg, log, true)
+	s, closeSvc, err := p.Open(ctx, cfg, log, true)
 	if err != nil {
 		return err
 	}
-	defer closeSvc()
+	defer closeInto(&err, closeSvc)
+	svc := s.Jobs
 	job, err := svc.Submit(ctx, m, delegate.SubmitOptions{})
 	if err != nil {
 		return err
@@ -161,7 +162,7 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) error {
 	}
 	progress.done(j)
 	if m.Workspace != nil && !f.quiet {
-		p.tellChanges(ctx, svc, j.ID)
+		p.tellChanges(ctx, s.Workspaces, j.ID)
 	}
 	if len(j.Manifest.Artifacts) > 0 && !(f.quiet && j.Status == delegate.StatusSuccess) {
 		arts, err := svc.Artifacts(context.WithoutCancel(ctx), j.ID)
@@ -213,9 +214,8 @@ func (p *Program) follow(ctx context.Context, svc delegate.JobService, id string
 
 // tellChanges says on stderr what the job changed in its workspace, and
 // how to have it.
-func (p *Program) tellChanges(ctx context.Context, svc delegate.JobService, id string) {
-	ws, ok := svc.(delegate.WorkspaceService)
-	if !ok {
+func (p *Program) tellChanges(ctx context.Context, ws delegate.WorkspaceService, id string) {
+	if ws == nil {
 		return
 	}
 	c, err := ws.Changes(context.WithoutCancel(ctx), id)

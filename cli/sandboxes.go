@@ -20,23 +20,22 @@ import (
 
 // Kept sandboxes: `delegate sandboxes` opens, lists, shows and releases
 // them, `delegate exec` (exec.go) runs a command in one, `delegate cp`
-// copies a file in or out. The commands use the service's
-// delegate.SandboxService (the engine implements it beside JobService).
+// copies a file in or out. The commands use Services.Sandboxes (the
+// engine, as main wires it).
 
 // withSandboxes runs fn with the sandbox service over the data dir; with
 // runJobs, over a backend too (opening a sandbox, reaching its files,
 // destroying it need one).
-func (p *Program) withSandboxes(ctx context.Context, cfg Config, runJobs bool, fn func(delegate.SandboxService) error) error {
-	svc, closeSvc, err := p.Open(ctx, cfg, newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)), runJobs)
+func (p *Program) withSandboxes(ctx context.Context, cfg Config, runJobs bool, fn func(delegate.SandboxService) error) (err error) {
+	s, closeSvc, err := p.Open(ctx, cfg, newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)), runJobs)
 	if err != nil {
 		return err
 	}
-	defer closeSvc()
-	sb, ok := svc.(delegate.SandboxService)
-	if !ok {
+	defer closeInto(&err, closeSvc)
+	if s.Sandboxes == nil {
 		return errors.New("this delegate keeps no sandboxes")
 	}
-	return fn(sb)
+	return fn(s.Sandboxes)
 }
 
 // sandboxHint is what to do about a sandbox that is not found; "" for

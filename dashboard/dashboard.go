@@ -47,18 +47,31 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Services are the services the dashboard shows, each by name: cmd/
+// wires them (the engine is every one), so that a service the engine
+// stops implementing fails the build instead of leaving a page out. Jobs
+// is required; a nil other leaves out what shows it.
+type Services struct {
+	Jobs delegate.JobService
+	// Sandboxes: the kept sandboxes' pages (sandboxes.go).
+	Sandboxes delegate.SandboxService
+	// Questions: a running job's questions, and their answer forms.
+	Questions delegate.QuestionService
+	// Network: a job's denied connections and its network log.
+	Network delegate.NetworkService
+}
+
 // Handler serves the dashboard: GET / (the job list), /jobs/{id} (a job),
 // their live updates, downloads, cancel, and sign-in. Requests their
 // context ends (the server's BaseContext) end the live streams.
-func Handler(svc delegate.JobService, opts Options) http.Handler {
+func Handler(svc Services, opts Options) http.Handler {
 	if opts.Poll <= 0 {
 		opts.Poll = time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &dash{svc: svc, opts: opts, log: opts.Logger, pages: parsePages()}
-	d.sbx, _ = svc.(delegate.SandboxService)
+	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, opts: opts, log: opts.Logger, pages: parsePages()}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		panic(err) // the embedded tree is part of the binary
@@ -85,7 +98,9 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))
-	d.addSandboxRoutes(mux, csrf)
+	if d.sbx != nil {
+		(&sandboxPages{d}).addRoutes(mux, csrf)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, "No such page.")
 	})
@@ -94,8 +109,10 @@ func Handler(svc delegate.JobService, opts Options) http.Handler {
 
 type dash struct {
 	svc delegate.JobService
-	// sbx is svc's SandboxService, nil if it keeps no sandboxes.
-	sbx   delegate.SandboxService
+	sbx delegate.SandboxService  // nil: no kept sandboxes
+	qs  delegate.QuestionService // nil: takes no questions
+	ns  delegate.NetworkService  // nil: keeps no network logs
+	// The sandboxes' pages are sandboxPages' (sandboxes.go).
 	opts  Options
 	log   *slog.Logger
 	pages map[string]*template.Template

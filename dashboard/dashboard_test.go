@@ -85,7 +85,7 @@ func TestListShowsJobsEscaped(t *testing.T) {
 		asked = o
 		return &delegate.JobPage{Jobs: summaries(), NextCursor: "c2"}, nil
 	}}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/")
 	if w.Code != 200 {
 		t.Fatalf("GET /: %d %s", w.Code, w.Body)
@@ -136,7 +136,7 @@ func TestListFilterAndPage(t *testing.T) {
 		}
 		return &delegate.JobPage{}, nil
 	}}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/?status=failed&cursor=abc")
 	if w.Code != 200 || asked.Status != delegate.StatusFailed || asked.Cursor != "abc" {
 		t.Fatalf("%d, asked %+v", w.Code, asked)
@@ -176,7 +176,7 @@ func TestJobPageWhileRunning(t *testing.T) {
 			return []delegate.Event{{Time: t0, Message: "started " + hostile}}, nil
 		},
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/jobs/job-1")
 	if w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body)
@@ -227,7 +227,7 @@ func TestJobPageWhenFinished(t *testing.T) {
 			{Stream: delegate.StreamStderr, Data: []byte("oops " + hostile + "\n")}, {Stream: delegate.StreamStdout, Data: []byte("\xff\xfe end")}}
 		return &delegate.LogPage{JobID: id, Status: j.Status, Output: delegate.JoinOutput(streams), Streams: streams, Offset: 10, Done: true}, nil
 	}
-	page := get(t, dashboard.Handler(svc, dashboard.Options{}), "/jobs/job-1").Body.String()
+	page := get(t, handler(svc, dashboard.Options{}), "/jobs/job-1").Body.String()
 	if strings.Contains(page, "stdout only") {
 		t.Error("the page shows the result's stdout, not the log")
 	}
@@ -258,7 +258,7 @@ func TestCancel(t *testing.T) {
 		cancelled = append(cancelled, id)
 		return &delegate.Job{ID: id, Status: delegate.StatusCancelled}, id == "job-1", nil
 	}}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	post := func(path string, hdr ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest("POST", path, nil)
 		for i := 0; i+1 < len(hdr); i += 2 {
@@ -316,7 +316,7 @@ func TestDownloads(t *testing.T) {
 			return &delegate.LogPage{JobID: id, Output: []byte(out[from:to]), NextCursor: fmt.Sprint(to), Done: to == len(out)}, nil
 		},
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/jobs/job-1/artifacts/out/page.html")
 	if w.Code != 200 || w.Body.String() != "<html>" {
 		t.Fatalf("artifact: %d %q", w.Code, w.Body)
@@ -356,7 +356,7 @@ func TestSignIn(t *testing.T) {
 			return runningJob(delegate.StatusModeSimple), nil
 		},
 	}
-	h := dashboard.Handler(svc, dashboard.Options{Token: tok})
+	h := handler(svc, dashboard.Options{Token: tok})
 
 	// Without the token: the sign-in form, and no job read.
 	for _, path := range []string{"/", "/jobs/job-1", "/jobs/job-1/output", "/jobs/job-1/artifacts/a", "/events"} {
@@ -524,7 +524,7 @@ func TestListLiveUpdates(t *testing.T) {
 		WatchFn: w.watch,
 	}
 	// A poll slower than the test: what it sees comes through Watch.
-	srv := httptest.NewServer(dashboard.Handler(svc, dashboard.Options{Poll: time.Hour}))
+	srv := httptest.NewServer(handler(svc, dashboard.Options{Poll: time.Hour}))
 	t.Cleanup(srv.Close)
 	s := openStream(t, srv.URL+"/events")
 	ev := s.next(t)
@@ -559,7 +559,7 @@ func TestListLiveUpdatesByPolling(t *testing.T) {
 		},
 		WatchFn: func(ctx context.Context) <-chan string { return make(chan string) }, // never says anything
 	}
-	srv := httptest.NewServer(dashboard.Handler(svc, dashboard.Options{Poll: 50 * time.Millisecond}))
+	srv := httptest.NewServer(handler(svc, dashboard.Options{Poll: 50 * time.Millisecond}))
 	t.Cleanup(srv.Close)
 	s := openStream(t, srv.URL+"/events?status=failed")
 	s.next(t)
@@ -603,7 +603,7 @@ func TestJobLiveLogAndEnd(t *testing.T) {
 		},
 		WatchFn: w.watch,
 	}
-	srv := httptest.NewServer(dashboard.Handler(svc, dashboard.Options{Poll: time.Hour}))
+	srv := httptest.NewServer(handler(svc, dashboard.Options{Poll: time.Hour}))
 	t.Cleanup(srv.Close)
 
 	// The page itself has the empty live log the stream fills.
@@ -648,7 +648,7 @@ func TestJobLiveLogAndEnd(t *testing.T) {
 }
 
 func TestStaticAndUnknown(t *testing.T) {
-	h := dashboard.Handler(&mock.JobService{}, dashboard.Options{})
+	h := handler(&mock.JobService{}, dashboard.Options{})
 	for path, want := range map[string]string{"/static/app.js": "EventSource", "/static/style.css": "prefers-color-scheme"} {
 		if w := get(t, h, path); w.Code != 200 || !strings.Contains(w.Body.String(), want) {
 			t.Errorf("%s: %d", path, w.Code)
@@ -686,7 +686,7 @@ func TestServiceErrorTable(t *testing.T) {
 			svc := &mock.JobService{ReadArtifactFn: func(context.Context, string, string) (delegate.Artifact, []byte, error) {
 				return delegate.Artifact{}, nil, tc.err
 			}}
-			h := dashboard.Handler(svc, dashboard.Options{})
+			h := handler(svc, dashboard.Options{})
 			w := get(t, h, "/jobs/job-1/artifacts/nope", "Accept", "text/html")
 			if w.Code != tc.code || !strings.Contains(w.Body.String(), tc.want) {
 				t.Errorf("%d, want %d with %q:\n%s", w.Code, tc.code, tc.want, w.Body)
@@ -696,4 +696,14 @@ func TestServiceErrorTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// handler is the dashboard over svc with the services it implements (as
+// cmd/ wires the engine, which implements them all).
+func handler(svc delegate.JobService, opts dashboard.Options) http.Handler {
+	s := dashboard.Services{Jobs: svc}
+	s.Sandboxes, _ = svc.(delegate.SandboxService)
+	s.Questions, _ = svc.(delegate.QuestionService)
+	s.Network, _ = svc.(delegate.NetworkService)
+	return dashboard.Handler(s, opts)
 }

@@ -35,7 +35,7 @@ func TestJobPageNetwork(t *testing.T) {
 		asked = append(asked, o)
 		return rep, nil
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	page := get(t, h, "/jobs/job-1").Body.String()
 	for _, want := range []string{
 		"<h2>Network</h2>", "allowlist pypi.org, *.pythonhosted.org", "the proxy injects GH_TOKEN", "7 allowed, 2 denied",

@@ -163,7 +163,7 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	if v.Timeline, err = d.svc.Timeline(ctx, id); err != nil {
 		return jobView{}, err
 	}
-	if ns, ok := d.svc.(delegate.NetworkService); ok && (j.Manifest.Network.Reaches() || j.Manifest.Sandbox != "") {
+	if ns := d.ns; ns != nil && (j.Manifest.Network.Reaches() || j.Manifest.Sandbox != "") {
 		rep, err := ns.Network(ctx, id, delegate.NetworkLogOptions{Denied: true, Limit: maxPageDenials})
 		if err != nil && !errors.Is(err, delegate.ErrNotFound) {
 			return jobView{}, err
@@ -201,8 +201,8 @@ const maxPageDenials = 50
 
 // network serves a job's whole network log, as JSON.
 func (d *dash) network(w http.ResponseWriter, r *http.Request) {
-	ns, ok := d.svc.(delegate.NetworkService)
-	if !ok {
+	ns := d.ns
+	if ns == nil {
 		d.fail(w, r, http.StatusNotFound, "This server keeps no network logs.")
 		return
 	}

@@ -13,13 +13,13 @@ import (
 
 // The questions a running job waits for answers to (the root's
 // question.go) are shown on its page, each with a form of its fields; a
-// person answers (or declines) there. The service answers questions when
-// it implements delegate.QuestionService, as the engine does.
+// person answers (or declines) there, when the dashboard has
+// Services.Questions (the engine, as cmd/ wires it).
 
 // openQuestions are the questions job id waits for answers to.
 func (d *dash) openQuestions(ctx context.Context, id string) ([]delegate.Question, error) {
-	qs, ok := d.svc.(delegate.QuestionService)
-	if !ok {
+	qs := d.qs
+	if qs == nil {
 		return nil, nil
 	}
 	all, err := qs.Questions(ctx, id)
@@ -43,8 +43,8 @@ func questionURL(id, qid string) string { return jobURL(id) + "/questions/" + ur
 // (an empty field is left out, so that its default applies).
 func (d *dash) answer(w http.ResponseWriter, r *http.Request) {
 	id, qid := r.PathValue("id"), r.PathValue("qid")
-	qs, ok := d.svc.(delegate.QuestionService)
-	if !ok {
+	qs := d.qs
+	if qs == nil {
 		d.fail(w, r, http.StatusNotFound, "This server takes no answers.")
 		return
 	}

@@ -46,7 +46,7 @@ func TestJobPageQuestions(t *testing.T) {
 			},
 		},
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	page := get(t, h, "/jobs/job-1").Body.String()
 	for _, want := range []string{
 		`<form method="post" action="/jobs/job-1/questions/color" class="question" data-question="color">`,

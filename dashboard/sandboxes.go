@@ -13,12 +13,13 @@ import (
 // Kept sandboxes: GET /sandboxes lists them (with ?all=1 those gone
 // too), GET /sandboxes/{id} shows one, POST /sandboxes/{id}/release
 // destroys one; each view is followed live as the job pages are. They are
-// served when the service keeps sandboxes (the engine does).
+// served with Services.Sandboxes (the engine, as cmd/ wires it).
 
-func (d *dash) addSandboxRoutes(mux *http.ServeMux, csrf *http.CrossOriginProtection) {
-	if d.sbx == nil {
-		return
-	}
+// sandboxPages serve the kept sandboxes' pages, with the dashboard's
+// sign-in, rendering and live views.
+type sandboxPages struct{ *dash }
+
+func (d *sandboxPages) addRoutes(mux *http.ServeMux, csrf *http.CrossOriginProtection) {
 	mux.Handle("GET /sandboxes", d.guard(d.sandboxes))
 	mux.Handle("GET /sandboxes/events", d.guard(d.sandboxesEvents))
 	mux.Handle("GET /sandboxes/{id}", d.guard(d.sandbox))
@@ -64,7 +65,7 @@ type sandboxesView struct {
 	LiveURL   string
 }
 
-func (d *dash) readSandboxes(ctx context.Context, all bool) (sandboxesView, error) {
+func (d *sandboxPages) readSandboxes(ctx context.Context, all bool) (sandboxesView, error) {
 	list, err := d.sbx.ListSandboxes(ctx, delegate.SandboxListOptions{All: all})
 	if err != nil {
 		return sandboxesView{}, err
@@ -76,7 +77,7 @@ func (d *dash) readSandboxes(ctx context.Context, all bool) (sandboxesView, erro
 	return sandboxesView{All: all, Sandboxes: list, Now: time.Now(), LiveURL: live}, nil
 }
 
-func (d *dash) sandboxes(w http.ResponseWriter, r *http.Request) {
+func (d *sandboxPages) sandboxes(w http.ResponseWriter, r *http.Request) {
 	v, err := d.readSandboxes(r.Context(), r.URL.Query().Get("all") != "")
 	if err != nil {
 		d.serviceError(w, r, err)
@@ -85,7 +86,7 @@ func (d *dash) sandboxes(w http.ResponseWriter, r *http.Request) {
 	d.render(w, r, http.StatusOK, "sandboxes", v)
 }
 
-func (d *dash) sandboxesEvents(w http.ResponseWriter, r *http.Request) {
+func (d *sandboxPages) sandboxesEvents(w http.ResponseWriter, r *http.Request) {
 	all := r.URL.Query().Get("all") != ""
 	if _, err := d.readSandboxes(r.Context(), all); err != nil {
 		d.serviceError(w, r, err)
@@ -126,7 +127,7 @@ var sandboxNotices = map[string]string{
 	"gone":     "It was gone already: nothing was released.",
 }
 
-func (d *dash) sandbox(w http.ResponseWriter, r *http.Request) {
+func (d *sandboxPages) sandbox(w http.ResponseWriter, r *http.Request) {
 	sb, err := d.sbx.GetSandbox(r.Context(), r.PathValue("id"))
 	if err != nil {
 		d.serviceError(w, r, err)
@@ -137,7 +138,7 @@ func (d *dash) sandbox(w http.ResponseWriter, r *http.Request) {
 }
 
 // sandboxEvents follows a sandbox's page until it is gone.
-func (d *dash) sandboxEvents(w http.ResponseWriter, r *http.Request) {
+func (d *sandboxPages) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if _, err := d.sbx.GetSandbox(r.Context(), id); err != nil {
 		d.serviceError(w, r, err)
@@ -164,7 +165,7 @@ func (d *dash) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (d *dash) release(w http.ResponseWriter, r *http.Request) {
+func (d *sandboxPages) release(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	sb, released, err := d.sbx.ReleaseSandbox(r.Context(), id)
 	if err != nil {

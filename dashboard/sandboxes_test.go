@@ -55,7 +55,7 @@ func TestSandboxesPage(t *testing.T) {
 		}
 		return list, nil
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/sandboxes")
 	if w.Code != 200 {
 		t.Fatalf("GET /sandboxes: %d %s", w.Code, w.Body)
@@ -105,7 +105,7 @@ func TestSandboxPage(t *testing.T) {
 		sb.Template = "debian " + hostile
 		return &sb, nil
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	w := get(t, h, "/sandboxes/sbx-a")
 	if w.Code != 200 {
 		t.Fatalf("%d %s", w.Code, w.Body)
@@ -144,7 +144,7 @@ func TestReleaseSandbox(t *testing.T) {
 		sb := keptSandbox(id, delegate.SandboxReleased)
 		return &sb, id == "sbx-1", nil
 	}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	post := func(path string, hdr ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest("POST", path, nil)
 		for i := 0; i+1 < len(hdr); i += 2 {
@@ -179,7 +179,7 @@ func TestReleaseSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := dashboard.Handler(svc, dashboard.Options{Token: auth})
+	tok := handler(svc, dashboard.Options{Token: auth})
 	r := httptest.NewRequest("POST", "/sandboxes/sbx-1/release", nil)
 	r.Header.Set("Sec-Fetch-Site", "same-origin")
 	rec := httptest.NewRecorder()
@@ -196,7 +196,7 @@ func TestJobPageLinksItsSandbox(t *testing.T) {
 	j := runningJob(delegate.StatusModeDetailed)
 	svc.GetFn = func(ctx context.Context, id string) (*delegate.Job, error) { c := *j; return &c, nil }
 	svc.TimelineFn = func(ctx context.Context, id string) ([]delegate.Event, error) { return nil, nil }
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	if page := get(t, h, "/jobs/job-1").Body.String(); strings.Contains(page, "<dt>Sandbox</dt>") {
 		t.Error("a job without a kept sandbox names one")
 	}
@@ -216,7 +216,7 @@ func TestNoSandboxPagesWithoutSandboxes(t *testing.T) {
 	svc := &mock.JobService{ListFn: func(context.Context, delegate.ListOptions) (*delegate.JobPage, error) {
 		return &delegate.JobPage{}, nil
 	}}
-	h := dashboard.Handler(svc, dashboard.Options{})
+	h := handler(svc, dashboard.Options{})
 	if w := get(t, h, "/sandboxes"); w.Code != 404 {
 		t.Errorf("/sandboxes: %d", w.Code)
 	}
@@ -246,7 +246,7 @@ func TestSandboxesLive(t *testing.T) {
 		sb := keptSandbox(id, state)
 		return &sb, nil
 	}
-	srv := httptest.NewServer(dashboard.Handler(svc, dashboard.Options{Poll: time.Hour}))
+	srv := httptest.NewServer(handler(svc, dashboard.Options{Poll: time.Hour}))
 	t.Cleanup(srv.Close)
 	list := openStream(t, srv.URL+"/sandboxes/events")
 	if ev := list.next(t); ev.name != "html" || !strings.Contains(decode(t, ev.data)["html"], "sb-idle") {

@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/delegate-dev/delegate"
 )
 
 // The callback server faces the jobs, which are untrusted, and, where
@@ -29,7 +27,7 @@ const (
 // CallbackServer is the http.Server of the callback endpoints (Handler),
 // with the bounds above and the body and header timeouts of this
 // package. Serve it on a listener of its own.
-func CallbackServer(svc delegate.CallbackService, opts Options) *http.Server {
+func CallbackServer(svc Services, opts Options) *http.Server {
 	h := newHandler(svc, opts)
 	return &http.Server{
 		Handler:           BodyTimeout(h.mux, BodyIdleTimeout, BodyTotalTimeout),

@@ -19,6 +19,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/httpapi"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/mock"
 )
 
@@ -60,7 +61,7 @@ func runCallbackServer() int {
 		fmt.Println(err)
 		return 1
 	}
-	srv := httpapi.CallbackServer(strictService(), httpapi.Options{})
+	srv := httpapi.CallbackServer(servicesOf(strictService()), httpapi.Options{})
 	go srv.Serve(l)
 	fmt.Println(l.Addr())
 	io.Copy(io.Discard, os.Stdin)
@@ -74,7 +75,7 @@ func startCallbackServer(t *testing.T, svc delegate.CallbackService, opts httpap
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httpapi.CallbackServer(svc, opts)
+	srv := httpapi.CallbackServer(servicesOf(svc), opts)
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().String()
@@ -139,15 +140,10 @@ func TestCallbackUnauthenticatedConnectionsCapped(t *testing.T) {
 		}
 		return n, newest
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	n, newest := open()
-	for (n != max || !newest) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		n, newest = open()
-	}
-	if n != max || !newest {
-		t.Errorf("%d of 40 idle connections open (the newest among them: %v), want %d", n, newest, max)
-	}
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d of 40 idle connections open, the newest among them", max), func() bool {
+		n, newest := open()
+		return n == max && newest
+	})
 	resp, err := http.Post("http://"+addr+"/callback/job-1/heartbeat", "application/json", nil)
 	if err == nil {
 		resp.Body.Close()
@@ -290,6 +286,7 @@ func TestCallbackMemoryUnderBadTokens(t *testing.T) {
 	// The kernel may still hold what was sent in the sockets' buffers:
 	// the most the server holds while it reads them.
 	after := rss()
+	// The test is of time passing: the memory's peak over two seconds.
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		after = max(after, rss())
 	}

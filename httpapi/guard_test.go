@@ -112,6 +112,7 @@ func TestBodyTimeoutCutsATrickle(t *testing.T) {
 			if _, err := w.Write([]byte("x")); err != nil {
 				return err
 			}
+			// The test is of time passing: a client that trickles.
 			time.Sleep(50 * time.Millisecond)
 		}
 		return nil
@@ -170,7 +171,7 @@ func TestCallbackAnswersAreCounted(t *testing.T) {
 		}
 		return nil
 	}}
-	h := httpapi.Handler(svc, httpapi.Options{Answered: func(code int) { codes = append(codes, code) }})
+	h := httpapi.Handler(servicesOf(svc), httpapi.Options{Answered: func(code int) { codes = append(codes, code) }})
 	for _, tc := range []struct{ token, body string }{
 		{"dlg_good", `{"progress":"x"}`},
 		{"dlg_bad", `{"progress":"x"}`},

@@ -119,6 +119,13 @@ func serve(svc delegate.CallbackService, method, path, token, body string) *http
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	rec := httptest.NewRecorder()
-	httpapi.Handler(svc, httpapi.Options{BodyLimit: 1024}).ServeHTTP(rec, req)
+	httpapi.Handler(servicesOf(svc), httpapi.Options{BodyLimit: 1024}).ServeHTTP(rec, req)
 	return rec
+}
+
+// servicesOf names the services svc implements (as cmd/ wires the
+// engine, which implements them all).
+func servicesOf(svc delegate.CallbackService) httpapi.Services {
+	qs, _ := svc.(delegate.QuestionService)
+	return httpapi.Services{Callbacks: svc, Questions: qs}
 }

@@ -46,20 +46,30 @@ type Options struct {
 	Burst int
 }
 
+// Services are the services the callback endpoints use, each by name:
+// cmd/ wires them (the engine is both), so that a service the engine
+// stops implementing fails the build instead of an endpoint at run time.
+type Services struct {
+	Callbacks delegate.CallbackService
+	// Questions: a job's questions and its long poll for their answers
+	// (questions.go); nil: those endpoints answer 404.
+	Questions delegate.QuestionService
+}
+
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat},
 // the questions of questions.go, and GET /health.
-func Handler(svc delegate.CallbackService, opts Options) http.Handler {
+func Handler(svc Services, opts Options) http.Handler {
 	return newHandler(svc, opts).mux
 }
 
-func newHandler(svc delegate.CallbackService, opts Options) *handler {
+func newHandler(svc Services, opts Options) *handler {
 	if opts.BodyLimit <= 0 {
 		opts.BodyLimit = DefaultBodyLimit
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{svc: svc, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
+	h := &handler{svc: svc.Callbacks, qs: svc.Questions, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /callback/{job_id}/{kind}", h.counted(http.HandlerFunc(h.callback)))
 	mux.Handle("POST /callback/{job_id}/question", h.counted(http.HandlerFunc(h.ask)))
@@ -81,6 +91,7 @@ func newHandler(svc delegate.CallbackService, opts Options) *handler {
 
 type handler struct {
 	svc   delegate.CallbackService
+	qs    delegate.QuestionService // nil: takes no questions
 	opts  Options
 	mux   *http.ServeMux
 	conns *connGuard

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,57 +15,29 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/httpapi"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
-	"github.com/delegate-dev/delegate/sqlite"
 )
 
 type env struct {
 	t       *testing.T
-	eng     *engine.Engine
+	eng     *testkit.Engine
 	backend *sandboxtest.Fake
 	srv     *httptest.Server
 }
 
 func newEnv(t *testing.T, cfg engine.Config) *env {
-	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	b := sandboxtest.NewFake()
-	cfg.Defaults = delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}
-	cfg.PollInterval = 10 * time.Millisecond
-	cfg.ArtifactDir = t.TempDir()
-	eng := engine.New(store, b, cfg)
-	if err := eng.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	srv := httptest.NewServer(httpapi.Handler(eng, httpapi.Options{BodyLimit: 1024}))
+	eng := testkit.StartEngine(t, cfg)
+	srv := httptest.NewServer(httpapi.Handler(servicesOf(eng.Engine), httpapi.Options{BodyLimit: 1024}))
 	t.Cleanup(srv.Close)
-	return &env{t: t, eng: eng, backend: b, srv: srv}
+	return &env{t: t, eng: eng, backend: eng.Backend, srv: srv}
 }
 
 // start submits a job and returns it once running, with its token.
 func (e *env) start(m delegate.Manifest) (*delegate.Job, *sandboxtest.Process, string) {
 	e.t.Helper()
-	j, err := e.eng.Submit(context.Background(), m, delegate.SubmitOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var p *sandboxtest.Process
-	select {
-	case p = <-e.backend.Started:
-	case <-time.After(5 * time.Second):
-		e.t.Fatal("job did not start")
-	}
-	for range 500 {
-		if j, _ = e.eng.Get(context.Background(), j.ID); j.Status == delegate.StatusRunning {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	j, p := e.eng.Running(e.t, m)
 	return j, p, tokenOf(e.t, p)
 }
 
@@ -172,15 +143,7 @@ func TestCompleteCallback(t *testing.T) {
 	}
 	// The job said it is done: what still runs is stopped (after a grace
 	// period for it to exit on its own).
-	for range 1500 {
-		if p.Killed() {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !p.Killed() {
-		t.Fatal("process still running after the job completed")
-	}
+	testkit.Eventually(t, 7500*time.Millisecond, "the process killed after the job completed", p.Killed)
 	got, _ := e.eng.Get(context.Background(), j.ID)
 	if got.Status != delegate.StatusSuccess || got.Result != "all 12 tests passed" {
 		t.Fatalf("after complete: %s %q", got.Status, got.Result)
@@ -239,6 +202,8 @@ func TestCallbackRaces(t *testing.T) {
 		if code, _ := e.post("/callback/"+j.ID+"/complete", token, `{"status":"failed"}`); code != 409 {
 			t.Fatalf("round %d: completion after the end got %d", i, code)
 		}
+		// What no event announces: a change that should not come. A
+		// moment for a late writer to make it.
 		time.Sleep(15 * time.Millisecond)
 		again, _ := e.eng.Get(ctx, j.ID)
 		if again.Status != final.Status {
@@ -253,6 +218,7 @@ func TestLostHeartbeat(t *testing.T) {
 	j, p, token := e.start(script())
 	// Heartbeats keep it alive past the threshold.
 	for range 6 {
+		// The test is of time passing: beats a third of the threshold apart.
 		time.Sleep(100 * time.Millisecond)
 		if code, _ := e.post("/callback/"+j.ID+"/heartbeat", token, ``); code != 200 {
 			t.Fatalf("heartbeat %d", code)
@@ -268,19 +234,17 @@ func TestLostHeartbeat(t *testing.T) {
 	if got.Status != delegate.StatusFailed || !strings.Contains(got.Error, "lost heartbeat") {
 		t.Fatalf("after heartbeats stopped: %s %q", got.Status, got.Error)
 	}
-	for range 500 {
-		if p.Killed() && e.backend.Len() == 0 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("killed=%v sandboxes=%d", p.Killed(), e.backend.Len())
+	testkit.Eventually(t, 2500*time.Millisecond, "the process killed and its sandbox destroyed", func() bool {
+		return p.Killed() && e.backend.Len() == 0
+	})
 }
 
 func TestSupervisedJobKeepsHeartbeat(t *testing.T) {
 	e := newEnv(t, engine.Config{HeartbeatThreshold: 200 * time.Millisecond})
 	j, p, _ := e.start(script())
-	time.Sleep(700 * time.Millisecond) // no callbacks at all
+	// The test is of time passing: over three thresholds without a
+	// callback, the supervisor's liveness counts as the job's.
+	time.Sleep(700 * time.Millisecond)
 	got, _ := e.eng.Get(context.Background(), j.ID)
 	if got.Status != delegate.StatusRunning {
 		t.Fatalf("a supervised job lost its heartbeat: %s %q", got.Status, got.Error)

@@ -16,9 +16,8 @@ import (
 
 // A job that reaches the callback server may ask a question there, and
 // wait there for its answer (a job without network asks in a status line
-// and finds the answer in a file: see the README). The service that takes
-// the callbacks answers the questions too when it implements
-// delegate.QuestionService (the engine does).
+// and finds the answer in a file: see the README). Services.Questions
+// takes them (the engine, as cmd/ wires it).
 //
 //	POST /callback/{job_id}/question   {"id","message","requestedSchema"}
 //	GET  /callback/{job_id}/answer/{question_id}?wait=SECONDS
@@ -50,11 +49,10 @@ type answerBody struct {
 }
 
 func (h *handler) questions(w http.ResponseWriter) (delegate.QuestionService, bool) {
-	qs, ok := h.svc.(delegate.QuestionService)
-	if !ok {
+	if h.qs == nil {
 		writeError(w, http.StatusNotFound, "this server takes no questions")
 	}
-	return qs, ok
+	return h.qs, h.qs != nil
 }
 
 // ask puts a job's question on it: stored before the answer.

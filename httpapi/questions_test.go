@@ -86,6 +86,8 @@ func TestQuestionCallbacks(t *testing.T) {
 		t.Errorf("no such question: %d %s", code, raw)
 	}
 	go func() {
+		// The answer comes while the long poll waits (a poll that has
+		// not begun yet would find it at once, which the test allows).
 		time.Sleep(200 * time.Millisecond)
 		e.eng.Answer(context.Background(), job.ID, "deploy", delegate.Answer{Action: delegate.AnswerAccept, Content: map[string]any{"why": "tested"}})
 	}()
@@ -114,7 +116,7 @@ func TestQuestionCallbacks(t *testing.T) {
 
 // TestQuestionsNotServed: a service that takes no questions says so.
 func TestQuestionsNotServed(t *testing.T) {
-	srv := httptest.NewServer(httpapi.Handler(strictService(), httpapi.Options{}))
+	srv := httptest.NewServer(httpapi.Handler(servicesOf(strictService()), httpapi.Options{}))
 	defer srv.Close()
 	resp, err := http.Post(srv.URL+"/callback/job-x/question", "application/json", strings.NewReader(askBody))
 	if err != nil {
@@ -139,7 +141,7 @@ func TestAnswerClosed(t *testing.T) {
 			return &delegate.Question{JobID: jobID, ID: id, State: delegate.QuestionClosed}, nil
 		},
 	}}
-	srv := httptest.NewServer(httpapi.Handler(svc, httpapi.Options{}))
+	srv := httptest.NewServer(httpapi.Handler(servicesOf(svc), httpapi.Options{}))
 	defer srv.Close()
 	req, _ := http.NewRequest("GET", srv.URL+"/callback/job-x/answer/q", nil)
 	req.Header.Set("Authorization", "Bearer dlg_good")

@@ -31,7 +31,14 @@ type SessionLimiter struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sessionUse
+	// closing counts the evicted sessions being closed (Wait).
+	closing sync.WaitGroup
 }
+
+// Wait returns once the sessions the limiter evicted are closed. A server
+// calls it after it has stopped serving: closing one waits for its
+// requests in flight, which end with the server's requests.
+func (l *SessionLimiter) Wait() { l.closing.Wait() }
 
 // sessionUse is what the limiter knows of one session.
 type sessionUse struct {
@@ -129,7 +136,7 @@ func (l *SessionLimiter) started(id string) {
 	// Closing waits for the session's requests in flight to end (a
 	// wait_job may take 50 s): the new session does not wait for that.
 	for _, victim := range evict {
-		go l.close(victim)
+		l.closing.Go(func() { l.close(victim) })
 	}
 }
 

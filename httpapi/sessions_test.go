@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate/httpapi"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -40,13 +41,7 @@ func liveSessions(s *mcp.Server) int {
 // (closing an evicted one happens beside the request that evicted it).
 func waitSessions(t testing.TB, s *mcp.Server, want int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for liveSessions(s) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("the MCP server holds %d sessions, want %d", liveSessions(s), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("the MCP server to hold %d sessions", want), func() bool { return liveSessions(s) == want })
 }
 
 // initialize opens a session as a bare client would, and returns its id.
@@ -103,6 +98,7 @@ func TestSessionCapClosesTheLongestIdle(t *testing.T) {
 	// a was opened first, but it is b that has been idle the longest once
 	// a and c have been used.
 	for _, cs := range []*mcp.ClientSession{a, c} {
+		// The limiter orders sessions by the clock: a tick between uses.
 		time.Sleep(2 * time.Millisecond)
 		if err := cs.Ping(ctx, nil); err != nil {
 			t.Fatal(err)
@@ -163,11 +159,11 @@ func BenchmarkInitializeFlood(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				server, _, srv := limitedServer(b, max)
+				server, lim, srv := limitedServer(b, max)
 				for range 5000 {
 					initialize(b, srv.URL)
 				}
-				time.Sleep(100 * time.Millisecond) // evictions run beside the requests
+				lim.Wait() // evictions run beside the requests
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MB-retained")

@@ -101,7 +101,7 @@ func benchCalls(b *testing.B, call func() error) {
 func benchConnect(b *testing.B, svc delegate.JobService) *mcp.ClientSession {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	server := mcpserver.New(ctx, svc, slog.New(slog.DiscardHandler))
+	server := newServer(ctx, svc, slog.New(slog.DiscardHandler))
 	toServerR, toServerW, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)
@@ -182,7 +182,7 @@ func BenchmarkRawCall(b *testing.B) {
 			s := svc.make(b)
 			ctx, cancel := context.WithCancel(context.Background())
 			b.Cleanup(cancel)
-			server := mcpserver.New(ctx, s, slog.New(slog.DiscardHandler))
+			server := newServer(ctx, s, slog.New(slog.DiscardHandler))
 			toServerR, toServerW, _ := os.Pipe()
 			toClientR, toClientW, _ := os.Pipe()
 			ss, err := server.Connect(ctx, mcpserver.StdioTransport(toServerR, toClientW, mcpserver.Limits{}, nil), nil)

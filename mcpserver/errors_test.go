@@ -1,48 +1,25 @@
 package mcpserver_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/mcpserver"
-	"github.com/delegate-dev/delegate/sqlite"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// logBuffer is a logger whose lines a test reads.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func connectLogged(t *testing.T, svc delegate.JobService) (*mcp.ClientSession, *logBuffer) {
+func connectLogged(t *testing.T, svc delegate.JobService) (*mcp.ClientSession, *testkit.Log) {
 	t.Helper()
-	logs := &logBuffer{}
+	log, logs := testkit.NewLog()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	server := mcpserver.New(ctx, svc, slog.New(slog.NewTextHandler(logs, nil)))
+	server := newServer(ctx, svc, log)
 	clientT, serverT := mcp.NewInMemoryTransports()
 	ss, err := server.Connect(ctx, serverT, nil)
 	if err != nil {
@@ -118,10 +95,7 @@ func TestToolErrorTable(t *testing.T) {
 // database's words, and logs those; resources likewise.
 func TestFailingStore(t *testing.T) {
 	ctx := context.Background()
-	store, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testkit.OpenStore(t)
 	now := time.Now().UTC()
 	if err := store.CreateJob(ctx, &delegate.Job{ID: "job-1", Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now,
 		Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}}); err != nil {
@@ -154,7 +128,7 @@ func TestFailingStore(t *testing.T) {
 	if res := call(t, cs, "list_jobs", nil); !res.IsError || strings.Contains(errorText(res), "database") {
 		t.Errorf("list_jobs over a failing store: %q", errorText(res))
 	}
-	_, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "job://job-1"})
+	_, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "job://job-1"})
 	if err == nil || strings.Contains(err.Error(), "database") || !strings.Contains(err.Error(), "failed on the server") {
 		t.Errorf("a resource over a failing store: %v", err)
 	}

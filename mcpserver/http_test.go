@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
 
@@ -130,10 +131,10 @@ func TestLimitBodiesInFlight(t *testing.T) {
 		done <- resp.StatusCode
 	}
 	go post()
-	for handling.Load() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the first request handled", func() bool { return handling.Load() == 1 })
 	go post()
+	// What no event announces: a second request that should not be
+	// handled. A moment for it to be, if the bound let it.
 	time.Sleep(300 * time.Millisecond)
 	if n := handling.Load(); n != 1 {
 		t.Fatalf("%d requests of 600 KiB handled at once under a 1 MiB bound", n)

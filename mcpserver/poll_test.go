@@ -52,7 +52,7 @@ func TestStdioPollsPipes(t *testing.T) {
 	defer unix.Close(probe)
 	outR, outW := io.Pipe()
 	ctx := context.Background()
-	server := mcpserver.New(ctx, fullService(), slog.New(slog.DiscardHandler))
+	server := newServer(ctx, fullService(), slog.New(slog.DiscardHandler))
 	ss, err := server.Connect(ctx, mcpserver.StdioTransport(r, outW, mcpserver.Limits{}, nil), nil)
 	if err != nil {
 		t.Fatal(err)

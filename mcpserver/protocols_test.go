@@ -28,7 +28,7 @@ func TestHTTPProtocols(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	srv := httptest.NewServer(mcpserver.HTTPHandler(mcpserver.New(ctx, s, slog.New(slog.DiscardHandler)), time.Minute, slog.New(slog.DiscardHandler)))
+	srv := httptest.NewServer(mcpserver.HTTPHandler(newServer(ctx, s, slog.New(slog.DiscardHandler)).Server, time.Minute, slog.New(slog.DiscardHandler)))
 	t.Cleanup(srv.Close)
 	for _, tc := range []struct{ asked, want string }{{"2025-06-18", "2025-06-18"}, {"2025-11-25", "2025-11-25"}, {"", "2026-07-28"}} {
 		t.Run(tc.want, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -48,7 +49,7 @@ type AnswerJobOut struct {
 }
 
 func addAnswerTool(ts *Tools, h *handlers) {
-	if _, ok := h.svc.(delegate.QuestionService); !ok {
+	if h.qs == nil {
 		return
 	}
 	addTool(ts, &mcp.Tool{
@@ -74,7 +75,7 @@ func answerSchema() *jsonschema.Schema {
 // not fit its question's form is an error naming it (those before it in
 // the order of ids are kept).
 func (h *handlers) answer(ctx context.Context, _ *mcp.CallToolRequest, in *AnswerJobIn) (AnswerJobOut, error) {
-	qs := h.svc.(delegate.QuestionService) // addAnswerTool checked
+	qs := h.qs // addAnswerTool checked
 	if len(in.Answers) == 0 {
 		return AnswerJobOut{}, &delegate.FieldError{Field: "answers", Rule: "required: {question id: {action, content}}"}
 	}
@@ -105,8 +106,8 @@ func (h *handlers) answer(ctx context.Context, _ *mcp.CallToolRequest, in *Answe
 // returns the job then and its open questions. Questions are looked for
 // every second while the service waits (another process may take them).
 func (h *handlers) waitOrAsk(ctx context.Context, id string) (*delegate.Job, []QuestionOut, error) {
-	qs, ok := h.svc.(delegate.QuestionService)
-	if !ok {
+	qs := h.qs
+	if qs == nil {
 		j, err := h.svc.Wait(ctx, id)
 		return j, nil, err
 	}
@@ -122,9 +123,12 @@ func (h *handlers) waitOrAsk(ctx context.Context, id string) (*delegate.Job, []Q
 		return j, open, err
 	}
 	wctx, stop := context.WithCancel(ctx)
+	// The look-out ends with the wait, which waits for it.
+	var lookout sync.WaitGroup
+	defer lookout.Wait()
 	defer stop()
 	found := make(chan []QuestionOut, 1)
-	go func() {
+	lookout.Go(func() {
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		for {
@@ -139,7 +143,7 @@ func (h *handlers) waitOrAsk(ctx context.Context, id string) (*delegate.Job, []Q
 				return
 			}
 		}
-	}()
+	})
 	j, err := h.svc.Wait(wctx, id)
 	select {
 	case open := <-found:

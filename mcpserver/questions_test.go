@@ -123,14 +123,17 @@ func TestWaitJobQuestions(t *testing.T) {
 	}
 	var (
 		mu      sync.Mutex
-		asked   bool
+		reads   int
 		answers []string
 	)
 	open := delegate.Question{JobID: "job-1", ID: "color", Message: "Which colour?", Form: storetest.SampleForm(), State: delegate.QuestionOpen}
+	// The job asks once the wait has begun: the first read (before it
+	// waits) finds no question, the next ones (while it waits) find it.
 	s.QuestionsFn = func(ctx context.Context, jobID string) ([]delegate.Question, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !asked {
+		reads++
+		if reads == 1 {
 			return nil, nil
 		}
 		return []delegate.Question{open}, nil
@@ -150,12 +153,6 @@ func TestWaitJobQuestions(t *testing.T) {
 		return &delegate.Question{ID: id, State: delegate.QuestionAnswered}, nil
 	}
 	cs := connect(t, s, nil)
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		mu.Lock()
-		asked = true
-		mu.Unlock()
-	}()
 	start := time.Now()
 	var w mcpserver.WaitOut
 	structured(t, call(t, cs, "wait_job", map[string]any{"job_id": "job-1", "timeout_seconds": 10}), &w)

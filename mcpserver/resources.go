@@ -16,7 +16,7 @@ import (
 
 // Jobs as resources: job://{id} is the status JSON, job://{id}/log the
 // output so far, job://{id}/artifacts/{name} an artifact.
-func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
+func addResources(s *mcp.Server, svc Services, log *slog.Logger) {
 	read := func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		res, err := readResource(ctx, svc, req.Params.URI)
 		if err != nil {
@@ -30,13 +30,13 @@ func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 		Description: "A job's output so far; subscribe for updates"}, read)
 	s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-artifact", URITemplate: "job://{id}/artifacts/{+name}",
 		Description: "A file collected from a job"}, read)
-	if _, ok := svc.(delegate.WorkspaceService); ok {
+	if svc.Workspaces != nil {
 		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-diff", URITemplate: "job://{id}/diff{?offset}", MIMEType: "text/x-diff",
 			Description: "What a job changed in its workspace, as a unified diff, 64 KiB a page (a last line names the next page)"}, read)
 		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-patch", URITemplate: "job://{id}/patch", MIMEType: "text/x-diff",
 			Description: "A job's workspace changes as a patch for git apply"}, read)
 	}
-	if _, ok := svc.(delegate.NetworkService); ok {
+	if svc.Network != nil {
 		s.AddResourceTemplate(&mcp.ResourceTemplate{Name: "job-network", URITemplate: "job://{id}/network", MIMEType: "application/json",
 			Description: "A job's network log: every connection and DNS query through delegate's egress proxy, allowed or denied and why"}, read)
 	}
@@ -44,13 +44,14 @@ func addResources(s *mcp.Server, svc delegate.JobService, log *slog.Logger) {
 
 // readResource reads one resource; its errors are resourceError's to
 // answer (a missing job or artifact is the protocol's not-found).
-func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mcp.ReadResourceResult, error) {
+func readResource(ctx context.Context, svcs Services, uri string) (*mcp.ReadResourceResult, error) {
+	svc := svcs.Jobs
 	rest, ok := strings.CutPrefix(uri, "job://")
 	if !ok {
 		return nil, mcp.ResourceNotFoundError(uri)
 	}
 	id, sub, _ := strings.Cut(rest, "/")
-	if ws, ok := svc.(delegate.WorkspaceService); ok && (sub == "patch" || sub == "diff" || strings.HasPrefix(sub, "diff?")) {
+	if ws := svcs.Workspaces; ws != nil && (sub == "patch" || sub == "diff" || strings.HasPrefix(sub, "diff?")) {
 		return readChanges(ctx, ws, uri, id, sub)
 	}
 	switch {
@@ -71,8 +72,8 @@ func readResource(ctx context.Context, svc delegate.JobService, uri string) (*mc
 		}
 		return contents(uri, "text/plain", out), nil
 	case sub == "network":
-		ns, ok := svc.(delegate.NetworkService)
-		if !ok {
+		ns := svcs.Network
+		if ns == nil {
 			return nil, mcp.ResourceNotFoundError(uri)
 		}
 		rep, err := networkLog(ctx, ns, id)
@@ -155,15 +156,4 @@ func readChanges(ctx context.Context, ws delegate.WorkspaceService, uri, id, sub
 
 func contents(uri, mime string, data []byte) *mcp.ReadResourceResult {
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: mime, Text: strings.ToValidUTF8(string(data), "\uFFFD")}}}
-}
-
-// publishUpdates sends notifications/resources/updated for a job's status
-// and log resources whenever the engine changes the job. The SDK delivers
-// them only to the sessions subscribed to that URI.
-func publishUpdates(ctx context.Context, s *mcp.Server, svc delegate.JobService) {
-	for id := range svc.Watch(ctx) {
-		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
-		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
-		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/network"})
-	}
 }

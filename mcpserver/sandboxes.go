@@ -18,8 +18,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// Kept sandboxes: three tools beside the job tools, offered when the
-// service keeps sandboxes (the engine does), and release_job releases
+// Kept sandboxes: three tools beside the job tools, offered with
+// Services.Sandboxes (the engine, as cmd/ wires it), and release_job releases
 // them too. A command in a kept sandbox is a job (submit_job with
 // manifest.sandbox), so every job tool works on it unchanged; these tools
 // only open and describe a sandbox and reach its files. Every agent
@@ -34,8 +34,8 @@ var sandboxTools = map[string]bool{"list_sandboxes": true, "sandbox_files": true
 // addReleaseTool adds release_job: with sandboxes, it releases a kept
 // sandbox by its id or by the persistent job that made it.
 func addReleaseTool(ts *Tools, h *handlers) {
-	sb, ok := h.svc.(delegate.SandboxService)
-	if !ok {
+	sb := h.sb
+	if sb == nil {
 		addTool(ts, &mcp.Tool{
 			Name:         "release_job",
 			Description:  "Destroy the sandbox a finished persistent job kept.",
@@ -72,9 +72,8 @@ type ReleaseIn struct {
 	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
-func addSandboxTools(ts *Tools, svc delegate.JobService) {
-	sb, ok := svc.(delegate.SandboxService)
-	if !ok {
+func addSandboxTools(ts *Tools, sb delegate.SandboxService) {
+	if sb == nil {
 		return
 	}
 	h := &sandboxHandlers{svc: sb}

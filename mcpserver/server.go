@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -22,10 +23,33 @@ import (
 // (Claude Code gives up on a tool call after about a minute).
 const maxWait = 50
 
-// New builds the MCP server over a job service. Until ctx ends it tells
-// subscribed clients about every change to a job (resources job://{id} and
-// job://{id}/log).
-func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Server {
+// Services are the services the MCP tools and resources use, each by
+// name: cmd/ wires them (the engine is every one), so that a service the
+// engine stops implementing fails the build instead of leaving a tool out
+// at run time. Jobs is required; a nil other leaves out what uses it.
+type Services struct {
+	Jobs delegate.JobService
+	// Sandboxes: open_sandbox, list_sandboxes, sandbox_files, sandbox://
+	// and release_job by sandbox_id.
+	Sandboxes delegate.SandboxService
+	// Questions: answer_job, wait_job's questions, input_required tasks.
+	Questions delegate.QuestionService
+	// Network: job://{id}/network and wait_job's allow.
+	Network delegate.NetworkService
+	// Workspaces: job://{id}/diff and job://{id}/patch.
+	Workspaces delegate.WorkspaceService
+}
+
+// Server is the MCP server over delegate's services: the SDK's server with
+// the job tools and resources, and PublishUpdates, which keeps subscribed
+// clients told of changes while it runs.
+type Server struct {
+	*mcp.Server
+	jobs delegate.JobService
+}
+
+// New builds the MCP server over svc.
+func New(svc Services, log *slog.Logger) *Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: buildinfo.Version()},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
@@ -39,12 +63,11 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &handlers{svc: svc}
+	h := &handlers{svc: svc.Jobs, qs: svc.Questions, ns: svc.Network, sb: svc.Sandboxes}
 	addTasks(s, h, log)
 	ts := NewTools(s, log, "the sandbox backend or the job store")
 	addResources(s, svc, log)
-	go publishUpdates(ctx, s, svc)
-	addSandboxTools(ts, svc)
+	addSandboxTools(ts, svc.Sandboxes)
 	addTool(ts, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Run a job in a new isolated sandbox; returns job_id at once. Then wait_job, get_job_result.",
@@ -96,7 +119,21 @@ func New(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcp.Se
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ListOut](),
 	}, h.list)
-	return s
+	return &Server{Server: s, jobs: svc.Jobs}
+}
+
+// PublishUpdates sends notifications/resources/updated for a job's
+// status, log and network resources whenever the service changes the
+// job, until ctx ends (it returns nil then). The SDK delivers them only
+// to the sessions subscribed to that URI. Run it beside the server, in
+// the program's group.
+func (s *Server) PublishUpdates(ctx context.Context) error {
+	for id := range s.jobs.Watch(ctx) {
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id})
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/log"})
+		s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "job://" + id + "/network"})
+	}
+	return nil
 }
 
 // capabilities are the SDK's defaults (logging; tools and resources are
@@ -172,7 +209,13 @@ func HTTPHandler(s *mcp.Server, sessionTimeout time.Duration, log *slog.Logger) 
 	return limitBodies(byProtocol(stateless, stateful), lim, log)
 }
 
-type handlers struct{ svc delegate.JobService }
+// handlers are the job tools' handlers over the services they use.
+type handlers struct {
+	svc delegate.JobService
+	qs  delegate.QuestionService // nil: a service that takes no questions
+	ns  delegate.NetworkService  // nil: no egress proxy
+	sb  delegate.SandboxService  // nil: no kept sandboxes
+}
 
 // SubmitIn is submit_job's input.
 type SubmitIn struct {
@@ -309,8 +352,8 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 		return WaitOut{}, err
 	}
 	if len(in.Allow) > 0 {
-		ns, ok := h.svc.(delegate.NetworkService)
-		if !ok {
+		ns := h.ns
+		if ns == nil {
 			return WaitOut{}, &delegate.FieldError{Field: "allow", Rule: "this server has no egress proxy whose allowlists could be widened"}
 		}
 		if _, err := ns.AllowNetwork(ctx, in.JobID, in.Allow, "mcp"); err != nil {
@@ -318,10 +361,12 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
+	// The progress reports end with the call, which waits for them.
+	var reports sync.WaitGroup
+	defer reports.Wait()
 	defer cancel()
-	token := req.Params.GetProgressToken()
-	if token != nil {
-		go h.reportProgress(wctx, req, token, in.JobID)
+	if token := req.Params.GetProgressToken(); token != nil {
+		reports.Go(func() { h.reportProgress(wctx, req, token, in.JobID) })
 	}
 	j, questions, err := h.waitOrAsk(wctx, in.JobID)
 	if err != nil && ctx.Err() == nil {

@@ -62,7 +62,7 @@ func connect(t *testing.T, svc delegate.JobService, opts *mcp.ClientOptions) *mc
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	server := mcpserver.New(ctx, svc, slog.New(slog.DiscardHandler))
+	server := newServer(ctx, svc, slog.New(slog.DiscardHandler))
 	clientT, serverT := mcp.NewInMemoryTransports()
 	ss, err := server.Connect(ctx, serverT, nil)
 	if err != nil {
@@ -523,4 +523,23 @@ func TestResources(t *testing.T) {
 			t.Fatal("no notifications/resources/updated for a subscribed job")
 		}
 	}
+}
+
+// newServer serves svc with the services it implements (as cmd/ wires the
+// engine, which implements them all), its updates published until ctx
+// ends.
+func newServer(ctx context.Context, svc delegate.JobService, log *slog.Logger) *mcpserver.Server {
+	s := mcpserver.New(servicesOf(svc), log)
+	go s.PublishUpdates(ctx)
+	return s
+}
+
+// servicesOf names the services svc implements.
+func servicesOf(svc delegate.JobService) mcpserver.Services {
+	out := mcpserver.Services{Jobs: svc}
+	out.Sandboxes, _ = svc.(delegate.SandboxService)
+	out.Questions, _ = svc.(delegate.QuestionService)
+	out.Network, _ = svc.(delegate.NetworkService)
+	out.Workspaces, _ = svc.(delegate.WorkspaceService)
+	return out
 }

@@ -93,7 +93,7 @@ func rawSessionWith(t *testing.T, svc *service, lim mcpserver.Limits, in input) 
 func rawSessionLog(t *testing.T, svc *service, lim mcpserver.Limits, in input, log *slog.Logger) *rawConn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	server := mcpserver.New(ctx, svc, log)
+	server := newServer(ctx, svc, log)
 	inR, inW := in.pipe(t)
 	outR, outW := io.Pipe()
 	ss, err := server.Connect(ctx, mcpserver.StdioTransport(inR, outW, lim, nil), nil)

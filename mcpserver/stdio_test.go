@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/mcpserver"
 )
 
@@ -157,14 +158,14 @@ func stdioInFlightBound(t *testing.T, in input) {
 			strings.Repeat("x", size) + `"}}}}`
 	}
 	rw.send(t, submit(1))
-	for started.Load() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the first request handled", func() bool { return started.Load() == 1 })
 	sent := make(chan struct{})
 	go func() {
 		rw.send(t, submit(2)) // the pipe takes it only as fast as the server reads
 		close(sent)
 	}()
+	// What no event announces: a read that should not happen. A moment
+	// for it to, if the bound let it.
 	time.Sleep(300 * time.Millisecond)
 	select {
 	case <-sent:

@@ -108,8 +108,7 @@ type tasks struct {
 
 // addTasks serves the extension (capabilities advertises it).
 func addTasks(s *mcp.Server, h *handlers, log *slog.Logger) {
-	qs, _ := h.svc.(delegate.QuestionService)
-	t := &tasks{log: log, svc: h.svc, qs: qs, h: h, now: time.Now}
+	t := &tasks{log: log, svc: h.svc, qs: h.qs, h: h, now: time.Now}
 	s.AddReceivingMiddleware(t.middleware)
 	// The names are not standard methods of the SDK, so these cannot fail.
 	must(mcp.AddReceivingCustomMethod(s, "tasks/get", t.get))

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/google/jsonschema-go/jsonschema"
 )
@@ -410,8 +410,8 @@ func TestTasksErrorTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := taskService()
 			tc.break_(s, tc.err)
-			logs := &logBuffer{}
-			c := rawSessionLog(t, s, mcpserver.Limits{}, inputs[0], slog.New(slog.NewTextHandler(logs, nil)))
+			log, logs := testkit.NewLog()
+			c := rawSessionLog(t, s, mcpserver.Limits{}, inputs[0], log)
 			r := c.exchange(t, 1, tc.method, tc.params)
 			if r.Error == nil || r.Error.Code != tc.code || !strings.Contains(r.Error.Message, tc.want) {
 				t.Fatalf("result %s error %+v; want %d %q", r.Result, r.Error, tc.code, tc.want)

@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -176,6 +176,21 @@ func call[T any](t *testing.T, h *harness, tool string, args any) T {
 		t.Errorf("%s: text content %s differs from the structured %s", tool, resultText(res), raw)
 	}
 	return out
+}
+
+// untilAgent calls a guest agent tool until the guest's agent answers
+// (the guest boots meanwhile), and returns its result.
+func (h *harness) untilAgent(t *testing.T, tool string, args any) *mcp.CallToolResult {
+	t.Helper()
+	var res *mcp.CallToolResult
+	testkit.Eventually(t, 30*time.Second, tool+" past the agent's start", func() bool {
+		res = h.callRaw(t, tool, args)
+		if res.IsError && !strings.Contains(resultText(res), "QEMU guest agent is not running") {
+			t.Fatalf("%s: %s", tool, resultText(res))
+		}
+		return !res.IsError
+	})
+	return res
 }
 
 // callErr calls a tool that must fail and returns its message.
@@ -402,20 +417,10 @@ func TestVMLife(t *testing.T) {
 	}
 	// The agent answers once the guest booted.
 	var out ExecOut
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		res := h.callRaw(t, "proxmox_execute_vm_command", map[string]any{"node": "pve1", "vmid": next,
-			"command": "echo hello from $(uname -s); echo oops >&2; exit 3"})
-		if !res.IsError {
-			raw, _ := json.Marshal(res.StructuredContent)
-			json.Unmarshal(raw, &out)
-			break
-		}
-		if !strings.Contains(resultText(res), "QEMU guest agent is not running") || time.Now().After(deadline) {
-			t.Fatalf("exec: %s", resultText(res))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	res := h.untilAgent(t, "proxmox_execute_vm_command", map[string]any{"node": "pve1", "vmid": next,
+		"command": "echo hello from $(uname -s); echo oops >&2; exit 3"})
+	raw, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(raw, &out)
 	if !out.Exited || out.ExitCode == nil || *out.ExitCode != 3 || out.Stdout != "hello from Linux\n" || out.Stderr != "oops\n" {
 		t.Errorf("exec %+v", out)
 	}
@@ -612,18 +617,13 @@ func TestTaskOutlivesWait(t *testing.T) {
 	if st.Status != "running" || st.ExitStatus != "" || st.UPID == "" {
 		t.Fatalf("start %+v", st)
 	}
-	for i := 0; ; i++ {
-		s := call[NodeTaskOut](t, h, "proxmox_node_task", map[string]any{"node": "pve2", "action": "status", "upid": st.UPID})
-		if s.Status == "stopped" {
-			if s.ExitStatus != "OK" {
-				t.Errorf("task %+v", s)
-			}
-			break
-		}
-		if i > 100 {
-			t.Fatal("the task did not end")
-		}
-		time.Sleep(50 * time.Millisecond)
+	var s NodeTaskOut
+	testkit.Eventually(t, 10*time.Second, "the task's end", func() bool {
+		s = call[NodeTaskOut](t, h, "proxmox_node_task", map[string]any{"node": "pve2", "action": "status", "upid": st.UPID})
+		return s.Status == "stopped"
+	})
+	if s.ExitStatus != "OK" {
+		t.Errorf("task %+v", s)
 	}
 }
 
@@ -651,17 +651,7 @@ func TestJobTokenPrivileges(t *testing.T) {
 			call[TaskOut](t, h, "proxmox_guest_config_update", map[string]any{"node": "pve1", "vmid": clone.VMID,
 				"config": map[string]any{"cores": 1, "memory": 1024, "description": "x"}})
 			call[TaskOut](t, h, "proxmox_guest_start", vm)
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				res := h.callRaw(t, "proxmox_agent_exec", map[string]any{"node": "pve1", "vmid": clone.VMID, "command": []string{"true"}})
-				if !res.IsError {
-					break
-				}
-				if !strings.Contains(resultText(res), "QEMU guest agent is not running") || time.Now().After(deadline) {
-					t.Fatalf("exec: %s", resultText(res))
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			h.untilAgent(t, "proxmox_agent_exec", map[string]any{"node": "pve1", "vmid": clone.VMID, "command": []string{"true"}})
 			call[FileOut](t, h, "proxmox_agent_file", map[string]any{"node": "pve1", "vmid": clone.VMID, "action": "write", "file": "/tmp/f", "content": "x"})
 			call[FileOut](t, h, "proxmox_agent_file", map[string]any{"node": "pve1", "vmid": clone.VMID, "action": "read", "file": "/tmp/f"})
 			for _, c := range []struct {
@@ -692,13 +682,7 @@ func TestJobTokenPrivileges(t *testing.T) {
 // (here, the cluster gone: connection refused) is logged in full and the
 // agent told only which call failed and what to do.
 func TestErrorsThroughTheTable(t *testing.T) {
-	var logs strings.Builder
-	var mu sync.Mutex
-	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.Write(p)
-	}), nil))
+	log, logs := testkit.NewLog()
 	h := newHarness(t, options{log: log})
 	call[nodesOut](t, h, "proxmox_get_nodes", map[string]any{})
 	h.sim.Close()
@@ -707,13 +691,7 @@ func TestErrorsThroughTheTable(t *testing.T) {
 	if strings.Contains(msg, "refused") || strings.Contains(msg, "127.0.0.1") {
 		t.Errorf("the agent reads the transport's words: %q", msg)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	if !strings.Contains(logs.String(), "tool=proxmox_get_nodes") || !strings.Contains(logs.String(), "connect") {
 		t.Errorf("the log lacks the error in full:\n%s", logs.String())
 	}
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -23,14 +24,35 @@ import (
 type app struct {
 	store   store
 	backend sandbox.Backend // nil when the app only reads jobs
-	eng     *engine.Engine
-	egress  *engine.Egress // the egress proxy, when the app runs jobs
+	// pool is the backend's warm pool (Proxmox's); nil for another
+	// backend, or none.
+	pool poolKeeper
+	eng  *engine.Engine
+	// closers close what openApp opened, in the order it opened them;
+	// Close runs them the last first.
+	closers []namedCloser
 }
 
-// openApp opens the store; with a backend it can also run jobs. Jobs get
-// callbackURL (empty: no callback server) to report to. met, if not nil,
-// hears the engine and the Proxmox client.
-func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend bool, callbackURL string, met *metrics.Metrics) (*app, error) {
+// namedCloser closes one part, naming it in its error.
+type namedCloser struct {
+	name  string
+	close func() error
+}
+
+// appOptions say what an app opens beside the store.
+type appOptions struct {
+	// RunJobs opens a sandbox backend and the egress proxy: the app runs
+	// jobs. Without, it only reads and changes stored jobs.
+	RunJobs bool
+	// CallbackURL is where jobs report (empty: no callback server).
+	CallbackURL string
+	// Metrics, if not nil, hears the engine and the Proxmox client.
+	Metrics *metrics.Metrics
+}
+
+// openApp opens the store and, as opts say, what runs jobs. On error it
+// closes what it opened.
+func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOptions) (_ *app, err error) {
 	secret, err := cfg.SecretResolver()
 	if err != nil {
 		return nil, err
@@ -46,36 +68,42 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 	if err != nil {
 		return nil, err
 	}
-	var backend sandbox.Backend
+	a := &app{store: store}
+	a.opened("the job store", store.Close)
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, a.Close())
+		}
+	}()
+	met := opts.Metrics
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
-	open := func(ctx context.Context) (sandbox.Backend, error) { return openBackend(ctx, cfg, log, met, nil, 0, "") }
+	open := func(ctx context.Context) (sandbox.Backend, error) {
+		b, _, err := openBackend(ctx, cfg, log, met, nil, 0, "")
+		return b, err
+	}
 	poll := time.Duration(0) // the engine's default
 	var eg *engine.Egress
-	if withBackend {
+	if opts.RunJobs {
 		// The egress proxy: the only road out of a job's sandbox (where
 		// the backend routes through it), forwarding to the callback
 		// server when there is one.
-		cbAddr, cbPort := callbackAddr(cfg, callbackURL)
+		cbAddr, cbPort := callbackAddr(cfg, opts.CallbackURL)
 		eg, err = engine.NewEgress(store, engine.EgressConfig{Bindings: bindings, Secret: secret, Logger: log,
 			Proxy: egress.Config{Callback: cbAddr, Allow: cfg.EgressAllow, AllowPrivate: cfg.EgressAllowPrivate}})
 		if err != nil {
-			store.Close()
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
-		backend, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort, callbackURL)
+		a.opened("the egress proxy", eg.Close)
+		a.backend, a.pool, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort, opts.CallbackURL)
 		if err != nil {
-			eg.Close()
-			store.Close()
 			return nil, err
 		}
+		a.opened("the sandbox backend", a.backend.Close)
 		if cfg.Backend == "proxmox" && cfg.ProxmoxEgressProxy != "" {
 			// Job VMs reach the proxy's shared listener, naming their job
 			// in Proxy-Authorization.
 			if err := eg.ServeShared(cfg.ProxmoxEgressListen); err != nil {
-				backend.Close()
-				eg.Close()
-				store.Close()
 				return nil, fmt.Errorf("PROXMOX_EGRESS_LISTEN=%s: %w", cfg.ProxmoxEgressListen, err)
 			}
 		}
@@ -88,7 +116,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		observer = met
 		met.CountJobs(store)
 	}
-	eng := engine.New(store, backend, engine.Config{
+	a.eng = engine.New(store, a.backend, engine.Config{
 		Defaults:        cfg.Defaults,
 		Maxima:          engine.Maxima{CPU: cfg.MaxCPU, MemoryBytes: cfg.MaxMemory, DiskBytes: cfg.MaxDisk, TimeoutSeconds: cfg.MaxTimeout},
 		MaxConcurrent:   cfg.MaxConcurrent,
@@ -101,7 +129,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		PollInterval:    poll,
 		Logger:          log,
 
-		CallbackURL:        callbackURL,
+		CallbackURL:        opts.CallbackURL,
 		HeartbeatThreshold: cfg.HeartbeatThreshold,
 		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
 		Secret:             secret,
@@ -120,7 +148,26 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, withBackend 
 		MinFree:   cfg.MinFree,
 		Retention: cfg.Retention,
 	})
-	return &app{store: store, backend: backend, eng: eng, egress: eg}, nil
+	a.opened("the engine", a.eng.Close)
+	return a, nil
+}
+
+// opened records a part that Close closes.
+func (a *app) opened(name string, close func() error) {
+	a.closers = append(a.closers, namedCloser{name, close})
+}
+
+// Close stops the engine and closes what the app opened, the last opened
+// first, and reports every part that failed to close.
+func (a *app) Close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		if err := a.closers[i].close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing %s: %w", a.closers[i].name, err))
+		}
+	}
+	a.closers = nil
+	return errors.Join(errs...)
 }
 
 // callbackAddr is where the egress proxy forwards a sandbox's callback
@@ -148,12 +195,14 @@ func callbackAddr(cfg cli.Config, callbackURL string) (netip.AddrPort, int) {
 // the egress proxy its sandboxes go through (nil: none), cbPort the
 // callback port a local sandbox forwards (0: none), callbackURL the
 // callback server's public URL, which job VMs' firewalls let them reach.
-func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, error) {
+//
+// A Proxmox backend is the warm pool's keeper too.
+func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, poolKeeper, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
 		if err != nil {
-			return nil, fmt.Errorf("proxmox backend: %w", err)
+			return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 		}
 		if met != nil {
 			client.Observe(met.ProxmoxRequest)
@@ -162,24 +211,24 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 		// servers with other data dirs leave them alone.
 		instance, err := proxmox.StableInstanceID(cfg.DataDir)
 		if err != nil {
-			return nil, fmt.Errorf("proxmox backend: instance id: %w", err)
+			return nil, nil, fmt.Errorf("proxmox backend: instance id: %w", err)
 		}
 		var eg *proxmox.Egress
 		if cfg.ProxmoxEgressProxy != "" && proxy != nil {
 			if eg, err = proxmox.ParseEgress(cfg.ProxmoxEgressProxy, callbackURL); err != nil {
-				return nil, fmt.Errorf("proxmox backend: %w", err)
+				return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 			}
 		}
 		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
 			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit})
 		if err != nil {
-			return nil, fmt.Errorf("proxmox backend: %w", err)
+			return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 		}
 		if err := b.Check(ctx); err != nil {
-			return nil, fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err)
+			return nil, nil, errors.Join(fmt.Errorf("proxmox backend (PROXMOX_HOST=%s): %w", cfg.Proxmox.Host, err), b.Close())
 		}
-		return b, nil
+		return b, b, nil
 	default:
 		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
 			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, ToolDirs: cfg.ToolDirs, Logger: log,
@@ -189,26 +238,15 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 			CacheDir: filepath.Join(cfg.DataDir, "caches"), CacheMaxBytes: cfg.CacheMaxBytes,
 			Egress: proxy, EgressCallbackPort: cbPort})
 		if err != nil {
-			return nil, fmt.Errorf("local backend: %w", err)
+			return nil, nil, fmt.Errorf("local backend: %w", err)
 		}
 		if tpl := cfg.Defaults.VMTemplate; tpl != "" {
 			if err := b.CheckTemplate(ctx, tpl); err != nil {
-				return nil, fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %w", tpl, err)
+				return nil, nil, errors.Join(fmt.Errorf("DEFAULT_VM_TEMPLATE=%q: %w", tpl, err), b.Close())
 			}
 		}
-		return b, nil
+		return b, nil, nil
 	}
-}
-
-func (a *app) Close() {
-	a.eng.Close()
-	if a.backend != nil {
-		a.backend.Close()
-	}
-	if a.egress != nil {
-		a.egress.Close()
-	}
-	a.store.Close()
 }
 
 // keepPool starts the Proxmox warm pool: only a server keeps one (one
@@ -216,8 +254,8 @@ func (a *app) Close() {
 // With PROXMOX_POOL_SIZE=0 it still runs once, to destroy the pool an
 // earlier run left. It returns nil for another backend.
 func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
-	b, ok := a.backend.(*proxmox.Backend)
-	if !ok {
+	b := a.pool
+	if b == nil {
 		return nil, nil
 	}
 	p := cfg.ProxmoxPool
@@ -236,8 +274,14 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 	return stop, nil
 }
 
+// poolKeeper keeps a warm pool of sandboxes (the Proxmox backend does).
+type poolKeeper interface {
+	KeepPool(ctx context.Context, cfg proxmox.PoolConfig) (stop func(), err error)
+	PoolVMs() []proxmox.PoolCount
+}
+
 // poolCounter reads the warm pool for the metrics.
-type poolCounter struct{ b *proxmox.Backend }
+type poolCounter struct{ b poolKeeper }
 
 func (p poolCounter) PoolVMs(context.Context) ([]metrics.PoolVMs, error) {
 	var out []metrics.PoolVMs

@@ -5,13 +5,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/internal/bench"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
@@ -38,20 +38,20 @@ func main() {
 	os.Exit(code)
 }
 
-// openService opens the engine over the data dir as the CLI's job service.
-func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (delegate.JobService, func(), error) {
-	a, err := openApp(ctx, cfg, log, runJobs, "", nil)
+// openService opens the engine over the data dir as the CLI's services.
+func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs bool) (cli.Services, func() error, error) {
+	a, err := openApp(ctx, cfg, log, appOptions{RunJobs: runJobs})
 	if err != nil {
-		return nil, nil, err
+		return cli.Services{}, nil, err
 	}
 	if runJobs {
 		// Its own life: a Ctrl-C cancels the job, and the engine sees it end.
 		if err := a.eng.Start(context.WithoutCancel(ctx)); err != nil {
-			a.Close()
-			return nil, nil, err
+			return cli.Services{}, nil, errors.Join(err, a.Close())
 		}
 	}
-	return a.eng, a.Close, nil
+	e := a.eng
+	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e}, a.Close, nil
 }
 
 func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io.Writer, log *slog.Logger) error {
@@ -66,13 +66,12 @@ func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io
 			cfg.DataDir = dataDir
 			cfg.MaxConcurrent = n
 			cfg.Defaults.Memory, cfg.Defaults.Disk = "64M", "16M"
-			a, err := openApp(ctx, cfg, log, true, "", nil)
+			a, err := openApp(ctx, cfg, log, appOptions{RunJobs: true})
 			if err != nil {
 				return nil, err
 			}
 			if err := a.eng.Start(ctx); err != nil {
-				a.Close()
-				return nil, err
+				return nil, errors.Join(err, a.Close())
 			}
 			return &bench.App{Jobs: a.eng, Backend: a.backend, Close: a.Close}, nil
 		}, out)
@@ -81,7 +80,7 @@ func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io
 		cfg.DataDir = dataDir
 		cfg.MaxConcurrent = 1
 		cfg.Defaults.Memory, cfg.Defaults.Disk = "256M", "64M"
-		a, err := openApp(ctx, cfg, log, true, "", nil)
+		a, err := openApp(ctx, cfg, log, appOptions{RunJobs: true})
 		if err != nil {
 			return nil, err
 		}

@@ -19,12 +19,15 @@ import (
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sync/errgroup"
 )
 
 // serve runs the MCP server (stdio or Streamable HTTP, with the dashboard
 // and the metrics beside it) and the callback server over one engine
-// until ctx ends.
-func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
+// until ctx ends. Every goroutine of the server's life runs in one
+// errgroup: the first to fail ends the others, and all have ended before
+// the engine and the store close.
+func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) (err error) {
 	if opts.HTTPAddr == "" {
 		stdioProcs()
 	}
@@ -41,35 +44,42 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	if runsJobs {
 		callbacks, callbackURL = listenCallbacks(cfg, log)
 	}
-	a, err := openApp(ctx, cfg, log, runsJobs, callbackURL, met)
+	a, err := openApp(ctx, cfg, log, appOptions{RunJobs: runsJobs, CallbackURL: callbackURL, Metrics: met})
 	if err != nil {
 		if callbacks != nil {
 			callbacks.Close()
 		}
 		return err
 	}
-	defer a.Close()
+	defer func() { err = errors.Join(err, a.Close()) }()
+	ctx, stop := context.WithCancel(ctx)
+	g, ctx := errgroup.WithContext(ctx)
+	defer func() {
+		stop()
+		err = errors.Join(err, g.Wait())
+	}()
 	if callbacks != nil {
 		cbOpts := httpapi.Options{Logger: log}
 		if met != nil {
 			cbOpts.Answered = met.CallbackAnswered
 		}
-		srv := httpapi.CallbackServer(a.eng, cbOpts)
-		go srv.Serve(callbacks)
-		defer srv.Close()
+		srv := httpapi.CallbackServer(httpapi.Services{Callbacks: a.eng, Questions: a.eng}, cbOpts)
+		// Closed at once at the end: a job's long poll for an answer
+		// would hold a graceful shutdown for its whole wait.
+		serveUntil(ctx, g, srv, 0, func() error { return srv.Serve(callbacks) })
 	}
 	// The pool first: jobs the engine starts at once may take its VMs.
-	if stop, err := keepPool(ctx, cfg, a, met, log); err != nil {
+	if stopPool, err := keepPool(ctx, cfg, a, met, log); err != nil {
 		return err
-	} else if stop != nil {
-		defer stop()
+	} else if stopPool != nil {
+		defer stopPool()
 	}
 	if runsJobs {
 		if err := a.eng.Start(ctx); err != nil {
 			return err
 		}
 	}
-	server, err := newMCPServer(ctx, cfg, a.eng, log)
+	server, err := newMCPServer(ctx, g, cfg, a.eng, log)
 	if err != nil {
 		return err
 	}
@@ -77,11 +87,34 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir, "gomaxprocs", runtime.GOMAXPROCS(0))
 		err := server.Run(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout, mcpserver.Limits{}, log))
 		if ctx.Err() != nil || errors.Is(err, io.EOF) {
-			return nil
+			return nil // a part that failed says why through g.Wait
 		}
 		return err
 	}
-	return serveHTTP(ctx, cfg, opts, server, a, met, log)
+	return serveHTTP(ctx, g, cfg, opts, server, a, met, log)
+}
+
+// serveUntil serves srv in g (serveFn is its Serve or ServeTLS) until ctx
+// ends, then shuts it down: gracefully for up to grace (requests in
+// flight end), or at once with a grace of 0.
+func serveUntil(ctx context.Context, g *errgroup.Group, srv *http.Server, grace time.Duration, serveFn func() error) {
+	g.Go(func() error {
+		if err := serveFn(); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		if grace > 0 {
+			shutdown, cancel := context.WithTimeout(context.Background(), grace)
+			defer cancel()
+			if srv.Shutdown(shutdown) == nil {
+				return nil
+			}
+		}
+		return srv.Close()
+	})
 }
 
 // stdioProcs runs a stdio server's Go code on one processor, unless the
@@ -100,7 +133,7 @@ func stdioProcs() {
 }
 
 // serveHTTP serves /mcp, the dashboard, /metrics and /health until ctx ends.
-func serveHTTP(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, server *mcp.Server, a *app, met *metrics.Metrics, log *slog.Logger) error {
+func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.ServeOptions, server *mcp.Server, a *app, met *metrics.Metrics, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("--http: %w", err)
@@ -114,7 +147,7 @@ func serveHTTP(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, serve
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
-	mux.Handle("/", dashboard.Handler(a.eng, dashboard.Options{Token: opts.Token, Logger: log}))
+	mux.Handle("/", dashboard.Handler(dashboard.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng}, dashboard.Options{Token: opts.Token, Logger: log}))
 	srv := &http.Server{
 		Handler:           httpapi.LoopbackOnly(httpapi.BodyTimeout(mux, httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout)),
 		ReadHeaderTimeout: httpapi.HeaderTimeout,
@@ -123,12 +156,6 @@ func serveHTTP(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, serve
 		// streams (MCP's and the dashboard's) end instead of holding it.
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdown)
-	}()
 	tls := opts.TLSCert != ""
 	scheme := "http://"
 	if tls {
@@ -144,14 +171,20 @@ func serveHTTP(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, serve
 	}
 	log.Info("serving MCP over Streamable HTTP", "url", base+"/mcp", "dashboard", base+"/", "metrics", base+"/metrics",
 		"auth", auth, "max_sessions", opts.MaxSessions, "data_dir", cfg.DataDir)
-	if tls {
-		err = srv.ServeTLS(ln, opts.TLSCert, opts.TLSKey)
-	} else {
-		err = srv.Serve(ln)
-	}
-	if !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("--http: %w", err)
-	}
+	serveUntil(ctx, g, srv, 5*time.Second, func() error {
+		var err error
+		if tls {
+			err = srv.ServeTLS(ln, opts.TLSCert, opts.TLSKey)
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("--http: %w", err)
+		}
+		return err
+	})
+	<-ctx.Done() // the signal, or a part of g failing (serve's g.Wait says which)
+	sessions.Wait()
 	return nil
 }
 

@@ -23,7 +23,7 @@ type App struct {
 	// Sandboxes keeps sandboxes; nil: no kept-sandbox figures.
 	Sandboxes delegate.SandboxService
 	Backend   sandbox.Backend
-	Close     func()
+	Close     func() error
 }
 
 // Opener opens an App over a fresh data dir, running one job at a time
