@@ -15,6 +15,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -28,24 +29,7 @@ import (
 // on the first node.
 func simWith(t *testing.T, nodes []pvesim.NodeSpec, spec pvesim.TemplateSpec, tune func(*pvesim.Options)) *pvesim.Server {
 	t.Helper()
-	opts := pvesim.Options{
-		Nodes:            nodes,
-		TaskDelay:        20 * time.Millisecond,
-		BootDelay:        100 * time.Millisecond,
-		AuthFailureDelay: -1,
-		SandboxDir:       t.TempDir(),
-	}
-	if tune != nil {
-		tune(&opts)
-	}
-	sim, err := pvesim.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sim.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sim.Close() })
+	sim := testkit.StartSim(t, nodes, tune)
 	if spec.Tags == "" {
 		spec.Tags = "delegate;template"
 	}

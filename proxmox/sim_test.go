@@ -17,6 +17,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
@@ -36,24 +37,7 @@ func TestMain(m *testing.M) {
 // simOpts is a fast simulated cluster with a template on each node.
 func newSim(t *testing.T, nodes []pvesim.NodeSpec, tune func(*pvesim.Options)) *pvesim.Server {
 	t.Helper()
-	opts := pvesim.Options{
-		Nodes:            nodes,
-		TaskDelay:        20 * time.Millisecond,
-		BootDelay:        100 * time.Millisecond,
-		AuthFailureDelay: -1,
-		SandboxDir:       t.TempDir(),
-	}
-	if tune != nil {
-		tune(&opts)
-	}
-	sim, err := pvesim.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sim.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sim.Close() })
+	sim := testkit.StartSim(t, nodes, tune)
 	for i, n := range nodes {
 		if err := sim.AddTemplate(n.Name, 9000+i, "debian-job", pvesim.TemplateSpec{Tags: "delegate;template"}); err != nil {
 			t.Fatal(err)

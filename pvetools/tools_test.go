@@ -63,16 +63,7 @@ type options struct {
 
 func newHarness(t *testing.T, o options) *harness {
 	t.Helper()
-	opts := pvesim.Options{Nodes: pvesim.DefaultNodes(3), TaskDelay: 20 * time.Millisecond, BootDelay: 100 * time.Millisecond,
-		AuthFailureDelay: -1, SandboxDir: t.TempDir()}
-	if o.sim != nil {
-		o.sim(&opts)
-	}
-	sim, err := pvesim.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sim.Close() })
+	sim := testkit.StartSim(t, pvesim.DefaultNodes(3), o.sim)
 	if err := sim.AddToken(pvesim.Token{ID: tokenID, Secret: tokenSecret, Privileges: pvesim.RoleAdministrator}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +74,6 @@ func newHarness(t *testing.T, o options) *harness {
 		t.Fatal(err)
 	}
 	if err := sim.AddContainer("pve2", 201, "db", pvesim.ContainerSpec{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sim.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(sim.URL())
