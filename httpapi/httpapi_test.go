@@ -16,19 +16,20 @@ import (
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/testengine"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
 type env struct {
 	t       *testing.T
-	eng     *testkit.Engine
+	eng     *testengine.Engine
 	backend *sandboxtest.Fake
 	srv     *httptest.Server
 }
 
 func newEnv(t *testing.T, cfg engine.Config) *env {
-	eng := testkit.StartEngine(t, cfg)
+	eng := testengine.Start(t, cfg)
 	srv := httptest.NewServer(httpapi.Handler(servicesOf(eng.Engine), httpapi.Options{BodyLimit: 1024}))
 	t.Cleanup(srv.Close)
 	return &env{t: t, eng: eng, backend: eng.Backend, srv: srv}

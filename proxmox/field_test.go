@@ -15,7 +15,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -29,7 +29,7 @@ import (
 // on the first node.
 func simWith(t *testing.T, nodes []pvesim.NodeSpec, spec pvesim.TemplateSpec, tune func(*pvesim.Options)) *pvesim.Server {
 	t.Helper()
-	sim := testkit.StartSim(t, nodes, tune)
+	sim := testsim.Start(t, nodes, tune)
 	if spec.Tags == "" {
 		spec.Tags = "delegate;template"
 	}

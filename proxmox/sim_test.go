@@ -17,7 +17,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
-	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 // simOpts is a fast simulated cluster with a template on each node.
 func newSim(t *testing.T, nodes []pvesim.NodeSpec, tune func(*pvesim.Options)) *pvesim.Server {
 	t.Helper()
-	sim := testkit.StartSim(t, nodes, tune)
+	sim := testsim.Start(t, nodes, tune)
 	for i, n := range nodes {
 		if err := sim.AddTemplate(n.Name, 9000+i, "debian-job", pvesim.TemplateSpec{Tags: "delegate;template"}); err != nil {
 			t.Fatal(err)

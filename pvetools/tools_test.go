@@ -18,6 +18,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -63,7 +64,7 @@ type options struct {
 
 func newHarness(t *testing.T, o options) *harness {
 	t.Helper()
-	sim := testkit.StartSim(t, pvesim.DefaultNodes(3), o.sim)
+	sim := testsim.Start(t, pvesim.DefaultNodes(3), o.sim)
 	if err := sim.AddToken(pvesim.Token{ID: tokenID, Secret: tokenSecret, Privileges: pvesim.RoleAdministrator}); err != nil {
 		t.Fatal(err)
 	}

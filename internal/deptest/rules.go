@@ -39,6 +39,12 @@ func Rules() []Rule {
 			Ours:     true,
 		},
 		{
+			Why: "internal/testkit serves the tests of the engine and the backends too, so it imports none of them " +
+				"(an engine over the fake backend is testkit/testengine's, the simulator testkit/testsim's)",
+			Packages:  []string{"internal/testkit"},
+			Forbidden: append([]string{"engine", "sandbox", "sandboxtest", "local", "proxmox", "pve", "pvesim"}, adapters...),
+		},
+		{
 			Why:       "the stores (sqlite, postgres) keep the root's types: they know no engine, backend or adapter",
 			Packages:  []string{"sqlite", "postgres"},
 			Forbidden: append([]string{"engine", "sandbox", "local", "proxmox", "pve", "pvesim", "storetest"}, adapters...),
