@@ -66,6 +66,7 @@ type Services struct {
 	Questions  delegate.QuestionService
 	Network    delegate.NetworkService
 	Workspaces delegate.WorkspaceService
+	Retention  delegate.RetentionService
 }
 
 // closeInto closes what close releases, joining what failed to *err.

@@ -701,6 +701,7 @@ func servicesOf(svc delegate.JobService) cli.Services {
 	s.Questions, _ = svc.(delegate.QuestionService)
 	s.Network, _ = svc.(delegate.NetworkService)
 	s.Workspaces, _ = svc.(delegate.WorkspaceService)
+	s.Retention, _ = svc.(delegate.RetentionService)
 	return s
 }
 

@@ -70,9 +70,9 @@ would go and removes nothing. The database file does not shrink: the space
 it frees is reused by new jobs.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return p.withService(cmd.Context(), *cfg, func(svc delegate.JobService) error {
-				gc, ok := svc.(delegate.RetentionService)
-				if !ok {
+			return p.withServices(cmd.Context(), *cfg, func(s Services) error {
+				gc := s.Retention
+				if gc == nil {
 					return errors.New("this delegate prunes nothing")
 				}
 				pr, err := gc.GC(cmd.Context(), delegate.PruneOptions{DryRun: dry})

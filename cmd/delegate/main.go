@@ -51,7 +51,7 @@ func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs 
 		}
 	}
 	e := a.eng
-	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e}, a.Close, nil
+	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e, Retention: e}, a.Close, nil
 }
 
 func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io.Writer, log *slog.Logger) error {
