@@ -624,7 +624,9 @@ func (b *Backend) destroy(id string) error {
 	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
 	} else {
-		b.caches.release(id, st.Caches)
+		if err := b.caches.release(id, dir, st.Caches); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
 		errs = append(errs, err)
@@ -675,7 +677,7 @@ func (b *Backend) ended(id, dir string) bool {
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
 		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady, fileTrust, fileNetns}
-	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel}
+	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel, dirCacheLayers}
 )
 
 // removeSandboxDir removes the sandbox directory, whose mounts are gone.

@@ -23,15 +23,26 @@ import (
 // sandbox that takes one records itself in CacheDir/KEY/NAME.lock (under
 // flock, so that two servers sharing the directory agree); the cache is
 // handed to the sandbox's job user (every entry chowned: each sandbox has
-// host uids of its own) and bound into the sandbox directory at
-// caches/NAME, which each command's init binds at /cache/NAME. A sandbox
-// that finds a cache taken by another sandbox that still exists gets an
-// empty tmpfs of its own there instead (charged to its memory, as /tmp
-// is), and its Progress says so: one writer at a time, and no job waits
-// for another. When the sandbox is destroyed the cache is measured
-// (CacheDir/KEY/NAME.json: size, last use), released, and the least
-// recently used caches are removed while all of them hold more than
-// Config.CacheMaxBytes.
+// host uids of its own) and becomes the lower layer of an overlay mounted
+// in the sandbox directory at caches/NAME, which each command's init
+// binds at /cache/NAME. The job never writes the cache itself: what it
+// changes goes to the overlay's upper layer, on a tmpfs of the sandbox's
+// own (cachelayers/, Spec.DiskBytes for all its caches, its pages charged
+// to the job's memory as /workspace's are), so a job that writes past it
+// gets ENOSPC and the host's disk never fills while the job runs (a bind
+// mount of the cache let a job of disk 256M write 1.5 GiB to the host's
+// root; project quotas would need prjquota, which a root file system
+// seldom has; a loop image per cache would need mkfs and loop devices).
+// When the sandbox is destroyed its changes are written back into the
+// cache (mergeLayer: the last writer wins, per file), unless the cache
+// would then pass Config.CacheMaxBytes or the file system keep less free
+// than twice what is written (then the cache stays as it was, and the log
+// says so); the cache is measured (CacheDir/KEY/NAME.json: size, last
+// use), released, and the least recently used caches are removed while
+// all of them hold more than Config.CacheMaxBytes. A sandbox that finds a
+// cache taken by another sandbox that still exists gets an empty tmpfs of
+// its own there instead (charged to its memory, as /tmp is), and its
+// Progress says so: one writer at a time, and no job waits for another.
 
 // cacheMeta is a cache's record, written when a sandbox releases it.
 type cacheMeta struct {
@@ -112,7 +123,7 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 			spec.Step(fmt.Sprintf("cache %s is in use by sandbox %s: this job has an empty one of its own", c.Name, holder))
 			continue
 		}
-		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true})
+		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true})
 		host := cs.path(c)
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
@@ -123,17 +134,55 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 			return out, fmt.Errorf("cache %s: hand it to the job's user: %w", c.Name, err)
 		}
 		cs.log.Debug("cache handed over", "sandbox", id, "cache", c.Name, "entries", n, "took", time.Since(start))
-		if err := unix.Mount(host, mp, "", unix.MS_BIND, ""); err != nil {
-			return out, fmt.Errorf("cache %s: bind: %w", c.Name, err)
-		}
-		if err := unix.Mount("", mp, "", unix.MS_PRIVATE, ""); err != nil {
+		if err := mountLayered(host, mp, filepath.Join(dir, dirCacheLayers), c.Name, spec.DiskBytes, hostJob); err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
-		}
-		if err := unix.Mount("", mp, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-			return out, fmt.Errorf("cache %s: nosuid, nodev: %w", c.Name, err)
 		}
 	}
 	return out, nil
+}
+
+// mountLayered mounts at mp an overlay of the cache host (its lower
+// layer, read-only to it) and an upper layer in layers/name, on the
+// layers' tmpfs (of size bytes, made with the first cache), owned by
+// hostJob, the job's host uid.
+func mountLayered(host, mp, layers, name string, bytes int64, hostJob int) error {
+	for _, p := range []string{host, layers} {
+		if strings.ContainsAny(p, ",:\\") {
+			return fmt.Errorf("the path %s has a ',', ':' or '\\', which an overlay's options cannot carry", p)
+		}
+	}
+	if err := os.Mkdir(layers, 0o700); err == nil {
+		opts := fmt.Sprintf("size=%d,mode=0700", bytes)
+		if err := unix.Mount("tmpfs", layers, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount the layers' tmpfs: %w", err)
+		}
+		if err := unix.Mount("", layers, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make the layers' tmpfs private: %w", err)
+		}
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	upper, work := filepath.Join(layers, name, "upper"), filepath.Join(layers, name, "work")
+	for _, d := range []string{filepath.Dir(upper), upper, work} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	// The overlay's root is its upper directory: the job's, as the cache is.
+	if err := os.Chown(upper, hostJob, hostJob); err != nil {
+		return err
+	}
+	if err := os.Chmod(upper, 0o755); err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", host, upper, work)
+	if err := unix.Mount("overlay", mp, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount its overlay: %w", err)
+	}
+	if err := unix.Mount("", mp, "", unix.MS_PRIVATE, ""); err != nil {
+		return err
+	}
+	return nil
 }
 
 // take records sandbox id as the cache's writer, unless another
@@ -208,11 +257,14 @@ func treeSize(dir string) int64 {
 	return total
 }
 
-// release measures and frees the caches a destroyed sandbox held
-// (its mounts are gone), then keeps all of them under the cap.
-func (cs *caches) release(id string, caches []cacheMount) {
+// release writes back what the sandbox at dir changed in its caches (its
+// overlays are unmounted), measures and frees them, then keeps all of
+// them under the cap; last it unmounts the sandbox's layers. It returns
+// what it could not unmount.
+func (cs *caches) release(id, dir string, caches []cacheMount) error {
+	layers := filepath.Join(dir, dirCacheLayers)
 	if cs.dir == "" {
-		return
+		return unmountAt(layers)
 	}
 	released := false
 	for _, m := range caches {
@@ -223,6 +275,9 @@ func (cs *caches) release(id string, caches []cacheMount) {
 		err := cs.withLock(c, func(f *os.File, holder string) error {
 			if holder != id {
 				return nil // taken over already (this sandbox was thought gone)
+			}
+			if m.Layer {
+				cs.writeBack(id, c, filepath.Join(layers, m.Name, "upper"))
 			}
 			meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC()}
 			if err := writeJSONAtomic(cs.path(c)+".json", meta); err != nil {
@@ -238,6 +293,37 @@ func (cs *caches) release(id string, caches []cacheMount) {
 	if released {
 		cs.evict()
 	}
+	return unmountAt(layers)
+}
+
+// writeBack writes the changes of sandbox id in cache c (the upper layer
+// of its overlay) into the cache, within the cap and the file system's
+// room (see the top of this file).
+func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
+	changed := treeSize(upper)
+	host := cs.path(c)
+	var fs unix.Statfs_t
+	free := int64(-1)
+	if unix.Statfs(host, &fs) == nil {
+		free = int64(fs.Bavail) * fs.Bsize
+	}
+	if have := treeSize(host); have+changed > cs.max || (free >= 0 && free < 2*changed) {
+		cs.log.Warn("cache: the job's changes are not kept", "sandbox", id, "cache", c.Name, "key", c.Key,
+			"changed", changed, "cache bytes", have, "cap", cs.max, "free", free)
+		return
+	}
+	lower, err := unix.Open(host, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		cs.log.Warn("cache: write back", "sandbox", id, "cache", c.Name, "err", err)
+		return
+	}
+	defer unix.Close(lower)
+	start := time.Now()
+	if err := mergeLayer(upper, lower); err != nil {
+		cs.log.Warn("cache: write back", "sandbox", id, "cache", c.Name, "err", err)
+		return
+	}
+	cs.log.Debug("cache written back", "sandbox", id, "cache", c.Name, "bytes", changed, "took", time.Since(start))
 }
 
 // evict removes the least recently used caches that no sandbox
@@ -294,9 +380,11 @@ func unmountCaches(dir string) error {
 	return nil
 }
 
-// removeCacheDirs removes the (unmounted, empty) mount points of caches;
-// rmdir never removes what a mount still holds.
+// removeCacheDirs removes the (unmounted, empty) mount points of caches,
+// and their layers' mount point; rmdir never removes what a mount still
+// holds.
 func removeCacheDirs(dir string) {
+	unix.Rmdir(filepath.Join(dir, dirCacheLayers))
 	top := filepath.Join(dir, dirCaches)
 	ents, _ := os.ReadDir(top)
 	for _, e := range ents {

@@ -102,3 +102,92 @@ func TestCaches(t *testing.T) {
 		t.Errorf("the cache used last was evicted: %v", err)
 	}
 }
+
+// TestCacheBoundedWhileMounted: what a job writes into its cache lands
+// on a copy-on-write layer as large as its disk, not on the host: past
+// it the job gets ENOSPC and the host's cache directory does not grow
+// while the job runs (a bind mount of it let a job of disk 256M write 1.5
+// GiB to the host's root); after the job, what it left there within the
+// cap is the cache's (issue 34, item 2).
+func TestCacheBoundedWhileMounted(t *testing.T) {
+	b := newBackend(t, 0)
+	b.caches.dir, b.caches.max = t.TempDir(), 1<<30
+	key := strings.Repeat("c", 16)
+	spec := defaultSpec()
+	spec.DiskBytes = 16 << 20
+	spec.Caches = []sandbox.Cache{{Name: "go", Key: key}}
+	sb := create(t, b, spec)
+	exit, out := run(t, sb, "/bin/sh", "-c", `echo kept >/cache/go/note
+		head -c 40000000 /dev/zero >/cache/go/big; echo "big: $?"
+		rm -f /cache/go/big; echo after >>/cache/go/note && cat /cache/go/note`)
+	if exit.Code != 0 || !strings.Contains(out, "No space left on device") || !strings.Contains(out, "big: 1") ||
+		!strings.HasSuffix(out, "kept\nafter\n") {
+		t.Errorf("a job writing 40 MB into its cache with a disk of 16 MiB: exit %d\n%s\nwant ENOSPC, and the cache usable after", exit.Code, out)
+	}
+	host := filepath.Join(b.caches.dir, key, "go")
+	if n := treeSize(host); n > 1<<20 {
+		t.Errorf("the host's cache directory holds %d bytes while the job's sandbox lives", n)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(host, "note")); err != nil || string(data) != "kept\nafter\n" {
+		t.Errorf("the cache after the job: note %q %v", data, err)
+	}
+	if _, err := os.Lstat(filepath.Join(host, "big")); !os.IsNotExist(err) {
+		t.Errorf("the file the job removed is in the cache (%v)", err)
+	}
+}
+
+// TestCacheMergeBack: after the job its cache is the one it saw: what it
+// removed (a file, a directory it replaced) is gone, what it made is
+// there; and a link the cache held, which the job replaced by a directory,
+// never leads the server out of the cache when it writes the job's files
+// back.
+func TestCacheMergeBack(t *testing.T) {
+	b := newBackend(t, 0)
+	b.caches.dir, b.caches.max = t.TempDir(), 1<<30
+	key := strings.Repeat("d", 16)
+	host := filepath.Join(b.caches.dir, key, "go")
+	outside := t.TempDir()
+	for _, d := range []string{"o", "keep"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, data := range map[string]string{"old": "old", "o/a": "a", "keep/k": "k", "changed": "before"} {
+		if err := os.WriteFile(filepath.Join(host, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, filepath.Join(host, "evil")); err != nil {
+		t.Fatal(err)
+	}
+	spec := defaultSpec()
+	spec.Caches = []sandbox.Cache{{Name: "go", Key: key}}
+	sb := create(t, b, spec)
+	exit, out := run(t, sb, "/bin/sh", "-c", `cd /cache/go && rm old && rm -r o && mkdir o && echo b >o/b &&
+		rm evil && mkdir evil && echo x >evil/pwned && echo after >changed && mkdir -p d/e && echo new >d/e/f && ln -s keep/k link`)
+	if exit.Code != 0 {
+		t.Fatalf("the job: %d %s", exit.Code, out)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"o/b": "b\n", "evil/pwned": "x\n", "changed": "after\n", "d/e/f": "new\n", "keep/k": "k", "link": "k"} {
+		if data, err := os.ReadFile(filepath.Join(host, name)); err != nil || string(data) != want {
+			t.Errorf("%s in the cache after the job: %q %v, want %q", name, data, err, want)
+		}
+	}
+	for _, name := range []string{"old", "o/a"} {
+		if _, err := os.Lstat(filepath.Join(host, name)); !os.IsNotExist(err) {
+			t.Errorf("%s, which the job removed, is in the cache (%v)", name, err)
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(host, "evil")); err != nil || !fi.IsDir() {
+		t.Errorf("evil in the cache: %v %v, want the job's directory", fi, err)
+	}
+	if _, err := os.Lstat(filepath.Join(outside, "pwned")); !os.IsNotExist(err) {
+		t.Errorf("the server wrote the job's file through a link, out of the cache (%v)", err)
+	}
+}

@@ -109,6 +109,9 @@ const (
 	// dirCaches holds the mount points of the sandbox's caches
 	// (cache_linux.go), bound at /cache/NAME inside.
 	dirCaches = "caches"
+	// dirCacheLayers holds the copy-on-write layers of the sandbox's
+	// caches, on a tmpfs of the sandbox's disk size (cache_linux.go).
+	dirCacheLayers = "cachelayers"
 )
 
 // execUp is how a command's directory (execs/<id>) reaches the sandbox
@@ -175,6 +178,11 @@ type cacheMount struct {
 	// Shared: the project's cache is bound; otherwise an empty one of the
 	// sandbox's own.
 	Shared bool `json:"shared,omitempty"`
+	// Layer: the project's cache is the lower layer of an overlay whose
+	// upper one (what the job changes) is on the sandbox's cache layers'
+	// tmpfs, written back when the sandbox goes. Without it (a sandbox
+	// made by an earlier server) the cache itself is bound.
+	Layer bool `json:"layer,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and
