@@ -103,6 +103,10 @@ type Config struct {
 	// (PROXMOX_CPU_OVERCOMMIT): see proxmox.Config.
 	ProxmoxResourcePool  string
 	ProxmoxCPUOvercommit float64
+	// ProxmoxNodes (PROXMOX_NODES, comma-separated) and ProxmoxVMIDRange
+	// (PROXMOX_VMID_RANGE, LOW-HIGH): see proxmox.Config.
+	ProxmoxNodes     []string
+	ProxmoxVMIDRange string
 
 	// Toolsets are the MCP tools serve offers (DELEGATE_TOOLSETS, --toolsets:
 	// jobs, proxmox); ProxmoxAllowElevated lets the proxmox tools change
@@ -421,6 +425,12 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 			c.ProxmoxNodeMemory = m
 		}
 		c.ProxmoxPool = loadPool(getenv, c.Defaults, bad)
+		for _, n := range strings.Split(getenv("PROXMOX_NODES"), ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				c.ProxmoxNodes = append(c.ProxmoxNodes, n)
+			}
+		}
+		str("PROXMOX_VMID_RANGE", &c.ProxmoxVMIDRange)
 		if str("PROXMOX_RESOURCE_POOL", &c.ProxmoxResourcePool); c.ProxmoxResourcePool != "" && !poolIDRe.MatchString(c.ProxmoxResourcePool) {
 			bad("PROXMOX_RESOURCE_POOL", "must be a Proxmox pool id: letters, digits, '.', '-' and '_' (parent/child for a nested pool)")
 		}

@@ -25,7 +25,7 @@ import (
 // outside the standard PATH, added to a job's PATH when its root has them
 // (the Go tarball's /usr/local/go, rustup's and the official images'
 // /usr/local/cargo).
-var toolchainBins = [...]string{"/usr/local/go/bin", "/usr/local/cargo/bin"}
+var toolchainBins = sandbox.ToolchainBins
 
 // providedTops are the top directories the sandbox makes itself: a tool
 // directory may not be under them.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -204,4 +205,20 @@ func TestReadmeLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPVE9UpgradeHint (issue 39, 16): on PVE 9 a role made for PVE 8
+// (VM.Monitor, which PVE 9 dropped) has no guest agent: the job fails
+// saying what the upgrade took and what to add.
+func TestPVE9UpgradeHint(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), func(o *pvesim.Options) { o.PVEVersion = "9.1" })
+	privs := slices.DeleteFunc(pvesim.JobRolePrivileges("9.1"), func(p string) bool { return strings.HasPrefix(p, "VM.GuestAgent.") })
+	c, _ := client(t, sim, "delegate@pve", privs)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	j := s.wait(t, s.submit(t, "true", "", 0).ID)
+	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "PVE 9 replaced VM.Monitor with VM.GuestAgent.*") ||
+		!strings.Contains(j.Error, "VM.GuestAgent.Unrestricted --append 1") {
+		t.Fatalf("%s %q", j.Status, j.Error)
+	}
+	noJobVMs(t, sim)
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,6 +55,15 @@ type Config struct {
 	// it stable across restarts (StableInstanceID), or a restarted server
 	// cannot recover its jobs. Default: a random one.
 	Instance string
+	// VMIDRange, if set (ParseVMIDRange), bounds the vmids of this
+	// server's VMs (PROXMOX_VMID_RANGE), so that they are told from the
+	// cluster's other VMs at a glance, and backup or replication jobs can
+	// leave them out; unset, any vmid /cluster/nextid gives.
+	VMIDRange [2]int
+	// Nodes, if set, are the only nodes job and pool VMs go to
+	// (PROXMOX_NODES); unset, every node of the cluster. Nodes in HA
+	// maintenance mode are left out either way.
+	Nodes []string
 	// NodeMemory is what VMs may use on a node, by node name, "" for
 	// every node not named (PROXMOX_NODE_MEMORY). Unset, it is the node's
 	// maxmem less HostReserve, which needs Sys.Audit on /nodes.
@@ -160,6 +171,16 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 			"job VMs behind the proxy must be on a network of their own whose only other host is the proxy's, as Proxmox's firewall lets their DHCP packets out to any address " +
 			"(docs/PROXMOX.md, \"A job network of its own\")")
 	}
+	if r := cfg.VMIDRange; r != ([2]int{}) {
+		if _, _, err := ParseVMIDRange(fmt.Sprintf("%d-%d", r[0], r[1])); err != nil {
+			return nil, fmt.Errorf("proxmox: %w", err)
+		}
+	}
+	for _, n := range cfg.Nodes {
+		if !nodeNameRe.MatchString(n) {
+			return nil, fmt.Errorf("proxmox: PROXMOX_NODES: %q is not a node name (letters, digits and '-')", n)
+		}
+	}
 	for node, m := range cfg.NodeMemory {
 		if m < 1<<30 {
 			return nil, fmt.Errorf("proxmox: node memory of %q must be at least 1G (got %d bytes)", node, m)
@@ -169,12 +190,14 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	conf := &b.cfg
 	b.tpls = newTemplates(c, conf, b.log)
 	b.placer = newPlacer(c, conf, b.log, b.tpls, b.idlePool)
-	b.ids = &vmids{c: c, cloning: map[int]bool{}}
+	b.ids = &vmids{c: c, lo: cfg.VMIDRange[0], hi: cfg.VMIDRange[1], cloning: map[int]bool{}}
 	b.vms = newVMTable(c, conf, b.log, b.placer, b.ids)
 	b.cloner = &cloner{c: c, cfg: conf, log: b.log, ids: b.ids, link: b.tpls, vms: b.vms}
 	b.fw = &firewall{c: c, cfg: conf, egress: conf.Egress, log: b.log}
 	return b, nil
 }
+
+var nodeNameRe = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)
 
 // idlePool is the warm pool as placement sees it (nil: none).
 func (b *Backend) idlePool() idlePool {
@@ -303,12 +326,25 @@ func templateLabel(t pve.Resource) string {
 	return strconv.Itoa(int(t.VMID))
 }
 
-// findTemplates finds the templates a job names (by name, which several
-// nodes may share, or by vmid).
+// TemplateTagPrefix, followed by a template name, is a tag that makes a
+// template one of those the name stands for, whatever its own name: the
+// copies of one template on each node ("debian-job-pve1",
+// "debian-job-pve2", each tagged "delegate-template-debian-job"), so
+// that jobs are cloned from a node that is up.
+const TemplateTagPrefix = "delegate-template-"
+
+// templateNamed: a template listing is one of those name stands for: by
+// its name (several nodes may have one of that name), its vmid, or its
+// tag TemplateTagPrefix+name.
+func templateNamed(r pve.Resource, name string) bool {
+	return r.Name == name || strconv.Itoa(int(r.VMID)) == name || slices.Contains(r.TagList(), TemplateTagPrefix+tagOf(name))
+}
+
+// findTemplates finds the templates a job names (templateNamed).
 func findTemplates(resources []pve.Resource, name string) ([]pve.Resource, error) {
 	var out []pve.Resource
 	for _, r := range resources {
-		if r.Type == "qemu" && bool(r.Template) && (r.Name == name || strconv.Itoa(int(r.VMID)) == name) {
+		if r.Type == "qemu" && bool(r.Template) && templateNamed(r, name) {
 			out = append(out, r)
 		}
 	}

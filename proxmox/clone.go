@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,15 +28,22 @@ const maxCloneAttempts = 6
 // vmids hands out vmids to this server's clones.
 type vmids struct {
 	c *pve.Client
+	// lo and hi bound the vmids handed out (PROXMOX_VMID_RANGE); 0: any,
+	// as /cluster/nextid says.
+	lo, hi int
 
 	mu      sync.Mutex
 	cloning map[int]bool // vmids handed out whose clone task has not ended
+	next    int          // where the range's next look starts
 }
 
 // allocate returns a vmid no clone of this server is using.
 func (ids *vmids) allocate(ctx context.Context) (int, error) {
 	ids.mu.Lock()
 	defer ids.mu.Unlock()
+	if ids.lo > 0 {
+		return ids.inRange(ctx)
+	}
 	first, err := ids.c.NextID(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("proxmox: next vmid: %w", privilegeHint(err))
@@ -59,6 +68,44 @@ func (ids *vmids) allocate(ctx context.Context) (int, error) {
 	}
 	ids.cloning[id] = true
 	return id, nil
+}
+
+// inRange finds a vmid of the range that no VM or container has and no
+// clone of this server is making, looking on from the last one handed
+// out (/cluster/nextid gives the lowest free id of the cluster, which may
+// be outside it). Another server may take the same id meanwhile: the
+// clone's collision is retried with another (clone). ids.mu held.
+func (ids *vmids) inRange(ctx context.Context) (int, error) {
+	resources, err := ids.c.ClusterResources(ctx, pve.ResourceVM)
+	if err != nil {
+		return 0, fmt.Errorf("proxmox: list VMs for a vmid: %w", privilegeHint(err))
+	}
+	used := map[int]bool{}
+	for _, r := range resources {
+		used[int(r.VMID)] = true
+	}
+	n := ids.hi - ids.lo + 1
+	start := max(ids.next, ids.lo)
+	for i := range n {
+		id := ids.lo + (start-ids.lo+i)%n
+		if !used[id] && !ids.cloning[id] {
+			ids.cloning[id], ids.next = true, id+1
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("proxmox: every vmid of PROXMOX_VMID_RANGE %d-%d is taken: widen it", ids.lo, ids.hi)
+}
+
+// ParseVMIDRange reads PROXMOX_VMID_RANGE ("LOW-HIGH", vmids from 100 to
+// 999999999).
+func ParseVMIDRange(s string) (lo, hi int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || lo < 100 || hi > 999999999 || lo > hi {
+		return 0, 0, fmt.Errorf("PROXMOX_VMID_RANGE=%q: must be LOW-HIGH, vmids from 100 to 999999999, like 800000-899999", s)
+	}
+	return lo, hi, nil
 }
 
 // allocated ends the hand-out of a vmid: its clone task ended, and the
@@ -150,6 +197,7 @@ func (cl *cloner) cloneOnce(ctx context.Context, tpl pve.Resource, opt pve.Clone
 	if err != nil {
 		return err // refused before a task began: nothing was made
 	}
+	logTask(cl.log, "clone", opt.NewID, o.job, upid)
 	err = cl.c.WaitTask(ctx, tpl.Node, upid)
 	if err == nil {
 		return nil

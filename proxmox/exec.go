@@ -105,8 +105,20 @@ exit $rc
 // variables may have any names) and removes it, sets DELEGATE_INPUTS last,
 // and becomes the command in a session of its own. $0 output, $1 env
 // file, $2 standard input, $3 inputs directory, then the command.
-const launchScript = `echo "$$" >"$0.pid"; exec <"$2"; set -a; . "$1"; set +a; rm -f -- "$1"; DELEGATE_INPUTS=$3; export DELEGATE_INPUTS; shift 3
+var launchScript = `echo "$$" >"$0.pid"; exec <"$2"; set -a; . "$1"; set +a; rm -f -- "$1"; DELEGATE_INPUTS=$3; export DELEGATE_INPUTS; shift 3
+` + pathScript + `
 command -v setsid >/dev/null 2>&1 && exec setsid "$@"; exec "$@"`
+
+// pathScript adds to the standard PATH the toolchains the guest has
+// (sandbox.ToolchainBins), as the local backend does with its root's: a
+// job finds the same tools on both. A PATH the job chose is its own.
+var pathScript = func() string {
+	s := `if [ "$PATH" = ` + shQuote(sandbox.DefaultPath) + ` ]; then for delegate_tc in`
+	for _, d := range sandbox.ToolchainBins {
+		s += " " + shQuote(d)
+	}
+	return s + `; do [ -d "$delegate_tc" ] && PATH=$PATH:$delegate_tc; done; unset delegate_tc; fi`
+}()
 
 // inputNameRe is what an input may be called (a file name of its own).
 var inputNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -295,6 +307,11 @@ func (s *vmSandbox) prepare(ctx context.Context) error {
 func agentHint(err error) error {
 	if cmd := pve.AgentDisabled(err); cmd != "" {
 		return fmt.Errorf("the guest agent does not allow %s (%s): %w", cmd, agentAllowFix, err)
+	}
+	if pve.IsAgentError(err) && strings.Contains(err.Error(), "Failed to execute child process") && strings.Contains(err.Error(), "(Permission denied)") {
+		// SELinux confines qemu-ga on RHEL, Rocky, Alma and Fedora.
+		return fmt.Errorf("the guest agent may not run programs: on a RHEL-family guest SELinux confines it; "+
+			"allow it in the template: setsebool -P virt_qemu_ga_run_unconfined on: %w", err)
 	}
 	return err
 }

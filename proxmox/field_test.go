@@ -19,6 +19,7 @@ import (
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
@@ -724,5 +725,91 @@ func TestDefaultTemplateWithoutAgent(t *testing.T) {
 	}
 	if clones(sim) != 0 {
 		t.Errorf("%d clones", clones(sim))
+	}
+}
+
+// TestSELinuxTemplate (issue 39, 16): a RHEL-family template whose
+// SELinux confines qemu-ga (virt_qemu_ga_run_unconfined off) fails its
+// job saying so and naming the boolean, not with a bare "Permission
+// denied".
+func TestSELinuxTemplate(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{SELinux: true}, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	j := s.wait(t, s.submit(t, "echo hi", "", 0).ID)
+	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "setsebool -P virt_qemu_ga_run_unconfined on") {
+		t.Fatalf("%s %q", j.Status, j.Error)
+	}
+	noJobVMs(t, sim)
+}
+
+// TestToolchainPath (issue 39, 15): a job on the standard PATH finds the
+// toolchains the guest has outside it (here the host's Go, in
+// /usr/local/go/bin), as a local job finds its root's; a PATH the job
+// set is left as it is.
+func TestToolchainPath(t *testing.T) {
+	if _, err := os.Stat("/usr/local/go/bin/go"); err != nil {
+		t.Skip("no Go in /usr/local/go on this host: the simulator's guests have none either")
+	}
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	j := s.wait(t, s.submit(t, `echo "$PATH"; command -v go`, "", 0).ID)
+	if want := sandbox.DefaultPath + ":/usr/local/go/bin\n/usr/local/go/bin/go\n"; j.Status != delegate.StatusSuccess || s.output(t, j.ID) != want {
+		t.Fatalf("%s %s %q, want %q", j.Status, j.Error, s.output(t, j.ID), want)
+	}
+	own := s.submitManifest(t, delegate.Manifest{AgentType: delegate.AgentScript, Task: `echo "$PATH"`, Env: map[string]string{"PATH": "/usr/bin:/bin"}})
+	if j := s.wait(t, own.ID); s.output(t, j.ID) != "/usr/bin:/bin\n" {
+		t.Errorf("a PATH of its own: %q", s.output(t, j.ID))
+	}
+}
+
+// TestTemplatePerNode (issue 39, 9): copies of a template on each node,
+// named as the operator likes and tagged delegate-template-NAME, all
+// stand for NAME: with the first template's node down, jobs are cloned
+// from the copy on a node that is up.
+func TestTemplatePerNode(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(2), pvesim.TemplateSpec{}, nil)
+	if err := sim.AddTemplate("pve2", 9001, "debian-job-pve2", pvesim.TemplateSpec{Tags: "delegate-template-debian-job"}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{}, engine.Config{})
+	if err := sim.SetNodeOnline("pve1", false); err != nil {
+		t.Fatal(err)
+	}
+	j := s.wait(t, s.submit(t, "echo up", "", 0).ID)
+	if j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "up\n" {
+		t.Fatalf("%s %q %q", j.Status, j.Error, s.output(t, j.ID))
+	}
+	if steps := strings.Join(s.store.steps(j.ID), "; "); !strings.Contains(steps, "cloning from debian-job-pve2 on pve2") {
+		t.Errorf("steps: %s", steps)
+	}
+}
+
+// TestTaskIDsLogged (issue 39, 13): the log names every Proxmox task a
+// job's VM went through (clone, start, stop, destroy), its UPID at info
+// level with the job's id, for the audit.
+func TestTaskIDsLogged(t *testing.T) {
+	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	var logs logBuffer
+	s := newServer(t, c, proxmox.Config{Logger: logs.logger()}, engine.Config{})
+	j := s.wait(t, s.submit(t, "true", "", 0).ID)
+	if j.Status != delegate.StatusSuccess {
+		t.Fatalf("%s %q", j.Status, j.Error)
+	}
+	noJobVMs(t, sim)
+	for _, task := range []string{"clone", "start", "stop", "destroy"} {
+		found := false
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=INFO") && strings.Contains(line, `msg="proxmox task"`) && strings.Contains(line, " task="+task+" ") &&
+				strings.Contains(line, "job="+j.ID) && strings.Contains(line, "upid=UPID:pve1:") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no %s task logged for job %s:\n%s", task, j.ID, logs.String())
+		}
 	}
 }

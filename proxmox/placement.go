@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -100,6 +102,11 @@ type placer struct {
 	mu       sync.Mutex
 	holds    map[*hold]struct{}
 	blindWhy string
+	haBlind  bool // the HA status could not be read (logged once)
+	// haAudit: the token may read the HA status (Sys.Audit on /), as its
+	// permissions said at haChecked.
+	haAudit   bool
+	haChecked time.Time
 }
 
 // templateSource is the templates as placement sees them.
@@ -173,7 +180,7 @@ func (p *placer) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool)
 	if err != nil {
 		return nil, err
 	}
-	cl := p.survey(ctx, resources)
+	cl := p.survey(ctx, resources, p.maintenance(ctx))
 	need := memMiB(spec)
 	cores := shapeOf(spec.CPU, spec.MemoryBytes).cores
 
@@ -370,6 +377,48 @@ func (p *placer) blind(why string) {
 	}
 }
 
+// maintenance reads which nodes are in HA maintenance mode
+// (ha-manager crm-command node-maintenance enable NODE, or a reboot with
+// the "migrate" shutdown policy): no VM is placed there, as the HA
+// manager itself moves its services off them. Reading it needs
+// Sys.Audit on /, which the token's own permissions say (asked once in a
+// while, so that a token without it is never refused); without it (or
+// without HA) none is known, and the log says so once.
+func (p *placer) maintenance(ctx context.Context) map[string]bool {
+	p.mu.Lock()
+	can, checked := p.haAudit, p.haChecked
+	p.mu.Unlock()
+	if checked.IsZero() || time.Since(checked) > 10*time.Minute {
+		perms, err := p.c.Permissions(ctx, "/")
+		can = err == nil && perms["Sys.Audit"]
+		p.mu.Lock()
+		p.haAudit, p.haChecked = can, time.Now()
+		p.mu.Unlock()
+	}
+	var st pve.HAStatus
+	err := errors.New("the API token lacks Sys.Audit on /")
+	if can {
+		st, err = p.c.HAManagerStatus(ctx)
+	}
+	if err != nil {
+		p.mu.Lock()
+		again := p.haBlind
+		p.haBlind = true
+		p.mu.Unlock()
+		if !again {
+			p.log.Info("cannot read the HA manager's status: nodes in HA maintenance mode are not known to placement", "err", err)
+		}
+		return nil
+	}
+	out := map[string]bool{}
+	for node, s := range st.NodeStatus {
+		if s == "maintenance" {
+			out[node] = true
+		}
+	}
+	return out
+}
+
 // nodeRoom is what placement knows of one online node.
 type nodeRoom struct {
 	capacity int64 // what VMs may use; 0 when unknown
@@ -400,14 +449,14 @@ func (cl *clusterView) shared(node string, storages []string) bool {
 }
 
 // survey reads the nodes' capacity and the memory their VMs hold.
-func (p *placer) survey(ctx context.Context, resources []pve.Resource) *clusterView {
+func (p *placer) survey(ctx context.Context, resources []pve.Resource, maintenance map[string]bool) *clusterView {
 	cl := &clusterView{nodes: map[string]*nodeRoom{}, storages: map[string]bool{}, vmids: map[int]bool{}}
 	noMaxMem := false
 	for _, r := range resources {
 		switch r.Type {
 		case "node":
-			if r.Status != "online" {
-				continue
+			if r.Status != "online" || maintenance[r.Node] || (len(p.cfg.Nodes) > 0 && !slices.Contains(p.cfg.Nodes, r.Node)) {
+				continue // not a node VMs may go to now (PROXMOX_NODES, HA maintenance)
 			}
 			n := &nodeRoom{cores: int(r.MaxCPU)}
 			if m, ok := p.cfg.NodeMemory[r.Node]; ok {

@@ -29,7 +29,7 @@ func TestSurvey(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.placer.reserve("pve2", pve.Resource{}, nil, false, 1024, 2).bind(105)
-	cl := b.placer.survey(context.Background(), resources)
+	cl := b.placer.survey(context.Background(), resources, nil)
 	if len(cl.order) != 2 || cl.why != "" {
 		t.Fatalf("online nodes %v (%s)", cl.order, cl.why)
 	}
@@ -55,12 +55,12 @@ func TestSurvey(t *testing.T) {
 	// without maxmem (no Sys.Audit), placement is blind and says why.
 	blindRes := []pve.Resource{{Type: "node", Node: "pve1", Status: "online"}, {Type: "node", Node: "pve2", Status: "online"}}
 	b.cfg.NodeMemory = map[string]int64{"pve1": 6 * gib}
-	cl = b.placer.survey(context.Background(), blindRes)
+	cl = b.placer.survey(context.Background(), blindRes, nil)
 	if cl.nodes["pve1"].capacity != 6*gib || cl.nodes["pve2"].capacity != 0 || cl.why == "" {
 		t.Errorf("per node: %+v %+v %q", cl.nodes["pve1"], cl.nodes["pve2"], cl.why)
 	}
 	b.cfg.NodeMemory = map[string]int64{"": 8 * gib, "pve1": 6 * gib}
-	cl = b.placer.survey(context.Background(), blindRes)
+	cl = b.placer.survey(context.Background(), blindRes, nil)
 	if cl.nodes["pve1"].capacity != 6*gib || cl.nodes["pve2"].capacity != 8*gib || cl.why != "" {
 		t.Errorf("default: %+v %+v %q", cl.nodes["pve1"], cl.nodes["pve2"], cl.why)
 	}

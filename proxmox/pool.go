@@ -763,7 +763,7 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 	}
 	var tpls []int
 	for _, r := range resources {
-		if r.Type == "qemu" && bool(r.Template) && (r.Name == p.template || strconv.Itoa(int(r.VMID)) == p.template) {
+		if r.Type == "qemu" && bool(r.Template) && templateNamed(r, p.template) {
 			tpls = append(tpls, int(r.VMID))
 		}
 	}

@@ -102,6 +102,7 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 	if disk, size := bootDisk(cfg); disk != "" && spec.DiskBytes > size {
 		upid, err := b.c.ResizeDisk(ctx, s.node, s.vmid, disk, strconv.FormatInt((spec.DiskBytes+(1<<30)-1)>>30, 10)+"G")
 		if err == nil {
+			logTask(b.log, "resize", s.vmid, s.owner.job, upid)
 			err = b.c.WaitTask(ctx, s.node, upid)
 		}
 		if err != nil {
@@ -120,6 +121,7 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 	spec.Step(fmt.Sprintf("starting VM %d", s.vmid))
 	upid, err := b.c.StartVM(ctx, s.node, s.vmid)
 	if err == nil {
+		logTask(b.log, "start", s.vmid, s.owner.job, upid)
 		err = b.c.WaitTask(ctx, s.node, upid)
 	}
 	if err != nil {
@@ -296,7 +298,14 @@ func lastingAgentError(err error) bool {
 
 // privilegeHint names the privilege a 403 says the token lacks.
 func privilegeHint(err error) error {
-	if path, priv := pve.MissingPrivilege(err); priv != "" {
+	path, priv := pve.MissingPrivilege(err)
+	switch {
+	case strings.HasPrefix(priv, "VM.GuestAgent."):
+		// A role made on PVE 8 gave the agent with VM.Monitor, which PVE 9
+		// no longer has: after the upgrade every job fails here.
+		return fmt.Errorf("the API token lacks %s on %s: PVE 9 replaced VM.Monitor with VM.GuestAgent.*, so a role made for PVE 8 lost the guest agent in the upgrade; "+
+			"add it: pveum role modify DelegateJobs --privs VM.GuestAgent.Unrestricted --append 1 (docs/PROXMOX.md, \"Upgrading from PVE 8 to 9\"): %w", priv, path, err)
+	case priv != "":
 		return fmt.Errorf("the API token lacks %s on %s (see docs/PROXMOX.md for the role delegate needs): %w", priv, path, err)
 	}
 	return err

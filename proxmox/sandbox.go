@@ -93,7 +93,7 @@ func (s *vmSandbox) run(ctx context.Context, argv []string) (result, error) {
 		return err
 	})
 	if err != nil {
-		return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, err)
+		return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, agentHint(err))
 	}
 	wait := 20 * time.Millisecond
 	for {
@@ -261,9 +261,31 @@ func (s *vmSandbox) Pause(ctx context.Context) error {
 }
 
 // Resume implements sandbox.Pauser.
+//
+// A paused guest's clock stood still (kvmclock stops with the vCPUs, and
+// Proxmox does not set the guest's time on resume), up to the 24 h a
+// paused sandbox may last: the guest's time is set from the server's
+// (one exec of setClockScript) before the next command, which would
+// otherwise see its certificates not yet valid and its builds' files
+// from the future.
 func (s *vmSandbox) Resume(ctx context.Context) error {
-	return s.power(ctx, "resume", s.b.c.ResumeVM)
+	if err := s.power(ctx, "resume", s.b.c.ResumeVM); err != nil {
+		return err
+	}
+	r, err := s.run(ctx, []string{"/bin/sh", "-c", setClockScript, "delegate-clock", strconv.FormatInt(time.Now().Unix(), 10)})
+	if err == nil && r.code != 0 {
+		err = fmt.Errorf("exit %d: %s", r.code, strings.TrimSpace(string(r.stderr)))
+	}
+	if err != nil {
+		s.b.log.Warn("could not set the clock of a resumed VM: its commands see the time it was paused at", "vmid", s.vmid, "err", err)
+	}
+	return nil
 }
+
+// setClockScript sets the guest's clock to the Unix time $1 (GNU and
+// busybox date both read @SECONDS), and the hardware clock from it where
+// there is one. A constant: the time is an argument.
+const setClockScript = `date -u -s "@$1" >/dev/null || exit 1; command -v hwclock >/dev/null 2>&1 && hwclock -w >/dev/null 2>&1; exit 0`
 
 // power runs a suspend or resume task on the VM, if it is still this
 // sandbox's.
@@ -278,6 +300,7 @@ func (s *vmSandbox) power(ctx context.Context, what string, call func(context.Co
 		}
 		upid, err := call(ctx, node, s.vmid)
 		if err == nil {
+			logTask(s.b.log, what, s.vmid, s.owner.job, upid)
 			err = s.b.c.WaitTask(ctx, node, upid)
 		}
 		return err
@@ -742,6 +765,7 @@ func (p *process) Kill(ctx context.Context) error {
 		}
 		upid, err := p.s.b.c.StopVM(ctx, node, p.s.vmid)
 		if err == nil {
+			logTask(p.s.b.log, "stop", p.s.vmid, p.s.owner.job, upid)
 			err = p.s.b.c.WaitTask(ctx, node, upid)
 		}
 		return err

@@ -48,7 +48,7 @@ func newSim(t *testing.T, nodes []pvesim.NodeSpec, tune func(*pvesim.Options)) *
 
 // client returns a client of the simulator with an API token of these
 // privileges, and the token's id.
-func client(t *testing.T, sim *pvesim.Server, user string, privs []string) (*pve.Client, string) {
+func client(t testing.TB, sim *pvesim.Server, user string, privs []string) (*pve.Client, string) {
 	t.Helper()
 	secret := fmt.Sprintf("%x", rand.Uint64())
 	id := user + "!tk"
@@ -58,7 +58,7 @@ func client(t *testing.T, sim *pvesim.Server, user string, privs []string) (*pve
 	return clientFor(t, sim, user, "tk", secret), id
 }
 
-func clientFor(t *testing.T, sim *pvesim.Server, user, token, secret string) *pve.Client {
+func clientFor(t testing.TB, sim *pvesim.Server, user, token, secret string) *pve.Client {
 	t.Helper()
 	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
 	p, _ := strconv.Atoi(port)

@@ -331,6 +331,7 @@ func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) er
 		}
 		upid, err := t.c.StopVM(ctx, node, vmid)
 		if err == nil {
+			logTask(t.log, "stop", vmid, o.job, upid)
 			err = t.waitQuietly(ctx, node, upid)
 		}
 		if err != nil && pve.IsNotFound(err) {
@@ -362,8 +363,13 @@ func (t *vmTable) remove(ctx context.Context, node string, vmid int, o owner) er
 		// Not destroy-unreferenced-disks: a fresh clone has none, and with
 		// it every destroy on the node fails while any of its image
 		// storages is offline ("storage 'x' is not online"), for ever.
-		upid, err = t.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{Purge: true})
+		// Not purge: delegate's VMs are in no backup job by vmid, no
+		// replication job and no HA resource, and purge rewrites the
+		// cluster's jobs.cfg and replication.cfg under their cluster
+		// locks at every destroy all the same (qemu-server destroy_vm).
+		upid, err = t.c.DeleteVM(ctx, node, vmid, pve.DeleteOptions{})
 		if err == nil {
+			logTask(t.log, "destroy", vmid, o.job, upid)
 			err = t.waitQuietly(ctx, node, upid)
 		}
 		if pve.IsProtected(err) && !unprotected {
@@ -445,4 +451,10 @@ func (t *vmTable) owned(ctx context.Context, node string, vmid int, o owner) (ok
 		return false, true, nil
 	}
 	return true, true, nil
+}
+
+// logTask logs a Proxmox task started for a job's VM, its UPID at info
+// level: the audit's link from a job to what Proxmox's task log holds.
+func logTask(log *slog.Logger, what string, vmid int, job, upid string) {
+	log.Info("proxmox task", "task", what, "vmid", vmid, "job", job, "upid", upid)
 }

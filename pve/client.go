@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -22,7 +23,11 @@ import (
 )
 
 // CloseIdleConnections closes the client's idle connections to Proxmox.
-func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() {
+	for _, ep := range c.eps {
+		ep.http.CloseIdleConnections()
+	}
+}
 
 // maxResponse bounds an answer (file-read returns up to 16 MiB, which
 // JSON may grow several times).
@@ -31,9 +36,12 @@ const maxResponse = 128 << 20
 // Client calls one Proxmox VE API endpoint. It is safe for concurrent
 // use.
 type Client struct {
-	cfg   Config
-	base  string
-	http  *http.Client
+	cfg Config
+	// eps are the cluster's nodes' APIs (Config.Host, then
+	// Config.Endpoints); cur is the one calls go to, until it fails to
+	// answer.
+	eps   []*endpoint
+	cur   atomic.Int32
 	auth  string
 	limit *tokenBucket
 	nodes *nodeSlots
@@ -48,19 +56,23 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pve: %w", err)
 	}
-	tc, err := tlsConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pve: %w", err)
-	}
-	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		TLSClientConfig:     tc,
-		TLSHandshakeTimeout: 10 * time.Second,
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     90 * time.Second,
-		// pveproxy speaks HTTP/1.1, whose reason phrase carries the errors.
-		ForceAttemptHTTP2: false,
-		TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+	var eps []*endpoint
+	for _, ec := range cfg.endpoints() {
+		tc, err := tlsConfig(ec)
+		if err != nil {
+			return nil, fmt.Errorf("pve: %s: %w", ec.Host, err)
+		}
+		tr := &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			TLSClientConfig:     tc,
+			TLSHandshakeTimeout: 10 * time.Second,
+			MaxIdleConnsPerHost: 8,
+			IdleConnTimeout:     90 * time.Second,
+			// pveproxy speaks HTTP/1.1, whose reason phrase carries the errors.
+			ForceAttemptHTTP2: false,
+			TLSNextProto:      map[string]func(string, *tls.Conn) http.RoundTripper{},
+		}
+		eps = append(eps, &endpoint{host: net.JoinHostPort(ec.Host, strconv.Itoa(ec.Port)), base: ec.baseURL(), http: &http.Client{Transport: tr}})
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -68,8 +80,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	return &Client{
 		cfg:   cfg,
-		base:  cfg.baseURL(),
-		http:  &http.Client{Transport: tr},
+		eps:   eps,
 		auth:  "PVEAPIToken=" + cfg.TokenID() + "=" + cfg.TokenValue,
 		limit: newTokenBucket(cfg.RateLimit, cfg.RateBurst),
 		nodes: newNodeSlots(cfg.NodeCalls),
@@ -78,7 +89,43 @@ func New(cfg Config) (*Client, error) {
 }
 
 // Close releases idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+func (c *Client) Close() { c.CloseIdleConnections() }
+
+// endpoint is one node's API.
+type endpoint struct {
+	host string // host:port
+	base string
+	http *http.Client
+}
+
+// endpoint is the API calls go to now.
+func (c *Client) endpoint() *endpoint { return c.eps[int(c.cur.Load())%len(c.eps)] }
+
+// failover moves calls from ep, which did not answer, to the next
+// endpoint (unless another call moved them already).
+func (c *Client) failover(ep *endpoint) {
+	for i, e := range c.eps {
+		if e == ep {
+			if c.cur.CompareAndSwap(int32(i), int32((i+1)%len(c.eps))) {
+				c.log.Warn("a Proxmox API endpoint does not answer: calls go to the next", "down", ep.host, "next", c.eps[(i+1)%len(c.eps)].host)
+			}
+			return
+		}
+	}
+}
+
+// unreachable: the attempt failed for lack of an answer from the node (a
+// connection refused or timed out), not for anything the node said or a
+// certificate it showed.
+func unreachable(err error) bool {
+	var api *APIError
+	var fp *FingerprintMismatchError
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	return err != nil && !errors.As(err, &api) && !errors.As(err, &fp) && !errors.As(err, &cv) && !errors.As(err, &ua) && !errors.As(err, &hn) &&
+		!errors.Is(err, context.Canceled)
+}
 
 // params are a request's parameters: string, int, bool (sent as 0/1) or
 // []string values.
@@ -119,6 +166,7 @@ func (c *Client) del(ctx context.Context, path string, p params, out any) error 
 func (c *Client) call(ctx context.Context, method, path string, p params, out any) (*envelope, error) {
 	delay := c.cfg.RetryDelay
 	node := pathNode(path)
+	failovers := 0
 	for attempt := 0; ; attempt++ {
 		release, err := c.nodes.acquire(ctx, node)
 		if err != nil {
@@ -128,8 +176,21 @@ func (c *Client) call(ctx context.Context, method, path string, p params, out an
 			release()
 			return nil, err
 		}
-		env, sent, err := c.once(ctx, method, path, p)
+		ep := c.endpoint()
+		env, sent, err := c.once(ctx, ep, method, path, p)
 		release()
+		if len(c.eps) > 1 && unreachable(err) && ctx.Err() == nil {
+			// Its node is down: the next node answers for the cluster. A
+			// request that was sent may have been acted on: only a GET, or
+			// one that never left, goes again (at once, the first time
+			// round the endpoints).
+			c.failover(ep)
+			if (method == http.MethodGet || !sent) && failovers < len(c.eps)-1 {
+				failovers++
+				attempt--
+				continue
+			}
+		}
 		if err == nil {
 			if out != nil && len(env.Data) > 0 && string(env.Data) != "null" {
 				if err := json.Unmarshal(env.Data, out); err != nil {
@@ -174,10 +235,10 @@ func (c *Client) retryable(method string, sent bool, err error) bool {
 
 // once sends one attempt. sent reports whether the request was written
 // to the connection (after which a POST may have been acted on).
-func (c *Client) once(ctx context.Context, method, path string, p params) (*envelope, bool, error) {
+func (c *Client) once(ctx context.Context, ep *endpoint, method, path string, p params) (*envelope, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	u := c.base + path
+	u := ep.base + path
 	var body io.Reader
 	query, err := encodeQuery(p)
 	if err != nil {
@@ -207,7 +268,7 @@ func (c *Client) once(ctx context.Context, method, path string, p params) (*enve
 		req.Header.Set("Content-Type", "application/json")
 	}
 	start := time.Now()
-	resp, err := c.http.Do(req)
+	resp, err := ep.http.Do(req)
 	c.observed(method, path, resp)
 	sent := wrote.Load()
 	if err != nil {

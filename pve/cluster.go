@@ -111,3 +111,37 @@ func (c *Client) VMIDFree(ctx context.Context, vmid int) (bool, error) {
 	}
 	return err == nil, err
 }
+
+// HAStatus is the HA manager's view of the cluster.
+type HAStatus struct {
+	// NodeStatus is each node's state: online, maintenance, unknown,
+	// fence, gone.
+	NodeStatus map[string]string
+}
+
+// HAManagerStatus reads the HA manager's status (Sys.Audit on /): a
+// cluster without HA has no node states.
+func (c *Client) HAManagerStatus(ctx context.Context) (HAStatus, error) {
+	var res struct {
+		ManagerStatus struct {
+			NodeStatus map[string]string `json:"node_status"`
+		} `json:"manager_status"`
+	}
+	_, err := c.get(ctx, "/cluster/ha/status/manager_status", nil, &res)
+	return HAStatus{NodeStatus: res.ManagerStatus.NodeStatus}, err
+}
+
+// Permissions returns the privileges the caller (this token) has on a
+// path: every user may ask for its own, so that a client can tell what
+// it may do before it asks (and is refused).
+func (c *Client) Permissions(ctx context.Context, path string) (map[string]bool, error) {
+	var res map[string]map[string]Int
+	if _, err := c.get(ctx, "/access/permissions", params{"path": path}, &res); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for p, v := range res[path] {
+		out[p] = v == 1
+	}
+	return out, nil
+}

@@ -32,6 +32,10 @@ const (
 type Config struct {
 	Host string // host name or address of a cluster node
 	Port int    // default 8006
+	// Endpoints are more nodes of the same cluster (their Port 0: Port;
+	// their Fingerprint "": Fingerprint): a call whose node does not
+	// answer goes to the next (PROXMOX_HOST=pve1,pve2:8006,...).
+	Endpoints []Endpoint
 	// User is "user@realm"; TokenName and TokenValue are the API token's
 	// id and secret: the header is PVEAPIToken=User!TokenName=TokenValue.
 	User       string
@@ -66,6 +70,13 @@ type Config struct {
 	TaskPollInterval time.Duration
 	// Logger receives debug lines for each request; nil discards them.
 	Logger *slog.Logger
+}
+
+// Endpoint is a node's API besides Config.Host's.
+type Endpoint struct {
+	Host        string
+	Port        int
+	Fingerprint string
 }
 
 var (
@@ -148,6 +159,24 @@ func (c Config) baseURL() string {
 	return "https://" + net.JoinHostPort(c.Host, strconv.Itoa(c.Port)) + "/api2/json"
 }
 
+// endpoints are the APIs the client may call, the first one first: each
+// as a Config of its own (its host, port and fingerprint).
+func (c Config) endpoints() []Config {
+	out := []Config{c}
+	for _, e := range c.Endpoints {
+		ec := c
+		ec.Host, ec.Endpoints = e.Host, nil
+		if e.Port != 0 {
+			ec.Port = e.Port
+		}
+		if e.Fingerprint != "" {
+			ec.Fingerprint = e.Fingerprint
+		}
+		out = append(out, ec)
+	}
+	return out
+}
+
 // ConfigFromEnv reads the PROXMOX_* variables. Every error names the
 // variable it is about.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -168,6 +197,44 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	required("PROXMOX_HOST", c.Host)
+	// PROXMOX_HOST may list several nodes, host[:port] each, and
+	// PROXMOX_FINGERPRINT one fingerprint for all or one per node.
+	var eps []Endpoint
+	for i, h := range strings.Split(c.Host, ",") {
+		h = strings.TrimSpace(h)
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = strings.Trim(h, "[]"), ""
+		}
+		e := Endpoint{Host: host}
+		if port != "" {
+			n, err := strconv.Atoi(port)
+			if err != nil || n < 1 || n > 65535 {
+				bad("PROXMOX_HOST", fmt.Sprintf("%q: the port must be a number from 1 to 65535", h))
+			}
+			e.Port = n
+		}
+		if host == "" && c.Host != "" {
+			bad("PROXMOX_HOST", fmt.Sprintf("entry %d is empty: list host[:port] separated by commas", i+1))
+		}
+		eps = append(eps, e)
+	}
+	if fps := strings.Split(c.Fingerprint, ","); len(fps) > 1 {
+		if len(fps) != len(eps) {
+			bad("PROXMOX_FINGERPRINT", fmt.Sprintf("lists %d fingerprints for %d hosts: give one for all, or one per host in PROXMOX_HOST's order", len(fps), len(eps)))
+		} else {
+			for i := range eps {
+				eps[i].Fingerprint = strings.TrimSpace(fps[i])
+			}
+			c.Fingerprint = eps[0].Fingerprint
+		}
+	}
+	if len(eps) > 0 {
+		c.Host, c.Endpoints = eps[0].Host, eps[1:]
+		if eps[0].Port != 0 {
+			c.Port = eps[0].Port
+		}
+	}
 	required("PROXMOX_USER", c.User)
 	required("PROXMOX_TOKEN_NAME", c.TokenName)
 	required("PROXMOX_TOKEN_VALUE", c.TokenValue)
@@ -182,7 +249,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		if err != nil || n < 1 || n > 65535 {
 			bad("PROXMOX_PORT", "must be a port number from 1 to 65535")
 		}
-		c.Port = n
+		if c.Port == 0 { // a port in PROXMOX_HOST wins
+			c.Port = n
+		}
 	}
 	switch c.SSLMode {
 	case "":
@@ -194,9 +263,15 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	default:
 		bad("PROXMOX_SSL_MODE", "must be strict, verify or insecure")
 	}
-	if c.Fingerprint != "" {
-		if _, err := parseFingerprint(c.Fingerprint); err != nil {
-			bad("PROXMOX_FINGERPRINT", "must be a SHA-256 fingerprint: 32 hex bytes, like AA:BB:...")
+	for _, fp := range append([]string{c.Fingerprint}, func() (out []string) {
+		for _, e := range c.Endpoints {
+			out = append(out, e.Fingerprint)
+		}
+		return out
+	}()...) {
+		if _, err := parseFingerprint(fp); fp != "" && err != nil {
+			bad("PROXMOX_FINGERPRINT", "must be a SHA-256 fingerprint: 32 hex bytes, like AA:BB:... (one, or one per host)")
+			break
 		}
 	}
 	duration := func(name string, dst *time.Duration) {

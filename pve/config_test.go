@@ -160,3 +160,45 @@ func TestNodeSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigHostList: PROXMOX_HOST may list several nodes, host[:port]
+// each (an IPv6 address in brackets), with one fingerprint for all or one
+// per node; a port in the list wins over PROXMOX_PORT.
+func TestConfigHostList(t *testing.T) {
+	fp1, fp2 := strings.Repeat("AA:", 31)+"AA", strings.Repeat("BB:", 31)+"BB"
+	base := map[string]string{"PROXMOX_USER": "delegate@pve", "PROXMOX_TOKEN_NAME": "tk", "PROXMOX_TOKEN_VALUE": "x", "PROXMOX_SSL_MODE": "verify"}
+	read := func(kv map[string]string) (Config, error) {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range kv {
+			env[k] = v
+		}
+		return ConfigFromEnv(func(k string) string { return env[k] })
+	}
+	c, err := read(map[string]string{"PROXMOX_HOST": "pve1, pve2:8007,[fd00::3]", "PROXMOX_PORT": "8443", "PROXMOX_FINGERPRINT": fp1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := c.endpoints()
+	var got []string
+	for _, e := range eps {
+		got = append(got, e.baseURL()+" "+e.Fingerprint[:2])
+	}
+	want := []string{"https://pve1:8443/api2/json AA", "https://pve2:8007/api2/json AA", "https://[fd00::3]:8443/api2/json AA"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("endpoints %q, want %q", got, want)
+	}
+	c, err = read(map[string]string{"PROXMOX_HOST": "pve1,pve2", "PROXMOX_FINGERPRINT": fp1 + "," + fp2})
+	if err != nil || c.endpoints()[1].Fingerprint != fp2 || c.Fingerprint != fp1 {
+		t.Errorf("one fingerprint per host: %+v %v", c, err)
+	}
+	if _, err := read(map[string]string{"PROXMOX_HOST": "pve1,pve2,pve3", "PROXMOX_FINGERPRINT": fp1 + "," + fp2}); err == nil ||
+		!strings.Contains(err.Error(), "lists 2 fingerprints for 3 hosts") {
+		t.Errorf("fingerprints for some hosts: %v", err)
+	}
+	if _, err := read(map[string]string{"PROXMOX_HOST": "pve1,,pve3", "PROXMOX_FINGERPRINT": fp1}); err == nil || !strings.Contains(err.Error(), "entry 2 is empty") {
+		t.Errorf("an empty entry: %v", err)
+	}
+}

@@ -148,6 +148,15 @@ func hAgentExec(c *call) (any, error) {
 			}
 		}
 	}
+	c.s.mu.Lock()
+	selinux := c.s.vms[vmid] != nil && c.s.vms[vmid].selinux
+	c.s.mu.Unlock()
+	if selinux {
+		// SELinux confines qemu-ga (virt_qemu_ga_t): it may run no
+		// program of the guest's (the exec call's fork succeeds, the
+		// execve is denied) unless virt_qemu_ga_run_unconfined is on.
+		return nil, c.agentErr(&agentError{desc: fmt.Sprintf("Guest agent command failed, error was 'Failed to execute child process “%s” (Permission denied)'", argv[0])}, vmid, "exec")
+	}
 	pid, err := a.exec(c.ctx, argv, input)
 	if err != nil {
 		return nil, c.agentErr(err, vmid, "exec")

@@ -206,7 +206,7 @@ func hClone(c *call) (any, error) {
 			return fmt.Errorf("close (rename) atomic file '/etc/pve/%s' failed: File exists", configFile(node, newid))
 		}
 		nv = &vm{vmid: newid, node: node, conf: map[string]string{"lock": "clone"}, status: "stopped",
-			rootfs: plan.src.rootfs, agentDisabled: plan.src.agentDisabled, docker: plan.src.docker}
+			rootfs: plan.src.rootfs, agentDisabled: plan.src.agentDisabled, docker: plan.src.docker, selinux: plan.src.selinux}
 		s.vms[newid] = nv
 		return nil
 	}

@@ -472,7 +472,10 @@
 // templates of real clusters: protected, with a cloud-init drive on local
 // storage, with an agent that blocks exec and files, with agent: 0, with
 // NIC options (firewall, rate, mtu), UEFI (bios: ovmf, an efidisk0 with
-// Secure Boot keys) and with a TPM state (tpmstate0). An efidisk0 or
+// Secure Boot keys), with a TPM state (tpmstate0), with Docker (docker0
+// listed first), and of the RHEL family with SELinux confining qemu-ga
+// (virt_qemu_ga_run_unconfined off: its exec fails "Failed to execute
+// child process “/bin/sh” (Permission denied)", its file calls work). An efidisk0 or
 // tpmstate0 is checked against its own format, which has no backup,
 // cache or iothread key (qemu-server src/PVE/QemuServer/Drive.pm
 // $efidisk_fmt and $tpmstate_fmt; the schema's efidisk0 and tpmstate0):

@@ -76,6 +76,7 @@ func init() {
 		"GET /nodes/{node}/storage/{storage}/content":   hStorageContent,
 		"GET /cluster/status":                           hClusterStatus,
 		"GET /cluster/firewall/options":                 hClusterFWOptions,
+		"GET /cluster/ha/status/manager_status":         hHAManagerStatus,
 		"GET /cluster/firewall/groups":                  hSecGroups,
 		"POST /cluster/firewall/groups":                 hCreateSecGroup,
 		"GET /cluster/firewall/groups/{group}":          hSecGroupRules,

@@ -238,6 +238,11 @@ type TemplateSpec struct {
 	// Docker: its guests run Docker, whose bridge docker0 (172.17.0.1)
 	// the guest agent reports before eth0 (network.go).
 	Docker bool
+	// SELinux: its guests are of the RHEL family with SELinux enforcing
+	// and virt_qemu_ga_run_unconfined off: qemu-ga, confined, may execute
+	// no program ("Failed to execute child process “/bin/sh” (Permission
+	// denied)"), while its file calls work.
+	SELinux bool
 }
 
 // RHELAgentDisabledRPCs are the commands RHEL/Rocky/Alma's qemu-ga

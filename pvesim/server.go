@@ -65,6 +65,8 @@ type Server struct {
 	// options (firewall.go).
 	clusterFW map[string]string
 	nodeFW    map[string]map[string]string
+	// haMaintenance are the nodes in HA maintenance mode (ha.go).
+	haMaintenance map[string]bool
 	// secGroups are the datacenter's security groups (secgroups.go).
 	secGroups map[string]*secGroup
 	// fwActive is every VM's firewall as pve-firewall's last cycle
@@ -452,4 +454,54 @@ func (s *Server) taskDelay(typ string) time.Duration {
 		return d
 	}
 	return s.opts.TaskDelay
+}
+
+// ListenNode serves the API on an address of its own for a node, as each
+// node's pveproxy does (every node answers for the whole cluster), and
+// returns its URL. While the node is offline (SetNodeOnline) its address
+// answers nothing: connections are closed at once, as a node that is
+// down refuses them.
+func (s *Server) ListenNode(node string) (string, error) {
+	s.mu.Lock()
+	known := s.node(node) != nil
+	s.mu.Unlock()
+	if !known {
+		return "", fmt.Errorf("pvesim: no node %q", node)
+	}
+	if s.srv == nil {
+		return "", errors.New("pvesim: ListenNode before Start")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("pvesim: %w", err)
+	}
+	go func() {
+		if err := s.srv.ServeTLS(&nodeListener{Listener: ln, s: s, node: node}, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("pvesim serve", "node", node, "err", err)
+		}
+	}()
+	return "https://" + ln.Addr().String(), nil
+}
+
+// nodeListener refuses connections while its node is offline.
+type nodeListener struct {
+	net.Listener
+	s    *Server
+	node string
+}
+
+func (l *nodeListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.s.mu.Lock()
+		down := l.s.faults.offline(l.node)
+		l.s.mu.Unlock()
+		if !down {
+			return c, nil
+		}
+		c.Close()
+	}
 }

@@ -45,8 +45,9 @@ type vm struct {
 	pendingDelete []string
 	// fw is its firewall configuration (firewall/<vmid>.fw); nil: none.
 	fw *vmFirewall
-	// docker: its guest runs Docker (the template's image decides).
-	docker bool
+	// docker: its guest runs Docker; selinux: SELinux confines its
+	// qemu-ga (the template's image decides both).
+	docker, selinux bool
 }
 
 // VM is a VM as tests see it.
@@ -221,7 +222,7 @@ func (s *Server) AddTemplate(node string, vmid int, name string, spec TemplateSp
 		conf["balloon"] = strconv.Itoa(spec.BalloonMiB)
 	}
 	s.vms[vmid] = &vm{vmid: vmid, node: node, conf: conf, status: "stopped", rootfs: spec.Rootfs,
-		agentDisabled: slices.Clone(spec.AgentDisabledRPCs), docker: spec.Docker}
+		agentDisabled: slices.Clone(spec.AgentDisabledRPCs), docker: spec.Docker, selinux: spec.SELinux}
 	return nil
 }
 

@@ -167,6 +167,13 @@ func (s Spec) Step(step string) {
 // directories); a PATH the job chose it leaves as it is.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// ToolchainBins are toolchains' bin directories that installers put
+// outside DefaultPath (the Go tarball's /usr/local/go, rustup's and the
+// official images' /usr/local/cargo): every backend adds those its
+// sandbox's root has to DefaultPath, in this order, so that a job finds
+// the same tools on each.
+var ToolchainBins = [...]string{"/usr/local/go/bin", "/usr/local/cargo/bin"}
+
 // Command is a process to run in an instance. Args[0] is looked up on the
 // sandbox's PATH (from Env) when it has no slash. Nothing here goes
 // through a shell: every element is passed to execve as is.

@@ -219,9 +219,17 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 				return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 			}
 		}
+		var vmids [2]int
+		if cfg.ProxmoxVMIDRange != "" {
+			lo, hi, err := proxmox.ParseVMIDRange(cfg.ProxmoxVMIDRange)
+			if err != nil {
+				return nil, nil, fmt.Errorf("proxmox backend: %w", err)
+			}
+			vmids = [2]int{lo, hi}
+		}
 		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
-			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit})
+			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit, Nodes: cfg.ProxmoxNodes, VMIDRange: vmids})
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 		}

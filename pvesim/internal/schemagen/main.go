@@ -88,6 +88,7 @@ var Methods = []string{
 	"GET /nodes/{node}/storage/{storage}/content",
 	"GET /cluster/status",
 	"GET /cluster/firewall/options",
+	"GET /cluster/ha/status/manager_status",
 	"GET /cluster/firewall/groups",
 	"POST /cluster/firewall/groups",
 	"GET /cluster/firewall/groups/{group}",
