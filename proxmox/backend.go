@@ -29,8 +29,10 @@ const (
 	guestDir    = "/tmp/delegate"
 	guestOutput = guestDir + "/output"
 	guestEvents = guestDir + "/events"
-	// StatusFile is the job's status channel inside the VM: a FIFO that a
-	// guest process copies into guestEvents.
+	// StatusFile is what the engine names the job's status channel
+	// (Capabilities.StatusFile); each command's runner points
+	// DELEGATE_STATUS_FILE at a FIFO of the command's own instead, which
+	// it copies into the command's events file (exec.go).
 	StatusFile = guestDir + "/status"
 	workspace  = "/workspace"
 )

@@ -65,9 +65,16 @@ const systemdDir = "/run/systemd/system"
 
 // runnerBody is the runner, after the header (bundle) has set b (the
 // bundle), d (the command's directory), o, e and s (its output and events
-// files, in d, and the status FIFO, the same for every command), wd (the working directory), t (seconds to the deadline,
-// 0: none), pl (perl), sup (the streams' supervisor), in (the standard
-// input's file) and the command as "$@", and copied the inputs.
+// files and its status FIFO, all in d: each command of a VM has its own),
+// wd (the working directory), t (seconds to the deadline, 0: none), pl
+// (perl), sup (the streams' supervisor), in (the standard input's file)
+// and the command as "$@", and copied the inputs.
+//
+// The status FIFO's reader copies lines into the events file until the
+// runner, once the command ended, writes the line "$b" (the bundle's
+// path, which the command does not know) into it: then every line the
+// command wrote is in the events file before its exit status is, and the
+// reader is gone.
 //
 // The deadline is a backstop that holds when no server watches: a
 // watchdog started with the job kills it, and everything it started, when
@@ -81,7 +88,8 @@ const systemdDir = "/run/systemd/system"
 // stderr the command was given.
 const runnerBody = `rm -f -- "$s" "$b" && : >"$e" && : >"$o" && mkfifo -m 0666 -- "$s" || {
   echo "delegate: could not prepare $s, $e and $o" >&2; exit 125; }
-cat <>"$s" >>"$e" 2>/dev/null &
+( while IFS= read -r l || [ -n "$l" ]; do [ "$l" = "$b" ] && exit 0; printf '%s\n' "$l" >>"$e"; done ) <>"$s" 2>/dev/null &
+r=$!
 cd -- "$wd" 2>/dev/null || { echo "delegate: cannot enter the working directory $wd" >>"$o"; echo 125 >"$o.exit"; exit 125; }
 w=
 if [ "$t" -gt 0 ]; then
@@ -95,6 +103,7 @@ else
 fi
 rc=$?
 [ -n "$w" ] && kill "$w" 2>/dev/null
+printf '%s\n' "$b" >"$s"; wait "$r"
 if [ -e "$o.deadline" ]; then echo "$rc:deadline" >"$o.exit"; else echo "$rc" >"$o.exit"; fi
 exit $rc
 `
@@ -106,6 +115,7 @@ exit $rc
 // and becomes the command in a session of its own. $0 output, $1 env
 // file, $2 standard input, $3 inputs directory, then the command.
 var launchScript = `echo "$$" >"$0.pid"; exec <"$2"; set -a; . "$1"; set +a; rm -f -- "$1"; DELEGATE_INPUTS=$3; export DELEGATE_INPUTS; shift 3
+[ "${DELEGATE_STATUS_FILE-}" = ` + shQuote(StatusFile) + ` ] && DELEGATE_STATUS_FILE=${0%/*}/status
 ` + pathScript + `
 command -v setsid >/dev/null 2>&1 && exec setsid "$@"; exec "$@"`
 
@@ -201,7 +211,7 @@ func (s *vmSandbox) bundle(cmd sandbox.Command, run string, now time.Time) []byt
 	header := func(offsets []int) string {
 		var h strings.Builder
 		h.WriteString("b=$0 d=$0.d\n")
-		fmt.Fprintf(&h, "o=\"$d\"/output e=\"$d\"/events s=%s\n", shQuote(StatusFile))
+		h.WriteString("o=\"$d\"/output e=\"$d\"/events s=\"$d\"/status\n")
 		fmt.Fprintf(&h, "wd=%s t=%d pl=%s in=%s\n", shQuote(path.Clean(dir)), deadlineSeconds(cmd.Deadline, now), shQuote(s.b.cfg.GuestPerl), shQuote(stdin))
 		fmt.Fprintf(&h, "sup=%s\nL=%s\n", shQuote(supervisorScript), shQuote(launchScript))
 		h.WriteString(`x() { tail -c "+$1" -- "$b" | head -c "$2" >"$d/$3"; }` + "\n")

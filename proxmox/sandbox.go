@@ -459,6 +459,9 @@ type process struct {
 	outMax          int       // what ReadOutput asks for at once
 	nextOut, nextEv int64     // where the next reads will start
 	streams         streamRecs
+	// outDone and evDone: a read after the command's end found nothing
+	// more; with its exit known too, its directory goes (cleaned).
+	outDone, evDone, cleaned bool
 }
 
 func newProcess(s *vmSandbox, pid int, limit int64, run string) *process {
@@ -574,6 +577,8 @@ func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sand
 	}
 	snap.outUsed = true
 	if len(snap.out) == 0 {
+		p.outDone = p.outDone || snap.code != nil
+		p.clean(ctx)
 		return nil, nil
 	}
 	outs := []sandbox.Output{{Stream: sandbox.Combined, Data: snap.out}}
@@ -606,7 +611,26 @@ func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte
 	}
 	snap.evUsed = true
 	p.nextEv = offset + int64(len(snap.ev))
+	if len(snap.ev) == 0 && snap.code != nil {
+		p.evDone = true
+		p.clean(ctx)
+	}
 	return snap.ev, nil
+}
+
+// clean removes a command's directory in the guest (its inputs, output,
+// events, status FIFO and exit status) once its result is read: its
+// exit known, and its output and status lines read to their end. A kept
+// VM runs many commands, and its /tmp is often RAM (Debian 13's is a
+// tmpfs). A failure is only logged: the VM goes in the end. p.mu held.
+func (p *process) clean(ctx context.Context) {
+	if p.run == "" || p.cleaned || p.exit == nil || !p.outDone || !p.evDone {
+		return
+	}
+	p.cleaned = true
+	if _, err := p.s.run(ctx, []string{"/bin/rm", "-rf", "--", p.run + ".d"}); err != nil {
+		p.s.b.log.Info("could not remove a command's directory in its VM", "vmid", p.s.vmid, "dir", p.run+".d", "err", err)
+	}
 }
 
 // Wait implements sandbox.Process: it polls until the command has
@@ -642,7 +666,11 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		case err == nil:
 			lastSeen = time.Now()
 			if e, done := p.ended(ctx, snap); done {
-				return p.record(e), nil
+				e = p.record(e)
+				p.mu.Lock()
+				p.clean(ctx)
+				p.mu.Unlock()
+				return e, nil
 			}
 		case pve.IsVMNotRunning(err) || pve.IsNotFound(err):
 			// On the node it is on now (a VM that migrated is followed).

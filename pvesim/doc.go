@@ -317,6 +317,13 @@
 //     IPorCIDRorAlias, pve-fw-addr-spec, pve-fw-dport-spec and
 //     pve-fw-protocol-spec are checked. SetFirewall turns the
 //     datacenter's or a node's firewall on or off.
+//   - Each node answers for the cluster on an address of its own
+//     (ListenNode, as each node's pveproxy does), which refuses
+//     connections while the node is down.
+//   - The HA manager's status (ha.go; pve-ha-manager
+//     src/PVE/API2/HA/Status.pm manager_status): each node "online",
+//     "maintenance" (SetNodeMaintenance: ha-manager crm-command
+//     node-maintenance enable) or "unknown" when down; Sys.Audit on /.
 //   - Each node's network configuration (nodenet.go; pve-manager
 //     PVE/API2/Network.pm): eno1 and the bridge vmbr0 on it, with the
 //     node's address (10.0.0.11, .12...) and gateway, as the installer

@@ -1,0 +1,72 @@
+package proxmox_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// TestConcurrentStatusChannels (issue 39, 7): two commands running at
+// once in one VM each have their status channel: each one's status lines
+// are its own, all of them; and once a command's result is read, its
+// directory in the guest is gone.
+func TestConcurrentStatusChannels(t *testing.T) {
+	_, sb := vm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	script := func(name string) string {
+		return `for i in 1 2 3 4; do echo "` + name + `$i" >"$DELEGATE_STATUS_FILE"; sleep 0.3; done`
+	}
+	events := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, name := range []string{"A", "B"} {
+		wg.Go(func() {
+			p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", script(name)},
+				Env: []string{"PATH=/usr/bin:/bin", "DELEGATE_STATUS_FILE=" + proxmox.StatusFile}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := p.Wait(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			var ev []byte
+			for {
+				b, err := p.ReadEvents(ctx, int64(len(ev)), 1<<16)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(b) == 0 {
+					break
+				}
+				ev = append(ev, b...)
+			}
+			if _, err := p.ReadOutput(ctx, 0, 1<<16); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			events[name] = string(ev)
+			mu.Unlock()
+		})
+		time.Sleep(200 * time.Millisecond) // B starts while A runs
+	}
+	wg.Wait()
+	for _, name := range []string{"A", "B"} {
+		want := name + "1\n" + name + "2\n" + name + "3\n" + name + "4\n"
+		if events[name] != want {
+			t.Errorf("command %s's status lines %q, want %q", name, events[name], want)
+		}
+	}
+	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /tmp/delegate/run-*.d"}})
+	if n := len(strings.Fields(out)); n != 1 {
+		t.Errorf("the commands' directories left in the guest: %q (want only the running one's)", out)
+	}
+}
