@@ -137,8 +137,13 @@ type JobResult struct {
 	StderrOffset int64  `json:"stderr_offset"`
 	// OutputBytes counts all the job wrote, to both streams;
 	// OutputTruncated says that only the first part was kept.
-	OutputBytes     int64      `json:"output_bytes"`
-	OutputTruncated bool       `json:"output_truncated"`
+	OutputBytes     int64 `json:"output_bytes"`
+	OutputTruncated bool  `json:"output_truncated"`
+	// OutputLostBytes of the output within the limit could not be stored,
+	// OutputLost says why (Job's); Error says so too, for a reader of it
+	// alone.
+	OutputLostBytes int64      `json:"output_lost_bytes,omitempty"`
+	OutputLost      string     `json:"output_lost,omitempty"`
 	Error           string     `json:"error,omitempty"`
 	Result          string     `json:"result,omitempty"`
 	OOMKilled       bool       `json:"oom_killed,omitempty"`

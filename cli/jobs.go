@@ -193,6 +193,9 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event, arts [
 		row("exit code", "%s", delegate.ExitText(j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled)))
 	}
 	row("output", "%d bytes%s", j.OutputBytes, map[bool]string{true: " (truncated)"}[j.OutputTruncated])
+	if j.OutputLostBytes > 0 {
+		row("output lost", "%d bytes: %s", j.OutputLostBytes, j.OutputLost)
+	}
 	tw.Flush()
 	if j.Status.Terminal() {
 		fmt.Fprint(w, artifactLines(j.ID, arts, "  "))

@@ -114,7 +114,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	// interfaces each owns, made callee first: none is set after.
 	ws := &workspaces{cfg: cfg, log: log, store: store, progress: progress}
 	fin := &finisher{cfg: cfg, log: log, life: life, store: store, ref: ref, jobs: jobs, progress: progress,
-		tokens: tokens, ws: ws, roomFreed: room.freed}
+		tokens: tokens, ws: ws, roomFreed: room.freed, space: space{dir: cfg.DataDir, floor: cfg.MinFree}}
 	fol := &follower{cfg: cfg, log: log, life: life, store: store, ref: ref, jobs: jobs, progress: progress,
 		questions: qs, runs: runs, end: fin}
 	start := &starter{cfg: cfg, log: log, owner: owner, life: life, store: store, ref: ref, jobs: jobs, progress: progress,

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -26,6 +27,7 @@ type finisher struct {
 	ws       workspaceCollector // its changes and its clone
 	// roomFreed: a sandbox is gone, jobs waiting for capacity may fit now.
 	roomFreed func()
+	space     space // the data dir: a job that failed for lack of room says so
 }
 
 // workspaceCollector is what the finisher asks of the workspaces part: a
@@ -50,7 +52,7 @@ func (r *finisher) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wa
 	)
 	switch {
 	case waitErr != nil:
-		status, reason = delegate.StatusFailed, fmt.Sprintf("lost the job's process: %v", waitErr)
+		status, reason = delegate.StatusFailed, r.endReason(waitErr)
 	case timedOut || exit.DeadlineExceeded:
 		status, reason = delegate.StatusTimeout, fmt.Sprintf("timed out after %ds (manifest.timeout); every process of the job was killed", m.TimeoutSeconds())
 	case exit.OOMKilled:
@@ -90,9 +92,25 @@ func (r *finisher) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wa
 	if m.Lifecycle != delegate.LifecyclePersistent {
 		r.ws.removeClone(id, m) // its changes' old side is read
 	}
+	// Output the command wrote within the limit that the sandbox did not
+	// keep for the tracker to read (its disk was full, most likely the
+	// data dir's): stored as lost, with why, never as complete.
+	var lost int64
+	if waitErr == nil {
+		lost = min(exit.OutputBytes, r.cfg.OutputLimit) - t.next
+	}
+	lostWhy := ""
+	if lost > 0 {
+		lostWhy = fmt.Sprintf("the sandbox kept %d of the %d bytes of output the command wrote within the output limit", t.next,
+			min(exit.OutputBytes, r.cfg.OutputLimit))
+		if r.space.low() {
+			lostWhy = fmt.Sprintf("no space left on %s: %s", r.space.dir, lostWhy)
+		}
+		r.log.Warn("job output lost", "job", id, "lost_bytes", lost, "why", lostWhy)
+	}
 	// Its end is also its kept sandbox's (if it ran in one): the
 	// sandbox's activity is read from its jobs.
-	r.finishAt(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
+	stored := r.finishStored(id, status, t.redact.string(reason), endedAt, r.jobEnded, func(j *delegate.Job) {
 		if j.ExitCode == nil { // a completion callback may have reported one
 			j.ExitCode = code
 		}
@@ -101,8 +119,26 @@ func (r *finisher) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wa
 			j.OutputBytes = max(j.OutputBytes, exit.OutputBytes)
 			j.OutputTruncated = exit.Truncated || j.OutputBytes > r.cfg.OutputLimit
 		}
+		if lost > 0 {
+			j.OutputLostBytes, j.OutputLost = lost, lostWhy
+		}
 	})
-	r.destroy(sb.ID(), m)
+	// Never before its end is stored: the next server finds the sandbox
+	// and settles the job from it.
+	if stored {
+		r.destroy(sb.ID(), m)
+	}
+}
+
+// endReason says why a job failed whose process's end could not be read:
+// for lack of room where the sandbox records it (the data dir, for the
+// local backend), that, rather than the backend's words for a supervisor
+// that died without a record.
+func (r *finisher) endReason(waitErr error) string {
+	if isNoSpace(waitErr) || r.space.low() {
+		return fmt.Sprintf("no space left on %s: the sandbox could not record how the command ended (%v)", r.space.where(), waitErr)
+	}
+	return fmt.Sprintf("lost the job's process: %v", waitErr)
 }
 
 // finish moves the job to a terminal status. If it already is terminal (a
@@ -117,25 +153,52 @@ func (r *finisher) finish(id string, status delegate.Status, reason string, fact
 // exited then): its duration does not include what was done after. stored,
 // if set, sees the finished job before anyone waiting for it is woken.
 func (r *finisher) finishAt(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) {
+	r.finishStored(id, status, reason, at, stored, facts)
+}
+
+// finishStored is finishAt, retried until the store takes the end (a
+// full disk, a store that does not answer), and it tells whether it did:
+// false only when the job is gone from the store, or the engine is
+// closing (the job is then still running in the store, for the next
+// server to settle).
+func (r *finisher) finishStored(id string, status delegate.Status, reason string, at time.Time, stored func(*delegate.Job), facts func(*delegate.Job)) bool {
 	ctx := context.WithoutCancel(r.life.ctx)
-	r.progress.flushJob(ctx, id)
-	j, err := r.jobs.updateThen(ctx, id, stored, func(j *delegate.Job) error {
-		if facts != nil {
-			facts(j)
-		}
-		if j.Status.Terminal() {
+	var (
+		j   *delegate.Job
+		err error
+	)
+	for wait, tries := retryFirst, 0; ; wait, tries = nextWait(wait), tries+1 {
+		r.progress.flushJob(ctx, id)
+		j, err = r.jobs.updateThen(ctx, id, stored, func(j *delegate.Job) error {
+			if facts != nil {
+				facts(j)
+			}
+			if j.Status.Terminal() {
+				return nil
+			}
+			j.Status, j.Error, j.FinishedAt = status, reason, at
+			j.Progress = string(status)
 			return nil
+		})
+		if err == nil {
+			break
 		}
-		j.Status, j.Error, j.FinishedAt = status, reason, at
-		j.Progress = string(status)
-		return nil
-	})
-	if err != nil {
-		r.log.Error("finish job", "job", id, "err", err)
-		return
+		if errors.Is(err, delegate.ErrNotFound) {
+			r.log.Error("finish job", "job", id, "err", err)
+			return false
+		}
+		if tries == 0 || wait == retryMax && tries%12 == 0 { // then about once a minute
+			r.log.Error("finish job: its end is not stored; trying again, its sandbox kept until it is", "job", id,
+				"err", r.space.explain(err), "cause", err)
+		}
+		if !sleepCtx(r.life.ctx, wait) {
+			r.log.Warn("finish job: the server is stopping with the job's end not stored; the next server settles it", "job", id)
+			return false
+		}
 	}
 	r.tokens.forget(id)
 	r.log.Info("job finished", "job", id, "status", j.Status, "reason", j.Error)
+	return true
 }
 
 // destroy removes an ephemeral job's sandbox; a persistent one is kept.

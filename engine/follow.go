@@ -114,7 +114,19 @@ func (r *follower) follow(h *run, id string, sb sandbox.Instance, proc sandbox.P
 		kill()
 	}
 	end := func(w waited) {
-		t.collect(context.WithoutCancel(ctx), true)
+		// Its whole output is stored before its end is: retried while the
+		// store does not take it (a full disk), the sandbox, which keeps
+		// it, kept meanwhile.
+		for wait := retryFirst; ; wait = nextWait(wait) {
+			t.collect(context.WithoutCancel(ctx), true)
+			if t.storeErr == nil {
+				break
+			}
+			if !sleepCtx(ctx, wait) {
+				r.log.Warn("the server is stopping with the job's output not stored; the next server settles it", "job", id)
+				return
+			}
+		}
 		r.end.settle(t, sb, w.exit, w.err, timedOut, w.at, known)
 	}
 	for {

@@ -198,7 +198,8 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode, ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled),
 		Output: out, OutputOffset: outOffset, Stderr: errs, StderrOffset: errOffset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		Error: j.Error, Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
+		OutputLostBytes: j.OutputLostBytes, OutputLost: j.OutputLost,
+		Error: resultError(j), Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
 		Sandbox: j.Sandbox,
 		Network: rd.networkResult(ctx, j),
@@ -397,4 +398,18 @@ func artifactNames(arts []delegate.Artifact) string {
 		s += fmt.Sprintf(" and %d more", len(arts)-maxNamesShown)
 	}
 	return s
+}
+
+// resultError is a job's error, and that its output is incomplete when
+// some of it could not be stored: a result never reads as whole when it
+// is not, whatever its status.
+func resultError(j *delegate.Job) string {
+	if j.OutputLostBytes <= 0 {
+		return j.Error
+	}
+	lost := fmt.Sprintf("output incomplete: %d bytes of it were lost (%s)", j.OutputLostBytes, j.OutputLost)
+	if j.Error == "" {
+		return lost
+	}
+	return j.Error + "; " + lost
 }

@@ -75,7 +75,32 @@ func (s space) explain(err error) error {
 
 // isNoSpace tells whether err is a write that failed for lack of room.
 func isNoSpace(err error) bool {
+	if err == nil {
+		return false
+	}
 	var ns *delegate.NoSpaceError
+	msg := strings.ToLower(err.Error())
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.As(err, &ns) ||
-		strings.Contains(err.Error(), "database or disk is full") || strings.Contains(err.Error(), "no space left on device")
+		strings.Contains(msg, "database or disk is full") || strings.Contains(msg, "no space left on device")
+}
+
+// low tells whether the data dir is (nearly) full: less free than a
+// write needs (lowSpace), whatever the floor.
+func (s space) low() bool {
+	if s.dir == "" {
+		return false
+	}
+	avail, _, err := free(s.dir)
+	return err == nil && avail < lowSpace
+}
+
+// lowSpace: less free than this, a write of a job's end may fail.
+const lowSpace = 1 << 20
+
+// where names the data dir, or says it is the server's.
+func (s space) where() string {
+	if s.dir == "" {
+		return "the server's data dir"
+	}
+	return s.dir
 }

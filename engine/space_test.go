@@ -1,17 +1,22 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
+	"github.com/delegate-dev/delegate/sqlite"
 	"golang.org/x/sys/unix"
 )
 
@@ -93,4 +98,114 @@ func TestMinFree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fillUp writes a file in dir until its file system is full, and returns
+// its path.
+func fillUp(t testing.TB, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "filler")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	for _, n := range []int{4096, 512, 1} { // what a block's tail still holds
+		for {
+			if _, err := f.Write(buf[:n]); err != nil {
+				break
+			}
+		}
+	}
+	return p
+}
+
+// TestEndWaitsForRoom: a job that ends while the data dir is full keeps
+// its sandbox, and its end (its last output, its status) is stored once
+// there is room again: before, the finish failed once ("database or disk
+// is full"), the sandbox was destroyed all the same, and the job stayed
+// running for ever, its result gone.
+func TestEndWaitsForRoom(t *testing.T) {
+	ctx := context.Background()
+	data := mountTmpfs(t, 8<<20)
+	store, err := sqlite.Open(ctx, filepath.Join(data, "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	backend := sandboxtest.NewFake()
+	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, PollInterval: 10 * time.Millisecond,
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	job, err := eng.Submit(ctx, script("build"), delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := <-backend.Started
+	p.Write([]byte("before\n"))
+	eventually(t, "the first output stored", func() bool { n, _ := store.OutputSize(ctx, job.ID); return n > 0 })
+
+	filler := fillUp(t, data)
+	p.Write(bytes.Repeat([]byte("x"), 256<<10))
+	p.Write([]byte("\nEND\n"))
+	p.Finish(sandbox.Exit{})
+	// The end cannot be stored: the job is running still, its sandbox
+	// there (a tick of the follower at least, retried meanwhile).
+	time.Sleep(300 * time.Millisecond)
+	if j, err := store.GetJob(ctx, job.ID); err != nil || j.Status != delegate.StatusRunning {
+		t.Fatalf("on a full disk: %+v, %v; want running", j, err)
+	}
+	if infos, _ := backend.List(ctx); len(infos) != 1 {
+		t.Fatalf("on a full disk the sandbox was destroyed before the job's end was stored (%d left)", len(infos))
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	got, err := eng.Wait(ctx, job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := store.ReadOutput(ctx, job.ID, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "before\n" + strings.Repeat("x", 256<<10) + "\nEND\n"
+	if got.Status != delegate.StatusSuccess || got.ExitCode == nil || *got.ExitCode != 0 || got.OutputLostBytes != 0 || string(joined(out)) != want {
+		t.Errorf("with room again: %s (%s), exit %v, lost %d, %d bytes of output stored, want success and %d", got.Status, got.Error,
+			got.ExitCode, got.OutputLostBytes, len(joined(out)), len(want))
+	}
+	eventually(t, "the sandbox destroyed", func() bool { infos, _ := backend.List(ctx); return len(infos) == 0 })
+	integrityCheck(t, filepath.Join(data, "jobs.db"))
+}
+
+// integrityCheck fails the test if the database at path does not pass
+// PRAGMA integrity_check.
+func integrityCheck(t testing.TB, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var ok string
+	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&ok); err != nil || ok != "ok" {
+		t.Errorf("integrity_check: %q, %v", ok, err)
+	}
+}
+
+func joined(outs []delegate.Output) []byte {
+	var b []byte
+	for _, o := range outs {
+		b = append(b, o.Data...)
+	}
+	return b
 }

@@ -21,6 +21,9 @@ type tracker struct {
 	proc   sandbox.Process
 	redact *redactor
 	kept   int64 // output bytes stored
+	// storeErr is why the store did not take the output the last
+	// collect read (nil: it took all of it); that output is read again.
+	storeErr error
 	// next is where the next read of the process's output starts; read
 	// is what the store records as consumed (Job.OutputRead), where a
 	// restarted engine reads on from (see collectOutput).
@@ -73,6 +76,7 @@ func (t *tracker) collect(ctx context.Context, final bool) {
 // those few bytes rather than store the other stream's twice).
 func (t *tracker) collectOutput(ctx context.Context, final bool) {
 	r := t.f
+	t.storeErr = nil
 	for moved := 0; final || moved < outputPerTick; {
 		outs, err := t.proc.ReadOutput(ctx, t.next, outputChunk)
 		if err != nil {
@@ -107,6 +111,7 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 			if err := r.store.AppendOutput(ctx, t.id, kept, read); err != nil {
 				r.log.Warn("store output", "job", t.id, "err", err)
 				t.next, t.held = next, held
+				t.storeErr = err
 				return
 			}
 			if stored > 0 {
