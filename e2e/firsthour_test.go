@@ -322,6 +322,27 @@ func TestCLIJobEnvironment(t *testing.T) {
 	}
 }
 
+// TestCLIPythonSeesRewrites: a Python module rewritten to the same size
+// within the same second is run as it is now, not from a bytecode cache
+// written by the run before (PYTHONDONTWRITEBYTECODE=1 by default); a job
+// that sets it to "" gets Python's own behaviour back.
+func TestCLIPythonSeesRewrites(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this machine")
+	}
+	script := `echo 'x = 1' > m.py; touch -d '2020-01-01 00:00:00' m.py; python3 -c 'import m; print(m.x)'
+echo 'x = 2' > m.py; touch -d '2020-01-01 00:00:00' m.py; python3 -c 'import m; print(m.x)'
+ls __pycache__ 2>/dev/null | wc -l`
+	out, errOut, code := cliRun(t, t.TempDir(), "", nil, nil, "run", "-q", "--script", script)
+	if code != 0 || out != "1\n2\n0\n" {
+		t.Errorf("exit %d, output %q, want 1, 2 and no __pycache__\n%s", code, out, errOut)
+	}
+	out, errOut, code = cliRun(t, t.TempDir(), "", nil, nil, "run", "-q", "--env", "PYTHONDONTWRITEBYTECODE=", "--script", script)
+	if code != 0 || out != "1\n1\n1\n" {
+		t.Errorf("with PYTHONDONTWRITEBYTECODE set to nothing: exit %d, output %q, want Python's own stale 1, 1 and a cache\n%s", code, out, errOut)
+	}
+}
+
 // TestMCPStdinAndIdempotency: submit_job's stdin reaches the job; an
 // idempotency key sent again with the same manifest, however its JSON is
 // spelled, returns the same job, and with another manifest is refused,

@@ -96,6 +96,10 @@ func (r *commandBuilder) command(job *delegate.Job, token string, ws *delegate.M
 		"TERM":    "dumb",
 		"USER":    "sandbox",
 		"LOGNAME": "sandbox",
+		// Python's bytecode cache is judged by a source's size and mtime
+		// in whole seconds: an agent that rewrites a file to the same size
+		// within a second ran the old code. A job may set it to "".
+		"PYTHONDONTWRITEBYTECODE": "1",
 	}
 	if ws != nil {
 		workspaceEnv(env, ws.Workspace, ws.Caches)

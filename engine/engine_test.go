@@ -201,7 +201,7 @@ func TestCommandAndEnv(t *testing.T) {
 				t.Errorf("%s: the task is in the arguments: %q", tc.m.AgentType, p.Cmd.Args)
 			}
 		}
-		for _, want := range []string{"FOO=a b;c", "TOKEN=s3cret", "DELEGATE_JOB_ID=" + job.ID, "DELEGATE_TASK=" + tc.m.Task, "HOME=/workspace"} {
+		for _, want := range []string{"FOO=a b;c", "TOKEN=s3cret", "DELEGATE_JOB_ID=" + job.ID, "DELEGATE_TASK=" + tc.m.Task, "HOME=/workspace", "PYTHONDONTWRITEBYTECODE=1"} {
 			if !slices.Contains(p.Cmd.Env, want) {
 				t.Errorf("%s: env lacks %q: %q", tc.m.AgentType, want, p.Cmd.Env)
 			}
