@@ -20,7 +20,7 @@ func (p *Proxy) ServeCallback(ctx context.Context, ln net.Listener, token string
 		return fmt.Errorf("%w: no Config.Callback to forward to", ErrInvalid)
 	}
 	cb := p.guard.callback
-	return p.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	return p.serve(ctx, ln, token, ViaCallback, func(ctx context.Context, c net.Conn) {
 		untrack := p.conns.add(token, c)
 		defer untrack()
 		e := Entry{Time: time.Now(), Via: ViaCallback, Addr: cb.Addr(), Port: cb.Port()}
@@ -44,7 +44,10 @@ func (p *Proxy) ServeCallback(ctx context.Context, ln net.Listener, token string
 			return
 		}
 		defer up.Close()
-		e.Sent, e.Received = pipe(c, nil, up)
+		e.Sent, e.Received, err = p.pipe(c, nil, up)
+		if err != nil {
+			e.Err = err.Error()
+		}
 		e.Duration = time.Since(e.Time)
 		p.record(token, e)
 	})

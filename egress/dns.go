@@ -36,7 +36,7 @@ func (p *Proxy) ServeDNSStream(ctx context.Context, ln net.Listener, token strin
 	if token == "" {
 		return fmt.Errorf("%w: a DNS listener belongs to one job: give its token", ErrInvalid)
 	}
-	return p.serveDNS(ctx, &dns.Server{Listener: ln}, token)
+	return p.serveDNS(ctx, &dns.Server{Listener: &limitedListener{Listener: ln, p: p, token: token, via: ViaDNS}}, token)
 }
 
 func (p *Proxy) serveDNS(ctx context.Context, srv *dns.Server, token string) error {

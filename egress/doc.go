@@ -43,6 +43,17 @@
 // the request's Host is that host; the secret prints as "[secret]"
 // everywhere and is never logged.
 //
+// Limits, so that one job cannot take the server's descriptors: a job
+// holds at most Config.MaxConnsPerJob connections at once (every listener
+// of its sandbox and the shared one together) and opens at most
+// Config.ConnRate a second (a burst of twice as many); all jobs together
+// hold at most Config.MaxConns, by default a quarter of the server's
+// open-file limit (two descriptors a connection: the proxy never holds
+// more than half, the rest runs jobs). A connection over a limit is closed
+// at once (503 on the shared listener) and logged, at most once a second
+// per job. A tunnel that carries no byte either way for Config.IdleTimeout
+// ends, as does a request's head not read within 30 s.
+//
 // Every attempt is an Entry of the job's network log, delivered to a Sink
 // through a bounded queue (Config.LogQueue; what a slow sink loses is
 // counted and reported). A request the allowlist denies may wait

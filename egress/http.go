@@ -14,11 +14,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -29,7 +27,7 @@ import (
 // http://job:TOKEN@proxy:3128, which curl, pip, git and npm all send).
 // Serve returns when ctx ends, closing ln and its connections.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener, token string) error {
-	return p.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	return p.serve(ctx, ln, token, ViaHTTP, func(ctx context.Context, c net.Conn) {
 		f := p.newForwarder(c, c, modeExplicit, ViaHTTP)
 		f.fixed = token
 		f.loop(ctx)
@@ -194,8 +192,22 @@ func (f *forwarder) authenticate(req *http.Request) bool {
 		writeStatus(f.client, http.StatusProxyAuthRequired, "one job per connection", authHeader)
 		return false
 	case f.token == "":
+		if f.fixed == "" {
+			// The shared listener: the job is known now, and its cap
+			// and rate apply (a job's own listener admitted it at
+			// accept).
+			release, why := f.p.limits.admitJob(tok)
+			if why != "" {
+				f.p.refuseConn(tok, ViaHTTP, why)
+				writeStatus(f.client, http.StatusServiceUnavailable, "over "+why, nil)
+				return false
+			}
+			untrack := f.p.conns.add(tok, f.client)
+			f.untrack = func() { untrack(); release() }
+		} else {
+			f.untrack = f.p.conns.add(tok, f.client)
+		}
 		f.token = tok
-		f.untrack = f.p.conns.add(tok, f.client)
 	}
 	return true
 }
@@ -383,10 +395,14 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 				return false
 			}
 		}
-		sent, recv := pipe(f.client, pre, up.conn)
+		sent, recv, err := f.p.pipe(f.client, pre, up.conn)
 		up.sent += sent
 		up.recv += recv + int64(len(upPre))
-		f.closeUpstream("")
+		why := ""
+		if err != nil {
+			why = err.Error()
+		}
+		f.closeUpstream(why)
 		return false
 	}
 	if resp.Close || req.Close {
@@ -496,17 +512,20 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 		// not the address, picks the site; so does an HTTP request's
 		// Host, which tunnelHTTP checks request by request.
 		var httpIn io.Reader
-		e.Sent, e.Received, e.Err, httpIn = tunnelChecked(f.client, pre, up, a.name)
+		var refused string
+		e.Sent, e.Received, refused, httpIn, err = p.tunnelChecked(f.client, pre, up, a.name)
 		if httpIn != nil {
 			f.tunnelHTTP(ctx, a, e, up, httpIn)
 			return
 		}
-		if e.Err != "" {
-			e.Allowed, e.Rule = false, e.Err
-			e.Err = ""
+		if refused != "" {
+			e.Allowed, e.Rule = false, refused
 		}
 	} else {
-		e.Sent, e.Received = pipe(f.client, pre, up)
+		e.Sent, e.Received, err = p.pipe(f.client, pre, up)
+	}
+	if err != nil {
+		e.Err = err.Error()
 	}
 	e.Duration = time.Since(e.Time)
 	p.record(a.token, e)
@@ -532,15 +551,16 @@ func (f *forwarder) tunnelHTTP(ctx context.Context, a *attempt, e Entry, up net.
 // client's bytes from there on (httpIn, nothing of them sent yet): the
 // tunnel is then the caller's to serve as HTTP (tunnelHTTP), the server's
 // bytes having stopped flowing.
-func tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent, recv int64, refused string, httpIn io.Reader) {
+func (p *Proxy) tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent, recv int64, refused string, httpIn io.Reader, err error) {
+	ip := p.newIdlePair()
 	var wg sync.WaitGroup
 	var down int64
-	var handover atomic.Bool
+	var downErr, upErr error
 	wg.Go(func() {
-		n, err := io.Copy(client, up)
-		down = n
+		n, err := ip.copy(client, up, 1)
+		down, downErr = n, err
 		if err != nil {
-			if handover.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+			if errors.Is(err, errStopped) {
 				return // stopped for tunnelHTTP
 			}
 			client.Close()
@@ -549,15 +569,15 @@ func tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent,
 		}
 		closeWrite(client)
 	})
-	sent, refused, httpIn = checkFirst(client, pre, up, name, func() {
-		handover.Store(true)
+	sent, refused, httpIn, upErr = checkFirst(client, pre, up, name, ip, func() {
+		ip.stop.Store(true)
 		up.SetReadDeadline(time.Now())
 	})
 	wg.Wait()
 	if httpIn != nil {
 		up.SetReadDeadline(time.Time{})
 	}
-	return sent, down, refused, httpIn
+	return sent, down, refused, httpIn, idleErr(upErr, downErr)
 }
 
 // httpMethods are the request methods that make a tunnel's first bytes
@@ -571,13 +591,18 @@ var httpMethods = map[string]bool{
 
 // checkFirst is tunnelChecked's way up; stop stops the way down when the
 // client turns out to speak HTTP.
-func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func()) (int64, string, io.Reader) {
+func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, ip *idlePair, stop func()) (int64, string, io.Reader, error) {
 	prefix := bytes.NewReader(pre)
 	in := io.MultiReader(prefix, client) // reads exactly what is asked of it
 	var first [1]byte
-	if _, err := io.ReadFull(in, first[:]); err != nil {
+	if err := ip.readFirst(in, client, first[:]); err != nil {
+		if errors.Is(err, errIdle) {
+			client.Close()
+			up.Close()
+			return 0, "", nil, err
+		}
 		closeWrite(up)
-		return 0, "", nil
+		return 0, "", nil, nil
 	}
 	head := first[:]
 	if first[0] >= 'A' && first[0] <= 'Z' {
@@ -592,7 +617,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func
 		}
 		if n := len(head); n > 1 && head[n-1] == ' ' && httpMethods[string(head[:n-1])] {
 			stop()
-			return 0, "", io.MultiReader(bytes.NewReader(head), prefix, client)
+			return 0, "", io.MultiReader(bytes.NewReader(head), prefix, client), nil
 		}
 	}
 	if first[0] == recordHandshake {
@@ -612,7 +637,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func
 			client.Write(tlsAlert(alertAccessDenied))
 			client.Close()
 			up.Close()
-			return 0, refused, nil
+			return 0, refused, nil, nil
 		}
 		head = raw
 	}
@@ -624,7 +649,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func
 		var m int64
 		if m, err = io.Copy(up, prefix); err == nil {
 			sent += m
-			m, err = io.Copy(up, client)
+			m, err = ip.copy(up, client, 0)
 		}
 		sent += m
 	}
@@ -634,25 +659,28 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, stop func
 	} else {
 		closeWrite(up)
 	}
-	return sent, "", nil
+	return sent, "", nil, err
 }
 
 // pipe copies both ways until both are done, half-closing each side when
-// the other has finished, and returns the bytes each way. Between two TCP
-// sockets io.Copy splices in the kernel.
-func pipe(client net.Conn, pre []byte, up net.Conn) (sent, recv int64) {
+// the other has finished, and returns the bytes each way, and errIdle when
+// it ended a tunnel that carried nothing either way for the idle timeout.
+// Between two TCP sockets the copy is spliced in the kernel.
+func (p *Proxy) pipe(client net.Conn, pre []byte, up net.Conn) (sent, recv int64, err error) {
 	if len(pre) > 0 {
 		n, err := up.Write(pre)
 		sent += int64(n)
 		if err != nil {
-			return sent, 0
+			return sent, 0, nil
 		}
 	}
+	ip := p.newIdlePair()
 	var wg sync.WaitGroup
 	var up2 int64
+	var upErr error
 	wg.Go(func() {
-		n, err := io.Copy(up, client)
-		up2 = n
+		n, err := ip.copy(up, client, 0)
+		up2, upErr = n, err
 		if err != nil {
 			client.Close()
 			up.Close()
@@ -660,15 +688,25 @@ func pipe(client net.Conn, pre []byte, up net.Conn) (sent, recv int64) {
 		}
 		closeWrite(up)
 	})
-	n, err := io.Copy(client, up)
-	if err != nil {
+	n, downErr := ip.copy(client, up, 1)
+	if downErr != nil {
 		client.Close()
 		up.Close()
 	} else {
 		closeWrite(client)
 	}
 	wg.Wait()
-	return sent + up2, n
+	return sent + up2, n, idleErr(upErr, downErr)
+}
+
+// idleErr is errIdle, said for the log, if either way ended so.
+func idleErr(errs ...error) error {
+	for _, err := range errs {
+		if errors.Is(err, errIdle) {
+			return fmt.Errorf("closed: idle (nothing either way) for the idle timeout")
+		}
+	}
+	return nil
 }
 
 func closeWrite(c net.Conn) {

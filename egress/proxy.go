@@ -52,6 +52,23 @@ type Config struct {
 	DialTimeout time.Duration
 	// LogQueue is how many log entries may wait for a slow Sink (4096).
 	LogQueue int
+	// MaxConnsPerJob bounds a job's connections open at once through the
+	// proxy, every listener of its sandbox and the shared one together
+	// (DefaultMaxConnsPerJob); past it a connection is refused (closed at
+	// once, or 503 on the shared listener) and the refusal logged.
+	MaxConnsPerJob int
+	// ConnRate bounds the connections a job opens a second, with a burst
+	// of twice as many (DefaultConnRate).
+	ConnRate int
+	// IdleTimeout ends a tunnel (CONNECT, transparent TLS, the callback's,
+	// a WebSocket) that carried no byte either way for this long, and
+	// bounds the wait for a response's head (DefaultIdleTimeout).
+	IdleTimeout time.Duration
+	// MaxConns bounds the connections of all jobs together; 0: a quarter
+	// of the server's open-file limit, so that the proxy (two descriptors
+	// a connection) holds at most half of the server's descriptors and
+	// the rest is left to run jobs.
+	MaxConns int
 	// Logger gets the proxy's own troubles (never a secret); nil discards.
 	Logger *slog.Logger
 }
@@ -78,6 +95,7 @@ type Proxy struct {
 	dialer net.Dialer
 	asks   askTable
 	conns  connTable
+	limits *limits
 	cache  resolveCache
 	closed chan struct{}
 	once   sync.Once
@@ -88,8 +106,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Policies == nil {
 		return nil, fmt.Errorf("%w: Config.Policies is required", ErrInvalid)
 	}
-	if cfg.AskWait < 0 || cfg.DialTimeout < 0 || cfg.LogQueue < 0 {
-		return nil, fmt.Errorf("%w: AskWait, DialTimeout and LogQueue cannot be negative", ErrInvalid)
+	if cfg.AskWait < 0 || cfg.DialTimeout < 0 || cfg.LogQueue < 0 || cfg.MaxConnsPerJob < 0 || cfg.ConnRate < 0 || cfg.IdleTimeout < 0 || cfg.MaxConns < 0 {
+		return nil, fmt.Errorf("%w: AskWait, DialTimeout, LogQueue, MaxConnsPerJob, ConnRate, IdleTimeout and MaxConns cannot be negative", ErrInvalid)
 	}
 	for _, p := range cfg.Allow {
 		if !p.IsValid() || p != p.Masked() {
@@ -111,10 +129,22 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.LogQueue == 0 {
 		cfg.LogQueue = defaultLogQueue
 	}
+	if cfg.MaxConnsPerJob == 0 {
+		cfg.MaxConnsPerJob = DefaultMaxConnsPerJob
+	}
+	if cfg.ConnRate == 0 {
+		cfg.ConnRate = DefaultConnRate
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = defaultMaxConns()
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, guard: newGuard(&cfg), closed: make(chan struct{})}
+	p := &Proxy{cfg: cfg, guard: newGuard(&cfg), limits: newLimits(&cfg), closed: make(chan struct{})}
 	if cfg.Sink != nil {
 		p.log = newLogQueue(cfg.Sink, cfg.LogQueue)
 	}
@@ -351,8 +381,10 @@ func (p *Proxy) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.
 }
 
 // serve accepts on ln until ctx ends (then closes it and every connection
-// it accepted) or ln fails.
-func (p *Proxy) serve(ctx context.Context, ln net.Listener, handle func(context.Context, net.Conn)) error {
+// it accepted) or ln fails. Each connection takes a place in the proxy's
+// cap and, with a token (a listener of one job's), in the job's cap and
+// rate; one over them is closed at once and the refusal logged (via).
+func (p *Proxy) serve(ctx context.Context, ln net.Listener, token string, via Via, handle func(context.Context, net.Conn)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
@@ -388,7 +420,14 @@ func (p *Proxy) serve(ctx context.Context, ln net.Listener, handle func(context.
 			return fmt.Errorf("egress: accept on %s: %w", ln.Addr(), err)
 		}
 		backoff = 0
+		release, why := p.limits.admit(token)
+		if why != "" {
+			c.Close()
+			p.refuseConn(token, via, why)
+			continue
+		}
 		wg.Go(func() {
+			defer release()
 			defer c.Close()
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			defer stop()

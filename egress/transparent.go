@@ -26,7 +26,7 @@ func (p *Proxy) ServeTransparent(ctx context.Context, ln net.Listener, token str
 	if token == "" {
 		return fmt.Errorf("%w: a transparent listener belongs to one job: give its token", ErrInvalid)
 	}
-	return p.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	return p.serve(ctx, ln, token, ViaTransparent, func(ctx context.Context, c net.Conn) {
 		untrack := p.conns.add(token, c)
 		defer untrack()
 		p.transparent(ctx, c, token)
@@ -110,7 +110,10 @@ func (p *Proxy) transparentTLS(ctx context.Context, c net.Conn, in io.Reader, a 
 		return
 	}
 	defer up.Close()
-	e.Sent, e.Received = pipe(c, raw, up)
+	e.Sent, e.Received, err = p.pipe(c, raw, up)
+	if err != nil {
+		e.Err = err.Error()
+	}
 	e.Duration = time.Since(e.Time)
 	p.record(a.token, e)
 }
