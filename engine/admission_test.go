@@ -101,6 +101,7 @@ func sized(task, mem string) delegate.Manifest {
 // TestAdmissionQueuesForCapacity: jobs that do not fit wait as pending,
 // saying why, without holding a run slot; they run as room is freed.
 func TestAdmissionQueuesForCapacity(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{MaxConcurrent: 3, AdmissionRetry: time.Hour})
 	f.eng.Close()
 	b := newRoomy(2<<30 + 64<<20)
@@ -154,6 +155,7 @@ func TestAdmissionQueuesForCapacity(t *testing.T) {
 // TestAdmissionRetries: room freed outside this engine is found by the
 // periodic retry; a job cancelled while it waits never runs.
 func TestAdmissionRetries(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{AdmissionRetry: 50 * time.Millisecond})
 	f.eng.Close()
 	b := newRoomy(1 << 30)
@@ -194,6 +196,7 @@ func TestAdmissionRetries(t *testing.T) {
 // TestAdmissionError: an admission error that is not about capacity is
 // the job's: it fails at once with it.
 func TestAdmissionError(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	f.eng.Close()
 	b := newRoomy(1 << 30)
@@ -210,6 +213,7 @@ func TestAdmissionError(t *testing.T) {
 // TestProvisioningSteps: a backend's steps become the job's progress, and
 // entries of its timeline when it keeps one.
 func TestProvisioningSteps(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	f.eng.Close()
 	b := newRoomy(1 << 30)

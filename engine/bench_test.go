@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
@@ -28,12 +27,7 @@ func BenchmarkCallback(b *testing.B) {
 			m.StatusMode = delegate.StatusModeDetailed
 			j := f.submit(m)
 			p := f.started()
-			for {
-				if j, _ := f.eng.Get(ctx, j.ID); j.Status == delegate.StatusRunning {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			awaitJob(b, f.eng, j.ID, "running", func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning })
 			token := tokenOf(b, p)
 			before := f.store.WriteStats()
 			b.ResetTimer()
@@ -112,7 +106,6 @@ func BenchmarkStatusFlood(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		f := newFixture(b, engine.Config{})
-		ctx := context.Background()
 		m := script("flood")
 		m.StatusMode = delegate.StatusModeDetailed
 		j := f.submit(m)
@@ -122,12 +115,8 @@ func BenchmarkStatusFlood(b *testing.B) {
 		}
 		before := f.store.WriteStats()
 		b.StartTimer()
-		for {
-			if j, _ := f.eng.Get(ctx, j.ID); j.Progress == fmt.Sprint("line ", lines-1) {
-				break
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
+		last := fmt.Sprint("line ", lines-1)
+		awaitJob(b, f.eng, j.ID, "the last line", func(j *delegate.Job) bool { return j.Progress == last })
 		b.StopTimer()
 		b.ReportMetric(float64(f.store.WriteStats().Writes-before.Writes), "writes")
 		f.eng.Close()

@@ -18,6 +18,7 @@ import (
 // collects what it wrote meanwhile and destroys its sandbox, instead of
 // only recording "cancelled" and leaving it all running.
 func TestCancelOrphan(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dead := func(string) bool { return false }
 	for _, tc := range []struct {
@@ -85,6 +86,7 @@ func TestCancelOrphan(t *testing.T) {
 // (a sandbox made, recorded on the job or not yet, no command started) is
 // cancelled and its sandbox rolled back, persistent or not.
 func TestCancelOrphanProvisioning(t *testing.T) {
+	t.Parallel()
 	for _, recorded := range []bool{true, false} {
 		t.Run(fmt.Sprintf("recorded=%v", recorded), func(t *testing.T) {
 			ctx := context.Background()
@@ -132,6 +134,7 @@ func TestCancelOrphanProvisioning(t *testing.T) {
 // TestCancelLiveOwner: a job a live engine drives is only marked; its own
 // engine kills it (the canceller does not take it over).
 func TestCancelLiveOwner(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})
 	job := f.submit(script("sleep 1000"))

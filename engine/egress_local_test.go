@@ -78,6 +78,7 @@ func file(path string, data []byte) delegate.File {
 // only a placeholder; the job's result, its network log and its timeline
 // tell each attempt; the network ends with the job.
 func TestEgressAllowlistJob(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -193,6 +194,7 @@ echo "found=$found"
 // tool and the CLI do) lets its next attempt through; the widening is in
 // its timeline and its network log.
 func TestEgressWidenRunningJob(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -206,17 +208,10 @@ func TestEgressWidenRunningJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for a denial in the log, then widen.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	eventuallyWithin(t, 20*time.Second, "a denial logged", func() bool {
 		rep, err := eng.Network(ctx, job.ID, delegate.NetworkLogOptions{Denied: true})
-		if err == nil && len(rep.Entries) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no denial logged: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && len(rep.Entries) > 0
+	})
 	if _, err := eng.AllowNetwork(ctx, job.ID, []string{"denied.test", "bad rule/"}, "test"); err == nil || !strings.Contains(err.Error(), "allow[1]") {
 		t.Errorf("a bad rule: %v, want an error naming allow[1]", err)
 	}
@@ -257,6 +252,7 @@ func TestEgressWidenRunningJob(t *testing.T) {
 // TestEgressModeJob: network egress through the proxy reaches any public
 // name, and still not the metadata service, a private range or the host.
 func TestEgressModeJob(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -291,6 +287,7 @@ done`}, delegate.SubmitOptions{})
 
 // TestEgressSubmitChecks: rules are checked at submit, naming the rule.
 func TestEgressSubmitChecks(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -318,6 +315,7 @@ func TestEgressSubmitChecks(t *testing.T) {
 // commands have one now); widened by the sandbox's id, the next command
 // reaches the new name; released, the network ends.
 func TestEgressKeptSandbox(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -360,6 +358,7 @@ func TestEgressKeptSandbox(t *testing.T) {
 // the sandbox it keeps (its next command reaches the allowed name with
 // it) and ends when the sandbox is released; the job's own end leaves it.
 func TestEgressPersistentJob(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -391,6 +390,7 @@ func TestEgressPersistentJob(t *testing.T) {
 // widened and the held request goes through; no: it is refused at once,
 // not after the 30 s.
 func TestEgressAsk(t *testing.T) {
+	t.Parallel()
 	if !testnet.Isolate(t) {
 		return
 	}
@@ -407,19 +407,15 @@ func TestEgressAsk(t *testing.T) {
 			t.Fatal(err)
 		}
 		var q delegate.Question
-		deadline := time.Now().Add(20 * time.Second)
-		for q.ID == "" {
+		eventuallyWithin(t, 20*time.Second, "the proxy's question", func() bool {
 			qs, _ := eng.Questions(ctx, job.ID)
 			for _, x := range qs {
 				if x.From == "egress" && x.State == delegate.QuestionOpen {
 					q = x
 				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no question asked: %+v", qs)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return q.ID != ""
+		})
 		if !strings.Contains(q.Message, "denied.test:80") || len(q.Form.Fields) != 1 || q.Form.Fields[0].Name != "allow" || q.Expires.IsZero() {
 			t.Errorf("the question: %+v", q)
 		}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -28,6 +29,7 @@ func openStore(t *testing.T) *sqlite.DB {
 // life before, one per wait that came after the job's end); a channel
 // several waiters share stays until the last lets go.
 func TestWaitLeavesNoEndChannel(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	store := openStore(t)
 	now := time.Now().UTC()
@@ -100,46 +102,50 @@ func (s *countingStore) GetJob(ctx context.Context, id string) (*delegate.Job, e
 // job return the job as it was stored then, without reading it again,
 // each its own copy.
 func TestWaitTakesTheEndItIsTold(t *testing.T) {
-	ctx := context.Background()
-	db := openStore(t)
-	store := &countingStore{Store: db}
-	now := time.Now().UTC()
-	j := &delegate.Job{ID: "queued", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Env: map[string]string{"A": "1"}},
-		Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now}
-	if err := db.CreateJob(ctx, j); err != nil {
-		t.Fatal(err)
-	}
-	w := newJobWriter(db, func(*delegate.Job) {})
-	rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
-	const waiters = 2
-	got := make(chan *delegate.Job, waiters)
-	for range waiters {
-		go func() {
-			j, err := rd.Wait(ctx, "queued")
-			if err != nil {
-				t.Error(err)
-			}
-			got <- j
-		}()
-	}
-	for store.gets.Load() < waiters { // both waiting
-		time.Sleep(time.Millisecond)
-	}
-	if _, err := w.update(ctx, "queued", func(j *delegate.Job) error {
-		j.Status, j.Error = delegate.StatusCancelled, "stopped"
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	a, b := <-got, <-got
-	if a == nil || b == nil || a.Status != delegate.StatusCancelled || b.Error != "stopped" {
-		t.Fatalf("waiters got %+v and %+v", a, b)
-	}
-	if n := store.gets.Load(); n != waiters {
-		t.Errorf("%d reads of the job for %d waits, want one each (before the end)", n, waiters)
-	}
-	a.Manifest.Env["A"] = "changed"
-	if b.Manifest.Env["A"] != "1" {
-		t.Error("the waiters share the job they were given")
-	}
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		db := openStore(t)
+		store := &countingStore{Store: db}
+		now := time.Now().UTC()
+		j := &delegate.Job{ID: "queued", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Env: map[string]string{"A": "1"}},
+			Status: delegate.StatusPending, CreatedAt: now, UpdatedAt: now}
+		if err := db.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		w := newJobWriter(db, func(*delegate.Job) {})
+		rd := &Reader{store: store, poll: time.Hour, ends: w.endOf}
+		const waiters = 2
+		got := make(chan *delegate.Job, waiters)
+		for range waiters {
+			go func() {
+				j, err := rd.Wait(ctx, "queued")
+				if err != nil {
+					t.Error(err)
+				}
+				got <- j
+			}()
+		}
+		synctest.Wait() // both waiting
+		if n := store.gets.Load(); n != waiters {
+			t.Fatalf("%d reads of the job by %d waits that have begun, want one each", n, waiters)
+		}
+		if _, err := w.update(ctx, "queued", func(j *delegate.Job) error {
+			j.Status, j.Error = delegate.StatusCancelled, "stopped"
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		a, b := <-got, <-got
+		if a == nil || b == nil || a.Status != delegate.StatusCancelled || b.Error != "stopped" {
+			t.Fatalf("waiters got %+v and %+v", a, b)
+		}
+		if n := store.gets.Load(); n != waiters {
+			t.Errorf("%d reads of the job for %d waits, want one each (before the end)", n, waiters)
+		}
+		a.Manifest.Env["A"] = "changed"
+		if b.Manifest.Env["A"] != "1" {
+			t.Error("the waiters share the job they were given")
+		}
+	})
 }

@@ -101,16 +101,54 @@ func (f *fixture) output(id string) string {
 	return string(delegate.JoinOutput(b))
 }
 
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
+// passTime lets d pass on a synctest bubble's clock: every timer of the
+// bubble due within it fires, in order, at once and alike on any machine.
+// (synctest.Wait panics outside a bubble, where a sleep would be a guess.)
+func passTime(d time.Duration) {
+	synctest.Wait()
+	time.Sleep(d) // on the bubble's clock (see above)
+	synctest.Wait()
+}
+
+// awaitJob waits until cond holds of job id as eng reads it, woken by the
+// engine's changes (Watch) rather than a timer, for up to 30 s.
+func awaitJob(t testing.TB, eng *engine.Engine, id, what string, cond func(*delegate.Job) bool) *delegate.Job {
 	t.Helper()
-	for range 500 {
-		if cond() {
-			return
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	changed := eng.Watch(ctx) // before the first read: no change after it is missed
+	for {
+		j, err := eng.Get(ctx, id)
+		if err == nil && cond(j) {
+			return j
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-changed: // some job changed (a watcher that lags misses a wake-up, not the state: read again)
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s: job %s is %+v (%v)", what, id, j, err)
+		}
 	}
-	t.Fatalf("timed out waiting for %s", what)
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	eventuallyWithin(t, 5*time.Second, what, cond)
+}
+
+// eventuallyWithin polls cond every 10 ms until it holds, failing the
+// test after d. It is the tests' one poll: what cond reads (the store, a
+// fake or real sandbox, a process) announces no event a test could wait
+// on. In a synctest bubble the 10 ms are on the bubble's clock, which
+// moves only once every other goroutine of the bubble waits.
+func eventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond) // the poll (see above)
+	}
 }
 
 func script(task string) delegate.Manifest {
@@ -118,6 +156,7 @@ func script(task string) delegate.Manifest {
 }
 
 func TestJobEndings(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		exit       sandbox.Exit
@@ -225,6 +264,7 @@ func TestCommandAndEnv(t *testing.T) {
 // their inputs at one path (local) gets the script by that path, one
 // shell and no job text in the arguments.
 func TestScriptNamedWhereInputsAreFixed(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	f.backend.Caps.InputsDir = "/run/delegate/inputs"
 	job := f.submit(script("echo $(rm -rf /)"))
@@ -255,6 +295,7 @@ func mapValues(m map[string]string) func(func(string) bool) {
 // frees, and gets its files from the store. (BenchmarkRoundTrip counts
 // the writes: the first's claim is its submission.)
 func TestSubmitStartsAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{MaxConcurrent: 1})
 	withFile := func(task, data string) delegate.Manifest {
 		m := script(task)
@@ -288,6 +329,7 @@ func TestSubmitStartsAtOnce(t *testing.T) {
 }
 
 func TestSubmitRejects(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	_, err := f.eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "x", Secrets: []string{"MISSING"}}, delegate.SubmitOptions{})
 	var fe *delegate.FieldError
@@ -306,7 +348,10 @@ func TestSubmitRejects(t *testing.T) {
 // TestTimeoutKills runs in a synctest bubble: the job's 1 s timeout
 // passes on the bubble's clock, at once and in the same order on any
 // machine.
-func TestTimeoutKills(t *testing.T) { synctest.Test(t, testTimeoutKills) }
+func TestTimeoutKills(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testTimeoutKills)
+}
 
 func testTimeoutKills(t *testing.T) {
 	f := newFixture(t, engine.Config{})
@@ -322,6 +367,7 @@ func testTimeoutKills(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("running", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
@@ -396,28 +442,37 @@ func TestCancel(t *testing.T) {
 // TestFinishRaces: a process ending, a cancel and a timeout racing each
 // other must leave exactly one terminal status that never changes.
 func TestFinishRaces(t *testing.T) {
-	f := newFixture(t, engine.Config{MaxConcurrent: 8})
-	ctx := context.Background()
-	for i := range 20 {
-		m := script("race")
-		m.Timeout = new(1)
-		job := f.submit(m)
-		p := f.started()
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); p.Finish(sandbox.Exit{Code: i % 2}) }()
-		go func() { defer wg.Done(); f.eng.Cancel(ctx, job.ID) }()
-		wg.Wait()
-		j := f.wait(f.eng, job.ID)
-		time.Sleep(20 * time.Millisecond)
-		again, _ := f.eng.Get(ctx, job.ID)
-		if again.Status != j.Status || again.FinishedAt != j.FinishedAt {
-			t.Fatalf("round %d: terminal status moved from %s to %s", i, j.Status, again.Status)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, engine.Config{MaxConcurrent: 8})
+		ctx := context.Background()
+		for i := range 20 {
+			m := script("race")
+			m.Timeout = new(1)
+			job := f.submit(m)
+			p := f.started()
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); p.Finish(sandbox.Exit{Code: i % 2}) }()
+			go func() { defer wg.Done(); f.eng.Cancel(ctx, job.ID) }()
+			wg.Wait()
+			j := f.wait(f.eng, job.ID)
+			// Its run is over once its sandbox is gone: nothing of it
+			// may change the job after that.
+			eventually(t, "the sandbox destroyed", func() bool {
+				_, err := f.backend.Recover(ctx, p.Sandbox.ID())
+				return errors.Is(err, sandbox.ErrGone)
+			})
+			again, _ := f.eng.Get(ctx, job.ID)
+			if again.Status != j.Status || again.FinishedAt != j.FinishedAt {
+				t.Fatalf("round %d: terminal status moved from %s to %s", i, j.Status, again.Status)
+			}
 		}
-	}
+	})
 }
 
 func TestOutputLimit(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{OutputLimit: 10})
 	job := f.submit(script("yes"))
 	p := f.started()
@@ -430,6 +485,7 @@ func TestOutputLimit(t *testing.T) {
 }
 
 func TestRecovery(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dead := func(string) bool { return false }
 	f := newFixture(t, engine.Config{MaxConcurrent: 2, OwnerAlive: dead})
@@ -469,21 +525,25 @@ func TestRecovery(t *testing.T) {
 }
 
 func TestRecoveryLeavesLiveOwners(t *testing.T) {
-	ctx := context.Background()
-	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})
-	job := f.submit(script("long"))
-	p := f.started()
-	f.start(f.backend) // a second engine on the same data must not take the job
-	time.Sleep(50 * time.Millisecond)
-	p.Finish(sandbox.Exit{})
-	j := f.wait(f.eng, job.ID)
-	if j.Status != delegate.StatusSuccess || j.Owner != f.eng.Owner() {
-		t.Fatalf("%s owned by %q", j.Status, j.Owner)
-	}
-	_ = ctx
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})
+		job := f.submit(script("long"))
+		p := f.started()
+		f.start(f.backend) // a second engine on the same data must not take the job
+		synctest.Wait()    // whatever it starts has run
+		p.Finish(sandbox.Exit{})
+		j := f.wait(f.eng, job.ID)
+		if j.Status != delegate.StatusSuccess || j.Owner != f.eng.Owner() {
+			t.Fatalf("%s owned by %q", j.Status, j.Owner)
+		}
+		_ = ctx
+	})
 }
 
 func TestSweepDestroysOrphans(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{CleanupInterval: 20 * time.Millisecond})
 	orphan, err := f.backend.Create(ctx, sandbox.Spec{JobID: "nobody"})
@@ -509,34 +569,37 @@ func TestSweepDestroysOrphans(t *testing.T) {
 // is still provisioning (not yet recorded on the job) is not an orphan,
 // however many sweeps pass.
 func TestSweepSparesSandboxesBeingProvisioned(t *testing.T) {
-	ctx := context.Background()
-	f := newFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
-	release := make(chan struct{})
-	entered := make(chan string, 1)
-	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
-		entered <- spec.JobID
-		<-release
-		return nil
-	}
-	job := f.submit(script("slow provisioning"))
-	jobID := <-entered
-	// A sandbox of the job exists on the backend while Create is still at work.
-	f.backend.CreateHook = nil
-	inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: jobID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(150 * time.Millisecond) // many sweeps
-	if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
-		t.Fatalf("the sweep destroyed a sandbox of a job being provisioned: %v", err)
-	}
-	close(release)
-	f.started().Finish(sandbox.Exit{})
-	f.wait(f.eng, job.ID)
-	// Once the job is over, the extra sandbox is a leftover and goes.
-	eventually(t, "leftover destroyed", func() bool {
-		_, err := f.backend.Recover(ctx, inFlight.ID())
-		return errors.Is(err, sandbox.ErrGone)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := newFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
+		release := make(chan struct{})
+		entered := make(chan string, 1)
+		f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+			entered <- spec.JobID
+			<-release
+			return nil
+		}
+		job := f.submit(script("slow provisioning"))
+		jobID := <-entered
+		// A sandbox of the job exists on the backend while Create is still at work.
+		f.backend.CreateHook = nil
+		inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: jobID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passTime(150 * time.Millisecond) // 15 sweeps
+		if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
+			t.Fatalf("the sweep destroyed a sandbox of a job being provisioned: %v", err)
+		}
+		close(release)
+		f.started().Finish(sandbox.Exit{})
+		f.wait(f.eng, job.ID)
+		// Once the job is over, the extra sandbox is a leftover and goes.
+		eventually(t, "leftover destroyed", func() bool {
+			_, err := f.backend.Recover(ctx, inFlight.ID())
+			return errors.Is(err, sandbox.ErrGone)
+		})
 	})
 }
 
@@ -546,38 +609,41 @@ func TestSweepSparesSandboxesBeingProvisioned(t *testing.T) {
 // it was when the wait began), though it woke for none of the changes
 // on the way.
 func TestWaitWakesForTheEnd(t *testing.T) {
-	// Polls so rare that only a wake-up can end the wait in time.
-	f := newFixture(t, engine.Config{PollInterval: time.Minute})
-	job := f.submit(script("long"))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	type waited struct {
-		j   *delegate.Job
-		err error
-	}
-	early := make(chan waited, 1)
-	go func() {
-		j, err := f.eng.Wait(ctx, job.ID)
-		early <- waited{j, err}
-	}()
-	p := f.started()
-	w := <-early
-	if w.err != nil || w.j.Status != delegate.StatusRunning {
-		t.Fatalf("a wait that was up: %v %+v", w.err, w.j)
-	}
-	ended := make(chan waited, 1)
-	go func() {
-		j, err := f.eng.Wait(context.Background(), job.ID)
-		ended <- waited{j, err}
-	}()
-	time.Sleep(20 * time.Millisecond) // the wait is waiting
-	p.Finish(sandbox.Exit{})
-	select {
-	case w := <-ended:
-		if w.err != nil || w.j.Status != delegate.StatusSuccess {
-			t.Fatalf("the wait for the end: %v %+v", w.err, w.j)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// Polls so rare that only a wake-up can end the wait in time.
+		f := newFixture(t, engine.Config{PollInterval: time.Minute})
+		job := f.submit(script("long"))
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		type waited struct {
+			j   *delegate.Job
+			err error
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the wait did not return at the job's end")
-	}
+		early := make(chan waited, 1)
+		go func() {
+			j, err := f.eng.Wait(ctx, job.ID)
+			early <- waited{j, err}
+		}()
+		p := f.started()
+		w := <-early
+		if w.err != nil || w.j.Status != delegate.StatusRunning {
+			t.Fatalf("a wait that was up: %v %+v", w.err, w.j)
+		}
+		ended := make(chan waited, 1)
+		go func() {
+			j, err := f.eng.Wait(context.Background(), job.ID)
+			ended <- waited{j, err}
+		}()
+		synctest.Wait() // the wait is waiting
+		p.Finish(sandbox.Exit{})
+		select {
+		case w := <-ended:
+			if w.err != nil || w.j.Status != delegate.StatusSuccess {
+				t.Fatalf("the wait for the end: %v %+v", w.err, w.j)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the wait did not return at the job's end")
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 )
 
 func TestParseStatusLine(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"compiling step 2":                      "compiling step 2",
 		"  spaced  ":                            "spaced",
@@ -22,6 +23,7 @@ func TestParseStatusLine(t *testing.T) {
 }
 
 func TestLineSplitter(t *testing.T) {
+	t.Parallel()
 	var l lineSplitter
 	if got := l.lines([]byte("a\nb"), false); !reflect.DeepEqual(got, []string{"a"}) {
 		t.Fatal(got)
@@ -35,6 +37,7 @@ func TestLineSplitter(t *testing.T) {
 }
 
 func TestParseClaudeLine(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		line, progress string
 		result         string
@@ -57,6 +60,7 @@ func TestParseClaudeLine(t *testing.T) {
 }
 
 func TestLineSplitterTail(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		chunks  []string

@@ -17,6 +17,7 @@ import (
 )
 
 func TestStatusChannelTimeline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	m := script("work")
 	m.StatusMode = delegate.StatusModeDetailed
@@ -48,6 +49,7 @@ func TestStatusChannelTimeline(t *testing.T) {
 }
 
 func TestClaudeStreamJSON(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	job := f.submit(delegate.Manifest{AgentType: delegate.AgentClaude, Task: "fix it", StatusMode: delegate.StatusModeDetailed})
 	p := f.started()
@@ -108,6 +110,7 @@ func TestSecretRedaction(t *testing.T) {
 }
 
 func TestArtifacts(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{ArtifactMaxFile: 10, ArtifactMaxTotal: 16})
 	m := script("build")
 	m.Artifacts = []string{"out/*.txt", "**/*.log", "big.bin"}
@@ -162,6 +165,7 @@ func TestArtifacts(t *testing.T) {
 }
 
 func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	first, err := f.eng.Submit(ctx, script("once"), delegate.SubmitOptions{IdempotencyKey: "k1"})
@@ -190,6 +194,7 @@ func TestIdempotencyKey(t *testing.T) {
 // the manifest as submitted is what counts (defaults applied to the first
 // do not make its retry differ), and nothing new is stored or run.
 func TestIdempotencyKeyOtherManifest(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	m := script("once")
@@ -233,6 +238,7 @@ func TestIdempotencyKeyOtherManifest(t *testing.T) {
 // reason (what the host lacks and the install line) — network: egress
 // asked for, and a claude job, whose default it is; nothing is stored.
 func TestEgressRefusedAtSubmit(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{Secret: func(string) (string, bool) { return "k", true }})
 	f.backend.Caps.NetworkEgress = false
 	f.backend.Caps.NetworkEgressMissing = "neither pasta nor slirp4netns is on this server's PATH: apt-get install passt"

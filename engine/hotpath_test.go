@@ -31,16 +31,15 @@ func tokenOf(t testing.TB, p *sandboxtest.Process) string {
 // running waits until the engine records the job as running.
 func running(t testing.TB, eng *engine.Engine, id string) {
 	t.Helper()
-	eventually(t.(*testing.T), "job running", func() bool {
-		j, err := eng.Get(context.Background(), id)
-		return err == nil && j.Status == delegate.StatusRunning
-	})
+	awaitJob(t, eng, id, "job running", func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning })
 }
 
 // flood writes status lines to a job's channel as fast as it can until
-// stop is closed (or a bound, to keep memory in check), and counts them.
+// stop is closed or the process is killed (a killed process writes no
+// more; a flood after it would only take the CPU the job's end needs), or
+// a bound, to keep memory in check, and counts them.
 func flood(p *sandboxtest.Process, stop <-chan struct{}, lines *atomic.Int64) {
-	for lines.Load() < 20_000_000 {
+	for lines.Load() < 20_000_000 && !p.Killed() {
 		select {
 		case <-stop:
 			return
@@ -59,6 +58,7 @@ func flood(p *sandboxtest.Process, stop <-chan struct{}, lines *atomic.Int64) {
 // timeout plus the kill grace, and costs the store a bounded number of
 // writes however many lines it writes.
 func TestFloodingJob(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{MaxConcurrent: 4})
 	ctx := context.Background()
 	m := script("yes > $DELEGATE_STATUS_FILE")
@@ -127,6 +127,7 @@ func TestFloodingJob(t *testing.T) {
 // entries and counts the others, before and after they are stored; the
 // progress is the latest line. statusMode simple keeps no timeline.
 func TestTimelineKeepsNewest(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []delegate.StatusMode{delegate.StatusModeDetailed, delegate.StatusModeSimple} {
 		t.Run(string(mode), func(t *testing.T) {
 			f := newFixture(t, engine.Config{})
@@ -175,6 +176,7 @@ func TestTimelineKeepsNewest(t *testing.T) {
 // stored at the latest when the engine closes. A completion is stored
 // before the callback returns.
 func TestProgressCoalesced(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	m := script("work")
@@ -240,6 +242,7 @@ func TestProgressCoalesced(t *testing.T) {
 // job: its token is found in the store, its reports reach the engine that
 // drives it, and so does a cancel from a third process.
 func TestCallbackOtherProcess(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	job := f.submit(script("work"))
@@ -302,6 +305,7 @@ func TestCallbackOtherProcess(t *testing.T) {
 // reach watchers (the MCP server's log and status subscriptions), not only
 // changes of status.
 func TestWatchersHearOfOutput(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	m := script("talk")
 	m.StatusMode = delegate.StatusModeStreaming

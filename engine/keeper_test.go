@@ -38,6 +38,7 @@ func (f *fixture) sandbox(id string) *delegate.Sandbox {
 // in the kept sandbox's one instance, side by side, as jobs; the sandbox
 // counts them and is idle once none runs.
 func TestKeptSandboxCommands(t *testing.T) {
+	t.Parallel()
 	f := keptFixture(t, engine.Config{})
 	ctx := context.Background()
 	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
@@ -99,6 +100,7 @@ func TestKeptSandboxCommands(t *testing.T) {
 // once in one sandbox (counted from its jobs): one more fails, saying
 // why, and once one ends the next runs.
 func TestKeptSandboxCommandCap(t *testing.T) {
+	t.Parallel()
 	f := keptFixture(t, engine.Config{MaxConcurrent: 2 * delegate.MaxSandboxCommands})
 	sb, err := f.eng.OpenSandbox(context.Background(), delegate.SandboxSpec{})
 	if err != nil {
@@ -138,6 +140,7 @@ func TestKeptSandboxCommandCap(t *testing.T) {
 // which the next command runs in; releasing it destroys its machine, and
 // a command for it is then refused.
 func TestPersistentJobKeepsASandbox(t *testing.T) {
+	t.Parallel()
 	f := keptFixture(t, engine.Config{})
 	ctx := context.Background()
 	m := script("echo first")
@@ -190,6 +193,7 @@ func TestPersistentJobKeepsASandbox(t *testing.T) {
 // a command resumes it; paused past its pause timeout it goes; past its
 // lifetime it goes whatever it does.
 func TestKeptSandboxTimers(t *testing.T) {
+	t.Parallel()
 	// In a synctest bubble the timers run on the bubble's clock: the
 	// waits below take no real time, and the order of the timers'
 	// firings is the same on a loaded machine as on an idle one.
@@ -210,7 +214,7 @@ func testKeptSandboxTimers(t *testing.T) {
 		}
 		return i.(*sandboxtest.FakeInstance)
 	}
-	eventually2(t, 5*time.Second, "paused when idle", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
+	eventually(t, "paused when idle", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
 	if !inst().Paused() {
 		t.Fatal("the sandbox is recorded paused, its machine is not")
 	}
@@ -221,8 +225,8 @@ func testKeptSandboxTimers(t *testing.T) {
 	if got := f.sandbox(sb.ID); got.State != delegate.SandboxIdle || inst().Paused() {
 		t.Errorf("after a file call: %+v (machine paused %v)", got, inst().Paused())
 	}
-	eventually2(t, 5*time.Second, "paused again", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
-	eventually2(t, 5*time.Second, "gone after its pause timeout", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
+	eventually(t, "paused again", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxPaused })
+	eventually(t, "gone after its pause timeout", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
 	if got := f.sandbox(sb.ID); !strings.Contains(got.Reason, "pause timeout") || inst() != nil {
 		t.Errorf("gone: %+v", got)
 	}
@@ -235,7 +239,7 @@ func testKeptSandboxTimers(t *testing.T) {
 	m.Sandbox = short.ID
 	job := f.submit(m)
 	f.started()
-	eventually2(t, 5*time.Second, "gone at its lifetime, a command running", func() bool { return f.sandbox(short.ID).State == delegate.SandboxGone })
+	eventually(t, "gone at its lifetime, a command running", func() bool { return f.sandbox(short.ID).State == delegate.SandboxGone })
 	if j := f.wait(f.eng, job.ID); j.Status == delegate.StatusSuccess {
 		t.Errorf("the command of a sandbox that went: %+v", j)
 	}
@@ -258,20 +262,11 @@ func testKeptSandboxTimers(t *testing.T) {
 	}
 }
 
-func eventually2(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // TestKeptSandboxFiles: files of a sandbox's workspace, read at an
 // offset, written, listed; paths that leave the workspace are refused
 // naming the field.
 func TestKeptSandboxFiles(t *testing.T) {
+	t.Parallel()
 	f := keptFixture(t, engine.Config{})
 	ctx := context.Background()
 	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
@@ -321,6 +316,7 @@ func errOf[T any](_ T, err error) error { return err }
 // TestKeptSandboxCapacity: past the most kept sandboxes, opening one is
 // refused naming the setting and the oldest idle ones.
 func TestKeptSandboxCapacity(t *testing.T) {
+	t.Parallel()
 	f := keptFixture(t, engine.Config{MaxSandboxes: 2})
 	ctx := context.Background()
 	var first *delegate.Sandbox
@@ -347,22 +343,25 @@ func TestKeptSandboxCapacity(t *testing.T) {
 // the sweep, and an engine that starts after its keeper died adopts it
 // and keeps its timers.
 func TestKeptSandboxSurvivesRestart(t *testing.T) {
-	dead := func(string) bool { return false }
-	f := keptFixture(t, engine.Config{OwnerAlive: dead, CleanupInterval: 20 * time.Millisecond})
-	ctx := context.Background()
-	sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{IdleTimeout: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond) // several sweeps
-	if f.backend.Len() != 1 {
-		t.Fatal("the sweep destroyed a kept sandbox's machine")
-	}
-	f.eng.Close()
-	second := f.start(f.backend)
-	eventually2(t, 5*time.Second, "adopted and paused by the next engine", func() bool {
-		got, _ := second.GetSandbox(ctx, sb.ID)
-		return got.State == delegate.SandboxPaused
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		dead := func(string) bool { return false }
+		f := keptFixture(t, engine.Config{OwnerAlive: dead, CleanupInterval: 20 * time.Millisecond})
+		ctx := context.Background()
+		sb, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{IdleTimeout: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passTime(100 * time.Millisecond) // 5 sweeps
+		if f.backend.Len() != 1 {
+			t.Fatal("the sweep destroyed a kept sandbox's machine")
+		}
+		f.eng.Close()
+		second := f.start(f.backend)
+		eventually(t, "adopted and paused by the next engine", func() bool {
+			got, _ := second.GetSandbox(ctx, sb.ID)
+			return got.State == delegate.SandboxPaused
+		})
 	})
 }
 
@@ -373,6 +372,7 @@ func TestKeptSandboxSurvivesRestart(t *testing.T) {
 // its machine is not destroyed, it counts no running command, and the
 // next command runs there.
 func TestKeptCommandsLostInRestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dead := func(string) bool { return false }
 	f := keptFixture(t, engine.Config{OwnerAlive: dead, SandboxTick: time.Hour})
@@ -409,7 +409,7 @@ func TestKeptCommandsLostInRestart(t *testing.T) {
 	if j := f.wait(second, caught.ID); j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "while the sandbox was being provisioned") {
 		t.Fatalf("the command caught provisioning: %s %q", j.Status, j.Error)
 	}
-	eventually2(t, 5*time.Second, "the sandbox idle, counting no command", func() bool {
+	eventually(t, "the sandbox idle, counting no command", func() bool {
 		got, err := second.GetSandbox(ctx, sb.ID)
 		return err == nil && got.State == delegate.SandboxIdle && got.Running == 0
 	})
@@ -431,6 +431,7 @@ func TestKeptCommandsLostInRestart(t *testing.T) {
 // next command fails naming why, never hangs, and the sandbox is gone;
 // so is a file call's.
 func TestKeptSandboxMachineLost(t *testing.T) {
+	t.Parallel()
 	for _, via := range []string{"command", "file"} {
 		t.Run(via, func(t *testing.T) {
 			f := keptFixture(t, engine.Config{SandboxTick: time.Hour})
@@ -462,7 +463,7 @@ func TestKeptSandboxMachineLost(t *testing.T) {
 				}
 			}
 			// The job's end is recorded first, the sandbox's right after.
-			eventually2(t, 5*time.Second, "the sandbox gone", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
+			eventually(t, "the sandbox gone", func() bool { return f.sandbox(sb.ID).State == delegate.SandboxGone })
 			if got := f.sandbox(sb.ID); !strings.Contains(got.Reason, "machine is gone") || got.Running != 0 {
 				t.Errorf("gone: %+v", got)
 			}
@@ -476,42 +477,45 @@ func TestKeptSandboxMachineLost(t *testing.T) {
 // Proxmox simulator, where a clone takes a second), and a second machine
 // of that sandbox is a leftover once the sandbox has its own.
 func TestSweepSparesSandboxBeingOpened(t *testing.T) {
-	ctx := context.Background()
-	f := keptFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
-	release := make(chan struct{})
-	entered := make(chan string, 1)
-	f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
-		entered <- spec.JobID
-		<-release
-		return nil
-	}
-	opened := make(chan error, 1)
-	go func() {
-		_, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
-		opened <- err
-	}()
-	owner := <-entered
-	if !strings.HasPrefix(owner, "sbx-") {
-		t.Fatalf("a sandbox's machine is made for %q, want its sandbox id", owner)
-	}
-	f.backend.CreateHook = nil
-	inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: owner})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(150 * time.Millisecond) // many sweeps
-	if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
-		t.Fatalf("the sweep destroyed the machine of a sandbox being opened: %v", err)
-	}
-	close(release)
-	if err := <-opened; err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the second machine destroyed as a leftover", func() bool {
-		_, err := f.backend.Recover(ctx, inFlight.ID())
-		return errors.Is(err, sandbox.ErrGone)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		f := keptFixture(t, engine.Config{CleanupInterval: 10 * time.Millisecond})
+		release := make(chan struct{})
+		entered := make(chan string, 1)
+		f.backend.CreateHook = func(ctx context.Context, spec sandbox.Spec) error {
+			entered <- spec.JobID
+			<-release
+			return nil
+		}
+		opened := make(chan error, 1)
+		go func() {
+			_, err := f.eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+			opened <- err
+		}()
+		owner := <-entered
+		if !strings.HasPrefix(owner, "sbx-") {
+			t.Fatalf("a sandbox's machine is made for %q, want its sandbox id", owner)
+		}
+		f.backend.CreateHook = nil
+		inFlight, err := f.backend.Create(ctx, sandbox.Spec{JobID: owner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		passTime(150 * time.Millisecond) // 15 sweeps
+		if _, err := f.backend.Recover(ctx, inFlight.ID()); err != nil {
+			t.Fatalf("the sweep destroyed the machine of a sandbox being opened: %v", err)
+		}
+		close(release)
+		if err := <-opened; err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the second machine destroyed as a leftover", func() bool {
+			_, err := f.backend.Recover(ctx, inFlight.ID())
+			return errors.Is(err, sandbox.ErrGone)
+		})
+		if f.backend.Len() != 1 {
+			t.Fatalf("%d machines, want the sandbox's one", f.backend.Len())
+		}
 	})
-	if f.backend.Len() != 1 {
-		t.Fatalf("%d machines, want the sandbox's one", f.backend.Len())
-	}
 }

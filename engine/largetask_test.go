@@ -14,6 +14,7 @@ import (
 // not in $DELEGATE_TASK but the input file "task"; a smaller one is in
 // $DELEGATE_TASK only.
 func TestLargeTaskInput(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	for _, size := range []int{128<<10 - len("DELEGATE_TASK=") - 1, 128<<10 - len("DELEGATE_TASK="), delegate.MaxTaskBytes} {
 		task := strings.Repeat("x", size)

@@ -105,20 +105,11 @@ func (f *localFixture) leftovers(t *testing.T) []string {
 
 func waitStatus(t *testing.T, eng *engine.Engine, id string, want delegate.Status) *delegate.Job {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		j, err := eng.Get(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if j.Status == want {
-			return j
-		}
-		if j.Status.Terminal() || time.Now().After(deadline) {
-			t.Fatalf("job %s is %s (%s), want %s", id, j.Status, j.Error, want)
-		}
-		time.Sleep(10 * time.Millisecond)
+	j := awaitJob(t, eng, id, string(want), func(j *delegate.Job) bool { return j.Status == want || j.Status.Terminal() })
+	if j.Status != want {
+		t.Fatalf("job %s is %s (%s), want %s", id, j.Status, j.Error, want)
 	}
+	return j
 }
 
 func waitEnd(t *testing.T, eng *engine.Engine, id string) *delegate.Job {
@@ -137,6 +128,7 @@ func waitEnd(t *testing.T, eng *engine.Engine, id string) *delegate.Job {
 // its sandbox. Now the canceller, an engine with no backend of its own
 // (as the CLI's is), stops it for real.
 func TestLocalCancelOrphan(t *testing.T) {
+	t.Parallel()
 	f := newLocal(t)
 	f.cfg.OwnerAlive = func(string) bool { return false } // the server is gone
 	ctx := context.Background()
@@ -147,16 +139,12 @@ func TestLocalCancelOrphan(t *testing.T) {
 	}
 	j := waitStatus(t, server, job.ID, delegate.StatusRunning)
 	initPID := readPID(t, filepath.Join(f.lcfg.Dir, j.SandboxID, "init.pid"))
-	// Running is recorded at exec: wait until the job has said it started.
-	for i := 0; ; i++ {
-		if out, _ := f.store.ReadOutput(ctx, job.ID, 0, 100); string(delegate.JoinOutput(out)) == "started\n" {
-			break
-		}
-		if i == 1000 {
-			t.Fatal("the job never printed that it started")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// Running is recorded at exec: wait until the job has said it started
+	// (its output stored, which wakes the engine's watchers).
+	awaitJob(t, server, job.ID, "the job saying it started", func(*delegate.Job) bool {
+		out, _ := f.store.ReadOutput(ctx, job.ID, 0, 100)
+		return string(delegate.JoinOutput(out)) == "started\n"
+	})
 	server.Close() // stops without touching the job
 	if err := syscall.Kill(initPID, 0); err != nil {
 		t.Fatalf("the job died with its server: %v", err)
@@ -227,6 +215,7 @@ func (s *gatedSandbox) WriteFile(ctx context.Context, p string, data []byte, mod
 // workspace tmpfs, its cgroups) as it stops, persistent job or not,
 // instead of leaving them to the next server.
 func TestLocalShutdownRollsBack(t *testing.T) {
+	t.Parallel()
 	for _, lifecycle := range []delegate.Lifecycle{delegate.LifecycleEphemeral, delegate.LifecyclePersistent} {
 		t.Run(string(lifecycle), func(t *testing.T) {
 			f := newLocal(t)
@@ -263,6 +252,7 @@ func TestLocalShutdownRollsBack(t *testing.T) {
 // step takes none of it. A job that does outlive it is killed, and its
 // recorded run lasts the timeout plus at most the kill grace.
 func TestLocalTimeoutCountsFromRunning(t *testing.T) {
+	t.Parallel()
 	f := newLocal(t)
 	const provisioning = 2 * time.Second
 	server := f.engine(t, &gatedFiles{Backend: f.backend(t), delay: provisioning, entered: make(chan string, 1)})
@@ -296,6 +286,7 @@ func TestLocalTimeoutCountsFromRunning(t *testing.T) {
 // client reaches it, a manifest that names a host path as its template is
 // refused at submission, naming the field, and nothing is stored or run.
 func TestLocalSubmitRefusesTemplatePaths(t *testing.T) {
+	t.Parallel()
 	f := newLocal(t)
 	if err := os.MkdirAll(filepath.Join(f.lcfg.RootfsDir, "bookworm"), 0o755); err != nil {
 		t.Fatal(err)
@@ -322,14 +313,13 @@ func TestLocalSubmitRefusesTemplatePaths(t *testing.T) {
 
 func readPID(t *testing.T, file string) int {
 	t.Helper()
-	for range 500 {
-		if data, err := os.ReadFile(file); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
-				return pid
-			}
+	var pid int
+	eventually(t, "a pid in "+file, func() bool {
+		data, err := os.ReadFile(file)
+		if err == nil {
+			pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no pid in %s", file)
-	return 0
+		return err == nil
+	})
+	return pid
 }

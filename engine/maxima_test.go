@@ -15,6 +15,7 @@ import (
 // gets a field error naming the maximum and its setting; one within them
 // runs.
 func TestMaxima(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{Maxima: engine.Maxima{CPU: 2, MemoryBytes: 8 << 30, DiskBytes: 3 << 29, TimeoutSeconds: 600}})
 	timeout := func(n int) *int { return &n }
 	for _, tc := range []struct {

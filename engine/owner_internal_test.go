@@ -12,6 +12,7 @@ import (
 // TestOwnerAliveZombie: a server killed but not reaped yet is a zombie,
 // which runs nothing: its jobs must be adopted.
 func TestOwnerAliveZombie(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command("sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -23,6 +24,8 @@ func TestOwnerAliveZombie(t *testing.T) {
 		t.Fatal("a running process counts as dead")
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
+	// A poll: the kernel announces no event when a killed process
+	// becomes a zombie (waiting for it would reap it).
 	for deadline := time.Now().Add(5 * time.Second); procState(pid) != "Z"; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process state %q, want Z", procState(pid))

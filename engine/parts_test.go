@@ -14,6 +14,7 @@ import (
 // engine made without a backend refuses to run a job with a reason
 // instead of crashing.
 func TestReadSideAlone(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	j := f.submit(script("echo hi"))
 	p := f.started()
@@ -52,6 +53,7 @@ func TestReadSideAlone(t *testing.T) {
 // TestTaskAloneIsAScript: a manifest with a task and no agent type runs
 // the task as a shell script, and says so in the stored manifest.
 func TestTaskAloneIsAScript(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	j := f.submit(delegate.Manifest{Task: "echo hi"})
 	if j.Manifest.AgentType != delegate.AgentScript {

@@ -17,6 +17,7 @@ import (
 // after it judges nothing, the next ones count only the silence outside
 // it; a job silent for the threshold outside it still fails.
 func TestHeartbeatNotCountedWhileAway(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	store := openStore(t)
 	backend := sandboxtest.NewFake()

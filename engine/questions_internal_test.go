@@ -10,6 +10,7 @@ import (
 // found however the stream is cut into reads, among floods of other
 // lines, and a last line without its newline is found at the end.
 func TestQuestionScanner(t *testing.T) {
+	t.Parallel()
 	q1 := `{"type":"question","id":"a","message":"A?"}`
 	q2 := `  {"type": "question", "id":"b","message":"B?"}`
 	noise := strings.Repeat("step\n", 1000)

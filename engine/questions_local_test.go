@@ -21,6 +21,7 @@ cat "$DELEGATE_ANSWERS/color.json"`
 // channel and gets the answer as a file of its workspace, written from
 // outside the sandbox by the engine.
 func TestLocalQuestion(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newLocal(t)
 	eng := f.engine(t, f.backend(t))
@@ -29,12 +30,10 @@ func TestLocalQuestion(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStatus(t, eng, job.ID, delegate.StatusRunning)
-	var qs []delegate.Question
-	for deadline := time.Now().Add(20 * time.Second); len(qs) == 0; time.Sleep(20 * time.Millisecond) {
-		if qs, err = eng.Questions(ctx, job.ID); err != nil || time.Now().After(deadline) {
-			t.Fatalf("no question: %v", err)
-		}
-	}
+	eventuallyWithin(t, 20*time.Second, "the question", func() bool {
+		qs, err := eng.Questions(ctx, job.ID)
+		return err == nil && len(qs) > 0
+	})
 	if _, err := eng.Answer(ctx, job.ID, "color", delegate.Answer{Action: delegate.AnswerAccept, Content: map[string]any{"color": "teal"}}); err != nil {
 		t.Fatal(err)
 	}

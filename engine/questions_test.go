@@ -35,10 +35,7 @@ func (f *fixture) running(m delegate.Manifest) (*delegate.Job, *sandboxtest.Proc
 	f.t.Helper()
 	job := f.submit(m)
 	p := f.started()
-	eventually(f.t.(*testing.T), "running", func() bool {
-		j, _ := f.eng.Get(context.Background(), job.ID)
-		return j.Status == delegate.StatusRunning
-	})
+	awaitJob(f.t, f.eng, job.ID, "running", func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning })
 	return job, p
 }
 
@@ -57,6 +54,7 @@ func questionsOf(t *testing.T, svc delegate.QuestionService, id string) []delega
 // another process (an engine without a backend, as the CLI's) is checked,
 // stored, and written into the job's sandbox by the engine running it.
 func TestQuestionFromStatusLine(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{})
 	m := script("asks")
@@ -155,6 +153,7 @@ func hasEvent(timeline []delegate.Event, text string) bool {
 // question yet, in its answer file; an id asked again as another
 // question is refused without touching the first one's answer.
 func TestQuestionRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{})
 	job, p := f.running(script("asks badly"))
@@ -206,6 +205,7 @@ func TestQuestionRefused(t *testing.T) {
 // to it, not into the sandbox. An unanswered one closes at its expiry,
 // after a restart too.
 func TestQuestionOnBehalf(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{})
 	job, p := f.running(script("reaches the network"))
@@ -262,7 +262,10 @@ func TestQuestionOnBehalf(t *testing.T) {
 // TestQuestionUnansweredTimesOut: the job's own timeout runs on while it
 // waits; the job ends as timeout and its question closes with it. It runs
 // in a synctest bubble (the job's timeout on the bubble's clock).
-func TestQuestionUnansweredTimesOut(t *testing.T) { synctest.Test(t, testQuestionUnansweredTimesOut) }
+func TestQuestionUnansweredTimesOut(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testQuestionUnansweredTimesOut)
+}
 
 func testQuestionUnansweredTimesOut(t *testing.T) {
 	f := newFixture(t, engine.Config{})
@@ -284,6 +287,7 @@ func testQuestionUnansweredTimesOut(t *testing.T) {
 // the server dies and another starts, it is still open, and its answer
 // reaches the job through the engine that re-attached to it.
 func TestQuestionSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return false }})
 	job, p := f.running(script("asks"))
@@ -309,6 +313,7 @@ func TestQuestionSurvivesRestart(t *testing.T) {
 // MaxOpenQuestions questions stored and a bounded number of refusal files
 // in its sandbox, whatever it writes.
 func TestQuestionFlood(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	m := script("asks and asks")
 	timeout := 2
@@ -323,6 +328,9 @@ func TestQuestionFlood(t *testing.T) {
 			case <-stop:
 				return
 			default:
+			}
+			if n%1000 == 0 && p.Killed() {
+				return // a killed process writes no more
 			}
 			p.Event(fmt.Sprintf(`{"type":"question","id":"q%d","message":"Question %d?"}`, n, n))
 			lines.Add(1)

@@ -6,6 +6,7 @@ import (
 )
 
 func TestRedactorStream(t *testing.T) {
+	t.Parallel()
 	secret := "hunter2-very-secret"
 	r := newRedactor([]string{secret, "ab", "hunter2"})
 	text := "start " + secret + " middle hunter2 and " + secret + secret + " end ab"

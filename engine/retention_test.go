@@ -19,6 +19,7 @@ import (
 // the artifact files no job left names (not one another job shares); a
 // dry run counts the same and removes nothing; recent jobs stay whole.
 func TestGC(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{Retention: time.Hour})
 	ctx := context.Background()
 	run := func(files map[string]string) string {

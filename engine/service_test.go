@@ -16,6 +16,7 @@ import (
 // The read rules of the JobService, tested on the engine that owns them.
 
 func TestListRules(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	long := strings.Repeat("é", 100)
@@ -73,6 +74,7 @@ func TestListRules(t *testing.T) {
 }
 
 func TestListDefaultPageSize(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{MaxConcurrent: 1})
 	for range delegate.DefaultPageSize + 1 {
 		f.submit(script("x"))
@@ -84,6 +86,7 @@ func TestListDefaultPageSize(t *testing.T) {
 }
 
 func TestResultRules(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	job := f.submit(script("x"))
@@ -122,6 +125,7 @@ func TestResultRules(t *testing.T) {
 }
 
 func TestLogsRules(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	running := func(m delegate.Manifest) (*delegate.Job, interface {
@@ -194,6 +198,7 @@ func TestLogsRules(t *testing.T) {
 }
 
 func TestTimelineOnlyWhenKept(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx := context.Background()
 	for _, mode := range []delegate.StatusMode{delegate.StatusModeSimple, delegate.StatusModeDetailed, delegate.StatusModeStreaming} {
@@ -219,6 +224,7 @@ func TestTimelineOnlyWhenKept(t *testing.T) {
 }
 
 func TestWatch(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	changes := f.eng.Watch(ctx)

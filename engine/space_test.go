@@ -54,6 +54,7 @@ func fill(t testing.TB, dir string, n int) string {
 // and an open_sandbox are refused, naming the dir, the space free and the
 // setting; with room again, they are taken.
 func TestMinFree(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name            string
 		size            int64

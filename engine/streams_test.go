@@ -33,6 +33,7 @@ func (f *fixture) tagged(id string) string {
 // were written; a result has the end of each; the log has both
 // interleaved, each piece with its stream, also read from its end.
 func TestOutputStreams(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, engine.Config{})
 	job := f.submit(script("x"))
@@ -93,6 +94,7 @@ func TestSecretRedactionPerStream(t *testing.T) {
 
 // TestOutputLimitBothStreams: the limit counts both streams together.
 func TestOutputLimitBothStreams(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{OutputLimit: 10})
 	job := f.submit(script("x"))
 	p := f.started()
@@ -114,6 +116,7 @@ func TestOutputLimitBothStreams(t *testing.T) {
 // only: what it says on stderr, even in the middle of a line, is not
 // mistaken for it.
 func TestClaudeStreamJSONOnStdout(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, engine.Config{})
 	job := f.submit(delegate.Manifest{AgentType: delegate.AgentClaude, Task: "fix it"})
 	p := f.started()

@@ -33,6 +33,7 @@ func (b templateBackend) CheckTemplate(ctx context.Context, name string) error {
 }
 
 func TestSubmitChecksTemplate(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	// Several engines on one store: none may take another's jobs.
 	f := newFixture(t, engine.Config{OwnerAlive: func(string) bool { return true }})

@@ -48,6 +48,7 @@ func gitRun(t *testing.T, dir string, args ...string) {
 // manifest's files left out, and read as a summary in the result, a diff
 // and a patch.
 func TestWorkspaceJob(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("git is not installed")
 	}
@@ -153,6 +154,7 @@ func TestWorkspaceJob(t *testing.T) {
 // TestWorkspaceRefused: each bad source is a field error at submission
 // naming manifest.workspace… and the rule, and nothing is stored.
 func TestWorkspaceRefused(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	outside := t.TempDir()
 	dir := project(t, root, "p", map[string]string{"a.txt": "a", "b.txt": "b", "c/d.txt": "d"})
@@ -220,6 +222,7 @@ func TestWorkspaceRefused(t *testing.T) {
 // import (against the baseline of the job that made the sandbox) and the
 // same environment (HOME out of the workspace).
 func TestWorkspaceKeptSandbox(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	dir := project(t, root, "p", map[string]string{"a.txt": "one\n"})
 	ctx := context.Background()
