@@ -51,6 +51,8 @@ type Program struct {
 	Bench func(ctx context.Context, cfg Config, opts BenchOptions, out io.Writer, log *slog.Logger) error
 	// MigrateStore is `delegate store migrate` (store.go).
 	MigrateStore MigrateStoreFunc
+	// ProxmoxGC is `delegate proxmox gc` (proxmox.go).
+	ProxmoxGC ProxmoxGCFunc
 	// PollInterval is how often a command that follows a job reads it
 	// again (another process may be driving it). Default 200 ms.
 	PollInterval time.Duration
@@ -222,6 +224,7 @@ func (p *Program) root() *cobra.Command {
 		p.pveSimCmd(&cfg),
 		p.benchCmd(&cfg),
 		p.gcCmd(&cfg),
+		p.proxmoxCmd(&cfg),
 		p.storeCmd(&cfg),
 		&cobra.Command{
 			Use:   "version",

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,10 @@ type Config struct {
 	// it stable across restarts (StableInstanceID), or a restarted server
 	// cannot recover its jobs. Default: a random one.
 	Instance string
+	// StampInterval is how often this server stamps its VMs as seen
+	// (gc.go), from its first cleanup sweep on; default
+	// DefaultStampInterval.
+	StampInterval time.Duration
 	// VMIDRange, if set (ParseVMIDRange), bounds the vmids of this
 	// server's VMs (PROXMOX_VMID_RANGE), so that they are told from the
 	// cluster's other VMs at a glance, and backup or replication jobs can
@@ -123,6 +128,9 @@ type Backend struct {
 	vms    *vmTable
 	fw     *firewall
 	pool   atomic.Pointer[pool]
+	// stamps stamps this server's VMs as seen, once its sweep runs.
+	stamps     *stamper
+	stampsOnce sync.Once
 }
 
 var (
@@ -143,6 +151,9 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	}
 	if cfg.StaleLockAfter <= 0 {
 		cfg.StaleLockAfter = 15 * time.Minute
+	}
+	if cfg.StampInterval <= 0 {
+		cfg.StampInterval = DefaultStampInterval
 	}
 	if cfg.AddressTimeout <= 0 {
 		cfg.AddressTimeout = time.Minute
@@ -196,6 +207,11 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	b.vms = newVMTable(c, conf, b.log, b.placer, b.ids)
 	b.cloner = &cloner{c: c, cfg: conf, log: b.log, ids: b.ids, link: b.tpls, vms: b.vms}
 	b.fw = &firewall{c: c, cfg: conf, egress: conf.Egress, log: b.log}
+	b.stamps = &stamper{c: c, instance: cfg.Instance, every: cfg.StampInterval, log: b.log, stamped: func(vmid int, digest string) {
+		if p := b.pool.Load(); p != nil {
+			p.restamped(vmid, digest)
+		}
+	}}
 	return b, nil
 }
 
@@ -226,6 +242,7 @@ func (b *Backend) Close() error {
 		errs = append(errs, p.stopErr)
 	}
 	b.tpls.close()
+	b.stamps.close()
 	errs = append(errs, b.vms.wait(30*time.Second))
 	b.c.CloseIdleConnections()
 	return errors.Join(errs...)
@@ -397,8 +414,12 @@ func orLegacy(job string) string {
 
 // List implements sandbox.Backend: this instance's VMs, each with its
 // job, as /cluster/resources shows them; locked ones are left out (see
-// vmTable.list).
-func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) { return b.vms.list(ctx) }
+// vmTable.list). The first List (the server's first cleanup sweep)
+// starts the stamping of this server's VMs as seen (gc.go).
+func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
+	b.stampsOnce.Do(b.stamps.start)
+	return b.vms.list(ctx)
+}
 
 // Destroy implements sandbox.Backend. A VM that is no longer the one the
 // id names (destroyed, its vmid reused by another owner) is left alone.

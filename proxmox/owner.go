@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -109,12 +110,13 @@ func (o owner) vmName() string { return namePrefix(o.instance) + tagOf(o.job) }
 func instanceTag(instance string) string { return Tag + "-" + instance }
 
 // tags are the tags written right after the clone: a job's VM has its
-// job's id, a pool VM the pool's tag (its readiness is another tag).
+// job's id, a pool VM the pool's tag (its readiness is another tag); and
+// every write of them stamps the VM seen now (gc.go).
 func (o owner) tags() []string {
 	if o.pool() {
-		return []string{Tag, instanceTag(o.instance), PoolTag}
+		return []string{Tag, instanceTag(o.instance), PoolTag, seenTag(time.Now())}
 	}
-	return []string{Tag, instanceTag(o.instance), tagOf(o.job)}
+	return []string{Tag, instanceTag(o.instance), tagOf(o.job), seenTag(time.Now())}
 }
 
 // pool reports whether the owner is the warm pool: then job is

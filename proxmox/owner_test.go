@@ -64,7 +64,7 @@ func TestOwns(t *testing.T) {
 			t.Errorf("%+v owns %q (template %v): %v", tc.o, tc.cfg.Name, tc.cfg.Template, got)
 		}
 	}
-	if tags := o.tags(); len(tags) != 3 || tags[1] != "delegate-abcd1234" || tags[2] != "job-x1" {
+	if tags := o.tags(); len(tags) != 4 || tags[1] != "delegate-abcd1234" || tags[2] != "job-x1" || !stampedNow(tags[3]) {
 		t.Errorf("tags %v", tags)
 	}
 }

@@ -784,6 +784,16 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 	return nil
 }
 
+// restamped: a ready VM's tags were stamped (gc.go), its config's digest
+// is new.
+func (p *pool) restamped(vmid int, digest string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if v := p.vms[vmid]; v != nil && v.state == poolReady && v.digest != "" {
+		v.digest = digest
+	}
+}
+
 // release gives back a VM a job reserved and did not take.
 func (p *pool) release(v *poolVM) {
 	p.mu.Lock()

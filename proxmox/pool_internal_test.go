@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -38,11 +39,11 @@ func TestPoolListings(t *testing.T) {
 
 func TestPoolOwner(t *testing.T) {
 	o := owner{"abcd1234", "pool-1f2e"}
-	if !o.pool() || o.vmName() != "delegate-abcd1234-pool-1f2e" || strings.Join(o.tags(), ";") != "delegate;delegate-abcd1234;delegate-pool" {
+	if tags := o.tags(); !o.pool() || o.vmName() != "delegate-abcd1234-pool-1f2e" || strings.Join(tags[:3], ";") != "delegate;delegate-abcd1234;delegate-pool" || !stampedNow(tags[3]) {
 		t.Fatalf("%v %q %v", o.pool(), o.vmName(), o.tags())
 	}
 	job := owner{"abcd1234", "job-x1"}
-	if job.pool() || strings.Join(job.tags(), ";") != "delegate;delegate-abcd1234;job-x1" {
+	if tags := job.tags(); job.pool() || strings.Join(tags[:3], ";") != "delegate;delegate-abcd1234;job-x1" || !stampedNow(tags[3]) {
 		t.Fatalf("%v", job.tags())
 	}
 	// A pool VM is no job's, nor a legacy id's.
@@ -107,4 +108,10 @@ func TestShapes(t *testing.T) {
 	if m := poolDescRe.FindStringSubmatch(poolDescription(9000, "ab12")); m == nil || m[1] != "9000" || m[2] != "ab12" {
 		t.Errorf("description %q", poolDescription(9000, "ab12"))
 	}
+}
+
+// stampedNow: a tag is a seen stamp (gc.go) of the last minute.
+func stampedNow(tag string) bool {
+	seen, ok := lastSeen([]string{tag})
+	return ok && time.Since(seen) < time.Minute
 }

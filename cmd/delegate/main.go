@@ -33,6 +33,7 @@ func main() {
 		Bench:   runBench,
 
 		MigrateStore: migrateStore,
+		ProxmoxGC:    proxmoxGC,
 	}, os.Args[1:])
 	stop()
 	os.Exit(code)
