@@ -560,8 +560,10 @@ func (p *process) ReadOutput(ctx context.Context, offset int64, max int) ([]sand
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.killed {
-		return nil, nil // the VM is stopped: what was read is all there is
+	if p.killed || (p.cleaned && offset >= p.nextOut) {
+		// The VM is stopped, or the command's files are gone once read to
+		// their end: what was read is all there is.
+		return nil, nil
 	}
 	if offset < p.streams.from {
 		// Read again from before the records kept: read them all again.
@@ -599,7 +601,7 @@ func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.killed {
+	if p.killed || (p.cleaned && offset >= p.nextEv) {
 		return nil, nil
 	}
 	snap := p.snap

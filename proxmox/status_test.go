@@ -70,3 +70,26 @@ func TestConcurrentStatusChannels(t *testing.T) {
 		t.Errorf("the commands' directories left in the guest: %q (want only the running one's)", out)
 	}
 }
+
+// TestReadAfterClean: once a command's result was read and its directory
+// removed, reading on from its end answers nothing, without an error.
+func TestReadAfterClean(t *testing.T) {
+	_, sb := vm(t)
+	ctx := context.Background()
+	exit, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo done"}})
+	if exit.Code != 0 {
+		t.Fatalf("exit %+v", exit)
+	}
+	out, err := p.ReadOutput(ctx, 0, 1<<16)
+	if err != nil || string(sandbox.Join(out)) != "done\n" {
+		t.Fatalf("output %q %v", sandbox.Join(out), err)
+	}
+	for range 2 { // to the end of both: the directory goes
+		if o, err := p.ReadOutput(ctx, 5, 1<<16); err != nil || len(o) != 0 {
+			t.Fatalf("output at its end: %q %v", sandbox.Join(o), err)
+		}
+		if ev, err := p.ReadEvents(ctx, 0, 1<<16); err != nil || len(ev) != 0 {
+			t.Fatalf("events: %q %v", ev, err)
+		}
+	}
+}
