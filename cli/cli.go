@@ -51,8 +51,10 @@ type Program struct {
 	Bench func(ctx context.Context, cfg Config, opts BenchOptions, out io.Writer, log *slog.Logger) error
 	// MigrateStore is `delegate store migrate` (store.go).
 	MigrateStore MigrateStoreFunc
-	// ProxmoxGC is `delegate proxmox gc` (proxmox.go).
-	ProxmoxGC ProxmoxGCFunc
+	// ProxmoxGC and ProxmoxDrain are `delegate proxmox gc` and `drain`
+	// (proxmox.go).
+	ProxmoxGC    ProxmoxGCFunc
+	ProxmoxDrain ProxmoxDrainFunc
 	// PollInterval is how often a command that follows a job reads it
 	// again (another process may be driving it). Default 200 ms.
 	PollInterval time.Duration

@@ -22,6 +22,10 @@ type ProxmoxGCOptions struct {
 // removes them with Act.
 type ProxmoxGCFunc func(ctx context.Context, getenv func(string) string, opts ProxmoxGCOptions, out io.Writer, log *slog.Logger) error
 
+// ProxmoxDrainFunc is `delegate proxmox drain NODE`: it marks the node
+// drained (undo: no longer) and prints what of delegate's is still on it.
+type ProxmoxDrainFunc func(ctx context.Context, getenv func(string) string, node string, undo bool, out io.Writer, log *slog.Logger) error
+
 // proxmoxCmd is `delegate proxmox`: what an operator of a Proxmox
 // cluster runs by hand.
 func (p *Program) proxmoxCmd(cfg *Config) *cobra.Command {
@@ -55,6 +59,28 @@ live server's VMs are stamped, and safe. Prints each VM and why; removes them
 	gc.Flags().DurationVar(&opts.OlderThan, "older-than", 24*time.Hour, "a VM not stamped for this long is taken")
 	gc.Flags().BoolVar(&opts.Unstamped, "unstamped", false, "also take delegate's VMs with no stamp (made by a delegate before stamps)")
 	gc.Flags().BoolVar(&opts.Act, "act", false, "remove them (without it, only say what would go)")
-	cmd.AddCommand(gc)
+	var undo bool
+	drain := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Place no new VM on a node, and list delegate's VMs still on it",
+		Long: `Mark a node drained: no delegate server places a new VM there (the mark is a
+line of the node's notes, which every server reads before it places a VM, at
+least every 30 s), and the warm pools give up their idle VMs there. What runs
+there goes on to its end; kept sandboxes live on until released or expired
+(or a migration moves them). Lists delegate's VMs still on the node. --undo
+ends the drain. Needs Sys.Modify on / (and Sys.Audit on / for the servers to
+see it). Uses the PROXMOX_* settings of serve.`,
+		Example: `  delegate proxmox drain pve2
+  delegate proxmox drain pve2 --undo`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if p.ProxmoxDrain == nil {
+				return errors.New("this delegate has no Proxmox support")
+			}
+			return p.ProxmoxDrain(cmd.Context(), p.Getenv, args[0], undo, cmd.OutOrStdout(), newLogger(p.Stderr, max(cfg.LogLevel, slog.LevelWarn)))
+		},
+	}
+	drain.Flags().BoolVar(&undo, "undo", false, "end the drain: the node takes VMs again")
+	cmd.AddCommand(gc, drain)
 	return cmd
 }

@@ -67,6 +67,9 @@ type Config struct {
 	// cluster's other VMs at a glance, and backup or replication jobs can
 	// leave them out; unset, any vmid /cluster/nextid gives.
 	VMIDRange [2]int
+	// NodeNotesTTL is how long the nodes' notes, which say whether a node
+	// is drained (drain.go), are taken as read. Default 30 s.
+	NodeNotesTTL time.Duration
 	// Nodes, if set, are the only nodes job and pool VMs go to
 	// (PROXMOX_NODES); unset, every node of the cluster. Nodes in HA
 	// maintenance mode are left out either way.
@@ -151,6 +154,9 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	}
 	if cfg.StaleLockAfter <= 0 {
 		cfg.StaleLockAfter = 15 * time.Minute
+	}
+	if cfg.NodeNotesTTL <= 0 {
+		cfg.NodeNotesTTL = 30 * time.Second
 	}
 	if cfg.StampInterval <= 0 {
 		cfg.StampInterval = DefaultStampInterval

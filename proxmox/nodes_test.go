@@ -109,3 +109,32 @@ func TestVMIDRange(t *testing.T) {
 		}
 	}
 }
+
+// TestDrain (issue 39, 11): a drained node (a line in its notes, which
+// every server reads) takes no new VM; what is on it is listed, and a
+// kept sandbox there goes on; undone, the node takes VMs again.
+func TestDrain(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(2), nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	admin, _ := client(t, sim, "admin@pve", pvesim.RoleAdministrator)
+	s := newServer(t, c, proxmox.Config{NodeNotesTTL: 100 * time.Millisecond}, engine.Config{})
+	kept := keptVM(t, s)
+	v, _ := sim.VM(kept)
+	vms, err := proxmox.Drain(t.Context(), admin, v.Node, false)
+	if err != nil || len(vms) != 1 || vms[0].VMID != kept || vms[0].Kind != "kept sandbox" {
+		t.Fatalf("drain %s: %+v %v", v.Node, vms, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the notes as read expire
+	for i := range 2 {
+		j := s.wait(t, s.submit(t, fmt.Sprintf("echo %d", i), "", 0).ID)
+		if steps := strings.Join(s.store.steps(j.ID), "; "); j.Status != delegate.StatusSuccess || strings.Contains(steps, " on "+v.Node) {
+			t.Errorf("job %d on the drained node %s: %s %q: %s", i, v.Node, j.Status, j.Error, steps)
+		}
+	}
+	if _, err := proxmox.Drain(t.Context(), admin, v.Node, true); err != nil {
+		t.Fatal(err)
+	}
+	if nc, _ := admin.NodeConfig(t.Context(), v.Node); strings.Contains(nc.Description, "drained") {
+		t.Errorf("notes after undo: %q", nc.Description)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -107,6 +108,20 @@ type placer struct {
 	// permissions said at haChecked.
 	haAudit   bool
 	haChecked time.Time
+	// drained are the nodes drained (DrainMarker), as read at drainedAt.
+	drained   map[string]bool
+	drainedAt time.Time
+	// off are the nodes the last placement left out (drained, or in HA
+	// maintenance).
+	off map[string]bool
+}
+
+// isOff: the last placement found the node drained or in HA maintenance
+// mode (the warm pool gives no VM of it to a job).
+func (p *placer) isOff(node string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.off[node]
 }
 
 // templateSource is the templates as placement sees them.
@@ -180,7 +195,11 @@ func (p *placer) placeOnce(ctx context.Context, spec sandbox.Spec, forPool bool)
 	if err != nil {
 		return nil, err
 	}
-	cl := p.survey(ctx, resources, p.maintenance(ctx))
+	off := p.maintenance(ctx, resources)
+	p.mu.Lock()
+	p.off = off
+	p.mu.Unlock()
+	cl := p.survey(ctx, resources, off)
 	need := memMiB(spec)
 	cores := shapeOf(spec.CPU, spec.MemoryBytes).cores
 
@@ -377,14 +396,16 @@ func (p *placer) blind(why string) {
 	}
 }
 
-// maintenance reads which nodes are in HA maintenance mode
-// (ha-manager crm-command node-maintenance enable NODE, or a reboot with
-// the "migrate" shutdown policy): no VM is placed there, as the HA
-// manager itself moves its services off them. Reading it needs
-// Sys.Audit on /, which the token's own permissions say (asked once in a
-// while, so that a token without it is never refused); without it (or
-// without HA) none is known, and the log says so once.
-func (p *placer) maintenance(ctx context.Context) map[string]bool {
+// maintenance reads which nodes take no new VM: those in HA maintenance
+// mode (ha-manager crm-command node-maintenance enable NODE, or a reboot
+// with the "migrate" shutdown policy), as the HA manager itself moves
+// its services off them, and those drained (delegate proxmox drain: a
+// line of DrainMarker in the node's notes), read at most every
+// Config.NodeNotesTTL. Reading either needs Sys.Audit on /, which the token's own
+// permissions say (asked once in a while, so that a token without it is
+// never refused); without it (or without HA) none is known, and the log
+// says so once.
+func (p *placer) maintenance(ctx context.Context, resources []pve.Resource) map[string]bool {
 	p.mu.Lock()
 	can, checked := p.haAudit, p.haChecked
 	p.mu.Unlock()
@@ -395,6 +416,7 @@ func (p *placer) maintenance(ctx context.Context) map[string]bool {
 		p.haAudit, p.haChecked = can, time.Now()
 		p.mu.Unlock()
 	}
+	out := p.drainedNodes(ctx, resources)
 	var st pve.HAStatus
 	err := errors.New("the API token lacks Sys.Audit on /")
 	if can {
@@ -406,17 +428,51 @@ func (p *placer) maintenance(ctx context.Context) map[string]bool {
 		p.haBlind = true
 		p.mu.Unlock()
 		if !again {
-			p.log.Info("cannot read the HA manager's status: nodes in HA maintenance mode are not known to placement", "err", err)
+			p.log.Info("cannot read the HA manager's status or the nodes' notes: nodes in HA maintenance mode or drained are not known to placement", "err", err)
 		}
-		return nil
+		return out
 	}
-	out := map[string]bool{}
 	for node, s := range st.NodeStatus {
 		if s == "maintenance" {
 			out[node] = true
 		}
 	}
 	return out
+}
+
+// drainedNodes are the online nodes whose notes hold DrainMarker (none
+// without Sys.Audit on /: see maintenance).
+func (p *placer) drainedNodes(ctx context.Context, resources []pve.Resource) map[string]bool {
+	p.mu.Lock()
+	can, drained, read := p.haAudit, p.drained, p.drainedAt
+	p.mu.Unlock()
+	out := map[string]bool{}
+	if !can {
+		return out
+	}
+	if !read.IsZero() && time.Since(read) < p.cfg.NodeNotesTTL {
+		for n := range drained {
+			out[n] = true
+		}
+		return out
+	}
+	for _, r := range resources {
+		if r.Type != "node" || r.Status != "online" {
+			continue
+		}
+		nc, err := p.c.NodeConfig(ctx, r.Node)
+		if err != nil {
+			p.log.Debug("read a node's notes", "node", r.Node, "err", err)
+			continue
+		}
+		if isDrained(nc.Description) {
+			out[r.Node] = true
+		}
+	}
+	p.mu.Lock()
+	p.drained, p.drainedAt = out, time.Now()
+	p.mu.Unlock()
+	return maps.Clone(out)
 }
 
 // nodeRoom is what placement knows of one online node.

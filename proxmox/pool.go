@@ -188,6 +188,7 @@ type (
 	poolPlacer interface {
 		place(ctx context.Context, spec sandbox.Spec, forPool bool) (*hold, error)
 		holdsVM(vmid int) bool
+		isOff(node string) bool
 	}
 	vmCloner interface {
 		clone(ctx context.Context, h *hold, o owner) (int, error)
@@ -612,6 +613,9 @@ func (p *pool) sync(ctx context.Context) {
 		case r.Status == "stopped" || r.Lock != "":
 			p.log.Info("pool VM no longer running: destroying it", "vmid", id, "status", r.Status, "lock", r.Lock)
 			p.retireLocked(ctx, v)
+		case p.placer.isOff(r.Node):
+			p.log.Info("pool VM on a node drained or in maintenance: destroying it", "vmid", id, "node", r.Node)
+			p.retireLocked(ctx, v)
 		}
 	}
 	for _, r := range resources {
@@ -748,7 +752,7 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 		defer p.mu.Unlock()
 		var best *poolVM
 		for _, v := range p.vms {
-			if v.state == poolReady && spec.DiskBytes <= v.disk && (best == nil || v.vmid < best.vmid) {
+			if v.state == poolReady && spec.DiskBytes <= v.disk && !p.placer.isOff(v.node) && (best == nil || v.vmid < best.vmid) {
 				best = v
 			}
 		}
@@ -771,7 +775,7 @@ func (p *pool) take(ctx context.Context, spec sandbox.Spec) *poolVM {
 	defer p.mu.Unlock()
 	for _, r := range resources {
 		tags := r.TagList()
-		if r.Type != "qemu" || r.Status != "running" || r.Lock != "" || p.vms[int(r.VMID)] != nil ||
+		if r.Type != "qemu" || r.Status != "running" || r.Lock != "" || p.vms[int(r.VMID)] != nil || p.placer.isOff(r.Node) ||
 			!slices.Contains(tags, instanceTag(p.instance)) || !slices.Contains(tags, PoolTag) || !slices.Contains(tags, ReadyTag) ||
 			(r.MaxMem > 0 && int(r.MaxMem>>20) != p.shape.memMiB) || (r.MaxCPU > 0 && int(r.MaxCPU) != p.shape.cores) {
 			continue

@@ -145,3 +145,30 @@ func (c *Client) Permissions(ctx context.Context, path string) (map[string]bool,
 	}
 	return out, nil
 }
+
+// NodeConfig is what delegate reads of a node's config.
+type NodeConfig struct {
+	// Description is the node's notes.
+	Description string `json:"description"`
+	Digest      string `json:"digest"`
+}
+
+// NodeConfig reads a node's config (Sys.Audit on /).
+func (c *Client) NodeConfig(ctx context.Context, node string) (NodeConfig, error) {
+	var nc NodeConfig
+	_, err := c.get(ctx, nodePath(node)+"/config", nil, &nc)
+	return nc, err
+}
+
+// SetNodeDescription writes a node's notes (Sys.Modify on /), checked
+// against the config's digest when one is given.
+func (c *Client) SetNodeDescription(ctx context.Context, node, description, digest string) error {
+	p := params{"description": description}
+	if description == "" {
+		p = params{"delete": "description"}
+	}
+	if digest != "" {
+		p["digest"] = digest
+	}
+	return c.put(ctx, nodePath(node)+"/config", p, nil)
+}

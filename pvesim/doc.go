@@ -324,6 +324,10 @@
 //     src/PVE/API2/HA/Status.pm manager_status): each node "online",
 //     "maintenance" (SetNodeMaintenance: ha-manager crm-command
 //     node-maintenance enable) or "unknown" when down; Sys.Audit on /.
+//     A node's config (pve-manager PVE/API2/NodeConfig.pm): its notes
+//     (description) and digest, read with Sys.Audit on /, written with
+//     Sys.Modify on / ("detected modified configuration - file changed by
+//     other user? Try again." for a stale digest).
 //   - Each node's network configuration (nodenet.go; pve-manager
 //     PVE/API2/Network.pm): eno1 and the bridge vmbr0 on it, with the
 //     node's address (10.0.0.11, .12...) and gateway, as the installer

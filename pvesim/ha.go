@@ -48,3 +48,44 @@ func hHAManagerStatus(c *call) (any, error) {
 		"quorum": map[string]any{"node": s.nodes[0].name, "quorate": "1"},
 	}, nil
 }
+
+// A node's config (pve-manager PVE/API2/NodeConfig.pm, the node's
+// config file in /etc/pve/nodes/<node>/config): its notes (description)
+// and a digest; reading needs Sys.Audit on /, writing Sys.Modify on /
+// (the schema), a stale digest is refused.
+
+// GET /nodes/{node}/config
+func hNodeConfig(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	desc := s.nodeNotes[c.str("node")]
+	out := map[string]any{"digest": fwDigest(desc)}
+	if desc != "" {
+		out["description"] = desc
+	}
+	return out, nil
+}
+
+// PUT /nodes/{node}/config: description, or delete=description.
+func hSetNodeConfig(c *call) (any, error) {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	node := c.str("node")
+	if d := c.str("digest"); d != "" && d != fwDigest(s.nodeNotes[node]) {
+		return nil, dieErr("detected modified configuration - file changed by other user? Try again.")
+	}
+	if s.nodeNotes == nil {
+		s.nodeNotes = map[string]string{}
+	}
+	if c.has("description") {
+		s.nodeNotes[node] = c.str("description")
+	}
+	for _, k := range splitList(c.str("delete")) {
+		if k == "description" {
+			delete(s.nodeNotes, node)
+		}
+	}
+	return nil, nil
+}

@@ -77,6 +77,8 @@ func init() {
 		"GET /cluster/status":                           hClusterStatus,
 		"GET /cluster/firewall/options":                 hClusterFWOptions,
 		"GET /cluster/ha/status/manager_status":         hHAManagerStatus,
+		"GET /nodes/{node}/config":                      hNodeConfig,
+		"PUT /nodes/{node}/config":                      hSetNodeConfig,
 		"GET /cluster/firewall/groups":                  hSecGroups,
 		"POST /cluster/firewall/groups":                 hCreateSecGroup,
 		"GET /cluster/firewall/groups/{group}":          hSecGroupRules,

@@ -62,6 +62,7 @@ var indexed = map[string]int{
 	"net": 32, "ipconfig": 32, "ide": 4, "sata": 6, "scsi": 31, "virtio": 16,
 	"unused": 256, "usb": 14, "serial": 4, "parallel": 3, "hostpci": 16,
 	"numa": 8, "virtiofs": 10, "mp": 256, "dev": 256,
+	"acmedomain": 5, // a node's ACME domains (pve-manager PVE/NodeConfig.pm $MAXDOMAINS)
 }
 
 // Schema is the part of the official PVE API schema the simulator serves,

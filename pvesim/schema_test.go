@@ -38,8 +38,8 @@ func TestSchemaCoverage(t *testing.T) {
 			t.Errorf("%s: handler without schema", key)
 		}
 	}
-	if len(served) != 81 {
-		t.Errorf("%d methods, want 81", len(served))
+	if len(served) != 83 {
+		t.Errorf("%d methods, want 83", len(served))
 	}
 	t.Logf("named formats accepted unchecked: %v", Unchecked(s))
 	if !s.InRealAPI("POST", "/access/ticket") || s.InRealAPI("GET", "/nodes/pve1/nonsense") {

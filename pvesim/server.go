@@ -65,8 +65,10 @@ type Server struct {
 	// options (firewall.go).
 	clusterFW map[string]string
 	nodeFW    map[string]map[string]string
-	// haMaintenance are the nodes in HA maintenance mode (ha.go).
+	// haMaintenance are the nodes in HA maintenance mode (ha.go), and
+	// nodeNotes their notes (their config's description).
 	haMaintenance map[string]bool
+	nodeNotes     map[string]string
 	// secGroups are the datacenter's security groups (secgroups.go).
 	secGroups map[string]*secGroup
 	// fwActive is every VM's firewall as pve-firewall's last cycle

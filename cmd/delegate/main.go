@@ -34,6 +34,7 @@ func main() {
 
 		MigrateStore: migrateStore,
 		ProxmoxGC:    proxmoxGC,
+		ProxmoxDrain: proxmoxDrain,
 	}, os.Args[1:])
 	stop()
 	os.Exit(code)

@@ -11,14 +11,44 @@ import (
 	"github.com/delegate-dev/delegate/pve"
 )
 
-// proxmoxGC is `delegate proxmox gc` (proxmox/gc.go).
-func proxmoxGC(ctx context.Context, getenv func(string) string, opts cli.ProxmoxGCOptions, out io.Writer, log *slog.Logger) error {
+// proxmoxClient is a client of the cluster the PROXMOX_* settings name.
+func proxmoxClient(getenv func(string) string, log *slog.Logger) (*pve.Client, error) {
 	pc, err := pve.ConfigFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	pc.Logger = log
+	return pve.New(pc)
+}
+
+// proxmoxDrain is `delegate proxmox drain` (proxmox/drain.go).
+func proxmoxDrain(ctx context.Context, getenv func(string) string, node string, undo bool, out io.Writer, log *slog.Logger) error {
+	client, err := proxmoxClient(getenv, log)
 	if err != nil {
 		return err
 	}
-	pc.Logger = log
-	client, err := pve.New(pc)
+	defer client.Close()
+	vms, err := proxmox.Drain(ctx, client, node, undo)
+	if err != nil {
+		return err
+	}
+	if undo {
+		fmt.Fprintf(out, "node %s takes VMs again\n", node)
+		return nil
+	}
+	fmt.Fprintf(out, "node %s drained: no new VM of delegate's goes there\n", node)
+	if len(vms) == 0 {
+		fmt.Fprintln(out, "none of delegate's VMs is on it")
+	}
+	for _, v := range vms {
+		fmt.Fprintf(out, "still on it: VM %d (%s) %s %s\n", v.VMID, v.Name, v.Kind, v.Owner)
+	}
+	return nil
+}
+
+// proxmoxGC is `delegate proxmox gc` (proxmox/gc.go).
+func proxmoxGC(ctx context.Context, getenv func(string) string, opts cli.ProxmoxGCOptions, out io.Writer, log *slog.Logger) error {
+	client, err := proxmoxClient(getenv, log)
 	if err != nil {
 		return err
 	}

@@ -89,6 +89,8 @@ var Methods = []string{
 	"GET /cluster/status",
 	"GET /cluster/firewall/options",
 	"GET /cluster/ha/status/manager_status",
+	"GET /nodes/{node}/config",
+	"PUT /nodes/{node}/config",
 	"GET /cluster/firewall/groups",
 	"POST /cluster/firewall/groups",
 	"GET /cluster/firewall/groups/{group}",
