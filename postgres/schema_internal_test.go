@@ -154,3 +154,16 @@ func TestTextWithoutNUL(t *testing.T) {
 		t.Fatalf("events %+v, %v", evs, err)
 	}
 }
+
+// TestRedact: a URL is shown without its password, wherever it is.
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:s3cret@db:5432/delegate?sslmode=require":  "postgres://u:xxxxx@db:5432/delegate?sslmode=require",
+		"postgres://u@db/delegate?password=s3cret&sslmode=none": "postgres://u@db/delegate?password=xxxxx&sslmode=none",
+		"postgres://db/delegate":                                "postgres://db/delegate",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -84,7 +84,7 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		return err
 	}
 	if opts.HTTPAddr == "" {
-		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir, "gomaxprocs", runtime.GOMAXPROCS(0))
+		log.Info("serving MCP on stdio", "data_dir", cfg.DataDir, "store", storeName(cfg), "gomaxprocs", runtime.GOMAXPROCS(0))
 		err := server.Run(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout, mcpserver.Limits{}, log))
 		if ctx.Err() != nil || errors.Is(err, io.EOF) {
 			return nil // a part that failed says why through g.Wait
@@ -170,7 +170,7 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 		}
 	}
 	log.Info("serving MCP over Streamable HTTP", "url", base+"/mcp", "dashboard", base+"/", "metrics", base+"/metrics",
-		"auth", auth, "max_sessions", opts.MaxSessions, "data_dir", cfg.DataDir)
+		"auth", auth, "max_sessions", opts.MaxSessions, "data_dir", cfg.DataDir, "store", storeName(cfg))
 	serveUntil(ctx, g, srv, 5*time.Second, func() error {
 		var err error
 		if tls {

@@ -38,6 +38,15 @@ func openStore(ctx context.Context, cfg cli.Config) (store, error) {
 	return db, nil
 }
 
+// storeName says which store the server keeps its jobs in, for its log
+// (a URL without its password).
+func storeName(cfg cli.Config) string {
+	if cfg.Store != "" {
+		return postgres.Redact(cfg.Store)
+	}
+	return "sqlite:" + filepath.Join(cfg.DataDir, "jobs.db")
+}
+
 // migrateStore is `delegate store migrate`: the SQLite store at path
 // copied into the empty PostgreSQL database at url.
 func migrateStore(ctx context.Context, path, url string, out io.Writer) error {

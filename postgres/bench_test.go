@@ -1,0 +1,199 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/postgres/pgtest"
+	"github.com/delegate-dev/delegate/sandboxtest"
+	"github.com/delegate-dev/delegate/sqlite"
+	"github.com/jackc/pgx/v5"
+)
+
+// The PostgreSQL store against the SQLite one, side by side in one run,
+// each with the durability it ships with: SQLite in WAL mode with
+// synchronous=NORMAL (a commit is in the WAL in the page cache), a
+// PostgreSQL server of its own with fsync and synchronous_commit=on (a
+// commit is on disk), both on the same file system (docs/BENCHMARKS.md,
+// "The PostgreSQL store"):
+//
+//	go test -run X -bench BothStores -benchtime 400x ./postgres/
+
+// stores makes the stores for a benchmark: for each, a function that
+// opens a handle on it (another connection, or pool, each call). With
+// async, a third: a database on the same PostgreSQL server with
+// synchronous_commit=off, whose commit is in the server's memory when
+// it returns (as SQLite's is in the page cache): what the store costs
+// besides the disk's flush.
+func stores(b *testing.B, async bool) map[string]func() delegate.Store {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), "jobs.db")
+	srv := pgtest.Own(b, pgtest.Options{Durable: true})
+	url := srv.NewDatabase(b)
+	m := map[string]func() delegate.Store{
+		"sqlite": func() delegate.Store {
+			s, err := sqlite.Open(context.Background(), path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			return s
+		},
+		"postgres": func() delegate.Store { return open(b, url) },
+	}
+	if async {
+		url := srv.NewDatabase(b)
+		conn, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END $$`); err != nil {
+			b.Fatal(err)
+		}
+		m["postgres-async"] = func() delegate.Store { return open(b, url) }
+	}
+	return m
+}
+
+// newEngine is an engine over store with the in-memory backend and one
+// run slot, taken by a job that runs until the end: what is submitted
+// then waits, stored, as pending.
+func newEngine(b *testing.B, store delegate.Store) *engine.Engine {
+	b.Helper()
+	eng := engine.New(store, sandboxtest.NewFake(), engine.Config{MaxConcurrent: 1, PollInterval: time.Second,
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: b.TempDir()})
+	if err := eng.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { eng.Close() })
+	day := 86400
+	if _, err := eng.Submit(context.Background(), delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 86400", Timeout: &day},
+		delegate.SubmitOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return eng
+}
+
+func p50(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkSubmitBothStores: the engine's Submit (checks, the job stored,
+// queued), one at a time, on each store in turn, in blocks of 20 that
+// alternate so that a slow moment of the machine falls on both. An op is
+// one submission to each; the figures are each store's median and the
+// ratios to SQLite's.
+func BenchmarkSubmitBothStores(b *testing.B) {
+	ctx := context.Background()
+	engines := map[string]*engine.Engine{}
+	for name, open := range stores(b, true) {
+		engines[name] = newEngine(b, open())
+	}
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "make test", Env: map[string]string{"A": "b"}}
+	took := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 20 {
+		for _, name := range []string{"sqlite", "postgres", "postgres-async"} {
+			for range min(20, b.N-i) {
+				t0 := time.Now()
+				if _, err := engines[name].Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				took[name] = append(took[name], time.Since(t0))
+			}
+		}
+	}
+	b.StopTimer()
+	lite, pg, async := p50(took["sqlite"]), p50(took["postgres"]), p50(took["postgres-async"])
+	b.ReportMetric(ms(lite), "sqlite-p50-ms")
+	b.ReportMetric(ms(pg), "postgres-p50-ms")
+	b.ReportMetric(float64(pg)/float64(lite), "postgres/sqlite")
+	b.ReportMetric(ms(async), "async-p50-ms")
+	b.ReportMetric(float64(async)/float64(lite), "async/sqlite")
+}
+
+// BenchmarkListBothStores: one page of list_jobs (the default limit,
+// newest first) through the engine, over 10,000 finished jobs, read by
+// another engine on another handle of the store, as another server
+// would (its manifest cache empty at first). An op is a page from each
+// store; the figures are each one's median, and the first page (its
+// manifests read from the store).
+func BenchmarkListBothStores(b *testing.B) {
+	ctx := context.Background()
+	const jobs = 10000
+	readers := map[string]*engine.Engine{}
+	cold := map[string]time.Duration{}
+	for name, open := range stores(b, false) {
+		fill(b, open(), jobs)
+		eng := engine.New(open(), nil, engine.Config{})
+		b.Cleanup(func() { eng.Close() })
+		// Its connection made (a server's is), not its manifests read.
+		if _, err := eng.List(ctx, delegate.ListOptions{Status: delegate.StatusRunning}); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		page, err := eng.List(ctx, delegate.ListOptions{})
+		cold[name] = time.Since(t0)
+		if err != nil || len(page.Jobs) != delegate.DefaultPageSize || page.NextCursor == "" {
+			b.Fatalf("%s: a page of %d jobs, %v", name, len(page.Jobs), err)
+		}
+		readers[name] = eng
+	}
+	took := map[string][]time.Duration{}
+	b.ResetTimer()
+	for range b.N {
+		for _, name := range []string{"sqlite", "postgres"} {
+			t0 := time.Now()
+			if _, err := readers[name].List(ctx, delegate.ListOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			took[name] = append(took[name], time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(ms(p50(took["sqlite"])), "sqlite-p50-ms")
+	b.ReportMetric(ms(p50(took["postgres"])), "postgres-p50-ms")
+	b.ReportMetric(ms(cold["sqlite"]), "sqlite-first-ms")
+	b.ReportMetric(ms(cold["postgres"]), "postgres-first-ms")
+}
+
+// fill stores n finished jobs, 16 writers at once.
+func fill(b *testing.B, s delegate.Store, n int) {
+	b.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n; i += 16 {
+				now := time.Now().UTC()
+				code := 0
+				j := &delegate.Job{ID: fmt.Sprintf("job-%06d", i), Status: delegate.StatusSuccess, ExitCode: &code,
+					Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: fmt.Sprintf("go test ./... # run %d", i),
+						Env: map[string]string{"CI": "1"}},
+					Progress: "done", CreatedAt: now, UpdatedAt: now, StartedAt: now, FinishedAt: now, Backend: "local", OutputBytes: 1234}
+				if err := s.CreateJob(ctx, j); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
