@@ -31,9 +31,11 @@ type pause struct {
 // the check stricter.
 const maxPauses = 64
 
+// bootTime reads bootClock (bootclock_*.go): a clock that counts while
+// the host is suspended.
 func bootTime() time.Duration {
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+	if err := unix.ClockGettime(bootClock, &ts); err != nil {
 		return 0
 	}
 	return time.Duration(ts.Nano())

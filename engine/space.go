@@ -31,7 +31,7 @@ func free(dir string) (avail, total int64, err error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, err
 	}
-	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil // Bsize is uint32 on macOS
 }
 
 // check refuses when the data dir is below its floor. A data dir that
