@@ -254,15 +254,15 @@ func TestLocalShutdownRollsBack(t *testing.T) {
 func TestLocalTimeoutCountsFromRunning(t *testing.T) {
 	t.Parallel()
 	f := newLocal(t)
-	const provisioning = 2 * time.Second
+	const provisioning = 1500 * time.Millisecond
 	server := f.engine(t, &gatedFiles{Backend: f.backend(t), delay: provisioning, entered: make(chan string, 1)})
 	ctx := context.Background()
 	files := []delegate.File{{Path: "in.txt", Content: "aGk="}}
 
-	// 2 s of provisioning + 1.5 s of work > the 3 s timeout, which the
+	// 1.5 s of provisioning + 1 s of work > the 2 s timeout, which the
 	// work alone is well within.
-	ok, err := server.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1.5; echo finished",
-		Timeout: new(3), Files: files}, delegate.SubmitOptions{})
+	ok, err := server.Submit(ctx, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1; echo finished",
+		Timeout: new(2), Files: files}, delegate.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestHeartbeatNotCountedWhileAway(t *testing.T) {
 	store := openStore(t)
 	backend := sandboxtest.NewFake()
 	backend.Caps.Supervised = false // its only signs of life: status lines
-	const threshold = 2 * time.Second
+	const threshold = time.Second
 	e := New(store, backend, Config{HeartbeatThreshold: threshold, PollInterval: 20 * time.Millisecond,
 		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
 	t.Cleanup(func() { e.Close() })
