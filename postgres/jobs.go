@@ -195,7 +195,7 @@ func (s *JobStore) getJob(ctx context.Context, q querier, col string, arg any, i
 	}
 	sql += ` WHERE j.` + col + ` = $1`
 	if forUpdate {
-		sql += ` FOR UPDATE OF j`
+		sql += ` FOR NO KEY UPDATE OF j`
 	}
 	var text string
 	var mp *string

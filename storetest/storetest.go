@@ -47,6 +47,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"IdempotencyKey", testIdempotencyKey},
 		{"IdempotencyDigest", testIdempotencyDigest},
 		{"ConcurrentWrites", testConcurrentWrites},
+		{"ConcurrentHandles", testConcurrentHandles},
 		{"FinishCounter", testFinishCounter},
 		{"ManifestIsImmutable", testManifestIsImmutable},
 		{"JobManifest", testJobManifest},
