@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/delegate-dev/delegate/postgres/pgtest"
@@ -53,5 +57,56 @@ func TestStoreMigrateToPostgres(t *testing.T) {
 	_, errOut, code = delegateCLI(t, dataDir, "store", "migrate")
 	if code != 2 || !strings.Contains(errOut, "--to: name the PostgreSQL database") {
 		t.Errorf("migrate without --to: %d %s", code, errOut)
+	}
+}
+
+// TestRestartRecoveryOnPostgres is TestRestartRecovery with the jobs in
+// PostgreSQL: the server is killed (SIGKILL) while jobs run; the next one
+// on the same store re-attaches to the job whose sandbox lives (its whole
+// output and exit code) and fails, with a reason, the one whose sandbox
+// died too; what finished before is read as it was.
+func TestRestartRecoveryOnPostgres(t *testing.T) {
+	url := pgtest.Own(t, pgtest.Options{}).NewDatabase(t)
+	dataDir := t.TempDir()
+	env := "DELEGATE_STORE=" + url
+	cs, cmd, stderr := stdioSession(t, dataDir, "", env)
+	survivor := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "echo before; sleep 3; echo after; exit 4"}})
+	victim := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "sleep 300"}})
+	finished := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "task": "echo kept"}})
+	call[statusOut](t, cs, "wait_job", map[string]any{"job_id": finished.JobID})
+	waitFor(t, cs, survivor.JobID, "running")
+	waitFor(t, cs, victim.JobID, "running")
+	if !strings.Contains(stderr.String(), `store="postgres://postgres@/`) {
+		t.Errorf("the server does not say which store it uses:\n%s", stderr)
+	}
+
+	killServer(t, cmd)
+	victimSandbox := sandboxOf(t, dataDir, victim.JobID)
+	for _, f := range []string{"shim.pid", "init.pid"} {
+		syscall.Kill(readPIDFile(t, filepath.Join(victimSandbox, f)), syscall.SIGKILL)
+	}
+
+	cs2, _, _ := stdioSession(t, dataDir, "", env)
+	st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": survivor.JobID, "timeout_seconds": 30})
+	res := call[resultOut](t, cs2, "get_job_result", map[string]any{"job_id": survivor.JobID})
+	if st.Status != "failed" || res.ExitCode == nil || *res.ExitCode != 4 || res.Output != "before\nafter\n" {
+		t.Fatalf("re-attached job: %+v, output %q", res, res.Output)
+	}
+	st = call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": victim.JobID, "timeout_seconds": 30})
+	if st.Status != "failed" || !strings.Contains(st.Error, "lost") {
+		t.Fatalf("lost job: %+v", st)
+	}
+	if res := call[resultOut](t, cs2, "get_job_result", map[string]any{"job_id": finished.JobID}); res.Output != "kept\n" {
+		t.Fatalf("job finished before the crash: %+v", res)
+	}
+	if page := call[listOut](t, cs2, "list_jobs", map[string]any{}); len(page.Jobs) != 3 {
+		t.Fatalf("after restart the server lists %d jobs", len(page.Jobs))
+	}
+	// The data dir holds no jobs.db: the jobs are in PostgreSQL.
+	if _, err := os.Stat(filepath.Join(dataDir, "jobs.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a jobs.db in the data dir: %v", err)
 	}
 }
