@@ -1,9 +1,11 @@
 // Package storetest is the contract of delegate.Store as tests, run
-// against every implementation (SQLite today; a Postgres store when several
-// servers share one), as River's riverdrivertest is against every database
-// driver: what the engine relies on is tested once, here, and an
+// against every implementation (the SQLite store, and the PostgreSQL one
+// that several servers may share), as River's riverdrivertest is against
+// every database driver: what the engine relies on is tested once, here, and an
 // implementation's own tests keep only what is its own (its schema and
-// migrations, its query plans, its costs).
+// migrations, its query plans, its costs). A handle Open gives is another
+// process's, or another server's: the tests that write through two handles
+// at once are what a store shared by servers must pass.
 //
 //	func TestStore(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Open {
