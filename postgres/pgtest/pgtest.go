@@ -154,13 +154,18 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgtest-")
+	cred, err := credential()
 	if err != nil {
 		return nil, err
 	}
-	cred, err := credential()
+	// The postgres user must reach the directory: under /tmp when root
+	// (TMPDIR may be a directory of root's alone).
+	base := ""
+	if cred != nil {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "pgtest-")
 	if err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	if cred != nil {
