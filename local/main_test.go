@@ -168,6 +168,8 @@ func runHelper(name string, args []string) int {
 		return runLowNoFile(args)
 	case "budgets": // inotify instances and message queues: one, or all it can
 		return runBudgets(args)
+	case "mapfiles": // mapfiles FILE: map FILE, close it, again, until that fails; hold them
+		return runMapFiles(args)
 	case "sharedroot": // an egress job in a mount namespace with a shared root
 		return runSharedRoot(args)
 	case "keptserver": // a server keeping a sandbox, until killed

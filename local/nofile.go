@@ -23,6 +23,13 @@ import (
 // then, if even minNoFile is too many, pids come down (to minPids at
 // least). What an operator sets (Config.PidsMax, Config.NoFile) is taken
 // as it is.
+//
+// Descriptors are not all: a file mapped and then closed holds an entry
+// with none. Its struct file and its mapping are charged to the job's
+// memory cgroup (384 bytes at least, mappedFileBytes in the tests), so
+// the memory limit bounds those, at memory/384 per sandbox: a bound no
+// memory limit makes small next to the table, which the README's
+// security model gives in numbers, with the fix (fs.file-max).
 const (
 	// DefaultPidsMax is the processes and threads of one sandbox when the
 	// file budget allows them.
