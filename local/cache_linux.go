@@ -307,7 +307,16 @@ func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
 	if unix.Statfs(host, &fs) == nil {
 		free = int64(fs.Bavail) * fs.Bsize
 	}
-	if have := treeSize(host); have+changed > cs.max || (free >= 0 && free < 2*changed) {
+	// What the cache held at its last release (nothing changes it
+	// while a sandbox holds it), or measured when there is no record.
+	var meta cacheMeta
+	have := int64(0)
+	if readJSON(host+".json", &meta) == nil {
+		have = meta.Bytes
+	} else {
+		have = treeSize(host)
+	}
+	if have+changed > cs.max || (free >= 0 && free < 2*changed) {
 		cs.log.Warn("cache: the job's changes are not kept", "sandbox", id, "cache", c.Name, "key", c.Key,
 			"changed", changed, "cache bytes", have, "cap", cs.max, "free", free)
 		return
