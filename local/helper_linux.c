@@ -213,6 +213,18 @@ void close_except(unsigned lo, const int *keep, int n) {
 	}
 }
 
+/* close_strays closes what the shim inherited beyond what the server
+ * gives it (PLAN_FD, NETNS_FD, SERVER_FD): a descriptor the server's
+ * own parent left open without close-on-exec passes through the
+ * server's exec of the shim, and a shim (a keeper: a kept sandbox's
+ * life) would hold it for as long as it runs (the lock of a script that
+ * ran the server's tests, for one). closeInherited in shim_linux.go. */
+static void close_strays(void) {
+	if (syscall(SYS_close_range, SERVER_FD + 1, ~0U, 0) < 0)
+		for (int fd = SERVER_FD + 1; fd < 1024; fd++)
+			close(fd);
+}
+
 /* The dispatch, at load time, before the Go runtime: cheap (one getenv)
  * in every process that is not a C shim. */
 __attribute__((constructor)) static void delegate_sandbox_helper(void) {
@@ -232,6 +244,8 @@ __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 	int n = 0;
 	for (size_t i = 0; i < len && n < 5; i += strlen(cmd + i) + 1)
 		args[n++] = cmd + i;
+	if (n >= 3 && strcmp(args[1], SHIM_COMMAND) == 0)
+		close_strays();
 	if (n == 4 && strcmp(args[1], SHIM_COMMAND) == 0 && strcmp(args[2], PROBE_ARG) == 0)
 		_exit(shim_probe((uint32_t)strtoul(args[3], NULL, 10)));
 	if (n != 3 || strcmp(args[1], SHIM_COMMAND) != 0)

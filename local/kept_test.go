@@ -1113,3 +1113,58 @@ func TestKeptLongDataDir(t *testing.T) {
 		}
 	}
 }
+
+// TestShimsHoldNothingInherited: a descriptor the server inherited
+// without close-on-exec (a script's lock, say) does not live on in its
+// sandboxes' shims and keepers, which outlive the server: an engine
+// test's kept sandbox held the lock of the script that ran the tests,
+// and every later run of it waited.
+func TestShimsHoldNothingInherited(t *testing.T) {
+	stray := filepath.Join(t.TempDir(), "stray")
+	if err := os.WriteFile(stray, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(stray, unix.O_RDONLY, 0) // no O_CLOEXEC: every child inherits it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	holds := func(pid int) bool {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, e := range ents {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); l == stray {
+				return true
+			}
+		}
+		return false
+	}
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.shims.goHelpers = mode == "Go"
+			kept := keptSandbox(t, b, time.Now().Add(time.Minute))
+			keeper, err := readPID(filepath.Join(kept.dir, fileShimPID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if holds(keeper) {
+				t.Errorf("the keeper holds a descriptor the server inherited")
+			}
+			sb := create(t, b, defaultSpec())
+			p := start(t, sb, "/bin/sh", "-c", "sleep 5")
+			defer p.Kill(context.Background())
+			// Once it has started init, the shim is past its start.
+			var shim int
+			if !waitFor(10*time.Second, func() bool {
+				_, ierr := readPID(filepath.Join(sb.dir, fileInitPID))
+				shim, err = readPID(filepath.Join(sb.dir, fileShimPID))
+				return ierr == nil && err == nil
+			}) {
+				t.Fatal("no shim, or no init")
+			}
+			if holds(shim) {
+				t.Errorf("the shim holds a descriptor the server inherited")
+			}
+		})
+	}
+}

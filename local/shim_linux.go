@@ -79,6 +79,7 @@ func initCmd(stdin, stdout, stderr *os.File, extra []*os.File, hostID, size uint
 // working directory, for the server to find. The plan comes on
 // descriptor 3.
 func runShim(args []string) int {
+	closeInherited(serverFD + 1)
 	// init's parent-death signal fires when the thread that forked it
 	// exits, so that thread must live as long as the shim.
 	runtime.LockOSThread()
@@ -115,6 +116,29 @@ func runShim(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// closeInherited closes the descriptors from on that this process
+// inherited (those without close-on-exec: every one Go opens has it)
+// beyond what the server gives a shim (planFD, netnsFD, serverFD): one
+// the server's own parent left open passes through the server's exec of
+// the shim, and a shim (a keeper: a kept sandbox's life) would hold it
+// for as long as it runs (the lock of a script that ran the server's
+// tests, for one). close_strays in helper_linux.c.
+func closeInherited(from int) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < from {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 // shimProbe starts an init that only checks it is pid 1 and uid 0, in a
