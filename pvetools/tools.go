@@ -295,21 +295,21 @@ func proxmoxError(err error) error {
 	return &answerError{msg: b.String(), kind: apiKind(api, err)}
 }
 
-// apiKind is the kind of an answer of the API: a refused parameter is
-// invalid, a refused privilege forbidden, a guest or node or task that is
-// not there not found, a proxy that reaches no node (502, 503, 595...)
-// unavailable; anything else (Proxmox answers 500 for a guest that is
-// running, locked, a template...) collides with the state of what the
-// call names.
+// apiKind is the kind of an answer of the API: a refused parameter, or a
+// body too large for pveproxy (501), is invalid; a refused privilege
+// forbidden; a guest or node or task that is not there not found; a
+// proxy that reaches no node (502, 503, 595...) unavailable; anything
+// else (Proxmox answers 500 for a guest that is running, locked, a
+// template...) collides with the state of what the call names.
 func apiKind(api *pve.APIError, err error) error {
 	switch {
 	case pve.IsNotFound(err):
 		return &delegate.NotFoundError{Resource: "proxmox", ID: api.Path}
-	case api.StatusCode == 400:
+	case api.StatusCode == 400 || api.StatusCode == 501:
 		return delegate.ErrInvalid
 	case api.StatusCode == 401 || api.StatusCode == 403:
 		return delegate.ErrForbidden
-	case api.StatusCode > 500:
+	case api.StatusCode > 501:
 		return delegate.ErrUnavailable
 	}
 	return delegate.ErrConflict

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -682,5 +683,35 @@ func TestErrorsThroughTheTable(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "tool=proxmox_get_nodes") || !strings.Contains(logs.String(), "connect") {
 		t.Errorf("the log lacks the error in full:\n%s", logs.String())
+	}
+}
+
+// TestProxmoxErrorKinds: Proxmox's answers are errors of the kind their
+// status says, in Proxmox's words (the table shows them); an error that
+// is no answer of the API's is of no kind (the table hides it).
+func TestProxmoxErrorKinds(t *testing.T) {
+	for _, c := range []struct {
+		api  *pve.APIError
+		kind delegate.Kind
+	}{
+		{&pve.APIError{StatusCode: 400, Reason: "Parameter verification failed.", Errors: map[string]string{"size": "bad"}}, delegate.KindInvalid},
+		{&pve.APIError{StatusCode: 501, Reason: "for data too large"}, delegate.KindInvalid},
+		{&pve.APIError{StatusCode: 401, Reason: "authentication failure"}, delegate.KindForbidden},
+		{&pve.APIError{StatusCode: 403, Reason: "Permission check failed (/vms/100, VM.PowerMgmt)"}, delegate.KindForbidden},
+		{&pve.APIError{StatusCode: 500, Reason: "Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist"}, delegate.KindNotFound},
+		{&pve.APIError{StatusCode: 500, Reason: "VM 100 is running - destroy failed"}, delegate.KindConflict},
+		{&pve.APIError{StatusCode: 595, Reason: "No route to host"}, delegate.KindUnavailable},
+	} {
+		c.api.Method, c.api.Path = "POST", "/nodes/pve1/qemu/100/status/start"
+		err := proxmoxError(fmt.Errorf("start: %w", c.api))
+		if got := delegate.ErrorKind(err); got != c.kind {
+			t.Errorf("%d %s: kind %v, want %v", c.api.StatusCode, c.api.Reason, got, c.kind)
+		}
+		if !strings.HasPrefix(err.Error(), "Proxmox: "+c.api.Reason) {
+			t.Errorf("%d: %q does not give Proxmox's words first", c.api.StatusCode, err)
+		}
+	}
+	if err := proxmoxError(errors.New("dial tcp 10.0.0.1:8006: connection refused")); delegate.ErrorKind(err) != delegate.KindInternal {
+		t.Errorf("a transport error is of kind %v", delegate.ErrorKind(err))
 	}
 }

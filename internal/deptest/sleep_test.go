@@ -19,10 +19,10 @@ import (
 // not counted.
 const (
 	// MaxTestSleeps is the most time.Sleep calls in the counted tests.
-	MaxTestSleeps = 75
+	MaxTestSleeps = 73
 	// MaxUnexplainedSleeps is the most of them without a comment saying
 	// why.
-	MaxUnexplainedSleeps = 50
+	MaxUnexplainedSleeps = 41
 )
 
 // TestSleepCount: the counted tests call time.Sleep no more often than
