@@ -37,6 +37,8 @@ type harness struct {
 	sbx *mock.SandboxService
 	// other, if set, is the service Open returns instead of svc.
 	other delegate.JobService
+	// closeErr is what closing the services reports.
+	closeErr error
 	env   map[string]string
 	stdin string
 	serve func(cli.ServeOptions) error
@@ -65,12 +67,12 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 				return servicesOf(struct {
 					*mock.JobService
 					*mock.SandboxService
-				}{h.svc, h.sbx}), noClose, nil
+				}{h.svc, h.sbx}), h.close, nil
 			}
 			if h.other != nil {
-				return servicesOf(h.other), noClose, nil
+				return servicesOf(h.other), h.close, nil
 			}
-			return servicesOf(h.svc), noClose, nil
+			return servicesOf(h.svc), h.close, nil
 		},
 		Serve: func(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog.Logger) error {
 			return h.serve(opts)
@@ -84,6 +86,8 @@ func (h *harness) runCtx(t *testing.T, ctx context.Context, args ...string) resu
 	r.stdout, r.stderr = stdout.String(), stderr.String()
 	return r
 }
+
+func (h *harness) close() error { return h.closeErr }
 
 func newHarness() *harness {
 	return &harness{svc: &mock.JobService{}, env: map[string]string{"DELEGATE_DATA_DIR": "/tmp/delegate-cli-test"}}
@@ -706,3 +710,19 @@ func servicesOf(svc delegate.JobService) cli.Services {
 }
 
 func noClose() error { return nil }
+
+// TestCloseFailureReported: what fails to close after a command (the
+// store, the engine, a backend) is reported, and the command fails.
+func TestCloseFailureReported(t *testing.T) {
+	h := newHarness()
+	h.svc.ListFn = func(ctx context.Context, opts delegate.ListOptions) (*delegate.JobPage, error) {
+		return &delegate.JobPage{}, nil
+	}
+	if r := h.run(t, "jobs", "list"); r.code != 0 {
+		t.Fatalf("list: %d %q", r.code, r.stderr)
+	}
+	h.closeErr = errors.New("closing the job store: database is locked")
+	if r := h.run(t, "jobs", "list"); r.code == 0 || !strings.Contains(r.stderr, "closing the job store: database is locked") {
+		t.Errorf("a failed close: %d %q", r.code, r.stderr)
+	}
+}
