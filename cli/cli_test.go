@@ -39,10 +39,10 @@ type harness struct {
 	other delegate.JobService
 	// closeErr is what closing the services reports.
 	closeErr error
-	env   map[string]string
-	stdin string
-	serve func(cli.ServeOptions) error
-	bench func(cli.BenchOptions) error
+	env      map[string]string
+	stdin    string
+	serve    func(cli.ServeOptions) error
+	bench    func(cli.BenchOptions) error
 }
 
 func (h *harness) run(t *testing.T, args ...string) result {
