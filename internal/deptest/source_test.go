@@ -99,9 +99,15 @@ var methodExceptions = map[string]string{
 // splitting are the types being split right now, each with who splits
 // it: a temporary list, whose entry goes as the type gets under
 // MaxMethods (the test fails on an entry no longer needed, so that the
-// list only shrinks). Empty since issue 33's item 1 landed (engine.runner,
+// list only shrinks). Issue 33's item 1 emptied it (engine.runner,
 // engine.keeper, local.Backend and proxmox.Backend were on it).
-var splitting = map[string]string{}
+//
+// To the engineer named: remove your entry when the type is split.
+var splitting = map[string]string{
+	// 27 methods since issue 34's per-job caps (1dea81d): egress/'s owner
+	// (trust) splits it.
+	"egress.Proxy": "trust (egress/, issue 34)",
+}
 
 // TestMethodCounts: no type declared in the module's non-test files has
 // more than MaxMethods methods, but the exceptions above. Methods are
