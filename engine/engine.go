@@ -168,13 +168,15 @@ func (e *Engine) Start(ctx context.Context) error {
 // on, and the next engine to start re-attaches to them. Queued jobs stay
 // pending and are picked up the same way. The parts stop in the reverse
 // order of their start: the goroutines first, the progress flusher last.
+// It reports what failed: the last progress not stored, a backend it
+// opened that did not close.
 func (e *Engine) Close() error {
 	e.life.stop()
 	// Nothing reports any more: store what was reported last.
-	e.progress.close()
+	lost := e.progress.close()
 	// A backend this engine opened for itself (to stop an orphan) is its
 	// to close; one it was given belongs to its caller.
-	return e.backend.close()
+	return errors.Join(lost, e.backend.close())
 }
 
 // Cancel ends a job that has not finished. It returns the job and whether

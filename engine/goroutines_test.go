@@ -3,11 +3,15 @@ package engine_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/sandbox"
 )
@@ -63,4 +67,49 @@ func engineGoroutines(t *testing.T, label string) (n int, stacks string) {
 		stacks += rec + "\n\n"
 	}
 	return n, stacks
+}
+
+// failingProgress is a store that cannot store progress once fail is set.
+type failingProgress struct {
+	delegate.Store
+	fail atomic.Bool
+}
+
+func (s *failingProgress) SaveProgress(ctx context.Context, batch []delegate.JobProgress) error {
+	if s.fail.Load() {
+		return errors.New("disk full")
+	}
+	return s.Store.SaveProgress(ctx, batch)
+}
+
+// TestCloseReportsLostProgress: what a job reported last that Close could
+// not store is Close's error, not only a line of the log. (In a bubble:
+// no time passes between the reports and Close, so that the second is
+// still waiting for its turn, progressEvery after the first, when Close
+// stores it.)
+func TestCloseReportsLostProgress(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t, engine.Config{})
+		store := &failingProgress{Store: f.store}
+		eng := engine.New(store, f.backend, f.cfg)
+		if err := eng.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		job, err := eng.Submit(context.Background(), script("work"), delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := f.started()
+		awaitJob(t, eng, job.ID, "running", func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning })
+		store.fail.Store(true)
+		for _, msg := range []string{"a third", "half way"} {
+			if _, err := eng.Callback(context.Background(), job.ID, tokenOf(t, p), delegate.Report{Kind: delegate.ReportStatus, Progress: msg}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := eng.Close(); err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("Close: %v, want the progress it could not store", err)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -259,6 +260,7 @@ type progressWriter struct {
 	stopped chan struct{} // closed by close once the rest has stopped
 	done    chan struct{} // closed when the last progress is stored
 	once    sync.Once
+	lost    error // why the last progress could not be stored (set before done is closed)
 }
 
 func newProgressWriter(store delegate.Store, notify func(string), log *slog.Logger) *progressWriter {
@@ -269,10 +271,12 @@ func newProgressWriter(store delegate.Store, notify func(string), log *slog.Logg
 }
 
 // close stores what is left and stops the flusher. The engine calls it
-// once nothing reports any more.
-func (w *progressWriter) close() {
+// once nothing reports any more. It returns why what was reported last
+// could not be stored, if it could not.
+func (w *progressWriter) close() error {
 	w.once.Do(func() { close(w.stopped) })
 	<-w.done
+	return w.lost
 }
 
 // flushLoop stores pending progress until close, then stores what is left.
@@ -283,7 +287,7 @@ func (w *progressWriter) flushLoop() {
 	for {
 		select {
 		case <-w.stopped:
-			w.flush(true)
+			_, w.lost = w.flush(true)
 			return
 		case <-w.wake:
 		case <-timer.C:
@@ -291,11 +295,11 @@ func (w *progressWriter) flushLoop() {
 		// Let the reports that arrive together go in one transaction.
 		select {
 		case <-w.stopped:
-			w.flush(true)
+			_, w.lost = w.flush(true)
 			return
 		case <-time.After(gatherDelay):
 		}
-		next := w.flush(false)
+		next, _ := w.flush(false)
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), gatherDelay))
 		}
@@ -303,25 +307,26 @@ func (w *progressWriter) flushLoop() {
 }
 
 // flush stores what is due (everything with force) in one transaction and
-// tells watchers; it returns when more will be due.
-func (w *progressWriter) flush(force bool) time.Time {
+// tells watchers; it returns when more will be due, and why the batch
+// could not be stored.
+func (w *progressWriter) flush(force bool) (time.Time, error) {
 	w.flushMu.Lock()
 	defer w.flushMu.Unlock()
 	batch, next := w.take(time.Now(), force)
 	if len(batch) == 0 {
-		return next
+		return next, nil
 	}
 	err := w.store.SaveProgress(context.Background(), batch)
 	w.landed(batch)
 	if err != nil {
 		// Progress is not worth stopping for: the next report replaces it.
 		w.log.Warn("store progress", "jobs", len(batch), "err", err)
-		return next
+		return next, fmt.Errorf("store the progress of %d jobs: %w", len(batch), err)
 	}
 	for _, p := range batch {
 		w.notify(p.ID)
 	}
-	return next
+	return next, nil
 }
 
 // flushJob stores a job's pending progress now (before its end is
