@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/spf13/pflag"
 )
@@ -77,6 +78,12 @@ type Config struct {
 	// DELEGATE_EGRESS_ALLOW_PRIVATE. Neither widens an allowlist.
 	EgressAllow        []netip.Prefix
 	EgressAllowPrivate bool
+	// EgressMaxConns, EgressConnRate and EgressIdleTimeout are the
+	// proxy's per-job limits (DELEGATE_EGRESS_MAX_CONNS, _CONN_RATE,
+	// _IDLE_TIMEOUT; 0: egress's defaults).
+	EgressMaxConns    int
+	EgressConnRate    int
+	EgressIdleTimeout time.Duration
 
 	// HTTPToken and HTTPTokenFile are DELEGATE_HTTP_TOKEN and
 	// DELEGATE_HTTP_TOKEN_FILE as they are: `serve --http` reads them
@@ -197,6 +204,9 @@ func envVars() []envVar {
 		{"DELEGATE_SECRET_<NAME>_INJECT", "", "'host Header Format {}': the egress proxy adds the secret to the job's HTTPS requests to host; the job sees a placeholder"},
 		{"DELEGATE_EGRESS_ALLOW", "", "comma-separated ranges jobs may reach although the egress proxy denies them (10.1.2.3/32): never widens an allowlist"},
 		{"DELEGATE_EGRESS_ALLOW_PRIVATE", "false", "let jobs' network reach 10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7"},
+		{"DELEGATE_EGRESS_MAX_CONNS", strconv.Itoa(egress.DefaultMaxConnsPerJob), "connections one job may hold open at once through the egress proxy (all jobs together: half the server's open files)"},
+		{"DELEGATE_EGRESS_CONN_RATE", strconv.Itoa(egress.DefaultConnRate), "connections one job may open a second through the egress proxy (a burst of twice as many)"},
+		{"DELEGATE_EGRESS_IDLE_TIMEOUT", egress.DefaultIdleTimeout.String(), "a job's connection through the egress proxy that carries nothing either way this long is closed"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
 		{"DELEGATE_WORKSPACE_ROOTS", "", "directories (a list like PATH) whose subdirectories jobs may import as manifest.workspace.dir; unset: none"},
@@ -382,6 +392,16 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 			bad("DELEGATE_EGRESS_ALLOW_PRIVATE", "must be true or false")
 		}
 		c.EgressAllowPrivate = b
+	}
+	intIn("DELEGATE_EGRESS_MAX_CONNS", 4, 1<<16, &c.EgressMaxConns)
+	intIn("DELEGATE_EGRESS_CONN_RATE", 1, 1<<16, &c.EgressConnRate)
+	if v := getenv("DELEGATE_EGRESS_IDLE_TIMEOUT"); v != "" {
+		n, err := time.ParseDuration(v)
+		if err != nil || n < time.Second || n > 24*time.Hour {
+			bad("DELEGATE_EGRESS_IDLE_TIMEOUT", "must be a duration like 5m, from 1s to 24h")
+		} else {
+			c.EgressIdleTimeout = n
+		}
 	}
 	str("DELEGATE_HTTP_TOKEN", &c.HTTPToken)
 	str("DELEGATE_HTTP_TOKEN_FILE", &c.HTTPTokenFile)

@@ -61,6 +61,16 @@ func TestLoadConfig(t *testing.T) {
 			"DELEGATE_MAX_SANDBOXES": "0", "DELEGATE_SANDBOX_IDLE": "30", "DELEGATE_SANDBOX_PAUSE": "500ms", "DELEGATE_SANDBOX_LIFETIME": "1000h",
 		}, []string{"DELEGATE_MAX_SANDBOXES", "DELEGATE_SANDBOX_IDLE", "DELEGATE_SANDBOX_PAUSE", "DELEGATE_SANDBOX_LIFETIME"}, nil},
 		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
+		{"egress limits", map[string]string{
+			"DELEGATE_EGRESS_MAX_CONNS": "64", "DELEGATE_EGRESS_CONN_RATE": "10", "DELEGATE_EGRESS_IDLE_TIMEOUT": "90s",
+		}, nil, func(t *testing.T, c Config) {
+			if c.EgressMaxConns != 64 || c.EgressConnRate != 10 || c.EgressIdleTimeout != 90*time.Second {
+				t.Errorf("parsed: %d %d %s", c.EgressMaxConns, c.EgressConnRate, c.EgressIdleTimeout)
+			}
+		}},
+		{"egress limits bad", map[string]string{
+			"DELEGATE_EGRESS_MAX_CONNS": "2", "DELEGATE_EGRESS_CONN_RATE": "0", "DELEGATE_EGRESS_IDLE_TIMEOUT": "5",
+		}, []string{"DELEGATE_EGRESS_MAX_CONNS", "DELEGATE_EGRESS_CONN_RATE", "DELEGATE_EGRESS_IDLE_TIMEOUT"}, nil},
 		{"workspaces", map[string]string{
 			"DELEGATE_DATA_DIR": "/var/lib/delegate", "DELEGATE_WORKSPACE_ROOTS": "/home/ann/src:/srv/projects",
 			"DELEGATE_WORKSPACE_MAX_BYTES": "64M", "DELEGATE_WORKSPACE_MAX_FILES": "1000", "DELEGATE_WORKSPACE_GIT_ALLOW": "10.1.0.0/16, 192.0.2.7/32",

@@ -44,7 +44,7 @@ func (p *Proxy) ServeCallback(ctx context.Context, ln net.Listener, token string
 			return
 		}
 		defer up.Close()
-		e.Sent, e.Received, err = p.pipe(c, nil, up)
+		e.Sent, e.Received, err = pipe(c, nil, up, p.cfg.IdleTimeout)
 		if err != nil {
 			e.Err = err.Error()
 		}

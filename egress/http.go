@@ -198,7 +198,7 @@ func (f *forwarder) authenticate(req *http.Request) bool {
 			// accept).
 			release, why := f.p.limits.admitJob(tok)
 			if why != "" {
-				f.p.refuseConn(tok, ViaHTTP, why)
+				f.p.limits.refuse(tok, ViaHTTP, why)
 				writeStatus(f.client, http.StatusServiceUnavailable, "over "+why, nil)
 				return false
 			}
@@ -395,7 +395,7 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 				return false
 			}
 		}
-		sent, recv, err := f.p.pipe(f.client, pre, up.conn)
+		sent, recv, err := pipe(f.client, pre, up.conn, f.p.cfg.IdleTimeout)
 		up.sent += sent
 		up.recv += recv + int64(len(upPre))
 		why := ""
@@ -513,7 +513,7 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 		// Host, which tunnelHTTP checks request by request.
 		var httpIn io.Reader
 		var refused string
-		e.Sent, e.Received, refused, httpIn, err = p.tunnelChecked(f.client, pre, up, a.name)
+		e.Sent, e.Received, refused, httpIn, err = tunnelChecked(f.client, pre, up, a.name, p.cfg.IdleTimeout)
 		if httpIn != nil {
 			f.tunnelHTTP(ctx, a, e, up, httpIn)
 			return
@@ -522,7 +522,7 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 			e.Allowed, e.Rule = false, refused
 		}
 	} else {
-		e.Sent, e.Received, err = p.pipe(f.client, pre, up)
+		e.Sent, e.Received, err = pipe(f.client, pre, up, p.cfg.IdleTimeout)
 	}
 	if err != nil {
 		e.Err = err.Error()
@@ -551,8 +551,8 @@ func (f *forwarder) tunnelHTTP(ctx context.Context, a *attempt, e Entry, up net.
 // client's bytes from there on (httpIn, nothing of them sent yet): the
 // tunnel is then the caller's to serve as HTTP (tunnelHTTP), the server's
 // bytes having stopped flowing.
-func (p *Proxy) tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string) (sent, recv int64, refused string, httpIn io.Reader, err error) {
-	ip := p.newIdlePair()
+func tunnelChecked(client net.Conn, pre []byte, up net.Conn, name string, idle time.Duration) (sent, recv int64, refused string, httpIn io.Reader, err error) {
+	ip := &idlePair{idle: idle}
 	var wg sync.WaitGroup
 	var down int64
 	var downErr, upErr error
@@ -666,7 +666,7 @@ func checkFirst(client net.Conn, pre []byte, up net.Conn, name string, ip *idleP
 // the other has finished, and returns the bytes each way, and errIdle when
 // it ended a tunnel that carried nothing either way for the idle timeout.
 // Between two TCP sockets the copy is spliced in the kernel.
-func (p *Proxy) pipe(client net.Conn, pre []byte, up net.Conn) (sent, recv int64, err error) {
+func pipe(client net.Conn, pre []byte, up net.Conn, idle time.Duration) (sent, recv int64, err error) {
 	if len(pre) > 0 {
 		n, err := up.Write(pre)
 		sent += int64(n)
@@ -674,7 +674,7 @@ func (p *Proxy) pipe(client net.Conn, pre []byte, up net.Conn) (sent, recv int64
 			return sent, 0, nil
 		}
 	}
-	ip := p.newIdlePair()
+	ip := &idlePair{idle: idle}
 	var wg sync.WaitGroup
 	var up2 int64
 	var upErr error

@@ -1,9 +1,11 @@
 package egress
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -50,6 +52,11 @@ type limits struct {
 	max, perJob int
 	rate        float64
 
+	// record, policies and logger say what was refused (the proxy's).
+	record   func(token string, e Entry)
+	policies Policies
+	logger   *slog.Logger
+
 	mu      sync.Mutex
 	n       int
 	jobs    map[string]*jobConns
@@ -64,8 +71,9 @@ type jobConns struct {
 	logged  time.Time // when a refusal was last logged
 }
 
-func newLimits(cfg *Config) *limits {
-	return &limits{max: cfg.MaxConns, perJob: cfg.MaxConnsPerJob, rate: float64(cfg.ConnRate), jobs: map[string]*jobConns{}, sweepAt: 64}
+func newLimits(cfg *Config, record func(string, Entry)) *limits {
+	return &limits{max: cfg.MaxConns, perJob: cfg.MaxConnsPerJob, rate: float64(cfg.ConnRate), record: record, policies: cfg.Policies, logger: cfg.Logger,
+		jobs: map[string]*jobConns{}, sweepAt: 64}
 }
 
 // admitAll takes a place in the proxy's cap, for a connection whose job is
@@ -167,13 +175,14 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// refuseConn logs a connection refused by the limits.
-func (p *Proxy) refuseConn(token string, via Via, why string) {
+// refuse logs a connection refused by the limits: in the job's network
+// log, at most once a second per job.
+func (l *limits) refuse(token string, via Via, why string) {
 	if token == "" {
-		p.cfg.Logger.Warn("egress: connection refused", "why", why)
+		l.logger.Warn("egress: connection refused", "why", why)
 		return
 	}
-	log, before := p.limits.refusedLog(token)
+	log, before := l.refusedLog(token)
 	if !log {
 		return
 	}
@@ -181,7 +190,16 @@ func (p *Proxy) refuseConn(token string, via Via, why string) {
 	if before > 0 {
 		e.Rule += fmt.Sprintf(" (and %d refused before, not logged)", before)
 	}
-	p.record(token, e)
+	if l.policies != nil {
+		// The job's policy is asked for, as for every attempt: a sink
+		// (the engine's) files entries under the networks it was asked
+		// about, and a job that only holds connections has asked for
+		// nothing yet.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		l.policies.Policy(ctx, token)
+		cancel()
+	}
+	l.record(token, e)
 }
 
 // errIdle ends a tunnel that carried nothing either way for the idle
@@ -195,8 +213,6 @@ type idlePair struct {
 	quiet [2]atomic.Bool
 	stop  atomic.Bool
 }
-
-func (p *Proxy) newIdlePair() *idlePair { return &idlePair{idle: p.cfg.IdleTimeout} }
 
 // errStopped: a way stopped by idlePair.stop.
 var errStopped = errors.New("stopped")
@@ -290,7 +306,7 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			return &releasingConn{Conn: c, release: release}, nil
 		}
 		c.Close()
-		l.p.refuseConn(l.token, l.via, why)
+		l.p.limits.refuse(l.token, l.via, why)
 	}
 }
 

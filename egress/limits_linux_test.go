@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 // tunnel opens a CONNECT tunnel to allowed.test:80 on c (the shared
@@ -121,13 +123,7 @@ func TestConnectionCaps(t *testing.T) {
 	for _, c := range held[:12] {
 		c.Close()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for err := get(t, greedy); err != nil; err = get(t, greedy) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the greedy job, its connections closed: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the greedy job's proxy, its connections closed", func() bool { return get(t, greedy) == nil })
 }
 
 // A job opens connections at most at its rate (with a burst of twice

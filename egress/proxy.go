@@ -144,7 +144,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, guard: newGuard(&cfg), limits: newLimits(&cfg), closed: make(chan struct{})}
+	p := &Proxy{cfg: cfg, guard: newGuard(&cfg), closed: make(chan struct{})}
+	p.limits = newLimits(&p.cfg, p.record)
 	if cfg.Sink != nil {
 		p.log = newLogQueue(cfg.Sink, cfg.LogQueue)
 	}
@@ -423,7 +424,7 @@ func (p *Proxy) serve(ctx context.Context, ln net.Listener, token string, via Vi
 		release, why := p.limits.admit(token)
 		if why != "" {
 			c.Close()
-			p.refuseConn(token, via, why)
+			p.limits.refuse(token, via, why)
 			continue
 		}
 		wg.Go(func() {

@@ -110,7 +110,7 @@ func (p *Proxy) transparentTLS(ctx context.Context, c net.Conn, in io.Reader, a 
 		return
 	}
 	defer up.Close()
-	e.Sent, e.Received, err = p.pipe(c, raw, up)
+	e.Sent, e.Received, err = pipe(c, raw, up, p.cfg.IdleTimeout)
 	if err != nil {
 		e.Err = err.Error()
 	}

@@ -90,7 +90,8 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		// server when there is one.
 		cbAddr, cbPort := callbackAddr(cfg, opts.CallbackURL)
 		eg, err = engine.NewEgress(store, engine.EgressConfig{Bindings: bindings, Secret: secret, Logger: log,
-			Proxy: egress.Config{Callback: cbAddr, Allow: cfg.EgressAllow, AllowPrivate: cfg.EgressAllowPrivate}})
+			Proxy: egress.Config{Callback: cbAddr, Allow: cfg.EgressAllow, AllowPrivate: cfg.EgressAllowPrivate,
+				MaxConnsPerJob: cfg.EgressMaxConns, ConnRate: cfg.EgressConnRate, IdleTimeout: cfg.EgressIdleTimeout}})
 		if err != nil {
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
