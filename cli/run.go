@@ -223,7 +223,7 @@ func (p *Program) tellChanges(ctx context.Context, ws delegate.WorkspaceService,
 	case err != nil:
 		return
 	case c.Error != "":
-		fmt.Fprintf(p.Stderr, "delegate: the workspace's changes were not kept: %s\n", c.Error)
+		fmt.Fprintf(p.Stderr, "delegate: the workspace's changes were not kept: %s\n", safe(c.Error))
 	case len(c.Files) == 0:
 		fmt.Fprintf(p.Stderr, "delegate: the job changed nothing in its workspace\n")
 	default:
