@@ -348,7 +348,13 @@ func (f *forwarder) relay(ctx context.Context, req *http.Request) bool {
 	var resp *http.Response
 	for {
 		var err error
+		if idle := f.p.cfg.IdleTimeout; idle > 0 {
+			// A destination that never answers does not hold the
+			// connection (and its place in the job's cap) for ever.
+			up.conn.SetReadDeadline(time.Now().Add(idle))
+		}
 		resp, err = http.ReadResponse(up.br, req)
+		up.conn.SetReadDeadline(time.Time{})
 		if err != nil {
 			f.closeUpstream("reading the response: " + err.Error())
 			writeStatus(f.client, http.StatusBadGateway, "reading the response: "+err.Error(), nil)

@@ -158,3 +158,24 @@ func TestIdleTunnelClosed(t *testing.T) {
 	}
 	f.entry(t, "idle", "the idle tunnel", func(e Entry) bool { return e.Via == ViaConnect && strings.Contains(e.Err, "idle") })
 }
+
+// A destination that never answers a request is given up after the idle
+// timeout (502), rather than holding the job's connection for ever.
+func TestSilentDestinationGivenUp(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+	f.jobs.set("wait", Policy{Mode: Egress})
+	f.w.Sites["allowed"].Route(t, "/silent", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // answers nothing until the proxy goes
+	}))
+	c, err := net.Dial("tcp", f.proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "GET http://allowed.test/silent HTTP/1.1\r\nHost: allowed.test\r\nProxy-Authorization: Bearer wait\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("a destination that never answers: %v %v", resp, err)
+	}
+}
