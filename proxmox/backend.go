@@ -310,7 +310,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		h.pool.forget(v)
 		if err == nil {
 			h.bind(v.vmid)
-			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o}, nil
+			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o, kept: spec.MultiExec}, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -341,7 +341,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		b.vms.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return nil, err
 	}
-	return &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o}, nil
+	return &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o, kept: spec.MultiExec}, nil
 }
 
 func templateLabel(t pve.Resource) string {
@@ -408,7 +408,10 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 		return nil, fmt.Errorf("proxmox: VM %d is not this server's VM of %s (it is named %q): %w", vmid, orLegacy(job), cfg.Name, sandbox.ErrGone)
 	}
 	b.vms.remember(vmid, r.Node)
-	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o}, nil
+	// A kept sandbox opened without a job has an sbx- id; a persistent
+	// job's VM found again is not known to be kept (its commands'
+	// directories then stay until it goes).
+	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o, kept: strings.HasPrefix(job, "sbx-")}, nil
 }
 
 func orLegacy(job string) string {

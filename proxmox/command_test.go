@@ -25,6 +25,12 @@ func vm(t *testing.T) (*proxmox.Backend, sandbox.Instance) {
 
 func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Instance) {
 	t.Helper()
+	return vmSpec(t, cfg, sandbox.Spec{JobID: "job-cmd", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30})
+}
+
+// vmSpec is vmWith for a sandbox spec of the test's.
+func vmSpec(t *testing.T, cfg proxmox.Config, spec sandbox.Spec) (*proxmox.Backend, sandbox.Instance) {
+	t.Helper()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	cfg.Template, cfg.PollInterval = "debian-job", 50*time.Millisecond
@@ -32,7 +38,7 @@ func vmWith(t *testing.T, cfg proxmox.Config) (*proxmox.Backend, sandbox.Instanc
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.Create(context.Background(), sandbox.Spec{JobID: "job-cmd", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30})
+	sb, err := b.Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}

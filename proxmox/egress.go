@@ -23,7 +23,9 @@ import (
 // egress, "Proxmox"): a VM cannot have a listener of its own, so it
 // reaches the server's shared one and names its job in
 // Proxy-Authorization (its https_proxy is http://job:TOKEN@PROXY); its
-// NIC's firewall lets out nothing else. Before the VM starts the backend
+// NIC's firewall lets out nothing else but DHCP, which Proxmox lets out
+// to any address before any rule: so the VM is on a job network of its
+// own (PROXMOX_JOB_BRIDGE, checkJobNet). Before the VM starts the backend
 // sets, then reads back, refusing the job if any of it is missing:
 //
 //	net0: ...,firewall=1
@@ -31,12 +33,14 @@ import (
 //	firewall/ipset ipfilter-net0          (the VM's address, once its agent tells it)
 //	firewall/rules: out ACCEPT tcp → PROXY port, out ACCEPT tcp → CALLBACK port
 //
-// and it checks that the datacenter's firewall and the node's are on, as
-// VM rules do nothing otherwise. dhcp=1 lets the VM's DHCP client get its
+// and it checks that the datacenter's firewall is on, as VM rules do
+// nothing otherwise (checkOn). dhcp=1 lets the VM's DHCP client get its
 // address (the templates' NICs use DHCP); ipfilter pins the VM to that
 // address once the agent reports it, until when the VM sends nothing but
 // DHCP; policy_out DROP drops everything else, DNS and ICMP included
-// (clients with the proxy variables resolve nothing themselves).
+// (clients with the proxy variables resolve nothing themselves). The
+// pinned address is in force from the firewall daemon's next cycle: the
+// guest probes the proxy before the job starts (waitInForce).
 
 // Egress is the backend's part of the egress proxy.
 type Egress struct {

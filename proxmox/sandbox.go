@@ -29,6 +29,10 @@ type vmSandbox struct {
 	// where it is now, and onNode follows it.
 	node  string
 	owner owner
+	// kept: the VM runs more than one command (Spec.MultiExec): each
+	// command's directory is removed once its result is read. A VM that
+	// runs one command is destroyed after it, directory and all.
+	kept bool
 }
 
 var _ sandbox.Instance = (*vmSandbox)(nil)
@@ -626,7 +630,7 @@ func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte
 // VM runs many commands, and its /tmp is often RAM (Debian 13's is a
 // tmpfs). A failure is only logged: the VM goes in the end. p.mu held.
 func (p *process) clean(ctx context.Context) {
-	if p.run == "" || p.cleaned || p.exit == nil || !p.outDone || !p.evDone {
+	if p.run == "" || !p.s.kept || p.cleaned || p.exit == nil || !p.outDone || !p.evDone {
 		return
 	}
 	p.cleaned = true

@@ -16,7 +16,7 @@ import (
 // are its own, all of them; and once a command's result is read, its
 // directory in the guest is gone.
 func TestConcurrentStatusChannels(t *testing.T) {
-	_, sb := vm(t)
+	_, sb := keptSandbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	script := func(name string) string {
@@ -74,7 +74,7 @@ func TestConcurrentStatusChannels(t *testing.T) {
 // TestReadAfterClean: once a command's result was read and its directory
 // removed, reading on from its end answers nothing, without an error.
 func TestReadAfterClean(t *testing.T) {
-	_, sb := vm(t)
+	_, sb := keptSandbox(t)
 	ctx := context.Background()
 	exit, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo done"}})
 	if exit.Code != 0 {
@@ -91,5 +91,31 @@ func TestReadAfterClean(t *testing.T) {
 		if ev, err := p.ReadEvents(ctx, 0, 1<<16); err != nil || len(ev) != 0 {
 			t.Fatalf("events: %q %v", ev, err)
 		}
+	}
+}
+
+// keptSandbox is a VM made for many commands (a kept sandbox's).
+func keptSandbox(t *testing.T) (*proxmox.Backend, sandbox.Instance) {
+	t.Helper()
+	return vmSpec(t, proxmox.Config{}, sandbox.Spec{JobID: "sbx-status", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, MultiExec: true})
+}
+
+// TestOneCommandVMNotCleaned: a VM made for one command is destroyed
+// after it, its command's directory with it: removing the directory first
+// would cost calls for nothing.
+func TestOneCommandVMNotCleaned(t *testing.T) {
+	_, sb := vm(t)
+	_, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo once"}})
+	ctx := context.Background()
+	for range 2 {
+		if _, err := p.ReadOutput(ctx, 5, 1<<16); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.ReadEvents(ctx, 0, 1<<16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /tmp/delegate/run-*.d | wc -l"}}); strings.TrimSpace(out) != "2" {
+		t.Errorf("command directories: %q, want the first one's and this one's", out)
 	}
 }

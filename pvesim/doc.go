@@ -419,7 +419,9 @@
 //   - The agent's socket and state (and, emulated, its spool of requests
 //     and outputs) are in /workspace/.qga: the guest's commands see them.
 //   - Commands run as the sandbox's user (uid 1000), not root, in "/", with
-//     the agent's environment (PATH, LANG=C.UTF-8).
+//     the agent's environment (PATH, LANG=C.UTF-8): what needs root fails
+//     (a resumed VM's clock is not set: date -s is refused, and delegate
+//     logs so).
 //   - The guest has no systemd: an agent restart kills the agent's process
 //     group, which a setsid leaves, where systemd kills the service's
 //     cgroup, which it does not (delegate's runner takes a systemd scope
