@@ -37,7 +37,7 @@ func (p *Proxy) ServeCallback(ctx context.Context, ln net.Listener, token string
 			p.record(token, e)
 			return
 		}
-		up, _, err := p.dial(ctx, []netip.Addr{cb.Addr()}, cb.Port())
+		up, _, err := p.out.dial(ctx, []netip.Addr{cb.Addr()}, cb.Port())
 		if err != nil {
 			e.Err = err.Error()
 			p.record(token, e)

@@ -138,7 +138,7 @@ func (p *Proxy) answer(ctx context.Context, token string, q *dns.Msg) *dns.Msg {
 		e.Rule = rule + "; no " + e.QType + " records are served"
 		return m
 	}
-	addrs, err := p.lookup(ctx, token, network, name)
+	addrs, err := p.out.lookup(ctx, token, network, name)
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {

@@ -250,7 +250,7 @@ func (f *forwarder) open(ctx context.Context, a *attempt, key string) bool {
 	}
 	e := a.entry()
 	e.Allowed, e.Rule = true, rule
-	conn, ad, err := p.dial(ctx, addrs, a.port)
+	conn, ad, err := p.out.dial(ctx, addrs, a.port)
 	e.Addr = ad
 	if err == nil && f.mode == modeIntercept {
 		conn, err = p.upstreamTLS(ctx, conn, a.name)
@@ -498,7 +498,7 @@ func (f *forwarder) connect(ctx context.Context, req *http.Request) {
 	}
 	e := a.entry()
 	e.Allowed, e.Rule = true, rule
-	up, ad, err := p.dial(ctx, addrs, a.port)
+	up, ad, err := p.out.dial(ctx, addrs, a.port)
 	e.Addr = ad
 	if err != nil {
 		e.Err = err.Error()

@@ -92,11 +92,10 @@ type Proxy struct {
 	cfg    Config
 	guard  *guard
 	log    *logQueue
-	dialer net.Dialer
+	out    outside
 	asks   askTable
 	conns  connTable
 	limits *limits
-	cache  resolveCache
 	closed chan struct{}
 	once   sync.Once
 }
@@ -149,7 +148,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Sink != nil {
 		p.log = newLogQueue(cfg.Sink, cfg.LogQueue)
 	}
-	p.dialer = net.Dialer{
+	p.out.resolver = cfg.Resolver
+	p.out.dialer = net.Dialer{
 		Timeout:   cfg.DialTimeout,
 		KeepAlive: 30 * time.Second,
 		// The last word, at connect time: whatever path led here, the
@@ -303,7 +303,7 @@ func (p *Proxy) authorize(ctx context.Context, a *attempt, dns bool) (Policy, []
 	var addrs []netip.Addr
 	if a.name == "" {
 		addrs = []netip.Addr{a.addr}
-	} else if addrs, err = p.resolve(ctx, a.token, a.name); err != nil {
+	} else if addrs, err = p.out.resolve(ctx, a.token, a.name); err != nil {
 		return pol, nil, rule, err
 	}
 	allowed := addrs[:0:0]
@@ -347,8 +347,8 @@ func (e *authError) Unwrap() error { return e.err }
 
 // resolve looks a name up; "no such host" is a denial of its own, so
 // that the log says so.
-func (p *Proxy) resolve(ctx context.Context, token, name string) ([]netip.Addr, error) {
-	addrs, err := p.lookup(ctx, token, "ip", name)
+func (u *outside) resolve(ctx context.Context, token, name string) ([]netip.Addr, error) {
+	addrs, err := u.lookup(ctx, token, "ip", name)
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {
@@ -364,10 +364,10 @@ func (p *Proxy) resolve(ctx context.Context, token, name string) ([]netip.Addr, 
 
 // dial connects to the first of addrs that answers. The dialer checks each
 // address once more as it connects.
-func (p *Proxy) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.Conn, netip.Addr, error) {
+func (u *outside) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.Conn, netip.Addr, error) {
 	var first error
 	for _, a := range addrs {
-		c, err := p.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, port).String())
+		c, err := u.dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, port).String())
 		if err == nil {
 			return c, a, nil
 		}

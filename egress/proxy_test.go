@@ -30,7 +30,7 @@ func TestDialerChecksAtConnect(t *testing.T) {
 	defer ln.Close()
 	ap := netip.MustParseAddrPort(ln.Addr().String())
 	for _, a := range []netip.AddrPort{ap, netip.MustParseAddrPort("169.254.169.254:80")} {
-		c, _, err := p.dial(context.Background(), []netip.Addr{a.Addr()}, a.Port())
+		c, _, err := p.out.dial(context.Background(), []netip.Addr{a.Addr()}, a.Port())
 		var d *deniedError
 		if err == nil || !errors.As(err, &d) {
 			if c != nil {
@@ -142,16 +142,16 @@ func TestResolveCache(t *testing.T) {
 	}
 	defer p.Close()
 	ctx := context.Background()
-	v4, _ := p.lookup(ctx, "a", "ip4", "x.test")  // the job's DNS query
-	both, _ := p.lookup(ctx, "a", "ip", "x.test") // its connection
+	v4, _ := p.out.lookup(ctx, "a", "ip4", "x.test")  // the job's DNS query
+	both, _ := p.out.lookup(ctx, "a", "ip", "x.test") // its connection
 	if len(r.calls) != 1 || len(v4) != 1 || len(both) != 1 || both[0] != v4[0] {
 		t.Errorf("after a query and a connection: calls %v, answered %v, connected to %v", r.calls, v4, both)
 	}
-	both, _ = p.lookup(ctx, "b", "ip", "x.test") // another job
+	both, _ = p.out.lookup(ctx, "b", "ip", "x.test") // another job
 	if len(r.calls) != 2 || len(both) != 2 || !both[0].Is4() {
 		t.Errorf("another job: calls %v, addresses %v (IPv4 first)", r.calls, both)
 	}
-	p.lookup(ctx, "b", "ip6", "x.test")
+	p.out.lookup(ctx, "b", "ip6", "x.test")
 	if len(r.calls) != 2 {
 		t.Errorf("the connection's lookup was not kept for the job's queries: %v", r.calls)
 	}

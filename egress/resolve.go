@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"sync"
 	"time"
@@ -59,27 +60,36 @@ func (c *resolveCache) put(k cacheKey, addrs []netip.Addr, now time.Time) {
 	c.m[k] = cached{addrs: addrs, expires: now.Add(dnsTTL * time.Second)}
 }
 
+// outside is how the proxy reaches what a job asked for: names looked up
+// for the job (cached per job), connections dialed with the guard's last
+// check at connect time.
+type outside struct {
+	resolver Resolver
+	cache    resolveCache
+	dialer   net.Dialer
+}
+
 // lookup resolves name for token's job: network "ip4" or "ip6" for one
 // family (the sandbox's DNS), "ip" for both, IPv4 first (a connection).
-func (p *Proxy) lookup(ctx context.Context, token, network, name string) ([]netip.Addr, error) {
+func (u *outside) lookup(ctx context.Context, token, network, name string) ([]netip.Addr, error) {
 	now := time.Now()
 	if network != "ip" {
 		k := cacheKey{token, network, name}
-		if addrs, ok := p.cache.get(k, now); ok {
+		if addrs, ok := u.cache.get(k, now); ok {
 			return addrs, nil
 		}
-		addrs, err := p.cfg.Resolver.LookupNetIP(ctx, network, name)
+		addrs, err := u.resolver.LookupNetIP(ctx, network, name)
 		if err == nil {
-			p.cache.put(k, addrs, now)
+			u.cache.put(k, addrs, now)
 		}
 		return addrs, err
 	}
 	k4, k6 := cacheKey{token, "ip4", name}, cacheKey{token, "ip6", name}
-	if v4, ok := p.cache.get(k4, now); ok && len(v4) > 0 {
-		v6, _ := p.cache.get(k6, now)
+	if v4, ok := u.cache.get(k4, now); ok && len(v4) > 0 {
+		v6, _ := u.cache.get(k6, now)
 		return append(append([]netip.Addr(nil), v4...), v6...), nil
 	}
-	addrs, err := p.cfg.Resolver.LookupNetIP(ctx, "ip", name)
+	addrs, err := u.resolver.LookupNetIP(ctx, "ip", name)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +101,7 @@ func (p *Proxy) lookup(ctx context.Context, token, network, name string) ([]neti
 			v6 = append(v6, a)
 		}
 	}
-	p.cache.put(k4, v4, now)
-	p.cache.put(k6, v6, now)
+	u.cache.put(k4, v4, now)
+	u.cache.put(k6, v6, now)
 	return append(v4, v6...), nil
 }

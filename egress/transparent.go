@@ -101,7 +101,7 @@ func (p *Proxy) transparentTLS(ctx context.Context, c net.Conn, in io.Reader, a 
 	}
 	e := a.entry()
 	e.Allowed, e.Rule = true, rule
-	up, ad, err := p.dial(ctx, addrs, a.port)
+	up, ad, err := p.out.dial(ctx, addrs, a.port)
 	e.Addr = ad
 	if err != nil {
 		e.Err = err.Error()
