@@ -367,6 +367,11 @@ func TestEgressPersistentJob(t *testing.T) {
 	ctx := context.Background()
 	probe := `curl -sf --max-time 5 http://allowed.test/ >/dev/null && echo reached || echo refused`
 	job, out := runToEnd(t, eng, delegate.Manifest{Task: probe, Lifecycle: delegate.LifecyclePersistent, Network: delegate.Allowlist("allowed.test")})
+	if job.Sandbox != "" {
+		// Released below; a failure before that must not leave it running
+		// (a leaked sandbox outlives the test binary).
+		t.Cleanup(func() { eng.ReleaseSandbox(context.Background(), job.Sandbox) })
+	}
 	if job.Sandbox == "" || !strings.Contains(out, "reached") {
 		t.Fatalf("persistent job: sandbox %q, output %q", job.Sandbox, out)
 	}
