@@ -103,11 +103,7 @@ var methodExceptions = map[string]string{
 // engine.keeper, local.Backend and proxmox.Backend were on it).
 //
 // To the engineer named: remove your entry when the type is split.
-var splitting = map[string]string{
-	// 27 methods since issue 34's per-job caps (1dea81d): egress/'s owner
-	// (trust) splits it.
-	"egress.Proxy": "trust (egress/, issue 34)",
-}
+var splitting = map[string]string{}
 
 // TestMethodCounts: no type declared in the module's non-test files has
 // more than MaxMethods methods, but the exceptions above. Methods are
