@@ -95,6 +95,14 @@ func (l *limits) admitAll() (func(), string) {
 	}, ""
 }
 
+// count is the connections admitted and not yet released, all jobs
+// together.
+func (l *limits) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
 // admitJob takes a place in token's cap and rate.
 func (l *limits) admitJob(token string) (func(), string) {
 	l.mu.Lock()

@@ -104,7 +104,10 @@ func TestConnectionCaps(t *testing.T) {
 	if err := get(t, other); err != nil {
 		t.Errorf("another job: %v", err)
 	}
-	// All jobs together: the proxy's cap (14: 8 held, 6 more).
+	// All jobs together: the proxy's cap (14: 8 held, 6 more), once the
+	// proxy has seen the refused connection and the other job's request
+	// end (their places come back as their handlers return).
+	testkit.Eventually(t, 10*time.Second, "the proxy holding the greedy job's 8 connections alone", func() bool { return f.p.limits.count() == 8 })
 	third := 0
 	for range 8 {
 		c, err := net.Dial("tcp", f.proxy)
