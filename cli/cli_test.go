@@ -355,10 +355,22 @@ func TestRun(t *testing.T) {
 // it to end.
 func TestRunCancelledByCtrlC(t *testing.T) {
 	h := newHarness()
+	var ctx context.Context
+	h.svc, ctx = ctrlCService(t)
+	if r := h.runCtx(t, ctx, "run", "--script", "sleep 100"); r.code != 130 || !strings.Contains(r.stderr, "cancelling job-1") {
+		t.Fatalf("Ctrl-C: exit %d stderr %q", r.code, r.stderr)
+	}
+}
+
+// ctrlCService is a job service whose job is interrupted as it is
+// submitted: the context returned ends (the person's Ctrl-C), and the job
+// runs until it is cancelled, which must come with a live context.
+func ctrlCService(t *testing.T) (*mock.JobService, context.Context) {
 	ctx, interrupt := context.WithCancel(context.Background())
+	t.Cleanup(interrupt)
 	var mu sync.Mutex
 	cancelled := false
-	h.svc = &mock.JobService{
+	return &mock.JobService{
 		SubmitFn: func(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
 			interrupt()
 			return &delegate.Job{ID: "job-1", Status: delegate.StatusPending}, nil
@@ -383,10 +395,7 @@ func TestRunCancelledByCtrlC(t *testing.T) {
 		LogsFn: func(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
 			return &delegate.LogPage{JobID: id, NextCursor: "0"}, nil
 		},
-	}
-	if r := h.runCtx(t, ctx, "run", "--script", "sleep 100"); r.code != 130 || !strings.Contains(r.stderr, "cancelling job-1") {
-		t.Fatalf("Ctrl-C: exit %d stderr %q", r.code, r.stderr)
-	}
+	}, ctx
 }
 
 // TestLogsFollowWaitsForNonStreamingJob: a job that does not stream its

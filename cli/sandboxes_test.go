@@ -324,32 +324,8 @@ func TestExecStdin(t *testing.T) {
 
 func TestExecCancelledByCtrlC(t *testing.T) {
 	h := sandboxHarness()
-	ctx, interrupt := context.WithCancel(context.Background())
-	var mu sync.Mutex
-	cancelled := false
-	h.svc = &mock.JobService{
-		SubmitFn: func(ctx context.Context, m delegate.Manifest, opts delegate.SubmitOptions) (*delegate.Job, error) {
-			interrupt()
-			return &delegate.Job{ID: "job-1", Status: delegate.StatusPending}, nil
-		},
-		WaitFn: func(ctx context.Context, id string) (*delegate.Job, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if cancelled {
-				return job(id, delegate.StatusCancelled, nil), nil
-			}
-			return &delegate.Job{ID: id, Status: delegate.StatusRunning}, nil
-		},
-		CancelFn: func(ctx context.Context, id string) (*delegate.Job, bool, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			cancelled = true
-			return job(id, delegate.StatusCancelled, nil), true, nil
-		},
-		LogsFn: func(ctx context.Context, id string, opts delegate.LogOptions) (*delegate.LogPage, error) {
-			return &delegate.LogPage{JobID: id, NextCursor: "0"}, nil
-		},
-	}
+	var ctx context.Context
+	h.svc, ctx = ctrlCService(t)
 	if r := h.runCtx(t, ctx, "exec", "sbx-1", "--", "sleep", "100"); r.code != 130 || !strings.Contains(r.stderr, "cancelling job-1") {
 		t.Fatalf("Ctrl-C: exit %d stderr %q", r.code, r.stderr)
 	}
