@@ -92,6 +92,9 @@ func (r *follower) follow(h *run, id string, sb sandbox.Instance, proc sandbox.P
 	done := make(chan waited, 1)
 	r.life.Go(func() {
 		exit, err := proc.Wait(waitCtx)
+		if err == nil {
+			h.exited.Store(true)
+		}
 		done <- waited{exit, err, time.Now().UTC()}
 	})
 

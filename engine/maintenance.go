@@ -270,6 +270,9 @@ func (m *maintenance) checkHeartbeats(ctx context.Context) {
 		return // the followers read what the channels hold first
 	}
 	for _, id := range m.runs.driven() {
+		if h := m.runs.handle(id); h != nil && h.exited.Load() {
+			continue // it ended (exit 0, maybe): its end is being stored
+		}
 		j, err := m.read.Get(ctx, id)
 		if err != nil || j.Status != delegate.StatusRunning {
 			continue

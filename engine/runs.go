@@ -30,6 +30,9 @@ type run struct {
 	// end is the terminal status the job reached while it still runs (a
 	// completion callback, a cancel, here or in another process).
 	end atomic.Pointer[delegate.Status]
+	// exited: its process has ended, and its follower is settling it (its
+	// heartbeat is no longer judged: its end is).
+	exited atomic.Bool
 }
 
 func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }

@@ -131,7 +131,8 @@ func fillUp(t testing.TB, dir string) string {
 // its sandbox, and its end (its last output, its status) is stored once
 // there is room again: before, the finish failed once ("database or disk
 // is full"), the sandbox was destroyed all the same, and the job stayed
-// running for ever, its result gone.
+// running for ever, its result gone. Its silence while its end waits is
+// no lost heartbeat.
 func TestEndWaitsForRoom(t *testing.T) {
 	ctx := context.Background()
 	data := mountTmpfs(t, 8<<20)
@@ -141,7 +142,7 @@ func TestEndWaitsForRoom(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	backend := sandboxtest.NewFake()
-	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, PollInterval: 10 * time.Millisecond,
+	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, PollInterval: 10 * time.Millisecond, HeartbeatThreshold: time.Second,
 		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
 	if err := eng.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -160,8 +161,9 @@ func TestEndWaitsForRoom(t *testing.T) {
 	p.Write([]byte("\nEND\n"))
 	p.Finish(sandbox.Exit{})
 	// The end cannot be stored: the job is running still, its sandbox
-	// there (a tick of the follower at least, retried meanwhile).
-	time.Sleep(300 * time.Millisecond)
+	// there, and its silence meanwhile (longer than the heartbeat
+	// threshold) does not fail it: it has ended.
+	time.Sleep(2 * time.Second)
 	if j, err := store.GetJob(ctx, job.ID); err != nil || j.Status != delegate.StatusRunning {
 		t.Fatalf("on a full disk: %+v, %v; want running", j, err)
 	}
