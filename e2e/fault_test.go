@@ -89,3 +89,103 @@ func TestFaultPauseServer(t *testing.T) {
 	waitExited(t, cmd.Process.Pid)
 	checkDataDir(t, dataDir)
 }
+
+// mountTmpfs mounts a tmpfs of size bytes on a directory of the test's,
+// unmounted when the test ends.
+func mountTmpfs(t *testing.T, size int64) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0700", size)); err != nil {
+		t.Skipf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// fillUp writes a file in dir until its file system is full.
+func fillUp(t *testing.T, dir string) string {
+	t.Helper()
+	p := filepath.Join(dir, "filler")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for _, n := range []int{len(buf), 4096, 512, 1} {
+		for {
+			if _, err := f.Write(buf[:n]); err != nil {
+				break
+			}
+		}
+	}
+	return p
+}
+
+// TestFaultDiskFull is the issue's reproduction: the data dir on a 64 MiB
+// tmpfs, three jobs that sleep 6 s then write 1,346,674 bytes; 2 s in the
+// tmpfs is filled, 10 s later the filler goes. Every job then ends (none
+// stays running), each with its true output or an honest loss: success
+// with all of its output stored, or output_lost_bytes and a reason for
+// what the sandbox could not keep, or failed saying "no space left on";
+// never success with less output stored than it wrote and nothing said
+// (before: two of three so, and one running for ever).
+func TestFaultDiskFull(t *testing.T) {
+	dataDir := mountTmpfs(t, 64<<20)
+	cs, cmd, stderr := stdioSession(t, dataDir, "", "DELEGATE_MIN_FREE=1M", "DELEGATE_OUTPUT_LIMIT=4M")
+	const task = `sleep 6; head -c 1000000 /dev/urandom | base64 -w 100; echo END`
+	const wrote = 1_346_674
+	var ids []string
+	for range 3 {
+		ids = append(ids, call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": task}}).JobID)
+	}
+	for _, id := range ids {
+		waitFor(t, cs, id, "running")
+	}
+	time.Sleep(2 * time.Second)
+	filler := fillUp(t, dataDir)
+	time.Sleep(10 * time.Second)
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		call[statusOut](t, cs, "wait_job", map[string]any{"job_id": id, "timeout_seconds": 45})
+	}
+	cs.Close()
+	waitExited(t, cmd.Process.Pid)
+
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "jobs.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, id := range ids {
+		var (
+			status, why, lostWhy string
+			exit                 sql.NullInt64
+			bytes, lost, stored  int64
+		)
+		err := db.QueryRow(`SELECT status, error, exit_code, output_bytes, output_lost_bytes, output_lost,
+			(SELECT coalesce(sum(length(data)), 0) FROM job_output WHERE job_id = jobs.id) FROM jobs WHERE id = ?`, id).
+			Scan(&status, &why, &exit, &bytes, &lost, &lostWhy, &stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("job %s: %s (%s), exit %v, output %d bytes, %d stored, %d lost (%s)", id, status, why, exit.Int64, bytes, stored, lost, lostWhy)
+		switch {
+		case status == "success" && exit.Valid && exit.Int64 == 0 && stored == wrote && lost == 0:
+		case status == "success" && exit.Valid && exit.Int64 == 0 && lost > 0 && stored+lost == wrote && lostWhy != "":
+		case status == "failed" && strings.Contains(why, "no space left on"):
+		default:
+			t.Errorf("job %s is not in its true state with its true output or an honest loss\n%s", id, stderr)
+		}
+	}
+	checkDataDir(t, dataDir)
+}
