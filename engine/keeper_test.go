@@ -113,12 +113,14 @@ func TestKeptSandboxCommandCap(t *testing.T) {
 		f.submit(in)
 		running = append(running, f.started())
 	}
-	over := f.submit(in)
-	j := f.wait(f.eng, over.ID)
-	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, fmt.Sprintf("runs %d commands, the most one sandbox runs at once", delegate.MaxSandboxCommands)) {
-		t.Fatalf("a command past the cap: %s %q", j.Status, j.Error)
+	// Refused at submission, naming the cap (before: accepted, then
+	// failed when it started).
+	_, err = f.eng.Submit(context.Background(), in, delegate.SubmitOptions{})
+	if !errors.Is(err, delegate.ErrConflict) || !strings.Contains(err.Error(), fmt.Sprintf("runs %d commands not ended", delegate.MaxSandboxCommands)) ||
+		!strings.Contains(err.Error(), "MaxSandboxCommands") {
+		t.Fatalf("a command past the cap: %v", err)
 	}
-	if got := f.sandbox(sb.ID); got.Running != delegate.MaxSandboxCommands || got.Commands != delegate.MaxSandboxCommands+1 || got.State != delegate.SandboxRunning {
+	if got := f.sandbox(sb.ID); got.Running != delegate.MaxSandboxCommands || got.Commands != delegate.MaxSandboxCommands || got.State != delegate.SandboxRunning {
 		t.Errorf("at the cap: %+v", got)
 	}
 	running[0].Finish(sandbox.Exit{})

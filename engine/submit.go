@@ -24,8 +24,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	// request digests the same even if the server's defaults changed.
 	var digest string
 	if k := opts.IdempotencyKey; k != "" {
-		if len(k) > 200 || strings.ContainsRune(k, 0) {
-			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: "must be at most 200 bytes without NUL"}
+		if rule := delegate.TextRule(k, 200); rule != "" {
+			return nil, &delegate.FieldError{Field: "idempotency_key", Rule: rule}
 		}
 		digest = m.Digest()
 		if job, err := e.store.JobByIdempotencyKey(ctx, k); err == nil {
@@ -55,6 +55,13 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		}
 		if sb.Backend != backend.Name() {
 			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
+		}
+		// Refused now rather than accepted and failed when it starts
+		// (its start checks again: submissions may race).
+		if sb.Running >= delegate.MaxSandboxCommands {
+			return nil, fmt.Errorf("manifest.sandbox: sandbox %s runs %d commands not ended (queued or running), the most one sandbox runs at once "+
+				"(%d, delegate.MaxSandboxCommands): wait for one to end (wait_job), or open another sandbox: %w",
+				sb.ID, sb.Running, delegate.MaxSandboxCommands, delegate.ErrConflict)
 		}
 		kept = sb
 	}
