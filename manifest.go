@@ -236,8 +236,8 @@ func (m *Manifest) Validate() error {
 		return fieldErr("manifest.task", "must not contain NUL bytes")
 	}
 	if m.Agent != nil {
-		if strings.ContainsRune(m.Agent.Command, 0) || len(m.Agent.Command) > MaxTaskBytes {
-			return fieldErr("manifest.agent.command", "must be at most %d bytes without NUL", MaxTaskBytes)
+		if rule := TextRule(m.Agent.Command, MaxTaskBytes); rule != "" {
+			return fieldErr("manifest.agent.command", "%s", rule)
 		}
 		if m.Agent.ClaudeModel != "" && !modelRE.MatchString(m.Agent.ClaudeModel) {
 			return fieldErr("manifest.agent.claudeModel", "must be a model name such as sonnet or claude-sonnet-4-5 (letters, digits, . _ : - [ ])")
@@ -259,8 +259,8 @@ func (m *Manifest) Validate() error {
 		if strings.HasPrefix(k, "DELEGATE_") {
 			return fieldErr("manifest.env."+k, "names starting with DELEGATE_ are reserved")
 		}
-		if len(v) > MaxEnvValueBytes || strings.ContainsRune(v, 0) {
-			return fieldErr("manifest.env."+k, "value must be at most %d bytes without NUL", MaxEnvValueBytes)
+		if rule := TextRule(v, MaxEnvValueBytes); rule != "" {
+			return fieldErr("manifest.env."+k, "value %s", rule)
 		}
 	}
 	if len(m.Secrets) > MaxSecrets {
@@ -330,8 +330,8 @@ func (m *Manifest) Validate() error {
 			return fieldErr("manifest.stdin", "%s", tooLarge)
 		}
 	}
-	if len(m.VMTemplate) > 4096 || strings.ContainsRune(m.VMTemplate, 0) {
-		return fieldErr("manifest.vmTemplate", "must be at most 4096 bytes without NUL")
+	if rule := TextRule(m.VMTemplate, 4096); rule != "" {
+		return fieldErr("manifest.vmTemplate", "%s", rule)
 	}
 	if err := m.validateWorkspace(); err != nil {
 		return err
@@ -386,8 +386,8 @@ func validateFiles(files []File) error {
 		}
 		seen[p] = i
 		if f.Link != "" {
-			if len(f.Link) > 4096 || strings.ContainsRune(f.Link, 0) {
-				return fieldErr(field+".link", "must be at most 4096 bytes without NUL")
+			if rule := TextRule(f.Link, 4096); rule != "" {
+				return fieldErr(field+".link", "%s", rule)
 			}
 			if f.Content != "" || f.Mode != "" {
 				return fieldErr(field+".link", "makes a symbolic link: content must be empty (\"\") and mode left out")
@@ -428,8 +428,8 @@ func WorkspacePath(p string) (string, error) {
 	if p == "" {
 		return "", errors.New("must not be empty")
 	}
-	if len(p) > 4096 || strings.ContainsRune(p, 0) {
-		return "", errors.New("must be at most 4096 bytes without NUL")
+	if rule := TextRule(p, 4096); rule != "" {
+		return "", errors.New(rule)
 	}
 	abs := p
 	if !path.IsAbs(p) {
@@ -562,4 +562,17 @@ func checkBase64(s string) (int64, error) {
 		return 0, errNotBase64
 	}
 	return n, nil
+}
+
+// TextRule is what is wrong with a text value that may hold at most max
+// bytes, one rule at a time: a NUL byte in it (and where), else its size;
+// "" when nothing is.
+func TextRule(v string, max int) string {
+	if i := strings.IndexByte(v, 0); i >= 0 {
+		return fmt.Sprintf("must not contain a NUL byte (one is at byte %d)", i)
+	}
+	if len(v) > max {
+		return fmt.Sprintf("must be at most %d bytes (got %d)", max, len(v))
+	}
+	return ""
 }

@@ -195,3 +195,38 @@ func TestFilesTotal(t *testing.T) {
 		}
 	}
 }
+
+// TestNULAndSizeAreTwoRules: a NUL byte in a text field and a value over
+// its size are told apart (one message said both, "at most N bytes
+// without NUL", for either), and the NUL's place is given.
+func TestNULAndSizeAreTwoRules(t *testing.T) {
+	long := strings.Repeat("a", 5000)
+	for _, tc := range []struct {
+		name  string
+		m     func(m *delegate.Manifest)
+		field string
+		want  string
+		not   string
+	}{
+		{"env NUL", func(m *delegate.Manifest) { m.Env = map[string]string{"A": "x\x00y"} }, "manifest.env.A", "value must not contain a NUL byte (one is at byte 1)", "at most"},
+		{"env size", func(m *delegate.Manifest) {
+			m.Env = map[string]string{"A": strings.Repeat("a", delegate.MaxEnvValueBytes+1)}
+		}, "manifest.env.A", "value must be at most", "NUL"},
+		{"path NUL", func(m *delegate.Manifest) { m.Files = []delegate.File{{Path: "a\x00b", Content: ""}} }, "manifest.files[0].path", "must not contain a NUL byte (one is at byte 1)", "at most"},
+		{"path size", func(m *delegate.Manifest) { m.Files = []delegate.File{{Path: long}} }, "manifest.files[0].path", "must be at most 4096 bytes (got 5000)", "NUL"},
+		{"template NUL", func(m *delegate.Manifest) { m.VMTemplate = "\x00" }, "manifest.vmTemplate", "must not contain a NUL byte (one is at byte 0)", "at most"},
+		{"agent command size", func(m *delegate.Manifest) {
+			m.Agent = &delegate.AgentConfig{Command: strings.Repeat("a", delegate.MaxTaskBytes+1)}
+		}, "manifest.agent.command", "must be at most", "NUL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}
+			tc.m(&m)
+			err := m.Validate()
+			var fe *delegate.FieldError
+			if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(fe.Rule, tc.want) || strings.Contains(fe.Rule, tc.not) {
+				t.Errorf("%v; want %s: …%s…, without %q", err, tc.field, tc.want, tc.not)
+			}
+		})
+	}
+}

@@ -51,8 +51,8 @@ func (m *Manifest) validateWorkspace() error {
 		case w.Dir != "" && w.Git != "":
 			return fieldErr("manifest.workspace", "takes dir or git, not both")
 		case w.Dir != "":
-			if len(w.Dir) > maxWorkspacePath || strings.ContainsRune(w.Dir, 0) {
-				return fieldErr("manifest.workspace.dir", "must be at most %d bytes without NUL", maxWorkspacePath)
+			if rule := TextRule(w.Dir, maxWorkspacePath); rule != "" {
+				return fieldErr("manifest.workspace.dir", "%s", rule)
 			}
 			if !path.IsAbs(w.Dir) {
 				return fieldErr("manifest.workspace.dir", "must be an absolute path: %q is not", w.Dir)
@@ -61,8 +61,8 @@ func (m *Manifest) validateWorkspace() error {
 				return fieldErr("manifest.workspace.ref", "is for a git source: a dir comes as it is on disk")
 			}
 		default:
-			if len(w.Git) > maxGitURL || strings.ContainsRune(w.Git, 0) {
-				return fieldErr("manifest.workspace.git", "must be at most %d bytes without NUL", maxGitURL)
+			if rule := TextRule(w.Git, maxGitURL); rule != "" {
+				return fieldErr("manifest.workspace.git", "%s", rule)
 			}
 			if !strings.HasPrefix(w.Git, "https://") {
 				return fieldErr("manifest.workspace.git", "must be an https URL: %q is not", w.Git)
