@@ -189,3 +189,27 @@ func TestFaultDiskFull(t *testing.T) {
 	}
 	checkDataDir(t, dataDir)
 }
+
+// TestFaultServerGoneWhileJobEnds: the server (a stdio one, as Claude
+// Code quits) goes while a 3 s job runs; the job ends with no server;
+// the next server, started 6 s later, adopts it with the end its
+// supervisor recorded: success in about 3 s, not in the time until the
+// adoption (a 3 s job showed "success in 505.2s").
+func TestFaultServerGoneWhileJobEnds(t *testing.T) {
+	dataDir := t.TempDir()
+	cs, cmd, _ := stdioSession(t, dataDir, "")
+	job := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "sleep 3; echo done"}}).JobID
+	waitFor(t, cs, job, "running")
+	cs.Close() // the client quits: a stdio server ends with it
+	waitExited(t, cmd.Process.Pid)
+	time.Sleep(6 * time.Second)
+
+	cs2, _, _ := stdioSession(t, dataDir, "")
+	st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": job, "timeout_seconds": 30})
+	res := call[resultOut](t, cs2, "get_job_result", map[string]any{"job_id": job})
+	if st.Status != "success" || res.Output != "done\n" || res.DurationSeconds < 2.5 || res.DurationSeconds > 5 {
+		t.Errorf("adopted: %s (%s), output %q, in %.1fs; want success, done, in about 3 s", st.Status, st.Error, res.Output, res.DurationSeconds)
+	}
+	cs2.Close()
+	checkDataDir(t, dataDir)
+}

@@ -647,3 +647,24 @@ func TestWaitWakesForTheEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestAdoptedEndTime: a job that ended while no server ran is given the
+// end its supervisor recorded, not the time the next server adopted it
+// (a 3 s job showed "success in 505.2s").
+func TestAdoptedEndTime(t *testing.T) {
+	t.Parallel()
+	dead := func(string) bool { return false }
+	f := newFixture(t, engine.Config{OwnerAlive: dead})
+	job := f.submit(script("short"))
+	p := f.started()
+	running := waitStatus(t, f.eng, job.ID, delegate.StatusRunning)
+	f.eng.Close() // the server goes; the job goes on, and ends
+	ended := running.StartedAt.Add(3 * time.Millisecond)
+	p.Finish(sandbox.Exit{EndedAt: ended})
+	time.Sleep(20 * time.Millisecond) // the next server comes later
+	eng2 := f.start(f.backend)
+	j := f.wait(eng2, job.ID)
+	if j.Status != delegate.StatusSuccess || !j.FinishedAt.Equal(ended) {
+		t.Errorf("adopted: %s, finished at %v; want success at %v (its supervisor's record)", j.Status, j.FinishedAt, ended)
+	}
+}

@@ -95,7 +95,13 @@ func (r *follower) follow(h *run, id string, sb sandbox.Instance, proc sandbox.P
 		if err == nil {
 			h.exited.Store(true)
 		}
-		done <- waited{exit, err, time.Now().UTC()}
+		// Its end as its supervisor recorded it: a job that ended while
+		// no server ran (this one adopts it) ended then, not now.
+		at := time.Now().UTC()
+		if err == nil && exit.EndedAt.After(job.StartedAt) && exit.EndedAt.Before(at) {
+			at = exit.EndedAt.UTC()
+		}
+		done <- waited{exit, err, at}
 	})
 
 	var (

@@ -291,6 +291,7 @@ struct bridge {
 struct rec {
 	int code, signo, oom, truncated, killed, deadline;
 	int64_t output_bytes;
+	int64_t ended_ns; /* when the command ended (wall clock, ns), for a server that adopts it later */
 	char reason[4096];
 };
 

@@ -58,9 +58,15 @@ func TestHelpers(t *testing.T) {
 					{[]string{"no-such-command"}, codeNotFound, "", setupPrefix + `"no-such-command": command not found in PATH "/usr/local/bin:/usr/bin:/bin"` + "\n"},
 					{[]string{"/etc/passwd"}, codeCannotExec, "", setupPrefix + `cannot run "/etc/passwd": permission denied` + "\n"},
 				} {
+					before := time.Now()
 					exit, out := run(t, create(t, b, defaultSpec()), c.args...)
 					if exit.Code != c.code || exit.Signal != c.sig || out != c.out || exit.OutputBytes != int64(len(out)) {
 						t.Errorf("%q: exit %+v, output %q; want %d %q %q", c.args, exit, out, c.code, c.sig, c.out)
+					}
+					// When it ended, as the shim recorded it (for a
+					// server that adopts the job later, issue 35).
+					if exit.EndedAt.Before(before) || exit.EndedAt.After(time.Now()) {
+						t.Errorf("%q: ended at %v, not between its start (%v) and now", c.args, exit.EndedAt, before)
 					}
 				}
 			})

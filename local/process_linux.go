@@ -162,6 +162,7 @@ func (r exitRecord) exit() sandbox.Exit {
 
 		DeadlineExceeded: r.DeadlineExceeded,
 		Reason:           r.Reason,
+		EndedAt:          endedAt(r.EndedAt),
 	}
 }
 
@@ -247,4 +248,12 @@ func (p *process) Kill(ctx context.Context) error {
 		return killExec(p.dir, p.id, st.Cgroup)
 	}
 	return killSandbox(p.s.dir, st.Cgroup)
+}
+
+// endedAt is a record's end time (zero for none).
+func endedAt(ns int64) time.Time {
+	if ns <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
 }

@@ -126,9 +126,9 @@ int write_exit(const struct rec *r, int *tell) {
 	char reason[8400], buf[9000];
 	json_str(reason, sizeof reason, r->reason);
 	int n = snprintf(buf, sizeof buf,
-			 "{\"code\":%d,\"signo\":%d,\"oomKilled\":%s,\"outputBytes\":%lld,\"truncated\":%s,\"killed\":%s,\"deadlineExceeded\":%s,\"reason\":\"%s\"}",
+			 "{\"code\":%d,\"signo\":%d,\"oomKilled\":%s,\"outputBytes\":%lld,\"truncated\":%s,\"killed\":%s,\"deadlineExceeded\":%s,\"endedAt\":%lld,\"reason\":\"%s\"}",
 			 r->code, r->signo, r->oom ? "true" : "false", (long long)r->output_bytes, r->truncated ? "true" : "false",
-			 r->killed ? "true" : "false", r->deadline ? "true" : "false", reason);
+			 r->killed ? "true" : "false", r->deadline ? "true" : "false", (long long)r->ended_ns, reason);
 	if (n < 0 || n >= (int)sizeof buf) {
 		errno = EOVERFLOW;
 		return -1;
@@ -149,6 +149,7 @@ int finish_failed(struct output_writer *w, const char *msg) {
 	out_printf(w, "%s%s\n", SETUP_PREFIX, msg);
 	logmsg("sandbox setup failed: %s", msg);
 	r.code = CODE_SETUP_FAILED;
+	r.ended_ns = now_ns();
 	snprintf(r.reason, sizeof r.reason, "%s", msg);
 	r.output_bytes = w->n;
 	r.truncated = w->n > w->limit;
@@ -165,6 +166,7 @@ int shim_record(const struct plan *p, struct output_writer *w, const char *sdata
 		       int deadline_hit, long ooms_before, int *tell) {
 	struct rec r;
 	memset(&r, 0, sizeof r);
+	r.ended_ns = now_ns(); /* init has reported or exited: the command has ended */
 	int have_status = sdata != NULL && slen >= 12;
 	int32_t scode = 0, ssig = 0;
 	if (have_status) {

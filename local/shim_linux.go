@@ -504,14 +504,14 @@ func (w *outputWriter) failed(err error, log *slog.Logger) exitRecord {
 	log.Error("sandbox setup failed", "err", err)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit}
+	return exitRecord{Code: codeSetupFailed, Reason: err.Error(), OutputBytes: w.n, Truncated: w.n > w.limit, EndedAt: time.Now().UnixNano()}
 }
 
 // record is how the command ended: from init's report (statusData),
 // else from init's wait status ws.
 func (p *plan) record(w *outputWriter, statusData []byte, ws *syscall.WaitStatus, relErr error, deadlineHit bool, log *slog.Logger) exitRecord {
 	stderr := stream{w, sandbox.Stderr}
-	var rec exitRecord
+	rec := exitRecord{EndedAt: time.Now().UnixNano()} // init has reported or exited: the command has ended
 	s, haveStatus := decodeInitStatus(statusData)
 	switch {
 	case haveStatus:

@@ -240,6 +240,10 @@ type exitRecord struct {
 	Killed      bool   `json:"killed"`
 	// DeadlineExceeded: the shim killed the job at its deadline.
 	DeadlineExceeded bool `json:"deadlineExceeded,omitempty"`
+	// EndedAt is when the command ended (Unix ns, wall clock): a server
+	// that adopts the job later gives it that end, not its own time. 0 in
+	// records of shims before it.
+	EndedAt int64 `json:"endedAt,omitempty"`
 	// Reason explains a failure of the sandbox itself (not of the job);
 	// the same line is in the output.
 	Reason string `json:"reason,omitempty"`

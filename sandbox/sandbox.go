@@ -215,6 +215,10 @@ type Exit struct {
 	DeadlineExceeded bool
 	// Reason explains a failure of the sandbox itself, not of the command.
 	Reason string
+	// EndedAt is when the command ended, as the backend's supervisor
+	// recorded it (zero: not recorded): a server that adopts the job
+	// after it ended gives it this end, not the time it noticed.
+	EndedAt time.Time
 }
 
 // Backend creates and re-finds sandboxes.
