@@ -23,6 +23,10 @@ type ArtifactStore interface {
 	AddArtifact(ctx context.Context, id string, a Artifact) error
 	// Artifacts lists a job's artifacts by name.
 	Artifacts(ctx context.Context, id string) ([]Artifact, error)
+	// Artifact returns one of them by name (a *NotFoundError, ErrNotFound,
+	// when the job has none of that name): a reader of each of 10,000
+	// artifacts must not read the whole list each time.
+	Artifact(ctx context.Context, id, name string) (Artifact, error)
 }
 
 // ValidArtifactGlob checks an artifact pattern: relative to /workspace,

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -498,16 +500,36 @@ func (p *Program) saveArtifacts(ctx context.Context, svc delegate.JobService, id
 		return err
 	}
 	defer root.Close()
-	saved := 0
 	for _, a := range arts {
+		if !filepath.IsLocal(filepath.FromSlash(a.Name)) {
+			return fmt.Errorf("artifact %q: not a relative path; nothing saved", a.Name)
+		}
+	}
+	// Several at once (10,000 small ones took minutes one by one); the
+	// lines are printed in the listing's order, and the first error
+	// stops what has not started.
+	lines := make([]string, len(arts))
+	var (
+		next  atomic.Int64
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first == nil {
+			first = err
+		}
+	}
+	failed := func() bool { mu.Lock(); defer mu.Unlock(); return first != nil }
+	save := func(i int) error {
+		a := arts[i]
 		if a.Skipped != "" {
-			fmt.Fprintf(p.Stderr, "delegate: %s not kept: %s\n", safe(a.Name), safe(a.Skipped))
-			continue
+			lines[i] = fmt.Sprintf("delegate: %s not kept: %s\n", safe(a.Name), safe(a.Skipped))
+			return nil
 		}
 		name := filepath.FromSlash(a.Name)
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("artifact %q: not a relative path; nothing more saved", a.Name)
-		}
 		_, data, err := svc.ReadArtifact(ctx, id, a.Name)
 		if err != nil {
 			return err
@@ -520,12 +542,42 @@ func (p *Program) saveArtifacts(ctx context.Context, svc delegate.JobService, id
 		if err := root.WriteFile(name, data, 0o644); err != nil {
 			return fmt.Errorf("save %s: %w", safe(a.Name), err)
 		}
-		fmt.Fprintf(p.Stderr, "%s: %d bytes, sha256 %s\n", safe(filepath.Join(dir, name)), a.Size, a.SHA256)
-		saved++
+		lines[i] = fmt.Sprintf("%s: %d bytes, sha256 %s\n", safe(filepath.Join(dir, name)), a.Size, a.SHA256)
+		return nil
+	}
+	for range min(artifactSavers, len(arts)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !failed() {
+				i := int(next.Add(1)) - 1
+				if i >= len(arts) {
+					return
+				}
+				if err := save(i); err != nil {
+					fail(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	saved := 0
+	for i, line := range lines {
+		fmt.Fprint(p.Stderr, line)
+		if line != "" && arts[i].Skipped == "" {
+			saved++
+		}
+	}
+	if first != nil {
+		return first
 	}
 	fmt.Fprintf(p.Stderr, "delegate: saved %d of %d artifacts in %s\n", saved, len(arts), safe(dir))
 	return nil
 }
+
+// artifactSavers is how many artifacts jobs artifacts --out reads and
+// writes at once.
+const artifactSavers = 8
 
 // artifactLines lists a finished job's artifacts for a person, each line
 // starting with prefix: what was kept and what was not, and why, then how

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -352,14 +353,21 @@ func (rd *Reader) Artifacts(ctx context.Context, id string) ([]delegate.Artifact
 // ReadArtifact returns the content of a job's artifact, checked against
 // its recorded sha256.
 func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.Artifact, []byte, error) {
-	arts, err := rd.store.Artifacts(ctx, id)
-	if err != nil {
+	// One read by name: a job may keep 10,000 of them, each read in turn
+	// (the whole list each time made saving them all quadratic).
+	a, err := rd.store.Artifact(ctx, id, name)
+	if err != nil && !errors.Is(err, delegate.ErrNotFound) {
 		return delegate.Artifact{}, nil, err
 	}
-	for _, a := range arts {
-		if a.Name != name {
-			continue
+	found := err == nil
+	var arts []delegate.Artifact
+	if !found {
+		// Not found: the list says what there is (or the job is unknown).
+		if arts, err = rd.store.Artifacts(ctx, id); err != nil {
+			return delegate.Artifact{}, nil, err
 		}
+	}
+	if found {
 		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
 			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
 		}

@@ -2,7 +2,10 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/delegate-dev/delegate"
 )
@@ -46,4 +49,18 @@ func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Ar
 		arts = append(arts, a)
 	}
 	return arts, rows.Err()
+}
+
+// Artifact returns one of the job's artifacts by name.
+func (s *ArtifactStore) Artifact(ctx context.Context, id, name string) (delegate.Artifact, error) {
+	var a delegate.Artifact
+	err := s.db.pool.QueryRow(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 AND name = $2`, id, name).
+		Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a, delegate.ArtifactNotFound(id, name)
+	}
+	if err != nil {
+		return a, fmt.Errorf("artifact %q of job %s: %w", name, id, err)
+	}
+	return a, nil
 }

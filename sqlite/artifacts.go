@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/delegate-dev/delegate"
@@ -14,8 +15,8 @@ import (
 type ArtifactStore struct {
 	db   *DB
 	stmt struct {
-		artifacts *sql.Stmt // reader
-		wArtifact *sql.Stmt // writer
+		artifacts, one *sql.Stmt // readers
+		wArtifact      *sql.Stmt // writer
 	}
 }
 
@@ -25,6 +26,7 @@ func newArtifactStore(ctx context.Context, db *DB) (*ArtifactStore, error) {
 	s := &ArtifactStore{db: db}
 	return s, prepare(ctx, []statement{
 		{db.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`},
+		{db.rdb, &s.stmt.one, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? AND name = ?`},
 		{db.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},
 	})
 }
@@ -57,4 +59,17 @@ func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Ar
 		arts = append(arts, a)
 	}
 	return arts, rows.Err()
+}
+
+// Artifact returns one of the job's artifacts by name.
+func (s *ArtifactStore) Artifact(ctx context.Context, id, name string) (delegate.Artifact, error) {
+	var a delegate.Artifact
+	err := s.stmt.one.QueryRowContext(ctx, id, name).Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
+	if errors.Is(err, sql.ErrNoRows) {
+		return a, delegate.ArtifactNotFound(id, name)
+	}
+	if err != nil {
+		return a, fmt.Errorf("artifact %q of job %s: %w", name, id, err)
+	}
+	return a, nil
 }

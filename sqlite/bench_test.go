@@ -159,3 +159,38 @@ func BenchmarkGetSandbox(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkArtifactOfMany: reading one artifact of a job that keeps
+// 10,000, by name (Artifact) against the list read and scanned as
+// ReadArtifact did before (Artifacts): saving them all was quadratic.
+//
+//	go test -run X -bench ArtifactOfMany ./sqlite/
+func BenchmarkArtifactOfMany(b *testing.B) {
+	ctx := context.Background()
+	s := openBench(b)
+	if err := s.CreateJob(ctx, newJob("j1")); err != nil {
+		b.Fatal(err)
+	}
+	const n = 10_000
+	for i := range n {
+		if err := s.AddArtifact(ctx, "j1", delegate.Artifact{Name: fmt.Sprintf("out/f%05d.txt", i), Size: 10, SHA256: fmt.Sprintf("%064d", i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("by-name", func(b *testing.B) {
+		for i := range b.N {
+			if _, err := s.Artifact(ctx, "j1", fmt.Sprintf("out/f%05d.txt", i%n)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("list-and-scan", func(b *testing.B) {
+		for i := range b.N {
+			arts, err := s.Artifacts(ctx, "j1")
+			if err != nil || len(arts) != n {
+				b.Fatal(err)
+			}
+			_ = i
+		}
+	})
+}

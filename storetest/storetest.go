@@ -817,6 +817,16 @@ func testArtifacts(t *testing.T, open Open) {
 	if err != nil || fmt.Sprint(arts) != fmt.Sprint(want) {
 		t.Fatalf("artifacts: %+v %v; want %+v", arts, err, want)
 	}
+	// One by name, through another handle.
+	for _, w := range want {
+		if a, err := open().Artifact(ctx, "a", w.Name); err != nil || a != w {
+			t.Errorf("Artifact(%q) = %+v, %v; want %+v", w.Name, a, err, w)
+		}
+	}
+	var nf *delegate.NotFoundError
+	if _, err := s.Artifact(ctx, "a", "none.txt"); !errors.As(err, &nf) || nf.Resource != "artifact" || nf.ID != "none.txt" {
+		t.Errorf("an artifact the job has not: %v, want an artifact not found", err)
+	}
 }
 
 // testSandboxes: a kept sandbox is stored whole (the fields the API hides
