@@ -546,9 +546,7 @@ func (p *Program) saveArtifacts(ctx context.Context, svc delegate.JobService, id
 		return nil
 	}
 	for range min(artifactSavers, len(arts)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for !failed() {
 				i := int(next.Add(1)) - 1
 				if i >= len(arts) {
@@ -558,7 +556,7 @@ func (p *Program) saveArtifacts(ctx context.Context, svc delegate.JobService, id
 					fail(err)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	saved := 0
