@@ -76,6 +76,14 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 		cfg.MaxConns = 8 // writers wait on row locks, not on connections
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "delegate"
+	// A transaction of delegate's holds its rows only while Go code
+	// decides a change (never across a backend call): one left idle
+	// longer (a server paused, or cut off) is ended by the database, so
+	// that it does not hold other servers' writes behind its locks.
+	// A URL that sets it wins.
+	if _, ok := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = idleInTransaction
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
@@ -95,6 +103,11 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 	db.NetworkStore = &NetworkStore{db: db}
 	return db, nil
 }
+
+// idleInTransaction is the longest one of delegate's transactions may wait
+// between two statements (ms): twice writeTimeout, the longest a write of
+// its own takes.
+const idleInTransaction = "60000"
 
 // Close closes the pool.
 func (db *DB) Close() error {

@@ -167,3 +167,18 @@ func TestRedact(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleInTransaction: a transaction left idle is ended by the
+// database after a minute (a URL may say otherwise), so that a paused
+// server does not hold other servers' writes behind its row locks.
+func TestIdleInTransaction(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.New(t)
+	for u, want := range map[string]string{url: "1min", url + "&idle_in_transaction_session_timeout=5000": "5s"} {
+		db := openDB(t, u)
+		var got string
+		if err := db.pool.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&got); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", u, got, err, want)
+		}
+	}
+}
