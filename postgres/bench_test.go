@@ -197,3 +197,50 @@ func fill(b *testing.B, s delegate.Store, n int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkCopyFromSQLite: `delegate store migrate` of a data dir of
+// 10,000 finished jobs, each with 4 KiB of output in two appends and a
+// timeline entry, into an empty database (fsync on); an op is one whole
+// copy.
+func BenchmarkCopyFromSQLite(b *testing.B) {
+	ctx := context.Background()
+	path := filepath.Join(b.TempDir(), "jobs.db")
+	lite, err := sqlite.Open(ctx, path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const jobs = 10000
+	fill(b, lite, jobs)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < jobs; i += 8 {
+				id := fmt.Sprintf("job-%06d", i)
+				for range 2 {
+					if err := lite.AppendOutput(ctx, id, []delegate.Output{{Stream: delegate.StreamStdout, Data: make([]byte, 2048)}}, 0); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+				if err := lite.AddEvent(ctx, id, delegate.Event{Time: time.Now(), Message: "done"}, delegate.MaxTimeline); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	lite.Close()
+	srv := pgtest.Own(b, pgtest.Options{Durable: true})
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		pg := open(b, srv.NewDatabase(b))
+		b.StartTimer()
+		c, err := pg.CopyFromSQLite(ctx, path)
+		if err != nil || c.Jobs != jobs || c.OutputBytes != jobs*4096 {
+			b.Fatalf("copied %+v, %v", c, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/copy")
+}
