@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 // sameConfig reports the fields where a and b differ (functions compared
@@ -65,7 +66,7 @@ func TestDefaultConfig(t *testing.T) {
 		}
 	}
 
-	e := New(openStore(t), nil, Config{})
+	e := New(testkit.OpenStore(t), nil, Config{})
 	defer e.Close()
 	sameConfig(t, e.cfg, DefaultConfig())
 }

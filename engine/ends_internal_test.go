@@ -2,26 +2,14 @@ package engine
 
 import (
 	"context"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/sqlite"
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
-
-// openStore opens a store in a new file, closed with the test.
-func openStore(t *testing.T) *sqlite.DB {
-	t.Helper()
-	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
 
 // TestWaitLeavesNoEndChannel: a wait for a job keeps a channel for the
 // job's end only while it waits: waits for a job that had ended already,
@@ -31,7 +19,7 @@ func openStore(t *testing.T) *sqlite.DB {
 func TestWaitLeavesNoEndChannel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := openStore(t)
+	store := testkit.OpenStore(t)
 	now := time.Now().UTC()
 	for id, st := range map[string]delegate.Status{"done": delegate.StatusSuccess, "queued": delegate.StatusPending} {
 		j := &delegate.Job{ID: id, Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true"}, Status: st, CreatedAt: now, UpdatedAt: now}
@@ -105,7 +93,7 @@ func TestWaitTakesTheEndItIsTold(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		db := openStore(t)
+		db := testkit.OpenStore(t)
 		store := &countingStore{Store: db}
 		now := time.Now().UTC()
 		j := &delegate.Job{ID: "queued", Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Env: map[string]string{"A": "1"}},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
@@ -136,19 +137,14 @@ func eventually(t testing.TB, what string, cond func() bool) {
 	eventuallyWithin(t, 5*time.Second, what, cond)
 }
 
-// eventuallyWithin polls cond every 10 ms until it holds, failing the
-// test after d. It is the tests' one poll: what cond reads (the store, a
-// fake or real sandbox, a process) announces no event a test could wait
-// on. In a synctest bubble the 10 ms are on the bubble's clock, which
-// moves only once every other goroutine of the bubble waits.
+// eventuallyWithin polls cond until it holds, failing the test after d
+// (testkit.Eventually): what cond reads (the store, a fake or real
+// sandbox, a process) announces no event a test could wait on. In a
+// synctest bubble the polls are on the bubble's clock, which moves only
+// once every other goroutine of the bubble waits.
 func eventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // the poll (see above)
-	}
+	testkit.Eventually(t, d, what, cond)
 }
 
 func script(task string) delegate.Manifest {

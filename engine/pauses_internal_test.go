@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 )
@@ -19,7 +20,7 @@ import (
 func TestHeartbeatNotCountedWhileAway(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := openStore(t)
+	store := testkit.OpenStore(t)
 	backend := sandboxtest.NewFake()
 	backend.Caps.Supervised = false // its only signs of life: status lines
 	const threshold = time.Second
