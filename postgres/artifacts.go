@@ -51,10 +51,11 @@ func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Ar
 	return arts, rows.Err()
 }
 
-// Artifact returns one of the job's artifacts by name.
+// Artifact returns one of the job's artifacts by name (a name that is not
+// UTF-8 as AddArtifact stored it).
 func (s *ArtifactStore) Artifact(ctx context.Context, id, name string) (delegate.Artifact, error) {
 	var a delegate.Artifact
-	err := s.db.pool.QueryRow(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 AND name = $2`, id, name).
+	err := s.db.pool.QueryRow(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 AND name = $2`, id, clean(name)).
 		Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, delegate.ArtifactNotFound(id, name)

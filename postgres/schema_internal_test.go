@@ -153,6 +153,14 @@ func TestTextWithoutNUL(t *testing.T) {
 	if evs, err := db.Events(ctx, "j"); err != nil || len(evs) != 1 || evs[0].Message != want {
 		t.Fatalf("events %+v, %v", evs, err)
 	}
+	// A file name is bytes: an artifact whose name is not UTF-8 is
+	// stored, and found by the name it was added with.
+	if err := db.AddArtifact(ctx, "j", delegate.Artifact{Name: "out/\xff.bin", Size: 1, SHA256: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := db.Artifact(ctx, "j", "out/\xff.bin"); err != nil || a.Name != "out/\uFFFD.bin" {
+		t.Fatalf("artifact by its name: %+v, %v", a, err)
+	}
 }
 
 // TestRedact: a URL is shown without its password, wherever it is.
