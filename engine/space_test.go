@@ -134,6 +134,7 @@ func fillUp(t testing.TB, dir string) string {
 // running for ever, its result gone. Its silence while its end waits is
 // no lost heartbeat.
 func TestEndWaitsForRoom(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	data := mountTmpfs(t, 8<<20)
 	store, err := sqlite.Open(ctx, filepath.Join(data, "jobs.db"))
