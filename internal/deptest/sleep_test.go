@@ -19,10 +19,10 @@ import (
 // not counted.
 const (
 	// MaxTestSleeps is the most time.Sleep calls in the counted tests.
-	MaxTestSleeps = 62
+	MaxTestSleeps = 59
 	// MaxUnexplainedSleeps is the most of them without a comment saying
 	// why.
-	MaxUnexplainedSleeps = 30
+	MaxUnexplainedSleeps = 27
 )
 
 // TestSleepCount: the counted tests call time.Sleep no more often than
