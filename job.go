@@ -38,8 +38,17 @@ type Job struct {
 	Backend   string `json:"backend,omitempty"`
 	SandboxID string `json:"sandbox_id,omitempty"`
 	ExecID    string `json:"exec_id,omitempty"`
-	// Owner is the engine instance driving the job (see Engine ownership).
+	// Owner is the engine instance driving the job (see Engine ownership),
+	// at Epoch: the store raises it by one at each claim and adoption, and
+	// refuses a write of the owner's that names an older one (see Fence).
 	Owner string `json:"-"`
+	Epoch int64  `json:"-"`
+	// StartToken is recorded (by its owner, fenced) before the job's
+	// command is started: a job caught provisioning without one provably
+	// never started its command, and may be provisioned again; Attempts
+	// counts its provisionings.
+	StartToken string `json:"-"`
+	Attempts   int    `json:"-"`
 	// Sandbox is the kept sandbox the job ran in (manifest.sandbox) or
 	// made (lifecycle persistent); "" for a job whose sandbox went with it.
 	Sandbox string `json:"sandbox,omitempty"`

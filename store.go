@@ -19,4 +19,5 @@ type Store interface {
 	QuestionStore // question.go
 	NetworkStore
 	RetentionStore // retention.go
+	ServerStore    // server.go
 }

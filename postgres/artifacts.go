@@ -19,9 +19,24 @@ var _ delegate.ArtifactStore = (*ArtifactStore)(nil)
 
 // AddArtifact records (or replaces) a collected artifact.
 func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.Artifact) error {
-	_, err := s.db.exec(ctx, `INSERT INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (job_id, name) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, skipped = excluded.skipped`,
-		id, clean(a.Name), a.Size, a.SHA256, clean(a.Skipped))
+	var owner *string
+	f, fenced := delegate.FenceOf(ctx)
+	if fenced {
+		owner = &f.Owner
+	}
+	// Under a fence, only while the fence is the job's (its row is
+	// locked from the check to the commit).
+	err := s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO job_artifacts (job_id, name, size, sha256, skipped)
+			SELECT $1, $2, $3, $4, $5 WHERE $6::text IS NULL
+				OR EXISTS (SELECT 1 FROM jobs WHERE id = $1 AND owner = $6 AND epoch = $7 FOR KEY SHARE)
+			ON CONFLICT (job_id, name) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256, skipped = excluded.skipped`,
+			id, clean(a.Name), a.Size, a.SHA256, clean(a.Skipped), owner, f.Epoch)
+		if err == nil && tag.RowsAffected() == 0 {
+			return s.db.refusal(ctx, tx, id, f)
+		}
+		return err
+	})
 	if isForeignKey(err) {
 		err = delegate.JobNotFound(id)
 	}

@@ -33,7 +33,7 @@ var sqliteTables = map[string][]string{
 	"jobs": {"seq", "id", "status", "progress", "error", "exit_code", "oom_killed", "output_bytes", "output_truncated",
 		"created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner", "result",
 		"idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "stderr_kept", "sandbox",
-		"idempotency_digest", "output_lost_bytes", "output_lost"},
+		"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"},
 	"job_manifests":  {"seq", "manifest"},
 	"job_files":      {"seq", "files"},
 	"job_output":     {"job_id", "offset", "data", "stream", "runs"},
@@ -45,6 +45,11 @@ var sqliteTables = map[string][]string{
 	"job_workspaces": {"seq", "source", "baseline", "changes", "summary"},
 	"networks":       {"seq", "id", "token_hash", "token", "ended", "ca", "data"},
 	"network_log":    {"network_seq", "seq", "allowed", "attempt", "data"},
+	// The leases of the processes that shared the file and their terms:
+	// not copied (no server runs on it while it is copied; the servers
+	// on the database register their own).
+	"servers": {"id", "host", "host_id", "pid_namespace", "addr", "backend", "started_at", "renewed_at", "expires_at", "draining"},
+	"terms":   {"name", "holder", "term", "expires_at"},
 }
 
 // NotEmptyError is CopyFromSQLite's refusal of a database that holds
@@ -197,6 +202,8 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 	{
 		var (
 			seq, outputBytes, outputRead, dropped, stderrKept, lostBytes, outputKept int64
+			epoch, attempts                                                          int64
+			startToken                                                               string
 			created, updated, started, finished, heartbeat                           int64
 			id, status, progress, errText, backend, sandboxID, execID, owner, result string
 			tokenHash, sandbox, digest, lost                                         string
@@ -206,13 +213,13 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 		)
 		dest := []any{&seq, &id, &status, &progress, &errText, &exit, &oom, &outputBytes, &truncated, &created, &updated, &started,
 			&finished, &backend, &sandboxID, &execID, &owner, &result, &idem, &tokenHash, &heartbeat, &outputRead, &dropped,
-			&sandbox, &digest, &lostBytes, &lost, &stderrKept, &outputKept}
+			&sandbox, &digest, &lostBytes, &lost, &epoch, &startToken, &attempts, &stderrKept, &outputKept}
 		cols := append([]string{"seq", "id"}, jobColumns...)
 		cols = append(cols, "stderr_kept", "output_kept")
 		c.Jobs, err = copyOne(ctx, rtx, tx, "jobs", cols, `SELECT seq, id, status, progress, error, exit_code, oom_killed, output_bytes,
 			output_truncated, created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner, result,
 			idempotency_key, token_hash, last_heartbeat, output_read, timeline_dropped, sandbox, idempotency_digest,
-			output_lost_bytes, output_lost, stderr_kept,
+			output_lost_bytes, output_lost, epoch, start_token, attempts, stderr_kept,
 			(SELECT coalesce(max(o.offset + length(o.data)), 0) FROM job_output o WHERE o.job_id = jobs.id)
 			FROM jobs ORDER BY seq`, dest, func() []any {
 			var e, k any
@@ -224,7 +231,8 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			}
 			return []any{seq, id, status, clean(progress), clean(errText), e, oom, outputBytes, truncated, nanosTS(created),
 				nanosTS(updated), nanosTS(started), nanosTS(finished), backend, sandboxID, execID, owner, clean(result), k, tokenHash,
-				nanosTS(heartbeat), outputRead, dropped, sandbox, digest, lostBytes, clean(lost), stderrKept, outputKept}
+				nanosTS(heartbeat), outputRead, dropped, sandbox, digest, lostBytes, clean(lost), epoch, startToken, int32(attempts),
+				stderrKept, outputKept}
 		})
 		if err != nil {
 			return err

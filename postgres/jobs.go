@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -90,11 +90,12 @@ func scanJob(row pgx.Row, manifest *string) (*delegate.Job, int64, error) {
 		created, updated, started, finished ts
 		heartbeat                           ts
 		idem                                *string
+		attempts                            int32
 	)
 	dest := []any{&seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &j.OOMKilled, &j.OutputBytes,
 		&j.OutputTruncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost}
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &attempts}
 	if manifest != nil {
 		dest = append(dest, manifest)
 	}
@@ -108,6 +109,7 @@ func scanJob(row pgx.Row, manifest *string) (*delegate.Job, int64, error) {
 	if idem != nil {
 		j.IdempotencyKey = *idem
 	}
+	j.Attempts = int(attempts)
 	j.CreatedAt, j.UpdatedAt = created.time(), updated.time()
 	j.StartedAt, j.FinishedAt = started.time(), finished.time()
 	j.LastHeartbeat = heartbeat.time()
@@ -128,7 +130,8 @@ func rowValues(j *delegate.Job) []any {
 	return []any{string(j.Status), clean(j.Progress), clean(j.Error), exit, j.OOMKilled, j.OutputBytes,
 		j.OutputTruncated, toTS(j.CreatedAt), toTS(j.UpdatedAt), toTS(j.StartedAt), toTS(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, clean(j.Result), idem, j.TokenHash, toTS(j.LastHeartbeat), j.OutputRead,
-		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, clean(j.OutputLost)}
+		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, clean(j.OutputLost), j.Epoch, j.StartToken,
+		int32(j.Attempts)}
 }
 
 var insertJob = func() string {
@@ -449,6 +452,14 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
+		// A write of the job's owner: only at the epoch it holds.
+		f, fenced := delegate.FenceOf(ctx)
+		if fenced {
+			if err := f.Check(id, j.Owner, j.Epoch); err != nil {
+				return err
+			}
+		}
+		epoch := j.Epoch
 		before := rowValues(j)
 		status := j.Status
 		if err := fn(j); err != nil {
@@ -483,9 +494,14 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 				sets = append(sets, jobColumns[i]+" = $"+strconv.Itoa(len(args)))
 			}
 		}
-		args = append(args, seq)
-		if _, err := tx.Exec(ctx, `UPDATE jobs SET `+strings.Join(sets, ", ")+` WHERE seq = $`+strconv.Itoa(len(args)), args...); err != nil {
+		args = append(args, seq, epoch)
+		tag, err := tx.Exec(ctx, `UPDATE jobs SET `+strings.Join(sets, ", ")+` WHERE seq = $`+strconv.Itoa(len(args)-1)+
+			` AND epoch = $`+strconv.Itoa(len(args)), args...)
+		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
+		}
+		if tag.RowsAffected() == 0 { // the row is locked: never, but say so if it were
+			return s.db.refusal(ctx, tx, id, f)
 		}
 		out = j
 		return nil

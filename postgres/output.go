@@ -24,7 +24,7 @@ var _ delegate.OutputStore = (*OutputStore)(nil)
 const appendOutput = `WITH j AS (
 		UPDATE jobs SET output_kept = output_kept + $2, output_read = $3, output_bytes = greatest(output_bytes, output_kept + $2),
 			stderr_kept = stderr_kept + $6, updated_at = $7
-		WHERE id = $1 RETURNING output_kept - $2 AS at
+		WHERE id = $1 AND ($9::text IS NULL OR (owner = $9 AND epoch = $10)) RETURNING output_kept - $2 AS at
 	), ins AS (
 		INSERT INTO job_output (job_id, "offset", data, stream, runs) SELECT $1, at, $4, $5, $8 FROM j WHERE $2 > 0
 	)
@@ -39,11 +39,17 @@ func (s *OutputStore) AppendOutput(ctx context.Context, id string, chunk []deleg
 	if data == nil {
 		data = []byte{}
 	}
+	var owner *string
+	f, fenced := delegate.FenceOf(ctx)
+	if fenced {
+		owner = &f.Owner
+	}
 	err := s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var at int64
-		err := tx.QueryRow(ctx, appendOutput, id, int64(len(data)), read, data, int16(stream), stderr, toTS(time.Now()), runs).Scan(&at)
+		err := tx.QueryRow(ctx, appendOutput, id, int64(len(data)), read, data, int16(stream), stderr, toTS(time.Now()), runs,
+			owner, f.Epoch).Scan(&at)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return delegate.JobNotFound(id)
+			return s.db.refusal(ctx, tx, id, f)
 		}
 		return err
 	})

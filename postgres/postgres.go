@@ -35,6 +35,7 @@ type DB struct {
 	*QuestionStore
 	*WorkspaceStore
 	*NetworkStore
+	*ServerStore
 
 	pool *pgxpool.Pool
 	name string // the URL without its password, for messages
@@ -101,6 +102,7 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 	db.QuestionStore = &QuestionStore{db: db}
 	db.WorkspaceStore = &WorkspaceStore{db: db}
 	db.NetworkStore = &NetworkStore{db: db}
+	db.ServerStore = &ServerStore{db: db}
 	return db, nil
 }
 

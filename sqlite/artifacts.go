@@ -34,6 +34,9 @@ func newArtifactStore(ctx context.Context, db *DB) (*ArtifactStore, error) {
 // AddArtifact records (or replaces) a collected artifact.
 func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.Artifact) error {
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
+		if err := checkFence(ctx, tx, id); err != nil {
+			return err
+		}
 		_, err := tx.Stmt(s.stmt.wArtifact).Exec(id, a.Name, a.Size, a.SHA256, a.Skipped)
 		return err
 	})

@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -90,7 +90,7 @@ func scanJob(row scanner) (*delegate.Job, int64, error) {
 	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost)
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &j.Attempts)
 	if err := row.Scan(dest...); err != nil {
 		return nil, 0, err
 	}
@@ -118,7 +118,8 @@ func rowValues(j *delegate.Job) []any {
 	return []any{string(j.Status), j.Progress, j.Error, exit, j.OOMKilled, j.OutputBytes,
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
-		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, j.OutputLost}
+		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, j.OutputLost, j.Epoch, j.StartToken,
+		int64(j.Attempts)}
 }
 
 func toNanos(t time.Time) int64 {
@@ -444,10 +445,20 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 		if err := s.withManifest(context.Background(), tx.Stmt(s.stmt.wManifest), j, seq); err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
+		// A write of the job's owner: only at the epoch it holds.
+		if f, fenced := delegate.FenceOf(ctx); fenced {
+			if err := f.Check(id, j.Owner, j.Epoch); err != nil {
+				return err
+			}
+		}
+		epoch := j.Epoch
 		before := rowValues(j)
 		status := j.Status
 		if err := fn(j); err != nil {
 			return err
+		}
+		if j.Epoch < epoch {
+			return fmt.Errorf("job %s: epoch %d -> %d: an epoch never goes down: %w", id, epoch, j.Epoch, delegate.ErrFenced)
 		}
 		if j.Status != status {
 			if err := delegate.Transition(status, j.Status); err != nil {

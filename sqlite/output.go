@@ -50,6 +50,9 @@ func newOutputStore(ctx context.Context, db *DB) (*OutputStore, error) {
 func (s *OutputStore) AppendOutput(ctx context.Context, id string, chunk []delegate.Output, read int64) error {
 	data, stream, runs, stderr := encodeChunk(chunk)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
+		if err := checkFence(ctx, tx, id); err != nil {
+			return err
+		}
 		end, err := scanEnd(tx.Stmt(s.stmt.wOutputEnd).QueryRow(id))
 		if err != nil {
 			return err

@@ -31,6 +31,7 @@ type DB struct {
 	*QuestionStore
 	*WorkspaceStore
 	*NetworkStore
+	*ServerStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -243,6 +244,33 @@ var migrations = []string{
 	`ALTER TABLE jobs ADD COLUMN output_lost_bytes INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE jobs ADD COLUMN output_lost TEXT NOT NULL DEFAULT '';
 	CREATE INDEX job_artifacts_sha256 ON job_artifacts(sha256) WHERE sha256 != '';`,
+	// Several processes share the file (delegate.ServerStore): each holds
+	// a lease in servers; a job's owner writes it at its epoch; terms are
+	// the duties one process at a time holds. Times are the host's clock
+	// (every process sharing a SQLite file is on one host), in ns.
+	`ALTER TABLE jobs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE jobs ADD COLUMN start_token TEXT NOT NULL DEFAULT '';
+	ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX jobs_owned ON jobs(owner) WHERE status IN ('pending', 'provisioning', 'running');
+	CREATE TABLE servers (
+		id TEXT PRIMARY KEY,
+		host TEXT NOT NULL DEFAULT '',
+		host_id TEXT NOT NULL DEFAULT '',
+		pid_namespace TEXT NOT NULL DEFAULT '',
+		addr TEXT NOT NULL DEFAULT '',
+		backend TEXT NOT NULL DEFAULT '',
+		started_at INTEGER NOT NULL,
+		renewed_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL,
+		draining INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE TABLE terms (
+		name TEXT PRIMARY KEY,
+		holder TEXT NOT NULL,
+		term INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL
+	);
+	INSERT INTO counters (name, value) VALUES ('terms', 0);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -326,6 +354,7 @@ func (db *DB) openStores(ctx context.Context) error {
 	if db.NetworkStore, err = newNetworkStore(ctx, db); err != nil {
 		return err
 	}
+	db.ServerStore = &ServerStore{db: db}
 	return prepare(ctx, []statement{
 		{db.wdb, &db.w.savepoint, `SAVEPOINT w`},
 		{db.wdb, &db.w.rollbackTo, `ROLLBACK TO w`},

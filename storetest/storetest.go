@@ -70,6 +70,10 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"OutputLost", testOutputLost},
 		{"Prune", testPrune},
 		{"PruneMany", testPruneMany},
+		{"Leases", testLeases},
+		{"Terms", testTerms},
+		{"Fencing", testFencing},
+		{"AdoptJobs", testAdoptJobs},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
