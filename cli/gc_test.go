@@ -85,3 +85,19 @@ func TestRetentionConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsListSaysEnded: a running job whose end its sandbox recorded (the
+// service gives its exit code) is listed as ended, not recorded yet.
+func TestJobsListSaysEnded(t *testing.T) {
+	h := newHarness()
+	h.svc.ListFn = func(ctx context.Context, opts delegate.ListOptions) (*delegate.JobPage, error) {
+		return &delegate.JobPage{Jobs: []delegate.JobSummary{
+			{ID: "job-1", Status: delegate.StatusRunning, Task: "make", ExitCode: intp(0)},
+			{ID: "job-2", Status: delegate.StatusRunning, Task: "make"},
+		}}, nil
+	}
+	r := h.run(t, "jobs", "list")
+	if r.code != 0 || !strings.Contains(r.stdout, "job-1  running (ended, not recorded yet)") || strings.Count(r.stdout, "ended") != 1 {
+		t.Errorf("jobs list:\n%s", r.stdout)
+	}
+}

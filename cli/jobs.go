@@ -89,7 +89,11 @@ func (p *Program) jobsListCmd(cfg *Config) *cobra.Command {
 				fmt.Fprintln(tw, "JOB\tSTATUS\tEXIT\tCREATED\tTASK")
 				for _, j := range page.Jobs {
 					exit := delegate.ExitText(j.ExitCode, j.ExitReason)
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%q\n", j.ID, j.Status, exit, j.CreatedAt.Local().Format(time.DateTime), j.Task)
+					st := string(j.Status)
+					if !j.Status.Terminal() && j.ExitCode != nil {
+						st += " (ended, not recorded yet)" // its sandbox says so (JobSummary.Progress)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%q\n", j.ID, st, exit, j.CreatedAt.Local().Format(time.DateTime), j.Task)
 				}
 				tw.Flush()
 				if page.NextCursor != "" {

@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -203,6 +204,13 @@ func TestFaultServerGoneWhileJobEnds(t *testing.T) {
 	cs.Close() // the client quits: a stdio server ends with it
 	waitExited(t, cmd.Process.Pid)
 	time.Sleep(6 * time.Second)
+	// With no server, the read-only list says it ended, as its
+	// supervisor recorded.
+	list := exec.Command(binary, "jobs", "list")
+	list.Env = serverEnv(dataDir)
+	if out, err := list.Output(); err != nil || !strings.Contains(string(out), "running (ended, not recorded yet)") {
+		t.Errorf("jobs list with no server: %v\n%s", err, out)
+	}
 
 	cs2, _, _ := stdioSession(t, dataDir, "")
 	st := call[statusOut](t, cs2, "wait_job", map[string]any{"job_id": job, "timeout_seconds": 30})

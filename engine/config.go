@@ -100,6 +100,10 @@ type Config struct {
 	// and new sandboxes are refused. "" : not watched.
 	DataDir string
 	MinFree int64
+	// PeekEnd, if set, reads how a sandbox's command ended as its
+	// supervisor recorded it, without a backend (local.PeekEnd): a reader
+	// says that a running job no live server drives has ended.
+	PeekEnd func(sandboxID, execID string) (sandbox.Exit, bool)
 	// Retention: finished jobs, ended kept sandboxes and what they keep
 	// go this long after they ended (DELEGATE_RETENTION; 0:
 	// delegate.DefaultRetention; < 0: kept forever), pruned every
@@ -148,6 +152,7 @@ func DefaultConfig() Config {
 		Egress:             nil,                                // no egress proxy: allowlists are refused
 		DataDir:            "",                                 // free space not watched
 		MinFree:            0,                                  // with a DataDir: the smaller of 1 GiB and 5% of its file system
+		PeekEnd:            nil,                                // a running job no server drives reads as running
 		Retention:          delegate.DefaultRetention,          // what ended goes this long after
 		PruneInterval:      time.Hour,                          // between prunes
 		SecretBindings:     nil,                                // no secret injected by the proxy

@@ -104,7 +104,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		}
 	})
 	progress := newProgressWriter(store, jobs.notify, log)
-	read := &Reader{store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
+	read := &Reader{ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: tokens}
 	ms := newMachines()
 	keep := newKeeper(cfg, log, owner, store, ref, jobs, ms)
@@ -296,4 +296,18 @@ func (e *Engine) AwaitAnswer(ctx context.Context, jobID, id string) (*delegate.Q
 // Answer answers an open question.
 func (e *Engine) Answer(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
 	return e.questions.answer(ctx, jobID, id, a)
+}
+
+// endedUnseen is the Reader's look at how a running job's command ended,
+// for a job whose owner is not alive (nil without Config.PeekEnd).
+func endedUnseen(cfg Config, owner string) func(j *delegate.Job) (sandbox.Exit, bool) {
+	if cfg.PeekEnd == nil {
+		return nil
+	}
+	return func(j *delegate.Job) (sandbox.Exit, bool) {
+		if j.Owner == owner || j.SandboxID == "" || j.ExecID == "" || j.Owner != "" && cfg.OwnerAlive(j.Owner) {
+			return sandbox.Exit{}, false
+		}
+		return cfg.PeekEnd(j.SandboxID, j.ExecID)
+	}
 }

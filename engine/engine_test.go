@@ -19,6 +19,7 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
+	"github.com/delegate-dev/delegate/storetest"
 )
 
 type fixture struct {
@@ -662,5 +663,47 @@ func TestAdoptedEndTime(t *testing.T) {
 	j := f.wait(eng2, job.ID)
 	if j.Status != delegate.StatusSuccess || !j.FinishedAt.Equal(ended) {
 		t.Errorf("adopted: %s, finished at %v; want success at %v (its supervisor's record)", j.Status, j.FinishedAt, ended)
+	}
+}
+
+// TestReadOnlyListSaysEnded: a running job that no live server drives,
+// whose command its sandbox recorded as ended, is listed as ended (its
+// exit code, and a progress that says so), its status left for a server
+// to record; a job a live server drives is listed as it is stored.
+func TestReadOnlyListSaysEnded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ended := time.Now().Add(-time.Minute).UTC()
+	f := newFixture(t, engine.Config{
+		OwnerAlive: func(owner string) bool { return owner == "alive" },
+		PeekEnd: func(sandboxID, execID string) (sandbox.Exit, bool) {
+			return sandbox.Exit{Code: 0, EndedAt: ended}, sandboxID == "sb-1" && execID == "ex-1"
+		},
+	})
+	for id, owner := range map[string]string{"j-orphan": "gone", "j-driven": "alive"} {
+		j := storetest.NewJob(id)
+		j.Status, j.Owner, j.SandboxID, j.ExecID, j.StartedAt = delegate.StatusRunning, owner, "sb-1", "ex-1", ended.Add(-time.Second)
+		if err := f.store.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := f.eng.List(ctx, delegate.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range page.Jobs {
+		switch j.ID {
+		case "j-orphan":
+			if j.Status != delegate.StatusRunning || j.ExitCode == nil || *j.ExitCode != 0 || !strings.Contains(j.Progress, "ended at") {
+				t.Errorf("the orphan: %+v; want running, exit code 0, a progress that says it ended", j)
+			}
+		case "j-driven":
+			if j.ExitCode != nil || strings.Contains(j.Progress, "ended") {
+				t.Errorf("a job a live server drives: %+v", j)
+			}
+		}
+	}
+	if j, err := f.eng.Get(ctx, "j-orphan"); err != nil || j.ExitCode == nil || !strings.Contains(j.Progress, "while no server ran") {
+		t.Errorf("Get of the orphan: %+v, %v", j, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
 )
 
 // The read side of delegate.JobService: what a client may see of a job,
@@ -36,6 +37,9 @@ type Reader struct {
 	// sees that another process may have, so that Wait wakes at once, and
 	// only then; release is called once Wait stops waiting.
 	ends func(id string) (end *endWait, release func())
+	// ended, if set, reads how a running job's command ended where no
+	// live server drives it (Config.PeekEnd): a reader then says it ended.
+	ended func(j *delegate.Job) (sandbox.Exit, bool)
 }
 
 // NewReader reads jobs from store; artifactDir is the engine's
@@ -55,6 +59,7 @@ func (rd *Reader) Get(ctx context.Context, id string) (*delegate.Job, error) {
 		return nil, err
 	}
 	unstored.apply(j)
+	rd.sayEnded(j)
 	return j, nil
 }
 
@@ -102,6 +107,26 @@ func (rd *Reader) Wait(ctx context.Context, id string) (*delegate.Job, error) {
 func (rd *Reader) overlay(j *delegate.Job) {
 	if rd.unstored != nil {
 		rd.unstored.overlay(j)
+	}
+	rd.sayEnded(j)
+}
+
+// sayEnded shows a running job that no live server drives, whose command
+// its sandbox recorded as ended, as ended: its exit code, and a progress
+// that says so.
+func (rd *Reader) sayEnded(j *delegate.Job) {
+	if rd.ended != nil && j.Status == delegate.StatusRunning {
+		if exit, ok := rd.ended(j); ok {
+			// Its status stays: only a server records an end (with its
+			// output and artifacts); this says what its sandbox recorded.
+			code := exit.Code
+			j.ExitCode = &code
+			at := ""
+			if !exit.EndedAt.IsZero() {
+				at = " at " + exit.EndedAt.Local().Format(time.DateTime)
+			}
+			j.Progress = fmt.Sprintf("ended%s with exit code %d while no server ran (as its sandbox recorded); the next server records its end", at, code)
+		}
 	}
 }
 

@@ -148,6 +148,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		DataDir:   cfg.DataDir,
 		MinFree:   cfg.MinFree,
 		Retention: cfg.Retention,
+		PeekEnd:   peekEnd(cfg),
 	})
 	a.opened("the engine", a.eng.Close)
 	return a, nil
@@ -298,4 +299,14 @@ func (p poolCounter) PoolVMs(context.Context) ([]metrics.PoolVMs, error) {
 		out = append(out, metrics.PoolVMs{Template: c.Template, State: c.State, Count: c.Count})
 	}
 	return out, nil
+}
+
+// peekEnd reads a local sandbox's record of its command's end, for the
+// jobs a read-only process lists (nil for other backends).
+func peekEnd(cfg cli.Config) func(sandboxID, execID string) (sandbox.Exit, bool) {
+	if cfg.Backend != "local" {
+		return nil
+	}
+	dir := filepath.Join(cfg.DataDir, "sandboxes")
+	return func(sandboxID, execID string) (sandbox.Exit, bool) { return local.PeekEnd(dir, sandboxID, execID) }
 }
