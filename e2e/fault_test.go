@@ -9,6 +9,7 @@ package e2e
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	_ "modernc.org/sqlite"
 )
 
@@ -219,5 +221,100 @@ func TestFaultServerGoneWhileJobEnds(t *testing.T) {
 		t.Errorf("adopted: %s (%s), output %q, in %.1fs; want success, done, in about 3 s", st.Status, st.Error, res.Output, res.DurationSeconds)
 	}
 	cs2.Close()
+	checkDataDir(t, dataDir)
+}
+
+// TestFaultSoak is a soak bounded in time (about 30 s of jobs): jobs
+// submitted four at a time while the server is stopped for 5 s, then its
+// data dir filled for 6 s. After it every job ends in its true state with
+// its true output or an honest loss (a submission refused for lack of
+// room is refused by name), the store passes integrity_check, and no
+// sandbox is left.
+func TestFaultSoak(t *testing.T) {
+	dataDir := mountTmpfs(t, 128<<20)
+	cs, cmd, stderr := stdioSession(t, dataDir, "", "DELEGATE_MIN_FREE=8M", "HEARTBEAT_THRESHOLD_SECONDS=3")
+	ctx := testContext(t)
+	const task = `echo start; head -c 30000 /dev/zero | tr '\0' x; echo; echo end`
+	const wrote = 6 + 30000 + 1 + 4
+	var (
+		ids     []string
+		refused int
+	)
+	submit := func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "submit_job", Arguments: map[string]any{"manifest": map[string]any{"agentType": "script", "task": task}}})
+		if err != nil {
+			t.Fatalf("submit_job: %v", err)
+		}
+		if res.IsError {
+			if msg := text(res); !strings.Contains(msg, "no space left on") || !strings.Contains(msg, "DELEGATE_MIN_FREE") {
+				t.Fatalf("submit_job refused, not for room: %s", msg)
+			}
+			refused++
+			return
+		}
+		var out submitOut
+		raw, _ := json.Marshal(res.StructuredContent)
+		json.Unmarshal(raw, &out)
+		ids = append(ids, out.JobID)
+	}
+	start := time.Now()
+	var filler string
+	paused, filled, freed := false, false, false
+	for time.Since(start) < 30*time.Second {
+		for range 4 {
+			submit()
+		}
+		switch since := time.Since(start); {
+		case since > 8*time.Second && !paused:
+			paused = true
+			cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(5 * time.Second) // the server stopped: what it must survive
+			cmd.Process.Signal(syscall.SIGCONT)
+		case since > 16*time.Second && !filled:
+			filled = true
+			filler = fillUp(t, dataDir)
+		case since > 22*time.Second && !freed:
+			freed = true
+			os.Remove(filler)
+		}
+		time.Sleep(500 * time.Millisecond) // the pace of the soak: four jobs every half second
+	}
+	for _, id := range ids {
+		call[statusOut](t, cs, "wait_job", map[string]any{"job_id": id, "timeout_seconds": 45})
+	}
+	cs.Close()
+	waitExited(t, cmd.Process.Pid)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "jobs.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	counts := map[string]int{}
+	for _, id := range ids {
+		var (
+			status, why         string
+			exit                sql.NullInt64
+			lost, stored, bytes int64
+		)
+		if err := db.QueryRow(`SELECT status, error, exit_code, output_bytes, output_lost_bytes,
+			(SELECT coalesce(sum(length(data)), 0) FROM job_output WHERE job_id = jobs.id) FROM jobs WHERE id = ?`, id).
+			Scan(&status, &why, &exit, &bytes, &lost, &stored); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case status == "success" && exit.Valid && exit.Int64 == 0 && stored == wrote && lost == 0:
+			counts["whole"]++
+		case status == "success" && exit.Valid && exit.Int64 == 0 && lost > 0 && stored+lost == wrote:
+			counts["honest loss"]++
+		case status == "failed" && strings.Contains(why, "no space left on"):
+			counts["failed for room"]++
+		default:
+			t.Errorf("job %s: %s (%s), exit %v, %d bytes written, %d stored, %d lost", id, status, why, exit.Int64, bytes, stored, lost)
+		}
+	}
+	t.Logf("%d jobs: %v; %d submissions refused for room", len(ids), counts, refused)
+	if t.Failed() {
+		t.Logf("server log:\n%s", stderr)
+	}
 	checkDataDir(t, dataDir)
 }
