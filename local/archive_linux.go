@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -68,6 +69,12 @@ func (s *sbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, e
 	if err != nil {
 		return sandbox.Unpacked{}, fmt.Errorf("put archive: %w", err)
 	}
+	// The parent-death signal fires when the thread that forked the helper
+	// ends, not the process, and the server ends threads (a goroutine that
+	// made a network namespace exits locked to its thread). Held until the
+	// helper is waited for, the forking thread is this goroutine's alone.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := cmd.Start(); err != nil {
 		return sandbox.Unpacked{}, fmt.Errorf("put archive: start the helper: %w", err)
 	}

@@ -7,10 +7,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -67,5 +70,52 @@ func TestPutArchiveChargesTheJob(t *testing.T) {
 	}
 	if procs, _ := st.Cgroup.procs(); len(procs) != 0 {
 		t.Errorf("the helper is still in the sandbox's groups: %v", procs)
+	}
+}
+
+// TestPutArchiveOutlivesThreads: the extract helper's parent-death signal
+// fires when the thread that forked it ends, and the server ends threads
+// (a goroutine that made a network namespace exits locked to its thread):
+// an extraction under way must survive other goroutines' threads ending.
+// A workspace copy under load failed "the helper failed (signal: killed)".
+func TestPutArchiveOutlivesThreads(t *testing.T) {
+	b := newBackend(t, 0)
+	ctx := context.Background()
+	inst, err := b.Create(ctx, sandbox.Spec{JobID: "job-threads", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(ctx, inst.ID()) })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "f", Mode: 0o644, Size: 3, Typeflag: tar.TypeReg})
+	tw.Write([]byte("hi\n"))
+	tw.Close()
+	// The archive arrives while threads end: each goroutine below takes a
+	// thread (it may be the one that forked the helper) and ends it.
+	r, w := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 400 {
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					runtime.LockOSThread() // never unlocked: the thread ends
+				}()
+			}
+			wg.Wait()
+		}
+	}()
+	go func() {
+		<-done
+		w.Write(buf.Bytes())
+		w.Close()
+	}()
+	got, err := inst.(sandbox.Archiver).PutArchive(ctx, r)
+	if err != nil || got.Files != 1 {
+		t.Fatalf("PutArchive while threads end: %+v %v", got, err)
 	}
 }
