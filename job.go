@@ -49,6 +49,8 @@ type Job struct {
 	// counts its provisionings.
 	StartToken string `json:"-"`
 	Attempts   int    `json:"-"`
+	// Principal is who submitted it (principal.go): it is theirs to read.
+	Principal string `json:"principal,omitempty"`
 	// Sandbox is the kept sandbox the job ran in (manifest.sandbox) or
 	// made (lifecycle persistent); "" for a job whose sandbox went with it.
 	Sandbox string `json:"sandbox,omitempty"`
@@ -106,6 +108,9 @@ type JobFilter struct {
 	Limit  int    // 0: a default page
 	Cursor string // opaque, from the previous page
 	Owner  string // empty: any
+	// Principal selects the jobs of one principal ("" any); a read under
+	// a principal without ScopeAdmin sees its own only, whatever this says.
+	Principal string
 	// SandboxID selects the job that owns a sandbox.
 	SandboxID string
 	// Sandbox selects the commands of a kept sandbox (and the job that

@@ -24,6 +24,8 @@ type Sandbox struct {
 	JobID string `json:"job_id,omitempty"`
 	// Owner is the engine that keeps its timers (see Job.Owner).
 	Owner string `json:"-"`
+	// Principal is whose it is (principal.go).
+	Principal string `json:"principal,omitempty"`
 
 	Resources Resources `json:"resources"`
 	Template  string    `json:"vm_template,omitempty"`

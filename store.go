@@ -20,4 +20,6 @@ type Store interface {
 	NetworkStore
 	RetentionStore // retention.go
 	ServerStore    // server.go
+	TokenStore     // principal.go
+	AuditStore     // audit.go
 }

@@ -102,7 +102,8 @@ func (k *keeper) timeouts(spec delegate.SandboxSpec) (idle, pause, lifetime time
 // room refuses a new kept sandbox past the maximum, naming the setting
 // and the oldest idle ones.
 func (k *keeper) room(ctx context.Context) error {
-	live, err := k.sbs.ListSandboxes(ctx, true, k.cfg.MaxSandboxes+1)
+	// The server's maximum counts everyone's, whoever asks.
+	live, err := k.sbs.ListSandboxes(delegate.AsServer(ctx), true, k.cfg.MaxSandboxes+1)
 	if err != nil {
 		return err
 	}
@@ -111,7 +112,8 @@ func (k *keeper) room(ctx context.Context) error {
 	}
 	var idle []string
 	for i := len(live) - 1; i >= 0 && len(idle) < 3; i-- {
-		if live[i].State != delegate.SandboxRunning {
+		// Only the asker's own are named (another's ids are not theirs to see).
+		if r := delegate.ReaderOf(ctx); live[i].State != delegate.SandboxRunning && (r == "" || live[i].Principal == r) {
 			idle = append(idle, fmt.Sprintf("%s (%s since %s)", live[i].ID, live[i].State, live[i].LastUsedAt.Format(time.RFC3339)))
 		}
 	}
@@ -195,7 +197,7 @@ func (k *keeper) kept(ctx context.Context, id string, job *delegate.Job, inst sa
 	now := time.Now().UTC()
 	m := job.Manifest
 	sb := &delegate.Sandbox{ID: id, State: delegate.SandboxRunning, Backend: k.ref.get().Name(), Instance: inst.ID(),
-		JobID: job.ID, Owner: k.owner, Resources: *m.Resources, Template: m.VMTemplate, Network: m.Network,
+		JobID: job.ID, Owner: k.owner, Principal: job.Principal, Resources: *m.Resources, Template: m.VMTemplate, Network: m.Network,
 		CreatedAt: now, LastUsedAt: now, ExpiresAt: expires, IdleTimeout: idle, PauseTimeout: pause}
 	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
 		return err

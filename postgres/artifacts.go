@@ -50,7 +50,8 @@ func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.A
 func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
 	// COLLATE "C": by bytes, as SQLite orders them, whatever the
 	// database's collation.
-	rows, err := s.db.pool.Query(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 ORDER BY name COLLATE "C"`, id)
+	rows, err := s.db.pool.Query(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1`+jobIsMine+` ORDER BY name COLLATE "C"`,
+		id, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
 	}
@@ -70,7 +71,8 @@ func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Ar
 // UTF-8 as AddArtifact stored it).
 func (s *ArtifactStore) Artifact(ctx context.Context, id, name string) (delegate.Artifact, error) {
 	var a delegate.Artifact
-	err := s.db.pool.QueryRow(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 AND name = $2`, id, clean(name)).
+	err := s.db.pool.QueryRow(ctx, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = $1 AND name = $3`+jobIsMine,
+		id, delegate.ReaderOf(ctx), clean(name)).
 		Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, delegate.ArtifactNotFound(id, name)

@@ -33,14 +33,14 @@ var sqliteTables = map[string][]string{
 	"jobs": {"seq", "id", "status", "progress", "error", "exit_code", "oom_killed", "output_bytes", "output_truncated",
 		"created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner", "result",
 		"idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "stderr_kept", "sandbox",
-		"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"},
+		"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"},
 	"job_manifests":  {"seq", "manifest"},
 	"job_files":      {"seq", "files"},
 	"job_output":     {"job_id", "offset", "data", "stream", "runs"},
 	"job_events":     {"job_id", "seq", "time", "message"},
 	"job_artifacts":  {"job_id", "name", "size", "sha256", "skipped"},
 	"counters":       {"name", "value"},
-	"sandboxes":      {"seq", "id", "state", "backend", "instance", "data"},
+	"sandboxes":      {"seq", "id", "state", "backend", "instance", "data", "principal"},
 	"job_questions":  {"job_id", "id", "origin", "message", "form", "asked_at", "expires_at", "answer"},
 	"job_workspaces": {"seq", "source", "baseline", "changes", "summary"},
 	"networks":       {"seq", "id", "token_hash", "token", "ended", "ca", "data"},
@@ -50,6 +50,8 @@ var sqliteTables = map[string][]string{
 	// on the database register their own).
 	"servers": {"id", "host", "host_id", "pid_namespace", "addr", "backend", "started_at", "renewed_at", "expires_at", "draining"},
 	"terms":   {"name", "holder", "term", "expires_at"},
+	"tokens":  {"seq", "id", "principal", "hash", "scopes", "created_at", "created_by", "expires_at", "revoked_at"},
+	"audit":   {"seq", "time", "principal", "action", "target", "detail"},
 }
 
 // NotEmptyError is CopyFromSQLite's refusal of a database that holds
@@ -206,20 +208,20 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			startToken                                                               string
 			created, updated, started, finished, heartbeat                           int64
 			id, status, progress, errText, backend, sandboxID, execID, owner, result string
-			tokenHash, sandbox, digest, lost                                         string
+			tokenHash, sandbox, digest, lost, principal                              string
 			exit                                                                     sql.NullInt64
 			idem                                                                     sql.NullString
 			oom, truncated                                                           bool
 		)
 		dest := []any{&seq, &id, &status, &progress, &errText, &exit, &oom, &outputBytes, &truncated, &created, &updated, &started,
 			&finished, &backend, &sandboxID, &execID, &owner, &result, &idem, &tokenHash, &heartbeat, &outputRead, &dropped,
-			&sandbox, &digest, &lostBytes, &lost, &epoch, &startToken, &attempts, &stderrKept, &outputKept}
+			&sandbox, &digest, &lostBytes, &lost, &epoch, &startToken, &attempts, &principal, &stderrKept, &outputKept}
 		cols := append([]string{"seq", "id"}, jobColumns...)
 		cols = append(cols, "stderr_kept", "output_kept")
 		c.Jobs, err = copyOne(ctx, rtx, tx, "jobs", cols, `SELECT seq, id, status, progress, error, exit_code, oom_killed, output_bytes,
 			output_truncated, created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner, result,
 			idempotency_key, token_hash, last_heartbeat, output_read, timeline_dropped, sandbox, idempotency_digest,
-			output_lost_bytes, output_lost, epoch, start_token, attempts, stderr_kept,
+			output_lost_bytes, output_lost, epoch, start_token, attempts, principal, stderr_kept,
 			(SELECT coalesce(max(o.offset + length(o.data)), 0) FROM job_output o WHERE o.job_id = jobs.id)
 			FROM jobs ORDER BY seq`, dest, func() []any {
 			var e, k any
@@ -232,7 +234,7 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			return []any{seq, id, status, clean(progress), clean(errText), e, oom, outputBytes, truncated, nanosTS(created),
 				nanosTS(updated), nanosTS(started), nanosTS(finished), backend, sandboxID, execID, owner, clean(result), k, tokenHash,
 				nanosTS(heartbeat), outputRead, dropped, sandbox, digest, lostBytes, clean(lost), epoch, startToken, int32(attempts),
-				stderrKept, outputKept}
+				clean(principal), stderrKept, outputKept}
 		})
 		if err != nil {
 			return err
@@ -293,12 +295,13 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 	}
 	{
 		var (
-			seq                                int64
-			id, state, backend, instance, data string
+			seq                                           int64
+			id, state, backend, instance, data, principal string
 		)
-		c.Sandboxes, err = copyOne(ctx, rtx, tx, "sandboxes", []string{"seq", "id", "state", "backend", "instance", "data"},
-			`SELECT seq, id, state, backend, instance, data FROM sandboxes`, []any{&seq, &id, &state, &backend, &instance, &data},
-			func() []any { return []any{seq, id, state, backend, instance, data} })
+		c.Sandboxes, err = copyOne(ctx, rtx, tx, "sandboxes", []string{"seq", "id", "state", "backend", "instance", "data", "principal"},
+			`SELECT seq, id, state, backend, instance, data, principal FROM sandboxes`,
+			[]any{&seq, &id, &state, &backend, &instance, &data, &principal},
+			func() []any { return []any{seq, id, state, backend, instance, data, clean(principal)} })
 		if err != nil {
 			return err
 		}
@@ -346,13 +349,16 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			return err
 		}
 	}
+	if err := copyPrincipals(ctx, rtx, tx); err != nil {
+		return err
+	}
 	// Workspaces through the SQLite store, which reads its own form.
 	if err := copyWorkspaces(ctx, rtx, tx, src, c); err != nil {
 		return err
 	}
 	// The next seqs follow the copied ones; the count of finishes goes on
 	// from the SQLite store's (it counts pruned jobs too).
-	for _, t := range []string{"jobs", "sandboxes", "networks", "job_questions"} {
+	for _, t := range []string{"jobs", "sandboxes", "networks", "job_questions", "tokens", "audit"} {
 		if _, err := tx.Exec(ctx, `SELECT setval(pg_get_serial_sequence('`+t+`', 'seq'), coalesce(max(seq), 0) + 1, false) FROM `+t); err != nil {
 			return fmt.Errorf("sequence of %s: %w", t, err)
 		}
@@ -365,6 +371,26 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 		return fmt.Errorf("counters: %w", err)
 	}
 	return nil
+}
+
+// copyPrincipals copies delegate's own tokens (their hashes) and the
+// audit trail.
+func copyPrincipals(ctx context.Context, rtx *sql.Tx, tx pgx.Tx) error {
+	var (
+		seq, created, expires, revoked                  int64
+		id, principal, hash, scopes, by, action, target string
+	)
+	if _, err := copyOne(ctx, rtx, tx, "tokens", sqliteTables["tokens"], `SELECT `+strings.Join(sqliteTables["tokens"], ", ")+` FROM tokens`,
+		[]any{&seq, &id, &principal, &hash, &scopes, &created, &by, &expires, &revoked},
+		func() []any {
+			return []any{seq, id, clean(principal), hash, scopes, nanosTS(created), clean(by), nanosTS(expires), nanosTS(revoked)}
+		}); err != nil {
+		return err
+	}
+	_, err := copyOne(ctx, rtx, tx, "audit", sqliteTables["audit"], `SELECT `+strings.Join(sqliteTables["audit"], ", ")+` FROM audit`,
+		[]any{&seq, &created, &principal, &action, &target, &by},
+		func() []any { return []any{seq, nanosTS(created), clean(principal), action, clean(target), clean(by)} })
+	return err
 }
 
 func copyWorkspaces(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *Copied) error {

@@ -250,7 +250,7 @@ func TestCopyFromSQLiteKnowsEverything(t *testing.T) {
 	ctx := context.Background()
 	pg := open(t, pgtest.New(t))
 	for _, c := range []struct{ alter, says string }{
-		{`ALTER TABLE jobs ADD COLUMN principal TEXT NOT NULL DEFAULT ''`, "table jobs has a column this delegate cannot copy (principal)"},
+		{`ALTER TABLE jobs ADD COLUMN future TEXT NOT NULL DEFAULT ''`, "table jobs has a column this delegate cannot copy (future)"},
 		{`CREATE TABLE leases (name TEXT)`, "has a table this delegate cannot copy (leases)"},
 	} {
 		path := filepath.Join(t.TempDir(), "jobs.db")

@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -50,6 +50,12 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
+
+// jobIsMine keeps a read of a job's rows (artifacts, events, questions)
+// keyed by the job's id in $1 to the reader in $2 (” for all, see
+// delegate.ReaderOf): the filter is in the query that reads, so that no
+// caller can forget it.
+const jobIsMine = ` AND ($2 = '' OR EXISTS (SELECT 1 FROM jobs o WHERE o.id = $1 AND o.principal = $2))`
 
 // active is the SQL list of the statuses that are not terminal.
 const active = `('pending', 'provisioning', 'running')`
@@ -95,7 +101,7 @@ func scanJob(row pgx.Row, manifest *string) (*delegate.Job, int64, error) {
 	dest := []any{&seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &j.OOMKilled, &j.OutputBytes,
 		&j.OutputTruncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &attempts}
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &attempts, &j.Principal}
 	if manifest != nil {
 		dest = append(dest, manifest)
 	}
@@ -131,7 +137,7 @@ func rowValues(j *delegate.Job) []any {
 		j.OutputTruncated, toTS(j.CreatedAt), toTS(j.UpdatedAt), toTS(j.StartedAt), toTS(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, clean(j.Result), idem, j.TokenHash, toTS(j.LastHeartbeat), j.OutputRead,
 		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, clean(j.OutputLost), j.Epoch, j.StartToken,
-		int32(j.Attempts)}
+		int32(j.Attempts), j.Principal}
 }
 
 var insertJob = func() string {
@@ -147,6 +153,9 @@ var insertJob = func() string {
 func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
+	}
+	if j.Principal == "" {
+		j.Principal = delegate.OwnerOf(ctx)
 	}
 	m := j.Manifest
 	files := m.Files
@@ -178,7 +187,7 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 		}
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
-	s.manifests.put(j.ID, m.Clone(), len(manifest))
+	s.manifests.put(j.ID, j.Principal, m.Clone(), len(manifest))
 	return nil
 }
 
@@ -188,7 +197,7 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 func (s *JobStore) getJob(ctx context.Context, q querier, col string, arg any, id string, forUpdate bool) (*delegate.Job, int64, error) {
 	cached, haveCached := delegate.Manifest{}, false
 	if id != "" {
-		cached, haveCached = s.manifests.get(id)
+		cached, haveCached = s.manifests.get(id, "")
 	}
 	sql := `SELECT ` + selectColumns
 	if !haveCached {
@@ -197,6 +206,16 @@ func (s *JobStore) getJob(ctx context.Context, q querier, col string, arg any, i
 		sql += ` FROM jobs j`
 	}
 	sql += ` WHERE j.` + col + ` = $1`
+	args := []any{arg}
+	// The reader's jobs only (delegate.ReaderOf), in the query that
+	// reads; a key is its principal's (delegate.OwnerOf).
+	if col == "idempotency_key" {
+		sql += ` AND j.principal = $2`
+		args = append(args, delegate.OwnerOf(ctx))
+	} else if r := delegate.ReaderOf(ctx); r != "" {
+		sql += ` AND j.principal = $2`
+		args = append(args, r)
+	}
 	if forUpdate {
 		sql += ` FOR NO KEY UPDATE OF j`
 	}
@@ -205,7 +224,7 @@ func (s *JobStore) getJob(ctx context.Context, q querier, col string, arg any, i
 	if !haveCached {
 		mp = &text
 	}
-	j, seq, err := scanJob(q.QueryRow(ctx, sql, arg), mp)
+	j, seq, err := scanJob(q.QueryRow(ctx, sql, args...), mp)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -217,7 +236,7 @@ func (s *JobStore) getJob(ctx context.Context, q querier, col string, arg any, i
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
 		return nil, 0, fmt.Errorf("stored manifest: %w", err)
 	}
-	s.manifests.put(j.ID, m, len(text))
+	s.manifests.put(j.ID, j.Principal, m, len(text))
 	j.Manifest = m.Clone()
 	return j, seq, nil
 }
@@ -237,11 +256,13 @@ func (s *JobStore) GetJob(ctx context.Context, id string) (*delegate.Job, error)
 // JobManifest returns the job's manifest (without its files), from the
 // cache when it was read before.
 func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifest, error) {
-	if m, ok := s.manifests.get(id); ok {
+	reader := delegate.ReaderOf(ctx)
+	if m, ok := s.manifests.get(id, reader); ok {
 		return m, nil
 	}
-	var text string
-	err := s.db.pool.QueryRow(ctx, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = $1`, id).Scan(&text)
+	var text, principal string
+	err := s.db.pool.QueryRow(ctx, `SELECT m.manifest, j.principal FROM jobs j JOIN job_manifests m ON m.seq = j.seq
+		WHERE j.id = $1 AND ($2 = '' OR j.principal = $2)`, id, reader).Scan(&text, &principal)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return delegate.Manifest{}, delegate.JobNotFound(id)
 	}
@@ -252,7 +273,7 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
 		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
 	}
-	s.manifests.put(id, m, len(text))
+	s.manifests.put(id, principal, m, len(text))
 	return m.Clone(), nil
 }
 
@@ -260,7 +281,8 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 func (s *JobStore) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
 	// One read: no row, no such job; a NULL, a job without files.
 	var text *string
-	err := s.db.pool.QueryRow(ctx, `SELECT f.files FROM jobs j LEFT JOIN job_files f ON f.seq = j.seq WHERE j.id = $1`, id).Scan(&text)
+	err := s.db.pool.QueryRow(ctx, `SELECT f.files FROM jobs j LEFT JOIN job_files f ON f.seq = j.seq
+		WHERE j.id = $1 AND ($2 = '' OR j.principal = $2)`, id, delegate.ReaderOf(ctx)).Scan(&text)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, delegate.JobNotFound(id)
 	}
@@ -321,6 +343,12 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	if f.Owner != "" {
 		where("j.owner = ?", f.Owner)
 	}
+	if f.Principal != "" {
+		where("j.principal = ?", f.Principal)
+	}
+	if r := delegate.ReaderOf(ctx); r != "" {
+		where("j.principal = ?", r)
+	}
 	if f.TokenHash != "" {
 		where("j.token_hash = ?", f.TokenHash)
 	}
@@ -377,7 +405,7 @@ func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs
 	var missing []int64
 	bySeq := map[int64]*delegate.Job{}
 	for i, j := range jobs {
-		if m, ok := s.manifests.get(j.ID); ok {
+		if m, ok := s.manifests.get(j.ID, ""); ok {
 			j.Manifest = m
 			continue
 		}
@@ -408,7 +436,7 @@ func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs
 		if err := json.Unmarshal([]byte(text), &m); err != nil {
 			return fmt.Errorf("job %s: stored manifest: %w", j.ID, err)
 		}
-		s.manifests.put(j.ID, m, len(text))
+		s.manifests.put(j.ID, j.Principal, m, len(text))
 		j.Manifest = m.Clone()
 		delete(bySeq, seq)
 	}

@@ -25,22 +25,25 @@ type manifestCache struct {
 }
 
 type cachedManifest struct {
-	m    delegate.Manifest
-	size int
+	m         delegate.Manifest
+	principal string // the job's
+	size      int
 }
 
-func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
+// get returns job id's manifest if it is cached and reader ("" for all,
+// see delegate.ReaderOf) may read it.
+func (c *manifestCache) get(id, reader string) (delegate.Manifest, bool) {
 	c.mu.Lock()
 	e, ok := c.m[id]
 	c.mu.Unlock()
-	if !ok {
+	if !ok || reader != "" && e.principal != reader {
 		return delegate.Manifest{}, false
 	}
 	return e.m.Clone(), true
 }
 
-// put keeps m, whose stored JSON is size bytes.
-func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
+// put keeps m, of a job of principal, whose stored JSON is size bytes.
+func (c *manifestCache) put(id, principal string, m delegate.Manifest, size int) {
 	if size > manifestCacheMax {
 		return
 	}
@@ -59,7 +62,7 @@ func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
 		delete(c.m, k)
 		c.bytes -= e.size
 	}
-	c.m[id] = cachedManifest{m: m, size: size}
+	c.m[id] = cachedManifest{m: m, principal: principal, size: size}
 	c.bytes += size
 }
 

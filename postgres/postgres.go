@@ -36,6 +36,8 @@ type DB struct {
 	*WorkspaceStore
 	*NetworkStore
 	*ServerStore
+	*TokenStore
+	*AuditStore
 
 	pool *pgxpool.Pool
 	name string // the URL without its password, for messages
@@ -103,6 +105,8 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 	db.WorkspaceStore = &WorkspaceStore{db: db}
 	db.NetworkStore = &NetworkStore{db: db}
 	db.ServerStore = &ServerStore{db: db}
+	db.TokenStore = &TokenStore{db: db}
+	db.AuditStore = &AuditStore{db: db}
 	return db, nil
 }
 

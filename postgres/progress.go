@@ -130,7 +130,7 @@ func (s *ProgressStore) AddEvent(ctx context.Context, id string, ev delegate.Eve
 
 // Events returns the job's timeline, oldest first.
 func (s *ProgressStore) Events(ctx context.Context, id string) ([]delegate.Event, error) {
-	rows, err := s.db.pool.Query(ctx, `SELECT time, message FROM job_events WHERE job_id = $1 ORDER BY seq`, id)
+	rows, err := s.db.pool.Query(ctx, `SELECT time, message FROM job_events WHERE job_id = $1`+jobIsMine+` ORDER BY seq`, id, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("events of job %s: %w", id, err)
 	}

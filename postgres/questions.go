@@ -53,7 +53,8 @@ func (s *QuestionStore) AddQuestion(ctx context.Context, q *delegate.Question) (
 
 // Questions returns a job's questions, oldest first.
 func (s *QuestionStore) Questions(ctx context.Context, jobID string) ([]delegate.Question, error) {
-	rows, err := s.db.pool.Query(ctx, `SELECT `+questionColumns+` FROM job_questions WHERE job_id = $1 ORDER BY seq`, jobID)
+	rows, err := s.db.pool.Query(ctx, `SELECT `+questionColumns+` FROM job_questions WHERE job_id = $1`+jobIsMine+` ORDER BY seq`,
+		jobID, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("questions of job %s: %w", jobID, err)
 	}
@@ -81,13 +82,16 @@ func (s *QuestionStore) AnswerQuestion(ctx context.Context, jobID, id string, a 
 		stored   *delegate.Question
 		answered bool
 	)
+	reader := delegate.ReaderOf(ctx)
 	err = s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE job_questions SET answer = $3 WHERE job_id = $1 AND id = $2 AND answer IS NULL`, jobID, id, string(answer))
+		tag, err := tx.Exec(ctx, `UPDATE job_questions SET answer = $3 WHERE job_id = $1 AND id = $2 AND answer IS NULL
+			AND ($4 = '' OR EXISTS (SELECT 1 FROM jobs o WHERE o.id = $1 AND o.principal = $4))`, jobID, id, string(answer), reader)
 		if err != nil {
 			return err
 		}
 		answered = tag.RowsAffected() == 1
-		stored, err = scanQuestion(jobID, tx.QueryRow(ctx, `SELECT `+questionColumns+` FROM job_questions WHERE job_id = $1 AND id = $2`, jobID, id))
+		stored, err = scanQuestion(jobID, tx.QueryRow(ctx, `SELECT `+questionColumns+` FROM job_questions WHERE job_id = $1 AND id = $3`+jobIsMine,
+			jobID, reader, id))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return delegate.QuestionNotFound(jobID, id)
 		}

@@ -24,12 +24,12 @@ var _ delegate.SandboxStore = (*SandboxStore)(nil)
 // sandboxColumns are a sandbox's row and its activity from its jobs
 // (each subquery repeats the index's condition, a sandbox named):
 // commands submitted, commands not ended, the last end.
-const sandboxColumns = `s.data,
+const sandboxColumns = `s.data, s.principal,
 	(SELECT count(*) FROM jobs WHERE sandbox = s.id AND sandbox <> ''),` + activityColumns
 
 // uncountedColumns are sandboxColumns without the count of commands
 // submitted, the one that reads an index entry for each.
-const uncountedColumns = `s.data, 0::bigint,` + activityColumns
+const uncountedColumns = `s.data, s.principal, 0::bigint,` + activityColumns
 
 const activityColumns = `
 	(SELECT count(*) FROM jobs WHERE sandbox = s.id AND sandbox <> '' AND finished_at IS NULL),
@@ -77,6 +77,10 @@ func (r sandboxRow) sandbox() *delegate.Sandbox {
 		Reason: r.Reason}
 }
 
+// mine keeps a read of sandboxes s to the reader's in $2 (” for all,
+// see delegate.ReaderOf), in the query that reads.
+const mine = ` AND ($2 = '' OR s.principal = $2)`
+
 // activity is what a sandbox's jobs say of it (sandboxColumns).
 type activity struct {
 	commands, running int
@@ -104,11 +108,11 @@ func (a activity) apply(sb *delegate.Sandbox) {
 // activity.
 func scanSandbox(row pgx.Row) (*delegate.Sandbox, activity, error) {
 	var (
-		data              string
+		data, principal   string
 		commands, running int64
 		lastEnd           ts
 	)
-	if err := row.Scan(&data, &commands, &running, &lastEnd); err != nil {
+	if err := row.Scan(&data, &principal, &commands, &running, &lastEnd); err != nil {
 		return nil, activity{}, err
 	}
 	var r sandboxRow
@@ -116,6 +120,7 @@ func scanSandbox(row pgx.Row) (*delegate.Sandbox, activity, error) {
 		return nil, activity{}, fmt.Errorf("decode a sandbox: %w", err)
 	}
 	sb := r.sandbox()
+	sb.Principal = principal
 	a := activity{int(commands), int(running), lastEnd.time()}
 	a.apply(sb)
 	return sb, a, nil
@@ -123,13 +128,16 @@ func scanSandbox(row pgx.Row) (*delegate.Sandbox, activity, error) {
 
 // CreateSandbox stores a new sandbox.
 func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) error {
+	if sb.Principal == "" {
+		sb.Principal = delegate.OwnerOf(ctx)
+	}
 	row := toRow(sb)
 	data, err := json.Marshal(row)
 	if err != nil {
 		return err
 	}
-	_, err = s.db.exec(ctx, `INSERT INTO sandboxes (id, state, backend, instance, data) VALUES ($1, $2, $3, $4, $5)`,
-		sb.ID, string(row.State), sb.Backend, sb.Instance, string(data))
+	_, err = s.db.exec(ctx, `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES ($1, $2, $3, $4, $5, $6)`,
+		sb.ID, string(row.State), sb.Backend, sb.Instance, string(data), sb.Principal)
 	if isUnique(err) {
 		err = fmt.Errorf("the id is taken: %w", delegate.ErrConflict)
 	}
@@ -150,7 +158,7 @@ func (s *SandboxStore) GetSandboxUncounted(ctx context.Context, id string) (*del
 }
 
 func (s *SandboxStore) getBy(ctx context.Context, columns, id string) (*delegate.Sandbox, error) {
-	sb, _, err := scanSandbox(s.db.pool.QueryRow(ctx, `SELECT `+columns+` FROM sandboxes s WHERE s.id = $1`, id))
+	sb, _, err := scanSandbox(s.db.pool.QueryRow(ctx, `SELECT `+columns+` FROM sandboxes s WHERE s.id = $1`+mine, id, delegate.ReaderOf(ctx)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, delegate.SandboxNotFound(id)
 	}
@@ -165,11 +173,12 @@ func (s *SandboxStore) getBy(ctx context.Context, columns, id string) (*delegate
 // is returned with it. The sandbox is read uncounted.
 func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*delegate.Sandbox) error) (*delegate.Sandbox, error) {
 	var out *delegate.Sandbox
+	reader := delegate.ReaderOf(ctx)
 	err := s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		// Locked by a statement of its own: the activity read next is
 		// then what the last writer of the sandbox left.
 		var one int
-		if err := tx.QueryRow(ctx, `SELECT 1 FROM sandboxes WHERE id = $1 FOR NO KEY UPDATE`, id).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
+		if err := tx.QueryRow(ctx, `SELECT 1 FROM sandboxes s WHERE s.id = $1`+mine+` FOR NO KEY UPDATE`, id, reader).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
 			return delegate.SandboxNotFound(id)
 		} else if err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
@@ -195,7 +204,8 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 			string(row.State), sb.Instance, string(data), id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		out = row.sandbox() // as stored, and as its jobs have it
+		out = row.sandbox()          // as stored, and as its jobs have it
+		out.Principal = sb.Principal // not changed by fn: it is not written
 		act.apply(out)
 		return nil
 	})
@@ -207,11 +217,11 @@ func (s *SandboxStore) ListSandboxes(ctx context.Context, live bool, limit int) 
 	if limit <= 0 {
 		limit = delegate.DefaultPageSize
 	}
-	q := `SELECT ` + sandboxColumns + ` FROM sandboxes s ORDER BY s.seq DESC LIMIT $1`
+	q := `SELECT ` + sandboxColumns + ` FROM sandboxes s WHERE ($2 = '' OR s.principal = $2)`
 	if live {
-		q = `SELECT ` + sandboxColumns + ` FROM sandboxes s WHERE s.state NOT IN ('released', 'gone') ORDER BY s.seq DESC LIMIT $1`
+		q += ` AND s.state NOT IN ('released', 'gone')`
 	}
-	rows, err := s.db.pool.Query(ctx, q, limit)
+	rows, err := s.db.pool.Query(ctx, q+` ORDER BY s.seq DESC LIMIT $1`, limit, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}

@@ -56,7 +56,7 @@ func (s *WorkspaceStore) JobWorkspace(ctx context.Context, id string) (*delegate
 		summary *string
 	)
 	err := s.db.pool.QueryRow(ctx, `SELECT w.source, w.baseline, w.changes, w.summary FROM jobs j JOIN job_workspaces w ON w.seq = j.seq
-		WHERE j.id = $1`, id).Scan(&w.Source, &w.Baseline, &w.Changes, &summary)
+		WHERE j.id = $1 AND ($2 = '' OR j.principal = $2)`, id, delegate.ReaderOf(ctx)).Scan(&w.Source, &w.Baseline, &w.Changes, &summary)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, delegate.WorkspaceNotFound(id)
 	}

@@ -25,8 +25,8 @@ var _ delegate.ArtifactStore = (*ArtifactStore)(nil)
 func newArtifactStore(ctx context.Context, db *DB) (*ArtifactStore, error) {
 	s := &ArtifactStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? ORDER BY name`},
-		{db.rdb, &s.stmt.one, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ? AND name = ?`},
+		{db.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ?1` + jobIsMine + ` ORDER BY name`},
+		{db.rdb, &s.stmt.one, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ?1 AND name = ?3` + jobIsMine},
 		{db.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},
 	})
 }
@@ -48,7 +48,7 @@ func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.A
 
 // Artifacts lists the job's artifacts by name.
 func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Artifact, error) {
-	rows, err := s.stmt.artifacts.QueryContext(ctx, id)
+	rows, err := s.stmt.artifacts.QueryContext(ctx, id, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("artifacts of job %s: %w", id, err)
 	}
@@ -67,7 +67,7 @@ func (s *ArtifactStore) Artifacts(ctx context.Context, id string) ([]delegate.Ar
 // Artifact returns one of the job's artifacts by name.
 func (s *ArtifactStore) Artifact(ctx context.Context, id, name string) (delegate.Artifact, error) {
 	var a delegate.Artifact
-	err := s.stmt.one.QueryRowContext(ctx, id, name).Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
+	err := s.stmt.one.QueryRowContext(ctx, id, delegate.ReaderOf(ctx), name).Scan(&a.Name, &a.Size, &a.SHA256, &a.Skipped)
 	if errors.Is(err, sql.ErrNoRows) {
 		return a, delegate.ArtifactNotFound(id, name)
 	}

@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -55,14 +55,14 @@ func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
 	s := &JobStore{db: db, updates: map[uint64]*sql.Stmt{}}
 	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?`},
-		{db.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?`},
+		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?1` + mine},
+		{db.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?1 AND principal = ?2`},
 		{db.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
-		{db.rdb, &s.stmt.files, `SELECT f.files FROM jobs j LEFT JOIN job_files f ON f.seq = j.seq WHERE j.id = ?`},
-		{db.rdb, &s.stmt.manifestByID, `SELECT m.manifest FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?`},
+		{db.rdb, &s.stmt.files, `SELECT f.files FROM jobs j LEFT JOIN job_files f ON f.seq = j.seq WHERE j.id = ?1` + mineJ},
+		{db.rdb, &s.stmt.manifestByID, `SELECT m.manifest, j.principal FROM jobs j JOIN job_manifests m ON m.seq = j.seq WHERE j.id = ?1` + mineJ},
 		{db.rdb, &s.stmt.finishes, `SELECT value FROM counters WHERE name = 'finishes'`},
 
-		{db.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?`},
+		{db.wdb, &s.stmt.wGetJob, selectJob + ` WHERE id = ?1` + mine},
 		{db.wdb, &s.stmt.wManifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
 		{db.wdb, &s.stmt.wInsertJob, `INSERT INTO jobs (id, ` + strings.Join(jobColumns, ", ") + `) VALUES (` + placeholders + `)`},
 		{db.wdb, &s.stmt.wInsertManifest, `INSERT INTO job_manifests (seq, manifest) VALUES (?, ?)`},
@@ -70,6 +70,20 @@ func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
 		{db.wdb, &s.stmt.wFinished, `UPDATE counters SET value = value + 1 WHERE name = 'finishes'`},
 	})
 }
+
+// mine and mineJ (for a query that names jobs j) keep a read to the
+// jobs of the principal in parameter 2, or to every job when it is ”
+// (delegate.ReaderOf): the filter is in the query that reads, so that no
+// caller can forget it.
+const (
+	mine  = ` AND (?2 = '' OR principal = ?2)`
+	mineJ = ` AND (?2 = '' OR j.principal = ?2)`
+)
+
+// jobIsMine keeps a read of a job's rows (artifacts, events, questions)
+// keyed by the job's id in parameter 1 to the reader in parameter 2, as
+// mine does.
+const jobIsMine = ` AND (?2 = '' OR EXISTS (SELECT 1 FROM jobs j WHERE j.id = ?1 AND j.principal = ?2))`
 
 // active is the SQL list of the statuses that are not terminal.
 const active = `('pending', 'provisioning', 'running')`
@@ -90,7 +104,7 @@ func scanJob(row scanner) (*delegate.Job, int64, error) {
 	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &j.Attempts)
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &j.Attempts, &j.Principal)
 	if err := row.Scan(dest...); err != nil {
 		return nil, 0, err
 	}
@@ -119,7 +133,7 @@ func rowValues(j *delegate.Job) []any {
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
 		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, j.OutputLost, j.Epoch, j.StartToken,
-		int64(j.Attempts)}
+		int64(j.Attempts), j.Principal}
 }
 
 func toNanos(t time.Time) int64 {
@@ -140,6 +154,9 @@ func fromNanos(n int64) time.Time {
 func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
+	}
+	if j.Principal == "" {
+		j.Principal = delegate.OwnerOf(ctx)
 	}
 	m := j.Manifest
 	files := m.Files
@@ -182,13 +199,13 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
-	s.manifests.put(j.ID, m.Clone(), len(manifest))
+	s.manifests.put(j.ID, j.Principal, m.Clone(), len(manifest))
 	return nil
 }
 
 // GetJob returns the job or an error wrapping delegate.ErrNotFound.
 func (s *JobStore) GetJob(ctx context.Context, id string) (*delegate.Job, error) {
-	j, seq, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id))
+	j, seq, err := scanJob(s.stmt.getJob.QueryRowContext(ctx, id, delegate.ReaderOf(ctx)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.JobNotFound(id)
 	}
@@ -204,7 +221,7 @@ func (s *JobStore) GetJob(ctx context.Context, id string) (*delegate.Job, error)
 // withManifest sets the job's manifest, parsed once per process: it never
 // changes.
 func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job, seq int64) error {
-	if m, ok := s.manifests.get(j.ID); ok {
+	if m, ok := s.manifests.get(j.ID, ""); ok {
 		j.Manifest = m
 		return nil
 	}
@@ -216,7 +233,7 @@ func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
 		return fmt.Errorf("stored manifest: %w", err)
 	}
-	s.manifests.put(j.ID, m, len(text))
+	s.manifests.put(j.ID, j.Principal, m, len(text))
 	j.Manifest = m.Clone()
 	return nil
 }
@@ -224,11 +241,12 @@ func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate
 // JobManifest returns the job's manifest (without its files), from the
 // cache when it was read before.
 func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifest, error) {
-	if m, ok := s.manifests.get(id); ok {
+	reader := delegate.ReaderOf(ctx)
+	if m, ok := s.manifests.get(id, reader); ok {
 		return m, nil
 	}
-	var text string
-	err := s.stmt.manifestByID.QueryRowContext(ctx, id).Scan(&text)
+	var text, principal string
+	err := s.stmt.manifestByID.QueryRowContext(ctx, id, reader).Scan(&text, &principal)
 	if errors.Is(err, sql.ErrNoRows) {
 		return delegate.Manifest{}, delegate.JobNotFound(id)
 	}
@@ -239,7 +257,7 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
 		return delegate.Manifest{}, fmt.Errorf("manifest of job %s: %w", id, err)
 	}
-	s.manifests.put(id, m, len(text))
+	s.manifests.put(id, principal, m, len(text))
 	return m.Clone(), nil
 }
 
@@ -247,7 +265,7 @@ func (s *JobStore) JobManifest(ctx context.Context, id string) (delegate.Manifes
 func (s *JobStore) JobFiles(ctx context.Context, id string) ([]delegate.File, error) {
 	// One read: no row, no such job; a NULL, a job without files.
 	var text sql.NullString
-	err := s.stmt.files.QueryRowContext(ctx, id).Scan(&text)
+	err := s.stmt.files.QueryRowContext(ctx, id, delegate.ReaderOf(ctx)).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.JobNotFound(id)
 	}
@@ -264,9 +282,10 @@ func (s *JobStore) JobFiles(ctx context.Context, id string) ([]delegate.File, er
 	return files, nil
 }
 
-// JobByIdempotencyKey finds the job submitted with key.
+// JobByIdempotencyKey finds the job submitted with key by the principal of
+// ctx (a key is its principal's: another's use of it is no conflict).
 func (s *JobStore) JobByIdempotencyKey(ctx context.Context, key string) (*delegate.Job, error) {
-	j, seq, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key))
+	j, seq, err := scanJob(s.stmt.jobByKey.QueryRowContext(ctx, key, delegate.OwnerOf(ctx)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, &delegate.NotFoundError{Resource: "idempotency key", ID: key}
 	}
@@ -307,6 +326,14 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	if f.Owner != "" {
 		query += ` AND owner = ?`
 		args = append(args, f.Owner)
+	}
+	if f.Principal != "" {
+		query += ` AND principal = ?`
+		args = append(args, f.Principal)
+	}
+	if r := delegate.ReaderOf(ctx); r != "" {
+		query += ` AND principal = ?`
+		args = append(args, r)
 	}
 	if f.TokenHash != "" {
 		query += ` AND token_hash = ?`
@@ -363,7 +390,7 @@ func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs
 	var missing []any
 	bySeq := map[int64]*delegate.Job{}
 	for i, j := range jobs {
-		if m, ok := s.manifests.get(j.ID); ok {
+		if m, ok := s.manifests.get(j.ID, ""); ok {
 			j.Manifest = m
 			continue
 		}
@@ -395,7 +422,7 @@ func (s *JobStore) withManifests(ctx context.Context, jobs []*delegate.Job, seqs
 		if err := json.Unmarshal([]byte(text), &m); err != nil {
 			return fmt.Errorf("job %s: stored manifest: %w", j.ID, err)
 		}
-		s.manifests.put(j.ID, m, len(text))
+		s.manifests.put(j.ID, j.Principal, m, len(text))
 		j.Manifest = m.Clone()
 		delete(bySeq, seq)
 	}
@@ -434,8 +461,9 @@ func cutSeq(s string) (int64, bool) {
 // columns fn changed; see delegate.JobStore.
 func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.Job) error) (*delegate.Job, error) {
 	var out *delegate.Job
+	reader := delegate.ReaderOf(ctx)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id))
+		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id, reader))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.JobNotFound(id)
 		}
@@ -566,22 +594,25 @@ type manifestCache struct {
 }
 
 type cachedManifest struct {
-	m    delegate.Manifest
-	size int
+	m         delegate.Manifest
+	principal string // the job's
+	size      int
 }
 
-func (c *manifestCache) get(id string) (delegate.Manifest, bool) {
+// get returns job id's manifest if it is cached and reader ("" for all,
+// see delegate.ReaderOf) may read it.
+func (c *manifestCache) get(id, reader string) (delegate.Manifest, bool) {
 	c.mu.Lock()
 	e, ok := c.m[id]
 	c.mu.Unlock()
-	if !ok {
+	if !ok || reader != "" && e.principal != reader {
 		return delegate.Manifest{}, false
 	}
 	return e.m.Clone(), true
 }
 
-// put keeps m, whose stored JSON is size bytes.
-func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
+// put keeps m, of a job of principal, whose stored JSON is size bytes.
+func (c *manifestCache) put(id, principal string, m delegate.Manifest, size int) {
 	if size > manifestCacheMax {
 		return
 	}
@@ -600,7 +631,7 @@ func (c *manifestCache) put(id string, m delegate.Manifest, size int) {
 		delete(c.m, k)
 		c.bytes -= e.size
 	}
-	c.m[id] = cachedManifest{m: m, size: size}
+	c.m[id] = cachedManifest{m: m, principal: principal, size: size}
 	c.bytes += size
 }
 

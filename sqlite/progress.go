@@ -25,7 +25,7 @@ var _ delegate.ProgressStore = (*ProgressStore)(nil)
 func newProgressStore(ctx context.Context, db *DB) (*ProgressStore, error) {
 	s := &ProgressStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ? ORDER BY seq`},
+		{db.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ?1` + jobIsMine + ` ORDER BY seq`},
 		{db.wdb, &s.stmt.wProgress, `UPDATE jobs SET
 			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,
 			result = CASE WHEN ?3 IS NOT NULL AND status IN ` + active + ` THEN ?3 ELSE result END,
@@ -122,7 +122,7 @@ func (s *ProgressStore) AddEvent(ctx context.Context, id string, ev delegate.Eve
 
 // Events returns the job's timeline, oldest first.
 func (s *ProgressStore) Events(ctx context.Context, id string) ([]delegate.Event, error) {
-	rows, err := s.stmt.events.QueryContext(ctx, id)
+	rows, err := s.stmt.events.QueryContext(ctx, id, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("events of job %s: %w", id, err)
 	}

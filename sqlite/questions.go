@@ -29,12 +29,13 @@ const questionColumns = `id, origin, message, form, asked_at, expires_at, answer
 func newQuestionStore(ctx context.Context, db *DB) (*QuestionStore, error) {
 	s := &QuestionStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.questions, `SELECT ` + questionColumns + ` FROM job_questions WHERE job_id = ? ORDER BY rowid`},
+		{db.rdb, &s.stmt.questions, `SELECT ` + questionColumns + ` FROM job_questions WHERE job_id = ?1` + jobIsMine + ` ORDER BY rowid`},
 		{db.wdb, &s.stmt.wJob, `SELECT 1 FROM jobs WHERE id = ?`},
 		{db.wdb, &s.stmt.wInsert, `INSERT INTO job_questions (job_id, ` + questionColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)
 			ON CONFLICT (job_id, id) DO NOTHING`},
-		{db.wdb, &s.stmt.wAnswer, `UPDATE job_questions SET answer = ?3 WHERE job_id = ?1 AND id = ?2 AND answer IS NULL`},
-		{db.wdb, &s.stmt.wQuestion, `SELECT ` + questionColumns + ` FROM job_questions WHERE job_id = ? AND id = ?`},
+		{db.wdb, &s.stmt.wAnswer, `UPDATE job_questions SET answer = ?3 WHERE job_id = ?1 AND id = ?2 AND answer IS NULL
+			AND (?4 = '' OR EXISTS (SELECT 1 FROM jobs j WHERE j.id = ?1 AND j.principal = ?4))`},
+		{db.wdb, &s.stmt.wQuestion, `SELECT ` + questionColumns + ` FROM job_questions WHERE job_id = ?1 AND id = ?3` + jobIsMine},
 	})
 }
 
@@ -65,7 +66,7 @@ func (s *QuestionStore) AddQuestion(ctx context.Context, q *delegate.Question) (
 			return err
 		}
 		added = n == 1
-		stored, err = scanQuestion(q.JobID, tx.Stmt(s.stmt.wQuestion).QueryRow(q.JobID, q.ID))
+		stored, err = scanQuestion(q.JobID, tx.Stmt(s.stmt.wQuestion).QueryRow(q.JobID, "", q.ID))
 		return err
 	})
 	if err != nil {
@@ -76,7 +77,7 @@ func (s *QuestionStore) AddQuestion(ctx context.Context, q *delegate.Question) (
 
 // Questions returns a job's questions, oldest first.
 func (s *QuestionStore) Questions(ctx context.Context, jobID string) ([]delegate.Question, error) {
-	rows, err := s.stmt.questions.QueryContext(ctx, jobID)
+	rows, err := s.stmt.questions.QueryContext(ctx, jobID, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("questions of job %s: %w", jobID, err)
 	}
@@ -103,8 +104,9 @@ func (s *QuestionStore) AnswerQuestion(ctx context.Context, jobID, id string, a 
 		stored   *delegate.Question
 		answered bool
 	)
+	reader := delegate.ReaderOf(ctx)
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		res, err := tx.Stmt(s.stmt.wAnswer).Exec(jobID, id, string(answer))
+		res, err := tx.Stmt(s.stmt.wAnswer).Exec(jobID, id, string(answer), reader)
 		if err != nil {
 			return err
 		}
@@ -113,7 +115,7 @@ func (s *QuestionStore) AnswerQuestion(ctx context.Context, jobID, id string, a 
 			return err
 		}
 		answered = n == 1
-		stored, err = scanQuestion(jobID, tx.Stmt(s.stmt.wQuestion).QueryRow(jobID, id))
+		stored, err = scanQuestion(jobID, tx.Stmt(s.stmt.wQuestion).QueryRow(jobID, reader, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.QuestionNotFound(jobID, id)
 		}

@@ -75,21 +75,21 @@ func TestUpdateCostIgnoresFiles(t *testing.T) {
 // number of bytes whatever the manifests, and skips the largest.
 func TestManifestCacheBounded(t *testing.T) {
 	var c manifestCache
-	c.put("huge", delegate.Manifest{Task: "x"}, manifestCacheMax+1)
-	if _, ok := c.get("huge"); ok {
+	c.put("huge", "local", delegate.Manifest{Task: "x"}, manifestCacheMax+1)
+	if _, ok := c.get("huge", ""); ok {
 		t.Fatal("a manifest over the per-entry cap was cached")
 	}
 	for i := range 1000 {
-		c.put(fmt.Sprint("job-", i), delegate.Manifest{Task: fmt.Sprint(i)}, manifestCacheMax)
+		c.put(fmt.Sprint("job-", i), "local", delegate.Manifest{Task: fmt.Sprint(i)}, manifestCacheMax)
 		if c.bytes > manifestCacheBytes {
 			t.Fatalf("after %d manifests the cache holds %d bytes", i+1, c.bytes)
 		}
 	}
-	m, ok := c.get("job-999")
+	m, ok := c.get("job-999", "")
 	if !ok || m.Task != "999" {
 		t.Fatalf("the latest manifest: %+v %v", m, ok)
 	}
-	c.put("job-999", delegate.Manifest{Task: "again"}, 10) // replaced, not counted twice
+	c.put("job-999", "local", delegate.Manifest{Task: "again"}, 10) // replaced, not counted twice
 	if want := (len(c.m)-1)*manifestCacheMax + 10; c.bytes != want {
 		t.Fatalf("cache bytes %d, want %d", c.bytes, want)
 	}

@@ -33,13 +33,13 @@ var _ delegate.SandboxStore = (*SandboxStore)(nil)
 func newSandboxStore(ctx context.Context, db *DB) (*SandboxStore, error) {
 	s := &SandboxStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.get, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?`},
-		{db.rdb, &s.stmt.uncounted, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?`},
-		{db.rdb, &s.stmt.list, `SELECT ` + sandboxColumns + ` FROM sandboxes ORDER BY seq DESC LIMIT ?`},
-		{db.rdb, &s.stmt.live, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE state NOT IN ('released', 'gone') ORDER BY seq DESC LIMIT ?`},
+		{db.rdb, &s.stmt.get, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?1` + mine},
+		{db.rdb, &s.stmt.uncounted, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?1` + mine},
+		{db.rdb, &s.stmt.list, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE ?2 = '' OR principal = ?2 ORDER BY seq DESC LIMIT ?1`},
+		{db.rdb, &s.stmt.live, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE state NOT IN ('released', 'gone')` + mine + ` ORDER BY seq DESC LIMIT ?1`},
 		{db.rdb, &s.stmt.byInstance, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE backend = ? AND instance = ? ORDER BY seq DESC LIMIT 1`},
-		{db.wdb, &s.stmt.wGet, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?`},
-		{db.wdb, &s.stmt.wInsert, `INSERT INTO sandboxes (id, state, backend, instance, data) VALUES (?, ?, ?, ?, ?)`},
+		{db.wdb, &s.stmt.wGet, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?1` + mine},
+		{db.wdb, &s.stmt.wInsert, `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES (?, ?, ?, ?, ?, ?)`},
 		{db.wdb, &s.stmt.wUpdate, `UPDATE sandboxes SET state = ?, instance = ?, data = ? WHERE id = ?`},
 	})
 }
@@ -48,13 +48,13 @@ func newSandboxStore(ctx context.Context, db *DB) (*SandboxStore, error) {
 // through the index jobs_kept (each subquery repeats the index's
 // condition, a sandbox named, so that SQLite uses it): commands
 // submitted, commands not ended, the last end (ns, 0 for none).
-const sandboxColumns = `data,
+const sandboxColumns = `data, principal,
 	(SELECT count(*) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != ''),` + activityColumns
 
 // uncountedColumns are sandboxColumns without the count of commands
 // submitted, the one that reads an index entry for each (the others read
 // the ones not ended, and the last).
-const uncountedColumns = `data, 0,` + activityColumns
+const uncountedColumns = `data, principal, 0,` + activityColumns
 
 const activityColumns = `
 	(SELECT count(*) FROM jobs WHERE sandbox = sandboxes.id AND sandbox != '' AND finished_at = 0),
@@ -130,8 +130,9 @@ func (a activity) apply(sb *delegate.Sandbox) {
 // activity.
 func scanSandbox(row scanner) (*delegate.Sandbox, activity, error) {
 	var data []byte
+	var principal string
 	var commands, running, lastEnd int64
-	if err := row.Scan(&data, &commands, &running, &lastEnd); err != nil {
+	if err := row.Scan(&data, &principal, &commands, &running, &lastEnd); err != nil {
 		return nil, activity{}, err
 	}
 	var r sandboxRow
@@ -139,6 +140,7 @@ func scanSandbox(row scanner) (*delegate.Sandbox, activity, error) {
 		return nil, activity{}, fmt.Errorf("decode a sandbox: %w", err)
 	}
 	sb := r.sandbox()
+	sb.Principal = principal
 	a := activity{int(commands), int(running), fromNanos(lastEnd)}
 	a.apply(sb)
 	return sb, a, nil
@@ -146,13 +148,16 @@ func scanSandbox(row scanner) (*delegate.Sandbox, activity, error) {
 
 // CreateSandbox stores a new sandbox.
 func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) error {
+	if sb.Principal == "" {
+		sb.Principal = delegate.OwnerOf(ctx)
+	}
 	row := toRow(sb)
 	data, err := json.Marshal(row)
 	if err != nil {
 		return err
 	}
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data)
+		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data, sb.Principal)
 		return err
 	})
 	if err != nil {
@@ -173,7 +178,7 @@ func (s *SandboxStore) GetSandboxUncounted(ctx context.Context, id string) (*del
 
 // getBy reads sandbox id with st, a statement of one of the column sets.
 func (s *SandboxStore) getBy(ctx context.Context, st *sql.Stmt, id string) (*delegate.Sandbox, error) {
-	sb, _, err := scanSandbox(st.QueryRowContext(ctx, id))
+	sb, _, err := scanSandbox(st.QueryRowContext(ctx, id, delegate.ReaderOf(ctx)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.SandboxNotFound(id)
 	}
@@ -188,8 +193,9 @@ func (s *SandboxStore) getBy(ctx context.Context, st *sql.Stmt, id string) (*del
 // sandbox is read uncounted (a file call updates it too).
 func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*delegate.Sandbox) error) (*delegate.Sandbox, error) {
 	var out *delegate.Sandbox
+	reader := delegate.ReaderOf(ctx)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		sb, act, err := scanSandbox(tx.Stmt(s.stmt.wGet).QueryRow(id))
+		sb, act, err := scanSandbox(tx.Stmt(s.stmt.wGet).QueryRow(id, reader))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.SandboxNotFound(id)
 		}
@@ -212,7 +218,8 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 		if _, err := tx.Stmt(s.stmt.wUpdate).Exec(string(row.State), sb.Instance, data, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
-		out = row.sandbox() // as stored, and as its jobs have it
+		out = row.sandbox()          // as stored, and as its jobs have it
+		out.Principal = sb.Principal // not changed by fn: it is not written
 		act.apply(out)
 		return nil
 	})
@@ -228,7 +235,7 @@ func (s *SandboxStore) ListSandboxes(ctx context.Context, live bool, limit int) 
 	if live {
 		st = s.stmt.live
 	}
-	rows, err := st.QueryContext(ctx, limit)
+	rows, err := st.QueryContext(ctx, limit, delegate.ReaderOf(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}

@@ -229,7 +229,7 @@ func (s *ServerStore) AdoptJobs(ctx context.Context, owner string, from []string
 				return err
 			}
 			for _, id := range ids {
-				j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id))
+				j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
 				if err != nil {
 					return err
 				}

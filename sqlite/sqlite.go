@@ -32,6 +32,8 @@ type DB struct {
 	*WorkspaceStore
 	*NetworkStore
 	*ServerStore
+	*TokenStore
+	*AuditStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -271,6 +273,36 @@ var migrations = []string{
 		expires_at INTEGER NOT NULL
 	);
 	INSERT INTO counters (name, value) VALUES ('terms', 0);`,
+	// Principals (issue 36): a job and a kept sandbox belong to the
+	// principal that made it (all before are the local user's), and the
+	// reads filter by it (jobs_principal serves a principal's listing); an
+	// idempotency key is its principal's; delegate's own tokens (their
+	// hashes only) and the audit trail.
+	`ALTER TABLE jobs ADD COLUMN principal TEXT NOT NULL DEFAULT 'local';
+	ALTER TABLE sandboxes ADD COLUMN principal TEXT NOT NULL DEFAULT 'local';
+	CREATE INDEX jobs_principal ON jobs(principal, seq);
+	DROP INDEX jobs_idempotency_key;
+	CREATE UNIQUE INDEX jobs_idempotency_key ON jobs(principal, idempotency_key) WHERE idempotency_key IS NOT NULL;
+	CREATE TABLE tokens (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		id TEXT NOT NULL UNIQUE,
+		principal TEXT NOT NULL,
+		hash TEXT NOT NULL UNIQUE,
+		scopes TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		created_by TEXT NOT NULL DEFAULT '',
+		expires_at INTEGER NOT NULL DEFAULT 0,
+		revoked_at INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE TABLE audit (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		time INTEGER NOT NULL,
+		principal TEXT NOT NULL,
+		action TEXT NOT NULL,
+		target TEXT NOT NULL,
+		detail TEXT NOT NULL DEFAULT ''
+	);
+	CREATE INDEX audit_principal ON audit(principal, seq);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
@@ -355,6 +387,12 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	db.ServerStore = &ServerStore{db: db}
+	if db.TokenStore, err = newTokenStore(ctx, db); err != nil {
+		return err
+	}
+	if db.AuditStore, err = newAuditStore(ctx, db); err != nil {
+		return err
+	}
 	return prepare(ctx, []statement{
 		{db.wdb, &db.w.savepoint, `SAVEPOINT w`},
 		{db.wdb, &db.w.rollbackTo, `ROLLBACK TO w`},

@@ -29,7 +29,7 @@ var _ delegate.WorkspaceStore = (*WorkspaceStore)(nil)
 func newWorkspaceStore(ctx context.Context, db *DB) (*WorkspaceStore, error) {
 	s := &WorkspaceStore{db: db}
 	return s, prepare(ctx, []statement{
-		{db.rdb, &s.stmt.get, `SELECT w.source, w.baseline, w.changes, w.summary FROM jobs j JOIN job_workspaces w ON w.seq = j.seq WHERE j.id = ?`},
+		{db.rdb, &s.stmt.get, `SELECT w.source, w.baseline, w.changes, w.summary FROM jobs j JOIN job_workspaces w ON w.seq = j.seq WHERE j.id = ?1` + mineJ},
 		{db.wdb, &s.stmt.wBase, `INSERT INTO job_workspaces (seq, source, baseline) SELECT seq, ?, ? FROM jobs WHERE id = ?
 			ON CONFLICT (seq) DO UPDATE SET source = excluded.source, baseline = excluded.baseline`},
 		{db.wdb, &s.stmt.wChanges, `INSERT INTO job_workspaces (seq, changes, summary) SELECT seq, ?, ? FROM jobs WHERE id = ?
@@ -86,7 +86,7 @@ func (s *WorkspaceStore) JobWorkspace(ctx context.Context, id string) (*delegate
 		w       delegate.JobWorkspace
 		summary sql.NullString
 	)
-	err := s.stmt.get.QueryRowContext(ctx, id).Scan(&w.Source, &w.Baseline, &w.Changes, &summary)
+	err := s.stmt.get.QueryRowContext(ctx, id, delegate.ReaderOf(ctx)).Scan(&w.Source, &w.Baseline, &w.Changes, &summary)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.WorkspaceNotFound(id)
 	}

@@ -74,6 +74,9 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Terms", testTerms},
 		{"Fencing", testFencing},
 		{"AdoptJobs", testAdoptJobs},
+		{"Principals", testPrincipals},
+		{"Tokens", testTokens},
+		{"Audit", testAudit},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}
