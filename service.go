@@ -101,6 +101,8 @@ type JobSummary struct {
 	// SandboxKept: a finished persistent job's sandbox is still there
 	// (Release destroys it).
 	SandboxKept bool `json:"sandbox_kept,omitempty"`
+	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).
+	Sandbox string `json:"sandbox_id,omitempty"`
 }
 
 // ResultOptions tune a result.

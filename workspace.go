@@ -147,7 +147,9 @@ type DiffPage struct {
 // source it was imported from, and the baseline of the import and the
 // changes as the workspace package writes them (JSON).
 type ChangeSet struct {
-	JobID    string
+	JobID string
+	// Sandbox is the kept sandbox the job ran in or made ("" for none).
+	Sandbox  string
 	Source   WorkspaceSource
 	Baseline []byte
 	Changes  []byte
@@ -155,7 +157,9 @@ type ChangeSet struct {
 
 // WorkspaceService gives a job's changes to its workspace. The engine
 // implements it beside JobService; ErrNotFound for a job without a
-// workspace source, ErrNotFinished before its changes are known.
+// workspace source, ErrNotFinished before its changes are known. Where a
+// job's id is asked for, a kept sandbox's id means its latest command
+// that has ended (its changes are all of the sandbox's since the import).
 type WorkspaceService interface {
 	// Changes summarises them (what a result shows).
 	Changes(ctx context.Context, id string) (*WorkspaceChanges, error)
@@ -165,6 +169,15 @@ type WorkspaceService interface {
 	Patch(ctx context.Context, id string) ([]byte, error)
 	// ChangeSet returns them whole, for Apply and branches.
 	ChangeSet(ctx context.Context, id string) (*ChangeSet, error)
+	// LastApplied is the change set written last into target (an
+	// absolute directory) from the same kept sandbox as job id (or from
+	// id itself, for a job that kept none), nil when none was: a later
+	// apply there starts from the state it left (workspace's Since), so
+	// that only what someone else changed there since is a conflict.
+	LastApplied(ctx context.Context, id, target string) (*ChangeSet, error)
+	// RecordApplied records that job id's changes were written into
+	// target.
+	RecordApplied(ctx context.Context, id, target string) error
 }
 
 // JobWorkspace is what the store keeps of a job's workspace: the
@@ -187,6 +200,13 @@ type WorkspaceStore interface {
 	SaveChanges(ctx context.Context, id string, summary WorkspaceChanges, changes []byte) error
 	// JobWorkspace returns a job's (ErrNotFound when it has none).
 	JobWorkspace(ctx context.Context, id string) (*JobWorkspace, error)
+	// SaveApply records that job's changes were written into target, the
+	// last from chain (a kept sandbox's id, or the job's own), replacing
+	// the one before; ErrNotFound when job is none. It goes with the job.
+	SaveApply(ctx context.Context, chain, target, job string) error
+	// LastApply is the job whose changes were written last into target
+	// from chain ("" when none was).
+	LastApply(ctx context.Context, chain, target string) (string, error)
 }
 
 // WorkspaceNotFound is the error for a job that has no workspace (it was

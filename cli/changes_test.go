@@ -46,6 +46,14 @@ func (s *changesService) ChangeSet(ctx context.Context, id string) (*delegate.Ch
 	return &delegate.ChangeSet{JobID: id, Source: delegate.WorkspaceSource{Dir: s.src}, Baseline: s.base, Changes: data}, err
 }
 
+// LastApplied: no apply was recorded (the engine's tests and the e2e
+// tests cover applies that follow each other).
+func (s *changesService) LastApplied(ctx context.Context, id, target string) (*delegate.ChangeSet, error) {
+	return nil, nil
+}
+
+func (s *changesService) RecordApplied(ctx context.Context, id, target string) error { return nil }
+
 // jobChanged imports src (files: path -> content), lets job change the
 // copy, and serves the changes.
 func jobChanged(t *testing.T, files map[string]string, job func(dir string)) *changesService {

@@ -134,8 +134,14 @@ func (p *Program) exec(ctx context.Context, cfg Config, id string, argv []string
 	}
 	// As a shell does, nothing is said of a command that exited (its code
 	// says it): only of one that did not.
-	if j.ExitCode == nil || j.Status == delegate.StatusTimeout || j.Status == delegate.StatusCancelled {
+	// On a terminal, a person reads: the command's job id follows (its
+	// status, logs and changes are read by it). To a file or a pipe, its
+	// stderr is the command's alone.
+	switch {
+	case j.ExitCode == nil || j.Status == delegate.StatusTimeout || j.Status == delegate.StatusCancelled:
 		fmt.Fprintln(p.Stderr, verdict(j.ID, j.Status, j.Duration(time.Now()), j.ExitCode, delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), j.Error))
+	case isTerminal(p.Stderr):
+		fmt.Fprintf(p.Stderr, "delegate: %s exited %d ('delegate jobs status %s')\n", j.ID, *j.ExitCode, j.ID)
 	}
 	return jobExit(exitCode(j))
 }

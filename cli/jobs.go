@@ -86,14 +86,14 @@ func (p *Program) jobsListCmd(cfg *Config) *cobra.Command {
 					return p.printJSON(page)
 				}
 				tw := tabwriter.NewWriter(p.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "JOB\tSTATUS\tEXIT\tCREATED\tTASK")
+				fmt.Fprintln(tw, "JOB\tSTATUS\tEXIT\tSANDBOX\tCREATED\tTASK")
 				for _, j := range page.Jobs {
 					exit := delegate.ExitText(j.ExitCode, j.ExitReason)
 					st := string(j.Status)
 					if !j.Status.Terminal() && j.ExitCode != nil {
 						st += " (ended, not recorded yet)" // its sandbox says so (JobSummary.Progress)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%q\n", j.ID, st, exit, j.CreatedAt.Local().Format(time.DateTime), j.Task)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%q\n", j.ID, st, exit, dash(j.Sandbox), j.CreatedAt.Local().Format(time.DateTime), j.Task)
 				}
 				tw.Flush()
 				if page.NextCursor != "" {
@@ -188,6 +188,12 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event, arts [
 	}
 	m := j.Manifest
 	row("agent", "%s, statusMode %s, lifecycle %s, backend %s", m.AgentType, m.StatusMode, m.Lifecycle, j.Backend)
+	switch {
+	case j.Sandbox != "" && m.Sandbox != "":
+		row("sandbox", "%s (a command in it)", j.Sandbox)
+	case j.Sandbox != "":
+		row("sandbox", "%s (made by this job)", j.Sandbox)
+	}
 	row("created", "%s", j.CreatedAt.Local().Format(time.DateTime))
 	if !j.StartedAt.IsZero() {
 		row("started", "%s", j.StartedAt.Local().Format(time.DateTime))

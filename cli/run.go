@@ -164,6 +164,11 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) (err error) {
 	if m.Workspace != nil && !f.quiet {
 		p.tellChanges(ctx, s.Workspaces, j.ID)
 	}
+	if j.Sandbox != "" {
+		// The id the next command needs, even with -q.
+		fmt.Fprintf(p.Stderr, "delegate: kept sandbox %s: 'delegate exec %s -- CMD' runs a command in it, 'delegate sandboxes release %s' ends it\n",
+			j.Sandbox, j.Sandbox, j.Sandbox)
+	}
 	if len(j.Manifest.Artifacts) > 0 && !(f.quiet && j.Status == delegate.StatusSuccess) {
 		arts, err := svc.Artifacts(context.WithoutCancel(ctx), j.ID)
 		if err != nil {

@@ -183,10 +183,14 @@ func (p *Program) sandboxesListCmd(cfg *Config) *cobra.Command {
 					return flagError(err)
 				}
 				if asJSON {
+					// The shape of "jobs list --json": an object, its list
+					// named.
 					if list == nil {
 						list = []delegate.Sandbox{}
 					}
-					return p.printJSON(list)
+					return p.printJSON(struct {
+						Sandboxes []delegate.Sandbox `json:"sandboxes"`
+					}{list})
 				}
 				now := time.Now()
 				tw := tabwriter.NewWriter(p.Stdout, 0, 4, 2, ' ', 0)

@@ -157,12 +157,13 @@ func TestSandboxesListShowRelease(t *testing.T) {
 		t.Error("--all was not asked for")
 	}
 	r = h.run(t, "sandboxes", "list", "--json")
-	var list []map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 2 || list[1]["state"] != "paused" || strings.Contains(r.stdout, "inst-hidden") {
+	var page struct{ Sandboxes []map[string]any }
+	err := json.Unmarshal([]byte(r.stdout), &page)
+	if list := page.Sandboxes; err != nil || len(list) != 2 || list[1]["state"] != "paused" || strings.Contains(r.stdout, "inst-hidden") {
 		t.Errorf("list --json: %v\n%s", err, r.stdout)
 	}
 	h.sbx.ListSandboxesFn = func(context.Context, delegate.SandboxListOptions) ([]delegate.Sandbox, error) { return nil, nil }
-	if r := h.run(t, "sandboxes", "list", "--json"); strings.TrimSpace(r.stdout) != "[]" {
+	if r := h.run(t, "sandboxes", "list", "--json"); strings.Join(strings.Fields(r.stdout), "") != `{"sandboxes":[]}` {
 		t.Errorf("no sandboxes, --json: %q", r.stdout)
 	}
 	if r := h.run(t, "sandboxes", "list"); r.code != 0 || !strings.Contains(r.stderr, "no kept sandboxes ('delegate sandboxes open' opens one") {

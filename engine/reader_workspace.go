@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/workspace"
@@ -34,8 +35,12 @@ func changesSummary(j *delegate.Job, jw *delegate.JobWorkspace) (*delegate.Works
 	return &delegate.WorkspaceChanges{Files: []delegate.ChangedFile{}, Error: "not computed: the job ended before its workspace could be read back (" + j.Error + ")"}, nil
 }
 
-// workspaceOf reads a job and its stored workspace.
+// workspaceOf reads a job and its stored workspace; for a kept
+// sandbox's id, its latest command that has ended.
 func (rd *Reader) workspaceOf(ctx context.Context, id string) (*delegate.Job, *delegate.JobWorkspace, error) {
+	if strings.HasPrefix(id, "sbx-") {
+		return rd.latestOf(ctx, id)
+	}
 	j, err := rd.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -45,6 +50,45 @@ func (rd *Reader) workspaceOf(ctx context.Context, id string) (*delegate.Job, *d
 		return j, nil, err
 	}
 	return j, jw, nil
+}
+
+// latestOf finds a kept sandbox's latest command that has ended (the job
+// that made it counts), and its workspace: each command's changes are
+// all of the sandbox's since the import.
+func (rd *Reader) latestOf(ctx context.Context, sbx string) (*delegate.Job, *delegate.JobWorkspace, error) {
+	sb, err := rd.store.GetSandboxUncounted(ctx, sbx)
+	if err != nil {
+		return nil, nil, err
+	}
+	running := ""
+	for cursor := ""; ; {
+		page, next, err := rd.store.ListJobs(ctx, delegate.JobFilter{Sandbox: sb.ID, Cursor: cursor, Limit: 100})
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, j := range page {
+			if !j.Status.Terminal() {
+				running = j.ID
+				continue
+			}
+			jw, err := rd.store.JobWorkspace(ctx, j.ID)
+			if errors.Is(err, delegate.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			return j, jw, nil
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if running != "" {
+		return nil, nil, fmt.Errorf("sandbox %s: %w: its first command, %s, has not ended", sb.ID, delegate.ErrNotFinished, running)
+	}
+	return nil, nil, &delegate.NotFoundError{Resource: "sandbox", ID: sb.ID, Reason: "has no workspace: it was opened without one (sandboxes open --workspace, or a job with manifest.workspace and lifecycle persistent)"}
 }
 
 // changeSet reads a finished job's changes whole.
@@ -98,11 +142,11 @@ func (rd *Reader) Patch(ctx context.Context, id string) ([]byte, error) {
 
 // ChangeSet implements delegate.WorkspaceService.
 func (rd *Reader) ChangeSet(ctx context.Context, id string) (*delegate.ChangeSet, error) {
-	_, raw, err := rd.changeSet(ctx, id)
+	j, _, err := rd.workspaceOf(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	j, err := rd.store.GetJob(ctx, id)
+	_, raw, err := rd.changeSet(ctx, j.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -110,11 +154,43 @@ func (rd *Reader) ChangeSet(ctx context.Context, id string) (*delegate.ChangeSet
 	if err != nil {
 		return nil, err
 	}
-	out := &delegate.ChangeSet{JobID: id, Baseline: jw.Baseline, Changes: raw}
+	out := &delegate.ChangeSet{JobID: j.ID, Sandbox: j.Sandbox, Baseline: jw.Baseline, Changes: raw}
 	if src != nil {
 		out.Source = *src
 	}
 	return out, nil
+}
+
+// chainOf is what the applies of a job follow each other in: its kept
+// sandbox, or the job itself.
+func chainOf(j *delegate.Job) string {
+	if j.Sandbox != "" {
+		return j.Sandbox
+	}
+	return j.ID
+}
+
+// LastApplied implements delegate.WorkspaceService.
+func (rd *Reader) LastApplied(ctx context.Context, id, target string) (*delegate.ChangeSet, error) {
+	j, _, err := rd.workspaceOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	last, err := rd.store.LastApply(ctx, chainOf(j), target)
+	if err != nil || last == "" {
+		return nil, err
+	}
+	return rd.ChangeSet(ctx, last)
+}
+
+// RecordApplied implements delegate.WorkspaceService: the one write of
+// the read side, a fact about the target rather than about the job.
+func (rd *Reader) RecordApplied(ctx context.Context, id, target string) error {
+	j, _, err := rd.workspaceOf(ctx, id)
+	if err != nil {
+		return err
+	}
+	return rd.store.SaveApply(ctx, chainOf(j), target, j.ID)
 }
 
 // resultChanges is the changes a result shows: nil for a job without a

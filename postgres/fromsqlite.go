@@ -48,10 +48,11 @@ var sqliteTables = map[string][]string{
 	// The leases of the processes that shared the file and their terms:
 	// not copied (no server runs on it while it is copied; the servers
 	// on the database register their own).
-	"servers": {"id", "host", "host_id", "pid_namespace", "addr", "backend", "started_at", "renewed_at", "expires_at", "draining"},
-	"terms":   {"name", "holder", "term", "expires_at"},
-	"tokens":  {"seq", "id", "principal", "hash", "scopes", "created_at", "created_by", "expires_at", "revoked_at"},
-	"audit":   {"seq", "time", "principal", "action", "target", "detail"},
+	"servers":           {"id", "host", "host_id", "pid_namespace", "addr", "backend", "started_at", "renewed_at", "expires_at", "draining"},
+	"terms":             {"name", "holder", "term", "expires_at"},
+	"tokens":            {"seq", "id", "principal", "hash", "scopes", "created_at", "created_by", "expires_at", "revoked_at"},
+	"audit":             {"seq", "time", "principal", "action", "target", "detail"},
+	"workspace_applies": {"chain", "target", "job_seq", "applied_at"},
 }
 
 // NotEmptyError is CopyFromSQLite's refusal of a database that holds
@@ -436,6 +437,15 @@ func copyWorkspaces(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB,
 			return fmt.Errorf("workspace of job %s: %w", j.id, err)
 		}
 		c.Workspaces++
+	}
+	var (
+		chain, target string
+		seq, at       int64
+	)
+	if _, err := copyOne(ctx, rtx, tx, "workspace_applies", []string{"chain", "target", "job_seq", "applied_at"},
+		`SELECT chain, target, job_seq, applied_at FROM workspace_applies`, []any{&chain, &target, &seq, &at},
+		func() []any { return []any{clean(chain), clean(target), seq, nanosTS(at)} }); err != nil {
+		return err
 	}
 	return nil
 }

@@ -84,6 +84,7 @@ func fillSQLite(t *testing.T, path string) []string {
 	must(err)
 	must(s.SaveBaseline(ctx, "job-2", "/src/project", []byte(`{"version":1,"files":[]}`)))
 	must(s.SaveChanges(ctx, "job-2", delegate.WorkspaceChanges{Added: 1, Files: []delegate.ChangedFile{{Path: "x", Kind: "added", Size: 1}}}, []byte{0, 1, 2}))
+	must(s.SaveApply(ctx, "sbx-kept", "/src/project", "job-2"))
 	must(s.CreateSandbox(ctx, &delegate.Sandbox{ID: "sbx-kept", State: delegate.SandboxIdle, Backend: "local", Instance: "sb-9", JobID: "job-3",
 		Owner: "owner-1", Resources: delegate.Resources{CPU: 1, Memory: "512M", Disk: "1G"}, CreatedAt: at, LastUsedAt: at,
 		ExpiresAt: at.Add(time.Hour), IdleTimeout: time.Minute, PauseTimeout: time.Hour}))
@@ -150,6 +151,9 @@ func sameStores(t *testing.T, a, b delegate.Store, ids []string) {
 			continue
 		}
 		same("workspace of "+id, wa, wb, err1, err2)
+	}
+	if ja, err := b.LastApply(ctx, "sbx-kept", "/src/project"); err != nil || ja != "job-2" {
+		t.Errorf("the last apply, copied: %q %v, want job-2", ja, err)
 	}
 	sa, err1 := a.ListSandboxes(ctx, false, 100)
 	sb, err2 := b.ListSandboxes(ctx, false, 100)

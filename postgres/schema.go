@@ -246,4 +246,15 @@ var migrations = []string{
 		detail text NOT NULL DEFAULT ''
 	);
 	CREATE INDEX audit_principal ON audit (principal, seq);`,
+	// Where a workspace's changes were applied last (issue 40): per chain
+	// (a kept sandbox's id, or a job's own) and target directory, the job
+	// whose changes were written. A row goes with its job.
+	`CREATE TABLE workspace_applies (
+		chain text NOT NULL,
+		target text NOT NULL,
+		job_seq bigint NOT NULL REFERENCES jobs (seq) ON DELETE CASCADE,
+		applied_at timestamptz NOT NULL,
+		PRIMARY KEY (chain, target)
+	);
+	CREATE INDEX workspace_applies_job ON workspace_applies (job_seq);`,
 }

@@ -37,6 +37,29 @@ func (s *WorkspaceStore) SaveChanges(ctx context.Context, id string, summary del
 		ON CONFLICT (seq) DO UPDATE SET changes = excluded.changes, summary = excluded.summary`, id, changes, string(sum))
 }
 
+// SaveApply records that job's changes were written into target, the
+// last from chain.
+func (s *WorkspaceStore) SaveApply(ctx context.Context, chain, target, job string) error {
+	return s.write(ctx, job, "save the apply", `INSERT INTO workspace_applies (chain, target, job_seq, applied_at)
+		SELECT $2, $3, seq, now() FROM jobs WHERE id = $1
+		ON CONFLICT (chain, target) DO UPDATE SET job_seq = excluded.job_seq, applied_at = excluded.applied_at`, job, clean(chain), clean(target))
+}
+
+// LastApply is the job whose changes were written last into target from
+// chain ("" when none was).
+func (s *WorkspaceStore) LastApply(ctx context.Context, chain, target string) (string, error) {
+	var id string
+	err := s.db.pool.QueryRow(ctx, `SELECT j.id FROM workspace_applies a JOIN jobs j ON j.seq = a.job_seq
+		WHERE a.chain = $1 AND a.target = $2 AND ($3 = '' OR j.principal = $3)`, clean(chain), clean(target), delegate.ReaderOf(ctx)).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the last apply of %s into %s: %w", chain, target, err)
+	}
+	return id, nil
+}
+
 func (s *WorkspaceStore) write(ctx context.Context, id, what, sql string, args ...any) error {
 	tag, err := s.db.exec(ctx, sql, args...)
 	if err == nil && tag.RowsAffected() == 0 {

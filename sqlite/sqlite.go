@@ -303,6 +303,18 @@ var migrations = []string{
 		detail TEXT NOT NULL DEFAULT ''
 	);
 	CREATE INDEX audit_principal ON audit(principal, seq);`,
+	// Where a workspace's changes were applied last (issue 40): per chain
+	// (a kept sandbox's id, or a job's own) and target directory, the job
+	// whose changes were written, so that the next apply there starts
+	// from them. A row goes with its job.
+	`CREATE TABLE workspace_applies (
+		chain TEXT NOT NULL,
+		target TEXT NOT NULL,
+		job_seq INTEGER NOT NULL REFERENCES jobs(seq) ON DELETE CASCADE,
+		applied_at INTEGER NOT NULL,
+		PRIMARY KEY (chain, target)
+	) WITHOUT ROWID;
+	CREATE INDEX workspace_applies_job ON workspace_applies(job_seq);`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 )
@@ -21,6 +22,8 @@ type WorkspaceStore struct {
 		get      *sql.Stmt // reader
 		wBase    *sql.Stmt // writer
 		wChanges *sql.Stmt
+		wApply   *sql.Stmt
+		getApply *sql.Stmt // reader
 	}
 }
 
@@ -34,6 +37,9 @@ func newWorkspaceStore(ctx context.Context, db *DB) (*WorkspaceStore, error) {
 			ON CONFLICT (seq) DO UPDATE SET source = excluded.source, baseline = excluded.baseline`},
 		{db.wdb, &s.stmt.wChanges, `INSERT INTO job_workspaces (seq, changes, summary) SELECT seq, ?, ? FROM jobs WHERE id = ?
 			ON CONFLICT (seq) DO UPDATE SET changes = excluded.changes, summary = excluded.summary`},
+		{db.wdb, &s.stmt.wApply, `INSERT INTO workspace_applies (chain, target, job_seq, applied_at) SELECT ?, ?, seq, ? FROM jobs WHERE id = ?
+			ON CONFLICT (chain, target) DO UPDATE SET job_seq = excluded.job_seq, applied_at = excluded.applied_at`},
+		{db.rdb, &s.stmt.getApply, `SELECT j.id FROM workspace_applies a JOIN jobs j ON j.seq = a.job_seq WHERE a.chain = ?1 AND a.target = ?3` + mineJ},
 	})
 }
 
@@ -60,6 +66,26 @@ func (s *WorkspaceStore) SaveChanges(ctx context.Context, id string, summary del
 		return fmt.Errorf("save the workspace changes of job %s: %w", id, err)
 	}
 	return s.write(ctx, id, "save the workspace changes", s.stmt.wChanges, z, string(sum), id)
+}
+
+// SaveApply records that job's changes were written into target, the
+// last from chain.
+func (s *WorkspaceStore) SaveApply(ctx context.Context, chain, target, job string) error {
+	return s.write(ctx, job, "save the apply", s.stmt.wApply, chain, target, time.Now().UnixNano(), job)
+}
+
+// LastApply is the job whose changes were written last into target from
+// chain ("" when none was).
+func (s *WorkspaceStore) LastApply(ctx context.Context, chain, target string) (string, error) {
+	var id string
+	err := s.stmt.getApply.QueryRowContext(ctx, chain, delegate.ReaderOf(ctx), target).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the last apply of %s into %s: %w", chain, target, err)
+	}
+	return id, nil
 }
 
 func (s *WorkspaceStore) write(ctx context.Context, id, what string, st *sql.Stmt, args ...any) error {

@@ -58,6 +58,9 @@ func testPrune(t *testing.T, open Open) {
 	if err := s.SaveBaseline(ctx, "j-old", "/src", []byte(`{"version":1}`)); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.SaveApply(ctx, "j-old", "/src", "j-old"); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.CreateNetwork(ctx, &delegate.NetworkState{ID: "j-old", Policy: delegate.Egress(), TokenHash: "h-old", CreatedAt: old, EndedAt: old}); err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +146,9 @@ func testPrune(t *testing.T, open Open) {
 	}
 	if _, err := s.JobWorkspace(ctx, "j-old"); !errors.Is(err, delegate.ErrNotFound) {
 		t.Errorf("workspace of a pruned job: %v, want not found", err)
+	}
+	if id, err := s.LastApply(ctx, "j-old", "/src"); err != nil || id != "" {
+		t.Errorf("the apply of a pruned job: %q %v, want none", id, err)
 	}
 	if _, err := s.GetNetwork(ctx, "j-old"); !errors.Is(err, delegate.ErrNotFound) {
 		t.Errorf("network of a pruned job: %v, want not found", err)

@@ -55,6 +55,33 @@ func testWorkspaces(t *testing.T, open Open) {
 	if err := s.SaveChanges(ctx, "nope", sum, nil); !errors.Is(err, delegate.ErrNotFound) {
 		t.Errorf("SaveChanges of no job: %v, want ErrNotFound", err)
 	}
+	// Applies (issue 40): per chain and target, the last job whose
+	// changes were written there, read by another handle; another target
+	// or chain has none; a job that is none is ErrNotFound.
+	if id, err := s.LastApply(ctx, "sbx-a", "/src/project"); err != nil || id != "" {
+		t.Fatalf("before any apply: %q %v, want none", id, err)
+	}
+	create(t, s, NewJob("later"))
+	for _, a := range []struct{ chain, target, job string }{
+		{"sbx-a", "/src/project", "w"}, {"sbx-a", "/src/copy", "cmd"}, {"sbx-a", "/src/project", "later"}, {"w", "/src/project", "w"},
+	} {
+		if err := s.SaveApply(ctx, a.chain, a.target, a.job); err != nil {
+			t.Fatalf("SaveApply %+v: %v", a, err)
+		}
+	}
+	for _, a := range []struct{ chain, target, want string }{
+		{"sbx-a", "/src/project", "later"}, {"sbx-a", "/src/copy", "cmd"}, {"w", "/src/project", "w"}, {"sbx-b", "/src/project", ""}, {"sbx-a", "/src", ""},
+	} {
+		if id, err := open().LastApply(ctx, a.chain, a.target); err != nil || id != a.want {
+			t.Errorf("LastApply(%s, %s) = %q, %v; want %q", a.chain, a.target, id, err, a.want)
+		}
+	}
+	if err := s.SaveApply(ctx, "sbx-a", "/src/project", "nope"); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("SaveApply of no job: %v, want ErrNotFound", err)
+	}
+	if id, _ := s.LastApply(ctx, "sbx-a", "/src/project"); id != "later" {
+		t.Errorf("a refused SaveApply replaced the last apply: %q", id)
+	}
 	// A store may keep them in any form (compressed: see the sqlite
 	// store), as long as they read back as given: a large baseline, and
 	// values that look compressed already.
