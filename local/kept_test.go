@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -85,11 +84,9 @@ done`)
 		if want := fmt.Sprintf("signalled\nkilled\n%s gone\n%s gone\n", pid1, pid2); out != want {
 			t.Errorf("the third command killing the first one's background: %q, want %q", out, want)
 		}
-		// A spare init forks for the next command is in the sandbox's group
-		// until init has placed it in its own: allow it that moment.
-		testkit.Eventually(t, 5*time.Second, "no process in the sandbox besides its init", func() bool {
-			return len(sandboxProcs(t, sb)) == 1
-		})
+		if pids := sandboxProcs(t, sb); len(pids) != 1 {
+			t.Errorf("processes in the sandbox besides its init: %v", pids)
+		}
 	})
 }
 
@@ -102,15 +99,33 @@ func sandboxProcs(t *testing.T, sb *sbox) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmdlines := map[int]string{}
+	for _, pid := range pids {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		cmdlines[pid] = strings.ReplaceAll(string(cmdline), "\x00", " ")
+	}
 	var out []string
 	for _, pid := range pids {
-		if isSpare(pid) {
+		if isSpare(pid) || justForkedSpare(pid, cmdlines) {
 			continue
 		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+		out = append(out, fmt.Sprintf("%d %s", pid, cmdlines[pid]))
 	}
 	return out
+}
+
+// justForkedSpare says whether pid is a spare init has forked and not yet
+// placed in its spare group: init's child, with init's command line.
+func justForkedSpare(pid int, cmdlines map[int]string) bool {
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			ppid, _ := strconv.Atoi(strings.TrimSpace(v))
+			parent, ok := cmdlines[ppid]
+			return ok && parent == cmdlines[pid] && strings.Contains(parent, initCommand)
+		}
+	}
+	return false
 }
 
 // isSpare says whether pid is a kept sandbox's spare: in a pids group
