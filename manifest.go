@@ -10,11 +10,13 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"path"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // AgentType says how a job's work is started inside the sandbox.
@@ -78,8 +80,10 @@ type Manifest struct {
 	Secrets   []string          `json:"secrets,omitempty"`
 	Resources *Resources        `json:"resources,omitempty"`
 	// Timeout is in seconds, counted from running; nil asks for the
-	// server's default (0 is not "no timeout": it is refused).
-	Timeout    *int       `json:"timeout,omitempty"`
+	// server's default (0 is not "no timeout": it is refused). In JSON it
+	// may be a duration too ("10m"): the tag delegate:"seconds" tells
+	// jsonin to read a string with ParseSeconds.
+	Timeout    *int       `json:"timeout,omitempty" delegate:"seconds"`
 	Lifecycle  Lifecycle  `json:"lifecycle,omitempty"`
 	VMTemplate string     `json:"vmTemplate,omitempty"`
 	StatusMode StatusMode `json:"statusMode,omitempty"`
@@ -187,6 +191,22 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is larger than 1T", s)
 	}
 	return n << shift, nil
+}
+
+// ParseSeconds reads a duration as delegate takes it everywhere (the
+// CLI's flags, a manifest, MCP's arguments): whole seconds, as an integer
+// ("600") or a Go duration ("10m", "1h30m", "90s"). Its error is a
+// *FieldError without a field, for the caller to name.
+func ParseSeconds(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	if n, err := strconv.Atoi(t); err == nil {
+		return n, nil
+	}
+	d, err := time.ParseDuration(t)
+	if err != nil || d%time.Second != 0 || d > time.Duration(math.MaxInt32)*time.Second {
+		return 0, &FieldError{Rule: fmt.Sprintf("must be seconds or a duration of whole seconds like \"90s\", \"10m\" or \"1h30m\" (got %q)", s)}
+	}
+	return int(d / time.Second), nil
 }
 
 // OneOf lists the agent types, for messages.

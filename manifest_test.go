@@ -34,7 +34,13 @@ func TestParseManifest(t *testing.T) {
 		{"custom no command", `{"agentType":"custom","task":"x"}`, "manifest.agent.command", "is required"},
 		{"claude no task", `{"agentType":"claude"}`, "manifest.task", "is required"},
 		{"unknown field", `{"agentType":"script","task":"x","timout":5}`, "manifest.timout", "unknown field"},
-		{"wrong type", `{"agentType":"script","task":"x","timeout":"5"}`, "manifest.timeout", "must be an integer (got a string)"},
+		{"wrong type", `{"agentType":"script","task":"x","timeout":"five"}`, "manifest.timeout", `must be seconds or a duration of whole seconds like "90s", "10m" or "1h30m" (got "five")`},
+		{"wrong kind", `{"agentType":"script","task":"x","timeout":[5]}`, "manifest.timeout", `must be seconds or a duration like "10m" (got an array)`},
+		{"a duration", `{"agentType":"script","task":"x","timeout":"10m"}`, "", ""},
+		{"a duration too long", `{"agentType":"script","task":"x","timeout":"25h"}`, "manifest.timeout", "between 1 and 86400 seconds (got 90000"},
+		{"every unknown field", `{"agentType":"script","task":"x","timout":5,"artefacts":[],"resources":{"memroy":"1G"},"network":{"allow":[],"deny":[]}}`,
+			"manifest.timout", "unknown field (known: task, agentType, agent, files, env, secrets, resources, timeout, lifecycle, vmTemplate, statusMode, artifacts, network, stdin, sandbox, workspace, caches); " +
+				"3 more unknown: manifest.artefacts, manifest.resources.memroy (known: cpu, memory, disk), manifest.network.deny (known: allow, ask)"},
 		{"fraction", `{"agentType":"script","task":"x","timeout":1.5}`, "manifest.timeout", "must be an integer (got 1.5)"},
 		{"integral float", `{"agentType":"script","task":"x","timeout":60.0}`, "", ""},
 		{"timeout zero", `{"agentType":"script","task":"x","timeout":0}`, "manifest.timeout", "between 1 and 86400"},
@@ -121,6 +127,25 @@ func TestParseManifest(t *testing.T) {
 				t.Fatal("FieldError should match ErrInvalid")
 			}
 		})
+	}
+}
+
+// TestParseSeconds: a duration is seconds or a Go duration of whole
+// seconds, everywhere delegate takes one.
+func TestParseSeconds(t *testing.T) {
+	for in, want := range map[string]int{"600": 600, "10m": 600, "1h30m": 5400, "90s": 90, " 5 ": 5, "-5m": -300, "0": 0} {
+		if got, err := delegate.ParseSeconds(in); err != nil || got != want {
+			t.Errorf("ParseSeconds(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "1.5s", "10 minutes", "5x", "1ms", "99999999h"} {
+		if _, err := delegate.ParseSeconds(in); err == nil {
+			t.Errorf("ParseSeconds(%q) accepted", in)
+		}
+	}
+	m, err := jsonin.ParseManifest([]byte(`{"task":"x","timeout":"1h"}`))
+	if err != nil || m.TimeoutSeconds() != 3600 {
+		t.Errorf("timeout 1h: %d, %v", m.TimeoutSeconds(), err)
 	}
 }
 

@@ -92,9 +92,9 @@ type SandboxSpec struct {
 	Network    Network    `json:"network,omitzero"`
 	// Timeouts in seconds: idle before it is paused, paused before it
 	// goes, and its whole lifetime.
-	IdleTimeout  int `json:"idle_timeout,omitempty"`
-	PauseTimeout int `json:"pause_timeout,omitempty"`
-	Lifetime     int `json:"lifetime,omitempty"`
+	IdleTimeout  int `json:"idle_timeout,omitempty" delegate:"seconds"`
+	PauseTimeout int `json:"pause_timeout,omitempty" delegate:"seconds"`
+	Lifetime     int `json:"lifetime,omitempty" delegate:"seconds"`
 }
 
 // Validate checks a spec's values, naming the field at fault.

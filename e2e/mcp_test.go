@@ -36,6 +36,7 @@ type resultOut struct {
 	OutputTruncated bool    `json:"output_truncated"`
 	Error           string  `json:"error"`
 	DurationSeconds float64 `json:"duration_seconds"`
+	OutputURI       string  `json:"output_uri"`
 }
 
 type listOut struct {
@@ -180,7 +181,7 @@ func lifecycle(t *testing.T, cs *mcp.ClientSession) {
 		{map[string]any{"manifest": map[string]any{"agentType": "custom", "task": "x"}}, "manifest.agent.command: is required"},
 		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "timeout": 0}}, "manifest.timeout: must be between 1 and 86400"},
 		{map[string]any{"manifest": nil}, "manifest: required (an object)"},
-		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "timeout": "60"}}, "manifest.timeout: must be an integer (got a string)"},
+		{map[string]any{"manifest": map[string]any{"agentType": "script", "task": "x", "timeout": "sixty"}}, "manifest.timeout: must be seconds or a duration of whole seconds"},
 	} {
 		if msg := callErr(t, cs, "submit_job", tc.args); !strings.Contains(msg, tc.want) {
 			t.Errorf("submit %v: %q, want %q", tc.args, msg, tc.want)

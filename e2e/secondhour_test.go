@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -103,4 +105,113 @@ func TestApplyTwiceFromSandbox(t *testing.T) {
 			t.Errorf("%s does not name the sandbox as sandbox_id:\n%s", strings.Join(args, " "), out)
 		}
 	}
+}
+
+// bigOutput prints 2,000 numbered lines of 86 bytes (172 KB) to stdout,
+// a line to stderr, and exits 3.
+const bigOutput = `i=1; while [ $i -le 2000 ]; do printf 'line %04d %s\n' $i ` +
+	`xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; echo 'it broke' >&2; exit 3`
+
+// maxResultText is what a result of bigOutput may put into a model's
+// context: the inline output (4 KiB), stderr's tail and the rest.
+const maxResultText = 6 << 10
+
+// checkReadable checks a result an agent reads (item 7): small; how the
+// job ended first (the text starts with the status and exit code), the
+// output last, from a line's start to the end, said to be truncated, and
+// where the rest is.
+func checkReadable(t *testing.T, what, text string, prefix string) resultOut {
+	t.Helper()
+	if len(text) > maxResultText {
+		t.Errorf("%s: %d bytes of text, more than %d", what, len(text), maxResultText)
+	}
+	if !strings.HasPrefix(text, prefix) {
+		t.Errorf("%s starts %.200q, want %q first", what, text, prefix)
+	}
+	var r resultOut
+	var waited struct {
+		Result *resultOut `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(text), &waited); err != nil {
+		t.Fatalf("%s: %v: %s", what, err, text)
+	}
+	if waited.Result != nil { // wait_job's: the result inside
+		r = *waited.Result
+	} else {
+		json.Unmarshal([]byte(text), &r)
+	}
+	if !strings.HasSuffix(text, `"output":`+quote(r.Output)+"}") && !strings.HasSuffix(text, `"output":`+quote(r.Output)+"}}") {
+		t.Errorf("%s: the output is not last: %.300q", what, text[max(0, len(text)-300):])
+	}
+	if r.Stderr != "it broke\n" || r.Error == "" || r.OutputBytes != 172009 || !r.OutputTruncated || !strings.HasPrefix(r.OutputURI, "job://") {
+		t.Errorf("%s: %+v", what, r)
+	}
+	if !regexp.MustCompile(`^(line \d{4} x{75}\n)+$`).MatchString(r.Output) || !strings.HasSuffix(r.Output, "line 2000 "+strings.Repeat("x", 75)+"\n") ||
+		len(r.Output) > 4<<10 || len(r.Output) < 3<<10 {
+		t.Errorf("%s: the output shown is not whole lines up to the end (%d bytes): %.120q…", what, len(r.Output), r.Output)
+	}
+	return r
+}
+
+func quote(s string) string {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s)
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// TestResultsAgentsCanRead: a job printing 170 KB, in a sandbox of its own
+// and as a command in a kept sandbox, through wait_job, get_job_result and
+// a task's result (the official TypeScript client): each says how the job
+// ended first and shows the end of the output, whole lines, at most 4 KiB;
+// output_truncated says that there is more, and output_uri (the job's log)
+// has all of it (issue 40, item 7).
+func TestResultsAgentsCanRead(t *testing.T) {
+	dataDir := t.TempDir()
+	out, errOut, code := delegateCLI(t, dataDir, "sandboxes", "open")
+	sbx := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(sbx, "sbx-") {
+		t.Fatalf("sandboxes open (%d): %q %s", code, out, errOut)
+	}
+	t.Cleanup(func() { delegateCLI(t, dataDir, "sandboxes", "release", sbx) })
+	cs, _, _ := stdioSession(t, dataDir, "")
+	for _, m := range []map[string]any{
+		{"agentType": "script", "task": bigOutput},
+		{"task": bigOutput, "sandbox": sbx},
+	} {
+		sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": m})
+		var waited string
+		for {
+			res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: "wait_job", Arguments: map[string]any{"job_id": sub.JobID}})
+			if err != nil || res.IsError {
+				t.Fatalf("wait_job: %v %s", err, text(res))
+			}
+			if waited = text(res); strings.Contains(waited, `"done":true`) {
+				break
+			}
+		}
+		checkReadable(t, "wait_job", waited, `{"status":"failed","done":true,"error":"exit code 3","result":{"status":"failed","exit_code":3,"exit_reason":"exited",`)
+		res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: "get_job_result", Arguments: map[string]any{"job_id": sub.JobID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := checkReadable(t, "get_job_result", text(res), `{"status":"failed","exit_code":3,"exit_reason":"exited","error":"exit code 3",`)
+		if r.OutputURI != "job://"+sub.JobID+"/log" {
+			t.Errorf("output_uri %q", r.OutputURI)
+		}
+		all, err := cs.ReadResource(testContext(t), &mcp.ReadResourceParams{URI: r.OutputURI})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if log := all.Contents[0].Text; len(log) != 172009 || !strings.HasPrefix(log, "line 0001 ") || !strings.Contains(log, "line 1000 ") || !strings.HasSuffix(log, "it broke\n") {
+			t.Errorf("%s has %d bytes, not the whole output: %.100q…", r.OutputURI, len(log), log)
+		}
+	}
+	requireTasksClient(t)
+	task := tasksClient(t, "stdio", binary, dataDir, "insandbox", sbx, bigOutput)
+	if task.Outcome != "completed" || !task.IsError {
+		t.Fatalf("the task: %+v", task)
+	}
+	checkReadable(t, "the task's result", task.Text, `{"status":"failed","exit_code":3,"exit_reason":"exited","error":"exit code 3",`)
 }

@@ -32,6 +32,7 @@ type tasksReport struct {
 	IsError          bool      `json:"isError"`
 	Result           resultOut `json:"result"`
 	TextIsStructured bool      `json:"textIsStructured"`
+	Text             string    `json:"text"` // the result's text content
 	OutputValidation string    `json:"outputValidation"`
 	Wire             struct {
 		Requests      map[string]int `json:"requests"`

@@ -48,7 +48,13 @@ func TestArgumentErrors(t *testing.T) {
 		{"submit_job", `{}`, "manifest: required (an object)"},
 		{"submit_job", `{"manifest":"echo hi"}`, "manifest: must be an object (got a string)"},
 		{"submit_job", `{"manifets":{}}`, "manifets: unknown field (known: manifest, idempotency_key)"},
-		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":"5"}}`, "manifest.timeout: must be an integer (got a string)"},
+		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":"5 minutes"}}`, `manifest.timeout: must be seconds or a duration of whole seconds like "90s", "10m" or "1h30m" (got "5 minutes")`},
+		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":"1.5s"}}`, `manifest.timeout: must be seconds or a duration of whole seconds`},
+		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":true}}`, `manifest.timeout: must be seconds or a duration like "10m" (got a boolean)`},
+		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":"48h"}}`, "manifest.timeout: must be between 1 and 86400 seconds (got 172800"},
+		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timout":5,"resources":{"memroy":"1G"},"files":[{"path":"a","content":"","mdoe":"0644"}]}}`,
+			"manifest.timout: unknown field (known: task, agentType, agent, files, env, secrets, resources, timeout, lifecycle, vmTemplate, statusMode, artifacts, network, stdin, sandbox, workspace, caches); " +
+				"2 more unknown: manifest.resources.memroy (known: cpu, memory, disk), manifest.files[0].mdoe (known: path, content, mode, link)"},
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":0}}`, "manifest.timeout: must be between 1 and 86400 seconds"},
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x","timeout":-1}}`, "manifest.timeout: must be between 1 and 86400 seconds"},
 		{"submit_job", `{"manifest":{"agentType":"script","task":"x","files":[{"path":"a","content":` + b64 + `},{"path":"b","content":` + b64 + `},{"path":"c","content":"a b"}]}}`, "manifest.files[2].content: not base64"},
@@ -67,7 +73,8 @@ func TestArgumentErrors(t *testing.T) {
 		{"get_job_status", `{"job_id":"a","job_id":"b"}`, "job_id: duplicate key"},
 		{"get_job_status", `{"job_id":"a","jobId":"b"}`, "jobId: unknown field (known: job_id)"},
 		{"wait_job", `{"job_id":"a","timeout_seconds":0}`, "timeout_seconds: must be between 1 and 50"},
-		{"wait_job", `{"job_id":"a","timeout_seconds":"10"}`, "timeout_seconds: must be an integer (got a string)"},
+		{"wait_job", `{"job_id":"a","timeout_seconds":"ten"}`, `timeout_seconds: must be seconds or a duration of whole seconds like "90s"`},
+		{"wait_job", `{"job_id":"a","timeout_seconds":"2m"}`, "timeout_seconds: must be between 1 and 50 (got 120"},
 		{"wait_job", `{"job_id":"a","timeout_seconds":2.5}`, "timeout_seconds: must be an integer (got 2.5)"},
 		{"get_job_result", `{"job_id":"a","max_output_bytes":true}`, "max_output_bytes: must be an integer (got a boolean)"},
 		{"get_job_logs", `{"job_id":"a","offset":3}`, "offset: unknown field (known: job_id, cursor, max_bytes)"},
@@ -179,7 +186,10 @@ func leaves(schema map[string]any, path string) []leaf {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		p := props[name].(map[string]any)
+		p, ok := props[name].(map[string]any)
+		if !ok {
+			p = map[string]any{} // true: the empty schema
+		}
 		pp := name
 		if path != "" {
 			pp = path + "." + name
@@ -201,6 +211,11 @@ func leaves(schema map[string]any, path string) []leaf {
 			out = append(out, leaf{pp, "none", 42}, leaf{pp, map[string]any{"allow": []any{"pypi.org"}, "ask": true}, 42})
 		case p["enum"] != nil:
 			out = append(out, leaf{pp, p["enum"].([]any)[0], 42})
+		case typeOf(p) == nil:
+			// A duration (the decoder's delegate:"seconds"): seconds, or
+			// a string like "10m"; its schema has no type (tools/list's
+			// budget), only a description when there is room.
+			out = append(out, leaf{pp, "10s", true}, leaf{pp, 5, "seven"})
 		case p["properties"] != nil:
 			out = append(out, leaf{pp, minimal(p), "x"})
 			for _, l := range leaves(p, pp) {

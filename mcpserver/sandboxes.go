@@ -110,8 +110,8 @@ type OpenSandboxIn struct {
 	Resources   *delegate.Resources `json:"resources,omitempty"`
 	VMTemplate  string              `json:"vmTemplate,omitempty"`
 	Network     delegate.Network    `json:"network,omitempty"`
-	IdleTimeout int                 `json:"idle_timeout,omitempty"`
-	Lifetime    int                 `json:"lifetime,omitempty"`
+	IdleTimeout int                 `json:"idle_timeout,omitempty" delegate:"seconds"`
+	Lifetime    int                 `json:"lifetime,omitempty" delegate:"seconds"`
 }
 
 // SandboxOut is a kept sandbox as the tools show it.
@@ -362,11 +362,8 @@ func (h *sandboxHandlers) listFiles(ctx context.Context, in *FilesIn) (FilesOut,
 
 func openSandboxSchema() *jsonschema.Schema {
 	s := inputSchema[OpenSandboxIn]()
-	describe(s, map[string]string{
-		// The defaults are the server's settings: no number here.
-		"idle_timeout": "seconds",
-		"lifetime":     "seconds",
-	})
+	// The defaults are the server's settings: no number here.
+	durations(s, map[string]string{"idle_timeout": "seconds or 10m", "lifetime": "seconds or 10m"})
 	// The same as a job's: said, not spelled out again (tools/list's
 	// budget).
 	*at(s, "network") = jsonschema.Schema{Description: "as submit_job's"}

@@ -118,7 +118,7 @@ func TestOpenListRelease(t *testing.T) {
 
 	var o mcpserver.OpenSandboxOut
 	res := call(t, cs, "open_sandbox", map[string]any{"resources": map[string]any{"memory": "1G", "cpu": 2}, "vmTemplate": "debian",
-		"network": "egress", "idle_timeout": 600, "lifetime": 7200})
+		"network": "egress", "idle_timeout": "10m", "lifetime": 7200}) // a duration or seconds
 	structured(t, res, &o)
 	want := delegate.SandboxSpec{Resources: &delegate.Resources{Memory: "1G", CPU: 2}, VMTemplate: "debian", Network: delegate.Network{Mode: delegate.NetworkEgress},
 		IdleTimeout: 600, Lifetime: 7200}
@@ -196,7 +196,8 @@ func TestOpenSandboxRefusesBadSpecs(t *testing.T) {
 		`{"lifetime":99999999}`:                    "lifetime: must be between 1 and",
 		`{"resources":{"memory":"lots"}}`:          "manifest.resources.memory",
 		`{"network":"wifi"}`:                       "network",
-		`{"lifetime":"1h"}`:                        "lifetime: must be an integer (got a string)",
+		`{"lifetime":"an hour"}`:                   `lifetime: must be seconds or a duration of whole seconds like "90s"`,
+		`{"idle_timeout":"-5m"}`:                   "idle_timeout: must be between 1 and",
 		`{"pause_timeout":60}`:                     "pause_timeout: unknown field",
 		`{"resources":{"memory":"1G","x":1}}`:      "resources.x: unknown field",
 		`{"vmTemplate":"debian","vmTemplate":"x"}`: "vmTemplate: duplicate key",

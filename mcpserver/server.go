@@ -4,6 +4,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
@@ -53,7 +55,8 @@ func New(svc Services, log *slog.Logger) *Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "delegate", Title: "delegate: run jobs in isolated sandboxes", Version: buildinfo.Version()},
 		&mcp.ServerOptions{
 			Instructions: "Run work in a disposable isolated sandbox: submit_job returns a job_id at once; " +
-				"wait_job blocks up to 50 s (call it again while done is false); get_job_result then returns output and exit code.",
+				"wait_job blocks up to 50 s (call it again while done is false) and returns the result once done: exit code, error, " +
+				"the ends of stderr and output (output_uri has all); get_job_result returns it again.",
 			Logger: sdkLogger(log),
 			// The SDK keeps the subscriptions; accepting them is enough.
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
@@ -78,7 +81,7 @@ func New(svc Services, log *slog.Logger) *Server {
 	addTool(ts, &mcp.Tool{
 		Name:         "wait_job",
 		Description:  fmt.Sprintf("Block until the job ends or asks, or timeout_seconds (≤%d) pass; repeat while done is false.", maxWait),
-		InputSchema:  inputSchema[WaitIn](),
+		InputSchema:  waitSchema(),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
 	}, h.wait)
@@ -323,21 +326,23 @@ func (h *handlers) status(ctx context.Context, _ *mcp.CallToolRequest, in *JobIn
 // WaitIn is wait_job's input.
 type WaitIn struct {
 	JobID          string `json:"job_id"`
-	TimeoutSeconds *int   `json:"timeout_seconds,omitempty"`
+	TimeoutSeconds *int   `json:"timeout_seconds,omitempty" delegate:"seconds"`
 	// Allow widens the running job's network allowlist before the wait.
 	Allow []string `json:"allow,omitempty"`
 }
 
-// WaitOut is where a job is after wait_job: small, because the next call
-// is get_job_result (or another wait).
+// WaitOut is where a job is after wait_job; once the job has ended,
+// Result is get_job_result's answer (a ResultOut, its schema left open:
+// tools/list's budget), so that the wait that ends also answers.
 type WaitOut struct {
 	Status   delegate.Status `json:"status"`
-	Progress string          `json:"progress,omitempty"`
-	Error    string          `json:"error,omitempty"`
 	Done     bool            `json:"done"`
+	Error    string          `json:"error,omitempty"`
+	Progress string          `json:"progress,omitempty"`
 	// Questions the job waits for answers to (answer_job): wait_job
 	// returns at once while there are any.
 	Questions []QuestionOut `json:"questions,omitempty"`
+	Result    any           `json:"result,omitempty"` // a *ResultOut`
 }
 
 func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitIn) (WaitOut, error) {
@@ -375,7 +380,15 @@ func (h *handlers) wait(ctx context.Context, req *mcp.CallToolRequest, in *WaitI
 	if j == nil {
 		return WaitOut{}, fmt.Errorf("wait cancelled by the client")
 	}
-	return WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}, nil
+	out := WaitOut{Status: j.Status, Progress: newsOf(j), Error: j.Error, Done: j.Status.Terminal(), Questions: questions}
+	if out.Done {
+		res, err := h.result(ctx, nil, &ResultIn{JobID: in.JobID})
+		if err != nil {
+			return WaitOut{}, err
+		}
+		out.Result = &res
+	}
+	return out, nil
 }
 
 // reportProgress sends a progress notification whenever the job's stored
@@ -419,33 +432,48 @@ func (h *handlers) reportProgress(ctx context.Context, req *mcp.CallToolRequest,
 
 // ResultIn is get_job_result's input.
 type ResultIn struct {
-	JobID          string `json:"job_id"`
-	MaxOutputBytes int    `json:"max_output_bytes,omitempty"`
+	JobID string `json:"job_id"`
+	// MaxOutputBytes is how much of the end of stdout to show inline
+	// (inlineOutput when 0); stderr's tail gets half of it.
+	MaxOutputBytes int `json:"max_output_bytes,omitempty"`
 }
 
-// ResultOut is a finished job's result.
+// inlineOutput is how much of the end of a job's stdout a result shows
+// when the caller does not say: 4 KiB, the end of a test run's report,
+// where its summary is. A client puts a tool's whole answer into its
+// model's context (Claude Code does not cap it), so the rest is read on
+// demand: output_uri.
+const inlineOutput = 4 << 10
+
+// ResultOut is a finished job's result. Its fields are in the order a
+// reader needs them, and the JSON keeps that order (a client that
+// previews the start of an answer shows the exit code, not the output):
+// how the job ended, the sizes, stderr's tail, then stdout's.
 type ResultOut struct {
 	Status delegate.Status `json:"status"`
 	// ExitCode is the status the job's process ended with (137: killed),
 	// ExitReason why: exited, oom, timeout, cancelled, none.
-	ExitCode   *int                `json:"exit_code,omitempty"`
-	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
-	// Output is the end of the kept stdout, Stderr of the kept stderr
-	// (delegate.JobResult says why apart; get_job_logs has the two
-	// interleaved); OutputBytes counts all the job wrote to both,
-	// OutputTruncated says that only the first part was kept.
-	Output          string `json:"output"`
-	Stderr          string `json:"stderr"`
+	ExitCode        *int                `json:"exit_code,omitempty"`
+	ExitReason      delegate.ExitReason `json:"exit_reason,omitempty"`
+	Error           string              `json:"error,omitempty"`
+	OOMKilled       bool                `json:"oom_killed,omitempty"`
+	DurationSeconds float64             `json:"duration_seconds"`
+	// OutputBytes counts all the job wrote to both streams;
+	// OutputTruncated says that Output and Stderr do not show all of it
+	// (they show the ends, from a line's start), and OutputURI is then
+	// the resource with all that was kept (both streams, interleaved).
 	OutputBytes     int64  `json:"output_bytes"`
 	OutputTruncated bool   `json:"output_truncated"`
-	Error           string `json:"error,omitempty"`
-	Result          string `json:"result,omitempty"`
-	OOMKilled       bool   `json:"oom_killed,omitempty"`
-	// Artifacts are read as resources: job://{id}/artifacts/{name}.
-	Artifacts       []delegate.Artifact `json:"artifacts"`
-	DurationSeconds float64             `json:"duration_seconds"`
+	OutputURI       string `json:"output_uri,omitempty"`
+	// Stderr is the end of the kept stderr, Output of the kept stdout
+	// (delegate.JobResult says why apart; get_job_logs has the two
+	// interleaved).
+	Stderr string `json:"stderr"`
+	Result string `json:"result,omitempty"`
 	// SandboxID is the kept sandbox the job ran in or made.
 	SandboxID string `json:"sandbox_id,omitempty"`
+	// Artifacts are read as resources: job://{id}/artifacts/{name}.
+	Artifacts []delegate.Artifact `json:"artifacts"`
 	// Changes are what the job changed in its workspace (a job with
 	// manifest.workspace: delegate.WorkspaceChanges); the diff is
 	// job://{id}/diff, the patch job://{id}/patch. Its schema is left
@@ -456,24 +484,66 @@ type ResultOut struct {
 	// log is job://{id}/network). Untyped here, so that tools/list does
 	// not spell its fields out.
 	Network json.RawMessage `json:"network,omitempty"`
+	Output  string          `json:"output"`
 }
 
 func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *ResultIn) (ResultOut, error) {
-	r, err := h.svc.Result(ctx, in.JobID, delegate.ResultOptions{OutputTail: in.MaxOutputBytes})
+	if in.MaxOutputBytes < 0 {
+		return ResultOut{}, &delegate.FieldError{Field: "max_output_bytes", Rule: fmt.Sprintf("must be positive (got %d)", in.MaxOutputBytes)}
+	}
+	limit := in.MaxOutputBytes
+	if limit == 0 {
+		limit = inlineOutput
+	}
+	errLimit := max(limit/2, 1)
+	// One byte more than is shown: whether the tail starts a line.
+	tail := max(limit, errLimit) + 1
+	r, err := h.svc.Result(ctx, in.JobID, delegate.ResultOptions{OutputTail: tail})
 	if err != nil {
 		return ResultOut{}, err
 	}
+	out, outCut := lineTail(r.Output, r.OutputOffset, limit)
+	errs, errCut := lineTail(r.Stderr, r.StderrOffset, errLimit)
 	artifacts := r.Artifacts
 	if artifacts == nil {
 		artifacts = []delegate.Artifact{} // the schema says array, not null
 	}
-	return ResultOut{
-		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Output: text(r.Output), Stderr: text(r.Stderr),
-		OutputBytes: r.OutputBytes, OutputTruncated: r.OutputTruncated,
-		Error: r.Error, Result: r.Result, OOMKilled: r.OOMKilled, Artifacts: artifacts,
-		DurationSeconds: seconds(r.Duration),
-		SandboxID:       r.Sandbox, Changes: untyped(r.Changes), Network: untyped(r.Network),
-	}, nil
+	res := ResultOut{
+		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Error: r.Error, OOMKilled: r.OOMKilled,
+		DurationSeconds: seconds(r.Duration), OutputBytes: r.OutputBytes,
+		OutputTruncated: r.OutputTruncated || r.OutputLostBytes > 0 || outCut || errCut,
+		Stderr:          text(errs), Result: r.Result, SandboxID: r.Sandbox, Artifacts: artifacts,
+		Changes: untyped(r.Changes), Network: untyped(r.Network), Output: text(out),
+	}
+	if res.OutputTruncated {
+		res.OutputURI = "job://" + in.JobID + "/log"
+	}
+	return res, nil
+}
+
+// lineTail is the end of a stream, at most limit bytes of it, from the
+// start of a line: b is the stream's end from offset on, read a byte
+// longer than limit, so that the byte before what is shown tells whether
+// it starts a line. A tail of one long line is cut where the limit falls
+// (after a whole character). cut says whether any of the stream is left
+// out.
+func lineTail(b []byte, offset int64, limit int) (shown []byte, cut bool) {
+	if offset == 0 && len(b) <= limit {
+		return b, false
+	}
+	if len(b) > limit+1 {
+		b = b[len(b)-limit-1:]
+	}
+	if i := bytes.IndexByte(b, '\n'); i >= 0 && i < len(b)-1 {
+		return b[i+1:], true
+	}
+	if len(b) > limit {
+		b = b[len(b)-limit:]
+		for len(b) > 0 && !utf8.RuneStart(b[0]) {
+			b = b[1:]
+		}
+	}
+	return b, true
 }
 
 // untyped is a part of a result as JSON whose schema tools/list leaves
@@ -569,7 +639,6 @@ func submitSchema() *jsonschema.Schema {
 		"manifest.sandbox":          "kept sandbox to run in; its commands trust each other",
 		"manifest.secrets":          "server secrets, set as env vars",
 		"manifest.resources.memory": "e.g. 512M",
-		"manifest.timeout":          fmt.Sprintf("seconds, default %d", delegate.DefaultTimeoutSeconds),
 		"manifest.vmTemplate":       "rootfs or template name",
 		"manifest.statusMode":       "detailed: timeline; streaming: live logs",
 		"manifest.artifacts":        "globs of files to keep",
@@ -579,7 +648,26 @@ func submitSchema() *jsonschema.Schema {
 	oneOf(s, "manifest.lifecycle", delegate.LifecycleEphemeral, delegate.LifecyclePersistent)
 	oneOf(s, "manifest.statusMode", delegate.StatusModeSimple, delegate.StatusModeDetailed, delegate.StatusModeStreaming)
 	networkSchema(at(s, "manifest.network"))
+	durations(s, map[string]string{"manifest.timeout": fmt.Sprintf("seconds or 10m, default %d", delegate.DefaultTimeoutSeconds)})
 	return s
+}
+
+// waitSchema: timeout_seconds takes "30s" too; the tool's description
+// says the rest (tools/list's budget).
+func waitSchema() *jsonschema.Schema {
+	s := inputSchema[WaitIn]()
+	durations(s, map[string]string{"timeout_seconds": ""})
+	return s
+}
+
+// durations makes integer properties durations, as the decoder takes
+// them (delegate:"seconds": an integer of seconds, or a string like
+// "10m"): the type goes, the description says both.
+func durations(s *jsonschema.Schema, descriptions map[string]string) {
+	for path, d := range descriptions {
+		p := at(s, path)
+		p.Type, p.Description = "", d
+	}
 }
 
 // networkSchema: "none", "egress", or an allowlist object.

@@ -261,6 +261,9 @@ func undeclared(v any, schema map[string]any, path string) []string {
 				missing = append(missing, path+k)
 				continue
 			}
+			if len(p) == 0 {
+				continue // declared, its schema left open (wait_job's result)
+			}
 			missing = append(missing, undeclared(sub, p, path+k+".")...)
 		}
 	case []any:
@@ -339,7 +342,7 @@ func TestResultAndLogsRendering(t *testing.T) {
 	cs := connect(t, s, nil)
 	var r mcpserver.ResultOut
 	structured(t, call(t, cs, "get_job_result", map[string]any{"job_id": "job-1", "max_output_bytes": 100}), &r)
-	if gotResult.OutputTail != 100 {
+	if gotResult.OutputTail != 101 { // a byte more: whether the tail starts a line
 		t.Errorf("max_output_bytes became %+v", gotResult)
 	}
 	if r.Output != "ok \uFFFD\n" || r.Stderr != "warn \uFFFD\n" || r.DurationSeconds != 1.5 || len(r.Artifacts) != 1 {
@@ -420,6 +423,10 @@ func TestWait(t *testing.T) {
 		}
 		return &delegate.Job{ID: id, Status: delegate.StatusSuccess, Progress: "success"}, nil
 	}
+	s.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
+		return &delegate.JobResult{JobID: id, Status: delegate.StatusSuccess, ExitCode: new(0), ExitReason: delegate.ExitReasonExited,
+			Output: []byte("ok\n"), OutputBytes: 3}, nil
+	}
 	cs := connect(t, s, &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 		notified <- req.Params.Message
 	}})
@@ -433,6 +440,11 @@ func TestWait(t *testing.T) {
 	structured(t, res, &out)
 	if !out.Done || out.Status != delegate.StatusSuccess {
 		t.Errorf("wait %+v", out)
+	}
+	// The wait that ends answers with the result, how it ended first.
+	if want := `{"status":"success","done":true,"result":{"status":"success","exit_code":0,"exit_reason":"exited",`; !strings.HasPrefix(errorText(res), want) ||
+		!strings.HasSuffix(errorText(res), `"output":"ok\n"}}`) {
+		t.Errorf("wait_job answered %s, want it to start %s and end with the output", errorText(res), want)
 	}
 	if res := call(t, cs, "wait_job", map[string]any{"job_id": "job-1", "timeout_seconds": 51}); !res.IsError || !strings.Contains(errorText(res), "timeout_seconds") {
 		t.Errorf("timeout_seconds 51: %s", errorText(res))

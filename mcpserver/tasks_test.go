@@ -211,8 +211,8 @@ func TestTasksExtension(t *testing.T) {
 	}{
 		{"run-1", "working", "running: step 2/3", false, ""},
 		{"prov-1", "working", "provisioning: cloning template", false, ""},
-		{"ok-1", "completed", "success", false, `"status":"success","exit_code":0,"output":"out of ok-1\n"`},
-		{"fail-1", "completed", "failed: exit code 3", true, `"status":"failed","exit_code":3`},
+		{"ok-1", "completed", "success", false, `{"status":"success","exit_code":0,"duration_seconds":1,"output_bytes":0,"output_truncated":false,"stderr":"","artifacts":[],"output":"out of ok-1\n"}`},
+		{"fail-1", "completed", "failed: exit code 3", true, `{"status":"failed","exit_code":3,`},
 		{"late-1", "completed", "timeout: timed out after 5s", true, `"status":"timeout"`},
 		{"gone-1", "cancelled", "cancelled: cancelled by the client", false, ""},
 	}

@@ -146,6 +146,7 @@ const settle = async (execution) => {
     report.isError = outcome.result.isError ?? false;
     report.result = outcome.result.structuredContent;
     report.textIsStructured = outcome.result.content?.[0]?.text === JSON.stringify(outcome.result.structuredContent);
+    report.text = outcome.result.content?.[0]?.text ?? "";
     report.outputValidation = checkOutput(outcome.result.structuredContent);
   }
 };

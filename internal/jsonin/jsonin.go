@@ -110,11 +110,97 @@ func (jd *Decoder) Decode(data []byte, v any, prefix string) error {
 	if err == nil {
 		return nil
 	}
+	var u unknownFields
+	if errors.As(err, &u) {
+		return u.join(prefix)
+	}
 	var fe *delegate.FieldError
 	if !errors.As(err, &fe) {
 		fe = explain(err, "", rv.Elem().Type())
 	}
 	return &delegate.FieldError{Field: join(prefix, fe.Field), Rule: fe.Rule}
+}
+
+// unknownFields are the members of objects that name no field of theirs:
+// an object reads on past them and past its members', and returns them
+// all at its end.
+type unknownFields []*delegate.FieldError
+
+func (u unknownFields) Error() string { return u.join("").Error() }
+
+// add keeps err's unknown fields when it is unknownFields (whose value
+// was read to its end: the container reads on) and says whether it was.
+func (u *unknownFields) add(err error) bool {
+	var more unknownFields
+	if !errors.As(err, &more) {
+		return false
+	}
+	*u = append(*u, more...)
+	return true
+}
+
+// err is u as the error of the container that read them, nil for none.
+func (u unknownFields) err() error {
+	if len(u) == 0 {
+		return nil
+	}
+	return u
+}
+
+// join is the one error that names them all, each under prefix: the
+// first as the field at fault, the others after it, each object's known
+// fields said once.
+func (u unknownFields) join(prefix string) *delegate.FieldError {
+	first := &delegate.FieldError{Field: join(prefix, u[0].Field), Rule: u[0].Rule}
+	if len(u) == 1 {
+		return first
+	}
+	said := map[string]bool{u[0].Rule: true}
+	others := make([]string, 0, len(u)-1)
+	for _, fe := range u[1:] {
+		name := join(prefix, fe.Field)
+		if !said[fe.Rule] {
+			said[fe.Rule] = true
+			name += " (" + strings.TrimPrefix(fe.Rule, "unknown field (")
+		}
+		others = append(others, name)
+	}
+	first.Rule += fmt.Sprintf("; %d more unknown: %s", len(others), strings.Join(others, ", "))
+	return first
+}
+
+// seconds reads a duration string ("10m") into an int or *int field
+// tagged delegate:"seconds" (an integer goes the usual way).
+func seconds(dec *jsontext.Decoder, rv reflect.Value) error {
+	k := dec.PeekKind()
+	val, err := dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	if k != '"' {
+		return &ruleError{`must be seconds or a duration like "10m" (got ` + jsonKindName(k) + ")"}
+	}
+	str, err := unquote(val)
+	if err != nil {
+		return err
+	}
+	n, err := delegate.ParseSeconds(str)
+	if err != nil {
+		var fe *delegate.FieldError
+		errors.As(err, &fe)
+		return &ruleError{fe.Rule}
+	}
+	if rv.Kind() == reflect.Pointer {
+		if rv.IsNil() {
+			rv.Set(reflect.New(rv.Type().Elem()))
+		}
+		rv = rv.Elem()
+	}
+	if rv.OverflowInt(int64(n)) {
+		return &ruleError{fmt.Sprintf("must be at most %d seconds (got %q)", math.MaxInt32, str)}
+	}
+	rv.SetInt(int64(n))
+	return nil
 }
 
 // pooledDecoder is a tokenizer kept for the next Decode.
@@ -384,6 +470,9 @@ type structField struct {
 	name     string
 	index    int
 	required bool
+	// seconds: an integer field tagged delegate:"seconds" that takes a
+	// duration string too (delegate.ParseSeconds).
+	seconds bool
 }
 
 func (jd *Decoder) structOf(t reflect.Type) *structInfo {
@@ -406,7 +495,7 @@ func (jd *Decoder) structOf(t reflect.Type) *structInfo {
 		for o := range strings.SplitSeq(opts, ",") {
 			optional = optional || o == "omitempty" || o == "omitzero"
 		}
-		s.fields = append(s.fields, structField{name: name, index: i, required: !optional})
+		s.fields = append(s.fields, structField{name: name, index: i, required: !optional, seconds: f.Tag.Get("delegate") == "seconds"})
 		names = append(names, name)
 	}
 	s.known = strings.Join(names, ", ")
@@ -452,6 +541,7 @@ func (jd *Decoder) object(dec *jsontext.Decoder, rv reflect.Value) error {
 	}
 	var seen uint64 // by position in fields
 	last := -1      // the field read last
+	var unknown unknownFields
 	for dec.PeekKind() != '}' {
 		name, err := dec.ReadValue()
 		if err != nil {
@@ -459,8 +549,15 @@ func (jd *Decoder) object(dec *jsontext.Decoder, rv reflect.Value) error {
 		}
 		i := info.find(name)
 		if i < 0 {
+			// Read on past it, so that one answer names every
+			// misspelling, not one a try.
 			key, _ := unquote(name)
-			return &delegate.FieldError{Field: join(pathOf(dec, depth), key), Rule: "unknown field (known: " + info.known + ")"}
+			path := join(pathOf(dec, depth), key)
+			if err := dec.SkipValue(); err != nil {
+				return explain(err, path, nil)
+			}
+			unknown = append(unknown, &delegate.FieldError{Field: path, Rule: "unknown field (known: " + info.known + ")"})
+			continue
 		}
 		last = i
 		f := &info.fields[i]
@@ -475,9 +572,21 @@ func (jd *Decoder) object(dec *jsontext.Decoder, rv reflect.Value) error {
 			continue
 		}
 		seen |= 1 << i
-		if err := jd.decode(dec, fv); err != nil {
+		if f.seconds && dec.PeekKind() != '0' {
+			err = seconds(dec, fv)
+		} else {
+			err = jd.decode(dec, fv)
+		}
+		if err != nil && !unknown.add(err) {
 			return nameMember(err, func() string { return join(pathOf(dec, depth), f.name) }, fv.Type())
 		}
+	}
+	if len(unknown) > 0 {
+		// Before the required ones: a misspelled field is missing too.
+		if _, err := dec.ReadToken(); err != nil {
+			return explain(err, memberPath(dec, depth, info, last, err), nil)
+		}
+		return unknown
 	}
 	for i, f := range info.fields {
 		if f.required && seen&(1<<i) == 0 {
@@ -560,13 +669,16 @@ func (jd *Decoder) array(dec *jsontext.Decoder, rv reflect.Value) error {
 		return func() string { return pathOf(dec, depth) + "[" + strconv.Itoa(i) + "]" }
 	}
 	i := 0
+	var unknown unknownFields
 	for ; dec.PeekKind() != ']'; i++ {
 		if dec.PeekKind() == 'n' {
 			return &delegate.FieldError{Field: elem(i)(), Rule: "must be " + kindName(t.Elem()) + " (got null)"}
 		}
 		rv.Set(reflect.Append(rv, reflect.New(t.Elem()).Elem()))
 		if err := jd.decode(dec, rv.Index(i)); err != nil {
-			return nameMember(err, elem(i), t.Elem())
+			if !unknown.add(err) {
+				return nameMember(err, elem(i), t.Elem())
+			}
 		}
 	}
 	if _, err := dec.ReadToken(); err != nil {
@@ -575,7 +687,7 @@ func (jd *Decoder) array(dec *jsontext.Decoder, rv reflect.Value) error {
 		}
 		return explain(err, pathOf(dec, depth), nil)
 	}
-	return nil
+	return unknown.err()
 }
 
 // mapValue decodes {…} into the map rv.
@@ -590,6 +702,7 @@ func (jd *Decoder) mapValue(dec *jsontext.Decoder, rv reflect.Value) error {
 	}
 	ev := reflect.New(t.Elem()).Elem()
 	last := "" // the key read last
+	var unknown unknownFields
 	for dec.PeekKind() != '}' {
 		name, err := dec.ReadValue()
 		if err != nil {
@@ -606,14 +719,17 @@ func (jd *Decoder) mapValue(dec *jsontext.Decoder, rv reflect.Value) error {
 		}
 		ev.SetZero()
 		if err := jd.decode(dec, ev); err != nil {
-			return nameMember(err, keyPath, t.Elem())
+			if !unknown.add(err) {
+				return nameMember(err, keyPath, t.Elem())
+			}
+			continue
 		}
 		rv.SetMapIndex(reflect.ValueOf(key).Convert(t.Key()), ev)
 	}
 	if _, err := dec.ReadToken(); err != nil {
 		return explain(err, mapPath(dec, depth, last, err), nil)
 	}
-	return nil
+	return unknown.err()
 }
 
 func mapPath(dec *jsontext.Decoder, depth int, last string, err error) string {
