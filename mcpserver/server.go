@@ -59,7 +59,11 @@ func New(svc Services, log *slog.Logger) *Server {
 				"the ends of stderr and output (output_uri has all); get_job_result returns it again.",
 			Logger: sdkLogger(log),
 			// The SDK keeps the subscriptions; accepting them is enough.
-			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+			// Only to what the principal may read: another's job id is
+			// not found here either (its updates would say it exists).
+			SubscribeHandler: func(ctx context.Context, req *mcp.SubscribeRequest) error {
+				return canSubscribe(ctx, svc, req.Params.URI)
+			},
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 			Capabilities:       capabilities(),
 		})
@@ -122,6 +126,9 @@ func New(svc Services, log *slog.Logger) *Server {
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[ListOut](),
 	}, h.list)
+	// Last, so that it is outermost: every method, the task methods
+	// included, sees the request's principal.
+	s.AddReceivingMiddleware(principals)
 	return &Server{Server: s, jobs: svc.Jobs}
 }
 
@@ -209,7 +216,7 @@ func HTTPHandler(s *mcp.Server, sessionTimeout time.Duration, log *slog.Logger) 
 		&mcp.StreamableHTTPOptions{SessionTimeout: sessionTimeout, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
 	stateless := mcp.NewStreamableHTTPHandler(server,
 		&mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true, Logger: sdkLogger(log), MaxRequestBodyBytes: lim.MaxMessage})
-	return limitBodies(byProtocol(stateless, stateful), lim, log)
+	return limitBodies(withTokenInfo(byProtocol(stateless, stateful)), lim, log)
 }
 
 // handlers are the job tools' handlers over the services they use.

@@ -13,9 +13,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/dashboard"
 	"github.com/delegate-dev/delegate/httpapi"
+	"github.com/delegate-dev/delegate/httpauth"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -140,9 +142,15 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 	}
 	sessions := httpapi.LimitSessions(mcpserver.HTTPHandler(server, opts.SessionTimeout, log), opts.MaxSessions, opts.SessionTimeout)
 	met.CountSessions(sessions.Len)
+	// Every request is a principal's: the shared token's (the local
+	// operator), a token of delegate's own (the store's), or, open on the
+	// loopback interface without a token, the local operator's. An
+	// issuer's access tokens come in as Guard.Extra.
+	guard := &httpauth.Guard{Shared: opts.Token, Tokens: a.store, Open: opts.Token == nil, Logger: log}
+	g.Go(func() error { return guard.Recheck(ctx, httpauth.RecheckInterval, opts.SessionTimeout) })
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", opts.Token.Require(sessions))
-	mux.Handle("GET /metrics", opts.Token.Require(met.Handler()))
+	mux.Handle("/mcp", guard.Require(sessions))
+	mux.Handle("GET /metrics", guard.RequireScope(delegate.ScopeAdmin, "/metrics", met.Handler()))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
