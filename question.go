@@ -6,7 +6,7 @@ import (
 )
 
 // A job can wait for a person's answer. It asks a question (a status line
-// or a callback, see the README), which is stored on the job before the
+// or a callback, see docs/manifest.md), which is stored on the job before the
 // ask is acknowledged and carried to the person as an MCP elicitation:
 // a message and a form of flat primitive fields (Form). The person
 // answers through the QuestionService (an MCP client's tasks/update, the

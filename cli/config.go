@@ -157,7 +157,7 @@ type PoolConfig struct {
 	DiskBytes   int64
 }
 
-// envVar documents one setting; the README's table is written from these.
+// envVar documents one setting; docs/operations.md's Configuration table is written from these.
 type envVar struct {
 	name, def, help string
 }

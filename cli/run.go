@@ -298,7 +298,7 @@ func (c *logCopier) write(l *delegate.LogPage) error {
 }
 
 // exitCode is the status a command ends with for a finished job, by the
-// rule of exit.go (the README's "Exit codes"): the job's exit code when it
+// rule of exit.go (docs/cli.md, "Exit codes"): the job's exit code when it
 // exited or was killed for its memory, 124 for a timeout, 130 for a
 // cancel, 125 when it has no exit code because delegate failed it.
 func exitCode(j *delegate.Job) int {

@@ -16,7 +16,7 @@ import (
 
 // A job that reaches the callback server may ask a question there, and
 // wait there for its answer (a job without network asks in a status line
-// and finds the answer in a file: see the README). Services.Questions
+// and finds the answer in a file: see docs/manifest.md). Services.Questions
 // takes them (the engine, as cmd/ wires it).
 //
 //	POST /callback/{job_id}/question   {"id","message","requestedSchema"}
@@ -40,7 +40,7 @@ type questionBody struct {
 }
 
 // answerBody is an answer as the job reads it: the same object as the
-// answer file of the README's "Reporting from inside a job".
+// answer file of docs/manifest.md's "Reporting from inside a job".
 type answerBody struct {
 	ID      string                `json:"id"`
 	Action  delegate.AnswerAction `json:"action"`

@@ -28,7 +28,7 @@ import (
 // with none. Its struct file and its mapping are charged to the job's
 // memory cgroup (384 bytes at least, mappedFileBytes in the tests), so
 // the memory limit bounds those, at memory/384 per sandbox: a bound no
-// memory limit makes small next to the table, which the README's
+// memory limit makes small next to the table, which docs/security.md's
 // security model gives in numbers, with the fix (fs.file-max).
 const (
 	// DefaultPidsMax is the processes and threads of one sandbox when the

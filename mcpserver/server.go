@@ -635,7 +635,7 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 }
 
 // submitSchema: the manifest's fields, with what each one means. The
-// README has the details; the defaults quoted are a server configured
+// docs/manifest.md has the details; the defaults quoted are a server configured
 // with nothing.
 func submitSchema() *jsonschema.Schema {
 	s := inputSchema[SubmitIn]()

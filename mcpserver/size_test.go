@@ -17,7 +17,7 @@ import (
 // maxToolsListBytes is what the default toolset may cost an agent session:
 // the compact JSON of tools/list's tools array. It is the one budget of
 // every tool of the default toolset, present and to come, enforced here
-// alone (the README lists what each tool costs). 8,000 bytes: "under 8 KB", and room kept for what comes.
+// alone (docs/mcp.md lists what each tool costs). 8,000 bytes: "under 8 KB", and room kept for what comes.
 const maxToolsListBytes = 8000
 
 // TestToolsListSize prints the bytes of tools/list as the server writes

@@ -290,7 +290,7 @@ func proxmoxError(err error) error {
 	}
 	fmt.Fprintf(&b, " (HTTP %d, %s %s)", api.StatusCode, api.Method, api.Path)
 	if api.StatusCode == 403 {
-		b.WriteString("; the API token lacks this privilege (the README lists what each tool needs)")
+		b.WriteString("; the API token lacks this privilege (docs/PROXMOX.md lists what each tool needs)")
 	}
 	return &answerError{msg: b.String(), kind: apiKind(api, err)}
 }
