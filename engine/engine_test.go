@@ -83,7 +83,9 @@ func (f *fixture) started() *sandboxtest.Process {
 
 func (f *fixture) wait(eng *engine.Engine, id string) *delegate.Job {
 	f.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A hang guard: generous, since CI machines can be loaded many times
+	// over (TestQuestionFlood's 2 s job took longer than 10 s to end there).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	j, err := eng.Wait(ctx, id)
 	if err != nil {
