@@ -2,6 +2,8 @@ package delegate
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -206,3 +208,75 @@ type TokenStore interface {
 func TokenNotFound(id string) *NotFoundError {
 	return &NotFoundError{Resource: "token", ID: id, There: "delegate tokens list shows them"}
 }
+
+// HashToken is how the store keeps a token's secret: hex SHA-256 (the
+// secret is 256 random bits: no salt or stretching is needed).
+func HashToken(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// MaxTokenTTL is the longest life of a token of delegate's own.
+const MaxTokenTTL = 10 * 365 * 24 * time.Hour
+
+// TokenRequest asks for a token of delegate's own.
+type TokenRequest struct {
+	Principal string
+	Scopes    []Scope
+	TTL       time.Duration // 0: never expires
+}
+
+// Validate names the field that is wrong.
+func (r TokenRequest) Validate() error {
+	if err := CheckPrincipalName("name", r.Principal); err != nil {
+		return err
+	}
+	if r.Principal == LocalPrincipal {
+		return fieldErr("name", "%q is the local operator's own name (DELEGATE_HTTP_TOKEN, stdio and the CLI are it): choose another", LocalPrincipal)
+	}
+	if len(r.Scopes) == 0 {
+		return fieldErr("scopes", "name at least one of jobs, sandboxes, admin")
+	}
+	for _, s := range r.Scopes {
+		if !slices.Contains(Scopes, s) {
+			return fieldErr("scopes", "must be jobs, sandboxes or admin (got %q)", s)
+		}
+	}
+	if r.TTL < 0 || r.TTL > MaxTokenTTL {
+		return fieldErr("expires", "must be from 0 (never) to %s (got %s)", MaxTokenTTL, r.TTL)
+	}
+	return nil
+}
+
+// PrincipalService is delegate's own tokens and the audit trail: making,
+// listing and revoking tokens needs the admin scope; a principal without
+// it reads its own entries of the trail.
+type PrincipalService interface {
+	// CreateToken returns the new token's secret, shown once.
+	CreateToken(ctx context.Context, req TokenRequest) (secret string, t *Token, err error)
+	Tokens(ctx context.Context) ([]Token, error)
+	RevokeToken(ctx context.Context, id string) (*Token, error)
+	Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
+}
+
+// QuotaError: a principal asked for more than its quota leaves (a job,
+// a kept sandbox, CPU or memory). It names the quota, the use, what was
+// asked and the setting, and wraps ErrConflict: the same request works
+// once some of the principal's own work has ended.
+type QuotaError struct {
+	Principal string
+	Quota     string // "jobs not ended", "memory in use"
+	Setting   string // the server's setting: DELEGATE_QUOTA_JOBS
+	Use       string
+	Asked     string
+	Limit     string
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("over the quota of %s: %s: %s now, this asks for %s more, the quota is %s (%s on the server): "+
+		"wait for a job to end, cancel one or release a kept sandbox, or ask the operator to raise %s",
+		e.Principal, e.Quota, e.Use, e.Asked, e.Limit, e.Setting, e.Setting)
+}
+
+// Unwrap lets errors.Is(err, ErrConflict) match.
+func (e *QuotaError) Unwrap() error { return ErrConflict }

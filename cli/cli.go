@@ -71,6 +71,8 @@ type Services struct {
 	Network    delegate.NetworkService
 	Workspaces delegate.WorkspaceService
 	Retention  delegate.RetentionService
+	// Principals: delegate's own tokens and the audit trail.
+	Principals delegate.PrincipalService
 }
 
 // closeInto closes what close releases, joining what failed to *err.
@@ -228,6 +230,7 @@ func (p *Program) root() *cobra.Command {
 		p.gcCmd(&cfg),
 		p.proxmoxCmd(&cfg),
 		p.storeCmd(&cfg),
+		p.tokensCmd(&cfg), p.auditCmd(&cfg),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

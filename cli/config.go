@@ -61,7 +61,9 @@ type Config struct {
 	// Kept sandboxes (DELEGATE_MAX_SANDBOXES, DELEGATE_SANDBOX_IDLE,
 	// _PAUSE, _LIFETIME): how many may exist, and their timers' longest
 	// values (a sandbox may ask for shorter idle and lifetime).
-	MaxSandboxes    int
+	MaxSandboxes int
+	// Quotas per principal (DELEGATE_QUOTA_*, quotas.go).
+	Quotas          Quotas
 	SandboxIdle     time.Duration
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration
@@ -170,7 +172,7 @@ const (
 
 // envVars lists the settings for `delegate --help`.
 func envVars() []envVar {
-	return []envVar{
+	return append([]envVar{
 		{"DELEGATE_DATA_DIR", "$XDG_STATE_HOME/delegate or ~/.local/state/delegate", "state directory: jobs.db, sandboxes"},
 		{"DELEGATE_STORE", "DELEGATE_DATA_DIR/jobs.db", "where jobs are kept: SQLite in the data dir, or a PostgreSQL URL postgres://user:password@host/db (delegate store migrate)"},
 		{"DELEGATE_BACKEND", "local", "sandbox backend: local or proxmox"},
@@ -219,7 +221,7 @@ func envVars() []envVar {
 		{"DELEGATE_BACKEND=proxmox", "", "also PROXMOX_* (see docs/PROXMOX.md)"},
 		{"DELEGATE_TOOLSETS", DefaultToolsets, "MCP tools of serve: jobs, proxmox (admin tools; PROXMOX_* token), or both"},
 		{"PROXMOX_ALLOW_ELEVATED", "false", "let the proxmox tools change the cluster (otherwise read-only)"},
-	}
+	}, quotaVars()...)
 }
 
 func defaultDataDir(getenv func(string) string) string {
@@ -412,6 +414,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	c.loadRetention(getenv, bad)
 	c.loadStore(getenv, &errs)
 	c.loadMaxima(getenv, host, bad)
+	c.loadQuotas(getenv, bad)
 	c.loadToolsets(getenv, bad, &errs)
 	if c.Backend == "proxmox" {
 		pc, err := pve.ConfigFromEnv(getenv)

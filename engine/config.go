@@ -29,6 +29,9 @@ type Config struct {
 	Maxima Maxima
 	// MaxConcurrent jobs run at once; more wait as pending.
 	MaxConcurrent int
+	// Quotas bound what one principal without the admin scope holds at
+	// once (quota.go); a zero field is no bound.
+	Quotas Quotas
 	// OutputLimit bytes of a job's output are kept.
 	OutputLimit int64
 	// CleanupInterval between sweeps for orphaned sandboxes.
@@ -124,6 +127,7 @@ func DefaultConfig() Config {
 		Defaults:           delegate.ServerDefaults(),          // per field: what a manifest leaves out
 		Maxima:             Maxima{},                           // no cap of the operator's
 		MaxConcurrent:      delegate.DefaultMaxConcurrent,      // jobs run at once
+		Quotas:             Quotas{},                           // a principal's: none unless set (cmd/ sets the CLI's defaults)
 		OutputLimit:        delegate.DefaultOutputLimit,        // bytes of a job's output kept
 		CleanupInterval:    delegate.DefaultCleanupInterval,    // between recoveries and sweeps
 		ProvisionTimeout:   delegate.DefaultProvisionTimeout,   // to make a sandbox and start the command

@@ -73,6 +73,7 @@ type Engine struct {
 	orphans   *orphans
 	maint     *maintenance
 	space     space
+	audit     auditor // the audit trail (audit.go)
 }
 
 var _ delegate.SandboxService = (*Engine)(nil)
@@ -104,7 +105,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		}
 	})
 	progress := newProgressWriter(store, jobs.notify, log)
-	read := &Reader{ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
+	read := &Reader{audit: auditor{store: store, log: log}, ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: tokens}
 	ms := newMachines()
 	keep := newKeeper(cfg, log, owner, store, ref, jobs, ms)
@@ -128,7 +129,8 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		suspect: make(map[string]struct{})}
 	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, cfg: cfg, log: log, owner: owner,
 		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
-		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree}}
+		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree},
+		audit: auditor{store: store, log: log}}
 	if cfg.Egress != nil {
 		// A request an allowlist with ask: true denies is a question on
 		// the job.
@@ -184,6 +186,14 @@ func (e *Engine) Close() error {
 // driving the job kills it; a job that no live engine drives, this one
 // takes over and stops before Cancel returns (cancelOrphan).
 func (e *Engine) Cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
+	job, cancelled, err := e.cancel(ctx, id)
+	if cancelled && err == nil {
+		e.audit.Record(ctx, delegate.AuditCancelled, id, "")
+	}
+	return job, cancelled, err
+}
+
+func (e *Engine) cancel(ctx context.Context, id string) (*delegate.Job, bool, error) {
 	if job, cancelled, done, err := e.orphans.cancelOrphan(ctx, id); done {
 		return job, cancelled, err
 	}
@@ -226,6 +236,14 @@ func (e *Engine) Watch(ctx context.Context) <-chan string { return e.jobs.watch(
 // Release destroys the sandbox a persistent job kept. It returns the job
 // and whether this call destroyed something (false: already released).
 func (e *Engine) Release(ctx context.Context, id string) (*delegate.Job, bool, error) {
+	j, released, err := e.release(ctx, id)
+	if released && err == nil {
+		e.audit.Record(ctx, delegate.AuditReleased, id, "the sandbox of the job")
+	}
+	return j, released, err
+}
+
+func (e *Engine) release(ctx context.Context, id string) (*delegate.Job, bool, error) {
 	j, err := e.store.GetJob(ctx, id)
 	if err != nil {
 		return nil, false, err
@@ -295,7 +313,11 @@ func (e *Engine) AwaitAnswer(ctx context.Context, jobID, id string) (*delegate.Q
 
 // Answer answers an open question.
 func (e *Engine) Answer(ctx context.Context, jobID, id string, a delegate.Answer) (*delegate.Question, error) {
-	return e.questions.answer(ctx, jobID, id, a)
+	q, err := e.questions.answer(ctx, jobID, id, a)
+	if err == nil {
+		e.audit.Record(ctx, delegate.AuditAnswered, jobID, fmt.Sprintf("question %s: %s", id, q.Answer.Action))
+	}
+	return q, err
 }
 
 // endedUnseen is the Reader's look at how a running job's command ended,

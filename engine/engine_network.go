@@ -88,6 +88,7 @@ func (e *Engine) AllowNetwork(ctx context.Context, id string, rules []string, by
 			}
 		}
 		e.log.Info("network allowlist widened", "network", n.ID, "by", by, "added", strings.Join(added, ", "))
+		e.audit.Record(ctx, delegate.AuditWidened, id, "added "+strings.Join(added, ", ")+" (by "+by+")")
 	}
 	return e.Network(ctx, id, delegate.NetworkLogOptions{Denied: true, Limit: delegate.MaxResultDenials})
 }

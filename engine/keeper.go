@@ -24,6 +24,7 @@ import (
 // the per-sandbox locks, are in machines (machines.go), which it shares
 // with the timers (sandbox_timers.go).
 type keeper struct {
+	audit    auditor
 	cfg      Config
 	log      *slog.Logger
 	owner    string
@@ -35,7 +36,7 @@ type keeper struct {
 }
 
 func newKeeper(cfg Config, log *slog.Logger, owner string, store delegate.Store, ref *backendRef, jobs *jobWriter, ms *machines) *keeper {
-	return &keeper{cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, machines: ms}
+	return &keeper{audit: auditor{store: store, log: log}, cfg: cfg, log: log, owner: owner, all: store, sbs: store, ref: ref, jobs: jobs, machines: ms}
 }
 
 func newSandboxID() string {
@@ -241,6 +242,9 @@ func (k *keeper) ReleaseSandbox(ctx context.Context, id string) (*delegate.Sandb
 		return sb, false, nil
 	}
 	ended, released, err := k.end(ctx, id, delegate.SandboxReleased, "released on request")
+	if err == nil && released {
+		k.audit.Record(ctx, delegate.AuditReleased, id, "")
+	}
 	if err == nil {
 		if counted, gerr := k.sbs.GetSandbox(ctx, id); gerr == nil {
 			ended = counted // with its count of commands, which end's write leaves out

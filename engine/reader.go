@@ -27,6 +27,7 @@ var _ delegate.JobService = (*Engine)(nil)
 // process that only reads jobs may use one by itself.
 type Reader struct {
 	store       delegate.Store
+	audit       auditor // RecordApplied's entry
 	artifactDir string
 	poll        time.Duration // how often Wait reads again without a wake-up
 	// unstored is the progress held in memory, not stored yet (nil for a

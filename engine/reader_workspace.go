@@ -190,7 +190,11 @@ func (rd *Reader) RecordApplied(ctx context.Context, id, target string) error {
 	if err != nil {
 		return err
 	}
-	return rd.store.SaveApply(ctx, chainOf(j), target, j.ID)
+	if err := rd.store.SaveApply(ctx, chainOf(j), target, j.ID); err != nil {
+		return err
+	}
+	rd.audit.Record(ctx, delegate.AuditApplied, id, "into "+target)
+	return nil
 }
 
 // resultChanges is the changes a result shows: nil for a job without a

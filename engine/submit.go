@@ -112,6 +112,13 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := e.space.check(); err != nil {
 		return nil, err
 	}
+	need := quotaNeeds{job: true, sandbox: kept == nil && m.Lifecycle == delegate.LifecyclePersistent}
+	if kept == nil && m.Resources != nil {
+		need.res = *m.Resources
+	}
+	if err := checkQuota(ctx, e.store, e.cfg.Quotas, need); err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	job := &delegate.Job{
 		ID:        newJobID(),
@@ -152,6 +159,11 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, fmt.Errorf("submit: %w", e.space.explain(err))
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
+	detail := string(m.AgentType)
+	if kept != nil {
+		detail += " in sandbox " + kept.ID
+	}
+	e.audit.Record(ctx, delegate.AuditSubmitted, job.ID, detail)
 	if direct == nil {
 		e.sched.enqueue(job.ID)
 		return job, nil
@@ -170,7 +182,17 @@ func (e *Engine) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 	if err := e.space.check(); err != nil {
 		return nil, err
 	}
+	need := quotaNeeds{sandbox: true}
+	if spec.Resources != nil {
+		need.res = *spec.Resources
+	}
+	if err := checkQuota(ctx, e.store, e.cfg.Quotas, need); err != nil {
+		return nil, err
+	}
 	sb, err := e.keeper.OpenSandbox(ctx, spec)
+	if err == nil {
+		e.audit.Record(ctx, delegate.AuditOpened, sb.ID, "")
+	}
 	return sb, e.space.explain(err)
 }
 

@@ -2,8 +2,6 @@ package httpauth
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,12 +32,6 @@ type TokenLookup interface {
 	TokenByHash(ctx context.Context, hash string) (*delegate.Token, error)
 }
 
-// HashToken is how a token's secret is kept: hex SHA-256.
-func HashToken(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:])
-}
-
 // StoreTokens authenticates delegate's own tokens (delegate tokens
 // create): the store keeps their hashes, so every server sharing it knows
 // every token, and a revocation made by any of them.
@@ -50,7 +42,7 @@ type StoreTokens struct {
 
 // Authenticate looks the token's hash up.
 func (s StoreTokens) Authenticate(ctx context.Context, bearer string) (*delegate.Principal, error) {
-	t, err := s.Tokens.TokenByHash(ctx, HashToken(bearer))
+	t, err := s.Tokens.TokenByHash(ctx, delegate.HashToken(bearer))
 	if errors.Is(err, delegate.ErrNotFound) {
 		return nil, ErrUnknownToken
 	}
@@ -180,7 +172,7 @@ func (g *Guard) Principal(r *http.Request) (*delegate.Principal, context.Context
 }
 
 func (g *Guard) use(bearer string) *credential {
-	key := HashToken(bearer)
+	key := delegate.HashToken(bearer)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.live == nil {

@@ -28,9 +28,9 @@ func openTokens(t *testing.T) (*sqlite.DB, string) {
 	t.Cleanup(func() { db.Close() })
 	now := time.Now()
 	for _, tok := range []delegate.Token{
-		{ID: "tok-a", Principal: "alice", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: HashToken("alice-secret-0123456789"), CreatedAt: now},
-		{ID: "tok-b", Principal: "bob", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: HashToken("bob-secret-0123456789"), CreatedAt: now, RevokedAt: now},
-		{ID: "tok-c", Principal: "carol", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: HashToken("carol-secret-0123456789"), CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
+		{ID: "tok-a", Principal: "alice", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: delegate.HashToken("alice-secret-0123456789"), CreatedAt: now},
+		{ID: "tok-b", Principal: "bob", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: delegate.HashToken("bob-secret-0123456789"), CreatedAt: now, RevokedAt: now},
+		{ID: "tok-c", Principal: "carol", Scopes: []delegate.Scope{delegate.ScopeJobs}, Hash: delegate.HashToken("carol-secret-0123456789"), CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
 	} {
 		if err := db.CreateToken(ctx, &tok); err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/delegate-dev/delegate/cli"
+	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/internal/bench"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/local"
@@ -53,7 +54,8 @@ func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs 
 		}
 	}
 	e := a.eng
-	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e, Retention: e}, a.Close, nil
+	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e, Retention: e,
+		Principals: engine.NewPrincipals(a.store, log)}, a.Close, nil
 }
 
 func runBench(ctx context.Context, cfg cli.Config, opts cli.BenchOptions, out io.Writer, log *slog.Logger) error {
