@@ -16,6 +16,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/httpauth"
+	"github.com/delegate-dev/delegate/oauthrs"
 	"github.com/spf13/cobra"
 )
 
@@ -94,6 +95,9 @@ type ServeOptions struct {
 	// Token guards /mcp, /metrics and the dashboard; nil: nothing (only
 	// allowed on the loopback interface).
 	Token *httpauth.Token
+	// OAuth accepts an external issuer's access tokens at /mcp and
+	// /metrics besides (DELEGATE_OAUTH_*); nil: none.
+	OAuth *oauthrs.Verifier
 }
 
 // BenchOptions are the flags of `delegate bench`.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/egress"
+	"github.com/delegate-dev/delegate/oauthrs"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/spf13/pflag"
 )
@@ -92,6 +93,9 @@ type Config struct {
 	// (LoadHTTPToken), the other commands never need the file.
 	HTTPToken     string
 	HTTPTokenFile string
+	// OAuth is the external issuer whose access tokens `serve --http`
+	// accepts besides (DELEGATE_OAUTH_*; no Issuers: none).
+	OAuth oauthrs.Config
 
 	// Proxmox (DELEGATE_BACKEND=proxmox).
 	Proxmox pve.Config
@@ -211,6 +215,9 @@ func envVars() []envVar {
 		{"DELEGATE_EGRESS_IDLE_TIMEOUT", egress.DefaultIdleTimeout.String(), "a job's connection through the egress proxy that carries nothing either way this long is closed"},
 		{"DELEGATE_HTTP_TOKEN", "", "serve --http: token that /mcp, the dashboard and /metrics require (Authorization: Bearer)"},
 		{"DELEGATE_HTTP_TOKEN_FILE", "", "file holding DELEGATE_HTTP_TOKEN instead (mode 0600)"},
+		{"DELEGATE_OAUTH_ISSUERS", "", "serve --http: OAuth issuers (comma-separated URLs) whose JWT access tokens /mcp accepts (docs/security.md)"},
+		{"DELEGATE_OAUTH_RESOURCE", "", "with DELEGATE_OAUTH_ISSUERS: this server's /mcp URL as clients reach it; tokens' aud must hold it"},
+		{"DELEGATE_OAUTH_NAME_CLAIM", oauthrs.DefaultNameClaim, "the access token claim that names its principal (ISSUER-HOST:VALUE)"},
 		{"DELEGATE_WORKSPACE_ROOTS", "", "directories (a list like PATH) whose subdirectories jobs may import as manifest.workspace.dir; unset: none"},
 		{"DELEGATE_WORKSPACE_MAX_BYTES", "256M", "most a workspace source may hold (and never more than half the job's memory)"},
 		{"DELEGATE_WORKSPACE_MAX_FILES", "50000", "most files (directories and links included) a workspace source may hold"},
@@ -410,6 +417,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	if c.HTTPToken != "" && c.HTTPTokenFile != "" {
 		errs = append(errs, "DELEGATE_HTTP_TOKEN and DELEGATE_HTTP_TOKEN_FILE: set one, not both")
 	}
+	c.loadOAuth(getenv, &errs)
 	c.loadWorkspaces(getenv, bad)
 	c.loadRetention(getenv, bad)
 	c.loadStore(getenv, &errs)

@@ -26,7 +26,10 @@ beside it. A callback server for jobs listens on CALLBACK_PORT.
 With DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) set, /mcp, /metrics
 and the dashboard require it (Authorization: Bearer, or the dashboard's
 sign-in form); /health stays open. Serving beyond the loopback interface
-without a token is refused.
+without a token is refused. With DELEGATE_OAUTH_ISSUERS and
+DELEGATE_OAUTH_RESOURCE set, /mcp also accepts those issuers' JWT access
+tokens, and /.well-known/oauth-protected-resource tells MCP clients where
+to get them (docs/security.md).
 
 A second 'serve --http' on the data dir of a stdio server shows that
 server's jobs in the dashboard.
@@ -82,6 +85,10 @@ func (o *ServeOptions) check(ctx context.Context, cfg Config) error {
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
 		return usagef("--http %s: must be HOST:PORT, like 127.0.0.1:8080", o.HTTPAddr)
 	}
+	var err error
+	if o.OAuth, err = cfg.OAuthVerifier(); err != nil {
+		return configError{err}
+	}
 	token, err := cfg.LoadHTTPToken()
 	if err != nil {
 		return configError{err}
@@ -97,8 +104,11 @@ func (o *ServeOptions) check(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	if !loopbackOnly(ctx, o.HTTPAddr) {
+		// An issuer guards /mcp, but not the dashboard, whose operator
+		// signs in with the token.
 		return configError{fmt.Errorf("--http %s accepts connections from other machines, and no token is set: "+
-			"set DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) so that /mcp, the dashboard and /metrics require it, "+
+			"set DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) so that /mcp, the dashboard and /metrics require it "+
+			"(with DELEGATE_OAUTH_ISSUERS too: the dashboard's sign-in needs the token), "+
 			"or serve on 127.0.0.1", o.HTTPAddr)}
 	}
 	return nil

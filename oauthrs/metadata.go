@@ -84,9 +84,11 @@ func (v *Verifier) MetadataHandler() http.Handler {
 
 // Challenge is the WWW-Authenticate value of a refusal (RFC 6750 section
 // 3, RFC 9728 section 5.1): the metadata's URL always, so that a client
-// finds the issuer; the error code and its description when a token was
-// sent and refused (none when none was sent); the scope to ask for when
-// the token had too little.
+// finds the issuer; when a token was sent and refused (err), the error
+// code (an issuer's TokenError says which; another refusal, such as a
+// revoked token of delegate's own, is invalid_token, or
+// insufficient_scope when it wraps delegate.ErrForbidden) and its
+// description; and the scope to ask for.
 func (v *Verifier) Challenge(realm string, err error) string {
 	var b strings.Builder
 	b.WriteString("Bearer")
@@ -100,23 +102,39 @@ func (v *Verifier) Challenge(realm string, err error) string {
 		param("realm", realm)
 	}
 	param("resource_metadata", v.MetadataURL())
-	var te *TokenError
-	switch {
-	case errors.As(err, &te) && te.Code != "":
-		param("error", te.Code)
-		param("error_description", te.Reason)
-		if te.Scope != "" {
-			param("scope", te.Scope)
+	scope := DefaultScope
+	if err != nil {
+		code := "invalid_token"
+		var te *TokenError
+		if errors.As(err, &te) && te.Code != "" {
+			code = te.Code
+			if te.Scope != "" {
+				scope = te.Scope
+			}
+		} else if errors.Is(err, delegate.ErrForbidden) {
+			code = "insufficient_scope"
 		}
-	case errors.Is(err, delegate.ErrForbidden):
-		param("error", "insufficient_scope")
-	case err != nil:
-		param("error", "invalid_token")
+		param("error", code)
+		param("error_description", err.Error())
 	}
-	if te == nil || te.Scope == "" {
-		param("scope", DefaultScope)
-	}
+	param("scope", scope)
 	return b.String()
+}
+
+// ChallengeFunc sets a refused request's WWW-Authenticate header (for
+// httpauth.Guard.Challenge): without an error code when the request sent
+// no credentials (RFC 6750 section 3.1), and none at all when the refusal
+// is the server's trouble (an issuer out of reach: 503).
+func (v *Verifier) ChallengeFunc(realm string) func(w http.ResponseWriter, r *http.Request, err error) {
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		if Status(err) == http.StatusServiceUnavailable {
+			return
+		}
+		if r.Header.Get("Authorization") == "" {
+			err = nil
+		}
+		w.Header().Set("WWW-Authenticate", v.Challenge(realm, err))
+	}
 }
 
 // DefaultScope is what a challenge tells a client to ask for: a user's

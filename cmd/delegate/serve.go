@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -146,9 +147,18 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 	// operator), a token of delegate's own (the store's), or, open on the
 	// loopback interface without a token, the local operator's. An
 	// issuer's access tokens come in as Guard.Extra.
-	guard := &httpauth.Guard{Shared: opts.Token, Tokens: a.store, Open: opts.Token == nil, Logger: log}
+	guard := &httpauth.Guard{Shared: opts.Token, Tokens: a.store, Open: opts.Token == nil && opts.OAuth == nil, Logger: log}
 	g.Go(func() error { return guard.Recheck(ctx, httpauth.RecheckInterval, opts.SessionTimeout) })
 	mux := http.NewServeMux()
+	if opts.OAuth != nil {
+		// An issuer's access tokens are tried last, and a refusal names
+		// the metadata, which says where to get one.
+		guard.Extra = append(guard.Extra, opts.OAuth)
+		guard.Challenge = opts.OAuth.ChallengeFunc(httpauth.Realm)
+		for _, p := range opts.OAuth.MetadataPaths() {
+			mux.Handle(p, opts.OAuth.MetadataHandler())
+		}
+	}
 	mux.Handle("/mcp", guard.Require(sessions))
 	mux.Handle("GET /metrics", guard.RequireScope(delegate.ScopeAdmin, "/metrics", met.Handler()))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -175,6 +185,14 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 		auth = "DELEGATE_HTTP_TOKEN"
 		if !tls && !isLoopback(ln.Addr()) {
 			log.Warn("the token travels in clear text over plain HTTP: serve with --tls-cert and --tls-key, or behind a TLS proxy")
+		}
+	}
+	if opts.OAuth != nil {
+		issued := "access tokens of " + strings.Join(opts.OAuth.Issuers(), ", ") + " for " + opts.OAuth.Resource()
+		if opts.Token == nil {
+			auth = issued
+		} else {
+			auth += ", " + issued
 		}
 	}
 	log.Info("serving MCP over Streamable HTTP", "url", base+"/mcp", "dashboard", base+"/", "metrics", base+"/metrics",
