@@ -16,7 +16,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,11 +44,11 @@ type Client struct {
 // Provider is a running OpenID provider.
 type Provider struct {
 	// Issuer is its URL (http://127.0.0.1:PORT), as it writes iss.
-	Issuer string
-	srv    *httptest.Server
-	store  *store
-	// keyFetches counts the requests for its keys.
-	keyFetches atomic.Int64
+	Issuer   string
+	srv      *httptest.Server
+	store    *store
+	mu       sync.Mutex
+	requests map[string]int // by path
 }
 
 // Start runs a provider until the test ends.
@@ -66,11 +65,11 @@ func Start(t testing.TB) *Provider {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Provider{Issuer: issuer, srv: srv, store: st}
+	p := &Provider{Issuer: issuer, srv: srv, store: st, requests: map[string]int{}}
 	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/keys" {
-			p.keyFetches.Add(1)
-		}
+		p.mu.Lock()
+		p.requests[r.URL.Path]++
+		p.mu.Unlock()
 		provider.ServeHTTP(w, r)
 	})
 	srv.Start()
@@ -79,7 +78,14 @@ func Start(t testing.TB) *Provider {
 }
 
 // KeyFetches is how many times its key set (JWKS) was fetched.
-func (p *Provider) KeyFetches() int64 { return p.keyFetches.Load() }
+func (p *Provider) KeyFetches() int { return p.Requests("/keys") }
+
+// Requests is how many requests it had for path.
+func (p *Provider) Requests(path string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.requests[path]
+}
 
 // AddClient registers a client that may use the client credentials grant.
 func (p *Provider) AddClient(id, secret string, c Client) {
