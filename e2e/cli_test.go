@@ -22,6 +22,12 @@ func delegateCLI(t *testing.T, dataDir string, args ...string) (string, string, 
 func delegateCLIEnv(t *testing.T, dataDir string, env []string, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.CommandContext(testContext(t), binary, args...)
+	// Past the test's deadline the command is stopped as a person would,
+	// with Ctrl-C (its job is cancelled and its sandbox removed), and only
+	// then killed: a SIGKILL left a sandbox's mounts behind, and the
+	// test's TempDir cleanup failed on them.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 15 * time.Second
 	cmd.Env = append(serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn"), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
