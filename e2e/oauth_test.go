@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/oauthrs/oauthtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -203,5 +204,32 @@ func TestClaudeCodeNeedsAuthentication(t *testing.T) {
 	// It found the issuer through the metadata, and read the issuer's.
 	if n, m := op.Requests("/.well-known/oauth-authorization-server"), op.Requests("/.well-known/openid-configuration"); n+m == 0 {
 		t.Fatalf("Claude Code never asked the issuer for its metadata")
+	}
+}
+
+// TestOAuthTokenExpiresInSession: an MCP session opened with an issuer's
+// token stops working when the token expires, and the token cannot open
+// another.
+func TestOAuthTokenExpiresInSession(t *testing.T) {
+	op, resource, _ := oauthServer(t)
+	op.AddClient("brief", "secret-brief", oauthtest.Client{Audience: []string{resource}, Lifetime: 2 * time.Second})
+	tok := op.Token(t, "brief", "secret-brief", "delegate:jobs")
+	cs, err := oauthSession(t, resource, tok)
+	if err != nil {
+		t.Fatalf("session: %v", err)
+	}
+	if _, err := cs.ListTools(testContext(t), nil); err != nil {
+		t.Fatalf("list tools with the fresh token: %v", err)
+	}
+	var last error
+	testkit.Eventually(t, 30*time.Second, "the session's calls to be refused once its token expired", func() bool {
+		_, last = cs.ListTools(testContext(t), nil)
+		return last != nil
+	})
+	if !strings.Contains(last.Error(), "Unauthorized") && !strings.Contains(last.Error(), "401") {
+		t.Errorf("the expired token's call: %v, want a 401", last)
+	}
+	if _, err := oauthSession(t, resource, tok); err == nil {
+		t.Fatal("the expired token opened a new session")
 	}
 }
