@@ -113,6 +113,10 @@ func (v *Verifier) Challenge(realm string, err error) string {
 			}
 		} else if errors.Is(err, delegate.ErrForbidden) {
 			code = "insufficient_scope"
+			var se *delegate.ScopeError
+			if errors.As(err, &se) {
+				scope = ScopeName(se.Scope)
+			}
 		}
 		param("error", code)
 		param("error_description", err.Error())

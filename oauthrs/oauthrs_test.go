@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -321,4 +322,37 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestChallengeFunc: the header a Guard's refusal gets: no error code
+// for a request without credentials, the code and words for a refused
+// one (another authenticator's refusal is invalid_token, or
+// insufficient_scope for a missing scope), nothing for the server's own
+// trouble.
+func TestChallengeFunc(t *testing.T) {
+	v := newVerifier(t, oauthrs.Config{Issuers: []string{"https://id.example.com"}})
+	challenge := v.ChallengeFunc("delegate")
+	const prefix = `Bearer realm="delegate", resource_metadata="http://127.0.0.1:8080/.well-known/oauth-protected-resource/mcp"`
+	scopeErr := &delegate.ScopeError{Principal: "id.example.com:bob", Scope: delegate.ScopeAdmin, What: "/metrics"}
+	for _, tc := range []struct {
+		name, auth string
+		err        error
+		want       string
+	}{
+		{"no credentials", "", errors.New("no token: send Authorization: Bearer <token>"), prefix + `, scope="delegate:jobs delegate:sandboxes"`},
+		{"revoked token", "Bearer x", errors.New(`token tok-1 of "bob" was revoked`),
+			prefix + `, error="invalid_token", error_description="token tok-1 of 'bob' was revoked", scope="delegate:jobs delegate:sandboxes"`},
+		{"scope", "Bearer x", scopeErr, prefix + `, error="insufficient_scope", error_description="` + scopeErr.Error() + `", scope="delegate:admin"`},
+		{"issuer away", "Bearer x", fmt.Errorf("x: %w", delegate.ErrUnavailable), ""},
+	} {
+		r := httptest.NewRequest("POST", "/mcp", nil)
+		if tc.auth != "" {
+			r.Header.Set("Authorization", tc.auth)
+		}
+		w := httptest.NewRecorder()
+		challenge(w, r, tc.err)
+		if got := w.Header().Get("WWW-Authenticate"); got != tc.want {
+			t.Errorf("%s:\n%s\nwant\n%s", tc.name, got, tc.want)
+		}
+	}
 }
