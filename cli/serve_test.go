@@ -12,6 +12,19 @@ import (
 
 const goodToken = "serve-test-token-0123456789abcdef"
 
+var oauthEnv = map[string]string{"DELEGATE_OAUTH_ISSUERS": "https://id.example.com", "DELEGATE_OAUTH_RESOURCE": "https://delegate.example.com/mcp"}
+
+// withEnv is env with k set to v.
+func withEnv(env map[string]string, k, v string) map[string]string {
+	out := map[string]string{k: v}
+	for key, val := range env {
+		if key != k {
+			out[key] = val
+		}
+	}
+	return out
+}
+
 func TestServeHTTPToken(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
@@ -33,6 +46,7 @@ func TestServeHTTPToken(t *testing.T) {
 		code  int
 		err   string // in stderr
 		token bool   // serve got a token
+		oauth bool   // serve got an issuer's verifier
 	}{
 		{name: "loopback without a token", args: []string{"--http", "127.0.0.1:8080"}},
 		{name: "localhost without a token", args: []string{"--http", "localhost:0"}},
@@ -62,6 +76,13 @@ func TestServeHTTPToken(t *testing.T) {
 		{name: "tls needs both", args: []string{"--http", "127.0.0.1:0", "--tls-cert", "c.pem"}, code: 2, err: "give both"},
 		{name: "tls needs http", args: []string{"--tls-key", "k.pem"}, code: 2, err: "--tls-key: only with --http"},
 		{name: "bad address", args: []string{"--http", "8080"}, code: 2, err: "must be HOST:PORT"},
+		{name: "an issuer on loopback", env: oauthEnv, args: []string{"--http", "127.0.0.1:8080"}, oauth: true},
+		{name: "an issuer and a token beyond loopback", env: withEnv(oauthEnv, "DELEGATE_HTTP_TOKEN", goodToken),
+			args: []string{"--http", "0.0.0.0:8080"}, token: true, oauth: true},
+		{name: "an issuer beyond loopback without a token", env: oauthEnv, args: []string{"--http", "0.0.0.0:8080"}, code: 2,
+			err: "(with DELEGATE_OAUTH_ISSUERS too: the dashboard's sign-in needs the token)"},
+		{name: "an issuer without its resource", env: withEnv(oauthEnv, "DELEGATE_OAUTH_RESOURCE", ""), args: []string{"--http", "127.0.0.1:8080"}, code: 2,
+			err: "DELEGATE_OAUTH_RESOURCE: must be set with DELEGATE_OAUTH_ISSUERS"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +107,9 @@ func TestServeHTTPToken(t *testing.T) {
 			}
 			if (got.Token != nil) != tc.token {
 				t.Fatalf("token %v, want one: %v", got.Token, tc.token)
+			}
+			if (got.OAuth != nil) != tc.oauth || tc.oauth && got.OAuth.Resource() != oauthEnv["DELEGATE_OAUTH_RESOURCE"] {
+				t.Fatalf("issuer's verifier %v, want one: %v", got.OAuth, tc.oauth)
 			}
 			if tc.token {
 				req := httptest.NewRequest("GET", "/mcp", nil)
