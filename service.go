@@ -103,6 +103,8 @@ type JobSummary struct {
 	SandboxKept bool `json:"sandbox_kept,omitempty"`
 	// Sandbox is the kept sandbox the job ran in or made (Job.Sandbox).
 	Sandbox string `json:"sandbox_id,omitempty"`
+	// Principal is whose job it is (principal.go).
+	Principal string `json:"principal,omitempty"`
 }
 
 // ResultOptions tune a result.

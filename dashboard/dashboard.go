@@ -40,6 +40,10 @@ type Options struct {
 	// the sign-in form, which leaves a session cookie. nil: no sign-in
 	// (a server on the loopback interface without DELEGATE_HTTP_TOKEN).
 	Token *httpauth.Token
+	// Guard, if set, admits requests instead (Token is then its shared
+	// token): a person signs in with a token of delegate's own and sees
+	// their own work; the operator sees everyone's, the principal named.
+	Guard *httpauth.Guard
 	// Poll is how often the live views read the jobs again, to see what
 	// other processes sharing the data dir did; default 1s. Changes this
 	// process makes are shown at once.
@@ -59,6 +63,9 @@ type Services struct {
 	Questions delegate.QuestionService
 	// Network: a job's denied connections and its network log.
 	Network delegate.NetworkService
+	// Principals: the audit trail's page (the operator's: everyone's
+	// entries; a principal's: its own).
+	Principals delegate.PrincipalService
 }
 
 // Handler serves the dashboard: GET / (the job list), /jobs/{id} (a job),
@@ -71,7 +78,10 @@ func Handler(svc Services, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, opts: opts, log: opts.Logger, pages: parsePages()}
+	if opts.Guard == nil {
+		opts.Guard = &httpauth.Guard{Shared: opts.Token, Open: opts.Token == nil}
+	}
+	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, audit: svc.Principals, opts: opts, log: opts.Logger, pages: parsePages()}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		panic(err) // the embedded tree is part of the binary
@@ -98,6 +108,9 @@ func Handler(svc Services, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))
+	if d.audit != nil {
+		mux.Handle("GET /audit", d.guard(d.auditPage))
+	}
 	if d.sbx != nil {
 		(&sandboxPages{d}).addRoutes(mux, csrf)
 	}
@@ -112,6 +125,8 @@ type dash struct {
 	sbx delegate.SandboxService  // nil: no kept sandboxes
 	qs  delegate.QuestionService // nil: takes no questions
 	ns  delegate.NetworkService  // nil: keeps no network logs
+	// audit reads the audit trail (nil: no such page).
+	audit delegate.PrincipalService
 	// The sandboxes' pages are sandboxPages' (sandboxes.go).
 	opts  Options
 	log   *slog.Logger
@@ -138,8 +153,13 @@ func headers(next http.Handler) http.Handler {
 // a plain 401.
 func (d *dash) guard(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if d.opts.Token.Allowed(r) {
-			next(w, r)
+		p, err := d.principal(r)
+		if err == nil {
+			next(w, r.WithContext(delegate.WithPrincipal(r.Context(), p)))
+			return
+		}
+		if delegate.ErrorKind(err) != delegate.KindUnauthenticated {
+			d.serviceError(w, r, err)
 			return
 		}
 		httpauth.Challenge(w, r)
@@ -149,6 +169,26 @@ func (d *dash) guard(next http.HandlerFunc) http.Handler {
 		}
 		http.Error(w, "unauthorized: sign in at /login, or send Authorization: Bearer <DELEGATE_HTTP_TOKEN>", http.StatusUnauthorized)
 	})
+}
+
+// principal is who r comes from: its bearer token, or its session, or
+// (a server open on the loopback interface) the local operator. Each
+// request reads its token again: a revoked one signs its browsers out.
+func (d *dash) principal(r *http.Request) (*delegate.Principal, error) {
+	g := d.opts.Guard
+	if bearer := httpauth.BearerOf(r); bearer != "" {
+		return g.Authenticate(r.Context(), bearer)
+	}
+	if _, err := r.Cookie(httpauth.CookieName); err == nil {
+		p, err := g.SessionPrincipal(r.Context(), r)
+		if err == nil || !g.Open {
+			return p, err
+		}
+	}
+	if g.Open {
+		return delegate.Local(), nil
+	}
+	return nil, fmt.Errorf("not signed in: %w", delegate.ErrUnauthenticated)
 }
 
 // wantsHTML: a browser navigating (not a script's fetch or EventSource).
@@ -167,7 +207,7 @@ type loginView struct {
 
 func (d *dash) loginPage(w http.ResponseWriter, r *http.Request) {
 	next := localPath(r.URL.Query().Get("next"))
-	if d.opts.Token == nil || d.opts.Token.Allowed(r) {
+	if _, err := d.principal(r); err == nil {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
@@ -181,16 +221,21 @@ func (d *dash) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := localPath(r.PostForm.Get("next"))
-	if d.opts.Token == nil {
+	if d.opts.Guard.Open && d.opts.Guard.Tokens == nil {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !d.opts.Token.Match(r.PostForm.Get("token")) {
-		d.log.Warn("dashboard: failed sign-in", "remote", r.RemoteAddr)
-		d.render(w, r, http.StatusUnauthorized, "login", loginView{Next: next, Error: "That is not the token this server was started with."})
+	p, err := d.opts.Guard.SignIn(w, r, r.PostForm.Get("token"))
+	if err != nil {
+		d.log.Warn("dashboard: failed sign-in", "remote", r.RemoteAddr, "err", err)
+		msg := "That is not the token this server was started with, nor a token of delegate's own that is valid now."
+		if delegate.ErrorKind(err) != delegate.KindUnauthenticated {
+			msg = "The server cannot check tokens now; try again in a minute."
+		}
+		d.render(w, r, http.StatusUnauthorized, "login", loginView{Next: next, Error: msg})
 		return
 	}
-	d.opts.Token.StartSession(w, r)
+	d.log.Info("dashboard: signed in", "principal", p.Name, "remote", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
@@ -277,7 +322,8 @@ func (d *dash) serviceError(w http.ResponseWriter, r *http.Request, err error) {
 
 // signedIn says whether to offer the sign-out button.
 func (d *dash) signedIn(r *http.Request) bool {
-	return d.opts.Token != nil && d.opts.Token.Session(r)
+	_, err := d.opts.Guard.SessionPrincipal(r.Context(), r)
+	return err == nil
 }
 
 // jobURL is a job's page.

@@ -43,11 +43,19 @@ func parsePages() map[string]*template.Template {
 		},
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox"} {
+	for _, name := range []string{"list", "job", "login", "error", "sandboxes", "sandbox", "audit"} {
 		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS,
 			"templates/layout.html", "templates/partials.html", "templates/"+name+".html"))
 	}
 	return pages
+}
+
+// whoOf names the principal a page is shown to.
+func whoOf(r *http.Request) string {
+	if p := delegate.PrincipalOf(r.Context()); p != nil {
+		return p.Name
+	}
+	return ""
 }
 
 // render writes a whole page.
@@ -59,7 +67,12 @@ func (d *dash) render(w http.ResponseWriter, r *http.Request, code int, page str
 		Version  string
 		// Sandboxes: the service keeps sandboxes, the header links them.
 		Sandboxes bool
-	}{data, d.signedIn(r), buildinfo.Version(), d.sbx != nil}
+		// Audit: the header links the audit trail.
+		Audit bool
+		// Who is the principal the page is shown to ("" on the sign-in
+		// page).
+		Who string
+	}{data, d.signedIn(r), buildinfo.Version(), d.sbx != nil, d.audit != nil, whoOf(r)}
 	if err := d.pages[page].ExecuteTemplate(&buf, "layout.html", view); err != nil {
 		d.log.Error("dashboard: render", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
@@ -88,6 +101,9 @@ type listView struct {
 	Next     string // cursor of the next page
 	Now      time.Time
 	LiveURL  string
+	// Viewer is whom the page is for: another principal's jobs (the
+	// operator sees them) are named.
+	Viewer string
 }
 
 // readList reads the page of jobs a request asks for.
@@ -100,7 +116,7 @@ func (d *dash) readList(ctx context.Context, status delegate.Status, cursor stri
 	if q := strings.TrimPrefix(listURL(string(status), cursor), "/"); q != "" {
 		live += q
 	}
-	return listView{Status: status, Cursor: cursor, Statuses: delegate.Statuses, Jobs: page.Jobs, Next: page.NextCursor,
+	return listView{Viewer: delegate.OwnerOf(ctx), Status: status, Cursor: cursor, Statuses: delegate.Statuses, Jobs: page.Jobs, Next: page.NextCursor,
 		Now: time.Now(), LiveURL: live}, nil
 }
 

@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os/exec"
 	"strings"
 	"testing"
@@ -317,4 +319,62 @@ func TestQuotaOverHTTP(t *testing.T) {
 	e := as(t, mcpURL, erin, long)
 	other := field(t, e[0].ok(t, "erin's job beside dave's"), "job_id")
 	as(t, mcpURL, httpToken, tool("cancel_job", map[string]any{"job_id": job}), tool("cancel_job", map[string]any{"job_id": other}))
+}
+
+// signIn signs a browser in to the dashboard at base with token: a
+// client with its session cookie.
+func signIn(t *testing.T, base, token string) *http.Client {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	resp, err := c.PostForm(base+"/login", url.Values{"token": {token}, "next": {"/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/" {
+		t.Fatalf("sign-in: %d at %s", resp.StatusCode, resp.Request.URL)
+	}
+	return c
+}
+
+// TestDashboardPrincipals: a person signs in to the dashboard with a
+// token of theirs and sees their own work only (another's job is "No
+// such job."); the operator sees everyone's, the principal named, and
+// the audit trail; a revoked token's session ends at its next page.
+func TestDashboardPrincipals(t *testing.T) {
+	dataDir := t.TempDir()
+	base := startHTTP(t, dataDir, nil, "DELEGATE_HTTP_TOKEN="+httpToken)
+	alice, aliceID := newToken(t, dataDir, "alice", "jobs")
+	bob, _ := newToken(t, dataDir, "bob", "jobs")
+	job := func(token string) string {
+		return field(t, as(t, base+"/mcp", token, tool("submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "echo hi"}}))[0].ok(t, "submit"), "job_id")
+	}
+	aliceJob, bobJob := job(alice), job(bob)
+
+	a := signIn(t, base, alice)
+	_, _, list := fetch(t, a, "GET", base+"/", "Accept", "text/html")
+	if !strings.Contains(list, aliceJob) || strings.Contains(list, bobJob) || !strings.Contains(list, `class="who"`) {
+		t.Errorf("alice's list: has hers %v, has bob's %v", strings.Contains(list, aliceJob), strings.Contains(list, bobJob))
+	}
+	if code, _, page := fetch(t, a, "GET", base+"/jobs/"+bobJob, "Accept", "text/html"); code != http.StatusNotFound || !strings.Contains(page, "No such job.") {
+		t.Errorf("alice opens bob's job: %d", code)
+	}
+	op := signIn(t, base, httpToken)
+	_, _, all := fetch(t, op, "GET", base+"/", "Accept", "text/html")
+	for _, want := range []string{aliceJob, bobJob, ">alice</span>", ">bob</span>"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the operator's list lacks %q", want)
+		}
+	}
+	if code, _, trail := fetch(t, op, "GET", base+"/audit", "Accept", "text/html"); code != http.StatusOK || !strings.Contains(trail, aliceJob) || !strings.Contains(trail, bobJob) {
+		t.Errorf("the operator's audit page: %d", code)
+	}
+	if _, _, trail := fetch(t, a, "GET", base+"/audit", "Accept", "text/html"); !strings.Contains(trail, aliceJob) || strings.Contains(trail, bobJob) {
+		t.Errorf("alice's audit page shows what is not hers, or lacks her job")
+	}
+	cliOut(t, dataDir, "tokens", "revoke", aliceID)
+	if code, _, page := fetch(t, a, "GET", base+"/", "Accept", "text/html"); code != http.StatusUnauthorized || strings.Contains(page, aliceJob) {
+		t.Errorf("alice's session after her token was revoked: %d", code)
+	}
 }

@@ -170,7 +170,7 @@ func summary(j *delegate.Job) delegate.JobSummary {
 		ID: j.ID, Status: j.Status, AgentType: j.Manifest.AgentType, Task: task, Progress: j.Progress,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, ExitCode: j.ExitCode,
 		ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled), SandboxKept: sandboxKept(j),
-		Sandbox: j.Sandbox,
+		Sandbox: j.Sandbox, Principal: j.Principal,
 	}
 }
 

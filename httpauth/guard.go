@@ -98,6 +98,7 @@ type Guard struct {
 
 	mu   sync.Mutex
 	live map[string]*credential // by the hash of the bearer
+	key  []byte                 // signs session cookies without a shared token (session.go)
 }
 
 // credential is a bearer token in use: its context ends when a recheck

@@ -196,3 +196,62 @@ func TestRequireScope(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardSessions: a browser signed in with a store token carries a
+// cookie naming its hash; each request reads the token again, so a
+// revoked one ends the session. A forged or shared-token v1 cookie is
+// judged as it should be.
+func TestGuardSessions(t *testing.T) {
+	db, alice := openTokens(t)
+	g := &Guard{Shared: mustNew(t, secret), Tokens: db}
+	cookieOf := func(token string) (*http.Cookie, error) {
+		w := httptest.NewRecorder()
+		if _, err := g.SignIn(w, httptest.NewRequest("POST", "/login", nil), token); err != nil {
+			return nil, err
+		}
+		return w.Result().Cookies()[0], nil
+	}
+	principal := func(c *http.Cookie) (*delegate.Principal, error) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.AddCookie(c)
+		return g.SessionPrincipal(context.Background(), r)
+	}
+	c, err := cookieOf(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(c.Value, alice) || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
+		t.Errorf("cookie %+v", c)
+	}
+	if p, err := principal(c); err != nil || p.Name != "alice" || p.Admin() {
+		t.Errorf("alice's session: %+v %v", p, err)
+	}
+	op, err := cookieOf(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := principal(op); err != nil || !p.Admin() {
+		t.Errorf("the operator's session: %+v %v", p, err)
+	}
+	for _, bad := range []string{"bob-secret-0123456789", "nobody-knows-this-one", ""} {
+		if _, err := cookieOf(bad); !errors.Is(err, delegate.ErrUnauthenticated) {
+			t.Errorf("sign-in with %q: %v", bad, err)
+		}
+	}
+	forged := *c
+	forged.Value = strings.Replace(c.Value, ".", ".9", 1) // another expiry, the same MAC
+	if _, err := principal(&forged); !errors.Is(err, delegate.ErrUnauthenticated) {
+		t.Errorf("a forged cookie: %v", err)
+	}
+	w := httptest.NewRecorder()
+	g.Shared.StartSession(w, httptest.NewRequest("POST", "/login", nil))
+	if p, err := principal(w.Result().Cookies()[0]); err != nil || !p.Admin() {
+		t.Errorf("a v1 session of the shared token: %+v %v", p, err)
+	}
+	if _, err := db.RevokeToken(context.Background(), "tok-a", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := principal(c); !errors.Is(err, delegate.ErrUnauthenticated) || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("alice's session after her token was revoked: %v", err)
+	}
+}

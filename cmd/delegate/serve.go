@@ -17,6 +17,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/dashboard"
+	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/httpauth"
 	"github.com/delegate-dev/delegate/mcpserver"
@@ -165,7 +166,8 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
-	mux.Handle("/", dashboard.Handler(dashboard.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng}, dashboard.Options{Token: opts.Token, Logger: log}))
+	mux.Handle("/", dashboard.Handler(dashboard.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng,
+		Principals: engine.NewPrincipals(a.store, log)}, dashboard.Options{Token: opts.Token, Guard: guard, Logger: log}))
 	srv := &http.Server{
 		Handler:           httpapi.LoopbackOnly(httpapi.BodyTimeout(mux, httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout)),
 		ReadHeaderTimeout: httpapi.HeaderTimeout,
