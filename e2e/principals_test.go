@@ -304,7 +304,7 @@ func TestRevokedTokenStops(t *testing.T) {
 
 // TestQuotaOverHTTP: the job over a principal's quota is refused at once,
 // naming the quota, the use and the setting; another principal is not
-// held by it.
+// held by it. A token without the sandboxes scope keeps no sandbox.
 func TestQuotaOverHTTP(t *testing.T) {
 	dataDir := t.TempDir()
 	mcpURL := startHTTP(t, dataDir, nil, "DELEGATE_HTTP_TOKEN="+httpToken, "DELEGATE_QUOTA_JOBS=1") + "/mcp"
@@ -315,6 +315,14 @@ func TestQuotaOverHTTP(t *testing.T) {
 	job := field(t, d[0].ok(t, "dave's first job"), "job_id")
 	if d[1].Error == nil || !strings.Contains(*d[1].Error, "DELEGATE_QUOTA_JOBS") || !strings.Contains(*d[1].Error, "jobs not ended: 1 now") {
 		t.Errorf("dave's second job: %+v, want the quota named", d[1])
+	}
+	// dave's token has the jobs scope only: no kept sandboxes.
+	d = as(t, mcpURL, dave, tool("open_sandbox", map[string]any{}),
+		tool("submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "true", "lifecycle": "persistent"}}))
+	for i, o := range d {
+		if o.Error == nil || !strings.Contains(*o.Error, "needs the sandboxes scope, which dave's token does not have") {
+			t.Errorf("dave without the sandboxes scope, %d: %+v", i, o)
+		}
 	}
 	e := as(t, mcpURL, erin, long)
 	other := field(t, e[0].ok(t, "erin's job beside dave's"), "job_id")

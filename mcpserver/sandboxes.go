@@ -58,6 +58,9 @@ func addReleaseTool(ts *Tools, h *handlers) {
 		case in.JobID != "":
 			return h.release(ctx, req, &JobIn{JobID: in.JobID})
 		}
+		if err := need(ctx, delegate.ScopeSandboxes, "release_job of a sandbox_id"); err != nil {
+			return ReleaseOut{}, err
+		}
 		_, released, err := sb.ReleaseSandbox(ctx, in.SandboxID)
 		if err != nil {
 			return ReleaseOut{}, err
@@ -410,6 +413,9 @@ func addSandboxResource(s *mcp.Server, svc delegate.SandboxService, log *slog.Lo
 		id, ok := strings.CutPrefix(uri, "sandbox://")
 		if !ok || id == "" || strings.Contains(id, "/") {
 			return nil, mcp.ResourceNotFoundError(uri)
+		}
+		if err := need(ctx, delegate.ScopeSandboxes, uri); err != nil {
+			return nil, err
 		}
 		sb, err := svc.GetSandbox(ctx, id)
 		if err != nil {

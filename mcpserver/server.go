@@ -72,9 +72,9 @@ func New(svc Services, log *slog.Logger) *Server {
 	}
 	h := &handlers{svc: svc.Jobs, qs: svc.Questions, ns: svc.Network, sb: svc.Sandboxes}
 	addTasks(s, h, log)
-	ts := NewTools(s, log, "the sandbox backend or the job store")
+	ts := NewTools(s, log, "the sandbox backend or the job store").Scoped(delegate.ScopeJobs)
 	addResources(s, svc, log)
-	addSandboxTools(ts, svc.Sandboxes)
+	addSandboxTools(ts.Scoped(delegate.ScopeSandboxes), svc.Sandboxes)
 	addTool(ts, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Run a job in a new isolated sandbox; returns job_id at once. Then wait_job, get_job_result.",
@@ -241,6 +241,11 @@ type SubmitOut struct {
 }
 
 func (h *handlers) submit(ctx context.Context, _ *mcp.CallToolRequest, in *SubmitIn) (SubmitOut, error) {
+	if in.Manifest.Sandbox != "" || in.Manifest.Lifecycle == delegate.LifecyclePersistent {
+		if err := need(ctx, delegate.ScopeSandboxes, "a job in, or keeping, a sandbox"); err != nil {
+			return SubmitOut{}, err
+		}
+	}
 	job, err := h.svc.Submit(ctx, in.Manifest, delegate.SubmitOptions{IdempotencyKey: in.IdempotencyKey})
 	if err != nil {
 		return SubmitOut{}, err

@@ -25,6 +25,10 @@ type Tools struct {
 	// deps names, for an agent, what a call of these tools needs that may
 	// not answer now (an ErrUnavailable error).
 	deps string
+	// scope is what a principal needs to call these tools: ScopeAdmin
+	// unless Scoped says otherwise (a toolset that says nothing, such as
+	// the Proxmox tools, is the operator's).
+	scope delegate.Scope
 }
 
 // NewTools is the tool adder for s. deps names what its tools' calls need
@@ -35,7 +39,14 @@ func NewTools(s *mcp.Server, log *slog.Logger, deps string) *Tools {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Tools{server: s, dec: new(jsonin.Decoder), log: log, deps: deps}
+	return &Tools{server: s, dec: new(jsonin.Decoder), log: log, deps: deps, scope: delegate.ScopeAdmin}
+}
+
+// Scoped is ts for tools that need scope s instead.
+func (ts *Tools) Scoped(s delegate.Scope) *Tools {
+	c := *ts
+	c.scope = s
+	return &c
 }
 
 // AddTool registers a tool whose arguments decode into In and whose
@@ -57,6 +68,9 @@ func AddTool[In, Out any](ts *Tools, t *mcp.Tool, h func(context.Context, *mcp.C
 // in full those the agent is not shown.
 func addTool[In, Out any](ts *Tools, t *mcp.Tool, h func(context.Context, *mcp.CallToolRequest, *In) (Out, error)) {
 	ts.server.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if err := need(ctx, ts.scope, t.Name); err != nil {
+			return errorResult(ts.toolError(ctx, t.Name, err)), nil
+		}
 		var in In
 		args := req.Params.Arguments
 		if len(bytes.TrimSpace(args)) == 0 {
