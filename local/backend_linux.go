@@ -47,6 +47,7 @@ type Backend struct {
 	caches  *caches
 	proxies *proxies
 	live    *liveSet
+	layers  *layerStore // checkpoints and their layers (layers_linux.go)
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -168,6 +169,7 @@ func New(cfg Config) (*Backend, error) {
 		caches:  &caches{dir: cacheDir, max: cmp.Or(cfg.CacheMaxBytes, DefaultCacheMaxBytes), sandboxes: dir, log: log},
 		proxies: &proxies{server: cfg.Egress, callback: cfg.EgressCallbackPort, log: log, served: map[string]*servedSandbox{}},
 		live:    newLiveSet(),
+		layers:  &layerStore{dir: filepath.Join(dir, dirLayers), sandboxes: dir, self: self, log: log},
 	}
 	log.Debug("local backend ready", "dir", dir, "cgroup", cg.Version, "selfExe", self, "uids", uids.String(),
 		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)
@@ -287,6 +289,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// trust bundle of their own.
 		EgressProxy: egress,
 		EgressTrust: egress,
+		// Kept sandboxes' files, as overlay layers (layers_linux.go).
+		Checkpoint:              true,
+		CheckpointMemoryMissing: checkpointMemoryMissing,
 	}
 }
 
@@ -315,6 +320,14 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	}
 	if spec.MultiExec && net != nil {
 		return nil, errors.New("local backend: a sandbox that runs many commands has no network through a network helper (it serves one command); its network goes through the egress proxy (Spec.Egress) or nowhere")
+	}
+	if spec.From != "" {
+		if !spec.MultiExec {
+			return nil, errors.New("local backend: a sandbox made from a checkpoint (Spec.From) is a kept one (Spec.MultiExec)")
+		}
+		if err := checkCheckpointID(spec.From); err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
 	}
 	if spec.MemoryBytes <= 0 {
 		return nil, fmt.Errorf("local backend: memory limit must be positive (got %d bytes)", spec.MemoryBytes)
@@ -419,12 +432,17 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 	// mount namespace, so the server can write files before the job runs
 	// and read them after it ended. Its pages are memory, and count
 	// against the memory limit of whoever writes them.
+	// A fork's is an overlay of the same size over a checkpoint's
+	// layers (layers_linux.go).
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d",
 		spec.DiskBytes, max(spec.DiskBytes/4096, 16384), hostJob, hostJob)
-	if err := unix.Mount("tmpfs", ws, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	if spec.From != "" {
+		if err := b.layers.provisionFrom(dir, &st, spec.From); err != nil {
+			return fmt.Errorf("fork from checkpoint %s: %w", spec.From, err)
+		}
+	} else if err := unix.Mount("tmpfs", ws, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount workspace tmpfs: %w", err)
-	}
-	if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
+	} else if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make workspace private: %w", err)
 	}
 	if spec.MultiExec {
@@ -627,6 +645,11 @@ func (b *Backend) destroy(id string) error {
 		if err := b.caches.release(id, dir, st.Caches); err != nil {
 			errs = append(errs, err)
 		}
+		// Its checkpoints go with it; the layers a fork of it stands
+		// on stay for the fork.
+		if err := b.layers.dropSandbox(id, st.Lowers); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := st.Cgroup.remove(drainTimeout); err != nil {
 		errs = append(errs, err)
@@ -677,7 +700,7 @@ func (b *Backend) ended(id, dir string) bool {
 var (
 	sandboxFiles = [...]string{fileState, fileExec, fileExit, fileOutput, fileStreams, fileEvents, fileEventsLatest, fileStatusFIFO,
 		fileKilled, fileDeadline, fileShimPID, fileInitPID, fileShimLog, fileNetHelper, fileNetReady, fileTrust, fileNetns}
-	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel, dirCacheLayers}
+	sandboxDirs = [...]string{dirWorkspace, dirRootfs, dirTemplate, dirChannel, dirCacheLayers, dirUpper}
 )
 
 // removeSandboxDir removes the sandbox directory, whose mounts are gone.

@@ -42,3 +42,4 @@ func runShim(args []string) int                                     { return 2 }
 func runInit(args []string) int                                     { return 2 }
 func runExec() int                                                  { return 2 }
 func runExtract(args []string) int                                  { return 2 }
+func runUsernsHold() int                                            { return 2 }

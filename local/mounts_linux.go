@@ -82,6 +82,9 @@ func unmountSandbox(dir string) error {
 			return err
 		}
 	}
+	if err := unmountLayered(dir); err != nil {
+		return err
+	}
 	return unmountCaches(dir)
 }
 

@@ -33,6 +33,10 @@ func Reexec() bool {
 // (archive_linux.go).
 const extractCommand = "__workspace-extract"
 
+// usernsHoldCommand holds a user namespace made for an idmap of a
+// checkpoint's layer until its stdin closes (layers_linux.go).
+const usernsHoldCommand = "__sandbox-userns"
+
 // dispatchHelper runs the helper os.Args names (the hidden subcommands), if
 // any, and returns its exit status.
 func dispatchHelper() (int, bool) {
@@ -48,6 +52,8 @@ func dispatchHelper() (int, bool) {
 		return runExec(), true
 	case extractCommand:
 		return runExtract(os.Args[2:]), true
+	case usernsHoldCommand:
+		return runUsernsHold(), true
 	}
 	return 0, false
 }

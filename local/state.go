@@ -169,6 +169,12 @@ type sandboxState struct {
 	Spawns bool `json:"spawns,omitempty"`
 	// Caches are the caches it has (cache_linux.go).
 	Caches []cacheMount `json:"caches,omitempty"`
+	// Layered: its workspace is an overlay of an upper (dirUpper) over
+	// frozen layers, Lowers, newest first (layers_linux.go); From is the
+	// checkpoint it was forked from.
+	Layered bool       `json:"layered,omitempty"`
+	Lowers  []layerRef `json:"lowers,omitempty"`
+	From    string     `json:"from,omitempty"`
 }
 
 // cacheMount is a cache a sandbox has, as its state records it.

@@ -69,6 +69,16 @@ type Capabilities struct {
 	// trust (EgressRoute.TrustFile), which credentials injected by the
 	// proxy need.
 	EgressTrust bool
+	// Checkpoint: every instance made with Spec.MultiExec is a
+	// Checkpointer, Spec.From is honoured, and the Backend is a
+	// CheckpointKeeper (checkpoint.go). Without it, CheckpointMissing
+	// says why, for the error the engine gives.
+	Checkpoint        bool
+	CheckpointMissing string
+	// CheckpointMemoryMissing says what the host lacks to keep a
+	// sandbox's memory in a checkpoint (every backend lacks it today:
+	// checkpoints are of files).
+	CheckpointMemoryMissing string
 }
 
 // Spec describes the sandbox a job needs.
@@ -97,6 +107,10 @@ type Spec struct {
 	// Egress, with Network, routes the sandbox's network through the
 	// server's egress proxy alone (Capabilities.EgressProxy).
 	Egress *Egress
+	// From, if set, is a checkpoint (Checkpoint.ID) whose files the
+	// sandbox starts with instead of an empty workspace: a fork
+	// (Capabilities.Checkpoint; with MultiExec).
+	From string
 }
 
 // Egress is a sandbox's network through the server's egress proxy.

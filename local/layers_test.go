@@ -1,0 +1,196 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// The state of a workspace as a command sees it: every entry's mode in
+// octal, owner, size and checksum, sorted.
+const treeScript = `cd /workspace && find . -mindepth 1 \( -type f -printf '%p %m %U:%G %s ' -exec sh -c 'md5sum < "$1" | cut -c1-32' _ {} \; \) -o \( ! -type f -printf '%p %m %U:%G %y %l\n' \) | sort`
+
+func checkpoint(t *testing.T, sb *sbox) sandbox.Checkpoint {
+	t.Helper()
+	cp, err := sb.Checkpoint(context.Background())
+	if err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	return cp
+}
+
+func fork(t *testing.T, b *Backend, from string) *sbox {
+	t.Helper()
+	spec := defaultSpec()
+	spec.MultiExec, spec.Expires, spec.From = true, time.Now().Add(time.Minute), from
+	return create(t, b, spec)
+}
+
+// TestCheckpointRollback: a rollback after rm -rf /workspace/* brings
+// every file back, byte for byte, with its mode and owner; a command
+// running at the checkpoint ends; the sandbox runs commands after both.
+func TestCheckpointRollback(t *testing.T) {
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		keptRun(t, sb, `cd /workspace && mkdir -p src/deep && printf 'hello\n' > src/a.txt && chmod 640 src/a.txt &&
+			head -c 300000 /dev/urandom > src/deep/blob && chmod 700 src/deep && ln -s a.txt src/link && printf '#!/bin/sh\n' > run.sh && chmod 755 run.sh`)
+		before := keptRun(t, sb, treeScript)
+		running := start(t, sb, "/bin/sh", "-c", "sleep 300")
+		cp := checkpoint(t, sb)
+		if !strings.HasPrefix(cp.ID, "cp-") || cp.Bytes < 300000 {
+			t.Errorf("checkpoint %+v: want an id and at least the files' bytes", cp)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := running.Wait(ctx); err != nil {
+			t.Errorf("a command running at the checkpoint did not end: %v", err)
+		}
+		if got := keptRun(t, sb, treeScript); got != before {
+			t.Fatalf("after the checkpoint the files differ:\n%s\nwant\n%s", got, before)
+		}
+		keptRun(t, sb, `rm -rf /workspace/* && echo new > /workspace/new`)
+		if got := keptRun(t, sb, "ls -A /workspace"); got != "new\n" {
+			t.Fatalf("after rm -rf: %q", got)
+		}
+		if err := sb.Rollback(context.Background(), cp.ID); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		if got := keptRun(t, sb, treeScript); got != before {
+			t.Errorf("after the rollback the files differ:\n%s\nwant\n%s", got, before)
+		}
+		// Checkpoints stack: a second one, a change, a rollback to the
+		// first again.
+		keptRun(t, sb, `echo two > /workspace/two`)
+		cp2 := checkpoint(t, sb)
+		keptRun(t, sb, `rm /workspace/src/a.txt`)
+		if err := sb.Rollback(context.Background(), cp2.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := keptRun(t, sb, "cat /workspace/two /workspace/src/a.txt"); got != "two\nhello\n" {
+			t.Errorf("after the rollback to the second checkpoint: %q", got)
+		}
+		if err := sb.Rollback(context.Background(), cp.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := keptRun(t, sb, treeScript); got != before {
+			t.Errorf("back at the first checkpoint the files differ:\n%s\nwant\n%s", got, before)
+		}
+	})
+}
+
+// TestFork: forks see the source's files as their own (owner 1000
+// inside, their own host ids outside), change and delete them; what one
+// writes neither the source nor another fork sees; each fork's disk
+// limit holds; the source goes on, and its checkpoints go with it while
+// the forks keep what they stand on.
+func TestFork(t *testing.T) {
+	b := newBackend(t, 0)
+	src := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, src, `cd /workspace && mkdir d && echo base > d/f && echo keep > k && chmod 600 k`)
+	cp := checkpoint(t, src)
+	a, c := fork(t, b, cp.ID), fork(t, b, cp.ID)
+	for _, f := range []*sbox{a, c} {
+		if got := keptRun(t, f, `stat -c '%u:%g %a %n' /workspace/d/f /workspace/k && cat /workspace/d/f`); got != "1000:1000 644 /workspace/d/f\n1000:1000 600 /workspace/k\nbase\n" {
+			t.Errorf("fork %s sees %q", f.id, got)
+		}
+	}
+	keptRun(t, a, `echo a >> /workspace/d/f && rm /workspace/k && echo mine > /workspace/a-only`)
+	keptRun(t, src, `echo source > /workspace/s-only`)
+	if got := keptRun(t, a, `cat /workspace/d/f; ls /workspace`); got != "base\na\na-only\nd\n" {
+		t.Errorf("fork a: %q", got)
+	}
+	for _, f := range []*sbox{src, c} {
+		if got := keptRun(t, f, `cat /workspace/d/f /workspace/k; ls /workspace`); !strings.HasPrefix(got, "base\nkeep\n") || strings.Contains(got, "a-only") {
+			t.Errorf("%s sees fork a's writes: %q", f.id, got)
+		}
+	}
+	if got := keptRun(t, c, `ls /workspace`); strings.Contains(got, "s-only") {
+		t.Errorf("fork c sees the source's write after the fork: %q", got)
+	}
+	// On the host, what fork a changed is its own job's.
+	st, err := a.state()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner := hostOwner(t, filepath.Join(a.dir, dirUpper, upperDir, "d", "f")); owner != st.hostBase()+jobID {
+		t.Errorf("fork a's copy of d/f is host uid %d, want %d (its own job's)", owner, st.hostBase()+jobID)
+	}
+	// The disk limit is each fork's: 64 MiB written fails, the fork goes on.
+	if exit, out := run(t, c, "/bin/sh", "-c", "head -c 80000000 /dev/zero > /workspace/big"); exit.Code == 0 || !strings.Contains(out, "No space left") {
+		t.Errorf("80 MB into a fork of a 64 MiB disk: %+v %q", exit, out)
+	}
+	// A rollback to another sandbox's checkpoint is refused, nothing changed.
+	if err := a.Rollback(context.Background(), cp.ID); err == nil || !strings.Contains(err.Error(), "its own checkpoints") {
+		t.Errorf("rollback of a fork to its source's checkpoint: %v", err)
+	}
+	if got := keptRun(t, a, `ls /workspace`); got != "a-only\nbig\nd\n" && got != "a-only\nd\n" {
+		t.Errorf("after a refused rollback fork a has %q", got)
+	}
+	// The source goes: its checkpoint with it; the forks keep their files.
+	if err := src.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.layers.record(cp.ID); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("the checkpoint of a destroyed sandbox: %v", err)
+	}
+	if got := keptRun(t, c, `cat /workspace/d/f`); got != "base\n" {
+		t.Errorf("fork c after its source went: %q", got)
+	}
+	if _, err := b.Create(context.Background(), sandbox.Spec{JobID: "x", CPU: 1, MemoryBytes: 64 * mib, DiskBytes: 16 * mib, MultiExec: true, From: cp.ID}); !errors.Is(err, sandbox.ErrGone) {
+		t.Errorf("a fork from a deleted checkpoint: %v", err)
+	}
+	for _, f := range []*sbox{a, c} {
+		if err := f.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, _ := os.ReadDir(b.layers.dir); len(ents) != 0 {
+		t.Errorf("the layers left once every sandbox went: %v", ents)
+	}
+}
+
+func hostOwner(t *testing.T, p string) uint32 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Uid
+}
+
+// TestForkPaused: a paused sandbox checkpoints (it is quiescent
+// already) and stays paused; a fork from it runs.
+func TestForkPaused(t *testing.T) {
+	b := newBackend(t, 0)
+	if b.cg.Freezer == "" {
+		t.Skip("this host has no freezer")
+	}
+	src := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, src, `echo paused > /workspace/p`)
+	if err := src.Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cp := checkpoint(t, src)
+	st, _ := src.state()
+	if !st.Cgroup.frozen() {
+		t.Error("the source is not paused after its checkpoint")
+	}
+	f := fork(t, b, cp.ID)
+	if got := keptRun(t, f, `cat /workspace/p`); got != "paused\n" {
+		t.Errorf("fork of a paused sandbox: %q", got)
+	}
+	if err := src.Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := keptRun(t, src, `cat /workspace/p`); got != "paused\n" {
+		t.Errorf("the source after resume: %q", got)
+	}
+}
