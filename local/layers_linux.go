@@ -81,17 +81,6 @@ type layerStore struct {
 	mu sync.Mutex
 }
 
-// layerRef is one frozen layer as a sandbox or a checkpoint names it.
-type layerRef struct {
-	ID string `json:"id"`
-	// Base is the host id base of the sandbox that wrote it: its files'
-	// owners are that slot's.
-	Base uint32 `json:"base"`
-	// Root is its files' directory in its mount: "." for a sandbox's
-	// first workspace, upperDir for an upper.
-	Root string `json:"root"`
-}
-
 // checkpointRecord is a checkpoint, layers/<id>.json.
 type checkpointRecord struct {
 	ID      string     `json:"id"`

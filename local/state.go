@@ -177,6 +177,17 @@ type sandboxState struct {
 	From    string     `json:"from,omitempty"`
 }
 
+// layerRef is one frozen layer as a sandbox or a checkpoint names it.
+type layerRef struct {
+	ID string `json:"id"`
+	// Base is the host id base of the sandbox that wrote it: its files'
+	// owners are that slot's.
+	Base uint32 `json:"base"`
+	// Root is its files' directory in its mount: "." for a sandbox's
+	// first workspace, upperDir for an upper.
+	Root string `json:"root"`
+}
+
 // cacheMount is a cache a sandbox has, as its state records it.
 type cacheMount struct {
 	Name string `json:"name"`
