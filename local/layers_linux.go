@@ -461,11 +461,11 @@ func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 	ls := s.b.layers
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	st, err := s.kept("checkpoint")
+	st, err := keptState(s, "checkpoint")
 	if err != nil {
 		return sandbox.Checkpoint{}, err
 	}
-	frozen, err := s.stopAll(st)
+	frozen, err := stopAll(s, st)
 	if err != nil {
 		return sandbox.Checkpoint{}, err
 	}
@@ -484,7 +484,7 @@ func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 	if err := ls.save(rec); err != nil {
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
 	}
-	if err := s.relayer(st, layers, frozen); err != nil {
+	if err := relayer(s, st, layers, frozen); err != nil {
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
 	}
 	s.b.log.Info("sandbox checkpointed", "sandbox", s.id, "checkpoint", id, "bytes", bytes, "layers", len(layers))
@@ -505,11 +505,11 @@ func (s *sbox) Rollback(ctx context.Context, id string) error {
 	if rec.Sandbox != s.id {
 		return fmt.Errorf("checkpoint %s is of sandbox %s, not of %s: a sandbox rolls back to its own checkpoints", id, rec.Sandbox, s.id)
 	}
-	st, err := s.kept("roll back")
+	st, err := keptState(s, "roll back")
 	if err != nil {
 		return err
 	}
-	frozen, err := s.stopAll(st)
+	frozen, err := stopAll(s, st)
 	if err != nil {
 		return err
 	}
@@ -522,7 +522,7 @@ func (s *sbox) Rollback(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("roll back sandbox %s: %w", s.id, err)
 	}
-	if err := s.relayer(st, rec.Layers, frozen); err != nil {
+	if err := relayer(s, st, rec.Layers, frozen); err != nil {
 		return fmt.Errorf("roll back sandbox %s: %w", s.id, err)
 	}
 	if err := ls.gc(old); err != nil {
@@ -532,8 +532,8 @@ func (s *sbox) Rollback(ctx context.Context, id string) error {
 	return nil
 }
 
-// kept reads the state of a sandbox whose files can be checkpointed.
-func (s *sbox) kept(what string) (sandboxState, error) {
+// keptState reads the state of a sandbox whose files can be checkpointed.
+func keptState(s *sbox, what string) (sandboxState, error) {
 	st, err := s.state()
 	if err != nil {
 		return st, s.goneOr(fmt.Errorf("%s: %w", what, err))
@@ -547,7 +547,7 @@ func (s *sbox) kept(what string) (sandboxState, error) {
 // stopAll ends every process of a kept sandbox (its init, and with it
 // its commands, whose shims record their ends) and waits for them to
 // be gone; frozen says whether it was paused.
-func (s *sbox) stopAll(st sandboxState) (frozen bool, err error) {
+func stopAll(s *sbox, st sandboxState) (frozen bool, err error) {
 	frozen = st.Cgroup.frozen()
 	if err := killSandbox(s.dir, st.Cgroup); err != nil {
 		return frozen, err
@@ -565,7 +565,7 @@ func (s *sbox) stopAll(st sandboxState) (frozen bool, err error) {
 
 // relayer mounts a fresh upper over layers at the workspace, records
 // them as the sandbox's, and starts its init again (paused, if it was).
-func (s *sbox) relayer(st sandboxState, layers []layerRef, frozen bool) error {
+func relayer(s *sbox, st sandboxState, layers []layerRef, frozen bool) error {
 	// Recorded first: a gc running after a failure below keeps them.
 	st.Layered, st.Lowers = true, layers
 	if err := writeJSONAtomic(s.path(fileState), st); err != nil {
