@@ -381,7 +381,13 @@ func TestKeptSandboxExpires(t *testing.T) {
 		if !waitFor(10*time.Second, func() bool { return len(sandboxProcs(t, sb)) == 0 }) {
 			t.Fatalf("processes after the sandbox expired: %v", sandboxProcs(t, sb))
 		}
-		if _, err := b.Recover(context.Background(), sb.id); !errors.Is(err, sandbox.ErrGone) {
+		// Its keeper ends once it has reaped init: a moment after the
+		// last process of the sandbox's cgroups (it is not in them).
+		var err error
+		if !waitFor(10*time.Second, func() bool {
+			_, err = b.Recover(context.Background(), sb.id)
+			return errors.Is(err, sandbox.ErrGone)
+		}) {
 			t.Errorf("Recover of an expired sandbox: %v, want ErrGone", err)
 		}
 		if _, err := sb.Exec(context.Background(), sandbox.Command{Args: []string{"/bin/true"}}); !errors.Is(err, sandbox.ErrGone) {
