@@ -169,11 +169,11 @@ func claudeBinary() string {
 }
 
 // TestClaudeCodeNeedsAuthentication: Claude Code, given the server's URL
-// only, follows the 401's challenge to the metadata and to the issuer's
-// metadata, and lists the server as needing authentication (not as
-// failing to connect). The provider has no dynamic client registration,
-// so Claude Code is given a client id, as with an issuer where clients
-// are registered by hand. Offline: nothing leaves the machine.
+// only (claude mcp add --transport http NAME URL), follows the 401's
+// challenge to the metadata and to the issuer's, registers itself there
+// (dynamic client registration), and lists the server as needing
+// authentication, not as failing to connect. Offline: nothing leaves the
+// machine.
 func TestClaudeCodeNeedsAuthentication(t *testing.T) {
 	claude := claudeBinary()
 	if claude == "" {
@@ -196,14 +196,15 @@ func TestClaudeCodeNeedsAuthentication(t *testing.T) {
 		}
 		return string(out)
 	}
-	run("mcp", "add", "--transport", "http", "--client-id", "claude-code", "--callback-port", fmt.Sprint(freePort(t)), "delegate", resource)
+	run("mcp", "add", "--transport", "http", "delegate", resource)
 	out := run("mcp", "list")
 	if !strings.Contains(out, "delegate: "+resource+" (HTTP) - ! Needs authentication") {
 		t.Fatalf("claude mcp list:\n%s\nwant delegate listed as needing authentication", out)
 	}
-	// It found the issuer through the metadata, and read the issuer's.
-	if n, m := op.Requests("/.well-known/oauth-authorization-server"), op.Requests("/.well-known/openid-configuration"); n+m == 0 {
-		t.Fatalf("Claude Code never asked the issuer for its metadata")
+	// It found the issuer through the metadata, read the issuer's, and
+	// registered there.
+	if n, m := op.Requests("/.well-known/oauth-authorization-server"), op.Requests("/.well-known/openid-configuration"); n+m == 0 || op.Requests("/register") == 0 {
+		t.Fatalf("Claude Code asked the issuer for its metadata %d times and registered %d times", n+m, op.Requests("/register"))
 	}
 }
 

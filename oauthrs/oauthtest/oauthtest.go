@@ -3,12 +3,16 @@
 // JWKS and its token endpoint, on an httptest server. Its clients get
 // JWT access tokens (RFC 9068) by the client credentials grant, signed
 // with the provider's RS256 key, for the audience, subject, claims and
-// lifetime a test gives each client.
+// lifetime a test gives each client. Beside zitadel's endpoints it offers
+// dynamic client registration (RFC 7591, which zitadel's provider has
+// not), as MCP clients expect of an issuer: a public client with the
+// redirect URIs asked for.
 package oauthtest
 
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -54,7 +58,7 @@ type Provider struct {
 // Start runs a provider until the test ends.
 func Start(t testing.TB) *Provider {
 	t.Helper()
-	st := &store{Storage: storage.NewStorage(storage.NewUserStore("http://localhost")), clients: map[string]*client{}}
+	st := &store{Storage: storage.NewStorage(storage.NewUserStore("http://localhost")), clients: map[string]*client{}, registered: map[string]op.Client{}}
 	srv := httptest.NewUnstartedServer(nil)
 	issuer := "http://" + srv.Listener.Addr().String()
 	var key [32]byte
@@ -70,7 +74,14 @@ func Start(t testing.TB) *Provider {
 		p.mu.Lock()
 		p.requests[r.URL.Path]++
 		p.mu.Unlock()
-		provider.ServeHTTP(w, r)
+		switch {
+		case r.URL.Path == "/register":
+			p.register(w, r)
+		case r.Method == http.MethodGet && (r.URL.Path == "/.well-known/openid-configuration" || r.URL.Path == "/.well-known/oauth-authorization-server"):
+			p.discovery(provider, w, r)
+		default:
+			provider.ServeHTTP(w, r)
+		}
 	})
 	srv.Start()
 	t.Cleanup(srv.Close)
@@ -134,6 +145,8 @@ type store struct {
 	*storage.Storage
 	mu      sync.Mutex
 	clients map[string]*client
+	// registered are the clients registered dynamically.
+	registered map[string]op.Client
 }
 
 type client struct {
@@ -170,6 +183,12 @@ func (s *store) ClientCredentials(_ context.Context, id, secret string) (op.Clie
 
 func (s *store) GetClientByClientID(ctx context.Context, id string) (op.Client, error) {
 	if c, ok := s.client(id); ok {
+		return c, nil
+	}
+	s.mu.Lock()
+	c, ok := s.registered[id]
+	s.mu.Unlock()
+	if ok {
 		return c, nil
 	}
 	return s.Storage.GetClientByClientID(ctx, id)
@@ -225,4 +244,48 @@ func (s *store) GetPrivateClaimsFromScopes(_ context.Context, _, clientID string
 		claims[k] = v
 	}
 	return claims, nil
+}
+
+// discovery is the provider's metadata with the registration endpoint
+// added.
+func (p *Provider) discovery(provider http.Handler, w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	provider.ServeHTTP(rec, r)
+	var doc map[string]any
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &doc) != nil {
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+		return
+	}
+	doc["registration_endpoint"] = p.Issuer + "/register"
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(doc)
+}
+
+// register is dynamic client registration (RFC 7591): a public client
+// using the authorization code grant with PKCE, at the redirect URIs
+// asked for.
+func (p *Provider) register(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		RedirectURIs []string `json:"redirect_uris"`
+		ClientName   string   `json:"client_name"`
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if r.Method != http.MethodPost || json.NewDecoder(r.Body).Decode(&req) != nil || len(req.RedirectURIs) == 0 {
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(map[string]string{"error": "invalid_client_metadata", "error_description": "POST a JSON object with redirect_uris"})
+		return
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	id := "dyn-" + hex.EncodeToString(b[:])
+	p.store.mu.Lock()
+	p.store.registered[id] = storage.NativeClient(id, req.RedirectURIs...)
+	p.store.mu.Unlock()
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(map[string]any{
+		"client_id": id, "client_id_issued_at": time.Now().Unix(), "client_name": req.ClientName,
+		"redirect_uris": req.RedirectURIs, "grant_types": []string{"authorization_code", "refresh_token"},
+		"response_types": []string{"code"}, "token_endpoint_auth_method": "none",
+	})
 }
