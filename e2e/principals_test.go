@@ -282,6 +282,10 @@ func TestRevokedTokenStops(t *testing.T) {
 	}()
 	cliOut(t, dataDir, "tokens", "revoke", id)
 	revoked := time.Now()
+	if list := cliOut(t, dataDir, "tokens", "list"); !strings.Contains(list, id) || !strings.Contains(list, "carol") || !strings.Contains(list, "revoked") ||
+		strings.Contains(list, secret) {
+		t.Errorf("tokens list after the revocation:\n%s", list)
+	}
 	select {
 	case err := <-ended:
 		t.Logf("the open wait_job ended %v after the revocation: %v", time.Since(revoked).Round(time.Millisecond), err)

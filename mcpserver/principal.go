@@ -55,8 +55,15 @@ func withTokenInfo(next http.Handler) http.Handler {
 // session idle longer has timed out already.
 func principals(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		p := delegate.Local()
+		p := delegate.Local() // stdio, or HTTP without a guard
 		if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+			// Credentials that name no principal of ours (a verifier
+			// other than withTokenInfo's) get none of the local user's
+			// rights: a principal of that name without scopes.
+			p = &delegate.Principal{Name: extra.TokenInfo.UserID}
+			if p.Name == "" {
+				p.Name = "(unnamed credentials)"
+			}
 			if q, ok := extra.TokenInfo.Extra[extraPrincipal].(*delegate.Principal); ok && q != nil {
 				p = q
 			}
