@@ -193,6 +193,26 @@ func ParseSize(s string) (int64, error) {
 	return n << shift, nil
 }
 
+// NormalSize writes a size ParseSize reads in the one form delegate
+// stores and shows: the largest unit that holds it exactly ("1GB", "1GiB",
+// "1024M" and "1073741824" are all "1G"). A size ParseSize refuses is
+// returned as it is, for Validate to refuse.
+func NormalSize(s string) string {
+	n, err := ParseSize(s)
+	if err != nil || n == 0 {
+		return s
+	}
+	for _, u := range []struct {
+		shift uint
+		unit  string
+	}{{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}} {
+		if n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.unit
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // ParseSeconds reads a duration as delegate takes it everywhere (the
 // CLI's flags, a manifest, MCP's arguments): whole seconds, as an integer
 // ("600") or a Go duration ("10m", "1h30m", "90s"). Its error is a
@@ -485,6 +505,8 @@ func (m *Manifest) ApplyDefaults(d Defaults) {
 	if m.Resources.Disk == "" {
 		m.Resources.Disk = d.Disk
 	}
+	// One form for a size, however it was written ("1GB" is "1G").
+	m.Resources.Memory, m.Resources.Disk = NormalSize(m.Resources.Memory), NormalSize(m.Resources.Disk)
 	if m.VMTemplate == "" {
 		m.VMTemplate = d.VMTemplate
 	}

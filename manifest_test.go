@@ -149,6 +149,22 @@ func TestParseSeconds(t *testing.T) {
 	}
 }
 
+// TestNormalSize: one form for a size, however it was written, and the
+// defaults applied store it so.
+func TestNormalSize(t *testing.T) {
+	for in, want := range map[string]string{"1GB": "1G", "1GiB": "1G", "1g": "1G", "1024M": "1G", "1073741824": "1G", "1536M": "1536M",
+		"512mb": "512M", "1T": "1T", "3K": "3K", "1000": "1000", "lots": "lots", "": ""} {
+		if got := delegate.NormalSize(in); got != want {
+			t.Errorf("NormalSize(%q) = %q, want %q", in, got, want)
+		}
+	}
+	m := delegate.Manifest{Task: "x", Resources: &delegate.Resources{Memory: "1GB"}}
+	m.ApplyDefaults(delegate.Defaults{Memory: "512M", Disk: "2048MiB"})
+	if m.Resources.Memory != "1G" || m.Resources.Disk != "2G" {
+		t.Errorf("the defaults applied: memory %q, disk %q", m.Resources.Memory, m.Resources.Disk)
+	}
+}
+
 func TestParseSize(t *testing.T) {
 	for in, want := range map[string]int64{"512M": 512 << 20, "2G": 2 << 30, "2GiB": 2 << 30, "2gb": 2 << 30, "1024": 1024, "1K": 1024, "1T": 1 << 40} {
 		if got, err := delegate.ParseSize(in); err != nil || got != want {

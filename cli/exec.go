@@ -68,7 +68,7 @@ it is a pipe or a file, is passed to the command (--no-stdin: none).`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.StringArrayVar(&f.envs, "env", nil, "environment variable `KEY=VALUE` (repeatable)")
-	fs.IntVar(&f.timeout, "timeout", 0, "timeout in `seconds` (default DEFAULT_TIMEOUT)")
+	fs.Var(secondsFlag{&f.timeout}, "timeout", "timeout: seconds or e.g. 10m (default DEFAULT_TIMEOUT)")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not pass standard input to the command")
 	fs.BoolVar(&f.raw, "raw", false, "write the command's output byte for byte also on a terminal (escape sequences and all)")
 	return cmd

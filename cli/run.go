@@ -113,7 +113,7 @@ The job runs in statusMode streaming unless the manifest says otherwise, so
 	fs.StringArrayVar(&f.artifacts, "artifact", nil, "keep the files matching `GLOB` (relative to /workspace; ** for any directories; repeatable)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the sandbox after the job (lifecycle persistent)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "vmTemplate: the root filesystem `NAME` in DELEGATE_ROOTFS_DIR (local), or the VM template (proxmox)")
-	fs.IntVar(&f.timeout, "timeout", 0, "timeout in `seconds` (default: the manifest's, else DEFAULT_TIMEOUT)")
+	fs.Var(secondsFlag{&f.timeout}, "timeout", "timeout: seconds or e.g. 10m (default: the manifest's, else DEFAULT_TIMEOUT)")
 	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M")
 	fs.Float64Var(&f.cpu, "cpu", 0, "cpu cores")
 	fs.StringVar(&f.disk, "disk", "", "size of /workspace, e.g. 1G")
@@ -540,3 +540,27 @@ func networkFlag(flag string) delegate.Network {
 		return delegate.Allowlist(strings.Split(flag, ",")...)
 	}
 }
+
+// secondsFlag is a duration flag read as delegate reads durations
+// everywhere (a manifest, MCP's arguments): seconds ("600") or a duration
+// of whole seconds ("10m", "1h30m"), delegate.ParseSeconds.
+type secondsFlag struct{ n *int }
+
+func (f secondsFlag) String() string {
+	if f.n == nil || *f.n == 0 {
+		return ""
+	}
+	return (time.Duration(*f.n) * time.Second).String()
+}
+
+func (f secondsFlag) Set(s string) error {
+	n, err := delegate.ParseSeconds(s)
+	var fe *delegate.FieldError
+	if errors.As(err, &fe) {
+		return errors.New(fe.Rule)
+	}
+	*f.n = n
+	return nil
+}
+
+func (secondsFlag) Type() string { return "duration" }

@@ -78,7 +78,7 @@ lifetime (DELEGATE_SANDBOX_LIFETIME) ends, or by "sandboxes release".`,
 type sandboxFlags struct {
 	memory, disk, rootfs, network string
 	cpu                           float64
-	idle, lifetime                time.Duration
+	idle, lifetime                int // seconds; 0 for the server's default
 	asJSON                        bool
 }
 
@@ -90,16 +90,13 @@ func (f sandboxFlags) spec() (delegate.SandboxSpec, error) {
 	}
 	for _, d := range []struct {
 		flag string
-		v    time.Duration
+		v    int
 		to   *int
 	}{{"--idle", f.idle, &s.IdleTimeout}, {"--lifetime", f.lifetime, &s.Lifetime}} {
-		if d.v == 0 {
-			continue // the server's default
+		if d.v < 0 {
+			return s, usagef("%s: must be at least 1s, like 30m or 2h (got %ds)", d.flag, d.v)
 		}
-		if d.v < time.Second || d.v%time.Second != 0 {
-			return s, usagef("%s: must be whole seconds, at least 1s, like 30m or 2h (got %s)", d.flag, d.v)
-		}
-		*d.to = int(d.v / time.Second)
+		*d.to = d.v
 	}
 	if err := s.Validate(); err != nil {
 		return s, usageError{sandboxFlagError(err)}
@@ -163,8 +160,8 @@ func (p *Program) sandboxesOpenCmd(cfg *Config) *cobra.Command {
 	fs.StringVar(&f.disk, "disk", "", "workspace disk, e.g. 1G")
 	fs.StringVar(&f.rootfs, "rootfs", "", "root file system (local) or VM template (Proxmox)")
 	fs.StringVar(&f.network, "network", "", "none (default), egress, or an allowlist `pypi.org,github.com:443`")
-	fs.DurationVar(&f.idle, "idle", 0, "idle this long, it is paused, e.g. 30m (default DELEGATE_SANDBOX_IDLE)")
-	fs.DurationVar(&f.lifetime, "lifetime", 0, "destroyed after this long, e.g. 8h (default DELEGATE_SANDBOX_LIFETIME)")
+	fs.Var(secondsFlag{&f.idle}, "idle", "idle this long, it is paused: seconds or e.g. 30m (default DELEGATE_SANDBOX_IDLE)")
+	fs.Var(secondsFlag{&f.lifetime}, "lifetime", "destroyed after this long: seconds or e.g. 8h (default DELEGATE_SANDBOX_LIFETIME)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON: the sandbox")
 	return cmd
 }

@@ -60,8 +60,8 @@ func TestSandboxUsageErrors(t *testing.T) {
 		{[]string{"sandboxes", "show"}, "missing ID", 2},
 		{[]string{"sandboxes", "release", "a", "b"}, `unexpected argument "b"`, 2},
 		{[]string{"sandboxes", "open", "extra"}, `unexpected argument "extra"`, 2},
-		{[]string{"sandboxes", "open", "--idle", "1500ms"}, "--idle: must be whole seconds, at least 1s, like 30m or 2h (got 1.5s)", 2},
-		{[]string{"sandboxes", "open", "--lifetime", "-1h"}, "--lifetime: must be whole seconds", 2},
+		{[]string{"sandboxes", "open", "--idle", "1500ms"}, `invalid argument "1500ms" for "--idle" flag: must be seconds or a duration of whole seconds like "90s", "10m" or "1h30m" (got "1500ms")`, 2},
+		{[]string{"sandboxes", "open", "--lifetime", "-1h"}, "--lifetime: must be at least 1s, like 30m or 2h (got -3600s)", 2},
 		{[]string{"sandboxes", "open", "--lifetime", "9999h"}, "--lifetime: must be between 1 and 2592000 seconds", 2},
 		{[]string{"sandboxes", "open", "--idle", "soon"}, `invalid argument "soon" for "--idle"`, 2},
 		{[]string{"sandboxes", "open", "--memory", "lots"}, "--memory: must be", 2},
@@ -100,7 +100,7 @@ func TestSandboxesOpen(t *testing.T) {
 		return sandbox("sbx-new", delegate.SandboxIdle), nil
 	}
 	r := h.run(t, "sandboxes", "open", "--memory", "1G", "--cpu", "2", "--disk", "4G", "--rootfs", "debian", "--network", "egress",
-		"--idle", "10m", "--lifetime", "8h")
+		"--idle", "600", "--lifetime", "8h") // seconds or a duration
 	want := delegate.SandboxSpec{Resources: &delegate.Resources{Memory: "1G", CPU: 2, Disk: "4G"}, VMTemplate: "debian",
 		Network: delegate.Network{Mode: delegate.NetworkEgress}, IdleTimeout: 600, Lifetime: 8 * 3600}
 	if r.code != 0 || r.stdout != "sbx-new\n" || !reflect.DeepEqual(got, want) {
@@ -256,7 +256,7 @@ func TestExec(t *testing.T) {
 	final := job("job-7", delegate.StatusFailed, intp(3))
 	var submitted *delegate.Manifest
 	h.svc, submitted = execService(final)
-	r := h.run(t, "exec", "sbx-1", "--env", "A=b=c", "--timeout", "60", "--", "sh", "-c", "echo hi > f; cat f", "it's")
+	r := h.run(t, "exec", "sbx-1", "--env", "A=b=c", "--timeout", "1m", "--", "sh", "-c", "echo hi > f; cat f", "it's")
 	if r.code != 3 || r.stdout != "hi\n" || r.stderr != "warning\n" {
 		t.Fatalf("exec: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}

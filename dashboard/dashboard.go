@@ -66,6 +66,8 @@ type Services struct {
 	// Principals: the audit trail's page (the operator's: everyone's
 	// entries; a principal's: its own).
 	Principals delegate.PrincipalService
+	// Workspaces: a job's changed files' diff, and its patch.
+	Workspaces delegate.WorkspaceService
 }
 
 // Handler serves the dashboard: GET / (the job list), /jobs/{id} (a job),
@@ -81,7 +83,7 @@ func Handler(svc Services, opts Options) http.Handler {
 	if opts.Guard == nil {
 		opts.Guard = &httpauth.Guard{Shared: opts.Token, Open: opts.Token == nil}
 	}
-	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, audit: svc.Principals, opts: opts, log: opts.Logger, pages: parsePages()}
+	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, ws: svc.Workspaces, audit: svc.Principals, opts: opts, log: opts.Logger, pages: parsePages()}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		panic(err) // the embedded tree is part of the binary
@@ -105,6 +107,7 @@ func Handler(svc Services, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}/events", d.guard(d.jobEvents))
 	mux.Handle("GET /jobs/{id}/output", d.guard(d.output))
 	mux.Handle("GET /jobs/{id}/network", d.guard(d.network))
+	mux.Handle("GET /jobs/{id}/patch", d.guard(d.patch))
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))
@@ -122,9 +125,10 @@ func Handler(svc Services, opts Options) http.Handler {
 
 type dash struct {
 	svc delegate.JobService
-	sbx delegate.SandboxService  // nil: no kept sandboxes
-	qs  delegate.QuestionService // nil: takes no questions
-	ns  delegate.NetworkService  // nil: keeps no network logs
+	sbx delegate.SandboxService   // nil: no kept sandboxes
+	qs  delegate.QuestionService  // nil: takes no questions
+	ns  delegate.NetworkService   // nil: keeps no network logs
+	ws  delegate.WorkspaceService // nil: no workspaces' diffs
 	// audit reads the audit trail (nil: no such page).
 	audit delegate.PrincipalService
 	// The sandboxes' pages are sandboxPages' (sandboxes.go).

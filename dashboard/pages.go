@@ -163,6 +163,12 @@ type jobView struct {
 	// NetworkURL, as JSON).
 	Network    *delegate.NetworkReport
 	NetworkURL string
+	// Changes are what the job changed in its workspace (the result's
+	// summary), Diff the first page of their diff, DiffMore whether there
+	// is more of it (the patch has all).
+	Changes  *delegate.WorkspaceChanges
+	Diff     string
+	DiffMore bool
 }
 
 // readJob reads all a job's page shows.
@@ -206,10 +212,36 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	if err != nil {
 		return jobView{}, err
 	}
-	v.Result, v.Artifacts = res, res.Artifacts
+	v.Result, v.Artifacts, v.Changes = res, res.Artifacts, res.Changes
+	if ws := d.ws; ws != nil && res.Changes != nil && len(res.Changes.Files) > 0 {
+		page, err := ws.Diff(ctx, id, delegate.DiffOptions{})
+		if err != nil && !errors.Is(err, delegate.ErrNotFound) {
+			return jobView{}, err
+		}
+		if page != nil {
+			v.Diff, v.DiffMore = page.Text, page.Next != 0
+		}
+	}
 	v.Output = logPieces(log)
 	v.Shown, v.Kept, v.Cut = int64(len(log.Output)), log.Offset+int64(len(log.Output)), log.Offset > 0
 	return v, nil
+}
+
+// patch serves a job's workspace changes as a patch for git apply.
+func (d *dash) patch(w http.ResponseWriter, r *http.Request) {
+	ws := d.ws
+	if ws == nil {
+		d.fail(w, r, http.StatusNotFound, "This server keeps no workspaces.")
+		return
+	}
+	data, err := ws.Patch(r.Context(), r.PathValue("id"))
+	if err != nil {
+		d.serviceError(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/x-diff; charset=utf-8")
+	w.Header().Set("Content-Disposition", attachment(r.PathValue("id")+".patch"))
+	w.Write(data)
 }
 
 // maxPageDenials is how many denied attempts a job's page lists.

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"html"
+	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"os"
@@ -214,4 +216,65 @@ func TestResultsAgentsCanRead(t *testing.T) {
 		t.Fatalf("the task: %+v", task)
 	}
 	checkReadable(t, "the task's result", task.Text, `{"status":"failed","exit_code":3,"exit_reason":"exited","error":"exit code 3",`)
+}
+
+// TestSecondHourOneRule: what used to differ from place to place (issue
+// 40, item 4), through the built binary: durations as seconds or "10m"
+// in every flag, a size stored in one form ("1GB" is "1G"), an allowlist
+// widened shown by sandboxes show and the dashboard, "copying workspace"
+// once in a timeline, and the dashboard's job page with the changed files
+// and the diff.
+func TestSecondHourOneRule(t *testing.T) {
+	root := t.TempDir()
+	dir := calcProject(t, root)
+	dataDir := t.TempDir()
+	cli := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := delegateCLI(t, dataDir, args...)
+		if code != 0 {
+			t.Fatalf("delegate %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	if _, errOut, code := delegateCLI(t, dataDir, "run", "--timeout", "soon", "--script", "true"); code != 125 ||
+		!strings.Contains(errOut, `invalid argument "soon" for "--timeout" flag: must be seconds or a duration of whole seconds like "90s", "10m" or "1h30m"`) {
+		t.Errorf("--timeout soon: exit %d, %s", code, errOut)
+	}
+	cli("run", "-q", "--timeout", "10m", "--memory", "1GB", "--workspace", dir, "--script", "sed -i 's/a - b/a + b/' calc.go")
+	job := newestJob(t, dataDir)
+	status := cli("jobs", "status", job)
+	if n := strings.Count(status, "copying workspace ("); n != 1 {
+		t.Errorf("jobs status says copying workspace %d times, want once:\n%s", n, status)
+	}
+
+	sbx := strings.TrimSpace(cli("sandboxes", "open", "--memory", "1GB", "--idle", "600", "--lifetime", "2h", "--network", "pypi.org"))
+	t.Cleanup(func() { delegateCLI(t, dataDir, "sandboxes", "release", sbx) })
+	cli("jobs", "allow", sbx, "example.com")
+	show := cli("sandboxes", "show", sbx)
+	if !strings.Contains(show, "1G memory") || !strings.Contains(show, "example.com") || !strings.Contains(show, "pypi.org") {
+		t.Errorf("sandboxes show after the allowlist was widened:\n%s", show)
+	}
+
+	base := startHTTP(t, dataDir, nil, "DELEGATE_HTTP_TOKEN="+httpToken)
+	page := func(path string) string {
+		t.Helper()
+		code, _, body := fetch(t, http.DefaultClient, "GET", base+path, "Authorization", "Bearer "+httpToken)
+		if code != 200 {
+			t.Fatalf("GET %s: %d\n%s", path, code, body)
+		}
+		return body
+	}
+	jobPage := html.UnescapeString(page("/jobs/" + job))
+	for _, want := range []string{"<dd>600 s, ", " CPU, 1G memory", "<h2>Changes</h2>", "0 added, 1 modified, 0 deleted", `<td data-label="File">calc.go</td>`,
+		"+func Add(a, b int) int { return a + b }", `href="/jobs/` + job + `/patch"`} {
+		if !strings.Contains(jobPage, want) {
+			t.Errorf("the dashboard's job page lacks %q:\n%s", want, jobPage[strings.Index(jobPage, "<main"):])
+		}
+	}
+	if patch := page("/jobs/" + job + "/patch"); !strings.Contains(patch, "-func Add(a, b int) int { return a - b }") {
+		t.Errorf("the dashboard's patch: %q", patch)
+	}
+	if sp := page("/sandboxes/" + sbx); !strings.Contains(sp, "example.com") {
+		t.Errorf("the dashboard's sandbox page does not show the widened allowlist")
+	}
 }

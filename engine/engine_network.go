@@ -89,8 +89,33 @@ func (e *Engine) AllowNetwork(ctx context.Context, id string, rules []string, by
 		}
 		e.log.Info("network allowlist widened", "network", n.ID, "by", by, "added", strings.Join(added, ", "))
 		e.audit.Record(ctx, delegate.AuditWidened, id, "added "+strings.Join(added, ", ")+" (by "+by+")")
+		e.widenSandbox(context.WithoutCancel(ctx), id, n.Policy.Allow)
 	}
 	return e.Network(ctx, id, delegate.NetworkLogOptions{Denied: true, Limit: delegate.MaxResultDenials})
+}
+
+// widenSandbox writes a kept sandbox's widened allowlist into its record,
+// which sandboxes show and the dashboard read (the proxy reads the
+// network's): id is the sandbox, a command in it, or the job that made
+// it.
+func (e *Engine) widenSandbox(ctx context.Context, id string, allow []string) {
+	sbx := id
+	if !strings.HasPrefix(id, "sbx-") {
+		j, err := e.store.GetJob(ctx, id)
+		if err != nil || j.Sandbox == "" {
+			return
+		}
+		sbx = j.Sandbox
+	}
+	_, err := e.store.UpdateSandbox(ctx, sbx, func(sb *delegate.Sandbox) error {
+		if sb.Network.Mode == delegate.NetworkAllowlist {
+			sb.Network.Allow = slices.Clone(allow)
+		}
+		return nil
+	})
+	if err != nil {
+		e.log.Warn("a kept sandbox's record keeps its allowlist as it was", "sandbox", sbx, "err", err)
+	}
 }
 
 // askNetwork is the egress proxy's Asker (Egress.SetAsk): a request the

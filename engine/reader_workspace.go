@@ -47,9 +47,26 @@ func (rd *Reader) workspaceOf(ctx context.Context, id string) (*delegate.Job, *d
 	}
 	jw, err := rd.store.JobWorkspace(ctx, id)
 	if err != nil {
-		return j, nil, err
+		return j, nil, noWorkspaceYet(j, err)
 	}
 	return j, jw, nil
+}
+
+// noWorkspaceYet says why a job with a workspace source has none stored:
+// it is not there yet (the job is importing it, or waits to), or its
+// import failed; the store's "submitted without manifest.workspace" is
+// true only of a job without one.
+func noWorkspaceYet(j *delegate.Job, err error) error {
+	if !errors.Is(err, delegate.ErrNotFound) || j.Manifest.Workspace == nil && j.Manifest.Sandbox == "" {
+		return err
+	}
+	if !j.Status.Terminal() {
+		return fmt.Errorf("job %s is %s: %w: its changes are known when it ends (wait_job)", j.ID, j.Status, delegate.ErrNotFinished)
+	}
+	if j.Manifest.Workspace == nil {
+		return err // a command in a kept sandbox: the sandbox's maker had none
+	}
+	return &delegate.NotFoundError{Resource: "job", ID: j.ID, Reason: "has no workspace: its import did not complete (" + j.Error + ")"}
 }
 
 // latestOf finds a kept sandbox's latest command that has ended (the job

@@ -453,12 +453,10 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 }
 
 // step says what provisioning does now: the job's progress, and an entry
-// of its timeline (statusMode detailed and streaming).
+// of its timeline (statusMode detailed and streaming), once (stepper
+// writes both).
 func (r *starter) step(ctx context.Context, a *attempt, msg string) {
 	r.stepper(ctx, a.job.ID)(msg)
-	if a.job.Manifest.StatusMode != delegate.StatusModeSimple {
-		r.progress.event(a.job.ID, msg, time.Now().UTC())
-	}
 }
 
 // createSandbox is backend.Create, timed for the observer.

@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,28 +73,30 @@ func (ts *Tools) toolError(ctx context.Context, tool string, err error) error {
 		"tell the user that delegate's operator can find the cause in the server's log", tool)
 }
 
-// resourceError is toolError for a resource read (job://...): a missing
-// job or artifact is the protocol's resource-not-found error, an error of
-// unknown kind is logged and answered in a few words.
+// resourceError is toolError for a resource read (job://...), always a
+// JSON-RPC error with a code (an error of another type would go out with
+// code 0, which no client reads as anything): what is missing is the
+// protocol's resource-not-found, in words that name it (a missing
+// artifact of a job that is there says so, not "Resource not found"); an
+// error the client can correct, or that passes (a job that has not ended)
+// is invalid params in the table's words; an error of unknown kind is
+// logged and answered in a few words.
 func resourceError(ctx context.Context, log *slog.Logger, uri string, err error) error {
 	var wire *jsonrpc.Error
 	if errors.As(err, &wire) {
 		return err // already the protocol's answer
 	}
+	data, _ := json.Marshal(map[string]string{"uri": uri})
 	switch delegate.ErrorKind(err) {
 	case delegate.KindNotFound:
-		var nf *delegate.NotFoundError
-		if errors.As(err, &nf) && nf.Reason != "" {
-			return err // there, but not readable: the reason says why
-		}
-		return mcp.ResourceNotFoundError(uri)
+		return &jsonrpc.Error{Code: mcp.CodeResourceNotFound, Message: err.Error(), Data: data}
 	case delegate.KindInternal, delegate.KindUnavailable:
 		if ctx.Err() == nil {
 			log.Error("resource read failed", "uri", uri, "err", err)
 		}
-		return fmt.Errorf("reading %s failed on the server (the server's log says why); try again later", uri)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("reading %s failed on the server (the server's log says why); try again later", uri), Data: data}
 	}
-	return err
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error(), Data: data}
 }
 
 // taskError is toolError for a tasks/* request: the JSON-RPC error the

@@ -11,6 +11,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -109,9 +110,26 @@ func TestFailingStore(t *testing.T) {
 	if _, _, err := eng.ReadArtifact(ctx, "job-1", "nope.txt"); err == nil || err.Error() != `artifact "nope.txt" of job job-1: not found (the job kept no artifacts)` {
 		t.Errorf("the engine's missing artifact: %v", err)
 	}
-	if _, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "job://job-1/artifacts/nope.txt"}); err == nil ||
-		!strings.Contains(err.Error(), "not found") {
-		t.Errorf("a missing artifact: %v", err)
+	// Every resource error is a JSON-RPC error with a code (never 0), in
+	// words that say what is so: the artifact missing, not the job; a
+	// job's diff before it is known (issue 40, items 4 and 5).
+	if err := store.CreateJob(ctx, &delegate.Job{ID: "job-2", Status: delegate.StatusProvisioning, CreatedAt: now, UpdatedAt: now,
+		Manifest: delegate.Manifest{AgentType: delegate.AgentScript, Task: "true", Workspace: &delegate.WorkspaceSource{Dir: "/src/p"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for uri, want := range map[string]struct {
+		code int64
+		says string
+	}{
+		"job://job-1/artifacts/nope.txt": {mcp.CodeResourceNotFound, `artifact "nope.txt" of job job-1: not found (the job kept no artifacts)`},
+		"job://job-2/diff":               {jsonrpc.CodeInvalidParams, "job job-2 is provisioning: job not finished: its changes are known when it ends (wait_job)"},
+		"job://job-1/diff":               {mcp.CodeResourceNotFound, `job "job-1": has no workspace: it was submitted without manifest.workspace`},
+	} {
+		_, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri})
+		var wire *jsonrpc.Error
+		if !errors.As(err, &wire) || wire.Code != want.code || wire.Message != want.says {
+			t.Errorf("%s: %#v, want code %d saying %q", uri, err, want.code, want.says)
+		}
 	}
 	store.Close()
 	for _, tool := range []string{"get_job_status", "get_job_result", "get_job_logs", "wait_job", "cancel_job"} {

@@ -16,6 +16,7 @@ import (
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/mock"
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -467,12 +468,12 @@ func TestResources(t *testing.T) {
 		case "bin":
 			return delegate.Artifact{Name: name}, []byte{0xff, 0}, nil
 		}
-		return delegate.Artifact{}, nil, fmt.Errorf("no artifact: %w", delegate.ErrNotFound)
+		return delegate.Artifact{}, nil, delegate.ArtifactNotFound(id, name)
 	}
 	get := s.GetFn
 	s.GetFn = func(ctx context.Context, id string) (*delegate.Job, error) {
 		if id == "job-nope" {
-			return nil, delegate.ErrNotFound
+			return nil, delegate.JobNotFound(id)
 		}
 		return get(ctx, id)
 	}
@@ -505,11 +506,16 @@ func TestResources(t *testing.T) {
 	if got := read("job://job-1/artifacts/bin"); string(got.Blob) != "\xff\x00" || got.MIMEType != "application/octet-stream" {
 		t.Errorf("binary artifact %+v", got)
 	}
-	for _, uri := range []string{"job://job-nope", "job://job-1/artifacts/missing", "job://job-1/other"} {
+	// What is missing is named, with the protocol's code for it.
+	for uri, want := range map[string]string{
+		"job://job-nope":                `job "job-nope": not found`,
+		"job://job-1/artifacts/missing": `artifact "missing" of job job-1: not found`,
+		"job://job-1/other":             "Resource not found",
+	} {
 		_, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri})
-		var wire interface{ Error() string }
-		if err == nil || !errors.As(err, &wire) || !strings.Contains(strings.ToLower(err.Error()), "not found") {
-			t.Errorf("%s: %v, want not found", uri, err)
+		var wire *jsonrpc.Error
+		if !errors.As(err, &wire) || wire.Code != mcp.CodeResourceNotFound || !strings.Contains(wire.Message, want) {
+			t.Errorf("%s: %v, want code %d saying %q", uri, err, mcp.CodeResourceNotFound, want)
 		}
 	}
 
