@@ -36,6 +36,8 @@ func TestParseManifest(t *testing.T) {
 		{"unknown field", `{"agentType":"script","task":"x","timout":5}`, "manifest.timout", "unknown field"},
 		{"wrong type", `{"agentType":"script","task":"x","timeout":"five"}`, "manifest.timeout", `must be seconds or a duration of whole seconds like "90s", "10m" or "1h30m" (got "five")`},
 		{"wrong kind", `{"agentType":"script","task":"x","timeout":[5]}`, "manifest.timeout", `must be seconds or a duration like "10m" (got an array)`},
+		{"git: a path", `{"task":"x","workspace":{"git":"/srv/repos/calc","ref":"v1"}}`, "", ""},
+		{"git: neither", `{"task":"x","workspace":{"git":"repos/calc"}}`, "manifest.workspace.git", `must be an https URL or the absolute path of a repository under an allowed root (DELEGATE_WORKSPACE_ROOTS): "repos/calc" is neither`},
 		{"a duration", `{"agentType":"script","task":"x","timeout":"10m"}`, "", ""},
 		{"a duration too long", `{"agentType":"script","task":"x","timeout":"25h"}`, "manifest.timeout", "between 1 and 86400 seconds (got 90000"},
 		{"every unknown field", `{"agentType":"script","task":"x","timout":5,"artefacts":[],"resources":{"memroy":"1G"},"network":{"allow":[],"deny":[]}}`,

@@ -17,8 +17,10 @@ type WorkspaceSource struct {
 	// Dir is an absolute path under one of the roots the operator allows
 	// (DELEGATE_WORKSPACE_ROOTS). A git work tree comes as git sees it.
 	Dir string `json:"dir,omitempty"`
-	// Git is an https URL; Ref a branch, tag or commit (default: the
-	// remote's default branch).
+	// Git is an https URL, or the absolute path of a repository under
+	// one of the allowed roots (a work tree or a bare repository: cloned,
+	// never mounted); Ref a branch, tag or commit (default: the remote's
+	// default branch).
 	Git string `json:"git,omitempty"`
 	Ref string `json:"ref,omitempty"`
 	// IncludeIgnored takes the files git ignores too (build outputs,
@@ -64,8 +66,8 @@ func (m *Manifest) validateWorkspace() error {
 			if rule := TextRule(w.Git, maxGitURL); rule != "" {
 				return fieldErr("manifest.workspace.git", "%s", rule)
 			}
-			if !strings.HasPrefix(w.Git, "https://") {
-				return fieldErr("manifest.workspace.git", "must be an https URL: %q is not", w.Git)
+			if !strings.HasPrefix(w.Git, "https://") && !path.IsAbs(w.Git) {
+				return fieldErr("manifest.workspace.git", "must be an https URL or the absolute path of a repository under an allowed root (DELEGATE_WORKSPACE_ROOTS): %q is neither", w.Git)
 			}
 			if len(w.Ref) > maxGitRef || strings.ContainsAny(w.Ref, "\x00 \t\n~^:?*[\\") || strings.HasPrefix(w.Ref, "-") {
 				return fieldErr("manifest.workspace.ref", "must be a branch, tag or commit id (at most %d bytes, no spaces or ~^:?*[\\)", maxGitRef)

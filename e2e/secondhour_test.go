@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"html"
 	"net/http"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"os"
 	"path/filepath"
@@ -276,5 +278,45 @@ func TestSecondHourOneRule(t *testing.T) {
 	}
 	if sp := page("/sandboxes/" + sbx); !strings.Contains(sp, "example.com") {
 		t.Errorf("the dashboard's sandbox page does not show the widened allowlist")
+	}
+}
+
+// TestGitSourcePath (issue 40, item 5): a git source given as the path
+// of a repository under an allowed root is cloned at its ref (not
+// mounted: uncommitted files do not come), one outside the roots is a
+// field error, and a missing artifact of a job that is there is named as
+// the artifact, with the protocol's not-found code.
+func TestGitSourcePath(t *testing.T) {
+	root := t.TempDir()
+	repo := calcProject(t, root)
+	gitIn(t, repo, "tag", "-a", "v1", "-m", "one")
+	writeTree(t, repo, map[string]string{"calc.go": "package calc\n\nfunc Add(a, b int) int { return a + b }\n"})
+	gitIn(t, repo, "commit", "-qam", "fixed")
+	cs, _, _ := stdioSession(t, t.TempDir(), "", "DELEGATE_WORKSPACE_ROOTS="+root)
+	sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
+		"task": "cat calc.go; ls; git log --oneline | wc -l", "workspace": map[string]any{"git": repo, "ref": "v1"}}})
+	var res resultOut
+	for {
+		w := call[struct {
+			Done   bool      `json:"done"`
+			Result resultOut `json:"result"`
+		}](t, cs, "wait_job", map[string]any{"job_id": sub.JobID})
+		if w.Done {
+			res = w.Result
+			break
+		}
+	}
+	if res.Status != "success" || !strings.Contains(res.Output, "a - b") || strings.Contains(res.Output, "NOTES") {
+		t.Errorf("the job on %s at v1: %+v", repo, res)
+	}
+	outside := calcProject(t, t.TempDir())
+	if msg := callErr(t, cs, "submit_job", map[string]any{"manifest": map[string]any{"task": "true", "workspace": map[string]any{"git": outside}}}); !strings.Contains(msg,
+		"manifest.workspace.git: "+outside+" is not under an allowed root (DELEGATE_WORKSPACE_ROOTS: "+root+")") {
+		t.Errorf("a repository outside the roots: %s", msg)
+	}
+	_, err := cs.ReadResource(testContext(t), &mcp.ReadResourceParams{URI: "job://" + sub.JobID + "/artifacts/nope.txt"})
+	var wire *jsonrpc.Error
+	if !errors.As(err, &wire) || wire.Code != mcp.CodeResourceNotFound || !strings.Contains(wire.Message, `artifact "nope.txt" of job `+sub.JobID) {
+		t.Errorf("a missing artifact: %#v", err)
 	}
 }

@@ -203,7 +203,7 @@ func TestWorkspaceOverMCP(t *testing.T) {
 		{map[string]any{"dir": filepath.Join(dir, "calc.go")}, "manifest.workspace.dir: "},
 		{map[string]any{"dir": filepath.Join(root, "link")}, "symbolic link"},
 		{map[string]any{"dir": many}, "over the cap of 100 (DELEGATE_WORKSPACE_MAX_FILES)"},
-		{map[string]any{"git": "http://example.com/x.git"}, "manifest.workspace.git: must be an https URL"},
+		{map[string]any{"git": "http://example.com/x.git"}, "manifest.workspace.git: must be an https URL or the absolute path of a repository under an allowed root"},
 		{map[string]any{"git": "https://127.0.0.1/x.git"}, "manifest.workspace.git: "},
 		{map[string]any{"dir": dir, "ref": "main"}, "manifest.workspace.ref: is for a git source"},
 	} {

@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -232,6 +233,22 @@ func newJobID() string {
 	return "job-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
+// checkRoot checks that a local git source lies under an allowed root,
+// as its real path (a link out of the root is outside it).
+func (e *Engine) checkRoot(field, dir string) error {
+	if len(e.cfg.WorkspaceRoots) == 0 {
+		return &delegate.FieldError{Field: field, Rule: "local repositories are not allowed on this server: the operator allows them with DELEGATE_WORKSPACE_ROOTS (a list of directories); or give an https URL"}
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return &delegate.FieldError{Field: field, Rule: fmt.Sprintf("cannot be read: %v", err)}
+	}
+	if rootOf(e.cfg.WorkspaceRoots, dir) == "" || rootOf(e.cfg.WorkspaceRoots, real) == "" {
+		return &delegate.FieldError{Field: field, Rule: fmt.Sprintf("%s is not under an allowed root (DELEGATE_WORKSPACE_ROOTS: %s)", dir, strings.Join(e.cfg.WorkspaceRoots, ", "))}
+	}
+	return nil
+}
+
 // checkWorkspace checks a submission's workspace source and caches (m has
 // its defaults): the source is scanned (or the git ref asked for), so
 // that what cannot be copied is a field error now.
@@ -248,6 +265,11 @@ func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps 
 	}
 	maxBytes, maxFiles, why := e.cfg.workspaceLimits(m)
 	if w.Git != "" {
+		if workspace.IsLocal(w.Git) {
+			if err := e.checkRoot("manifest.workspace.git", w.Git); err != nil {
+				return err
+			}
+		}
 		_, _, err := workspace.CheckRef(ctx, workspace.CloneOptions{URL: w.Git, Ref: w.Ref, Dial: e.cfg.gitDial()})
 		return gitErr(err)
 	}

@@ -34,7 +34,9 @@ import (
 
 // CloneOptions are Clone's options.
 type CloneOptions struct {
-	// URL is the repository: https only, without credentials in it.
+	// URL is the repository: https only, without credentials in it; or
+	// an absolute path of a repository on this machine (IsLocal), which
+	// the caller has checked may be read (localgit.go).
 	URL string
 	// Ref is a branch, a tag, a full ref name (refs/…) or a full commit
 	// id; "" is the remote's default branch.
@@ -135,6 +137,9 @@ func Clone(ctx context.Context, opts CloneOptions) (*Cloned, error) {
 
 // checkURL accepts https URLs with a host and no credentials.
 func checkURL(raw string) (*url.URL, error) {
+	if IsLocal(raw) {
+		return &url.URL{Path: raw}, nil // a path: see localgit.go
+	}
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
@@ -163,7 +168,8 @@ type cloner struct {
 // commit id is returned as given (whether the remote has it shows only
 // when it is fetched). Dir, Depth and the caps are not used.
 func CheckRef(ctx context.Context, opts CloneOptions) (commit, ref string, err error) {
-	if _, err := checkURL(opts.URL); err != nil {
+	u, err := checkURL(opts.URL)
+	if err != nil {
 		return "", "", err
 	}
 	if opts.Dial == nil {
@@ -174,20 +180,14 @@ func CheckRef(ctx context.Context, opts CloneOptions) (commit, ref string, err e
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	hc := httpClient(opts)
-	defer hc.CloseIdleConnections()
-	ep, err := transport.NewEndpoint(opts.URL)
-	if err != nil {
-		return "", "", fmt.Errorf("%w: %w", ErrBadURL, err)
-	}
-	sess, err := githttp.NewClient(hc).NewUploadPackSession(ep, nil)
+	sess, done, err := uploadSession(opts)
 	if err != nil {
 		return "", "", err
 	}
-	defer sess.Close()
+	defer done()
 	ar, err := sess.AdvertisedReferencesContext(ctx)
 	if err != nil {
-		return "", "", fmt.Errorf("%s: %w", ep.Host, err)
+		return "", "", fmt.Errorf("%s: %w", u.Redacted(), err)
 	}
 	want, name, err := resolveRef(ar, opts.Ref)
 	if err != nil {
@@ -224,18 +224,35 @@ func httpClient(opts CloneOptions) *http.Client {
 	}
 }
 
-func (c *cloner) clone(ctx context.Context) (*Cloned, error) {
-	hc := httpClient(c.opts)
-	defer hc.CloseIdleConnections()
-	ep, err := transport.NewEndpoint(c.opts.URL)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadURL, err)
+// uploadSession opens the upload-pack session a clone fetches through:
+// over https, or a local repository's (localgit.go). done closes it.
+func uploadSession(opts CloneOptions) (sess transport.UploadPackSession, done func(), err error) {
+	if IsLocal(opts.URL) {
+		// Read with the server's identity, off a clone's thread (runAs).
+		sess, err = offThread(func() (transport.UploadPackSession, error) { return localSession(opts.URL) })
+		if err != nil {
+			return nil, nil, err
+		}
+		return sess, func() { sess.Close() }, nil
 	}
-	sess, err := githttp.NewClient(hc).NewUploadPackSession(ep, nil)
+	hc := httpClient(opts)
+	ep, err := transport.NewEndpoint(opts.URL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadURL, err)
+	}
+	sess, err = githttp.NewClient(hc).NewUploadPackSession(ep, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sess, func() { sess.Close(); hc.CloseIdleConnections() }, nil
+}
+
+func (c *cloner) clone(ctx context.Context) (*Cloned, error) {
+	sess, done, err := uploadSession(c.opts)
 	if err != nil {
 		return nil, err
 	}
-	defer sess.Close()
+	defer done()
 	ar, err := sess.AdvertisedReferencesContext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", c.url.Redacted(), err)
