@@ -107,7 +107,7 @@ func Handler(svc Services, opts Options) http.Handler {
 	mux.Handle("GET /jobs/{id}/events", d.guard(d.jobEvents))
 	mux.Handle("GET /jobs/{id}/output", d.guard(d.output))
 	mux.Handle("GET /jobs/{id}/network", d.guard(d.network))
-	mux.Handle("GET /jobs/{id}/patch", d.guard(d.patch))
+	(&changesPages{d}).addRoutes(mux)
 	mux.Handle("GET /jobs/{id}/artifacts/{name...}", d.guard(d.artifact))
 	mux.Handle("POST /jobs/{id}/cancel", csrf.Handler(d.guard(d.cancel)))
 	mux.Handle("POST /jobs/{id}/questions/{qid}", csrf.Handler(d.guard(d.answer)))

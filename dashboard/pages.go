@@ -227,23 +227,6 @@ func (d *dash) readJob(ctx context.Context, id string) (jobView, error) {
 	return v, nil
 }
 
-// patch serves a job's workspace changes as a patch for git apply.
-func (d *dash) patch(w http.ResponseWriter, r *http.Request) {
-	ws := d.ws
-	if ws == nil {
-		d.fail(w, r, http.StatusNotFound, "This server keeps no workspaces.")
-		return
-	}
-	data, err := ws.Patch(r.Context(), r.PathValue("id"))
-	if err != nil {
-		d.serviceError(w, r, err)
-		return
-	}
-	w.Header().Set("Content-Type", "text/x-diff; charset=utf-8")
-	w.Header().Set("Content-Disposition", attachment(r.PathValue("id")+".patch"))
-	w.Write(data)
-}
-
 // maxPageDenials is how many denied attempts a job's page lists.
 const maxPageDenials = 50
 
