@@ -139,8 +139,6 @@ type Verifier struct {
 	nameClaim string
 	client    *http.Client
 	issuers   []*issuer
-	// now is the clock (tests move it).
-	now func() time.Time
 }
 
 // New checks c and returns its Verifier. It does not reach the issuers:
@@ -150,7 +148,7 @@ func New(c Config) (*Verifier, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
-	v := &Verifier{resource: c.Resource, nameClaim: c.NameClaim, client: c.HTTPClient, now: time.Now}
+	v := &Verifier{resource: c.Resource, nameClaim: c.NameClaim, client: c.HTTPClient}
 	if v.nameClaim == "" {
 		v.nameClaim = DefaultNameClaim
 	}
@@ -158,12 +156,10 @@ func New(c Config) (*Verifier, error) {
 		v.client = &http.Client{Timeout: 10 * time.Second}
 	}
 	for _, iss := range c.Issuers {
-		v.issuers = append(v.issuers, &issuer{url: iss, client: v.client, now: v.clock})
+		v.issuers = append(v.issuers, &issuer{url: iss, client: v.client, now: time.Now})
 	}
 	return v, nil
 }
-
-func (v *Verifier) clock() time.Time { return v.now() }
 
 // Resource is the resource URL tokens must be for.
 func (v *Verifier) Resource() string { return v.resource }
