@@ -63,6 +63,9 @@ type sandboxesView struct {
 	Sandboxes []delegate.Sandbox
 	Now       time.Time
 	LiveURL   string
+	// Viewer is whom the page is for: another principal's sandboxes (the
+	// operator sees them) are named.
+	Viewer string
 }
 
 func (d *sandboxPages) readSandboxes(ctx context.Context, all bool) (sandboxesView, error) {
@@ -74,7 +77,7 @@ func (d *sandboxPages) readSandboxes(ctx context.Context, all bool) (sandboxesVi
 	if all {
 		live += "?all=1"
 	}
-	return sandboxesView{All: all, Sandboxes: list, Now: time.Now(), LiveURL: live}, nil
+	return sandboxesView{Viewer: delegate.OwnerOf(ctx), All: all, Sandboxes: list, Now: time.Now(), LiveURL: live}, nil
 }
 
 func (d *sandboxPages) sandboxes(w http.ResponseWriter, r *http.Request) {

@@ -357,12 +357,13 @@ func signIn(t *testing.T, base, token string) *http.Client {
 func TestDashboardPrincipals(t *testing.T) {
 	dataDir := t.TempDir()
 	base := startHTTP(t, dataDir, nil, "DELEGATE_HTTP_TOKEN="+httpToken)
-	alice, aliceID := newToken(t, dataDir, "alice", "jobs")
+	alice, aliceID := newToken(t, dataDir, "alice", "jobs,sandboxes")
 	bob, _ := newToken(t, dataDir, "bob", "jobs")
 	job := func(token string) string {
 		return field(t, as(t, base+"/mcp", token, tool("submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "echo hi"}}))[0].ok(t, "submit"), "job_id")
 	}
 	aliceJob, bobJob := job(alice), job(bob)
+	sbx := field(t, as(t, base+"/mcp", alice, tool("open_sandbox", map[string]any{}))[0].ok(t, "open_sandbox"), "sandbox_id")
 
 	a := signIn(t, base, alice)
 	_, _, list := fetch(t, a, "GET", base+"/", "Accept", "text/html")
@@ -379,12 +380,19 @@ func TestDashboardPrincipals(t *testing.T) {
 			t.Errorf("the operator's list lacks %q", want)
 		}
 	}
+	if _, _, sbs := fetch(t, op, "GET", base+"/sandboxes", "Accept", "text/html"); !strings.Contains(sbs, sbx) || !strings.Contains(sbs, ">alice</span>") {
+		t.Errorf("the operator's sandboxes page does not name alice's sandbox")
+	}
+	if _, _, sbs := fetch(t, signIn(t, base, bob), "GET", base+"/sandboxes", "Accept", "text/html"); strings.Contains(sbs, sbx) {
+		t.Errorf("bob's sandboxes page shows alice's sandbox")
+	}
 	if code, _, trail := fetch(t, op, "GET", base+"/audit", "Accept", "text/html"); code != http.StatusOK || !strings.Contains(trail, aliceJob) || !strings.Contains(trail, bobJob) {
 		t.Errorf("the operator's audit page: %d", code)
 	}
 	if _, _, trail := fetch(t, a, "GET", base+"/audit", "Accept", "text/html"); !strings.Contains(trail, aliceJob) || strings.Contains(trail, bobJob) {
 		t.Errorf("alice's audit page shows what is not hers, or lacks her job")
 	}
+	as(t, base+"/mcp", httpToken, tool("release_job", map[string]any{"sandbox_id": sbx}))
 	cliOut(t, dataDir, "tokens", "revoke", aliceID)
 	if code, _, page := fetch(t, a, "GET", base+"/", "Accept", "text/html"); code != http.StatusUnauthorized || strings.Contains(page, aliceJob) {
 		t.Errorf("alice's session after her token was revoked: %d", code)
