@@ -84,7 +84,7 @@ func New(svc Services, log *slog.Logger) *Server {
 	}, h.submit)
 	addTool(ts, &mcp.Tool{
 		Name:         "wait_job",
-		Description:  fmt.Sprintf("Block until the job ends or asks, or timeout_seconds (≤%d) pass; repeat while done is false.", maxWait),
+		Description:  "Block until the job ends or asks, or timeout_seconds pass; repeat while done is false.",
 		InputSchema:  waitSchema(),
 		Annotations:  annotations(true, false, true, false),
 		OutputSchema: outputSchema[WaitOut](),
@@ -668,13 +668,16 @@ func submitSchema() *jsonschema.Schema {
 // says the rest (tools/list's budget).
 func waitSchema() *jsonschema.Schema {
 	s := inputSchema[WaitIn]()
-	durations(s, map[string]string{"timeout_seconds": ""})
+	durations(s, map[string]string{"timeout_seconds": fmt.Sprintf("≤%d", maxWait)})
 	return s
 }
 
 // durations makes integer properties durations, as the decoder takes
 // them (delegate:"seconds": an integer of seconds, or a string like
-// "10m"): the type goes, the description says both.
+// "10m"): the type goes, the description says both. The description must
+// not be empty: a schema with nothing in it is written as true, which
+// JSON Schema allows but MCP clients refuse (the conformance suite's
+// tools-list: a property's schema must be an object; TestSchemasAreObjects).
 func durations(s *jsonschema.Schema, descriptions map[string]string) {
 	for path, d := range descriptions {
 		p := at(s, path)

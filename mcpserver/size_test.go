@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -134,5 +135,56 @@ func (c *rawConn) receive(t *testing.T) []byte {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no message from the server in 10 s")
 		return nil
+	}
+}
+
+// TestSchemasAreObjects: every schema in tools/list, the tools' and their
+// properties' down to the leaves, is a JSON object. JSON Schema allows
+// true for "anything", and the SDK writes an empty schema so, but MCP
+// clients refuse it (the conformance suite's tools-list failed on
+// wait_job's timeout_seconds).
+func TestSchemasAreObjects(t *testing.T) {
+	rw := rawSession(t)
+	rw.send(t, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`)
+	rw.receive(t)
+	rw.send(t, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	rw.send(t, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	var resp struct {
+		Result struct {
+			Tools []struct {
+				Name        string          `json:"name"`
+				InputSchema json.RawMessage `json:"inputSchema"`
+			} `json:"tools"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(rw.receive(t), &resp); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(tool, path string, raw json.RawMessage)
+	walk = func(tool, path string, raw json.RawMessage) {
+		var s map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Errorf("%s: the schema at %s is %s, not an object", tool, path, raw)
+			return
+		}
+		var props map[string]json.RawMessage
+		json.Unmarshal(s["properties"], &props)
+		for name, p := range props {
+			walk(tool, path+"."+name, p)
+		}
+		if items, ok := s["items"]; ok {
+			walk(tool, path+"[]", items)
+		}
+		var anyOf []json.RawMessage
+		json.Unmarshal(s["anyOf"], &anyOf)
+		for i, a := range anyOf {
+			walk(tool, fmt.Sprintf("%s|%d", path, i), a)
+		}
+	}
+	if len(resp.Result.Tools) == 0 {
+		t.Fatal("tools/list listed no tools")
+	}
+	for _, tool := range resp.Result.Tools {
+		walk(tool.Name, "inputSchema", tool.InputSchema)
 	}
 }
