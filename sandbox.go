@@ -2,6 +2,7 @@ package delegate
 
 import (
 	"context"
+	"io"
 	"io/fs"
 	"time"
 )
@@ -112,6 +113,20 @@ func (s *SandboxSpec) Validate() error {
 		}
 	}
 	return nil
+}
+
+// SandboxArchives copies trees into and out of a kept sandbox's
+// workspace as tar streams (delegate cp -r). The engine implements it
+// beside SandboxService, for the backends whose sandboxes take archives.
+type SandboxArchives interface {
+	// PutSandboxArchive unpacks a tar stream into /workspace: names
+	// relative to it and clean, nothing written through a link,
+	// permissions and times kept, parents made.
+	PutSandboxArchive(ctx context.Context, id string, tar io.Reader) error
+	// GetSandboxArchive returns /workspace as a tar stream (gzip or not;
+	// links as links; git's objects may be left out). The caller closes
+	// it.
+	GetSandboxArchive(ctx context.Context, id string) (io.ReadCloser, error)
 }
 
 // FileInfo is an entry of a sandbox's workspace.

@@ -80,6 +80,10 @@ type sandboxFlags struct {
 	cpu                           float64
 	idle, lifetime                int // seconds; 0 for the server's default
 	asJSON                        bool
+	// A project in it, as run's flags say one (sandboxopen.go).
+	workspace, git, ref string
+	includeIgnored      bool
+	caches              []string
 }
 
 // spec is the SandboxSpec the flags ask for.
@@ -130,16 +134,23 @@ func (p *Program) sandboxesOpenCmd(cfg *Config) *cobra.Command {
 		Use:   "open [flags]",
 		Short: "Open a kept sandbox and print its id",
 		Long: `Open a kept sandbox with no command run yet, and print its id on stdout
-(--json: all of it). Limits the flags leave out are the server's defaults.`,
+(--json: all of it). Limits the flags leave out are the server's defaults.
+With --workspace DIR or --git URL the project is copied into /workspace first
+(as run --keep does: 'delegate jobs diff ID' and 'jobs apply ID' bring its
+changes back), and --cache keeps a cache of it.`,
 		Example: `  id=$(delegate sandboxes open --memory 1G --idle 10m)
-  delegate exec "$id" -- uname -a`,
+  delegate exec "$id" -- uname -a
+  id=$(delegate sandboxes open --workspace . --cache go)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if f.workspace != "" || f.git != "" || len(f.caches) > 0 || f.ref != "" || f.includeIgnored {
+				return p.openWithProject(ctx, *cfg, f)
+			}
 			spec, err := f.spec()
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
 			return p.withSandboxes(ctx, *cfg, true, func(svc delegate.SandboxService) error {
 				sb, err := svc.OpenSandbox(ctx, spec)
 				if err != nil {
@@ -162,6 +173,11 @@ func (p *Program) sandboxesOpenCmd(cfg *Config) *cobra.Command {
 	fs.StringVar(&f.network, "network", "", "none (default), egress, or an allowlist `pypi.org,github.com:443`")
 	fs.Var(secondsFlag{&f.idle}, "idle", "idle this long, it is paused: seconds or e.g. 30m (default DELEGATE_SANDBOX_IDLE)")
 	fs.Var(secondsFlag{&f.lifetime}, "lifetime", "destroyed after this long: seconds or e.g. 8h (default DELEGATE_SANDBOX_LIFETIME)")
+	fs.StringVar(&f.workspace, "workspace", "", "copy `DIR` (a git work tree as git sees it) into /workspace; 'delegate jobs diff ID' and 'jobs apply ID' bring the changes back")
+	fs.StringVar(&f.git, "git", "", "clone the `URL` (https, or a repository's path under an allowed root) into /workspace instead")
+	fs.StringVar(&f.ref, "ref", "", "the branch, tag or commit of --git")
+	fs.BoolVar(&f.includeIgnored, "include-ignored", false, "with --workspace: copy the files git ignores too")
+	fs.StringArrayVar(&f.caches, "cache", nil, "keep the `NAME` cache of the project: go, npm, pip, cargo (repeatable)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON: the sandbox")
 	return cmd
 }
@@ -353,17 +369,25 @@ func parseOperand(s string) cpOperand {
 }
 
 func (p *Program) cpCmd(cfg *Config) *cobra.Command {
-	return &cobra.Command{
-		Use:   "cp SRC DST",
-		Short: "Copy a file into or out of a kept sandbox",
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "cp [-r] SRC DST",
+		Short: "Copy a file, or a directory's tree (-r), into or out of a kept sandbox",
 		Long: fmt.Sprintf(`Copy one file into a kept sandbox (cp LOCAL ID:PATH) or out of one
 (cp ID:PATH LOCAL). PATH is relative to the sandbox's /workspace; parent
 directories are made. LOCAL "-" is standard input or output; a LOCAL
 directory receives the file under its base name. A file copied in keeps its
-permissions; one copied out is read %d bytes at a time.`, delegate.MaxFileRead),
+permissions; one copied out is read %d bytes at a time.
+
+With -r, a directory's tree is copied as a tar stream, permissions and times
+kept; a destination that is a directory receives it under the source's base
+name (as cp -r does). Links come in as links; on the way out a link is
+refused and nothing is written, as 'jobs apply' refuses one.`, delegate.MaxFileRead),
 		Example: `  delegate cp main.go sbx-3f2a:src/main.go
   delegate cp sbx-3f2a:out/report.txt .
-  delegate cp sbx-3f2a:build.log - | tail`,
+  delegate cp sbx-3f2a:build.log - | tail
+  delegate cp -r testdata sbx-3f2a:testdata
+  delegate cp -r sbx-3f2a:out ./out`,
 		Args: exactArgs("SRC", "DST"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, dst := parseOperand(args[0]), parseOperand(args[1])
@@ -377,6 +401,12 @@ permissions; one copied out is read %d bytes at a time.`, delegate.MaxFileRead),
 				return usagef("ID:PATH needs a PATH after the colon")
 			}
 			ctx := cmd.Context()
+			if recursive {
+				if dst.sandbox != "" {
+					return p.copyTreeIn(ctx, *cfg, src.path, dst)
+				}
+				return p.copyTreeOut(ctx, *cfg, src, dst.path)
+			}
 			if dst.sandbox != "" {
 				// The local side is read first: its mistakes need no service.
 				data, mode, err := p.readLocal(src.path)
@@ -405,6 +435,8 @@ permissions; one copied out is read %d bytes at a time.`, delegate.MaxFileRead),
 			})
 		},
 	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "copy a directory's tree, as a tar stream")
+	return cmd
 }
 
 // readLocal reads the file cp copies in ("-": standard input) and the
@@ -422,7 +454,7 @@ func (p *Program) readLocal(local string) ([]byte, fs.FileMode, error) {
 		return nil, 0, usageError{err}
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, 0, usagef("%s: not a regular file (cp copies one file)", local)
+		return nil, 0, usagef("%s: not a regular file (cp copies one file; cp -r a directory's tree)", local)
 	}
 	data, err := os.ReadFile(local)
 	return data, fi.Mode().Perm(), err

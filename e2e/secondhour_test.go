@@ -320,3 +320,71 @@ func TestGitSourcePath(t *testing.T) {
 		t.Errorf("a missing artifact: %#v", err)
 	}
 }
+
+// TestSandboxWithProjectAndTrees (issue 40, item 3): sandboxes open
+// --workspace opens a kept sandbox with the project in it (its changes
+// diffed by the sandbox's id, as run --keep's); cp -r copies a
+// directory's tree in (links as links, an empty directory, modes) and
+// out, where a link is refused and nothing is written, as jobs apply
+// refuses one; out into a directory that is there, the tree goes in it.
+func TestSandboxWithProjectAndTrees(t *testing.T) {
+	root := t.TempDir()
+	dir := calcProject(t, root)
+	dataDir := t.TempDir()
+	cli := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := delegateCLI(t, dataDir, args...)
+		if code != 0 {
+			t.Fatalf("delegate %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	if _, errOut, code := delegateCLI(t, dataDir, "sandboxes", "open", "--cache", "go"); code != 2 || !strings.Contains(errOut, "--cache needs --workspace or --git") {
+		t.Errorf("--cache alone: exit %d %s", code, errOut)
+	}
+	sbx := strings.TrimSpace(cli("sandboxes", "open", "--workspace", dir))
+	if !strings.HasPrefix(sbx, "sbx-") {
+		t.Fatalf("sandboxes open --workspace printed %q", sbx)
+	}
+	t.Cleanup(func() { delegateCLI(t, dataDir, "sandboxes", "release", sbx) })
+	if out := cli("exec", sbx, "--", "sh", "-c", "sed -i 's/a - b/a + b/' calc.go && cat README"); out != "calc\n" {
+		t.Errorf("the project in the sandbox: %q", out)
+	}
+	if diff := cli("jobs", "diff", sbx); !strings.Contains(diff, "+func Add(a, b int) int { return a + b }") {
+		t.Errorf("jobs diff of the sandbox:\n%s", diff)
+	}
+
+	tree := filepath.Join(t.TempDir(), "data")
+	writeTree(t, tree, map[string]string{"sub/a.txt": "a\n", "run.sh": "#!/bin/sh\necho ran\n"})
+	os.Chmod(filepath.Join(tree, "run.sh"), 0o755)
+	os.Mkdir(filepath.Join(tree, "empty"), 0o755)
+	os.Symlink("sub/a.txt", filepath.Join(tree, "link"))
+	cli("cp", "-r", tree, sbx+":data")
+	if out := cli("exec", sbx, "--", "sh", "-c", "cat data/sub/a.txt; ./data/run.sh; readlink data/link; test -d data/empty && echo empty"); out != "a\nran\nsub/a.txt\nempty\n" {
+		t.Errorf("the tree in the sandbox: %q", out)
+	}
+	local := t.TempDir()
+	back := filepath.Join(local, "back")
+	if _, errOut, code := delegateCLI(t, dataDir, "cp", "-r", sbx+":data", back); code == 0 || !strings.Contains(errOut, "data/link: a symbolic link (to sub/a.txt): cp -r does not write links out") {
+		t.Errorf("cp -r out of a tree with a link: exit %d %s", code, errOut)
+	}
+	if names, _ := os.ReadDir(local); len(names) != 0 {
+		t.Errorf("a refused copy wrote %v", names)
+	}
+	cli("exec", sbx, "--", "rm", "data/link")
+	cli("cp", "-r", sbx+":data", back)
+	if b, _ := os.ReadFile(filepath.Join(back, "sub/a.txt")); string(b) != "a\n" {
+		t.Errorf("sub/a.txt out: %q", b)
+	}
+	if fi, err := os.Stat(filepath.Join(back, "run.sh")); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("run.sh out: %v %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Join(back, "empty")); err != nil || !fi.IsDir() {
+		t.Errorf("the empty directory out: %v", err)
+	}
+	into := t.TempDir()
+	cli("cp", "-r", sbx+":data/sub", into)
+	if b, _ := os.ReadFile(filepath.Join(into, "sub", "a.txt")); string(b) != "a\n" {
+		t.Errorf("into a directory that is there, the tree goes in it: %q", b)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"strings"
 	"time"
@@ -147,4 +148,45 @@ func (k *sandboxFiles) fileError(ctx context.Context, sb *delegate.Sandbox, fiel
 		return &delegate.NotFoundError{Resource: "file", ID: p, Of: "the sandbox"}
 	}
 	return &delegate.FieldError{Field: field, Rule: err.Error()}
+}
+
+// PutSandboxArchive implements delegate.SandboxArchives: a tar stream
+// unpacked into the sandbox's workspace, by the backend's rules
+// (sandbox.Archiver: names relative and clean, nothing through a link).
+func (k *sandboxFiles) PutSandboxArchive(ctx context.Context, id string, tar io.Reader) error {
+	sb, ar, err := k.archiver(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, err := ar.PutArchive(ctx, tar); err != nil {
+		return k.fileError(ctx, sb, "path", delegate.Workspace, err)
+	}
+	return nil
+}
+
+// GetSandboxArchive implements delegate.SandboxArchives: the sandbox's
+// workspace as a tar stream.
+func (k *sandboxFiles) GetSandboxArchive(ctx context.Context, id string) (io.ReadCloser, error) {
+	sb, ar, err := k.archiver(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := ar.GetArchive(ctx)
+	if err != nil {
+		return nil, k.fileError(ctx, sb, "path", delegate.Workspace, err)
+	}
+	return rc, nil
+}
+
+// archiver is a live kept sandbox's machine, as one that copies trees.
+func (k *sandboxFiles) archiver(ctx context.Context, id string) (*delegate.Sandbox, sandbox.Archiver, error) {
+	sb, inst, err := k.keeper.instance(ctx, id, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	ar, ok := inst.(sandbox.Archiver)
+	if !ok {
+		return nil, nil, fmt.Errorf("sandbox %s: its backend (%s) cannot copy a directory's tree: copy its files one by one", id, sb.Backend)
+	}
+	return sb, ar, nil
 }
