@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -21,7 +22,18 @@ func delegateCLI(t *testing.T, dataDir string, args ...string) (string, string, 
 // delegateCLIEnv is delegateCLI with more environment.
 func delegateCLIEnv(t *testing.T, dataDir string, env []string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.CommandContext(testContext(t), binary, args...)
+	return delegateCLIWithin(t, 2*time.Minute, dataDir, env, args...)
+}
+
+// delegateCLIWithin is delegateCLIEnv with a deadline of its own, for a
+// command whose job has real work to do (a first `go test` compiles the
+// standard library: 40 s on an idle machine, over 2 minutes on a loaded
+// one).
+func delegateCLIWithin(t *testing.T, within time.Duration, dataDir string, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
 	// Past the test's deadline the command is stopped as a person would,
 	// with Ctrl-C (its job is cancelled and its sandbox removed), and only
 	// then killed: a SIGKILL left a sandbox's mounts behind, and the

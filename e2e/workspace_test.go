@@ -409,7 +409,7 @@ func TestWorkspaceCache(t *testing.T) {
 	dataDir := t.TempDir()
 	args := []string{"run", "-q", "--workspace", dir, "--cache", "go", "--memory", "1G", "--env", "PATH=" + filepath.Dir(goBin) + ":/usr/bin:/bin",
 		"--env", "GOTOOLCHAIN=local", "--env", "GOFLAGS=-mod=mod", "--script", "go test ./... && ls /cache/go"}
-	first, errOut, code := delegateCLI(t, dataDir, args...)
+	first, errOut, code := delegateCLIWithin(t, 6*time.Minute, dataDir, nil, args...)
 	if code != 0 || !strings.Contains(first, "ok  \texample.com/calc") || strings.Contains(first, "(cached)") {
 		t.Fatalf("first run: %d %q %s", code, first, errOut)
 	}
