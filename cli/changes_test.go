@@ -185,3 +185,34 @@ func TestApplyNotShown(t *testing.T) {
 		t.Errorf("run.sh: %q", data)
 	}
 }
+
+// TestApplyNewlineNames (issue 35, item 5): a name with a newline is
+// written quoted on one line by jobs apply, in what it wrote and in what
+// it refused, so that it cannot read as two lines (a forged "written").
+func TestApplyNewlineNames(t *testing.T) {
+	const added, both = "new\nwritten evil.txt", "c\nd.txt"
+	svc := jobChanged(t, map[string]string{both: "one\n"}, func(dir string) {
+		os.WriteFile(filepath.Join(dir, added), []byte("x\n"), 0o644)
+		os.WriteFile(filepath.Join(dir, both), []byte("job\n"), 0o644)
+	})
+	h := newHarness()
+	h.other = svc
+	// Changed here too: refused, the name quoted.
+	if err := os.WriteFile(filepath.Join(svc.src, both), []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run(t, "jobs", "apply", "job-1")
+	if r.code != 1 || !strings.Contains(r.stderr, "\n  \"c\\nd.txt\": ") || strings.Contains(r.stderr, "c\nd") {
+		t.Errorf("apply over a conflict: exit %d\n%q", r.code, r.stderr)
+	}
+	if err := os.WriteFile(filepath.Join(svc.src, both), []byte("one\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = h.run(t, "jobs", "apply", "job-1")
+	if want := "written \"c\\nd.txt\"\nwritten \"new\\nwritten evil.txt\"\n"; r.code != 0 || r.stdout != want {
+		t.Errorf("apply: exit %d, wrote\n%q\nwant\n%q\n%s", r.code, r.stdout, want, r.stderr)
+	}
+	if data, err := os.ReadFile(filepath.Join(svc.src, added)); err != nil || string(data) != "x\n" {
+		t.Errorf("%q: %q, %v", added, data, err)
+	}
+}

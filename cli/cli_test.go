@@ -524,6 +524,9 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 		{delegate.StatusFailed, intp(3), 3},
 		{delegate.StatusSuccess, intp(0), 0},
 		{delegate.StatusTimeout, nil, 124},
+		// Its command exited 0, and the job failed all the same (its end
+		// could not be read, its output was lost): not 0 (issue 35).
+		{delegate.StatusFailed, intp(0), 125},
 	} {
 		h := newHarness()
 		var got delegate.ResultOptions

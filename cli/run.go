@@ -300,20 +300,23 @@ func (c *logCopier) write(l *delegate.LogPage) error {
 // exitCode is the status a command ends with for a finished job, by the
 // rule of exit.go (docs/cli.md, "Exit codes"): the job's exit code when it
 // exited or was killed for its memory, 124 for a timeout, 130 for a
-// cancel, 125 when it has no exit code because delegate failed it.
+// cancel, 125 when delegate failed it (it has no exit code, or its
+// command exited 0 and the job failed all the same).
 func exitCode(j *delegate.Job) int {
 	switch {
 	case j.Status == delegate.StatusTimeout:
 		return ExitTimeout
 	case j.Status == delegate.StatusCancelled:
 		return ExitCancelled
-	case j.ExitCode != nil:
+	case j.ExitCode != nil && (*j.ExitCode != 0 || j.Status == delegate.StatusSuccess):
 		return *j.ExitCode
 	case j.Status == delegate.StatusSuccess:
 		return 0
 	}
 	// Failed before its command ran or without an exit status (the
-	// sandbox could not be made, or was lost): delegate's failure.
+	// sandbox could not be made, or was lost), or failed though its
+	// command exited 0 (its end or its output could not be kept): never
+	// 0 for a job that did not succeed.
 	return ExitRunError
 }
 

@@ -40,11 +40,33 @@ func checkDataDir(t *testing.T, dataDir string) {
 	for range 100 {
 		left, _ = os.ReadDir(filepath.Join(dataDir, "sandboxes"))
 		if len(left) == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("%d sandboxes left behind", len(left))
+	}
+	// Nor a process of theirs (a supervisor, a command, its egress
+	// helpers): each names the data dir on its command line.
+	for range 50 {
+		if !namedIn(dataDir) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Errorf("%d sandboxes left behind", len(left))
+	t.Errorf("processes left running: %q", processesNaming(t, dataDir))
+}
+
+// namedIn tells whether a process's command line names dir.
+func namedIn(dir string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestFaultPauseServer: the server is stopped (SIGSTOP) for three times

@@ -213,3 +213,68 @@ func joined(outs []delegate.Output) []byte {
 	}
 	return b
 }
+
+// TestOpenSandboxNoRoom (issue 35, item 5): an open_sandbox that fails
+// for lack of room where the floor did not catch it (the floor off, or
+// the disk filled since) says so, naming the data dir ("no space left on
+// DIR"), and leaves no sandbox: not the store's "database or disk is
+// full", which reaches an agent as "the server's log says why".
+func TestOpenSandboxNoRoom(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	data := mountTmpfs(t, 8<<20)
+	store, err := sqlite.Open(ctx, filepath.Join(data, "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	backend := sandboxtest.NewFake()
+	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, SandboxTick: 10 * time.Millisecond,
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	filler := fillUp(t, data)
+	_, err = eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	var ns *delegate.NoSpaceError
+	if !errors.As(err, &ns) || delegate.ErrorKind(err) != delegate.KindUnavailable || !strings.Contains(err.Error(), "no space left on "+data) {
+		t.Fatalf("open_sandbox on a full disk: %v, want a NoSpaceError naming %s", err, data)
+	}
+	if infos, _ := backend.List(ctx); len(infos) != 0 {
+		t.Errorf("the refused sandbox left %d instances", len(infos))
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{}); err != nil {
+		t.Errorf("open_sandbox with room again: %v", err)
+	}
+	integrityCheck(t, filepath.Join(data, "jobs.db"))
+}
+
+// TestEndUnreadableForRoom (issue 35, item 1): a job whose process's end
+// could not be read because there was no room to record it fails saying
+// "no space left on" the data dir, not the backend's words for a
+// supervisor that died ("killed or crashed"); an end unreadable for
+// another reason says the process was lost. Neither has an exit code.
+func TestEndUnreadableForRoom(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	f := newFixture(t, engine.Config{DataDir: data, MinFree: -1})
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("read the end: the supervisor was killed or crashed: write exit.json: %w", unix.ENOSPC),
+			"no space left on " + data + ": the sandbox could not record how the command ended"},
+		{errors.New("the supervisor was killed or crashed"), "lost the job's process: the supervisor was killed or crashed"},
+	} {
+		j := f.submit(script("build"))
+		f.started().Fail(tc.err)
+		got := f.wait(f.eng, j.ID)
+		if got.Status != delegate.StatusFailed || got.ExitCode != nil || !strings.HasPrefix(got.Error, tc.want) {
+			t.Errorf("%v: %s (%q), exit %v; want failed (%q...)", tc.err, got.Status, got.Error, got.ExitCode, tc.want)
+		}
+	}
+}

@@ -305,6 +305,7 @@ type Process struct {
 	output  []sandbox.Output
 	events  []byte
 	exit    sandbox.Exit
+	waitErr error // Wait's error, when its end could not be read
 	done    chan struct{}
 	ended   bool
 }
@@ -341,6 +342,19 @@ func (p *Process) Finish(exit sandbox.Exit) {
 	}
 	exit.OutputBytes = p.exit.OutputBytes
 	p.exit, p.ended = exit, true
+	close(p.done)
+}
+
+// Fail ends the process with its end unreadable: Wait returns err, as a
+// backend's does for a supervisor that died without recording the end,
+// or that had no room to record it.
+func (p *Process) Fail(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return
+	}
+	p.waitErr, p.ended = err, true
 	close(p.done)
 }
 
@@ -384,6 +398,9 @@ func (p *Process) Wait(ctx context.Context) (sandbox.Exit, error) {
 	case <-p.done:
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.waitErr != nil {
+			return sandbox.Exit{}, p.waitErr
+		}
 		return p.exit, nil
 	case <-ctx.Done():
 		return sandbox.Exit{}, ctx.Err()
