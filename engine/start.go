@@ -447,7 +447,7 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 		Network:     job.Manifest.Network.Reaches(),
 	}
 	for _, c := range job.Manifest.Caches {
-		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Manifest.Workspace)})
+		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Principal, job.Manifest.Workspace)})
 	}
 	return spec, nil
 }

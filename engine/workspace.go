@@ -96,13 +96,22 @@ func gitErr(err error) error {
 	return &delegate.FieldError{Field: "manifest.workspace.git", Rule: fmt.Sprintf("could not be read: %v", err)}
 }
 
-// CacheKey is the key of a source's caches: two sources never share one.
-func CacheKey(w *delegate.WorkspaceSource) string {
+// CacheKey is the key of a principal's caches of a source: a directory by
+// its path, a git source by its URL and ref (a branch's dependencies are
+// not another's). Two principals never share a cache, nor two sources
+// (issue 34, item 5: a cache keyed by the source alone let any client
+// naming it leave files the next job of the project ran); a principal's
+// jobs of one source do, and trust each other. Jobs stored before
+// principals existed are the local user's.
+func CacheKey(principal string, w *delegate.WorkspaceSource) string {
+	if principal == "" {
+		principal = delegate.LocalPrincipal
+	}
 	src := "dir\x00" + filepath.Clean(w.Dir)
 	if w.Git != "" {
-		src = "git\x00" + w.Git
+		src = "git\x00" + w.Git + "\x00" + w.Ref
 	}
-	sum := sha256.Sum256([]byte(src))
+	sum := sha256.Sum256([]byte(principal + "\x00" + src))
 	return hex.EncodeToString(sum[:16])
 }
 
