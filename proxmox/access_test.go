@@ -14,6 +14,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pvesim"
 )
@@ -127,17 +128,14 @@ func TestSharedStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var node string
-	for range 300 {
+	testkit.Eventually(t, 10*time.Second, "the job's VM running", func() bool {
 		for _, v := range sim.VMs() {
 			if strings.HasSuffix(v.Name, j.ID) && v.Status == "running" {
 				node = v.Node
 			}
 		}
-		if node != "" {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return node != ""
+	})
 	if node != "pve2" {
 		t.Errorf("the VM of a shared template ran on %q, not on the node with room", node)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -90,8 +91,8 @@ func withProxy(t *testing.T, tune func(*pvesim.Options)) func(*pvesim.Options) {
 // runningVM waits for a job to run and returns its VM's id.
 func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) int {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	vmid := 0
+	testkit.Eventually(t, 60*time.Second, "job "+id+" running in a VM", func() bool {
 		j, err := eng.Get(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
@@ -102,14 +103,14 @@ func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) 
 		if j.Status == delegate.StatusRunning {
 			for _, v := range sim.VMs() {
 				if !v.Template && v.Status == "running" {
-					return v.VMID
+					vmid = v.VMID
+					return true
 				}
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("the job never ran")
-	return 0
+		return false
+	})
+	return vmid
 }
 
 // TestEgressFirewallOnSimulator: a job whose network goes through the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -79,17 +80,10 @@ func TestGC(t *testing.T) {
 	age(t, admin, sim, dead, 48*time.Hour)
 	age(t, admin, sim, alive, 48*time.Hour)
 	// The live server stamps its VM again within an interval.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.Eventually(t, 20*time.Second, "the live server's VM stamped again", func() bool {
 		v, _ := sim.VM(alive)
-		if seen := stampOf(v.Config["tags"]); time.Since(seen) < time.Hour {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the live server did not stamp its VM again: %s", v.Config["tags"])
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return time.Since(stampOf(v.Config["tags"])) < time.Hour
+	})
 	ctx := context.Background()
 	items, err := proxmox.GC(ctx, admin, proxmox.GCOptions{OlderThan: 24 * time.Hour})
 	if err != nil || len(items) != 1 || items[0].VMID != dead || items[0].Removed ||

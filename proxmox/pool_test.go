@@ -13,6 +13,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pvesim"
 )
@@ -45,14 +46,9 @@ func poolCount(b *proxmox.Backend, state string) int {
 // waitReady waits until the pool has n ready VMs and no others.
 func waitReady(t *testing.T, b *proxmox.Backend, n int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if poolCount(b, "ready") == n && poolCount(b, "starting") == 0 && poolCount(b, "retiring") == 0 && poolCount(b, "claiming") == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("pool not at %d ready VMs: %+v", n, b.PoolVMs())
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("the pool at %d ready VMs", n), func() bool {
+		return poolCount(b, "ready") == n && poolCount(b, "starting") == 0 && poolCount(b, "retiring") == 0 && poolCount(b, "claiming") == 0
+	})
 }
 
 // poolVMs lists the simulator's pool VMs (by their name).
@@ -136,12 +132,10 @@ func TestPoolWarmJob(t *testing.T) {
 	}
 	// The pool refills, and the job's VM is destroyed.
 	waitReady(t, s.backend, 2)
-	for range 200 {
-		if _, ok := sim.VM(mustAtoi(num)); !ok || len(poolVMs(sim)) != 2 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the job's VM destroyed", func() bool {
+		_, ok := sim.VM(mustAtoi(num))
+		return !ok || len(poolVMs(sim)) != 2
+	})
 	if v, ok := sim.VM(mustAtoi(num)); ok && !strings.Contains(v.Config["name"], "-pool-") {
 		t.Fatalf("the job's VM %s is still there: %+v", num, v)
 	}
@@ -227,12 +221,7 @@ func TestPoolConcurrentClaims(t *testing.T) {
 		t.Errorf("%d claims for %d warm jobs", n, warm)
 	}
 	waitReady(t, s.backend, 4)
-	for range 200 {
-		if len(sim.VMs()) == 2+4 { // the templates and the pool
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "only the templates and the pool left", func() bool { return len(sim.VMs()) == 2+4 })
 	// Every VM deleted was a job's: the sweep took no pool VM.
 	jobVMs := sandboxVMs(t, done)
 	for vmid := range deletes(sim, token) {
@@ -268,6 +257,8 @@ func TestPoolTwoServersOneDataDir(t *testing.T) {
 	keepPool(t, a, cfg)
 	waitReady(t, a.backend, 4)
 	keepPool(t, b, cfg) // b finds the lock taken
+	// No event says b made no VM: a while in which its pool would have
+	// begun (its check interval is 200 ms).
 	time.Sleep(300 * time.Millisecond)
 	if b.backend.PoolVMs() != nil {
 		t.Fatalf("the second server keeps a pool too: %+v", b.backend.PoolVMs())
@@ -340,12 +331,7 @@ func TestPoolRestart(t *testing.T) {
 	second := newServer(t, c, pcfg, engine.Config{})
 	stop = keepPool(t, second, poolCfg(2))
 	waitReady(t, second.backend, 2)
-	for range 200 {
-		if len(poolVMs(sim)) == 2 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "a pool of 2", func() bool { return len(poolVMs(sim)) == 2 })
 	now := vmids()
 	if len(now) != 2 || clones() != made || len(slices.DeleteFunc(slices.Clone(now), func(n int) bool { return slices.Contains(was, n) })) != 0 {
 		t.Fatalf("pool %v after a restart with size 2 (was %v; %d clones, %d before)", now, was, clones(), made)
@@ -364,12 +350,10 @@ func TestPoolRestart(t *testing.T) {
 	cfg.MemoryBytes = 512 << 20
 	stop = keepPool(t, third, cfg)
 	waitReady(t, third.backend, 2)
-	for range 200 {
-		if vs := poolVMs(sim); len(vs) == 2 && vs[0].Config["memory"] == "512" && vs[1].Config["memory"] == "512" {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "a pool of the new shape", func() bool {
+		vs := poolVMs(sim)
+		return len(vs) == 2 && vs[0].Config["memory"] == "512" && vs[1].Config["memory"] == "512"
+	})
 	for _, v := range poolVMs(sim) {
 		if v.Config["memory"] != "512" {
 			t.Fatalf("pool VM %d of the old shape: %v", v.VMID, v.Config)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"github.com/delegate-dev/delegate/local"
 	"github.com/delegate-dev/delegate/proxmox"
@@ -189,20 +190,9 @@ func (s *server) output(t *testing.T, id string) string {
 
 func noJobVMs(t *testing.T, sim *pvesim.Server) {
 	t.Helper()
-	var left []pvesim.VM
-	for range 200 {
-		left = left[:0]
-		for _, v := range sim.VMs() {
-			if !v.Template {
-				left = append(left, v)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("VMs left behind: %+v", left)
+	testkit.Eventually(t, 10*time.Second, "no VM but the templates left", func() bool {
+		return !slices.ContainsFunc(sim.VMs(), func(v pvesim.VM) bool { return !v.Template })
+	})
 }
 
 var deleteRe = regexp.MustCompile(`^/nodes/[^/]+/qemu/(\d+)$`)
@@ -405,17 +395,14 @@ func TestProvisioningSteps(t *testing.T) {
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
 	j := s.submit(t, "sleep 0.5", "", 0)
 	var cfg map[string]string
-	for range 200 {
+	testkit.Eventually(t, 10*time.Second, "the job's VM running", func() bool {
 		for _, v := range sim.VMs() {
 			if !v.Template && v.Status == "running" {
 				cfg = v.Config
 			}
 		}
-		if cfg != nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return cfg != nil
+	})
 	if cfg["sockets"] != "1" || cfg["balloon"] != "0" || cfg["memory"] != "256" {
 		t.Errorf("config %v", cfg)
 	}
@@ -478,12 +465,10 @@ func TestKeptSandboxOnSimulator(t *testing.T) {
 	}
 	// The command's end is recorded first, its sandbox's right after.
 	var got *delegate.Sandbox
-	for range 100 {
-		if got, err = s.eng.GetSandbox(ctx, sb.ID); err == nil && got.State == delegate.SandboxIdle {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "the sandbox idle", func() bool {
+		got, err = s.eng.GetSandbox(ctx, sb.ID)
+		return err == nil && got.State == delegate.SandboxIdle
+	})
 	if err != nil || got.State != delegate.SandboxIdle || got.Commands != 2 {
 		t.Fatalf("after two commands: %+v %v", got, err)
 	}
