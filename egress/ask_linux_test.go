@@ -16,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
@@ -40,6 +41,16 @@ func (a *asker) answer(fn func(ctx context.Context, token string, q Question) er
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.fn = fn
+}
+
+// held is how many requests of token wait for an answer.
+func (p *Proxy) held(token string) int {
+	p.asks.mu.Lock()
+	defer p.asks.mu.Unlock()
+	if w := p.asks.change[token]; w != nil {
+		return w.waiters
+	}
+	return 0
 }
 
 func (a *asker) questions() []Question {
@@ -87,15 +98,24 @@ func TestAsk(t *testing.T) {
 
 	t.Run("allowed", func(t *testing.T) {
 		reset()
+		release := make(chan struct{})
 		a.answer(func(ctx context.Context, token string, q Question) error {
-			time.Sleep(200 * time.Millisecond)
+			<-release
 			f.jobs.widen(t, f.p, token, q.Name)
 			return nil
 		})
-		start := time.Now()
-		res := f.curl(t, "", f.proxyEnv(tok), "https://denied.test/")
-		if !strings.Contains(res.out, "hello from denied") || time.Since(start) < 200*time.Millisecond {
-			t.Fatalf("%v after %s", res, time.Since(start))
+		done := make(chan cmdResult, 1)
+		go func() { done <- f.curl(t, "", f.proxyEnv(tok), "https://denied.test/") }()
+		// The request is held while the question waits for its answer.
+		testkit.Eventually(t, 5*time.Second, "the request held for an answer", func() bool { return f.p.held(tok) == 1 })
+		select {
+		case res := <-done:
+			t.Fatalf("answered before the question was: %v", res)
+		default:
+		}
+		close(release)
+		if res := <-done; !strings.Contains(res.out, "hello from denied") {
+			t.Fatalf("%v", res)
 		}
 		if a.questions()[0] != (Question{Name: "denied.test", Port: 443, Via: ViaConnect}) {
 			t.Errorf("asked %+v", a.questions())
@@ -118,9 +138,14 @@ func TestAsk(t *testing.T) {
 	})
 	t.Run("widened meanwhile by another way", func(t *testing.T) {
 		reset()
-		a.answer(func(ctx context.Context, _ string, _ Question) error { <-ctx.Done(); return ctx.Err() })
+		asked := make(chan struct{}, 1)
+		a.answer(func(ctx context.Context, _ string, _ Question) error {
+			asked <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		})
 		go func() {
-			time.Sleep(300 * time.Millisecond)
+			<-asked // widened while the question waits
 			f.jobs.widen(t, f.p, tok, "denied.test")
 		}()
 		start := time.Now()
@@ -142,7 +167,7 @@ func TestAsk(t *testing.T) {
 		for i := range results {
 			wg.Go(func() { results[i] = f.curl(t, "", f.proxyEnv(tok), "http://denied.test/") })
 		}
-		time.Sleep(500 * time.Millisecond)
+		testkit.Eventually(t, 5*time.Second, "the three requests held", func() bool { return f.p.held(tok) == 3 })
 		close(release)
 		wg.Wait()
 		for _, r := range results {
@@ -163,6 +188,7 @@ func TestAsk(t *testing.T) {
 		var wg sync.WaitGroup
 		start := time.Now()
 		fast := make(chan string, 20)
+		var denied atomic.Int64
 		for i := range 12 {
 			wg.Go(func() {
 				c, err := net.Dial("tcp", f.proxy)
@@ -177,11 +203,16 @@ func TestAsk(t *testing.T) {
 					t.Errorf("n%d.test: %v %v", i, resp, err)
 					return
 				}
+				denied.Add(1)
 				if time.Since(start) < time.Second {
 					fast <- fmt.Sprint(i)
 				}
 			})
-			time.Sleep(20 * time.Millisecond)
+			// One at a time: the first maxQuestions are asked, the rest
+			// denied at once.
+			testkit.Eventually(t, 5*time.Second, fmt.Sprintf("n%d.test held or denied", i), func() bool {
+				return int64(f.p.held(tok))+denied.Load() == int64(i+1)
+			})
 		}
 		wg.Wait()
 		if n := a.calls.Load(); n != maxQuestions || len(fast) != 12-maxQuestions {
@@ -215,7 +246,6 @@ func TestAsk(t *testing.T) {
 		reset()
 		sb := newSandbox(t, f.p, tok)
 		a.answer(func(ctx context.Context, token string, q Question) error {
-			time.Sleep(100 * time.Millisecond)
 			f.jobs.widen(t, f.p, token, q.Name)
 			return nil
 		})

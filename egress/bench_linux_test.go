@@ -172,6 +172,8 @@ func BenchmarkMemoryPer100Conns(b *testing.B) {
 				// per connection, not the first one's set-up.
 				c := openThrough(b, addr, kind)
 				c.Close()
+				// The proxy's end of it closes when it reads the close:
+				// no event says when, out of its process.
 				time.Sleep(100 * time.Millisecond)
 				before := stats()
 				var conns []net.Conn

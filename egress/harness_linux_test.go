@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
@@ -134,18 +135,19 @@ func (f *fixture) bundle(t testing.TB, ca *CA) string {
 // entry waits for a log entry of token's that matches.
 func (f *fixture) entry(t testing.TB, token string, what string, match func(Entry) bool) Entry {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var found Entry
+	if !testkit.Poll(5*time.Second, func() bool {
 		for _, e := range f.log.Entries(token) {
 			if match(e) {
-				return e
+				found = e
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log entry %s; the log:\n%s", what, f.dump(token))
-		}
-		time.Sleep(10 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no log entry %s; the log:\n%s", what, f.dump(token))
 	}
+	return found
 }
 
 func (f *fixture) dump(token string) string {

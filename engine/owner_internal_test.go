@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 // TestOwnerAliveZombie: a server killed but not reaped yet is a zombie,
@@ -26,10 +28,8 @@ func TestOwnerAliveZombie(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	// A poll: the kernel announces no event when a killed process
 	// becomes a zombie (waiting for it would reap it).
-	for deadline := time.Now().Add(5 * time.Second); procState(pid) != "Z"; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("process state %q, want Z", procState(pid))
-		}
+	if !testkit.Poll(5*time.Second, func() bool { return procState(pid) == "Z" }) {
+		t.Fatalf("process state %q, want Z", procState(pid))
 	}
 	if ownerAlive(owner) {
 		t.Error("a zombie counts as alive")

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -355,16 +356,7 @@ func stateOf(t testing.TB, sb *sbox) sandboxState {
 // waitFor polls cond until it holds or the timeout passes: for what
 // another process does (a sandbox's files, its cgroups), which sends this
 // one no event.
-func waitFor(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond) // the poll's pace
-	}
-	return true
-}
+func waitFor(timeout time.Duration, cond func() bool) bool { return testkit.Poll(timeout, cond) }
 
 // waitKilled blocks a helper process of the tests until it is killed
 // (SIGKILL, or SIGTERM).

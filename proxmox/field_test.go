@@ -15,6 +15,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
@@ -269,17 +270,14 @@ func TestJobBridgeKeepsNICOptions(t *testing.T) {
 	s := newServer(t, c, proxmox.Config{Bridge: "vmbr0", VLAN: 20}, engine.Config{})
 	j := s.submitManifest(t, delegate.Manifest{AgentType: delegate.AgentScript, Task: "sleep 1", Network: delegate.Egress()})
 	var net string
-	for range 400 {
+	testkit.Eventually(t, 10*time.Second, "the job's VM running", func() bool {
 		for _, v := range sim.VMs() {
 			if !v.Template && v.Status == "running" {
 				net = v.Config["net0"]
 			}
 		}
-		if net != "" {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return net != ""
+	})
 	if got := s.wait(t, j.ID); got.Status != delegate.StatusSuccess {
 		t.Fatalf("%s %s", got.Status, got.Error)
 	}
@@ -412,18 +410,15 @@ func TestAgentRestartKeepsJob(t *testing.T) {
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
 	j := s.submit(t, `echo before; echo "half way" > "$DELEGATE_STATUS_FILE"; sleep 2; echo after`, "", 0)
 	vmid := 0
-	for range 1000 {
+	testkit.Eventually(t, 10*time.Second, "the job running", func() bool {
 		cur, _ := s.eng.Get(context.Background(), j.ID)
 		if cur.Status == delegate.StatusRunning {
 			fmt.Sscanf(cur.SandboxID, "vm-%d", &vmid)
-			break
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if vmid == 0 {
-		t.Fatal("the job did not run")
-	}
-	time.Sleep(300 * time.Millisecond)
+		return vmid != 0
+	})
+	// Its command runs (its first line is out) when the agent restarts.
+	testkit.Eventually(t, 10*time.Second, "the job's first line", func() bool { return strings.Contains(s.output(t, j.ID), "before") })
 	if err := sim.RestartAgent(context.Background(), vmid); err != nil {
 		t.Fatal(err)
 	}
@@ -455,17 +450,14 @@ func TestResourcePool(t *testing.T) {
 			s := newServer(t, c, proxmox.Config{ResourcePool: "delegate-jobs"}, engine.Config{})
 			j := s.submit(t, "sleep 0.5; echo pooled", "", 0)
 			var disk string
-			for range 400 {
+			testkit.Eventually(t, 10*time.Second, "the job's VM running", func() bool {
 				for _, v := range sim.VMs() {
 					if !v.Template && v.Status == "running" && v.Name != "" && !strings.HasPrefix(v.Name, "other") {
 						disk = v.Config["scsi0"]
 					}
 				}
-				if disk != "" {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return disk != ""
+			})
 			if got := s.wait(t, j.ID); got.Status != delegate.StatusSuccess || s.output(t, j.ID) != "pooled\n" {
 				t.Fatalf("%s %s %q", got.Status, got.Error, s.output(t, j.ID))
 			}
@@ -574,6 +566,7 @@ func TestStaleLockReported(t *testing.T) {
 		if err != nil || len(list) != 0 {
 			t.Fatalf("%v %v", list, err)
 		}
+		// The test is of time passing: the lock held past StaleLockAfter.
 		time.Sleep(150 * time.Millisecond)
 	}
 	if out := logs.String(); strings.Count(out, "qm unlock 150") != 1 || !strings.Contains(out, "lock=clone") {
@@ -676,17 +669,14 @@ func TestUEFITemplate(t *testing.T) {
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
 	j := s.submit(t, "sleep 0.3; echo uefi", "", 0)
 	var cfg map[string]string
-	for range 400 {
+	testkit.Eventually(t, 10*time.Second, "the job's VM running", func() bool {
 		for _, v := range sim.VMs() {
 			if !v.Template && v.Status == "running" {
 				cfg = v.Config
 			}
 		}
-		if cfg != nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return cfg != nil
+	})
 	if j := s.wait(t, j.ID); j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "uefi\n" {
 		t.Fatalf("%s %s %q", j.Status, j.Error, s.output(t, j.ID))
 	}

@@ -194,7 +194,7 @@ func TestPoolConcurrentClaims(t *testing.T) {
 	keepPool(t, s, poolCfg(4))
 	waitReady(t, s.backend, 4)
 	// The sweep runs a few times over the idle pool first.
-	time.Sleep(500 * time.Millisecond)
+	listedAgain(t, sim, token, 3)
 	if len(poolVMs(sim)) != 4 {
 		t.Fatalf("pool VMs: %+v", poolVMs(sim))
 	}

@@ -458,7 +458,7 @@ func TestKeptSandboxOnSimulator(t *testing.T) {
 	if j := run("echo kept > note.txt"); j.Status != delegate.StatusSuccess {
 		t.Fatalf("first command: %s %s", j.Status, j.Error)
 	}
-	time.Sleep(600 * time.Millisecond) // three sweeps
+	listedAgain(t, sim, token, 3) // three sweeps
 	j := run("cat note.txt")
 	if j.Status != delegate.StatusSuccess || s.output(t, j.ID) != "kept\n" {
 		t.Fatalf("second command: %s %s %q", j.Status, j.Error, s.output(t, j.ID))
@@ -492,4 +492,22 @@ func atoiT(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// listedAgain waits until token has listed the cluster's VMs n more times
+// (the engine's orphan sweep lists them, and a pool's sync): time passing,
+// counted in what the server did rather than guessed.
+func listedAgain(t *testing.T, sim *pvesim.Server, token string, n int) {
+	t.Helper()
+	count := func() int {
+		c := 0
+		for _, r := range sim.Requests() {
+			if r.Path == "/cluster/resources" && r.TokenID == token {
+				c++
+			}
+		}
+		return c
+	}
+	want := count() + n
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d more listings of the cluster", n), func() bool { return count() >= want })
 }

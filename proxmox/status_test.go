@@ -26,9 +26,11 @@ func TestConcurrentStatusChannels(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, name := range []string{"A", "B"} {
+		execed := make(chan struct{})
 		wg.Go(func() {
 			p, err := sb.Exec(ctx, sandbox.Command{Args: []string{"/bin/sh", "-c", script(name)},
 				Env: []string{"PATH=/usr/bin:/bin", "DELEGATE_STATUS_FILE=" + proxmox.StatusFile}})
+			close(execed)
 			if err != nil {
 				t.Error(err)
 				return
@@ -56,7 +58,7 @@ func TestConcurrentStatusChannels(t *testing.T) {
 			events[name] = string(ev)
 			mu.Unlock()
 		})
-		time.Sleep(200 * time.Millisecond) // B starts while A runs
+		<-execed // B starts while A runs (for 1.2 s)
 	}
 	wg.Wait()
 	for _, name := range []string{"A", "B"} {

@@ -19,10 +19,10 @@ import (
 // not counted.
 const (
 	// MaxTestSleeps is the most time.Sleep calls in the counted tests.
-	MaxTestSleeps = 59
+	MaxTestSleeps = 29
 	// MaxUnexplainedSleeps is the most of them without a comment saying
 	// why.
-	MaxUnexplainedSleeps = 27
+	MaxUnexplainedSleeps = 0
 )
 
 // TestSleepCount: the counted tests call time.Sleep no more often than

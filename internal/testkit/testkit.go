@@ -57,8 +57,16 @@ func Wait(t testing.TB, svc delegate.JobService, id string) *delegate.Job {
 // poll with a deadline for what no event announces.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Poll(timeout, cond) {
+		t.Fatalf("waited %v for %s", timeout, what)
+	}
+}
+
+// Poll is Eventually for a test that says more when cond does not come
+// to hold: it reports whether cond held within timeout.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	if cond() {
-		return
+		return true
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -68,13 +76,10 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		select {
 		case <-tick.C:
 			if cond() {
-				return
+				return true
 			}
 		case <-deadline.C:
-			if cond() {
-				return
-			}
-			t.Fatalf("waited %v for %s", timeout, what)
+			return cond()
 		}
 	}
 }
