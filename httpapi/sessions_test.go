@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,14 +93,24 @@ func TestSessionCapHolds(t *testing.T) {
 
 func TestSessionCapClosesTheLongestIdle(t *testing.T) {
 	const max = 3
-	server, _, srv := limitedServer(t, max)
+	server, lim, srv := limitedServer(t, max)
+	// The limiter orders sessions by the clock: its own here, a second
+	// later at each read, so that no two uses are at one time.
+	var (
+		mu    sync.Mutex
+		clock = time.Now()
+	)
+	lim.SetClock(func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(time.Second)
+		return clock
+	})
 	ctx := context.Background()
 	a, b, c := connect(t, srv.URL), connect(t, srv.URL), connect(t, srv.URL)
 	// a was opened first, but it is b that has been idle the longest once
 	// a and c have been used.
 	for _, cs := range []*mcp.ClientSession{a, c} {
-		// The limiter orders sessions by the clock: a tick between uses.
-		time.Sleep(2 * time.Millisecond)
 		if err := cs.Ping(ctx, nil); err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/delegate-dev/delegate/egress"
 	"github.com/delegate-dev/delegate/internal/testnet"
 	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // The wired path's figures (issue 23): a job in a local sandbox fetches
@@ -47,7 +48,9 @@ func BenchmarkEgressWired(b *testing.B) {
 	w := testnet.World(b)
 	pols := &policies{p: map[string]egress.Policy{}}
 	rec := egress.NewRecorder(10)
-	p, err := egress.New(egress.Config{Policies: pols, Sink: rec, Resolver: w.Resolver, RootCAs: w.Roots})
+	// Its 100 tunnels open at once, past a job's default rate (what is
+	// measured is their memory, not the rate's cap).
+	p, err := egress.New(egress.Config{Policies: pols, Sink: rec, Resolver: w.Resolver, RootCAs: w.Roots, ConnRate: 1000})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -164,7 +167,8 @@ func BenchmarkEgressWired(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { sink.Process.Kill(); sink.Wait() })
-		if l, _ := bufio.NewReader(out).ReadString('\n'); l != "listening\n" {
+		sinkOut := bufio.NewReader(out)
+		if l, _ := sinkOut.ReadString('\n'); l != "listening\n" {
 			b.Fatalf("sink: %q", l)
 		}
 		for b.Loop() {
@@ -183,9 +187,26 @@ func BenchmarkEgressWired(b *testing.B) {
 				b.Fatalf("the tunnels did not open: %s", sandbox.Join(outs))
 			}
 			// The ClientHellos pass through the proxy after the tunnels
-			// opened, and nothing here sees them arrive at the sink: a
-			// moment for them before the proxy's memory is measured.
-			time.Sleep(200 * time.Millisecond)
+			// opened: the sink says when each has arrived, and the
+			// proxy's memory is measured after.
+			read := make(chan error, 1)
+			go func() {
+				for range 100 {
+					if l, err := sinkOut.ReadString('\n'); err != nil || l != "read\n" {
+						read <- fmt.Errorf("sink: %q %v", l, err)
+						return
+					}
+				}
+				read <- nil
+			}()
+			select {
+			case err := <-read:
+				if err != nil {
+					b.Fatal(err)
+				}
+			case <-time.After(60 * time.Second):
+				b.Fatal("the sink did not read from 100 tunnels")
+			}
 			after, gAfter := goMemory()
 			b.ReportMetric(float64(after-before)/(1<<10), "KiB-Go/100")
 			b.ReportMetric(float64(gAfter-gBefore), "goroutines/100")
@@ -240,11 +261,26 @@ func runTunnels(args []string) int {
 		conns = append(conns, tc)
 	}
 	fmt.Printf("open %d\n", len(conns))
+	// Held until the benchmark writes /workspace/stop: inotify says when
+	// a file is made there.
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		fmt.Println("inotify:", err)
+		return 1
+	}
+	if _, err := unix.InotifyAddWatch(fd, "/workspace", unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE); err != nil {
+		fmt.Println("inotify:", err)
+		return 1
+	}
+	buf := make([]byte, 4096)
 	for {
 		if _, err := os.Stat("/workspace/stop"); err == nil {
 			return 0
 		}
-		time.Sleep(20 * time.Millisecond) // in the sandbox, a poll for the file the benchmark writes
+		if _, err := unix.Read(fd, buf); err != nil && err != unix.EINTR {
+			fmt.Println("inotify:", err)
+			return 1
+		}
 	}
 }
 

@@ -94,7 +94,7 @@ func runHelper(name string, args []string) int {
 		return 0
 	case "tunnels": // tunnels N host:port roots.pem: open N TLS tunnels through the proxy, hold them until /workspace/stop
 		return runTunnels(args)
-	case "sink": // sink addr: accept TCP connections and hold them, reading what comes
+	case "sink": // sink addr: accept TCP connections and hold them, reading what comes ("read" once one's first byte has)
 		ln, err := net.Listen("tcp", args[0])
 		if err != nil {
 			fmt.Println(err)
@@ -106,7 +106,12 @@ func runHelper(name string, args []string) int {
 			if err != nil {
 				return 1
 			}
-			go io.Copy(io.Discard, c)
+			go func() {
+				if _, err := io.ReadFull(c, make([]byte, 1)); err == nil {
+					fmt.Println("read")
+				}
+				io.Copy(io.Discard, c)
+			}()
 		}
 	case "udp": // udp addr...: send a datagram to each
 		for _, a := range args {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pvesim"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -164,9 +165,13 @@ func TestCommandContract(t *testing.T) {
 		if !exit.DeadlineExceeded || exit.Code != 137 || out != "started\n" || took > 10*time.Second {
 			t.Fatalf("%+v %q after %s", exit, out, took)
 		}
-		// What must not happen has no event: past the time the child
-		// would have written its file.
-		time.Sleep(3 * time.Second)
+		// The child is gone (soon after, if not at once), before it could
+		// write its file: no process names the file ('l[a]te' is not in
+		// the pattern's own command line).
+		testkit.Eventually(t, 10*time.Second, "the command's child killed", func() bool {
+			_, procs := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "grep -ls 'workspace/l[a]te' /proc/[0-9]*/cmdline; true"}})
+			return procs == ""
+		})
 		exit, out = runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "cat /workspace/late 2>&1 || echo none"}})
 		if out != "cat: /workspace/late: No such file or directory\nnone\n" {
 			t.Fatalf("the command's child outlived the deadline: %q", out)
@@ -266,13 +271,13 @@ func TestCheckTemplate(t *testing.T) {
 	if err := b.CheckTemplate(ctx, "nope"); !errors.As(err, &te) {
 		t.Fatalf("unknown template: %v", err)
 	}
-	// A template made since the list was read is found (the list is read
-	// again for a name it lacks, at most every few seconds).
-	time.Sleep(5100 * time.Millisecond)
+	// A template made since the list was read is found: the list is read
+	// again for a name it lacks, at most every few seconds (checks
+	// before then answer from the list).
 	if err := sim.AddTemplate("pve1", 9100, "brand-new", pvesim.TemplateSpec{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.CheckTemplate(ctx, "brand-new"); err != nil {
+	if !testkit.Poll(15*time.Second, func() bool { err = b.CheckTemplate(ctx, "brand-new"); return err == nil }) {
 		t.Fatalf("a new template: %v", err)
 	}
 }

@@ -251,15 +251,16 @@ func TestPoolTwoServersOneDataDir(t *testing.T) {
 	// jobs for a live server's, as it does another process's.
 	alive := func(string) bool { return true }
 	a := newServerAt(t, ca, proxmox.Config{Instance: "same1234"}, engine.Config{MaxConcurrent: 8, OwnerAlive: alive}, db)
-	b := newServerAt(t, cb, proxmox.Config{Instance: "same1234"}, engine.Config{MaxConcurrent: 8, OwnerAlive: alive}, db)
+	var bLog logBuffer
+	b := newServerAt(t, cb, proxmox.Config{Instance: "same1234", Logger: bLog.logger()}, engine.Config{MaxConcurrent: 8, OwnerAlive: alive}, db)
 	cfg := poolCfg(4)
 	cfg.LockFile = filepath.Join(dir, "proxmox-pool.lock")
 	keepPool(t, a, cfg)
 	waitReady(t, a.backend, 4)
-	keepPool(t, b, cfg) // b finds the lock taken
-	// No event says b made no VM: a while in which its pool would have
-	// begun (its check interval is 200 ms).
-	time.Sleep(300 * time.Millisecond)
+	keepPool(t, b, cfg) // b finds the lock taken, and says so
+	testkit.Eventually(t, 10*time.Second, "b finding the pool's lock taken", func() bool {
+		return strings.Contains(bLog.String(), "another process keeps the warm pool")
+	})
 	if b.backend.PoolVMs() != nil {
 		t.Fatalf("the second server keeps a pool too: %+v", b.backend.PoolVMs())
 	}

@@ -19,7 +19,7 @@ import (
 // not counted.
 const (
 	// MaxTestSleeps is the most time.Sleep calls in the counted tests.
-	MaxTestSleeps = 29
+	MaxTestSleeps = 22
 	// MaxUnexplainedSleeps is the most of them without a comment saying
 	// why.
 	MaxUnexplainedSleeps = 0
