@@ -278,3 +278,30 @@ func TestEndUnreadableForRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputLost (issue 35, item 1): output the command wrote within the
+// limit that its sandbox did not keep is stored as lost, with how much
+// and why, and the result says the output is incomplete; the job is not
+// reported whole (before, a job so was success with its output_bytes and
+// none of it stored, nothing said).
+func TestOutputLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, engine.Config{})
+	j := f.submit(script("build"))
+	p := f.started()
+	p.Write([]byte("kept\n"))
+	p.Lose(100)
+	p.Finish(sandbox.Exit{})
+	got := f.wait(f.eng, j.ID)
+	if got.Status != delegate.StatusSuccess || got.OutputBytes != 105 || got.OutputLostBytes != 100 ||
+		!strings.Contains(got.OutputLost, "kept 5 of the 105 bytes") {
+		t.Fatalf("%s, output %d bytes, lost %d (%q)", got.Status, got.OutputBytes, got.OutputLostBytes, got.OutputLost)
+	}
+	res, err := f.eng.Result(context.Background(), j.ID, delegate.ResultOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OutputLostBytes != 100 || !strings.Contains(res.Error, "output incomplete: 100 bytes of it were lost") || string(res.Output) != "kept\n" {
+		t.Errorf("result: lost %d, error %q, output %q", res.OutputLostBytes, res.Error, res.Output)
+	}
+}

@@ -333,6 +333,15 @@ func (p *Process) Event(line string) {
 	p.events = append(p.events, line+"\n"...)
 }
 
+// Lose counts n bytes the process wrote that its sandbox did not keep (a
+// disk too full to hold them): its exit's OutputBytes says more than its
+// output holds.
+func (p *Process) Lose(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.exit.OutputBytes += n
+}
+
 // Finish ends the process with exit.
 func (p *Process) Finish(exit sandbox.Exit) {
 	p.mu.Lock()
