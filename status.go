@@ -24,7 +24,9 @@ var Statuses = []Status{StatusPending, StatusProvisioning, StatusRunning, Status
 // can never bring a finished job back.
 var transitions = map[Status][]Status{
 	StatusPending:      {StatusProvisioning, StatusFailed, StatusCancelled},
-	StatusProvisioning: {StatusRunning, StatusFailed, StatusTimeout, StatusCancelled},
+	// Back to pending only when its server died before its command
+	// started (a start token proves it never did): another adopts it.
+	StatusProvisioning: {StatusRunning, StatusFailed, StatusTimeout, StatusCancelled, StatusPending},
 	StatusRunning:      {StatusSuccess, StatusFailed, StatusTimeout, StatusCancelled},
 }
 

@@ -38,6 +38,11 @@ type Config struct {
 	// Store is where the jobs are kept (DELEGATE_STORE): "" for the SQLite
 	// store in DataDir, or a PostgreSQL URL (store.go).
 	Store string
+	// LeaseTTL is a server's lease in a shared store (DELEGATE_LEASE_TTL,
+	// PostgreSQL only); HostID tells this host from the others
+	// (DELEGATE_HOST_ID; "": the kernel's boot id).
+	LeaseTTL time.Duration
+	HostID   string
 
 	// SandboxUIDs is the local sandboxes' host uid range
 	// (DELEGATE_SANDBOX_UIDS, "FIRST-LAST"; "": the backend's default),
@@ -201,6 +206,8 @@ func envVars() []envVar {
 		{"DELEGATE_SANDBOX_PAUSE", delegate.DefaultSandboxPause.String(), "a kept sandbox paused this long is destroyed"},
 		{"DELEGATE_SANDBOX_LIFETIME", delegate.DefaultSandboxLifetime.String(), "a kept sandbox is destroyed this long after it was made"},
 		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
+		{"DELEGATE_LEASE_TTL", "15s", "with DELEGATE_STORE: a server silent this long is dead to the others, which adopt its jobs (renewed every third of it)"},
+		{"DELEGATE_HOST_ID", "the kernel's boot id", "with DELEGATE_STORE: names this host; local sandboxes are taken over only by a server with the same"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
 		{"CALLBACK_PORT", strconv.Itoa(defaultCallbackPort), "port of the callback server (0: none)"},
@@ -367,6 +374,14 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 			c.ToolDirs = append(c.ToolDirs, d)
 		}
 	}
+	if v := getenv("DELEGATE_LEASE_TTL"); v != "" {
+		n, err := time.ParseDuration(v)
+		if err != nil || n < time.Second || n > 5*time.Minute {
+			bad("DELEGATE_LEASE_TTL", "must be a duration like 15s, from 1s to 5m")
+		}
+		c.LeaseTTL = n
+	}
+	str("DELEGATE_HOST_ID", &c.HostID)
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)
 	c.CleanupInterval = time.Duration(cleanup) * time.Second

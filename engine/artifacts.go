@@ -56,7 +56,7 @@ func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.M
 			a.Size, a.SHA256 = int64(len(data)), sum
 			total += a.Size
 		}
-		if err := r.store.AddArtifact(ctx, id, a); err != nil {
+		if err := r.addArtifact(ctx, id, a); err != nil {
 			r.log.Error("record artifact", "job", id, "name", name, "err", err)
 		}
 	}

@@ -223,7 +223,7 @@ func (c *callbacks) Callback(ctx context.Context, id, token string, rep delegate
 		}
 		return job, fmt.Errorf("job %s is %s: %w; nothing to report", id, job.Status, delegate.ErrTerminal)
 	}
-	now := time.Now().UTC()
+	now := c.jobs.lease.wall() // the store's clock where servers share it: another may judge this heartbeat
 	switch rep.Kind {
 	case delegate.ReportHeartbeat:
 		c.progress.report(id, "", nil, ent.timeline, now)
@@ -253,7 +253,7 @@ func (c *callbacks) complete(ctx context.Context, id string, ent *tokenEntry, re
 	// A request cut off by its client must not leave the job half-reported.
 	ctx = context.WithoutCancel(ctx)
 	c.progress.flushJob(ctx, id)
-	job, err := c.jobs.update(ctx, id, func(j *delegate.Job) error {
+	job, err := c.jobs.update(notOwner(ctx), id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return fmt.Errorf("job %s is %s: %w; nothing to report", id, j.Status, delegate.ErrTerminal)
 		}

@@ -117,6 +117,11 @@ type Config struct {
 	// such a secret never enters a job's environment (a placeholder
 	// does); the proxy adds it to the job's requests for its host.
 	SecretBindings map[string]egress.Binding
+	// Leases, if set, makes the engine one of several servers sharing its
+	// store (lease.go): a lease, fenced writes, adoption by lease. Nil: it
+	// judges other engines by their process, as one host's servers on a
+	// SQLite file do.
+	Leases *Leases
 }
 
 // DefaultConfig is what an Engine runs with where its Config leaves a
@@ -160,6 +165,7 @@ func DefaultConfig() Config {
 		Retention:          delegate.DefaultRetention,          // what ended goes this long after
 		PruneInterval:      time.Hour,                          // between prunes
 		SecretBindings:     nil,                                // no secret injected by the proxy
+		Leases:             nil,                                // alone on its store: no lease
 	}
 }
 

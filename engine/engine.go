@@ -74,6 +74,7 @@ type Engine struct {
 	maint     *maintenance
 	space     space
 	audit     auditor // the audit trail (audit.go)
+	leases    *leaser // nil unless Config.Leases
 }
 
 var _ delegate.SandboxService = (*Engine)(nil)
@@ -92,6 +93,16 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	room := newRoomSignal()
 	runs := newRuns(life)
 	tokens := newTokenIndex()
+	var lease *leaser
+	if cfg.Leases != nil {
+		name := ""
+		if backend != nil {
+			name = backend.Name()
+		}
+		lease = newLeaser(*cfg.Leases, store, log, owner, name, cfg.OwnerAlive)
+		lease.giveUp = runs.abandon
+		cfg.OwnerAlive = lease.alive // by lease, on the store's clock
+	}
 	// A job's end: its follower winds it up, its token stops working,
 	// and so does its network (on a goroutine of the engine's life, which
 	// Close waits for: a process that closes its store after the engine,
@@ -99,11 +110,13 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	jobs := newJobWriter(store, func(j *delegate.Job) {
 		tokens.forget(j.ID)
 		runs.ended(j.ID, j.Status)
+		lease.release(j.ID)
 		if cfg.Egress != nil && ownsNetwork(j) {
 			id, kept := j.ID, j.Sandbox
 			life.Go(func() { endNetwork(store, cfg.Egress, id, kept) })
 		}
 	})
+	jobs.lease = lease
 	progress := newProgressWriter(store, jobs.notify, log)
 	read := &Reader{audit: auditor{store: store, log: log}, ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: tokens}
@@ -130,7 +143,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, cfg: cfg, log: log, owner: owner,
 		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
 		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree},
-		audit: auditor{store: store, log: log}}
+		audit: auditor{store: store, log: log}, leases: lease}
 	if cfg.Egress != nil {
 		// A request an allowlist with ask: true denies is a question on
 		// the job.
@@ -149,8 +162,20 @@ func (e *Engine) Owner() string { return e.owner }
 // maintenance timers. It returns once recovery has been decided for every
 // job.
 func (e *Engine) Start(ctx context.Context) error {
+	if e.leases != nil {
+		// Registered first: its lease is checked when it adopts.
+		if err := e.leases.register(ctx); err != nil {
+			return fmt.Errorf("register this server in the store: %w", err)
+		}
+	}
 	if err := e.maint.start(ctx, e.life); err != nil {
 		return err
+	}
+	if e.leases != nil {
+		e.life.every(e.leases.renewEvery(), func(ctx context.Context) {
+			e.leases.renew(ctx)
+			e.maint.adoptDead(ctx)
+		})
 	}
 	// What is past its retention goes in the background: a minute after
 	// the start (not in the way of recovery), then every PruneInterval.
@@ -176,6 +201,13 @@ func (e *Engine) Close() error {
 	e.life.stop()
 	// Nothing reports any more: store what was reported last.
 	lost := e.progress.close()
+	if e.leases != nil {
+		// Its lease ended: the other servers adopt its jobs now, not
+		// when the lease would have run out.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.leases.stop(ctx)
+		cancel()
+	}
 	// A backend this engine opened for itself (to stop an orphan) is its
 	// to close; one it was given belongs to its caller.
 	return errors.Join(lost, e.backend.close())
@@ -198,7 +230,7 @@ func (e *Engine) cancel(ctx context.Context, id string) (*delegate.Job, bool, er
 		return job, cancelled, err
 	}
 	e.progress.flushJob(ctx, id)
-	job, err := e.jobs.update(ctx, id, func(j *delegate.Job) error {
+	job, err := e.jobs.update(notOwner(ctx), id, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return delegate.ErrTerminal
 		}
@@ -261,7 +293,7 @@ func (e *Engine) release(ctx context.Context, id string) (*delegate.Job, bool, e
 			return j, false, err
 		}
 		if released {
-			j, err = e.jobs.update(ctx, id, func(j *delegate.Job) error {
+			j, err = e.jobs.update(notOwner(ctx), id, func(j *delegate.Job) error {
 				j.Progress = "sandbox released"
 				return nil
 			})
@@ -280,7 +312,7 @@ func (e *Engine) release(ctx context.Context, id string) (*delegate.Job, bool, e
 		return j, false, fmt.Errorf("release the sandbox of job %s: %w", id, err)
 	}
 	e.room.freed()
-	j, err = e.jobs.update(ctx, id, func(j *delegate.Job) error {
+	j, err = e.jobs.update(notOwner(ctx), id, func(j *delegate.Job) error {
 		j.SandboxID, j.ExecID = "", ""
 		j.Progress = "sandbox released"
 		return nil

@@ -187,6 +187,9 @@ func (r *finisher) finishStored(id string, status delegate.Status, reason string
 			r.log.Error("finish job", "job", id, "err", err)
 			return false
 		}
+		if givenUp(err) {
+			return false // another server holds the job: its end is the adopter's to store
+		}
 		if tries == 0 || wait == retryMax && tries%12 == 0 { // then about once a minute
 			r.log.Error("finish job: its end is not stored; trying again, its sandbox kept until it is", "job", id,
 				"err", r.space.explain(err), "cause", err)

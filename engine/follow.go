@@ -131,6 +131,9 @@ func (r *follower) follow(h *run, id string, sb sandbox.Instance, proc sandbox.P
 			if t.storeErr == nil {
 				break
 			}
+			if givenUp(t.storeErr) {
+				return // another server holds the job: its end is the adopter's
+			}
 			if !sleepCtx(ctx, wait) {
 				r.log.Warn("the server is stopping with the job's output not stored; the next server settles it", "job", id)
 				return
@@ -166,10 +169,14 @@ func (r *follower) follow(h *run, id string, sb sandbox.Instance, proc sandbox.P
 			}
 		case <-beat.C:
 			if supervised {
-				r.progress.report(id, "", nil, false, time.Now().UTC())
+				r.progress.report(id, "", nil, false, r.jobs.lease.wall())
 			}
 		case <-h.kill:
 			kill()
+		case <-h.abandon:
+			// Another server adopted the job: it follows the process now.
+			r.log.Warn("stopped following a job another server holds now", "job", id)
+			return
 		case <-timer.C:
 			timeout()
 		case <-ctx.Done():

@@ -33,6 +33,10 @@ type jobWriter struct {
 	// store's finish counter shows that another process finished one
 	// (see maintenance.watchFinishes).
 	own, foreign atomic.Int64
+
+	// lease, where servers share the store, fences this engine's writes
+	// as a job's owner (lease.go); nil: none. Set by New before use.
+	lease *leaser
 }
 
 func newJobWriter(store delegate.Store, ended func(j *delegate.Job)) *jobWriter {
@@ -50,11 +54,17 @@ func (w *jobWriter) update(ctx context.Context, id string, fn func(*delegate.Job
 // stored before anyone is told of the change.
 func (w *jobWriter) updateThen(ctx context.Context, id string, stored func(*delegate.Job), fn func(*delegate.Job) error) (*delegate.Job, error) {
 	var before delegate.Status
+	ctx, err := w.lease.fence(ctx, id)
+	if err != nil {
+		w.lease.refused(id, err)
+		return nil, err
+	}
 	j, err := w.store.UpdateJob(ctx, id, func(j *delegate.Job) error {
 		before = j.Status
 		return fn(j)
 	})
 	if err != nil {
+		w.lease.refused(id, err)
 		return j, err
 	}
 	if stored != nil {

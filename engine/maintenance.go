@@ -123,6 +123,11 @@ func (m *maintenance) recover(ctx context.Context) error {
 		}
 		cursor = next
 	}
+	if m.jobs.lease != nil {
+		// Servers share the store: adopted through it, at a new epoch.
+		m.adoptLeased(ctx, orphans)
+		return nil
+	}
 	// Oldest first, so that re-queued jobs keep their order.
 	for i := len(orphans) - 1; i >= 0; i-- {
 		m.adopt(ctx, orphans[i])
@@ -144,14 +149,26 @@ func (m *maintenance) adopt(ctx context.Context, old *delegate.Job) {
 		}
 		return
 	}
-	log := m.log.With("job", job.ID, "previous_owner", old.Owner)
+	m.resume(ctx, job, old.Owner)
+}
+
+// resume takes up a job adopted from an engine that died: queued again,
+// re-attached, or failed with why.
+func (m *maintenance) resume(ctx context.Context, job *delegate.Job, from string) {
+	log := m.log.With("job", job.ID, "previous_owner", from)
+	if m.elsewhere(ctx, job, from) {
+		return
+	}
 	switch job.Status {
 	case delegate.StatusPending:
 		log.Info("re-queued job after restart")
 		m.sched.enqueue(job.ID)
 	case delegate.StatusProvisioning:
+		if m.retry(ctx, job) {
+			return
+		}
 		log.Info("failing job interrupted during provisioning")
-		m.end.finish(job.ID, delegate.StatusFailed, "the server stopped while the sandbox was being provisioned; submit the job again", nil)
+		m.end.finish(job.ID, delegate.StatusFailed, m.interrupted(job), nil)
 		switch {
 		case job.Manifest.Sandbox != "":
 			// A command in a kept sandbox: the machine is the sandbox's,
@@ -281,7 +298,9 @@ func (m *maintenance) checkHeartbeats(ctx context.Context) {
 		if last.IsZero() {
 			last = j.StartedAt
 		}
-		silent := now.Sub(last) - m.away.since(last)
+		// On the store's clock where servers share it: the heartbeat may
+		// have been stamped by another server, whose clock is not ours.
+		silent := m.jobs.lease.wall().Sub(last) - m.away.since(last)
 		if silent < m.cfg.HeartbeatThreshold {
 			continue
 		}

@@ -216,7 +216,7 @@ func (q *questions) answer(ctx context.Context, jobID, id string, a delegate.Ans
 		}
 	}
 	q.wake(jobID, false)
-	if _, err := q.jobs.update(ctx, jobID, func(j *delegate.Job) error {
+	if _, err := q.jobs.update(notOwner(ctx), jobID, func(j *delegate.Job) error {
 		if j.Status.Terminal() {
 			return delegate.ErrTerminal
 		}

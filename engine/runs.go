@@ -27,6 +27,10 @@ type run struct {
 	cancel context.CancelFunc // aborts provisioning
 	kill   chan struct{}      // closed to kill the running process
 	once   sync.Once
+	// abandon is closed when this engine gives the job up (another server
+	// adopted it): its follower stops, its sandbox left to the adopter.
+	abandon     chan struct{}
+	abandonOnce sync.Once
 	// end is the terminal status the job reached while it still runs (a
 	// completion callback, a cancel, here or in another process).
 	end atomic.Pointer[delegate.Status]
@@ -39,7 +43,7 @@ func (r *run) killNow() { r.once.Do(func() { close(r.kill) }) }
 
 func (r *runs) register(id string) (*run, context.Context) {
 	ctx, cancel := context.WithCancel(r.life.ctx)
-	h := &run{cancel: cancel, kill: make(chan struct{})}
+	h := &run{cancel: cancel, kill: make(chan struct{}), abandon: make(chan struct{})}
 	r.mu.Lock()
 	r.runs[id] = h
 	r.mu.Unlock()
@@ -83,6 +87,15 @@ func (r *runs) stop(id string) {
 	if h := r.handle(id); h != nil {
 		h.cancel()
 		h.killNow()
+	}
+}
+
+// abandon stops driving a job without touching its sandbox (another
+// server holds it now): its provisioning is aborted, its follower stops.
+func (r *runs) abandon(id string) {
+	if h := r.handle(id); h != nil {
+		h.abandonOnce.Do(func() { close(h.abandon) })
+		h.cancel()
 	}
 }
 

@@ -105,6 +105,7 @@ func (r *starter) run(id string, adm sandbox.Admission) {
 // is recorded with the claim).
 func (r *starter) claim(j *delegate.Job) (token string) {
 	j.Status, j.Progress, j.Owner, j.Backend = delegate.StatusProvisioning, "provisioning sandbox", r.owner, r.backend().Name()
+	j.Attempts++
 	if j.Manifest.Sandbox != "" {
 		// A command in a kept sandbox: this one write also records its
 		// sandbox and its callback token, which a fresh job's steps
@@ -145,6 +146,12 @@ func (r *starter) drive(ctx context.Context, h *run, a *attempt) {
 	}
 	err := r.provision(pctx, a)
 	cancelProvision()
+	if err != nil && r.jobs.lease.gaveUp(id) {
+		// Another server holds the job now: what was made is its to
+		// roll back or retry.
+		log.Warn("provisioning given up: another server holds the job", "err", err)
+		return
+	}
 	if err != nil {
 		// The command never ran (or was killed before it was recorded as
 		// running), also when the server is stopping: fail the job and
@@ -383,6 +390,14 @@ func (r *starter) startCommand(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
+	// Recorded before the command starts, where servers share the store:
+	// a job caught provisioning without one provably never ran, and may
+	// be provisioned again by another server.
+	if r.jobs.lease != nil {
+		if err := r.recordStart(ctx, a.job.ID); err != nil {
+			return err
+		}
+	}
 	proc, err := a.sb.Exec(ctx, cmd)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", cmd.Args[0], err)
@@ -393,7 +408,7 @@ func (r *starter) startCommand(ctx context.Context, a *attempt) error {
 		}
 		j.Status, j.Progress, j.SandboxID, j.ExecID = delegate.StatusRunning, "running", a.sb.ID(), proc.ID()
 		j.StartedAt = time.Now().UTC()
-		j.LastHeartbeat = j.StartedAt
+		j.LastHeartbeat = r.jobs.lease.wall()
 		return nil
 	})
 	if err != nil {

@@ -146,7 +146,16 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		h, rctx := e.runs.register(job.ID)
 		direct = &claimed{h: h, ctx: rctx, token: e.starter.claim(job)}
 	}
+	if err := e.leases.admit(); err != nil {
+		if direct != nil {
+			e.runs.unregister(job.ID)
+			e.sched.releaseSlot()
+		}
+		return nil, err
+	}
+	e.leases.hold(job.ID, job.Epoch)
 	if err := e.store.CreateJob(ctx, job); err != nil {
+		e.leases.release(job.ID)
 		if direct != nil {
 			e.runs.unregister(job.ID)
 			e.sched.releaseSlot()

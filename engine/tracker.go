@@ -108,7 +108,7 @@ func (t *tracker) collectOutput(ctx context.Context, final bool) {
 		kept, stored := capOutput(chunk, r.cfg.OutputLimit-t.kept)
 		if read != t.read || stored > 0 {
 			// The chunk and how far the output was read, in one write.
-			if err := r.store.AppendOutput(ctx, t.id, kept, read); err != nil {
+			if err := r.appendOutput(ctx, t.id, kept, read); err != nil {
 				r.log.Warn("store output", "job", t.id, "err", err)
 				t.next, t.held = next, held
 				t.storeErr = err

@@ -257,4 +257,24 @@ var migrations = []string{
 		PRIMARY KEY (chain, target)
 	);
 	CREATE INDEX workspace_applies_job ON workspace_applies (job_seq);`,
+	// Servers sharing the database (issue 37): a job caught provisioning
+	// whose command provably never started goes back to pending, for
+	// another server; the cluster's own values (the Proxmox instance id
+	// every server names its VMs with).
+	`CREATE OR REPLACE FUNCTION jobs_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF (OLD.status, NEW.status) NOT IN (
+			('pending', 'provisioning'), ('pending', 'failed'), ('pending', 'cancelled'),
+			('provisioning', 'running'), ('provisioning', 'failed'), ('provisioning', 'timeout'), ('provisioning', 'cancelled'),
+			('provisioning', 'pending'),
+			('running', 'success'), ('running', 'failed'), ('running', 'timeout'), ('running', 'cancelled')) THEN
+			RAISE EXCEPTION 'job %: % -> % is not a transition of the state machine', OLD.id, OLD.status, NEW.status
+				USING ERRCODE = 'check_violation';
+		END IF;
+		RETURN NEW;
+	END $$;
+	CREATE TABLE cluster (
+		name text PRIMARY KEY,
+		value text NOT NULL
+	);`,
 }

@@ -243,3 +243,22 @@ func (db *DB) refusal(ctx context.Context, q querier, id string, f delegate.Fenc
 	}
 	return fmt.Errorf("job %s: the write matched no row", id)
 }
+
+// ClusterValue is the cluster's value name, set to fresh() by the first
+// server that asks (every server sharing the database gets the same: the
+// Proxmox instance id their VMs are named with, so that any of them
+// re-attaches the VMs of another).
+func (db *DB) ClusterValue(ctx context.Context, name string, fresh func() string) (string, error) {
+	var v string
+	err := db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO cluster (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`,
+			name, fresh()); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT value FROM cluster WHERE name = $1`, name).Scan(&v)
+	})
+	if err != nil {
+		return "", fmt.Errorf("the cluster's %s: %w", name, err)
+	}
+	return v, nil
+}

@@ -67,6 +67,9 @@ type PoolConfig struct {
 	// holds an exclusive lock on it. The others take VMs from the pool
 	// but do not make or destroy any. Use a file in the data dir.
 	LockFile string
+	// Lead, if set, says whether this process keeps the pool (it holds
+	// the pool's term in a store servers share), in place of LockFile.
+	Lead func() bool
 	// CheckInterval is how often the pool reads the cluster's listing (to
 	// see VMs taken by other servers, stopped or gone) and a follower
 	// tries for the lock; default 10 s.
@@ -181,6 +184,7 @@ type pool struct {
 	nextTry  time.Time
 	hungry   map[string]time.Time // jobs refused room, by job id
 	waitLog  bool
+	termHeld bool // Config.Lead said so last
 }
 
 // What the pool needs of the backend's other parts.
@@ -281,7 +285,7 @@ func (b *Backend) PoolVMs() []PoolCount {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.lock == nil && p.cfg.LockFile != "" {
+	if p.lock == nil && p.cfg.LockFile != "" || p.cfg.Lead != nil && !p.cfg.Lead() {
 		return nil
 	}
 	counts := make([]int, len(poolStates))
@@ -342,6 +346,9 @@ func (p *pool) run(ctx context.Context, list bool) {
 // lead reports whether this process keeps the pool, taking the lock if
 // it is free.
 func (p *pool) lead() bool {
+	if p.cfg.Lead != nil {
+		return p.leadByTerm()
+	}
 	if p.cfg.LockFile == "" {
 		return true
 	}
@@ -386,7 +393,27 @@ func (p *pool) isAdopted() bool {
 func (p *pool) leader() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cfg.Lead != nil {
+		return p.cfg.Lead()
+	}
 	return p.cfg.LockFile == "" || p.lock != nil
+}
+
+// leadByTerm is lead by Config.Lead, saying when this process takes the
+// pool over or lets it go.
+func (p *pool) leadByTerm() bool {
+	lead := p.cfg.Lead()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case lead && !p.termHeld:
+		p.log.Info("keeping the warm pool", "size", p.cfg.Size, "shape", p.shape.String())
+	case !lead && p.termHeld:
+		p.log.Info("another server keeps the warm pool now; this one takes VMs from it")
+		p.adopted = false // a later term adopts the pool again
+	}
+	p.termHeld = lead
+	return lead
 }
 
 // fill makes or retires VMs to bring the pool to its size.

@@ -48,6 +48,9 @@ type appOptions struct {
 	CallbackURL string
 	// Metrics, if not nil, hears the engine and the Proxmox client.
 	Metrics *metrics.Metrics
+	// Addr is where the server serves HTTP, shown to the servers that
+	// share its store.
+	Addr string
 }
 
 // openApp opens the store and, as opts say, what runs jobs. On error it
@@ -79,7 +82,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
 	open := func(ctx context.Context) (sandbox.Backend, error) {
-		b, _, err := openBackend(ctx, cfg, log, met, nil, 0, "")
+		b, _, err := openBackend(ctx, cfg, store, log, met, nil, 0, "")
 		return b, err
 	}
 	poll := time.Duration(0) // the engine's default
@@ -96,7 +99,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
 		a.opened("the egress proxy", eg.Close)
-		a.backend, a.pool, err = openBackend(ctx, cfg, log, met, eg.Proxy(), cbPort, opts.CallbackURL)
+		a.backend, a.pool, err = openBackend(ctx, cfg, store, log, met, eg.Proxy(), cbPort, opts.CallbackURL)
 		if err != nil {
 			return nil, err
 		}
@@ -117,7 +120,13 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		observer = met
 		met.CountJobs(store)
 	}
+	var leases *engine.Leases
+	if cfg.Store != "" && opts.RunJobs {
+		// Servers share this store: each holds a lease in it.
+		leases = &engine.Leases{TTL: cfg.LeaseTTL, HostID: cfg.HostID, Addr: opts.Addr}
+	}
 	a.eng = engine.New(store, a.backend, engine.Config{
+		Leases:          leases,
 		Defaults:        cfg.Defaults,
 		Maxima:          engine.Maxima{CPU: cfg.MaxCPU, MemoryBytes: cfg.MaxMemory, DiskBytes: cfg.MaxDisk, TimeoutSeconds: cfg.MaxTimeout},
 		MaxConcurrent:   cfg.MaxConcurrent,
@@ -200,7 +209,7 @@ func callbackAddr(cfg cli.Config, callbackURL string) (netip.AddrPort, int) {
 // callback server's public URL, which job VMs' firewalls let them reach.
 //
 // A Proxmox backend is the warm pool's keeper too.
-func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, poolKeeper, error) {
+func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, poolKeeper, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
@@ -211,8 +220,9 @@ func openBackend(ctx context.Context, cfg cli.Config, log *slog.Logger, met *met
 			client.Observe(met.ProxmoxRequest)
 		}
 		// One instance per data dir: a restarted server finds its VMs, and
-		// servers with other data dirs leave them alone.
-		instance, err := proxmox.StableInstanceID(cfg.DataDir)
+		// servers with other data dirs leave them alone; servers sharing
+		// a store are one instance (instanceID).
+		instance, err := instanceID(ctx, cfg, st)
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxmox backend: instance id: %w", err)
 		}
@@ -270,8 +280,15 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 		return nil, nil
 	}
 	p := cfg.ProxmoxPool
-	stop, err = b.KeepPool(ctx, proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
-		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")})
+	pc := proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
+		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")}
+	if cfg.Store != "" {
+		// Servers sharing a store: the one that holds the pool's term in
+		// it keeps the pool (a file lock is one host's).
+		pc.LockFile, pc.Lead = "", a.eng.PoolKeeper
+		pc.CheckInterval = min(10*time.Second, max(cfg.LeaseTTL, time.Second))
+	}
+	stop, err = b.KeepPool(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("warm pool (PROXMOX_POOL_*): %w", err)
 	}

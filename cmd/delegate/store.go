@@ -10,6 +10,7 @@ import (
 	"github.com/delegate-dev/delegate/cli"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/delegate-dev/delegate/postgres"
+	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/sqlite"
 )
 
@@ -68,4 +69,22 @@ func migrateStore(ctx context.Context, path, url string, out io.Writer) error {
 	fmt.Fprintf(out, "  %d kept sandboxes, %d networks\n", c.Sandboxes, c.Networks)
 	fmt.Fprintf(out, "Start the server with DELEGATE_STORE set to that URL (the artifact files stay in the data dir's artifacts/).\n")
 	return nil
+}
+
+// instanceID is the Proxmox instance id the server names its VMs with:
+// its data dir's, or, where servers share a PostgreSQL store, the
+// store's (the first server's data dir's), so that any of them
+// re-attaches the VMs of another.
+func instanceID(ctx context.Context, cfg cli.Config, st store) (string, error) {
+	own, err := proxmox.StableInstanceID(cfg.DataDir)
+	if err != nil {
+		return "", err
+	}
+	cluster, ok := st.(interface {
+		ClusterValue(ctx context.Context, name string, fresh func() string) (string, error)
+	})
+	if !ok || st == nil {
+		return own, nil
+	}
+	return cluster.ClusterValue(ctx, "proxmox-instance", func() string { return own })
 }
