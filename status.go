@@ -23,7 +23,7 @@ var Statuses = []Status{StatusPending, StatusProvisioning, StatusRunning, Status
 // follows it, so a late callback, a racing cancel or a slow provisioning step
 // can never bring a finished job back.
 var transitions = map[Status][]Status{
-	StatusPending:      {StatusProvisioning, StatusFailed, StatusCancelled},
+	StatusPending: {StatusProvisioning, StatusFailed, StatusCancelled},
 	// Back to pending only when its server died before its command
 	// started (a start token proves it never did): another adopts it.
 	StatusProvisioning: {StatusRunning, StatusFailed, StatusTimeout, StatusCancelled, StatusPending},
