@@ -238,3 +238,44 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 type slogPrinter struct{ log *slog.Logger }
 
 func (p slogPrinter) Println(v ...any) { p.log.Error("metrics scrape", "err", fmt.Sprint(v...)) }
+
+// ServerStats is what a server sharing its store says of its lease and
+// of the jobs it adopted (engine.ServerStats).
+type ServerStats struct {
+	Live         bool
+	LeaseAge     time.Duration
+	Adoptions    int64
+	FencedWrites int64
+	PoolKeeper   bool
+}
+
+// CountServer adds the lease metrics of a server that shares its store
+// with others: delegate_lease_live, delegate_lease_age_seconds,
+// delegate_adoptions_total, delegate_fenced_writes_total and
+// delegate_pool_keeper, read at each scrape. Call it once.
+func (m *Metrics) CountServer(read func() ServerStats) {
+	gauge := func(name, help string, v func(ServerStats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return v(read()) })
+	}
+	counter := func(name, help string, v func(ServerStats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return v(read()) })
+	}
+	b := func(x bool) float64 {
+		if x {
+			return 1
+		}
+		return 0
+	}
+	m.reg.MustRegister(
+		gauge("delegate_lease_live", "1 while this server trusts its lease in the shared store; 0 once it lost it (it drives no job).",
+			func(s ServerStats) float64 { return b(s.Live) }),
+		gauge("delegate_lease_age_seconds", "Seconds since this server's lease was last renewed (renewed every third of DELEGATE_LEASE_TTL).",
+			func(s ServerStats) float64 { return s.LeaseAge.Seconds() }),
+		counter("delegate_adoptions_total", "Jobs this server adopted from servers whose leases expired.",
+			func(s ServerStats) float64 { return float64(s.Adoptions) }),
+		counter("delegate_fenced_writes_total", "Writes of this server as a job's owner refused: another server had adopted the job, or this server's lease was no longer trusted.",
+			func(s ServerStats) float64 { return float64(s.FencedWrites) }),
+		gauge("delegate_pool_keeper", "1 while this server keeps the warm pool (holds its term in the shared store).",
+			func(s ServerStats) float64 { return b(s.PoolKeeper) }),
+	)
+}

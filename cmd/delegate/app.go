@@ -48,9 +48,11 @@ type appOptions struct {
 	CallbackURL string
 	// Metrics, if not nil, hears the engine and the Proxmox client.
 	Metrics *metrics.Metrics
-	// Addr is where the server serves HTTP, shown to the servers that
-	// share its store.
-	Addr string
+	// Serve: the app is a server (delegate serve). Where its store is
+	// shared (PostgreSQL), it holds a lease there; Addr is where it
+	// serves HTTP, shown to the servers that share the store.
+	Serve bool
+	Addr  string
 }
 
 // openApp opens the store and, as opts say, what runs jobs. On error it
@@ -121,7 +123,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		met.CountJobs(store)
 	}
 	var leases *engine.Leases
-	if cfg.Store != "" && opts.RunJobs {
+	if cfg.Store != "" && opts.RunJobs && opts.Serve {
 		// Servers share this store: each holds a lease in it.
 		leases = &engine.Leases{TTL: cfg.LeaseTTL, HostID: cfg.HostID, Addr: opts.Addr}
 	}
@@ -161,6 +163,14 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		PeekEnd:   peekEnd(cfg),
 	})
 	a.opened("the engine", a.eng.Close)
+	if met != nil && leases != nil {
+		eng := a.eng
+		met.CountServer(func() metrics.ServerStats {
+			s := eng.ServerStats()
+			return metrics.ServerStats{Live: s.Live, LeaseAge: s.LeaseAge, Adoptions: s.Adoptions, FencedWrites: s.FencedWrites,
+				PoolKeeper: s.PoolKeeper}
+		})
+	}
 	return a, nil
 }
 
@@ -282,7 +292,7 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 	p := cfg.ProxmoxPool
 	pc := proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
 		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")}
-	if cfg.Store != "" {
+	if cfg.Store != "" && a.eng.Shared() {
 		// Servers sharing a store: the one that holds the pool's term in
 		// it keeps the pool (a file lock is one host's).
 		pc.LockFile, pc.Lead = "", a.eng.PoolKeeper

@@ -48,7 +48,8 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	if runsJobs {
 		callbacks, callbackURL = listenCallbacks(cfg, log)
 	}
-	a, err := openApp(ctx, cfg, log, appOptions{RunJobs: runsJobs, CallbackURL: callbackURL, Metrics: met})
+	a, err := openApp(ctx, cfg, log, appOptions{RunJobs: runsJobs, CallbackURL: callbackURL, Metrics: met,
+		Serve: true, Addr: opts.HTTPAddr})
 	if err != nil {
 		if callbacks != nil {
 			callbacks.Close()
