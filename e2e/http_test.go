@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +47,13 @@ func startHTTP(t *testing.T, dataDir string, args []string, env ...string) strin
 // startHTTPCmd is startHTTP that also returns the server's command.
 func startHTTPCmd(t *testing.T, dataDir string, args []string, env ...string) (string, *exec.Cmd) {
 	t.Helper()
+	base, cmd, _ := startHTTPLogged(t, dataDir, args, env...)
+	return base, cmd
+}
+
+// startHTTPLogged is startHTTPCmd that also returns the server's stderr.
+func startHTTPLogged(t *testing.T, dataDir string, args []string, env ...string) (string, *exec.Cmd, *syncBuffer) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
 	cmd.Env = serverEnv(dataDir, env...)
 	pipe, err := cmd.StderrPipe()
@@ -70,6 +78,7 @@ func startHTTPCmd(t *testing.T, dataDir string, args []string, env ...string) (s
 		}
 	}()
 	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT) // a test may have stopped it
 		cmd.Process.Signal(os.Interrupt)
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
@@ -85,10 +94,10 @@ func startHTTPCmd(t *testing.T, dataDir string, args []string, env ...string) (s
 	})
 	select {
 	case base := <-found:
-		return base, cmd
+		return base, cmd, stderr
 	case <-time.After(20 * time.Second):
 		t.Fatalf("server did not print its URL:\n%s", stderr)
-		return "", nil
+		return "", nil, nil
 	}
 }
 

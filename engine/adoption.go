@@ -21,6 +21,9 @@ const adoptBatch = 50
 // adoptLeased adopts the jobs of orphans' owners.
 func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) {
 	l := m.jobs.lease
+	if !l.trusted() {
+		return // this server may be the dead one (woken from a pause)
+	}
 	seen := map[string]bool{}
 	var owners []string
 	for _, j := range orphans {

@@ -172,10 +172,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		return err
 	}
 	if e.leases != nil {
-		e.life.every(e.leases.renewEvery(), func(ctx context.Context) {
-			e.leases.renew(ctx)
-			e.maint.adoptDead(ctx)
-		})
+		// Apart: adopting (re-attaching to a dead server's jobs) may take
+		// a while, and must not delay a renewal.
+		e.life.every(e.leases.renewEvery(), e.leases.renew)
+		e.life.every(e.leases.renewEvery(), e.maint.adoptDead)
 	}
 	// What is past its retention goes in the background: a minute after
 	// the start (not in the way of recovery), then every PruneInterval.

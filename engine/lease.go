@@ -60,10 +60,14 @@ type ServerStats struct {
 // leaser is the part that holds this server's lease and the epochs of the
 // jobs it drives.
 type leaser struct {
-	cfg   Leases
-	store delegate.ServerStore
-	log   *slog.Logger
-	me    delegate.Server
+	cfg Leases
+	// trustFor is how long after a renewal's start this server trusts
+	// its lease: less than the TTL, so that it stops acting before the
+	// others may adopt its jobs.
+	trustFor time.Duration
+	store    delegate.ServerStore
+	log      *slog.Logger
+	me       delegate.Server
 	// fallback judges an owner that holds no lease in the store (a CLI
 	// process, a server from before leases): by its process.
 	fallback func(owner string) bool
@@ -79,6 +83,7 @@ type leaser struct {
 	lastOK  time.Time // monotonic: the start of the last renewal the store took
 
 	dead         atomic.Bool  // the lease was lost: this server drives nothing
+	late         atomic.Bool  // a renewal found the lease expired after a pause
 	offset       atomic.Int64 // the store's clock minus this host's, ns
 	adoptions    atomic.Int64
 	fencedWrites atomic.Int64
@@ -95,7 +100,7 @@ func newLeaser(cfg Leases, store delegate.ServerStore, log *slog.Logger, owner, 
 		cfg.HostID = HostID()
 	}
 	host, _ := os.Hostname()
-	return &leaser{cfg: cfg, store: store, log: log, fallback: fallback,
+	return &leaser{cfg: cfg, trustFor: cfg.TTL - cfg.TTL/5, store: store, log: log, fallback: fallback,
 		me:   delegate.Server{ID: owner, Host: host, HostID: cfg.HostID, Addr: cfg.Addr, Backend: backend},
 		held: make(map[string]delegate.Fence), lost: make(map[string]bool), servers: make(map[string]delegate.Server)}
 }
@@ -115,10 +120,6 @@ func HostID() string {
 
 // renewEvery is the renewal's period.
 func (l *leaser) renewEvery() time.Duration { return l.cfg.TTL / 3 }
-
-// trust is how long after a renewal's start this server trusts its lease:
-// less than the TTL, so that it stops acting before the others may adopt.
-func (l *leaser) trust() time.Duration { return l.cfg.TTL - l.cfg.TTL/5 }
 
 // register records this server's lease.
 func (l *leaser) register(ctx context.Context) error {
@@ -150,24 +151,27 @@ func (l *leaser) renew(ctx context.Context) {
 		return
 	}
 	t0 := time.Now()
+	wasTrusted := l.trusted()
 	rctx, cancel := context.WithTimeout(ctx, l.renewEvery())
 	srv, err := l.store.RenewServer(rctx, l.me.ID, l.cfg.TTL)
 	cancel()
 	switch {
-	case err == nil && l.trusted():
+	case err == nil:
+		// (Renewed late, after a pause shorter than the lease: no other
+		// server could adopt meanwhile.)
 		l.renewed(t0, srv)
 		l.refresh(ctx)
 		l.keepPoolTerm(ctx)
-	case err == nil:
-		// Renewed, but after the trust window: the others may have
-		// adopted meanwhile (a pause). Its jobs' epochs tell.
-		l.renewed(t0, srv)
-		l.refresh(ctx)
+	case errors.Is(err, delegate.ErrLeaseLost) && !wasTrusted && !l.late.Swap(true):
+		// Woken after a pause longer than the lease: what its jobs
+		// write now is refused by the trust window (counted and logged,
+		// the first refusal gives everything up); else the next
+		// renewal does.
 	case errors.Is(err, delegate.ErrLeaseLost):
 		l.lose("its lease expired in the store (the server was paused, or cut from the store, for longer than the lease)")
 	case ctx.Err() != nil:
 	case !l.trusted():
-		l.lose(fmt.Sprintf("the store did not renew its lease within %s: %v", l.trust(), err))
+		l.lose(fmt.Sprintf("the store did not renew its lease within %s: %v", l.trustFor, err))
 	default:
 		l.log.Warn("renew lease", "err", err)
 	}
@@ -178,7 +182,7 @@ func (l *leaser) renew(ctx context.Context) {
 func (l *leaser) trusted() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.dead.Load() && time.Since(l.lastOK) < l.trust()
+	return !l.dead.Load() && time.Since(l.lastOK) < l.trustFor
 }
 
 // lose gives up the lease: this server stops claiming and driving jobs
@@ -345,7 +349,8 @@ func (l *leaser) refused(id string, err error) {
 	if !first {
 		return
 	}
-	l.log.Warn("write fenced: another server holds the job now; this server stops driving it", "job", id, "err", err)
+	l.log.Warn("write fenced: this server no longer holds the job (another adopted it, or its own lease is not trusted); it stops driving it",
+		"job", id, "err", err)
 	l.giveUp(id)
 	if errors.Is(err, delegate.ErrLeaseLost) {
 		l.lose(err.Error())
@@ -368,14 +373,12 @@ func (l *leaser) deadOwners() []string {
 	defer l.mu.Unlock()
 	var out []string
 	for id, s := range l.servers {
-		if id != l.me.ID && !l.nowLocked().Before(s.ExpiresAt) {
+		if id != l.me.ID && !l.now().Before(s.ExpiresAt) {
 			out = append(out, id)
 		}
 	}
 	return out
 }
-
-func (l *leaser) nowLocked() time.Time { return time.Now().Add(time.Duration(l.offset.Load())) }
 
 // stats is what /metrics shows.
 func (l *leaser) stats() ServerStats {
