@@ -19,7 +19,7 @@ func TestTransition(t *testing.T) {
 	)
 	allowed := map[[2]delegate.Status]bool{
 		{P, Pr}: true, {P, F}: true, {P, C}: true,
-		{Pr, R}: true, {Pr, F}: true, {Pr, T}: true, {Pr, C}: true,
+		{Pr, R}: true, {Pr, F}: true, {Pr, T}: true, {Pr, C}: true, {Pr, P}: true, // re-queued: its command provably never started
 		{R, S}: true, {R, F}: true, {R, T}: true, {R, C}: true,
 	}
 	// Every pair of statuses, so that a new edge cannot slip in unnoticed.
