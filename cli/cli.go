@@ -52,6 +52,8 @@ type Program struct {
 	Bench func(ctx context.Context, cfg Config, opts BenchOptions, out io.Writer, log *slog.Logger) error
 	// MigrateStore is `delegate store migrate` (store.go).
 	MigrateStore MigrateStoreFunc
+	// Servers is `delegate servers` (servers.go).
+	Servers ServersFunc
 	// ProxmoxGC and ProxmoxDrain are `delegate proxmox gc` and `drain`
 	// (proxmox.go).
 	ProxmoxGC    ProxmoxGCFunc
@@ -235,6 +237,7 @@ func (p *Program) root() *cobra.Command {
 		p.proxmoxCmd(&cfg),
 		p.storeCmd(&cfg),
 		p.tokensCmd(&cfg), p.auditCmd(&cfg),
+		p.serversCmd(&cfg),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -21,8 +21,8 @@ const adoptBatch = 50
 // adoptLeased adopts the jobs of orphans' owners.
 func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) {
 	l := m.jobs.lease
-	if !l.trusted() {
-		return // this server may be the dead one (woken from a pause)
+	if !l.trusted() || l.draining.Load() {
+		return // this server may be the dead one (woken from a pause), or leaving
 	}
 	seen := map[string]bool{}
 	var owners []string
@@ -48,7 +48,7 @@ func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) 
 // within a lease and a renewal of its death.
 func (m *maintenance) adoptDead(ctx context.Context) {
 	l := m.jobs.lease
-	if !l.trusted() {
+	if !l.trusted() || l.draining.Load() {
 		return
 	}
 	if dead := l.deadOwners(); len(dead) > 0 {
@@ -157,6 +157,28 @@ func (e *Engine) PoolKeeper() bool {
 	}
 	e.leases.wantPool.Store(true)
 	return e.leases.pool.Load() && e.leases.trusted()
+}
+
+// keptElsewhere refuses a command for a local kept sandbox on another
+// host: only a server on its host reaches it. The error names the server
+// that holds it, and where it serves.
+func keptElsewhere(l *leaser, sb *delegate.Sandbox) error {
+	if l == nil || sb.Backend != "local" || sb.Owner == "" || sb.Owner == l.me.ID || l.onThisHost(sb.Owner) {
+		return nil
+	}
+	holder, ok := l.server(sb.Owner)
+	switch {
+	case !ok || !l.alive(sb.Owner):
+		_, host := l.hostOf(sb.Owner)
+		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+			"sandbox %s is a local sandbox on host %s, whose server %s is gone: no server here can reach it; open a new sandbox", sb.ID, host, sb.Owner)}
+	case holder.Addr != "":
+		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+			"sandbox %s is a local sandbox on host %s, held by server %s (%s): send the command to that server", sb.ID, holder.Host, holder.ID, holder.Addr)}
+	default:
+		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+			"sandbox %s is a local sandbox on host %s, held by server %s: send the command to that server", sb.ID, holder.Host, holder.ID)}
+	}
 }
 
 // ServerStats is this server's lease and adoptions (zero when it shares

@@ -84,6 +84,7 @@ type leaser struct {
 
 	dead         atomic.Bool  // the lease was lost: this server drives nothing
 	late         atomic.Bool  // a renewal found the lease expired after a pause
+	draining     atomic.Bool  // delegate servers drain: no new jobs
 	offset       atomic.Int64 // the store's clock minus this host's, ns
 	adoptions    atomic.Int64
 	fencedWrites atomic.Int64
@@ -220,6 +221,9 @@ func (l *leaser) refresh(ctx context.Context) {
 	l.mu.Lock()
 	l.servers, l.seen = m, time.Now()
 	l.mu.Unlock()
+	if m[l.me.ID].Draining && !l.draining.Swap(true) {
+		l.log.Info("draining: this server takes no new jobs; its running jobs go on (stop it to hand them over at once)")
+	}
 }
 
 // now is this host's clock brought to the store's.
@@ -289,11 +293,18 @@ func (l *leaser) hold(id string, epoch int64) {
 
 // admit refuses new work once the lease is not trusted.
 func (l *leaser) admit() error {
-	if l == nil || l.trusted() {
+	switch {
+	case l == nil:
+		return nil
+	case l.draining.Load():
+		return fmt.Errorf("server %s is draining and takes no new jobs: send the request to another server: %w", l.me.ID, delegate.ErrConflict)
+	case l.trusted():
 		return nil
 	}
+	// A conflict (of the request with this server's state), not
+	// unavailable: the client is told, in these words, to go elsewhere.
 	return fmt.Errorf("server %s lost its lease in the shared store and takes no new jobs: send the request to another server: %w",
-		l.me.ID, delegate.ErrUnavailable)
+		l.me.ID, delegate.ErrConflict)
 }
 
 // release forgets a job that ended.

@@ -78,7 +78,7 @@ func TestLeaseLostStopsClaiming(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the lease lost", func() bool { return !f.eng.ServerStats().Live })
-	if _, err := f.eng.Submit(ctx, script("more"), delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrUnavailable) ||
+	if _, err := f.eng.Submit(ctx, script("more"), delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrConflict) ||
 		!strings.Contains(err.Error(), "lost its lease") {
 		t.Errorf("a submit to the server: %v", err)
 	}
@@ -153,5 +153,26 @@ func TestLeaseFailsStartedProvisioning(t *testing.T) {
 	j := f.wait(f.eng, stuck.ID)
 	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "it may have started, so it is not started twice") {
 		t.Fatalf("%s %q", j.Status, j.Error)
+	}
+}
+
+// TestLeaseDrain: a server told to drain (delegate servers drain) takes no
+// new job, saying so, and its running job goes on to its end.
+func TestLeaseDrain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := leased(t, 900*time.Millisecond)
+	job := f.submit(script("long"))
+	p := f.started()
+	if err := f.store.DrainServer(ctx, f.eng.Owner()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a submit refused", func() bool {
+		_, err := f.eng.Submit(ctx, script("more"), delegate.SubmitOptions{})
+		return errors.Is(err, delegate.ErrConflict) && strings.Contains(err.Error(), "is draining and takes no new jobs")
+	})
+	p.Finish(sandbox.Exit{})
+	if j := f.wait(f.eng, job.ID); j.Status != delegate.StatusSuccess {
+		t.Fatalf("the running job: %s %q", j.Status, j.Error)
 	}
 }

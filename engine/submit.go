@@ -57,6 +57,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		if sb.Backend != backend.Name() {
 			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
 		}
+		if err := keptElsewhere(e.leases, sb); err != nil {
+			return nil, err
+		}
 		// Refused now rather than accepted and failed when it starts
 		// (its start checks again: submissions may race).
 		if sb.Running >= delegate.MaxSandboxCommands {

@@ -144,7 +144,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 
 		CallbackURL:        opts.CallbackURL,
 		HeartbeatThreshold: cfg.HeartbeatThreshold,
-		ArtifactDir:        filepath.Join(cfg.DataDir, "artifacts"),
+		ArtifactDir:        artifactDir(cfg),
 		Secret:             secret,
 		OpenBackend:        open,
 		Observer:           observer,
@@ -337,4 +337,13 @@ func peekEnd(cfg cli.Config) func(sandboxID, execID string) (sandbox.Exit, bool)
 	}
 	dir := filepath.Join(cfg.DataDir, "sandboxes")
 	return func(sandboxID, execID string) (sandbox.Exit, bool) { return local.PeekEnd(dir, sandboxID, execID) }
+}
+
+// artifactDir is where artifact files are kept: DELEGATE_ARTIFACT_DIR (a
+// directory servers sharing a store all mount), else the data dir's.
+func artifactDir(cfg cli.Config) string {
+	if cfg.ArtifactDir != "" {
+		return cfg.ArtifactDir
+	}
+	return filepath.Join(cfg.DataDir, "artifacts")
 }

@@ -34,6 +34,7 @@ func main() {
 		Bench:   runBench,
 
 		MigrateStore: migrateStore,
+		Servers:      servers,
 		ProxmoxGC:    proxmoxGC,
 		ProxmoxDrain: proxmoxDrain,
 	}, os.Args[1:])
