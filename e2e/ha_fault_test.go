@@ -62,7 +62,10 @@ func (c *haCluster) start(t *testing.T, name string, store string) *haServer {
 	if store == "" {
 		store = c.url
 	}
-	base, cmd, stderr := startHTTPLogged(t, t.TempDir(), nil, append(c.env, "DELEGATE_STORE="+store)...)
+	// Each its own host, as far as the servers know: a dead one is judged
+	// by its lease, as across machines (on one host, its process gone
+	// would be seen at once).
+	base, cmd, stderr := startHTTPLogged(t, t.TempDir(), nil, append(c.env, "DELEGATE_STORE="+store, "DELEGATE_HOST_ID=host-"+name)...)
 	return &haServer{name: name, base: base, cmd: cmd, stderr: stderr}
 }
 

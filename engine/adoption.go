@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/delegate-dev/delegate"
 )
@@ -15,8 +16,12 @@ import (
 // rows another server is adopting skipped), then resumed as after a
 // restart (maintenance.resume).
 
-// adoptBatch is how many jobs one store call adopts.
-const adoptBatch = 50
+// adoptBatch is how many jobs one store call adopts; resumeAtOnce how
+// many of them are taken up at once.
+const (
+	adoptBatch   = 50
+	resumeAtOnce = 8
+)
 
 // adoptLeased adopts the jobs of orphans' owners.
 func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) {
@@ -75,8 +80,20 @@ func (m *maintenance) adoptFrom(ctx context.Context, owners []string) {
 			m.jobs.notify(a.Job.ID)
 			m.log.Info("job adopted from a server whose lease expired", "job", a.Job.ID, "previous_owner", a.From,
 				"status", a.Job.Status, "epoch", a.Job.Epoch)
-			m.resume(ctx, a.Job, a.From)
 		}
+		// Taken up a few at a time: re-attaching is a few calls to the
+		// backend each (a Proxmox VM's agent), and a dead server's jobs
+		// have waited a lease already.
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, resumeAtOnce)
+		for _, a := range adopted {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				m.resume(ctx, a.Job, a.From)
+			})
+		}
+		wg.Wait()
 		if len(adopted) < adoptBatch {
 			return
 		}

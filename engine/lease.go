@@ -248,8 +248,8 @@ func (l *leaser) alive(owner string) bool {
 	if !ok {
 		return l.fallback(owner)
 	}
-	if l.sameHost(s, owner) && !l.fallback(owner) {
-		return false
+	if !s.Live || l.sameHost(s, owner) && !l.fallback(owner) {
+		return false // an expired lease is never renewed
 	}
 	return l.now().Before(s.ExpiresAt)
 }
