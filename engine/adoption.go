@@ -161,10 +161,6 @@ func (m *maintenance) interrupted(job *delegate.Job) string {
 	}
 }
 
-// Shared says whether this engine shares its store with other servers
-// (Config.Leases).
-func (e *Engine) Shared() bool { return e.leases != nil }
-
 // PoolKeeper says whether this server keeps the warm pool: always when it
 // is alone on its store; where servers share it, while it holds the
 // pool's term (asked for from the first call on).

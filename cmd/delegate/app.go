@@ -28,6 +28,9 @@ type app struct {
 	// backend, or none.
 	pool poolKeeper
 	eng  *engine.Engine
+	// shared: the server shares its store with others, holding a lease
+	// (engine.Leases).
+	shared bool
 	// closers close what openApp opened, in the order it opened them;
 	// Close runs them the last first.
 	closers []namedCloser
@@ -127,6 +130,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		// Servers share this store: each holds a lease in it.
 		leases = &engine.Leases{TTL: cfg.LeaseTTL, HostID: cfg.HostID, Addr: opts.Addr}
 	}
+	a.shared = leases != nil
 	a.eng = engine.New(store, a.backend, engine.Config{
 		Leases:          leases,
 		Defaults:        cfg.Defaults,
@@ -292,7 +296,7 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 	p := cfg.ProxmoxPool
 	pc := proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
 		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")}
-	if cfg.Store != "" && a.eng.Shared() {
+	if a.shared {
 		// Servers sharing a store: the one that holds the pool's term in
 		// it keeps the pool (a file lock is one host's).
 		pc.LockFile, pc.Lead = "", a.eng.PoolKeeper
