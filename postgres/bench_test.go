@@ -244,3 +244,55 @@ func BenchmarkCopyFromSQLite(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/copy")
 }
+
+// BenchmarkSubmitServers: submissions from concurrent clients, four per
+// server, to one server, then to three, each server an engine with its
+// own connection pool on one PostgreSQL database (synchronous_commit=on),
+// as three `delegate serve` share a store; one SQLite server with four
+// clients besides, for scale. An op is 96 submissions to each set-up in
+// turn; the figures are each one's submissions a second, and the ratio
+// of three servers' to one's (the database's group commit lets
+// concurrent commits share a flush).
+func BenchmarkSubmitServers(b *testing.B) {
+	ctx := context.Background()
+	all := stores(b, false)
+	setups := []struct {
+		name    string
+		engines []*engine.Engine
+	}{
+		{"sqlite-one", []*engine.Engine{newEngine(b, all["sqlite"]())}},
+		{"postgres-one", []*engine.Engine{newEngine(b, all["postgres"]())}},
+		{"postgres-three", []*engine.Engine{newEngine(b, all["postgres"]()), newEngine(b, all["postgres"]()), newEngine(b, all["postgres"]())}},
+	}
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "make test", Env: map[string]string{"A": "b"}}
+	const clients, perOp = 4, 96
+	took := map[string]time.Duration{}
+	b.ResetTimer()
+	for range b.N {
+		for _, s := range setups {
+			per := perOp / (len(s.engines) * clients)
+			t0 := time.Now()
+			var wg sync.WaitGroup
+			for _, e := range s.engines {
+				for range clients {
+					wg.Go(func() {
+						for range per {
+							if _, err := e.Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			took[s.name] += time.Since(t0)
+		}
+	}
+	b.StopTimer()
+	rate := func(name string) float64 { return float64(b.N*perOp) / took[name].Seconds() }
+	b.ReportMetric(rate("sqlite-one"), "sqlite-one/s")
+	b.ReportMetric(rate("postgres-one"), "pg-one/s")
+	b.ReportMetric(rate("postgres-three"), "pg-three/s")
+	b.ReportMetric(rate("postgres-three")/rate("postgres-one"), "three/one")
+}
