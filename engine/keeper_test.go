@@ -117,7 +117,7 @@ func TestKeptSandboxCommandCap(t *testing.T) {
 	// failed when it started).
 	_, err = f.eng.Submit(context.Background(), in, delegate.SubmitOptions{})
 	if !errors.Is(err, delegate.ErrConflict) || !strings.Contains(err.Error(), fmt.Sprintf("runs %d commands not ended", delegate.MaxSandboxCommands)) ||
-		!strings.Contains(err.Error(), "MaxSandboxCommands") {
+		!strings.Contains(err.Error(), fmt.Sprintf("(%d, a fixed limit, not a setting)", delegate.MaxSandboxCommands)) {
 		t.Fatalf("a command past the cap: %v", err)
 	}
 	if got := f.sandbox(sb.ID); got.Running != delegate.MaxSandboxCommands || got.Commands != delegate.MaxSandboxCommands || got.State != delegate.SandboxRunning {

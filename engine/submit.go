@@ -64,7 +64,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		// (its start checks again: submissions may race).
 		if sb.Running >= delegate.MaxSandboxCommands {
 			return nil, fmt.Errorf("manifest.sandbox: sandbox %s runs %d commands not ended (queued or running), the most one sandbox runs at once "+
-				"(%d, delegate.MaxSandboxCommands): wait for one to end (wait_job), or open another sandbox: %w",
+				"(%d, a fixed limit, not a setting): wait for one to end (wait_job), or open another sandbox: %w",
 				sb.ID, sb.Running, delegate.MaxSandboxCommands, delegate.ErrConflict)
 		}
 		kept = sb
