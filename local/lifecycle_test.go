@@ -548,13 +548,16 @@ func TestDeadline(t *testing.T) {
 	st := stateOf(t, sb)
 	p, err := sb.Exec(context.Background(), sandbox.Command{
 		Args: []string{"/bin/sh", "-c", "echo started; sleep 1000 & sleep 1000"}, Env: testEnv,
-		OutputLimit: 1 << 20, Deadline: time.Now().Add(500 * time.Millisecond),
+		OutputLimit: 1 << 20, Deadline: time.Now().Add(time.Second),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	exit, out := finish(t, p)
-	if !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 || out != "started\n" {
+	// On a loaded machine the deadline can come before the shell's first
+	// line (CI under a load of 30: no output at all); what is tested is
+	// the kill, not the echo.
+	if !exit.DeadlineExceeded || !exit.Killed || exit.Code != 137 || (out != "started\n" && out != "") {
 		t.Fatalf("exit %+v output %q", exit, out)
 	}
 	if pids, err := st.Cgroup.procs(); err != nil || len(pids) != 0 {
