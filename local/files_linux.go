@@ -42,15 +42,16 @@ func workspaceRel(p string) (string, error) {
 	return rel, nil
 }
 
-// openWorkspace opens the workspace root, making sure it is the tmpfs
-// (and not the empty directory under it, after an unmount).
+// openWorkspace opens the workspace root, making sure it is the tmpfs,
+// or the overlay of a sandbox with checkpoints (layers_linux.go), and
+// not the empty directory under it, after an unmount.
 func openWorkspace(dir string) (int, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open workspace: %w", err)
 	}
 	var st unix.Statfs_t
-	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+	if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.TMPFS_MAGIC && st.Type != unix.OVERLAYFS_SUPER_MAGIC {
 		unix.Close(fd)
 		return -1, errors.New("the sandbox workspace is not mounted")
 	}

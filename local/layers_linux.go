@@ -143,10 +143,19 @@ func (ls *layerStore) record(id string) (checkpointRecord, error) {
 func (ls *layerStore) freezeTop(dir string, st sandboxState) (layerRef, int64, error) {
 	src, root := filepath.Join(dir, dirWorkspace), "."
 	if st.Layered {
-		if err := unmountLayered(dir); err != nil {
+		if err := unmountOverlay(dir); err != nil {
 			return layerRef{}, 0, err
 		}
 		src, root = filepath.Join(dir, dirUpper), upperDir
+	}
+	// What is frozen is a tmpfs of the sandbox's, never its overlay
+	// (which a stale state would name).
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(src, &sfs); err != nil {
+		return layerRef{}, 0, fmt.Errorf("freeze the workspace: %w", err)
+	}
+	if sfs.Type != unix.TMPFS_MAGIC {
+		return layerRef{}, 0, fmt.Errorf("freeze the workspace: %s is not the sandbox's tmpfs (file system type %#x)", src, sfs.Type)
 	}
 	if err := os.Mkdir(ls.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return layerRef{}, 0, fmt.Errorf("make the layers directory: %w", err)
@@ -180,7 +189,6 @@ func (ls *layerStore) freezeTop(dir string, st sandboxState) (layerRef, int64, e
 	if err := unmountAt(src); err != nil {
 		return layerRef{}, 0, err
 	}
-	var sfs unix.Statfs_t
 	var bytes int64
 	if unix.Statfs(mp, &sfs) == nil {
 		bytes = int64(sfs.Blocks-sfs.Bfree) * sfs.Bsize
@@ -197,7 +205,9 @@ func (ls *layerStore) mountLayers(dir string, st sandboxState, layers []layerRef
 	if err := os.Mkdir(up, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", st.DiskBytes, max(st.DiskBytes/4096, 16384))
+	// 0755: a fork sees it through an idmapped mount, in which root,
+	// its owner, is no one it may search as.
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", st.DiskBytes, max(st.DiskBytes/4096, 16384))
 	if err := unix.Mount("tmpfs", up, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount the workspace's upper tmpfs: %w", err)
 	}
@@ -225,14 +235,16 @@ func (ls *layerStore) mountLayers(dir string, st sandboxState, layers []layerRef
 		}
 		p := filepath.Join(ls.dir, l.ID, l.Root)
 		if l.Base != st.hostBase() {
+			// The whole layer's mount is idmapped (a bind of its
+			// directory upper is refused: EINVAL).
 			at := filepath.Join(dir, dirLowers, strconv.Itoa(i))
 			if err := os.MkdirAll(at, 0o700); err != nil {
 				return err
 			}
-			if err := ls.idmapped(p, at, l.Base, st.hostBase()); err != nil {
-				return fmt.Errorf("layer %s: %w", l.ID, err)
+			if err := ls.idmapped(filepath.Join(ls.dir, l.ID), at, l.Base, st.hostBase()); err != nil {
+				return fmt.Errorf("layer %s (%d of %d, root %s): %w", l.ID, i+1, len(layers), l.Root, err)
 			}
-			p = at
+			p = filepath.Join(at, l.Root)
 		}
 		lowers[i] = p
 	}
@@ -255,10 +267,16 @@ func (ls *layerStore) mountLayers(dir string, st sandboxState, layers []layerRef
 // unmountLayered unmounts a layered sandbox's workspace overlay, its
 // upper (and so what it wrote) and its binds of its layers.
 func unmountLayered(dir string) error {
-	if err := unmountAt(filepath.Join(dir, dirWorkspace)); err != nil {
+	if err := unmountOverlay(dir); err != nil {
 		return err
 	}
-	if err := unmountAt(filepath.Join(dir, dirUpper)); err != nil {
+	return unmountAt(filepath.Join(dir, dirUpper))
+}
+
+// unmountOverlay unmounts a layered sandbox's workspace overlay and its
+// binds of its layers, not its upper.
+func unmountOverlay(dir string) error {
+	if err := unmountAt(filepath.Join(dir, dirWorkspace)); err != nil {
 		return err
 	}
 	lowers := filepath.Join(dir, dirLowers)
@@ -534,7 +552,9 @@ func (s *sbox) Rollback(ctx context.Context, id string) error {
 
 // keptState reads the state of a sandbox whose files can be checkpointed.
 func keptState(s *sbox, what string) (sandboxState, error) {
-	st, err := s.state()
+	// From the disk: what sbox.state keeps from before a checkpoint (of
+	// another sbox of the same sandbox, too) has its layers of then.
+	st, err := s.b.state(s.dir, s.id)
 	if err != nil {
 		return st, s.goneOr(fmt.Errorf("%s: %w", what, err))
 	}
@@ -571,6 +591,9 @@ func relayer(s *sbox, st sandboxState, layers []layerRef, frozen bool) error {
 	if err := writeJSONAtomic(s.path(fileState), st); err != nil {
 		return err
 	}
+	s.stMu.Lock()
+	s.st = &st
+	s.stMu.Unlock()
 	if err := s.b.layers.mountLayers(s.dir, st, layers); err != nil {
 		return err
 	}

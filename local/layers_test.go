@@ -196,3 +196,18 @@ func TestForkPaused(t *testing.T) {
 		t.Errorf("the source after resume: %q", got)
 	}
 }
+
+// TestForkOfLayers: a fork of a sandbox checkpointed twice (two layers,
+// one the first workspace, one an upper) sees both, its own ids on both.
+func TestForkOfLayers(t *testing.T) {
+	b := newBackend(t, 0)
+	src := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, src, `echo one > /workspace/one`)
+	checkpoint(t, src)
+	keptRun(t, src, `echo two > /workspace/two && rm /workspace/one`)
+	cp := checkpoint(t, src)
+	f := fork(t, b, cp.ID)
+	if got := keptRun(t, f, `stat -c '%u %n' /workspace/*; cat /workspace/two; echo three > /workspace/two; cat /workspace/two`); got != "1000 /workspace/two\ntwo\nthree\n" {
+		t.Errorf("fork of two layers: %q", got)
+	}
+}
