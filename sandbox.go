@@ -54,6 +54,12 @@ type Sandbox struct {
 	Running  int `json:"running"`
 	// Reason says why it was released or went.
 	Reason string `json:"reason,omitempty"`
+	// From is the checkpoint it was forked from (checkpoint.go).
+	From string `json:"from,omitempty"`
+	// Checkpoints are its checkpoints, oldest first; CheckpointSeq
+	// numbers them (the last one's number).
+	Checkpoints   []Checkpoint `json:"checkpoints,omitempty"`
+	CheckpointSeq int          `json:"-"`
 }
 
 // SandboxState is where a kept sandbox is in its life.

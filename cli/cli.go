@@ -76,6 +76,8 @@ type Services struct {
 	Retention  delegate.RetentionService
 	// Principals: delegate's own tokens and the audit trail.
 	Principals delegate.PrincipalService
+	// Checkpoints: sandboxes checkpoint|rollback|fork|checkpoints.
+	Checkpoints delegate.CheckpointService
 }
 
 // closeInto closes what close releases, joining what failed to *err.

@@ -71,6 +71,8 @@ type Config struct {
 	// _PAUSE, _LIFETIME): how many may exist, and their timers' longest
 	// values (a sandbox may ask for shorter idle and lifetime).
 	MaxSandboxes int
+	// MaxForks is the most forks one fork makes (DELEGATE_MAX_FORKS).
+	MaxForks int
 	// Quotas per principal (DELEGATE_QUOTA_*, quotas.go).
 	Quotas          Quotas
 	SandboxIdle     time.Duration
@@ -205,6 +207,7 @@ func envVars() []envVar {
 		{"DELEGATE_MAX_DISK", "the host's memory (local: /workspace is memory)", "largest /workspace a job may ask for"},
 		{"DELEGATE_MAX_TIMEOUT", strconv.Itoa(delegate.MaxTimeoutSeconds), "longest timeout a job may ask for, in seconds"},
 		{"DELEGATE_MAX_SANDBOXES", strconv.Itoa(delegate.DefaultMaxSandboxes), "kept sandboxes that may exist at once (opened, or kept by persistent jobs)"},
+		{"DELEGATE_MAX_FORKS", strconv.Itoa(delegate.DefaultMaxForks), "most forks of a kept sandbox one call makes (open_sandbox count, sandboxes fork -n)"},
 		{"DELEGATE_SANDBOX_IDLE", delegate.DefaultSandboxIdle.String(), "a kept sandbox idle this long is paused (a duration like 30m)"},
 		{"DELEGATE_SANDBOX_PAUSE", delegate.DefaultSandboxPause.String(), "a kept sandbox paused this long is destroyed"},
 		{"DELEGATE_SANDBOX_LIFETIME", delegate.DefaultSandboxLifetime.String(), "a kept sandbox is destroyed this long after it was made"},
@@ -271,6 +274,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		Backend:         "local",
 		MaxConcurrent:   delegate.DefaultMaxConcurrent,
 		MaxSandboxes:    delegate.DefaultMaxSandboxes,
+		MaxForks:        delegate.DefaultMaxForks,
 		SandboxIdle:     delegate.DefaultSandboxIdle,
 		SandboxPause:    delegate.DefaultSandboxPause,
 		SandboxLifetime: delegate.DefaultSandboxLifetime,
@@ -321,6 +325,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 	}
 	intIn("DELEGATE_MAX_CONCURRENT", 1, 1024, &c.MaxConcurrent)
 	intIn("DELEGATE_MAX_SANDBOXES", 1, 1024, &c.MaxSandboxes)
+	intIn("DELEGATE_MAX_FORKS", 1, 64, &c.MaxForks)
 	for _, d := range []struct {
 		name string
 		dst  *time.Duration

@@ -70,7 +70,8 @@ lifetime (DELEGATE_SANDBOX_LIFETIME) ends, or by "sandboxes release".`,
 			return cmd.Help()
 		},
 	}
-	cmd.AddCommand(p.sandboxesOpenCmd(cfg), p.sandboxesListCmd(cfg), p.sandboxesShowCmd(cfg), p.sandboxesReleaseCmd(cfg))
+	cmd.AddCommand(p.sandboxesOpenCmd(cfg), p.sandboxesListCmd(cfg), p.sandboxesShowCmd(cfg), p.sandboxesReleaseCmd(cfg),
+		p.sandboxesCheckpointCmd(cfg), p.sandboxesRollbackCmd(cfg), p.sandboxesForkCmd(cfg), p.sandboxesCheckpointsCmd(cfg))
 	return cmd
 }
 

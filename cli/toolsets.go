@@ -10,10 +10,11 @@ import (
 )
 
 // Toolsets are the groups of MCP tools `delegate serve` can offer:
-// "jobs", today's job tools, and "proxmox", the Proxmox admin tools
-// (package pvetools). DefaultToolsets is jobs alone, so a job-running
-// agent's context stays small.
-var Toolsets = []string{"jobs", "proxmox"}
+// "jobs", today's job tools, "proxmox", the Proxmox admin tools
+// (package pvetools), and "checkpoints", with jobs: sandbox_checkpoint
+// and open_sandbox's from and count (forks). DefaultToolsets is jobs
+// alone, so a job-running agent's context stays small.
+var Toolsets = []string{"jobs", "proxmox", "checkpoints"}
 
 // DefaultToolsets is DELEGATE_TOOLSETS' default.
 const DefaultToolsets = "jobs"

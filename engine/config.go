@@ -75,6 +75,9 @@ type Config struct {
 	// (defaults delegate.DefaultSandbox*); their timers are checked every
 	// SandboxTick (default 5 s).
 	MaxSandboxes    int
+	// MaxForks is the most forks one call makes (forks.go; default
+	// delegate.DefaultMaxForks, DELEGATE_MAX_FORKS).
+	MaxForks int
 	SandboxIdle     time.Duration
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration

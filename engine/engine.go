@@ -55,6 +55,7 @@ type Engine struct {
 	*Reader
 	*keeper       // delegate.SandboxService
 	*sandboxFiles // delegate.SandboxService: the files
+	*forks        // delegate.CheckpointService
 
 	cfg   Config
 	log   *slog.Logger
@@ -77,7 +78,10 @@ type Engine struct {
 	leases    *leaser // nil unless Config.Leases
 }
 
-var _ delegate.SandboxService = (*Engine)(nil)
+var (
+	_ delegate.SandboxService    = (*Engine)(nil)
+	_ delegate.CheckpointService = (*Engine)(nil)
+)
 
 // errNoBackend: an engine made without a backend (to read jobs) was asked
 // to run one.
@@ -140,7 +144,9 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	maint := &maintenance{cfg: cfg, log: log, owner: owner, store: store, ref: ref, jobs: jobs, runs: runs,
 		sched: sched, end: fin, follower: fol, tokens: tokens, read: read, keeper: keep, timers: timers,
 		suspect: make(map[string]struct{})}
-	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, cfg: cfg, log: log, owner: owner,
+	fk := &forks{cfg: cfg, log: log, data: store, keeper: keep, jobs: jobs, runs: runs,
+		opener: &opener{keeper: keep, space: space{dir: cfg.DataDir, floor: cfg.MinFree}, store: store, quotas: cfg.Quotas, audit: auditor{store: store, log: log}}}
+	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, forks: fk, cfg: cfg, log: log, owner: owner,
 		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
 		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree},
 		audit: auditor{store: store, log: log}, leases: lease}

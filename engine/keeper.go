@@ -102,14 +102,21 @@ func (k *keeper) timeouts(spec delegate.SandboxSpec) (idle, pause, lifetime time
 
 // room refuses a new kept sandbox past the maximum, naming the setting
 // and the oldest idle ones.
-func (k *keeper) room(ctx context.Context) error {
+func (k *keeper) room(ctx context.Context) error { return k.roomFor(ctx, 1) }
+
+// roomFor is room for n sandboxes at once (a fork of n).
+func (k *keeper) roomFor(ctx context.Context, n int) error {
 	// The server's maximum counts everyone's, whoever asks.
 	live, err := k.sbs.ListSandboxes(delegate.AsServer(ctx), true, k.cfg.MaxSandboxes+1)
 	if err != nil {
 		return err
 	}
-	if len(live) < k.cfg.MaxSandboxes {
+	if len(live)+n <= k.cfg.MaxSandboxes {
 		return nil
+	}
+	if n > 1 {
+		return fmt.Errorf("%d sandboxes are kept and %d more were asked for, past the most this server keeps (DELEGATE_MAX_SANDBOXES=%d): release some first, or ask for fewer: %w",
+			len(live), n, k.cfg.MaxSandboxes, delegate.ErrConflict)
 	}
 	var idle []string
 	for i := len(live) - 1; i >= 0 && len(idle) < 3; i-- {
@@ -127,6 +134,20 @@ func (k *keeper) room(ctx context.Context) error {
 
 // OpenSandbox makes a kept sandbox with no command run yet.
 func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*delegate.Sandbox, error) {
+	return k.open(ctx, spec, forkOf{})
+}
+
+// forkOf is what a sandbox being opened starts from: nothing, or a
+// checkpoint (a fork: forks.go), with the secrets its network is given
+// anew (the source's).
+type forkOf struct {
+	checkpoint *delegate.Checkpoint
+	secrets    []string
+}
+
+// open makes a kept sandbox, empty or a fork: one path for both, so that
+// a fork gets what any sandbox opened gets afresh.
+func (k *keeper) open(ctx context.Context, spec delegate.SandboxSpec, from forkOf) (*delegate.Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -165,10 +186,13 @@ func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*d
 		return nil, err
 	}
 	s.MultiExec, s.Expires = true, sb.ExpiresAt
+	if from.checkpoint != nil {
+		s.From, sb.From = from.checkpoint.Instance, from.checkpoint.ID
+	}
 	defer k.machines.opening(sb.ID)()
 	// Its network, through the egress proxy where the backend has one:
 	// its commands share it (and its log), until the sandbox goes.
-	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, nil, lifetime)
+	jn, err := openNetwork(ctx, k.all, k.cfg, b, sb.ID, m.Network, from.secrets, lifetime)
 	if err != nil {
 		return nil, fmt.Errorf("open a sandbox: its network: %w", err)
 	}
@@ -261,6 +285,9 @@ func (k *keeper) end(ctx context.Context, id string, state delegate.SandboxState
 	k.machines.forget(id)
 	sb, err := k.sbs.UpdateSandbox(ctx, id, func(sb *delegate.Sandbox) error {
 		sb.State, sb.Reason, sb.EndedAt = state, reason, time.Now().UTC()
+		// Its checkpoints go with its machine (a fork keeps what it
+		// stands on).
+		sb.Checkpoints = nil
 		return nil
 	})
 	if errors.Is(err, delegate.ErrTerminal) {

@@ -192,21 +192,36 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 // dir is below its floor of free space; a sandbox that could not be made
 // for lack of room says so.
 func (e *Engine) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*delegate.Sandbox, error) {
-	if err := e.space.check(); err != nil {
+	return e.forks.opener.open(ctx, spec, forkOf{})
+}
+
+// opener admits and opens a kept sandbox, empty or a fork: every one
+// goes through it (the floor of free space, the principal's quota, the
+// server's maximum, the audit trail).
+type opener struct {
+	keeper *keeper
+	space  space
+	store  delegate.Store
+	quotas Quotas
+	audit  auditor
+}
+
+func (o *opener) open(ctx context.Context, spec delegate.SandboxSpec, from forkOf) (*delegate.Sandbox, error) {
+	if err := o.space.check(); err != nil {
 		return nil, err
 	}
 	need := quotaNeeds{sandbox: true}
 	if spec.Resources != nil {
 		need.res = *spec.Resources
 	}
-	if err := checkQuota(ctx, e.store, e.cfg.Quotas, need); err != nil {
+	if err := checkQuota(ctx, o.store, o.quotas, need); err != nil {
 		return nil, err
 	}
-	sb, err := e.keeper.OpenSandbox(ctx, spec)
+	sb, err := o.keeper.open(ctx, spec, from)
 	if err == nil {
-		e.audit.Record(ctx, delegate.AuditOpened, sb.ID, "")
+		o.audit.Record(ctx, delegate.AuditOpened, sb.ID, "")
 	}
-	return sb, e.space.explain(err)
+	return sb, o.space.explain(err)
 }
 
 // checkEgress refuses a job whose network (asked, or its agent's default)

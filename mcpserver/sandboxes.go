@@ -75,19 +75,30 @@ type ReleaseIn struct {
 	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
-func addSandboxTools(ts *Tools, sb delegate.SandboxService) {
+func addSandboxTools(ts *Tools, sb delegate.SandboxService, cs delegate.CheckpointService) {
 	if sb == nil {
 		return
 	}
 	h := &sandboxHandlers{svc: sb}
-	addTool(ts, &mcp.Tool{
-		Name:        "open_sandbox",
-		Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; pauses when idle.",
-		InputSchema: openSandboxSchema(),
-		// Closed world: it runs nothing (commands are submit_job's).
-		Annotations:  annotations(false, false, false, false),
-		OutputSchema: outputSchema[OpenSandboxOut](),
-	}, h.open)
+	if cs == nil {
+		addTool(ts, &mcp.Tool{
+			Name:        "open_sandbox",
+			Description: "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; pauses when idle.",
+			InputSchema: openSandboxSchema(),
+			// Closed world: it runs nothing (commands are submit_job's).
+			Annotations:  annotations(false, false, false, false),
+			OutputSchema: outputSchema[OpenSandboxOut](),
+		}, h.open)
+	} else {
+		addTool(ts, &mcp.Tool{
+			Name:         "open_sandbox",
+			Description:  "A sandbox for many commands (submit_job manifest.sandbox) and sandbox_files; pauses when idle. from and count fork one.",
+			InputSchema:  forkSandboxSchema(),
+			Annotations:  annotations(false, false, false, false),
+			OutputSchema: outputSchema[ForkSandboxOut](),
+		}, (&checkpointHandlers{svc: cs}).open(h.open))
+		addCheckpointTool(ts, cs)
+	}
 	addTool(ts, &mcp.Tool{
 		Name:         "list_sandboxes",
 		Description:  "Kept sandboxes, or the one sandbox_id names.",

@@ -40,6 +40,9 @@ type Services struct {
 	Network delegate.NetworkService
 	// Workspaces: job://{id}/diff and job://{id}/patch.
 	Workspaces delegate.WorkspaceService
+	// Checkpoints (the checkpoints toolset): sandbox_checkpoint, and
+	// open_sandbox's from and count (forks). With Sandboxes only.
+	Checkpoints delegate.CheckpointService
 }
 
 // Server is the MCP server over delegate's services: the SDK's server with
@@ -74,7 +77,7 @@ func New(svc Services, log *slog.Logger) *Server {
 	addTasks(s, h, log)
 	ts := NewTools(s, log, "the sandbox backend or the job store").Scoped(delegate.ScopeJobs)
 	addResources(s, svc, log)
-	addSandboxTools(ts.Scoped(delegate.ScopeSandboxes), svc.Sandboxes)
+	addSandboxTools(ts.Scoped(delegate.ScopeSandboxes), svc.Sandboxes, svc.Checkpoints)
 	addTool(ts, &mcp.Tool{
 		Name:         "submit_job",
 		Description:  "Run a job in a new isolated sandbox; returns job_id at once. Then wait_job, get_job_result.",

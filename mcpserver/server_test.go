@@ -559,5 +559,6 @@ func servicesOf(svc delegate.JobService) mcpserver.Services {
 	out.Questions, _ = svc.(delegate.QuestionService)
 	out.Network, _ = svc.(delegate.NetworkService)
 	out.Workspaces, _ = svc.(delegate.WorkspaceService)
+	out.Checkpoints, _ = svc.(delegate.CheckpointService)
 	return out
 }

@@ -80,6 +80,10 @@ type sandboxRow struct {
 	IdleTimeout  time.Duration         `json:"idleTimeout"`
 	PauseTimeout time.Duration         `json:"pauseTimeout"`
 	Reason       string                `json:"reason,omitempty"`
+	// Checkpoints and forks (issue 38).
+	From          string                      `json:"from,omitempty"`
+	Checkpoints   []delegate.StoredCheckpoint `json:"checkpoints,omitempty"`
+	CheckpointSeq int                         `json:"checkpointSeq,omitempty"`
 	// Rows written before the activity was read from the jobs have
 	// "commands" and "running" too: ignored.
 }
@@ -93,14 +97,14 @@ func toRow(sb *delegate.Sandbox) sandboxRow {
 	}
 	return sandboxRow{sb.ID, state, sb.Backend, sb.Instance, sb.JobID, sb.Owner, sb.Resources, sb.Template, sb.Network,
 		sb.CreatedAt, sb.LastUsedAt, sb.PausedAt, sb.ExpiresAt, sb.EndedAt, sb.IdleTimeout, sb.PauseTimeout,
-		sb.Reason}
+		sb.Reason, sb.From, delegate.StoreCheckpoints(sb.Checkpoints), sb.CheckpointSeq}
 }
 
 func (r sandboxRow) sandbox() *delegate.Sandbox {
 	return &delegate.Sandbox{ID: r.ID, State: r.State, Backend: r.Backend, Instance: r.Instance, JobID: r.JobID, Owner: r.Owner,
 		Resources: r.Resources, Template: r.Template, Network: r.Network, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt,
 		PausedAt: r.PausedAt, ExpiresAt: r.ExpiresAt, EndedAt: r.EndedAt, IdleTimeout: r.IdleTimeout, PauseTimeout: r.PauseTimeout,
-		Reason: r.Reason}
+		Reason: r.Reason, From: r.From, Checkpoints: delegate.LoadCheckpoints(r.Checkpoints, r.ID), CheckpointSeq: r.CheckpointSeq}
 }
 
 // activity is what a sandbox's jobs say of it (sandboxColumns).

@@ -137,6 +137,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		Maxima:          engine.Maxima{CPU: cfg.MaxCPU, MemoryBytes: cfg.MaxMemory, DiskBytes: cfg.MaxDisk, TimeoutSeconds: cfg.MaxTimeout},
 		MaxConcurrent:   cfg.MaxConcurrent,
 		MaxSandboxes:    cfg.MaxSandboxes,
+		MaxForks:        cfg.MaxForks,
 		Quotas:          engine.Quotas{Jobs: cfg.Quotas.Jobs, Sandboxes: cfg.Quotas.Sandboxes, CPU: cfg.Quotas.CPU, MemoryBytes: cfg.Quotas.MemoryBytes},
 		SandboxIdle:     cfg.SandboxIdle,
 		SandboxPause:    cfg.SandboxPause,

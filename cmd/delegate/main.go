@@ -55,7 +55,7 @@ func openService(ctx context.Context, cfg cli.Config, log *slog.Logger, runJobs 
 		}
 	}
 	e := a.eng
-	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e, Retention: e,
+	return cli.Services{Jobs: e, Sandboxes: e, Questions: e, Network: e, Workspaces: e, Retention: e, Checkpoints: e,
 		Principals: engine.NewPrincipals(a.store, log)}, a.Close, nil
 }
 

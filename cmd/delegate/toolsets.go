@@ -25,7 +25,11 @@ import (
 func newMCPServer(ctx context.Context, g *errgroup.Group, cfg cli.Config, eng *engine.Engine, log *slog.Logger) (*mcp.Server, error) {
 	var s *mcp.Server
 	if cfg.HasToolset("jobs") {
-		js := mcpserver.New(mcpserver.Services{Jobs: eng, Sandboxes: eng, Questions: eng, Network: eng, Workspaces: eng}, log)
+		svc := mcpserver.Services{Jobs: eng, Sandboxes: eng, Questions: eng, Network: eng, Workspaces: eng}
+		if cfg.HasToolset("checkpoints") {
+			svc.Checkpoints = eng
+		}
+		js := mcpserver.New(svc, log)
 		g.Go(func() error { return js.PublishUpdates(ctx) })
 		s = js.Server
 	} else {

@@ -1,0 +1,332 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// forks is the part that checkpoints kept sandboxes, rolls them back and
+// forks them (issue 38; delegate.CheckpointService). A checkpoint is the
+// backend's (sandbox.Checkpointer), recorded in its sandbox's record (so
+// that it is read, filtered by principal, and goes with the sandbox); a
+// fork is opened through the keeper's one path for opening sandboxes
+// (keeper.open), from the checkpoint, and so gets everything an opened
+// sandbox gets afresh: its id, machine, host ids, network and egress
+// token, the admission (the server's maximum) and the timers.
+type forks struct {
+	cfg    Config
+	log    *slog.Logger
+	data   delegate.Store
+	keeper *keeper
+	jobs   *jobWriter
+	runs   *runs
+	opener *opener // the one path every sandbox is opened through
+}
+
+// checkpointer is the backend's part of checkpoints, or why there is none.
+func (f *forks) checkpointer(memory bool) (sandbox.Backend, error) {
+	b, err := f.keeper.backend()
+	if err != nil {
+		return nil, err
+	}
+	caps := b.Capabilities()
+	if !caps.Checkpoint {
+		why := caps.CheckpointMissing
+		if why == "" {
+			why = "it keeps no checkpoints"
+		}
+		return nil, fmt.Errorf("the %s backend cannot checkpoint, roll back or fork a sandbox: %s: %w", b.Name(), why, delegate.ErrInvalid)
+	}
+	if memory {
+		why := caps.CheckpointMemoryMissing
+		if why == "" {
+			why = "it keeps files only"
+		}
+		return nil, &delegate.FieldError{Field: "memory", Rule: fmt.Sprintf("cannot be true on the %s backend here: %s", b.Name(), why)}
+	}
+	return b, nil
+}
+
+// CheckpointSandbox saves a sandbox's files (see delegate.CheckpointService).
+func (f *forks) CheckpointSandbox(ctx context.Context, id string, opts delegate.CheckpointOptions) (*delegate.Checkpoint, error) {
+	if err := checkCheckpointName(opts.Name); err != nil {
+		return nil, err
+	}
+	if _, err := f.checkpointer(opts.Memory); err != nil {
+		return nil, err
+	}
+	sb, inst, err := f.keeper.instance(ctx, id, false)
+	if err != nil {
+		return nil, err
+	}
+	if len(sb.Checkpoints) >= delegate.MaxCheckpoints {
+		return nil, fmt.Errorf("sandbox %s has %d checkpoints, the most one keeps: delete one first (checkpoint action delete): %w", id, len(sb.Checkpoints), delegate.ErrConflict)
+	}
+	return f.checkpoint(ctx, sb, inst, opts.Name)
+}
+
+// checkpoint makes and records a checkpoint of a live sandbox.
+func (f *forks) checkpoint(ctx context.Context, sb *delegate.Sandbox, inst sandbox.Instance, name string) (*delegate.Checkpoint, error) {
+	cp, ok := inst.(sandbox.Checkpointer)
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s cannot be checkpointed (its machine is not a kept one of this backend): %w", sb.ID, delegate.ErrInvalid)
+	}
+	unlock := f.keeper.machines.lock(sb.ID)
+	defer unlock()
+	f.cancelCommands(ctx, sb.ID, "the sandbox was checkpointed: its processes start again from a clean init (a checkpoint keeps files, not processes)")
+	made, err := cp.Checkpoint(ctx)
+	if err != nil {
+		if f.keeper.failed(ctx, sb, err) {
+			return nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
+		}
+		return nil, fmt.Errorf("checkpoint sandbox %s: %w", sb.ID, err)
+	}
+	var rec delegate.Checkpoint
+	_, err = f.data.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
+		s.CheckpointSeq++
+		rec = delegate.Checkpoint{ID: delegate.CheckpointID(s.ID, s.CheckpointSeq), Name: name, SandboxID: s.ID,
+			Instance: made.ID, Bytes: made.Bytes, CreatedAt: made.Created}
+		s.Checkpoints = append(s.Checkpoints, rec)
+		return nil
+	})
+	if err != nil {
+		// Not recorded: not kept either.
+		if b := f.keeper.ref.get(); b != nil {
+			if ck, ok := b.(sandbox.CheckpointKeeper); ok {
+				ck.DeleteCheckpoint(context.WithoutCancel(ctx), made.ID)
+			}
+		}
+		return nil, err
+	}
+	f.log.Info("sandbox checkpointed", "sandbox", sb.ID, "checkpoint", rec.ID, "bytes", rec.Bytes)
+	return &rec, nil
+}
+
+// checkCheckpointName refuses a name an agent could not tell apart or
+// read back.
+func checkCheckpointName(name string) error {
+	if len(name) > delegate.MaxCheckpointName {
+		return &delegate.FieldError{Field: "name", Rule: fmt.Sprintf("must be at most %d bytes (got %d)", delegate.MaxCheckpointName, len(name))}
+	}
+	if strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return &delegate.FieldError{Field: "name", Rule: "must be printable text, without control characters"}
+	}
+	return nil
+}
+
+// cancelCommands ends the commands running in a sandbox as cancelled,
+// with the reason, before its processes are ended under them.
+func (f *forks) cancelCommands(ctx context.Context, id, reason string) {
+	jobs, _, err := f.data.ListJobs(ctx, delegate.JobFilter{Sandbox: id, Active: true, Limit: delegate.MaxPageSize})
+	if err != nil {
+		f.log.Warn("list the commands of a sandbox", "sandbox", id, "err", err)
+		return
+	}
+	for _, j := range jobs {
+		_, err := f.jobs.update(context.WithoutCancel(ctx), j.ID, func(j *delegate.Job) error {
+			if j.Status.Terminal() {
+				return delegate.ErrTerminal
+			}
+			markCancelled(j)
+			j.Error = reason
+			return nil
+		})
+		if err == nil {
+			f.runs.stop(j.ID)
+		}
+	}
+}
+
+// find returns the checkpoint an id names, through its sandbox (whose
+// principal decides who sees it).
+func (f *forks) find(ctx context.Context, field, id string) (*delegate.Sandbox, *delegate.Checkpoint, error) {
+	sbID, err := delegate.CheckpointSandbox(field, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := f.data.GetSandboxUncounted(ctx, sbID)
+	if errors.Is(err, delegate.ErrNotFound) {
+		return nil, nil, delegate.CheckpointNotFound(id)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	i := slices.IndexFunc(sb.Checkpoints, func(c delegate.Checkpoint) bool { return c.ID == id })
+	if i < 0 {
+		return sb, nil, delegate.CheckpointNotFound(id)
+	}
+	return sb, &sb.Checkpoints[i], nil
+}
+
+// RollbackSandbox brings a sandbox's files back to one of its checkpoints.
+func (f *forks) RollbackSandbox(ctx context.Context, id, checkpoint string) (*delegate.Sandbox, error) {
+	if err := delegate.CheckSandboxID("sandbox_id", id); err != nil {
+		return nil, err
+	}
+	if _, err := f.checkpointer(false); err != nil {
+		return nil, err
+	}
+	owner, cp, err := f.find(ctx, "checkpoint", checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	if owner.ID != id {
+		return nil, &delegate.FieldError{Field: "checkpoint", Rule: fmt.Sprintf("%s is a checkpoint of sandbox %s, not of %s: a sandbox rolls back to its own checkpoints (fork %s to start a sandbox from it)", checkpoint, owner.ID, id, checkpoint)}
+	}
+	sb, inst, err := f.keeper.instance(ctx, id, false)
+	if err != nil {
+		return nil, err
+	}
+	ck, ok := inst.(sandbox.Checkpointer)
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s cannot be rolled back (its machine is not a kept one of this backend): %w", id, delegate.ErrInvalid)
+	}
+	unlock := f.keeper.machines.lock(id)
+	defer unlock()
+	f.cancelCommands(ctx, id, fmt.Sprintf("the sandbox was rolled back to checkpoint %s: its processes start again from a clean init", checkpoint))
+	if err := ck.Rollback(ctx, cp.Instance); err != nil {
+		if f.keeper.failed(ctx, sb, err) {
+			return nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", id)}
+		}
+		return nil, fmt.Errorf("roll back sandbox %s: %w", id, err)
+	}
+	f.log.Info("sandbox rolled back", "sandbox", id, "checkpoint", checkpoint)
+	return f.data.GetSandbox(ctx, id)
+}
+
+// ListCheckpoints lists a sandbox's checkpoints with the forks made
+// from each (those this reader sees).
+func (f *forks) ListCheckpoints(ctx context.Context, id string) ([]delegate.Checkpoint, error) {
+	if err := delegate.CheckSandboxID("sandbox_id", id); err != nil {
+		return nil, err
+	}
+	sb, err := f.data.GetSandboxUncounted(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := slices.Clone(sb.Checkpoints)
+	if len(out) == 0 {
+		return out, nil
+	}
+	all, err := f.data.ListSandboxes(ctx, false, delegate.MaxPageSize)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Forks = nil
+		for j := len(all) - 1; j >= 0; j-- {
+			if all[j].From == out[i].ID {
+				out[i].Forks = append(out[i].Forks, all[j].ID)
+			}
+		}
+	}
+	return out, nil
+}
+
+// DeleteCheckpoint deletes one: its record, and what the backend keeps
+// of it that no fork stands on.
+func (f *forks) DeleteCheckpoint(ctx context.Context, checkpoint string) error {
+	b, err := f.checkpointer(false)
+	if err != nil {
+		return err
+	}
+	sb, cp, err := f.find(ctx, "checkpoint", checkpoint)
+	if err != nil {
+		return err
+	}
+	if _, err := f.data.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
+		s.Checkpoints = slices.DeleteFunc(s.Checkpoints, func(c delegate.Checkpoint) bool { return c.ID == checkpoint })
+		return nil
+	}); err != nil && !errors.Is(err, delegate.ErrTerminal) {
+		return err
+	}
+	if ck, ok := b.(sandbox.CheckpointKeeper); ok {
+		if err := ck.DeleteCheckpoint(ctx, cp.Instance); err != nil {
+			return fmt.Errorf("delete checkpoint %s: %w", checkpoint, err)
+		}
+	}
+	f.log.Info("checkpoint deleted", "sandbox", sb.ID, "checkpoint", checkpoint)
+	return nil
+}
+
+// ForkSandbox makes spec.Count kept sandboxes from a checkpoint, or from
+// a sandbox checkpointed for it at once (its commands running end
+// cancelled; a paused one is resumed, as any use of it is). Each is
+// opened as open_sandbox opens one (keeper.open): a fork that cannot be
+// made releases those made before it, and the call fails.
+func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]delegate.Sandbox, error) {
+	most := cmp0(f.cfg.MaxForks, delegate.DefaultMaxForks)
+	if spec.Count < 1 || spec.Count > most {
+		return nil, &delegate.FieldError{Field: "count", Rule: fmt.Sprintf("must be between 1 and %d (DELEGATE_MAX_FORKS; got %d)", most, spec.Count)}
+	}
+	if _, err := f.checkpointer(spec.Memory); err != nil {
+		return nil, err
+	}
+	var src *delegate.Sandbox
+	var cp *delegate.Checkpoint
+	switch {
+	case strings.HasPrefix(spec.From, delegate.CheckpointPrefix):
+		var err error
+		if src, cp, err = f.find(ctx, "from", spec.From); err != nil {
+			return nil, err
+		}
+		if src.State.Terminal() {
+			return nil, &endedError{fmt.Sprintf("checkpoint %s went with its sandbox %s (%s: %s)", spec.From, src.ID, src.State, src.Reason)}
+		}
+	default:
+		if err := delegate.CheckSandboxID("from", spec.From); err != nil {
+			return nil, &delegate.FieldError{Field: "from", Rule: fmt.Sprintf("must be a sandbox id (sbx-…) or a checkpoint id (ckp-…) (got %q)", spec.From)}
+		}
+		if err := f.keeper.roomFor(ctx, spec.Count); err != nil {
+			return nil, err
+		}
+		var inst sandbox.Instance
+		var err error
+		if src, inst, err = f.keeper.instance(ctx, spec.From, false); err != nil {
+			return nil, err
+		}
+		if cp, err = f.checkpoint(ctx, src, inst, fmt.Sprintf("fork of %d", spec.Count)); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.keeper.roomFor(ctx, spec.Count); err != nil {
+		return nil, err
+	}
+	var secrets []string
+	if src.JobID != "" {
+		if j, err := f.data.GetJob(ctx, src.JobID); err == nil {
+			secrets = j.Manifest.Secrets
+		}
+	}
+	open := delegate.SandboxSpec{Resources: &src.Resources, VMTemplate: src.Template, Network: src.Network,
+		IdleTimeout: int(src.IdleTimeout / time.Second), PauseTimeout: int(src.PauseTimeout / time.Second)}
+	var made []delegate.Sandbox
+	for range spec.Count {
+		sb, err := f.opener.open(ctx, open, forkOf{checkpoint: cp, secrets: secrets})
+		if err != nil {
+			for _, m := range made {
+				f.keeper.end(context.WithoutCancel(ctx), m.ID, delegate.SandboxReleased, "its fork failed: "+err.Error())
+			}
+			return nil, fmt.Errorf("fork %s (%d of %d): %w", spec.From, len(made)+1, spec.Count, err)
+		}
+		made = append(made, *sb)
+	}
+	f.log.Info("sandbox forked", "from", spec.From, "checkpoint", cp.ID, "count", len(made))
+	return made, nil
+}
+
+func cmp0(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
