@@ -74,10 +74,10 @@ type Config struct {
 	// paused, paused SandboxPause they go, SandboxLifetime ends them
 	// (defaults delegate.DefaultSandbox*); their timers are checked every
 	// SandboxTick (default 5 s).
-	MaxSandboxes    int
+	MaxSandboxes int
 	// MaxForks is the most forks one call makes (forks.go; default
 	// delegate.DefaultMaxForks, DELEGATE_MAX_FORKS).
-	MaxForks int
+	MaxForks        int
 	SandboxIdle     time.Duration
 	SandboxPause    time.Duration
 	SandboxLifetime time.Duration
