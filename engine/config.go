@@ -152,6 +152,7 @@ func DefaultConfig() Config {
 		Logger:             discardLogger,                      // nothing logged
 		Observer:           nil,                                // no metrics
 		MaxSandboxes:       delegate.DefaultMaxSandboxes,       // kept sandboxes at once
+		MaxForks:           delegate.DefaultMaxForks,           // forks one call makes
 		SandboxIdle:        delegate.DefaultSandboxIdle,        // idle this long, a kept sandbox is paused
 		SandboxPause:       delegate.DefaultSandboxPause,       // paused this long, it goes
 		SandboxLifetime:    delegate.DefaultSandboxLifetime,    // the longest a kept sandbox lives
