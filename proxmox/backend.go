@@ -279,6 +279,8 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// A job VM's firewall lets it reach the egress proxy alone
 		// (egress.go), when the operator names it.
 		EgressProxy: b.cfg.Egress != nil,
+		// Snapshots without vmstate are the plan (issue 38, item 5).
+		CheckpointMissing: "checkpoints, rollbacks and forks are not built for Proxmox VMs yet (the local backend has them)",
 	}
 }
 

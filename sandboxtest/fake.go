@@ -34,7 +34,8 @@ type Fake struct {
 // NewFake returns an empty fake backend.
 func NewFake() *Fake {
 	return &Fake{sandboxes: map[string]*FakeInstance{}, Started: make(chan *Process, 100),
-		Caps: sandbox.Capabilities{Recover: true, Supervised: true, NetworkEgress: true, StatusFile: "/run/delegate/status", MultiExec: true, Pause: true, Workspaces: true}}
+		Caps: sandbox.Capabilities{Recover: true, Supervised: true, NetworkEgress: true, StatusFile: "/run/delegate/status", MultiExec: true, Pause: true, Workspaces: true,
+			CheckpointMissing: "the fake backend keeps no checkpoints"}}
 }
 
 var _ sandbox.Backend = (*Fake)(nil)

@@ -62,6 +62,9 @@ func Run(t *testing.T, h Harness) {
 		if b.Capabilities().Pause {
 			t.Run("pause", s.pause)
 		}
+		if b.Capabilities().MultiExec {
+			t.Run("checkpoints", s.checkpoints)
+		}
 	}
 }
 

@@ -1,0 +1,122 @@
+//go:build linux
+
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// BenchmarkCheckpointFork measures a checkpoint, a rollback and a fork
+// of 4 ready to run (Create from the checkpoint returned: each fork's
+// init is up) of a kept sandbox whose workspace holds 10,000 files,
+// 100 MB, against the baseline of the same run: cp -a of that tree onto
+// a tmpfs, the copy a fork would be without layers. The rounds
+// alternate (baseline, checkpoint, rollback, fork), 15 of them; the
+// medians and their ratios to cp -a are printed (docs/BENCHMARKS.md).
+func BenchmarkCheckpointFork(b *testing.B) {
+	const files, size, rounds = 10000, 10000, 15 // 10,000 × 10 kB = 100 MB
+	be := newBackend(b, 0)
+	ctx := context.Background()
+	spec := sandbox.Spec{JobID: "bench", CPU: 1, MemoryBytes: 1 << 30, DiskBytes: 256 << 20, MultiExec: true, Expires: time.Now().Add(time.Hour)}
+	src := create(b, be, spec)
+	st, err := src.state()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws, owner := src.WorkspaceDir(), int(st.hostBase()+jobID)
+	buf := make([]byte, size)
+	for i := range files {
+		d := filepath.Join(ws, fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			os.Chown(d, owner, owner)
+		}
+		buf[0] = byte(i)
+		p := filepath.Join(d, fmt.Sprintf("f%05d", i))
+		if err := os.WriteFile(p, buf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		os.Chown(p, owner, owner)
+	}
+	scratch := b.TempDir()
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", 0, "size=512m"); err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Unmount(scratch, unix.MNT_DETACH)
+	base := checkpointB(b, src) // the tree, frozen once: rollbacks go back to it
+	var cp, cpc, rb, fk []time.Duration
+	for b.Loop() {
+		for r := range rounds {
+			dst := filepath.Join(scratch, fmt.Sprint(r))
+			t0 := time.Now()
+			if out, err := exec.Command("cp", "-a", ws+"/.", dst).CombinedOutput(); err != nil {
+				b.Fatalf("cp -a: %v %s", err, out)
+			}
+			cpc = append(cpc, time.Since(t0))
+			os.RemoveAll(dst)
+
+			t0 = time.Now()
+			c := checkpointB(b, src)
+			cp = append(cp, time.Since(t0))
+
+			t0 = time.Now()
+			if err := src.Rollback(ctx, base.ID); err != nil {
+				b.Fatal(err)
+			}
+			rb = append(rb, time.Since(t0))
+
+			fs := spec
+			fs.From = c.ID
+			t0 = time.Now()
+			var forks []sandbox.Instance
+			for range 4 {
+				f, err := be.Create(ctx, fs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				forks = append(forks, f)
+			}
+			fk = append(fk, time.Since(t0))
+			for _, f := range forks {
+				f.Destroy(ctx)
+			}
+			be.DeleteCheckpoint(ctx, c.ID)
+		}
+	}
+	med := func(ds []time.Duration) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	base0 := med(cpc)
+	for _, m := range []struct {
+		name string
+		d    time.Duration
+		vs   time.Duration
+	}{{"cp-a", base0, base0}, {"checkpoint", med(cp), base0}, {"rollback", med(rb), base0}, {"fork4", med(fk), 4 * base0}} {
+		b.ReportMetric(float64(m.d.Microseconds())/1000, m.name+"-ms")
+		b.Logf("%-10s median %7.1f ms  (%d rounds; %.3f× %s)", m.name, float64(m.d.Microseconds())/1000, len(cpc),
+			float64(m.d)/float64(m.vs), map[bool]string{true: "cp -a of the tree four times", false: "cp -a of the tree"}[m.name == "fork4"])
+	}
+}
+
+func checkpointB(b *testing.B, sb *sbox) sandbox.Checkpoint {
+	b.Helper()
+	c, err := sb.Checkpoint(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
