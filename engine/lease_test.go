@@ -11,6 +11,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/sandboxtest"
 )
 
 // leased is a fixture whose engines share the store by leases (short
@@ -174,5 +175,48 @@ func TestLeaseDrain(t *testing.T) {
 	p.Finish(sandbox.Exit{})
 	if j := f.wait(f.eng, job.ID); j.Status != delegate.StatusSuccess {
 		t.Fatalf("the running job: %s %q", j.Status, j.Error)
+	}
+}
+
+// localNamed is the fake backend named local: its jobs' sandboxes are
+// its host's.
+type localNamed struct{ *sandboxtest.Fake }
+
+func (localNamed) Name() string { return "local" }
+
+// TestLeaseLocalJobOfAnotherHost: a local job whose server died is
+// adopted by a server of another host (another DELEGATE_HOST_ID), which
+// cannot reach its sandbox: the job ends failed, saying so.
+func TestLeaseLocalJobOfAnotherHost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := leased(t, time.Minute)
+	f.eng.Close() // the fixture's engine runs the fake under its own name
+	local := localNamed{f.backend}
+	a := engine.New(f.store, local, f.cfg)
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	job, err := a.Submit(ctx, script("long"), delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.started()
+	awaitJob(t, a, job.ID, "running", func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning })
+	cfg := f.cfg
+	cfg.Leases = &engine.Leases{TTL: 900 * time.Millisecond, HostID: "host-b"}
+	b := engine.New(f.store, local, cfg)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if err := f.store.ExpireServer(ctx, a.Owner()); err != nil {
+		t.Fatal(err)
+	}
+	j := f.wait(b, job.ID)
+	if j.Status != delegate.StatusFailed || !strings.Contains(j.Error, "a local sandbox can be taken over only on its own host") ||
+		!strings.Contains(j.Error, "host id host-b") {
+		t.Fatalf("%s %q", j.Status, j.Error)
 	}
 }
