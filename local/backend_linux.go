@@ -124,7 +124,7 @@ func New(cfg Config) (*Backend, error) {
 	if p := cfg.DefaultTemplate; strings.HasPrefix(p, "/") && filepath.Clean(p) != p {
 		return nil, fmt.Errorf("local backend: DefaultTemplate %q must be a clean absolute path", p)
 	}
-	cg, err := checkHost(self, uids)
+	cg, err := checkHost(self)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +144,18 @@ func New(cfg Config) (*Backend, error) {
 	// shows it without symlinks.
 	if dir, err = filepath.EvalSymlinks(dir); err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	// The probe, unless it passed before under the same key.
+	key, keyErr := probeKey(self, uids)
+	if keyErr != nil || !probedBefore(dir, key) {
+		if err := probeHelpers(self, uids); err != nil {
+			return nil, err
+		}
+		if keyErr == nil {
+			if err := recordProbe(dir, key); err != nil {
+				log.Warn("could not record the sandbox probe's result: the next start probes again", "err", err)
+			}
+		}
 	}
 	rs := &roots{rootfsDir: rootfsDir, defaultTemplate: cfg.DefaultTemplate, sandboxes: dir, uids: uids}
 	if err := rs.checkToolDirs(cfg.ToolDirs); err != nil {
@@ -181,14 +193,16 @@ func New(cfg Config) (*Backend, error) {
 // prepares the parent cgroups
 // of sandboxes, so it has the same side effects as New.
 func (b *Backend) Check() error {
-	_, err := checkHost(b.shims.selfExe, b.slots.r)
-	return err
+	if _, err := checkHost(b.shims.selfExe); err != nil {
+		return err
+	}
+	return probeHelpers(b.shims.selfExe, b.slots.r)
 }
 
 // checkHost is Check's, for New too: the host's cgroups, once it has
-// proved that a sandbox can be made (a probe of selfExe's helpers in
-// namespaces owned by the first of uids).
-func checkHost(selfExe string, uids uidRange) (cgroupLayout, error) {
+// checked what the kernel must offer and what SelfExe must be.
+// probeHelpers proves the rest.
+func checkHost(selfExe string) (cgroupLayout, error) {
 	if os.Geteuid() != 0 {
 		return cgroupLayout{}, errors.New(needRootReason)
 	}
@@ -214,6 +228,12 @@ func checkHost(selfExe string, uids uidRange) (cgroupLayout, error) {
 	if !st.Mode().IsRegular() || st.Mode().Perm()&0o001 == 0 {
 		return cgroupLayout{}, fmt.Errorf("local backend: SelfExe %s must be a file executable by all users (mode o+x): the sandbox init runs it as an unprivileged uid", selfExe)
 	}
+	return cg, nil
+}
+
+// probeHelpers proves that a sandbox can be made: a probe of selfExe's
+// helpers in namespaces owned by the first of uids.
+func probeHelpers(selfExe string, uids uidRange) error {
 	// Prove that SelfExe re-executes into the helpers (the Go ones and,
 	// when built in, the C ones) and that the kernel lets us create the
 	// namespaces, now rather than at the first job.
@@ -234,11 +254,11 @@ func checkHost(selfExe string, uids uidRange) (cgroupLayout, error) {
 			if c {
 				which = "C"
 			}
-			return cgroupLayout{}, fmt.Errorf("local backend: the sandbox probe (%s helpers) failed (is SelfExe a program that links the local package? can this kernel create user namespaces?): %v: %s",
+			return fmt.Errorf("local backend: the sandbox probe (%s helpers) failed (is SelfExe a program that links the local package? can this kernel create user namespaces?): %v: %s",
 				which, err, strings.TrimSpace(stderr.String()+string(out)))
 		}
 	}
-	return cg, nil
+	return nil
 }
 
 // Name implements sandbox.Backend.

@@ -28,6 +28,7 @@ type netnsPool struct {
 	ready chan *os.File
 
 	mu      sync.Mutex
+	takes   int // takes so far: the maker starts at the second
 	running bool
 	failed  bool // making one failed: sandboxes make their own from then on
 	closed  bool // close: no maker starts any more
@@ -45,7 +46,10 @@ func newNetnsPool(log *slog.Logger) *netnsPool {
 }
 
 // take returns a ready namespace, which the caller closes once the shim
-// has it, or nil; either way it has the maker running.
+// has it, or nil; from the second take on it has the maker running. A
+// process that makes one sandbox (a CLI's "delegate run") makes no
+// namespace it will not use: two made ahead and torn down unused cost
+// more than the one the shim makes (measured: issue 41, item 2).
 func (p *netnsPool) take() *os.File {
 	var f *os.File
 	select {
@@ -59,7 +63,8 @@ func (p *netnsPool) take() *os.File {
 func (p *netnsPool) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.running && !p.failed && !p.closed {
+	p.takes++
+	if p.takes >= 2 && !p.running && !p.failed && !p.closed {
 		p.running = true
 		p.wg.Go(p.make)
 	}

@@ -17,13 +17,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestNetnsPool: the namespaces made ahead are new ones, each its own,
-// loopback up and nothing else; the maker stops, and lets go of what it
-// made, once nobody takes any.
+// TestNetnsPool: the maker starts at the second take (a process making
+// one sandbox makes none ahead); the namespaces made ahead are new ones,
+// each its own, loopback up and nothing else; the maker stops, and lets
+// go of what it made, once nobody takes any.
 func TestNetnsPool(t *testing.T) {
 	canRun(t)
 	p := newNetnsPool(slog.New(slog.DiscardHandler))
 	p.idle = 200 * time.Millisecond
+	f := p.take()
+	p.mu.Lock()
+	running := p.running
+	p.mu.Unlock()
+	if f != nil || running {
+		t.Fatalf("the first take: %v, the maker running %v; want none made ahead", f, running)
+	}
 	var got []*os.File
 	if !waitFor(10*time.Second, func() bool {
 		if f := p.take(); f != nil {
@@ -60,6 +68,7 @@ func TestNetnsPool(t *testing.T) {
 func TestBackendClose(t *testing.T) {
 	b := newBackend(t, 0)
 	pool := b.nets.pool
+	pool.take()
 	pool.take() // the maker runs
 	if !waitFor(10*time.Second, func() bool { return len(pool.ready) == netnsPoolSize }) {
 		t.Fatal("the maker made no namespaces")
