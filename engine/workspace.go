@@ -177,25 +177,19 @@ func (r *workspaces) importWorkspace(ctx context.Context, a *attempt, step func(
 	}
 	step(fmt.Sprintf("copying workspace (%d files, %.1f MB)", tree.Files, float64(tree.Bytes)/1e6))
 	_, local := a.sb.(sandbox.HostWorkspace)
-	pr, pw := io.Pipe()
-	var base *workspace.Baseline
-	archived := make(chan error, 1)
-	go func() {
-		var err error
-		base, err = tree.Archive(ctx, pw, workspace.ArchiveOptions{Gzip: !local})
-		pw.CloseWithError(err)
-		archived <- err
-	}()
-	unpacked, err := ar.PutArchive(ctx, pr)
-	pr.CloseWithError(errors.New("the sandbox stopped reading"))
-	if aerr := <-archived; aerr != nil {
-		if errors.Is(aerr, workspace.ErrChanged) {
-			return fmt.Errorf("the workspace source changed while it was copied (%v): submit the job again", aerr)
-		}
-		return fmt.Errorf("copy the workspace: %w", aerr)
-	}
-	if err != nil {
+	// The archive as a stream, which the local backend has write itself
+	// straight into its helper's pipe.
+	src := tree.Stream(ctx, workspace.ArchiveOptions{Gzip: !local})
+	unpacked, err := ar.PutArchive(ctx, src)
+	src.Close()
+	base, aerr := src.Result()
+	switch {
+	case aerr != nil && errors.Is(aerr, workspace.ErrChanged):
+		return fmt.Errorf("the workspace source changed while it was copied (%v): submit the job again", aerr)
+	case err != nil:
 		return fmt.Errorf("copy the workspace: %w", err)
+	case aerr != nil:
+		return fmt.Errorf("copy the workspace: %w", aerr)
 	}
 	if m.StatusMode != delegate.StatusModeSimple {
 		now := time.Now().UTC()

@@ -49,7 +49,7 @@ func benchTree(b *testing.B, files, size int) string {
 //	go test -run '^$' -bench WorkspaceImport -benchtime 5x ./local/
 func BenchmarkWorkspaceImport(b *testing.B) {
 	be := newBackend(b, 0)
-	src := benchTree(b, 10_000, 10_000)
+	dir := benchTree(b, 10_000, 10_000)
 	ctx := context.Background()
 	spec := sandbox.Spec{CPU: 2, MemoryBytes: 1 << 30, DiskBytes: 512 << 20}
 	var imp, base time.Duration
@@ -67,23 +67,20 @@ func BenchmarkWorkspaceImport(b *testing.B) {
 		b.StartTimer()
 
 		t0 := time.Now()
-		tree, err := workspace.Scan(ctx, src, workspace.ScanOptions{})
+		tree, err := workspace.Scan(ctx, dir, workspace.ScanOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		pr, pw := io.Pipe()
-		go func() {
-			_, err := tree.Archive(ctx, pw, workspace.ArchiveOptions{})
-			pw.CloseWithError(err)
-		}()
-		got, err := sb.(sandbox.Archiver).PutArchive(ctx, pr)
-		if err != nil || got.Files != 10_000 {
-			b.Fatalf("PutArchive: %+v %v", got, err)
+		src := tree.Stream(ctx, workspace.ArchiveOptions{})
+		got, err := sb.(sandbox.Archiver).PutArchive(ctx, src)
+		src.Close()
+		if _, aerr := src.Result(); err != nil || aerr != nil || got.Files != 10_000 {
+			b.Fatalf("PutArchive: %+v %v %v", got, err, aerr)
 		}
 		imp += time.Since(t0)
 
 		t1 := time.Now()
-		tar := exec.Command("/bin/sh", "-c", `tar -C "$0" -cf - . | tar -C "$1" -xf -`, src, dst)
+		tar := exec.Command("/bin/sh", "-c", `tar -C "$0" -cf - . | tar -C "$1" -xf -`, dir, dst)
 		if out, err := tar.CombinedOutput(); err != nil {
 			b.Fatalf("tar: %v %s", err, out)
 		}

@@ -64,6 +64,10 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts ExtractOptions) 
 		defer unix.Close(fd)
 		b := newBeneath(fd)
 		defer b.close()
+		// The umask of the moment: read once for the whole tree.
+		if mask, ok := processUmask(); ok && emptyWithoutACL(fd) {
+			b.plainModes, b.umask = true, mask
+		}
 		type dirMode struct {
 			path  string
 			perm  uint32

@@ -74,6 +74,11 @@ type beneath struct {
 	// spent a third of its extraction allocating and clearing one per
 	// file).
 	buf []byte
+	// plainModes: a new file's mode is what it was created with less
+	// umask (no default ACL above it: an empty tree without one, made
+	// here), so createFile sets it only when umask took bits away.
+	plainModes bool
+	umask      uint32
 }
 
 func newBeneath(root int) *beneath { return &beneath{root: root, dfd: -1} }

@@ -107,12 +107,17 @@ func (b *beneath) createFile(rel string, r io.Reader, perm uint32, mtime int64, 
 	if err := copyToFd(fd, r, b.buf); err != nil {
 		return pathErr("write", rel, err)
 	}
-	if err := unix.Fchmod(fd, perm&0o777); err != nil {
-		return pathErr("chmod", rel, err)
+	// The file is new (O_EXCL): in a tree without default ACLs its mode
+	// is perm less the umask's bits, so it needs setting only when the
+	// umask took some away (a system call per file less on an import of
+	// thousands).
+	if !b.plainModes || perm&0o777&b.umask != 0 {
+		if err := unix.Fchmod(fd, perm&0o777); err != nil {
+			return pathErr("chmod", rel, err)
+		}
 	}
 	if mtime != 0 {
-		ts := []unix.Timespec{unix.NsecToTimespec(mtime), unix.NsecToTimespec(mtime)}
-		if err := unix.UtimesNanoAt(pfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := setFileTimes(fd, pfd, name, mtime); err != nil {
 			return pathErr("utimes", rel, err)
 		}
 	}
