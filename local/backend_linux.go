@@ -147,12 +147,12 @@ func New(cfg Config) (*Backend, error) {
 	}
 	// The probe, unless it passed before under the same key.
 	key, keyErr := probeKey(self, uids)
-	if keyErr != nil || !probedBefore(dir, key) {
+	if keyErr != nil || !probedBefore(probeRecordDir, key) {
 		if err := probeHelpers(self, uids); err != nil {
 			return nil, err
 		}
 		if keyErr == nil {
-			if err := recordProbe(dir, key); err != nil {
+			if err := recordProbe(probeRecordDir, key); err != nil {
 				log.Warn("could not record the sandbox probe's result: the next start probes again", "err", err)
 			}
 		}

@@ -4,6 +4,8 @@ package local
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,13 +15,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileProbed, in the backend's directory, records that the sandbox probe
-// passed on this host, under the key of everything its result depends on
-// (probeKey). A CLI command opens a backend on every call, and the probe
-// starts the helpers in new namespaces (3 ms with the C helpers, 20 ms and
-// more with the Go ones, which start two Go processes): with the record
-// in place and its key unchanged, New skips it. Check always probes.
-const fileProbed = ".probed"
+// probeRecordDir holds the records of the sandbox probes that passed on
+// this host, each under the key of everything its result depends on
+// (probeKey), in a file named by the key's hash. A CLI command opens a
+// backend on every call, and the probe starts the helpers in new
+// namespaces (3 ms with the C helpers, 20 ms and more with the Go ones,
+// which start two Go processes; a cgo build probed both): with a record
+// of its key in place, New skips it. In /run, like the uid registry, so a
+// reboot empties it; root's alone; no data dir holds it (the result is
+// the host's and the binary's). Check always probes.
+const probeRecordDir = "/run/delegate/probes"
 
 // probeKey says what a probe's result depends on: this boot of this
 // kernel (a sysctl set since is in the limits read below, a new kernel
@@ -56,20 +61,30 @@ func probeKey(selfExe string, uids uidRange) (string, error) {
 	return b.String(), nil
 }
 
-// probedBefore says whether dir's record holds key.
+// probeRecord is the file in dir of the record of key.
+func probeRecord(dir, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return filepath.Join(dir, hex.EncodeToString(sum[:16]))
+}
+
+// probedBefore says whether dir holds the record of key.
 func probedBefore(dir, key string) bool {
-	data, err := os.ReadFile(filepath.Join(dir, fileProbed))
+	data, err := os.ReadFile(probeRecord(dir, key))
 	return err == nil && string(data) == key
 }
 
 // recordProbe records in dir that the probe passed under key (best
 // effort: without the record the next New probes again).
 func recordProbe(dir, key string) error {
-	tmp := filepath.Join(dir, fileProbed+".tmp"+strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	dst := probeRecord(dir, key)
+	tmp := dst + ".tmp" + strconv.Itoa(os.Getpid())
 	if err := os.WriteFile(tmp, []byte(key), 0o600); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, fileProbed)); err != nil {
+	if err := os.Rename(tmp, dst); err != nil {
 		os.Remove(tmp)
 		return err
 	}

@@ -12,25 +12,37 @@ import (
 
 // TestProbeRecorded: New probes the helpers once, records it under the key
 // of what the result depends on, and skips the probe while the key holds;
-// a changed helper binary is probed again. The helper here is a script
-// that fails the probe, so New fails exactly when it probes.
+// a changed helper binary is probed again, and a record of another key
+// (another boot) is not believed. The helper here is a script that fails
+// the probe, so New fails exactly when it probes. Nothing of it is in
+// the backend's directory.
 func TestProbeRecorded(t *testing.T) {
 	canRun(t)
-	dir := t.TempDir()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	uids, err := parseUIDRange(DefaultUIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A passing probe is recorded.
+	dir := t.TempDir()
 	if _, err := New(Config{Dir: dir, SelfExe: self}); err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	rec, err := os.ReadFile(filepath.Join(dir, fileProbed))
+	key, err := probeKey(self, uids)
 	if err != nil {
-		t.Fatalf("no record of the probe: %v", err)
+		t.Fatal(err)
 	}
-	if !strings.Contains(string(rec), "exe="+self+" ") || !strings.Contains(string(rec), "boot=") {
-		t.Fatalf("the record's key names neither the binary nor the boot:\n%s", rec)
+	if !probedBefore(probeRecordDir, key) {
+		t.Fatal("no record of the probe that passed")
+	}
+	if !strings.Contains(key, "exe="+self+" ") || !strings.Contains(key, "boot=") {
+		t.Fatalf("the record's key names neither the binary nor the boot:\n%s", key)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("in the backend's directory: %v", ents)
 	}
 
 	// A helper that fails the probe.
@@ -38,29 +50,30 @@ func TestProbeRecorded(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("#!/bin/sh\necho no; exit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	badKey := func() string {
+		k, err := probeKey(bad, uids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(probeRecord(probeRecordDir, k)) })
+		return k
+	}
 	bdir := t.TempDir()
 	if _, err := New(Config{Dir: bdir, SelfExe: bad}); err == nil || !strings.Contains(err.Error(), "the sandbox probe") {
 		t.Fatalf("New with a failing helper: %v, want the probe's failure", err)
 	}
-	if _, err := os.Stat(filepath.Join(bdir, fileProbed)); !os.IsNotExist(err) {
-		t.Fatalf("a failed probe was recorded: %v", err)
+	key = badKey()
+	if probedBefore(probeRecordDir, key) {
+		t.Fatal("a failed probe was recorded")
 	}
 	// Its key recorded as passed: New believes the record...
-	uids, err := parseUIDRange(DefaultUIDs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := probeKey(bad, uids)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := recordProbe(bdir, key); err != nil {
+	if err := recordProbe(probeRecordDir, key); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := New(Config{Dir: bdir, SelfExe: bad}); err != nil {
 		t.Fatalf("New with the probe recorded under its key: %v", err)
 	}
-	// ... until the binary changes (its change time, here): then it probes.
+	// ... until the binary changes (its times, here): then it probes.
 	later := time.Now().Add(time.Minute)
 	if err := os.Chtimes(bad, later, later); err != nil {
 		t.Fatal(err)
@@ -68,8 +81,10 @@ func TestProbeRecorded(t *testing.T) {
 	if _, err := New(Config{Dir: bdir, SelfExe: bad}); err == nil || !strings.Contains(err.Error(), "the sandbox probe") {
 		t.Fatalf("New after the helper changed: %v, want the probe's failure", err)
 	}
-	// A record of another key (another boot, say) is not believed.
-	if err := recordProbe(bdir, strings.Replace(key, "boot=", "boot=x", 1)); err != nil {
+	// A record of another key (another boot, say) is not believed, even
+	// under the file name of this one's.
+	key = badKey()
+	if err := os.WriteFile(probeRecord(probeRecordDir, key), []byte(strings.Replace(key, "boot=", "boot=x", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := New(Config{Dir: bdir, SelfExe: bad}); err == nil {
