@@ -74,7 +74,7 @@ func (c *Client) AgentExecStatus(ctx context.Context, node string, vmid, pid int
 		OutTruncated Bool   `json:"out-truncated"`
 		ErrTruncated Bool   `json:"err-truncated"`
 	}
-	if _, err := c.get(ctx, vmPath(node, vmid)+"/agent/exec-status", params{"pid": pid}, &res); err != nil {
+	if _, err := c.getConsuming(ctx, vmPath(node, vmid)+"/agent/exec-status", params{"pid": pid}, &res); err != nil {
 		return ExecStatus{}, err
 	}
 	st := ExecStatus{Exited: bool(res.Exited), StdoutTruncated: bool(res.OutTruncated), StderrTruncated: bool(res.ErrTruncated)}

@@ -164,6 +164,23 @@ func (c *Client) del(ctx context.Context, path string, p params, out any) error 
 // transport error or a transient status, and any request that never
 // left this process (the connection failed before it was written).
 func (c *Client) call(ctx context.Context, method, path string, p params, out any) (*envelope, error) {
+	return c.callOnce(ctx, method, path, p, out, false)
+}
+
+// getConsuming is get for a read that changes what it reads: the guest
+// agent forgets an exited command's pid once exec-status has reported it
+// (qga/commands-posix.c, guest-exec-status), so a GET repeated after its
+// answer was lost in transit finds "Invalid parameter 'pid'" and the
+// command's result is gone. It is repeated only where the request cannot
+// have reached the agent: before it was written, or answered 595 (pveproxy
+// could not reach the node) or 503 (pveproxy refused it).
+func (c *Client) getConsuming(ctx context.Context, path string, p params, out any) (*envelope, error) {
+	return c.callOnce(ctx, http.MethodGet, path, p, out, true)
+}
+
+// callOnce is call; consumes says the request is a read that changes what
+// it reads (getConsuming).
+func (c *Client) callOnce(ctx context.Context, method, path string, p params, out any, consumes bool) (*envelope, error) {
 	delay := c.cfg.RetryDelay
 	node := pathNode(path)
 	failovers := 0
@@ -185,7 +202,7 @@ func (c *Client) call(ctx context.Context, method, path string, p params, out an
 			// one that never left, goes again (at once, the first time
 			// round the endpoints).
 			c.failover(ep)
-			if (method == http.MethodGet || !sent) && failovers < len(c.eps)-1 {
+			if ((method == http.MethodGet && !consumes) || !sent) && failovers < len(c.eps)-1 {
 				failovers++
 				attempt--
 				continue
@@ -199,7 +216,7 @@ func (c *Client) call(ctx context.Context, method, path string, p params, out an
 			}
 			return env, nil
 		}
-		if ctx.Err() != nil || attempt >= c.cfg.RetryAttempts || !c.retryable(method, sent, err) {
+		if ctx.Err() != nil || attempt >= c.cfg.RetryAttempts || !c.retryable(method, sent, consumes, err) {
 			return nil, err
 		}
 		// Jitter keeps many clients from retrying in step.
@@ -217,9 +234,12 @@ func (c *Client) call(ctx context.Context, method, path string, p params, out an
 }
 
 // retryable decides whether a failed attempt may be repeated.
-func (c *Client) retryable(method string, sent bool, err error) bool {
+func (c *Client) retryable(method string, sent, consumes bool, err error) bool {
 	var api *APIError
 	if errors.As(err, &api) {
+		if consumes {
+			return api.StatusCode == 595 || api.StatusCode == http.StatusServiceUnavailable
+		}
 		return method == http.MethodGet && retryableStatus(api)
 	}
 	// A certificate the client refuses will not change by asking again.
@@ -230,7 +250,7 @@ func (c *Client) retryable(method string, sent bool, err error) bool {
 	if errors.As(err, &fp) || errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &hn) {
 		return false
 	}
-	return method == http.MethodGet || !sent
+	return (method == http.MethodGet && !consumes) || !sent
 }
 
 // once sends one attempt. sent reports whether the request was written

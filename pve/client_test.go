@@ -274,12 +274,14 @@ func TestErrorMapping(t *testing.T) {
 }
 
 // TestRetry: GETs are retried on transient failures; POSTs only when the
-// request never left.
+// request never left; exec-status, a read the agent answers once, only
+// when it cannot have reached the agent.
 func TestRetry(t *testing.T) {
 	tests := []struct {
 		name      string
 		post      bool
-		fails     int // answers before success
+		exec      bool // exec-status
+		fails     int  // answers before success
 		code      int
 		reason    string
 		wantCalls int32
@@ -295,6 +297,10 @@ func TestRetry(t *testing.T) {
 		{name: "POST 500 not retried", post: true, fails: 1, code: 500, reason: "got timeout", wantCalls: 1, wantErr: true},
 		{name: "POST dropped after it was sent", post: true, fails: 1, code: -1, wantCalls: 1, wantErr: true},
 		{name: "GET dropped connection", fails: 1, code: -1, wantCalls: 2},
+		{name: "exec-status dropped after it was sent", exec: true, fails: 1, code: -1, wantCalls: 1, wantErr: true},
+		{name: "exec-status 500 not retried", exec: true, fails: 1, code: 500, reason: "got timeout", wantCalls: 1, wantErr: true},
+		{name: "exec-status 595 node unreachable", exec: true, fails: 1, code: 595, reason: "No route to host", wantCalls: 2},
+		{name: "exec-status 503", exec: true, fails: 1, code: 503, reason: "Service Unavailable", wantCalls: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -317,9 +323,12 @@ func TestRetry(t *testing.T) {
 			})
 			c := f.client(t)
 			var err error
-			if tt.post {
+			switch {
+			case tt.post:
 				_, err = c.StartVM(context.Background(), "pve1", 100)
-			} else {
+			case tt.exec:
+				_, err = c.AgentExecStatus(context.Background(), "pve1", 100, 42)
+			default:
 				_, err = c.VMStatus(context.Background(), "pve1", 100)
 			}
 			if (err != nil) != tt.wantErr {
