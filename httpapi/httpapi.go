@@ -54,6 +54,9 @@ type Services struct {
 	// Questions: a job's questions and its long poll for their answers
 	// (questions.go); nil: those endpoints answer 404.
 	Questions delegate.QuestionService
+	// Transfers: bulk files between the server and jobs' sandboxes
+	// (transfers.go); nil: GET and PUT /transfer/{id} answer 404.
+	Transfers Transfers
 }
 
 // Handler serves POST /callback/{job_id}/{complete,status,heartbeat},
@@ -69,11 +72,15 @@ func newHandler(svc Services, opts Options) *handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{svc: svc.Callbacks, qs: svc.Questions, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
+	h := &handler{svc: svc.Callbacks, qs: svc.Questions, transfers: svc.Transfers, opts: opts, conns: newConnGuard(opts), rate: newRateLimit(opts)}
 	mux := http.NewServeMux()
 	mux.Handle("POST /callback/{job_id}/{kind}", h.counted(http.HandlerFunc(h.callback)))
 	mux.Handle("POST /callback/{job_id}/question", h.counted(http.HandlerFunc(h.ask)))
 	mux.Handle("GET /callback/{job_id}/answer/{question_id}", h.counted(http.HandlerFunc(h.awaitAnswer)))
+	if svc.Transfers != nil {
+		mux.Handle("GET /transfer/{id}", h.counted(http.HandlerFunc(h.transfer)))
+		mux.Handle("PUT /transfer/{id}", h.counted(http.HandlerFunc(h.transfer)))
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -90,12 +97,13 @@ func newHandler(svc Services, opts Options) *handler {
 }
 
 type handler struct {
-	svc   delegate.CallbackService
-	qs    delegate.QuestionService // nil: takes no questions
-	opts  Options
-	mux   *http.ServeMux
-	conns *connGuard
-	rate  *rateLimit
+	svc       delegate.CallbackService
+	qs        delegate.QuestionService // nil: takes no questions
+	transfers Transfers                // nil: serves none
+	opts      Options
+	mux       *http.ServeMux
+	conns     *connGuard
+	rate      *rateLimit
 }
 
 // body is what a job may send; fields that do not apply are ignored so

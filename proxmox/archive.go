@@ -8,7 +8,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -20,35 +22,51 @@ var _ sandbox.Archiver = (*vmSandbox)(nil)
 // digits): about 450 MB compressed.
 const maxArchiveParts = 10000
 
-// unpackScript joins an archive's parts ($0.p0000...) into $0 and unpacks
-// it into the workspace, keeping permissions (-p, also for a non-root
-// agent) and modification times to the nanosecond (GNU tar reads them
-// from the pax headers), owned by the agent's user. The archive was
-// checked and rewritten by the server: names clean and relative, no
-// special files, no hard links. A constant: the path is an argument.
-const unpackScript = `b=$0; cat -- "$b".p[0-9][0-9][0-9][0-9] >"$b" && rm -f -- "$b".p[0-9][0-9][0-9][0-9] && mkdir -p -- ` + workspace + ` &&
-tar -x -z -p -f "$b" -C ` + workspace + ` --no-same-owner --delay-directory-restore --warning=no-timestamp; rc=$?; rm -f -- "$b" "$b".p[0-9][0-9][0-9][0-9]; exit $rc`
+// xferPrefix names delegate's files in the workspace while they travel:
+// the archive going in (in parts through the agent, or whole over HTTP)
+// and the workspace packed to go out. They are on the workspace's own
+// file system, the VM's disk, for the length of the call: not in /tmp,
+// which is RAM on Debian 13 (a tmpfs of half the VM's memory), where a
+// 100 MB archive would take 100 MB of the job's memory or not fit. The
+// workspace needs the room anyway, and packScript leaves them out.
+const xferPrefix = workspace + "/.delegate-xfer-"
+
+// xferName is a new name of xferPrefix.
+func xferName(suffix string) string {
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	return xferPrefix + hex.EncodeToString(nonce[:]) + suffix
+}
+
+// unpackScript unpacks the archive $0 into the workspace, reading its
+// parts ($0.p0000...) in order where it came in parts, keeping
+// permissions (-p, also for a non-root agent) and modification times to
+// the nanosecond (GNU tar reads them from the pax headers), owned by the
+// agent's user; then removes it. The archive was checked and rewritten
+// by the server: names clean and relative, no special files, no hard
+// links. A constant: the path is an argument.
+const unpackScript = `b=$0; set -- "$b".p[0-9][0-9][0-9][0-9]; [ -e "$1" ] || set -- "$b"
+mkdir -p -- ` + workspace + ` && cat -- "$@" | tar -x -z -p -f - -C ` + workspace + ` --no-same-owner --delay-directory-restore --warning=no-timestamp; rc=$?
+rm -f -- "$@"; exit $rc`
 
 // packScript writes the workspace as a gzip pax tar to $0 (pax keeps the
 // nanoseconds of modification times, GNU tar's own format does not):
 // hard links as the files they link to, without git's objects (never
-// changes) nor the simulator's agent directory (.qga, pvesim/doc.go).
-// Exit status 1 is GNU tar's "a file changed as it was read", which a
-// background process of a kept sandbox may cause: the archive is still
-// whole.
-const packScript = `umask 077; mkdir -p -- "${0%/*}" && tar -c -z -f "$0" --format=posix -C ` + workspace + ` --hard-dereference --exclude=./.git/objects --exclude=./.qga --warning=no-file-ignored .`
+// changes), delegate's files in transit (xferPrefix) nor the simulator's
+// agent directory (.qga, pvesim/doc.go); then prints the archive's sha256
+// and size, which a transfer over HTTP checks. Exit status 1 is GNU
+// tar's "a file changed as it was read", which a background process of a
+// kept sandbox may cause: the archive is still whole.
+const packScript = `umask 077; tar -c -z -f "$0" --format=posix -C ` + workspace + ` --hard-dereference --exclude=./.git/objects --exclude=./.qga --exclude='./` +
+	`.delegate-xfer-*' --warning=no-file-ignored .; rc=$?
+[ $rc -le 1 ] || { rm -f -- "$0"; exit $rc; }
+s=$(sha256sum <"$0") && n=$(wc -c <"$0") && echo "${s%% *} $n" && exit $rc`
 
-// PutArchive implements sandbox.Archiver: the stream is checked and
-// rewritten (sandbox.ReadArchive: what breaks a rule fails here, special
-// files and hard links are left out), gzipped, written into the guest in
-// parts through agent/file-write, and unpacked there by GNU tar in one
-// agent/exec.
-func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, error) {
-	var nonce [8]byte
-	rand.Read(nonce[:])
-	base := guestDir + "/ws-" + hex.EncodeToString(nonce[:])
-	pw := &partWriter{ctx: ctx, s: s, base: base}
-	zw, _ := gzip.NewWriterLevel(pw, gzip.BestSpeed)
+// writeArchive checks and rewrites the stream (sandbox.ReadArchive:
+// what breaks a rule fails here, special files and hard links are left
+// out) as a gzip pax tar into w.
+func writeArchive(ctx context.Context, r io.Reader, w io.Writer) (sandbox.Unpacked, error) {
+	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 	tw := tar.NewWriter(zw)
 	res, err := sandbox.ReadArchive(ctx, r, func(e sandbox.ArchiveEntry) error {
 		h := e.Header
@@ -77,6 +95,28 @@ func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpack
 	if err == nil {
 		err = zw.Close()
 	}
+	return res, err
+}
+
+// PutArchive implements sandbox.Archiver: the stream is checked and
+// rewritten (writeArchive) and goes into the guest, over HTTP where the
+// VM reaches the server (transfer.go), else in parts through
+// agent/file-write; GNU tar unpacks it there in one agent/exec.
+func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, error) {
+	base := xferName(".tgz")
+	if x, why := s.viaHTTP(); x == nil {
+		agentPath(s.b.log, slog.LevelDebug, "in", s.vmid, s.owner.job, why)
+	} else if res, used, err := x.put(ctx, s, s.vmid, s.owner.job, r, base); used {
+		if err == nil {
+			err = s.unpack(ctx, base)
+		}
+		if err != nil {
+			return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
+		}
+		return res, nil
+	}
+	pw := &partWriter{ctx: ctx, s: s, base: base}
+	res, err := writeArchive(ctx, r, pw)
 	if err == nil {
 		err = pw.flush()
 	}
@@ -86,10 +126,17 @@ func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpack
 		}
 		return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
 	}
-	if _, err := s.runOK(ctx, []string{"/bin/sh", "-c", unpackScript, base}); err != nil {
+	if err := s.unpack(ctx, base); err != nil {
 		return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
 	}
 	return res, nil
+}
+
+// unpack unpacks the archive at base (whole, or in parts) into the
+// workspace, and removes it.
+func (s *vmSandbox) unpack(ctx context.Context, base string) error {
+	_, err := s.runOK(ctx, []string{"/bin/sh", "-c", unpackScript, base})
+	return err
 }
 
 // partWriter writes what it is given into the guest in parts of
@@ -133,12 +180,12 @@ func (w *partWriter) part(data []byte) error {
 }
 
 // GetArchive implements sandbox.Archiver: tar packs the workspace into a
-// file of guestDir, which is read back with agent/file-read (16 MiB) and
-// then dd through agent/exec, 16 MiB at a time; Close removes it.
+// file beside it (xferPrefix), which comes out over HTTP where the VM
+// reaches the server (transfer.go), else through agent/file-read (16
+// MiB) and then dd through agent/exec, 16 MiB at a time; Close removes
+// it.
 func (s *vmSandbox) GetArchive(ctx context.Context) (io.ReadCloser, error) {
-	var nonce [8]byte
-	rand.Read(nonce[:])
-	name := guestDir + "/out-" + hex.EncodeToString(nonce[:]) + ".tgz"
+	name := xferName(".tgz")
 	r, err := s.run(ctx, []string{"/bin/sh", "-c", packScript, name})
 	if err == nil && r.code != 0 && r.code != 1 {
 		err = fmt.Errorf("tar exited %d: %s", r.code, r.stderr)
@@ -147,7 +194,29 @@ func (s *vmSandbox) GetArchive(ctx context.Context) (io.ReadCloser, error) {
 		s.run(context.WithoutCancel(ctx), []string{"/bin/rm", "-f", "--", name})
 		return nil, fmt.Errorf("get archive from VM %d: %w", s.vmid, err)
 	}
+	if x, why := s.viaHTTP(); x == nil {
+		agentPath(s.b.log, slog.LevelDebug, "out", s.vmid, s.owner.job, why)
+	} else if sum, n, perr := parseSum(r.stdout); perr != nil {
+		agentPath(s.b.log, slog.LevelWarn, "out", s.vmid, s.owner.job, perr.Error())
+	} else if rc, used, err := x.get(ctx, s, s.vmid, s.owner.job, name, sum, n); used {
+		if err != nil {
+			s.run(context.WithoutCancel(ctx), []string{"/bin/rm", "-f", "--", name})
+			return nil, fmt.Errorf("get archive from VM %d: %w", s.vmid, err)
+		}
+		return rc, nil
+	}
 	return &guestFile{ctx: ctx, s: s, name: name}, nil
+}
+
+// parseSum reads packScript's "SHA256 SIZE" line.
+func parseSum(out []byte) (string, int64, error) {
+	f := strings.Fields(string(out))
+	if len(f) == 2 && len(f[0]) == 64 {
+		if n, err := strconv.ParseInt(f[1], 10, 64); err == nil && n >= 0 {
+			return f[0], n, nil
+		}
+	}
+	return "", 0, fmt.Errorf("the guest's sha256sum of the workspace said %q", strings.TrimSpace(string(out)))
 }
 
 // guestFile reads a file of the guest from start to end.

@@ -103,7 +103,12 @@ type Config struct {
 	// Egress, if set, routes jobs' networks through delegate's egress
 	// proxy alone (egress.go): their VMs' firewalls let out nothing else.
 	Egress *Egress
-	Logger *slog.Logger
+	// TransferURL, if set, is the callback server's URL as job VMs reach
+	// it (CALLBACK_PUBLIC_URL), which serves Transfers at /transfer/:
+	// the workspaces of VMs with a network then travel over HTTP
+	// (transfer.go); unset, or a loopback URL, through the agent.
+	TransferURL string
+	Logger      *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster. It is a
@@ -134,6 +139,10 @@ type Backend struct {
 	// stamps stamps this server's VMs as seen, once its sweep runs.
 	stamps     *stamper
 	stampsOnce sync.Once
+	// xfers carries workspaces over HTTP (transfer.go); nil: through the
+	// agent, for the reason xferOff gives.
+	xfers   *Transfers
+	xferOff string
 }
 
 var (
@@ -205,7 +214,17 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("proxmox: node memory of %q must be at least 1G (got %d bytes)", node, m)
 		}
 	}
-	b := &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance)}
+	b := &Backend{c: c, cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance),
+		xferOff: "the server serves no transfers (no callback URL for job VMs)"}
+	if cfg.TransferURL != "" {
+		var err error
+		if b.xfers, b.xferOff, err = newTransfers(cfg.TransferURL, cfg.PollInterval, b.log); err != nil {
+			return nil, err
+		}
+		if b.xfers == nil {
+			b.log.Info("workspaces go through the guest agent", "why", b.xferOff)
+		}
+	}
 	conf := &b.cfg
 	b.tpls = newTemplates(c, conf, b.log)
 	b.placer = newPlacer(c, conf, b.log, b.tpls, b.idlePool)
@@ -312,7 +331,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		h.pool.forget(v)
 		if err == nil {
 			h.bind(v.vmid)
-			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o, kept: spec.MultiExec}, nil
+			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o, kept: spec.MultiExec}, nil // a pool VM has no NIC
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -343,7 +362,7 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 		b.vms.destroyVM(context.WithoutCancel(ctx), h.node, vmid, o)
 		return nil, err
 	}
-	return &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o, kept: spec.MultiExec}, nil
+	return &vmSandbox{b: b, vmid: vmid, node: h.node, owner: o, kept: spec.MultiExec, nic: spec.Network}, nil
 }
 
 func templateLabel(t pve.Resource) string {
@@ -413,7 +432,7 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	// A kept sandbox opened without a job has an sbx- id; a persistent
 	// job's VM found again is not known to be kept (its commands'
 	// directories then stay until it goes).
-	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o, kept: strings.HasPrefix(job, "sbx-")}, nil
+	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o, kept: strings.HasPrefix(job, "sbx-"), nic: len(netKeys(cfg)) > 0}, nil
 }
 
 func orLegacy(job string) string {

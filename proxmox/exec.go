@@ -303,9 +303,10 @@ func missingDir(err error) bool {
 // enter: files the agent creates are mode 0666 (qemu-ga's
 // safe_open_or_create), so the parts of a bundle must be where no one
 // else can reach them.
-const prepareScript = `umask 077; mkdir -p -m 0700 -- "$0" && chmod 0700 -- "$0"`
+const prepareScript = `umask 077; mkdir -p -m 0700 -- "$0" && chmod 0700 -- "$0" && mkdir -p -m 0755 -- ` + workspace
 
-// prepare readies a new guest for commands: guestDir.
+// prepare readies a new guest for commands: guestDir, and the workspace
+// (where a workspace's archive arrives, archive.go).
 func (s *vmSandbox) prepare(ctx context.Context) error {
 	if _, err := s.runOK(ctx, []string{"/bin/sh", "-c", prepareScript, guestDir}); err != nil {
 		return fmt.Errorf("prepare VM %d: %w", s.vmid, err)

@@ -33,6 +33,9 @@ type vmSandbox struct {
 	// command's directory is removed once its result is read. A VM that
 	// runs one command is destroyed after it, directory and all.
 	kept bool
+	// nic: the VM has a network, over which its workspace may travel
+	// (transfer.go).
+	nic bool
 }
 
 var _ sandbox.Instance = (*vmSandbox)(nil)
@@ -91,30 +94,33 @@ type result struct {
 // run executes argv in the guest (no shell unless argv says so) and waits
 // for it.
 func (s *vmSandbox) run(ctx context.Context, argv []string) (result, error) {
+	pid, err := s.start(ctx, argv, nil)
+	if err != nil {
+		return result{}, err
+	}
+	return s.wait(ctx, pid, argv[0])
+}
+
+// start starts argv in the guest, stdin (if not nil) its standard input.
+func (s *vmSandbox) start(ctx context.Context, argv []string, stdin []byte) (int, error) {
 	var pid int
 	err := s.onNode(ctx, func(node string) (err error) {
-		pid, err = s.b.c.AgentExec(ctx, node, s.vmid, argv, nil)
+		pid, err = s.b.c.AgentExec(ctx, node, s.vmid, argv, stdin)
 		return err
 	})
 	if err != nil {
-		return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, agentHint(err))
+		return 0, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, agentHint(err))
 	}
+	return pid, nil
+}
+
+// wait polls a command the agent started (pid, named name) to its end.
+func (s *vmSandbox) wait(ctx context.Context, pid int, name string) (result, error) {
 	wait := 20 * time.Millisecond
 	for {
-		var st pve.ExecStatus
-		err := s.onNode(ctx, func(node string) (err error) {
-			st, err = s.b.c.AgentExecStatus(ctx, node, s.vmid, pid)
-			return err
-		})
-		if err != nil {
-			return result{}, fmt.Errorf("run %s in VM %d: %w", argv[0], s.vmid, err)
-		}
-		if st.Exited {
-			r := result{code: -1, stdout: st.Stdout, stderr: st.Stderr, truncated: st.StdoutTruncated}
-			if st.ExitCode != nil {
-				r.code = *st.ExitCode
-			}
-			return r, nil
+		r, done, err := s.status(ctx, pid, name)
+		if err != nil || done {
+			return r, err
 		}
 		select {
 		case <-ctx.Done():
@@ -123,6 +129,26 @@ func (s *vmSandbox) run(ctx context.Context, argv []string) (result, error) {
 		}
 		wait = min(wait*2, s.b.cfg.PollInterval)
 	}
+}
+
+// status reads a command's status once: done when it has exited.
+func (s *vmSandbox) status(ctx context.Context, pid int, name string) (result, bool, error) {
+	var st pve.ExecStatus
+	err := s.onNode(ctx, func(node string) (err error) {
+		st, err = s.b.c.AgentExecStatus(ctx, node, s.vmid, pid)
+		return err
+	})
+	if err != nil {
+		return result{}, false, fmt.Errorf("run %s in VM %d: %w", name, s.vmid, err)
+	}
+	if !st.Exited {
+		return result{}, false, nil
+	}
+	r := result{code: -1, stdout: st.Stdout, stderr: st.Stderr, truncated: st.StdoutTruncated}
+	if st.ExitCode != nil {
+		r.code = *st.ExitCode
+	}
+	return r, true, nil
 }
 
 // runOK is run for a command that must succeed.

@@ -14,8 +14,9 @@ import (
 )
 
 // The guests' network. A VM with a NIC gets a network namespace of its
-// own whose every destination lands on the simulator (the local
-// backend's egress namespace: egress_linux.go there): its connections
+// own whose connections to any address land on the simulator, on the
+// ports the local backend's egress namespace listens on (egress_linux.go
+// there: 3128, 80, 443, DNS, and Options.CallbackPort): its connections
 // are judged by its firewall as pve-firewall last compiled it, and one
 // let out to a host of Options.Hosts is carried there (a test's stand-in
 // for delegate's egress proxy); any other is closed. Three things of a

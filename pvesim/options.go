@@ -87,6 +87,12 @@ type Options struct {
 	// carried to the host address it maps to ("127.0.0.1:41234", a test's
 	// stand-in for delegate's egress proxy); any other is closed.
 	Hosts map[string]string
+	// CallbackPort is a port guests' connections are taken on besides
+	// the proxy's (3128) and the web's (80, 443), which are all a guest's
+	// network has (the local backend's egress listeners): delegate's
+	// callback server's, which job VMs reach for their workspaces
+	// (proxmox/transfer.go); 0: none.
+	CallbackPort int
 	// Bridges every node has besides vmbr0 (nodenet.go).
 	Bridges []BridgeSpec
 	// StorageLockHold is how long a clone holds its storage's lock for

@@ -214,7 +214,8 @@ func New(opts Options) (*Server, error) {
 		}
 		// Guests with a NIC reach the network through the simulator's
 		// (network.go), the local backend's egress namespace.
-		b, err := local.New(local.Config{Dir: dir, Logger: log.With("component", "guests"), Egress: guestNet{s}})
+		b, err := local.New(local.Config{Dir: dir, Logger: log.With("component", "guests"), Egress: guestNet{s},
+			EgressCallbackPort: opts.CallbackPort})
 		if err != nil {
 			if s.ownDir != "" {
 				os.RemoveAll(s.ownDir)

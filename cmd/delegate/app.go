@@ -257,7 +257,8 @@ func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger
 		}
 		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
-			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit, Nodes: cfg.ProxmoxNodes, VMIDRange: vmids})
+			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit, Nodes: cfg.ProxmoxNodes, VMIDRange: vmids,
+			TransferURL: callbackURL})
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 		}
@@ -317,10 +318,12 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 	return stop, nil
 }
 
-// poolKeeper keeps a warm pool of sandboxes (the Proxmox backend does).
+// poolKeeper keeps a warm pool of sandboxes (the Proxmox backend does),
+// and has its workspaces carried over HTTP by the callback server.
 type poolKeeper interface {
 	KeepPool(ctx context.Context, cfg proxmox.PoolConfig) (stop func(), err error)
 	PoolVMs() []proxmox.PoolCount
+	Transfers() *proxmox.Transfers
 }
 
 // poolCounter reads the warm pool for the metrics.

@@ -68,7 +68,13 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		if met != nil {
 			cbOpts.Answered = met.CallbackAnswered
 		}
-		srv := httpapi.CallbackServer(httpapi.Services{Callbacks: a.eng, Questions: a.eng}, cbOpts)
+		svcs := httpapi.Services{Callbacks: a.eng, Questions: a.eng}
+		if a.pool != nil {
+			if t := a.pool.Transfers(); t != nil {
+				svcs.Transfers = t // job VMs' workspaces, over HTTP
+			}
+		}
+		srv := httpapi.CallbackServer(svcs, cbOpts)
 		// Closed at once at the end: a job's long poll for an answer
 		// would hold a graceful shutdown for its whole wait.
 		serveUntil(ctx, g, srv, 0, func() error { return srv.Serve(callbacks) })
