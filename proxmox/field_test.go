@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -620,6 +621,24 @@ func TestReadmeTemplateRecipe(t *testing.T) {
 		}
 		for i := 3; i+1 < len(f); i += 2 {
 			opts[strings.TrimPrefix(f[i], "--")] = f[i+1]
+		}
+	}
+	// What the guest's scripts use beyond Debian's essential packages
+	// (sh, coreutils, findutils, tar, gzip, perl-base, util-linux):
+	// the agent, and curl, with which a VM with a network fetches its
+	// workspace (transfer.go).
+	for _, line := range strings.Split(recipe, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "virt-customize" {
+			for i := range f {
+				if f[i] == "--install" && i+1 < len(f) {
+					opts["install"] = f[i+1]
+				}
+			}
+		}
+	}
+	for _, pkg := range []string{"qemu-guest-agent", "curl"} {
+		if !slices.Contains(strings.Split(opts["install"], ","), pkg) {
+			t.Errorf("the recipe installs %q, not %s", opts["install"], pkg)
 		}
 	}
 	ci, _, _ := strings.Cut(opts["ide2"], ":")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
 	"github.com/delegate-dev/delegate/pvesim"
@@ -165,4 +167,103 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
 	return n, err
+}
+
+// BenchmarkWorkspace100MB copies a 100 MB workspace (random files: 100
+// MB compressed too) into a VM with a network at a real cluster's
+// request and guest-agent latencies (pvesim.RealLatency), through the
+// guest agent (no transfer URL: file-write parts of 45 KiB) and over
+// HTTP (the guest's curl fetches it from the callback server,
+// transfer.go), and reports the seconds and the Proxmox API calls of
+// each. The VMs are made and destroyed outside the timings.
+//
+//	go test -run '^$' -bench Workspace100MB -benchtime 1x ./proxmox/
+func BenchmarkWorkspace100MB(b *testing.B) {
+	real := pvesim.RealLatency()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(1), TaskDelay: 20 * time.Millisecond, BootDelay: 100 * time.Millisecond,
+		RequestLatency: real.RequestLatency, AgentLatency: real.AgentLatency, AgentPingTimeout: real.AgentPingTimeout,
+		AuthFailureDelay: -1, SandboxDir: b.TempDir(), CallbackPort: 8765, Hosts: map[string]string{"10.0.0.7:8765": ln.Addr().String()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := sim.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer sim.Close()
+	if err := sim.AddTemplate("pve1", 9000, "debian-job", pvesim.TemplateSpec{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := sim.AddToken(pvesim.Token{ID: "bench@pve!tk", Secret: "s3cret", Privileges: pvesim.RoleAdministrator}); err != nil {
+		b.Fatal(err)
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
+	p, _ := strconv.Atoi(port)
+	// The client's defaults, as serve's: 20 requests a second, 40 at once.
+	c, err := pve.New(pve.Config{Host: host, Port: p, User: "bench@pve", TokenName: "tk", TokenValue: "s3cret",
+		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint(), TaskPollInterval: 50 * time.Millisecond, RateLimit: 20, RateBurst: 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	viaAgent, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	viaHTTP, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench2", TransferURL: "http://10.0.0.7:8765"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httpapi.CallbackServer(httpapi.Services{Transfers: viaHTTP.Transfers()}, httpapi.Options{})
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	dir := b.TempDir()
+	r := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 2<<20)
+	for i := range 50 {
+		for j := range buf {
+			buf[j] = byte(r.Uint32())
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("blob%02d.bin", i)), buf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tree, err := workspace.Scan(ctx, dir, workspace.ScanOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	put := func(be *proxmox.Backend) (time.Duration, int, int) {
+		b.StopTimer()
+		defer b.StartTimer()
+		inst, err := be.Create(ctx, sandbox.Spec{JobID: "job-bench", CPU: 1, MemoryBytes: 1 << 30, DiskBytes: 1 << 30, Network: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer inst.Destroy(ctx)
+		n0 := len(sim.Requests())
+		t0 := time.Now()
+		pr, pw := io.Pipe()
+		counted := &countingReader{r: pr}
+		go func() {
+			_, err := tree.Archive(ctx, pw, workspace.ArchiveOptions{Gzip: true})
+			pw.CloseWithError(err)
+		}()
+		if _, err := inst.(sandbox.Archiver).PutArchive(ctx, counted); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0), len(sim.Requests()) - n0, counted.n
+	}
+	for b.Loop() {
+		at, ac, sent := put(viaAgent)
+		ht, hc, _ := put(viaHTTP)
+		b.ReportMetric(float64(sent)/1e6, "sent-MB")
+		b.ReportMetric(at.Seconds(), "agent-s")
+		b.ReportMetric(float64(ac), "agent-calls")
+		b.ReportMetric(ht.Seconds(), "http-s")
+		b.ReportMetric(float64(hc), "http-calls")
+	}
 }
