@@ -433,7 +433,9 @@
 //     as signal N, so a command that exits with such a code on purpose is
 //     reported killed.
 //   - The guest's network is the simulator's: only TCP to Options.Hosts
-//     reaches anything, UDP and DNS nothing; a connection the firewall
+//     on ports 80, 443, 3128 and Options.CallbackPort (delegate's
+//     callback server, whence job VMs fetch their workspaces) reaches
+//     anything, UDP and DNS nothing; a connection the firewall
 //     drops is accepted and closed at once (a real DROP leaves the client
 //     waiting for its time-out), and one to an unfiltered address that
 //     is not a host is closed too (a real one is refused or times out).
