@@ -36,7 +36,7 @@ func TestTransferClaims(t *testing.T) {
 	for _, c := range []struct{ id, method, token string }{
 		{id, http.MethodGet, token + "x"},
 		{id, http.MethodPut, token},
-		{"0" + id[1:], http.MethodGet, token},
+		{map[byte]string{'0': "1"}[id[0]] + map[bool]string{true: "0"}[id[0] != '0'] + id[1:], http.MethodGet, token}, // another id
 		{id, http.MethodGet, ""},
 	} {
 		if _, _, err := x.Claim(c.id, c.method, c.token); !errors.Is(err, delegate.ErrUnauthenticated) {
