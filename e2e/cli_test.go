@@ -43,15 +43,22 @@ func delegateCLIWithin(t *testing.T, within time.Duration, dataDir string, env [
 	cmd.Env = append(serverEnv(dataDir, "DELEGATE_LOG_LEVEL=warn"), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	code := exitCode(t, cmd)
+	return stdout.String(), stderr.String(), code
+}
+
+// exitCode runs cmd and returns its exit code; a command that could not
+// be run at all fails the test.
+func exitCode(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
 	err := cmd.Run()
-	code := 0
 	var exitErr *exec.ExitError
 	if errors.As(err, &exitErr) {
-		code = exitErr.ExitCode()
+		return exitErr.ExitCode()
 	} else if err != nil {
-		t.Fatalf("delegate %v: %v", args, err)
+		t.Fatalf("%v: %v", cmd.Args, err)
 	}
-	return stdout.String(), stderr.String(), code
+	return 0
 }
 
 func TestCLIRun(t *testing.T) {

@@ -30,14 +30,7 @@ func cliRun(t *testing.T, dataDir, dir string, stdin io.Reader, env []string, ar
 	cmd.Dir, cmd.Stdin = dir, stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	var exitErr *exec.ExitError
-	if errors.As(err, &exitErr) {
-		code = exitErr.ExitCode()
-	} else if err != nil {
-		t.Fatalf("delegate %v: %v", args, err)
-	}
+	code := exitCode(t, cmd)
 	return stdout.String(), stderr.String(), code
 }
 

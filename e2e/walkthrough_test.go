@@ -5,7 +5,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,14 +143,7 @@ func TestReadmeWalkThrough(t *testing.T) {
 		cmd.Dir, cmd.Env = dir, env
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		code := 0
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			code = exitErr.ExitCode()
-		} else if err != nil {
-			t.Fatalf("%s: %v", cmdLine, err)
-		}
+		code := exitCode(t, cmd)
 		t.Logf("$ %s\n%s(exit %d)", cmdLine, out.String(), code)
 		if (step.exit == -1 && code == 0) || (step.exit != -1 && code != step.exit) {
 			t.Fatalf("%s: exit %d, the walk-through expects %d (-1: a failure)\n%s", cmdLine, code, step.exit, out.String())
