@@ -278,7 +278,14 @@ func (m *maintenance) jobOfSandbox(ctx context.Context, sb sandbox.Info) (*deleg
 // failed for the silence the server saw; and after such a pause, the
 // jobs' channels are read before anything is judged.
 func (m *maintenance) checkHeartbeats(ctx context.Context) {
-	now := time.Now()
+	m.judgeHeartbeats(ctx, time.Now(), m.jobs.lease.wall)
+}
+
+// judgeHeartbeats is checkHeartbeats at the checker's tick now (wall
+// time), with wall the clock heartbeats are stamped on (the store's where
+// servers share it): a test plays the clocks (and m.away's boot clock)
+// instead of sleeping through them.
+func (m *maintenance) judgeHeartbeats(ctx context.Context, now time.Time, wall func() time.Time) {
 	if away := m.away.tick(now, m.heartbeatEvery()); away >= m.heartbeatEvery()/2 {
 		if away > m.heartbeatEvery() {
 			m.log.Info("the server was not running (stopped, paused or suspended): its jobs' silence then does not count",
@@ -300,7 +307,7 @@ func (m *maintenance) checkHeartbeats(ctx context.Context) {
 		}
 		// On the store's clock where servers share it: the heartbeat may
 		// have been stamped by another server, whose clock is not ours.
-		silent := m.jobs.lease.wall().Sub(last) - m.away.since(last)
+		silent := wall().Sub(last) - m.away.since(last)
 		if silent < m.cfg.HeartbeatThreshold {
 			continue
 		}
