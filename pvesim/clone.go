@@ -239,6 +239,10 @@ func hClone(c *call) (any, error) {
 			}
 			_, name, _ := strings.Cut(d.vol, ":")
 			newVol := dst.id + ":" + dst.volName("full", newid, i, "")
+			if f := c.str("format"); d.full && dst.fileBased() && f != "" && f != "qcow2" {
+				// A full copy in another format (clone_disk's $dst_format).
+				newVol = strings.TrimSuffix(newVol, ".qcow2") + "." + f
+			}
 			if !d.full {
 				kind = "linked"
 				newVol = d.st.id + ":" + d.st.volName("linked", newid, i, name)

@@ -71,6 +71,7 @@ func hDelete(c *call) (any, error) {
 				t.logf("  Logical volume \"%s\" successfully removed.", name)
 			}
 			delete(s.vms, vmid)
+			s.dropDisks(vmid)
 			s.access.dropVM(vmid)
 			return nil
 		}}), nil

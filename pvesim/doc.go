@@ -257,12 +257,23 @@
 //     template has none ("you can't take a snapshot if it's a template"),
 //     a name is used once ("snapshot name 's1' already used"), and every
 //     disk must be on a storage that snapshots (pve-storage
-//     volume_has_feature: not thick LVM: "snapshot feature is not
-//     available"). A rollback (qmrollback) stops the VM, locks it
+//     volume_has_feature: LVM-thin, ZFS, RBD, qcow2 files on directory,
+//     NFS and CIFS storages; not raw or vmdk files, not thick LVM's raw
+//     volumes: "snapshot feature is not available"); the name is a
+//     pve-configid of at most 40 characters (the schema). With the agent
+//     enabled (and freeze-fs not off), a snapshot without RAM of a
+//     running VM freezes the guest's file systems around the cut
+//     (qemu-server QemuConfig.pm __snapshot_freeze), or logs "skipping
+//     guest filesystem freeze - agent configured but not running?". The
+//     snapshot keeps the VM's disk too: the guest's files, as they were
+//     (vmdisk.go). A rollback (qmrollback) stops the VM, locks it
 //     "rollback", and makes the snapshot's config the VM's again, keeping
 //     its description and unused disks, with a new vmgenid and the
-//     snapshot as parent; a snapshot taken with RAM (vmstate), or start,
-//     boots it afterwards. On ZFS only the most recent snapshot rolls back
+//     snapshot as parent, and its disk the snapshot's (the guest's files
+//     as they were); a snapshot taken with RAM (vmstate), or start,
+//     boots it afterwards (AbstractConfig.pm snapshot_rollback calls
+//     __snapshot_rollback_vm_stop, and __snapshot_rollback_vm_start only
+//     with vmstate; API2/Qemu.pm rollback starts it for start=1). On ZFS only the most recent snapshot rolls back
 //     (ZFSPoolPlugin volume_rollback_is_possible: "can't rollback, 'a' is
 //     not most recent snapshot on 'tank:vm-132-disk-0'"). Deleting one
 //     (qmdelsnapshot) locks "snapshot-delete" and gives its children its
@@ -443,7 +454,10 @@
 //     has Docker, and ethN per netN with the VM's MAC (its IPv4 lease,
 //     10.10.x.y from the vmid, on eth0 only). Without root (no network
 //     namespace) a guest boots without a network, and the log says so.
-//   - A stop loses the guest's disk: the next start boots a fresh sandbox.
+//   - A VM's disk is its guest's /workspace (vmdisk.go): the rest of
+//     the guest is its template's root file system, which a guest's
+//     changes do not outlive; processes and /tmp are gone at a stop. A
+//     full clone's disk starts empty, as a linked clone's does.
 //   - A migration copies no disk: a VM with a disk on local storage (a
 //     template on local-lvm, say) is not migrated (the task fails, saying
 //     so), where Proxmox copies the disk offline, or online with
@@ -461,9 +475,10 @@
 //     containers, so nothing a client does could see inside one). It is
 //     made by AddContainer, not through POST /nodes/{node}/lxc, and has no
 //     snapshots, clones or config changes.
-//   - A snapshot rollback restores the VM's config only: disk contents are
-//     not modelled (a stopped VM's disk is lost anyway), and a snapshot
-//     taken with RAM boots the VM afresh instead of resuming it.
+//   - A snapshot taken with RAM boots the VM afresh at a rollback instead
+//     of resuming it. The guest's file systems are frozen for a snapshot
+//     by its cgroup freezer, not by qemu-ga's guest-fsfreeze-freeze (which
+//     would freeze the host's).
 //   - Quorum is reported, not enforced: a cluster without quorum still
 //     accepts changes (a real one answers "cluster not ready - no
 //     quorum?").

@@ -19,6 +19,11 @@ type guest struct {
 	sb     sandbox.Instance
 	agent  guestAgent
 	bootAt time.Time // when the boot ends and the agent may answer
+	vmid   int
+	// disk is its VM's disk on the host (vmdisk.go); nil where disks
+	// are not modelled. Once the guest is halted, saveDisk saves it.
+	disk     *guestDisk
+	saveDisk func()
 }
 
 // guestAgent is the QEMU guest agent of a running guest: the real
@@ -71,6 +76,20 @@ func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskByt
 	s.mu.Lock()
 	s.sandboxes[sb.ID()] = true
 	s.mu.Unlock()
+	var disk *guestDisk
+	if s.disks.dir != "" {
+		d, err := s.hostDisk(sb.ID())
+		if err == nil {
+			unlock := s.disks.lock(vmid)
+			err = s.disks.restore(vmid, d)
+			unlock()
+		}
+		if err != nil {
+			s.dropSandbox(sb.ID())
+			return nil, err
+		}
+		disk = &d
+	}
 	var agent guestAgent
 	if s.agentBin != "" {
 		agent, err = startRealAgent(ctx, sb, filepath.Join(s.guestDir, sb.ID(), "workspace"), s.agentBin, blocked)
@@ -81,7 +100,7 @@ func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskByt
 		s.dropSandbox(sb.ID())
 		return nil, err
 	}
-	return &guest{sb: sb, agent: agent, bootAt: time.Now().Add(s.opts.BootDelay)}, nil
+	return &guest{sb: sb, agent: agent, bootAt: time.Now().Add(s.opts.BootDelay), vmid: vmid, disk: disk}, nil
 }
 
 func (s *Server) dropSandbox(id string) {
@@ -94,9 +113,20 @@ func (s *Server) dropSandbox(id string) {
 }
 
 // halt marks a VM stopped and takes its guest away; the caller destroys
-// it with destroyGuest once it released s.mu. Call with s.mu held.
+// it with destroyGuest once it released s.mu, which saves its disk: the
+// VM's disk is locked until then, so that a start waits for it. Call
+// with s.mu held.
 func (s *Server) halt(v *vm) *guest {
 	g := v.guest
+	if g != nil && g.disk != nil {
+		unlock := s.disks.lock(v.vmid)
+		g.saveDisk = func() {
+			defer unlock()
+			if err := s.disks.save(g.vmid, *g.disk); err != nil {
+				s.log.Error("pvesim: save a guest's disk", "vmid", g.vmid, "err", err)
+			}
+		}
+	}
 	v.guest = nil
 	v.status = "stopped"
 	v.paused = false
@@ -104,10 +134,14 @@ func (s *Server) halt(v *vm) *guest {
 	return g
 }
 
-// destroyGuest destroys a halted guest's sandbox (without s.mu held).
+// destroyGuest saves a halted guest's disk and destroys its sandbox
+// (without s.mu held).
 func (s *Server) destroyGuest(g *guest) {
 	if g != nil {
 		g.agent.close()
+		if g.saveDisk != nil {
+			g.saveDisk()
+		}
 		s.dropSandbox(g.sb.ID())
 	}
 }

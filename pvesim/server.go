@@ -32,6 +32,7 @@ type Server struct {
 	fp      string
 	backend sandbox.Backend
 	ownDir  string // a sandbox dir we created, removed by Close
+	disks   *diskStore
 
 	ctx       context.Context // ends when the server closes: tasks stop
 	cancel    context.CancelFunc
@@ -204,6 +205,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.setFaults(opts.Faults)
 	s.backend = opts.Backend
+	s.disks = newDiskStore("")
 	if s.backend == nil {
 		dir := opts.SandboxDir
 		if dir == "" {
@@ -226,6 +228,14 @@ func New(opts Options) (*Server, error) {
 		// The real agent's socket is reached through the sandbox's
 		// workspace on the host: only in sandboxes of our own backend.
 		s.guestDir = dir
+		ddir, err := os.MkdirTemp("", "pvesim-disks-")
+		if err != nil {
+			if s.ownDir != "" {
+				os.RemoveAll(s.ownDir)
+			}
+			return nil, fmt.Errorf("pvesim: %w", err)
+		}
+		s.disks = newDiskStore(ddir)
 		if !opts.AgentEmulation {
 			s.agentBin = qgaBinary()
 		}
@@ -327,6 +337,9 @@ func (s *Server) close() error {
 	}
 	if s.ownDir != "" {
 		os.RemoveAll(s.ownDir)
+	}
+	if s.disks.dir != "" {
+		os.RemoveAll(s.disks.dir)
 	}
 	return err
 }

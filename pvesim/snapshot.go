@@ -17,9 +17,8 @@ import (
 // (snapshot_create, snapshot_rollback, snapshot_delete) and qemu-server
 // src/PVE/API2/Qemu.pm (snapshot, rollback, delsnapshot, snapshot_list)
 // and src/PVE/QemuConfig.pm make them. A snapshot is a copy of the
-// config, kept in the VM's config file; a rollback makes it the config
-// again. Disk contents are not modelled: a rollback restores the config,
-// not what the guest wrote (its disk is lost at every stop anyway).
+// config, kept in the VM's config file, and of its disk (the guest's
+// /workspace: vmdisk.go); a rollback makes both the VM's again.
 
 // snapshot is a [snapname] section of a VM's config file.
 type snapshot struct {
@@ -54,13 +53,20 @@ func copyConfig(src map[string]string) map[string]string {
 }
 
 // canSnapshot is has_feature('snapshot', $conf): every disk (not CD-ROMs)
-// on a storage whose plugin snapshots a current volume (pve-storage
-// volume_has_feature: LVM-thin, ZFS, RBD, and qcow2 files on directory
-// storages; not thick LVM's raw volumes). Call with s.mu held.
+// is on a storage whose plugin snapshots a current volume (pve-storage
+// src/PVE/Storage/*Plugin.pm volume_has_feature): LVM-thin, ZFS and RBD
+// always; directory, NFS and CIFS storages only qcow2 files (a raw or
+// vmdk file has no snapshots); thick LVM only qcow2 volumes (PVE 9's
+// snapshots as volume chains), and its volumes here are raw. Call with
+// s.mu held.
 func (s *Server) canSnapshot(v *vm) bool {
 	for _, k := range v.disks() {
-		st := s.storage(storageOf(volumeID(v.conf[k])))
-		if st == nil || st.typ == "lvm" {
+		vol := volumeID(v.conf[k])
+		st := s.storage(storageOf(vol))
+		switch {
+		case st == nil || st.typ == "lvm":
+			return false
+		case st.fileBased() && !strings.HasSuffix(vol, ".qcow2"):
 			return false
 		}
 	}
@@ -153,6 +159,8 @@ func hSnapshotCreate(c *call) (any, error) {
 	return s.runTask(c, taskSpec{node: node, typ: "qmsnapshot", id: strconv.Itoa(vmid), delay: &zero,
 		work: func(t *task) error {
 			var volumes []string
+			var g *guest
+			freeze, paused := false, false
 			err := s.withConfigLock(s.ctx, node, vmid, func() error {
 				v, err := s.snapshotVM(node, vmid)
 				if err != nil {
@@ -185,12 +193,19 @@ func hSnapshotCreate(c *call) (any, error) {
 				for _, k := range v.disks() {
 					volumes = append(volumes, volumeID(v.conf[k]))
 				}
+				if v.status == "running" {
+					g, paused = v.guest, v.paused
+					freeze = !withRAM && v.fsFreeze()
+				}
 				return nil
 			})
 			if err != nil {
 				return err
 			}
 			if err := s.pause(s.taskDelay("qmsnapshot")); err != nil {
+				return err
+			}
+			if err := s.snapshotDisk(t, vmid, name, g, freeze, paused); err != nil {
 				return err
 			}
 			return s.withConfigLock(s.ctx, node, vmid, func() error {
@@ -231,7 +246,12 @@ func hSnapshotCreate(c *call) (any, error) {
 // the VM and locks it "rollback"; then it rolls the disks back and, under
 // the lock again, makes the snapshot's config the VM's (description and
 // unused disks stay; a vmgenid is new: QemuConfig __snapshot_rollback_hook),
-// with the snapshot as parent. A snapshot with RAM, or start, boots the VM.
+// with the snapshot as parent, and its disk the snapshot's (vmdisk.go). A
+// snapshot with RAM, or start, boots the VM: pve-guest-common
+// src/PVE/AbstractConfig.pm snapshot_rollback stops a running VM
+// (__snapshot_rollback_vm_stop) and starts it again only for a snapshot
+// with vmstate; qemu-server src/PVE/API2/Qemu.pm rollback starts it for
+// start=1.
 func hSnapshotRollback(c *call) (any, error) {
 	s := c.s
 	s.mu.Lock()
@@ -284,6 +304,9 @@ func hSnapshotRollback(c *call) (any, error) {
 				return err
 			}
 			if err := s.pause(s.taskDelay("qmrollback")); err != nil {
+				return err
+			}
+			if err := s.rollbackDisk(vmid, name); err != nil {
 				return err
 			}
 			boot := false
@@ -439,6 +462,7 @@ func hSnapshotDelete(c *call) (any, error) {
 				}
 				delete(v.snapshots, name)
 				delete(v.conf, "lock")
+				s.dropSnapshotDisk(vmid, name)
 				return nil
 			})
 		}}), nil

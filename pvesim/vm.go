@@ -328,6 +328,21 @@ func (v *vm) vcpus() int {
 	return atoi("cores", 1) * atoi("sockets", 1)
 }
 
+// fsFreeze is qemu-server's should_fs_freeze: the agent is enabled and
+// its freeze-fs option (alias freeze-fs-on-backup) is not off.
+func (v *vm) fsFreeze() bool {
+	if !v.agentEnabled() {
+		return false
+	}
+	for _, part := range strings.Split(v.conf["agent"], ",") {
+		if k, val, ok := strings.Cut(part, "="); ok && (k == "freeze-fs" || k == "freeze-fs-on-backup") {
+			b, _ := parseBoolean(val)
+			return b != "0"
+		}
+	}
+	return true
+}
+
 // agentEnabled reads the agent option ("1" or "enabled=1,...").
 func (v *vm) agentEnabled() bool {
 	a, ok := v.conf["agent"]
