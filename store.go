@@ -22,4 +22,5 @@ type Store interface {
 	ServerStore    // server.go
 	TokenStore     // principal.go
 	AuditStore     // audit.go
+	QuotaStore     // quota.go
 }

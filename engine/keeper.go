@@ -132,11 +132,6 @@ func (k *keeper) roomFor(ctx context.Context, n int) error {
 	return fmt.Errorf("%s: %w", msg, delegate.ErrConflict)
 }
 
-// OpenSandbox makes a kept sandbox with no command run yet.
-func (k *keeper) OpenSandbox(ctx context.Context, spec delegate.SandboxSpec) (*delegate.Sandbox, error) {
-	return k.open(ctx, spec, forkOf{})
-}
-
 // forkOf is what a sandbox being opened starts from: nothing, or a
 // checkpoint (a fork: forks.go), with the secrets its network is given
 // anew (the source's).
@@ -146,8 +141,10 @@ type forkOf struct {
 }
 
 // open makes a kept sandbox, empty or a fork: one path for both, so that
-// a fork gets what any sandbox opened gets afresh.
-func (k *keeper) open(ctx context.Context, spec delegate.SandboxSpec, from forkOf) (*delegate.Sandbox, error) {
+// a fork gets what any sandbox opened gets afresh. admit (nil: none) is
+// its principal's quotas, decided where it is stored: one that loses a
+// race with another of the principal's is destroyed, refused.
+func (k *keeper) open(ctx context.Context, spec delegate.SandboxSpec, from forkOf, admit delegate.Admit) (*delegate.Sandbox, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -205,8 +202,11 @@ func (k *keeper) open(ctx context.Context, spec delegate.SandboxSpec, from forkO
 		return nil, fmt.Errorf("open a sandbox: %w", err)
 	}
 	sb.Instance = inst.ID()
-	if err := k.sbs.CreateSandbox(ctx, sb); err != nil {
+	if err := k.all.CreateSandboxAdmitted(ctx, sb, admit); err != nil {
 		b.Destroy(context.WithoutCancel(ctx), inst.ID())
+		if jn != nil {
+			k.cfg.Egress.end(context.WithoutCancel(ctx), jn.id)
+		}
 		return nil, err
 	}
 	k.machines.remember(sb.ID, inst)

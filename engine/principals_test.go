@@ -3,7 +3,10 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/delegate-dev/delegate"
@@ -70,6 +73,56 @@ func TestQuotasPerPrincipal(t *testing.T) {
 	// but it is her second not ended.
 	if _, err := submit(alice, script("true")); err != nil {
 		t.Errorf("a job within every quota: %v", err)
+	}
+}
+
+// TestQuotaRace: many sandboxes opened (and jobs submitted) at once by one
+// principal at a quota of n: exactly n are accepted, and each refusal
+// names the quota, the use it read (n) and the setting. (Before the
+// quota was decided where the job is stored, several passed the check on
+// the same use.)
+func TestQuotaRace(t *testing.T) {
+	t.Parallel()
+	const n, tries = 3, 20
+	f := keptFixture(t, engine.Config{Quotas: engine.Quotas{Jobs: n, Sandboxes: n}})
+	alice := as("alice", delegate.ScopeJobs, delegate.ScopeSandboxes)
+	for _, tc := range []struct {
+		what, setting, quota string
+		try                  func() error
+	}{
+		{"sandboxes", "DELEGATE_QUOTA_SANDBOXES", "kept sandboxes", func() error {
+			_, err := f.eng.OpenSandbox(alice, delegate.SandboxSpec{})
+			return err
+		}},
+		{"jobs", "DELEGATE_QUOTA_JOBS", "jobs not ended", func() error {
+			_, err := f.eng.Submit(alice, script("sleep 60"), delegate.SubmitOptions{})
+			return err
+		}},
+	} {
+		errs := make(chan error, tries)
+		var wg sync.WaitGroup
+		for range tries {
+			wg.Go(func() { errs <- tc.try() })
+		}
+		wg.Wait()
+		close(errs)
+		accepted := 0
+		for err := range errs {
+			var qe *delegate.QuotaError
+			switch {
+			case err == nil:
+				accepted++
+			case !errors.As(err, &qe) || qe.Setting != tc.setting || qe.Use != strconv.Itoa(n) ||
+				!strings.HasPrefix(err.Error(), fmt.Sprintf("over the quota of alice: %s: %d now, this asks for 1 more, the quota is %d (%s on the server)", tc.quota, n, n, tc.setting)):
+				t.Errorf("%s: refused with %q, want the quota, its use and the setting named", tc.what, err)
+			}
+		}
+		if accepted != n {
+			t.Errorf("%s: %d of %d accepted at once at a quota of %d", tc.what, accepted, tries, n)
+		}
+		if got := f.backend.Len(); tc.what == "sandboxes" && got != n {
+			t.Errorf("%d machines left for %d kept sandboxes (a refused one's is destroyed)", got, n)
+		}
 	}
 }
 

@@ -26,86 +26,57 @@ type Quotas struct {
 	MemoryBytes int64
 }
 
-// quotaUse is what a principal holds now.
-type quotaUse struct {
-	jobs, sandboxes int
-	cpu             float64
-	mem             int64
-}
-
 // quotaNeeds is what a submission adds.
 type quotaNeeds struct {
 	job, sandbox bool
 	res          delegate.Resources // zero: none (a command in a kept sandbox)
 }
 
-// checkQuota refuses ctx's principal what would take it over a quota.
-func checkQuota(ctx context.Context, store delegate.Store, q Quotas, need quotaNeeds) error {
+// admitter is the check of ctx's principal's quotas for need, for the
+// store to run where it inserts (delegate.QuotaStore): nil when none
+// applies (no principal, an operator, no quota set).
+func admitter(ctx context.Context, q Quotas, need quotaNeeds) delegate.Admit {
 	p := delegate.PrincipalOf(ctx)
 	if p == nil || p.Admin() || q == (Quotas{}) {
 		return nil
 	}
-	use, err := usage(ctx, store, p.Name)
-	if err != nil {
-		return fmt.Errorf("quota of %s: %w", p.Name, err)
-	}
+	return func(use delegate.Holdings) error { return overQuota(p.Name, q, need, use) }
+}
+
+// overQuota refuses principal, holding use, what would take it over q.
+func overQuota(principal string, q Quotas, need quotaNeeds, use delegate.Holdings) error {
 	over := func(quota, setting, used, asked, limit string) error {
-		return &delegate.QuotaError{Principal: p.Name, Quota: quota, Setting: setting, Use: used, Asked: asked, Limit: limit}
+		return &delegate.QuotaError{Principal: principal, Quota: quota, Setting: setting, Use: used, Asked: asked, Limit: limit}
 	}
-	if need.job && q.Jobs > 0 && use.jobs+1 > q.Jobs {
-		return over("jobs not ended", "DELEGATE_QUOTA_JOBS", strconv.Itoa(use.jobs), "1", strconv.Itoa(q.Jobs))
+	if need.job && q.Jobs > 0 && use.Jobs+1 > q.Jobs {
+		return over("jobs not ended", "DELEGATE_QUOTA_JOBS", strconv.Itoa(use.Jobs), "1", strconv.Itoa(q.Jobs))
 	}
-	if need.sandbox && q.Sandboxes > 0 && use.sandboxes+1 > q.Sandboxes {
-		return over("kept sandboxes", "DELEGATE_QUOTA_SANDBOXES", strconv.Itoa(use.sandboxes), "1", strconv.Itoa(q.Sandboxes))
+	if need.sandbox && q.Sandboxes > 0 && use.Sandboxes+1 > q.Sandboxes {
+		return over("kept sandboxes", "DELEGATE_QUOTA_SANDBOXES", strconv.Itoa(use.Sandboxes), "1", strconv.Itoa(q.Sandboxes))
 	}
-	if q.CPU > 0 && need.res.CPU > 0 && use.cpu+need.res.CPU > q.CPU {
-		return over("CPU in use", "DELEGATE_QUOTA_CPU", formatCPU(use.cpu), formatCPU(need.res.CPU), formatCPU(q.CPU))
+	if q.CPU > 0 && need.res.CPU > 0 && use.CPU+need.res.CPU > q.CPU {
+		return over("CPU in use", "DELEGATE_QUOTA_CPU", formatCPU(use.CPU), formatCPU(need.res.CPU), formatCPU(q.CPU))
 	}
-	if mem, _ := delegate.ParseSize(need.res.Memory); q.MemoryBytes > 0 && mem > 0 && use.mem+mem > q.MemoryBytes {
-		return over("memory in use", "DELEGATE_QUOTA_MEMORY", delegate.FormatBytes(use.mem), delegate.FormatBytes(mem), delegate.FormatBytes(q.MemoryBytes))
+	if mem, _ := delegate.ParseSize(need.res.Memory); q.MemoryBytes > 0 && mem > 0 && use.MemoryBytes+mem > q.MemoryBytes {
+		return over("memory in use", "DELEGATE_QUOTA_MEMORY", delegate.FormatBytes(use.MemoryBytes), delegate.FormatBytes(mem), delegate.FormatBytes(q.MemoryBytes))
 	}
 	return nil
 }
 
-func formatCPU(c float64) string { return strconv.FormatFloat(c, 'f', -1, 64) }
-
-// usage adds up what principal holds: its jobs not ended and its live
-// kept sandboxes, read under its own name (the stores' filter).
-func usage(ctx context.Context, store delegate.Store, principal string) (quotaUse, error) {
-	var u quotaUse
-	ctx = delegate.WithPrincipal(ctx, &delegate.Principal{Name: principal})
-	add := func(r delegate.Resources) {
-		u.cpu += r.CPU
-		if m, err := delegate.ParseSize(r.Memory); err == nil {
-			u.mem += m
-		}
+// checkQuota refuses ctx's principal what would take it over a quota now,
+// ahead of a costly step (a sandbox's machine made): the store's insert
+// decides again, atomically (admitter).
+func checkQuota(ctx context.Context, store delegate.QuotaStore, q Quotas, need quotaNeeds) error {
+	admit := admitter(ctx, q, need)
+	if admit == nil {
+		return nil
 	}
-	cursor := ""
-	for {
-		jobs, next, err := store.ListJobs(ctx, delegate.JobFilter{Principal: principal, Active: true, Limit: delegate.MaxPageSize, Cursor: cursor})
-		if err != nil {
-			return u, err
-		}
-		for _, j := range jobs {
-			u.jobs++
-			// A command in a kept sandbox (or a persistent job once its
-			// sandbox is kept) uses the sandbox's resources, counted there.
-			if j.Sandbox == "" && j.Manifest.Resources != nil {
-				add(*j.Manifest.Resources)
-			}
-		}
-		if next == "" || len(jobs) == 0 {
-			break
-		}
-		cursor = next
-	}
-	sbs, err := store.ListSandboxes(ctx, true, delegate.MaxPageSize)
+	name := delegate.PrincipalOf(ctx).Name
+	use, err := store.Holdings(ctx, name)
 	if err != nil {
-		return u, err
+		return fmt.Errorf("quota of %s: %w", name, err)
 	}
-	for _, sb := range sbs {
-		u.sandboxes++
-		add(sb.Resources)
-	}
-	return u, nil
+	return admit(use)
 }
+
+func formatCPU(c float64) string { return strconv.FormatFloat(c, 'f', -1, 64) }

@@ -116,13 +116,14 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := e.space.check(); err != nil {
 		return nil, err
 	}
+	// The principal's quotas are decided where the job is stored, in
+	// the transaction that inserts it: two submissions at once cannot
+	// both pass on the same use.
 	need := quotaNeeds{job: true, sandbox: kept == nil && m.Lifecycle == delegate.LifecyclePersistent}
 	if kept == nil && m.Resources != nil {
 		need.res = *m.Resources
 	}
-	if err := checkQuota(ctx, e.store, e.cfg.Quotas, need); err != nil {
-		return nil, err
-	}
+	admit := admitter(ctx, e.cfg.Quotas, need)
 	now := time.Now().UTC()
 	job := &delegate.Job{
 		ID:        newJobID(),
@@ -157,7 +158,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, err
 	}
 	e.leases.hold(job.ID, job.Epoch)
-	if err := e.store.CreateJob(ctx, job); err != nil {
+	if err := e.store.CreateJobAdmitted(ctx, job, admit); err != nil {
 		e.leases.release(job.ID)
 		if direct != nil {
 			e.runs.unregister(job.ID)
@@ -168,6 +169,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 			if first, ferr := e.store.JobByIdempotencyKey(ctx, opts.IdempotencyKey); ferr == nil {
 				return sameRequest(first, opts.IdempotencyKey, digest)
 			}
+		}
+		if qe := (*delegate.QuotaError)(nil); errors.As(err, &qe) {
+			return nil, err // it says what to do
 		}
 		return nil, fmt.Errorf("submit: %w", e.space.explain(err))
 	}
@@ -214,10 +218,12 @@ func (o *opener) open(ctx context.Context, spec delegate.SandboxSpec, from forkO
 	if spec.Resources != nil {
 		need.res = *spec.Resources
 	}
+	// Checked now, before a machine is made; decided again where the
+	// sandbox is stored (another of the principal's may be on its way).
 	if err := checkQuota(ctx, o.store, o.quotas, need); err != nil {
 		return nil, err
 	}
-	sb, err := o.keeper.open(ctx, spec, from)
+	sb, err := o.keeper.open(ctx, spec, from, admitter(ctx, o.quotas, need))
 	if err == nil {
 		o.audit.Record(ctx, delegate.AuditOpened, sb.ID, "")
 	}

@@ -151,6 +151,12 @@ var insertJob = func() string {
 // CreateJob inserts a new job, its manifest and the manifest's files, in
 // one round trip (the statements are sent together).
 func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
+	return s.create(ctx, j, nil)
+}
+
+// create inserts j; a non-nil admit decides first, in the transaction
+// (QuotaStore.CreateJobAdmitted).
+func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.Admit) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
 	}
@@ -181,7 +187,14 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 		args = append(args, string(filesJSON))
 	}
 	q += ` SELECT seq FROM j`
-	if _, err := s.db.exec(ctx, q, args...); err != nil {
+	refused, err := s.db.admitted(ctx, j.Principal, admit, func(ctx context.Context, tx querier) error {
+		_, err := tx.Exec(ctx, q, args...)
+		return err
+	})
+	if refused != nil {
+		return refused
+	}
+	if err != nil {
 		if isUnique(err) {
 			return fmt.Errorf("create job %s: the id or the idempotency key is taken: %w", j.ID, delegate.ErrConflict)
 		}

@@ -38,6 +38,7 @@ type DB struct {
 	*ServerStore
 	*TokenStore
 	*AuditStore
+	*QuotaStore
 
 	pool *pgxpool.Pool
 	name string // the URL without its password, for messages
@@ -107,6 +108,7 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 	db.ServerStore = &ServerStore{db: db}
 	db.TokenStore = &TokenStore{db: db}
 	db.AuditStore = &AuditStore{db: db}
+	db.QuotaStore = &QuotaStore{db: db}
 	return db, nil
 }
 

@@ -132,6 +132,12 @@ func scanSandbox(row pgx.Row) (*delegate.Sandbox, activity, error) {
 
 // CreateSandbox stores a new sandbox.
 func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) error {
+	return s.create(ctx, sb, nil)
+}
+
+// create stores sb; a non-nil admit decides first, in the transaction
+// (QuotaStore.CreateSandboxAdmitted).
+func (s *SandboxStore) create(ctx context.Context, sb *delegate.Sandbox, admit delegate.Admit) error {
 	if sb.Principal == "" {
 		sb.Principal = delegate.OwnerOf(ctx)
 	}
@@ -140,8 +146,14 @@ func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) 
 	if err != nil {
 		return err
 	}
-	_, err = s.db.exec(ctx, `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES ($1, $2, $3, $4, $5, $6)`,
-		sb.ID, string(row.State), sb.Backend, sb.Instance, string(data), sb.Principal)
+	refused, err := s.db.admitted(ctx, sb.Principal, admit, func(ctx context.Context, tx querier) error {
+		_, err := tx.Exec(ctx, `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES ($1, $2, $3, $4, $5, $6)`,
+			sb.ID, string(row.State), sb.Backend, sb.Instance, string(data), sb.Principal)
+		return err
+	})
+	if refused != nil {
+		return refused
+	}
 	if isUnique(err) {
 		err = fmt.Errorf("the id is taken: %w", delegate.ErrConflict)
 	}

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/base64"
@@ -152,6 +153,12 @@ func fromNanos(n int64) time.Time {
 
 // CreateJob inserts a new job, its manifest and the manifest's files.
 func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
+	return s.create(ctx, j, nil)
+}
+
+// create inserts j; a non-nil admit decides first, in the transaction
+// (QuotaStore.CreateJobAdmitted).
+func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.Admit) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
 	}
@@ -172,7 +179,12 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 		}
 	}
 	args := append([]any{j.ID}, rowValues(j)...)
+	var refused error // admit's, returned as it is
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
+		var rerr error
+		if refused, rerr = admitIn(ctx, tx, j.Principal, admit); refused != nil || rerr != nil {
+			return cmp.Or(refused, rerr)
+		}
 		res, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...)
 		if err != nil {
 			return err
@@ -196,6 +208,9 @@ func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
 		}
 		return nil
 	})
+	if refused != nil {
+		return refused
+	}
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -152,6 +153,12 @@ func scanSandbox(row scanner) (*delegate.Sandbox, activity, error) {
 
 // CreateSandbox stores a new sandbox.
 func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) error {
+	return s.create(ctx, sb, nil)
+}
+
+// create stores sb; a non-nil admit decides first, in the transaction
+// (QuotaStore.CreateSandboxAdmitted).
+func (s *SandboxStore) create(ctx context.Context, sb *delegate.Sandbox, admit delegate.Admit) error {
 	if sb.Principal == "" {
 		sb.Principal = delegate.OwnerOf(ctx)
 	}
@@ -160,10 +167,18 @@ func (s *SandboxStore) CreateSandbox(ctx context.Context, sb *delegate.Sandbox) 
 	if err != nil {
 		return err
 	}
+	var refused error // admit's, returned as it is
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
+		var rerr error
+		if refused, rerr = admitIn(ctx, tx, sb.Principal, admit); refused != nil || rerr != nil {
+			return cmp.Or(refused, rerr)
+		}
 		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data, sb.Principal)
 		return err
 	})
+	if refused != nil {
+		return refused
+	}
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}

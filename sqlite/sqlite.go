@@ -34,6 +34,7 @@ type DB struct {
 	*ServerStore
 	*TokenStore
 	*AuditStore
+	*QuotaStore
 
 	w   writer
 	wdb *sql.DB // the write connection (one)
@@ -405,6 +406,7 @@ func (db *DB) openStores(ctx context.Context) error {
 	if db.AuditStore, err = newAuditStore(ctx, db); err != nil {
 		return err
 	}
+	db.QuotaStore = &QuotaStore{db: db}
 	return prepare(ctx, []statement{
 		{db.wdb, &db.w.savepoint, `SAVEPOINT w`},
 		{db.wdb, &db.w.rollbackTo, `ROLLBACK TO w`},

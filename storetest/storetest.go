@@ -77,6 +77,8 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Principals", testPrincipals},
 		{"Tokens", testTokens},
 		{"Audit", testAudit},
+		{"QuotaRace", testQuotaRace},
+		{"Holdings", testHoldings},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
 	}

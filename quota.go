@@ -1,0 +1,67 @@
+package delegate
+
+import "context"
+
+// Holdings is what one principal holds at once, as its quotas count it:
+// its jobs not ended and its live kept sandboxes, with the CPU and memory
+// they hold. A persistent job not ended whose sandbox is not kept yet
+// counts as the sandbox it is about to keep, so that two such jobs cannot
+// both pass a quota of one sandbox before either has one.
+type Holdings struct {
+	Jobs        int
+	Sandboxes   int
+	CPU         float64
+	MemoryBytes int64
+}
+
+// AddJob counts a job not ended: sandbox is the kept sandbox it runs in
+// ("" none yet), m its manifest. A command in a kept sandbox (or a
+// persistent job once its sandbox is kept) uses the sandbox's resources,
+// counted with the sandbox.
+func (h *Holdings) AddJob(sandbox string, m *Manifest) {
+	h.Jobs++
+	if sandbox != "" {
+		return
+	}
+	if m.Lifecycle == LifecyclePersistent {
+		h.Sandboxes++
+	}
+	if m.Resources != nil {
+		h.add(*m.Resources)
+	}
+}
+
+// AddSandbox counts a live kept sandbox holding r.
+func (h *Holdings) AddSandbox(r Resources) {
+	h.Sandboxes++
+	h.add(r)
+}
+
+func (h *Holdings) add(r Resources) {
+	h.CPU += r.CPU
+	if m, err := ParseSize(r.Memory); err == nil {
+		h.MemoryBytes += m
+	}
+}
+
+// Admit decides whether a principal holding h may have one more job or
+// sandbox: nil, or the error that refuses it (a *QuotaError).
+type Admit func(h Holdings) error
+
+// QuotaStore stores a principal's new job or sandbox only if its quotas
+// admit it, deciding and inserting in one transaction: the creations of
+// one principal are serialised (on one server, or on several sharing the
+// store), so that two at once never both pass a quota on the same
+// holdings.
+type QuotaStore interface {
+	// Holdings reads what principal holds now (for a check ahead of a
+	// costly step; only the creations below decide).
+	Holdings(ctx context.Context, principal string) (Holdings, error)
+	// CreateJobAdmitted is CreateJob, but first gives admit what the
+	// job's principal holds (without the job), in the transaction that
+	// inserts it: admit's error is returned as it is, and nothing stored.
+	// A nil admit admits it (CreateJob).
+	CreateJobAdmitted(ctx context.Context, job *Job, admit Admit) error
+	// CreateSandboxAdmitted is CreateSandbox so admitted.
+	CreateSandboxAdmitted(ctx context.Context, sb *Sandbox, admit Admit) error
+}
