@@ -170,3 +170,18 @@ func (e *TermHeldError) Unwrap() error { return ErrLeaseLost }
 
 // IsFenced reports whether err is a fenced write's refusal.
 func IsFenced(err error) bool { return errors.Is(err, ErrFenced) }
+
+// JobFeed is a store that tells the processes sharing it, as each change
+// commits, which jobs started or ended (PostgreSQL: LISTEN/NOTIFY), so
+// that a server wakes its waiters for a job another server drives at once
+// rather than at its next poll. A store without one is polled; with one,
+// the poll stays behind it (a notification is lost while a listener
+// reconnects).
+type JobFeed interface {
+	// FollowJobs calls changed with each job whose status becomes
+	// running or terminal through another process (changes made through
+	// this store value are not told: the process knows them), from the
+	// moment it calls listening until ctx ends (it returns nil) or the
+	// feed fails (its error; a change meanwhile is not told again).
+	FollowJobs(ctx context.Context, listening func(), changed func(id string, status Status)) error
+}

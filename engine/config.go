@@ -41,6 +41,12 @@ type Config struct {
 	// PollInterval is how often a running job's output is collected and its
 	// stored status re-read (another process may have cancelled it). Default 200 ms.
 	PollInterval time.Duration
+	// ChangePoll is how often the store is read for the jobs other
+	// processes ended, where the store tells them as they happen
+	// (delegate.JobFeed: PostgreSQL's LISTEN/NOTIFY): the poll behind its
+	// notifications, for one lost. Default 1 s. Where the store tells
+	// nothing, it is read every PollInterval.
+	ChangePoll time.Duration
 	// Secret resolves a secret name to its value on the server.
 	Secret func(name string) (string, bool)
 	// CallbackURL is the base URL sandboxes use to reach the callback
@@ -140,6 +146,7 @@ func DefaultConfig() Config {
 		CleanupInterval:    delegate.DefaultCleanupInterval,    // between recoveries and sweeps
 		ProvisionTimeout:   delegate.DefaultProvisionTimeout,   // to make a sandbox and start the command
 		PollInterval:       200 * time.Millisecond,             // a running job's output collected, its status read
+		ChangePoll:         time.Second,                        // behind a store's notifications, other processes' ends read
 		Secret:             EnvSecret,                          // DELEGATE_SECRET_NAME of the server's environment
 		CallbackURL:        "",                                 // no callback server: jobs report on their status channel
 		HeartbeatThreshold: delegate.DefaultHeartbeatThreshold, // silence that fails a running job

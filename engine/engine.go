@@ -122,7 +122,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	})
 	jobs.lease = lease
 	progress := newProgressWriter(store, jobs.notify, log)
-	read := &Reader{audit: auditor{store: store, log: log}, ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: 4 * cfg.PollInterval, unstored: progress.progressBuffer, ends: jobs.endOf}
+	read := &Reader{audit: auditor{store: store, log: log}, ended: endedUnseen(cfg, owner), store: store, artifactDir: cfg.ArtifactDir, poll: readPoll(cfg, store), unstored: progress.progressBuffer, ends: jobs.endOf}
 	cb := &callbacks{store: store, jobs: jobs, progress: progress, secret: cfg.Secret, tokens: tokens}
 	ms := newMachines()
 	keep := newKeeper(cfg, log, owner, store, ref, jobs, ms)

@@ -145,13 +145,32 @@ func (w *jobWriter) notify(id string) {
 		w.mu.Unlock()
 		return
 	}
+	w.tell(id)
+	w.mu.Unlock()
+}
+
+// heard wakes the waiters for job id's end, and tells watchers, where
+// another process changed it (the store's feed told this one).
+func (w *jobWriter) heard(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	if e, ok := w.ends[id]; ok {
+		close(e.c) // job nil: the waiters read it again
+		delete(w.ends, id)
+	}
+	w.tell(id)
+}
+
+// tell sends id to every watcher; w.mu is held.
+func (w *jobWriter) tell(id string) {
 	for c := range w.watches {
 		select {
 		case c <- id:
 		default: // a slow watcher misses a wake-up, not the state: it re-reads
 		}
 	}
-	w.mu.Unlock()
 }
 
 // changes returns a channel closed at the next change.

@@ -96,7 +96,12 @@ func (m *maintenance) start(ctx context.Context, life *group) error {
 	life.every(m.cfg.CleanupInterval, m.cleanup)
 	m.away.tick(time.Now(), 0) // the checker's clock starts now
 	life.every(m.heartbeatEvery(), m.checkHeartbeats)
-	life.every(m.cfg.PollInterval, m.watchFinishes(finishes, own))
+	poll := m.cfg.PollInterval
+	if feed, ok := m.store.(delegate.JobFeed); ok {
+		poll = m.cfg.ChangePoll
+		life.Go(func() { m.listen(life.ctx, feed) })
+	}
+	life.every(poll, m.watchFinishes(finishes, own))
 	life.every(m.cfg.SandboxTick, m.timers.tick)
 	return nil
 }

@@ -42,6 +42,9 @@ type DB struct {
 
 	pool *pgxpool.Pool
 	name string // the URL without its password, for messages
+	// origin tags the changes made through this DB (every connection of
+	// its pool sets delegate.origin to it): its job feed leaves them out.
+	origin string
 }
 
 var _ delegate.Store = (*DB)(nil)
@@ -80,6 +83,8 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 		cfg.MaxConns = 8 // writers wait on row locks, not on connections
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "delegate"
+	origin := newOrigin()
+	cfg.ConnConfig.RuntimeParams[originSetting] = origin
 	// A transaction of delegate's holds its rows only while Go code
 	// decides a change (never across a backend call): one left idle
 	// longer (a server paused, or cut off) is ended by the database, so
@@ -92,7 +97,7 @@ func Open(ctx context.Context, dbURL string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	db := &DB{pool: pool, name: name}
+	db := &DB{pool: pool, name: name, origin: origin}
 	if err := db.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("open %s: %w", name, err)

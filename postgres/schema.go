@@ -277,4 +277,15 @@ var migrations = []string{
 		name text PRIMARY KEY,
 		value text NOT NULL
 	);`,
+	// Servers sharing the database learn of a job's start and end as it
+	// commits (issue 37): "id status origin" on channel delegate_jobs
+	// (feed.go says why only these changes).
+	`CREATE FUNCTION jobs_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		PERFORM pg_notify('delegate_jobs', NEW.id || ' ' || NEW.status || ' ' || coalesce(current_setting('delegate.origin', true), ''));
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER jobs_notify AFTER UPDATE OF status ON jobs FOR EACH ROW
+		WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status NOT IN ('pending', 'provisioning'))
+		EXECUTE FUNCTION jobs_notify();`,
 }
