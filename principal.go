@@ -270,12 +270,18 @@ type QuotaError struct {
 	Use       string
 	Asked     string
 	Limit     string
+	// Free says what frees some ("" : a job ending, a cancel, a release).
+	Free string
 }
 
 func (e *QuotaError) Error() string {
+	free := e.Free
+	if free == "" {
+		free = "wait for a job to end, cancel one or release a kept sandbox"
+	}
 	return fmt.Sprintf("over the quota of %s: %s: %s now, this asks for %s more, the quota is %s (%s on the server): "+
-		"wait for a job to end, cancel one or release a kept sandbox, or ask the operator to raise %s",
-		e.Principal, e.Quota, e.Use, e.Asked, e.Limit, e.Setting, e.Setting)
+		"%s, or ask the operator to raise %s",
+		e.Principal, e.Quota, e.Use, e.Asked, e.Limit, e.Setting, free, e.Setting)
 }
 
 // Unwrap lets errors.Is(err, ErrConflict) match.

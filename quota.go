@@ -12,6 +12,10 @@ type Holdings struct {
 	Sandboxes   int
 	CPU         float64
 	MemoryBytes int64
+	// CheckpointBytes is what the checkpoints of its live kept
+	// sandboxes hold (Checkpoint.Bytes): part of its disk, with its
+	// caches (the backend's: sandbox.CacheMeter).
+	CheckpointBytes int64
 }
 
 // AddJob counts a job not ended: sandbox is the kept sandbox it runs in
@@ -31,10 +35,13 @@ func (h *Holdings) AddJob(sandbox string, m *Manifest) {
 	}
 }
 
-// AddSandbox counts a live kept sandbox holding r.
-func (h *Holdings) AddSandbox(r Resources) {
+// AddSandbox counts a live kept sandbox holding r, with its checkpoints.
+func (h *Holdings) AddSandbox(r Resources, checkpoints []StoredCheckpoint) {
 	h.Sandboxes++
 	h.add(r)
+	for _, c := range checkpoints {
+		h.CheckpointBytes += c.Bytes
+	}
 }
 
 func (h *Holdings) add(r Resources) {

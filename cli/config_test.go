@@ -61,6 +61,17 @@ func TestLoadConfig(t *testing.T) {
 			"DELEGATE_MAX_SANDBOXES": "0", "DELEGATE_SANDBOX_IDLE": "30", "DELEGATE_SANDBOX_PAUSE": "500ms", "DELEGATE_SANDBOX_LIFETIME": "1000h",
 		}, []string{"DELEGATE_MAX_SANDBOXES", "DELEGATE_SANDBOX_IDLE", "DELEGATE_SANDBOX_PAUSE", "DELEGATE_SANDBOX_LIFETIME"}, nil},
 		{"timeout too long", map[string]string{"DEFAULT_TIMEOUT": "86401"}, []string{"DEFAULT_TIMEOUT"}, nil},
+		{"disk quota", map[string]string{"DELEGATE_QUOTA_DISK": "5G"}, nil, func(t *testing.T, c Config) {
+			if c.Quotas.DiskBytes != 5<<30 {
+				t.Errorf("DELEGATE_QUOTA_DISK=5G: %d", c.Quotas.DiskBytes)
+			}
+		}},
+		{"disk quota default", nil, nil, func(t *testing.T, c Config) {
+			if c.Quotas.DiskBytes != 20<<30 {
+				t.Errorf("the default disk quota: %d", c.Quotas.DiskBytes)
+			}
+		}},
+		{"disk quota bad", map[string]string{"DELEGATE_QUOTA_DISK": "lots"}, []string{"DELEGATE_QUOTA_DISK", "a size like 20G"}, nil},
 		{"egress limits", map[string]string{
 			"DELEGATE_EGRESS_MAX_CONNS": "64", "DELEGATE_EGRESS_CONN_RATE": "10", "DELEGATE_EGRESS_IDLE_TIMEOUT": "90s",
 		}, nil, func(t *testing.T, c Config) {

@@ -14,6 +14,7 @@ import (
 const (
 	defaultQuotaJobs      = 16
 	defaultQuotaSandboxes = 4
+	defaultQuotaDisk      = 20 << 30
 )
 
 // Quotas are the DELEGATE_QUOTA_* settings; 0 is no bound.
@@ -21,6 +22,7 @@ type Quotas struct {
 	Jobs, Sandboxes int
 	CPU             float64
 	MemoryBytes     int64
+	DiskBytes       int64
 }
 
 func quotaVars() []envVar {
@@ -29,12 +31,13 @@ func quotaVars() []envVar {
 		{"DELEGATE_QUOTA_SANDBOXES", strconv.Itoa(defaultQuotaSandboxes), "kept sandboxes one principal may have at once, besides the operator (0: no bound)"},
 		{"DELEGATE_QUOTA_CPU", "0 (no bound)", "cpu cores one principal's jobs and kept sandboxes may hold at once, besides the operator"},
 		{"DELEGATE_QUOTA_MEMORY", "0 (no bound)", "memory one principal's jobs and kept sandboxes may hold at once, like 16G, besides the operator"},
+		{"DELEGATE_QUOTA_DISK", "20G", "disk one principal's checkpoints and caches may hold together, besides the operator (0: no bound)"},
 	}
 }
 
 // loadQuotas reads DELEGATE_QUOTA_*.
 func (c *Config) loadQuotas(getenv func(string) string, bad func(name, rule string)) {
-	c.Quotas = Quotas{Jobs: defaultQuotaJobs, Sandboxes: defaultQuotaSandboxes}
+	c.Quotas = Quotas{Jobs: defaultQuotaJobs, Sandboxes: defaultQuotaSandboxes, DiskBytes: defaultQuotaDisk}
 	for _, q := range []struct {
 		name string
 		dst  *int
@@ -61,6 +64,15 @@ func (c *Config) loadQuotas(getenv func(string) string, bad func(name, rule stri
 			bad("DELEGATE_QUOTA_MEMORY", fmt.Sprintf("must be a size like 16G (at least %dM), or 0 for no bound", delegate.MinMemoryBytes>>20))
 		} else {
 			c.Quotas.MemoryBytes = n
+		}
+	}
+	if v := getenv("DELEGATE_QUOTA_DISK"); v == "0" {
+		c.Quotas.DiskBytes = 0
+	} else if v != "" {
+		if n, err := delegate.ParseSize(v); err != nil || n < delegate.MinDiskBytes {
+			bad("DELEGATE_QUOTA_DISK", "must be a size like 20G (at least 1M), or 0 for no bound")
+		} else {
+			c.Quotas.DiskBytes = n
 		}
 	}
 }

@@ -90,6 +90,12 @@ func (f *forks) checkpoint(ctx context.Context, sb *delegate.Sandbox, inst sandb
 		}
 		return nil, fmt.Errorf("checkpoint sandbox %s: %w", sb.ID, err)
 	}
+	// Its size is known once made: one that takes its principal over
+	// the disk quota is deleted (the sandbox's files stay as they are).
+	if err := checkDisk(ctx, f.data, f.keeper.ref.get(), f.cfg.Quotas, made.Bytes); err != nil {
+		f.forget(ctx, made.ID)
+		return nil, err
+	}
 	var rec delegate.Checkpoint
 	_, err = f.data.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
 		s.CheckpointSeq++
@@ -99,16 +105,22 @@ func (f *forks) checkpoint(ctx context.Context, sb *delegate.Sandbox, inst sandb
 		return nil
 	})
 	if err != nil {
-		// Not recorded: not kept either.
-		if b := f.keeper.ref.get(); b != nil {
-			if ck, ok := b.(sandbox.CheckpointKeeper); ok {
-				ck.DeleteCheckpoint(context.WithoutCancel(ctx), made.ID)
-			}
-		}
+		f.forget(ctx, made.ID) // not recorded: not kept either
 		return nil, err
 	}
 	f.log.Info("sandbox checkpointed", "sandbox", sb.ID, "checkpoint", rec.ID, "bytes", rec.Bytes)
 	return &rec, nil
+}
+
+// forget deletes the backend's checkpoint id, which no record names.
+func (f *forks) forget(ctx context.Context, id string) {
+	if b := f.keeper.ref.get(); b != nil {
+		if ck, ok := b.(sandbox.CheckpointKeeper); ok {
+			if err := ck.DeleteCheckpoint(context.WithoutCancel(ctx), id); err != nil {
+				f.log.Warn("delete a checkpoint not recorded", "checkpoint", id, "err", err)
+			}
+		}
+	}
 }
 
 // checkCheckpointName refuses a name an agent could not tell apart or

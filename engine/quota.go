@@ -3,9 +3,12 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/sandbox"
 )
 
 // Quotas bound what one principal holds at once, so that one agent (or
@@ -24,6 +27,10 @@ type Quotas struct {
 	// sandboxes.
 	CPU         float64
 	MemoryBytes int64
+	// DiskBytes bounds the disk of its checkpoints and caches together:
+	// a checkpoint that would pass it is refused (and deleted), a
+	// cache's growth is not written back (the backend logs it).
+	DiskBytes int64
 }
 
 // quotaNeeds is what a submission adds.
@@ -77,6 +84,69 @@ func checkQuota(ctx context.Context, store delegate.QuotaStore, q Quotas, need q
 		return fmt.Errorf("quota of %s: %w", name, err)
 	}
 	return admit(use)
+}
+
+// diskUse is what principal holds on disk: its checkpoints (in its
+// sandboxes' records) and its caches, where the backend measures them.
+func diskUse(ctx context.Context, store delegate.QuotaStore, b sandbox.Backend, principal string) (int64, error) {
+	h, err := store.Holdings(ctx, principal)
+	if err != nil {
+		return 0, err
+	}
+	use := h.CheckpointBytes
+	if m, ok := b.(sandbox.CacheMeter); ok {
+		c, err := m.CacheBytes(principal)
+		if err != nil {
+			return 0, fmt.Errorf("its caches: %w", err)
+		}
+		use += c
+	}
+	return use, nil
+}
+
+// checkDisk refuses ctx's principal a checkpoint of asked bytes that
+// would take its disk over q.DiskBytes.
+func checkDisk(ctx context.Context, store delegate.QuotaStore, b sandbox.Backend, q Quotas, asked int64) error {
+	p := delegate.PrincipalOf(ctx)
+	if p == nil || p.Admin() || q.DiskBytes <= 0 {
+		return nil
+	}
+	use, err := diskUse(ctx, store, b, p.Name)
+	if err != nil {
+		return fmt.Errorf("disk quota of %s: %w", p.Name, err)
+	}
+	if use+asked > q.DiskBytes {
+		return &delegate.QuotaError{Principal: p.Name, Quota: "disk of checkpoints and caches", Setting: "DELEGATE_QUOTA_DISK",
+			Use: delegate.FormatBytes(use), Asked: delegate.FormatBytes(asked), Limit: delegate.FormatBytes(q.DiskBytes),
+			Free: "delete a checkpoint (sandbox_checkpoint action delete) or release a kept sandbox (its checkpoints go with it)"}
+	}
+	return nil
+}
+
+// cacheLimit is the room principal's disk quota leaves its caches (less
+// its checkpoints), for the backend's write-back: 0 (no bound) for an
+// operator, or without a quota. A job's start has no request, so the
+// operator is known by name: the local user, or a principal with a
+// valid token of the admin scope (an issuer's operator is held).
+func cacheLimit(ctx context.Context, store delegate.Store, q Quotas, principal string) (int64, error) {
+	if q.DiskBytes <= 0 || principal == delegate.LocalPrincipal || principal == "" {
+		return 0, nil
+	}
+	tokens, err := store.Tokens(ctx)
+	if err != nil {
+		return q.DiskBytes, err
+	}
+	now := time.Now()
+	for _, t := range tokens {
+		if t.Principal == principal && t.Valid(now) && slices.Contains(t.Scopes, delegate.ScopeAdmin) {
+			return 0, nil
+		}
+	}
+	h, err := store.Holdings(ctx, principal)
+	if err != nil {
+		return q.DiskBytes, err
+	}
+	return max(q.DiskBytes-h.CheckpointBytes, 1), nil
 }
 
 func formatCPU(c float64) string { return strconv.FormatFloat(c, 'f', -1, 64) }

@@ -296,6 +296,15 @@ func (r *starter) createStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	spec.Admission, spec.Progress, spec.Egress = a.adm, r.stepper(ctx, a.job.ID), a.net.spec()
+	if len(spec.Caches) > 0 {
+		limit, err := cacheLimit(ctx, r.store, r.cfg.Quotas, a.job.Principal)
+		if err != nil {
+			r.log.Warn("the room of a job's caches", "job", a.job.ID, "principal", a.job.Principal, "err", err)
+		}
+		for i := range spec.Caches {
+			spec.Caches[i].Limit = limit
+		}
+	}
 	// A persistent job's sandbox is kept, for more commands: made to run
 	// them where the backend can, with a lifetime. (A local sandbox whose
 	// network is a network helper's, not the proxy's, runs one command.)
@@ -462,7 +471,7 @@ func sandboxSpec(job *delegate.Job) (sandbox.Spec, error) {
 		Network:     job.Manifest.Network.Reaches(),
 	}
 	for _, c := range job.Manifest.Caches {
-		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Principal, job.Manifest.Workspace)})
+		spec.Caches = append(spec.Caches, sandbox.Cache{Name: c, Key: CacheKey(job.Principal, job.Manifest.Workspace), Owner: job.Principal})
 	}
 	return spec, nil
 }

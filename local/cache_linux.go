@@ -48,6 +48,8 @@ import (
 type cacheMeta struct {
 	Bytes int64     `json:"bytes"`
 	Used  time.Time `json:"used"`
+	// Owner is the principal whose cache it is (sandbox.Cache.Owner).
+	Owner string `json:"owner,omitempty"`
 }
 
 var (
@@ -119,11 +121,11 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 			if err := unix.Mount("", mp, "", unix.MS_PRIVATE, ""); err != nil {
 				return out, fmt.Errorf("cache %s: %w", c.Name, err)
 			}
-			out = append(out, cacheMount{Name: c.Name, Key: c.Key})
+			out = append(out, cacheMount{Name: c.Name, Key: c.Key, Owner: c.Owner, Limit: c.Limit})
 			spec.Step(fmt.Sprintf("cache %s is in use by sandbox %s: this job has an empty one of its own", c.Name, holder))
 			continue
 		}
-		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true})
+		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true, Owner: c.Owner, Limit: c.Limit})
 		host := cs.path(c)
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
@@ -271,7 +273,7 @@ func (cs *caches) release(id, dir string, caches []cacheMount) error {
 		if !m.Shared {
 			continue
 		}
-		c := sandbox.Cache{Name: m.Name, Key: m.Key}
+		c := sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}
 		err := cs.withLock(c, func(f *os.File, holder string) error {
 			if holder != id {
 				return nil // taken over already (this sandbox was thought gone)
@@ -279,7 +281,7 @@ func (cs *caches) release(id, dir string, caches []cacheMount) error {
 			if m.Layer {
 				cs.writeBack(id, c, filepath.Join(layers, m.Name, "upper"))
 			}
-			meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC()}
+			meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC(), Owner: c.Owner}
 			if err := writeJSONAtomic(cs.path(c)+".json", meta); err != nil {
 				return err
 			}
@@ -321,6 +323,17 @@ func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
 			"changed", changed, "cache bytes", have, "cap", cs.max, "free", free)
 		return
 	}
+	if c.Limit > 0 && changed > 0 {
+		// The owner's disk quota: its other caches, this one, and what
+		// the job added (its checkpoints were taken off the limit).
+		others := cs.ownerBytes(c.Owner, c)
+		if others+have+changed > c.Limit {
+			cs.log.Warn("cache: the job's changes are not kept: over the disk quota of its principal (DELEGATE_QUOTA_DISK, less its checkpoints)",
+				"sandbox", id, "cache", c.Name, "key", c.Key, "principal", c.Owner,
+				"caches bytes", others+have, "changed", changed, "quota bytes", c.Limit)
+			return
+		}
+	}
 	lower, err := unix.Open(host, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		cs.log.Warn("cache: write back", "sandbox", id, "cache", c.Name, "err", err)
@@ -333,6 +346,28 @@ func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
 		return
 	}
 	cs.log.Debug("cache written back", "sandbox", id, "cache", c.Name, "bytes", changed, "took", time.Since(start))
+}
+
+// CacheBytes implements sandbox.CacheMeter.
+func (b *Backend) CacheBytes(owner string) (int64, error) {
+	if b.caches.dir == "" {
+		return 0, nil
+	}
+	return b.caches.ownerBytes(owner, sandbox.Cache{}), nil
+}
+
+// ownerBytes is what owner's caches hold, as last released, but except's.
+func (cs *caches) ownerBytes(owner string, except sandbox.Cache) int64 {
+	metas, _ := filepath.Glob(filepath.Join(cs.dir, "*", "*.json"))
+	var total int64
+	for _, p := range metas {
+		var m cacheMeta
+		if readJSON(p, &m) != nil || m.Owner != owner || p == cs.path(except)+".json" {
+			continue
+		}
+		total += m.Bytes
+	}
+	return total
 }
 
 // evict removes the least recently used caches that no sandbox

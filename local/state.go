@@ -200,6 +200,10 @@ type cacheMount struct {
 	// tmpfs, written back when the sandbox goes. Without it (a sandbox
 	// made by an earlier server) the cache itself is bound.
 	Layer bool `json:"layer,omitempty"`
+	// Owner and Limit are sandbox.Cache's: the write-back keeps the
+	// owner's caches within Limit.
+	Owner string `json:"owner,omitempty"`
+	Limit int64  `json:"limit,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and

@@ -111,7 +111,7 @@ func holdings(ctx context.Context, q querier, principal string) (delegate.Holdin
 		if err := json.Unmarshal([]byte(data), &r); err != nil {
 			return h, fmt.Errorf("decode a sandbox: %w", err)
 		}
-		h.AddSandbox(r.Resources)
+		h.AddSandbox(r.Resources, r.Checkpoints)
 	}
 	return h, rows.Err()
 }

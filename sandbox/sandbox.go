@@ -166,6 +166,22 @@ type EgressRouter interface {
 type Cache struct {
 	Name string
 	Key  string
+	// Owner is the principal whose cache it is (the key is of its
+	// name), measured with its others (CacheMeter).
+	Owner string
+	// Limit is the most the owner's caches may hold together once this
+	// one is written back (its disk quota less its checkpoints, when the
+	// sandbox was made); 0: no bound but the backend's own. A write-back
+	// that would pass it is not made, and the log names the quota.
+	Limit int64
+}
+
+// CacheMeter is a Backend that keeps caches (Capabilities.Caches) and
+// measures them per owner, for the owner's disk quota.
+type CacheMeter interface {
+	// CacheBytes is what owner's caches hold, as measured when each was
+	// last released.
+	CacheBytes(owner string) (int64, error)
 }
 
 // Step reports a provisioning step through Progress, if there is one.

@@ -82,7 +82,8 @@ func testQuotaRace(t *testing.T, open Open) {
 // testHoldings: what a principal holds is its jobs not ended and its live
 // kept sandboxes, with their CPU and memory; a command in a kept sandbox
 // uses the sandbox's; a persistent job whose sandbox is not kept yet
-// counts as that sandbox. Another's are not counted.
+// counts as that sandbox; the checkpoints of its live sandboxes are its
+// disk. Another's are not counted.
 func testHoldings(t *testing.T, open Open) {
 	ctx, s := context.Background(), open()
 	alice := As("alice")
@@ -111,13 +112,20 @@ func testHoldings(t *testing.T, open Open) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := s.UpdateSandbox(ctx, "sbx-a1", func(sb *delegate.Sandbox) error {
+		sb.Checkpoints = []delegate.Checkpoint{{ID: "ckp-a1.1", Instance: "cp-1", Bytes: 1000}, {ID: "ckp-a1.2", Instance: "cp-2", Bytes: 2000}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.UpdateSandbox(ctx, "sbx-a2", func(sb *delegate.Sandbox) error {
+		sb.Checkpoints = []delegate.Checkpoint{{ID: "ckp-a2.1", Instance: "cp-3", Bytes: 4000}} // goes with it
 		sb.State, sb.EndedAt = delegate.SandboxReleased, now
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want := delegate.Holdings{Jobs: 3, Sandboxes: 2, CPU: 3.5, MemoryBytes: (1 << 30) + (512 << 20) + (256 << 20)}
+	want := delegate.Holdings{Jobs: 3, Sandboxes: 2, CPU: 3.5, MemoryBytes: (1 << 30) + (512 << 20) + (256 << 20), CheckpointBytes: 3000}
 	for i, h := range []delegate.Store{s, open()} {
 		if got, err := h.Holdings(ctx, "alice"); err != nil || got != want {
 			t.Errorf("handle %d: alice holds %+v, %v; want %+v", i, got, err, want)

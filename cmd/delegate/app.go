@@ -138,7 +138,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 		MaxConcurrent:   cfg.MaxConcurrent,
 		MaxSandboxes:    cfg.MaxSandboxes,
 		MaxForks:        cfg.MaxForks,
-		Quotas:          engine.Quotas{Jobs: cfg.Quotas.Jobs, Sandboxes: cfg.Quotas.Sandboxes, CPU: cfg.Quotas.CPU, MemoryBytes: cfg.Quotas.MemoryBytes},
+		Quotas:          engine.Quotas{Jobs: cfg.Quotas.Jobs, Sandboxes: cfg.Quotas.Sandboxes, CPU: cfg.Quotas.CPU, MemoryBytes: cfg.Quotas.MemoryBytes, DiskBytes: cfg.Quotas.DiskBytes},
 		SandboxIdle:     cfg.SandboxIdle,
 		SandboxPause:    cfg.SandboxPause,
 		SandboxLifetime: cfg.SandboxLifetime,
