@@ -42,6 +42,7 @@ func (s *syncBuf) String() string {
 // job goes to its template's node, where Proxmox refuses the clone for
 // the privilege it lacks: the job's error names it, as Proxmox does.
 func TestPVEVMAdminToken(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(2), nil)
 	c, _ := client(t, sim, "vmadmin@pve", pvesim.RolePVEVMAdmin)
 	var logs syncBuf
@@ -65,6 +66,7 @@ func TestPVEVMAdminToken(t *testing.T) {
 // user with the same), runs jobs on PVE 8 and on PVE 9: with and without
 // a NIC, with a disk grown beyond the template's.
 func TestLeastPrivilegeToken(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"8.4", "9.1"} {
 		t.Run(version, func(t *testing.T) {
 			sim := newSim(t, pvesim.DefaultNodes(2), func(o *pvesim.Options) { o.PVEVersion = version })
@@ -108,6 +110,7 @@ func TestLeastPrivilegeToken(t *testing.T) {
 // node (with target), so a job goes where there is room; a template on
 // local storage cannot: its job can only go to the template's node.
 func TestSharedStorage(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, nil, func(o *pvesim.Options) {
 		o.Nodes = pvesim.DefaultNodes(2)
 		o.Storages = append(pvesim.DefaultStorages(), pvesim.SharedStorage("ceph"))
@@ -161,6 +164,7 @@ func TestSharedStorage(t *testing.T) {
 // than the job's memory still gives the job what it asked for: one
 // socket of the asked cores, and no balloon (which would be refused).
 func TestTemplateShapes(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	if err := sim.AddTemplate("pve1", 9100, "big-job", pvesim.TemplateSpec{Sockets: 2, Cores: 2, MemoryMiB: 8192, BalloonMiB: 4096}); err != nil {
 		t.Fatal(err)
@@ -186,6 +190,7 @@ func TestTemplateShapes(t *testing.T) {
 // (one definition: pvesim.PveumCommands), and says what each privilege
 // is for.
 func TestReadmeLeastPrivilege(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
@@ -209,6 +214,7 @@ func TestReadmeLeastPrivilege(t *testing.T) {
 // (VM.Monitor, which PVE 9 dropped) has no guest agent: the job fails
 // saying what the upgrade took and what to add.
 func TestPVE9UpgradeHint(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), func(o *pvesim.Options) { o.PVEVersion = "9.1" })
 	privs := slices.DeleteFunc(pvesim.JobRolePrivileges("9.1"), func(p string) bool { return strings.HasPrefix(p, "VM.GuestAgent.") })
 	c, _ := client(t, sim, "delegate@pve", privs)

@@ -104,6 +104,7 @@ func proxyClient(t *testing.T, sim *pvesim.Server, f *flakyProxy) *pve.Client {
 // when they last past the agent timeout the job fails saying so, and
 // its VM is destroyed.
 func TestAgentWaitOutlasts5xx(t *testing.T) {
+	t.Parallel()
 	t.Run("transient", func(t *testing.T) {
 		sim := newSim(t, pvesim.DefaultNodes(1), nil)
 		f := &flakyProxy{statuses: []int{503, 503, 596, 503, 502}}

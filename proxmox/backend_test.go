@@ -9,6 +9,7 @@ import (
 )
 
 func TestHelpers(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]int64{"8G": 8 << 30, "512M": 512 << 20, "1.5T": 3 << 39, "100K": 100 << 10, "junk": 0} {
 		if got := parseSize(in); got != want {
 			t.Errorf("parseSize(%q) = %d, want %d", in, got, want)
@@ -36,6 +37,7 @@ func TestHelpers(t *testing.T) {
 }
 
 func TestSandboxIDs(t *testing.T) {
+	t.Parallel()
 	for _, id := range []string{"vm-99", "vm-x", "100", "", "vm-100-x", "vm-100-", "vm--job-1", "vm-100-pool-1"} {
 		if _, _, err := parseID(id); err == nil {
 			t.Errorf("parseID(%q) accepted", id)
@@ -52,6 +54,7 @@ func TestSandboxIDs(t *testing.T) {
 }
 
 func TestFindTemplates(t *testing.T) {
+	t.Parallel()
 	res := []pve.Resource{
 		{Type: "qemu", VMID: 9000, Name: "deb", Node: "pve1", Template: true},
 		{Type: "qemu", VMID: 9001, Name: "deb", Node: "pve2", Template: true},

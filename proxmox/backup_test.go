@@ -15,6 +15,7 @@ import (
 // the lock to go (it gave up after 20 polls), and no destroy asks for
 // purge, which rewrites the cluster's backup and replication jobs.
 func TestBackupLockAndNoPurge(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})

@@ -113,6 +113,7 @@ func (f *fakeCluster) called(prefix string) []string {
 // takes first; the clone task fails, the VM with that id (not ours) is
 // left alone, and the clone is retried with another id.
 func TestCloneCollision(t *testing.T) {
+	t.Parallel()
 	f := &fakeCluster{nextIDs: []int{100, 101},
 		taskFail: map[int]string{100: "unable to create VM 100: config file already exists"},
 		names:    map[int]string{100: "delegate-ffff0000-job-other", 101: "delegate-abcd1234-job-mine"}}
@@ -138,6 +139,7 @@ func TestCloneCollision(t *testing.T) {
 // TestCloneLockTimeout: a time-out on the new VM's lock is a collision
 // too; once the attempts are spent the error says what happened.
 func TestCloneLockTimeout(t *testing.T) {
+	t.Parallel()
 	msg := "can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout"
 	f := &fakeCluster{nextIDs: []int{100}, taskFail: map[int]string{100: msg}, names: map[int]string{}}
 	b := f.backend(t)
@@ -154,6 +156,7 @@ func TestCloneLockTimeout(t *testing.T) {
 // TestCloneLinkedFallback: where the storage cannot link, the clone is
 // made full, and later clones of that template go full at once.
 func TestCloneLinkedFallback(t *testing.T) {
+	t.Parallel()
 	f := &fakeCluster{nextIDs: []int{100}, linked: true, names: map[int]string{}}
 	b := f.backend(t)
 	info := &templateInfo{}

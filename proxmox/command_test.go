@@ -107,6 +107,7 @@ func tagged(t *testing.T, p sandbox.Process, offset int64, max int) string {
 // is read first), also read by a process found again after a restart,
 // from any offset; without perl they come together.
 func TestCommandStreams(t *testing.T) {
+	t.Parallel()
 	_, sb := vm(t)
 	script := `echo out; echo err >&2; sleep 0.3; printf 'a\000b\377'; sleep 0.3; printf x >&2; sleep 0.3; echo end; exit 3`
 	exit, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", script}})
@@ -226,6 +227,7 @@ env -0 | grep -zv '^PWD=' | sort -z | tr '\000' '\n'`
 // list of the cluster's templates read now and then; one made after the
 // list was read is found.
 func TestCheckTemplate(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})

@@ -120,6 +120,7 @@ func runningVM(t *testing.T, eng *engine.Engine, sim *pvesim.Server, id string) 
 // token; the job is refused when the datacenter's firewall is off, or
 // when the VM's firewall (from its template) lets out more.
 func TestEgressFirewallOnSimulator(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
 	eng, _ := egressServer(t, c)
@@ -191,6 +192,7 @@ func TestEgressFirewallOnSimulator(t *testing.T) {
 // VM's firewall but not read the datacenter's: the job is refused with
 // what to grant.
 func TestEgressFirewallPrivileges(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	sim.SetFirewall("", true)
 	admin := pvesim.Token{ID: "root@pam!admin", Secret: "admin-secret", Privileges: pvesim.RoleAdministrator}
@@ -225,6 +227,7 @@ print $s "OPTIONS * HTTP/1.0\r\n\r\n"; my $l = <$s>; print defined $l ? $l : "cl
 // address once it has one, and the job starts once the proxy answers it,
 // so that its first connection gets through.
 func TestEgressAddressPinning(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Docker: true}, withProxy(t, func(o *pvesim.Options) {
 		o.DHCPDelay = 1500 * time.Millisecond
 		o.FirewallInterval = 800 * time.Millisecond
@@ -254,6 +257,7 @@ func TestEgressAddressPinning(t *testing.T) {
 // daemon; a template's copied rules are checked completely: a security
 // group it uses, read for what it accepts, and inbound ACCEPT rules.
 func TestEgressFirewallChecks(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	sim.SetFirewall("", true)
 	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)
@@ -319,6 +323,7 @@ func TestEgressFirewallChecks(t *testing.T) {
 // the node, and must not carry the node's own address (on the bridge,
 // or on its VLAN interface when PROXMOX_JOB_VLAN is set).
 func TestEgressJobNetwork(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), withProxy(t, nil))
 	sim.SetFirewall("", true)
 	c, _ := client(t, sim, "root@pam", pvesim.RoleAdministrator)

@@ -20,6 +20,7 @@ import (
 // in a unit of its own, keeping its pid (the one the agent reported):
 // systemd-run --scope where systemd runs, else a session of its own.
 func TestBootstrapUnit(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	os.Mkdir(bin, 0o755)
@@ -81,6 +82,7 @@ func TestBootstrapUnit(t *testing.T) {
 // TestRunOutputCut (15): a command whose output the agent cut at 16 MiB
 // (out-truncated) is an error, not a partial answer (a file listing, say).
 func TestRunOutputCut(t *testing.T) {
+	t.Parallel()
 	sim, err := pvesim.New(pvesim.Options{TaskDelay: 20 * time.Millisecond, BootDelay: 50 * time.Millisecond, AuthFailureDelay: -1, SandboxDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

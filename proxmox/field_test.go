@@ -84,6 +84,7 @@ func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(
 // TestProtectedTemplate (1): a clone copies the template's protection;
 // the job's VM loses it, so it is destroyed when the job ends.
 func TestProtectedTemplate(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Protection: true}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -103,6 +104,7 @@ func TestProtectedTemplate(t *testing.T) {
 // job runs, holds the task, an env value or a secret; the job gets its
 // env, its secret and its task.
 func TestLargeTasks(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		version   string
 		size      int
@@ -152,6 +154,7 @@ echo "env=$FOO secret=$(printf %s "$API_TOKEN" | tr a-z A-Z) task=$n"
 // TestArgumentListsInGuest (6): while a job runs, no process of its guest
 // shows the task, an env value or a secret in its argument list.
 func TestArgumentListsInGuest(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	const secret, envValue, taskMark = "s3cret-77aa", "env-value-88bb", "task-mark-99cc"
@@ -174,6 +177,7 @@ func TestArgumentListsInGuest(t *testing.T) {
 // but whose cloud-init drive is on local storage cannot be cloned to
 // another node: a job that does not fit on its node waits for room there.
 func TestCloudInitTemplate(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(2), pvesim.TemplateSpec{Storage: "ceph", CloudInit: "local-lvm"}, func(o *pvesim.Options) {
 		o.Storages = append(pvesim.DefaultStorages(), pvesim.SharedStorage("ceph"))
 	})
@@ -197,6 +201,7 @@ func TestCloudInitTemplate(t *testing.T) {
 // calls (while ping answers) fails its first job with the template and
 // the fix named, and is refused at once from then on: no more clones.
 func TestRHELTemplate(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{AgentDisabledRPCs: pvesim.RHELAgentDisabledRPCs()}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -240,6 +245,7 @@ func TestTemplateWithoutAgent(t *testing.T) {
 // TestCloudInitWarnings (10): the template check warns on what costs
 // jobs dearly: cloud-init's package upgrade at every first boot.
 func TestCloudInitWarnings(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{CloudInit: "local-lvm"}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	var logs logBuffer
@@ -266,6 +272,7 @@ func TestCloudInitWarnings(t *testing.T) {
 // TestJobBridgeKeepsNICOptions (11): a job's NIC on PROXMOX_JOB_BRIDGE
 // keeps the template's firewall, rate and mtu.
 func TestJobBridgeKeepsNICOptions(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Net0: "virtio=BC:24:11:00:00:09,bridge=vmbr0,firewall=1,rate=50,mtu=1400"}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{Bridge: "vmbr0", VLAN: 20}, engine.Config{})
@@ -296,6 +303,7 @@ func TestJobBridgeKeepsNICOptions(t *testing.T) {
 // cores; one asking more than any node has is refused at submission;
 // with an overcommit ratio, vCPUs are reserved across jobs.
 func TestCoresPlacement(t *testing.T) {
+	t.Parallel()
 	nodes := []pvesim.NodeSpec{{Name: "pve1", CPUs: 4, MemoryBytes: 64 << 30}, {Name: "pve2", CPUs: 8, MemoryBytes: 16 << 30}}
 	sim := simWith(t, nodes, pvesim.TemplateSpec{Storage: "ceph"}, func(o *pvesim.Options) {
 		o.Storages = append(pvesim.DefaultStorages(), pvesim.SharedStorage("ceph"))
@@ -344,6 +352,7 @@ func TestCoresPlacement(t *testing.T) {
 // that waits too long for a shared storage's cluster lock ("cfs-lock
 // 'storage-ceph' error: got lock request timeout") are retried.
 func TestCloneCollisions(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(2), pvesim.TemplateSpec{Storage: "ceph"}, func(o *pvesim.Options) {
 		o.Storages = append(pvesim.DefaultStorages(), pvesim.SharedStorage("ceph"))
 		o.Faults.CloneRaces = 2
@@ -383,6 +392,7 @@ func TestCloneCollisions(t *testing.T) {
 // TestOfflineStorage (9): a job's VM is destroyed while an image storage
 // of the cluster is offline.
 func TestOfflineStorage(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, func(o *pvesim.Options) {
 		o.Storages = append(pvesim.DefaultStorages(), pvesim.StorageSpec{ID: "nas", Type: "nfs", Content: "images"})
 	})
@@ -400,6 +410,7 @@ func TestOfflineStorage(t *testing.T) {
 // TestAgentRestartKeepsJob (6): a restart of the guest agent (an upgrade)
 // does not kill the job: the runner is in a unit of its own.
 func TestAgentRestartKeepsJob(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
 	if !strings.HasPrefix(sim.AgentKind(), "qemu-ga") {
 		if os.Getenv("DELEGATE_REQUIRE_QEMU_GA") != "" {
@@ -434,6 +445,7 @@ func TestAgentRestartKeepsJob(t *testing.T) {
 // their VMs are cloned into the pool, with backup=0 on their disks; the
 // token can touch no other VM.
 func TestResourcePool(t *testing.T) {
+	t.Parallel()
 	for _, version := range []string{"8.4", "9.1"} {
 		t.Run(version, func(t *testing.T) {
 			sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, func(o *pvesim.Options) {
@@ -513,6 +525,7 @@ func TestNodeCallBound(t *testing.T) {
 // runs with the pool's shape: a restarted server adopts it, reading the
 // config it runs with (current=1), not the one it would boot with.
 func TestPoolAdoptsPendingShape(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	pcfg := proxmox.Config{Instance: "pend1234"}
@@ -544,6 +557,7 @@ func TestPoolAdoptsPendingShape(t *testing.T) {
 // that died half-way is skipped by the cleanup loop (only root may clear
 // the lock), and reported with the way out.
 func TestStaleLockReported(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	ctx := context.Background()
@@ -585,6 +599,7 @@ func TestStaleLockReported(t *testing.T) {
 // simulator's access API makes in TestResourcePool (one definition:
 // pvesim.PveumPoolCommands).
 func TestReadmePoolLines(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
@@ -602,6 +617,7 @@ func TestReadmePoolLines(t *testing.T) {
 // (its qm lines, read from the README) passes the template check without
 // a warning and runs jobs.
 func TestReadmeTemplateRecipe(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/PROXMOX.md")
 	if err != nil {
 		t.Fatal(err)
@@ -689,6 +705,7 @@ func TestFieldAtRealLatency(t *testing.T) {
 // and a TPM runs jobs: the job VM's disk leaves backups, and its EFI and
 // TPM drives, whose formats have no backup key, are left as they are.
 func TestUEFITemplate(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{OVMF: true, TPM: true}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -716,6 +733,7 @@ func TestUEFITemplate(t *testing.T) {
 // template with agent: 0 refuses a submission with a classified error
 // that says what is wrong and how to fix it, not "failed on the server".
 func TestDefaultTemplateWithoutAgent(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{Agent: "0"}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond})
@@ -748,6 +766,7 @@ func TestDefaultTemplateWithoutAgent(t *testing.T) {
 // job saying so and naming the boolean, not with a bare "Permission
 // denied".
 func TestSELinuxTemplate(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{SELinux: true}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -763,6 +782,7 @@ func TestSELinuxTemplate(t *testing.T) {
 // /usr/local/go/bin), as a local job finds its root's; a PATH the job
 // set is left as it is.
 func TestToolchainPath(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/usr/local/go/bin/go"); err != nil {
 		t.Skip("no Go in /usr/local/go on this host: the simulator's guests have none either")
 	}
@@ -784,6 +804,7 @@ func TestToolchainPath(t *testing.T) {
 // stand for NAME: with the first template's node down, jobs are cloned
 // from the copy on a node that is up.
 func TestTemplatePerNode(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(2), pvesim.TemplateSpec{}, nil)
 	if err := sim.AddTemplate("pve2", 9001, "debian-job-pve2", pvesim.TemplateSpec{Tags: "delegate-template-debian-job"}); err != nil {
 		t.Fatal(err)
@@ -806,6 +827,7 @@ func TestTemplatePerNode(t *testing.T) {
 // job's VM went through (clone, start, stop, destroy), its UPID at info
 // level with the job's id, for the audit.
 func TestTaskIDsLogged(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(1), pvesim.TemplateSpec{}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	var logs logBuffer

@@ -60,6 +60,7 @@ func age(t *testing.T, c *pve.Client, sim *pvesim.Server, vmid int, d time.Durat
 // live server's VMs (stamped again though their stamp was old), other
 // VMs and templates are left alone.
 func TestGC(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	admin, _ := client(t, sim, "admin@pve", pvesim.RoleAdministrator)

@@ -41,6 +41,7 @@ func migrate(t *testing.T, admin *pve.Client, vmid int, from, to string) {
 // while it runs goes on to its end, its output whole, and its VM is
 // destroyed where it went; nothing of this server's is left.
 func TestJobFollowsMigration(t *testing.T) {
+	t.Parallel()
 	sim := migrationSim(t)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	admin, _ := client(t, sim, "admin@pve", pvesim.RoleAdministrator)
@@ -66,6 +67,7 @@ func TestJobFollowsMigration(t *testing.T) {
 // keeps its files and runs its next command there, and is destroyed on
 // its new node when released.
 func TestKeptSandboxFollowsMigration(t *testing.T) {
+	t.Parallel()
 	sim := migrationSim(t)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	admin, _ := client(t, sim, "admin@pve", pvesim.RoleAdministrator)

@@ -16,6 +16,7 @@ import (
 // TestNodesAllowedAndMaintenance (issue 39, 11): jobs go only to the
 // nodes PROXMOX_NODES names, and not to one in HA maintenance mode.
 func TestNodesAllowedAndMaintenance(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(3), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{Nodes: []string{"pve2", "pve3"}}, engine.Config{MaxConcurrent: 2})
@@ -40,6 +41,7 @@ func TestNodesAllowedAndMaintenance(t *testing.T) {
 // the first one down, calls go to the next, and jobs run (cloned from a
 // copy of the template on a node that is up).
 func TestAPIFailover(t *testing.T) {
+	t.Parallel()
 	sim := simWith(t, pvesim.DefaultNodes(2), pvesim.TemplateSpec{}, nil)
 	if err := sim.AddTemplate("pve2", 9001, "debian-job-pve2", pvesim.TemplateSpec{Tags: "delegate-template-debian-job"}); err != nil {
 		t.Fatal(err)
@@ -81,6 +83,7 @@ func TestAPIFailover(t *testing.T) {
 // VMs take vmids of the range only, past those taken, though
 // /cluster/nextid would give a lower one.
 func TestVMIDRange(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	// Someone's VM at the range's start.
@@ -114,6 +117,7 @@ func TestVMIDRange(t *testing.T) {
 // every server reads) takes no new VM; what is on it is listed, and a
 // kept sandbox there goes on; undone, the node takes VMs again.
 func TestDrain(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(2), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	admin, _ := client(t, sim, "admin@pve", pvesim.RoleAdministrator)

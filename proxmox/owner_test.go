@@ -11,6 +11,7 @@ import (
 )
 
 func TestListedJob(t *testing.T) {
+	t.Parallel()
 	const inst = "abcd1234"
 	tests := []struct {
 		name string
@@ -38,6 +39,7 @@ func TestListedJob(t *testing.T) {
 }
 
 func TestOwns(t *testing.T) {
+	t.Parallel()
 	cfg := func(name string, template bool) pve.VMConfig {
 		return pve.VMConfig{Name: name, Template: pve.Bool(template)}
 	}
@@ -70,6 +72,7 @@ func TestOwns(t *testing.T) {
 }
 
 func TestStableInstanceID(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	// Servers starting together on one data dir agree on one id.
 	ids := make([]string, 8)
@@ -105,6 +108,7 @@ func TestStableInstanceID(t *testing.T) {
 }
 
 func TestDiskStorages(t *testing.T) {
+	t.Parallel()
 	raw := map[string]json.RawMessage{
 		"scsi0":    json.RawMessage(`"ceph:base-9000-disk-0,size=8G"`),
 		"scsi1":    json.RawMessage(`"local-lvm:base-9000-disk-1,size=1G"`),

@@ -8,6 +8,7 @@ import (
 )
 
 func TestSurvey(t *testing.T) {
+	t.Parallel()
 	const gib = 1 << 30
 	resources := []pve.Resource{
 		{Type: "node", Node: "pve1", Status: "online", MaxMem: 32 * gib},

@@ -11,6 +11,7 @@ import (
 )
 
 func TestPoolListings(t *testing.T) {
+	t.Parallel()
 	const inst = "abcd1234"
 	tests := []struct {
 		name      string
@@ -38,6 +39,7 @@ func TestPoolListings(t *testing.T) {
 }
 
 func TestPoolOwner(t *testing.T) {
+	t.Parallel()
 	o := owner{"abcd1234", "pool-1f2e"}
 	if tags := o.tags(); !o.pool() || o.vmName() != "delegate-abcd1234-pool-1f2e" || strings.Join(tags[:3], ";") != "delegate;delegate-abcd1234;delegate-pool" || !stampedNow(tags[3]) {
 		t.Fatalf("%v %q %v", o.pool(), o.vmName(), o.tags())
@@ -54,6 +56,7 @@ func TestPoolOwner(t *testing.T) {
 }
 
 func TestShapes(t *testing.T) {
+	t.Parallel()
 	if s := shapeOf(1, 256<<20); s != (shape{cores: 1, memMiB: 256}) {
 		t.Errorf("%+v", s)
 	}

@@ -105,6 +105,7 @@ func jobSteps(s *server, id string) string { return strings.Join(s.store.steps(i
 // no boot), runs, and its VM is destroyed; the pool refills; a job that
 // asks for network or another size starts cold.
 func TestPoolWarmJob(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -188,6 +189,7 @@ func mustAtoi(s string) int {
 // empty pool means a cold start), no VM serves two jobs, and the sweep
 // never takes a pool VM.
 func TestPoolConcurrentClaims(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(2), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{MaxConcurrent: 12, CleanupInterval: 100 * time.Millisecond})
@@ -242,6 +244,7 @@ func TestPoolConcurrentClaims(t *testing.T) {
 // dir: the same instance id, lock file and job store); one keeps the
 // pool, both take VMs from it, and no VM serves two jobs.
 func TestPoolTwoServersOneDataDir(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	ca, tokenA := client(t, sim, "a@pve", pvesim.RoleAdministrator)
 	cb, tokenB := client(t, sim, "b@pve", pvesim.RoleAdministrator)
@@ -300,6 +303,7 @@ func TestPoolTwoServersOneDataDir(t *testing.T) {
 // clones), a smaller size shrinks it, VMs of another shape are replaced,
 // and size 0 destroys it.
 func TestPoolRestart(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	pcfg := proxmox.Config{Instance: "rest1234"}
@@ -373,6 +377,7 @@ func TestPoolRestart(t *testing.T) {
 // that does not fit gets room from one of them (destroyed before the
 // job's VM starts), and the pool does not take the room back while it runs.
 func TestPoolGivesWay(t *testing.T) {
+	t.Parallel()
 	t.Run("to the keeper's job", func(t *testing.T) { givesWay(t, false) })
 	// A server of the same data dir that does not keep the pool finds
 	// its idle VMs in the cluster's listing.

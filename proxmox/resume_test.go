@@ -17,6 +17,7 @@ import (
 // on resume): after a resume the guest's time is set from the server's,
 // in one exec, before anything else runs in it.
 func TestResumeSetsClock(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	b, err := proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond})

@@ -239,6 +239,7 @@ func sameCounts(a, b map[int]int) bool {
 // TestConcurrentJobs: 8 jobs submitted at once all succeed (their vmids
 // do not collide), and each VM is deleted once, by its own job.
 func TestConcurrentJobs(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(2), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{MaxConcurrent: 8})
@@ -264,6 +265,7 @@ func TestConcurrentJobs(t *testing.T) {
 // for orphans several times a second while the other provisions; all
 // their jobs succeed, and each deletes only its own VMs.
 func TestTwoInstances(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), func(o *pvesim.Options) {
 		o.TaskDelays = map[string]time.Duration{"qmclone": 300 * time.Millisecond}
 		// Requests that take a while leave room between nextid and the
@@ -315,6 +317,7 @@ func TestTwoInstances(t *testing.T) {
 // the host's share) all succeed: the others wait as pending, saying why,
 // and never more than two VMs run at once.
 func TestCapacityQueue(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, []pvesim.NodeSpec{{Name: "pve1", CPUs: 8, MemoryBytes: 6 << 30}}, nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{MaxConcurrent: 4})
@@ -367,6 +370,7 @@ func TestCapacityQueue(t *testing.T) {
 // TestNodeMemorySetting: PROXMOX_NODE_MEMORY is what VMs may use on a
 // node, whatever Proxmox reports: 3G on a 32G node runs 2G jobs one by one.
 func TestNodeMemorySetting(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{NodeMemory: map[string]int64{"": 3 << 30}}, engine.Config{MaxConcurrent: 4})
@@ -390,6 +394,7 @@ func TestNodeMemorySetting(t *testing.T) {
 // TestProvisioningSteps: a cold start names each step, and the VM is
 // configured with one socket and no balloon.
 func TestProvisioningSteps(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})
@@ -420,6 +425,7 @@ func TestProvisioningSteps(t *testing.T) {
 // TestTimeoutFromRunning: a job's timeout counts from when it runs, not
 // from its submission: slow provisioning takes none of it.
 func TestTimeoutFromRunning(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), func(o *pvesim.Options) {
 		o.TaskDelays = map[string]time.Duration{"qmclone": 2 * time.Second}
 		o.BootDelay = 1500 * time.Millisecond
@@ -439,6 +445,7 @@ func TestTimeoutFromRunning(t *testing.T) {
 // commands and the orphan sweeps (several a second here), keeps its
 // files between commands, and is deleted when released.
 func TestKeptSandboxOnSimulator(t *testing.T) {
+	t.Parallel()
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, token := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
 	s := newServer(t, c, proxmox.Config{}, engine.Config{})

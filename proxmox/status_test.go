@@ -16,6 +16,7 @@ import (
 // are its own, all of them; and once a command's result is read, its
 // directory in the guest is gone.
 func TestConcurrentStatusChannels(t *testing.T) {
+	t.Parallel()
 	_, sb := keptSandbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -76,6 +77,7 @@ func TestConcurrentStatusChannels(t *testing.T) {
 // TestReadAfterClean: once a command's result was read and its directory
 // removed, reading on from its end answers nothing, without an error.
 func TestReadAfterClean(t *testing.T) {
+	t.Parallel()
 	_, sb := keptSandbox(t)
 	ctx := context.Background()
 	exit, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo done"}})
@@ -106,6 +108,7 @@ func keptSandbox(t *testing.T) (*proxmox.Backend, sandbox.Instance) {
 // after it, its command's directory with it: removing the directory first
 // would cost calls for nothing.
 func TestOneCommandVMNotCleaned(t *testing.T) {
+	t.Parallel()
 	_, sb := vm(t)
 	_, p := runProc(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "echo once"}})
 	ctx := context.Background()

@@ -21,6 +21,7 @@ func render(outs []sandbox.Output) string {
 // where the last known one starts; records behind the reads are dropped,
 // and a read from before them is noticed.
 func TestStreamRecs(t *testing.T) {
+	t.Parallel()
 	data := "out\nerr\nmore out" // stdout 0-3, stderr 4-7, stdout 8-15
 	var r streamRecs
 	if err := r.add([]byte("0 1\n4 2\n8")); err != nil {

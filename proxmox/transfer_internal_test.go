@@ -22,6 +22,7 @@ import (
 // TestTransferClaims: a transfer's token opens that transfer, once, for
 // its method alone, and not once it ended; a claim says the job.
 func TestTransferClaims(t *testing.T) {
+	t.Parallel()
 	x, off, err := newTransfers("http://10.0.0.7:8765/", time.Second, slog.New(slog.DiscardHandler))
 	if err != nil || x == nil {
 		t.Fatal(off, err)
@@ -87,6 +88,7 @@ func (g *fakeGuest) run(_ context.Context, argv []string) (result, error) {
 // that changed on the way never reaches its end, and the archive left in
 // the guest is removed at Close.
 func TestUploadChecked(t *testing.T) {
+	t.Parallel()
 	var tarball bytes.Buffer
 	zw := gzip.NewWriter(&tarball)
 	tw := tar.NewWriter(zw)

@@ -235,6 +235,7 @@ func leftovers(t *testing.T, sb sandbox.Instance) string {
 // of agent calls, and sends its changes back the same way (a PUT, no
 // agent/file-read); both arrive whole, nothing is left in the guest.
 func TestWorkspaceOverHTTP(t *testing.T) {
+	t.Parallel()
 	rig := newXferRig(t, true, "http://"+guestCallback)
 	sb := rig.vm(t, true)
 	dir, sums := randomTree(t, 6, 2<<20)
@@ -293,6 +294,7 @@ func TestWorkspaceOverHTTP(t *testing.T) {
 // in the guest's /tmp (RAM on Debian 13), and gone afterwards (issue 39,
 // 7).
 func TestWorkspaceHTTPFallback(t *testing.T) {
+	t.Parallel()
 	rig := newXferRig(t, false, "http://"+guestCallback)
 	dir, sums := randomTree(t, 2, 100<<10)
 	for _, nic := range []bool{true, false} {
@@ -336,6 +338,7 @@ func TestWorkspaceHTTPFallback(t *testing.T) {
 // TestTransferURL: a loopback callback URL carries no transfers (a
 // VM's loopback is its own), and a URL that is not http(s) is refused.
 func TestTransferURL(t *testing.T) {
+	t.Parallel()
 	if b, err := proxmox.New(nil, proxmox.Config{TransferURL: "http://127.0.0.1:8765"}); err != nil || b.Transfers() != nil {
 		t.Errorf("a loopback callback URL: %v %v", b, err)
 	}
