@@ -17,6 +17,7 @@ import (
 // sweep every second and slow clone and config tasks, the sweep sees the
 // half-made VM several times; it must not take it for an orphan.
 func TestProxmoxSweepSparesProvisioning(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simClusterWith(t, 1, func(o *pvesim.Options) {
 		o.TaskDelays = map[string]time.Duration{"qmclone": 2500 * time.Millisecond, "qmconfig": 2500 * time.Millisecond}
 	})
@@ -43,6 +44,7 @@ func TestProxmoxSweepSparesProvisioning(t *testing.T) {
 // second; each job's VM is destroyed once, by that job's own cleanup,
 // and no other VM is deleted.
 func TestProxmoxRealLatency(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simClusterWith(t, 2, func(o *pvesim.Options) {
 		o.Latency, o.TaskDelay, o.BootDelay = "real", 0, 0
 	})

@@ -76,6 +76,7 @@ func claimOf(sim *pvesim.Server, job string) int {
 // takes a pool VM; a restarted server adopts the pool (its next job is
 // warm without a new clone), a smaller size shrinks it and 0 removes it.
 func TestProxmoxWarmPool(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simClusterWith(t, 1, func(o *pvesim.Options) {
 		o.Latency, o.TaskDelay, o.BootDelay = "real", 0, 0
 	})

@@ -88,6 +88,7 @@ func noVMsLeft(t *testing.T, sim *pvesim.Server) {
 // TestProxmoxJobs: the same MCP conversation as on the local backend, with
 // every job in its own VM of a simulated cluster.
 func TestProxmoxJobs(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 2)
 	cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
 
@@ -156,6 +157,7 @@ func TestProxmoxJobs(t *testing.T) {
 // TestProxmoxNoNetwork: a job that asks for no network gets a VM without
 // a NIC, and still runs (everything goes through the guest agent).
 func TestProxmoxNoNetwork(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 1)
 	cs, _, _ := stdioSession(t, t.TempDir(), "", env...)
 	sub := call[submitOut](t, cs, "submit_job", map[string]any{"manifest": map[string]any{
@@ -183,6 +185,7 @@ func TestProxmoxNoNetwork(t *testing.T) {
 // TestProxmoxFaults: with faults injected, every job still ends in a
 // terminal state with a reason, and no VM is left behind.
 func TestProxmoxFaults(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	cases := []struct {
 		name   string
 		faults pvesim.Faults
@@ -230,6 +233,7 @@ func TestProxmoxFaults(t *testing.T) {
 // the running job's VM; a tagged VM that belongs to no job is destroyed by
 // the cleanup loop; an offline node is avoided.
 func TestProxmoxLifecycle(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 2)
 	dataDir := t.TempDir()
 	cs, cmd, _ := stdioSession(t, dataDir, "", env...)

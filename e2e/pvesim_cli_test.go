@@ -18,6 +18,7 @@ import (
 // documented role, and `delegate run` works with it (PVE 8.4, whose agent
 // privilege is VM.Monitor, and 9.1).
 func TestPveSimLeastPrivilege(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	for _, version := range []string{"8.4", "9.1"} {
 		t.Run(version, func(t *testing.T) {
 			ctx := testContext(t)

@@ -389,6 +389,7 @@ func TestSandboxesDashboardInChromium(t *testing.T) {
 // idle past its idle timeout is suspended, and its next command resumes
 // it with what it left running; no VM is left once they are released.
 func TestSandboxOverMCPProxmox(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	for _, transport := range []string{"stdio", "http"} {
 		t.Run(transport, func(t *testing.T) {
 			sim, env := simCluster(t, 1)

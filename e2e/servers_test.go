@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -34,11 +35,25 @@ func TestServersListAndDrain(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "Server "+id+" drains") {
 		t.Fatalf("delegate servers drain: %d %q %s", code, out, errOut)
 	}
+	// Submits taken before the drain reached the server run to their end
+	// below: a job still running when the server stops keeps its sandbox
+	// (for the next server to adopt), and its mounts in the test's data dir.
+	var taken []string
 	testkit.Eventually(t, 30*time.Second, "a submit refused", func() bool {
 		res, err := cs.CallTool(testContext(t), &mcp.CallToolParams{Name: "submit_job", Arguments: map[string]any{
 			"manifest": map[string]any{"agentType": "script", "task": "true"}}})
+		if err == nil && !res.IsError {
+			var sub submitOut
+			raw, _ := json.Marshal(res.StructuredContent)
+			if json.Unmarshal(raw, &sub) == nil && sub.JobID != "" {
+				taken = append(taken, sub.JobID)
+			}
+		}
 		return err == nil && res.IsError && strings.Contains(text(res), "is draining and takes no new jobs")
 	})
+	for _, id := range taken {
+		call[statusOut](t, cs, "wait_job", map[string]any{"job_id": id})
+	}
 	if st := call[statusOut](t, cs, "wait_job", map[string]any{"job_id": job.JobID}); st.Status != "success" {
 		t.Errorf("the running job: %+v", st)
 	}

@@ -66,6 +66,7 @@ func TestRunStreams(t *testing.T) {
 // guests run commands for real), a job's stdout and stderr stay apart
 // too: delegate run, get_job_result and the interleaved log.
 func TestProxmoxRunStreams(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 1)
 	dataDir := t.TempDir()
 	out, errOut, code := delegateCLIEnv(t, dataDir, env, "run", "-q", "--script", "echo out; echo err >&2; sleep 0.3; echo more; exit 2")

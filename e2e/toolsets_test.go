@@ -84,6 +84,7 @@ func TestToolsets(t *testing.T) {
 // names it, and with it the tools leave a running job's VM alone unless
 // forced, and work on containers.
 func TestProxmoxToolsetThroughBinary(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 3)
 	if err := sim.AddContainer("pve2", 300, "web", pvesim.ContainerSpec{Running: true}); err != nil {
 		t.Fatal(err)

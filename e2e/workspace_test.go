@@ -396,8 +396,11 @@ func TestWorkspaceGitSource(t *testing.T) {
 	}
 }
 
-// TestWorkspaceCache: a second `go test ./...` of the same module, with
-// the go cache, finds the first one's work (its test result is cached).
+// TestWorkspaceCache: a second `go build` of the same module, with the go
+// cache, finds the first one's work (`go build -v` names each package it
+// compiles, and none it takes from the cache). A build of a package that
+// imports nothing, not a `go test`, which would compile the testing
+// package's dependencies into an empty cache first (a minute of CPU).
 func TestWorkspaceCache(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -405,16 +408,15 @@ func TestWorkspaceCache(t *testing.T) {
 	}
 	root := t.TempDir()
 	dir := calcProject(t, root)
-	os.WriteFile(filepath.Join(dir, "calc.go"), []byte("package calc\n\nfunc Add(a, b int) int { return a + b }\n"), 0o644)
 	dataDir := t.TempDir()
 	args := []string{"run", "-q", "--workspace", dir, "--cache", "go", "--memory", "1G", "--env", "PATH=" + filepath.Dir(goBin) + ":/usr/bin:/bin",
-		"--env", "GOTOOLCHAIN=local", "--env", "GOFLAGS=-mod=mod", "--script", "go test ./... && ls /cache/go"}
-	first, errOut, code := delegateCLIWithin(t, 6*time.Minute, dataDir, nil, args...)
-	if code != 0 || !strings.Contains(first, "ok  \texample.com/calc") || strings.Contains(first, "(cached)") {
+		"--env", "GOTOOLCHAIN=local", "--env", "GOFLAGS=-mod=mod", "--script", "go build -v ./... 2>&1 && ls /cache/go"}
+	first, errOut, code := delegateCLI(t, dataDir, args...)
+	if code != 0 || !strings.Contains(first, "example.com/calc\n") {
 		t.Fatalf("first run: %d %q %s", code, first, errOut)
 	}
 	second, errOut, code := delegateCLI(t, dataDir, args...)
-	if code != 0 || !strings.Contains(second, "(cached)") {
+	if code != 0 || strings.Contains(second, "example.com/calc") {
 		t.Fatalf("second run did not reuse the cache: %d %q %s", code, second, errOut)
 	}
 	if !strings.Contains(second, "build\n") {
@@ -434,6 +436,7 @@ func TestWorkspaceCache(t *testing.T) {
 // project goes in through the agent, the changes come back through it,
 // and caches are refused naming the field.
 func TestWorkspaceProxmox(t *testing.T) {
+	t.Parallel() // waits on the simulator's latencies, mostly
 	sim, env := simCluster(t, 1)
 	root := t.TempDir()
 	dir := calcProject(t, root)
