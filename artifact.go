@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path"
 	"strings"
+	"time"
 )
 
 // Artifact is a file collected from a job's workspace, stored by hash.
@@ -27,6 +28,22 @@ type ArtifactStore interface {
 	// when the job has none of that name): a reader of each of 10,000
 	// artifacts must not read the whole list each time.
 	Artifact(ctx context.Context, id, name string) (Artifact, error)
+}
+
+// BlobStore is a store that keeps artifacts' contents itself, by sha256,
+// where every server sharing it reads them (PostgreSQL). Without one, an
+// engine keeps them in its artifact directory (Config.ArtifactDir).
+type BlobStore interface {
+	// PutBlob keeps data under sum (its sha256, hex), once; kept again,
+	// it is marked as used now (a prune spares it a while: the job that
+	// keeps it may not name it yet).
+	PutBlob(ctx context.Context, sum string, data []byte) error
+	// Blob returns the content kept under sum (ErrNotFound: none).
+	Blob(ctx context.Context, sum string) ([]byte, error)
+	// DropBlobs removes the contents of sums that no job names and that
+	// were last kept longer than grace ago, by the store's clock, and
+	// says how many and their bytes; dry, it only counts them.
+	DropBlobs(ctx context.Context, sums []string, grace time.Duration, dry bool) (n int, bytes int64, err error)
 }
 
 // ValidArtifactGlob checks an artifact pattern: relative to /workspace,

@@ -44,7 +44,8 @@ type Config struct {
 	LeaseTTL time.Duration
 	HostID   string
 	// ArtifactDir holds artifact files by sha256 (DELEGATE_ARTIFACT_DIR;
-	// "": DataDir/artifacts). Servers sharing a store share it too.
+	// "": DataDir/artifacts). On PostgreSQL the store keeps them: it holds
+	// those collected before.
 	ArtifactDir string
 
 	// SandboxUIDs is the local sandboxes' host uid range
@@ -213,7 +214,7 @@ func envVars() []envVar {
 		{"DELEGATE_SANDBOX_LIFETIME", delegate.DefaultSandboxLifetime.String(), "a kept sandbox is destroyed this long after it was made"},
 		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
 		{"DELEGATE_LEASE_TTL", "15s", "with DELEGATE_STORE: a server silent this long is dead to the others, which adopt its jobs (renewed every third of it)"},
-		{"DELEGATE_ARTIFACT_DIR", "DELEGATE_DATA_DIR/artifacts", "where artifact files are kept, by sha256: servers sharing a store must share it (a directory every one mounts)"},
+		{"DELEGATE_ARTIFACT_DIR", "DELEGATE_DATA_DIR/artifacts", "where artifact files are kept, by sha256 (on PostgreSQL the store keeps them: this holds those collected before)"},
 		{"DELEGATE_HOST_ID", "the kernel's boot id", "with DELEGATE_STORE: names this host; local sandboxes are taken over only by a server with the same"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},

@@ -10,6 +10,8 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -254,6 +256,54 @@ func TestFaultServersFollowJob(t *testing.T) {
 	cs := b.session(t)
 	if st := call[statusOut](t, cs, "wait_job", map[string]any{"job_id": ref.id}); st.Status != "success" {
 		t.Errorf("wait_job on b: %+v", st)
+	}
+}
+
+// TestFaultServersShareResults: a job that server a runs, with
+// artifacts, is read whole through server b, whose data dir (and so its
+// artifact directory) is its own, with no directory shared between the
+// two: its end (wait_job woken on b), its result and output, its
+// artifacts' list and their content, checked against their sha256.
+func TestFaultServersShareResults(t *testing.T) {
+	c := newHACluster(t)
+	a := c.start(t, "a", "")
+	b := c.start(t, "b", "")
+	ca, cb := a.session(t), b.session(t)
+	sub := call[submitOut](t, ca, "submit_job", map[string]any{"manifest": map[string]any{
+		"agentType": "script", "artifacts": []string{"out/**"},
+		"task": "mkdir -p out/deep; echo made; echo 'a report' > out/report.txt; head -c 3000 /dev/urandom > out/deep/blob.bin"}})
+	if st := call[statusOut](t, cb, "wait_job", map[string]any{"job_id": sub.JobID}); st.Status != "success" {
+		t.Fatalf("wait_job on b: %+v", st)
+	}
+	res := call[struct {
+		Status    string `json:"status"`
+		Output    string `json:"output"`
+		Artifacts []struct {
+			Name   string `json:"name"`
+			Size   int64  `json:"size"`
+			SHA256 string `json:"sha256"`
+		} `json:"artifacts"`
+	}](t, cb, "get_job_result", map[string]any{"job_id": sub.JobID})
+	sums := map[string]string{}
+	for _, art := range res.Artifacts {
+		sums[art.Name] = art.SHA256
+	}
+	if res.Status != "success" || res.Output != "made\n" || len(sums) != 2 || sums["out/deep/blob.bin"] == "" {
+		t.Fatalf("get_job_result on b: %+v", res)
+	}
+	for name, size := range map[string]int{"out/report.txt": 9, "out/deep/blob.bin": 3000} {
+		r, err := cb.ReadResource(testContext(t), &mcp.ReadResourceParams{URI: "job://" + sub.JobID + "/artifacts/" + name})
+		if err != nil {
+			t.Fatalf("artifact %s read on b: %v", name, err)
+		}
+		data := r.Contents[0].Blob
+		if data == nil {
+			data = []byte(r.Contents[0].Text)
+		}
+		sum := sha256.Sum256(data)
+		if len(data) != size || hex.EncodeToString(sum[:]) != sums[name] {
+			t.Errorf("artifact %s read on b: %d bytes, sha256 %x (want %d, %s)", name, len(data), sum, size, sums[name])
+		}
 	}
 }
 

@@ -47,7 +47,7 @@ func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.M
 				a.Skipped = fmt.Sprintf("larger than the %d MiB per-file cap", r.cfg.ArtifactMaxFile>>20)
 				break
 			}
-			sum, err := r.storeBlob(data)
+			sum, err := r.storeBlob(ctx, data)
 			if err != nil {
 				r.log.Error("store artifact", "job", id, "name", name, "err", err)
 				a.Skipped = "could not be stored on the server"
@@ -62,10 +62,15 @@ func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.M
 	}
 }
 
-// storeBlob writes data under its sha256, once.
-func (r *finisher) storeBlob(data []byte) (string, error) {
+// storeBlob keeps data under its sha256, once: in the store where it
+// keeps contents (delegate.BlobStore: every server sharing it reads
+// them), else a file of the artifact directory.
+func (r *finisher) storeBlob(ctx context.Context, data []byte) (string, error) {
 	h := sha256.Sum256(data)
 	sum := hex.EncodeToString(h[:])
+	if blobs, ok := r.store.(delegate.BlobStore); ok {
+		return sum, blobs.PutBlob(ctx, sum, data)
+	}
 	path := blobPath(r.cfg.ArtifactDir, sum)
 	if _, err := os.Stat(path); err == nil {
 		// Reused: a prune leaves a file this recent alone (blobGrace),

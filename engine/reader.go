@@ -398,7 +398,7 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
 			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
 		}
-		data, err := os.ReadFile(blobPath(rd.artifactDir, a.SHA256))
+		data, err := rd.readBlob(ctx, a.SHA256)
 		if err != nil {
 			return a, nil, fmt.Errorf("artifact %q of job %s: %w", name, id, err)
 		}
@@ -413,6 +413,19 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 	nf := delegate.ArtifactNotFound(id, name)
 	nf.There = artifactNames(arts)
 	return delegate.Artifact{}, nil, nf
+}
+
+// readBlob reads an artifact's content: from the store where it keeps
+// them, else (or where it has not this one: collected into a directory
+// before the store kept them) from the artifact directory.
+func (rd *Reader) readBlob(ctx context.Context, sum string) ([]byte, error) {
+	if blobs, ok := rd.store.(delegate.BlobStore); ok {
+		data, err := blobs.Blob(ctx, sum)
+		if !errors.Is(err, delegate.ErrNotFound) {
+			return data, err
+		}
+	}
+	return os.ReadFile(blobPath(rd.artifactDir, sum))
 }
 
 // maxNamesShown bounds the names a not-found error lists.

@@ -32,6 +32,14 @@ func (e *Engine) GC(ctx context.Context, opts delegate.PruneOptions) (*delegate.
 	if err != nil {
 		return p, err
 	}
+	if blobs, ok := e.store.(delegate.BlobStore); ok {
+		n, size, err := blobs.DropBlobs(ctx, p.Artifacts, blobGrace, opts.DryRun)
+		if err != nil {
+			return p, err
+		}
+		p.ArtifactFiles += n
+		p.ArtifactBytes += size
+	}
 	for _, sum := range p.Artifacts {
 		if !sha256RE.MatchString(sum) {
 			continue // not a file of ours: never a path

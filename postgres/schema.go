@@ -288,4 +288,12 @@ var migrations = []string{
 	CREATE TRIGGER jobs_notify AFTER UPDATE OF status ON jobs FOR EACH ROW
 		WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status NOT IN ('pending', 'provisioning'))
 		EXECUTE FUNCTION jobs_notify();`,
+	// Artifacts' contents (issue 37), by sha256, where every server reads
+	// them (blobs.go); a prune removes those no job names.
+	`CREATE TABLE artifact_blobs (
+		sha256 text PRIMARY KEY,
+		size bigint NOT NULL,
+		data bytea NOT NULL,
+		used_at timestamptz NOT NULL DEFAULT now()
+	);`,
 }

@@ -347,8 +347,9 @@ func peekEnd(cfg cli.Config) func(sandboxID, execID string) (sandbox.Exit, bool)
 	return func(sandboxID, execID string) (sandbox.Exit, bool) { return local.PeekEnd(dir, sandboxID, execID) }
 }
 
-// artifactDir is where artifact files are kept: DELEGATE_ARTIFACT_DIR (a
-// directory servers sharing a store all mount), else the data dir's.
+// artifactDir is where artifact files are kept: DELEGATE_ARTIFACT_DIR,
+// else the data dir's (on PostgreSQL the store keeps artifacts' contents:
+// it holds those collected before).
 func artifactDir(cfg cli.Config) string {
 	if cfg.ArtifactDir != "" {
 		return cfg.ArtifactDir
