@@ -131,7 +131,7 @@ func (h *checkpointHandlers) checkpoint(ctx context.Context, _ *mcp.CallToolRequ
 		if err != nil {
 			return CheckpointsOut{}, err
 		}
-		out := sandboxOf(sb)
+		out := sandboxOf(ctx, sb)
 		return CheckpointsOut{Sandbox: &out}, nil
 	case actList:
 		if err := need("sandbox_id", in.SandboxID, "the sandbox whose checkpoints to list"); err != nil {

@@ -142,14 +142,23 @@ type SandboxOut struct {
 	Commands int    `json:"commands"`
 	Running  int    `json:"running"`
 	Reason   string `json:"reason,omitempty"`
+	// Principal is whose sandbox it is: shown to an operator (and so
+	// left out of the output schema).
+	Principal string `json:"principal,omitempty" delegate:"operator"`
 }
 
-func sandboxOf(sb *delegate.Sandbox) SandboxOut {
-	return SandboxOut{
+// sandboxOf is sb as ctx's principal sees it (its owner named to an
+// operator).
+func sandboxOf(ctx context.Context, sb *delegate.Sandbox) SandboxOut {
+	out := SandboxOut{
 		SandboxID: sb.ID, State: sb.State, JobID: sb.JobID,
 		CreatedAt: msec(sb.CreatedAt), LastUsedAt: msec(sb.LastUsedAt), ExpiresAt: msec(sb.ExpiresAt),
 		Commands: sb.Commands, Running: sb.Running, Reason: sb.Reason,
 	}
+	if delegate.PrincipalOf(ctx).Admin() {
+		out.Principal = sb.Principal
+	}
+	return out
 }
 
 // OpenSandboxOut is a sandbox just opened: what the next calls need
@@ -189,7 +198,7 @@ func (h *sandboxHandlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *
 		if err != nil {
 			return ListSandboxesOut{}, err
 		}
-		return ListSandboxesOut{Sandboxes: []SandboxOut{sandboxOf(sb)}}, nil
+		return ListSandboxesOut{Sandboxes: []SandboxOut{sandboxOf(ctx, sb)}}, nil
 	}
 	list, err := h.svc.ListSandboxes(ctx, delegate.SandboxListOptions{})
 	if err != nil {
@@ -197,7 +206,7 @@ func (h *sandboxHandlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *
 	}
 	out := ListSandboxesOut{Sandboxes: make([]SandboxOut, 0, len(list))}
 	for i := range list {
-		out.Sandboxes = append(out.Sandboxes, sandboxOf(&list[i]))
+		out.Sandboxes = append(out.Sandboxes, sandboxOf(ctx, &list[i]))
 	}
 	return out, nil
 }
@@ -432,7 +441,7 @@ func addSandboxResource(s *mcp.Server, svc delegate.SandboxService, log *slog.Lo
 		if err != nil {
 			return nil, resourceError(ctx, log, uri, err)
 		}
-		data, err := json.Marshal(sandboxOf(sb))
+		data, err := json.Marshal(sandboxOf(ctx, sb))
 		if err != nil {
 			return nil, err
 		}

@@ -627,6 +627,9 @@ type JobSummary struct {
 	ExitReason delegate.ExitReason `json:"exit_reason,omitempty"`
 	// SandboxKept: a persistent job's sandbox is still there (release_job).
 	SandboxKept bool `json:"sandbox_kept,omitempty"`
+	// Principal is whose job it is: shown to an operator (admin scope),
+	// who lists everyone's (and so left out of the output schema).
+	Principal string `json:"principal,omitempty" delegate:"operator"`
 }
 
 func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn) (ListOut, error) {
@@ -635,9 +638,14 @@ func (h *handlers) list(ctx context.Context, _ *mcp.CallToolRequest, in *ListIn)
 		return ListOut{}, err
 	}
 	out := ListOut{Jobs: make([]JobSummary, 0, len(page.Jobs)), NextCursor: page.NextCursor}
+	operator := delegate.PrincipalOf(ctx).Admin()
 	for _, j := range page.Jobs {
-		out.Jobs = append(out.Jobs, JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.AgentType, Task: j.Task,
-			CreatedAt: msec(j.CreatedAt), ExitCode: j.ExitCode, ExitReason: j.ExitReason, SandboxKept: j.SandboxKept})
+		s := JobSummary{JobID: j.ID, Status: j.Status, AgentType: j.AgentType, Task: j.Task,
+			CreatedAt: msec(j.CreatedAt), ExitCode: j.ExitCode, ExitReason: j.ExitReason, SandboxKept: j.SandboxKept}
+		if operator {
+			s.Principal = j.Principal
+		}
+		out.Jobs = append(out.Jobs, s)
 	}
 	return out, nil
 }

@@ -62,7 +62,9 @@ func compactAt(s *jsonschema.Schema, top bool) {
 // as they are, without their types. An agent needs the names to know what
 // comes back; the values show their own types, and typing every field
 // would cost a fifth of tools/list (the servers' tests check their outputs
-// against the full typed schemas all the same).
+// against the full typed schemas all the same). A field tagged
+// delegate:"operator" is left out: only an operator's answers carry it
+// (whose each item is), and every other session would pay for its name.
 func Output[T any]() json.RawMessage {
 	data, err := json.Marshal(map[string]any{"type": "object", "properties": fieldNames(reflect.TypeFor[T]())})
 	if err != nil {
@@ -78,7 +80,7 @@ func fieldNames(t reflect.Type) map[string]any {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if !f.IsExported() || name == "-" {
+		if !f.IsExported() || name == "-" || f.Tag.Get("delegate") == "operator" {
 			continue
 		}
 		if name == "" {

@@ -19,6 +19,7 @@ type sample struct {
 	Many     []inner         `json:"many"`
 	Tags     []string        `json:"tags"`
 	Hidden   string          `json:"-"`
+	Owner    string          `json:"owner,omitempty" delegate:"operator"`
 	lower    string
 }
 
