@@ -25,11 +25,11 @@ beside it. A callback server for jobs listens on CALLBACK_PORT.
 
 With DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) set, /mcp, /metrics
 and the dashboard require it (Authorization: Bearer, or the dashboard's
-sign-in form); /health stays open. Serving beyond the loopback interface
-without a token is refused. With DELEGATE_OAUTH_ISSUERS and
+sign-in form); /health stays open. With DELEGATE_OAUTH_ISSUERS and
 DELEGATE_OAUTH_RESOURCE set, /mcp also accepts those issuers' JWT access
 tokens, and /.well-known/oauth-protected-resource tells MCP clients where
-to get them (docs/security.md).
+to get them (docs/security.md). Serving beyond the loopback interface with
+neither a token nor an issuer is refused.
 
 A second 'serve --http' on the data dir of a stdio server shows that
 server's jobs in the dashboard.
@@ -103,12 +103,13 @@ func (o *ServeOptions) check(ctx context.Context, cfg Config) error {
 		}
 		return nil
 	}
-	if !loopbackOnly(ctx, o.HTTPAddr) {
-		// An issuer guards /mcp, but not the dashboard, whose operator
-		// signs in with the token.
+	// With an issuer, its access tokens are the authentication: every
+	// request needs one (or a token of delegate's own; the dashboard
+	// signs in with one of those), none is let through as the operator.
+	if o.OAuth == nil && !loopbackOnly(ctx, o.HTTPAddr) {
 		return configError{fmt.Errorf("--http %s accepts connections from other machines, and no token is set: "+
-			"set DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) so that /mcp, the dashboard and /metrics require it "+
-			"(with DELEGATE_OAUTH_ISSUERS too: the dashboard's sign-in needs the token), "+
+			"set DELEGATE_HTTP_TOKEN (or DELEGATE_HTTP_TOKEN_FILE) so that /mcp, the dashboard and /metrics require it, "+
+			"or DELEGATE_OAUTH_ISSUERS so that they require an issuer's access token, "+
 			"or serve on 127.0.0.1", o.HTTPAddr)}
 	}
 	return nil

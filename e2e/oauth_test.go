@@ -234,3 +234,41 @@ func TestOAuthTokenExpiresInSession(t *testing.T) {
 		t.Fatal("the expired token opened a new session")
 	}
 }
+
+// TestOAuthBeyondLoopback: with an issuer configured and no shared
+// token, the server serves beyond the loopback interface (the issuer's
+// access tokens are the authentication): a valid one opens a session and
+// submits; without one, /mcp answers 401 with the challenge, and the
+// dashboard, its event stream and /metrics are closed (not open as on the
+// loopback interface without a token). Before, serve refused to start.
+func TestOAuthBeyondLoopback(t *testing.T) {
+	op := oauthtest.Start(t)
+	port := freePort(t)
+	resource := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	_, _, stderr := startHTTPLogged(t, t.TempDir(), []string{"--http", fmt.Sprintf("0.0.0.0:%d", port)},
+		"DELEGATE_OAUTH_ISSUERS="+op.Issuer, "DELEGATE_OAUTH_RESOURCE="+resource)
+	base := strings.TrimSuffix(resource, "/mcp")
+	op.AddClient("alice", "secret-alice", oauthtest.Client{Subject: "alice", Audience: []string{resource}})
+	alice, err := oauthSession(t, resource, op.Token(t, "alice", "secret-alice", "delegate:jobs"))
+	if err != nil {
+		t.Fatalf("an issuer's token beyond loopback: %v", err)
+	}
+	id := submitScript(t, alice, "echo beyond loopback", nil)
+	if st := call[statusOut](t, alice, "wait_job", map[string]any{"job_id": id}); st.Status != "success" {
+		t.Fatalf("alice's job: %+v", st)
+	}
+	for _, path := range []string{"/mcp", "/", "/jobs/" + id, "/events", "/metrics"} {
+		method := "GET"
+		if path == "/mcp" {
+			method = "POST"
+		}
+		code, hdr, body := fetch(t, http.DefaultClient, method, base+path, "Accept", "text/html")
+		// (The sign-in page of /jobs/ID names the page to go back to.)
+		if code != 401 || !strings.HasPrefix(hdr.Get("WWW-Authenticate"), `Bearer realm="delegate"`) || strings.Contains(body, id) && path != "/jobs/"+id {
+			t.Errorf("%s %s without a token: %d %q", method, path, code, hdr.Get("WWW-Authenticate"))
+		}
+	}
+	if !strings.Contains(stderr.String(), "clear text") {
+		t.Errorf("no warning that tokens travel in clear text over plain HTTP beyond loopback:\n%s", stderr)
+	}
+}

@@ -192,9 +192,9 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 	auth := "none (loopback only)"
 	if opts.Token != nil {
 		auth = "DELEGATE_HTTP_TOKEN"
-		if !tls && !isLoopback(ln.Addr()) {
-			log.Warn("the token travels in clear text over plain HTTP: serve with --tls-cert and --tls-key, or behind a TLS proxy")
-		}
+	}
+	if (opts.Token != nil || opts.OAuth != nil) && !tls && !isLoopback(ln.Addr()) {
+		log.Warn("tokens travel in clear text over plain HTTP: serve with --tls-cert and --tls-key, or behind a TLS proxy")
 	}
 	if opts.OAuth != nil {
 		issued := "access tokens of " + strings.Join(opts.OAuth.Issuers(), ", ") + " for " + opts.OAuth.Resource()
