@@ -192,6 +192,9 @@ func TestPrincipalsOverHTTP(t *testing.T) {
 	if !strings.Contains(string(b[1].Result), bobJob) {
 		t.Errorf("bob's list lacks his own job: %s", b[1].Result)
 	}
+	if strings.Contains(string(b[1].Result), `"principal"`) {
+		t.Errorf("bob's list names principals, which only the operator's does: %s", b[1].Result)
+	}
 
 	// Alice's work is as it was; the operator sees both, answers alice's
 	// question and cancels her sleeping job.
@@ -204,6 +207,7 @@ func TestPrincipalsOverHTTP(t *testing.T) {
 	}
 	op := as(t, mcpURL, httpToken,
 		tool("list_jobs", map[string]any{}),
+		tool("list_sandboxes", map[string]any{}),
 		tool("answer_job", map[string]any{"job_id": ask, "answers": answers}),
 		tool("cancel_job", map[string]any{"job_id": sleeper}),
 	)
@@ -212,8 +216,39 @@ func TestPrincipalsOverHTTP(t *testing.T) {
 			t.Errorf("the operator's list lacks %s: %s", id, op[0].Result)
 		}
 	}
-	op[1].ok(t, "the operator answers alice's question")
-	op[2].ok(t, "the operator cancels alice's job")
+	// The operator's lists name whose each item is.
+	var opJobs struct {
+		Jobs []struct {
+			JobID     string `json:"job_id"`
+			Principal string `json:"principal"`
+		} `json:"jobs"`
+	}
+	var opSandboxes struct {
+		Sandboxes []struct {
+			SandboxID string `json:"sandbox_id"`
+			Principal string `json:"principal"`
+		} `json:"sandboxes"`
+	}
+	if err := json.Unmarshal(op[0].Result, &opJobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(op[1].ok(t, "the operator's sandboxes"), &opSandboxes); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]string{}
+	for _, j := range opJobs.Jobs {
+		owners[j.JobID] = j.Principal
+	}
+	for _, sb := range opSandboxes.Sandboxes {
+		owners[sb.SandboxID] = sb.Principal
+	}
+	for id, want := range map[string]string{ask: "alice", sleeper: "alice", kept: "alice", sbx: "alice", bobJob: "bob"} {
+		if owners[id] != want {
+			t.Errorf("the operator's lists name %s's principal %q, want %q", id, owners[id], want)
+		}
+	}
+	op[2].ok(t, "the operator answers alice's question")
+	op[3].ok(t, "the operator cancels alice's job")
 	a = as(t, mcpURL, alice,
 		tool("wait_job", map[string]any{"job_id": ask, "timeout_seconds": 30}),
 		tool("release_job", map[string]any{"job_id": kept}),
