@@ -8,8 +8,8 @@ import (
 )
 
 // Checkpoints and forks of kept sandboxes (issue 38). A checkpoint is a
-// kept sandbox's files at one instant (files only: its processes start
-// again from a clean init after it, and in a rollback or a fork); it
+// kept sandbox's files at one instant (files only: its processes go on
+// across it, and start again from a clean init in a rollback or a fork); it
 // belongs to its sandbox, is kept with it (in the sandbox's record) and
 // goes with it: releasing a sandbox deletes its checkpoints, while the
 // forks made from them keep what they stand on. A fork is a new kept
@@ -63,8 +63,10 @@ type ForkSpec struct {
 // CheckpointService checkpoints kept sandboxes, rolls them back and
 // forks them. Errors wrap the package's sentinels, naming the field.
 type CheckpointService interface {
-	// CheckpointSandbox saves a sandbox's files; a command running in it
-	// ends cancelled (its processes start again from a clean init).
+	// CheckpointSandbox saves a sandbox's files; its processes and
+	// commands go on (paused for the cut). One with a process holding a
+	// workspace file open for writing is refused (ErrConflict), nothing
+	// changed.
 	CheckpointSandbox(ctx context.Context, id string, opts CheckpointOptions) (*Checkpoint, error)
 	// RollbackSandbox brings its files back to one of its checkpoints;
 	// commands running in it end cancelled.

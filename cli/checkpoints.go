@@ -36,10 +36,11 @@ func (p *Program) sandboxesCheckpointCmd(cfg *Config) *cobra.Command {
 		Use:   "checkpoint ID [flags]",
 		Short: "Save a kept sandbox's files; print the checkpoint's id",
 		Long: `Save a kept sandbox's files as they are now (copy-on-write: no copy of
-them is made) and print the checkpoint's id. A checkpoint keeps files, not
-processes: a command running in the sandbox ends cancelled, and its
-processes start again from a clean init. Its checkpoints go with the
-sandbox when it is released.`,
+them is made) and print the checkpoint's id. The sandbox is paused for the
+cut and its processes go on after it; a process holding a file of
+/workspace open for writing makes it fail (end it first). A checkpoint
+keeps files, not processes: a rollback or a fork starts them again from a
+clean init. Its checkpoints go with the sandbox when it is released.`,
 		Example: `  cp=$(delegate sandboxes checkpoint "$id" --name deps-installed)
   delegate sandboxes rollback "$id" "$cp"`,
 		Args: exactArgs("ID"),
@@ -105,7 +106,7 @@ func (p *Program) sandboxesForkCmd(cfg *Config) *cobra.Command {
 		Use:   "fork ID [flags]",
 		Short: "Make new kept sandboxes from a sandbox or a checkpoint; print their ids",
 		Long: `Make -n new kept sandboxes that start from the files of a sandbox (which is
-checkpointed for them: a command running in it ends cancelled) or of a
+checkpointed for them; its commands go on) or of a
 checkpoint, and print their ids, one a line. Each has its own id, user
 ids, network and egress token, with the source's limits and network
 policy; what one writes, no other sees.`,

@@ -82,9 +82,12 @@ func (f *forks) checkpoint(ctx context.Context, sb *delegate.Sandbox, inst sandb
 	}
 	unlock := f.keeper.machines.lock(sb.ID)
 	defer unlock()
-	f.cancelCommands(ctx, sb.ID, "the sandbox was checkpointed: its processes start again from a clean init (a checkpoint keeps files, not processes)")
+	// Its processes, and so its commands, go on across the checkpoint.
 	made, err := cp.Checkpoint(ctx)
 	if err != nil {
+		if errors.Is(err, sandbox.ErrBusy) {
+			return nil, fmt.Errorf("%w: %w", err, delegate.ErrConflict)
+		}
 		if f.keeper.failed(ctx, sb, err) {
 			return nil, &endedError{fmt.Sprintf("sandbox %s is gone (its machine is): open a new one", sb.ID)}
 		}
@@ -271,8 +274,8 @@ func (f *forks) DeleteCheckpoint(ctx context.Context, checkpoint string) error {
 }
 
 // ForkSandbox makes spec.Count kept sandboxes from a checkpoint, or from
-// a sandbox checkpointed for it at once (its commands running end
-// cancelled; a paused one is resumed, as any use of it is). Each is
+// a sandbox checkpointed for it at once (its commands go on; a paused one
+// is resumed, as any use of it is). Each is
 // opened as open_sandbox opens one (keeper.open): a fork that cannot be
 // made releases those made before it, and the call fails.
 func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]delegate.Sandbox, error) {

@@ -5,13 +5,17 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 // TestLocalCheckpointFork: checkpoints, rollbacks and forks of kept
 // sandboxes on the real local backend, through the engine: a command
-// running at a checkpoint ends cancelled with the reason; memory is
+// running at a checkpoint goes on, and ends cancelled with the reason at
+// a rollback; one writing a workspace file makes a checkpoint a
+// conflict; memory is
 // refused naming what is missing; forks see the source's files and not
 // each other's writes, each with an identity of its own; bad input is
 // refused with the field named and nothing changed; a released
@@ -49,8 +53,8 @@ func TestLocalCheckpointFork(t *testing.T) {
 	if cp.Name != "base" || cp.SandboxID != src.ID || !strings.HasPrefix(cp.ID, "ckp-") {
 		t.Errorf("checkpoint %+v", cp)
 	}
-	if j := waitEnd(t, eng, running.ID); j.Status != delegate.StatusCancelled || !strings.Contains(j.Error, "checkpointed") {
-		t.Errorf("a command running at the checkpoint: %s %q", j.Status, j.Error)
+	if j, err := eng.Get(ctx, running.ID); err != nil || j.Status != delegate.StatusRunning {
+		t.Errorf("a command running at the checkpoint, after it: %v %v, want it running still", j, err)
 	}
 	_, err = eng.CheckpointSandbox(ctx, src.ID, delegate.CheckpointOptions{Memory: true})
 	var fe *delegate.FieldError
@@ -108,7 +112,27 @@ func TestLocalCheckpointFork(t *testing.T) {
 		t.Errorf("refused forks made sandboxes: %d, then %d", len(before), len(after))
 	}
 
-	// Rollback after the file is gone brings it back.
+	// A command holding a workspace file open for writing makes a
+	// checkpoint a conflict, naming the file; nothing recorded.
+	m = script("exec 3>/workspace/held; echo held >&3; sleep 300")
+	m.Sandbox = src.ID
+	writer, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, time.Minute, "the writer holds its file", func() bool {
+		got, _ := read(src.ID, "held")
+		return got == "held\n"
+	})
+	if _, err := eng.CheckpointSandbox(ctx, src.ID, delegate.CheckpointOptions{}); !errors.Is(err, delegate.ErrConflict) || !strings.Contains(err.Error(), "/workspace/held open for writing") {
+		t.Errorf("a checkpoint while a command writes: %v", err)
+	}
+	if now, err := eng.ListCheckpoints(ctx, src.ID); err != nil || len(now) != len(list) {
+		t.Errorf("after a refused checkpoint the source has %d checkpoints (%v), want %d", len(now), err, len(list))
+	}
+
+	// Rollback after the file is gone brings it back; the commands
+	// running end cancelled, with the reason.
 	m = script("rm -rf /workspace/*")
 	m.Sandbox = src.ID
 	rm, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
@@ -121,6 +145,11 @@ func TestLocalCheckpointFork(t *testing.T) {
 	}
 	if _, err := eng.RollbackSandbox(ctx, src.ID, cp.ID); err != nil {
 		t.Fatal(err)
+	}
+	for _, id := range []string{running.ID, writer.ID} {
+		if j := waitEnd(t, eng, id); j.Status != delegate.StatusCancelled || !strings.Contains(j.Error, "rolled back") {
+			t.Errorf("a command running at the rollback: %s %q", j.Status, j.Error)
+		}
 	}
 	if got, err := read(src.ID, "a.txt"); got != "base" || err != nil {
 		t.Errorf("after the rollback: %q %v", got, err)

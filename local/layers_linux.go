@@ -474,7 +474,10 @@ func (ls *layerStore) gcExcept(cands []layerRef, skip string) error {
 	return errors.Join(errs...)
 }
 
-// Checkpoint implements sandbox.Checkpointer (see layerStore).
+// Checkpoint implements sandbox.Checkpointer (see layerStore): a
+// running sandbox is frozen for the cut and its processes go on after it
+// (livecut_linux.go); one without processes (its init not running) gets
+// its init started again.
 func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 	ls := s.b.layers
 	ls.mu.Lock()
@@ -483,30 +486,93 @@ func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 	if err != nil {
 		return sandbox.Checkpoint{}, err
 	}
-	frozen, err := stopAll(s, st)
+	paused := st.Cgroup.frozen()
+	if !paused {
+		if err := st.Cgroup.freeze(drainTimeout); err != nil {
+			st.Cgroup.thaw()
+			return sandbox.Checkpoint{}, s.goneOr(fmt.Errorf("checkpoint sandbox %s: freeze it for the cut: %w", s.id, err))
+		}
+	}
+	// thawed as it was, whatever happens below (a paused sandbox stays
+	// paused).
+	defer func() {
+		if !paused {
+			st.Cgroup.thaw()
+		}
+	}()
+	dev, err := workspaceDev(s.dir)
+	if err != nil {
+		return sandbox.Checkpoint{}, s.goneOr(fmt.Errorf("checkpoint sandbox %s: %w", s.id, err))
+	}
+	swaps, err := s.liveCut(st.Cgroup, dev)
 	if err != nil {
 		return sandbox.Checkpoint{}, err
 	}
 	top, bytes, err := ls.freezeTop(s.dir, st)
 	if err != nil {
+		callOff(swaps)
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
 	}
+	// From here on, the old workspace is the checkpoint's layer: it
+	// stays read-only wherever it is held, whatever fails.
 	layers := append([]layerRef{top}, st.Lowers...)
 	id, err := newID("cp-", 6)
 	if err != nil {
+		keep(swaps)
 		return sandbox.Checkpoint{}, err
 	}
 	rec := checkpointRecord{ID: id, Sandbox: s.id, Layers: layers, Bytes: bytes, Created: time.Now().UTC()}
 	// The layer is recorded before anything else can fail: what the
 	// sandbox had is in it, and a failure below leaves it to a rollback.
 	if err := ls.save(rec); err != nil {
+		keep(swaps)
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
 	}
-	if err := relayer(s, st, layers, frozen); err != nil {
-		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
+	if len(swaps) == 0 {
+		// No process: its init starts (again) on the new layers.
+		if _, err := stopAll(s, st); err != nil {
+			return sandbox.Checkpoint{}, err
+		}
+		if err := relayer(s, st, layers, paused); err != nil {
+			return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
+		}
+	} else if err := s.layerLive(st, layers, swaps); err != nil {
+		// Some namespace kept the old workspace (read-only): the
+		// sandbox starts again on the new one, its processes from a
+		// clean init, rather than run on two.
+		s.b.log.Warn("checkpoint: the new workspace did not reach every process; the sandbox starts again", "sandbox", s.id, "err", err)
+		if _, err := stopAll(s, st); err != nil {
+			return sandbox.Checkpoint{}, err
+		}
+		if err := unmountLayered(s.dir); err != nil {
+			return sandbox.Checkpoint{}, err
+		}
+		if err := relayer(s, st, layers, paused); err != nil {
+			return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
+		}
 	}
-	s.b.log.Info("sandbox checkpointed", "sandbox", s.id, "checkpoint", id, "bytes", bytes, "layers", len(layers))
+	s.b.log.Info("sandbox checkpointed", "sandbox", s.id, "checkpoint", id, "bytes", bytes, "layers", len(layers), "namespaces", len(swaps))
 	return sandbox.Checkpoint{ID: id, Bytes: bytes, Created: rec.Created}, nil
+}
+
+// layerLive mounts a fresh upper over layers on the host, records them
+// as the sandbox's, and hands the new workspace to the sandbox's mount
+// namespaces, its processes frozen and going on after it.
+func (s *sbox) layerLive(st sandboxState, layers []layerRef, swaps []*swap) error {
+	// Recorded first: a gc running after a failure below keeps them.
+	st.Layered, st.Lowers = true, layers
+	if err := writeJSONAtomic(s.path(fileState), st); err != nil {
+		keep(swaps)
+		return err
+	}
+	s.stMu.Lock()
+	s.st = &st
+	s.stMu.Unlock()
+	if err := s.b.layers.mountLayers(s.dir, st, layers); err != nil {
+		keep(swaps)
+		return err
+	}
+	return swapIn(swaps, s.path(dirWorkspace))
 }
 
 // Rollback implements sandbox.Checkpointer: the sandbox's upper (what it

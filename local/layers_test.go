@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -35,28 +36,54 @@ func fork(t *testing.T, b *Backend, from string) *sbox {
 	return create(t, b, spec)
 }
 
-// TestCheckpointRollback: a rollback after rm -rf /workspace/* brings
-// every file back, byte for byte, with its mode and owner; a command
-// running at the checkpoint ends; the sandbox runs commands after both.
+// TestCheckpointRollback: processes go on across a checkpoint (one
+// running in the background sees the new workspace by its absolute
+// path, and its writes are not in the checkpoint); a rollback after
+// rm -rf /workspace/* brings every file back, byte for byte, with its
+// mode and owner, and ends what ran; the sandbox runs commands after
+// both.
 func TestCheckpointRollback(t *testing.T) {
 	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
 		keptRun(t, sb, `cd /workspace && mkdir -p src/deep && printf 'hello\n' > src/a.txt && chmod 640 src/a.txt &&
 			head -c 300000 /dev/urandom > src/deep/blob && chmod 700 src/deep && ln -s a.txt src/link && printf '#!/bin/sh\n' > run.sh && chmod 755 run.sh`)
 		before := keptRun(t, sb, treeScript)
-		running := start(t, sb, "/bin/sh", "-c", "sleep 300")
+		// A background process (left by a command that ended) and a
+		// command still running, both started before the checkpoint.
+		keptRun(t, sb, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid`)
+		keptRun(t, sb, `mkfifo /tmp/go.fifo`)
+		running := start(t, sb, "/bin/sh", "-c", `read go < /tmp/go.fifo; cat /workspace/after > /tmp/seen; echo from-running > /workspace/running`)
 		cp := checkpoint(t, sb)
 		if !strings.HasPrefix(cp.ID, "cp-") || cp.Bytes < 300000 {
 			t.Errorf("checkpoint %+v: want an id and at least the files' bytes", cp)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		// It ended (its end may be lost with the shim the keeper made
-		// for it: the engine ends such commands as cancelled first).
-		if _, err := running.Wait(ctx); ctx.Err() != nil {
-			t.Errorf("a command running at the checkpoint did not end: %v", err)
-		}
 		if got := keptRun(t, sb, treeScript); got != before {
 			t.Fatalf("after the checkpoint the files differ:\n%s\nwant\n%s", got, before)
+		}
+		if got := keptRun(t, sb, `kill -0 $(cat /tmp/bg.pid) && echo alive`); got != "alive\n" {
+			t.Errorf("the background process after the checkpoint: %q", got)
+		}
+		// The command that ran through the checkpoint reads what was
+		// written after it and writes into the new workspace.
+		keptRun(t, sb, `echo after > /workspace/after && echo go > /tmp/go.fifo`)
+		if exit, out := finish(t, running); exit.Code != 0 {
+			t.Fatalf("the command running across the checkpoint: %+v %q", exit, out)
+		}
+		if got := keptRun(t, sb, `cat /tmp/seen /workspace/running`); got != "after\nfrom-running\n" {
+			t.Errorf("the command running across the checkpoint saw and wrote %q", got)
+		}
+		// A process holding a workspace file open for writing makes a
+		// checkpoint fail, naming it; nothing changed, it goes on.
+		keptRun(t, sb, `sh -c 'exec 3>/workspace/held; echo held >&3; exec sleep 300' >/dev/null 2>&1 & echo $! > /tmp/held.pid`)
+		testkit.Eventually(t, 10*time.Second, "the writer holds its file", func() bool {
+			return keptRun(t, sb, `cat /workspace/held 2>/dev/null`) == "held\n"
+		})
+		_, err := sb.Checkpoint(context.Background())
+		if !errors.Is(err, sandbox.ErrBusy) || !strings.Contains(err.Error(), "/workspace/held open for writing") {
+			t.Errorf("a checkpoint while a process writes: %v", err)
+		}
+		keptRun(t, sb, `echo more > /workspace/more && kill $(cat /tmp/held.pid) && rm /workspace/held /workspace/more /workspace/after /workspace/running`)
+		if got := keptRun(t, sb, treeScript); got != before {
+			t.Fatalf("after the refused checkpoint the files differ:\n%s\nwant\n%s", got, before)
 		}
 		keptRun(t, sb, `rm -rf /workspace/* && echo new > /workspace/new`)
 		if got := keptRun(t, sb, "ls -A /workspace"); got != "new\n" {
@@ -67,6 +94,9 @@ func TestCheckpointRollback(t *testing.T) {
 		}
 		if got := keptRun(t, sb, treeScript); got != before {
 			t.Errorf("after the rollback the files differ:\n%s\nwant\n%s", got, before)
+		}
+		if got := keptRun(t, sb, `grep -l '^sleep$' /proc/[0-9]*/comm 2>/dev/null | wc -l`); strings.TrimSpace(got) != "0" {
+			t.Errorf("processes after the rollback: %q, want none (it starts from a clean init)", got)
 		}
 		// Checkpoints stack: a second one, a change, a rollback to the
 		// first again.

@@ -67,7 +67,7 @@ func addCheckpointTool(ts *Tools, cs delegate.CheckpointService) {
 	h := &checkpointHandlers{svc: cs}
 	addTool(ts, &mcp.Tool{
 		Name: "sandbox_checkpoint",
-		Description: "A kept sandbox's checkpoints (its files; its processes restart from a clean init): " +
+		Description: "A kept sandbox's checkpoints (its files; processes go on, restart at a rollback): " +
 			"checkpoint, rollback to one of its own, list, delete. Fork with open_sandbox from and count.",
 		InputSchema:  checkpointSchema(),
 		Annotations:  annotations(false, true, false, false),

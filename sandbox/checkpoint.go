@@ -2,15 +2,22 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrBusy: a checkpoint was refused, nothing changed, because a process
+// of the sandbox holds what the checkpoint would freeze (a file of its
+// workspace open for writing); the error names it.
+var ErrBusy = errors.New("sandbox busy")
 
 // Checkpoints (issue 38): a kept sandbox's files saved at one instant,
 // which the sandbox can go back to (Rollback) and new sandboxes can start
 // from (Spec.From: a fork). Files only: a checkpoint keeps no memory, so
-// after a checkpoint, a rollback, and in a fork, the sandbox's processes
-// start again from a clean init (what ran ends; the engine ends the
-// commands it knows of as cancelled first, with the reason).
+// after a rollback, and in a fork, the sandbox's processes start again
+// from a clean init (what ran ends; the engine ends the commands it
+// knows of as cancelled first, with the reason); across a checkpoint
+// they go on.
 //
 // A backend with Capabilities.Checkpoint makes every instance made with
 // Spec.MultiExec a Checkpointer and is itself a CheckpointKeeper; one
@@ -32,9 +39,10 @@ type Checkpoint struct {
 // Checkpointer is an Instance whose files can be saved and brought back.
 type Checkpointer interface {
 	// Checkpoint saves the instance's files as they are now; the
-	// instance is quiescent for the cut (paused, or between commands)
-	// and its processes start again from a clean init after it. A
-	// paused instance stays paused.
+	// instance is quiescent for the cut (paused for it) and its
+	// processes go on after it. A paused instance stays paused. One
+	// that cannot be cut consistently now (a process holds a file open
+	// for writing) is refused with ErrBusy, nothing changed.
 	Checkpoint(ctx context.Context) (Checkpoint, error)
 	// Rollback brings the instance's files back to checkpoint id (one
 	// made of this instance, or the one it was forked from): what was
