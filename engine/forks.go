@@ -317,8 +317,8 @@ func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]dele
 		return nil, err
 	}
 	var secrets []string
-	if src.JobID != "" {
-		if j, err := f.data.GetJob(ctx, src.JobID); err == nil {
+	if made := makerOf(ctx, f.data, src); made != "" {
+		if j, err := f.data.GetJob(ctx, made); err == nil {
 			secrets = j.Manifest.Secrets
 		}
 	}
@@ -338,6 +338,32 @@ func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]dele
 	f.log.Info("sandbox forked", "from", spec.From, "checkpoint", cp.ID, "count", len(made))
 	return made, nil
 }
+
+// makerOf is the job that made a sandbox; for a fork, the one that made
+// the sandbox it was forked from (a fork of a fork: further back). A fork
+// starts from its source's files, so its changes are computed against the
+// same import (jobs diff of a fork shows its changes since the original
+// import, not since the fork), and its commands get the same workspace
+// source and caches. "" for a sandbox opened empty, or a source gone from
+// the store.
+func makerOf(ctx context.Context, store delegate.SandboxStore, sb *delegate.Sandbox) string {
+	for range maxForkDepth {
+		if sb.JobID != "" || sb.From == "" {
+			return sb.JobID
+		}
+		id, err := delegate.CheckpointSandbox("from", sb.From)
+		if err != nil {
+			return ""
+		}
+		if sb, err = store.GetSandboxUncounted(ctx, id); err != nil {
+			return ""
+		}
+	}
+	return ""
+}
+
+// maxForkDepth bounds the forks of forks makerOf follows back.
+const maxForkDepth = 64
 
 func cmp0(v, def int) int {
 	if v > 0 {

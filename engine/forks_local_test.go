@@ -174,3 +174,75 @@ func TestLocalCheckpointFork(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalForkDiff: a fork's changes are its sandbox's since the
+// original import, not since the fork: jobs diff of a command in a fork
+// shows what the source changed before the fork and what the fork
+// changed, against the workspace as imported; the source's diff has
+// none of the fork's; a fork of a fork goes back to the same import.
+func TestLocalForkDiff(t *testing.T) {
+	f := newLocal(t)
+	root := t.TempDir()
+	dir := project(t, root, "p", map[string]string{"a.txt": "one\n", "b.txt": "keep\n"})
+	f.cfg.WorkspaceRoots = []string{root}
+	eng := f.engine(t, f.backend(t))
+	ctx := context.Background()
+	m := script("echo two > /workspace/a.txt")
+	m.Workspace, m.Lifecycle = &delegate.WorkspaceSource{Dir: dir}, delegate.LifecyclePersistent
+	maker, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := waitEnd(t, eng, maker.ID).Sandbox
+	if src == "" {
+		t.Fatal("the maker kept no sandbox")
+	}
+	run := func(sandbox, task string) string {
+		t.Helper()
+		c := script(task)
+		c.Sandbox = sandbox
+		j, err := eng.Submit(ctx, c, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j := waitEnd(t, eng, j.ID); j.Status != delegate.StatusSuccess {
+			t.Fatalf("%q in %s: %s %s", task, sandbox, j.Status, j.Error)
+		}
+		return j.ID
+	}
+	diff := func(id string) string {
+		t.Helper()
+		page, err := eng.Diff(ctx, id, delegate.DiffOptions{})
+		if err != nil {
+			t.Fatalf("diff of %s: %v", id, err)
+		}
+		return page.Text
+	}
+	forks, err := eng.ForkSandbox(ctx, delegate.ForkSpec{From: src, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fk := forks[0].ID
+	cmd := run(fk, "echo three > /workspace/b.txt")
+	for _, id := range []string{cmd, fk} {
+		if got := diff(id); !strings.Contains(got, "-one\n+two\n") || !strings.Contains(got, "-keep\n+three\n") {
+			t.Errorf("diff of the fork (%s):\n%s\nwant a.txt one→two (before the fork) and b.txt keep→three, against the import", id, got)
+		}
+	}
+	if got := diff(run(src, "true")); !strings.Contains(got, "-one\n+two\n") || strings.Contains(got, "three") {
+		t.Errorf("diff of the source after the fork:\n%s", got)
+	}
+	// A fork of the fork: the same import still.
+	again, err := eng.ForkSandbox(ctx, delegate.ForkSpec{From: fk, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := diff(run(again[0].ID, "rm /workspace/a.txt")); !strings.Contains(got, "-one\n") || !strings.Contains(got, "-keep\n+three\n") || strings.Contains(got, "+two") {
+		t.Errorf("diff of a fork of the fork:\n%s", got)
+	}
+	for _, id := range []string{again[0].ID, fk, src} {
+		if _, _, err := eng.ReleaseSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -279,8 +279,8 @@ func (r *starter) attachStep(ctx context.Context, a *attempt) error {
 		return err
 	}
 	a.sb, a.attached = inst, true
-	if sb.JobID != "" {
-		mm, err := r.store.JobManifest(ctx, sb.JobID)
+	if made := makerOf(ctx, r.store, sb); made != "" {
+		mm, err := r.store.JobManifest(ctx, made)
 		if err == nil {
 			a.maker = &mm
 		}

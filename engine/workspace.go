@@ -241,7 +241,7 @@ const nobody = 65534
 
 // baselineOf finds the baseline a job's changes are computed against: its
 // own, or for a command in a kept sandbox, that of the job that made the
-// sandbox. It returns the job's manifest's workspace source too.
+// sandbox (or the sandbox it was forked from: makerOf). It returns the job's manifest's workspace source too.
 func baselineOf(ctx context.Context, store delegate.Store, j *delegate.Job) (*delegate.JobWorkspace, *delegate.WorkspaceSource, error) {
 	jw, err := store.JobWorkspace(ctx, j.ID)
 	if err == nil && jw.Baseline != nil {
@@ -254,14 +254,18 @@ func baselineOf(ctx context.Context, store delegate.Store, j *delegate.Job) (*de
 		return nil, nil, delegate.WorkspaceNotFound(j.ID)
 	}
 	sb, err := store.GetSandbox(ctx, j.Manifest.Sandbox)
-	if err != nil || sb.JobID == "" {
-		return nil, nil, delegate.WorkspaceNotFound(j.ID)
-	}
-	maker, err := store.GetJob(ctx, sb.JobID)
 	if err != nil {
 		return nil, nil, delegate.WorkspaceNotFound(j.ID)
 	}
-	mw, err := store.JobWorkspace(ctx, sb.JobID)
+	made := makerOf(ctx, store, sb)
+	if made == "" {
+		return nil, nil, delegate.WorkspaceNotFound(j.ID)
+	}
+	maker, err := store.GetJob(ctx, made)
+	if err != nil {
+		return nil, nil, delegate.WorkspaceNotFound(j.ID)
+	}
+	mw, err := store.JobWorkspace(ctx, made)
 	if err != nil || mw.Baseline == nil {
 		return nil, nil, delegate.WorkspaceNotFound(j.ID)
 	}
