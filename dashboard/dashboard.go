@@ -68,6 +68,9 @@ type Services struct {
 	Principals delegate.PrincipalService
 	// Workspaces: a job's changed files' diff, and its patch.
 	Workspaces delegate.WorkspaceService
+	// Checkpoints: a kept sandbox's checkpoints and the forks made from
+	// them, on its page (nil: not shown).
+	Checkpoints delegate.CheckpointService
 }
 
 // Handler serves the dashboard: GET / (the job list), /jobs/{id} (a job),
@@ -83,7 +86,7 @@ func Handler(svc Services, opts Options) http.Handler {
 	if opts.Guard == nil {
 		opts.Guard = &httpauth.Guard{Shared: opts.Token, Open: opts.Token == nil}
 	}
-	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, ws: svc.Workspaces, audit: svc.Principals, opts: opts, log: opts.Logger, pages: parsePages()}
+	d := &dash{svc: svc.Jobs, sbx: svc.Sandboxes, qs: svc.Questions, ns: svc.Network, ws: svc.Workspaces, cps: svc.Checkpoints, audit: svc.Principals, opts: opts, log: opts.Logger, pages: parsePages()}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		panic(err) // the embedded tree is part of the binary
@@ -125,10 +128,11 @@ func Handler(svc Services, opts Options) http.Handler {
 
 type dash struct {
 	svc delegate.JobService
-	sbx delegate.SandboxService   // nil: no kept sandboxes
-	qs  delegate.QuestionService  // nil: takes no questions
-	ns  delegate.NetworkService   // nil: keeps no network logs
-	ws  delegate.WorkspaceService // nil: no workspaces' diffs
+	sbx delegate.SandboxService    // nil: no kept sandboxes
+	qs  delegate.QuestionService   // nil: takes no questions
+	ns  delegate.NetworkService    // nil: keeps no network logs
+	ws  delegate.WorkspaceService  // nil: no workspaces' diffs
+	cps delegate.CheckpointService // nil: no checkpoints shown
 	// audit reads the audit trail (nil: no such page).
 	audit delegate.PrincipalService
 	// The sandboxes' pages are sandboxPages' (sandboxes.go).

@@ -705,5 +705,6 @@ func handler(svc delegate.JobService, opts dashboard.Options) http.Handler {
 	s.Sandboxes, _ = svc.(delegate.SandboxService)
 	s.Questions, _ = svc.(delegate.QuestionService)
 	s.Network, _ = svc.(delegate.NetworkService)
+	s.Checkpoints, _ = svc.(delegate.CheckpointService)
 	return dashboard.Handler(s, opts)
 }

@@ -122,6 +122,29 @@ type sandboxView struct {
 	Now     time.Time
 	Notice  string
 	LiveURL string
+	// Checkpoints are the sandbox's, each with the forks made from it:
+	// the tree its page draws under it, and above it (Source) the
+	// sandbox it was forked from, if it is one.
+	Checkpoints []delegate.Checkpoint
+	Source      string
+}
+
+// readSandbox reads a sandbox and its tree of checkpoints and forks.
+func (d *sandboxPages) readSandbox(ctx context.Context, id string) (sandboxView, error) {
+	sb, err := d.sbx.GetSandbox(ctx, id)
+	if err != nil {
+		return sandboxView{}, err
+	}
+	v := sandboxView{Sandbox: sb, Now: time.Now()}
+	if sb.From != "" {
+		v.Source, _ = delegate.CheckpointSandbox("from", sb.From)
+	}
+	if d.cps != nil && len(sb.Checkpoints) > 0 {
+		if v.Checkpoints, err = d.cps.ListCheckpoints(ctx, sb.ID); err != nil {
+			return sandboxView{}, err
+		}
+	}
+	return v, nil
 }
 
 // sandboxNotices are what a redirect may ask the sandbox page to say.
@@ -131,13 +154,13 @@ var sandboxNotices = map[string]string{
 }
 
 func (d *sandboxPages) sandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := d.sbx.GetSandbox(r.Context(), r.PathValue("id"))
+	v, err := d.readSandbox(r.Context(), r.PathValue("id"))
 	if err != nil {
 		d.serviceError(w, r, err)
 		return
 	}
-	d.render(w, r, http.StatusOK, "sandbox", sandboxView{Sandbox: sb, Now: time.Now(),
-		Notice: sandboxNotices[r.URL.Query().Get("notice")], LiveURL: sandboxURL(sb.ID) + "/events"})
+	v.Notice, v.LiveURL = sandboxNotices[r.URL.Query().Get("notice")], sandboxURL(v.Sandbox.ID)+"/events"
+	d.render(w, r, http.StatusOK, "sandbox", v)
 }
 
 // sandboxEvents follows a sandbox's page until it is gone.
@@ -150,11 +173,12 @@ func (d *sandboxPages) sandboxEvents(w http.ResponseWriter, r *http.Request) {
 	s := newEventStream(w)
 	var sent string
 	d.follow(r.Context(), s, "", func() (bool, error) {
-		sb, err := d.sbx.GetSandbox(r.Context(), id)
+		v, err := d.readSandbox(r.Context(), id)
 		if err != nil {
 			return false, err
 		}
-		html, err := d.fragment("sandbox", "sandbox-live", sandboxView{Sandbox: sb, Now: time.Now()})
+		sb := v.Sandbox
+		html, err := d.fragment("sandbox", "sandbox-live", v)
 		if err != nil {
 			return false, err
 		}

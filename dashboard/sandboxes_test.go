@@ -305,3 +305,74 @@ func (b *broadcaster) changed(id string) {
 		}
 	}
 }
+
+// checkpoints is a CheckpointService that lists a sandbox's checkpoints
+// (ListCheckpoints, which the sandbox page reads) and does nothing else.
+type checkpoints struct {
+	list map[string][]delegate.Checkpoint
+}
+
+func (c checkpoints) ListCheckpoints(ctx context.Context, id string) ([]delegate.Checkpoint, error) {
+	return c.list[id], nil
+}
+func (checkpoints) CheckpointSandbox(context.Context, string, delegate.CheckpointOptions) (*delegate.Checkpoint, error) {
+	return nil, delegate.ErrInvalid
+}
+func (checkpoints) RollbackSandbox(context.Context, string, string) (*delegate.Sandbox, error) {
+	return nil, delegate.ErrInvalid
+}
+func (checkpoints) DeleteCheckpoint(context.Context, string) error { return delegate.ErrInvalid }
+func (checkpoints) ForkSandbox(context.Context, delegate.ForkSpec) ([]delegate.Sandbox, error) {
+	return nil, delegate.ErrInvalid
+}
+
+// TestSandboxTree (issue 38): a sandbox's page draws its checkpoints
+// and, under each, the forks made from it, linked; a fork's page says
+// what it was forked from, linked; a sandbox with neither draws no tree.
+func TestSandboxTree(t *testing.T) {
+	svc := struct {
+		services
+		checkpoints
+	}{withSandboxes(), checkpoints{list: map[string][]delegate.Checkpoint{}}}
+	now := time.Now()
+	cps := []delegate.Checkpoint{
+		{ID: "ckp-src.1", Name: "deps " + hostile, SandboxID: "sbx-src", Bytes: 3 << 20, CreatedAt: now.Add(-5 * time.Minute)},
+		{ID: "ckp-src.2", SandboxID: "sbx-src", Bytes: 4096, CreatedAt: now.Add(-time.Minute), Forks: []string{"sbx-f1", "sbx-f2"}},
+	}
+	svc.list["sbx-src"] = cps
+	svc.GetSandboxFn = func(ctx context.Context, id string) (*delegate.Sandbox, error) {
+		sb := keptSandbox(id, delegate.SandboxIdle)
+		switch id {
+		case "sbx-src":
+			sb.Checkpoints = cps
+		case "sbx-f1":
+			sb.From = "ckp-src.2"
+		}
+		return &sb, nil
+	}
+	h := handler(svc, dashboard.Options{})
+	page := get(t, h, "/sandboxes/sbx-src").Body.String()
+	for _, want := range []string{
+		`<h2 id="lineage-h">Checkpoints and forks</h2>`, `<strong>sbx-src</strong> (this sandbox)`,
+		`<li class="checkpoint" data-checkpoint="ckp-src.1"><code>ckp-src.1</code> <span class="name">deps &lt;script&gt;`, `3.0 MiB`, `5m ago`,
+		`<li class="checkpoint" data-checkpoint="ckp-src.2"><code>ckp-src.2</code>`,
+		`<li class="fork"><a href="/sandboxes/sbx-f1">sbx-f1</a></li><li class="fork"><a href="/sandboxes/sbx-f2">sbx-f2</a></li>`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the source's page lacks %s", want)
+		}
+	}
+	// The forks are under the second checkpoint, not the first.
+	if first := page[strings.Index(page, `data-checkpoint="ckp-src.1"`):strings.Index(page, `data-checkpoint="ckp-src.2"`)]; strings.Contains(first, "sbx-f1") {
+		t.Errorf("a fork drawn under the wrong checkpoint:\n%s", first)
+	}
+	noInlineCode(t, page)
+	page = get(t, h, "/sandboxes/sbx-f1").Body.String()
+	if !strings.Contains(page, `forked from <a href="/sandboxes/sbx-src">sbx-src</a>, checkpoint <code>ckp-src.2</code>`) ||
+		!strings.Contains(page, `<strong>sbx-f1</strong> (this sandbox)`) {
+		t.Errorf("the fork's page does not say what it was forked from:\n%s", page)
+	}
+	if page := get(t, h, "/sandboxes/sbx-plain").Body.String(); strings.Contains(page, "lineage") {
+		t.Error("a sandbox with no checkpoint and no source draws a tree")
+	}
+}

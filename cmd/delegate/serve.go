@@ -173,7 +173,7 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
 	})
-	mux.Handle("/", dashboard.Handler(dashboard.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng, Workspaces: a.eng,
+	mux.Handle("/", dashboard.Handler(dashboard.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng, Workspaces: a.eng, Checkpoints: a.eng,
 		Principals: engine.NewPrincipals(a.store, log)}, dashboard.Options{Token: opts.Token, Guard: guard, Logger: log}))
 	srv := &http.Server{
 		Handler:           httpapi.LoopbackOnly(httpapi.BodyTimeout(mux, httpapi.BodyIdleTimeout, httpapi.BodyTotalTimeout)),
