@@ -42,7 +42,10 @@ import (
 // all of them hold more than Config.CacheMaxBytes. A sandbox that finds a
 // cache taken by another sandbox that still exists gets an empty tmpfs of
 // its own there instead (charged to its memory, as /tmp is), and its
-// Progress says so: one writer at a time, and no job waits for another.
+// Progress and its command's Exit.CacheMisses say so: one writer at a
+// time, and no job waits for another. A kept sandbox takes its caches
+// the same way, but for each command's run rather than for its life
+// (cachecmd_linux.go).
 
 // cacheMeta is a cache's record, written when a sandbox releases it.
 type cacheMeta struct {
@@ -65,6 +68,8 @@ const DefaultCacheMaxBytes = 10 << 30
 type caches struct {
 	dir string // Config.CacheDir, "" for none
 	max int64  // Config.CacheMaxBytes
+	// uses are kept sandboxes' commands' (cachecmd_linux.go).
+	uses cacheUses
 	// sandboxes is the backend's directory: a cache held by a sandbox
 	// whose directory is gone there is free again.
 	sandboxes string
@@ -104,6 +109,14 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 		return nil, err
 	}
 	var out []cacheMount
+	if spec.MultiExec {
+		// A kept sandbox's caches are its commands' (cachecmd_linux.go):
+		// none is taken now, but their layers' tmpfs is made.
+		for _, c := range spec.Caches {
+			out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true, PerCommand: true, Owner: c.Owner, Limit: c.Limit})
+		}
+		return out, mountLayers(filepath.Join(dir, dirCacheLayers), spec.DiskBytes)
+	}
 	for _, c := range spec.Caches {
 		mp := filepath.Join(top, c.Name)
 		if err := os.Mkdir(mp, 0o755); err != nil {
@@ -121,7 +134,7 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 			if err := unix.Mount("", mp, "", unix.MS_PRIVATE, ""); err != nil {
 				return out, fmt.Errorf("cache %s: %w", c.Name, err)
 			}
-			out = append(out, cacheMount{Name: c.Name, Key: c.Key, Owner: c.Owner, Limit: c.Limit})
+			out = append(out, cacheMount{Name: c.Name, Key: c.Key, Owner: c.Owner, Limit: c.Limit, Busy: holder})
 			spec.Step(fmt.Sprintf("cache %s is in use by sandbox %s: this job has an empty one of its own", c.Name, holder))
 			continue
 		}
@@ -153,15 +166,7 @@ func mountLayered(host, mp, layers, name string, bytes int64, hostJob int) error
 			return fmt.Errorf("the path %s has a ',', ':' or '\\', which an overlay's options cannot carry", p)
 		}
 	}
-	if err := os.Mkdir(layers, 0o700); err == nil {
-		opts := fmt.Sprintf("size=%d,mode=0700", bytes)
-		if err := unix.Mount("tmpfs", layers, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return fmt.Errorf("mount the layers' tmpfs: %w", err)
-		}
-		if err := unix.Mount("", layers, "", unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make the layers' tmpfs private: %w", err)
-		}
-	} else if !errors.Is(err, os.ErrExist) {
+	if err := mountLayers(layers, bytes); err != nil {
 		return err
 	}
 	upper, work := filepath.Join(layers, name, "upper"), filepath.Join(layers, name, "work")
@@ -183,6 +188,24 @@ func mountLayered(host, mp, layers, name string, bytes int64, hostJob int) error
 	}
 	if err := unix.Mount("", mp, "", unix.MS_PRIVATE, ""); err != nil {
 		return err
+	}
+	return nil
+}
+
+// mountLayers mounts the caches' layers' tmpfs (of size bytes) at
+// layers, unless it is there.
+func mountLayers(layers string, bytes int64) error {
+	if err := os.Mkdir(layers, 0o700); errors.Is(err, os.ErrExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("size=%d,mode=0700", bytes)
+	if err := unix.Mount("tmpfs", layers, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount the layers' tmpfs: %w", err)
+	}
+	if err := unix.Mount("", layers, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make the layers' tmpfs private: %w", err)
 	}
 	return nil
 }
@@ -273,25 +296,17 @@ func (cs *caches) release(id, dir string, caches []cacheMount) error {
 		if !m.Shared {
 			continue
 		}
-		c := sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}
-		err := cs.withLock(c, func(f *os.File, holder string) error {
-			if holder != id {
-				return nil // taken over already (this sandbox was thought gone)
-			}
-			if m.Layer {
-				cs.writeBack(id, c, filepath.Join(layers, m.Name, "upper"))
-			}
-			meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC(), Owner: c.Owner}
-			if err := writeJSONAtomic(cs.path(c)+".json", meta); err != nil {
-				return err
-			}
+		// (A kept sandbox's is held only while one of its commands runs:
+		// by it here when this server did not see that command end.)
+		upper := ""
+		if m.Layer {
+			upper = filepath.Join(layers, m.Name, "upper")
+		}
+		if cs.give(id, sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}, upper) {
 			released = true
-			return rewrite(f, "")
-		})
-		if err != nil {
-			cs.log.Warn("release cache", "sandbox", id, "cache", c.Name, "key", c.Key, "err", err)
 		}
 	}
+	cs.uses.forget(id)
 	if released {
 		cs.evict()
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
 )
@@ -70,9 +71,11 @@ func TestCaches(t *testing.T) {
 	}
 	// Meanwhile: one writer at a time.
 	third := mk(keyA)
-	if out := shIn(third, `ls -A /cache/go; touch /cache/go/x && echo writable`); out != "writable\n" {
+	exit, out := run(t, third, "/bin/sh", "-c", `ls -A /cache/go; touch /cache/go/x && echo writable`)
+	if out != "writable\n" {
 		t.Errorf("a sandbox that found the cache in use got %q, want an empty cache of its own", out)
 	}
+	checkMisses(t, exit, "go: in use by sandbox "+second.ID()) // its result says so, not only its progress
 	mu.Lock()
 	told := strings.Join(steps, "\n")
 	mu.Unlock()
@@ -189,5 +192,100 @@ func TestCacheMergeBack(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(outside, "pwned")); !os.IsNotExist(err) {
 		t.Errorf("the server wrote the job's file through a link, out of the cache (%v)", err)
+	}
+}
+
+// TestKeptCacheHeldPerCommand: a kept sandbox takes its cache for each
+// command's run, not for its life (issue 34, item 5): while it stays
+// open between commands, another job of the project gets the cache with
+// what its first command wrote, and what that job wrote is there for the
+// kept sandbox's next command (the last writer wins, per file). A
+// command of the kept sandbox that asks while a job holds the cache has
+// an empty one, and its Exit says so and why; so does a job that asks
+// while one of the kept sandbox's commands runs.
+func TestKeptCacheHeldPerCommand(t *testing.T) {
+	for _, mode := range helperModes() {
+		t.Run(mode, func(t *testing.T) {
+			b := newBackend(t, 0)
+			b.shims.goHelpers = mode == "Go"
+			b.caches.dir, b.caches.max = t.TempDir(), 1<<30
+			key := strings.Repeat("e", 16)
+			host := filepath.Join(b.caches.dir, key, "go")
+			spec := defaultSpec()
+			spec.Caches = []sandbox.Cache{{Name: "go", Key: key}}
+			keptSpec := spec
+			keptSpec.MultiExec, keptSpec.Expires = true, time.Now().Add(time.Minute)
+			kept := create(t, b, keptSpec)
+			sh := func(sb sandbox.Instance, script string, wantMiss string) string {
+				t.Helper()
+				exit, out := run(t, sb, "/bin/sh", "-c", script)
+				if exit.Code != 0 {
+					t.Fatalf("%q: exit %d: %s", script, exit.Code, out)
+				}
+				checkMisses(t, exit, wantMiss)
+				return out
+			}
+
+			sh(kept, `echo one >/cache/go/mark && mkdir -p /cache/go/build && echo obj >/cache/go/build/obj`, "")
+			if data, err := os.ReadFile(filepath.Join(host, "mark")); err != nil || string(data) != "one\n" {
+				t.Errorf("the cache after the kept sandbox's command: mark %q %v, want what it wrote", data, err)
+			}
+			// The kept sandbox stays open; a job of the project has the cache.
+			job := create(t, b, spec)
+			if out := sh(job, `cat /cache/go/mark /cache/go/build/obj && echo two >/cache/go/mark && echo job >/cache/go/jobfile`, ""); out != "one\nobj\n" {
+				t.Errorf("a job while the kept sandbox stays open found %q in the cache, want what its command wrote", out)
+			}
+			if err := job.Destroy(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if out := sh(kept, `cat /cache/go/mark /cache/go/jobfile`, ""); out != "two\njob\n" {
+				t.Errorf("the kept sandbox's next command found %q, want the job's changes", out)
+			}
+
+			// A job holds the cache: the kept sandbox's command has an empty one.
+			holder := create(t, b, spec)
+			if out := sh(kept, `ls -A /cache/go; touch /cache/go/x && echo writable`, "go: in use by sandbox "+holder.ID()); out != "writable\n" {
+				t.Errorf("a command of the kept sandbox while a job holds the cache found %q, want an empty one of its own", out)
+			}
+			if err := holder.Destroy(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Lstat(filepath.Join(host, "x")); !os.IsNotExist(err) {
+				t.Errorf("what the command wrote in its empty cache reached the project's (%v)", err)
+			}
+
+			// A command of the kept sandbox runs and holds it: a job has an
+			// empty one; once the command ends its changes are the cache's.
+			long := start(t, kept, "/bin/sh", "-c", `echo four >/cache/go/four && while [ ! -e /workspace/go-on ]; do sleep 0.02; done`)
+			other := create(t, b, spec)
+			if out := sh(other, `ls -A /cache/go; echo ok`, "go: in use by sandbox "+kept.ID()); out != "ok\n" {
+				t.Errorf("a job while a command of the kept sandbox runs found %q in its cache, want an empty one", out)
+			}
+			if err := kept.WriteFile(context.Background(), "/workspace/go-on", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if exit, out := finish(t, long); exit.Code != 0 || len(exit.CacheMisses) != 0 {
+				t.Fatalf("the kept sandbox's long command: %+v %s", exit, out)
+			}
+			if data, err := os.ReadFile(filepath.Join(host, "four")); err != nil || string(data) != "four\n" {
+				t.Errorf("the cache after the long command: four %q %v", data, err)
+			}
+			if lock, err := os.ReadFile(host + ".lock"); err != nil || len(lock) != 0 {
+				t.Errorf("between the kept sandbox's commands its cache's lock holds %q (%v), want it free", lock, err)
+			}
+		})
+	}
+}
+
+// checkMisses wants exit to name the caches the command had an empty one
+// of as want says ("" for none; "NAME: REASON" begins the one it wants).
+func checkMisses(t *testing.T, exit sandbox.Exit, want string) {
+	t.Helper()
+	var got []string
+	for _, m := range exit.CacheMisses {
+		got = append(got, m.Name+": "+m.Reason)
+	}
+	if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || !strings.HasPrefix(got[0], want)) {
+		t.Errorf("the command's cache misses: %q, want %q", got, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -67,7 +68,7 @@ func TestKill(t *testing.T) {
 			t.Errorf("Kill after exit: %v", err)
 		}
 		again, err := p.Wait(context.Background())
-		if err != nil || again != exit || exit.Killed || exit.Code != 0 {
+		if err != nil || !reflect.DeepEqual(again, exit) || exit.Killed || exit.Code != 0 {
 			t.Errorf("Wait after Kill after exit = %+v, %v; first %+v", again, err, exit)
 		}
 	})

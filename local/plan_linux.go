@@ -306,7 +306,20 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		}
 	}
 	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
-	if len(st.Caches) > 0 {
+	if len(st.Caches) > 0 && perCommand(st) {
+		// A kept sandbox's caches are its commands' (cachecmd_linux.go):
+		// mount points the server mounts them on for each command's run,
+		// on a read-only tmpfs shared with the commands' mount
+		// namespaces, copies of init's, so that those mounts reach them.
+		add(opMkdir, 0o755, "create /cache", at("cache"))
+		add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "caches' mount points", "tmpfs", at("cache"), "tmpfs",
+			fmt.Sprintf("mode=0755,size=4k,nr_inodes=%d", len(st.Caches)+4))
+		for _, c := range st.Caches {
+			add(opMkdir, 0o755, "create /cache/"+c.Name, at("cache", c.Name))
+		}
+		add(opMount, unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "caches' mount points: read-only", "", at("cache"), "", "")
+		add(opMount, unix.MS_SHARED, "caches' mount points: shared with the commands", "", at("cache"), "", "")
+	} else if len(st.Caches) > 0 {
 		// The caches, bound into the sandbox directory by Create.
 		add(opMkdir, 0o755, "create /cache", at("cache"))
 		for _, c := range st.Caches {

@@ -122,7 +122,7 @@ func splitStreams(path string, offset int64, data []byte) ([]sandbox.Output, err
 func (p *process) readExit() (sandbox.Exit, error) {
 	var r exitRecord
 	if told := p.toldExit(); len(told) > 0 && json.Unmarshal(told, &r) == nil {
-		return r.exit(), nil // as the shim told it, before the file
+		return p.withMisses(r.exit()), nil // as the shim told it, before the file
 	}
 	r = exitRecord{}
 	if err := readJSON(p.path(fileExit), &r); err != nil {
@@ -131,7 +131,17 @@ func (p *process) readExit() (sandbox.Exit, error) {
 		}
 		return sandbox.Exit{}, err
 	}
-	return r.exit(), nil
+	return p.withMisses(r.exit()), nil
+}
+
+// withMisses adds to the command's end the caches it had an empty one
+// of, as Exec recorded them (exec.json).
+func (p *process) withMisses(e sandbox.Exit) sandbox.Exit {
+	var rec execRecord
+	if readJSON(p.path(fileExec), &rec) == nil {
+		e.CacheMisses = rec.CacheMisses
+	}
+	return e
 }
 
 // toldExit is what the shim wrote on its pipe, once it has closed it.
@@ -177,6 +187,15 @@ func (p *process) Wait(ctx context.Context) (sandbox.Exit, error) {
 		case <-p.done:
 		case <-ctx.Done():
 			return sandbox.Exit{}, ctx.Err()
+		}
+		if p.recorded != nil {
+			// Closed once the command's caches are given back too
+			// (execKept), which its shim's end does not wait for.
+			select {
+			case <-p.recorded:
+			case <-ctx.Done():
+				return sandbox.Exit{}, ctx.Err()
+			}
 		}
 		exit, err := p.readExit()
 		if errors.Is(err, os.ErrNotExist) {

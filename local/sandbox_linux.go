@@ -181,6 +181,7 @@ func (s *sbox) Exec(ctx context.Context, cmd sandbox.Command) (sandbox.Process, 
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
 	}
+	rec.CacheMisses = busyMisses(st)
 	// O_EXCL makes "one command per sandbox" hold across goroutines and
 	// server processes alike.
 	if err := writeExecRecord(s.dir, rec, false); errors.Is(err, os.ErrExist) {
@@ -215,6 +216,16 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	if err != nil {
 		return nil, err
 	}
+	// Its caches, for its run (cachecmd_linux.go).
+	if rec.CacheMisses, err = s.b.caches.enter(s.id, s.dir, st); err != nil {
+		return nil, s.goneOr(fmt.Errorf("exec: %w", err))
+	}
+	entered := true
+	defer func() {
+		if entered {
+			s.b.caches.leave(s.id, s.dir, st)
+		}
+	}()
 	channel := filepath.Join(s.dir, dirChannel, rec.ID)
 	// The shim closes its end of this pipe once it has recorded the
 	// command's end (or ends): Wait wakes up then, without polling.
@@ -239,12 +250,14 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 	}
 	recorded := make(chan struct{})
 	p := s.started(rec.ID, execDir, shim, recorded)
+	entered = false // given back at its end, before Wait returns
 	go func() {
 		// The C shim writes the command's exit record here before the
 		// file (write_exit); what else may come is read and dropped.
 		p.told, _ = io.ReadAll(io.LimitReader(recordedR, maxToldExit))
 		io.Copy(io.Discard, recordedR)
 		recordedR.Close()
+		s.b.caches.leave(s.id, s.dir, st)
 		close(recorded)
 		// Its end is told: a later Process finds it on the disk. The
 		// backend forgets it, or a long-lived sandbox's every command

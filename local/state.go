@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/delegate-dev/delegate/sandbox"
 )
 
 // Hidden subcommands of SelfExe (see Reexec and helper_linux.h).
@@ -193,7 +195,7 @@ type cacheMount struct {
 	Name string `json:"name"`
 	Key  string `json:"key"`
 	// Shared: the project's cache is bound; otherwise an empty one of the
-	// sandbox's own.
+	// sandbox's own, because sandbox Busy held it.
 	Shared bool `json:"shared,omitempty"`
 	// Layer: the project's cache is the lower layer of an overlay whose
 	// upper one (what the job changes) is on the sandbox's cache layers'
@@ -204,6 +206,12 @@ type cacheMount struct {
 	// owner's caches within Limit.
 	Owner string `json:"owner,omitempty"`
 	Limit int64  `json:"limit,omitempty"`
+	// Busy is the sandbox that held the cache when this one was made
+	// (then not Shared).
+	Busy string `json:"busy,omitempty"`
+	// PerCommand: a kept sandbox's, taken for its commands' runs
+	// (cachecmd_linux.go), Shared and Layer then say how.
+	PerCommand bool `json:"perCommand,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and
@@ -246,6 +254,9 @@ type execRecord struct {
 	OutputLimit int64    `json:"outputLimit"`
 	// Deadline is when the shim kills the job by itself, server or not.
 	Deadline time.Time `json:"deadline,omitzero"`
+	// CacheMisses are the sandbox's caches the command had an empty one
+	// of instead, and why (cachecmd_linux.go).
+	CacheMisses []sandbox.CacheMiss `json:"cacheMisses,omitempty"`
 }
 
 // exitRecord is how the command ended, written once by the shim.

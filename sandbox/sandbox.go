@@ -161,8 +161,10 @@ type EgressRouter interface {
 
 // Cache names a kept cache: Name is the directory under /cache, Key the
 // project it belongs to (two keys never share one). Jobs that share a
-// cache trust each other; one sandbox at a time writes it, and another
-// that asks meanwhile gets an empty one of its own (Progress says so).
+// cache trust each other; one sandbox's command at a time writes it (a
+// kept sandbox takes it for each command's run, not for its life), and
+// another that asks meanwhile gets an empty one of its own (Progress
+// says so, and the command's Exit.CacheMisses).
 type Cache struct {
 	Name string
 	Key  string
@@ -182,6 +184,12 @@ type CacheMeter interface {
 	// CacheBytes is what owner's caches hold, as measured when each was
 	// last released.
 	CacheBytes(owner string) (int64, error)
+}
+
+// CacheMiss is a cache a command had an empty one of instead, and why.
+type CacheMiss struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
 }
 
 // Step reports a provisioning step through Progress, if there is one.
@@ -249,6 +257,9 @@ type Exit struct {
 	// recorded it (zero: not recorded): a server that adopts the job
 	// after it ended gives it this end, not the time it noticed.
 	EndedAt time.Time
+	// CacheMisses are the caches (Spec.Caches) the command had an empty
+	// one of instead of the project's, and why.
+	CacheMisses []CacheMiss
 }
 
 // Backend creates and re-finds sandboxes.
