@@ -27,6 +27,10 @@ type Job struct {
 	// stored is then not the whole of it, whatever its status.
 	OutputLostBytes int64  `json:"output_lost_bytes,omitempty"`
 	OutputLost      string `json:"output_lost,omitempty"`
+	// CacheMissed names the caches (manifest.caches) the job had an empty
+	// one of instead of its project's, and why ("go: in use by sandbox
+	// sb-…: this job had an empty one of its own"; "; " between two).
+	CacheMissed string `json:"cache_missed,omitempty"`
 
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`

@@ -146,12 +146,15 @@ type JobResult struct {
 	// OutputLostBytes of the output within the limit could not be stored,
 	// OutputLost says why (Job's); Error says so too, for a reader of it
 	// alone.
-	OutputLostBytes int64      `json:"output_lost_bytes,omitempty"`
-	OutputLost      string     `json:"output_lost,omitempty"`
-	Error           string     `json:"error,omitempty"`
-	Result          string     `json:"result,omitempty"`
-	OOMKilled       bool       `json:"oom_killed,omitempty"`
-	Artifacts       []Artifact `json:"artifacts"`
+	OutputLostBytes int64  `json:"output_lost_bytes,omitempty"`
+	OutputLost      string `json:"output_lost,omitempty"`
+	// CacheMissed names the caches the job had an empty one of, and why
+	// (Job's): its result says so, not only its timeline.
+	CacheMissed string     `json:"cache_missed,omitempty"`
+	Error       string     `json:"error,omitempty"`
+	Result      string     `json:"result,omitempty"`
+	OOMKilled   bool       `json:"oom_killed,omitempty"`
+	Artifacts   []Artifact `json:"artifacts"`
 	// Changes are what the job changed in its imported workspace (nil
 	// without a workspace source); WorkspaceService has the diff.
 	Changes    *WorkspaceChanges `json:"changes,omitempty"`

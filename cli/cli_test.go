@@ -562,6 +562,22 @@ func TestJobsResultExitsWithTheJobsCode(t *testing.T) {
 	}
 }
 
+// TestJobsResultCacheMissed: jobs result says which caches the job had
+// an empty one of, and why (issue 34, item 5), with --json too.
+func TestJobsResultCacheMissed(t *testing.T) {
+	const missed = "go: in use by sandbox sb-0123456789ab: this job had an empty one of its own"
+	h := newHarness()
+	h.svc.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
+		return &delegate.JobResult{JobID: id, Status: delegate.StatusSuccess, ExitCode: intp(0), CacheMissed: missed}, nil
+	}
+	if r := h.run(t, "jobs", "result", "job-1"); r.code != 0 || !strings.Contains(r.stderr, "delegate: cache "+missed+"\n") {
+		t.Errorf("jobs result: exit %d, stderr %q, want the cache missed", r.code, r.stderr)
+	}
+	if r := h.run(t, "jobs", "result", "--json", "job-1"); !strings.Contains(r.stdout, `"cache_missed": "`+missed+`"`) {
+		t.Errorf("jobs result --json: %s", r.stdout)
+	}
+}
+
 func TestJobsListAndCancel(t *testing.T) {
 	h := newHarness()
 	var got delegate.ListOptions

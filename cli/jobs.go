@@ -208,6 +208,9 @@ func (p *Program) printStatus(j *delegate.Job, timeline []delegate.Event, arts [
 	if j.OutputLostBytes > 0 {
 		row("output lost", "%d bytes: %s", j.OutputLostBytes, j.OutputLost)
 	}
+	if j.CacheMissed != "" {
+		row("cache", "%s", safe(j.CacheMissed))
+	}
 	tw.Flush()
 	if j.Status.Terminal() {
 		fmt.Fprint(w, artifactLines(j.ID, arts, "  "))
@@ -276,6 +279,9 @@ reset.`,
 							line += " (" + strings.Join(n.Summary.DeniedNames, ", ") + "): delegate jobs network " + res.JobID
 						}
 						fmt.Fprintln(p.Stderr, safe(line))
+					}
+					if res.CacheMissed != "" {
+						fmt.Fprintln(p.Stderr, "delegate: cache "+safe(res.CacheMissed))
 					}
 				}
 				return jobExit(exitCode(&delegate.Job{Status: res.Status, ExitCode: res.ExitCode}))

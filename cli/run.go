@@ -164,6 +164,9 @@ func (p *Program) run(ctx context.Context, cfg Config, f runFlags) (err error) {
 	if m.Workspace != nil && !f.quiet {
 		p.tellChanges(ctx, s.Workspaces, j.ID)
 	}
+	if j.CacheMissed != "" && !f.quiet {
+		fmt.Fprintln(p.Stderr, "delegate: cache "+safe(j.CacheMissed))
+	}
 	if j.Sandbox != "" {
 		// The id the next command needs, even with -q.
 		fmt.Fprintf(p.Stderr, "delegate: kept sandbox %s: 'delegate exec %s -- CMD' runs a command in it, 'delegate sandboxes release %s' ends it\n",

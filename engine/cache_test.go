@@ -9,6 +9,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/sandbox"
 	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
@@ -103,6 +104,55 @@ func TestCachesByPrincipal(t *testing.T) {
 	} {
 		if (tc.a == tc.b) != tc.same {
 			t.Errorf("%s: keys %s and %s, want the same: %v", tc.name, tc.a, tc.b, tc.same)
+		}
+	}
+}
+
+// TestCacheMissInResult (issue 34, item 5): a job that had an empty cache
+// of its own instead of its project's (another sandbox held it) is told
+// so in its result and its record, with why, not only in its timeline;
+// a job that had its cache is told nothing.
+func TestCacheMissInResult(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	root := t.TempDir()
+	dir := project(t, root, "calc", map[string]string{"calc.go": "package calc\n"})
+	backend := sandboxtest.NewFake()
+	backend.Caps.Caches = true
+	eng := engine.New(testkit.OpenStore(t), backend, engine.Config{WorkspaceRoots: []string{root}, PollInterval: 10 * time.Millisecond,
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	const why = "in use by sandbox sb-0123456789ab: this job had an empty one of its own"
+	for _, tc := range []struct {
+		name   string
+		misses []sandbox.CacheMiss
+		want   string
+	}{
+		{"missed", []sandbox.CacheMiss{{Name: "go", Reason: why}}, "go: " + why},
+		{"had it", nil, ""},
+	} {
+		m := script("go build ./...")
+		m.Workspace, m.Caches = &delegate.WorkspaceSource{Dir: dir}, []string{"go"}
+		j, err := eng.Submit(ctx, m, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-backend.Started:
+			p.Finish(sandbox.Exit{CacheMisses: tc.misses})
+		case <-time.After(10 * time.Second):
+			t.Fatal("no process started")
+		}
+		done := testkit.Wait(t, eng, j.ID)
+		res, err := eng.Result(ctx, j.ID, delegate.ResultOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.Status != delegate.StatusSuccess || done.CacheMissed != tc.want || res.CacheMissed != tc.want {
+			t.Errorf("%s: job %s, cache_missed %q, result's %q; want %q", tc.name, done.Status, done.CacheMissed, res.CacheMissed, tc.want)
 		}
 	}
 }

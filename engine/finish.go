@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -122,12 +123,25 @@ func (r *finisher) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wa
 		if lost > 0 {
 			j.OutputLostBytes, j.OutputLost = lost, lostWhy
 		}
+		if len(exit.CacheMisses) > 0 {
+			j.CacheMissed = cacheMissed(exit.CacheMisses)
+		}
 	})
 	// Never before its end is stored: the next server finds the sandbox
 	// and settles the job from it.
 	if stored {
 		r.destroy(sb.ID(), m)
 	}
+}
+
+// cacheMissed says which caches a job had an empty one of, and why, as
+// its result tells it (Job.CacheMissed).
+func cacheMissed(misses []sandbox.CacheMiss) string {
+	parts := make([]string, len(misses))
+	for i, m := range misses {
+		parts[i] = m.Name + ": " + m.Reason
+	}
+	return clip(strings.Join(parts, "; "))
 }
 
 // endReason says why a job failed whose process's end could not be read:

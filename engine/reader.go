@@ -226,7 +226,7 @@ func (rd *Reader) Result(ctx context.Context, id string, opts delegate.ResultOpt
 		JobID: j.ID, Status: j.Status, ExitCode: j.ExitCode, ExitReason: delegate.ExitReasonOf(j.Status, j.ExitCode, j.OOMKilled),
 		Output: out, OutputOffset: outOffset, Stderr: errs, StderrOffset: errOffset,
 		OutputBytes: j.OutputBytes, OutputTruncated: j.OutputTruncated,
-		OutputLostBytes: j.OutputLostBytes, OutputLost: j.OutputLost,
+		OutputLostBytes: j.OutputLostBytes, OutputLost: j.OutputLost, CacheMissed: j.CacheMissed,
 		Error: resultError(j), Result: j.Result, OOMKilled: j.OOMKilled, Artifacts: arts, Changes: changes,
 		StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Duration: j.Duration(time.Now()),
 		Sandbox: j.Sandbox,

@@ -104,3 +104,25 @@ func TestWaitAllowWithoutProxy(t *testing.T) {
 		t.Errorf("wait_job allow without a proxy: %s", errorText(res))
 	}
 }
+
+// TestResultCacheMissed: get_job_result says which caches the job had an
+// empty one of, and why (issue 34, item 5), and nothing when it had them.
+func TestResultCacheMissed(t *testing.T) {
+	const missed = "go: in use by sandbox sb-0123456789ab: this job had an empty one of its own"
+	svc := fullService()
+	svc.ResultFn = func(ctx context.Context, id string, opts delegate.ResultOptions) (*delegate.JobResult, error) {
+		r := &delegate.JobResult{JobID: id, Status: delegate.StatusSuccess}
+		if id == "job-1" {
+			r.CacheMissed = missed
+		}
+		return r, nil
+	}
+	cs := connect(t, svc, nil)
+	for id, want := range map[string]string{"job-1": missed, "job-2": ""} {
+		var r map[string]any
+		structured(t, call(t, cs, "get_job_result", map[string]any{"job_id": id}), &r)
+		if got, ok := r["cache"]; want == "" && ok || want != "" && got != want {
+			t.Errorf("%s: get_job_result's cache is %v (present %v), want %q", id, got, ok, want)
+		}
+	}
+}

@@ -485,6 +485,9 @@ type ResultOut struct {
 	// interleaved).
 	Stderr string `json:"stderr"`
 	Result string `json:"result,omitempty"`
+	// Cache names the caches the job had an empty one of instead of its
+	// project's, and why (delegate.JobResult.CacheMissed).
+	Cache string `json:"cache,omitempty"`
 	// SandboxID is the kept sandbox the job ran in or made.
 	SandboxID string `json:"sandbox_id,omitempty"`
 	// Artifacts are read as resources: job://{id}/artifacts/{name}.
@@ -527,7 +530,7 @@ func (h *handlers) result(ctx context.Context, _ *mcp.CallToolRequest, in *Resul
 		Status: r.Status, ExitCode: r.ExitCode, ExitReason: r.ExitReason, Error: r.Error, OOMKilled: r.OOMKilled,
 		DurationSeconds: seconds(r.Duration), OutputBytes: r.OutputBytes,
 		OutputTruncated: r.OutputTruncated || r.OutputLostBytes > 0 || outCut || errCut,
-		Stderr:          text(errs), Result: r.Result, SandboxID: r.Sandbox, Artifacts: artifacts,
+		Stderr:          text(errs), Result: r.Result, Cache: r.CacheMissed, SandboxID: r.Sandbox, Artifacts: artifacts,
 		Changes: untyped(r.Changes), Network: untyped(r.Network), Output: text(out),
 	}
 	if res.OutputTruncated {

@@ -33,7 +33,7 @@ var sqliteTables = map[string][]string{
 	"jobs": {"seq", "id", "status", "progress", "error", "exit_code", "oom_killed", "output_bytes", "output_truncated",
 		"created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner", "result",
 		"idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "stderr_kept", "sandbox",
-		"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"},
+		"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal", "cache_missed"},
 	"job_manifests":  {"seq", "manifest"},
 	"job_files":      {"seq", "files"},
 	"job_output":     {"job_id", "offset", "data", "stream", "runs"},
@@ -209,20 +209,20 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			startToken                                                               string
 			created, updated, started, finished, heartbeat                           int64
 			id, status, progress, errText, backend, sandboxID, execID, owner, result string
-			tokenHash, sandbox, digest, lost, principal                              string
+			tokenHash, sandbox, digest, lost, principal, cacheMissed                 string
 			exit                                                                     sql.NullInt64
 			idem                                                                     sql.NullString
 			oom, truncated                                                           bool
 		)
 		dest := []any{&seq, &id, &status, &progress, &errText, &exit, &oom, &outputBytes, &truncated, &created, &updated, &started,
 			&finished, &backend, &sandboxID, &execID, &owner, &result, &idem, &tokenHash, &heartbeat, &outputRead, &dropped,
-			&sandbox, &digest, &lostBytes, &lost, &epoch, &startToken, &attempts, &principal, &stderrKept, &outputKept}
+			&sandbox, &digest, &lostBytes, &lost, &epoch, &startToken, &attempts, &principal, &cacheMissed, &stderrKept, &outputKept}
 		cols := append([]string{"seq", "id"}, jobColumns...)
 		cols = append(cols, "stderr_kept", "output_kept")
 		c.Jobs, err = copyOne(ctx, rtx, tx, "jobs", cols, `SELECT seq, id, status, progress, error, exit_code, oom_killed, output_bytes,
 			output_truncated, created_at, updated_at, started_at, finished_at, backend, sandbox_id, exec_id, owner, result,
 			idempotency_key, token_hash, last_heartbeat, output_read, timeline_dropped, sandbox, idempotency_digest,
-			output_lost_bytes, output_lost, epoch, start_token, attempts, principal, stderr_kept,
+			output_lost_bytes, output_lost, epoch, start_token, attempts, principal, cache_missed, stderr_kept,
 			(SELECT coalesce(max(o.offset + length(o.data)), 0) FROM job_output o WHERE o.job_id = jobs.id)
 			FROM jobs ORDER BY seq`, dest, func() []any {
 			var e, k any
@@ -235,7 +235,7 @@ func copyTables(ctx context.Context, rtx *sql.Tx, tx pgx.Tx, src *sqlite.DB, c *
 			return []any{seq, id, status, clean(progress), clean(errText), e, oom, outputBytes, truncated, nanosTS(created),
 				nanosTS(updated), nanosTS(started), nanosTS(finished), backend, sandboxID, execID, owner, clean(result), k, tokenHash,
 				nanosTS(heartbeat), outputRead, dropped, sandbox, digest, lostBytes, clean(lost), epoch, startToken, int32(attempts),
-				clean(principal), stderrKept, outputKept}
+				clean(principal), clean(cacheMissed), stderrKept, outputKept}
 		})
 		if err != nil {
 			return err

@@ -21,7 +21,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal", "cache_missed"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -101,7 +101,7 @@ func scanJob(row pgx.Row, manifest *string) (*delegate.Job, int64, error) {
 	dest := []any{&seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &j.OOMKilled, &j.OutputBytes,
 		&j.OutputTruncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &attempts, &j.Principal}
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &attempts, &j.Principal, &j.CacheMissed}
 	if manifest != nil {
 		dest = append(dest, manifest)
 	}
@@ -137,7 +137,7 @@ func rowValues(j *delegate.Job) []any {
 		j.OutputTruncated, toTS(j.CreatedAt), toTS(j.UpdatedAt), toTS(j.StartedAt), toTS(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, clean(j.Result), idem, j.TokenHash, toTS(j.LastHeartbeat), j.OutputRead,
 		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, clean(j.OutputLost), j.Epoch, j.StartToken,
-		int32(j.Attempts), j.Principal}
+		int32(j.Attempts), j.Principal, clean(j.CacheMissed)}
 }
 
 var insertJob = func() string {

@@ -296,4 +296,7 @@ var migrations = []string{
 		data bytea NOT NULL,
 		used_at timestamptz NOT NULL DEFAULT now()
 	);`,
+	// The caches a job had an empty one of, and why (issue 34, item 5),
+	// as SQLite adds it.
+	`ALTER TABLE jobs ADD COLUMN cache_missed text NOT NULL DEFAULT '';`,
 }

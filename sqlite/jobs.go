@@ -22,7 +22,7 @@ import (
 var jobColumns = []string{"status", "progress", "error", "exit_code", "oom_killed", "output_bytes",
 	"output_truncated", "created_at", "updated_at", "started_at", "finished_at", "backend", "sandbox_id", "exec_id", "owner",
 	"result", "idempotency_key", "token_hash", "last_heartbeat", "output_read", "timeline_dropped", "sandbox",
-	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal"}
+	"idempotency_digest", "output_lost_bytes", "output_lost", "epoch", "start_token", "attempts", "principal", "cache_missed"}
 
 // colUpdatedAt is the index of updated_at in jobColumns.
 const colUpdatedAt = 8
@@ -105,7 +105,7 @@ func scanJob(row scanner) (*delegate.Job, int64, error) {
 	dest := append([]any{}, &seq, &j.ID, &j.Status, &j.Progress, &j.Error, &exit, &oom, &j.OutputBytes,
 		&truncated, &created, &updated, &started, &finished, &j.Backend, &j.SandboxID, &j.ExecID, &j.Owner,
 		&j.Result, &idem, &j.TokenHash, &heartbeat, &j.OutputRead, &j.TimelineDropped, &j.Sandbox, &j.IdempotencyDigest,
-		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &j.Attempts, &j.Principal)
+		&j.OutputLostBytes, &j.OutputLost, &j.Epoch, &j.StartToken, &j.Attempts, &j.Principal, &j.CacheMissed)
 	if err := row.Scan(dest...); err != nil {
 		return nil, 0, err
 	}
@@ -134,7 +134,7 @@ func rowValues(j *delegate.Job) []any {
 		j.OutputTruncated, toNanos(j.CreatedAt), toNanos(j.UpdatedAt), toNanos(j.StartedAt), toNanos(j.FinishedAt),
 		j.Backend, j.SandboxID, j.ExecID, j.Owner, j.Result, idem, j.TokenHash, toNanos(j.LastHeartbeat), j.OutputRead,
 		j.TimelineDropped, j.Sandbox, j.IdempotencyDigest, j.OutputLostBytes, j.OutputLost, j.Epoch, j.StartToken,
-		int64(j.Attempts), j.Principal}
+		int64(j.Attempts), j.Principal, j.CacheMissed}
 }
 
 func toNanos(t time.Time) int64 {

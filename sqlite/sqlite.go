@@ -316,6 +316,9 @@ var migrations = []string{
 		PRIMARY KEY (chain, target)
 	) WITHOUT ROWID;
 	CREATE INDEX workspace_applies_job ON workspace_applies(job_seq);`,
+	// The caches a job had an empty one of, and why (issue 34, item 5):
+	// its result says so, not only its timeline.
+	`ALTER TABLE jobs ADD COLUMN cache_missed TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the database file at path and brings its
