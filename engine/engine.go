@@ -150,11 +150,6 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
 		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree},
 		audit: auditor{store: store, log: log}, leases: lease}
-	if cfg.Egress != nil {
-		// A request an allowlist with ask: true denies is a question on
-		// the job.
-		cfg.Egress.SetAsk(e.askNetwork)
-	}
 	return e
 }
 
@@ -182,6 +177,11 @@ func (e *Engine) Start(ctx context.Context) error {
 		// a while, and must not delay a renewal.
 		e.life.every(e.leases.renewEvery(), e.leases.renew)
 		e.life.every(e.leases.renewEvery(), e.maint.adoptDead)
+	}
+	if e.cfg.Egress != nil {
+		// A request an allowlist with ask: true denies is a question on
+		// the job: the proxy's questions are taken from it here.
+		e.life.Go(func() { e.cfg.Egress.serveAsks(e.life.ctx, e.life.Go, e.askNetwork) })
 	}
 	// What is past its retention goes in the background: a minute after
 	// the start (not in the way of recovery), then every PruneInterval.

@@ -118,7 +118,7 @@ func (e *Engine) widenSandbox(ctx context.Context, id string, allow []string) {
 	}
 }
 
-// askNetwork is the egress proxy's Asker (Egress.SetAsk): a request the
+// askNetwork puts the egress proxy's questions (Egress.serveAsks): a request the
 // allowlist of a job with ask: true denies becomes a question on the job
 // from "egress" (an MCP Tasks client sees its task input_required, the CLI
 // and the dashboard see it too), open until the proxy stops waiting. An

@@ -38,9 +38,9 @@ type Egress struct {
 	byHash  map[string]*netEntry // by the token's hash
 	pending map[string][]delegate.NetworkEntry
 	queued  int
-	// ask, if set, puts a question on the job that owns a network (the
-	// engine's questions part): the Asker's seam.
-	ask func(ctx context.Context, networkID string, q egress.Question) error
+	// asks are the proxy's questions (Ask), for the engine that serves
+	// them to take (serveAsks).
+	asks chan netQuestion
 
 	wake   chan struct{}
 	stop   chan struct{}
@@ -94,7 +94,7 @@ const (
 func NewEgress(store delegate.Store, cfg EgressConfig) (*Egress, error) {
 	e := &Egress{store: store, secret: cfg.Secret, bindings: cfg.Bindings, log: cfg.Logger,
 		byHash: map[string]*netEntry{}, pending: map[string][]delegate.NetworkEntry{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), asks: make(chan netQuestion)}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -293,28 +293,55 @@ func (e *Egress) timeline(id, msg string) {
 	}
 }
 
-// Ask implements egress.Asker through the engine's questions (the seam a
-// questions part fills); without one, nobody is asked and the request is
-// denied once the proxy has waited for nothing.
+// netQuestion is a question of the proxy's about a request a network's
+// allowlist denies, waiting for the engine (serveAsks) to put it.
+type netQuestion struct {
+	ctx      context.Context
+	network  string
+	q        egress.Question
+	answered chan error // one answer: nil once the question is answered
+}
+
+// Ask implements egress.Asker: the question waits in asks for the engine
+// that serves them (serveAsks, from Engine.Start), which puts it on the
+// job that owns the network. The Egress calls no part of the engine: the
+// engine, which holds the Egress, takes the questions from it. Without a
+// server that serves them, nobody is asked and the request is denied
+// once the proxy has waited.
 func (e *Egress) Ask(ctx context.Context, token string, q egress.Question) error {
 	e.mu.Lock()
 	ent := e.byHash[hashToken(token)]
-	ask := e.ask
 	e.mu.Unlock()
-	if ent == nil || ask == nil {
+	if ent == nil {
+		return errors.New("no one to ask: the network is not one this server's proxy knows")
+	}
+	nq := netQuestion{ctx: ctx, network: ent.id, q: q, answered: make(chan error, 1)}
+	select {
+	case e.asks <- nq:
+	case <-ctx.Done():
 		return errors.New("no one to ask: this server puts no questions to a person")
 	}
-	return ask(ctx, ent.id, q)
+	select {
+	case err := <-nq.answered:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// SetAsk installs the questions part's seam: ask puts a question on the
-// job that owns the network and returns once it is answered (an answer
-// that allows the request widens the network through AllowNetwork before
-// ask returns) or ctx ends.
-func (e *Egress) SetAsk(ask func(ctx context.Context, networkID string, q egress.Question) error) {
-	e.mu.Lock()
-	e.ask = ask
-	e.mu.Unlock()
+// serveAsks puts the proxy's questions until ctx ends: each through ask
+// (it returns once the question is answered, an answer that allows the
+// request having widened the network, or its ctx ends), in a goroutine
+// that run starts and its caller waits for.
+func (e *Egress) serveAsks(ctx context.Context, run func(func()), ask func(ctx context.Context, networkID string, q egress.Question) error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case nq := <-e.asks:
+			run(func() { nq.answered <- ask(nq.ctx, nq.network, nq.q) })
+		}
+	}
 }
 
 func (e *Egress) flushLoop() {
