@@ -152,6 +152,13 @@ type ServerStore interface {
 	// plus one, skipping jobs another writer holds locked; owner's own
 	// lease must be live (ErrLeaseLost).
 	AdoptJobs(ctx context.Context, owner string, from []string, limit int) ([]Adopted, error)
+	// RejoinServer gives server s, whose lease expired (it lost it: it
+	// was cut from the store, or paused, and is back), a new lease of ttl
+	// from now, and takes back the jobs it owned that no other server
+	// adopted meanwhile, each at its epoch plus one (what it wrote at the
+	// old epochs stays refused); those another adopted stay the
+	// adopter's. A lease still live: ErrConflict.
+	RejoinServer(ctx context.Context, s Server, ttl time.Duration) (Server, []Adopted, error)
 	// Now is the store's clock.
 	Now(ctx context.Context) (time.Time, error)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/delegate-dev/delegate"
 )
@@ -53,6 +54,10 @@ func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) 
 // within a lease and a renewal of its death.
 func (m *maintenance) adoptDead(ctx context.Context) {
 	l := m.jobs.lease
+	if l.rejoinable() {
+		m.rejoin(ctx)
+		return
+	}
 	if !l.trusted() || l.draining.Load() {
 		return
 	}
@@ -75,29 +80,60 @@ func (m *maintenance) adoptFrom(ctx context.Context, owners []string) {
 			return
 		}
 		for _, a := range adopted {
-			l.hold(a.Job.ID, a.Job.Epoch)
 			l.adoptions.Add(1)
-			m.jobs.notify(a.Job.ID)
 			m.log.Info("job adopted from a server whose lease expired", "job", a.Job.ID, "previous_owner", a.From,
 				"status", a.Job.Status, "epoch", a.Job.Epoch)
 		}
-		// Taken up a few at a time: re-attaching is a few calls to the
-		// backend each (a Proxmox VM's agent), and a dead server's jobs
-		// have waited a lease already.
-		var wg sync.WaitGroup
-		slots := make(chan struct{}, resumeAtOnce)
-		for _, a := range adopted {
-			slots <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				m.resume(ctx, a.Job, a.From)
-			})
-		}
-		wg.Wait()
+		m.takeUp(ctx, adopted)
 		if len(adopted) < adoptBatch {
 			return
 		}
 	}
+}
+
+// takeUp holds jobs adopted (or taken back) at their new epochs and
+// resumes them, a few at a time: re-attaching is a few calls to the
+// backend each (a Proxmox VM's agent), and a dead server's jobs have
+// waited a lease already.
+func (m *maintenance) takeUp(ctx context.Context, adopted []delegate.Adopted) {
+	for _, a := range adopted {
+		m.jobs.lease.hold(a.Job.ID, a.Job.Epoch)
+		m.jobs.notify(a.Job.ID)
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, resumeAtOnce)
+	for _, a := range adopted {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			m.resume(ctx, a.Job, a.From)
+		})
+	}
+	wg.Wait()
+}
+
+// rejoin registers this server again once it lost its lease (it was cut
+// from the store, or paused, and reaches the store again), and once it
+// has let go of every job it gave up (so that no run of before writes
+// beside the one it takes back): a new lease, and of its jobs those no
+// other server adopted meanwhile taken back at their next epoch and
+// resumed as adopted ones; those another adopted stay the adopter's, its
+// writes of before refused by their epochs.
+func (m *maintenance) rejoin(ctx context.Context) {
+	if len(m.runs.driven()) > 0 {
+		return
+	}
+	l := m.jobs.lease
+	t0 := time.Now()
+	srv, back, err := m.store.RejoinServer(ctx, l.me, l.cfg.TTL)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("register again after the lease was lost", "err", err)
+		}
+		return
+	}
+	l.rejoined(ctx, t0, srv, len(back))
+	m.takeUp(ctx, back)
 }
 
 // elsewhere fails an adopted job whose sandbox is a local one on another

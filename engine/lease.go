@@ -83,6 +83,7 @@ type leaser struct {
 	lastOK  time.Time // monotonic: the start of the last renewal the store took
 
 	dead         atomic.Bool  // the lease was lost: this server drives nothing
+	stopped      atomic.Bool  // the lease was ended: the server stops
 	late         atomic.Bool  // a renewal found the lease expired after a pause
 	draining     atomic.Bool  // delegate servers drain: no new jobs
 	offset       atomic.Int64 // the store's clock minus this host's, ns
@@ -200,11 +201,26 @@ func (l *leaser) lose(why string) {
 	}
 	l.mu.Unlock()
 	l.pool.Store(false)
-	l.log.Error("lease lost: this server no longer claims or drives jobs, and leaves its work to the others; restart it to serve again",
+	l.log.Error("lease lost: this server no longer claims or drives jobs, and leaves its work to the others; it registers again once it reaches the store",
 		"server", l.me.ID, "why", why, "jobs_given_up", len(ids))
 	for _, id := range ids {
 		l.giveUp(id)
 	}
+}
+
+// rejoinable says whether this server lost its lease and may register
+// again (it was not stopped).
+func (l *leaser) rejoinable() bool { return l.dead.Load() && !l.stopped.Load() }
+
+// rejoined records the new lease of a server that had lost its own
+// (RejoinServer), taken at t0: it trusts it, and claims, again.
+func (l *leaser) rejoined(ctx context.Context, t0 time.Time, srv delegate.Server, back int) {
+	l.renewed(t0, srv)
+	l.late.Store(false)
+	l.dead.Store(false)
+	l.refresh(ctx)
+	l.log.Info("lease regained: this server registered again and claims jobs; of its jobs, those no other server adopted are its again",
+		"server", l.me.ID, "lease", l.cfg.TTL, "jobs_taken_back", back)
 }
 
 // refresh reads the servers' leases.
@@ -403,6 +419,7 @@ func (l *leaser) stats() ServerStats {
 // stop ends the lease (a server that stops): its jobs are adopted at once,
 // without waiting for the lease to run out.
 func (l *leaser) stop(ctx context.Context) {
+	l.stopped.Store(true)
 	if l.dead.Swap(true) {
 		return
 	}

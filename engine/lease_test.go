@@ -220,3 +220,59 @@ func TestLeaseLocalJobOfAnotherHost(t *testing.T) {
 		t.Fatalf("%s %q", j.Status, j.Error)
 	}
 }
+
+// TestLeaseRejoins: a server that lost its lease (cut from the store,
+// then back) registers again with a new lease and claims again; of its
+// two running jobs, the one another server adopted meanwhile stays the
+// adopter's (nothing more of it written by the first), the other it
+// takes back at the next epoch and carries to its end.
+func TestLeaseRejoins(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := leased(t, 900*time.Millisecond)
+	a := f.eng
+	running := func(j *delegate.Job) bool { return j.Status == delegate.StatusRunning && j.OutputBytes == 7 }
+	var jobs [2]*delegate.Job
+	var procs [2]*sandboxtest.Process
+	for i, name := range []string{"adopted", "back"} {
+		jobs[i] = f.submit(script(name))
+		procs[i] = f.started()
+		procs[i].Write([]byte("before "))
+		jobs[i] = awaitJob(t, a, jobs[i].ID, "running", running)
+	}
+	// Another server, by hand, so that it adopts the first job only.
+	if _, err := f.store.RegisterServer(ctx, delegate.Server{ID: "other", Host: "h", HostID: "host-b"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.ExpireServer(ctx, a.Owner()); err != nil { // a cut from the store past its lease
+		t.Fatal(err)
+	}
+	if got, err := f.store.AdoptJobs(ctx, "other", []string{a.Owner()}, 1); err != nil || len(got) != 1 || got[0].Job.ID != jobs[0].ID {
+		t.Fatalf("the other server adopted %+v, %v", got, err)
+	}
+	// a finds its lease gone, gives its jobs up, registers again and
+	// takes back the job no one adopted.
+	back := awaitJob(t, a, jobs[1].ID, "taken back", func(j *delegate.Job) bool { return j.Epoch == jobs[1].Epoch+1 })
+	eventually(t, "a live again", func() bool { return a.ServerStats().Live })
+	if back.Owner != a.Owner() || back.Status != delegate.StatusRunning {
+		t.Fatalf("taken back: %+v", back)
+	}
+	for _, p := range procs {
+		p.Write([]byte("after"))
+	}
+	procs[1].Finish(sandbox.Exit{})
+	if j := f.wait(a, jobs[1].ID); j.Status != delegate.StatusSuccess || f.output(jobs[1].ID) != "before after" {
+		t.Fatalf("the job taken back: %s %q, output %q", j.Status, j.Error, f.output(jobs[1].ID))
+	}
+	// It claims again.
+	more := f.submit(script("more"))
+	f.started().Finish(sandbox.Exit{})
+	if j := f.wait(a, more.ID); j.Status != delegate.StatusSuccess {
+		t.Fatalf("a job submitted after the rejoin: %s %q", j.Status, j.Error)
+	}
+	// The adopted job: the other's, as it left it (a follows it no more).
+	if j, err := f.store.GetJob(ctx, jobs[0].ID); err != nil || j.Owner != "other" || j.Epoch != jobs[0].Epoch+1 ||
+		j.Status != delegate.StatusRunning || f.output(jobs[0].ID) != "before " {
+		t.Fatalf("the adopted job: %+v, output %q, %v", j, f.output(jobs[0].ID), err)
+	}
+}

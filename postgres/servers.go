@@ -215,6 +215,57 @@ func (s *ServerStore) AdoptJobs(ctx context.Context, owner string, from []string
 	return out, nil
 }
 
+// RejoinServer gives a server whose lease expired a new one, and takes
+// back the jobs it owned that no other server adopted, each at its epoch
+// plus one (see delegate.ServerStore). A concurrent adoption holds the
+// rows it takes: this statement waits for it, then skips the jobs whose
+// owner it changed.
+func (s *ServerStore) RejoinServer(ctx context.Context, srv delegate.Server, ttl time.Duration) (delegate.Server, []delegate.Adopted, error) {
+	if srv.ID == "" || ttl <= 0 {
+		return delegate.Server{}, nil, fmt.Errorf("rejoin: %w: an id and a positive lease", delegate.ErrInvalid)
+	}
+	var (
+		out  delegate.Server
+		jobs []delegate.Adopted
+	)
+	err := s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		jobs = nil
+		var err error
+		out, err = scanServer(tx.QueryRow(ctx, `INSERT INTO servers (id, host, host_id, pid_namespace, addr, backend, expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now() + $7::interval)
+			ON CONFLICT (id) DO UPDATE SET renewed_at = now(), expires_at = excluded.expires_at WHERE servers.expires_at <= now()
+			RETURNING `+serverColumns,
+			srv.ID, clean(srv.Host), clean(srv.HostID), clean(srv.PIDNamespace), clean(srv.Addr), clean(srv.Backend), interval(ttl)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("server %s: its lease is live: %w", srv.ID, delegate.ErrConflict)
+		}
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `UPDATE jobs SET epoch = epoch + 1, updated_at = now()
+			WHERE owner = $1 AND status IN `+active+` RETURNING id`, srv.ID)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			j, _, err := s.db.JobStore.getJob(ctx, tx, "id", id, id, false)
+			if err != nil {
+				return err
+			}
+			jobs = append(jobs, delegate.Adopted{Job: j, From: srv.ID})
+		}
+		return nil
+	})
+	if err != nil {
+		return delegate.Server{}, nil, fmt.Errorf("rejoin server %s: %w", srv.ID, err)
+	}
+	return out, jobs, nil
+}
+
 // Now is the database's clock.
 func (s *ServerStore) Now(ctx context.Context) (time.Time, error) {
 	var now time.Time

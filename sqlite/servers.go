@@ -247,6 +247,74 @@ func (s *ServerStore) AdoptJobs(ctx context.Context, owner string, from []string
 	return out, nil
 }
 
+// RejoinServer gives a server whose lease expired a new one, and takes
+// back the jobs it owned that no other server adopted, each at its epoch
+// plus one, in one write transaction.
+func (s *ServerStore) RejoinServer(ctx context.Context, srv delegate.Server, ttl time.Duration) (delegate.Server, []delegate.Adopted, error) {
+	if srv.ID == "" || ttl <= 0 {
+		return delegate.Server{}, nil, fmt.Errorf("rejoin: %w: an id and a positive lease", delegate.ErrInvalid)
+	}
+	var (
+		out  delegate.Server
+		jobs []delegate.Adopted
+	)
+	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
+		jobs = nil
+		now := time.Now().UTC()
+		res, err := tx.Exec(`UPDATE servers SET renewed_at = ?, expires_at = ? WHERE id = ? AND expires_at <= ?`,
+			now.UnixNano(), now.Add(ttl).UnixNano(), srv.ID, now.UnixNano())
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			if _, err := tx.Exec(`INSERT INTO servers (`+serverColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`,
+				srv.ID, srv.Host, srv.HostID, srv.PIDNamespace, srv.Addr, srv.Backend, now.UnixNano(), now.UnixNano(),
+				now.Add(ttl).UnixNano()); err != nil {
+				if strings.Contains(err.Error(), "UNIQUE") {
+					return fmt.Errorf("server %s: its lease is live: %w", srv.ID, delegate.ErrConflict)
+				}
+				return err
+			}
+		}
+		if out, err = scanServer(tx.QueryRow(`SELECT `+serverColumns+` FROM servers WHERE id = ?`, srv.ID), now); err != nil {
+			return err
+		}
+		rows, err := tx.Query(`UPDATE jobs SET epoch = epoch + 1, updated_at = ? WHERE owner = ? AND status IN `+active+` RETURNING id`,
+			now.UnixNano(), srv.ID)
+		if err != nil {
+			return err
+		}
+		var ids []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
+			if err != nil {
+				return err
+			}
+			if err := s.db.JobStore.withManifest(context.Background(), tx.Stmt(s.db.JobStore.stmt.wManifest), j, seq); err != nil {
+				return err
+			}
+			jobs = append(jobs, delegate.Adopted{Job: j, From: srv.ID})
+		}
+		return nil
+	})
+	if err != nil {
+		return delegate.Server{}, nil, fmt.Errorf("rejoin server %s: %w", srv.ID, err)
+	}
+	return out, jobs, nil
+}
+
 // Now is the host's clock, which every process sharing the file reads.
 func (s *ServerStore) Now(ctx context.Context) (time.Time, error) { return time.Now().UTC(), nil }
 

@@ -303,3 +303,45 @@ func testAdoptJobs(t *testing.T, open Open) {
 		}
 	}
 }
+
+// testRejoin: a server whose lease expired gets a new one, and takes back
+// the jobs it owned that no other server adopted, at the next epoch; the
+// one another adopted stays the adopter's; a server whose lease is live
+// cannot rejoin.
+func testRejoin(t *testing.T, open Open) {
+	ctx := context.Background()
+	s := open()
+	for _, id := range []string{"adopted", "back", "done"} {
+		create(t, s, NewJob(id))
+		claim(t, s, id, "lost")
+	}
+	if err := setStatus(s, "done", delegate.StatusFailed); err != nil {
+		t.Fatal(err)
+	}
+	register(t, s, "lost", expired)
+	register(t, s, "other", time.Hour)
+	if got, err := s.AdoptJobs(ctx, "other", []string{"lost"}, 1); err != nil || len(got) != 1 || got[0].Job.ID != "adopted" {
+		t.Fatalf("adopted %v, %v", got, err)
+	}
+	me := delegate.Server{ID: "lost", Host: "h", HostID: "boot-lost"}
+	srv, back, err := s.RejoinServer(ctx, me, time.Hour)
+	if err != nil || !srv.Live || len(back) != 1 || back[0].Job.ID != "back" || back[0].Job.Epoch != 2 || back[0].Job.Owner != "lost" {
+		t.Fatalf("rejoined: %+v, took back %+v, %v", srv, back, err)
+	}
+	if j, _ := s.GetJob(ctx, "adopted"); j.Owner != "other" || j.Epoch != 2 {
+		t.Errorf("the job another server adopted: owner %s, epoch %d", j.Owner, j.Epoch)
+	}
+	if j, _ := s.GetJob(ctx, "done"); j.Epoch != 1 {
+		t.Errorf("the ended job taken back: epoch %d", j.Epoch)
+	}
+	if _, err := s.RenewServer(ctx, "lost", time.Hour); err != nil {
+		t.Errorf("the new lease is not renewed: %v", err)
+	}
+	if _, _, err := s.RejoinServer(ctx, me, time.Hour); !errors.Is(err, delegate.ErrConflict) {
+		t.Errorf("a rejoin while the lease is live: %v", err)
+	}
+	// Forgotten meanwhile (its lease ended long ago): registered anew.
+	if _, _, err := s.RejoinServer(ctx, delegate.Server{ID: "new", Host: "h"}, time.Hour); err != nil {
+		t.Errorf("a rejoin of a server the store forgot: %v", err)
+	}
+}

@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Terms", testTerms},
 		{"Fencing", testFencing},
 		{"AdoptJobs", testAdoptJobs},
+		{"Rejoin", testRejoin},
 		{"Principals", testPrincipals},
 		{"Tokens", testTokens},
 		{"Audit", testAudit},
