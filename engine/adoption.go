@@ -54,7 +54,7 @@ func (m *maintenance) adoptLeased(ctx context.Context, orphans []*delegate.Job) 
 // within a lease and a renewal of its death.
 func (m *maintenance) adoptDead(ctx context.Context) {
 	l := m.jobs.lease
-	if l.rejoinable() {
+	if l.dead.Load() && !l.stopped.Load() { // lost, not ended: it may register again
 		m.rejoin(ctx)
 		return
 	}

@@ -208,10 +208,6 @@ func (l *leaser) lose(why string) {
 	}
 }
 
-// rejoinable says whether this server lost its lease and may register
-// again (it was not stopped).
-func (l *leaser) rejoinable() bool { return l.dead.Load() && !l.stopped.Load() }
-
 // rejoined records the new lease of a server that had lost its own
 // (RejoinServer), taken at t0: it trusts it, and claims, again.
 func (l *leaser) rejoined(ctx context.Context, t0 time.Time, srv delegate.Server, back int) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,19 +70,48 @@ func TestLeaseAdoptsAndFences(t *testing.T) {
 	}
 }
 
+// unreachable is a store a server cannot register again with while cut
+// is set, as when it is cut from the store.
+type unreachable struct {
+	delegate.Store
+	cut atomic.Bool
+}
+
+func (u *unreachable) RejoinServer(ctx context.Context, s delegate.Server, ttl time.Duration) (delegate.Server, []delegate.Adopted, error) {
+	if u.cut.Load() {
+		return delegate.Server{}, nil, errors.New("the store is out of reach (the test cut it)")
+	}
+	return u.Store.RejoinServer(ctx, s, ttl)
+}
+
 // TestLeaseLostStopsClaiming: a server whose lease the store no longer
-// has stops: it says so, and refuses new jobs, naming why.
+// has stops: it says so, and refuses new jobs, naming why, while it
+// cannot reach the store; once it can, it registers again and claims.
 func TestLeaseLostStopsClaiming(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := leased(t, 900*time.Millisecond)
-	if err := f.store.ExpireServer(ctx, f.eng.Owner()); err != nil {
+	f := leased(t, time.Minute)
+	store := &unreachable{Store: f.store}
+	store.cut.Store(true)
+	cfg := f.cfg
+	cfg.Leases = &engine.Leases{TTL: 900 * time.Millisecond, HostID: "host-a"}
+	eng := engine.New(store, f.backend, cfg)
+	if err := eng.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the lease lost", func() bool { return !f.eng.ServerStats().Live })
-	if _, err := f.eng.Submit(ctx, script("more"), delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrConflict) ||
+	t.Cleanup(func() { eng.Close() })
+	if err := f.store.ExpireServer(ctx, eng.Owner()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the lease lost", func() bool { return !eng.ServerStats().Live })
+	if _, err := eng.Submit(ctx, script("more"), delegate.SubmitOptions{}); !errors.Is(err, delegate.ErrConflict) ||
 		!strings.Contains(err.Error(), "lost its lease") {
 		t.Errorf("a submit to the server: %v", err)
+	}
+	store.cut.Store(false)
+	eventually(t, "the server registered again", func() bool { return eng.ServerStats().Live })
+	if _, err := eng.Submit(ctx, script("more"), delegate.SubmitOptions{}); err != nil {
+		t.Errorf("a submit once it registered again: %v", err)
 	}
 }
 
