@@ -38,6 +38,17 @@ type AuditEntry struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// AuditedJobStore is a store that inserts a job and the audit entry of
+// its submission in one statement and one commit (PostgreSQL: a commit
+// waits for its WAL's flush, and a second commit per submit would double
+// that wait). Where the store is not one, the entry is appended apart.
+type AuditedJobStore interface {
+	// CreateJobAudited is CreateJobAdmitted with e appended to the trail
+	// in the same transaction (nil: none), its Seq set: both are stored,
+	// or neither.
+	CreateJobAudited(ctx context.Context, job *Job, admit Admit, e *AuditEntry) error
+}
+
 // AuditFilter selects entries, newest first.
 type AuditFilter struct {
 	Principal string    // "" every principal

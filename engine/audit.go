@@ -21,15 +21,27 @@ var _ delegate.Recorder = auditor{}
 
 // Record appends an entry for ctx's principal.
 func (a auditor) Record(ctx context.Context, action delegate.AuditAction, target, detail string) {
+	a.add(ctx, a.entry(ctx, action, target, detail))
+}
+
+// entry is the entry of an action by ctx's principal (nil: no trail).
+func (a auditor) entry(ctx context.Context, action delegate.AuditAction, target, detail string) *delegate.AuditEntry {
 	if a.store == nil {
-		return
+		return nil
 	}
 	if len(detail) > delegate.MaxAuditDetail {
 		detail = detail[:delegate.MaxAuditDetail]
 	}
-	e := &delegate.AuditEntry{Time: time.Now().UTC(), Principal: delegate.OwnerOf(ctx), Action: action, Target: target, Detail: detail}
+	return &delegate.AuditEntry{Time: time.Now().UTC(), Principal: delegate.OwnerOf(ctx), Action: action, Target: target, Detail: detail}
+}
+
+// add appends e (nil: nothing).
+func (a auditor) add(ctx context.Context, e *delegate.AuditEntry) {
+	if e == nil {
+		return
+	}
 	// Written even when the request that did it has gone away.
 	if err := a.store.AddAudit(context.WithoutCancel(ctx), e); err != nil {
-		a.log.Error("audit trail: an entry was not written", "action", string(action), "target", target, "principal", e.Principal, "err", err)
+		a.log.Error("audit trail: an entry was not written", "action", string(e.Action), "target", e.Target, "principal", e.Principal, "err", err)
 	}
 }

@@ -158,7 +158,20 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, err
 	}
 	e.leases.hold(job.ID, job.Epoch)
-	if err := e.store.CreateJobAdmitted(ctx, job, admit); err != nil {
+	detail := string(m.AgentType)
+	if kept != nil {
+		detail += " in sandbox " + kept.ID
+	}
+	// Stored with the job where the store can (one commit, not two).
+	entry := e.audit.entry(ctx, delegate.AuditSubmitted, job.ID, detail)
+	var err error
+	audited, inOne := e.store.(delegate.AuditedJobStore)
+	if inOne {
+		err = audited.CreateJobAudited(ctx, job, admit, entry)
+	} else {
+		err = e.store.CreateJobAdmitted(ctx, job, admit)
+	}
+	if err != nil {
 		e.leases.release(job.ID)
 		if direct != nil {
 			e.runs.unregister(job.ID)
@@ -176,11 +189,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		return nil, fmt.Errorf("submit: %w", e.space.explain(err))
 	}
 	e.log.Debug("job submitted", "job", job.ID, "agent", m.AgentType)
-	detail := string(m.AgentType)
-	if kept != nil {
-		detail += " in sandbox " + kept.ID
+	if !inOne {
+		e.audit.add(ctx, entry)
 	}
-	e.audit.Record(ctx, delegate.AuditSubmitted, job.ID, detail)
 	if direct == nil {
 		e.sched.enqueue(job.ID)
 		return job, nil

@@ -151,12 +151,13 @@ var insertJob = func() string {
 // CreateJob inserts a new job, its manifest and the manifest's files, in
 // one round trip (the statements are sent together).
 func (s *JobStore) CreateJob(ctx context.Context, j *delegate.Job) error {
-	return s.create(ctx, j, nil)
+	return s.create(ctx, j, nil, nil)
 }
 
-// create inserts j; a non-nil admit decides first, in the transaction
+// create inserts j, and the audit entry e if not nil, in one statement; a
+// non-nil admit decides first, in the transaction
 // (QuotaStore.CreateJobAdmitted).
-func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.Admit) error {
+func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.Admit, e *delegate.AuditEntry) error {
 	if !j.Status.Valid() {
 		return fmt.Errorf("create job %s: %w: status %q", j.ID, delegate.ErrInvalid, j.Status)
 	}
@@ -186,10 +187,20 @@ func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.A
 		q += `, f AS (INSERT INTO job_files (seq, files) SELECT seq, $` + strconv.Itoa(len(args)+1) + ` FROM j)`
 		args = append(args, string(filesJSON))
 	}
-	q += ` SELECT seq FROM j`
+	if e == nil {
+		q += ` SELECT seq FROM j`
+	} else {
+		n := len(args)
+		q += fmt.Sprintf(`, a AS (INSERT INTO audit (time, principal, action, target, detail) VALUES ($%d, $%d, $%d, $%d, $%d) RETURNING seq)
+			SELECT a.seq FROM j, a`, n+1, n+2, n+3, n+4, n+5)
+		args = append(args, toTS(e.Time), clean(e.Principal), string(e.Action), clean(e.Target), clean(e.Detail))
+	}
 	refused, err := s.db.admitted(ctx, j.Principal, admit, func(ctx context.Context, tx querier) error {
-		_, err := tx.Exec(ctx, q, args...)
-		return err
+		if e == nil {
+			_, err := tx.Exec(ctx, q, args...)
+			return err
+		}
+		return tx.QueryRow(ctx, q, args...).Scan(&e.Seq)
 	})
 	if refused != nil {
 		return refused

@@ -28,7 +28,13 @@ func (s *QuotaStore) Holdings(ctx context.Context, principal string) (delegate.H
 
 // CreateJobAdmitted inserts job if admit admits it.
 func (s *QuotaStore) CreateJobAdmitted(ctx context.Context, job *delegate.Job, admit delegate.Admit) error {
-	return s.db.JobStore.create(ctx, job, admit)
+	return s.db.JobStore.create(ctx, job, admit, nil)
+}
+
+// CreateJobAudited inserts job if admit admits it, and e with it, in its
+// one statement (delegate.AuditedJobStore).
+func (s *QuotaStore) CreateJobAudited(ctx context.Context, job *delegate.Job, admit delegate.Admit, e *delegate.AuditEntry) error {
+	return s.db.JobStore.create(ctx, job, admit, e)
 }
 
 // CreateSandboxAdmitted inserts sb if admit admits it.
