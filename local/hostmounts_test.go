@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -118,12 +119,22 @@ func runSharedRoot(args []string) int {
 	// namespace (the kernel detaches mounts on a removed directory): the
 	// sandboxes of other tests on this host, which no helper of ours
 	// touched.
+	// So did the mounts other tests' sandboxes, in the host's temporary
+	// directory, unmounted meanwhile (the Proxmox simulator's guests, kept
+	// sandboxes paused or rolled back): a mount of this job's own
+	// directory, or anywhere else, still counts.
+	tmp := filepath.Clean(os.TempDir()) + "/"
+	own := filepath.Clean(args[1]) + "/"
 	bl = slices.DeleteFunc(bl, func(l string) bool {
 		f := strings.Fields(l)
 		if len(f) < 5 || slices.Contains(al, l) {
 			return false
 		}
-		_, err := os.Lstat(unescapeMountPath(f[4]))
+		at := unescapeMountPath(f[4])
+		if strings.HasPrefix(at, tmp) && !strings.HasPrefix(at+"/", own) {
+			return true
+		}
+		_, err := os.Lstat(at)
 		return errors.Is(err, os.ErrNotExist)
 	})
 	fmt.Printf("%s: %d mounts before the job, %d after\n", args[0], len(bl), len(al))
