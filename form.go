@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -64,14 +65,14 @@ const (
 )
 
 var (
-	fieldNameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`)
-	questionIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	fieldNameRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`) })
+	questionIDRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`) })
 )
 
 // ValidQuestionID reports whether id may name a question a job asks: 1 to
 // 64 letters, digits, '_', '.' and '-', starting with a letter or digit
 // (it names a file too).
-func ValidQuestionID(id string) bool { return questionIDRE.MatchString(id) }
+func ValidQuestionID(id string) bool { return questionIDRE().MatchString(id) }
 
 var formats = []string{"email", "uri", "date", "date-time"}
 
@@ -221,7 +222,7 @@ func (f Form) Validate() error {
 	}
 	for i, x := range f.Fields {
 		path := formPath + ".properties." + x.Name
-		if len(x.Name) > maxFieldName || !fieldNameRE.MatchString(x.Name) {
+		if len(x.Name) > maxFieldName || !fieldNameRE().MatchString(x.Name) {
 			return fieldErr(fmt.Sprintf("%s.properties[%d]", formPath, i), "a field's name must be 1 to %d letters, digits, '_', '.' and '-', starting with a letter or '_' (got %q)", maxFieldName, x.Name)
 		}
 		if f.index(x.Name) != i {

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -166,19 +167,19 @@ type Defaults struct {
 }
 
 var (
-	nameRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	sizeRE  = regexp.MustCompile(`^([0-9]+)([KMGT]?)(I?B?)$`)
-	modelRE = regexp.MustCompile(`^[A-Za-z0-9._:\[\]-]{1,100}$`)
-	modeRE  = regexp.MustCompile(`^0?[0-7]{3}$`)
+	nameRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
+	sizeRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9]+)([KMGT]?)(I?B?)$`) })
+	modelRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._:\[\]-]{1,100}$`) })
+	modeRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^0?[0-7]{3}$`) })
 )
 
 // ValidName reports whether s may be an environment variable or secret name.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool { return nameRE().MatchString(s) }
 
 // ParseSize reads a size like 512M, 2G, 1024K or 1048576 (bytes); K, M, G
 // and T are powers of 1024, with an optional "i" or "B" ("2GiB", "2GB").
 func ParseSize(s string) (int64, error) {
-	m := sizeRE.FindStringSubmatch(strings.ToUpper(strings.TrimSpace(s)))
+	m := sizeRE().FindStringSubmatch(strings.ToUpper(strings.TrimSpace(s)))
 	if m == nil || (m[2] == "" && m[3] != "") {
 		return 0, fmt.Errorf("%q is not a size like 512M or 2G", s)
 	}
@@ -279,7 +280,7 @@ func (m *Manifest) Validate() error {
 		if rule := TextRule(m.Agent.Command, MaxTaskBytes); rule != "" {
 			return fieldErr("manifest.agent.command", "%s", rule)
 		}
-		if m.Agent.ClaudeModel != "" && !modelRE.MatchString(m.Agent.ClaudeModel) {
+		if m.Agent.ClaudeModel != "" && !modelRE().MatchString(m.Agent.ClaudeModel) {
 			return fieldErr("manifest.agent.claudeModel", "must be a model name such as sonnet or claude-sonnet-4-5 (letters, digits, . _ : - [ ])")
 		}
 		if m.Agent.ClaudeModel != "" && m.AgentType != AgentClaude {
@@ -434,7 +435,7 @@ func validateFiles(files []File) error {
 			}
 			links[p] = i
 		}
-		if f.Mode != "" && !modeRE.MatchString(f.Mode) {
+		if f.Mode != "" && !modeRE().MatchString(f.Mode) {
 			return fieldErr(field+".mode", "must be octal permissions like 0644 or 0755 (got %q)", f.Mode)
 		}
 		n, err := checkBase64(f.Content)
@@ -562,7 +563,7 @@ func (m *Manifest) DecodedFiles() ([]DecodedFile, error) {
 		mode := fs.FileMode(0o644)
 		if f.Mode != "" {
 			m, err := strconv.ParseUint(f.Mode, 8, 32)
-			if err != nil || !modeRE.MatchString(f.Mode) {
+			if err != nil || !modeRE().MatchString(f.Mode) {
 				return nil, fieldErr(fmt.Sprintf("manifest.files[%d].mode", i), "must be octal permissions like 0644 or 0755")
 			}
 			mode = fs.FileMode(m)

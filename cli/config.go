@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -488,7 +489,7 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 			}
 		}
 		str("PROXMOX_VMID_RANGE", &c.ProxmoxVMIDRange)
-		if str("PROXMOX_RESOURCE_POOL", &c.ProxmoxResourcePool); c.ProxmoxResourcePool != "" && !poolIDRe.MatchString(c.ProxmoxResourcePool) {
+		if str("PROXMOX_RESOURCE_POOL", &c.ProxmoxResourcePool); c.ProxmoxResourcePool != "" && !poolIDRe().MatchString(c.ProxmoxResourcePool) {
 			bad("PROXMOX_RESOURCE_POOL", "must be a Proxmox pool id: letters, digits, '.', '-' and '_' (parent/child for a nested pool)")
 		}
 		if v := getenv("PROXMOX_CPU_OVERCOMMIT"); v != "" {
@@ -689,7 +690,7 @@ func templateRule(tpl, dataDir string) string {
 
 // poolIDRe is a Proxmox pool id (pve-access-control's pve-poolid format:
 // nested pools are parent/child).
-var poolIDRe = regexp.MustCompile(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`)
+var poolIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}$`) })
 
 // parseNodeMemory reads PROXMOX_NODE_MEMORY: a size for every node
 // ("64G"), sizes by node ("pve1=64G,pve2=32G"), or both ("32G,pve1=64G").

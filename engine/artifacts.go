@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -105,7 +106,7 @@ func (r *finisher) storeBlob(ctx context.Context, data []byte) (string, error) {
 	return sum, os.Rename(tmp.Name(), path)
 }
 
-var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var sha256RE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
 
 func blobPath(dir, sum string) string {
 	return filepath.Join(dir, sum[:2], sum)

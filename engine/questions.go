@@ -67,7 +67,7 @@ func newQuestions(store delegate.Store, jobs *jobWriter, progress *progressWrite
 
 // fromRE is what a part of delegate that asks on a job's behalf calls
 // itself.
-var fromRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+var fromRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`) })
 
 // ask stores a question, or finds it asked already; added says which.
 func (q *questions) ask(ctx context.Context, jobID string, in delegate.Question) (*delegate.Question, bool, error) {
@@ -78,7 +78,7 @@ func (q *questions) ask(ctx context.Context, jobID string, in delegate.Question)
 	if in.From != delegate.QuestionFromJob {
 		// delegate's own ids hold a colon, which a job's cannot: the two
 		// never collide.
-		if !fromRE.MatchString(in.From) {
+		if !fromRE().MatchString(in.From) {
 			return nil, false, &delegate.FieldError{Field: "from", Rule: fmt.Sprintf("must be %q or the name of a part of delegate (got %q)", delegate.QuestionFromJob, in.From)}
 		}
 		if in.ID == "" {

@@ -395,7 +395,7 @@ func (rd *Reader) ReadArtifact(ctx context.Context, id, name string) (delegate.A
 		}
 	}
 	if found {
-		if a.Skipped != "" || !sha256RE.MatchString(a.SHA256) {
+		if a.Skipped != "" || !sha256RE().MatchString(a.SHA256) {
 			return a, nil, &delegate.NotFoundError{Resource: "artifact", ID: name, Of: "job " + id, Reason: "not kept: " + a.Skipped}
 		}
 		data, err := rd.readBlob(ctx, a.SHA256)

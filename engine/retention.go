@@ -41,7 +41,7 @@ func (e *Engine) GC(ctx context.Context, opts delegate.PruneOptions) (*delegate.
 		p.ArtifactBytes += size
 	}
 	for _, sum := range p.Artifacts {
-		if !sha256RE.MatchString(sum) {
+		if !sha256RE().MatchString(sum) {
 			continue // not a file of ours: never a path
 		}
 		path := blobPath(e.cfg.ArtifactDir, sum)

@@ -549,7 +549,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 
 // Recover implements sandbox.Backend.
 func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, error) {
-	if !idPattern.MatchString(id) {
+	if !idPattern().MatchString(id) {
 		return nil, fmt.Errorf("sandbox %q: %w", id, sandbox.ErrGone)
 	}
 	dir := filepath.Join(b.dir, id)
@@ -585,7 +585,7 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 	}
 	var out []sandbox.Info
 	for _, e := range ents {
-		if e.IsDir() && idPattern.MatchString(e.Name()) && !b.live.isCreating(e.Name()) {
+		if e.IsDir() && idPattern().MatchString(e.Name()) && !b.live.isCreating(e.Name()) {
 			var st sandboxState
 			readJSON(filepath.Join(b.dir, e.Name(), fileState), &st) // no state: no job to name
 			out = append(out, sandbox.Info{ID: e.Name(), JobID: st.JobID})
@@ -596,7 +596,7 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 
 // Destroy implements sandbox.Backend.
 func (b *Backend) Destroy(ctx context.Context, id string) error {
-	if !idPattern.MatchString(id) {
+	if !idPattern().MatchString(id) {
 		return fmt.Errorf("destroy sandbox: %q is not a local sandbox id", id)
 	}
 	return b.destroy(id)

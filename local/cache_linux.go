@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -56,8 +57,8 @@ type cacheMeta struct {
 }
 
 var (
-	cacheKeyRE  = regexp.MustCompile(`^[0-9a-f]{16,64}$`)
-	cacheNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`)
+	cacheKeyRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{16,64}$`) })
+	cacheNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`) })
 )
 
 // DefaultCacheMaxBytes bounds every cache together when
@@ -82,7 +83,7 @@ func (cs *caches) path(c sandbox.Cache) string {
 
 func checkCaches(caches []sandbox.Cache) error {
 	for i, c := range caches {
-		if !cacheKeyRE.MatchString(c.Key) || !cacheNameRE.MatchString(c.Name) {
+		if !cacheKeyRE().MatchString(c.Key) || !cacheNameRE().MatchString(c.Name) {
 			return fmt.Errorf("cache %q (key %q): a name of lower-case letters and digits, a key of hex digits", c.Name, c.Key)
 		}
 		if slices.IndexFunc(caches, func(o sandbox.Cache) bool { return o.Name == c.Name }) != i {
@@ -217,7 +218,7 @@ func (cs *caches) take(c sandbox.Cache, id string) (holder string, err error) {
 		return "", err
 	}
 	err = cs.withLock(c, func(f *os.File, cur string) error {
-		if cur != "" && cur != id && idPattern.MatchString(cur) {
+		if cur != "" && cur != id && idPattern().MatchString(cur) {
 			if _, err := os.Lstat(filepath.Join(cs.sandboxes, cur)); err == nil {
 				holder = cur
 				return nil

@@ -163,7 +163,7 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 	// command for that.
 	cgDir := p.Cgroup.commandGroup(p.ExecID)
 	cg := -1
-	named := p.Cgroup.Version == 1 && execIDPattern.MatchString(p.ExecID)
+	named := p.Cgroup.Version == 1 && execIDPattern().MatchString(p.ExecID)
 	if !named {
 		var err error
 		if cg, err = commandGroupFD(cgDir); err != nil {

@@ -3,6 +3,7 @@ package local
 import (
 	"fmt"
 	"regexp"
+	"sync"
 )
 
 // A command's inputs (sandbox.Command.Inputs) are files in a tmpfs of
@@ -24,7 +25,7 @@ const (
 
 // inputName is what an input may be called: one path component of
 // letters, digits, '.', '_' and '-', not starting with a dot.
-var inputName = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$`)
+var inputName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$`) })
 
 // validateInputs checks a command's inputs and the one it reads as its
 // standard input.
@@ -34,7 +35,7 @@ func validateInputs(inputs map[string][]byte, stdin string) error {
 	}
 	var total int
 	for name, data := range inputs {
-		if !inputName.MatchString(name) {
+		if !inputName().MatchString(name) {
 			return fmt.Errorf("exec: input %q: a name is 1 to 128 letters, digits, '.', '_' or '-', not starting with '.'", name)
 		}
 		total += len(data)

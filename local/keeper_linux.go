@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -289,7 +290,7 @@ func relay(log *slog.Logger, cg cgroupSet, ctl, init int) {
 		if n >= 8 {
 			head = binary.NativeEndian.Uint32(buf[4:])
 		}
-		named := head&requestID != 0 && head&requestCgroup == 0 && len(fds) == requestFDs && execIDPattern.Match(buf[8:max(n, 8)])
+		named := head&requestID != 0 && head&requestCgroup == 0 && len(fds) == requestFDs && execIDPattern().Match(buf[8:max(n, 8)])
 		switch {
 		case cred == nil || cred.Uid != 0:
 			log.Warn("a request not from root, dropped")
@@ -321,7 +322,7 @@ func relay(log *slog.Logger, cg cgroupSet, ctl, init int) {
 
 // execIDPattern is a command's id as newID makes them ("ex-" and 8 hex
 // digits): the name of its group.
-var execIDPattern = regexp.MustCompile(`^ex-[0-9a-f]{8}$`)
+var execIDPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^ex-[0-9a-f]{8}$`) })
 
 // commandGroupFD makes a command's group at dir and opens its
 // cgroup.procs, through which the command places itself.

@@ -107,13 +107,13 @@ const checkpointMemoryMissing = "a checkpoint of a sandbox's memory and processe
 	"so the local backend keeps files only; leave memory out (its processes start again from a clean init)"
 
 var (
-	layerIDPattern      = regexp.MustCompile(`^ly-[0-9a-f]{12}$`)
-	checkpointIDPattern = regexp.MustCompile(`^cp-[0-9a-f]{12}$`)
+	layerIDPattern      = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^ly-[0-9a-f]{12}$`) })
+	checkpointIDPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^cp-[0-9a-f]{12}$`) })
 )
 
 // CheckCheckpointID says whether id could name a local checkpoint.
 func checkCheckpointID(id string) error {
-	if !checkpointIDPattern.MatchString(id) {
+	if !checkpointIDPattern().MatchString(id) {
 		return fmt.Errorf("checkpoint %q is not a checkpoint of the local backend (cp- and 12 hex digits)", id)
 	}
 	return nil
@@ -230,7 +230,7 @@ func (ls *layerStore) mountLayers(dir string, st sandboxState, layers []layerRef
 	}
 	lowers := make([]string, len(layers))
 	for i, l := range layers {
-		if !layerIDPattern.MatchString(l.ID) || (l.Root != "." && l.Root != upperDir) {
+		if !layerIDPattern().MatchString(l.ID) || (l.Root != "." && l.Root != upperDir) {
 			return fmt.Errorf("layer %q (root %q) is not a layer of this backend", l.ID, l.Root)
 		}
 		p := filepath.Join(ls.dir, l.ID, l.Root)
@@ -398,7 +398,7 @@ func (ls *layerStore) dropSandbox(id string, lowers []layerRef) error {
 	cands := append([]layerRef(nil), lowers...)
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !checkpointIDPattern.MatchString(name) {
+		if !ok || !checkpointIDPattern().MatchString(name) {
 			continue
 		}
 		rec, err := ls.record(name)
@@ -425,7 +425,7 @@ func (ls *layerStore) gcExcept(cands []layerRef, skip string) error {
 	if ents, err := os.ReadDir(ls.dir); err == nil {
 		for _, e := range ents {
 			name, ok := strings.CutSuffix(e.Name(), ".json")
-			if !ok || !checkpointIDPattern.MatchString(name) {
+			if !ok || !checkpointIDPattern().MatchString(name) {
 				continue
 			}
 			var rec checkpointRecord
@@ -442,7 +442,7 @@ func (ls *layerStore) gcExcept(cands []layerRef, skip string) error {
 		return err
 	}
 	for _, e := range sbs {
-		if !idPattern.MatchString(e.Name()) || e.Name() == skip {
+		if !idPattern().MatchString(e.Name()) || e.Name() == skip {
 			continue
 		}
 		var st sandboxState
@@ -458,7 +458,7 @@ func (ls *layerStore) gcExcept(cands []layerRef, skip string) error {
 	}
 	var errs []error
 	for _, l := range cands {
-		if used[l.ID] || !layerIDPattern.MatchString(l.ID) {
+		if used[l.ID] || !layerIDPattern().MatchString(l.ID) {
 			continue
 		}
 		used[l.ID] = true // once

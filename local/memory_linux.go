@@ -20,7 +20,7 @@ func (b *Backend) SupervisorMemory() (SupervisorMemory, error) {
 		return m, fmt.Errorf("supervisor memory: %w", err)
 	}
 	for _, e := range ents {
-		if !e.IsDir() || !idPattern.MatchString(e.Name()) {
+		if !e.IsDir() || !idPattern().MatchString(e.Name()) {
 			continue
 		}
 		// A sandbox of one command has its shim and init in its own

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
@@ -122,7 +123,7 @@ const execUp = "../.."
 
 // idPattern is what newID produces; anything else is not one of ours,
 // which also keeps ids from being path tricks.
-var idPattern = regexp.MustCompile(`^sb-[0-9a-f]{12}$`)
+var idPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sb-[0-9a-f]{12}$`) })
 
 func newID(prefix string, nbytes int) (string, error) {
 	b := make([]byte, nbytes)

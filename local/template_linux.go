@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
@@ -19,7 +20,7 @@ import (
 // templateName is what a job may give as its vmTemplate: the name of a
 // directory in the rootfs directory, never a path (no slash, no leading
 // dot, so no "..").
-var templateName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+var templateName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`) })
 
 // maxTemplateName keeps names well inside a file name's limit.
 const maxTemplateName = 128
@@ -59,7 +60,7 @@ func (r *roots) openTemplate(name string) (int, error) {
 	switch {
 	case name == "":
 		return bad("empty")
-	case templateName.MatchString(name) && len(name) <= maxTemplateName:
+	case templateName().MatchString(name) && len(name) <= maxTemplateName:
 		if r.rootfsDir == "" {
 			return bad("no root filesystem directory is configured on this server")
 		}
@@ -190,7 +191,7 @@ func (r *roots) templateNames() []string {
 	}
 	var names []string
 	for _, e := range entries {
-		if !templateName.MatchString(e.Name()) || len(e.Name()) > maxTemplateName {
+		if !templateName().MatchString(e.Name()) || len(e.Name()) > maxTemplateName {
 			continue
 		}
 		if st, err := os.Stat(filepath.Join(r.rootfsDir, e.Name())); err == nil && st.IsDir() {

@@ -205,7 +205,7 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 		}
 	}
 	for _, n := range cfg.Nodes {
-		if !nodeNameRe.MatchString(n) {
+		if !nodeNameRe().MatchString(n) {
 			return nil, fmt.Errorf("proxmox: PROXMOX_NODES: %q is not a node name (letters, digits and '-')", n)
 		}
 	}
@@ -240,7 +240,7 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	return b, nil
 }
 
-var nodeNameRe = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)
+var nodeNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`) })
 
 // idlePool is the warm pool as placement sees it (nil: none).
 func (b *Backend) idlePool() idlePool {

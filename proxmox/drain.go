@@ -40,7 +40,7 @@ type DrainedVM struct {
 // warm pool's idle VMs there are retired by their pool. Marking needs
 // Sys.Modify on /, reading the notes Sys.Audit on /.
 func Drain(ctx context.Context, c *pve.Client, node string, undo bool) ([]DrainedVM, error) {
-	if !nodeNameRe.MatchString(node) {
+	if !nodeNameRe().MatchString(node) {
 		return nil, fmt.Errorf("node %q: not a node name", node)
 	}
 	nc, err := c.NodeConfig(ctx, node)

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
@@ -131,11 +132,11 @@ var pathScript = func() string {
 }()
 
 // inputNameRe is what an input may be called (a file name of its own).
-var inputNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+var inputNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`) })
 
 // envNameRe: the environment is sourced by a shell, so names are shell
 // names (as manifests and the engine's own variables are).
-var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 
 // shQuote quotes s for a POSIX shell: exact for any bytes but NUL.
 func shQuote(s string) string {
@@ -154,12 +155,12 @@ func checkCommand(cmd sandbox.Command) error {
 	}
 	for i, kv := range cmd.Env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || !envNameRe.MatchString(k) || strings.ContainsRune(kv, 0) {
+		if !ok || !envNameRe().MatchString(k) || strings.ContainsRune(kv, 0) {
 			return fmt.Errorf("exec: Env[%d] (%q) must be NAME=VALUE with NAME a shell name ([A-Za-z_][A-Za-z0-9_]*) and no NUL byte", i, k)
 		}
 	}
 	for name := range cmd.Inputs {
-		if !inputNameRe.MatchString(name) {
+		if !inputNameRe().MatchString(name) {
 			return fmt.Errorf("exec: input %q: a name is 1 to 64 letters, digits, '.', '_' or '-', not starting with '.', '_' or '-'", name)
 		}
 	}

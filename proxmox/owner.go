@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
@@ -39,11 +40,11 @@ import (
 // Tag marks every VM delegate makes (for people browsing the cluster).
 const Tag = "delegate"
 
-var instanceRe = regexp.MustCompile(`^[a-z0-9]{4,16}$`)
+var instanceRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]{4,16}$`) })
 
 // checkInstance validates an instance id: it goes into names and tags.
 func checkInstance(id string) error {
-	if !instanceRe.MatchString(id) {
+	if !instanceRe().MatchString(id) {
 		return fmt.Errorf("proxmox: instance id %q must be 4 to 16 lower-case letters and digits", id)
 	}
 	return nil

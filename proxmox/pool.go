@@ -484,7 +484,9 @@ func (p *pool) fill(ctx context.Context) {
 	}
 }
 
-var poolDescRe = regexp.MustCompile(`(?m)^delegate-pool template=(\d+) template-digest=([0-9a-f]*)$`)
+var poolDescRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?m)^delegate-pool template=(\d+) template-digest=([0-9a-f]*)$`)
+})
 
 func poolDescription(tpl int, digest string) string {
 	return fmt.Sprintf("delegate warm pool VM: a job takes it, then it is destroyed\ndelegate-pool template=%d template-digest=%s", tpl, digest)
@@ -742,7 +744,7 @@ func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls
 	if s, ok := shapeOfConfig(cfg); !ok || s != p.shape {
 		return fmt.Sprintf("it is %s, the pool's VMs are %s", s, p.shape)
 	}
-	m := poolDescRe.FindStringSubmatch(cfg.Description)
+	m := poolDescRe().FindStringSubmatch(cfg.Description)
 	if m == nil {
 		return "its description does not name its template"
 	}
@@ -930,7 +932,7 @@ func (p *pool) claim(ctx context.Context, v *poolVM, spec sandbox.Spec, o owner)
 		job, _ := strings.CutPrefix(cfg.Name, namePrefix(p.instance))
 		s, ok := shapeOfConfig(cfg)
 		_, disk := bootDisk(cfg)
-		m := poolDescRe.FindStringSubmatch(cfg.Description)
+		m := poolDescRe().FindStringSubmatch(cfg.Description)
 		if !strings.HasPrefix(job, "pool-") || !slices.Contains(cfg.TagList(), ReadyTag) || !ok || s != p.shape ||
 			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || m == nil || !slices.Contains(v.tpls, atoi(m[1])) {
 			return fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape and template", v.vmid)

@@ -108,7 +108,7 @@ func TestShapes(t *testing.T) {
 			t.Errorf("fits(%+v) = %v", tc.spec, got)
 		}
 	}
-	if m := poolDescRe.FindStringSubmatch(poolDescription(9000, "ab12")); m == nil || m[1] != "9000" || m[2] != "ab12" {
+	if m := poolDescRe().FindStringSubmatch(poolDescription(9000, "ab12")); m == nil || m[1] != "9000" || m[2] != "ab12" {
 		t.Errorf("description %q", poolDescription(9000, "ab12"))
 	}
 }

@@ -412,7 +412,7 @@ func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process
 	return newProcess(s, pid, limit, run), nil
 }
 
-var runNameRe = regexp.MustCompile(`^run-[0-9a-f]{16}$`)
+var runNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^run-[0-9a-f]{16}$`) })
 
 func parseExecID(id string) (pid int, limit int64, run string, err error) {
 	f := strings.Split(id, ":")
@@ -428,7 +428,7 @@ func parseExecID(id string) (pid int, limit int64, run string, err error) {
 		}
 	}
 	if len(f) > 3 {
-		if !runNameRe.MatchString(f[3]) {
+		if !runNameRe().MatchString(f[3]) {
 			return 0, 0, "", errors.New("not a process id")
 		}
 		run = guestDir + "/" + f[3]

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -80,8 +81,8 @@ type Endpoint struct {
 }
 
 var (
-	userRe      = regexp.MustCompile(`^[^\s@!:]+@[A-Za-z][A-Za-z0-9.\-_]+$`)
-	tokenNameRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9.\-_]+$`)
+	userRe      = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[^\s@!:]+@[A-Za-z][A-Za-z0-9.\-_]+$`) })
+	tokenNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z][A-Za-z0-9.\-_]+$`) })
 )
 
 // withDefaults fills in the defaults and checks the result.
@@ -123,10 +124,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Port < 1 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("port %d is not 1..65535", c.Port))
 	}
-	if !userRe.MatchString(c.User) {
+	if !userRe().MatchString(c.User) {
 		errs = append(errs, fmt.Errorf("user %q is not user@realm", c.User))
 	}
-	if !tokenNameRe.MatchString(c.TokenName) {
+	if !tokenNameRe().MatchString(c.TokenName) {
 		errs = append(errs, fmt.Errorf("token name %q must start with a letter and contain only letters, digits, '.', '-', '_'", c.TokenName))
 	}
 	if c.TokenValue == "" {
@@ -238,10 +239,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	required("PROXMOX_USER", c.User)
 	required("PROXMOX_TOKEN_NAME", c.TokenName)
 	required("PROXMOX_TOKEN_VALUE", c.TokenValue)
-	if c.User != "" && !userRe.MatchString(c.User) {
+	if c.User != "" && !userRe().MatchString(c.User) {
 		bad("PROXMOX_USER", "must be user@realm, e.g. delegate@pve")
 	}
-	if c.TokenName != "" && !tokenNameRe.MatchString(c.TokenName) {
+	if c.TokenName != "" && !tokenNameRe().MatchString(c.TokenName) {
 		bad("PROXMOX_TOKEN_NAME", "must be the token's id alone (letters, digits, '.', '-', '_'), not user@realm!id")
 	}
 	if v := getenv("PROXMOX_PORT"); v != "" {

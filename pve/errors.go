@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // APIError is an error answer of the Proxmox API, in Proxmox's words.
@@ -70,8 +71,10 @@ func message(err error) (string, int) {
 }
 
 var (
-	notFoundRe = regexp.MustCompile(`^Configuration file '[^']*' does not exist$|^no such task$`)
-	lockedRe   = regexp.MustCompile(`^(?:VM|CT) is locked \(([^)]+)\)`)
+	notFoundRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^Configuration file '[^']*' does not exist$|^no such task$`)
+	})
+	lockedRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:VM|CT) is locked \(([^)]+)\)`) })
 )
 
 // IsNotFound: the VM (or task) does not exist where it was asked for
@@ -86,7 +89,7 @@ func IsNotFound(err error) bool {
 	if errors.As(err, &api) && api.Errors["upid"] == "no such task" {
 		return true
 	}
-	return code >= 0 && notFoundRe.MatchString(msg)
+	return code >= 0 && notFoundRe().MatchString(msg)
 }
 
 // IsAgentNotRunning: the VM runs but its guest agent does not answer
@@ -119,7 +122,7 @@ func IsAgentError(err error) bool {
 // LockReason returns the lock of "VM is locked (clone)" ("clone"), or "".
 func LockReason(err error) string {
 	msg, _ := message(err)
-	if m := lockedRe.FindStringSubmatch(msg); m != nil {
+	if m := lockedRe().FindStringSubmatch(msg); m != nil {
 		return m[1]
 	}
 	return ""
@@ -182,13 +185,13 @@ func retryableStatus(err *APIError) bool {
 	return false
 }
 
-var lockTimeoutRe = regexp.MustCompile(`can't lock file '([^']+)' - got timeout`)
+var lockTimeoutRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`can't lock file '([^']+)' - got timeout`) })
 
 // LockTimeout returns the file of "can't lock file '/var/lock/...' - got
 // timeout" (another operation held the lock too long), or "".
 func LockTimeout(err error) string {
 	msg, _ := message(err)
-	if m := lockTimeoutRe.FindStringSubmatch(msg); m != nil {
+	if m := lockTimeoutRe().FindStringSubmatch(msg); m != nil {
 		return m[1]
 	}
 	return ""
@@ -208,51 +211,57 @@ func IsLinkedCloneUnsupported(err error) bool {
 	return strings.Contains(msg, "Linked clone feature is not supported")
 }
 
-var permRe = regexp.MustCompile(`^Permission check failed \(([^,]+), ([^)]+)\)`)
+var permRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^Permission check failed \(([^,]+), ([^)]+)\)`) })
 
 // MissingPrivilege returns the path and privilege of a 403 "Permission
 // check failed (/storage/local-lvm, Datastore.AllocateSpace)", or "", "".
 func MissingPrivilege(err error) (path, privilege string) {
 	msg, _ := message(err)
-	if m := permRe.FindStringSubmatch(msg); m != nil {
+	if m := permRe().FindStringSubmatch(msg); m != nil {
 		return m[1], m[2]
 	}
 	return "", ""
 }
 
-var agentDisabledRe = regexp.MustCompile(`^Agent error: Command (guest-[a-z-]+) has been disabled`)
+var agentDisabledRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^Agent error: Command (guest-[a-z-]+) has been disabled`)
+})
 
 // AgentDisabled returns the agent command of "Agent error: Command
 // guest-exec has been disabled" (qemu-ga leaves it out: --block-rpcs, or
 // RHEL's --allow-rpcs list), or "".
 func AgentDisabled(err error) string {
 	msg, _ := message(err)
-	if m := agentDisabledRe.FindStringSubmatch(msg); m != nil {
+	if m := agentDisabledRe().FindStringSubmatch(msg); m != nil {
 		return m[1]
 	}
 	return ""
 }
 
-var protectedRe = regexp.MustCompile(`^can't remove (?:VM|CT) \d+ - protection mode enabled`)
+var protectedRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^can't remove (?:VM|CT) \d+ - protection mode enabled`)
+})
 
 // IsProtected: the VM cannot be destroyed while its protection option is
 // set ("can't remove VM 101 - protection mode enabled").
 func IsProtected(err error) bool {
 	msg, _ := message(err)
-	return protectedRe.MatchString(msg)
+	return protectedRe().MatchString(msg)
 }
 
-var cfsLockRe = regexp.MustCompile(`cfs-lock '[^']+' error: got lock request timeout`)
+var cfsLockRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`cfs-lock '[^']+' error: got lock request timeout`) })
 
 // IsClusterLockTimeout: a cluster-wide lock of pmxcfs was held too long
 // ("cfs-lock 'storage-ceph' error: got lock request timeout"), e.g. a
 // shared storage's, by another node's clone.
 func IsClusterLockTimeout(err error) bool {
 	msg, _ := message(err)
-	return cfsLockRe.MatchString(msg)
+	return cfsLockRe().MatchString(msg)
 }
 
-var renameExistsRe = regexp.MustCompile(`close \(rename\) atomic file '[^']*/qemu-server/\d+\.conf' failed: File exists`)
+var renameExistsRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`close \(rename\) atomic file '[^']*/qemu-server/\d+\.conf' failed: File exists`)
+})
 
 // IsVMIDTakenElsewhere: pmxcfs refused the new VM's config because
 // another node has a VM of that vmid ("close (rename) atomic file
@@ -260,5 +269,5 @@ var renameExistsRe = regexp.MustCompile(`close \(rename\) atomic file '[^']*/qem
 // clones on different nodes took the same id from nextid.
 func IsVMIDTakenElsewhere(err error) bool {
 	msg, _ := message(err)
-	return renameExistsRe.MatchString(msg)
+	return renameExistsRe().MatchString(msg)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -21,11 +22,13 @@ type UPID struct {
 }
 
 // pstart may have 9 hex digits on long-running hosts.
-var upidRe = regexp.MustCompile(`^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):([0-9A-Fa-f]{8}):([^:\s]+):([^:\s]*):([^:\s]+):$`)
+var upidRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):([0-9A-Fa-f]{8}):([^:\s]+):([^:\s]*):([^:\s]+):$`)
+})
 
 // ParseUPID decodes a task id.
 func ParseUPID(s string) (UPID, error) {
-	m := upidRe.FindStringSubmatch(s)
+	m := upidRe().FindStringSubmatch(s)
 	if m == nil {
 		return UPID{}, fmt.Errorf("pve: %q is not a UPID", s)
 	}

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -297,7 +298,7 @@ func normalizePath(path string) string {
 	if path == "" {
 		return ""
 	}
-	path = slashesRe.ReplaceAllString(path, "/")
+	path = slashesRe().ReplaceAllString(path, "/")
 	path = strings.TrimSuffix(path, "/")
 	if path == "" {
 		path = "/"
@@ -305,15 +306,15 @@ func normalizePath(path string) string {
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	if !aclCharsRe.MatchString(path) {
+	if !aclCharsRe().MatchString(path) {
 		return ""
 	}
 	return path
 }
 
 var (
-	slashesRe  = regexp.MustCompile(`/+`)
-	aclCharsRe = regexp.MustCompile(`^[[:alnum:]._\-/]+$`)
+	slashesRe  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`/+`) })
+	aclCharsRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[[:alnum:]._\-/]+$`) })
 )
 
 // aclPathRe is AccessControl.pm's check_path: the paths an ACL may be set

@@ -296,7 +296,7 @@ func hAgentNetwork(c *call) (any, error) {
 	// lease once DHCP answered (network.go).
 	keys := slices.SortedFunc(func(yield func(string) bool) {
 		for k := range v.conf {
-			if netKeyRe.MatchString(k) && !yield(k) {
+			if netKeyRe().MatchString(k) && !yield(k) {
 				return
 			}
 		}

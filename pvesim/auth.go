@@ -6,19 +6,22 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
 var (
-	apiTokenRe = regexp.MustCompile(`(?:^|\s)PVEAPIToken(?:=| )([^;]*)`)
-	tokenIDRe  = regexp.MustCompile(`^([^\s@!]+@[A-Za-z][A-Za-z0-9.\-_]+)!([A-Za-z][A-Za-z0-9.\-_]+)$`)
-	cookieRe   = regexp.MustCompile(`(?:^|\s|;)PVEAuthCookie=([^;]*)`)
-	templateRe = regexp.MustCompile(`\{(\w+)\}`)
+	apiTokenRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?:^|\s)PVEAPIToken(?:=| )([^;]*)`) })
+	tokenIDRe  = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^([^\s@!]+@[A-Za-z][A-Za-z0-9.\-_]+)!([A-Za-z][A-Za-z0-9.\-_]+)$`)
+	})
+	cookieRe   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?:^|\s|;)PVEAuthCookie=([^;]*)`) })
+	templateRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\{(\w+)\}`) })
 )
 
 // splitTokenID splits "user@realm!name".
 func splitTokenID(id string) (user, name string, ok bool) {
-	m := tokenIDRe.FindStringSubmatch(id)
+	m := tokenIDRe().FindStringSubmatch(id)
 	if m == nil {
 		return "", "", false
 	}
@@ -35,10 +38,10 @@ func splitTokenID(id string) (user, name string, ok bool) {
 func (s *Server) authenticate(r *http.Request) (string, error) {
 	fail := httpErr(http.StatusUnauthorized, "Authentication failed!")
 	auth := r.Header.Get("Authorization")
-	if cookieRe.MatchString(r.Header.Get("Cookie")) || strings.Contains(auth, "PVEAuthCookie") {
+	if cookieRe().MatchString(r.Header.Get("Cookie")) || strings.Contains(auth, "PVEAuthCookie") {
 		return "", fail
 	}
-	m := apiTokenRe.FindStringSubmatch(auth)
+	m := apiTokenRe().FindStringSubmatch(auth)
 	if m == nil {
 		return "", httpErr(http.StatusUnauthorized, "No ticket")
 	}
@@ -218,7 +221,7 @@ func (s *Server) evalCheck(check []any, authid string, params Params) (bool, err
 
 // templateReplace is PVE::Tools::template_replace: {name} from params.
 func templateReplace(tpl string, params Params) string {
-	return templateRe.ReplaceAllStringFunc(tpl, func(m string) string {
+	return templateRe().ReplaceAllStringFunc(tpl, func(m string) string {
 		if v, ok := params[m[1:len(m)-1]]; ok {
 			return fmt.Sprint(v)
 		}

@@ -137,7 +137,7 @@ func (c *call) target() string {
 // s.mu held.
 func (c *call) checkBridges(conf map[string]string) error {
 	for _, k := range sortedKeys(conf) {
-		if !netKeyRe.MatchString(k) {
+		if !netKeyRe().MatchString(k) {
 			continue
 		}
 		bridge := netBridge(conf[k])
@@ -259,7 +259,7 @@ func hClone(c *call) (any, error) {
 		for k, val := range plan.src.conf {
 			switch {
 			case k == "template" || k == "lock" || k == "parent" || strings.HasPrefix(k, "unused"):
-			case netKeyRe.MatchString(k):
+			case netKeyRe().MatchString(k):
 				conf[k] = withNewMAC(val)
 			case isCDROM(val) && strings.Contains(volumeID(val), "cloudinit"):
 				// The clone gets a cloud-init drive of its own.

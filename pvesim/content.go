@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -25,14 +26,16 @@ type storageFile struct {
 	ctime   int64
 }
 
-var fileVolumeRe = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9\-_.]*[a-zA-Z0-9]):(iso|vztmpl|backup)/([^/\s]+)$`)
+var fileVolumeRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9\-_.]*[a-zA-Z0-9]):(iso|vztmpl|backup)/([^/\s]+)$`)
+})
 
 // AddVolume puts a file on a storage, as an upload or vzdump would: volid
 // is "storage:iso/name.iso", "storage:vztmpl/name.tar.zst" or
 // "storage:backup/vzdump-qemu-100-....vma.zst". The storage must hold that
 // content; on a local storage the file is on node only.
 func (s *Server) AddVolume(node, volid string, size int64) error {
-	m := fileVolumeRe.FindStringSubmatch(volid)
+	m := fileVolumeRe().FindStringSubmatch(volid)
 	if m == nil {
 		return fmt.Errorf("pvesim: volume %q is not storage:iso|vztmpl|backup/name", volid)
 	}
@@ -82,7 +85,7 @@ func fileFormat(content, name string) string {
 
 // volumeOwner is the vmid a volume name belongs to (the last part of
 // base-9000-disk-0/vm-101-disk-0 is 101's).
-var volumeOwnerRe = regexp.MustCompile(`(?:^|/)(?:base|vm)-(\d+)-disk-\d+(?:\.\w+)?$`)
+var volumeOwnerRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?:^|/)(?:base|vm)-(\d+)-disk-\d+(?:\.\w+)?$`) })
 
 // GET /nodes/{node}/storage/{storage}/content: the volumes the caller may
 // see, sorted by volid: Datastore.Allocate sees all; ISO images and
@@ -135,12 +138,12 @@ func hStorageContent(c *call) (any, error) {
 					continue
 				}
 				for _, k := range slices.Sorted(maps.Keys(v.conf)) {
-					if !(diskKeyRe.MatchString(k) || ctVolumeKeyRe.MatchString(k) || strings.HasPrefix(k, "unused")) || isCDROM(v.conf[k]) {
+					if !(diskKeyRe().MatchString(k) || ctVolumeKeyRe().MatchString(k) || strings.HasPrefix(k, "unused")) || isCDROM(v.conf[k]) {
 						continue
 					}
 					vol := volumeID(v.conf[k])
 					vsid, name, _ := strings.Cut(vol, ":")
-					m := volumeOwnerRe.FindStringSubmatch(name)
+					m := volumeOwnerRe().FindStringSubmatch(name)
 					if vsid != sid || m == nil {
 						continue
 					}
@@ -166,7 +169,7 @@ func hStorageContent(c *call) (any, error) {
 					continue
 				}
 				owner := 0
-				if m := backupOwnerRe.FindStringSubmatch(f.volid); m != nil {
+				if m := backupOwnerRe().FindStringSubmatch(f.volid); m != nil {
 					owner, _ = strconv.Atoi(m[1])
 				}
 				if (vmidFilter != 0 && owner != vmidFilter) || !allowed(content, owner) {
@@ -188,7 +191,7 @@ func hStorageContent(c *call) (any, error) {
 	return out, nil
 }
 
-var backupOwnerRe = regexp.MustCompile(`/vzdump-(?:qemu|lxc|openvz)-(\d+)-`)
+var backupOwnerRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`/vzdump-(?:qemu|lxc|openvz)-(\d+)-`) })
 
 // GET /cluster/status (pve-manager PVE/API2/Cluster.pm get_status): with
 // more than one node, the cluster (its name, node count, config version,

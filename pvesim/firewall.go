@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The firewall (pve-firewall): the datacenter's options (cluster.fw; the
@@ -284,7 +285,7 @@ func verifyRule(r map[string]string, fw *vmFirewall, groups map[string]*secGroup
 			if _, ok := fw.ipsets[name]; !ok {
 				return paramErr(k, fmt.Sprintf("no such ipset '%s'", name))
 			}
-		} else if val != "" && fwAliasRe.MatchString(val) {
+		} else if val != "" && fwAliasRe().MatchString(val) {
 			return paramErr(k, fmt.Sprintf("no such alias '%s'", val))
 		}
 	}
@@ -302,7 +303,7 @@ var fwMacros = map[string][]string{
 var protocolsWithPorts = map[string]bool{"udp": true, "17": true, "udplite": true, "136": true, "tcp": true, "6": true,
 	"dccp": true, "33": true, "sctp": true, "132": true}
 
-var fwAliasRe = regexp.MustCompile(`^(dc/|guest/)?[A-Za-z][A-Za-z0-9\-_]+$`)
+var fwAliasRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(dc/|guest/)?[A-Za-z][A-Za-z0-9\-_]+$`) })
 
 func hVMIPSets(c *call) (any, error) {
 	c.s.mu.Lock()
@@ -381,7 +382,7 @@ func hAddVMIPSet(c *call) (any, error) {
 	if p, err := netip.ParsePrefix(cidr); err == nil && p.Bits() == 0 {
 		return nil, paramErr("cidr", "a zero prefix is not allowed in ipset entries")
 	}
-	if fwAliasRe.MatchString(cidr) {
+	if fwAliasRe().MatchString(cidr) {
 		return nil, paramErr("cidr", fmt.Sprintf("no such alias '%s'", cidr))
 	}
 	for _, e := range es {
@@ -416,7 +417,7 @@ func verifyAddrSpec(s string) error {
 		}
 		return nil
 	}
-	if fwAliasRe.MatchString(s) {
+	if fwAliasRe().MatchString(s) {
 		if len(s) > 64 {
 			return fmt.Errorf("alias name too long\n")
 		}

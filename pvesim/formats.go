@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // formats are the named formats of PVE::JSONSchema (and the modules that
@@ -51,7 +52,7 @@ var formats = map[string]func(string) error{
 		return nil
 	},
 	"urlencoded": func(s string) error {
-		if !urlencodedRe.MatchString(s) {
+		if !urlencodedRe().MatchString(s) {
 			return fmt.Errorf("invalid urlencoded string: %s\n", s)
 		}
 		return nil
@@ -64,7 +65,7 @@ var formats = map[string]func(string) error{
 	},
 	// pve-firewall Firewall.pm.
 	"IPorCIDRorAlias": func(s string) error {
-		if fwAliasRe.MatchString(s) {
+		if fwAliasRe().MatchString(s) {
 			return nil
 		}
 		return verifyIPOrCIDR(s)
@@ -87,7 +88,7 @@ var formats = map[string]func(string) error{
 	},
 	"pve-startup-order": func(s string) error {
 		for _, p := range strings.Split(s, ",") {
-			if strings.TrimSpace(p) != "" && !startupRe.MatchString(p) {
+			if strings.TrimSpace(p) != "" && !startupRe().MatchString(p) {
 				return errors.New("unable to parse startup options\n")
 			}
 		}
@@ -146,19 +147,21 @@ func init() {
 var dnsName = reFormat(`^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$`, "value does not look like a valid DNS name")
 
 var (
-	urlencodedRe = regexp.MustCompile(`^[-%a-zA-Z0-9_.!~*'()]*\n?$`)
-	startupRe    = regexp.MustCompile(`^((order=)?\d+|up=\d+|down=\d+)$`)
-	sizeRe       = regexp.MustCompile(`^(\d+(\.\d+)?)([KMGT])?\n?$`)
-	kvRe         = regexp.MustCompile(`^([^=]+)=(.+)\n?$`)
-	blankRe      = regexp.MustCompile(`^\s*$`)
+	urlencodedRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[-%a-zA-Z0-9_.!~*'()]*\n?$`) })
+	startupRe    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^((order=)?\d+|up=\d+|down=\d+)$`) })
+	sizeRe       = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(\d+(\.\d+)?)([KMGT])?\n?$`) })
+	kvRe         = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([^=]+)=(.+)\n?$`) })
+	blankRe      = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\s*$`) })
 )
 
 // reFormat is a format checked by a regular expression (Perl's "$" also
-// matches before a final newline, hence the optional "\n").
+// matches before a final newline, hence the optional "\n"), compiled when
+// first used: the formats are set up when the binary starts, which every CLI
+// command pays for, and most never check one.
 func reFormat(re, msg string) func(string) error {
-	rx := regexp.MustCompile(strings.TrimSuffix(re, "$") + `\n?$`)
+	rx := sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(strings.TrimSuffix(re, "$") + `\n?$`) })
 	return func(s string) error {
-		if !rx.MatchString(s) {
+		if !rx().MatchString(s) {
 			return errors.New(msg + "\n")
 		}
 		return nil
@@ -166,9 +169,9 @@ func reFormat(re, msg string) func(string) error {
 }
 
 func quotedFormat(re, msg string) func(string) error {
-	rx := regexp.MustCompile(strings.TrimSuffix(re, "$") + `\n?$`)
+	rx := sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(strings.TrimSuffix(re, "$") + `\n?$`) })
 	return func(s string) error {
-		if !rx.MatchString(s) {
+		if !rx().MatchString(s) {
 			return fmt.Errorf(msg+"\n", s)
 		}
 		return nil
@@ -286,10 +289,10 @@ func parsePropertyString(format map[string]*Prop, data, path string) (map[string
 	res := map[string]any{}
 	defaultKey := ""
 	for _, part := range perlSplitComma(data) {
-		if blankRe.MatchString(part) {
+		if blankRe().MatchString(part) {
 			continue
 		}
-		if m := kvRe.FindStringSubmatch(part); m != nil {
+		if m := kvRe().FindStringSubmatch(part); m != nil {
 			k, v := m[1], m[2]
 			if _, dup := res[k]; dup {
 				return nil, fmt.Errorf("duplicate key in comma-separated list property: %s\n", k)
@@ -360,7 +363,7 @@ func perlSplitComma(s string) []string {
 
 // parseSize is PVE::JSONSchema::parse_size: "10G", "512M", "1.5T", bytes.
 func parseSize(s string) (int64, bool) {
-	m := sizeRe.FindStringSubmatch(s)
+	m := sizeRe().FindStringSubmatch(s)
 	if m == nil {
 		return 0, false
 	}
@@ -392,7 +395,7 @@ func formatSize(n int64) string {
 	return strconv.FormatInt(n, 10) + units[i]
 }
 
-var usernameRe = regexp.MustCompile(`^[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+\n?$`)
+var usernameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+\n?$`) })
 
 // verifyUsername is PVE::Auth::Plugin::verify_username, the pve-userid
 // format.
@@ -403,7 +406,7 @@ func verifyUsername(s string) error {
 		return fmt.Errorf("user name '%s' is too short\n", s)
 	case n > 64:
 		return fmt.Errorf("user name '%s' is too long (%d > 64)\n", s, n)
-	case !usernameRe.MatchString(s):
+	case !usernameRe().MatchString(s):
 		return fmt.Errorf("value '%s' does not look like a valid user name\n", s)
 	}
 	return nil

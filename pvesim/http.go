@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -44,7 +45,7 @@ func httpErr(code int, msg string) *apiError {
 	return &apiError{code: code, msg: msg, noBody: true}
 }
 
-var splitAbsURI = regexp.MustCompile(`^/api2/+([a-z][a-z0-9]+)(/.*)?$`)
+var splitAbsURI = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^/api2/+([a-z][a-z0-9]+)(/.*)?$`) })
 
 // call is one request on its way through the simulated API.
 type call struct {
@@ -204,7 +205,7 @@ func (s *Server) serve(r *http.Request, rec *Request) (any, *call, error) {
 	if !strings.HasPrefix(path, "/api2") {
 		return nil, nil, httpErr(http.StatusNotImplemented, fmt.Sprintf("no such file '%s'\n", path))
 	}
-	m := splitAbsURI.FindStringSubmatch(path)
+	m := splitAbsURI().FindStringSubmatch(path)
 	if m == nil {
 		return nil, nil, httpErr(http.StatusNotImplemented, "no such uri")
 	}

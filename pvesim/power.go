@@ -114,7 +114,7 @@ func (s *Server) startVM(t *task, vmid int, node string) error {
 	v.status, v.started, v.pid = "running", time.Now(), s.pidSeq
 	v.runMem, v.runCPUs = v.memoryMiB()<<20, v.vcpus()
 	cpus, mem, disk, rootfs, blocked := v.runCPUs, v.runMem, v.maxDisk(), v.rootfs, v.agentDisabled
-	nic := slices.ContainsFunc(slices.Collect(maps.Keys(v.conf)), netKeyRe.MatchString)
+	nic := slices.ContainsFunc(slices.Collect(maps.Keys(v.conf)), netKeyRe().MatchString)
 	s.mu.Unlock()
 
 	g, err := s.boot(s.ctx, vmid, cpus, mem, disk, rootfs, blocked, nic)

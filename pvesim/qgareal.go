@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +55,7 @@ func qgaBinary() string {
 	return ""
 }
 
-var qgaVersionRe = regexp.MustCompile(`QEMU Guest Agent (\S+)`)
+var qgaVersionRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`QEMU Guest Agent (\S+)`) })
 
 // qgaVersion is what `qemu-ga --version` says of itself.
 func qgaVersion(bin string) string {
@@ -62,7 +63,7 @@ func qgaVersion(bin string) string {
 	if err != nil {
 		return ""
 	}
-	if m := qgaVersionRe.FindSubmatch(out); m != nil {
+	if m := qgaVersionRe().FindSubmatch(out); m != nil {
 		return string(m[1])
 	}
 	return ""

@@ -478,11 +478,11 @@ func perlRegexp(p string) (*regexp.Regexp, error) {
 	p = strings.NewReplacer("(?^:", "(?:", "(?>", "(?:", "{,", "{0,").Replace(p)
 	// Go's repeat counts stop at 1000: a larger bound (the 4096 of a
 	// user's TFA "keys") is left open, a little laxer than Perl.
-	p = bigRepeatRe.ReplaceAllStringFunc(p, func(m string) string {
+	p = bigRepeatRe().ReplaceAllStringFunc(p, func(m string) string {
 		lo, _, _ := strings.Cut(strings.Trim(m, "{}"), ",")
 		return "{" + lo + ",}"
 	})
 	return regexp.Compile(`^(?:` + p + `)\n?$`)
 }
 
-var bigRepeatRe = regexp.MustCompile(`\{\d+,\d{4,}\}`)
+var bigRepeatRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\{\d+,\d{4,}\}`) })

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 )
 
 // Security groups (pve-firewall src/PVE/API2/Firewall/Groups.pm, the
@@ -21,7 +22,7 @@ type secGroup struct {
 	rules   []map[string]string // in order
 }
 
-var secGroupRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9\-_]+$`)
+var secGroupRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z][A-Za-z0-9\-_]+$`) })
 
 // GET /cluster/firewall/groups
 func hSecGroups(c *call) (any, error) {
@@ -47,8 +48,8 @@ func hCreateSecGroup(c *call) (any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	name := c.str("group")
-	if !secGroupRe.MatchString(name) {
-		return nil, paramErr("group", "invalid format - security group name must match "+secGroupRe.String())
+	if !secGroupRe().MatchString(name) {
+		return nil, paramErr("group", "invalid format - security group name must match "+secGroupRe().String())
 	}
 	if c.has("rename") {
 		return nil, fmt.Errorf("pvesim: renaming a security group is not simulated")

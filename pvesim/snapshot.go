@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -38,14 +39,16 @@ func (v *vm) snapshotNames() []string {
 }
 
 // snapshotCopySkip are the keys __snapshot_copy_config leaves out.
-var snapshotCopySkip = regexp.MustCompile(`^(?:snapshots|snapstate|snaptime|vmstate|lock|digest|description|unused\d+)$`)
+var snapshotCopySkip = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(?:snapshots|snapstate|snaptime|vmstate|lock|digest|description|unused\d+)$`)
+})
 
 // copyConfig is __snapshot_copy_config: the config without the keys a
 // snapshot does not carry (parent stays: a snapshot knows its parent).
 func copyConfig(src map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range src {
-		if !snapshotCopySkip.MatchString(k) {
+		if !snapshotCopySkip().MatchString(k) {
 			out[k] = v
 		}
 	}
@@ -349,12 +352,12 @@ func rolledBack(cur, snap map[string]string) map[string]string {
 	maps.Copy(out, copyConfig(snap))
 	inSnap := map[string]bool{}
 	for k, drive := range snap {
-		if diskKeyRe.MatchString(k) && !isCDROM(drive) {
+		if diskKeyRe().MatchString(k) && !isCDROM(drive) {
 			inSnap[volumeID(drive)] = true
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(cur)) {
-		if !diskKeyRe.MatchString(k) || isCDROM(cur[k]) || inSnap[volumeID(cur[k])] {
+		if !diskKeyRe().MatchString(k) || isCDROM(cur[k]) || inSnap[volumeID(cur[k])] {
 			continue
 		}
 		for i := 0; ; i++ {
@@ -377,7 +380,7 @@ func (s *Server) rollbackPossible(v *vm, name string) error {
 	sn := v.snapshots[name]
 	for _, k := range slices.Sorted(maps.Keys(sn.conf)) {
 		drive := sn.conf[k]
-		if !diskKeyRe.MatchString(k) || isCDROM(drive) {
+		if !diskKeyRe().MatchString(k) || isCDROM(drive) {
 			continue
 		}
 		vol := volumeID(drive)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // StorageSpec is a storage of the cluster (an entry of storage.cfg). A
@@ -120,14 +121,18 @@ type volume struct {
 }
 
 var (
-	blockVolRe = regexp.MustCompile(`^((?:base|vm)-\d+-disk-\d+)(?:/((?:base|vm)-\d+-disk-\d+))?$`)
-	fileVolRe  = regexp.MustCompile(`^(\d+/(?:base|vm)-\d+-disk-\d+\.(?:raw|qcow2|vmdk))(?:/(\d+/(?:base|vm)-\d+-disk-\d+\.(?:raw|qcow2|vmdk)))?$`)
+	blockVolRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^((?:base|vm)-\d+-disk-\d+)(?:/((?:base|vm)-\d+-disk-\d+))?$`)
+	})
+	fileVolRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^(\d+/(?:base|vm)-\d+-disk-\d+\.(?:raw|qcow2|vmdk))(?:/(\d+/(?:base|vm)-\d+-disk-\d+\.(?:raw|qcow2|vmdk)))?$`)
+	})
 )
 
 // parseVolname is the plugins' parse_volname, for the names the simulator
 // makes.
 func parseVolname(name string) volume {
-	for _, re := range []*regexp.Regexp{blockVolRe, fileVolRe} {
+	for _, re := range []*regexp.Regexp{blockVolRe(), fileVolRe()} {
 		if m := re.FindStringSubmatch(name); m != nil {
 			if m[2] != "" {
 				return volume{linked: true, base: m[1]}

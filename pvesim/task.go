@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -61,11 +62,13 @@ type upid struct {
 	typ, id, usr string
 }
 
-var upidRe = regexp.MustCompile(`^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):([0-9A-Fa-f]{8}):([^:\s]+):([^:\s]*):([^:\s]+):$`)
+var upidRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):([0-9A-Fa-f]{8}):([^:\s]+):([^:\s]*):([^:\s]+):$`)
+})
 
 // parseUPID is PVE::Tools::upid_decode.
 func parseUPID(s string) (upid, error) {
-	m := upidRe.FindStringSubmatch(s)
+	m := upidRe().FindStringSubmatch(s)
 	if m == nil {
 		return upid{}, fmt.Errorf("unable to parse worker upid '%s'", s)
 	}
@@ -280,13 +283,13 @@ func statusType(status string) string {
 		return "unknown"
 	case status == "OK":
 		return "ok"
-	case warningsRe.MatchString(status):
+	case warningsRe().MatchString(status):
 		return "warning"
 	}
 	return "error"
 }
 
-var warningsRe = regexp.MustCompile(`^WARNINGS: \d+$`)
+var warningsRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^WARNINGS: \d+$`) })
 
 // GET /nodes/{node}/tasks (pve-manager PVE/API2/Tasks.pm node_tasks): by
 // default the node's finished tasks ("archive"), the last ended first;

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Params are a request's parameters as the PVE API server sees them
@@ -296,11 +297,13 @@ func checkProp(value any, schema *Prop, path string, errs map[string]string) {
 func perlLength(s string) int { return len([]rune(s)) }
 
 var (
-	integerRe = regexp.MustCompile(`^[+-]?\d+\n?$`)
-	numberRe  = regexp.MustCompile(`^[+-]?(\d+\.\d+|\d+\.|\.\d+|\d+)([eE][+-]?\d+)?\n?$`)
+	integerRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[+-]?\d+\n?$`) })
+	numberRe  = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[+-]?(\d+\.\d+|\d+\.|\.\d+|\d+)([eE][+-]?\d+)?\n?$`)
+	})
 )
 
-func isNumber(s string) bool { return numberRe.MatchString(s) }
+func isNumber(s string) bool { return numberRe().MatchString(s) }
 
 // refName is what Perl's ref() says of a decoded JSON value.
 func refName(v any) string {
@@ -350,7 +353,7 @@ func checkType(path, typ string, value any, errs map[string]string) bool {
 	case "boolean":
 		ok = s == "1" || s == "0"
 	case "integer":
-		ok = integerRe.MatchString(s)
+		ok = integerRe().MatchString(s)
 	case "number":
 		ok = isNumber(s)
 	}
@@ -405,7 +408,7 @@ func jsonToParams(v any) any {
 // perlNumber prints a JSON number the way Perl stringifies it: integers
 // as written, others through the shortest float form (1e2 is "100").
 func perlNumber(lit string) string {
-	if integerRe.MatchString(lit) {
+	if integerRe().MatchString(lit) {
 		return lit
 	}
 	f, err := strconv.ParseFloat(lit, 64)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -363,17 +364,17 @@ func (v *vm) agentEnabled() bool {
 }
 
 var (
-	diskKeyRe     = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`)
-	ctVolumeKeyRe = regexp.MustCompile(`^rootfs$|^mp\d+$`)
-	netKeyRe      = regexp.MustCompile(`^net\d+$`)
+	diskKeyRe     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$|^efidisk0$|^tpmstate0$`) })
+	ctVolumeKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^rootfs$|^mp\d+$`) })
+	netKeyRe      = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^net\d+$`) })
 )
 
 // driveKeys lists the config keys holding a drive (disks and CD-ROMs;
 // a container's root and mount points).
 func (v *vm) driveKeys() []string {
-	re := diskKeyRe
+	re := diskKeyRe()
 	if v.ct {
-		re = ctVolumeKeyRe
+		re = ctVolumeKeyRe()
 	}
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(v.conf)) {

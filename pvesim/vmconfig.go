@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -57,7 +58,9 @@ var configMeta = map[string]bool{
 	"background_delay": true, "revert": true, "force": true,
 }
 
-var newDiskRe = regexp.MustCompile(`^([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?)(,.*)?$`)
+var newDiskRe = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?)(,.*)?$`)
+})
 
 // The options each config privilege covers, as qemu-server's
 // src/PVE/API2/Qemu.pm lists them ($cpuoptions, $memoryoptions,
@@ -72,9 +75,9 @@ var (
 	vmPowerOptions   = setOf("freeze")
 	diskOptions      = setOf("boot", "bootdisk", "vmstatestorage")
 	cloudinitOptions = setOf("cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys")
-	numaKeyRe        = regexp.MustCompile(`^numa\d+$`)
-	ipconfigKeyRe    = regexp.MustCompile(`^ipconfig\d+$`)
-	skipPermKeyRe    = regexp.MustCompile(`^(?:unused|serial|usb|hostpci|virtiofs)\d+$`)
+	numaKeyRe        = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^numa\d+$`) })
+	ipconfigKeyRe    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^ipconfig\d+$`) })
+	skipPermKeyRe    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:unused|serial|usb|hostpci|virtiofs)\d+$`) })
 )
 
 func setOf(keys ...string) map[string]bool {
@@ -94,8 +97,8 @@ func (c *call) checkModifyConfigPerm(vmid int, keys []string) error {
 	for _, opt := range keys {
 		var err error
 		switch {
-		case diskKeyRe.MatchString(opt), opt == "cdrom", skipPermKeyRe.MatchString(opt), opt == "tags":
-		case cpuOptions[opt], numaKeyRe.MatchString(opt):
+		case diskKeyRe().MatchString(opt), opt == "cdrom", skipPermKeyRe().MatchString(opt), opt == "tags":
+		case cpuOptions[opt], numaKeyRe().MatchString(opt):
 			err = uc.check(c.authid, path, "VM.Config.CPU")
 		case memoryOptions[opt]:
 			err = uc.check(c.authid, path, "VM.Config.Memory")
@@ -110,9 +113,9 @@ func (c *call) checkModifyConfigPerm(vmid int, keys []string) error {
 			err = uc.check(c.authid, path, "VM.PowerMgmt")
 		case diskOptions[opt]:
 			err = uc.check(c.authid, path, "VM.Config.Disk")
-		case netKeyRe.MatchString(opt), opt == "running-nets-host-mtu":
+		case netKeyRe().MatchString(opt), opt == "running-nets-host-mtu":
 			err = uc.check(c.authid, path, "VM.Config.Network")
-		case cloudinitOptions[opt], ipconfigKeyRe.MatchString(opt):
+		case cloudinitOptions[opt], ipconfigKeyRe().MatchString(opt):
 			err = uc.checkAny(c.authid, path, "VM.Config.Cloudinit", "VM.Config.Network")
 		case opt == "vmstate":
 			err = uc.check(c.authid, path, "VM.Config.Disk", "VM.PowerMgmt")
@@ -145,10 +148,10 @@ func (c *call) checkDrivePerm(vmid int, drive string) error {
 // on its storage, which must hold images. Call with s.mu held.
 func (c *call) checkStorageAccess(changes map[string]string) error {
 	for _, k := range sortedKeys(changes) {
-		if !diskKeyRe.MatchString(k) || isCDROM(changes[k]) {
+		if !diskKeyRe().MatchString(k) || isCDROM(changes[k]) {
 			continue
 		}
-		m := newDiskRe.FindStringSubmatch(changes[k])
+		m := newDiskRe().FindStringSubmatch(changes[k])
 		if m == nil {
 			continue
 		}
@@ -274,7 +277,7 @@ func setConfig(c *call, async bool) (any, error) {
 			old, set := v.conf[d]
 			switch {
 			case !set:
-			case diskKeyRe.MatchString(d):
+			case diskKeyRe().MatchString(d):
 				if err := c.checkDrivePerm(vmid, old); err != nil {
 					return err
 				}
@@ -282,7 +285,7 @@ func setConfig(c *call, async bool) (any, error) {
 				if err := c.s.access.check(c.authid, "/vms/"+strconv.Itoa(vmid), "VM.Config.Options"); err != nil {
 					return err
 				}
-			case netKeyRe.MatchString(d):
+			case netKeyRe().MatchString(d):
 				if err := c.checkBridges(map[string]string{d: old}); err != nil {
 					return err
 				}
@@ -291,7 +294,7 @@ func setConfig(c *call, async bool) (any, error) {
 		for _, k := range sortedKeys(changes) {
 			old, set := v.conf[k]
 			switch {
-			case diskKeyRe.MatchString(k):
+			case diskKeyRe().MatchString(k):
 				if set {
 					if err := c.checkDrivePerm(vmid, old); err != nil {
 						return err
@@ -304,7 +307,7 @@ func setConfig(c *call, async bool) (any, error) {
 				if err := c.s.access.check(c.authid, "/vms/"+strconv.Itoa(vmid), "VM.Config.Options"); err != nil {
 					return err
 				}
-			case netKeyRe.MatchString(k) && set:
+			case netKeyRe().MatchString(k) && set:
 				if err := c.checkBridges(map[string]string{k: old}); err != nil {
 					return err
 				}
@@ -327,14 +330,14 @@ func setConfig(c *call, async bool) (any, error) {
 		for _, k := range sortedKeys(changes) {
 			val := changes[k]
 			switch {
-			case netKeyRe.MatchString(k):
+			case netKeyRe().MatchString(k):
 				if netMAC(val) == "" {
 					val = withNewMAC(val)
 				}
 			case k == "tags":
 				val = normalizeTags(val)
-			case diskKeyRe.MatchString(k):
-				if m := newDiskRe.FindStringSubmatch(val); m != nil {
+			case diskKeyRe().MatchString(k):
+				if m := newDiskRe().FindStringSubmatch(val); m != nil {
 					// "local-lvm:4" allocates a new 4 GiB volume.
 					size, _ := strconv.ParseFloat(m[2], 64)
 					st := s.storage(m[1])
@@ -451,7 +454,7 @@ func hotplugFeatures(v string) map[string]bool {
 func (v *vm) hotplug(opt, val string, del bool) bool {
 	hp := hotplugFeatures(v.conf["hotplug"])
 	switch {
-	case fastPlugOptions[opt], cloudinitOptions[opt], ipconfigKeyRe.MatchString(opt):
+	case fastPlugOptions[opt], cloudinitOptions[opt], ipconfigKeyRe().MatchString(opt):
 		return true
 	case opt == "cpulimit", opt == "cpuunits", opt == "agent" && !del:
 		return true
@@ -459,9 +462,9 @@ func (v *vm) hotplug(opt, val string, del bool) bool {
 		enabled := func(b string, set bool) bool { return !set || b != "0" }
 		old, had := v.conf["balloon"]
 		return !del && enabled(old, had) == enabled(val, true)
-	case netKeyRe.MatchString(opt):
+	case netKeyRe().MatchString(opt):
 		return hp["network"]
-	case diskKeyRe.MatchString(opt):
+	case diskKeyRe().MatchString(opt):
 		return hp["disk"] && (strings.HasPrefix(opt, "scsi") || strings.HasPrefix(opt, "virtio"))
 	case opt == "memory":
 		return hp["memory"]

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/pve"
@@ -28,7 +29,7 @@ import (
 // Only jobs that have not finished (provisioning, running) count: a
 // pending job has no VM yet, a finished one has given it back.
 
-var sandboxVMRe = regexp.MustCompile(`^vm-(\d+)(?:-|$)`)
+var sandboxVMRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^vm-(\d+)(?:-|$)`) })
 
 // liveJobs lists the jobs that may hold a VM now.
 func (t *tools) liveJobs(ctx context.Context) ([]*delegate.Job, error) {
@@ -71,7 +72,7 @@ func (t *tools) jobOwning(ctx context.Context, node string, typ pve.GuestType, v
 		return nil, err
 	}
 	for _, j := range jobs {
-		if m := sandboxVMRe.FindStringSubmatch(j.SandboxID); m != nil && m[1] == strconv.Itoa(vmid) {
+		if m := sandboxVMRe().FindStringSubmatch(j.SandboxID); m != nil && m[1] == strconv.Itoa(vmid) {
 			return j, nil
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate"
@@ -185,13 +186,13 @@ func (t *tools) elevated() error {
 // deadline is when a tool called now must stop waiting.
 func (t *tools) deadline() time.Time { return time.Now().Add(t.cfg.Wait) }
 
-var nodeRe = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$`)
+var nodeRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$`) })
 
 func checkNode(node string, optional bool) error {
 	if node == "" && optional {
 		return nil
 	}
-	if !nodeRe.MatchString(node) {
+	if !nodeRe().MatchString(node) {
 		return argErr("node", "must be a node name like pve1 (got %q; proxmox_get_nodes lists them)", node)
 	}
 	return nil

@@ -247,7 +247,7 @@ type cpJob struct {
 	id, token string
 }
 
-var tokenLine = regexp.MustCompile(`TOKEN=(\S+)`)
+var tokenLine = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`TOKEN=(\S+)`) })
 
 func controlPlaneRound(ctx context.Context, binary string, opts ControlPlaneOptions) (cpFigures, error) {
 	s, err := startServer(ctx, binary, opts.CallbackJobs)
@@ -418,7 +418,7 @@ func (s *cpServer) startTokenJobs(ctx context.Context, n int) ([]cpJob, error) {
 			if err := s.call(ctx, "get_job_logs", map[string]any{"job_id": jobs[i].id}, &logs); err != nil {
 				return jobs, err
 			}
-			if m := tokenLine.FindStringSubmatch(logs.Output); m != nil {
+			if m := tokenLine().FindStringSubmatch(logs.Output); m != nil {
 				jobs[i].token = m[1]
 				break
 			}
