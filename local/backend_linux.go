@@ -48,6 +48,8 @@ type Backend struct {
 	proxies *proxies
 	live    *liveSet
 	layers  *layerStore // checkpoints and their layers (layers_linux.go)
+	// oneShot: Config.OneShot (no next command's directory made ahead).
+	oneShot bool
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -182,6 +184,7 @@ func New(cfg Config) (*Backend, error) {
 		proxies: &proxies{server: cfg.Egress, callback: cfg.EgressCallbackPort, log: log, served: map[string]*servedSandbox{}},
 		live:    newLiveSet(),
 		layers:  &layerStore{dir: filepath.Join(dir, dirLayers), sandboxes: dir, self: self, log: log},
+		oneShot: cfg.OneShot,
 	}
 	log.Debug("local backend ready", "dir", dir, "cgroup", cg.Version, "selfExe", self, "uids", uids.String(),
 		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)

@@ -61,6 +61,13 @@ type Config struct {
 	// sandbox, which the proxy forwards to the callback server: the
 	// server's callback port (0: none).
 	EgressCallbackPort int
+	// OneShot says the process serves one command line and ends (the
+	// CLI's run and exec): nothing is made ahead for a later command of a
+	// kept sandbox. What a server makes ahead (the next command's
+	// directory and status channel) only its own memory knows of: a
+	// process that ends leaves it unused in the sandbox's directory, and
+	// the next process makes its own.
+	OneShot bool
 }
 
 // DefaultOutputLimit is the output kept when Command.OutputLimit is zero or

@@ -808,6 +808,42 @@ func TestKeptExecDirsAhead(t *testing.T) {
 	})
 }
 
+// TestOneShotMakesNothingAhead: a backend of a process that serves one
+// command line (Config.OneShot, the CLI's exec) makes no directory ahead
+// for a next command, which only its memory would know of: a kept
+// sandbox's directory gathered one unused per CLI command. Its command
+// runs in a directory of its own, and a later command too.
+func TestOneShotMakesNothingAhead(t *testing.T) {
+	inEachKeptSandbox(t, time.Minute, func(t *testing.T, mode string, b *Backend, sb *sbox) {
+		b.oneShot = true
+		for i := range 2 {
+			keptRun(t, sb, "echo out")
+			if id := b.live.spare(sb.dir, false); id != "" {
+				t.Fatalf("command %d: a directory made ahead, %s", i, id)
+			}
+			entries, err := os.ReadDir(filepath.Join(sb.dir, dirExecs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries) != i+1 {
+				t.Fatalf("after %d commands, %d command directories: %v", i+1, len(entries), entries)
+			}
+			chans, err := os.ReadDir(filepath.Join(sb.dir, dirChannel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range chans {
+				if !strings.HasPrefix(c.Name(), "ex-") {
+					continue // the sandbox's own files (its passwd and group)
+				}
+				if _, err := os.Stat(filepath.Join(sb.dir, dirExecs, c.Name())); err != nil {
+					t.Errorf("a status channel without its command: %s", c.Name())
+				}
+			}
+		}
+	})
+}
+
 // TestKeptSpareGone: a spare that is not in its group when a command
 // comes (here: killed; or not placed yet) is not given the command: the
 // command is forked as it comes, in a group of its own named after it,

@@ -273,7 +273,11 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 		p.Kill(context.Background())
 		return nil, err
 	}
-	// The next command's directory, while this one starts.
+	// The next command's directory, while this one starts; not in a
+	// process that ends after this command (Config.OneShot).
+	if s.b.oneShot {
+		return p, nil
+	}
 	if err := s.makeSpareExecDir(st); err != nil && !s.gone() {
 		s.b.log.Warn("make the next command's directory ahead", "sandbox", s.id, "err", err)
 	}

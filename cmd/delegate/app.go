@@ -56,6 +56,9 @@ type appOptions struct {
 	// serves HTTP, shown to the servers that share the store.
 	Serve bool
 	Addr  string
+	// OneShot: the app serves one CLI command and the process ends
+	// (local.Config.OneShot).
+	OneShot bool
 }
 
 // openApp opens the store and, as opts say, what runs jobs. On error it
@@ -87,7 +90,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 	// Without one, the engine opens it only to stop the sandbox of a job
 	// it cancels that no server drives.
 	open := func(ctx context.Context) (sandbox.Backend, error) {
-		b, _, err := openBackend(ctx, cfg, store, log, met, nil, 0, "")
+		b, _, err := openBackend(ctx, cfg, store, log, met, nil, 0, "", opts.OneShot)
 		return b, err
 	}
 	poll := time.Duration(0) // the engine's default
@@ -104,7 +107,7 @@ func openApp(ctx context.Context, cfg cli.Config, log *slog.Logger, opts appOpti
 			return nil, fmt.Errorf("egress proxy: %w", err)
 		}
 		a.opened("the egress proxy", eg.Close)
-		a.backend, a.pool, err = openBackend(ctx, cfg, store, log, met, eg.Proxy(), cbPort, opts.CallbackURL)
+		a.backend, a.pool, err = openBackend(ctx, cfg, store, log, met, eg.Proxy(), cbPort, opts.CallbackURL, opts.OneShot)
 		if err != nil {
 			return nil, err
 		}
@@ -224,7 +227,7 @@ func callbackAddr(cfg cli.Config, callbackURL string) (netip.AddrPort, int) {
 // callback server's public URL, which job VMs' firewalls let them reach.
 //
 // A Proxmox backend is the warm pool's keeper too.
-func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string) (sandbox.Backend, poolKeeper, error) {
+func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger, met *metrics.Metrics, proxy sandbox.EgressServer, cbPort int, callbackURL string, oneShot bool) (sandbox.Backend, poolKeeper, error) {
 	switch cfg.Backend {
 	case "proxmox":
 		client, err := pve.New(cfg.Proxmox)
@@ -273,7 +276,7 @@ func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger
 			// and the sandboxes kept after theirs.
 			PidsMax: cfg.PidsMax, NoFile: cfg.NoFile, Sandboxes: cfg.MaxConcurrent + local.KeptSandboxes,
 			CacheDir: filepath.Join(cfg.DataDir, "caches"), CacheMaxBytes: cfg.CacheMaxBytes,
-			Egress: proxy, EgressCallbackPort: cbPort})
+			Egress: proxy, EgressCallbackPort: cbPort, OneShot: oneShot})
 		if err != nil {
 			return nil, nil, fmt.Errorf("local backend: %w", err)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -57,5 +59,29 @@ func TestOpenAppReadOnly(t *testing.T) {
 	}
 	if err := a.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+}
+
+// TestOneShotGC: a CLI command's process collects only at oneShotHeap
+// (the collector off below it), unless GOGC or GOMEMLIMIT say otherwise.
+func TestOneShotGC(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	for _, tc := range []struct {
+		env     map[string]string
+		percent int
+		limit   int64
+		what    string
+	}{
+		{map[string]string{}, -1, oneShotHeap, "nothing set"},
+		{map[string]string{"GOGC": "50"}, 100, math.MaxInt64, "GOGC set"},
+		{map[string]string{"GOMEMLIMIT": "1GiB"}, 100, math.MaxInt64, "GOMEMLIMIT set"},
+	} {
+		debug.SetGCPercent(100)
+		debug.SetMemoryLimit(math.MaxInt64)
+		oneShotGC(func(k string) string { return tc.env[k] })
+		if p, l := debug.SetGCPercent(100), debug.SetMemoryLimit(-1); p != tc.percent || l != tc.limit {
+			t.Errorf("%s: GC percent %d, memory limit %d; want %d, %d", tc.what, p, l, tc.percent, tc.limit)
+		}
 	}
 }
