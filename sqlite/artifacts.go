@@ -15,7 +15,7 @@ import (
 type ArtifactStore struct {
 	db   *DB
 	stmt struct {
-		artifacts, one *sql.Stmt // readers
+		artifacts, one *readStmt // readers
 		wArtifact      *sql.Stmt // writer
 	}
 }
@@ -24,7 +24,7 @@ var _ delegate.ArtifactStore = (*ArtifactStore)(nil)
 
 func newArtifactStore(ctx context.Context, db *DB) (*ArtifactStore, error) {
 	s := &ArtifactStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.artifacts, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ?1` + jobIsMine + ` ORDER BY name`},
 		{db.rdb, &s.stmt.one, `SELECT name, size, sha256, skipped FROM job_artifacts WHERE job_id = ?1 AND name = ?3` + jobIsMine},
 		{db.wdb, &s.stmt.wArtifact, `INSERT OR REPLACE INTO job_artifacts (job_id, name, size, sha256, skipped) VALUES (?, ?, ?, ?, ?)`},

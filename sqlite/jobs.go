@@ -48,14 +48,14 @@ var _ delegate.JobStore = (*JobStore)(nil)
 // jobStatements are prepared once per connection (database/sql keeps them
 // per connection of the pool).
 type jobStatements struct {
-	getJob, jobByKey, manifest, manifestByID, files, finishes                *sql.Stmt // readers
+	getJob, jobByKey, manifest, manifestByID, files, finishes                *readStmt // readers
 	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wFinished *sql.Stmt // writer
 }
 
 func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
 	s := &JobStore{db: db, updates: map[uint64]*sql.Stmt{}}
 	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?1` + mine},
 		{db.rdb, &s.stmt.jobByKey, selectJob + ` WHERE idempotency_key = ?1 AND principal = ?2`},
 		{db.rdb, &s.stmt.manifest, `SELECT manifest FROM job_manifests WHERE seq = ?`},
@@ -235,7 +235,7 @@ func (s *JobStore) GetJob(ctx context.Context, id string) (*delegate.Job, error)
 
 // withManifest sets the job's manifest, parsed once per process: it never
 // changes.
-func (s *JobStore) withManifest(ctx context.Context, stmt *sql.Stmt, j *delegate.Job, seq int64) error {
+func (s *JobStore) withManifest(ctx context.Context, stmt rowQuerier, j *delegate.Job, seq int64) error {
 	if m, ok := s.manifests.get(j.ID, ""); ok {
 		j.Manifest = m
 		return nil

@@ -20,7 +20,7 @@ import (
 type NetworkStore struct {
 	db   *DB
 	stmt struct {
-		get, byToken, live, log, logDenied *sql.Stmt // readers
+		get, byToken, live, log, logDenied *readStmt // readers
 		wGet, wInsert, wUpdate, wAppend    *sql.Stmt // writer
 	}
 }
@@ -29,7 +29,7 @@ var _ delegate.NetworkStore = (*NetworkStore)(nil)
 
 func newNetworkStore(ctx context.Context, db *DB) (*NetworkStore, error) {
 	s := &NetworkStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.get, `SELECT seq, token_hash, token, ca, data FROM networks WHERE id = ?`},
 		{db.rdb, &s.stmt.byToken, `SELECT seq, token_hash, token, ca, data FROM networks WHERE token_hash = ?`},
 		{db.rdb, &s.stmt.live, `SELECT seq, token_hash, token, ca, data FROM networks WHERE ended = 0 ORDER BY seq`},

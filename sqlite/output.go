@@ -16,7 +16,7 @@ import (
 type OutputStore struct {
 	db   *DB
 	stmt struct {
-		outputEnd, readOutput, stdoutTail, stderrTail, stderrKept *sql.Stmt // readers
+		outputEnd, readOutput, stdoutTail, stderrTail, stderrKept *readStmt // readers
 		wOutputEnd, wInsertOutput, wOutputDone                    *sql.Stmt // writer
 	}
 }
@@ -29,7 +29,7 @@ const outputEnd = `SELECT offset + length(data) FROM job_output WHERE job_id = ?
 
 func newOutputStore(ctx context.Context, db *DB) (*OutputStore, error) {
 	s := &OutputStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.outputEnd, outputEnd},
 		{db.rdb, &s.stmt.readOutput, `SELECT offset, data, stream, runs FROM job_output WHERE job_id = ? AND offset + length(data) > ? ORDER BY offset`},
 		// The rows with some of a stream, from the end (see the migration).

@@ -15,7 +15,7 @@ import (
 type ProgressStore struct {
 	db   *DB
 	stmt struct {
-		events                                            *sql.Stmt // reader
+		events                                            *readStmt // reader
 		wProgress, wEventsSpan, wInsertEvent, wTrimEvents *sql.Stmt // writer
 	}
 }
@@ -24,7 +24,7 @@ var _ delegate.ProgressStore = (*ProgressStore)(nil)
 
 func newProgressStore(ctx context.Context, db *DB) (*ProgressStore, error) {
 	s := &ProgressStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.events, `SELECT time, message FROM job_events WHERE job_id = ?1` + jobIsMine + ` ORDER BY seq`},
 		{db.wdb, &s.stmt.wProgress, `UPDATE jobs SET
 			progress = CASE WHEN ?2 != '' AND status IN ` + active + ` THEN ?2 ELSE progress END,

@@ -16,7 +16,7 @@ import (
 type QuestionStore struct {
 	db   *DB
 	stmt struct {
-		questions              *sql.Stmt // reader
+		questions              *readStmt // reader
 		wJob, wInsert, wAnswer *sql.Stmt // writer
 		wQuestion              *sql.Stmt // writer: a question, in the write's transaction
 	}
@@ -28,7 +28,7 @@ const questionColumns = `id, origin, message, form, asked_at, expires_at, answer
 
 func newQuestionStore(ctx context.Context, db *DB) (*QuestionStore, error) {
 	s := &QuestionStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.questions, `SELECT ` + questionColumns + ` FROM job_questions WHERE job_id = ?1` + jobIsMine + ` ORDER BY rowid`},
 		{db.wdb, &s.stmt.wJob, `SELECT 1 FROM jobs WHERE id = ?`},
 		{db.wdb, &s.stmt.wInsert, `INSERT INTO job_questions (job_id, ` + questionColumns + `) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)

@@ -24,7 +24,7 @@ import (
 type SandboxStore struct {
 	db   *DB
 	stmt struct {
-		get, uncounted, list, live, byInstance *sql.Stmt // readers
+		get, uncounted, list, live, byInstance *readStmt // readers
 		wGet, wInsert, wUpdate                 *sql.Stmt // writer
 	}
 }
@@ -33,7 +33,7 @@ var _ delegate.SandboxStore = (*SandboxStore)(nil)
 
 func newSandboxStore(ctx context.Context, db *DB) (*SandboxStore, error) {
 	s := &SandboxStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.get, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE id = ?1` + mine},
 		{db.rdb, &s.stmt.uncounted, `SELECT ` + uncountedColumns + ` FROM sandboxes WHERE id = ?1` + mine},
 		{db.rdb, &s.stmt.list, `SELECT ` + sandboxColumns + ` FROM sandboxes WHERE ?2 = '' OR principal = ?2 ORDER BY seq DESC LIMIT ?1`},
@@ -196,7 +196,7 @@ func (s *SandboxStore) GetSandboxUncounted(ctx context.Context, id string) (*del
 }
 
 // getBy reads sandbox id with st, a statement of one of the column sets.
-func (s *SandboxStore) getBy(ctx context.Context, st *sql.Stmt, id string) (*delegate.Sandbox, error) {
+func (s *SandboxStore) getBy(ctx context.Context, st *readStmt, id string) (*delegate.Sandbox, error) {
 	sb, _, err := scanSandbox(st.QueryRowContext(ctx, id, delegate.ReaderOf(ctx)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.SandboxNotFound(id)

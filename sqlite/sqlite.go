@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
+	"sync/atomic"
 
 	"github.com/delegate-dev/delegate"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -410,29 +412,97 @@ func (db *DB) openStores(ctx context.Context) error {
 		return err
 	}
 	db.QuotaStore = &QuotaStore{db: db}
-	return prepare(ctx, []statement{
+	return db.prepare(ctx, []statement{
 		{db.wdb, &db.w.savepoint, `SAVEPOINT w`},
 		{db.wdb, &db.w.rollbackTo, `ROLLBACK TO w`},
 		{db.wdb, &db.w.release, `RELEASE w`},
 	})
 }
 
-// statement is one statement to prepare on one of the connections.
+// statement is one statement to prepare on one of the connections, when
+// first needed rather than when the store opens: SQLite's parsing of the
+// ~60 statements at open was a tenth of a CLI command's CPU (`delegate
+// run --script true`, `delegate exec`), which uses a few of them (issue
+// 41, item 2). dst is a **readStmt (the read pool's), or a **sql.Stmt of
+// the write connection, which the writer prepares before the first
+// transaction it begins (preparePending): prepared inside one, it would
+// wait for ever on the one write connection the transaction holds.
 type statement struct {
 	db   *sql.DB
-	dst  **sql.Stmt
+	dst  any
 	text string
 }
 
-func prepare(ctx context.Context, stmts []statement) error {
+func (db *DB) prepare(ctx context.Context, stmts []statement) error {
 	for _, p := range stmts {
-		st, err := p.db.PrepareContext(ctx, p.text)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", p.text, err)
+		switch dst := p.dst.(type) {
+		case **readStmt:
+			*dst = &readStmt{db: p.db, text: p.text}
+		case **sql.Stmt:
+			if p.db != db.wdb {
+				return fmt.Errorf("prepare %q: a *sql.Stmt of the read pool (a read statement is a *readStmt)", p.text)
+			}
+			db.w.pending = append(db.w.pending, p)
+		default:
+			return fmt.Errorf("prepare %q: a destination of type %T", p.text, p.dst)
 		}
-		*p.dst = st
 	}
 	return nil
+}
+
+// readStmt is a statement of the read pool, prepared when first used
+// rather than when the store opens: SQLite's parsing of every statement
+// at open was a tenth of a CLI command's CPU (`delegate run --script
+// true`, `delegate exec`), which use a few (issue 41, item 2).
+type readStmt struct {
+	db   *sql.DB
+	text string
+	st   atomic.Pointer[sql.Stmt]
+	mu   sync.Mutex // held while preparing
+}
+
+// stmt is the prepared statement, prepared now if it is not yet.
+func (r *readStmt) stmt(ctx context.Context) (*sql.Stmt, error) {
+	if st := r.st.Load(); st != nil {
+		return st, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st := r.st.Load(); st != nil {
+		return st, nil
+	}
+	st, err := r.db.PrepareContext(ctx, r.text)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %q: %w", r.text, err)
+	}
+	r.st.Store(st)
+	return st, nil
+}
+
+// rowQuerier is a statement that reads one row: a readStmt, or a
+// *sql.Stmt of a transaction.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, args ...any) *sql.Row
+}
+
+// QueryContext is sql.Stmt's.
+func (r *readStmt) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
+	st, err := r.stmt(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// QueryRowContext is sql.Stmt's. Where the statement cannot be prepared,
+// the row is the query's unprepared, which carries the same error (a
+// *sql.Row's error is database/sql's to set).
+func (r *readStmt) QueryRowContext(ctx context.Context, args ...any) *sql.Row {
+	st, err := r.stmt(ctx)
+	if err != nil {
+		return r.db.QueryRowContext(ctx, r.text, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
 }
 
 // ownFiles makes the database file, and the WAL and shared-memory files

@@ -16,7 +16,7 @@ import (
 type TokenStore struct {
 	db   *DB
 	stmt struct {
-		byHash, list *sql.Stmt // readers
+		byHash, list *readStmt // readers
 	}
 }
 
@@ -26,7 +26,7 @@ const tokenColumns = `id, principal, hash, scopes, created_at, created_by, expir
 
 func newTokenStore(ctx context.Context, db *DB) (*TokenStore, error) {
 	s := &TokenStore{db: db}
-	return s, prepare(ctx, []statement{
+	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.byHash, `SELECT ` + tokenColumns + ` FROM tokens WHERE hash = ?`},
 		{db.rdb, &s.stmt.list, `SELECT ` + tokenColumns + ` FROM tokens ORDER BY seq`},
 	})

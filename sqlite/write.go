@@ -38,6 +38,9 @@ type writer struct {
 	// savepoint, rollbackTo and release are prepared on db (parsing them
 	// for every write of a group cost as much as the write).
 	savepoint, rollbackTo, release *sql.Stmt
+	// pending are the write statements not prepared yet: the leader
+	// prepares them before it begins a transaction (preparePending).
+	pending []statement
 
 	mu    sync.Mutex
 	queue []*writeOp
@@ -120,6 +123,22 @@ func (w *writer) do(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return op.err
 }
 
+// preparePending prepares the write statements not prepared yet, while
+// the write connection is free (only the leader uses it, between
+// transactions). One that fails stays pending: the next group tries again.
+func (w *writer) preparePending(ctx context.Context) error {
+	for len(w.pending) > 0 {
+		p := w.pending[0]
+		st, err := w.db.PrepareContext(ctx, p.text)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", p.text, err)
+		}
+		*p.dst.(**sql.Stmt) = st
+		w.pending = w.pending[1:]
+	}
+	return nil
+}
+
 // commit runs a group of writes in one transaction.
 func (w *writer) commit(group []*writeOp) {
 	ctx := context.Background()
@@ -129,6 +148,10 @@ func (w *writer) commit(group []*writeOp) {
 				o.err = err
 			}
 		}
+	}
+	if err := w.preparePending(ctx); err != nil {
+		fail(err)
+		return
 	}
 	tx, err := w.db.BeginTx(ctx, nil)
 	if err != nil {
