@@ -172,7 +172,7 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("local backend: RootfsDir %s %s", rootfsDir, reason)
 		}
 	}
-	plans := &planner{noFile: nofile, toolDirs: slices.Clone(cfg.ToolDirs), seccomp: seccompBytes(prog)}
+	plans := &planner{noFile: nofile, toolDirs: slices.Clone(cfg.ToolDirs), seccomp: seccompBytes(prog), spareIdle: spareIdle}
 	b := &Backend{
 		dir: dir, pidsMax: pids, noFile: nofile, log: log, cg: cg,
 		slots:   &uidRegistry{dir: uidRegistryDir, r: uids},

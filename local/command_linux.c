@@ -101,6 +101,7 @@ int shim_idle(void) {
 		close(sock);
 	close(pair[0]);
 	give_back_stack();
+	drop_image_pages();
 	struct pollfd q = {pair[1], POLLIN, 0};
 	if (k < 0 || poll(&q, 1, SHIM_IDLE_MS) <= 0) {
 		close(pair[1]);
@@ -579,12 +580,31 @@ void spare_child(const struct plan *p, int sock, int cg) {
 	char buf[8];
 	struct iovec iov = {buf, sizeof buf};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+	/* It waits p->spare_idle_ms for its request, then ends: a kept
+	 * sandbox without commands holds no spare (its keeper's next
+	 * command is then forked by init as it comes: keeper_ask finds the
+	 * spare gone). Its socket is shut for reading first, so that a
+	 * request is either sent before (and read here, taken) or refused
+	 * to the keeper (EPIPE), never lost with the spare. */
+	int recv_flags = MSG_CMSG_CLOEXEC;
+	drop_image_pages();
+	if (p->spare_idle_ms > 0) {
+		struct pollfd w = {3, POLLIN, 0};
+		int r;
+		do
+			r = poll(&w, 1, (int)p->spare_idle_ms);
+		while (r < 0 && errno == EINTR);
+		if (r == 0) {
+			shutdown(3, SHUT_RD);
+			recv_flags |= MSG_DONTWAIT;
+		}
+	}
 	ssize_t n;
 	do
-		n = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
+		n = recvmsg(3, &mh, recv_flags);
 	while (n < 0 && errno == EINTR);
 	if (n <= 0)
-		_exit(0); /* init is gone, or took another way */
+		_exit(0); /* init is gone, or took another way, or none came */
 	int nfds = parse_control(&mh, rfds, REQUEST_FDS, NULL);
 	if (nfds != REQUEST_FDS)
 		_exit(CODE_SETUP_FAILED);

@@ -10,6 +10,9 @@
 
 #include "helper_linux.h"
 
+#include <link.h>
+#include <sys/auxv.h>
+
 int write_all(int fd, const void *buf, size_t n) {
 	const char *p = buf;
 	while (n > 0) {
@@ -227,10 +230,67 @@ static void close_strays(void) {
 
 /* The dispatch, at load time, before the Go runtime: cheap (one getenv)
  * in every process that is not a C shim. */
+/* image_random has the kernel map the pages of this binary one by one
+ * as the helper touches them, not with the 64 KiB around each that it
+ * maps on a page fault (fault-around): a helper runs a few pages of a
+ * 47 MB binary, and every fault mapped its neighbours too, which a kept
+ * sandbox's keeper and init then held as long as they lived (the
+ * keeper: 200 KiB of the binary's data pages, where bubblewrap's whole
+ * process holds 270 KiB; issue 41, item 5). */
+static void image_random(void) {
+	const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
+	size_t n = getauxval(AT_PHNUM);
+	if (ph == NULL)
+		return;
+	uintptr_t base = 0, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	for (size_t i = 0; i < n; i++)
+		if (ph[i].p_type == PT_PHDR)
+			base = (uintptr_t)ph - ph[i].p_vaddr; /* a position-independent binary's load address */
+	for (size_t i = 0; i < n; i++) {
+		if (ph[i].p_type != PT_LOAD)
+			continue;
+		uintptr_t a = (base + ph[i].p_vaddr) & ~(page - 1);
+		uintptr_t b = (base + ph[i].p_vaddr + ph[i].p_memsz + page - 1) & ~(page - 1);
+		madvise((void *)a, b - a, MADV_RANDOM);
+	}
+}
+
+/* drop_image_pages gives back, once per process, the pages of this
+ * binary's code and read-only data the helper has mapped so far: those
+ * the loader and its setup faulted in, with their neighbours, before
+ * image_random took effect. It is called where a long-lived helper
+ * waits (a kept sandbox's keeper, init, spare and idle shim): what it
+ * runs when it wakes comes back page by page, a few minor faults from
+ * the page cache (nothing is read from the disk again; the writable
+ * data, which holds what the helper wrote, is left alone). */
+void drop_image_pages(void) {
+	static pid_t dropped;
+	if (dropped == getpid())
+		return;
+	dropped = getpid();
+	const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
+	size_t n = getauxval(AT_PHNUM);
+	if (ph == NULL)
+		return;
+	uintptr_t base = 0, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	for (size_t i = 0; i < n; i++)
+		if (ph[i].p_type == PT_PHDR)
+			base = (uintptr_t)ph - ph[i].p_vaddr;
+	for (size_t i = 0; i < n; i++) {
+		if (ph[i].p_type != PT_LOAD || (ph[i].p_flags & PF_W))
+			continue;
+		uintptr_t a = (base + ph[i].p_vaddr) & ~(page - 1);
+		uintptr_t b = (base + ph[i].p_vaddr + ph[i].p_filesz) & ~(page - 1); /* whole pages of the file only */
+		if (b > a)
+			madvise((void *)a, b - a, MADV_DONTNEED);
+	}
+}
+
 __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 	const char *sel = getenv(SELECT_ENV);
 	if (sel == NULL || strcmp(sel, SELECT_C) != 0)
 		return;
+	image_random();
 	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;

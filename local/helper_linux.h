@@ -83,7 +83,7 @@
 
 /* Shared with Go (TestCHelperConstants compares them). */
 #define PLAN_MAGIC 0x44535031u
-#define PLAN_VERSION 5u
+#define PLAN_VERSION 6u
 #define MAX_PLAN_BYTES (64u << 20)
 #define SHIM_COMMAND "__sandbox-shim"
 #define INIT_COMMAND "__sandbox-init"
@@ -238,6 +238,7 @@ struct plan {
 	uint32_t ahead;		 /* MODE_COMMAND: how many of ops, from the first, a spare takes ahead */
 	uint32_t nspare_ops;	 /* MODE_KEEPER: those steps (commandAheadOps in Go) */
 	struct op *spare_ops;
+	uint32_t spare_idle_ms; /* MODE_KEEPER: how long a spare waits for its command (0: for ever) */
 };
 
 /* kept_fd (plan_linux.c) are what OP_KEEP_PATH opened, by slot (an op's
@@ -325,6 +326,7 @@ struct handoff {
 #pragma GCC visibility push(hidden)
 
 /* helper_linux.c: small tools. */
+void drop_image_pages(void);
 int write_all(int fd, const void *buf, size_t n);
 char *read_all(int fd, size_t max, size_t *len);
 const char *errtext(int e);

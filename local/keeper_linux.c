@@ -78,7 +78,7 @@ static uint32_t command_group(const struct plan *p, struct spares *sp, const cha
 		 * still empty would miss a Kill that came before the spare's
 		 * move (its 'P' asks nobody), so it is forked as it comes. */
 		if (!group_has_procs(from))
-			logmsg("the spare is not in its cgroup %s yet: the command is forked", from);
+			logmsg("the spare is not in its cgroup %s (not placed yet, or ended idle): the command is forked", from);
 		else if (rename(from, dir) == 0) {
 			/* After the rename: a kill from now on finds the command in
 			 * its group; one before left its marker. The spare's
@@ -566,6 +566,7 @@ int run_keeper(const struct plan *p, size_t cmdline_len) {
 			}
 			timeout = left_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left_ns / 1000000 + 1);
 		}
+		drop_image_pages();
 		if (poll(fds, 2, timeout) < 0)
 			continue;
 		if (fds[1].revents)
@@ -633,6 +634,7 @@ void serve_commands(const struct plan *p) {
 	int spare_ended = 0, spare_ws = 0;
 	for (;;) {
 		struct pollfd fds[2] = {{4, POLLIN, 0}, {sfd, POLLIN, 0}};
+		drop_image_pages();
 		if (poll(fds, 2, -1) < 0)
 			continue;
 		if (fds[1].revents) {

@@ -913,6 +913,50 @@ func TestKeptSpareGone(t *testing.T) {
 	}
 }
 
+// TestKeptSpareEndsIdle: a kept sandbox's spare waits plan.SpareIdle for
+// a command, then ends (issue 41, item 5: a sandbox without commands
+// holds its keeper and its init, as bubblewrap holds its two processes);
+// the command that comes after is forked as it comes, in a group of its
+// own, as is the next, whether the spare made meanwhile takes it or not.
+func TestKeptSpareEndsIdle(t *testing.T) {
+	if !haveCHelper {
+		t.Skip("the C helpers are not in this build")
+	}
+	b := newBackend(t, 0)
+	if b.cg.Version != 1 {
+		t.Skip("spares are cgroup v1's")
+	}
+	// Long enough that the spare is seen before it ends, under load too.
+	b.plans.spareIdle = 2 * time.Second
+	sb := keptSandbox(t, b, time.Now().Add(time.Minute))
+	spare := func() int {
+		pids, err := stateOf(t, sb).Cgroup.procs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pid := range pids {
+			if spareGroup(pid) != "" {
+				return pid
+			}
+		}
+		return 0
+	}
+	keptRun(t, sb, "true") // the first spare became it; the next is made
+	if !waitFor(5*time.Second, func() bool { return spare() != 0 }) {
+		t.Fatal("no spare after the first command")
+	}
+	if !waitFor(20*time.Second, func() bool { return spare() == 0 }) {
+		t.Fatal("the spare is there 20 s on, its idle time 2 s")
+	}
+	for i := range 2 {
+		p := start(t, sb, "/bin/sh", "-c", "grep ':pids:' /proc/self/cgroup | cut -d: -f3")
+		exit, out := finish(t, p)
+		if want := "/" + p.ID() + "\n"; exit.Code != 0 || out != want {
+			t.Errorf("command %d: its group: %+v %q, want %q", i, exit, out, want)
+		}
+	}
+}
+
 // TestKeptKeeperOutOfDescriptors: a command the C keeper cannot make
 // pipes for (its descriptor limit reached) fails with the reason, the
 // sandbox runs the next command once the keeper has room again, and the

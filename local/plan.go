@@ -24,7 +24,7 @@ import (
 // with any change of layout; a helper refuses a plan it does not know.
 const (
 	planMagic   = 0x44535031 // "DSP1"
-	planVersion = 5
+	planVersion = 6
 	// maxPlanBytes bounds what a helper reads: arguments and environment
 	// are limited by execve to a few MiB anyway.
 	maxPlanBytes = 64 << 20
@@ -152,6 +152,11 @@ type plan struct {
 	// request) takes while it waits, and skips in its command's plan.
 	Ahead    uint32
 	SpareOps []op
+	// SpareIdle (modeKeeper): how long, in milliseconds, a spare waits
+	// for its command before it ends (0: for ever). A kept sandbox
+	// without commands then holds no spare: the next command is forked
+	// as it comes.
+	SpareIdle uint32
 }
 
 func (p *plan) marshal() []byte {
@@ -191,6 +196,7 @@ func (p *plan) marshal() []byte {
 	w.str(p.Channel)
 	w.u32(p.Ahead)
 	w.ops(p.SpareOps)
+	w.u32(p.SpareIdle)
 	return w.b
 }
 
@@ -254,6 +260,7 @@ func unmarshalPlan(data []byte) (*plan, error) {
 	p.Channel = r.str()
 	p.Ahead = r.u32()
 	p.SpareOps = r.ops()
+	p.SpareIdle = r.u32()
 	if r.err == nil && int(p.Ahead) > len(p.Ops) {
 		r.err = fmt.Errorf("%d steps ahead of %d", p.Ahead, len(p.Ops))
 	}

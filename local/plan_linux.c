@@ -138,6 +138,7 @@ int unmarshal_plan(const char *data, size_t len, struct plan *p, char *err, size
 	p->channel = rd_str(&r, NULL);
 	p->ahead = rd_u32(&r);
 	p->spare_ops = rd_ops(&r, &p->nspare_ops);
+	p->spare_idle_ms = rd_u32(&r);
 	if (!r.err && (r.p != r.end || p->ahead > p->nops))
 		r.err = 1;
 	if (r.err || p->mode > MODE_COMMAND) {

@@ -49,7 +49,18 @@ type planner struct {
 	noFile   int
 	toolDirs []string
 	seccomp  []byte
+	// spareIdle is how long a kept sandbox's spare waits for a command
+	// (plan.SpareIdle): spareIdle unless a test says otherwise.
+	spareIdle time.Duration
 }
+
+// spareIdle is how long a kept sandbox's spare (the next command's
+// process, forked ahead) waits for a command before it ends: as long as
+// a command's idle shim waits for the next (SHIM_IDLE_MS). A kept
+// sandbox that ran a command and then none for that long holds its
+// keeper, its init and what its commands left, as bubblewrap would
+// (issue 41, item 5); a command after that is forked as it comes.
+const spareIdle = 30 * time.Second
 
 // buildPlan is the plan of the command rec (with its environment env) in
 // the sandbox of one command whose directory is dir and whose state is
@@ -131,6 +142,7 @@ func (pl *planner) keeperPlan(dir string, st sandboxState) (*plan, error) {
 		Ops:           ops,
 		Netns:         true,
 		SpareOps:      commandAheadOps(st),
+		SpareIdle:     uint32(pl.spareIdle.Milliseconds()),
 	}
 	if !st.Expires.IsZero() {
 		p.Until = st.Expires.UnixNano()

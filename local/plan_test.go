@@ -23,8 +23,9 @@ func testPlan() *plan {
 		Stdin: "/run/delegate/inputs/prompt",
 		Mode:  modeCommand, Until: 1_800_000_000_000_000_000,
 		ExecID: "ex-01234567", Channel: "../../channel/ex-01234567",
-		Ahead:    1,
-		SpareOps: []op{{code: opBindKept, n: 1, label: "status channel", s: [4]string{"/run/delegate/status", "ex-01234567", "", ""}}},
+		Ahead:     1,
+		SpareOps:  []op{{code: opBindKept, n: 1, label: "status channel", s: [4]string{"/run/delegate/status", "ex-01234567", "", ""}}},
+		SpareIdle: 30000,
 	}
 }
 
@@ -55,10 +56,11 @@ func TestPlanRejects(t *testing.T) {
 	other[4]++ // the version
 	huge := (&plan{}).marshal()
 	// The op count, before two empty strings, Netns, an empty string,
-	// Mode, Until, three empty strings, Ahead and the spare ops' count.
-	copy(huge[len(huge)-10*4-8-4:], []byte{0xff, 0xff, 0xff, 0x7f})
+	// Mode, Until, three empty strings, Ahead, the spare ops' count and
+	// SpareIdle.
+	copy(huge[len(huge)-10*4-8-4-4:], []byte{0xff, 0xff, 0xff, 0x7f})
 	hugeSpare := (&plan{}).marshal()
-	copy(hugeSpare[len(hugeSpare)-4:], []byte{0xff, 0xff, 0xff, 0x7f})
+	copy(hugeSpare[len(hugeSpare)-4-4:], []byte{0xff, 0xff, 0xff, 0x7f})
 	tests := []struct {
 		name string
 		data []byte
