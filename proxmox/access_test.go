@@ -64,7 +64,8 @@ func TestPVEVMAdminToken(t *testing.T) {
 // the simulator's access API (a privilege-separated token with the
 // DelegateJobs role on /vms, /nodes, the storage and the bridge, and its
 // user with the same), runs jobs on PVE 8 and on PVE 9: with and without
-// a NIC, with a disk grown beyond the template's.
+// a NIC, with a disk grown beyond the template's; and checkpoints,
+// rolls back and forks a kept sandbox.
 func TestLeastPrivilegeToken(t *testing.T) {
 	t.Parallel()
 	for _, version := range []string{"8.4", "9.1"} {
@@ -82,7 +83,7 @@ func TestLeastPrivilegeToken(t *testing.T) {
 				t.Fatalf("role %v, want %v", jt.Privileges, want)
 			}
 			c := clientFor(t, sim, jt.User, jt.TokenName, jt.Secret)
-			s := newServer(t, c, proxmox.Config{Bridge: "vmbr0"}, engine.Config{})
+			s := newServer(t, c, proxmox.Config{Bridge: "vmbr0", CheckpointDir: t.TempDir()}, engine.Config{})
 			plain := s.submit(t, "echo plain", "", 0)
 			m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "echo net", Network: delegate.Egress(),
 				Resources: &delegate.Resources{Disk: "9G"}}
@@ -95,6 +96,7 @@ func TestLeastPrivilegeToken(t *testing.T) {
 					t.Errorf("job %s: %s %s %q", id, got.Status, got.Error, s.output(t, id))
 				}
 			}
+			checkpointAll(t, s.eng)
 			noJobVMs(t, sim)
 			// Not one request was refused for a privilege.
 			for _, r := range sim.Requests() {
@@ -103,6 +105,36 @@ func TestLeastPrivilegeToken(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkpointAll checkpoints a kept sandbox, rolls it back, forks it and
+// deletes the checkpoint, then releases both sandboxes.
+func checkpointAll(t *testing.T, eng *engine.Engine) {
+	t.Helper()
+	ctx := context.Background()
+	sb, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := eng.CheckpointSandbox(ctx, sb.ID, delegate.CheckpointOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.RollbackSandbox(ctx, sb.ID, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	forks, err := eng.ForkSandbox(ctx, delegate.ForkSpec{From: cp.ID, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.DeleteCheckpoint(ctx, cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{sb.ID, forks[0].ID} {
+		if _, _, err := eng.ReleaseSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -108,7 +108,11 @@ type Config struct {
 	// the workspaces of VMs with a network then travel over HTTP
 	// (transfer.go); unset, or a loopback URL, through the agent.
 	TransferURL string
-	Logger      *slog.Logger
+	// CheckpointDir, if set, is where the archives of checkpoints'
+	// workspaces are kept on the server, which forks start from
+	// (checkpoint.go); unset, sandboxes are not checkpointed.
+	CheckpointDir string
+	Logger        *slog.Logger
 }
 
 // Backend implements sandbox.Backend on a Proxmox VE cluster. It is a
@@ -146,8 +150,9 @@ type Backend struct {
 }
 
 var (
-	_ sandbox.Backend  = (*Backend)(nil)
-	_ sandbox.Admitter = (*Backend)(nil)
+	_ sandbox.Backend          = (*Backend)(nil)
+	_ sandbox.Admitter         = (*Backend)(nil)
+	_ sandbox.CheckpointKeeper = (*Backend)(nil)
 )
 
 // New makes a backend over a client.
@@ -298,9 +303,19 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 		// A job VM's firewall lets it reach the egress proxy alone
 		// (egress.go), when the operator names it.
 		EgressProxy: b.cfg.Egress != nil,
-		// Snapshots without vmstate are the plan (issue 38, item 5).
-		CheckpointMissing: "checkpoints, rollbacks and forks are not built for Proxmox VMs yet (the local backend has them)",
+		// Snapshots without vmstate, and archives of the workspace for
+		// forks (checkpoint.go).
+		Checkpoint:              b.cfg.CheckpointDir != "",
+		CheckpointMissing:       checkpointMissing(b.cfg.CheckpointDir),
+		CheckpointMemoryMissing: checkpointMemoryMissing,
 	}
+}
+
+func checkpointMissing(dir string) string {
+	if dir == "" {
+		return noCheckpointDir
+	}
+	return ""
 }
 
 // Check verifies that the API answers and the token is accepted.
@@ -316,6 +331,31 @@ func (b *Backend) Check(ctx context.Context) error {
 // size and tag it, start it, and wait for its guest agent. Whatever
 // fails, the VM is destroyed (if it is still ours).
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
+	if spec.From == "" {
+		return b.create(ctx, spec)
+	}
+	// A fork: a new VM, and the checkpoint's files in it.
+	f, err := b.openFork(spec.From)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	inst, err := b.create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	s := inst.(*vmSandbox)
+	if err := s.fill(ctx, spec, f); err != nil {
+		if derr := s.Destroy(context.WithoutCancel(ctx)); derr != nil {
+			b.log.Warn("destroy a fork that could not be filled", "vmid", s.vmid, "err", derr)
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// create makes a VM for a job (Create, without its files).
+func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	h, _ := spec.Admission.(*hold)
 	if h == nil || h.p != b.placer {
 		var err error
@@ -453,7 +493,13 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 
 // Destroy implements sandbox.Backend. A VM that is no longer the one the
 // id names (destroyed, its vmid reused by another owner) is left alone.
-func (b *Backend) Destroy(ctx context.Context, id string) error { return b.vms.destroyID(ctx, id) }
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	err := b.vms.destroyID(ctx, id)
+	if vmid, _, perr := parseID(id); err == nil && perr == nil {
+		b.dropArchives(vmid)
+	}
+	return err
+}
 
 // Admit implements sandbox.Admitter: it chooses the template and node of
 // a job's VM and reserves the room there. One placement runs at a time,

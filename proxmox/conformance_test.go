@@ -16,7 +16,7 @@ import (
 func TestContract(t *testing.T) {
 	sim := newSim(t, pvesim.DefaultNodes(1), nil)
 	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
-	cfg := proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond, Instance: "contract1"}
+	cfg := proxmox.Config{Template: "debian-job", PollInterval: 50 * time.Millisecond, Instance: "contract1", CheckpointDir: t.TempDir()}
 	sandboxtest.Run(t, sandboxtest.Harness{
 		New: func(t *testing.T) sandbox.Backend {
 			b, err := proxmox.New(c, cfg)

@@ -47,7 +47,11 @@ func (s *vmSandbox) Destroy(ctx context.Context) error {
 	if s.b.vms.nodeOf(s.vmid) == "" {
 		s.b.vms.remember(s.vmid, s.node)
 	}
-	return s.b.vms.destroy(ctx, s.vmid, s.owner)
+	err := s.b.vms.destroy(ctx, s.vmid, s.owner)
+	if err == nil {
+		s.b.dropArchives(s.vmid)
+	}
+	return err
 }
 
 // errNotThere: the node does not have the VM (any more).

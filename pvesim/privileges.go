@@ -135,6 +135,7 @@ const JobRoleName = "DelegateJobs"
 //     also to delete it), VM.Config.Disk (backup=0 on the disks, resize);
 //   - VM.PowerMgmt (start, stop), VM.Audit (config, status, and seeing the
 //     VMs in /cluster/resources);
+//   - VM.Snapshot (checkpoints: snapshot, rollback, delsnapshot);
 //   - the guest agent: VM.Monitor on PVE 8; on PVE 9
 //     VM.GuestAgent.Unrestricted, which exec needs and which also covers
 //     ping, file-read and file-write;
@@ -150,7 +151,7 @@ func JobRolePrivileges(pveVersion string) []string {
 	privs := []string{
 		"Datastore.AllocateSpace", "Datastore.Audit", "SDN.Use", "Sys.Audit",
 		"VM.Allocate", "VM.Audit", "VM.Clone", "VM.Config.CPU", "VM.Config.Disk", "VM.Config.Memory",
-		"VM.Config.Network", "VM.Config.Options", "VM.PowerMgmt",
+		"VM.Config.Network", "VM.Config.Options", "VM.PowerMgmt", "VM.Snapshot",
 	}
 	if rel.major >= 9 {
 		privs = append(privs, "VM.GuestAgent.Unrestricted")

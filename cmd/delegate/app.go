@@ -261,7 +261,7 @@ func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger
 		b, err := proxmox.New(client, proxmox.Config{Template: cfg.Defaults.VMTemplate, Bridge: cfg.ProxmoxBridge, VLAN: cfg.ProxmoxVLAN, Egress: eg,
 			AgentTimeout: cfg.ProxmoxAgentTimeout, NodeMemory: cfg.ProxmoxNodeMemory, Instance: instance, Logger: log,
 			ResourcePool: cfg.ProxmoxResourcePool, CPUOvercommit: cfg.ProxmoxCPUOvercommit, Nodes: cfg.ProxmoxNodes, VMIDRange: vmids,
-			TransferURL: callbackURL})
+			TransferURL: callbackURL, CheckpointDir: filepath.Join(cfg.DataDir, "proxmox-checkpoints")})
 		if err != nil {
 			return nil, nil, fmt.Errorf("proxmox backend: %w", err)
 		}

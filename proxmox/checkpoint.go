@@ -1,0 +1,344 @@
+package proxmox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/sandbox"
+)
+
+// Checkpoints, rollbacks and forks of kept sandboxes (issue 38), files
+// only.
+//
+// A checkpoint is two things made at one instant, while the engine has
+// ended the sandbox's commands:
+//
+//   - a Proxmox snapshot of the VM without its RAM (vmstate 0), for
+//     rollbacks: qemu-server freezes the guest's file systems around it
+//     itself when the VM's agent is enabled (src/PVE/QemuConfig.pm
+//     __snapshot_check_freeze_needed, __snapshot_freeze), so the cut is
+//     consistent on disk; the storage must have snapshots (LVM-thin, ZFS,
+//     Ceph RBD, qcow2 on directory, NFS or CIFS storages; not thick LVM's
+//     raw volumes: "snapshot feature is not available");
+//   - an archive of /workspace on the server (Config.CheckpointDir), for
+//     forks: a snapshot of a VM that is not a template clones only as a
+//     full copy of its disks, far too slow to be a fork, so a fork is a
+//     new VM (a warm one of the pool where the fork's shape fits) that
+//     gets the workspace's files. The archive comes out of the VM once
+//     (the agent reads 16 MiB a call, or HTTP where the VM has a network)
+//     and goes into each fork, the forks in parallel.
+//
+// A rollback is the snapshot rollback API (a qmrollback task, start=1):
+// Proxmox stops the VM, brings its disks back and starts it again (its
+// processes start from a clean boot: pve-guest-common
+// src/PVE/AbstractConfig.pm snapshot_rollback); delegate waits for the
+// agent and readies the guest again. Processes are not stopped by a
+// checkpoint, unlike the local backend's: a snapshot without RAM leaves
+// the VM running (the engine has ended the commands it knows).
+//
+// The ids say where things are: a checkpoint "pve-<vmid>-<12 hex>" is
+// snapshot "delegate-<12 hex>" of VM <vmid> and the archive
+// "<vmid>-<12 hex>.tgz" in the checkpoint directory. Destroying the VM
+// takes its snapshots with it and the backend removes its archives.
+// Forks keep nothing of their checkpoint: their files are their own.
+
+// checkpointMemoryMissing is why no checkpoint keeps memory here.
+const checkpointMemoryMissing = "a Proxmox snapshot with RAM (vmstate) restores processes the server has already ended, " +
+	"and a fork with memory would need a clone of the running VM (a full copy of its disks, not a fork): " +
+	"checkpoints of Proxmox VMs keep files only; leave memory out (the VM's processes start again from a clean boot)"
+
+var checkpointIDRe = regexp.MustCompile(`^pve-([1-9][0-9]{2,8})-([0-9a-f]{12})$`)
+
+// ckpRef is what a checkpoint id names.
+type ckpRef struct {
+	id   string
+	vmid int
+	key  string // 12 hex digits
+}
+
+func parseCheckpointID(id string) (ckpRef, error) {
+	m := checkpointIDRe.FindStringSubmatch(id)
+	if m == nil {
+		return ckpRef{}, fmt.Errorf("proxmox: %q is not a checkpoint of the Proxmox backend (pve-<vmid>-<12 hex digits>)", id)
+	}
+	vmid, _ := strconv.Atoi(m[1])
+	return ckpRef{id: id, vmid: vmid, key: m[2]}, nil
+}
+
+func newCheckpointRef(vmid int) ckpRef {
+	var b [6]byte
+	rand.Read(b[:])
+	key := hex.EncodeToString(b[:])
+	return ckpRef{id: fmt.Sprintf("pve-%d-%s", vmid, key), vmid: vmid, key: key}
+}
+
+// snapname is the Proxmox snapshot's name (a pve-configid).
+func (r ckpRef) snapname() string { return "delegate-" + r.key }
+
+func (b *Backend) archivePath(r ckpRef) string {
+	return filepath.Join(b.cfg.CheckpointDir, fmt.Sprintf("%d-%s.tgz", r.vmid, r.key))
+}
+
+// dropArchives removes the checkpoints' archives of a destroyed VM.
+func (b *Backend) dropArchives(vmid int) {
+	if b.cfg.CheckpointDir == "" {
+		return
+	}
+	names, _ := filepath.Glob(filepath.Join(b.cfg.CheckpointDir, strconv.Itoa(vmid)+"-*.tgz"))
+	for _, n := range names {
+		if err := os.Remove(n); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			b.log.Warn("remove a checkpoint's archive", "vmid", vmid, "file", n, "err", err)
+		}
+	}
+}
+
+var _ sandbox.Checkpointer = (*vmSandbox)(nil)
+
+// Checkpoint implements sandbox.Checkpointer: the workspace's archive,
+// then the snapshot. A paused VM is resumed for the archive (its agent
+// answers nothing while paused) and paused again.
+func (s *vmSandbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
+	b := s.b
+	if b.cfg.CheckpointDir == "" {
+		return sandbox.Checkpoint{}, errors.New("proxmox: " + noCheckpointDir)
+	}
+	paused, err := s.paused(ctx)
+	if err != nil {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
+	}
+	if paused {
+		if err := s.Resume(ctx); err != nil {
+			return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
+		}
+		defer func() {
+			if err := s.Pause(context.WithoutCancel(ctx)); err != nil {
+				b.log.Warn("could not pause a checkpointed VM again", "vmid", s.vmid, "err", err)
+			}
+		}()
+	}
+	ref := newCheckpointRef(s.vmid)
+	size, err := s.saveArchive(ctx, b.archivePath(ref))
+	if err != nil {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
+	}
+	err = s.onNode(ctx, func(node string) error {
+		upid, err := b.c.CreateSnapshot(ctx, node, s.vmid, ref.snapname(), "delegate checkpoint "+ref.id+" of "+orLegacy(s.owner.job), false)
+		if err == nil {
+			logTask(b.log, "snapshot", s.vmid, s.owner.job, upid)
+			err = b.c.WaitTask(ctx, node, upid)
+		}
+		return err
+	})
+	if err != nil {
+		os.Remove(b.archivePath(ref))
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: snapshot %s: %w", s.vmid, ref.snapname(), snapshotHint(err))
+	}
+	b.log.Info("VM checkpointed", "vmid", s.vmid, "job", s.owner.job, "checkpoint", ref.id, "archive_bytes", size)
+	return sandbox.Checkpoint{ID: ref.id, Bytes: size, Created: time.Now().UTC()}, nil
+}
+
+// saveArchive writes the workspace's archive to path (through a
+// temporary file beside it), and returns its size.
+func (s *vmSandbox) saveArchive(ctx context.Context, path string) (int64, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return 0, err
+	}
+	rc, err := s.GetArchive(ctx)
+	if err != nil {
+		return 0, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".part-*")
+	if err != nil {
+		rc.Close()
+		return 0, err
+	}
+	n, err := io.Copy(f, rc)
+	if cerr := rc.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return 0, fmt.Errorf("save the workspace's archive: %w", err)
+	}
+	return n, nil
+}
+
+// paused tells whether the VM is suspended.
+func (s *vmSandbox) paused(ctx context.Context) (bool, error) {
+	var st pve.VMStatus
+	err := s.onNode(ctx, func(node string) (err error) {
+		st, err = s.b.c.VMStatus(ctx, node, s.vmid)
+		return err
+	})
+	return st.QMPStatus == "paused", err
+}
+
+// Rollback implements sandbox.Checkpointer: the snapshot rollback API
+// with start=1, then the guest agent waited for and the guest readied
+// again (and, behind the egress proxy, its address pinned again: DHCP
+// may give it another). A paused VM is paused again. Only the VM's own
+// checkpoints are reachable.
+func (s *vmSandbox) Rollback(ctx context.Context, id string) error {
+	b := s.b
+	ref, err := parseCheckpointID(id)
+	if err != nil {
+		return err
+	}
+	if ref.vmid != s.vmid {
+		return fmt.Errorf("proxmox: checkpoint %s is of VM %d, not of this sandbox's VM %d: a sandbox rolls back to its own checkpoints", id, ref.vmid, s.vmid)
+	}
+	paused, err := s.paused(ctx)
+	if err != nil {
+		return fmt.Errorf("roll back VM %d: %w", s.vmid, err)
+	}
+	err = s.onNode(ctx, func(node string) error {
+		if ok, found, err := b.vms.owned(ctx, node, s.vmid, s.owner); err != nil {
+			return err
+		} else if !found {
+			return fmt.Errorf("node %s: %w", node, errNotThere)
+		} else if !ok {
+			return sandbox.ErrGone
+		}
+		upid, err := b.c.RollbackSnapshot(ctx, node, s.vmid, ref.snapname(), true)
+		if err == nil {
+			logTask(b.log, "rollback", s.vmid, s.owner.job, upid)
+			err = b.c.WaitTask(ctx, node, upid)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("roll back VM %d to %s: %w", s.vmid, id, snapshotHint(err))
+	}
+	here := *s // waitAgent and pin ask the node the VM is on now
+	here.node = s.where()
+	if err := b.waitAgent(ctx, &here); err != nil {
+		return err
+	}
+	if err := s.prepare(ctx); err != nil {
+		return err
+	}
+	if s.nic && b.cfg.Egress != nil {
+		if err := b.fw.pin(ctx, &here, "pve-firewall"); err != nil {
+			return err
+		}
+	}
+	if paused {
+		if err := s.Pause(ctx); err != nil {
+			return err
+		}
+	}
+	b.log.Info("VM rolled back", "vmid", s.vmid, "job", s.owner.job, "checkpoint", id)
+	return nil
+}
+
+// snapshotHint explains a snapshot call Proxmox refused.
+func snapshotHint(err error) error {
+	var te *pve.TaskError
+	if errors.As(err, &te) {
+		switch {
+		case strings.Contains(te.ExitStatus, "snapshot feature is not available"):
+			return fmt.Errorf("the VM's disks are on a storage without snapshots (thick LVM, or raw files): "+
+				"make the template's disk LVM-thin, ZFS, Ceph RBD or qcow2 (docs/PROXMOX.md, \"Checkpoints and forks\"): %w", err)
+		case strings.Contains(te.ExitStatus, "does not exist"):
+			return fmt.Errorf("%w: %w", sandbox.ErrGone, err)
+		}
+	}
+	return privilegeHint(err)
+}
+
+// DeleteCheckpoint implements sandbox.CheckpointKeeper: the archive goes,
+// and the snapshot, if its VM is still this server's.
+func (b *Backend) DeleteCheckpoint(ctx context.Context, id string) error {
+	ref, err := parseCheckpointID(id)
+	if err != nil {
+		return err
+	}
+	if b.cfg.CheckpointDir != "" {
+		if err := os.Remove(b.archivePath(ref)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("proxmox: delete checkpoint %s: %w", id, err)
+		}
+	}
+	r, err := b.vms.locate(ctx, ref.vmid)
+	if errors.Is(err, sandbox.ErrGone) || pve.IsNotFound(err) {
+		return nil // the VM went, with its snapshots
+	}
+	if err != nil {
+		return fmt.Errorf("proxmox: delete checkpoint %s: %w", id, err)
+	}
+	cfg, err := b.c.VMConfig(ctx, r.Node, ref.vmid)
+	if pve.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("proxmox: delete checkpoint %s: %w", id, privilegeHint(err))
+	}
+	if !strings.HasPrefix(cfg.Name, namePrefix(b.cfg.Instance)) {
+		return nil // the vmid is another VM's now
+	}
+	snaps, err := b.c.Snapshots(ctx, r.Node, ref.vmid)
+	if err != nil {
+		return fmt.Errorf("proxmox: delete checkpoint %s: %w", id, privilegeHint(err))
+	}
+	found := false
+	for _, sn := range snaps {
+		found = found || sn.Name == ref.snapname()
+	}
+	if !found {
+		return nil
+	}
+	upid, err := b.c.DeleteSnapshot(ctx, r.Node, ref.vmid, ref.snapname())
+	if err == nil {
+		logTask(b.log, "delete snapshot", ref.vmid, "", upid)
+		err = b.c.WaitTask(ctx, r.Node, upid)
+	}
+	if err != nil {
+		return fmt.Errorf("proxmox: delete checkpoint %s (snapshot %s of VM %d): %w", id, ref.snapname(), ref.vmid, privilegeHint(err))
+	}
+	return nil
+}
+
+// openFork opens the archive of the checkpoint a fork starts from.
+func (b *Backend) openFork(from string) (*os.File, error) {
+	ref, err := parseCheckpointID(from)
+	if err != nil {
+		return nil, err
+	}
+	if b.cfg.CheckpointDir == "" {
+		return nil, errors.New("proxmox: " + noCheckpointDir)
+	}
+	f, err := os.Open(b.archivePath(ref))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("proxmox: checkpoint %s: it was deleted, or its VM destroyed: %w", from, sandbox.ErrGone)
+	}
+	return f, err
+}
+
+// fill puts a fork's files into its new VM.
+func (s *vmSandbox) fill(ctx context.Context, spec sandbox.Spec, f *os.File) error {
+	spec.Step("copying the checkpoint's files")
+	if _, err := s.PutArchive(ctx, f); err != nil {
+		return fmt.Errorf("proxmox: fork %s into VM %d: %w", spec.From, s.vmid, err)
+	}
+	return nil
+}
+
+const noCheckpointDir = "checkpoints, rollbacks and forks need a directory on the server for the forks' archives (Config.CheckpointDir; " +
+	"delegate serve sets it in its data directory)"
