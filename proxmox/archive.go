@@ -64,9 +64,14 @@ s=$(sha256sum <"$0") && n=$(wc -c <"$0") && echo "${s%% *} $n" && exit $rc`
 
 // writeArchive checks and rewrites the stream (sandbox.ReadArchive:
 // what breaks a rule fails here, special files and hard links are left
-// out) as a gzip pax tar into w.
+// out) as a gzip pax tar into w, at gzip's fastest (a stream sent once).
 func writeArchive(ctx context.Context, r io.Reader, w io.Writer) (sandbox.Unpacked, error) {
-	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+	return packArchive(ctx, r, w, gzip.BestSpeed)
+}
+
+// packArchive is writeArchive at a gzip level.
+func packArchive(ctx context.Context, r io.Reader, w io.Writer, level int) (sandbox.Unpacked, error) {
+	zw, _ := gzip.NewWriterLevel(w, level)
 	tw := tar.NewWriter(zw)
 	res, err := sandbox.ReadArchive(ctx, r, func(e sandbox.ArchiveEntry) error {
 		h := e.Header
@@ -103,6 +108,14 @@ func writeArchive(ctx context.Context, r io.Reader, w io.Writer) (sandbox.Unpack
 // VM reaches the server (transfer.go), else in parts through
 // agent/file-write; GNU tar unpacks it there in one agent/exec.
 func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpacked, error) {
+	return putArchive(ctx, s, r, true)
+}
+
+// putArchive is PutArchive; with check false, r is an archive the server
+// has already checked and packed (packArchive: a checkpoint's,
+// checkpoint.go), whose bytes go through the agent as they are, not
+// checked and compressed again for every fork.
+func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (sandbox.Unpacked, error) {
 	base := xferName(".tgz")
 	if x, why := s.viaHTTP(); x == nil {
 		agentPath(s.b.log, slog.LevelDebug, "in", s.vmid, s.owner.job, why)
@@ -116,7 +129,13 @@ func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpack
 		return res, nil
 	}
 	pw := &partWriter{ctx: ctx, s: s, base: base}
-	res, err := writeArchive(ctx, r, pw)
+	var res sandbox.Unpacked
+	var err error
+	if check {
+		res, err = writeArchive(ctx, r, pw)
+	} else {
+		_, err = io.Copy(pw, r)
+	}
 	if err == nil {
 		err = pw.flush()
 	}

@@ -126,6 +126,7 @@ type Config struct {
 //	vms     where this server's VMs are, and their ends (vms.go)
 //	fw      the egress firewall of job VMs (egress.go)
 //	pool    the warm pool, once KeepPool was called (pool.go)
+//	ckpts   checkpoints, rollbacks and forks' files (checkpoint.go)
 //
 // and it makes a VM ready for a job itself (provision.go).
 type Backend struct {
@@ -143,6 +144,8 @@ type Backend struct {
 	// stamps stamps this server's VMs as seen, once its sweep runs.
 	stamps     *stamper
 	stampsOnce sync.Once
+	// ckpts checkpoints kept VMs and fills forks (checkpoint.go).
+	ckpts *checkpoints
 	// xfers carries workspaces over HTTP (transfer.go); nil: through the
 	// agent, for the reason xferOff gives.
 	xfers   *Transfers
@@ -237,6 +240,7 @@ func New(c *pve.Client, cfg Config) (*Backend, error) {
 	b.vms = newVMTable(c, conf, b.log, b.placer, b.ids)
 	b.cloner = &cloner{c: c, cfg: conf, log: b.log, ids: b.ids, link: b.tpls, vms: b.vms}
 	b.fw = &firewall{c: c, cfg: conf, egress: conf.Egress, log: b.log}
+	b.ckpts = &checkpoints{b: b, dir: cfg.CheckpointDir}
 	b.stamps = &stamper{c: c, instance: cfg.Instance, every: cfg.StampInterval, log: b.log, stamped: func(vmid int, digest string) {
 		if p := b.pool.Load(); p != nil {
 			p.restamped(vmid, digest)
@@ -332,30 +336,38 @@ func (b *Backend) Check(ctx context.Context) error {
 // fails, the VM is destroyed (if it is still ours).
 func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	if spec.From == "" {
-		return b.create(ctx, spec)
+		s, err := b.create(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		return instance(s), nil
 	}
 	// A fork: a new VM, and the checkpoint's files in it.
-	f, err := b.openFork(spec.From)
+	f, err := b.ckpts.open(spec.From)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	inst, err := b.create(ctx, spec)
+	s, err := b.create(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	s := inst.(*vmSandbox)
-	if err := s.fill(ctx, spec, f); err != nil {
+	if err := b.ckpts.fill(ctx, s, spec, f); err != nil {
 		if derr := s.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			b.log.Warn("destroy a fork that could not be filled", "vmid", s.vmid, "err", derr)
 		}
 		return nil, err
 	}
-	return s, nil
+	return instance(s), nil
+}
+
+// DeleteCheckpoint implements sandbox.CheckpointKeeper (checkpoint.go).
+func (b *Backend) DeleteCheckpoint(ctx context.Context, id string) error {
+	return b.ckpts.delete(ctx, id)
 }
 
 // create makes a VM for a job (Create, without its files).
-func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
+func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*vmSandbox, error) {
 	h, _ := spec.Admission.(*hold)
 	if h == nil || h.p != b.placer {
 		var err error
@@ -472,7 +484,7 @@ func (b *Backend) Recover(ctx context.Context, id string) (sandbox.Instance, err
 	// A kept sandbox opened without a job has an sbx- id; a persistent
 	// job's VM found again is not known to be kept (its commands'
 	// directories then stay until it goes).
-	return &vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o, kept: strings.HasPrefix(job, "sbx-"), nic: len(netKeys(cfg)) > 0}, nil
+	return instance(&vmSandbox{b: b, vmid: vmid, node: r.Node, owner: o, kept: strings.HasPrefix(job, "sbx-"), nic: len(netKeys(cfg)) > 0}), nil
 }
 
 func orLegacy(job string) string {
@@ -496,7 +508,7 @@ func (b *Backend) List(ctx context.Context) ([]sandbox.Info, error) {
 func (b *Backend) Destroy(ctx context.Context, id string) error {
 	err := b.vms.destroyID(ctx, id)
 	if vmid, _, perr := parseID(id); err == nil && perr == nil {
-		b.dropArchives(vmid)
+		b.ckpts.dropArchives(vmid)
 	}
 	return err
 }

@@ -1,12 +1,12 @@
 package proxmox
 
 import (
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -87,16 +87,24 @@ func newCheckpointRef(vmid int) ckpRef {
 // snapname is the Proxmox snapshot's name (a pve-configid).
 func (r ckpRef) snapname() string { return "delegate-" + r.key }
 
-func (b *Backend) archivePath(r ckpRef) string {
-	return filepath.Join(b.cfg.CheckpointDir, fmt.Sprintf("%d-%s.tgz", r.vmid, r.key))
+// checkpoints is the backend's part that checkpoints kept VMs, rolls
+// them back and fills forks; dir is Config.CheckpointDir.
+type checkpoints struct {
+	b   *Backend
+	dir string
+}
+
+func (k *checkpoints) path(r ckpRef) string {
+	return filepath.Join(k.dir, fmt.Sprintf("%d-%s.tgz", r.vmid, r.key))
 }
 
 // dropArchives removes the checkpoints' archives of a destroyed VM.
-func (b *Backend) dropArchives(vmid int) {
-	if b.cfg.CheckpointDir == "" {
+func (k *checkpoints) dropArchives(vmid int) {
+	b := k.b
+	if k.dir == "" {
 		return
 	}
-	names, _ := filepath.Glob(filepath.Join(b.cfg.CheckpointDir, strconv.Itoa(vmid)+"-*.tgz"))
+	names, _ := filepath.Glob(filepath.Join(k.dir, strconv.Itoa(vmid)+"-*.tgz"))
 	for _, n := range names {
 		if err := os.Remove(n); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			b.log.Warn("remove a checkpoint's archive", "vmid", vmid, "file", n, "err", err)
@@ -104,17 +112,39 @@ func (b *Backend) dropArchives(vmid int) {
 	}
 }
 
-var _ sandbox.Checkpointer = (*vmSandbox)(nil)
+// keptVM is a kept sandbox's VM (Spec.MultiExec), which checkpoints and
+// rolls back.
+type keptVM struct{ *vmSandbox }
 
-// Checkpoint implements sandbox.Checkpointer: the workspace's archive,
-// then the snapshot. A paused VM is resumed for the archive (its agent
-// answers nothing while paused) and paused again.
-func (s *vmSandbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
-	b := s.b
-	if b.cfg.CheckpointDir == "" {
+var _ sandbox.Checkpointer = keptVM{}
+
+// instance is the Instance of a VM: a keptVM for a kept sandbox.
+func instance(s *vmSandbox) sandbox.Instance {
+	if s.kept {
+		return keptVM{s}
+	}
+	return s
+}
+
+// Checkpoint implements sandbox.Checkpointer.
+func (k keptVM) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
+	return k.b.ckpts.checkpoint(ctx, k.vmSandbox)
+}
+
+// Rollback implements sandbox.Checkpointer.
+func (k keptVM) Rollback(ctx context.Context, id string) error {
+	return k.b.ckpts.rollback(ctx, k.vmSandbox, id)
+}
+
+// checkpoint makes a checkpoint of s: the workspace's archive, then the
+// snapshot. A paused VM is resumed for the archive (its agent answers
+// nothing while paused) and paused again.
+func (k *checkpoints) checkpoint(ctx context.Context, s *vmSandbox) (sandbox.Checkpoint, error) {
+	b := k.b
+	if k.dir == "" {
 		return sandbox.Checkpoint{}, errors.New("proxmox: " + noCheckpointDir)
 	}
-	paused, err := s.paused(ctx)
+	paused, err := vmPaused(ctx, s)
 	if err != nil {
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
 	}
@@ -129,7 +159,7 @@ func (s *vmSandbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) 
 		}()
 	}
 	ref := newCheckpointRef(s.vmid)
-	size, err := s.saveArchive(ctx, b.archivePath(ref))
+	size, err := saveArchive(ctx, s, k.path(ref))
 	if err != nil {
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
 	}
@@ -142,7 +172,7 @@ func (s *vmSandbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) 
 		return err
 	})
 	if err != nil {
-		os.Remove(b.archivePath(ref))
+		os.Remove(k.path(ref))
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: snapshot %s: %w", s.vmid, ref.snapname(), snapshotHint(err))
 	}
 	b.log.Info("VM checkpointed", "vmid", s.vmid, "job", s.owner.job, "checkpoint", ref.id, "archive_bytes", size)
@@ -150,8 +180,10 @@ func (s *vmSandbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) 
 }
 
 // saveArchive writes the workspace's archive to path (through a
-// temporary file beside it), and returns its size.
-func (s *vmSandbox) saveArchive(ctx context.Context, path string) (int64, error) {
+// temporary file beside it), and returns its size: checked and packed
+// once (packArchive), at gzip's default level, as it goes into every
+// fork (smaller than at the fastest level: fewer agent calls each).
+func saveArchive(ctx context.Context, s *vmSandbox, path string) (int64, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return 0, err
 	}
@@ -164,7 +196,9 @@ func (s *vmSandbox) saveArchive(ctx context.Context, path string) (int64, error)
 		rc.Close()
 		return 0, err
 	}
-	n, err := io.Copy(f, rc)
+	cw := &countWriter{w: f}
+	_, err = packArchive(ctx, rc, cw, gzip.DefaultCompression)
+	n := cw.n
 	if cerr := rc.Close(); err == nil {
 		err = cerr
 	}
@@ -181,8 +215,8 @@ func (s *vmSandbox) saveArchive(ctx context.Context, path string) (int64, error)
 	return n, nil
 }
 
-// paused tells whether the VM is suspended.
-func (s *vmSandbox) paused(ctx context.Context) (bool, error) {
+// vmPaused tells whether the VM is suspended.
+func vmPaused(ctx context.Context, s *vmSandbox) (bool, error) {
 	var st pve.VMStatus
 	err := s.onNode(ctx, func(node string) (err error) {
 		st, err = s.b.c.VMStatus(ctx, node, s.vmid)
@@ -191,13 +225,13 @@ func (s *vmSandbox) paused(ctx context.Context) (bool, error) {
 	return st.QMPStatus == "paused", err
 }
 
-// Rollback implements sandbox.Checkpointer: the snapshot rollback API
+// rollback rolls s back to checkpoint id: the snapshot rollback API
 // with start=1, then the guest agent waited for and the guest readied
 // again (and, behind the egress proxy, its address pinned again: DHCP
 // may give it another). A paused VM is paused again. Only the VM's own
 // checkpoints are reachable.
-func (s *vmSandbox) Rollback(ctx context.Context, id string) error {
-	b := s.b
+func (k *checkpoints) rollback(ctx context.Context, s *vmSandbox, id string) error {
+	b := k.b
 	ref, err := parseCheckpointID(id)
 	if err != nil {
 		return err
@@ -205,7 +239,7 @@ func (s *vmSandbox) Rollback(ctx context.Context, id string) error {
 	if ref.vmid != s.vmid {
 		return fmt.Errorf("proxmox: checkpoint %s is of VM %d, not of this sandbox's VM %d: a sandbox rolls back to its own checkpoints", id, ref.vmid, s.vmid)
 	}
-	paused, err := s.paused(ctx)
+	paused, err := vmPaused(ctx, s)
 	if err != nil {
 		return fmt.Errorf("roll back VM %d: %w", s.vmid, err)
 	}
@@ -257,6 +291,9 @@ func snapshotHint(err error) error {
 		case strings.Contains(te.ExitStatus, "snapshot feature is not available"):
 			return fmt.Errorf("the VM's disks are on a storage without snapshots (thick LVM, or raw files): "+
 				"make the template's disk LVM-thin, ZFS, Ceph RBD or qcow2 (docs/PROXMOX.md, \"Checkpoints and forks\"): %w", err)
+		case strings.Contains(te.ExitStatus, "is not most recent snapshot"):
+			return fmt.Errorf("the VM's disk is on ZFS, which rolls back only to the newest snapshot: delete the checkpoints made after this one first, "+
+				"or roll back to the newest: %w", err)
 		case strings.Contains(te.ExitStatus, "does not exist"):
 			return fmt.Errorf("%w: %w", sandbox.ErrGone, err)
 		}
@@ -264,15 +301,16 @@ func snapshotHint(err error) error {
 	return privilegeHint(err)
 }
 
-// DeleteCheckpoint implements sandbox.CheckpointKeeper: the archive goes,
-// and the snapshot, if its VM is still this server's.
-func (b *Backend) DeleteCheckpoint(ctx context.Context, id string) error {
+// delete deletes a checkpoint: the archive goes, and the snapshot, if
+// its VM is still this server's.
+func (k *checkpoints) delete(ctx context.Context, id string) error {
+	b := k.b
 	ref, err := parseCheckpointID(id)
 	if err != nil {
 		return err
 	}
-	if b.cfg.CheckpointDir != "" {
-		if err := os.Remove(b.archivePath(ref)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if k.dir != "" {
+		if err := os.Remove(k.path(ref)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("proxmox: delete checkpoint %s: %w", id, err)
 		}
 	}
@@ -316,25 +354,26 @@ func (b *Backend) DeleteCheckpoint(ctx context.Context, id string) error {
 }
 
 // openFork opens the archive of the checkpoint a fork starts from.
-func (b *Backend) openFork(from string) (*os.File, error) {
+func (k *checkpoints) open(from string) (*os.File, error) {
 	ref, err := parseCheckpointID(from)
 	if err != nil {
 		return nil, err
 	}
-	if b.cfg.CheckpointDir == "" {
+	if k.dir == "" {
 		return nil, errors.New("proxmox: " + noCheckpointDir)
 	}
-	f, err := os.Open(b.archivePath(ref))
+	f, err := os.Open(k.path(ref))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("proxmox: checkpoint %s: it was deleted, or its VM destroyed: %w", from, sandbox.ErrGone)
 	}
 	return f, err
 }
 
-// fill puts a fork's files into its new VM.
-func (s *vmSandbox) fill(ctx context.Context, spec sandbox.Spec, f *os.File) error {
+// fill puts a fork's files into its new VM: the archive is the
+// server's own (packArchive), put in as it is.
+func (k *checkpoints) fill(ctx context.Context, s *vmSandbox, spec sandbox.Spec, f *os.File) error {
 	spec.Step("copying the checkpoint's files")
-	if _, err := s.PutArchive(ctx, f); err != nil {
+	if _, err := putArchive(ctx, s, f, false); err != nil {
 		return fmt.Errorf("proxmox: fork %s into VM %d: %w", spec.From, s.vmid, err)
 	}
 	return nil

@@ -242,3 +242,45 @@ func TestProxmoxCheckpointBackend(t *testing.T) {
 	}
 
 }
+
+// TestProxmoxCheckpointZFS: on ZFS a VM rolls back only to its newest
+// snapshot (pve-storage ZFSPoolPlugin volume_rollback_is_possible); a
+// rollback to an older checkpoint fails saying what to do, and works
+// once the newer one is deleted.
+func TestProxmoxCheckpointZFS(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), func(o *pvesim.Options) {
+		o.Storages = append(pvesim.DefaultStorages(), pvesim.StorageSpec{ID: "tank", Type: "zfspool"})
+	})
+	if err := sim.AddTemplate("pve1", 9100, "zfs-job", pvesim.TemplateSpec{Storage: "tank"}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	b, err := proxmox.New(c, proxmox.Config{Template: "zfs-job", PollInterval: 50 * time.Millisecond, CheckpointDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	inst, err := b.Create(ctx, sandbox.Spec{JobID: "sbx-zfs1", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, MultiExec: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Destroy(context.Background()) })
+	ck := inst.(sandbox.Checkpointer)
+	first, err := ck.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := ck.Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ck.Rollback(ctx, first.ID); err == nil || !strings.Contains(err.Error(), "rolls back only to the newest snapshot") {
+		t.Errorf("a rollback past a newer snapshot on ZFS: %v", err)
+	}
+	if err := b.DeleteCheckpoint(ctx, second.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := ck.Rollback(ctx, first.ID); err != nil {
+		t.Errorf("a rollback to the newest: %v", err)
+	}
+}

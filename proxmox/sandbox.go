@@ -49,7 +49,7 @@ func (s *vmSandbox) Destroy(ctx context.Context) error {
 	}
 	err := s.b.vms.destroy(ctx, s.vmid, s.owner)
 	if err == nil {
-		s.b.dropArchives(s.vmid)
+		s.b.ckpts.dropArchives(s.vmid)
 	}
 	return err
 }

@@ -1,0 +1,185 @@
+package proxmox_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/proxmox"
+	"github.com/delegate-dev/delegate/pve"
+	"github.com/delegate-dev/delegate/pvesim"
+	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/workspace"
+)
+
+// BenchmarkForkSim forks a kept sandbox with a 10 MB source tree into 4
+// warm VMs of the pool, files only, on the simulator at a real cluster's
+// latencies (pvesim.RealLatency: requests 10-50 ms, agent calls 25 ms
+// more, tasks a few hundred ms, boots 12 s) with the client's defaults
+// (20 requests a second, 40 at once, 2 calls in flight per node), on one
+// node and on two: the checkpoint (the workspace's archive out of the
+// source VM, a snapshot without RAM) and then the 4 forks made at once
+// (each a warm VM taken and the archive put in). The baseline, in the
+// same round, is the 4 VMs given the same tree from the server as 4
+// fresh jobs are (Archive, PutArchive; at once). The pool is refilled
+// outside the timings.
+//
+//	go test -run '^$' -bench ForkSim -benchtime 5x -timeout 30m ./proxmox/
+func BenchmarkForkSim(b *testing.B) {
+	for _, nodes := range []int{1, 2} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) { benchFork(b, nodes) })
+	}
+}
+
+func benchFork(b *testing.B, nodes int) {
+	ctx := context.Background()
+	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(nodes), Latency: "real", AuthFailureDelay: -1, SandboxDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sim.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer sim.Close()
+	for i := range nodes {
+		if err := sim.AddTemplate("pve"+strconv.Itoa(i+1), 9000+i, "debian-job", pvesim.TemplateSpec{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := sim.AddToken(pvesim.Token{ID: "bench@pve!tk", Secret: "s3cret", Privileges: pvesim.RoleAdministrator}); err != nil {
+		b.Fatal(err)
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
+	p, _ := strconv.Atoi(port)
+	c, err := pve.New(pve.Config{Host: host, Port: p, User: "bench@pve", TokenName: "tk", TokenValue: "s3cret",
+		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	be, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "forkbench", CheckpointDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	spec := sandbox.Spec{JobID: "sbx-forksource", CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30, MultiExec: true}
+	src, err := be.Create(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Destroy(ctx)
+	root := sourceTree(b, 10<<20)
+	tree, err := workspace.Scan(ctx, root, workspace.ScanOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	importTree := func(inst sandbox.Instance) error {
+		pr, pw := io.Pipe()
+		go func() {
+			_, err := tree.Archive(ctx, pw, workspace.ArchiveOptions{Gzip: true})
+			pw.CloseWithError(err)
+		}()
+		_, err := inst.(sandbox.Archiver).PutArchive(ctx, pr)
+		pr.Close()
+		return err
+	}
+	if err := importTree(src); err != nil {
+		b.Fatal(err)
+	}
+	stop, err := be.KeepPool(ctx, proxmox.PoolConfig{Size: 4, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30, Parallel: 4, CheckInterval: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stop()
+	ready := func() {
+		testkit.Eventually(b, 5*time.Minute, "4 ready VMs in the pool", func() bool {
+			for _, pc := range be.PoolVMs() {
+				if pc.State == "ready" {
+					return pc.Count >= 4
+				}
+			}
+			return false
+		})
+	}
+	var ckpT, forkT, baseT time.Duration
+	var ckpCalls, forkCalls, baseCalls int
+	var archive int64
+	round := 0
+	for b.Loop() {
+		b.StopTimer()
+		ready()
+		round++
+		n0 := len(sim.Requests())
+		b.StartTimer()
+		t0 := time.Now()
+		cp, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		n1 := len(sim.Requests())
+		forks := make([]sandbox.Instance, 4)
+		errs := make([]error, 4)
+		var wg sync.WaitGroup
+		for i := range forks {
+			wg.Go(func() {
+				fs := spec
+				fs.JobID, fs.From = fmt.Sprintf("sbx-fork%d-%d", round, i), cp.ID
+				forks[i], errs[i] = be.Create(ctx, fs)
+			})
+		}
+		wg.Wait()
+		t2 := time.Now()
+		b.StopTimer()
+		ckpT += t1.Sub(t0)
+		forkT += t2.Sub(t1)
+		ckpCalls += n1 - n0
+		forkCalls += len(sim.Requests()) - n1
+		archive += cp.Bytes
+		for i, err := range errs {
+			if err != nil {
+				b.Fatalf("fork %d: %v", i, err)
+			}
+			got, err := forks[i].ReadFile(ctx, "/workspace/pkg000/file0000.go", 0, 1<<20)
+			want, _ := os.ReadFile(filepath.Join(root, "pkg000", "file0000.go"))
+			if err != nil || string(got) != string(want) {
+				b.Fatalf("fork %d reads %d bytes (%v), want %d", i, len(got), err, len(want))
+			}
+		}
+		// The baseline: the same 4 VMs given the tree from the server.
+		n2 := len(sim.Requests())
+		t3 := time.Now()
+		for i := range forks {
+			wg.Go(func() { errs[i] = importTree(forks[i]) })
+		}
+		wg.Wait()
+		baseT += time.Since(t3)
+		baseCalls += len(sim.Requests()) - n2
+		for i := range forks {
+			if errs[i] != nil {
+				b.Fatalf("baseline %d: %v", i, errs[i])
+			}
+			forks[i].Destroy(ctx)
+		}
+		if err := be.DeleteCheckpoint(ctx, cp.ID); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	n := float64(round)
+	b.ReportMetric(float64(tree.Bytes)/1e6, "source-MB")
+	b.ReportMetric(float64(archive)/n/1e6, "archive-MB")
+	b.ReportMetric(ckpT.Seconds()/n, "checkpoint-s")
+	b.ReportMetric(forkT.Seconds()/n, "fork4-s")
+	b.ReportMetric((ckpT+forkT).Seconds()/n, "total-s")
+	b.ReportMetric(float64(ckpCalls+forkCalls)/n, "calls")
+	b.ReportMetric(baseT.Seconds()/n, "baseline-import4-s")
+	b.ReportMetric(float64(baseCalls)/n, "baseline-calls")
+}
