@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/pve"
 )
 
@@ -32,7 +33,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func testLifecycle(t *testing.T, full, emulation bool) {
-	s := newSim(t, Options{BootDelay: 300 * time.Millisecond, AgentEmulation: emulation})
+	s := newSim(t, Options{BootDelay: time.Second, AgentEmulation: emulation})
 	if emulation && s.AgentKind() != "emulation" {
 		t.Fatalf("agent %s", s.AgentKind())
 	}
@@ -108,11 +109,19 @@ func testLifecycle(t *testing.T, full, emulation bool) {
 	if err := c.AgentPing(ctx, "pve1", id); !pve.IsVMNotRunning(err) && !pve.IsAgentNotRunning(err) {
 		t.Errorf("ping while starting: %v", err)
 	}
-	if err := c.WaitTask(ctx, "pve1", upid); err != nil {
-		t.Fatal(err)
-	}
+	// The guest is made at the end of the start task and boots for
+	// BootDelay: the ping goes as soon as the simulator has the guest,
+	// not after WaitTask's growing pauses between polls (which, after a
+	// start slowed by a loaded host, can outlast the boot).
+	testkit.Eventually(t, 60*time.Second, "the VM's guest", func() bool {
+		v, _ := s.VM(id)
+		return v.Sandbox != ""
+	})
 	if err := c.AgentPing(ctx, "pve1", id); !pve.IsAgentNotRunning(err) {
 		t.Errorf("ping while booting: %v", err)
+	}
+	if err := c.WaitTask(ctx, "pve1", upid); err != nil {
+		t.Fatal(err)
 	}
 	st, err := c.VMStatus(ctx, "pve1", id)
 	if err != nil || st.Status != "running" || st.PID == 0 || !bool(st.Agent) || st.MaxMem != 1024<<20 {
