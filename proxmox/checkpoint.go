@@ -22,8 +22,7 @@ import (
 // Checkpoints, rollbacks and forks of kept sandboxes (issue 38), files
 // only.
 //
-// A checkpoint is two things made at one instant, while the engine has
-// ended the sandbox's commands:
+// A checkpoint is two things made one after the other:
 //
 //   - a Proxmox snapshot of the VM without its RAM (vmstate 0), for
 //     rollbacks: qemu-server freezes the guest's file systems around it
@@ -40,13 +39,13 @@ import (
 //     (the agent reads 16 MiB a call, or HTTP where the VM has a network)
 //     and goes into each fork, the forks in parallel.
 //
+// A checkpoint leaves the VM and its processes running (a snapshot
+// without RAM); the guest's file systems are frozen for the cut only.
 // A rollback is the snapshot rollback API (a qmrollback task, start=1):
 // Proxmox stops the VM, brings its disks back and starts it again (its
 // processes start from a clean boot: pve-guest-common
 // src/PVE/AbstractConfig.pm snapshot_rollback); delegate waits for the
-// agent and readies the guest again. Processes are not stopped by a
-// checkpoint, unlike the local backend's: a snapshot without RAM leaves
-// the VM running (the engine has ended the commands it knows).
+// agent and readies the guest again.
 //
 // The ids say where things are: a checkpoint "pve-<vmid>-<12 hex>" is
 // snapshot "delegate-<12 hex>" of VM <vmid> and the archive
