@@ -143,15 +143,8 @@ func benchFork(b *testing.B, nodes int) {
 		ckpT += t1.Sub(t0)
 		forkT += t2.Sub(t1)
 		ckpCalls += n1 - n0
-		for _, r := range sim.Requests()[n1:] {
-			switch {
-			case strings.HasSuffix(r.Path, "/agent/file-write"):
-				writes++
-			case strings.HasSuffix(r.Path, "/agent/ping"):
-				pings++
-			}
-			queued += r.Queued
-		}
+		w, pg, q := windowCalls(sim.Requests(), n1)
+		writes, pings, queued = writes+w, pings+pg, queued+q
 		forkCalls += len(sim.Requests()) - n1
 		archive += cp.Bytes
 		for i, err := range errs {
@@ -200,4 +193,18 @@ func benchFork(b *testing.B, nodes int) {
 	b.ReportMetric(queued.Seconds()/n, "fork-window-queued-s")
 	b.ReportMetric(baseT.Seconds()/n, "baseline-import4-s")
 	b.ReportMetric(float64(baseCalls)/n, "baseline-calls")
+}
+
+// windowCalls counts, in the requests from the first, the agent's
+// file-writes and pings, and sums the time they waited for a worker.
+func windowCalls(reqs []pvesim.Request, first int) (writes, pings int, queued time.Duration) {
+	for i := first; i < len(reqs); i++ {
+		if strings.HasSuffix(reqs[i].Path, "/agent/file-write") {
+			writes++
+		} else if strings.HasSuffix(reqs[i].Path, "/agent/ping") {
+			pings++
+		}
+		queued += reqs[i].Queued
+	}
+	return writes, pings, queued
 }
