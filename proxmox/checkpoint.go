@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/delegate-dev/delegate/pve"
@@ -58,7 +59,7 @@ const checkpointMemoryMissing = "a Proxmox snapshot with RAM (vmstate) restores 
 	"and a fork with memory would need a clone of the running VM (a full copy of its disks, not a fork): " +
 	"checkpoints of Proxmox VMs keep files only; leave memory out (the VM's processes start again from a clean boot)"
 
-var checkpointIDRe = regexp.MustCompile(`^pve-([1-9][0-9]{2,8})-([0-9a-f]{12})$`)
+var checkpointIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^pve-([1-9][0-9]{2,8})-([0-9a-f]{12})$`) })
 
 // ckpRef is what a checkpoint id names.
 type ckpRef struct {
@@ -68,7 +69,7 @@ type ckpRef struct {
 }
 
 func parseCheckpointID(id string) (ckpRef, error) {
-	m := checkpointIDRe.FindStringSubmatch(id)
+	m := checkpointIDRe().FindStringSubmatch(id)
 	if m == nil {
 		return ckpRef{}, fmt.Errorf("proxmox: %q is not a checkpoint of the Proxmox backend (pve-<vmid>-<12 hex digits>)", id)
 	}
