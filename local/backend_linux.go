@@ -440,6 +440,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		Multi:       spec.MultiExec,
 		Expires:     spec.Expires,
 		Init:        spec.MultiExec,
+		Var:         spec.DiskVar,
 	}
 	st.Spawns = spec.MultiExec && b.shims.cFor(st)
 	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
@@ -467,6 +468,20 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		return fmt.Errorf("mount workspace tmpfs: %w", err)
 	} else if err := unix.Mount("", ws, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make workspace private: %w", err)
+	}
+	if spec.DiskVar {
+		// A VM's /var, on a tmpfs of the disk's size like the workspace
+		// (a budget of its own: the simulator's disks are memory anyway).
+		v := filepath.Join(dir, dirVar)
+		if err := os.Mkdir(v, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount("tmpfs", v, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount /var tmpfs: %w", err)
+		}
+		if err := unix.Mount("", v, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make /var private: %w", err)
+		}
 	}
 	if spec.MultiExec {
 		// One init for all its commands (keeper_linux.go), in a network

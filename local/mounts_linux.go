@@ -77,7 +77,7 @@ func pivot(root string) error {
 // own: a lazy detach takes them all). Mounts anyone else made there are left to removeSandboxDir,
 // which finds them.
 func unmountSandbox(dir string) error {
-	for _, d := range []string{dirWorkspace, dirChannel, dirTemplate, dirTmp, fileNetns} {
+	for _, d := range []string{dirWorkspace, dirVar, dirChannel, dirTemplate, dirTmp, fileNetns} {
 		if err := unmountAt(filepath.Join(dir, d)); err != nil {
 			return err
 		}

@@ -318,6 +318,13 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		}
 	}
 	add(opMount, unix.MS_BIND|unix.MS_REC, "bind /workspace", dirWorkspace, at("workspace"))
+	if st.Var {
+		// Over a template's /var, if it has one (bound read-only above).
+		if !have["var"] {
+			add(opMkdir, 0o755, "create /var", at("var"))
+		}
+		add(opMount, unix.MS_BIND, "bind /var", dirVar, at("var"))
+	}
 	if len(st.Caches) > 0 && perCommand(st) {
 		// A kept sandbox's caches are its commands' (cachecmd_linux.go):
 		// mount points the server mounts them on for each command's run,

@@ -93,6 +93,7 @@ const (
 	dirRootfs    = "rootfs"   // mount point of init's new root tmpfs
 	dirTemplate  = "template" // read-only bind of Spec.Template
 	dirChannel   = "channel"  // a small tmpfs holding the status channel
+	dirVar       = "var"      // the /var of a sandbox with Spec.DiskVar
 	// A sandbox that runs many commands (Spec.MultiExec): each command's
 	// files (the ones above) are in a directory of its own, execs/<id>,
 	// which is its shim's working directory; the sandbox's network
@@ -178,6 +179,9 @@ type sandboxState struct {
 	Layered bool       `json:"layered,omitempty"`
 	Lowers  []layerRef `json:"lowers,omitempty"`
 	From    string     `json:"from,omitempty"`
+	// Var: a writable /var of its own, a tmpfs of the disk's size at
+	// dirVar (Spec.DiskVar).
+	Var bool `json:"var,omitempty"`
 }
 
 // layerRef is one frozen layer as a sandbox or a checkpoint names it.

@@ -24,12 +24,22 @@ import (
 	"github.com/delegate-dev/delegate/sandbox"
 )
 
-// Paths inside the guest. /tmp/delegate holds delegate's own files, so
-// that the workspace holds only the job's.
+// Paths inside the guest. guestDir holds delegate's own files, so that
+// the workspace holds only the job's: the commands' bundles, their
+// directories (inputs, output, status lines) and files on their way in
+// parts. It is on the guest's disk, /var/tmp, not in /tmp, which is RAM
+// on Debian 13 (a tmpfs of half the VM's memory): a command's output
+// there would take the job's memory, and a big one would not fit. Where
+// /var/tmp, not /var/lib: any agent user may make it (a root-owned
+// directory is checked, prepareScript), and systemd-tmpfiles ages its
+// files only after 30 days, longer than a job VM lives (docs/PROXMOX.md).
+// legacyGuestDir is where a delegate before that put them: the commands
+// it started are found there (parseExecID).
 const (
-	guestDir    = "/tmp/delegate"
-	guestOutput = guestDir + "/output"
-	guestEvents = guestDir + "/events"
+	guestDir       = "/var/tmp/delegate"
+	legacyGuestDir = "/tmp/delegate"
+	guestOutput    = legacyGuestDir + "/output"
+	guestEvents    = legacyGuestDir + "/events"
 	// StatusFile is what the engine names the job's status channel
 	// (Capabilities.StatusFile); each command's runner points
 	// DELEGATE_STATUS_FILE at a FIFO of the command's own instead, which

@@ -154,6 +154,21 @@ func TestCommandContract(t *testing.T) {
 		}
 	})
 
+	t.Run("on the guest's disk", func(t *testing.T) {
+		// delegate's files in the guest (the bundle, the command's
+		// directory, a file's parts on their way) are in /var/tmp, on the
+		// guest's disk, and none in /tmp (RAM on Debian 13); the
+		// simulator's guest has a Debian guest's /var/tmp.
+		if err := sb.WriteFile(context.Background(), "/workspace/big", make([]byte, 100<<10), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c",
+			`find /tmp -mindepth 1; echo --; stat -c %a /var/tmp /var/tmp/delegate; ls /var/tmp/delegate`}})
+		if exit.Code != 0 || !regexp.MustCompile(`^--\n1777\n700\n(cmd-[0-9a-f]{16}\.d\n)+$`).MatchString(out) {
+			t.Fatalf("%+v %q", exit, out)
+		}
+	})
+
 	t.Run("deadline", func(t *testing.T) {
 		// The command starts a child that would write a file after the
 		// deadline: the watchdog kills both.
@@ -194,7 +209,7 @@ env -0 | grep -zv '^PWD=' | sort -z | tr '\000' '\n'`
 		exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", script},
 			Env:    []string{"PATH=/usr/bin:/bin", "FOO=it's \"quoted\"\nover lines $(x)"},
 			Inputs: map[string][]byte{"a": []byte("A\x00\xff\n"), "in.txt": []byte("from stdin\n")}, Stdin: "in.txt"})
-		inputs := regexp.MustCompile(`DELEGATE_INPUTS=(/tmp/delegate/run-[0-9a-f]{16}\.d/in)\n`).FindStringSubmatch(out)
+		inputs := regexp.MustCompile(`DELEGATE_INPUTS=(/var/tmp/delegate/cmd-[0-9a-f]{16}\.d/in)\n`).FindStringSubmatch(out)
 		want := "700\n400\n400\nfrom stdin\nA\x00\xff\nenv-gone\n"
 		if exit.Code != 0 || inputs == nil || out != want+"DELEGATE_INPUTS="+inputs[1]+"\nFOO=it's \"quoted\"\nover lines $(x)\nPATH=/usr/bin:/bin\n" {
 			t.Fatalf("%+v %q", exit, out)
@@ -281,5 +296,29 @@ func TestCheckTemplate(t *testing.T) {
 	}
 	if !testkit.Poll(15*time.Second, func() bool { err = b.CheckTemplate(ctx, "brand-new"); return err == nil }) {
 		t.Fatalf("a new template: %v", err)
+	}
+}
+
+// TestOlderCommandFound: a command that a delegate from before guestDir
+// moved to /var/tmp started (its files in /tmp/delegate, its exec id's
+// bundle "run-...") is found again by its exec id after an upgrade.
+func TestOlderCommandFound(t *testing.T) {
+	_, sb := vm(t)
+	const run = "run-0123456789abcdef"
+	exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c",
+		`d=/tmp/delegate/` + run + `.d; mkdir -p $d && printf 'old output\n' >$d/output && : >$d/events && echo 3 >$d/output.exit`}})
+	if exit.Code != 0 {
+		t.Fatalf("%+v %q", exit, out)
+	}
+	p, err := sb.Process(context.Background(), "pid:1:0:"+run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit, err = p.Wait(context.Background()); err != nil || exit.Code != 3 {
+		t.Fatalf("%+v %v", exit, err)
+	}
+	got, err := p.ReadOutput(context.Background(), 0, 1<<10)
+	if err != nil || string(sandbox.Join(got)) != "old output\n" {
+		t.Fatalf("%q %v", sandbox.Join(got), err)
 	}
 }

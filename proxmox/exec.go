@@ -49,8 +49,9 @@ import (
 // another init's stop of the agent spares (it signals the agent's process
 // group), and plain sh where the guest has no setsid.
 
-// guestRun is the prefix of a command's bundle in guestDir.
-const guestRun = guestDir + "/run-"
+// guestRun is the prefix of a command's bundle in guestDir ("run-" was
+// an older delegate's, in legacyGuestDir).
+const guestRun = guestDir + "/cmd-"
 
 // bootstrapScript joins a bundle's parts ($0.p0000, $0.p0001...) into
 // $0 (a bundle of one part is written as $0 itself) and runs it in a unit of its own: a systemd scope when $1 (the
@@ -304,7 +305,11 @@ func missingDir(err error) bool {
 // enter: files the agent creates are mode 0666 (qemu-ga's
 // safe_open_or_create), so the parts of a bundle must be where no one
 // else can reach them.
-const prepareScript = `umask 077; mkdir -p -m 0700 -- "$0" && chmod 0700 -- "$0" && mkdir -p -m 0755 -- ` + workspace
+// A guestDir someone else made (its parent, /var/tmp, is anyone's to
+// write in) or a link is refused.
+const prepareScript = `[ -d /var/tmp ] || mkdir -p -m 1777 /var/tmp
+umask 077; mkdir -p -m 0700 -- "$0" && [ ! -L "$0" ] && [ -O "$0" ] && chmod 0700 -- "$0" && mkdir -p -m 0755 -- ` + workspace + ` ||
+{ echo "delegate: $0 must be a directory of the agent's user" >&2; exit 1; }`
 
 // prepare readies a new guest for commands: guestDir, and the workspace
 // (where a workspace's archive arrives, archive.go).

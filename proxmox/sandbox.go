@@ -407,7 +407,7 @@ func deadlineSeconds(deadline, now time.Time) int64 {
 // Process implements sandbox.Instance: execID is "pid:N:L:RUN" (L the
 // bytes of output kept, 0 for all; RUN the command's bundle, whose
 // directory holds its files), or "pid:N" and "pid:N:L" for a command an
-// older delegate started, whose files are in guestDir.
+// older delegate started, whose files are in legacyGuestDir.
 func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process, error) {
 	pid, limit, run, err := parseExecID(execID)
 	if err != nil {
@@ -416,7 +416,9 @@ func (s *vmSandbox) Process(ctx context.Context, execID string) (sandbox.Process
 	return newProcess(s, pid, limit, run), nil
 }
 
-var runNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^run-[0-9a-f]{16}$`) })
+// runNameRe: a command's bundle, "cmd-" in guestDir or an older
+// delegate's "run-" in legacyGuestDir.
+var runNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(cmd|run)-[0-9a-f]{16}$`) })
 
 func parseExecID(id string) (pid int, limit int64, run string, err error) {
 	f := strings.Split(id, ":")
@@ -436,6 +438,9 @@ func parseExecID(id string) (pid int, limit int64, run string, err error) {
 			return 0, 0, "", errors.New("not a process id")
 		}
 		run = guestDir + "/" + f[3]
+		if strings.HasPrefix(f[3], "run-") {
+			run = legacyGuestDir + "/" + f[3]
+		}
 	}
 	return pid, limit, run, nil
 }
@@ -657,8 +662,9 @@ func (p *process) ReadEvents(ctx context.Context, offset int64, max int) ([]byte
 // clean removes a command's directory in the guest (its inputs, output,
 // events, status FIFO and exit status) once its result is read: its
 // exit known, and its output and status lines read to their end. A kept
-// VM runs many commands, and its /tmp is often RAM (Debian 13's is a
-// tmpfs). A failure is only logged: the VM goes in the end. p.mu held.
+// VM runs many commands, each of which would leave its output on the
+// guest's disk. A failure is only logged: the VM goes in the end. p.mu
+// held.
 func (p *process) clean(ctx context.Context) {
 	if p.run == "" || !p.s.kept || p.cleaned || p.exit == nil || !p.outDone || !p.evDone {
 		return

@@ -68,7 +68,7 @@ func TestConcurrentStatusChannels(t *testing.T) {
 			t.Errorf("command %s's status lines %q, want %q", name, events[name], want)
 		}
 	}
-	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /tmp/delegate/run-*.d"}})
+	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /var/tmp/delegate/cmd-*.d"}})
 	if n := len(strings.Fields(out)); n != 1 {
 		t.Errorf("the commands' directories left in the guest: %q (want only the running one's)", out)
 	}
@@ -120,7 +120,7 @@ func TestOneCommandVMNotCleaned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /tmp/delegate/run-*.d | wc -l"}}); strings.TrimSpace(out) != "2" {
+	if _, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -d /var/tmp/delegate/cmd-*.d | wc -l"}}); strings.TrimSpace(out) != "2" {
 		t.Errorf("command directories: %q, want the first one's and this one's", out)
 	}
 }

@@ -433,6 +433,12 @@
 //     the agent's environment (PATH, LANG=C.UTF-8): what needs root fails
 //     (a resumed VM's clock is not set: date -s is refused, and delegate
 //     logs so).
+//   - The guest's file system is the host's programs (read-only), its
+//     disk (/workspace, and /var, where the guest makes /var/tmp (1777),
+//     /var/lib, /var/cache, /var/log and /var/spool at boot, as a Debian
+//     guest has them: sandbox.Spec.DiskVar) and a /tmp tmpfs of at most
+//     256 MiB (a Debian 13 guest's is half its memory). Both "disks" are
+//     the host's memory, each as big as the VM's disk.
 //   - The guest has no systemd: an agent restart kills the agent's process
 //     group, which a setsid leaves, where systemd kills the service's
 //     cgroup, which it does not (delegate's runner takes a systemd scope

@@ -59,6 +59,7 @@ func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskByt
 		MemoryBytes: memBytes,
 		DiskBytes:   diskBytes,
 		Template:    rootfs,
+		DiskVar:     true, // /var on the VM's disk, as a Debian guest's
 	}
 	if nic && s.guestDir != "" {
 		// Its network is the simulator's (network.go).

@@ -34,12 +34,21 @@ import (
 // exactly as the commands the guest runs see them.
 const qgaDir = "/workspace/.qga"
 
+// varScript makes, at the guest's boot, the directories of /var that a
+// Debian guest has on its root disk (as systemd-tmpfiles' var.conf and
+// the packages do): /var/tmp (1777) among them, where programs keep
+// temporary files too big for /tmp (a tmpfs on Debian 13). /var is on
+// the guest's disk (sandbox.Spec.DiskVar); where it is not writable (a
+// backend without DiskVar) the guest has what its root gives.
+const varScript = `mkdir -p /var/tmp /var/lib /var/cache /var/log /var/spool 2>/dev/null && chmod 1777 /var/tmp 2>/dev/null`
+
 // agentScript is the guest agent. It polls for requests (the sandbox API
 // has no way to wake it), runs each exec in the background like
 // qemu-ga's guest-exec, and answers file requests with dd, whose error
 // messages end with the errno text qemu-ga would report.
 const agentScript = `
 umask 022
+` + varScript + `
 Q=` + qgaDir + `
 mkdir -p "$Q/q" || exit 1
 : > "$Q/ready"

@@ -75,6 +75,7 @@ func qgaVersion(bin string) string {
 const guestInit = `bin=$1 block=$2
 Q=` + qgaDir + `
 umask 022
+` + varScript + `
 mkdir -p "$Q/state" || exit 1
 while :; do
   rm -f "$Q/sock"

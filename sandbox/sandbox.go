@@ -111,6 +111,11 @@ type Spec struct {
 	// sandbox starts with instead of an empty workspace: a fork
 	// (Capabilities.Checkpoint; with MultiExec).
 	From string
+	// DiskVar gives the sandbox a writable, empty /var on its disk (of
+	// DiskBytes, as the workspace), as a VM's root file system has one:
+	// the Proxmox simulator's guests (package pvesim) make their /var/tmp
+	// and /var/lib there. The local backend's own jobs have none.
+	DiskVar bool
 }
 
 // Egress is a sandbox's network through the server's egress proxy.
