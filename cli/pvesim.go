@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,6 +116,8 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	hostname := fs.String("hostname", "", "extra host name or address for the certificate (how clients reach the simulator)")
 	sandboxDir := fs.String("sandbox-dir", "", "directory of the guests' sandboxes (default: a temporary one)")
 	seed := fs.Int64("seed", 0, "seed of the random fault injection (0: random)")
+	callbackPort := fs.Int("callback-port", cfg.CallbackPort, "port of delegate's callback server (CALLBACK_PORT), which guests with a NIC reach at "+
+		simServerAddr+" (printed as CALLBACK_PUBLIC_URL: workspaces over HTTP, the jobs' callbacks); 0: none")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -139,6 +142,9 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	}
 	if *bootDelay < 0 || *taskDelay <= 0 {
 		return usagef("--boot-delay must not be negative and --task-delay must be positive")
+	}
+	if *callbackPort < 0 || *callbackPort > 65535 {
+		return usagef("--callback-port: must be from 0 to 65535 (got %d)", *callbackPort)
 	}
 	if *latency != "" && *latency != "fast" && *latency != "real" {
 		return usagef("--latency: must be fast or real (got %q)", *latency)
@@ -216,6 +222,15 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 		SandboxDir: *sandboxDir,
 		Logger:     log,
 	}
+	callbackURL := ""
+	if *callbackPort != 0 {
+		// The guests' connections to the server's address on the
+		// simulated network are carried to the callback server here.
+		at := net.JoinHostPort(simServerAddr, strconv.Itoa(*callbackPort))
+		opts.CallbackPort = *callbackPort
+		opts.Hosts = map[string]string{at: net.JoinHostPort(localCallbackHost(cfg.CallbackHost), strconv.Itoa(*callbackPort))}
+		callbackURL = "http://" + at
+	}
 	if *latency == "real" {
 		// The real profile's timings, except the tasks given explicitly.
 		opts.Latency, opts.TaskDelay, opts.BootDelay = "real", 0, 0
@@ -275,8 +290,12 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 		{"PROXMOX_FINGERPRINT", sim.Fingerprint()},
 		// By name: every node's template has it (the backend also takes a vmid).
 		{"DEFAULT_VM_TEMPLATE", *templateName},
+		// Where guests reach the callback server (last: the env's end).
+		{"CALLBACK_PUBLIC_URL", callbackURL},
 	} {
-		fmt.Fprintf(stdout, "export %s=%s\n", kv[0], shellQuote(kv[1]))
+		if kv[1] != "" {
+			fmt.Fprintf(stdout, "export %s=%s\n", kv[0], shellQuote(kv[1]))
+		}
 	}
 	fmt.Fprintf(stdout, "# pvesim runs as pid %d: kill it to stop the simulator and its guests\n", os.Getpid())
 	if f, ok := stdout.(*os.File); ok {
@@ -288,6 +307,19 @@ func cmdPveSim(ctx context.Context, cfg Config, args []string, stdout, stderr io
 	log.Info("pve-sim ready", "url", sim.URL(), "nodes", len(specs))
 	<-ctx.Done()
 	return nil
+}
+
+// simServerAddr is the delegate server's address on the simulated
+// network, as a real job network has one for it (docs/PROXMOX.md).
+const simServerAddr = "10.0.0.5"
+
+// localCallbackHost is where on this host the callback server listens
+// (CALLBACK_HOST): a wildcard is reached at the loopback.
+func localCallbackHost(host string) string {
+	if host == "" || host == "0.0.0.0" || host == "::" || host == "localhost" {
+		return "127.0.0.1"
+	}
+	return host
 }
 
 // shellQuote quotes a value for the export lines when it needs it.
