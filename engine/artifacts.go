@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,18 +27,32 @@ func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.M
 		r.progress.report(id, fmt.Sprintf("artifacts could not be listed: %v", err), nil, m.StatusMode != delegate.StatusModeSimple, time.Now().UTC())
 		return
 	}
-	var total int64
+	var total, listed int64
+	var wanted []string
+	var picked []sandbox.FileInfo
 	for _, f := range files {
 		name := strings.TrimPrefix(f.Path, delegate.Workspace+"/")
 		if name == f.Path || !delegate.MatchArtifact(m.Artifacts, name) {
 			continue
 		}
+		picked = append(picked, f)
+		if f.Size <= r.cfg.ArtifactMaxFile && listed+f.Size <= r.cfg.ArtifactMaxTotal {
+			wanted, listed = append(wanted, f.Path), listed+f.Size
+		}
+	}
+	together := r.readTogether(ctx, id, sb, wanted)
+	for _, f := range picked {
+		name := strings.TrimPrefix(f.Path, delegate.Workspace+"/")
 		a := delegate.Artifact{Name: name, Size: f.Size}
+		b, read := together[f.Path]
 		switch {
-		case f.Size > r.cfg.ArtifactMaxFile:
+		case f.Size > r.cfg.ArtifactMaxFile || read && b.size > r.cfg.ArtifactMaxFile:
 			a.Skipped = fmt.Sprintf("larger than the %d MiB per-file cap", r.cfg.ArtifactMaxFile>>20)
 		case total+f.Size > r.cfg.ArtifactMaxTotal:
 			a.Skipped = fmt.Sprintf("over the %d MiB per-job cap", r.cfg.ArtifactMaxTotal>>20)
+		case read:
+			a.Size, a.SHA256 = b.size, b.sum
+			total += a.Size
 		default:
 			data, err := sb.ReadFile(ctx, f.Path, 0, r.cfg.ArtifactMaxFile+1)
 			if err != nil {
@@ -61,6 +76,46 @@ func (r *finisher) collectArtifacts(ctx context.Context, id string, m delegate.M
 			r.log.Error("record artifact", "job", id, "name", name, "err", err)
 		}
 	}
+}
+
+// storedBlob is an artifact read and stored (readTogether): its sha256
+// and size, or only its size when over the per-file cap.
+type storedBlob struct {
+	sum  string
+	size int64
+}
+
+// readTogether reads and stores the files at paths in one go where the
+// instance can (sandbox.FilesReader: a Proxmox VM sends them in one
+// archive over HTTP, where one by one each is an exec in the guest and
+// its polls), by path. Where it cannot, or something fails, it returns
+// nil, and each is read on its own (what it stored is then unused,
+// content-addressed blobs that pruning removes).
+func (r *finisher) readTogether(ctx context.Context, id string, sb sandbox.Instance, paths []string) map[string]storedBlob {
+	fr, ok := sb.(sandbox.FilesReader)
+	if !ok || len(paths) == 0 {
+		return nil
+	}
+	got := map[string]storedBlob{}
+	err := fr.ReadFiles(ctx, paths, func(p string, rd io.Reader) error {
+		data, err := io.ReadAll(io.LimitReader(rd, r.cfg.ArtifactMaxFile+1))
+		if err != nil {
+			return err
+		}
+		b := storedBlob{size: int64(len(data))}
+		if b.size <= r.cfg.ArtifactMaxFile {
+			if b.sum, err = r.storeBlob(ctx, data); err != nil {
+				return err
+			}
+		}
+		got[p] = b
+		return nil
+	})
+	if err != nil {
+		r.log.Warn("artifacts: reading them together failed: one by one instead", "job", id, "err", err)
+		return nil
+	}
+	return got
 }
 
 // storeBlob keeps data under its sha256, once: in the store where it

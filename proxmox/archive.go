@@ -57,7 +57,11 @@ rm -f -- "$@"; exit $rc`
 // and size, which a transfer over HTTP checks. Exit status 1 is GNU
 // tar's "a file changed as it was read", which a background process of a
 // kept sandbox may cause: the archive is still whole.
-const packScript = `umask 077; tar -c -z -f "$0" --format=posix -C ` + workspace + ` --hard-dereference --exclude=./.git/objects --exclude=./.qga --exclude='./` +
+const packScript = `d=` + workspace + `
+` + packTar
+
+// packTar is packScript's packing of the directory $d into $0.
+const packTar = `umask 077; tar -c -z -f "$0" --format=posix -C "$d" --hard-dereference --exclude=./.git/objects --exclude=./.qga --exclude='./` +
 	`.delegate-xfer-*' --warning=no-file-ignored .; rc=$?
 [ $rc -le 1 ] || { rm -f -- "$0"; exit $rc; }
 s=$(sha256sum <"$0") && n=$(wc -c <"$0") && echo "${s%% *} $n" && exit $rc`
@@ -117,11 +121,11 @@ func (s *vmSandbox) PutArchive(ctx context.Context, r io.Reader) (sandbox.Unpack
 // checked and compressed again for every fork.
 func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (sandbox.Unpacked, error) {
 	base := xferName(".tgz")
-	if x, why := s.viaHTTP(); x == nil {
-		agentPath(s.b.log, slog.LevelDebug, "in", s.vmid, s.owner.job, why)
+	if x, why := viaHTTP(s); x == nil {
+		agentPath(s.b.log, slog.LevelDebug, "workspace in", s.vmid, s.owner.job, why)
 	} else if res, used, err := x.put(ctx, s, s.vmid, s.owner.job, r, base); used {
 		if err == nil {
-			err = s.unpack(ctx, base)
+			err = unpack(ctx, s, base)
 		}
 		if err != nil {
 			return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
@@ -145,7 +149,7 @@ func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (san
 		}
 		return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
 	}
-	if err := s.unpack(ctx, base); err != nil {
+	if err := unpack(ctx, s, base); err != nil {
 		return res, fmt.Errorf("put archive in VM %d: %w", s.vmid, err)
 	}
 	return res, nil
@@ -153,7 +157,7 @@ func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (san
 
 // unpack unpacks the archive at base (whole, or in parts) into the
 // workspace, and removes it.
-func (s *vmSandbox) unpack(ctx context.Context, base string) error {
+func unpack(ctx context.Context, s *vmSandbox, base string) error {
 	_, err := s.runOK(ctx, []string{"/bin/sh", "-c", unpackScript, base})
 	return err
 }
@@ -204,20 +208,28 @@ func (w *partWriter) part(data []byte) error {
 // MiB) and then dd through agent/exec, 16 MiB at a time; Close removes
 // it.
 func (s *vmSandbox) GetArchive(ctx context.Context) (io.ReadCloser, error) {
+	return packed(ctx, s, packScript)
+}
+
+// packed packs with script (packScript; its arguments the archive's
+// name, then args) and brings the archive out.
+func packed(ctx context.Context, s *vmSandbox, script string, args ...string) (io.ReadCloser, error) {
 	name := xferName(".tgz")
-	r, err := s.run(ctx, []string{"/bin/sh", "-c", packScript, name})
-	if err == nil && r.code != 0 && r.code != 1 {
+	r, err := s.run(ctx, append([]string{"/bin/sh", "-c", script, name}, args...))
+	switch {
+	case err != nil:
+	case r.code != 0 && r.code != 1:
 		err = fmt.Errorf("tar exited %d: %s", r.code, r.stderr)
 	}
 	if err != nil {
 		s.run(context.WithoutCancel(ctx), []string{"/bin/rm", "-f", "--", name})
 		return nil, fmt.Errorf("get archive from VM %d: %w", s.vmid, err)
 	}
-	if x, why := s.viaHTTP(); x == nil {
-		agentPath(s.b.log, slog.LevelDebug, "out", s.vmid, s.owner.job, why)
+	if x, why := viaHTTP(s); x == nil {
+		agentPath(s.b.log, slog.LevelDebug, "workspace out", s.vmid, s.owner.job, why)
 	} else if sum, n, perr := parseSum(r.stdout); perr != nil {
-		agentPath(s.b.log, slog.LevelWarn, "out", s.vmid, s.owner.job, perr.Error())
-	} else if rc, used, err := x.get(ctx, s, s.vmid, s.owner.job, name, sum, n); used {
+		agentPath(s.b.log, slog.LevelWarn, "workspace out", s.vmid, s.owner.job, perr.Error())
+	} else if rc, used, err := x.get(ctx, s, s.vmid, s.owner.job, "workspace out", name, sum, n); used {
 		if err != nil {
 			s.run(context.WithoutCancel(ctx), []string{"/bin/rm", "-f", "--", name})
 			return nil, fmt.Errorf("get archive from VM %d: %w", s.vmid, err)

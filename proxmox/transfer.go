@@ -70,6 +70,7 @@ type Transfers struct {
 // transfer is one open transfer, until claimed or ended.
 type transfer struct {
 	id, job, method string
+	what            string            // what travels, for the log: "workspace in"
 	token           [sha256.Size]byte // the token's hash: the token itself is not kept
 	serve           http.HandlerFunc
 	claimed         chan struct{} // closed by Claim
@@ -106,15 +107,15 @@ func (t *Transfers) Claim(id, method, token string) (string, http.HandlerFunc, e
 	return tr.job, tr.serve, nil
 }
 
-// begin opens a transfer for job: its URL and the header line that
-// carries its token.
-func (t *Transfers) begin(job, method string, serve http.HandlerFunc) (tr *transfer, link string, header []byte) {
+// begin opens a transfer of what for job: its URL and the header line
+// that carries its token.
+func (t *Transfers) begin(job, method, what string, serve http.HandlerFunc) (tr *transfer, link string, header []byte) {
 	var id [16]byte
 	var token [32]byte
 	rand.Read(id[:])
 	rand.Read(token[:])
 	tok := hex.EncodeToString(token[:])
-	tr = &transfer{id: hex.EncodeToString(id[:]), job: job, method: method, token: sha256.Sum256([]byte(tok)), serve: serve, claimed: make(chan struct{})}
+	tr = &transfer{id: hex.EncodeToString(id[:]), job: job, method: method, what: what, token: sha256.Sum256([]byte(tok)), serve: serve, claimed: make(chan struct{})}
 	t.mu.Lock()
 	t.open[tr.id] = tr
 	t.mu.Unlock()
@@ -167,7 +168,7 @@ type guest interface {
 
 // viaHTTP says whether the workspace should travel over HTTP: the
 // server serves transfers, and the VM has a NIC to reach it with.
-func (s *vmSandbox) viaHTTP() (*Transfers, string) {
+func viaHTTP(s *vmSandbox) (*Transfers, string) {
 	switch {
 	case s.b.xfers == nil:
 		return nil, s.b.xferOff
@@ -177,9 +178,10 @@ func (s *vmSandbox) viaHTTP() (*Transfers, string) {
 	return s.b.xfers, ""
 }
 
-// agentPath logs that a workspace goes through the agent, and why.
+// agentPath logs that what ("workspace in", "files out") goes through
+// the agent, and why.
 func agentPath(log *slog.Logger, level slog.Level, what string, vmid int, job, why string) {
-	log.Log(context.Background(), level, "workspace "+what+" through the guest agent", "vmid", vmid, "job", job, "why", why)
+	log.Log(context.Background(), level, what+" through the guest agent", "vmid", vmid, "job", job, "why", why)
 }
 
 // sentArchive is what the HTTP handler of a PutArchive sent.
@@ -209,7 +211,7 @@ func (t *Transfers) put(ctx context.Context, g guest, vmid int, job string, r io
 			panic(http.ErrAbortHandler)
 		}
 	}
-	tr, link, header := t.begin(job, http.MethodGet, serve)
+	tr, link, header := t.begin(job, http.MethodGet, "workspace in", serve)
 	got, claimed, err := t.carry(ctx, g, vmid, tr, []string{"/bin/sh", "-c", fetchScript, link, file}, header)
 	if err != nil || !claimed {
 		return res, err != nil, err
@@ -266,7 +268,7 @@ func (t *Transfers) unreached(vmid int, tr *transfer, ended result) {
 	if ended.code == 127 {
 		why = "the guest has no curl on " + sandbox.DefaultPath + " (install curl in the template)"
 	}
-	agentPath(t.log, slog.LevelWarn, map[string]string{http.MethodGet: "in", http.MethodPut: "out"}[tr.method], vmid, tr.job, why)
+	agentPath(t.log, slog.LevelWarn, tr.what, vmid, tr.job, why)
 }
 
 // untilClaimed polls the guest's side of a transfer until the transfer
@@ -308,14 +310,15 @@ func sameBytes(line []byte, sum string, n int64) error {
 	return nil
 }
 
-// getHTTP has the guest send file (the packed workspace, of sha256 sum
-// and size n) over HTTP. ok false: the guest could not send it (logged),
-// and it should be read through the agent; the file is still there.
-func (t *Transfers) get(ctx context.Context, g guest, vmid int, job, file, sum string, n int64) (io.ReadCloser, bool, error) {
+// get has the guest send file (what: the packed workspace, or files
+// packed, of sha256 sum and size n) over HTTP. ok false: the guest could
+// not send it (logged), and it should be read through the agent; the
+// file is still there.
+func (t *Transfers) get(ctx context.Context, g guest, vmid int, job, what, file, sum string, n int64) (io.ReadCloser, bool, error) {
 	pr, pw := io.Pipe()
 	serve := func(w http.ResponseWriter, req *http.Request) {
 		if _, err := io.Copy(pw, req.Body); err != nil {
-			pw.CloseWithError(fmt.Errorf("the workspace from VM %d: %w", vmid, err))
+			pw.CloseWithError(fmt.Errorf("the %s from VM %d: %w", strings.TrimSuffix(what, " out"), vmid, err))
 			writeTransferError(w, http.StatusInternalServerError)
 			return
 		}
@@ -323,7 +326,7 @@ func (t *Transfers) get(ctx context.Context, g guest, vmid int, job, file, sum s
 		w.WriteHeader(http.StatusNoContent)
 	}
 	stop := context.AfterFunc(ctx, func() { pr.CloseWithError(ctx.Err()) })
-	tr, link, header := t.begin(job, http.MethodPut, serve)
+	tr, link, header := t.begin(job, http.MethodPut, what, serve)
 	pid, err := g.start(ctx, []string{"/bin/sh", "-c", sendScript, link, file}, header)
 	if err != nil {
 		stop()

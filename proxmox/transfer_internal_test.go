@@ -28,7 +28,7 @@ func TestTransferClaims(t *testing.T) {
 		t.Fatal(off, err)
 	}
 	serve := func(http.ResponseWriter, *http.Request) {}
-	tr, link, header := x.begin("job-a", http.MethodGet, serve)
+	tr, link, header := x.begin("job-a", http.MethodGet, "workspace in", serve)
 	if !strings.HasPrefix(link, "http://10.0.0.7:8765/transfer/") || strings.Contains(link, "Bearer") {
 		t.Errorf("link %s", link)
 	}
@@ -59,7 +59,7 @@ func TestTransferClaims(t *testing.T) {
 	if !x.end(tr) {
 		t.Error("end does not know it was claimed")
 	}
-	tr2, link2, header2 := x.begin("job-b", http.MethodPut, serve)
+	tr2, link2, header2 := x.begin("job-b", http.MethodPut, "workspace out", serve)
 	if x.end(tr2) {
 		t.Error("an unclaimed transfer ended as claimed")
 	}

@@ -225,7 +225,7 @@ func getChanges(t *testing.T, sb sandbox.Instance, base *workspace.Baseline) *wo
 // the workspace, and in /tmp.
 func leftovers(t *testing.T, sb sandbox.Instance) string {
 	t.Helper()
-	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -a /workspace /var/tmp/delegate | grep -e delegate-xfer -e '^ws-' -e '^out-'; true"}, OutputLimit: 1 << 20})
+	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -a /workspace /var/tmp/delegate | grep -e delegate-xfer -e '^ws-' -e '^out-' -e '^files-'; true"}, OutputLimit: 1 << 20})
 	return strings.TrimSpace(out)
 }
 

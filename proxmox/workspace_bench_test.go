@@ -169,6 +169,54 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// realSim is a simulated cluster at a real cluster's request and
+// guest-agent latencies (pvesim.RealLatency), whose guests with a NIC
+// reach a callback server at 10.0.0.7:8765, and two backends on it with
+// the client's defaults, as serve's (20 requests a second, 40 at once):
+// viaAgent, whose files go through the guest agent, and viaHTTP, which
+// that callback server serves transfers for.
+func realSim(b *testing.B) (sim *pvesim.Server, viaAgent, viaHTTP *proxmox.Backend) {
+	b.Helper()
+	real := pvesim.RealLatency()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sim, err = pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(1), TaskDelay: 20 * time.Millisecond, BootDelay: 100 * time.Millisecond,
+		RequestLatency: real.RequestLatency, AgentLatency: real.AgentLatency, AgentPingTimeout: real.AgentPingTimeout,
+		AuthFailureDelay: -1, SandboxDir: b.TempDir(), CallbackPort: 8765, Hosts: map[string]string{"10.0.0.7:8765": ln.Addr().String()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sim.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sim.Close() })
+	if err := sim.AddTemplate("pve1", 9000, "debian-job", pvesim.TemplateSpec{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := sim.AddToken(pvesim.Token{ID: "bench@pve!tk", Secret: "s3cret", Privileges: pvesim.RoleAdministrator}); err != nil {
+		b.Fatal(err)
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
+	p, _ := strconv.Atoi(port)
+	c, err := pve.New(pve.Config{Host: host, Port: p, User: "bench@pve", TokenName: "tk", TokenValue: "s3cret",
+		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint(), TaskPollInterval: 50 * time.Millisecond, RateLimit: 20, RateBurst: 40})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if viaAgent, err = proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench1"}); err != nil {
+		b.Fatal(err)
+	}
+	if viaHTTP, err = proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench2", TransferURL: "http://10.0.0.7:8765"}); err != nil {
+		b.Fatal(err)
+	}
+	srv := httpapi.CallbackServer(httpapi.Services{Transfers: viaHTTP.Transfers()}, httpapi.Options{})
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return sim, viaAgent, viaHTTP
+}
+
 // BenchmarkWorkspace100MB copies a 100 MB workspace (random files: 100
 // MB compressed too) into a VM with a network at a real cluster's
 // request and guest-agent latencies (pvesim.RealLatency), through the
@@ -179,48 +227,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 //
 //	go test -run '^$' -bench Workspace100MB -benchtime 1x ./proxmox/
 func BenchmarkWorkspace100MB(b *testing.B) {
-	real := pvesim.RealLatency()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(1), TaskDelay: 20 * time.Millisecond, BootDelay: 100 * time.Millisecond,
-		RequestLatency: real.RequestLatency, AgentLatency: real.AgentLatency, AgentPingTimeout: real.AgentPingTimeout,
-		AuthFailureDelay: -1, SandboxDir: b.TempDir(), CallbackPort: 8765, Hosts: map[string]string{"10.0.0.7:8765": ln.Addr().String()}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	sim, viaAgent, viaHTTP := realSim(b)
 	ctx := context.Background()
-	if err := sim.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer sim.Close()
-	if err := sim.AddTemplate("pve1", 9000, "debian-job", pvesim.TemplateSpec{}); err != nil {
-		b.Fatal(err)
-	}
-	if err := sim.AddToken(pvesim.Token{ID: "bench@pve!tk", Secret: "s3cret", Privileges: pvesim.RoleAdministrator}); err != nil {
-		b.Fatal(err)
-	}
-	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
-	p, _ := strconv.Atoi(port)
-	// The client's defaults, as serve's: 20 requests a second, 40 at once.
-	c, err := pve.New(pve.Config{Host: host, Port: p, User: "bench@pve", TokenName: "tk", TokenValue: "s3cret",
-		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint(), TaskPollInterval: 50 * time.Millisecond, RateLimit: 20, RateBurst: 40})
-	if err != nil {
-		b.Fatal(err)
-	}
-	viaAgent, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	viaHTTP, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "bench2", TransferURL: "http://10.0.0.7:8765"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := httpapi.CallbackServer(httpapi.Services{Transfers: viaHTTP.Transfers()}, httpapi.Options{})
-	go srv.Serve(ln)
-	defer srv.Close()
-
 	dir := b.TempDir()
 	r := rand.New(rand.NewPCG(3, 4))
 	buf := make([]byte, 2<<20)

@@ -347,6 +347,19 @@ type Archiver interface {
 	GetArchive(ctx context.Context) (io.ReadCloser, error)
 }
 
+// FilesReader is an Instance that reads many files of its workspace in
+// one go, in far fewer steps than a ReadFile each (a Proxmox VM packs
+// them and sends them over HTTP). The engine collects a job's artifacts
+// through it where an instance has it.
+type FilesReader interface {
+	// ReadFiles reads the regular files at paths (clean, absolute, in
+	// the workspace) and calls fn with each one's path and content, in
+	// any order; a path that is no longer a regular file is left out. An
+	// error of fn ends it with that error. What fn was given before an
+	// error may not have been checked whole.
+	ReadFiles(ctx context.Context, paths []string, fn func(path string, r io.Reader) error) error
+}
+
 // Unpacked says what PutArchive wrote.
 type Unpacked struct {
 	Files, Dirs int
