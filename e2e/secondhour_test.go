@@ -283,12 +283,15 @@ func TestSecondHourOneRule(t *testing.T) {
 
 // TestGitSourcePath (issue 40, item 5): a git source given as the path
 // of a repository under an allowed root is cloned at its ref (not
-// mounted: uncommitted files do not come), one outside the roots is a
-// field error, and a missing artifact of a job that is there is named as
-// the artifact, with the protocol's not-found code.
+// mounted: uncommitted files do not come), shallow as an https one is
+// (one commit of history: the ref's), one outside the roots is a field
+// error, and a missing artifact of a job that is there is named as the
+// artifact, with the protocol's not-found code.
 func TestGitSourcePath(t *testing.T) {
 	root := t.TempDir()
 	repo := calcProject(t, root)
+	writeTree(t, repo, map[string]string{"README": "calc, a calculator\n"})
+	gitIn(t, repo, "commit", "-qam", "second")
 	gitIn(t, repo, "tag", "-a", "v1", "-m", "one")
 	writeTree(t, repo, map[string]string{"calc.go": "package calc\n\nfunc Add(a, b int) int { return a + b }\n"})
 	gitIn(t, repo, "commit", "-qam", "fixed")
@@ -306,7 +309,7 @@ func TestGitSourcePath(t *testing.T) {
 			break
 		}
 	}
-	if res.Status != "success" || !strings.Contains(res.Output, "a - b") || strings.Contains(res.Output, "NOTES") {
+	if res.Status != "success" || !strings.Contains(res.Output, "a - b") || strings.Contains(res.Output, "NOTES") || !strings.HasSuffix(res.Output, "\n1\n") {
 		t.Errorf("the job on %s at v1: %+v", repo, res)
 	}
 	outside := calcProject(t, t.TempDir())

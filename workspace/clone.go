@@ -398,6 +398,9 @@ func dedupe(hs []plumbing.Hash) []plumbing.Hash {
 // fetch asks for wants with depth commits of history (all when < 0) and
 // stores the pack; it tells whether the result is shallow.
 func (c *cloner) fetch(ctx context.Context, sess transport.UploadPackSession, ar *packp.AdvRefs, s *filesystem.Storage, wants []plumbing.Hash, depth int) (bool, error) {
+	if local, ok := sess.(*outside); ok && depth > 0 && advertised(ar, wants) {
+		return local.shallowFetch(s, wants, depth, c.opts.MaxBytes)
+	}
 	req := packp.NewUploadPackRequestFromCapabilities(ar.Capabilities)
 	req.Wants = wants
 	shallow := false
@@ -438,6 +441,21 @@ func (c *cloner) fetch(ctx context.Context, sess transport.UploadPackSession, ar
 		shallow = false
 	}
 	return shallow, nil
+}
+
+// advertised: every one of wants is what a ref the remote advertises
+// names.
+func advertised(ar *packp.AdvRefs, wants []plumbing.Hash) bool {
+	for _, w := range wants {
+		found := false
+		for _, h := range ar.References {
+			found = found || h == w
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 // capReader fails once more than left bytes were read.

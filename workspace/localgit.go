@@ -6,13 +6,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/go-git/go-billy/v5/osfs"
+	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/cache"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/go-git/go-git/v5/plumbing/protocol/packp"
 	"github.com/go-git/go-git/v5/plumbing/storer"
@@ -129,4 +132,148 @@ func (o *outside) AdvertisedReferences() (*packp.AdvRefs, error) {
 
 func (o *outside) UploadPack(ctx context.Context, req *packp.UploadPackRequest) (*packp.UploadPackResponse, error) {
 	return offThread(func() (*packp.UploadPackResponse, error) { return o.UploadPackSession.UploadPack(ctx, req) })
+}
+
+// shallowFetch is a local repository's fetch with depth commits of
+// history, which go-git's upload-pack server cannot make (it serves
+// whole histories, so a local source's depth went unheeded): the objects
+// of the commits within depth of wants, of their trees and blobs (not a
+// submodule's commit), copied into s, and the commits whose parents were
+// left out marked shallow, as git's fetch --depth does. Only for wants
+// the repository advertises (a commit no ref names is fetched with the
+// refs' whole history, as from a remote). It tells whether s is
+// shallow.
+func (o *outside) shallowFetch(s *filesystem.Storage, wants []plumbing.Hash, depth int, maxBytes int64) (bool, error) {
+	got, err := offThread(func() (*shallowCopy, error) {
+		c := &shallowCopy{from: o.st, seen: map[plumbing.Hash]bool{}, left: maxBytes}
+		return c, c.walk(wants, depth)
+	})
+	if err != nil {
+		return false, err
+	}
+	for _, obj := range got.objs {
+		if _, err := s.SetEncodedObject(obj); err != nil {
+			return false, err
+		}
+	}
+	if len(got.shallow) == 0 {
+		return false, nil
+	}
+	return true, s.SetShallow(got.shallow)
+}
+
+// shallowCopy collects the objects of a shallow fetch (shallowFetch).
+type shallowCopy struct {
+	from    storer.EncodedObjectStorer
+	seen    map[plumbing.Hash]bool
+	left    int64 // bytes the objects may still take (MaxBytes)
+	cap     int64
+	objs    []plumbing.EncodedObject
+	shallow []plumbing.Hash
+}
+
+func (c *shallowCopy) walk(wants []plumbing.Hash, depth int) error {
+	c.cap = c.left
+	var level []plumbing.Hash
+	for _, h := range wants {
+		for range 10 { // an annotated tag: it, and what it names
+			obj, err := c.add(plumbing.AnyObject, h)
+			if err != nil || obj == nil || obj.Type() != plumbing.TagObject {
+				if err != nil {
+					return err
+				}
+				break
+			}
+			tag, err := object.DecodeTag(c.from, obj)
+			if err != nil {
+				return err
+			}
+			h = tag.Target
+		}
+		level = append(level, h)
+	}
+	for d := 1; d <= depth && len(level) > 0; d++ {
+		var next []plumbing.Hash
+		for _, h := range level {
+			obj, err := c.from.EncodedObject(plumbing.CommitObject, h)
+			if err != nil {
+				return err
+			}
+			commit, err := object.DecodeCommit(c.from, obj)
+			if err != nil {
+				return err
+			}
+			if _, err := c.add(plumbing.CommitObject, h); err != nil {
+				return err
+			}
+			if err := c.tree(commit.TreeHash); err != nil {
+				return err
+			}
+			if d == depth && len(commit.ParentHashes) > 0 {
+				c.shallow = append(c.shallow, h)
+				continue
+			}
+			for _, p := range commit.ParentHashes {
+				if !c.seen[p] {
+					next = append(next, p)
+				}
+			}
+		}
+		level = next
+	}
+	return nil
+}
+
+// tree adds a tree, its subtrees and its blobs.
+func (c *shallowCopy) tree(h plumbing.Hash) error {
+	obj, err := c.add(plumbing.TreeObject, h)
+	if err != nil || obj == nil {
+		return err
+	}
+	t, err := object.DecodeTree(c.from, obj)
+	if err != nil {
+		return err
+	}
+	for _, e := range t.Entries {
+		switch e.Mode {
+		case filemode.Dir:
+			err = c.tree(e.Hash)
+		case filemode.Submodule:
+			// Another repository's commit: left out, as a clone does.
+		default:
+			_, err = c.add(plumbing.BlobObject, e.Hash)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// add copies an object not added yet (nil for one that was), within the
+// cap on bytes.
+func (c *shallowCopy) add(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	if c.seen[h] {
+		return nil, nil
+	}
+	c.seen[h] = true
+	obj, err := c.from.EncodedObject(t, h)
+	if err != nil {
+		return nil, err
+	}
+	if c.left -= obj.Size(); c.left < 0 {
+		return nil, &CapError{What: "bytes of pack", Found: c.cap - c.left, Cap: c.cap, More: true}
+	}
+	r, err := obj.Reader()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	mem := &plumbing.MemoryObject{}
+	mem.SetType(obj.Type())
+	if _, err := io.Copy(mem, r); err != nil {
+		return nil, err
+	}
+	c.objs = append(c.objs, mem)
+	return mem, nil
 }

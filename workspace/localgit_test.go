@@ -27,9 +27,9 @@ func TestCloneLocal(t *testing.T) {
 		name, url, ref, commit string
 		shallow                bool
 	}{
-		{"a work tree's default branch", work, "", commits["main"], false},
-		{"an annotated tag", work, "v1", commits["v1"], false},
-		{"a branch of a bare repository", filepath.Join(root, "repo.git"), "dev", commits["dev"], false},
+		{"a work tree's default branch", work, "", commits["main"], true},
+		{"an annotated tag", work, "v1", commits["v1"], true},
+		{"a branch of a bare repository", filepath.Join(root, "repo.git"), "dev", commits["dev"], true},
 		{"a commit no ref names", work, commits["old"], commits["old"], false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,8 +42,26 @@ func TestCloneLocal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Commit != tc.commit {
-				t.Errorf("cloned %+v, want %s", res, tc.commit)
+			if res.Commit != tc.commit || res.Shallow != tc.shallow {
+				t.Errorf("cloned %+v, want %s (shallow %v)", res, tc.commit, tc.shallow)
+			}
+			// Depth 1 (the default) where a ref names the commit, as from
+			// a remote: the one commit, its parents left out; with
+			// Depth 2 its parent too.
+			if n := strings.TrimSpace(git(t, dir, "rev-list", "--count", "HEAD")); tc.shallow && n != "1" {
+				t.Errorf("%s commits of history, want 1", n)
+			}
+			if tc.shallow {
+				deeper := t.TempDir()
+				if _, err := Clone(context.Background(), CloneOptions{URL: tc.url, Ref: tc.ref, Dir: deeper, Depth: 2}); err != nil {
+					t.Fatal(err)
+				}
+				if n := strings.TrimSpace(git(t, deeper, "rev-list", "--count", "HEAD")); n != "2" {
+					t.Errorf("depth 2: %s commits of history", n)
+				}
+				if st := git(t, deeper, "fsck", "--connectivity-only"); st != "" {
+					t.Errorf("git fsck in the depth-2 clone:\n%s", st)
+				}
 			}
 			if got := strings.TrimSpace(git(t, dir, "rev-parse", "HEAD")); got != tc.commit {
 				t.Errorf("HEAD is %s", got)
