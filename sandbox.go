@@ -121,6 +121,18 @@ func (s *SandboxSpec) Validate() error {
 	return nil
 }
 
+// SandboxTimers sets a kept sandbox's timers after it was made: the
+// sandbox of a persistent job (sandboxes open --workspace) is made with
+// the server's. The engine implements it beside SandboxService.
+type SandboxTimers interface {
+	// SetSandboxTimers sets the spec's idle and pause timeouts and its
+	// lifetime (counted from the sandbox's creation), in seconds, at most
+	// the server's settings (idle_timeout, pause_timeout, lifetime are
+	// the fields of an error); a zero one is left as it is. Its
+	// Resources, VMTemplate and Network must be empty.
+	SetSandboxTimers(ctx context.Context, id string, spec SandboxSpec) (*Sandbox, error)
+}
+
 // SandboxArchives copies trees into and out of a kept sandbox's
 // workspace as tar streams (delegate cp -r). The engine implements it
 // beside SandboxService, for the backends whose sandboxes take archives.

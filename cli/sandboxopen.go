@@ -15,11 +15,12 @@ import (
 // workspace source and its caches and runs nothing else, as run --keep
 // --workspace --script true did; the sandbox is that job's, so that jobs
 // diff and jobs apply take its id as they take run --keep's.
+//
+// --idle and --lifetime are set on the sandbox once the job made it
+// (delegate.SandboxTimers): the job's sandbox is made with the server's
+// timers, the longest it allows, so none ends before. Timers the server
+// refuses release the sandbox.
 func (p *Program) openWithProject(ctx context.Context, cfg Config, f sandboxFlags) (err error) {
-	if f.idle != 0 || f.lifetime != 0 {
-		return usagef("--idle and --lifetime go without --workspace and --git: a sandbox with a project is kept as run --keep's is " +
-			"(DELEGATE_SANDBOX_IDLE, DELEGATE_SANDBOX_LIFETIME)")
-	}
 	spec, err := f.spec()
 	if err != nil {
 		return err
@@ -70,6 +71,11 @@ func (p *Program) openWithProject(ctx context.Context, cfg Config, f sandboxFlag
 		return fmt.Errorf("the sandbox was not opened: %s, which imports the project, is %s: %s ('delegate jobs status %s' says more)",
 			j.ID, j.Status, safe(j.Error), j.ID)
 	}
+	if spec.IdleTimeout != 0 || spec.Lifetime != 0 {
+		if err := setTimers(ctx, s.Sandboxes, j.Sandbox, spec); err != nil {
+			return err
+		}
+	}
 	if f.asJSON {
 		sb, err := s.Sandboxes.GetSandbox(ctx, j.Sandbox)
 		if err != nil {
@@ -93,4 +99,23 @@ func projectFlagError(err error) error {
 		return fmt.Errorf("%s: %s", flag, fe.Rule)
 	}
 	return sandboxFlagError(err)
+}
+
+// setTimers sets --idle and --lifetime on the sandbox a job made; if
+// they cannot be, the sandbox is released.
+func setTimers(ctx context.Context, svc delegate.SandboxService, id string, spec delegate.SandboxSpec) error {
+	st, ok := svc.(delegate.SandboxTimers)
+	var err error
+	if !ok {
+		err = errors.New("--idle and --lifetime: this delegate cannot set a sandbox's timers: leave them out (the sandbox keeps the server's)")
+	} else if _, err = st.SetSandboxTimers(ctx, id, delegate.SandboxSpec{IdleTimeout: spec.IdleTimeout, Lifetime: spec.Lifetime}); err != nil {
+		err = sandboxFlagError(err)
+	}
+	if err != nil {
+		if _, _, rerr := svc.ReleaseSandbox(context.WithoutCancel(ctx), id); rerr != nil {
+			return errors.Join(err, fmt.Errorf("release sandbox %s: %w", id, rerr))
+		}
+		return fmt.Errorf("%w (sandbox %s, with the project, was released)", err, id)
+	}
+	return nil
 }

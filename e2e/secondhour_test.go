@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The second hour (issue 40) through the built binary: the loop of a kept
@@ -326,7 +327,8 @@ func TestGitSourcePath(t *testing.T) {
 
 // TestSandboxWithProjectAndTrees (issue 40, item 3): sandboxes open
 // --workspace opens a kept sandbox with the project in it (its changes
-// diffed by the sandbox's id, as run --keep's); cp -r copies a
+// diffed by the sandbox's id, as run --keep's), with the --idle and
+// --lifetime asked for; cp -r copies a
 // directory's tree in (links as links, an empty directory, modes) and
 // out, where a link is refused and nothing is written, as jobs apply
 // refuses one; out into a directory that is there, the tree goes in it.
@@ -345,11 +347,25 @@ func TestSandboxWithProjectAndTrees(t *testing.T) {
 	if _, errOut, code := delegateCLI(t, dataDir, "sandboxes", "open", "--cache", "go"); code != 2 || !strings.Contains(errOut, "--cache needs --workspace or --git") {
 		t.Errorf("--cache alone: exit %d %s", code, errOut)
 	}
-	sbx := strings.TrimSpace(cli("sandboxes", "open", "--workspace", dir))
+	sbx := strings.TrimSpace(cli("sandboxes", "open", "--workspace", dir, "--idle", "10m", "--lifetime", "1h"))
 	if !strings.HasPrefix(sbx, "sbx-") {
 		t.Fatalf("sandboxes open --workspace printed %q", sbx)
 	}
 	t.Cleanup(func() { delegateCLI(t, dataDir, "sandboxes", "release", sbx) })
+	var shown struct {
+		CreatedAt time.Time `json:"created_at"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.Unmarshal([]byte(cli("sandboxes", "show", sbx, "--json")), &shown); err != nil {
+		t.Fatal(err)
+	}
+	if life := shown.ExpiresAt.Sub(shown.CreatedAt); life != time.Hour || !strings.Contains(cli("sandboxes", "show", sbx), "paused after 10m0s idle") {
+		t.Errorf("--idle 10m --lifetime 1h: a lifetime of %s; sandboxes show:\n%s", life, cli("sandboxes", "show", sbx))
+	}
+	if _, errOut, code := delegateCLI(t, dataDir, "sandboxes", "open", "--workspace", dir, "--idle", "2h"); code != 1 ||
+		!strings.Contains(errOut, "--idle: must be at most 1800 seconds (DELEGATE_SANDBOX_IDLE; got 7200)") || !strings.Contains(errOut, "was released") {
+		t.Errorf("--idle past the server's: exit %d %s", code, errOut)
+	}
 	if out := cli("exec", sbx, "--", "sh", "-c", "sed -i 's/a - b/a + b/' calc.go && cat README"); out != "calc\n" {
 		t.Errorf("the project in the sandbox: %q", out)
 	}
