@@ -142,9 +142,11 @@ type SandboxArchives interface {
 	// permissions and times kept, parents made.
 	PutSandboxArchive(ctx context.Context, id string, tar io.Reader) error
 	// GetSandboxArchive returns /workspace as a tar stream (gzip or not;
-	// links as links; git's objects may be left out). The caller closes
-	// it.
-	GetSandboxArchive(ctx context.Context, id string) (io.ReadCloser, error)
+	// links as links; git's objects may be left out), or only the tree of
+	// its directory dir (relative to /workspace; "" for all of it) where
+	// the backend can pack one directory, with names relative to
+	// /workspace either way. The caller closes it.
+	GetSandboxArchive(ctx context.Context, id, dir string) (io.ReadCloser, error)
 }
 
 // FileInfo is an entry of a sandbox's workspace.

@@ -192,7 +192,12 @@ func (p *Program) copyTreeOut(ctx context.Context, cfg Config, src cpOperand, ds
 		if err != nil {
 			return err
 		}
-		rc, err := ar.GetSandboxArchive(ctx, src.sandbox)
+		// Only that directory's tree, where the backend packs one.
+		rc, err := ar.GetSandboxArchive(ctx, src.sandbox, rel)
+		var nf *delegate.NotFoundError
+		if errors.As(err, &nf) && nf.Resource == "file" {
+			return fmt.Errorf("%s:%s: no such directory in the sandbox's workspace", src.sandbox, safe(src.path))
+		}
 		if err != nil {
 			return err
 		}

@@ -1,11 +1,15 @@
 package engine
 
 import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"strings"
 	"time"
 
@@ -165,17 +169,83 @@ func (k *sandboxFiles) PutSandboxArchive(ctx context.Context, id string, tar io.
 }
 
 // GetSandboxArchive implements delegate.SandboxArchives: the sandbox's
-// workspace as a tar stream.
-func (k *sandboxFiles) GetSandboxArchive(ctx context.Context, id string) (io.ReadCloser, error) {
+// workspace as a tar stream, or only the directory dir's where the
+// backend packs one (sandbox.DirArchiver), its names then made relative
+// to /workspace again.
+func (k *sandboxFiles) GetSandboxArchive(ctx context.Context, id, dir string) (io.ReadCloser, error) {
 	sb, ar, err := k.archiver(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	if dir != "" && dir != "." {
+		if !fs.ValidPath(dir) {
+			return nil, &delegate.FieldError{Field: "path", Rule: fmt.Sprintf("%q must be a clean path relative to %s", dir, delegate.Workspace)}
+		}
+		if da, ok := ar.(sandbox.DirArchiver); ok {
+			rc, err := da.GetDirArchive(ctx, dir)
+			if err != nil {
+				return nil, k.fileError(ctx, sb, "path", path.Join(delegate.Workspace, dir), err)
+			}
+			return prefixed(rc, dir), nil
+		}
 	}
 	rc, err := ar.GetArchive(ctx)
 	if err != nil {
 		return nil, k.fileError(ctx, sb, "path", delegate.Workspace, err)
 	}
 	return rc, nil
+}
+
+// prefixed is the tar stream rc (gzip or not) with dir put before each
+// name: a directory's tree as a part of the workspace's.
+func prefixed(rc io.ReadCloser, dir string) io.ReadCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		pw.CloseWithError(func() error {
+			br := bufio.NewReader(rc)
+			var r io.Reader = br
+			if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+				zr, err := gzip.NewReader(br)
+				if err != nil {
+					return err
+				}
+				r = zr
+			}
+			tr, tw := tar.NewReader(r), tar.NewWriter(pw)
+			for {
+				hdr, err := tr.Next()
+				if err == io.EOF {
+					return tw.Close()
+				}
+				if err != nil {
+					return err
+				}
+				name := path.Join(dir, hdr.Name)
+				if hdr.Typeflag == tar.TypeDir {
+					name += "/"
+				}
+				hdr.Name = name
+				if err := tw.WriteHeader(hdr); err != nil {
+					return err
+				}
+				if _, err := io.Copy(tw, tr); err != nil {
+					return err
+				}
+			}
+		}())
+	}()
+	return &prefixReader{PipeReader: pr, src: rc}
+}
+
+// prefixReader closes the stream it rewrites with itself.
+type prefixReader struct {
+	*io.PipeReader
+	src io.Closer
+}
+
+func (p *prefixReader) Close() error {
+	p.PipeReader.Close()
+	return p.src.Close()
 }
 
 // archiver is a live kept sandbox's machine, as one that copies trees.

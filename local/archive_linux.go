@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -179,13 +181,35 @@ func badArchive(err error) bool {
 // GetArchive implements sandbox.Archiver: the workspace as it is, read as
 // its owner beneath it (workspace.Scan and Archive), as a plain tar.
 func (s *sbox) GetArchive(ctx context.Context) (io.ReadCloser, error) {
+	return archiveOf(ctx, s, "")
+}
+
+var _ sandbox.DirArchiver = (*sbox)(nil)
+
+// GetDirArchive implements sandbox.DirArchiver: the directory's tree
+// alone, opened beneath the workspace without following a link on the
+// way (workspace.ScanOptions.Within).
+func (s *sbox) GetDirArchive(ctx context.Context, dir string) (io.ReadCloser, error) {
+	if !fs.ValidPath(dir) || dir == "." {
+		return nil, fmt.Errorf("get archive of %q: not a clean relative path", dir)
+	}
+	return archiveOf(ctx, s, dir)
+}
+
+// archiveOf is the tree of the workspace's directory sub ("": all).
+func archiveOf(ctx context.Context, s *sbox, sub string) (io.ReadCloser, error) {
 	dir := s.path(dirWorkspace)
 	fd, err := openWorkspace(dir)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("get archive: %w", err))
 	}
 	syscall.Close(fd)
-	tree, err := workspace.Scan(ctx, dir, workspace.ScanOptions{IncludeIgnored: true, MaxBytes: math.MaxInt64, MaxFiles: math.MaxInt32})
+	opts := workspace.ScanOptions{IncludeIgnored: true, MaxBytes: math.MaxInt64, MaxFiles: math.MaxInt32}
+	root := dir
+	if sub != "" {
+		root, opts.Within = filepath.Join(dir, filepath.FromSlash(sub)), dir
+	}
+	tree, err := workspace.Scan(ctx, root, opts)
 	if err != nil {
 		return nil, s.goneOr(fmt.Errorf("get archive: %w", err))
 	}

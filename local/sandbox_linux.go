@@ -212,7 +212,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 			return nil, s.goneOr(fmt.Errorf("sandbox %s: its init has ended (its lifetime is over, or it was killed): %w", s.id, sandbox.ErrGone))
 		}
 	}
-	execDir, ahead, err := s.takeExecDir(st, &rec)
+	execDir, ahead, err := takeExecDir(s, st, &rec)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +287,7 @@ func (s *sbox) execKept(st sandboxState, rec execRecord, cmd sandbox.Command) (s
 // takeExecDir gives a command of a kept sandbox its directory
 // (execs/<id>) and status channel (a FIFO in dirChannel): the ones made
 // ahead for it (ahead; its id then becomes rec.ID), or new ones.
-func (s *sbox) takeExecDir(st sandboxState, rec *execRecord) (dir string, ahead bool, err error) {
+func takeExecDir(s *sbox, st sandboxState, rec *execRecord) (dir string, ahead bool, err error) {
 	if id := s.b.live.spare(s.dir, true); id != "" {
 		rec.ID = id
 		return filepath.Join(s.dir, dirExecs, id), true, nil

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -65,6 +66,14 @@ const packTar = `umask 077; tar -c -z -f "$0" --format=posix -C "$d" --hard-dere
 	`.delegate-xfer-*' --warning=no-file-ignored .; rc=$?
 [ $rc -le 1 ] || { rm -f -- "$0"; exit $rc; }
 s=$(sha256sum <"$0") && n=$(wc -c <"$0") && echo "${s%% *} $n" && exit $rc`
+
+// packDirScript is packScript for the workspace's directory $1 alone
+// (sandbox.DirArchiver): one that is not there exits 3; one reached
+// through a link, or not a directory, exits 4.
+const packDirScript = `w=$(cd -P ` + workspace + ` && pwd -P) || exit 4
+[ -e "$w/$1" ] || [ -L "$w/$1" ] || { echo "no such directory" >&2; exit 3; }
+d=$(cd -P -- "$w/$1" 2>/dev/null && pwd -P) && [ "$d" = "$w/$1" ] || { echo "a link, or not a directory" >&2; exit 4; }
+` + packTar
 
 // writeArchive checks and rewrites the stream (sandbox.ReadArchive:
 // what breaks a rule fails here, special files and hard links are left
@@ -211,13 +220,28 @@ func (s *vmSandbox) GetArchive(ctx context.Context) (io.ReadCloser, error) {
 	return packed(ctx, s, packScript)
 }
 
-// packed packs with script (packScript; its arguments the archive's
-// name, then args) and brings the archive out.
+var _ sandbox.DirArchiver = (*vmSandbox)(nil)
+
+// GetDirArchive implements sandbox.DirArchiver as GetArchive does, for
+// the directory alone.
+func (s *vmSandbox) GetDirArchive(ctx context.Context, dir string) (io.ReadCloser, error) {
+	if !fs.ValidPath(dir) || dir == "." {
+		return nil, fmt.Errorf("get archive of %q from VM %d: not a clean relative path", dir, s.vmid)
+	}
+	return packed(ctx, s, packDirScript, dir)
+}
+
+// packed packs with script (packScript, packDirScript; its arguments
+// the archive's name, then args) and brings the archive out.
 func packed(ctx context.Context, s *vmSandbox, script string, args ...string) (io.ReadCloser, error) {
 	name := xferName(".tgz")
 	r, err := s.run(ctx, append([]string{"/bin/sh", "-c", script, name}, args...))
 	switch {
 	case err != nil:
+	case r.code == 3 && len(args) > 0:
+		err = fmt.Errorf("%s: %w", args[0], fs.ErrNotExist)
+	case r.code == 4 && len(args) > 0:
+		err = fmt.Errorf("%s: a link, or reached through one, or not a directory", args[0])
 	case r.code != 0 && r.code != 1:
 		err = fmt.Errorf("tar exited %d: %s", r.code, r.stderr)
 	}

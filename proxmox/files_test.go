@@ -1,11 +1,16 @@
 package proxmox_test
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 
@@ -164,5 +169,54 @@ func TestArtifactsTogether(t *testing.T) {
 	}
 	if kept != 8 || each != 0 {
 		t.Errorf("%d artifacts kept (want 8), %d reads of one artifact (want none: one archive)", kept, each)
+	}
+}
+
+// TestDirArchive (issue 40, item 3): the tree of one directory of the
+// workspace comes alone (cp -r out of a sandbox), over HTTP where the VM
+// reaches the server, its names relative to that directory; one that is
+// not there is fs.ErrNotExist, one reached through a link is refused.
+func TestDirArchive(t *testing.T) {
+	rig := newXferRig(t, true, "http://"+guestCallback)
+	sb := rig.vm(t, true)
+	if exit, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c",
+		"cd /workspace && mkdir -p data/sub && echo a >data/sub/a.txt && echo b >top.txt && ln -s data linked"}}); exit.Code != 0 {
+		t.Fatalf("%+v %s", exit, out)
+	}
+	ctx := context.Background()
+	da := sb.(sandbox.DirArchiver)
+	rc, err := da.GetDirArchive(ctx, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(zr)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, hdr.Name)
+	}
+	rc.Close()
+	slices.Sort(names)
+	if fmt.Sprint(names) != "[./ ./sub/ ./sub/a.txt]" {
+		t.Errorf("the tree of data: %v", names)
+	}
+	if got := rig.served(); len(got) != 1 || got[0] != "PUT 204" {
+		t.Errorf("the callback server served %v, want a PUT", got)
+	}
+	if _, err := da.GetDirArchive(ctx, "nope"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a directory that is not there: %v", err)
+	}
+	if _, err := da.GetDirArchive(ctx, "linked"); err == nil || errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "a link") {
+		t.Errorf("a link to a directory: %v", err)
 	}
 }

@@ -360,6 +360,17 @@ type FilesReader interface {
 	ReadFiles(ctx context.Context, paths []string, fn func(path string, r io.Reader) error) error
 }
 
+// DirArchiver is an Archiver that packs one directory of the workspace
+// alone (delegate cp -r out of a sandbox), not the whole workspace.
+type DirArchiver interface {
+	// GetDirArchive returns the tree of /workspace/dir (dir relative
+	// and clean, not ".") as GetArchive returns the workspace's, with
+	// names relative to that directory. A dir that is not there fails
+	// with an error that is fs.ErrNotExist; one that is a link, or is
+	// reached through one, or is not a directory, fails.
+	GetDirArchive(ctx context.Context, dir string) (io.ReadCloser, error)
+}
+
 // Unpacked says what PutArchive wrote.
 type Unpacked struct {
 	Files, Dirs int
