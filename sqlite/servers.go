@@ -215,34 +215,47 @@ func (s *ServerStore) AdoptJobs(ctx context.Context, owner string, from []string
 			if err != nil {
 				return err
 			}
-			var ids []string
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
-				}
-				ids = append(ids, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
+			taken, err := s.takenJobs(tx, rows, prev)
+			if err != nil {
 				return err
 			}
-			for _, id := range ids {
-				j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
-				if err != nil {
-					return err
-				}
-				if err := s.db.JobStore.withManifest(context.Background(), tx.Stmt(s.db.JobStore.stmt.wManifest), j, seq); err != nil {
-					return err
-				}
-				out = append(out, delegate.Adopted{Job: j, From: prev})
-			}
+			out = append(out, taken...)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("adopt jobs: %w", err)
+	}
+	return out, nil
+}
+
+// takenJobs reads the ids an UPDATE … RETURNING id of jobs gave, closes
+// its rows (the transaction's one connection is then free), and returns
+// each job, with its manifest, as taken from server from.
+func (s *ServerStore) takenJobs(tx *sql.Tx, rows *sql.Rows, from string) ([]delegate.Adopted, error) {
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var out []delegate.Adopted
+	for _, id := range ids {
+		j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.db.JobStore.withManifest(context.Background(), tx.Stmt(s.db.JobStore.stmt.wManifest), j, seq); err != nil {
+			return nil, err
+		}
+		out = append(out, delegate.Adopted{Job: j, From: from})
 	}
 	return out, nil
 }
@@ -284,28 +297,8 @@ func (s *ServerStore) RejoinServer(ctx context.Context, srv delegate.Server, ttl
 		if err != nil {
 			return err
 		}
-		var ids []string
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return err
-			}
-			ids = append(ids, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		if jobs, err = s.takenJobs(tx, rows, srv.ID); err != nil {
 			return err
-		}
-		for _, id := range ids {
-			j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
-			if err != nil {
-				return err
-			}
-			if err := s.db.JobStore.withManifest(context.Background(), tx.Stmt(s.db.JobStore.stmt.wManifest), j, seq); err != nil {
-				return err
-			}
-			jobs = append(jobs, delegate.Adopted{Job: j, From: srv.ID})
 		}
 		return nil
 	})
