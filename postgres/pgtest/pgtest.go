@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -199,11 +200,10 @@ func Start(opts Options) (*Server, error) {
 	s.cmd.Dir = dir
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = serverAttr(cred)
-	if err := s.cmd.Start(); err != nil {
+	if err := s.start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	go func() { s.cmd.Wait(); close(s.done) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -227,6 +227,33 @@ func Start(opts Options) (*Server, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// start starts the server from a goroutine locked to a thread of its
+// own, which waits for it: the thread lives as long as the server.
+// Linux sends the parent death signal (serverAttr) when the parent
+// *thread* ends, and the Go runtime ends a thread whenever a goroutine
+// locked to it returns: package local's do (a kept sandbox's network
+// namespace is made on such a thread), and in the e2e test binary the
+// Proxmox simulator's guests are local sandboxes. Started from any
+// thread, the server got SIGQUIT whenever the one that forked it was
+// later taken and ended that way (TestFaultServersKill in CI: every
+// server's job feed "unexpected EOF" as the warm pool was cloned again,
+// then no socket; TestServerOutlivesItsStartersThread).
+func (s *Server) start() error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := s.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		s.cmd.Wait()
+		close(s.done)
+	}()
+	return <-started
 }
 
 // credential is the postgres user's when running as root (initdb and
