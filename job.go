@@ -28,8 +28,10 @@ type Job struct {
 	OutputLostBytes int64  `json:"output_lost_bytes,omitempty"`
 	OutputLost      string `json:"output_lost,omitempty"`
 	// CacheMissed names the caches (manifest.caches) the job had an empty
-	// one of instead of its project's, and why ("go: in use by sandbox
-	// sb-…: this job had an empty one of its own"; "; " between two).
+	// one of instead of its project's, or had without the changes of the
+	// run before (not saved: its principal's disk quota), and why ("go:
+	// in use by sandbox sb-…: this job had an empty one of its own"; "; "
+	// between two).
 	CacheMissed string `json:"cache_missed,omitempty"`
 
 	CreatedAt  time.Time `json:"created_at"`

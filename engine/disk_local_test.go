@@ -2,10 +2,13 @@ package engine_test
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 // TestLocalDiskQuota: on the real local backend, a checkpoint that would
@@ -53,5 +56,54 @@ func TestLocalDiskQuota(t *testing.T) {
 	}
 	if _, err := eng.CheckpointSandbox(t.Context(), sb.ID, delegate.CheckpointOptions{}); err != nil {
 		t.Errorf("the operator is held by alice's disk quota: %v", err)
+	}
+}
+
+// TestLocalCacheNotSaved (issue 36): on the real local backend, a job
+// whose cache's growth DELEGATE_QUOTA_DISK has no room for ends with the
+// cache as it was, and the next job of its principal that takes the
+// cache is told, in its result and its record, which job's changes were
+// not saved and why (the quota, the use, the size, the setting); the job
+// after that, whose own changes were saved, is told nothing.
+func TestLocalCacheNotSaved(t *testing.T) {
+	f := newLocal(t)
+	root := t.TempDir()
+	dir := project(t, root, "calc", map[string]string{"calc.go": "package calc\n"})
+	f.lcfg.CacheDir = filepath.Join(f.dir, "caches")
+	f.cfg.WorkspaceRoots, f.cfg.Quotas.DiskBytes = []string{root}, 1<<20
+	eng := f.engine(t, f.backend(t))
+	alice := as("alice", delegate.ScopeJobs)
+	runJob := func(task string) (*delegate.Job, *delegate.JobResult) {
+		t.Helper()
+		m := script(task)
+		m.Workspace, m.Caches = &delegate.WorkspaceSource{Dir: dir}, []string{"go"}
+		j, err := eng.Submit(alice, m, delegate.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := testkit.Wait(t, eng, j.ID)
+		res, err := eng.Result(alice, j.ID, delegate.ResultOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.Status != delegate.StatusSuccess {
+			t.Fatalf("job %q: %s %s\n%s", task, done.Status, done.Error, res.Output)
+		}
+		// Its sandbox goes (and gives the cache back) after its end is
+		// stored: the next job would have an empty one meanwhile.
+		testkit.Eventually(t, 30*time.Second, "the job's sandbox gone", func() bool { return len(f.leftovers(t)) == 0 })
+		return done, res
+	}
+	big, _ := runJob("head -c 1500000 /dev/zero >/cache/go/blob")
+	next, res := runJob("test ! -e /cache/go/blob")
+	want := "go: the changes job " + big.ID + " made were not saved in it: over the quota of alice: disk of caches " +
+		"(what its checkpoints leave of the disk quota): 0 B now, this asks for 1.4 MiB more, the quota is 1.0 MiB " +
+		"(DELEGATE_QUOTA_DISK on the server): delete a checkpoint"
+	if !strings.HasPrefix(next.CacheMissed, want) || res.CacheMissed != next.CacheMissed {
+		t.Errorf("the next job's cache_missed %q, its result's %q; want %q…", next.CacheMissed, res.CacheMissed, want)
+	}
+	t.Logf("the next job's result says: cache %s", res.CacheMissed)
+	if last, res := runJob("true"); last.CacheMissed != "" || res.CacheMissed != "" {
+		t.Errorf("the job after it is told %q", res.CacheMissed)
 	}
 }

@@ -29,7 +29,8 @@ type Quotas struct {
 	MemoryBytes int64
 	// DiskBytes bounds the disk of its checkpoints and caches together:
 	// a checkpoint that would pass it is refused (and deleted), a
-	// cache's growth is not written back (the backend logs it).
+	// cache's growth is not written back (the backend logs it, and the
+	// next job that takes the cache has it in its CacheMissed).
 	DiskBytes int64
 }
 

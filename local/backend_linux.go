@@ -680,7 +680,7 @@ func (b *Backend) destroy(id string) error {
 	if err := unmountSandbox(dir); err != nil {
 		errs = append(errs, err)
 	} else {
-		if err := b.caches.release(id, dir, st.Caches); err != nil {
+		if err := b.caches.release(id, dir, st.JobID, st.Caches); err != nil {
 			errs = append(errs, err)
 		}
 		// Its checkpoints go with it; the layers a fork of it stands

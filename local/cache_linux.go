@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -54,6 +55,11 @@ type cacheMeta struct {
 	Used  time.Time `json:"used"`
 	// Owner is the principal whose cache it is (sandbox.Cache.Owner).
 	Owner string `json:"owner,omitempty"`
+	// NotSaved says why the last run's changes were not written back
+	// (its owner's disk quota), for the next run that takes the cache to
+	// tell its job (a CacheMiss): the run that made them has ended by
+	// then, and its principal would learn it nowhere else.
+	NotSaved string `json:"notSaved,omitempty"`
 }
 
 var (
@@ -123,7 +129,7 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 		if err := os.Mkdir(mp, 0o755); err != nil {
 			return out, err
 		}
-		holder, err := cs.take(c, id)
+		holder, notSaved, err := cs.take(c, id)
 		if err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
 		}
@@ -139,7 +145,10 @@ func (cs *caches) attach(id, dir string, spec sandbox.Spec, hostJob int) ([]cach
 			spec.Step(fmt.Sprintf("cache %s is in use by sandbox %s: this job has an empty one of its own", c.Name, holder))
 			continue
 		}
-		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true, Owner: c.Owner, Limit: c.Limit})
+		out = append(out, cacheMount{Name: c.Name, Key: c.Key, Shared: true, Layer: true, Owner: c.Owner, Limit: c.Limit, NotSaved: notSaved})
+		if notSaved != "" {
+			spec.Step(fmt.Sprintf("cache %s: %s", c.Name, notSaved))
+		}
 		host := cs.path(c)
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return out, fmt.Errorf("cache %s: %w", c.Name, err)
@@ -213,9 +222,11 @@ func mountLayers(layers string, bytes int64) error {
 
 // take records sandbox id as the cache's writer, unless another
 // sandbox that still exists holds it: then it returns that one's id.
-func (cs *caches) take(c sandbox.Cache, id string) (holder string, err error) {
+// Taken, it returns why the last run's changes were not saved, if they
+// were not (cacheMeta.NotSaved).
+func (cs *caches) take(c sandbox.Cache, id string) (holder, notSaved string, err error) {
 	if err := os.MkdirAll(filepath.Join(cs.dir, c.Key), 0o700); err != nil {
-		return "", err
+		return "", "", err
 	}
 	err = cs.withLock(c, func(f *os.File, cur string) error {
 		if cur != "" && cur != id && idPattern().MatchString(cur) {
@@ -225,9 +236,13 @@ func (cs *caches) take(c sandbox.Cache, id string) (holder string, err error) {
 			}
 			// Its sandbox is gone without releasing it (a crash): stale.
 		}
+		var meta cacheMeta
+		if readJSON(cs.path(c)+".json", &meta) == nil {
+			notSaved = meta.NotSaved
+		}
 		return rewrite(f, id)
 	})
-	return holder, err
+	return holder, notSaved, err
 }
 
 // withLock runs fn with the cache's lock file, under flock, and its
@@ -287,7 +302,7 @@ func treeSize(dir string) int64 {
 // overlays are unmounted), measures and frees them, then keeps all of
 // them under the cap; last it unmounts the sandbox's layers. It returns
 // what it could not unmount.
-func (cs *caches) release(id, dir string, caches []cacheMount) error {
+func (cs *caches) release(id, dir, jobID string, caches []cacheMount) error {
 	layers := filepath.Join(dir, dirCacheLayers)
 	if cs.dir == "" {
 		return unmountAt(layers)
@@ -303,7 +318,11 @@ func (cs *caches) release(id, dir string, caches []cacheMount) error {
 		if m.Layer {
 			upper = filepath.Join(layers, m.Name, "upper")
 		}
-		if cs.give(id, sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}, upper) {
+		run := "job " + jobID
+		if m.PerCommand || jobID == "" {
+			run = "a command in kept sandbox " + id
+		}
+		if cs.give(id, run, sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}, upper) {
 			released = true
 		}
 	}
@@ -316,8 +335,10 @@ func (cs *caches) release(id, dir string, caches []cacheMount) error {
 
 // writeBack writes the changes of sandbox id in cache c (the upper layer
 // of its overlay) into the cache, within the cap and the file system's
-// room (see the top of this file).
-func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
+// room (see the top of this file). Changes its owner's disk quota has no
+// room for are not written back: it returns why, naming run (what made
+// them: "job job-…"), for the cache's next run to tell (cacheMeta).
+func (cs *caches) writeBack(id, run string, c sandbox.Cache, upper string) (notSaved string) {
 	changed := treeSize(upper)
 	host := cs.path(c)
 	var fs unix.Statfs_t
@@ -337,7 +358,7 @@ func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
 	if have+changed > cs.max || (free >= 0 && free < 2*changed) {
 		cs.log.Warn("cache: the job's changes are not kept", "sandbox", id, "cache", c.Name, "key", c.Key,
 			"changed", changed, "cache bytes", have, "cap", cs.max, "free", free)
-		return
+		return ""
 	}
 	if c.Limit > 0 && changed > 0 {
 		// The owner's disk quota: its other caches, this one, and what
@@ -347,21 +368,25 @@ func (cs *caches) writeBack(id string, c sandbox.Cache, upper string) {
 			cs.log.Warn("cache: the job's changes are not kept: over the disk quota of its principal (DELEGATE_QUOTA_DISK, less its checkpoints)",
 				"sandbox", id, "cache", c.Name, "key", c.Key, "principal", c.Owner,
 				"caches bytes", others+have, "changed", changed, "quota bytes", c.Limit)
-			return
+			return fmt.Sprintf("the changes %s made were not saved in it: %v", run, &delegate.QuotaError{
+				Principal: c.Owner, Quota: "disk of caches (what its checkpoints leave of the disk quota)", Setting: "DELEGATE_QUOTA_DISK",
+				Use: delegate.FormatBytes(others + have), Asked: delegate.FormatBytes(changed), Limit: delegate.FormatBytes(c.Limit),
+				Free: "delete a checkpoint (sandbox_checkpoint action delete), release a kept sandbox, or leave less in the cache"})
 		}
 	}
 	lower, err := unix.Open(host, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		cs.log.Warn("cache: write back", "sandbox", id, "cache", c.Name, "err", err)
-		return
+		return ""
 	}
 	defer unix.Close(lower)
 	start := time.Now()
 	if err := mergeLayer(upper, lower); err != nil {
 		cs.log.Warn("cache: write back", "sandbox", id, "cache", c.Name, "err", err)
-		return
+		return ""
 	}
 	cs.log.Debug("cache written back", "sandbox", id, "cache", c.Name, "bytes", changed, "took", time.Since(start))
+	return ""
 }
 
 // CacheBytes implements sandbox.CacheMeter.

@@ -148,7 +148,7 @@ func (cs *caches) mountFor(id, dir string, st sandboxState, m cacheMount, ns int
 		return nil, nil
 	}
 	c := sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}
-	holder, err := cs.take(c, id)
+	holder, notSaved, err := cs.take(c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +163,9 @@ func (cs *caches) mountFor(id, dir string, st sandboxState, m cacheMount, ns int
 		fd, err = detachedMount("tmpfs", map[string]string{"size": strconv.FormatInt(min(st.DiskBytes, maxTmpBytes), 10),
 			"mode": "0755", "uid": strconv.Itoa(hostJob), "gid": strconv.Itoa(hostJob)})
 	} else {
+		if notSaved != "" {
+			miss = &sandbox.CacheMiss{Name: m.Name, Reason: notSaved}
+		}
 		host := cs.path(c)
 		if err := os.MkdirAll(host, 0o755); err != nil {
 			return nil, err
@@ -207,7 +210,7 @@ func (cs *caches) unmountAll(id, dir string, st sandboxState, ns int) {
 				cs.log.Warn("cache: unmount it after the command", "sandbox", id, "cache", m.Name, "err", err)
 			}
 		}
-		if cs.give(id, sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}, filepath.Join(layer, "upper")) {
+		if cs.give(id, "a command in kept sandbox "+id, sandbox.Cache{Name: m.Name, Key: m.Key, Owner: m.Owner, Limit: m.Limit}, filepath.Join(layer, "upper")) {
 			released = true
 		}
 		if err := os.RemoveAll(layer); err != nil {
@@ -221,18 +224,20 @@ func (cs *caches) unmountAll(id, dir string, st sandboxState, ns int) {
 
 // give writes back the changes in upper (when there is one) of sandbox
 // id, which holds cache c, measures the cache and frees it; it says
-// whether id held it.
-func (cs *caches) give(id string, c sandbox.Cache, upper string) bool {
+// whether id held it. run names what made the changes, for the next
+// run's note when they are not saved (writeBack).
+func (cs *caches) give(id, run string, c sandbox.Cache, upper string) bool {
 	held := false
 	err := cs.withLock(c, func(f *os.File, holder string) error {
 		if holder != id {
 			return nil // another's (this sandbox had an empty one), or taken over already
 		}
 		held = true
+		notSaved := ""
 		if _, err := os.Lstat(upper); upper != "" && err == nil {
-			cs.writeBack(id, c, upper)
+			notSaved = cs.writeBack(id, run, c, upper)
 		}
-		meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC(), Owner: c.Owner}
+		meta := cacheMeta{Bytes: treeSize(cs.path(c)), Used: time.Now().UTC(), Owner: c.Owner, NotSaved: notSaved}
 		if err := writeJSONAtomic(cs.path(c)+".json", meta); err != nil {
 			return err
 		}
@@ -343,12 +348,15 @@ func inMountNS(ns int, fn func() error) error {
 }
 
 // busyMisses are the caches a sandbox's one command has an empty one of
-// (another sandbox held them when it was made), and why.
+// (another sandbox held them when it was made), or has without the last
+// run's changes (its owner's disk quota had no room for them), and why.
 func busyMisses(st sandboxState) []sandbox.CacheMiss {
 	var out []sandbox.CacheMiss
 	for _, m := range st.Caches {
 		if m.Busy != "" {
 			out = append(out, sandbox.CacheMiss{Name: m.Name, Reason: fmt.Sprintf("in use by sandbox %s: this job had an empty one of its own", m.Busy)})
+		} else if m.NotSaved != "" {
+			out = append(out, sandbox.CacheMiss{Name: m.Name, Reason: m.NotSaved})
 		}
 	}
 	return out

@@ -217,6 +217,9 @@ type cacheMount struct {
 	// PerCommand: a kept sandbox's, taken for its commands' runs
 	// (cachecmd_linux.go), Shared and Layer then say how.
 	PerCommand bool `json:"perCommand,omitempty"`
+	// NotSaved: the cache was taken without the last run's changes, and
+	// why (cacheMeta.NotSaved), for the command's Exit.CacheMisses.
+	NotSaved string `json:"notSaved,omitempty"`
 }
 
 // hostBase is the first of the sandbox's host ids: its init's uid and

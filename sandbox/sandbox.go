@@ -179,7 +179,8 @@ type Cache struct {
 	// Limit is the most the owner's caches may hold together once this
 	// one is written back (its disk quota less its checkpoints, when the
 	// sandbox was made); 0: no bound but the backend's own. A write-back
-	// that would pass it is not made, and the log names the quota.
+	// that would pass it is not made: the log names the quota, and the
+	// next run that takes the cache has it in its CacheMisses.
 	Limit int64
 }
 
@@ -191,7 +192,9 @@ type CacheMeter interface {
 	CacheBytes(owner string) (int64, error)
 }
 
-// CacheMiss is a cache a command had an empty one of instead, and why.
+// CacheMiss is a cache a command had an empty one of instead, or had
+// without the changes of the run before it (its owner's disk quota had
+// no room for them), and why.
 type CacheMiss struct {
 	Name   string `json:"name"`
 	Reason string `json:"reason"`
