@@ -225,7 +225,14 @@ func (p *Program) root() *cobra.Command {
 	root.SetErr(p.Stderr)
 	root.SetVersionTemplate("delegate {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.SetUsageTemplate(root.UsageTemplate() + environmentHelp())
+	// The settings table joins the usage template when usage is first
+	// written, not at every start: building it (a tabwriter over every
+	// setting) was 2% of a CLI command's start (issue 41, item 2).
+	root.SetUsageFunc(func(c *cobra.Command) error {
+		root.SetUsageFunc(nil) // cobra's own from now on
+		root.SetUsageTemplate(root.UsageTemplate() + environmentHelp())
+		return c.UsageFunc()(c)
+	})
 	root.CompletionOptions.DisableDefaultCmd = true
 	cfg.addDataDirFlag(root.PersistentFlags())
 	root.AddCommand(

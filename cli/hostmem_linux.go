@@ -1,24 +1,19 @@
 package cli
 
-import (
-	"os"
-	"strconv"
-	"strings"
-)
+import "syscall"
 
-// hostMemory is this host's memory in bytes (MemTotal), 0 if unknown.
+// hostMemory is this host's memory in bytes (/proc/meminfo's MemTotal:
+// the kernel's totalram pages, which sysinfo(2) gives without the ~50
+// lines of text the kernel writes for /proc/meminfo, on every CLI start),
+// 0 if unknown.
 func hostMemory() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil || si.Totalram == 0 {
 		return 0
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err == nil && kib > 0 {
-				return kib << 10
-			}
-		}
+	unit := int64(si.Unit)
+	if unit == 0 {
+		unit = 1
 	}
-	return 0
+	return int64(si.Totalram) * unit
 }
