@@ -55,9 +55,9 @@ func (h *Holdings) add(r Resources) {
 // sandbox: nil, or the error that refuses it (a *QuotaError).
 type Admit func(h Holdings) error
 
-// QuotaStore stores a principal's new job or sandbox only if its quotas
-// admit it, deciding and inserting in one transaction: the creations of
-// one principal are serialised (on one server, or on several sharing the
+// QuotaStore stores a principal's new job or sandbox (or a sandbox's new
+// checkpoint) only if its quotas admit it, deciding and writing in one
+// transaction: the creations of one principal are serialised (on one server, or on several sharing the
 // store), so that two at once never both pass a quota on the same
 // holdings.
 type QuotaStore interface {
@@ -71,4 +71,11 @@ type QuotaStore interface {
 	CreateJobAdmitted(ctx context.Context, job *Job, admit Admit) error
 	// CreateSandboxAdmitted is CreateSandbox so admitted.
 	CreateSandboxAdmitted(ctx context.Context, sb *Sandbox, admit Admit) error
+	// UpdateSandboxAdmitted is UpdateSandbox, but first gives admit what
+	// the sandbox's principal holds (the sandbox as it is, before fn), in
+	// the transaction that writes it, serialised with that principal's
+	// other admitted writes: admit's error is returned as it is, and
+	// nothing changed. A checkpoint is recorded so, within the disk
+	// quota: two at once never both pass it. A nil admit admits it.
+	UpdateSandboxAdmitted(ctx context.Context, id string, fn func(*Sandbox) error, admit Admit) (*Sandbox, error)
 }

@@ -1,13 +1,17 @@
 package engine_test
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
@@ -105,5 +109,111 @@ func TestLocalCacheNotSaved(t *testing.T) {
 	t.Logf("the next job's result says: cache %s", res.CacheMissed)
 	if last, res := runJob("true"); last.CacheMissed != "" || res.CacheMissed != "" {
 		t.Errorf("the job after it is told %q", res.CacheMissed)
+	}
+}
+
+// together is a store that the checkpoints made once armed reach at one
+// instant: each one's first call to it (what it holds on disk, read
+// ahead, or the record admitted) waits until n have come.
+type together struct {
+	delegate.Store
+	n     int
+	armed atomic.Bool
+	mu    sync.Mutex
+	came  int
+	all   chan struct{}
+}
+
+func (s *together) arrive() {
+	if !s.armed.Load() {
+		return
+	}
+	s.mu.Lock()
+	if s.came++; s.came == s.n {
+		close(s.all)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.all:
+	case <-time.After(10 * time.Second): // fewer came: they go on as they are
+	}
+}
+
+func (s *together) Holdings(ctx context.Context, principal string) (delegate.Holdings, error) {
+	s.arrive()
+	return s.Store.Holdings(ctx, principal)
+}
+
+func (s *together) UpdateSandboxAdmitted(ctx context.Context, id string, fn func(*delegate.Sandbox) error, admit delegate.Admit) (*delegate.Sandbox, error) {
+	s.arrive()
+	return s.Store.UpdateSandboxAdmitted(ctx, id, fn, admit)
+}
+
+// TestLocalCheckpointQuotaRace (issue 36): checkpoints of a principal's
+// kept sandboxes that reach the store at one instant, on the real local
+// backend, at a disk quota that fits k of them: exactly k are kept, and
+// each other is refused with the quota named, having read the k (the
+// store records a checkpoint only within the quota, one after the
+// other: before, each read the disk and then recorded, and all of them
+// passed it together).
+func TestLocalCheckpointQuotaRace(t *testing.T) {
+	const n, k = 6, 3
+	f := newLocal(t)
+	f.cfg.Quotas.DiskBytes = 1 << 20 // 3 checkpoints of 300 KiB, not 4
+	store := &together{Store: f.store, n: n, all: make(chan struct{})}
+	eng := engine.New(store, f.backend(t), f.cfg)
+	if err := eng.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	alice := as("alice", delegate.ScopeJobs, delegate.ScopeSandboxes)
+	var ids []string
+	for range n {
+		sb, err := eng.OpenSandbox(alice, delegate.SandboxSpec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eng.ReleaseSandbox(t.Context(), sb.ID)
+		if err := eng.WriteSandboxFile(alice, sb.ID, "a.bin", make([]byte, 300<<10), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	store.armed.Store(true)
+	for _, id := range ids {
+		wg.Go(func() {
+			_, err := eng.CheckpointSandbox(alice, id, delegate.CheckpointOptions{})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	store.armed.Store(false)
+	close(errs)
+	kept := 0
+	for err := range errs {
+		var qe *delegate.QuotaError
+		switch {
+		case err == nil:
+			kept++
+		case !errors.As(err, &qe) || qe.Setting != "DELEGATE_QUOTA_DISK" || !strings.HasPrefix(qe.Use, "9") ||
+			!strings.HasPrefix(err.Error(), "over the quota of alice: disk of checkpoints and caches: "):
+			t.Errorf("refused with %q, want the disk quota named, having read the %d kept", err, k)
+		}
+	}
+	if kept != k {
+		t.Errorf("%d of %d checkpoints kept at once at a disk quota that fits %d", kept, n, k)
+	}
+	total := 0
+	for _, id := range ids {
+		cps, err := eng.ListCheckpoints(alice, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(cps)
+	}
+	if total != k {
+		t.Errorf("%d checkpoints recorded, want %d", total, k)
 	}
 }

@@ -94,19 +94,22 @@ func (f *forks) checkpoint(ctx context.Context, sb *delegate.Sandbox, inst sandb
 		return nil, fmt.Errorf("checkpoint sandbox %s: %w", sb.ID, err)
 	}
 	// Its size is known once made: one that takes its principal over
-	// the disk quota is deleted (the sandbox's files stay as they are).
-	if err := checkDisk(ctx, f.data, f.keeper.ref.get(), f.cfg.Quotas, made.Bytes); err != nil {
+	// the disk quota is not recorded, and deleted (the sandbox's files
+	// stay as they are). The store decides where it records it, one
+	// checkpoint of the principal's after the other.
+	admit, err := diskAdmitter(ctx, f.keeper.ref.get(), f.cfg.Quotas, made.Bytes)
+	if err != nil {
 		f.forget(ctx, made.ID)
 		return nil, err
 	}
 	var rec delegate.Checkpoint
-	_, err = f.data.UpdateSandbox(ctx, sb.ID, func(s *delegate.Sandbox) error {
+	_, err = f.data.UpdateSandboxAdmitted(ctx, sb.ID, func(s *delegate.Sandbox) error {
 		s.CheckpointSeq++
 		rec = delegate.Checkpoint{ID: delegate.CheckpointID(s.ID, s.CheckpointSeq), Name: name, SandboxID: s.ID,
 			Instance: made.ID, Bytes: made.Bytes, CreatedAt: made.Created}
 		s.Checkpoints = append(s.Checkpoints, rec)
 		return nil
-	})
+	}, admit)
 	if err != nil {
 		f.forget(ctx, made.ID) // not recorded: not kept either
 		return nil, err

@@ -87,41 +87,33 @@ func checkQuota(ctx context.Context, store delegate.QuotaStore, q Quotas, need q
 	return admit(use)
 }
 
-// diskUse is what principal holds on disk: its checkpoints (in its
-// sandboxes' records) and its caches, where the backend measures them.
-func diskUse(ctx context.Context, store delegate.QuotaStore, b sandbox.Backend, principal string) (int64, error) {
-	h, err := store.Holdings(ctx, principal)
-	if err != nil {
-		return 0, err
-	}
-	use := h.CheckpointBytes
-	if m, ok := b.(sandbox.CacheMeter); ok {
-		c, err := m.CacheBytes(principal)
-		if err != nil {
-			return 0, fmt.Errorf("its caches: %w", err)
-		}
-		use += c
-	}
-	return use, nil
-}
-
-// checkDisk refuses ctx's principal a checkpoint of asked bytes that
-// would take its disk over q.DiskBytes.
-func checkDisk(ctx context.Context, store delegate.QuotaStore, b sandbox.Backend, q Quotas, asked int64) error {
+// diskAdmitter is the check of ctx's principal's disk quota for a
+// checkpoint of asked bytes, for the store to run where it records the
+// checkpoint (delegate.QuotaStore.UpdateSandboxAdmitted), so that two
+// checkpoints at once never both pass it: nil when none applies (no
+// principal, an operator, no disk quota). Its checkpoints are read there;
+// its caches, which the backend measures (sandbox.CacheMeter), now.
+func diskAdmitter(ctx context.Context, b sandbox.Backend, q Quotas, asked int64) (delegate.Admit, error) {
 	p := delegate.PrincipalOf(ctx)
 	if p == nil || p.Admin() || q.DiskBytes <= 0 {
+		return nil, nil
+	}
+	var caches int64
+	if m, ok := b.(sandbox.CacheMeter); ok {
+		c, err := m.CacheBytes(p.Name)
+		if err != nil {
+			return nil, fmt.Errorf("disk quota of %s: its caches: %w", p.Name, err)
+		}
+		caches = c
+	}
+	return func(h delegate.Holdings) error {
+		if use := h.CheckpointBytes + caches; use+asked > q.DiskBytes {
+			return &delegate.QuotaError{Principal: p.Name, Quota: "disk of checkpoints and caches", Setting: "DELEGATE_QUOTA_DISK",
+				Use: delegate.FormatBytes(use), Asked: delegate.FormatBytes(asked), Limit: delegate.FormatBytes(q.DiskBytes),
+				Free: "delete a checkpoint (sandbox_checkpoint action delete) or release a kept sandbox (its checkpoints go with it)"}
+		}
 		return nil
-	}
-	use, err := diskUse(ctx, store, b, p.Name)
-	if err != nil {
-		return fmt.Errorf("disk quota of %s: %w", p.Name, err)
-	}
-	if use+asked > q.DiskBytes {
-		return &delegate.QuotaError{Principal: p.Name, Quota: "disk of checkpoints and caches", Setting: "DELEGATE_QUOTA_DISK",
-			Use: delegate.FormatBytes(use), Asked: delegate.FormatBytes(asked), Limit: delegate.FormatBytes(q.DiskBytes),
-			Free: "delete a checkpoint (sandbox_checkpoint action delete) or release a kept sandbox (its checkpoints go with it)"}
-	}
-	return nil
+	}, nil
 }
 
 // cacheLimit is the room principal's disk quota leaves its caches (less

@@ -42,6 +42,21 @@ func (s *QuotaStore) CreateSandboxAdmitted(ctx context.Context, sb *delegate.San
 	return s.db.SandboxStore.create(ctx, sb, admit)
 }
 
+// UpdateSandboxAdmitted changes sandbox id if admit admits it, under its
+// principal's quota lock (taken before the sandbox's row lock, in the
+// order every admitted write takes them).
+func (s *QuotaStore) UpdateSandboxAdmitted(ctx context.Context, id string, fn func(*delegate.Sandbox) error, admit delegate.Admit) (*delegate.Sandbox, error) {
+	return s.db.SandboxStore.update(ctx, id, fn, admit)
+}
+
+// quotaLock takes principal's quota lock for the rest of tx.
+func quotaLock(ctx context.Context, tx pgx.Tx, principal string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, quotaLockSpace+principal); err != nil {
+		return fmt.Errorf("quota lock of %s: %w", principal, err)
+	}
+	return nil
+}
+
 // quotaLockSpace sets the principals' quota locks apart from other
 // advisory locks (migrationLock).
 const quotaLockSpace = "delegate quota of "
@@ -60,8 +75,8 @@ func (db *DB) admitted(ctx context.Context, principal string, admit delegate.Adm
 		return nil, insert(ctx, db.pool)
 	}
 	err = db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, quotaLockSpace+principal); err != nil {
-			return fmt.Errorf("quota lock of %s: %w", principal, err)
+		if err := quotaLock(ctx, tx, principal); err != nil {
+			return err
 		}
 		h, err := holdings(ctx, tx, principal)
 		if err != nil {

@@ -188,9 +188,30 @@ func (s *SandboxStore) getBy(ctx context.Context, columns, id string) (*delegate
 // released or gone sandbox is final: fn is not called, and ErrTerminal
 // is returned with it. The sandbox is read uncounted.
 func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*delegate.Sandbox) error) (*delegate.Sandbox, error) {
+	return s.update(ctx, id, fn, nil)
+}
+
+// update is UpdateSandbox; a non-nil admit decides first, in the
+// transaction, under the principal's quota lock
+// (QuotaStore.UpdateSandboxAdmitted).
+func (s *SandboxStore) update(ctx context.Context, id string, fn func(*delegate.Sandbox) error, admit delegate.Admit) (*delegate.Sandbox, error) {
 	var out *delegate.Sandbox
+	var refused error // admit's, returned as it is
 	reader := delegate.ReaderOf(ctx)
 	err := s.db.write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if admit != nil {
+			// The principal (never changed) first, for its lock: every
+			// admitted write takes it before any row's.
+			var principal string
+			if err := tx.QueryRow(ctx, `SELECT s.principal FROM sandboxes s WHERE s.id = $1`+mine, id, reader).Scan(&principal); errors.Is(err, pgx.ErrNoRows) {
+				return delegate.SandboxNotFound(id)
+			} else if err != nil {
+				return fmt.Errorf("update sandbox %s: %w", id, err)
+			}
+			if err := quotaLock(ctx, tx, principal); err != nil {
+				return err
+			}
+		}
 		// Locked by a statement of its own: the activity read next is
 		// then what the last writer of the sandbox left.
 		var one int
@@ -206,6 +227,15 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 		if sb.State.Terminal() {
 			out = sb
 			return fmt.Errorf("sandbox %s is %s: %w", id, sb.State, delegate.ErrTerminal)
+		}
+		if admit != nil {
+			h, err := holdings(ctx, tx, sb.Principal)
+			if err != nil {
+				return fmt.Errorf("what %s holds: %w", sb.Principal, err)
+			}
+			if refused = admit(h); refused != nil {
+				return refused
+			}
 		}
 		if err := fn(sb); err != nil {
 			return err
@@ -225,6 +255,9 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 		act.apply(out)
 		return nil
 	})
+	if refused != nil {
+		return nil, refused
+	}
 	return out, err
 }
 

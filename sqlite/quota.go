@@ -34,6 +34,11 @@ func (s *QuotaStore) CreateSandboxAdmitted(ctx context.Context, sb *delegate.San
 	return s.db.SandboxStore.create(ctx, sb, admit)
 }
 
+// UpdateSandboxAdmitted changes sandbox id if admit admits it.
+func (s *QuotaStore) UpdateSandboxAdmitted(ctx context.Context, id string, fn func(*delegate.Sandbox) error, admit delegate.Admit) (*delegate.Sandbox, error) {
+	return s.db.SandboxStore.update(ctx, id, fn, admit)
+}
+
 // admitIn gives admit (if any) what principal holds, read in tx:
 // admit's refusal, or the error of the read.
 func admitIn(ctx context.Context, tx *sql.Tx, principal string, admit delegate.Admit) (refused, err error) {

@@ -211,7 +211,14 @@ func (s *SandboxStore) getBy(ctx context.Context, st *readStmt, id string) (*del
 // is final: fn is not called, and ErrTerminal is returned with it. The
 // sandbox is read uncounted (a file call updates it too).
 func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*delegate.Sandbox) error) (*delegate.Sandbox, error) {
+	return s.update(ctx, id, fn, nil)
+}
+
+// update is UpdateSandbox; a non-nil admit decides first, in the
+// transaction (QuotaStore.UpdateSandboxAdmitted).
+func (s *SandboxStore) update(ctx context.Context, id string, fn func(*delegate.Sandbox) error, admit delegate.Admit) (*delegate.Sandbox, error) {
 	var out *delegate.Sandbox
+	var refused error // admit's, returned as it is
 	reader := delegate.ReaderOf(ctx)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
 		sb, act, err := scanSandbox(tx.Stmt(s.stmt.wGet).QueryRow(id, reader))
@@ -224,6 +231,10 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 		if sb.State.Terminal() {
 			out = sb
 			return fmt.Errorf("sandbox %s is %s: %w", id, sb.State, delegate.ErrTerminal)
+		}
+		var rerr error
+		if refused, rerr = admitIn(ctx, tx, sb.Principal, admit); refused != nil || rerr != nil {
+			return cmp.Or(refused, rerr)
 		}
 		if err := fn(sb); err != nil {
 			return err
@@ -242,6 +253,9 @@ func (s *SandboxStore) UpdateSandbox(ctx context.Context, id string, fn func(*de
 		act.apply(out)
 		return nil
 	})
+	if refused != nil {
+		return nil, refused
+	}
 	return out, err
 }
 

@@ -79,6 +79,85 @@ func testQuotaRace(t *testing.T, open Open) {
 	}
 }
 
+// testCheckpointQuotaRace: checkpoints recorded at once on a principal's
+// sandboxes (UpdateSandboxAdmitted), through two handles, are admitted
+// one after the other: at a disk quota that fits n of them exactly n are
+// recorded, each refusal is admit's own error having read the n, the
+// refused changed nothing, and another principal's are not held. Before,
+// the engine checked the disk and recorded the checkpoint in two steps,
+// and checkpoints at one instant passed the quota together.
+func testCheckpointQuotaRace(t *testing.T, open Open) {
+	const n, tries, size = 3, 24, 1000
+	handles := []delegate.Store{open(), open()}
+	alice, ctx := As("alice"), context.Background()
+	now := time.Now().UTC()
+	newSandbox := func(owner context.Context, id string) {
+		sb := &delegate.Sandbox{ID: id, State: delegate.SandboxIdle, Backend: "local", Instance: id,
+			CreatedAt: now, LastUsedAt: now, ExpiresAt: now.Add(time.Hour)}
+		if err := handles[0].CreateSandbox(owner, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range tries / 2 {
+		newSandbox(alice, fmt.Sprintf("sbx-cp-%d", i))
+	}
+	newSandbox(As("bob"), "sbx-cp-bob")
+	admit := func(h delegate.Holdings) error {
+		if h.CheckpointBytes+size > n*size {
+			return &delegate.QuotaError{Principal: "alice", Quota: "test disk", Setting: "TEST", Use: fmt.Sprint(h.CheckpointBytes),
+				Asked: fmt.Sprint(size), Limit: fmt.Sprint(n * size)}
+		}
+		return nil
+	}
+	checkpoint := func(s delegate.Store, ctx context.Context, id string, i int) error {
+		_, err := s.UpdateSandboxAdmitted(ctx, id, func(sb *delegate.Sandbox) error {
+			sb.CheckpointSeq++
+			sb.Checkpoints = append(sb.Checkpoints, delegate.Checkpoint{ID: delegate.CheckpointID(id, sb.CheckpointSeq),
+				SandboxID: id, Instance: fmt.Sprintf("cp-%d", i), Bytes: size, CreatedAt: now})
+			return nil
+		}, admit)
+		return err
+	}
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		stored   int
+		refusals []error
+	)
+	for i := range tries {
+		wg.Go(func() {
+			err := checkpoint(handles[i%2], alice, fmt.Sprintf("sbx-cp-%d", i%(tries/2)), i)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				stored++
+			} else {
+				refusals = append(refusals, err)
+			}
+		})
+	}
+	wg.Wait()
+	if stored != n {
+		t.Errorf("%d checkpoints recorded of %d at once, at a quota that fits %d", stored, tries, n)
+	}
+	for _, err := range refusals {
+		var qe *delegate.QuotaError
+		if !errors.As(err, &qe) || err != error(qe) || qe.Use != fmt.Sprint(n*size) {
+			t.Errorf("refused with %v (%T), want admit's own error having read %d bytes", err, err, n*size)
+			break
+		}
+	}
+	if h, err := handles[1].Holdings(ctx, "alice"); err != nil || h.CheckpointBytes != n*size {
+		t.Errorf("alice's checkpoints hold %d bytes (%v), want %d: a refused one was recorded", h.CheckpointBytes, err, n*size)
+	}
+	if err := checkpoint(handles[1], As("bob"), "sbx-cp-bob", 0); err != nil {
+		t.Errorf("bob is held by alice's checkpoints: %v", err)
+	}
+	if err := checkpoint(handles[0], As("bob"), "sbx-cp-0", 0); !errors.Is(err, delegate.ErrNotFound) {
+		t.Errorf("bob checkpoints alice's sandbox: %v, want not found", err)
+	}
+}
+
 // testHoldings: what a principal holds is its jobs not ended and its live
 // kept sandboxes, with their CPU and memory; a command in a kept sandbox
 // uses the sandbox's; a persistent job whose sandbox is not kept yet

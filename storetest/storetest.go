@@ -79,6 +79,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Open) {
 		{"Tokens", testTokens},
 		{"Audit", testAudit},
 		{"QuotaRace", testQuotaRace},
+		{"CheckpointQuotaRace", testCheckpointQuotaRace},
 		{"Holdings", testHoldings},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newStore(t)) })
