@@ -49,6 +49,27 @@ func egressFixture(t *testing.T, w *testnet.W) (*engine.Engine, *engine.Egress, 
 	return eng, eg, f
 }
 
+// reachProbe says, for allowed.test and denied.test, whether the job
+// reached it ("reached http://allowed.test/") or was refused.
+const reachProbe = `for u in http://allowed.test/ http://denied.test/; do curl -sf --max-time 5 "$u" >/dev/null && echo "reached $u" || echo "refused $u"; done`
+
+// allowlistedSandbox is, in the test internet, an engine over
+// egressFixture and a kept sandbox of it whose allowlist is allowed.test.
+// ok is false in the test's first run, which runs it again in namespaces
+// of its own (testnet.Isolate): that run has nothing more to do.
+func allowlistedSandbox(t *testing.T) (eng *engine.Engine, f *localFixture, sb *delegate.Sandbox, ok bool) {
+	t.Helper()
+	if !testnet.Isolate(t) {
+		return nil, nil, nil, false
+	}
+	eng, _, f = egressFixture(t, testnet.World(t))
+	sb, err := eng.OpenSandbox(context.Background(), delegate.SandboxSpec{Network: delegate.Allowlist("allowed.test")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng, f, sb, true
+}
+
 // runToEnd submits m, waits for its end and returns the job and its
 // output.
 func runToEnd(t *testing.T, eng *engine.Engine, m delegate.Manifest) (*delegate.Job, string) {
@@ -316,30 +337,24 @@ func TestEgressSubmitChecks(t *testing.T) {
 // reaches the new name; released, the network ends.
 func TestEgressKeptSandbox(t *testing.T) {
 	t.Parallel()
-	if !testnet.Isolate(t) {
+	eng, f, sb, ok := allowlistedSandbox(t)
+	if !ok {
 		return
 	}
-	w := testnet.World(t)
-	eng, _, f := egressFixture(t, w)
 	ctx := context.Background()
-	sb, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{Network: delegate.Allowlist("allowed.test")})
-	if err != nil {
-		t.Fatal(err)
-	}
 	command := func(task string) string {
 		t.Helper()
 		_, out := runToEnd(t, eng, delegate.Manifest{Task: task, Sandbox: sb.ID})
 		return out
 	}
-	probe := `for u in http://allowed.test/ http://denied.test/; do curl -sf --max-time 5 "$u" >/dev/null && echo "reached $u" || echo "refused $u"; done`
-	out := command(probe)
+	out := command(reachProbe)
 	if !strings.Contains(out, "reached http://allowed.test/") || !strings.Contains(out, "refused http://denied.test/") {
 		t.Fatalf("first command:\n%s", out)
 	}
 	if _, err := eng.AllowNetwork(ctx, sb.ID, []string{"denied.test"}, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if out := command(probe); !strings.Contains(out, "reached http://denied.test/") {
+	if out := command(reachProbe); !strings.Contains(out, "reached http://denied.test/") {
 		t.Errorf("after widening the sandbox's allowlist:\n%s", out)
 	}
 	rep, err := eng.Network(ctx, sb.ID, delegate.NetworkLogOptions{Denied: true})

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/delegate-dev/delegate"
-	"github.com/delegate-dev/delegate/internal/testnet"
 )
 
 // TestForkIdentity (issue 38): each fork of a kept sandbox with an
@@ -20,23 +19,18 @@ import (
 // another nor in the source.
 func TestForkIdentity(t *testing.T) {
 	t.Parallel()
-	if !testnet.Isolate(t) {
+	eng, f, src, ok := allowlistedSandbox(t)
+	if !ok {
 		return
 	}
-	w := testnet.World(t)
-	eng, _, f := egressFixture(t, w)
 	ctx := context.Background()
-	src, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{Network: delegate.Allowlist("allowed.test")})
-	if err != nil {
-		t.Fatal(err)
-	}
 	forks, err := eng.ForkSandbox(ctx, delegate.ForkSpec{From: src.ID, Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := []string{src.ID, forks[0].ID, forks[1].ID}
 	probe := `echo "uid $(id -u)"; echo "map $(tr -s ' ' < /proc/self/uid_map)"; echo "token $DELEGATE_JOB_TOKEN"
-for u in http://allowed.test/ http://denied.test/; do curl -sf --max-time 5 "$u" >/dev/null && echo "reached $u" || echo "refused $u"; done`
+` + reachProbe
 	field := func(out, name string) string {
 		for _, l := range strings.Split(out, "\n") {
 			if v, ok := strings.CutPrefix(l, name+" "); ok {

@@ -127,6 +127,36 @@ func fillUp(t testing.TB, dir string) string {
 	return p
 }
 
+// smallDisk is an engine over the fake backend whose data dir, with the
+// SQLite store in it, is a tmpfs of 8 MiB for the test to fill, the
+// floor of free space off (MinFree -1), so that what fills it is met
+// where it happens. cfg adds the test's own settings.
+type smallDisk struct {
+	eng     *engine.Engine
+	store   *sqlite.DB
+	backend *sandboxtest.Fake
+	data    string
+}
+
+func newSmallDisk(t *testing.T, cfg engine.Config) smallDisk {
+	t.Helper()
+	ctx := context.Background()
+	d := smallDisk{data: mountTmpfs(t, 8<<20), backend: sandboxtest.NewFake()}
+	var err error
+	if d.store, err = sqlite.Open(ctx, filepath.Join(d.data, "jobs.db")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.store.Close() })
+	cfg.DataDir, cfg.MinFree, cfg.ArtifactDir = d.data, -1, t.TempDir()
+	cfg.Defaults = delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}
+	d.eng = engine.New(d.store, d.backend, cfg)
+	if err := d.eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.eng.Close() })
+	return d
+}
+
 // TestEndWaitsForRoom: a job that ends while the data dir is full keeps
 // its sandbox, and its end (its last output, its status) is stored once
 // there is room again: before, the finish failed once ("database or disk
@@ -136,19 +166,8 @@ func fillUp(t testing.TB, dir string) string {
 func TestEndWaitsForRoom(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	data := mountTmpfs(t, 8<<20)
-	store, err := sqlite.Open(ctx, filepath.Join(data, "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	backend := sandboxtest.NewFake()
-	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, PollInterval: 10 * time.Millisecond, HeartbeatThreshold: time.Second,
-		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
-	if err := eng.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
+	d := newSmallDisk(t, engine.Config{PollInterval: 10 * time.Millisecond, HeartbeatThreshold: time.Second})
+	eng, store, backend, data := d.eng, d.store, d.backend, d.data
 	job, err := eng.Submit(ctx, script("build"), delegate.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -222,21 +241,10 @@ func joined(outs []delegate.Output) []byte {
 func TestOpenSandboxNoRoom(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	data := mountTmpfs(t, 8<<20)
-	store, err := sqlite.Open(ctx, filepath.Join(data, "jobs.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	backend := sandboxtest.NewFake()
-	eng := engine.New(store, backend, engine.Config{DataDir: data, MinFree: -1, SandboxTick: 10 * time.Millisecond,
-		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: t.TempDir()})
-	if err := eng.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
+	d := newSmallDisk(t, engine.Config{SandboxTick: 10 * time.Millisecond})
+	eng, backend, data := d.eng, d.backend, d.data
 	filler := fillUp(t, data)
-	_, err = eng.OpenSandbox(ctx, delegate.SandboxSpec{})
+	_, err := eng.OpenSandbox(ctx, delegate.SandboxSpec{})
 	var ns *delegate.NoSpaceError
 	if !errors.As(err, &ns) || delegate.ErrorKind(err) != delegate.KindUnavailable || !strings.Contains(err.Error(), "no space left on "+data) {
 		t.Fatalf("open_sandbox on a full disk: %v, want a NoSpaceError naming %s", err, data)
