@@ -22,6 +22,27 @@ func atMost(n int, count func(delegate.Holdings) int) delegate.Admit {
 	}
 }
 
+// atOnce runs try(0) … try(tries-1) at once, and counts those that
+// returned nil and the errors of the others.
+func atOnce(tries int, try func(i int) error) (stored int, refusals []error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Go(func() {
+			err := try(i)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				stored++
+			} else {
+				refusals = append(refusals, err)
+			}
+		})
+	}
+	wg.Wait()
+	return stored, refusals
+}
+
 // testQuotaRace: creations by one principal that race, through two
 // handles (two servers sharing the store), are admitted one after the
 // other: of many at once at a quota of n, exactly n are stored, each
@@ -33,22 +54,7 @@ func testQuotaRace(t *testing.T, open Open) {
 	handles := []delegate.Store{open(), open()}
 	alice := As("alice")
 	race := func(create func(s delegate.Store, i int) error) (stored int, refusals []error) {
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for i := range tries {
-			wg.Go(func() {
-				err := create(handles[i%2], i)
-				mu.Lock()
-				defer mu.Unlock()
-				if err == nil {
-					stored++
-				} else {
-					refusals = append(refusals, err)
-				}
-			})
-		}
-		wg.Wait()
-		return stored, refusals
+		return atOnce(tries, func(i int) error { return create(handles[i%2], i) })
 	}
 	check := func(what string, stored int, refusals []error) {
 		t.Helper()
@@ -118,25 +124,9 @@ func testCheckpointQuotaRace(t *testing.T, open Open) {
 		}, admit)
 		return err
 	}
-	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		stored   int
-		refusals []error
-	)
-	for i := range tries {
-		wg.Go(func() {
-			err := checkpoint(handles[i%2], alice, fmt.Sprintf("sbx-cp-%d", i%(tries/2)), i)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				stored++
-			} else {
-				refusals = append(refusals, err)
-			}
-		})
-	}
-	wg.Wait()
+	stored, refusals := atOnce(tries, func(i int) error {
+		return checkpoint(handles[i%2], alice, fmt.Sprintf("sbx-cp-%d", i%(tries/2)), i)
+	})
 	if stored != n {
 		t.Errorf("%d checkpoints recorded of %d at once, at a quota that fits %d", stored, tries, n)
 	}
