@@ -3,14 +3,18 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
+	"github.com/delegate-dev/delegate/postgres"
 	"github.com/delegate-dev/delegate/postgres/pgtest"
 	"github.com/delegate-dev/delegate/sandboxtest"
 	"github.com/delegate-dev/delegate/sqlite"
@@ -66,10 +70,15 @@ func stores(b *testing.B, async bool) map[string]func() delegate.Store {
 // newEngine is an engine over store with the in-memory backend and one
 // run slot, taken by a job that runs until the end: what is submitted
 // then waits, stored, as pending.
-func newEngine(b *testing.B, store delegate.Store) *engine.Engine {
+// Each of set changes its configuration first.
+func newEngine(b *testing.B, store delegate.Store, set ...func(*engine.Config)) *engine.Engine {
 	b.Helper()
-	eng := engine.New(store, sandboxtest.NewFake(), engine.Config{MaxConcurrent: 1, PollInterval: time.Second,
-		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: b.TempDir()})
+	cfg := engine.Config{MaxConcurrent: 1, PollInterval: time.Second,
+		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: b.TempDir()}
+	for _, f := range set {
+		f(&cfg)
+	}
+	eng := engine.New(store, sandboxtest.NewFake(), cfg)
 	if err := eng.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -309,4 +318,203 @@ func BenchmarkSubmitServers(b *testing.B) {
 	b.ReportMetric(rate("postgres-one"), "pg-one/s")
 	b.ReportMetric(rate("postgres-three"), "pg-three/s")
 	b.ReportMetric(rate("postgres-three")/rate("postgres-one"), "three/one")
+}
+
+// timedStore is the PostgreSQL store with the time of each submit's
+// store call kept: the engine's own share of a submit is the rest.
+type timedStore struct {
+	*postgres.DB
+	took *[]time.Duration
+}
+
+func (s timedStore) CreateJobAudited(ctx context.Context, job *delegate.Job, admit delegate.Admit, e *delegate.AuditEntry) error {
+	t0 := time.Now()
+	err := s.DB.CreateJobAudited(ctx, job, admit, e)
+	*s.took = append(*s.took, time.Since(t0))
+	return err
+}
+
+// BenchmarkSubmitProfile: where a submit's time goes on PostgreSQL, each
+// part measured in the same run as SQLite's whole submit, in blocks of 20
+// that alternate (an op is one of each). The parts: the engine's submit
+// over the Unix socket and its store call alone (the engine's own share
+// is the difference); over loopback TCP; with a quota set (its
+// principal's lock and what it holds read in the transaction; a new
+// principal each time, so that what it holds stays empty); on a database
+// with synchronous_commit=off (no flush: for context), and with a quota
+// there too (what the quota's transaction costs, the flush apart); a round trip
+// (SELECT 1) on a connection over each transport, and through the pool
+// (its acquisition on top); a COMMIT of a one-row insert with the flush
+// and without (SET LOCAL synchronous_commit=off), whose difference is
+// what the durable commit waits for; and the disk's own flush at the same
+// moments (8 KiB written and fdatasync'd in a file beside the database's,
+// as pg_test_fsync does), against PostgreSQL's own account of its WAL's
+// fdatasync calls (pg_stat_wal, with track_wal_io_timing).
+//
+//	go test -run X -bench SubmitProfile -benchtime 400x ./postgres/
+func BenchmarkSubmitProfile(b *testing.B) {
+	ctx := context.Background()
+	srv := pgtest.Own(b, pgtest.Options{Durable: true, TCP: true})
+	unixURL := srv.NewDatabase(b)
+	tcpURL := srv.OverTCP(unixURL)
+	asyncURL := srv.NewDatabase(b)
+	conn := func(url string) *pgx.Conn {
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close(ctx) })
+		return c
+	}
+	admin := conn(asyncURL)
+	if _, err := admin.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = off', current_database()); END $$`); err != nil {
+		b.Fatal(err)
+	}
+	lite, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "jobs.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { lite.Close() })
+	var storeCall []time.Duration
+	engines := map[string]*engine.Engine{
+		"sqlite":   newEngine(b, lite),
+		"pg":       newEngine(b, timedStore{open(b, unixURL), &storeCall}),
+		"pg-tcp":   newEngine(b, open(b, tcpURL)),
+		"pg-async": newEngine(b, open(b, asyncURL)),
+	}
+	quotas := func(c *engine.Config) { c.Quotas = engine.Quotas{Jobs: 1 << 20} }
+	engines["pg-quota"] = newEngine(b, open(b, unixURL), quotas)
+	engines["pg-quota-async"] = newEngine(b, open(b, asyncURL), quotas)
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "make test", Env: map[string]string{"A": "b"}}
+
+	unixConn, tcpConn, commitConn := conn(unixURL), conn(tcpURL), conn(unixURL)
+	pool := open(b, unixURL) // its pool, through a read of the store
+	if _, err := commitConn.Exec(ctx, `CREATE TABLE flushes (id bigserial PRIMARY KEY, note text)`); err != nil {
+		b.Fatal(err)
+	}
+	flushFile, err := os.OpenFile(filepath.Join(srv.Dir(), "flush-probe"), os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { flushFile.Close() })
+	page := make([]byte, 8192)
+
+	took := map[string][]time.Duration{}
+	timed := func(name string, fn func() error) {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		took[name] = append(took[name], time.Since(t0))
+	}
+	selectOne := func(c *pgx.Conn) func() error {
+		return func() error { var one int; return c.QueryRow(ctx, "SELECT 1").Scan(&one) }
+	}
+	commit := func(name string, flush bool) {
+		if _, err := commitConn.Exec(ctx, "BEGIN"); err != nil {
+			b.Fatal(err)
+		}
+		if !flush {
+			if _, err := commitConn.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := commitConn.Exec(ctx, "INSERT INTO flushes (note) VALUES ($1)", "a row"); err != nil {
+			b.Fatal(err)
+		}
+		timed(name, func() error { _, err := commitConn.Exec(ctx, "COMMIT"); return err })
+	}
+	// PostgreSQL's own account of its WAL flushes (pg_stat_wal): how long
+	// its fdatasync calls took, as each backend reports them.
+	for _, sql := range []string{"ALTER SYSTEM SET track_wal_io_timing = on", "SELECT pg_reload_conf()", "SELECT pg_stat_reset_shared('wal')"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			b.Fatal(err)
+		}
+	}
+	n := 0
+	submitAs := func(name string) func() {
+		return func() {
+			n++
+			pctx := delegate.WithPrincipal(ctx, &delegate.Principal{Name: fmt.Sprintf("agent-%d", n), Scopes: []delegate.Scope{delegate.ScopeJobs}})
+			timed(name, func() error { _, err := engines[name].Submit(pctx, m, delegate.SubmitOptions{}); return err })
+		}
+	}
+	steps := []func(){
+		func() {
+			timed("sqlite", func() error { _, err := engines["sqlite"].Submit(ctx, m, delegate.SubmitOptions{}); return err })
+		},
+		func() {
+			timed("pg", func() error { _, err := engines["pg"].Submit(ctx, m, delegate.SubmitOptions{}); return err })
+		},
+		func() {
+			timed("pg-tcp", func() error { _, err := engines["pg-tcp"].Submit(ctx, m, delegate.SubmitOptions{}); return err })
+		},
+		submitAs("pg-quota"),
+		submitAs("pg-quota-async"),
+		func() {
+			timed("pg-async", func() error { _, err := engines["pg-async"].Submit(ctx, m, delegate.SubmitOptions{}); return err })
+		},
+		func() { timed("rt-unix", selectOne(unixConn)) },
+		func() { timed("rt-tcp", selectOne(tcpConn)) },
+		func() {
+			timed("rt-pool", func() error { _, err := pool.SchemaVersion(ctx); return err })
+		},
+		func() { commit("commit-flush", true) },
+		func() { commit("commit-noflush", false) },
+		func() {
+			timed("fdatasync", func() error {
+				if _, err := flushFile.WriteAt(page, 0); err != nil {
+					return err
+				}
+				return flushFile.Sync()
+			})
+		},
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 20 {
+		for _, step := range steps {
+			for range min(20, b.N-i) {
+				step()
+			}
+		}
+	}
+	b.StopTimer()
+	var syncs int64
+	var syncMS float64
+	if err := admin.QueryRow(ctx, "SELECT wal_sync, wal_sync_time FROM pg_stat_wal").Scan(&syncs, &syncMS); err != nil {
+		b.Fatal(err)
+	}
+	p := func(name string) float64 { return ms(p50(took[name])) }
+	base := p("sqlite")
+	for _, name := range []string{"sqlite", "pg", "pg-tcp", "pg-quota", "pg-async", "pg-quota-async", "rt-unix", "rt-tcp", "rt-pool", "commit-flush", "commit-noflush", "fdatasync"} {
+		b.ReportMetric(p(name), name+"-ms")
+	}
+	b.ReportMetric(ms(p50(storeCall)), "pg-store-call-ms")
+	b.ReportMetric(p("pg")/base, "pg/sqlite")
+	b.ReportMetric(p("pg-tcp")/base, "pg-tcp/sqlite")
+	b.ReportMetric(p("pg-quota")/base, "pg-quota/sqlite")
+	b.ReportMetric(p("pg-async")/base, "pg-async/sqlite")
+	b.ReportMetric(p("commit-flush")-p("commit-noflush"), "flush-wait-ms")
+	b.ReportMetric(syncMS/float64(max(syncs, 1)), "wal-fdatasync-mean-ms")
+	b.ReportMetric(ms(mean(took["fdatasync"])), "fdatasync-mean-ms")
+	b.ReportMetric(ms(mean(took["commit-flush"])), "commit-flush-mean-ms")
+	b.ReportMetric(p("pg-quota-async")-p("pg-async"), "quota-extra-async-ms")
+	b.ReportMetric(load1(), "loadavg")
+}
+
+func mean(d []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	return sum / time.Duration(max(len(d), 1))
+}
+
+// load1 is the machine's load average over the last minute (0 where
+// /proc/loadavg is not).
+func load1() float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f, _, _ := strings.Cut(string(b), " ")
+	v, _ := strconv.ParseFloat(f, 64)
+	return v
 }

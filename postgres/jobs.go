@@ -195,13 +195,11 @@ func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.A
 			SELECT a.seq FROM j, a`, n+1, n+2, n+3, n+4, n+5)
 		args = append(args, toTS(e.Time), clean(e.Principal), string(e.Action), clean(e.Target), clean(e.Detail))
 	}
-	refused, err := s.db.admitted(ctx, j.Principal, admit, func(ctx context.Context, tx querier) error {
-		if e == nil {
-			_, err := tx.Exec(ctx, q, args...)
-			return err
-		}
-		return tx.QueryRow(ctx, q, args...).Scan(&e.Seq)
-	})
+	insert := statement{sql: q, args: args}
+	if e != nil {
+		insert.scan = []any{&e.Seq}
+	}
+	refused, err := s.db.admitted(ctx, j.Principal, admit, insert)
 	if refused != nil {
 		return refused
 	}

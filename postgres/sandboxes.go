@@ -146,11 +146,9 @@ func (s *SandboxStore) create(ctx context.Context, sb *delegate.Sandbox, admit d
 	if err != nil {
 		return err
 	}
-	refused, err := s.db.admitted(ctx, sb.Principal, admit, func(ctx context.Context, tx querier) error {
-		_, err := tx.Exec(ctx, `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES ($1, $2, $3, $4, $5, $6)`,
-			sb.ID, string(row.State), sb.Backend, sb.Instance, string(data), sb.Principal)
-		return err
-	})
+	refused, err := s.db.admitted(ctx, sb.Principal, admit, statement{
+		sql:  `INSERT INTO sandboxes (id, state, backend, instance, data, principal) VALUES ($1, $2, $3, $4, $5, $6)`,
+		args: []any{sb.ID, string(row.State), sb.Backend, sb.Instance, string(data), sb.Principal}})
 	if refused != nil {
 		return refused
 	}

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -44,6 +45,7 @@ import (
 // Server is a running PostgreSQL server of the test binary.
 type Server struct {
 	dir  string // owns data/ and the socket
+	port int    // its TCP port on 127.0.0.1 (Options.TCP), or 0
 	cmd  *exec.Cmd
 	done chan struct{}
 	log  string // the server's log file
@@ -54,6 +56,9 @@ type Options struct {
 	// Durable keeps PostgreSQL's shipped durability (fsync on,
 	// synchronous_commit on) for benchmarks; tests run without fsync.
 	Durable bool
+	// TCP has the server listen on a loopback TCP port too (OverTCP), as
+	// servers on other hosts reach a database; the Unix socket stays.
+	TCP bool
 }
 
 var (
@@ -111,6 +116,9 @@ func New(t testing.TB) string {
 func (s *Server) URL(name string) string {
 	q := url.Values{}
 	q.Set("host", s.dir)
+	if s.port != 0 {
+		q.Set("port", strconv.Itoa(s.port))
+	}
 	return (&url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/" + name, RawQuery: q.Encode()}).String()
 }
 
@@ -185,8 +193,19 @@ func Start(opts Options) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w: %s", err, out)
 	}
-	args := []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", "max_connections=200",
+	listen := ""
+	if opts.TCP {
+		if s.port, err = freePort(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		listen = "127.0.0.1"
+	}
+	args := []string{"-D", data, "-k", dir, "-c", "listen_addresses=" + listen, "-c", "max_connections=200",
 		"-c", "shared_buffers=64MB", "-c", "logging_collector=off"}
+	if s.port != 0 {
+		args = append(args, "-c", "port="+strconv.Itoa(s.port))
+	}
 	if !opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
@@ -284,6 +303,31 @@ func (s *Server) Stop() error {
 		}
 	}
 	return os.RemoveAll(s.dir)
+}
+
+// OverTCP is dbURL, a database of s, reached over loopback TCP (the
+// server started with Options.TCP).
+func (s *Server) OverTCP(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || s.port == 0 {
+		panic(fmt.Sprintf("pgtest: %q over TCP: not a URL of a server started with Options.TCP", dbURL))
+	}
+	u.Host, u.RawQuery = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)), "sslmode=disable"
+	return u.String()
+}
+
+// Dir is the server's directory (its data and socket), on the file
+// system of its WAL.
+func (s *Server) Dir() string { return s.dir }
+
+// freePort is a TCP port on 127.0.0.1 free now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Log is what the server logged so far.
