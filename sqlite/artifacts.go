@@ -15,8 +15,8 @@ import (
 type ArtifactStore struct {
 	db   *DB
 	stmt struct {
-		artifacts, one *readStmt // readers
-		wArtifact      *sql.Stmt // writer
+		artifacts, one *readStmt  // readers
+		wArtifact      *writeStmt // writer
 	}
 }
 
@@ -37,7 +37,7 @@ func (s *ArtifactStore) AddArtifact(ctx context.Context, id string, a delegate.A
 		if err := checkFence(ctx, tx, id); err != nil {
 			return err
 		}
-		_, err := tx.Stmt(s.stmt.wArtifact).Exec(id, a.Name, a.Size, a.SHA256, a.Skipped)
+		_, err := s.stmt.wArtifact.in(tx).Exec(id, a.Name, a.Size, a.SHA256, a.Skipped)
 		return err
 	})
 	if err != nil {

@@ -41,6 +41,7 @@ type JobStore struct {
 	updMu   sync.Mutex
 	updates map[uint64]*sql.Stmt // UPDATE statements by the set of columns they write
 	wanted  []uint64             // sets of columns whose statement is not prepared yet
+	updUses map[uint64]int       // uses of each set's statement while not prepared
 }
 
 var _ delegate.JobStore = (*JobStore)(nil)
@@ -48,12 +49,12 @@ var _ delegate.JobStore = (*JobStore)(nil)
 // jobStatements are prepared once per connection (database/sql keeps them
 // per connection of the pool).
 type jobStatements struct {
-	getJob, jobByKey, manifest, manifestByID, files, finishes                *readStmt // readers
-	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wFinished *sql.Stmt // writer
+	getJob, jobByKey, manifest, manifestByID, files, finishes                *readStmt  // readers
+	wGetJob, wManifest, wInsertJob, wInsertManifest, wInsertFiles, wFinished *writeStmt // writer
 }
 
 func newJobStore(ctx context.Context, db *DB) (*JobStore, error) {
-	s := &JobStore{db: db, updates: map[uint64]*sql.Stmt{}}
+	s := &JobStore{db: db, updates: map[uint64]*sql.Stmt{}, updUses: map[uint64]int{}}
 	placeholders := strings.TrimSuffix(strings.Repeat("?,", len(jobColumns)+1), ",")
 	return s, db.prepare(ctx, []statement{
 		{db.rdb, &s.stmt.getJob, selectJob + ` WHERE id = ?1` + mine},
@@ -185,7 +186,7 @@ func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.A
 		if refused, rerr = admitIn(ctx, tx, j.Principal, admit); refused != nil || rerr != nil {
 			return cmp.Or(refused, rerr)
 		}
-		res, err := tx.Stmt(s.stmt.wInsertJob).Exec(args...)
+		res, err := s.stmt.wInsertJob.in(tx).Exec(args...)
 		if err != nil {
 			return err
 		}
@@ -193,16 +194,16 @@ func (s *JobStore) create(ctx context.Context, j *delegate.Job, admit delegate.A
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Stmt(s.stmt.wInsertManifest).Exec(seq, manifest); err != nil {
+		if _, err := s.stmt.wInsertManifest.in(tx).Exec(seq, manifest); err != nil {
 			return err
 		}
 		if filesJSON != nil {
-			if _, err := tx.Stmt(s.stmt.wInsertFiles).Exec(seq, filesJSON); err != nil {
+			if _, err := s.stmt.wInsertFiles.in(tx).Exec(seq, filesJSON); err != nil {
 				return err
 			}
 		}
 		if j.Status.Terminal() {
-			if _, err := tx.Stmt(s.stmt.wFinished).Exec(); err != nil {
+			if _, err := s.stmt.wFinished.in(tx).Exec(); err != nil {
 				return err
 			}
 		}
@@ -478,14 +479,14 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 	var out *delegate.Job
 	reader := delegate.ReaderOf(ctx)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		j, seq, err := scanJob(tx.Stmt(s.stmt.wGetJob).QueryRow(id, reader))
+		j, seq, err := scanJob(s.stmt.wGetJob.in(tx).QueryRow(id, reader))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.JobNotFound(id)
 		}
 		if err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
-		if err := s.withManifest(context.Background(), tx.Stmt(s.stmt.wManifest), j, seq); err != nil {
+		if err := s.withManifest(context.Background(), s.stmt.wManifest.in(tx), j, seq); err != nil {
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
 		// A write of the job's owner: only at the epoch it holds.
@@ -534,7 +535,7 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 			return fmt.Errorf("update job %s: %w", id, err)
 		}
 		if !status.Terminal() && j.Status.Terminal() {
-			if _, err := tx.Stmt(s.stmt.wFinished).Exec(); err != nil {
+			if _, err := s.stmt.wFinished.in(tx).Exec(); err != nil {
 				return fmt.Errorf("update job %s: %w", id, err)
 			}
 		}
@@ -549,12 +550,15 @@ func (s *JobStore) UpdateJob(ctx context.Context, id string, fn func(*delegate.J
 
 // execUpdate runs the UPDATE that writes the columns in mask (bit i is
 // jobColumns[i]). Its statement is prepared once, after the transaction
-// that first needed it (the one write connection is busy until then).
+// that needed it a second time (the one write connection is busy until
+// then): as a writeStmt, one used once (a CLI command's) is parsed once.
 func (s *JobStore) execUpdate(tx *sql.Tx, mask uint64, args []any) error {
 	s.updMu.Lock()
 	st := s.updates[mask]
 	if st == nil {
-		s.wanted = append(s.wanted, mask)
+		if s.updUses[mask]++; s.updUses[mask] == 2 {
+			s.wanted = append(s.wanted, mask)
+		}
 	}
 	s.updMu.Unlock()
 	if st != nil {

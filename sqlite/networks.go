@@ -20,8 +20,8 @@ import (
 type NetworkStore struct {
 	db   *DB
 	stmt struct {
-		get, byToken, live, log, logDenied *readStmt // readers
-		wGet, wInsert, wUpdate, wAppend    *sql.Stmt // writer
+		get, byToken, live, log, logDenied *readStmt  // readers
+		wGet, wInsert, wUpdate, wAppend    *writeStmt // writer
 	}
 }
 
@@ -96,7 +96,7 @@ func (s *NetworkStore) CreateNetwork(ctx context.Context, n *delegate.NetworkSta
 		return err
 	}
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		_, err := tx.Stmt(s.stmt.wInsert).Exec(n.ID, n.TokenHash, n.Token, boolInt(!n.EndedAt.IsZero()), n.CA, data)
+		_, err := s.stmt.wInsert.in(tx).Exec(n.ID, n.TokenHash, n.Token, boolInt(!n.EndedAt.IsZero()), n.CA, data)
 		if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 			return fmt.Errorf("network %s exists (or its token is taken): %w", n.ID, delegate.ErrConflict)
 		}
@@ -152,7 +152,7 @@ func (s *NetworkStore) LiveNetworks(ctx context.Context) ([]delegate.NetworkStat
 
 // getForWrite reads a network on the write connection.
 func (s *NetworkStore) getForWrite(tx *sql.Tx, id string) (*storedNetwork, error) {
-	sn, err := scanNetwork(id, tx.Stmt(s.stmt.wGet).QueryRow(id))
+	sn, err := scanNetwork(id, s.stmt.wGet.in(tx).QueryRow(id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, delegate.NetworkNotFound(id)
 	}
@@ -167,7 +167,7 @@ func (s *NetworkStore) put(tx *sql.Tx, sn *storedNetwork) error {
 	if err != nil {
 		return err
 	}
-	_, err = tx.Stmt(s.stmt.wUpdate).Exec(boolInt(!sn.n.EndedAt.IsZero()), sn.n.Token, sn.n.CA, data, sn.seq)
+	_, err = s.stmt.wUpdate.in(tx).Exec(boolInt(!sn.n.EndedAt.IsZero()), sn.n.Token, sn.n.CA, data, sn.seq)
 	return err
 }
 
@@ -219,7 +219,7 @@ func (s *NetworkStore) AppendNetworkLog(ctx context.Context, id string, entries 
 			if err != nil {
 				return err
 			}
-			if _, err := tx.Stmt(s.stmt.wAppend).Exec(sn.seq, e.Seq, boolInt(e.Allowed), boolInt(e.Attempt()), data); err != nil {
+			if _, err := s.stmt.wAppend.in(tx).Exec(sn.seq, e.Seq, boolInt(e.Allowed), boolInt(e.Attempt()), data); err != nil {
 				return fmt.Errorf("append to network log %s: %w", id, err)
 			}
 		}

@@ -16,8 +16,8 @@ import (
 type OutputStore struct {
 	db   *DB
 	stmt struct {
-		outputEnd, readOutput, stdoutTail, stderrTail, stderrKept *readStmt // readers
-		wOutputEnd, wInsertOutput, wOutputDone                    *sql.Stmt // writer
+		outputEnd, readOutput, stdoutTail, stderrTail, stderrKept *readStmt  // readers
+		wOutputEnd, wInsertOutput, wOutputDone                    *writeStmt // writer
 	}
 }
 
@@ -53,16 +53,16 @@ func (s *OutputStore) AppendOutput(ctx context.Context, id string, chunk []deleg
 		if err := checkFence(ctx, tx, id); err != nil {
 			return err
 		}
-		end, err := scanEnd(tx.Stmt(s.stmt.wOutputEnd).QueryRow(id))
+		end, err := scanEnd(s.stmt.wOutputEnd.in(tx).QueryRow(id))
 		if err != nil {
 			return err
 		}
 		if len(data) > 0 {
-			if _, err := tx.Stmt(s.stmt.wInsertOutput).Exec(id, end, data, stream, runs); err != nil {
+			if _, err := s.stmt.wInsertOutput.in(tx).Exec(id, end, data, stream, runs); err != nil {
 				return err
 			}
 		}
-		_, err = tx.Stmt(s.stmt.wOutputDone).Exec(id, read, end+int64(len(data)), time.Now().UTC().UnixNano(), stderr)
+		_, err = s.stmt.wOutputDone.in(tx).Exec(id, read, end+int64(len(data)), time.Now().UTC().UnixNano(), stderr)
 		return err
 	})
 	if err != nil {

@@ -2,28 +2,27 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"reflect"
 	"testing"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/storetest"
 )
 
-// readStmts are the read statements of db's stores, found in their
+// stmtsOf are the statements of type T of db's stores, found in their
 // statement structs (no pointer is followed below a store: they point
 // back to db).
-func readStmts(t *testing.T, db *DB) []*readStmt {
-	t.Helper()
-	var out []*readStmt
-	want := reflect.TypeFor[*readStmt]()
+func stmtsOf[T any](db *DB) []*T {
+	var out []*T
+	want := reflect.TypeFor[*T]()
 	var walk func(v reflect.Value)
 	walk = func(v reflect.Value) {
 		switch {
 		case v.Type() == want:
 			if !v.IsNil() {
-				out = append(out, (*readStmt)(v.UnsafePointer()))
+				out = append(out, (*T)(v.UnsafePointer()))
 			}
 		case v.Kind() == reflect.Struct:
 			for i := range v.NumField() {
@@ -52,7 +51,7 @@ func TestStatementsPreparedWhenUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	reads := readStmts(t, db)
+	reads := stmtsOf[readStmt](db)
 	if len(reads) < 25 {
 		t.Fatalf("found %d read statements in the stores, want the ~29 there are", len(reads))
 	}
@@ -77,15 +76,50 @@ func TestStatementsPreparedWhenUsed(t *testing.T) {
 			t.Errorf("%v", err)
 		}
 	}
-	// The write statements: prepared before the first write's
-	// transaction, every one (the write connection is free then).
-	if n := len(db.w.pending); n < 25 || db.w.savepoint != nil || db.JobStore.stmt.wInsertJob != nil {
-		t.Fatalf("at open: %d write statements pending, the savepoint's %v, the job insert's %v", n, db.w.savepoint, db.JobStore.stmt.wInsertJob)
+	// The write statements: none prepared at open, nor after a first
+	// use (a CLI command uses most of the few it needs once); prepared
+	// after their second, between transactions.
+	writes := append(stmtsOf[writeStmt](db), db.w.savepoint, db.w.rollbackTo, db.w.release)
+	if len(writes) < 28 {
+		t.Fatalf("found %d write statements, want the ~31 there are", len(writes))
 	}
-	if err := db.w.do(ctx, func(*sql.Tx) error { return nil }); err != nil {
+	unprepared := func(when string) {
+		t.Helper()
+		for _, w := range writes {
+			if w.st != nil && w != db.JobStore.stmt.wInsertJob && w != db.JobStore.stmt.wInsertManifest {
+				t.Errorf("%s: prepared: %q", when, w.text)
+			}
+		}
+	}
+	unprepared("at open")
+	insert := db.JobStore.stmt.wInsertJob
+	if err := db.CreateJob(ctx, storetest.NewJob("job-1")); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(db.w.pending); n != 0 || db.w.savepoint == nil || db.JobStore.stmt.wInsertJob == nil {
-		t.Fatalf("after a write: %d write statements pending", n)
+	if insert.st != nil || insert.uses != 1 {
+		t.Fatalf("after one insert: the insert's statement prepared %v, used %d times", insert.st != nil, insert.uses)
+	}
+	unprepared("after one write")
+	if err := db.CreateJob(ctx, storetest.NewJob("job-2")); err != nil {
+		t.Fatal(err)
+	}
+	if insert.st == nil || db.JobStore.stmt.wInsertManifest.st == nil {
+		t.Fatal("used twice, the insert's statements are not prepared")
+	}
+	unprepared("after two inserts")
+	if err := db.CreateJob(ctx, storetest.NewJob("job-3")); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := db.GetJob(ctx, "job-3"); err != nil || j.ID != "job-3" {
+		t.Fatalf("a job written with the prepared statement: %v, %v", j, err)
+	}
+	// Every one is valid against the schema.
+	for _, w := range writes {
+		st, err := db.wdb.PrepareContext(ctx, w.text)
+		if err != nil {
+			t.Errorf("prepare %q: %v", w.text, err)
+			continue
+		}
+		st.Close()
 	}
 }

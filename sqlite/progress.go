@@ -15,8 +15,8 @@ import (
 type ProgressStore struct {
 	db   *DB
 	stmt struct {
-		events                                            *readStmt // reader
-		wProgress, wEventsSpan, wInsertEvent, wTrimEvents *sql.Stmt // writer
+		events                                            *readStmt  // reader
+		wProgress, wEventsSpan, wInsertEvent, wTrimEvents *writeStmt // writer
 	}
 }
 
@@ -73,7 +73,7 @@ func (s *ProgressStore) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep in
 	// say how many there are, through the primary key (no scan).
 	var first, last int64
 	if len(events) > 0 {
-		if err := tx.Stmt(s.stmt.wEventsSpan).QueryRow(p.ID).Scan(&first, &last); err != nil {
+		if err := s.stmt.wEventsSpan.in(tx).QueryRow(p.ID).Scan(&first, &last); err != nil {
 			return err
 		}
 	}
@@ -84,7 +84,7 @@ func (s *ProgressStore) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep in
 	if p.Result != nil {
 		result = *p.Result
 	}
-	res, err := tx.Stmt(s.stmt.wProgress).Exec(p.ID, p.Progress, result, toNanos(p.Heartbeat), dropped+trim, now)
+	res, err := s.stmt.wProgress.in(tx).Exec(p.ID, p.Progress, result, toNanos(p.Heartbeat), dropped+trim, now)
 	if err != nil {
 		return err
 	}
@@ -94,14 +94,17 @@ func (s *ProgressStore) saveProgress(tx *sql.Tx, p delegate.JobProgress, keep in
 	if len(events) == 0 {
 		return nil
 	}
-	insert := tx.Stmt(s.stmt.wInsertEvent)
+	insert, err := s.stmt.wInsertEvent.in(tx).prepared()
+	if err != nil {
+		return err
+	}
 	for i, ev := range events {
 		if _, err := insert.Exec(p.ID, last+1+int64(i), toNanos(ev.Time), ev.Message); err != nil {
 			return err
 		}
 	}
 	if trim > 0 {
-		if _, err := tx.Stmt(s.stmt.wTrimEvents).Exec(p.ID, last+int64(len(events))-int64(keep)); err != nil {
+		if _, err := s.stmt.wTrimEvents.in(tx).Exec(p.ID, last+int64(len(events))-int64(keep)); err != nil {
 			return err
 		}
 	}

@@ -16,9 +16,9 @@ import (
 type QuestionStore struct {
 	db   *DB
 	stmt struct {
-		questions              *readStmt // reader
-		wJob, wInsert, wAnswer *sql.Stmt // writer
-		wQuestion              *sql.Stmt // writer: a question, in the write's transaction
+		questions              *readStmt  // reader
+		wJob, wInsert, wAnswer *writeStmt // writer
+		wQuestion              *writeStmt // writer: a question, in the write's transaction
 	}
 }
 
@@ -52,12 +52,12 @@ func (s *QuestionStore) AddQuestion(ctx context.Context, q *delegate.Question) (
 	)
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
 		var one int
-		if err := tx.Stmt(s.stmt.wJob).QueryRow(q.JobID).Scan(&one); errors.Is(err, sql.ErrNoRows) {
+		if err := s.stmt.wJob.in(tx).QueryRow(q.JobID).Scan(&one); errors.Is(err, sql.ErrNoRows) {
 			return delegate.JobNotFound(q.JobID)
 		} else if err != nil {
 			return err
 		}
-		res, err := tx.Stmt(s.stmt.wInsert).Exec(q.JobID, q.ID, q.From, q.Message, string(form), toNanos(q.AskedAt), toNanos(q.Expires))
+		res, err := s.stmt.wInsert.in(tx).Exec(q.JobID, q.ID, q.From, q.Message, string(form), toNanos(q.AskedAt), toNanos(q.Expires))
 		if err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func (s *QuestionStore) AddQuestion(ctx context.Context, q *delegate.Question) (
 			return err
 		}
 		added = n == 1
-		stored, err = scanQuestion(q.JobID, tx.Stmt(s.stmt.wQuestion).QueryRow(q.JobID, "", q.ID))
+		stored, err = scanQuestion(q.JobID, s.stmt.wQuestion.in(tx).QueryRow(q.JobID, "", q.ID))
 		return err
 	})
 	if err != nil {
@@ -106,7 +106,7 @@ func (s *QuestionStore) AnswerQuestion(ctx context.Context, jobID, id string, a 
 	)
 	reader := delegate.ReaderOf(ctx)
 	err = s.db.w.do(ctx, func(tx *sql.Tx) error {
-		res, err := tx.Stmt(s.stmt.wAnswer).Exec(jobID, id, string(answer), reader)
+		res, err := s.stmt.wAnswer.in(tx).Exec(jobID, id, string(answer), reader)
 		if err != nil {
 			return err
 		}
@@ -115,7 +115,7 @@ func (s *QuestionStore) AnswerQuestion(ctx context.Context, jobID, id string, a 
 			return err
 		}
 		answered = n == 1
-		stored, err = scanQuestion(jobID, tx.Stmt(s.stmt.wQuestion).QueryRow(jobID, reader, id))
+		stored, err = scanQuestion(jobID, s.stmt.wQuestion.in(tx).QueryRow(jobID, reader, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.QuestionNotFound(jobID, id)
 		}

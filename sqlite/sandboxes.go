@@ -24,8 +24,8 @@ import (
 type SandboxStore struct {
 	db   *DB
 	stmt struct {
-		get, uncounted, list, live, byInstance *readStmt // readers
-		wGet, wInsert, wUpdate                 *sql.Stmt // writer
+		get, uncounted, list, live, byInstance *readStmt  // readers
+		wGet, wInsert, wUpdate                 *writeStmt // writer
 	}
 }
 
@@ -173,7 +173,7 @@ func (s *SandboxStore) create(ctx context.Context, sb *delegate.Sandbox, admit d
 		if refused, rerr = admitIn(ctx, tx, sb.Principal, admit); refused != nil || rerr != nil {
 			return cmp.Or(refused, rerr)
 		}
-		_, err := tx.Stmt(s.stmt.wInsert).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data, sb.Principal)
+		_, err := s.stmt.wInsert.in(tx).Exec(sb.ID, string(row.State), sb.Backend, sb.Instance, data, sb.Principal)
 		return err
 	})
 	if refused != nil {
@@ -221,7 +221,7 @@ func (s *SandboxStore) update(ctx context.Context, id string, fn func(*delegate.
 	var refused error // admit's, returned as it is
 	reader := delegate.ReaderOf(ctx)
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		sb, act, err := scanSandbox(tx.Stmt(s.stmt.wGet).QueryRow(id, reader))
+		sb, act, err := scanSandbox(s.stmt.wGet.in(tx).QueryRow(id, reader))
 		if errors.Is(err, sql.ErrNoRows) {
 			return delegate.SandboxNotFound(id)
 		}
@@ -245,7 +245,7 @@ func (s *SandboxStore) update(ctx context.Context, id string, fn func(*delegate.
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Stmt(s.stmt.wUpdate).Exec(string(row.State), sb.Instance, data, id); err != nil {
+		if _, err := s.stmt.wUpdate.in(tx).Exec(string(row.State), sb.Instance, data, id); err != nil {
 			return fmt.Errorf("update sandbox %s: %w", id, err)
 		}
 		out = row.sandbox()          // as stored, and as its jobs have it

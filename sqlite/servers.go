@@ -248,11 +248,11 @@ func (s *ServerStore) takenJobs(tx *sql.Tx, rows *sql.Rows, from string) ([]dele
 	}
 	var out []delegate.Adopted
 	for _, id := range ids {
-		j, seq, err := scanJob(tx.Stmt(s.db.JobStore.stmt.wGetJob).QueryRow(id, ""))
+		j, seq, err := scanJob(s.db.JobStore.stmt.wGetJob.in(tx).QueryRow(id, ""))
 		if err != nil {
 			return nil, err
 		}
-		if err := s.db.JobStore.withManifest(context.Background(), tx.Stmt(s.db.JobStore.stmt.wManifest), j, seq); err != nil {
+		if err := s.db.JobStore.withManifest(context.Background(), s.db.JobStore.stmt.wManifest.in(tx), j, seq); err != nil {
 			return nil, err
 		}
 		out = append(out, delegate.Adopted{Job: j, From: from})

@@ -423,10 +423,10 @@ func (db *DB) openStores(ctx context.Context) error {
 // first needed rather than when the store opens: SQLite's parsing of the
 // ~60 statements at open was a tenth of a CLI command's CPU (`delegate
 // run --script true`, `delegate exec`), which uses a few of them (issue
-// 41, item 2). dst is a **readStmt (the read pool's), or a **sql.Stmt of
-// the write connection, which the writer prepares before the first
-// transaction it begins (preparePending): prepared inside one, it would
-// wait for ever on the one write connection the transaction holds.
+// 41, item 2). dst is a **readStmt (the read pool's), or a **writeStmt of
+// the write connection, which the writer prepares once it has been used
+// twice, between transactions (preparePending): prepared inside one, it
+// would wait for ever on the one write connection the transaction holds.
 type statement struct {
 	db   *sql.DB
 	dst  any
@@ -438,11 +438,11 @@ func (db *DB) prepare(ctx context.Context, stmts []statement) error {
 		switch dst := p.dst.(type) {
 		case **readStmt:
 			*dst = &readStmt{db: p.db, text: p.text}
-		case **sql.Stmt:
+		case **writeStmt:
 			if p.db != db.wdb {
-				return fmt.Errorf("prepare %q: a *sql.Stmt of the read pool (a read statement is a *readStmt)", p.text)
+				return fmt.Errorf("prepare %q: a *writeStmt of the read pool (a read statement is a *readStmt)", p.text)
 			}
-			db.w.pending = append(db.w.pending, p)
+			*dst = &writeStmt{w: &db.w, text: p.text}
 		default:
 			return fmt.Errorf("prepare %q: a destination of type %T", p.text, p.dst)
 		}

@@ -19,10 +19,10 @@ import (
 type WorkspaceStore struct {
 	db   *DB
 	stmt struct {
-		get      *readStmt // reader
-		wBase    *sql.Stmt // writer
-		wChanges *sql.Stmt
-		wApply   *sql.Stmt
+		get      *readStmt  // reader
+		wBase    *writeStmt // writer
+		wChanges *writeStmt
+		wApply   *writeStmt
 		getApply *readStmt // reader
 	}
 }
@@ -50,7 +50,7 @@ func (s *WorkspaceStore) SaveBaseline(ctx context.Context, id, source string, ba
 	if err != nil {
 		return fmt.Errorf("save the workspace baseline of job %s: %w", id, err)
 	}
-	return s.write(ctx, id, "save the workspace baseline", &s.stmt.wBase, source, z, id)
+	return s.write(ctx, id, "save the workspace baseline", s.stmt.wBase, source, z, id)
 }
 
 // SaveChanges records a job's changes and their summary (the job's row is
@@ -65,13 +65,13 @@ func (s *WorkspaceStore) SaveChanges(ctx context.Context, id string, summary del
 	if err != nil {
 		return fmt.Errorf("save the workspace changes of job %s: %w", id, err)
 	}
-	return s.write(ctx, id, "save the workspace changes", &s.stmt.wChanges, z, string(sum), id)
+	return s.write(ctx, id, "save the workspace changes", s.stmt.wChanges, z, string(sum), id)
 }
 
 // SaveApply records that job's changes were written into target, the
 // last from chain.
 func (s *WorkspaceStore) SaveApply(ctx context.Context, chain, target, job string) error {
-	return s.write(ctx, job, "save the apply", &s.stmt.wApply, chain, target, time.Now().UnixNano(), job)
+	return s.write(ctx, job, "save the apply", s.stmt.wApply, chain, target, time.Now().UnixNano(), job)
 }
 
 // LastApply is the job whose changes were written last into target from
@@ -88,9 +88,9 @@ func (s *WorkspaceStore) LastApply(ctx context.Context, chain, target string) (s
 	return id, nil
 }
 
-func (s *WorkspaceStore) write(ctx context.Context, id, what string, st **sql.Stmt, args ...any) error {
+func (s *WorkspaceStore) write(ctx context.Context, id, what string, st *writeStmt, args ...any) error {
 	err := s.db.w.do(ctx, func(tx *sql.Tx) error {
-		res, err := tx.Stmt(*st).Exec(args...) // prepared by now (writer.preparePending)
+		res, err := st.in(tx).Exec(args...)
 		if err != nil {
 			return err
 		}

@@ -35,12 +35,14 @@ type writer struct {
 	// between, if set, runs after a group has committed, while the write
 	// connection is free and no other write can start.
 	between func()
-	// savepoint, rollbackTo and release are prepared on db (parsing them
-	// for every write of a group cost as much as the write).
-	savepoint, rollbackTo, release *sql.Stmt
-	// pending are the write statements not prepared yet: the leader
-	// prepares them before it begins a transaction (preparePending).
-	pending []statement
+	// savepoint, rollbackTo and release are prepared on db once used
+	// twice (parsing them for every write of a group cost as much as the
+	// write).
+	savepoint, rollbackTo, release *writeStmt
+	// wanted are the write statements used twice and not prepared yet:
+	// the leader prepares them after its group has committed
+	// (preparePending).
+	wanted []*writeStmt
 
 	mu    sync.Mutex
 	queue []*writeOp
@@ -104,6 +106,7 @@ func (w *writer) do(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	w.mu.Unlock()
 
 	w.commit(group)
+	w.preparePending(context.Background())
 	if w.between != nil {
 		w.between()
 	}
@@ -123,20 +126,89 @@ func (w *writer) do(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return op.err
 }
 
-// preparePending prepares the write statements not prepared yet, while
-// the write connection is free (only the leader uses it, between
-// transactions). One that fails stays pending: the next group tries again.
-func (w *writer) preparePending(ctx context.Context) error {
-	for len(w.pending) > 0 {
-		p := w.pending[0]
-		st, err := w.db.PrepareContext(ctx, p.text)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", p.text, err)
+// preparePending prepares the write statements wanted prepared, while
+// the write connection is free: after a group has committed, before the
+// next begins (only the leader uses it then). One that fails stays
+// unprepared and runs as text, which reports its error where it is used.
+func (w *writer) preparePending(ctx context.Context) {
+	for _, s := range w.wanted {
+		if st, err := w.db.PrepareContext(ctx, s.text); err == nil {
+			s.st = st
 		}
-		*p.dst.(**sql.Stmt) = st
-		w.pending = w.pending[1:]
 	}
-	return nil
+	w.wanted = nil
+}
+
+// writeStmt is a statement of the write connection, prepared once it has
+// been used twice: a process that writes with it once (a CLI command
+// writes with a few of the ~30, most once) parses it once, unprepared,
+// and a server has it prepared from its second use on. Parsing all of
+// them before the first write was 4% of `delegate exec ID -- true`'s
+// CPU (issue 41, item 2). It is prepared by the writer's leader between
+// transactions: inside one, a prepare would wait for ever on the one
+// write connection the transaction holds. Only the leader uses one (a
+// write's fn runs in the leader's goroutine), so it needs no lock.
+type writeStmt struct {
+	w    *writer
+	text string
+	st   *sql.Stmt // nil until prepared
+	uses int       // while not prepared
+}
+
+// use counts a use and returns the prepared statement, or nil: then the
+// text is run unprepared.
+func (s *writeStmt) use() *sql.Stmt {
+	if s.st == nil {
+		if s.uses++; s.uses == 2 {
+			s.w.wanted = append(s.w.wanted, s)
+		}
+	}
+	return s.st
+}
+
+// in is s in a write's transaction.
+func (s *writeStmt) in(tx *sql.Tx) txStmt { return txStmt{tx, s} }
+
+// txStmt is a write statement in a transaction: tx's copy of the prepared
+// statement, or its text run in tx.
+type txStmt struct {
+	tx *sql.Tx
+	s  *writeStmt
+}
+
+// Exec is sql.Stmt's.
+func (t txStmt) Exec(args ...any) (sql.Result, error) {
+	if st := t.s.use(); st != nil {
+		return t.tx.Stmt(st).Exec(args...)
+	}
+	return t.tx.Exec(t.s.text, args...)
+}
+
+// QueryRow is sql.Stmt's.
+func (t txStmt) QueryRow(args ...any) *sql.Row {
+	return t.QueryRowContext(context.Background(), args...)
+}
+
+// QueryRowContext is sql.Stmt's.
+func (t txStmt) QueryRowContext(ctx context.Context, args ...any) *sql.Row {
+	if st := t.s.use(); st != nil {
+		return t.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return t.tx.QueryRowContext(ctx, t.s.text, args...)
+}
+
+// prepared is the statement for many uses in tx: the prepared one, or
+// one prepared on tx's connection for tx alone (parsed once, not once a
+// use; it counts as one use).
+func (t txStmt) prepared() (*sql.Stmt, error) {
+	if st := t.s.use(); st != nil {
+		return t.tx.Stmt(st), nil
+	}
+	st, err := t.tx.Prepare(t.s.text)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %q: %w", t.s.text, err)
+	}
+	return st, nil
 }
 
 // commit runs a group of writes in one transaction.
@@ -148,10 +220,6 @@ func (w *writer) commit(group []*writeOp) {
 				o.err = err
 			}
 		}
-	}
-	if err := w.preparePending(ctx); err != nil {
-		fail(err)
-		return
 	}
 	tx, err := w.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -167,7 +235,7 @@ func (w *writer) commit(group []*writeOp) {
 		}
 	} else {
 		ok := 0
-		savepoint, rollbackTo, release := tx.Stmt(w.savepoint), tx.Stmt(w.rollbackTo), tx.Stmt(w.release)
+		savepoint, rollbackTo, release := w.savepoint.in(tx), w.rollbackTo.in(tx), w.release.in(tx)
 		for _, o := range group {
 			if _, err := savepoint.Exec(); err != nil {
 				o.err = err
