@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -278,9 +280,10 @@ func (f *forks) DeleteCheckpoint(ctx context.Context, checkpoint string) error {
 
 // ForkSandbox makes spec.Count kept sandboxes from a checkpoint, or from
 // a sandbox checkpointed for it at once (its commands go on; a paused one
-// is resumed, as any use of it is). Each is
-// opened as open_sandbox opens one (keeper.open): a fork that cannot be
-// made releases those made before it, and the call fails.
+// is resumed, as any use of it is): one cut, one instant, for all of
+// them. Each is opened as open_sandbox opens one (keeper.open), and they
+// are opened at once (openForks): a fork that cannot be made releases
+// those made, and the call fails.
 func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]delegate.Sandbox, error) {
 	most := cmp0(f.cfg.MaxForks, delegate.DefaultMaxForks)
 	if spec.Count < 1 || spec.Count > most {
@@ -327,19 +330,79 @@ func (f *forks) ForkSandbox(ctx context.Context, spec delegate.ForkSpec) ([]dele
 	}
 	open := delegate.SandboxSpec{Resources: &src.Resources, VMTemplate: src.Template, Network: src.Network,
 		IdleTimeout: int(src.IdleTimeout / time.Second), PauseTimeout: int(src.PauseTimeout / time.Second)}
-	var made []delegate.Sandbox
-	for range spec.Count {
-		sb, err := f.opener.open(ctx, open, forkOf{checkpoint: cp, secrets: secrets})
-		if err != nil {
-			for _, m := range made {
-				f.keeper.end(context.WithoutCancel(ctx), m.ID, delegate.SandboxReleased, "its fork failed: "+err.Error())
-			}
-			return nil, fmt.Errorf("fork %s (%d of %d): %w", spec.From, len(made)+1, spec.Count, err)
-		}
-		made = append(made, *sb)
+	made, err := f.openForks(ctx, spec, open, forkOf{checkpoint: cp, secrets: secrets})
+	if err != nil {
+		return nil, err
 	}
 	f.log.Info("sandbox forked", "from", spec.From, "checkpoint", cp.ID, "count", len(made))
 	return made, nil
+}
+
+// forksAtOnce bounds the forks of one call being opened at the same
+// time. Each is a whole sandbox (the local backend's: a slot, cgroups,
+// mounts, an init; Proxmox's: a warm VM and the files put in through its
+// agent), whose making waits on the kernel, processes and the network
+// as much as it computes: opened one after another, a fork of 4 took
+// 4 times one. DELEGATE_MAX_FORKS is 8 by default.
+const forksAtOnce = 8
+
+// openForks opens spec.Count forks, at most forksAtOnce at a time, each
+// through the one path for opening sandboxes (opener.open: the floor of
+// free space, the principal's quotas, decided atomically per sandbox
+// where it is stored, the server's maximum, the audit trail). If one
+// fails, none is opened after it, every one made is released (its
+// machine destroyed, its network ended) and the error names the fork
+// that failed and why (the first to fail, in order, with how many
+// others did).
+func (f *forks) openForks(ctx context.Context, spec delegate.ForkSpec, open delegate.SandboxSpec, from forkOf) ([]delegate.Sandbox, error) {
+	made := make([]*delegate.Sandbox, spec.Count)
+	errs := make([]error, spec.Count)
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, forksAtOnce)
+	for i := range spec.Count {
+		slots <- struct{}{}
+		if failed.Load() {
+			<-slots
+			break // one failed: the call fails, no more are made
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if made[i], errs[i] = f.opener.open(ctx, open, from); errs[i] != nil {
+				failed.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	first, others := -1, 0
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		if first < 0 {
+			first = i
+		} else {
+			others++
+		}
+	}
+	if first < 0 { // each was opened (none is skipped but after a failure)
+		out := make([]delegate.Sandbox, spec.Count)
+		for i, sb := range made {
+			out[i] = *sb
+		}
+		return out, nil
+	}
+	why := errs[first].Error()
+	for _, sb := range made {
+		if sb != nil {
+			f.keeper.end(context.WithoutCancel(ctx), sb.ID, delegate.SandboxReleased, "its fork failed: "+why)
+		}
+	}
+	more := ""
+	if others > 0 {
+		more = fmt.Sprintf(" (and %d more of them failed)", others)
+	}
+	return nil, fmt.Errorf("fork %s (%d of %d)%s: %w", spec.From, first+1, spec.Count, more, errs[first])
 }
 
 // makerOf is the job that made a sandbox; for a fork, the one that made

@@ -22,7 +22,8 @@ import (
 //   - the egress proxy's loops, the Egress's own from NewEgress to
 //     Egress.Close (which waits for them);
 //   - within one call, and waited for before it returns: the writer of
-//     the archive a workspace import streams (workspaces.importWorkspace).
+//     the archive a workspace import streams (workspaces.importWorkspace),
+//     the openings of a fork's sandboxes (forks.openForks).
 type group struct {
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -443,7 +443,12 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		Var:         spec.DiskVar,
 	}
 	st.Spawns = spec.MultiExec && b.shims.cFor(st)
-	if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
+	if spec.From != "" {
+		// A fork: its first state names the checkpoint's layers.
+		if err := b.layers.recordFork(dir, &st, spec.From); err != nil {
+			return fmt.Errorf("fork from checkpoint %s: %w", spec.From, err)
+		}
+	} else if err := writeJSONAtomic(filepath.Join(dir, fileState), st); err != nil {
 		return err
 	}
 	for _, d := range []string{dirWorkspace, dirRootfs} {
@@ -461,7 +466,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755,uid=%d,gid=%d",
 		spec.DiskBytes, max(spec.DiskBytes/4096, 16384), hostJob, hostJob)
 	if spec.From != "" {
-		if err := b.layers.provisionFrom(dir, &st, spec.From); err != nil {
+		if err := b.layers.mountLayers(dir, st, st.Lowers); err != nil {
 			return fmt.Errorf("fork from checkpoint %s: %w", spec.From, err)
 		}
 	} else if err := unix.Mount("tmpfs", ws, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {

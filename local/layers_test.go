@@ -5,9 +5,12 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,4 +243,135 @@ func TestForkOfLayers(t *testing.T) {
 	if got := keptRun(t, f, `stat -c '%u %n' /workspace/*; cat /workspace/two; echo three > /workspace/two; cat /workspace/two`); got != "1000 /workspace/two\ntwo\nthree\n" {
 		t.Errorf("fork of two layers: %q", got)
 	}
+}
+
+// TestForksAtOnce: forks made at the same time from one checkpoint of
+// two layers (as the engine opens a fork's sandboxes) are each a
+// sandbox of their own: their own host ids on both layers (one user
+// namespace per source slot, made by a child stopped at its exec, of
+// which nothing is left), their writes their own.
+func TestForksAtOnce(t *testing.T) {
+	b := newBackend(t, 0)
+	src := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, src, `echo one > /workspace/one`)
+	checkpoint(t, src)
+	keptRun(t, src, `echo two > /workspace/two`)
+	cp := checkpoint(t, src)
+	spec := defaultSpec()
+	spec.MultiExec, spec.Expires, spec.From = true, time.Now().Add(time.Minute), cp.ID
+	forks := make([]sandbox.Instance, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range forks {
+		wg.Go(func() { forks[i], errs[i] = b.Create(context.Background(), spec) })
+	}
+	wg.Wait()
+	for i, f := range forks {
+		if f != nil {
+			t.Cleanup(func() { f.Destroy(context.Background()) })
+		}
+		if errs[i] != nil {
+			t.Fatalf("fork %d: %v", i, errs[i])
+		}
+	}
+	bases := map[uint32]bool{}
+	for i, f := range forks {
+		sb := f.(*sbox)
+		if got := keptRun(t, sb, fmt.Sprintf(`stat -c '%%u %%n' /workspace/*; echo %d >> /workspace/one; cat /workspace/one`, i)); got != fmt.Sprintf("1000 /workspace/one\n1000 /workspace/two\none\n%d\n", i) {
+			t.Errorf("fork %d: %q", i, got)
+		}
+		st, err := sb.state()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bases[st.hostBase()] = true
+	}
+	if len(bases) != len(forks) {
+		t.Errorf("%d forks have %d slots of host ids between them", len(forks), len(bases))
+	}
+	if got := keptRun(t, src, `cat /workspace/one`); got != "one\n" {
+		t.Errorf("the source sees the forks' writes: %q", got)
+	}
+	if left := usernsChildren(t); len(left) > 0 {
+		t.Errorf("children made for user namespaces are left: %v", left)
+	}
+}
+
+// TestIdmapUserns: the user namespace of an idmap, made by a child
+// stopped at its exec or (where tracing is refused) by one holding it
+// until its stdin closes, shows the files of one slot as the same ids
+// of another through an idmapped mount; nothing of either child is left.
+func TestIdmapUserns(t *testing.T) {
+	b := newBackend(t, 0)
+	from, to := b.slots.r.first, b.slots.r.first+slotSize
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", src, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(src, unix.MNT_DETACH) })
+	f := filepath.Join(src, "f")
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(f, int(from+jobID), int(from+jobID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		make func(from, to uint32) (int, error)
+	}{{"stopped at its exec", b.layers.idmapUserns}, {"held", b.layers.idmapUsernsHeld}} {
+		ns, err := c.make(from, to)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		at := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-"))
+		if err := os.Mkdir(at, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		err = idmapped(src, at, ns)
+		unix.Close(ns)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		t.Cleanup(func() { unix.Unmount(at, unix.MNT_DETACH) })
+		if got := hostOwner(t, filepath.Join(at, "f")); got != to+jobID {
+			t.Errorf("%s: the file of host uid %d is seen as %d, want %d", c.name, from+jobID, got, to+jobID)
+		}
+	}
+	if left := usernsChildren(t); len(left) > 0 {
+		t.Errorf("children made for user namespaces are left: %v", left)
+	}
+}
+
+// usernsChildren lists this process's children that were made for a
+// user namespace (usernsHoldCommand) and are there still (stopped at
+// their exec, or running).
+func usernsChildren(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range ents {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …
+		_, rest, ok := strings.Cut(string(stat), ") ")
+		fields := strings.Fields(rest)
+		if !ok || len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.Contains(string(cmd), usernsHoldCommand) {
+			left = append(left, e.Name()+" "+fields[0]+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return left
 }
