@@ -36,6 +36,12 @@ type Leases struct {
 	HostID string
 	// Addr is where the server serves HTTP, shown to the others.
 	Addr string
+	// Clock is this host's clock (nil: time.Now). What a server judges of
+	// a lease or a heartbeat is on the store's clock; this one is read
+	// only with a renewal, to learn its offset from the store's, so that
+	// a host whose clock is far off neither gives its lease up early nor
+	// keeps a dead one (a test sets one that is off).
+	Clock func() time.Time
 }
 
 // DefaultLeaseTTL is a lease's default length.
@@ -101,6 +107,9 @@ func newLeaser(cfg Leases, store delegate.ServerStore, log *slog.Logger, owner, 
 	if cfg.HostID == "" {
 		cfg.HostID = HostID()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
 	host, _ := os.Hostname()
 	return &leaser{cfg: cfg, trustFor: cfg.TTL - cfg.TTL/5, store: store, log: log, fallback: fallback,
 		me:   delegate.Server{ID: owner, Host: host, HostID: cfg.HostID, Addr: cfg.Addr, Backend: backend},
@@ -139,8 +148,9 @@ func (l *leaser) register(ctx context.Context) error {
 // renewed records a renewal the store took, started at t0 (monotonic),
 // and the store's clock against this host's.
 func (l *leaser) renewed(t0 time.Time, srv delegate.Server) {
+	// The store stamped the renewal about halfway through its round trip.
 	rtt := time.Since(t0)
-	l.offset.Store(int64(srv.RenewedAt.Sub(t0.Add(rtt / 2))))
+	l.offset.Store(int64(srv.RenewedAt.Sub(l.cfg.Clock().Add(-rtt / 2))))
 	l.mu.Lock()
 	l.lastOK = t0
 	l.mu.Unlock()
@@ -239,7 +249,7 @@ func (l *leaser) refresh(ctx context.Context) {
 }
 
 // now is this host's clock brought to the store's.
-func (l *leaser) now() time.Time { return time.Now().Add(time.Duration(l.offset.Load())).UTC() }
+func (l *leaser) now() time.Time { return l.cfg.Clock().Add(time.Duration(l.offset.Load())).UTC() }
 
 // server is what the last read says of a server.
 func (l *leaser) server(id string) (delegate.Server, bool) {

@@ -103,10 +103,34 @@ func newSandbox(id string) *delegate.Sandbox {
 }
 
 // countingProxy forwards TCP connections to a PostgreSQL server's Unix
-// socket and counts the round trips clients ask for.
+// socket and counts the round trips clients ask for. Cut, it closes them
+// all and refuses new ones, as when the database is stopped or the
+// network fails, until restored.
 type countingProxy struct {
 	url   string
 	trips atomic.Int64
+
+	mu    sync.Mutex
+	conns []net.Conn
+	down  bool
+}
+
+// cut closes every connection and refuses new ones.
+func (p *countingProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// restore takes connections again.
+func (p *countingProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
 }
 
 func newCountingProxy(t *testing.T, dbURL string) *countingProxy {
@@ -126,15 +150,9 @@ func newCountingProxy(t *testing.T, dbURL string) *countingProxy {
 	u.Host, u.RawQuery = ln.Addr().String(), "sslmode=disable"
 	p := &countingProxy{url: u.String()}
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
 	t.Cleanup(func() {
 		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
+		p.cut()
 		wg.Wait()
 	})
 	wg.Go(func() {
@@ -143,14 +161,25 @@ func newCountingProxy(t *testing.T, dbURL string) *countingProxy {
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			down := p.down
+			p.mu.Unlock()
+			if down {
+				in.Close()
+				continue
+			}
 			out, err := net.Dial("unix", sockets[0])
 			if err != nil {
 				in.Close()
 				continue
 			}
-			mu.Lock()
-			conns = append(conns, in, out)
-			mu.Unlock()
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			if p.down {
+				in.Close()
+				out.Close()
+			}
+			p.mu.Unlock()
 			wg.Go(func() { io.Copy(in, out); in.Close() })
 			wg.Go(func() { p.forward(out, in); out.Close() })
 		}
