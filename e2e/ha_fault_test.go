@@ -236,6 +236,43 @@ func TestFaultServerCutFromStore(t *testing.T) {
 	}
 }
 
+// TestFaultStoreOutage: the database out of both servers' reach for
+// longer than their leases (their connections through a proxy the test
+// cuts, new ones refused, as when PostgreSQL is stopped or the network
+// fails). Each says its lease is lost and takes no new job; the jobs'
+// VMs run on. Back, each registers again and takes back its jobs, or
+// adopts the other's: every job ends success with its whole output, once.
+func TestFaultStoreOutage(t *testing.T) {
+	c := newHACluster(t)
+	proxy := newTCPProxy(t, c.url)
+	a, b := c.start(t, "a", proxy.url(c.url)), c.start(t, "b", proxy.url(c.url))
+	ca := a.session(t)
+	ids := append(submitJobs(t, ca, 3, 8), submitJobs(t, b.session(t), 3, 8)...)
+	proxy.cut()
+	testkit.Eventually(t, 15*time.Second, "both servers give their leases up", func() bool {
+		return a.metric(t, "delegate_lease_live") == 0 && b.metric(t, "delegate_lease_live") == 0
+	})
+	if msg := callErr(t, ca, "submit_job", map[string]any{"manifest": map[string]any{"agentType": "script", "task": "true"}}); !strings.Contains(msg, "lease") {
+		t.Errorf("a submission during the outage: %s", msg)
+	}
+	// Past both leases' end on the database's clock (the test's own way to it).
+	testkit.Eventually(t, 15*time.Second, "both leases ended in the database", func() bool {
+		out, _, code := delegateCLIEnv(t, t.TempDir(), []string{"DELEGATE_STORE=" + c.url}, "servers")
+		return code == 0 && strings.Count(out, "\n") == 3 && !strings.Contains(out, "live (renewed")
+	})
+	proxy.restore()
+	testkit.Eventually(t, 30*time.Second, "both registered again", func() bool {
+		return a.metric(t, "delegate_lease_live") == 1 && b.metric(t, "delegate_lease_live") == 1 &&
+			strings.Contains(a.stderr.String(), "lease regained") && strings.Contains(b.stderr.String(), "lease regained")
+	})
+	checkJobs(t, ca, ids, 8)
+	for _, id := range ids {
+		if n := strings.Count(a.stderr.String()+b.stderr.String(), `msg="job finished" job=`+id); n != 1 {
+			t.Errorf("job %s ended %d times", id, n)
+		}
+	}
+}
+
 // TestFaultServersFollowJob: an MCP client following a job on server A
 // while A dies opens a session to B and follows the same job there: the
 // Tasks client resumes the task (tasks/get) and wait_job answers.
@@ -341,13 +378,13 @@ func taskRef(t *testing.T, line []byte) task {
 
 // tcpProxy forwards TCP connections to a PostgreSQL server's Unix socket
 // until cut: then every connection is closed and new ones are refused, as
-// when the network between a server and its store fails.
+// when the network between a server and its store fails, until restored.
 type tcpProxy struct {
 	ln     net.Listener
 	socket string
 	mu     sync.Mutex
 	conns  []net.Conn
-	closed bool
+	down   bool
 }
 
 func newTCPProxy(t *testing.T, dbURL string) *tcpProxy {
@@ -365,7 +402,7 @@ func newTCPProxy(t *testing.T, dbURL string) *tcpProxy {
 		t.Fatal(err)
 	}
 	p := &tcpProxy{ln: ln, socket: sockets[0]}
-	t.Cleanup(p.cut)
+	t.Cleanup(func() { ln.Close(); p.cut() })
 	go p.serve()
 	return p
 }
@@ -389,11 +426,11 @@ func (p *tcpProxy) serve() {
 			continue
 		}
 		p.mu.Lock()
-		if p.closed {
+		if p.down {
 			p.mu.Unlock()
 			in.Close()
 			out.Close()
-			return
+			continue
 		}
 		p.conns = append(p.conns, in, out)
 		p.mu.Unlock()
@@ -405,12 +442,16 @@ func (p *tcpProxy) serve() {
 func (p *tcpProxy) cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return
-	}
-	p.closed = true
-	p.ln.Close()
+	p.down = true
 	for _, c := range p.conns {
 		c.Close()
 	}
+	p.conns = nil
+}
+
+// restore takes connections again.
+func (p *tcpProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
 }
