@@ -161,7 +161,7 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts ExtractOptions) 
 
 // tarReader reads a tar stream, gunzipping it first if it starts with
 // gzip's magic number.
-func tarReader(r io.Reader) (*tar.Reader, error) {
+func tarReader(r io.Reader) (*tarIn, error) {
 	br := bufio.NewReaderSize(r, 256<<10)
 	magic, err := br.Peek(2)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -172,9 +172,9 @@ func tarReader(r io.Reader) (*tar.Reader, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadArchive, err)
 		}
-		return tar.NewReader(gz), nil
+		return newTarIn(bufio.NewReaderSize(gz, 64<<10)), nil
 	}
-	return tar.NewReader(br), nil
+	return newTarIn(br), nil
 }
 
 // archiveName returns an entry's clean relative name ("" for the root
