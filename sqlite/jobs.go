@@ -322,12 +322,40 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 		limit = delegate.DefaultPageSize
 	}
 	limit = min(limit, delegate.MaxPageSize)
+	query, args, err := listQuery(ctx, f, limit)
+	if err != nil {
+		return nil, "", err
+	}
+	jobs, seqs, err := s.listRows(ctx, query, args)
+	if err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	next := ""
+	if len(jobs) > limit {
+		jobs = jobs[:limit]
+		next = encodeCursor(seqs[limit-1])
+	}
+	if err := s.withManifests(ctx, jobs, seqs); err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	return jobs, next, nil
+}
+
+// listQuery is ListJobs's query, of at most limit+1 jobs. A filter on a
+// column whose index is partial (only rows where it is not empty) says
+// that the column is not empty too:
+// SQLite uses such an index only where the query implies its condition,
+// which "col = ?" does not (the value is not known when the statement is
+// planned); without, a sandbox's or a token's job was found by reading
+// every job (the engine's sweep does that for every live sandbox at each
+// start, a CLI command's too: issue 41, item 2).
+func listQuery(ctx context.Context, f delegate.JobFilter, limit int) (string, []any, error) {
 	query := selectJob + ` WHERE 1=1`
 	var args []any
 	if f.Cursor != "" {
 		seq, err := decodeCursor(f.Cursor)
 		if err != nil {
-			return nil, "", err
+			return "", nil, err
 		}
 		query += ` AND seq < ?`
 		args = append(args, seq)
@@ -352,11 +380,11 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 		args = append(args, r)
 	}
 	if f.TokenHash != "" {
-		query += ` AND token_hash = ?`
+		query += ` AND token_hash = ? AND token_hash != ''` // the latter lets the index jobs_token serve it
 		args = append(args, f.TokenHash)
 	}
 	if f.SandboxID != "" {
-		query += ` AND sandbox_id = ?`
+		query += ` AND sandbox_id = ? AND sandbox_id != ''` // and jobs_sandbox this one
 		args = append(args, f.SandboxID)
 	}
 	if f.Sandbox != "" {
@@ -365,19 +393,7 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	}
 	query += ` ORDER BY seq DESC LIMIT ?`
 	args = append(args, limit+1)
-	jobs, seqs, err := s.listRows(ctx, query, args)
-	if err != nil {
-		return nil, "", fmt.Errorf("list jobs: %w", err)
-	}
-	next := ""
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		next = encodeCursor(seqs[limit-1])
-	}
-	if err := s.withManifests(ctx, jobs, seqs); err != nil {
-		return nil, "", fmt.Errorf("list jobs: %w", err)
-	}
-	return jobs, next, nil
+	return query, args, nil
 }
 
 func (s *JobStore) listRows(ctx context.Context, query string, args []any) ([]*delegate.Job, []int64, error) {

@@ -3,8 +3,10 @@ package sqlite
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/delegate-dev/delegate"
@@ -121,5 +123,71 @@ func TestStatementsPreparedWhenUsed(t *testing.T) {
 			continue
 		}
 		st.Close()
+	}
+}
+
+// TestListJobsUsesIndexes: a sandbox's jobs and a token's are found
+// through their indexes, not by reading every job (the engine's sweep
+// asks for each live sandbox's job at every start, a CLI command's too).
+func TestListJobsUsesIndexes(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, filepath.Join(t.TempDir(), "jobs.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// As a store in use: many jobs, each with its sandbox, and SQLite
+	// has its statistics (without either, it took the index here).
+	for i := range 500 {
+		j := storetest.NewJob(fmt.Sprintf("job-%d", i))
+		j.SandboxID = fmt.Sprintf("sb-%d", i)
+		if err := db.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.wdb.ExecContext(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		f     delegate.JobFilter
+		index string
+	}{
+		{"sandbox id", delegate.JobFilter{SandboxID: "sb-1", Limit: 1}, "jobs_sandbox"},
+		{"token", delegate.JobFilter{TokenHash: "abc", Limit: 1}, "jobs_token"},
+		{"kept sandbox", delegate.JobFilter{Sandbox: "sbx-1", Limit: 1}, "jobs_kept"},
+	} {
+		query, args, err := listQuery(ctx, tc.f, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := db.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		if p := strings.Join(plan, "; "); !strings.Contains(p, "INDEX "+tc.index) {
+			t.Errorf("%s: the plan is %q, not through %s", tc.name, p, tc.index)
+		}
+	}
+	// And the filters still find what they filter on.
+	j := storetest.NewJob("job-t")
+	j.SandboxID, j.TokenHash = "sb-t", "abc"
+	if err := db.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []delegate.JobFilter{{SandboxID: "sb-t"}, {TokenHash: "abc"}} {
+		if jobs, _, err := db.ListJobs(ctx, f); err != nil || len(jobs) != 1 || jobs[0].ID != "job-t" {
+			t.Errorf("%+v: %v, %v", f, jobs, err)
+		}
 	}
 }
