@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,6 +342,11 @@ func idmapped(src, at string, userns int) error {
 // is killed. Where the host refuses tracing (Yama's ptrace_scope 3),
 // the child runs usernsHoldCommand until its stdin closes, as before.
 func (ls *layerStore) idmapUserns(from, to uint32) (int, error) {
+	// The child's parent-death signal (and its tracer) is the thread that
+	// forks it, and the runtime ends threads (namespace work elsewhere in
+	// this package): held until the child is reaped, the thread is ours.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	// No descriptors: were it ever let go by its tracer, it would find
 	// no stdin and end at once.
 	proc, err := os.StartProcess(ls.self, []string{ls.self, usernsHoldCommand}, &os.ProcAttr{Sys: idmapAttr(from, to, true)})
@@ -374,6 +380,8 @@ func idmapAttr(from, to uint32, traced bool) *syscall.SysProcAttr {
 // idmapUsernsHeld is idmapUserns where tracing is refused: the child
 // runs, holding the namespace until its stdin closes.
 func (ls *layerStore) idmapUsernsHeld(from, to uint32) (int, error) {
+	runtime.LockOSThread() // as in idmapUserns
+	defer runtime.UnlockOSThread()
 	cmd := exec.Command(ls.self, usernsHoldCommand)
 	cmd.SysProcAttr = idmapAttr(from, to, false)
 	stdin, err := cmd.StdinPipe()

@@ -110,7 +110,7 @@ func Isolate(t *testing.T) bool {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
-	err = cmd.Run()
+	err = runHeld(cmd)
 	text := out.String()
 	t.Log("isolated run:\n" + indent(text))
 	if strings.Contains(text, "--- SKIP: "+t.Name()) && err == nil {
@@ -182,7 +182,7 @@ func Main(m *testing.M) int {
 	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	code := 0
-	if err := cmd.Run(); err != nil {
+	if err := runHeld(cmd); err != nil {
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) {
 			fmt.Fprintln(os.Stderr, "testnet: running the tests in new namespaces:", err)
@@ -223,11 +223,24 @@ func IsolatedBench(b *testing.B) bool {
 	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Run(); err != nil {
+	if err := runHeld(cmd); err != nil {
 		b.Fatalf("the isolated run failed: %v", err)
 	}
 	b.SkipNow() // its figures are the other process's
 	return false
+}
+
+// runHeld runs cmd from a thread held until it ends. Its parent-death
+// signal (SIGKILL) fires when the thread that forked it ends, not the
+// process, and the Go runtime ends a thread whenever a goroutine locked
+// to it returns, which package local does on purpose (a sandbox's
+// network namespace is made on such a thread): a test binary that runs
+// sandboxes could otherwise kill its own isolated run (pgtest had that
+// flake: TestServerOutlivesItsStartersThread).
+func runHeld(cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return cmd.Run()
 }
 
 func regexpQuote(s string) string {
