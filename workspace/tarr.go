@@ -281,16 +281,25 @@ func (t *tarIn) format() (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	var unsigned, signed int64
-	for i, c := range b {
-		if i >= 148 && i < 156 {
-			c = ' '
-		}
+	// The sum of the bytes with the checksum's own as spaces, unsigned
+	// (or signed, as some old writers summed them).
+	unsigned := int64(8 * ' ')
+	for _, c := range b[:148] {
 		unsigned += int64(c)
-		signed += int64(int8(c))
 	}
-	if want != unsigned && want != signed {
-		return 0, false
+	for _, c := range b[156:] {
+		unsigned += int64(c)
+	}
+	if want != unsigned {
+		signed := int64(8 * ' ')
+		for i, c := range b {
+			if i < 148 || i >= 156 {
+				signed += int64(int8(c))
+			}
+		}
+		if want != signed {
+			return 0, false
+		}
 	}
 	magic, version := string(b[257:263]), string(b[263:265])
 	switch {

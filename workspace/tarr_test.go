@@ -156,7 +156,7 @@ func TestTarInLikeArchiveTar(t *testing.T) {
 	fixSum(b256)
 	odd.Write(b256)
 	odd.Write(append([]byte("yy"), make([]byte, 510)...))
-	recs := "11 path=p\n" + "19 mtime=-1.500000\n" + "13 size=0001\n" + "7 uid=\n" + "23 mtime=12.1234567891\n"
+	recs := "10 path=p\n" + "19 mtime=-1.500000\n" + "13 size=0001\n" + "7 uid=\n" + "23 mtime=12.1234567891\n"
 	odd.Write(rawBlock("pax", 'x', fmt.Sprintf("%011o\x00", len(recs)), "ustar\x0000"))
 	odd.Write(append([]byte(recs), make([]byte, -len(recs)&511)...))
 	odd.Write(rawBlock("ignored", '0', "00000000000\x00", "ustar\x0000"))
@@ -165,6 +165,15 @@ func TestTarInLikeArchiveTar(t *testing.T) {
 	odd.Write(rawBlock("././@LongLink", 'L', fmt.Sprintf("%011o\x00", len(ln)+1), "ustar  \x00"))
 	odd.Write(append([]byte(ln), make([]byte, 512-len(ln)%512)...))
 	odd.Write(rawBlock("short", '0', "00000000000\x00", "ustar  \x00"))
+	// A checksum summed over signed bytes, as some old writers did.
+	signed := rawBlock("sign\xe9\xff", '0', "00000000000\x00", "ustar\x0000")
+	copy(signed[148:156], "        ")
+	sum := 0
+	for _, c := range signed {
+		sum += int(int8(c))
+	}
+	copy(signed[148:], fmt.Sprintf("%06o\x00 ", sum))
+	odd.Write(signed)
 	odd.Write(make([]byte, 1024))
 	archives["odd"] = odd.Bytes()
 
@@ -201,6 +210,10 @@ func TestTarInLikeArchiveTar(t *testing.T) {
 		}
 	}
 
+	in := newTarIn(bufio.NewReader(bytes.NewReader(archives["odd"])))
+	if got := strings.Join(tarEntries(in.Next, in), "\n"); !strings.Contains(got, `"sign\xe9\xff"`) || !strings.HasSuffix(got, "EOF") {
+		t.Errorf("the odd archive read as\n%s\nwant its signed-checksum entry and its end", got)
+	}
 	rng := rand.New(rand.NewSource(41))
 	for name, data := range archives {
 		sameAsArchiveTar(t, name, data)
