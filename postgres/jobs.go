@@ -336,6 +336,28 @@ func (s *JobStore) JobByIdempotencyKey(ctx context.Context, key string) (*delega
 // ListJobs returns jobs newest first. The cursor is the opaque position
 // after the last job of the previous page (the SQLite store's form).
 func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*delegate.Job, string, error) {
+	query, args, limit, err := listJobsQuery(ctx, f)
+	if err != nil {
+		return nil, "", err
+	}
+	jobs, seqs, err := s.listRows(ctx, query, args)
+	if err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	next := ""
+	if len(jobs) > limit {
+		jobs, seqs = jobs[:limit], seqs[:limit]
+		next = encodeCursor(seqs[limit-1])
+	}
+	if err := s.withManifests(ctx, jobs, seqs); err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	return jobs, next, nil
+}
+
+// listJobsQuery is ListJobs's statement, its arguments and the page's
+// size.
+func listJobsQuery(ctx context.Context, f delegate.JobFilter) (string, []any, int, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = delegate.DefaultPageSize
@@ -352,7 +374,7 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	if f.Cursor != "" {
 		seq, err := decodeCursor(f.Cursor)
 		if err != nil {
-			return nil, "", err
+			return "", nil, 0, err
 		}
 		where("j.seq < ?", seq)
 	}
@@ -371,11 +393,15 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	if r := delegate.ReaderOf(ctx); r != "" {
 		where("j.principal = ?", r)
 	}
+	// The indexes on these are partial (WHERE col <> ''): a prepared
+	// statement's generic plan, which PostgreSQL may take from its sixth
+	// run on, knows nothing of $n and uses such an index only where the
+	// query says the same (TestListJobsGenericPlanUsesIndexes).
 	if f.TokenHash != "" {
-		where("j.token_hash = ?", f.TokenHash)
+		where("j.token_hash = ? AND j.token_hash <> ''", f.TokenHash)
 	}
 	if f.SandboxID != "" {
-		where("j.sandbox_id = ?", f.SandboxID)
+		where("j.sandbox_id = ? AND j.sandbox_id <> ''", f.SandboxID)
 	}
 	if f.Sandbox != "" {
 		where("j.sandbox = ? AND j.sandbox <> ''", f.Sandbox) // the latter lets the index jobs_kept serve it
@@ -386,19 +412,7 @@ func (s *JobStore) ListJobs(ctx context.Context, f delegate.JobFilter) ([]*deleg
 	}
 	args = append(args, limit+1)
 	query += ` ORDER BY j.seq DESC LIMIT $` + strconv.Itoa(len(args))
-	jobs, seqs, err := s.listRows(ctx, query, args)
-	if err != nil {
-		return nil, "", fmt.Errorf("list jobs: %w", err)
-	}
-	next := ""
-	if len(jobs) > limit {
-		jobs, seqs = jobs[:limit], seqs[:limit]
-		next = encodeCursor(seqs[limit-1])
-	}
-	if err := s.withManifests(ctx, jobs, seqs); err != nil {
-		return nil, "", fmt.Errorf("list jobs: %w", err)
-	}
-	return jobs, next, nil
+	return query, args, limit, nil
 }
 
 func (s *JobStore) listRows(ctx context.Context, query string, args []any) ([]*delegate.Job, []int64, error) {
