@@ -118,30 +118,36 @@ func (t *tarIn) Next() (*tar.Header, error) {
 			default:
 				pax.have = 0
 				slow := false
+				// The last record of a key counts (archive/tar keeps a map):
+				// values are read once all are in.
+				var size, mtime [1]string
+				var others [4]string
 				err := paxRecords(data, func(k, v string) error {
-					var err error
 					switch {
-					case v == "":
-						// archive/tar keeps the header's value.
 					case k == "path":
-						pax.path, pax.have = v, pax.have|havePath
+						pax.path, pax.have = v, pax.have&^havePath
+						if v != "" {
+							pax.have |= havePath
+						}
 					case k == "linkpath":
-						pax.link, pax.have = v, pax.have|haveLink
+						pax.link, pax.have = v, pax.have&^haveLink
+						if v != "" {
+							pax.have |= haveLink
+						}
 					case k == "size":
-						pax.size, err = strconv.ParseInt(v, 10, 64)
-						pax.have |= haveSize
+						size[0] = v
 					case k == "mtime":
-						pax.mtime, err = parsePAXTime(v)
-						pax.have |= haveMtime
-					case k == "atime" || k == "ctime":
-						_, err = parsePAXTime(v)
-					case k == "uid" || k == "gid":
-						_, err = strconv.ParseInt(v, 10, 64)
+						mtime[0] = v
+					case k == "atime":
+						others[0] = v
+					case k == "ctime":
+						others[1] = v
+					case k == "uid":
+						others[2] = v
+					case k == "gid":
+						others[3] = v
 					case strings.HasPrefix(k, "GNU.sparse."):
 						slow = true
-					}
-					if err != nil {
-						return errTarHeader
 					}
 					return nil
 				})
@@ -151,6 +157,32 @@ func (t *tarIn) Next() (*tar.Header, error) {
 				if slow {
 					return t.handOver()
 				}
+				// Empty values keep the header's (archive/tar's rule).
+				if v := size[0]; v != "" {
+					if pax.size, err = strconv.ParseInt(v, 10, 64); err != nil {
+						return nil, errTarHeader
+					}
+					pax.have |= haveSize
+				}
+				if v := mtime[0]; v != "" {
+					if pax.mtime, err = parsePAXTime(v); err != nil {
+						return nil, errTarHeader
+					}
+					pax.have |= haveMtime
+				}
+				for i, v := range others {
+					switch {
+					case v == "":
+					case i < 2:
+						_, err = parsePAXTime(v)
+					default:
+						_, err = strconv.ParseInt(v, 10, 64)
+					}
+					if err != nil {
+						return nil, errTarHeader
+					}
+				}
+
 			}
 			// Its padding, after its records are read (archive/tar's
 			// order: a stream cut in it ends there), kept in the chain.
