@@ -38,7 +38,7 @@ type localFixture struct {
 	cfg   engine.Config
 }
 
-func newLocal(t *testing.T) *localFixture {
+func newLocal(t testing.TB) *localFixture {
 	t.Helper()
 	if os.Geteuid() != 0 && os.Getenv("DELEGATE_REQUIRE_LOCAL") == "" {
 		t.Skip("the local backend needs root; set DELEGATE_REQUIRE_LOCAL=1 to make this a failure")
@@ -61,7 +61,7 @@ func newLocal(t *testing.T) *localFixture {
 	}
 }
 
-func (f *localFixture) backend(t *testing.T) *local.Backend {
+func (f *localFixture) backend(t testing.TB) *local.Backend {
 	t.Helper()
 	b, err := local.New(f.lcfg)
 	if err != nil {
@@ -71,7 +71,7 @@ func (f *localFixture) backend(t *testing.T) *local.Backend {
 }
 
 // engine starts an engine over b on the fixture's store.
-func (f *localFixture) engine(t *testing.T, b sandbox.Backend) *engine.Engine {
+func (f *localFixture) engine(t testing.TB, b sandbox.Backend) *engine.Engine {
 	t.Helper()
 	eng := engine.New(f.store, b, f.cfg)
 	if err := eng.Start(context.Background()); err != nil {

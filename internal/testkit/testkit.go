@@ -9,7 +9,9 @@ package testkit
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -107,4 +109,34 @@ func (l *Log) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// FillTree writes files files of size bytes under dir, 100 to a
+// directory (d000/f00000, d000/f00001, …), each differing from the
+// others in its first byte, the files and directories owned by uid (the
+// workspace tree of the checkpoint and fork benchmarks).
+func FillTree(tb testing.TB, dir string, files, size, uid int) {
+	tb.Helper()
+	buf := make([]byte, size)
+	for i := range files {
+		d := filepath.Join(dir, fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				tb.Fatal(err)
+			}
+			if err := os.Chown(d, uid, uid); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		if size > 0 {
+			buf[0] = byte(i)
+		}
+		p := filepath.Join(d, fmt.Sprintf("f%05d", i))
+		if err := os.WriteFile(p, buf, 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
