@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,6 +96,90 @@ func BenchmarkWorkspaceImport(b *testing.B) {
 	b.ReportMetric(imp.Seconds()/n, "import-s")
 	b.ReportMetric(base.Seconds()/n, "tar|tar-s")
 	b.ReportMetric(imp.Seconds()/base.Seconds(), "ratio")
+}
+
+// BenchmarkWorkspaceExtract is the other half of the import alone: the
+// extract helper unpacking the archive of the 10,000-file, 100 MB tree
+// (Archive's stream, from a file) into a sandbox's workspace
+// (PutArchive), beside GNU tar unpacking the same file into a tmpfs
+// (tar -x), alternating; it reports both, their ratio, and the CPU
+// of each (the helper's and tar's processes, from the kernel's
+// accounting: the steadier figure on a shared host).
+//
+//	go test -run '^$' -bench WorkspaceExtract -benchtime 15x ./local/
+func BenchmarkWorkspaceExtract(b *testing.B) {
+	be := newBackend(b, 0)
+	dir := benchTree(b, 10_000, 10_000)
+	ctx := context.Background()
+	tree, err := workspace.Scan(ctx, dir, workspace.ScanOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	archive := filepath.Join(b.TempDir(), "tree.tar")
+	f, err := os.Create(archive)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := tree.Archive(ctx, f, workspace.ArchiveOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	spec := sandbox.Spec{CPU: 2, MemoryBytes: 1 << 30, DiskBytes: 512 << 20}
+	var helper, tar, helperCPU, tarCPU time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		sb, err := be.Create(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := filepath.Join(b.TempDir(), "tmpfs")
+		os.Mkdir(dst, 0o755)
+		if err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", dst).Run(); err != nil {
+			b.Fatal(err)
+		}
+		src, err := os.Open(archive)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+
+		c0 := childrenCPU()
+		t0 := time.Now()
+		got, err := sb.(sandbox.Archiver).PutArchive(ctx, src)
+		if err != nil || got.Files != 10_000 {
+			b.Fatalf("PutArchive: %+v %v", got, err)
+		}
+		helper += time.Since(t0)
+		c1 := childrenCPU()
+		helperCPU += c1 - c0
+		t1 := time.Now()
+		if out, err := exec.Command("tar", "-C", dst, "-xf", archive).CombinedOutput(); err != nil {
+			b.Fatalf("tar: %v %s", err, out)
+		}
+		tar += time.Since(t1)
+		tarCPU += childrenCPU() - c1
+
+		b.StopTimer()
+		src.Close()
+		exec.Command("umount", dst).Run()
+		sb.Destroy(ctx)
+		b.StartTimer()
+	}
+	n := float64(b.N)
+	b.ReportMetric(helper.Seconds()*1000/n, "helper-ms")
+	b.ReportMetric(tar.Seconds()*1000/n, "tar-x-ms")
+	b.ReportMetric(helper.Seconds()/tar.Seconds(), "ratio")
+	b.ReportMetric(helperCPU.Seconds()*1000/n, "helper-cpu-ms")
+	b.ReportMetric(tarCPU.Seconds()*1000/n, "tar-x-cpu-ms")
+	b.ReportMetric(helperCPU.Seconds()/tarCPU.Seconds(), "cpu-ratio")
+}
+
+// childrenCPU is the CPU time (user and system) of this process's
+// children that have been waited for.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkWorkspaceChanges is the engine's reading of a job's changes
