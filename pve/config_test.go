@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
 
 func TestConfigFromEnv(t *testing.T) {
@@ -158,6 +160,88 @@ func TestNodeSlots(t *testing.T) {
 		if got := pathNode(path); got != node {
 			t.Errorf("%s: node %q, want %q", path, got, node)
 		}
+	}
+}
+
+// TestNodeSlotsBackground: background calls (the pool's upkeep) hold at
+// most all slots of a node but one, and a freed slot goes to a waiting
+// foreground call before a waiting background one.
+func TestNodeSlotsBackground(t *testing.T) {
+	s := newNodeSlots(2)
+	ctx := context.Background()
+	bgctx := Background(ctx)
+	bg1, err := s.acquire(bgctx, "pve1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(bgctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.acquire(short, "pve1"); err == nil {
+		t.Fatal("a second background call to pve1 went with one slot left")
+	}
+	fg1, err := s.acquire(ctx, "pve1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both slots held: a background call waits first, a foreground one
+	// after it; the first freed slot is the foreground one's.
+	got := make(chan string, 2)
+	go func() {
+		r, err := s.acquire(bgctx, "pve1")
+		if err == nil {
+			got <- "background"
+			r()
+		}
+	}()
+	testkit.Eventually(t, 5*time.Second, "the background call waits", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.nodes["pve1"].bg) == 1
+	})
+	go func() {
+		r, err := s.acquire(ctx, "pve1")
+		if err == nil {
+			got <- "foreground"
+			<-got // held until the background call is given up on
+			r()
+		}
+	}()
+	testkit.Eventually(t, 5*time.Second, "the foreground call waits", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.nodes["pve1"].fg) == 1
+	})
+	fg1()
+	if first := <-got; first != "foreground" {
+		t.Fatalf("the freed slot went to the %s call", first)
+	}
+	got <- "done"
+	bg1()
+	if second := <-got; second != "background" {
+		t.Fatalf("then %s", second)
+	}
+	// A one-slot node lets background calls through: nothing else could.
+	one := newNodeSlots(1)
+	if r, err := one.acquire(bgctx, "pve1"); err != nil {
+		t.Fatal(err)
+	} else {
+		r()
+	}
+	// A background call given up on while waiting frees nothing of others.
+	a, _ := s.acquire(ctx, "pve1")
+	b, _ := s.acquire(ctx, "pve1")
+	gone, cancelGone := context.WithCancel(bgctx)
+	cancelGone()
+	if _, err := s.acquire(gone, "pve1"); err == nil {
+		t.Fatal("a cancelled call went")
+	}
+	a()
+	b()
+	s.mu.Lock()
+	q := *s.nodes["pve1"]
+	s.mu.Unlock()
+	if q.busy != 0 || q.bgBusy != 0 || len(q.fg)+len(q.bg) != 0 {
+		t.Fatalf("left %+v", q)
 	}
 }
 

@@ -3,6 +3,7 @@ package pve
 import (
 	"context"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -67,17 +68,48 @@ func (b *tokenBucket) wait(ctx context.Context) error {
 
 // nodeSlots bounds the calls in flight to each node (Config.NodeCalls).
 // A nil *nodeSlots does not bound.
+//
+// Calls made in the background (Background: the warm pool's refill, whose
+// agent pings of guests still booting hold a pvedaemon worker 3 s each)
+// hold at most all slots but one of a node, and a freed slot goes to a
+// waiting foreground call (a job's, a fork's) before a background one: a
+// job never waits behind the pool's pings for more than one slot's time.
+// The total in flight to a node stays NodeCalls (what pvedaemon's workers
+// allow, Config.NodeCalls).
 type nodeSlots struct {
 	mu    sync.Mutex
 	max   int
-	slots map[string]chan struct{}
+	bgMax int // background calls in flight at most: max-1, at least 1
+	nodes map[string]*nodeQueue
+}
+
+// nodeQueue is one node's slots: the calls in flight and those waiting,
+// in order.
+type nodeQueue struct {
+	busy, bgBusy int
+	fg, bg       []chan struct{} // waiting; closed when given a slot
 }
 
 func newNodeSlots(n int) *nodeSlots {
 	if n <= 0 {
 		return nil
 	}
-	return &nodeSlots{max: n, slots: map[string]chan struct{}{}}
+	return &nodeSlots{max: n, bgMax: max(1, n-1), nodes: map[string]*nodeQueue{}}
+}
+
+type backgroundKey struct{}
+
+// Background marks ctx's calls as background work (the warm pool's
+// upkeep): they leave a node's last slot to foreground calls and give way
+// to them (Config.NodeCalls).
+func Background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
+}
+
+// IsBackground says whether ctx's calls are background work.
+func IsBackground(ctx context.Context) bool {
+	bg, _ := ctx.Value(backgroundKey{}).(bool)
+	return bg
 }
 
 // acquire waits for a slot of node ("": a call to no node, unbounded) and
@@ -86,19 +118,82 @@ func (s *nodeSlots) acquire(ctx context.Context, node string) (func(), error) {
 	if s == nil || node == "" {
 		return func() {}, ctx.Err()
 	}
+	bg := IsBackground(ctx)
 	s.mu.Lock()
-	ch := s.slots[node]
-	if ch == nil {
-		ch = make(chan struct{}, s.max)
-		s.slots[node] = ch
+	q := s.nodes[node]
+	if q == nil {
+		q = &nodeQueue{}
+		s.nodes[node] = q
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { s.release(q, bg) }) }
+	if s.free(q, bg) && len(q.fg) == 0 && (!bg || len(q.bg) == 0) {
+		s.take(q, bg)
+		s.mu.Unlock()
+		return release, ctx.Err()
+	}
+	ch := make(chan struct{})
+	if bg {
+		q.bg = append(q.bg, ch)
+	} else {
+		q.fg = append(q.fg, ch)
 	}
 	s.mu.Unlock()
 	select {
-	case ch <- struct{}{}:
-		var once sync.Once
-		return func() { once.Do(func() { <-ch }) }, nil
+	case <-ch:
+		return release, nil
 	case <-ctx.Done():
+		s.mu.Lock()
+		waiting := &q.fg
+		if bg {
+			waiting = &q.bg
+		}
+		if i := slices.Index(*waiting, ch); i >= 0 {
+			*waiting = slices.Delete(*waiting, i, i+1)
+			s.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		s.mu.Unlock()
+		release() // given a slot meanwhile: hand it on
 		return nil, ctx.Err()
+	}
+}
+
+// free says whether a call of the kind may take a slot of q now (s.mu
+// held).
+func (s *nodeSlots) free(q *nodeQueue, bg bool) bool {
+	return q.busy < s.max && (!bg || q.bgBusy < s.bgMax)
+}
+
+func (s *nodeSlots) take(q *nodeQueue, bg bool) {
+	q.busy++
+	if bg {
+		q.bgBusy++
+	}
+}
+
+// release frees a slot of q and gives the free slots to the waiting
+// calls: foreground ones first, in order.
+func (s *nodeSlots) release(q *nodeQueue, bg bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q.busy--
+	if bg {
+		q.bgBusy--
+	}
+	for {
+		switch {
+		case len(q.fg) > 0 && s.free(q, false):
+			s.take(q, false)
+			close(q.fg[0])
+			q.fg = q.fg[1:]
+		case len(q.bg) > 0 && s.free(q, true):
+			s.take(q, true)
+			close(q.bg[0])
+			q.bg = q.bg[1:]
+		default:
+			return
+		}
 	}
 }
 
