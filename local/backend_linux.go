@@ -441,6 +441,7 @@ func (b *Backend) provision(id, dir string, spec sandbox.Spec, net *netTool, pro
 		Expires:     spec.Expires,
 		Init:        spec.MultiExec,
 		Var:         spec.DiskVar,
+		TmpBytes:    spec.TmpBytes,
 	}
 	st.Spawns = spec.MultiExec && b.shims.cFor(st)
 	if spec.From != "" {

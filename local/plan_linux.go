@@ -376,6 +376,11 @@ func rootOps(dir string, st sandboxState, loopback bool, inputs map[string][]byt
 		inputOps(add, at(InputsDir), inputs)
 	}
 	tmpOpts := fmt.Sprintf("mode=1777,size=%d", min(st.DiskBytes, maxTmpBytes))
+	if st.TmpBytes > 0 {
+		// A VM's /tmp as its Linux has it (Spec.TmpBytes), and its
+		// /dev/shm (a tmpfs of half the memory, the kernel's default).
+		tmpOpts = fmt.Sprintf("mode=1777,size=%d,nr_inodes=1m", st.TmpBytes)
+	}
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV, "mount /tmp", "tmpfs", at("tmp"), "tmpfs", tmpOpts)
 	add(opMount, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mount /proc", "proc", at("proc"), "proc", "")
 	// The sandbox's own budgets of per-user kernel objects, lowered from

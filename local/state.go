@@ -182,6 +182,9 @@ type sandboxState struct {
 	// Var: a writable /var of its own, a tmpfs of the disk's size at
 	// dirVar (Spec.DiskVar).
 	Var bool `json:"var,omitempty"`
+	// TmpBytes: the size of its /tmp when not the default
+	// (Spec.TmpBytes).
+	TmpBytes int64 `json:"tmp_bytes,omitempty"`
 }
 
 // layerRef is one frozen layer as a sandbox or a checkpoint names it.

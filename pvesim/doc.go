@@ -436,9 +436,13 @@
 //   - The guest's file system is the host's programs (read-only), its
 //     disk (/workspace, and /var, where the guest makes /var/tmp (1777),
 //     /var/lib, /var/cache, /var/log and /var/spool at boot, as a Debian
-//     guest has them: sandbox.Spec.DiskVar) and a /tmp tmpfs of at most
-//     256 MiB (a Debian 13 guest's is half its memory). Both "disks" are
-//     the host's memory, each as big as the VM's disk.
+//     guest has them: sandbox.Spec.DiskVar) and a /tmp tmpfs of half the
+//     VM's memory, as a Debian 13 guest's (systemd's units/tmp.mount,
+//     size=50%,nr_inodes=1m, which Debian 13 enables: /tmp is RAM there;
+//     sandbox.Spec.TmpBytes), where bulk data beyond that fails "No space
+//     left on device". Both "disks" are the host's memory, each as big as
+//     the VM's disk (and what the guest writes there is charged to its
+//     memory, where a real VM's disk is not).
 //   - The guest has no systemd: an agent restart kills the agent's process
 //     group, which a setsid leaves, where systemd kills the service's
 //     cgroup, which it does not (delegate's runner takes a systemd scope

@@ -60,6 +60,10 @@ func (s *Server) boot(ctx context.Context, vmid int, cpus int, memBytes, diskByt
 		DiskBytes:   diskBytes,
 		Template:    rootfs,
 		DiskVar:     true, // /var on the VM's disk, as a Debian guest's
+		// /tmp is RAM, half the VM's memory at most, as on Debian 13:
+		// systemd's units/tmp.mount (size=50%, nr_inodes=1m), which
+		// Debian 13 enables (trixie's release notes, "/tmp as tmpfs").
+		TmpBytes: memBytes / 2,
 	}
 	if nic && s.guestDir != "" {
 		// Its network is the simulator's (network.go).

@@ -152,3 +152,58 @@ func TestRealAgent(t *testing.T) {
 		t.Errorf("after the restart: %q, want only the setsid one", got)
 	}
 }
+
+// TestGuestTmp (issue 39, item 7): a guest's /tmp is RAM, half the VM's
+// memory, as a Debian 13 guest's (systemd's tmp.mount, size=50%): bulk
+// data beyond that fails there ("No space left on device"), where the
+// VM's disk (/var/tmp) takes it.
+func TestGuestTmp(t *testing.T) {
+	s := newSim(t, Options{})
+	ctx := ctxT(t)
+	upid, err := s.c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: 101})
+	if err == nil {
+		err = s.c.WaitTask(ctx, "pve1", upid)
+	}
+	if err == nil {
+		err = s.c.SetVMConfig(ctx, "pve1", 101, pve.VMConfigUpdate{MemoryMiB: 128})
+	}
+	if err == nil {
+		upid, err = s.c.StartVM(ctx, "pve1", 101)
+	}
+	if err == nil {
+		err = s.c.WaitTask(ctx, "pve1", upid)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAgent(t, s, 101)
+	es := run(t, s, 101, "/bin/sh", "-c", `stat -f -c '%T %b %S' /tmp; stat -f -c '%b %S' /var/tmp`)
+	var fsType string
+	var blocks, bsize, diskBlocks, diskBsize int64
+	if _, err := fmt.Sscan(string(es.Stdout), &fsType, &blocks, &bsize, &diskBlocks, &diskBsize); err != nil || es.ExitCode == nil || *es.ExitCode != 0 {
+		t.Fatalf("stat -f: %q %q (%v)", es.Stdout, es.Stderr, err)
+	}
+	if fsType != "tmpfs" || blocks*bsize != 64<<20 {
+		t.Errorf("/tmp is %s of %d bytes, want tmpfs of 64 MiB (half of 128 MiB)", fsType, blocks*bsize)
+	}
+	if diskBlocks*diskBsize < 1<<30 {
+		t.Errorf("/var/tmp has %d bytes, want the VM's disk", diskBlocks*diskBsize)
+	}
+	// 70 MB: more than /tmp holds, less than the VM's memory.
+	es = run(t, s, 101, "/bin/sh", "-c", "head -c 70000000 /dev/zero > /tmp/bulk; rc=$?; rm -f /tmp/bulk; exit $rc")
+	if es.ExitCode == nil || *es.ExitCode == 0 || !strings.Contains(string(es.Stderr), "No space left on device") {
+		t.Errorf("70 MB into /tmp: exit %d, %q; want it refused for lack of room", exitCode(es), es.Stderr)
+	}
+	es = run(t, s, 101, "/bin/sh", "-c", "head -c 70000000 /dev/zero > /var/tmp/bulk; rc=$?; rm -f /var/tmp/bulk; exit $rc")
+	if es.ExitCode == nil || *es.ExitCode != 0 {
+		t.Errorf("70 MB into /var/tmp: exit %d, %q", exitCode(es), es.Stderr)
+	}
+}
+
+// exitCode is a command's exit code, -1 without one.
+func exitCode(es pve.ExecStatus) int {
+	if es.ExitCode == nil {
+		return -1
+	}
+	return *es.ExitCode
+}

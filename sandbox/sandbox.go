@@ -116,6 +116,11 @@ type Spec struct {
 	// the Proxmox simulator's guests (package pvesim) make their /var/tmp
 	// and /var/lib there. The local backend's own jobs have none.
 	DiskVar bool
+	// TmpBytes, if positive, is the size of the sandbox's /tmp (a tmpfs,
+	// memory): the Proxmox simulator's guests have half their VM's
+	// memory there, as a Debian 13 guest has (systemd's tmp.mount,
+	// size=50%). 0: the backend's own size.
+	TmpBytes int64
 }
 
 // Egress is a sandbox's network through the server's egress proxy.
