@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -555,6 +556,13 @@ func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 			st.Cgroup.thaw()
 		}
 	}()
+	if st.Layered && upperEmpty(s.dir) {
+		// Nothing written since its layers were cut (a checkpoint, a
+		// rollback, or its fork): its files are those layers, which
+		// the checkpoint names; no layer is frozen, nothing moved, and
+		// a sandbox forked again and again does not pile up empty ones.
+		return sameLayers(s, st)
+	}
 	dev, err := workspaceDev(s.dir)
 	if err != nil {
 		return sandbox.Checkpoint{}, s.goneOr(fmt.Errorf("checkpoint sandbox %s: %w", s.id, err))
@@ -608,6 +616,35 @@ func (s *sbox) Checkpoint(ctx context.Context) (sandbox.Checkpoint, error) {
 	}
 	s.b.log.Info("sandbox checkpointed", "sandbox", s.id, "checkpoint", id, "bytes", bytes, "layers", len(layers), "namespaces", len(swaps))
 	return sandbox.Checkpoint{ID: id, Bytes: bytes, Created: rec.Created}, nil
+}
+
+// upperEmpty says whether a layered sandbox's upper holds nothing: no
+// file written, none deleted (a whiteout is an entry), since its layers
+// were cut. Its processes are frozen.
+func upperEmpty(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, dirUpper, upperDir))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	return len(names) == 0 && errors.Is(err, io.EOF)
+}
+
+// sameLayers records a checkpoint of a sandbox whose files are its
+// layers (upperEmpty): the checkpoint is of them, of no bytes of its
+// own. The caller holds the layers' lock.
+func sameLayers(s *sbox, st sandboxState) (sandbox.Checkpoint, error) {
+	id, err := newID("cp-", 6)
+	if err != nil {
+		return sandbox.Checkpoint{}, err
+	}
+	rec := checkpointRecord{ID: id, Sandbox: s.id, Layers: st.Lowers, Created: time.Now().UTC()}
+	if err := s.b.layers.save(rec); err != nil {
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint sandbox %s: %w", s.id, err)
+	}
+	s.b.log.Info("sandbox checkpointed", "sandbox", s.id, "checkpoint", id, "bytes", 0, "layers", len(st.Lowers), "unchanged", true)
+	return sandbox.Checkpoint{ID: id, Created: rec.Created}, nil
 }
 
 // layerLive mounts a fresh upper over layers on the host, records them

@@ -375,3 +375,62 @@ func usernsChildren(t *testing.T) []string {
 	}
 	return left
 }
+
+// TestCheckpointUnchanged: a checkpoint of a sandbox that wrote nothing
+// since its last one is of the same layers (no empty layer frozen, its
+// processes untouched, no bytes of its own), as a sandbox forked again
+// and again is; a fork and a rollback from it work; one after a write
+// freezes a layer as before.
+func TestCheckpointUnchanged(t *testing.T) {
+	b := newBackend(t, 0)
+	src := keptSandbox(t, b, time.Now().Add(time.Minute))
+	keptRun(t, src, `echo one > /workspace/one`)
+	first := checkpoint(t, src)
+	keptRun(t, src, `sleep 300 >/dev/null 2>&1 & echo $! > /tmp/bg.pid`)
+	again := checkpoint(t, src)
+	r1, err := b.layers.record(first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.layers.record(again.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := src.state()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r2.Layers) != 1 || r2.Layers[0] != r1.Layers[0] || len(st.Lowers) != 1 || again.Bytes != 0 {
+		t.Errorf("a checkpoint with nothing written since the last: layers %v (the last's %v), the sandbox's %v, %d bytes; want the same one layer, no bytes",
+			r2.Layers, r1.Layers, st.Lowers, again.Bytes)
+	}
+	if got := keptRun(t, src, `kill -0 $(cat /tmp/bg.pid) && echo alive`); got != "alive\n" {
+		t.Errorf("the background process after the checkpoint: %q", got)
+	}
+	f := fork(t, b, again.ID)
+	if got := keptRun(t, f, `cat /workspace/one; echo fork >> /workspace/one`); got != "one\n" {
+		t.Errorf("fork of the unchanged checkpoint: %q", got)
+	}
+	keptRun(t, src, `echo two > /workspace/one`)
+	after := checkpoint(t, src)
+	if r3, err := b.layers.record(after.ID); err != nil || len(r3.Layers) != 2 {
+		t.Errorf("a checkpoint after a write: %+v %v, want a layer more", r3, err)
+	}
+	if err := src.Rollback(context.Background(), again.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := keptRun(t, src, `cat /workspace/one`); got != "one\n" {
+		t.Errorf("rolled back to the unchanged checkpoint: %q", got)
+	}
+	for _, id := range []string{first.ID, again.ID, after.ID} {
+		if err := b.DeleteCheckpoint(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := keptRun(t, f, `cat /workspace/one`); got != "one\nfork\n" {
+		t.Errorf("the fork after its checkpoint went: %q", got)
+	}
+	if got := keptRun(t, src, `cat /workspace/one`); got != "one\n" {
+		t.Errorf("the source after its checkpoints went: %q", got)
+	}
+}
