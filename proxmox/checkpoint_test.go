@@ -2,6 +2,7 @@ package proxmox_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"os"
 	"path/filepath"
@@ -283,5 +284,51 @@ func TestProxmoxCheckpointZFS(t *testing.T) {
 	}
 	if err := ck.Rollback(ctx, first.ID); err != nil {
 		t.Errorf("a rollback to the newest: %v", err)
+	}
+}
+
+// TestProxmoxDiskQuota (issue 36): on Proxmox the disk quota counts a
+// principal's checkpoints by their archives on the server (caches are
+// not kept there): one past DELEGATE_QUOTA_DISK is refused naming it,
+// and its snapshot and archive are deleted; the operator is not held.
+func TestProxmoxDiskQuota(t *testing.T) {
+	sim := newSim(t, pvesim.DefaultNodes(1), nil)
+	c, _ := client(t, sim, "delegate@pve", pvesim.RoleAdministrator)
+	dir := t.TempDir()
+	s := newServer(t, c, proxmox.Config{Instance: "quota1", CheckpointDir: dir}, engine.Config{Quotas: engine.Quotas{DiskBytes: 160 << 10}})
+	alice := delegate.WithPrincipal(context.Background(), &delegate.Principal{Name: "alice",
+		Scopes: []delegate.Scope{delegate.ScopeJobs, delegate.ScopeSandboxes}})
+	sb, err := s.eng.OpenSandbox(alice, delegate.SandboxSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 100_000)
+	rand.Read(data) // an archive as large as the file: 100 KB of 160 KiB
+	if err := s.eng.WriteSandboxFile(alice, sb.ID, "r.bin", data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.eng.CheckpointSandbox(alice, sb.ID, delegate.CheckpointOptions{})
+	if err != nil {
+		t.Fatalf("a checkpoint of 100 KB within 160 KiB: %v", err)
+	}
+	_, err = s.eng.CheckpointSandbox(alice, sb.ID, delegate.CheckpointOptions{})
+	var qe *delegate.QuotaError
+	if !errors.As(err, &qe) || qe.Setting != "DELEGATE_QUOTA_DISK" || !strings.Contains(err.Error(), "disk of checkpoints and caches: 9") {
+		t.Fatalf("a second checkpoint past the quota: %v (first %d bytes)", err, first.Bytes)
+	}
+	t.Logf("refused: %v", err)
+	vmid := vmidOf(t, sb)
+	snaps, err := c.Snapshots(context.Background(), "pve1", vmid)
+	if err != nil || len(snaps) != 2 { // the first checkpoint's, and "current"
+		t.Errorf("the VM's snapshots after a refused checkpoint: %+v %v; want the first's only", snaps, err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, strconv.Itoa(vmid)+"-*.tgz")); len(m) != 1 {
+		t.Errorf("archives after a refused checkpoint: %v; want the first's only", m)
+	}
+	if _, err := s.eng.CheckpointSandbox(context.Background(), sb.ID, delegate.CheckpointOptions{}); err != nil {
+		t.Errorf("the operator is held by alice's disk quota: %v", err)
+	}
+	if _, _, err := s.eng.ReleaseSandbox(alice, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }
