@@ -55,7 +55,13 @@ func engineGoroutines(t *testing.T, label string) (n int, stacks string) {
 	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
 		t.Fatal(err)
 	}
-	for _, rec := range strings.Split(buf.String(), "\n\n") {
+	// The text opens with a "goroutine profile: total N" line, glued to
+	// the first record: without it, that record's first word is its count.
+	text := buf.String()
+	if strings.HasPrefix(text, "goroutine profile:") {
+		_, text, _ = strings.Cut(text, "\n")
+	}
+	for _, rec := range strings.Split(text, "\n\n") {
 		if !strings.Contains(rec, `"test":"`+label+`"`) || !strings.Contains(rec, "delegate-dev/delegate/engine.") {
 			continue
 		}
