@@ -186,6 +186,7 @@ func New(cfg Config) (*Backend, error) {
 		layers:  &layerStore{dir: filepath.Join(dir, dirLayers), sandboxes: dir, self: self, log: log},
 		oneShot: cfg.OneShot,
 	}
+	b.caches.ended = func(id string) bool { return b.ended(id, filepath.Join(dir, id)) }
 	log.Debug("local backend ready", "dir", dir, "cgroup", cg.Version, "selfExe", self, "uids", uids.String(),
 		"pids", pids, "nofile", nofile, "sandboxes", budget.Sandboxes, "fileMax", budget.FileMax, "memoryFileDefault", budget.MemDefault)
 	return b, nil

@@ -80,8 +80,22 @@ type caches struct {
 	// sandboxes is the backend's directory: a cache held by a sandbox
 	// whose directory is gone there is free again.
 	sandboxes string
-	log       *slog.Logger
+	// ended says whether the sandbox id's one command has ended: a
+	// cache it holds then comes back as soon as it is destroyed. Nil:
+	// a cache in use is never waited for.
+	ended func(id string) bool
+	log   *slog.Logger
 }
+
+// handBackWait bounds how long a sandbox waits for a cache whose holder
+// has ended and is being destroyed (its changes written back): the
+// engine stores a job's end before it destroys its sandbox, so a job
+// submitted as soon as the previous one is reported ended would
+// otherwise find the cache in use and start with an empty one.
+const (
+	handBackWait = 10 * time.Second
+	handBackPoll = 20 * time.Millisecond
+)
 
 func (cs *caches) path(c sandbox.Cache) string {
 	return filepath.Join(cs.dir, c.Key, c.Name)
@@ -225,6 +239,18 @@ func mountLayers(layers string, bytes int64) error {
 // Taken, it returns why the last run's changes were not saved, if they
 // were not (cacheMeta.NotSaved).
 func (cs *caches) take(c sandbox.Cache, id string) (holder, notSaved string, err error) {
+	deadline := time.Now().Add(handBackWait)
+	for {
+		holder, notSaved, err = cs.takeOnce(c, id)
+		if err != nil || holder == "" || cs.ended == nil || !cs.ended(holder) || time.Now().After(deadline) {
+			return holder, notSaved, err
+		}
+		time.Sleep(handBackPoll) // the holder's Destroy may be another process's: no event to wait on
+	}
+}
+
+// takeOnce is take without waiting for a holder that has ended.
+func (cs *caches) takeOnce(c sandbox.Cache, id string) (holder, notSaved string, err error) {
 	if err := os.MkdirAll(filepath.Join(cs.dir, c.Key), 0o700); err != nil {
 		return "", "", err
 	}

@@ -66,11 +66,12 @@ func TestCaches(t *testing.T) {
 	}
 
 	second := mk(keyA)
+	// Meanwhile (second made, its command not yet ended): one writer at a
+	// time.
+	third := mk(keyA)
 	if out := shIn(second, `cat /cache/go/mark && [ "$(stat -c %u /cache/go/build/obj)" = "$(id -u)" ] && echo two >>/cache/go/mark && echo owned`); out != "one\nowned\n" {
 		t.Errorf("the second sandbox of the key found %q in its cache", out)
 	}
-	// Meanwhile: one writer at a time.
-	third := mk(keyA)
 	exit, out := run(t, third, "/bin/sh", "-c", `ls -A /cache/go; touch /cache/go/x && echo writable`)
 	if out != "writable\n" {
 		t.Errorf("a sandbox that found the cache in use got %q, want an empty cache of its own", out)
@@ -103,6 +104,49 @@ func TestCaches(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(b.caches.dir, keyB, "go", "blob")); err != nil {
 		t.Errorf("the cache used last was evicted: %v", err)
+	}
+}
+
+// TestCacheHandedBack: a sandbox made while the cache's holder has ended
+// but is not destroyed yet (the engine stores a job's end first) waits
+// for the cache to come back, with the holder's changes, rather than
+// start with an empty one; a holder whose command still runs is not
+// waited for (TestCaches).
+func TestCacheHandedBack(t *testing.T) {
+	b := newBackend(t, 0)
+	b.caches.dir = t.TempDir()
+	ctx := context.Background()
+	spec := defaultSpec()
+	spec.Caches = []sandbox.Cache{{Name: "go", Key: strings.Repeat("c", 16)}}
+	first, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(ctx, first.ID()) })
+	if exit, out := run(t, first, "/bin/sh", "-c", `echo first >/cache/go/mark`); exit.Code != 0 {
+		t.Fatalf("exit %d: %s", exit.Code, out)
+	}
+	destroyed := make(chan error, 1)
+	go func() {
+		// The second Create below is under way (or done, without the
+		// wait) when the holder goes.
+		<-time.After(300 * time.Millisecond)
+		destroyed <- b.Destroy(ctx, first.ID())
+	}()
+	second, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(ctx, second.ID()) })
+	if err := <-destroyed; err != nil {
+		t.Fatal(err)
+	}
+	exit, out := run(t, second, "/bin/sh", "-c", `cat /cache/go/mark`)
+	if out != "first\n" {
+		t.Errorf("the next sandbox found %q in its cache, want the ended holder's changes", out)
+	}
+	if len(exit.CacheMisses) != 0 {
+		t.Errorf("the next sandbox was told of a miss: %+v", exit.CacheMisses)
 	}
 }
 
