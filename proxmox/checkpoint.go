@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -159,49 +160,100 @@ func (k *checkpoints) checkpoint(ctx context.Context, s *vmSandbox) (sandbox.Che
 		}()
 	}
 	ref := newCheckpointRef(s.vmid)
-	size, err := saveArchive(ctx, s, k.path(ref))
+	// The archive comes out of the guest first, as it is; then the
+	// snapshot is taken while the server checks and packs the archive:
+	// nothing of delegate's is in the guest's disk for the snapshot, and
+	// no agent call meets the guest's file systems frozen (qemu-ga refuses
+	// other commands while they are).
+	raw, err := fetchArchive(ctx, s, k.path(ref))
 	if err != nil {
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, err)
 	}
+	defer os.Remove(raw)
+	type packed struct {
+		size int64
+		err  error
+	}
+	done := make(chan packed, 1)
+	go func() {
+		size, err := saveArchive(ctx, raw, k.path(ref))
+		done <- packed{size, err}
+	}()
+	var snapped bool
 	err = s.onNode(ctx, func(node string) error {
 		upid, err := b.c.CreateSnapshot(ctx, node, s.vmid, ref.snapname(), "delegate checkpoint "+ref.id+" of "+orLegacy(s.owner.job), false)
 		if err == nil {
+			snapped = true
 			logTask(b.log, "snapshot", s.vmid, s.owner.job, upid)
 			err = b.c.WaitTask(ctx, node, upid)
 		}
 		return err
 	})
+	pk := <-done
 	if err != nil {
 		os.Remove(k.path(ref))
 		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: snapshot %s: %w", s.vmid, ref.snapname(), snapshotHint(err))
 	}
+	if pk.err != nil {
+		if snapped {
+			if derr := k.delete(context.WithoutCancel(ctx), ref.id); derr != nil {
+				b.log.Warn("delete the snapshot of a checkpoint whose archive failed", "vmid", s.vmid, "checkpoint", ref.id, "err", derr)
+			}
+		}
+		return sandbox.Checkpoint{}, fmt.Errorf("checkpoint VM %d: %w", s.vmid, pk.err)
+	}
+	size := pk.size
 	b.log.Info("VM checkpointed", "vmid", s.vmid, "job", s.owner.job, "checkpoint", ref.id, "archive_bytes", size)
 	return sandbox.Checkpoint{ID: ref.id, Bytes: size, Created: time.Now().UTC()}, nil
 }
 
-// saveArchive writes the workspace's archive to path (through a
-// temporary file beside it), and returns its size: checked and packed
-// once (packArchive), at gzip's default level, as it goes into every
-// fork (smaller than at the fastest level: fewer agent calls each).
-func saveArchive(ctx context.Context, s *vmSandbox, path string) (int64, error) {
+// fetchArchive brings the workspace's archive out of the guest as it
+// is, into a temporary file beside path, and returns that file's name.
+func fetchArchive(ctx context.Context, s *vmSandbox, path string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return 0, err
+		return "", err
 	}
 	rc, err := s.GetArchive(ctx)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".part-*")
+	f, err := os.CreateTemp(filepath.Dir(path), ".raw-*")
 	if err != nil {
 		rc.Close()
-		return 0, err
+		return "", err
 	}
-	cw := &countWriter{w: f}
-	_, err = packArchive(ctx, rc, cw, gzip.DefaultCompression)
-	n := cw.n
+	_, err = io.Copy(f, rc)
 	if cerr := rc.Close(); err == nil {
 		err = cerr
 	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("bring the workspace's archive out: %w", err)
+	}
+	return f.Name(), nil
+}
+
+// saveArchive writes the archive in the file raw (the guest's) to path
+// (through a temporary file beside it), and returns its size: checked
+// and packed once (packArchive), at gzip's default level, as it goes
+// into every fork (smaller than at the fastest level: fewer agent calls
+// each).
+func saveArchive(ctx context.Context, raw, path string) (int64, error) {
+	in, err := os.Open(raw)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	f, err := os.CreateTemp(filepath.Dir(path), ".part-*")
+	if err != nil {
+		return 0, err
+	}
+	cw := &countWriter{w: f}
+	_, err = packArchive(ctx, in, cw, gzip.DefaultCompression)
+	n := cw.n
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

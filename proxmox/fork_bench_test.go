@@ -30,18 +30,39 @@ import (
 // (each a warm VM taken and the archive put in). The baseline, in the
 // same round, is the 4 VMs given the same tree from the server as 4
 // fresh jobs are (Archive, PutArchive; at once). The pool is refilled
-// outside the timings.
+// outside the timings, its calls background work (pve.Background); the
+// case refill=foreground is one node as it was before, the refill's
+// calls competing with the forks' as equals. The last case is one node
+// whose pvedaemon has 6 workers (MAX_WORKERS=6 in /etc/default/pvedaemon,
+// which pve-manager's PVE/Service/pvedaemon.pm reads) and
+// PROXMOX_NODE_CALLS=5.
 //
 //	go test -run '^$' -bench ForkSim -benchtime 5x -timeout 30m ./proxmox/
 func BenchmarkForkSim(b *testing.B) {
-	for _, nodes := range []int{1, 2} {
-		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) { benchFork(b, nodes) })
+	for _, c := range []struct {
+		nodes, workers int
+		foreground     bool
+	}{{1, 3, true}, {1, 3, false}, {2, 3, false}, {1, 6, false}} {
+		name := fmt.Sprintf("nodes=%d", c.nodes)
+		if c.foreground {
+			name += ",refill=foreground"
+		}
+		if c.workers != 3 {
+			name += fmt.Sprintf(",max-workers=%d", c.workers)
+		}
+		b.Run(name, func(b *testing.B) {
+			if c.foreground {
+				defer proxmox.RefillInForeground()()
+			}
+			benchFork(b, c.nodes, c.workers)
+		})
 	}
 }
 
-func benchFork(b *testing.B, nodes int) {
+func benchFork(b *testing.B, nodes, workers int) {
 	ctx := context.Background()
-	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(nodes), Latency: "real", AuthFailureDelay: -1, SandboxDir: b.TempDir()})
+	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(nodes), Latency: "real", AuthFailureDelay: -1, SandboxDir: b.TempDir(),
+		DaemonWorkers: workers})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +81,7 @@ func benchFork(b *testing.B, nodes int) {
 	host, port, _ := strings.Cut(strings.TrimPrefix(sim.URL(), "https://"), ":")
 	p, _ := strconv.Atoi(port)
 	c, err := pve.New(pve.Config{Host: host, Port: p, User: "bench@pve", TokenName: "tk", TokenValue: "s3cret",
-		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint()})
+		SSLMode: pve.SSLVerify, Fingerprint: sim.Fingerprint(), NodeCalls: workers - 1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -213,6 +213,11 @@ type (
 	}
 )
 
+// poolCalls marks the upkeep's calls (KeepPool): background work. A
+// variable for BenchmarkForkSim, which measures a refill in the
+// foreground too (export_test.go).
+var poolCalls = pve.Background
+
 // hungerWindow: a job refused room this recently holds up the pool's
 // refills (the engine asks again every few seconds while a job waits).
 const hungerWindow = time.Minute
@@ -245,6 +250,12 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 		return nil, errors.New("proxmox: the backend already keeps a pool")
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	// The upkeep's calls are background work: they leave each node's last
+	// call slot to jobs and forks, and give way to them (pve.Background):
+	// a refill's pings of guests still booting hold a pvedaemon worker 3 s
+	// each, and would otherwise hold both of a node's slots while a job
+	// that took a warm VM waits to put its files in.
+	ctx = poolCalls(ctx)
 	// The pool of an earlier run is adopted before KeepPool returns (a
 	// while at most), so that the first jobs find it.
 	adopted := false

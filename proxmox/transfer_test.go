@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +42,7 @@ type xferRig struct {
 
 // newXferRig: reach says whether the guests' network carries
 // guestCallback to the server; transferURL is the backend's.
-func newXferRig(t *testing.T, reach bool, transferURL string) *xferRig {
+func newXferRig(t *testing.T, reach bool, transferURL string, tune ...func(*proxmox.Config)) *xferRig {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -55,8 +56,11 @@ func newXferRig(t *testing.T, reach bool, transferURL string) *xferRig {
 		}
 	})
 	c, _ := client(t, rig.sim, "delegate@pve", pvesim.RoleAdministrator)
-	rig.b, err = proxmox.New(c, proxmox.Config{Template: "debian-job", PollInterval: 100 * time.Millisecond, TransferURL: transferURL,
-		Logger: rig.logs.logger()})
+	cfg := proxmox.Config{Template: "debian-job", PollInterval: 100 * time.Millisecond, TransferURL: transferURL, Logger: rig.logs.logger()}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	rig.b, err = proxmox.New(c, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,11 +226,33 @@ func getChanges(t *testing.T, sb sandbox.Instance, base *workspace.Baseline) *wo
 }
 
 // leftovers lists what of delegate's transfers is left in the guest: in
-// the workspace, and in /tmp.
+// the workspace and in /var/tmp/delegate; and anything at all in /tmp.
 func leftovers(t *testing.T, sb sandbox.Instance) string {
 	t.Helper()
-	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -a /workspace /var/tmp/delegate | grep -e delegate-xfer -e '^ws-' -e '^out-' -e '^files-'; true"}, OutputLimit: 1 << 20})
+	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c", "ls -a /workspace /var/tmp/delegate | grep -e delegate-xfer -e '^ws-' -e '^out-' -e '^files-'; find /tmp -mindepth 1; true"}, OutputLimit: 1 << 20})
 	return strings.TrimSpace(out)
+}
+
+// tmpRe finds /tmp (not /var/tmp) in what the backend asked the agent.
+var tmpRe = regexp.MustCompile(`(^|[^r])/tmp(/|\b)`)
+
+// namedTmp lists the agent calls from request from on that name the
+// guest's /tmp (a file written or read, an argument of a command): on
+// Debian 13 /tmp is RAM, half the VM's memory (pvesim TestGuestTmp), so
+// no transfer may go there (issue 39, item 7).
+func namedTmp(sim *pvesim.Server, from int) []string {
+	var named []string
+	for _, r := range sim.Requests()[from:] {
+		if !strings.Contains(r.Path, "/agent/") {
+			continue
+		}
+		for k, v := range r.Params {
+			if k != "input-data" && tmpRe.MatchString(fmt.Sprint(v)) {
+				named = append(named, fmt.Sprintf("%s %s=%v", r.Path, k, v))
+			}
+		}
+	}
+	return named
 }
 
 // TestWorkspaceOverHTTP (issue 39, 14): a VM with a network fetches a
@@ -285,6 +311,9 @@ func TestWorkspaceOverHTTP(t *testing.T) {
 	if left := leftovers(t, sb); left != "" {
 		t.Errorf("left in the guest: %s", left)
 	}
+	if named := namedTmp(rig.sim, n0); len(named) > 0 {
+		t.Errorf("the workspace's transfers used the guest's /tmp (RAM): %v", named)
+	}
 }
 
 // TestWorkspaceHTTPFallback (issue 39, 14): where the guest cannot reach
@@ -323,6 +352,9 @@ func TestWorkspaceHTTPFallback(t *testing.T) {
 			if left := leftovers(t, sb); left != "" {
 				t.Errorf("left in the guest: %s", left)
 			}
+			if named := namedTmp(rig.sim, n0); len(named) > 0 {
+				t.Errorf("the workspace's transfers used the guest's /tmp (RAM): %v", named)
+			}
 		})
 	}
 	if got := rig.served(); len(got) != 0 {
@@ -332,6 +364,46 @@ func TestWorkspaceHTTPFallback(t *testing.T) {
 	if !strings.Contains(logs, `msg="workspace in through the guest agent"`) || !strings.Contains(logs, "could not reach http://"+guestCallback) ||
 		!strings.Contains(logs, `msg="workspace out through the guest agent"`) {
 		t.Errorf("the log does not say why the workspace went through the agent:\n%s", logs)
+	}
+}
+
+// TestForkOverHTTP (issue 38): where a kept sandbox and its fork have a
+// network (a fork of a sandbox with one has one too), the checkpoint's
+// archive comes out of the source and goes into the fork over HTTP, a
+// few agent calls each whatever its size: no agent/file-read, no
+// agent/file-write; the fork has the source's files.
+func TestForkOverHTTP(t *testing.T) {
+	t.Parallel()
+	rig := newXferRig(t, true, "http://"+guestCallback, func(c *proxmox.Config) { c.CheckpointDir = t.TempDir() })
+	ctx := context.Background()
+	spec := sandbox.Spec{JobID: "sbx-xfersrc", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, Network: true, MultiExec: true}
+	src, err := rig.b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Destroy(context.Background()) })
+	dir, sums := randomTree(t, 3, 1<<20)
+	putTree(t, src, dir)
+
+	n0 := len(rig.sim.Requests())
+	cp, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.JobID, spec.From = "sbx-xferfork", cp.ID
+	fork, err := rig.b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fork.Destroy(context.Background()) })
+	if _, _, writes, reads := agentCalls(rig.sim, n0); len(writes)+len(reads) > 0 {
+		t.Errorf("the checkpoint and the fork went through the agent: file-writes %v, file-reads %v; log:\n%s", writes, reads, rig.logs)
+	}
+	if got, want := fmt.Sprint(rig.served()), "[GET 200 PUT 204 GET 200]"; got != want {
+		t.Errorf("the callback server served %s, want %s (the source's workspace in, its checkpoint out, the fork's in)", got, want)
+	}
+	if got := guestSums(t, fork); fmt.Sprint(got) != fmt.Sprint(sums) {
+		t.Errorf("in the fork %v, in the source %v", got, sums)
 	}
 }
 
