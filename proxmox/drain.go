@@ -43,6 +43,20 @@ func Drain(ctx context.Context, c *pve.Client, node string, undo bool) ([]Draine
 	if !nodeNameRe().MatchString(node) {
 		return nil, fmt.Errorf("node %q: not a node name", node)
 	}
+	// A node not in the cluster: Proxmox answers a read of its notes
+	// with a 500 of a failed hostname lookup, which hides the typo.
+	nodes, err := c.Nodes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("proxmox: list the nodes: %w", privilegeHint(err))
+	}
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Node)
+	}
+	slices.Sort(names)
+	if !slices.Contains(names, node) {
+		return nil, fmt.Errorf("node %q: not a node of this cluster (its nodes: %s)", node, strings.Join(names, ", "))
+	}
 	nc, err := c.NodeConfig(ctx, node)
 	if err != nil {
 		return nil, fmt.Errorf("proxmox: read node %s's notes: %w", node, privilegeHint(err))
