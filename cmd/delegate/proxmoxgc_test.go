@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -162,5 +163,105 @@ func TestProxmoxDrainCommand(t *testing.T) {
 	out, errOut, code = delegateCmd(t, env, "proxmox", "drain", "--undo", kept.Node)
 	if nc, _ := c.NodeConfig(t.Context(), kept.Node); code != 0 || strings.Contains(nc.Description, proxmox.DrainMarker) {
 		t.Errorf("drain --undo: %d %q %s; notes %q", code, out, errOut, nc.Description)
+	}
+}
+
+// simVM clones the simulator's template into a VM of this name and tags,
+// started if asked.
+func simVM(t *testing.T, c *pve.Client, vmid int, name string, tags []string, start bool) {
+	t.Helper()
+	ctx := t.Context()
+	upid, err := c.CloneVM(ctx, "pve1", 9000, pve.CloneOptions{NewID: vmid, Name: name})
+	if err == nil {
+		err = c.WaitTask(ctx, "pve1", upid)
+	}
+	if err == nil && tags != nil {
+		err = c.SetVMConfig(ctx, "pve1", vmid, pve.VMConfigUpdate{Tags: tags})
+	}
+	if err == nil && start {
+		if upid, err = c.StartVM(ctx, "pve1", vmid); err == nil {
+			err = c.WaitTask(ctx, "pve1", upid)
+		}
+	}
+	if err != nil {
+		t.Fatalf("VM %d (%s): %v", vmid, name, err)
+	}
+}
+
+// TestProxmoxGCCommand (issue 39, item 13): `delegate proxmox gc` takes
+// the VMs of an instance that stamped them two days ago (its server gone),
+// a running one too: without --act it prints each and why and removes
+// nothing; with --act it removes exactly those, never a live instance's
+// pool VMs (stamped now), another VM or the template.
+func TestProxmoxGCCommand(t *testing.T) {
+	env, c := pveSim(t, 1)
+	env["DELEGATE_LOG_LEVEL"] = "warn"
+	seen := func(ago time.Duration) string {
+		return proxmox.SeenTagPrefix + strconv.FormatInt(time.Now().Add(-ago).Unix(), 10)
+	}
+	const gone, live = "aaaa1111", "bbbb2222"
+	stale := map[int]string{201: "delegate-" + gone + "-job-q1w2e3r4", 202: "delegate-" + gone + "-pool-z9x8c7v6"}
+	simVM(t, c, 201, stale[201], []string{"delegate", "delegate-" + gone, "job-q1w2e3r4", seen(48 * time.Hour)}, true)
+	simVM(t, c, 202, stale[202], []string{"delegate", "delegate-" + gone, proxmox.PoolTag, seen(48 * time.Hour)}, false)
+	simVM(t, c, 203, "delegate-"+live+"-pool-a1s2d3f4", []string{"delegate", "delegate-" + live, proxmox.PoolTag, proxmox.ReadyTag, seen(time.Minute)}, true)
+	simVM(t, c, 204, "delegate-"+live+"-pool-g5h6j7k8", []string{"delegate", "delegate-" + live, proxmox.PoolTag, seen(4 * time.Minute)}, false)
+	simVM(t, c, 205, "someones", nil, false)
+	all := []int{201, 202, 203, 204, 205}
+	exist := func(what string, want map[int]bool) {
+		t.Helper()
+		rs, err := c.ClusterResources(t.Context(), pve.ResourceVM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for vmid, w := range want {
+			if ok := slices.ContainsFunc(rs, func(r pve.Resource) bool { return int(r.VMID) == vmid }); ok != w {
+				t.Errorf("%s: VM %d exists %v, want %v", what, vmid, ok, w)
+			}
+		}
+	}
+	lines := func(out string) []string { return strings.Split(strings.TrimSpace(out), "\n") }
+
+	// The dry run: each stale VM and why, then the count; nothing goes.
+	out, errOut, code := delegateCmd(t, env, "proxmox", "gc")
+	want := []string{
+		"would remove VM 201 (" + stale[201] + ") on pve1: instance " + gone + " last saw it 48h0m0s ago (",
+		"would remove VM 202 (" + stale[202] + ") on pve1: instance " + gone + " last saw it 48h0m0s ago (",
+		"2 VMs; nothing removed (--act removes them)",
+	}
+	if got := lines(out); code != 0 || len(got) != len(want) {
+		t.Fatalf("proxmox gc: %d %q %s; want lines %q", code, out, errOut, want)
+	} else {
+		for i := range want {
+			if !strings.HasPrefix(got[i], want[i]) {
+				t.Errorf("proxmox gc line %d: %q, want %q…", i+1, got[i], want[i])
+			}
+		}
+	}
+	exist("after the dry run", map[int]bool{201: true, 202: true, 203: true, 204: true, 205: true, 9000: true})
+
+	// Not stale for a longer --older-than; too short a one is refused.
+	out, errOut, code = delegateCmd(t, env, "proxmox", "gc", "--older-than", "72h")
+	if code != 0 || out != "no VM of a delegate server unseen for 72h0m0s\n" {
+		t.Errorf("proxmox gc --older-than 72h: %d %q %s", code, out, errOut)
+	}
+	out, errOut, code = delegateCmd(t, env, "proxmox", "gc", "--older-than", "1m", "--act")
+	if code == 0 || !strings.Contains(errOut, "--older-than 1m0s: must be at least 10m0s") {
+		t.Errorf("proxmox gc --older-than 1m: %d %q %q; want it refused", code, out, errOut)
+	}
+	exist("after the refused gc", map[int]bool{201: true, 202: true, 203: true, 204: true, 205: true})
+
+	// --act removes exactly the stale two.
+	out, errOut, code = delegateCmd(t, env, "proxmox", "gc", "--act")
+	want = []string{"removed VM 201 (" + stale[201] + ") on pve1: ", "removed VM 202 (" + stale[202] + ") on pve1: "}
+	if got := lines(out); code != 0 || len(got) != len(want) || !strings.HasPrefix(got[0], want[0]) || !strings.HasPrefix(got[1], want[1]) {
+		t.Errorf("proxmox gc --act: %d %q %s; want lines %q", code, out, errOut, want)
+	}
+	exist("after gc --act", map[int]bool{201: false, 202: false, 203: true, 204: true, 205: true, 9000: true})
+	if vms := vmsOn(t, c); len(vms) != len(all)-2 {
+		t.Errorf("VMs after gc --act: %d, want %d", len(vms), len(all)-2)
+	}
+	out, errOut, code = delegateCmd(t, env, "proxmox", "gc", "--act")
+	if code != 0 || out != "no VM of a delegate server unseen for 24h0m0s\n" {
+		t.Errorf("proxmox gc --act again: %d %q %s", code, out, errOut)
 	}
 }
