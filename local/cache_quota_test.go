@@ -3,36 +3,17 @@
 package local
 
 import (
-	"bytes"
 	"context"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate/sandbox"
 )
-
-// lockedBuffer is a log's destination read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestCacheDiskQuota: a cache's growth is written back only while its
 // owner's caches stay within the limit its disk quota leaves them
@@ -45,7 +26,7 @@ func (l *lockedBuffer) String() string {
 func TestCacheDiskQuota(t *testing.T) {
 	b := newBackend(t, 0)
 	b.caches.dir, b.caches.max = t.TempDir(), 1<<30
-	var logged lockedBuffer
+	var logged testkit.Log
 	b.caches.log = slog.New(slog.NewTextHandler(&logged, nil))
 	ctx := context.Background()
 	const limit = 3 << 20

@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -29,29 +28,11 @@ import (
 // leaseTTL is the tests' lease: renewed every 0.67 s, trusted 1.6 s.
 const leaseTTL = 2 * time.Second
 
-// lockedBuffer is a server's log.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // clockServer is an engine, its store handle and its log.
 type clockServer struct {
 	*engine.Engine
 	db  *postgres.DB
-	log *lockedBuffer
+	log *testkit.Log
 }
 
 // startSkewed starts a server on the database at url whose host's clock
@@ -60,7 +41,7 @@ type clockServer struct {
 // failed.
 func startSkewed(t *testing.T, url string, fake *sandboxtest.Fake, skew time.Duration) *clockServer {
 	t.Helper()
-	log := &lockedBuffer{}
+	log := &testkit.Log{}
 	db := open(t, url)
 	eng := startEngine(t, db, fake, engine.Config{MaxConcurrent: 8, PollInterval: 200 * time.Millisecond,
 		HeartbeatThreshold: 4 * time.Second, Logger: slog.New(slog.NewTextHandler(log, nil)),
