@@ -108,27 +108,25 @@ func TestTimeoutWithoutServer(t *testing.T) {
 }
 
 // readPIDFile reads a pid file the sandbox supervisor writes just after
-// the job starts (so it may need a moment to appear).
+// the job starts (so it may need a moment to appear, and is empty for a
+// moment: the helpers create it, then write it).
 func readPIDFile(t *testing.T, path string) int {
 	t.Helper()
 	var (
-		b   []byte
+		pid int
 		err error
 	)
 	for range 100 {
+		var b []byte
 		if b, err = os.ReadFile(path); err == nil {
-			break
+			if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				return pid
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
+	t.Fatalf("%s: %v", path, err)
+	return 0
 }
 
 // TestKillAfterCompletion: the server is killed (SIGKILL) right after it
