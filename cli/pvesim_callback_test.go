@@ -1,13 +1,12 @@
 package cli
 
 import (
-	"bufio"
 	"context"
+	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,26 +30,11 @@ func TestPveSimCallback(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 
 	guests := t.TempDir() // removed after the simulator closed
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- cmdPveSim(ctx, Config{CallbackHost: "0.0.0.0", CallbackPort: port}, []string{"--listen", "127.0.0.1:0",
-			"--task-delay", "30ms", "--boot-delay", "300ms", "--sandbox-dir", guests}, pw, io.Discard)
-		pw.Close()
-	}()
-	t.Cleanup(func() {
-		cancel()
-		go io.Copy(io.Discard, pr)
-		<-done
+	env := testsim.Printed(t, func(ctx context.Context, stdout io.Writer) {
+		cmdPveSim(ctx, Config{CallbackHost: "0.0.0.0", CallbackPort: port}, []string{"--listen", "127.0.0.1:0",
+			"--task-delay", "30ms", "--boot-delay", "300ms", "--sandbox-dir", guests}, stdout, io.Discard)
 	})
-	env := map[string]string{}
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() && !strings.HasPrefix(sc.Text(), "# pvesim runs as pid") {
-		if k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "="); ok {
-			env[k] = strings.Trim(v, "'")
-		}
-	}
+	ctx := t.Context()
 	want := "http://10.0.0.5:" + strconv.Itoa(port)
 	if env["CALLBACK_PUBLIC_URL"] != want {
 		t.Fatalf("CALLBACK_PUBLIC_URL=%q, want %q (env %v)", env["CALLBACK_PUBLIC_URL"], want, env)

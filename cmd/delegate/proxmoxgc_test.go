@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
+	"github.com/delegate-dev/delegate/internal/testkit/testsim"
 	"io"
 	"slices"
 	"strconv"
@@ -21,27 +21,11 @@ import (
 func pveSim(t *testing.T, nodes int) (map[string]string, *pve.Client) {
 	t.Helper()
 	guests := t.TempDir() // removed after the simulator closed
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		done <- cli.Execute(ctx, cli.Program{Stdout: pw, Stderr: io.Discard, Getenv: func(string) string { return "" }},
+	env := testsim.Printed(t, func(ctx context.Context, stdout io.Writer) {
+		cli.Execute(ctx, cli.Program{Stdout: stdout, Stderr: io.Discard, Getenv: func(string) string { return "" }},
 			[]string{"pve-sim", "--listen", "127.0.0.1:0", "--nodes", strconv.Itoa(nodes),
 				"--task-delay", "20ms", "--boot-delay", "200ms", "--sandbox-dir", guests})
-		pw.Close()
-	}()
-	t.Cleanup(func() {
-		cancel()
-		go io.Copy(io.Discard, pr)
-		<-done
 	})
-	env := map[string]string{}
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() && !strings.HasPrefix(sc.Text(), "# pvesim runs as pid") {
-		if k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "="); ok {
-			env[k] = strings.Trim(v, "'")
-		}
-	}
 	port, _ := strconv.Atoi(env["PROXMOX_PORT"])
 	c, err := pve.New(pve.Config{Host: env["PROXMOX_HOST"], Port: port, User: env["PROXMOX_USER"], TokenName: env["PROXMOX_TOKEN_NAME"],
 		TokenValue: env["PROXMOX_TOKEN_VALUE"], SSLMode: pve.SSLVerify, Fingerprint: env["PROXMOX_FINGERPRINT"], TaskPollInterval: 20 * time.Millisecond})

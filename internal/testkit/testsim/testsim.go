@@ -3,7 +3,10 @@
 package testsim
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,4 +37,33 @@ func Start(t testing.TB, nodes []pvesim.NodeSpec, tune func(*pvesim.Options)) *p
 	}
 	t.Cleanup(func() { sim.Close() })
 	return sim
+}
+
+// Printed runs a `delegate pve-sim` (run, given a context and its
+// stdout) until the test ends, and returns the settings it prints
+// (`export KEY='value'` lines, up to the line saying it runs). run's
+// context is cancelled at the test's end, and waited for.
+func Printed(t testing.TB, run func(ctx context.Context, stdout io.Writer)) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(ctx, pw)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		go io.Copy(io.Discard, pr)
+		<-done
+	})
+	env := map[string]string{}
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "# pvesim runs as pid") {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "="); ok {
+			env[k] = strings.Trim(v, "'")
+		}
+	}
+	return env
 }
