@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -70,15 +69,9 @@ func BenchmarkLocalFork(b *testing.B) {
 	var cpa, fromCP, fromSB []time.Duration
 	for b.Loop() {
 		for r := range rounds {
-			dst := filepath.Join(scratch, fmt.Sprint(r))
-			t0 := time.Now()
-			if out, err := exec.Command("cp", "-a", ws+"/.", dst).CombinedOutput(); err != nil {
-				b.Fatalf("cp -a: %v %s", err, out)
-			}
-			cpa = append(cpa, time.Since(t0))
-			os.RemoveAll(dst)
+			cpa = append(cpa, testkit.TimeCopy(b, ws, filepath.Join(scratch, fmt.Sprint(r))))
 
-			t0 = time.Now()
+			t0 := time.Now()
 			forks, err := eng.ForkSandbox(ctx, delegate.ForkSpec{From: cp.ID, Count: 4})
 			if err != nil {
 				b.Fatal(err)

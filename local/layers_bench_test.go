@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -51,13 +50,7 @@ func BenchmarkCheckpointFork(b *testing.B) {
 	var cp, cpc, rb, fk, fks, op []time.Duration
 	for b.Loop() {
 		for r := range rounds {
-			dst := filepath.Join(scratch, fmt.Sprint(r))
-			t0 := time.Now()
-			if out, err := exec.Command("cp", "-a", ws+"/.", dst).CombinedOutput(); err != nil {
-				b.Fatalf("cp -a: %v %s", err, out)
-			}
-			cpc = append(cpc, time.Since(t0))
-			os.RemoveAll(dst)
+			cpc = append(cpc, testkit.TimeCopy(b, ws, filepath.Join(scratch, fmt.Sprint(r))))
 
 			// A file written since the last cut (the rollback's): the
 			// checkpoint freezes a layer, as one after work does (a
@@ -67,7 +60,7 @@ func BenchmarkCheckpointFork(b *testing.B) {
 				b.Fatal(err)
 			}
 			os.Chown(note, owner, owner)
-			t0 = time.Now()
+			t0 := time.Now()
 			c := checkpointB(b, src)
 			cp = append(cp, time.Since(t0))
 

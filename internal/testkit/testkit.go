@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -139,4 +140,17 @@ func FillTree(tb testing.TB, dir string, files, size, uid int) {
 			tb.Fatal(err)
 		}
 	}
+}
+
+// TimeCopy times `cp -a src/. dst` (the plain copy checkpoint and fork
+// figures are set against), then removes dst.
+func TimeCopy(tb testing.TB, src, dst string) time.Duration {
+	tb.Helper()
+	t0 := time.Now()
+	if out, err := exec.Command("cp", "-a", src+"/.", dst).CombinedOutput(); err != nil {
+		tb.Fatalf("cp -a: %v %s", err, out)
+	}
+	took := time.Since(t0)
+	os.RemoveAll(dst)
+	return took
 }
