@@ -204,11 +204,7 @@ func (r *workspaces) importWorkspace(ctx context.Context, a *attempt, step func(
 			r.progress.event(a.job.ID, "workspace: skipped "+sk, now)
 		}
 	}
-	data, err := json.Marshal(base)
-	if err != nil {
-		return err
-	}
-	return r.store.SaveBaseline(ctx, a.job.ID, dir, data)
+	return r.store.SaveBaseline(ctx, a.job.ID, dir, base.JSON())
 }
 
 // clone fetches a git source into a directory of the job's own, owned by
@@ -306,20 +302,19 @@ func (r *workspaces) collectChanges(ctx context.Context, id string, inst sandbox
 // changes reads the workspace back and compares it with the baseline: in
 // place where the server reaches it, else through the archive.
 func (r *workspaces) changes(ctx context.Context, j *delegate.Job, jw *delegate.JobWorkspace, src *delegate.WorkspaceSource, inst sandbox.Instance) (delegate.WorkspaceChanges, []byte, error) {
-	var base workspace.Baseline
-	if err := json.Unmarshal(jw.Baseline, &base); err != nil {
+	base, err := workspace.ParseBaseline(jw.Baseline)
+	if err != nil {
 		return delegate.WorkspaceChanges{}, nil, fmt.Errorf("the stored baseline: %w", err)
 	}
 	opts := workspace.ChangesOptions{MaxBytes: maxChangesBytes}
 	var cs *workspace.Changes
-	var err error
 	switch s := inst.(type) {
 	case sandbox.HostWorkspace:
-		cs, err = workspace.DirChanges(ctx, &base, s.WorkspaceDir(), opts)
+		cs, err = workspace.DirChanges(ctx, base, s.WorkspaceDir(), opts)
 	case sandbox.Archiver:
 		var rc io.ReadCloser
 		if rc, err = s.GetArchive(ctx); err == nil {
-			cs, err = workspace.ReadChanges(ctx, &base, rc, opts)
+			cs, err = workspace.ReadChanges(ctx, base, rc, opts)
 			rc.Close()
 		}
 	default:

@@ -140,7 +140,9 @@ func (s *WorkspaceStore) JobWorkspace(ctx context.Context, id string) (*delegate
 // compressed it is a sixth of that (see BenchmarkBaselineSize). Values
 // are stored gzipped when over compressMin, or when they start like gzip
 // (so that reading back never mistakes one stored as given); a value
-// stored before (plain JSON) reads as it was.
+// stored before (plain JSON) reads as it was. Gzip's fastest level: the
+// baseline is stored before a job starts, and level 6 took 28 ms of a
+// 10,000-file import for 7 % less (508 against 548 KB; issue 41, item 3).
 const compressMin = 512
 
 var gzipMagic = []byte{0x1f, 0x8b}
@@ -150,7 +152,7 @@ func compress(b []byte) ([]byte, error) {
 		return b, nil
 	}
 	var buf bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
 	if err != nil {
 		return nil, err
 	}
