@@ -71,7 +71,7 @@ func stores(b *testing.B, async bool) map[string]func() delegate.Store {
 // run slot, taken by a job that runs until the end: what is submitted
 // then waits, stored, as pending.
 // Each of set changes its configuration first.
-func newEngine(b *testing.B, store delegate.Store, set ...func(*engine.Config)) *engine.Engine {
+func newEngine(b testing.TB, store delegate.Store, set ...func(*engine.Config)) *engine.Engine {
 	b.Helper()
 	cfg := engine.Config{MaxConcurrent: 1, PollInterval: time.Second,
 		Defaults: delegate.Defaults{Timeout: 60, CPU: 1, Memory: "64M", Disk: "16M"}, ArtifactDir: b.TempDir()}
@@ -517,4 +517,185 @@ func load1() float64 {
 	f, _, _ := strings.Cut(string(b), " ")
 	v, _ := strconv.ParseFloat(f, 64)
 	return v
+}
+
+// BenchmarkSubmitFlush: what a durable submit waits for on this disk,
+// beside SQLite's whole submit, in one run (docs/BENCHMARKS.md, "What the
+// disk's flush costs"):
+//
+//	go test -run X -bench SubmitFlush -benchtime 400x ./postgres/
+//
+// Three PostgreSQL 15 servers of their own, each as Debian ships it but
+// for one setting: the defaults (wal_sync_method=fdatasync on Linux),
+// wal_sync_method=open_datasync (the WAL opened O_DSYNC: a write is
+// flushed as it is made), and commit_delay=100 µs with commit_siblings=2
+// (a committing backend waits that long for others to join its flush,
+// when at least two others are in a transaction); every one with fsync
+// and synchronous_commit=on, full_page_writes on. Alternating in blocks
+// of 20: a submit on SQLite (WAL, synchronous=NORMAL), one on each
+// server, and the bare flush in the default server's directory (8 KiB
+// written, then fdatasync: what the WAL's flush is made of; and the
+// same written through an O_DSYNC descriptor). Then concurrent submits
+// (three engines, four clients each, as three servers on one database)
+// on the default server and on the commit_delay one, alternating.
+func BenchmarkSubmitFlush(b *testing.B) {
+	ctx := context.Background()
+	servers := map[string]*pgtest.Server{
+		"pg":               pgtest.Own(b, pgtest.Options{Durable: true}),
+		"pg-open_datasync": pgtest.Own(b, pgtest.Options{Durable: true, Settings: map[string]string{"wal_sync_method": "open_datasync"}}),
+		"pg-commit_delay":  pgtest.Own(b, pgtest.Options{Durable: true, Settings: map[string]string{"commit_delay": "100", "commit_siblings": "2"}}),
+	}
+	urls := map[string]string{}
+	for name, srv := range servers {
+		urls[name] = srv.NewDatabase(b)
+		var got [6]string
+		c, err := pgx.Connect(ctx, urls[name])
+		if err != nil {
+			b.Fatal(err)
+		}
+		err = c.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('full_page_writes'),
+			current_setting('wal_sync_method'), current_setting('commit_delay'), current_setting('wal_buffers')`).Scan(&got[0], &got[1], &got[2], &got[3], &got[4], &got[5])
+		c.Close(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got[0] != "on" || got[1] != "on" || got[2] != "on" {
+			b.Fatalf("%s: fsync=%s synchronous_commit=%s full_page_writes=%s: not durable", name, got[0], got[1], got[2])
+		}
+		b.Logf("%s: fsync=%s synchronous_commit=%s full_page_writes=%s wal_sync_method=%s commit_delay=%s wal_buffers=%s", name, got[0], got[1], got[2], got[3], got[4], got[5])
+	}
+	lite, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "jobs.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { lite.Close() })
+	engines := map[string]*engine.Engine{"sqlite": newEngine(b, lite)}
+	for name, url := range urls {
+		engines[name] = newEngine(b, open(b, url))
+	}
+	probe := func(flag int) *os.File {
+		f, err := os.OpenFile(filepath.Join(servers["pg"].Dir(), fmt.Sprintf("flush-probe-%d", flag)), os.O_CREATE|os.O_WRONLY|flag, 0o600)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { f.Close() })
+		return f
+	}
+	plain, dsync, wal := probe(0), probe(syncFlag), probe(0)
+	page := make([]byte, 8192)
+	// wal is laid out as a WAL segment is: 16 MiB written and flushed
+	// before use, then written 8 KiB after 8 KiB, each flushed.
+	const segment = 16 << 20
+	if _, err := wal.WriteAt(make([]byte, segment), 0); err != nil {
+		b.Fatal(err)
+	}
+	if err := wal.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	var walAt int64
+	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "make test", Env: map[string]string{"A": "b"}}
+	took := map[string][]time.Duration{}
+	timed := func(name string, fn func() error) {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		took[name] = append(took[name], time.Since(t0))
+	}
+	submit := func(name string) func() {
+		return func() {
+			timed(name, func() error { _, err := engines[name].Submit(ctx, m, delegate.SubmitOptions{}); return err })
+		}
+	}
+	steps := []func(){submit("sqlite"), submit("pg"), submit("pg-open_datasync"), submit("pg-commit_delay"),
+		func() {
+			timed("fdatasync", func() error {
+				if _, err := plain.WriteAt(page, 0); err != nil {
+					return err
+				}
+				return datasync(plain)
+			})
+		},
+		func() {
+			timed("fdatasync-append", func() error {
+				if _, err := wal.WriteAt(page, walAt); err != nil {
+					return err
+				}
+				walAt = (walAt + int64(len(page))) % segment
+				return datasync(wal)
+			})
+		},
+		func() { timed("o_dsync", func() error { _, err := dsync.WriteAt(page, 0); return err }) },
+	}
+	// Three servers' engines on each of two databases, four clients each:
+	// 48 submits a batch.
+	const clients, per = 4, 4
+	concurrent := func(name string) func() {
+		var es []*engine.Engine
+		for range 3 {
+			es = append(es, newEngine(b, open(b, urls[name])))
+		}
+		return func() {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			t0 := time.Now()
+			for _, e := range es {
+				for range clients {
+					wg.Go(func() {
+						for range per {
+							s0 := time.Now()
+							if _, err := e.Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
+								b.Error(err)
+								return
+							}
+							mu.Lock()
+							took[name+"-concurrent"] = append(took[name+"-concurrent"], time.Since(s0))
+							mu.Unlock()
+						}
+					})
+				}
+			}
+			wg.Wait()
+			took[name+"-batch"] = append(took[name+"-batch"], time.Since(t0))
+		}
+	}
+	batches := []func(){concurrent("pg"), concurrent("pg-commit_delay")}
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 20 {
+		for _, step := range steps {
+			for range min(20, b.N-i) {
+				step()
+			}
+		}
+		for _, batch := range batches {
+			batch()
+		}
+	}
+	b.StopTimer()
+	p := func(name string, q float64) float64 {
+		s := slices.Clone(took[name])
+		slices.Sort(s)
+		return ms(s[min(int(q*float64(len(s))), len(s)-1)])
+	}
+	base := p("sqlite", 0.5)
+	for _, name := range []string{"sqlite", "pg", "pg-open_datasync", "pg-commit_delay", "fdatasync", "fdatasync-append", "o_dsync"} {
+		b.ReportMetric(p(name, 0.5), name+"-p50-ms")
+	}
+	for _, q := range []float64{0.1, 0.9, 0.99} {
+		b.ReportMetric(p("fdatasync", q), fmt.Sprintf("fdatasync-p%d-ms", int(q*100)))
+		b.ReportMetric(p("pg", q), fmt.Sprintf("pg-p%d-ms", int(q*100)))
+	}
+	b.ReportMetric(p("pg", 0.5)/base, "pg/sqlite")
+	b.ReportMetric(p("fdatasync", 0.5)/base, "fdatasync/sqlite")
+	b.ReportMetric(p("pg-open_datasync", 0.5)/base, "open_datasync/sqlite")
+	b.ReportMetric(p("pg-commit_delay", 0.5)/base, "commit_delay/sqlite")
+	for _, name := range []string{"pg", "pg-commit_delay"} {
+		var sum time.Duration
+		for _, d := range took[name+"-batch"] {
+			sum += d
+		}
+		b.ReportMetric(float64(len(took[name+"-concurrent"]))/sum.Seconds(), name+"-concurrent/s")
+		b.ReportMetric(p(name+"-concurrent", 0.5), name+"-concurrent-p50-ms")
+	}
+	b.ReportMetric(load1(), "loadavg")
 }

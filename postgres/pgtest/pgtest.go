@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -30,6 +31,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,6 +61,10 @@ type Options struct {
 	// TCP has the server listen on a loopback TCP port too (OverTCP), as
 	// servers on other hosts reach a database; the Unix socket stays.
 	TCP bool
+	// Settings are more of the server's settings (name to value), each
+	// given as -c name=value after the others: a benchmark compares
+	// wal_sync_method or commit_delay, which the server reads at start.
+	Settings map[string]string
 }
 
 var (
@@ -208,6 +214,9 @@ func Start(opts Options) (*Server, error) {
 	}
 	if !opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	for _, name := range slices.Sorted(maps.Keys(opts.Settings)) {
+		args = append(args, "-c", name+"="+opts.Settings[name])
 	}
 	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
