@@ -77,6 +77,29 @@ var kinds = []struct {
 	{ErrUnavailable, KindUnavailable},
 }
 
+// ParseKind is the kind named name (its String); KindInternal for a name
+// of no kind.
+func ParseKind(name string) Kind {
+	for k, n := range kindNames {
+		if n == name {
+			return Kind(k)
+		}
+	}
+	return KindInternal
+}
+
+// Sentinel is the error of this package that errors of kind k wrap (nil
+// for KindInternal): an error that crossed to another process by its kind
+// (a forwarded command's refusal) is made to wrap it again there.
+func (k Kind) Sentinel() error {
+	for i := len(kinds) - 1; i >= 0; i-- { // ErrConflict before ErrInvalidTransition
+		if kinds[i].kind == k {
+			return kinds[i].err
+		}
+	}
+	return nil
+}
+
 // ErrorKind classifies err by the sentinel of this package it wraps;
 // KindInternal when it wraps none (and for nil, which is no failure to
 // classify: check err first).

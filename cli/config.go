@@ -44,6 +44,11 @@ type Config struct {
 	// (DELEGATE_HOST_ID; "": the kernel's boot id).
 	LeaseTTL time.Duration
 	HostID   string
+	// AdvertiseURL is where the other servers of a shared store reach
+	// this one's --http listener, to forward it the commands for its
+	// local kept sandboxes (DELEGATE_ADVERTISE_URL; "": the listener's
+	// address, the host's name for an address of every interface).
+	AdvertiseURL string
 	// ArtifactDir holds artifact files by sha256 (DELEGATE_ARTIFACT_DIR;
 	// "": DataDir/artifacts). On PostgreSQL the store keeps them: it holds
 	// those collected before.
@@ -216,6 +221,7 @@ func envVars() []envVar {
 		{"DELEGATE_NOFILE", "from the host's file table, 1024 at most", "open files of each process of a local sandbox (RLIMIT_NOFILE, at most the server's)"},
 		{"DELEGATE_LEASE_TTL", "15s", "with DELEGATE_STORE: a server silent this long is dead to the others, which adopt its jobs (renewed every third of it)"},
 		{"DELEGATE_ARTIFACT_DIR", "DELEGATE_DATA_DIR/artifacts", "where artifact files are kept, by sha256 (on PostgreSQL the store keeps them: this holds those collected before)"},
+		{"DELEGATE_ADVERTISE_URL", "http(s)://the --http address", "with DELEGATE_STORE: where the other servers reach this one's --http listener, to forward it commands for its local kept sandboxes"},
 		{"DELEGATE_HOST_ID", "the kernel's boot id", "with DELEGATE_STORE: names this host; local sandboxes are taken over only by a server with the same"},
 		{"CLEANUP_INTERVAL_SECONDS", strconv.Itoa(int(delegate.DefaultCleanupInterval.Seconds())), "how often orphaned sandboxes are looked for"},
 		{"CALLBACK_HOST", defaultCallbackHost, "address the callback server binds"},
@@ -393,6 +399,14 @@ func loadConfig(getenv func(string) string, host hostInfo) (Config, error) {
 		c.LeaseTTL = n
 	}
 	str("DELEGATE_HOST_ID", &c.HostID)
+	if v := getenv("DELEGATE_ADVERTISE_URL"); v != "" {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" {
+			bad("DELEGATE_ADVERTISE_URL", "must be an http(s) URL of this server's --http listener, without a path, like http://10.0.0.5:8080")
+		} else {
+			c.AdvertiseURL = strings.TrimSuffix(v, "/")
+		}
+	}
 	str("DELEGATE_ARTIFACT_DIR", &c.ArtifactDir)
 	cleanup := int(c.CleanupInterval.Seconds())
 	intIn("CLEANUP_INTERVAL_SECONDS", 1, 86400, &cleanup)

@@ -209,24 +209,34 @@ func (e *Engine) PoolKeeper() bool {
 }
 
 // keptElsewhere refuses a command for a local kept sandbox on another
-// host: only a server on its host reaches it. The error names the server
-// that holds it, and where it serves.
-func keptElsewhere(l *leaser, sb *delegate.Sandbox) error {
-	if l == nil || sb.Backend != "local" || sb.Owner == "" || sb.Owner == l.me.ID || l.onThisHost(sb.Owner) {
-		return nil
+// host: only a server on its host reaches it. A holder this server has not
+// seen yet (it started since the last renewal) is looked up in the store. The error names the server
+// that holds it, and where it serves; holder is that server while its
+// lease is live (the command may be forwarded to it), nil when it is gone.
+func keptElsewhere(ctx context.Context, l *leaser, sb *delegate.Sandbox) (holder *delegate.Server, refusal *delegate.FieldError) {
+	if l == nil || sb.Backend != "local" || sb.Owner == "" || sb.Owner == l.me.ID {
+		return nil, nil
 	}
-	holder, ok := l.server(sb.Owner)
+	srv, ok := l.server(sb.Owner)
+	if !ok {
+		// A server that started since the last renewal read the leases.
+		l.refresh(ctx)
+		srv, ok = l.server(sb.Owner)
+	}
+	if l.onThisHost(sb.Owner) {
+		return nil, nil
+	}
 	switch {
 	case !ok || !l.alive(sb.Owner):
 		_, host := l.hostOf(sb.Owner)
-		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+		return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
 			"sandbox %s is a local sandbox on host %s, whose server %s is gone: no server here can reach it; open a new sandbox", sb.ID, host, sb.Owner)}
-	case holder.Addr != "":
-		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
-			"sandbox %s is a local sandbox on host %s, held by server %s (%s): send the command to that server", sb.ID, holder.Host, holder.ID, holder.Addr)}
+	case srv.Addr != "":
+		return &srv, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+			"sandbox %s is a local sandbox on host %s, held by server %s (%s): send the command to that server", sb.ID, srv.Host, srv.ID, srv.Addr)}
 	default:
-		return &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
-			"sandbox %s is a local sandbox on host %s, held by server %s: send the command to that server", sb.ID, holder.Host, holder.ID)}
+		return &srv, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+			"sandbox %s is a local sandbox on host %s, held by server %s: send the command to that server", sb.ID, srv.Host, srv.ID)}
 	}
 }
 

@@ -56,6 +56,7 @@ type Engine struct {
 	*keeper       // delegate.SandboxService
 	*sandboxFiles // delegate.SandboxService: the files
 	*forks        // delegate.CheckpointService
+	*forwarder    // delegate.ForwardService: commands for kept sandboxes, between servers
 
 	cfg   Config
 	log   *slog.Logger
@@ -81,6 +82,7 @@ type Engine struct {
 var (
 	_ delegate.SandboxService    = (*Engine)(nil)
 	_ delegate.CheckpointService = (*Engine)(nil)
+	_ delegate.ForwardService    = (*Engine)(nil)
 )
 
 // errNoBackend: an engine made without a backend (to read jobs) was asked
@@ -149,7 +151,8 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	e := &Engine{Reader: read, keeper: keep, sandboxFiles: &sandboxFiles{keeper: keep}, forks: fk, cfg: cfg, log: log, owner: owner,
 		life: life, backend: ref, room: room, jobs: jobs, progress: progress, callbacks: cb, questions: qs, sched: sched,
 		runs: runs, starter: start, orphans: orph, maint: maint, space: space{dir: cfg.DataDir, floor: cfg.MinFree},
-		audit: auditor{store: store, log: log}, leases: lease}
+		audit: auditor{store: store, log: log}, leases: lease, forwarder: newForwarder(lease, store, log)}
+	e.forwarder.submitAs = e.Submit
 	return e
 }
 
@@ -168,6 +171,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		if err := e.leases.register(ctx); err != nil {
 			return fmt.Errorf("register this server in the store: %w", err)
 		}
+	}
+	if err := e.forwarder.start(ctx); err != nil {
+		return err
 	}
 	if err := e.maint.start(ctx, e.life); err != nil {
 		return err

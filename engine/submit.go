@@ -57,8 +57,13 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		if sb.Backend != backend.Name() {
 			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
 		}
-		if err := keptElsewhere(e.leases, sb); err != nil {
-			return nil, err
+		if holder, refusal := keptElsewhere(ctx, e.leases, sb); refusal != nil {
+			if holder == nil {
+				return nil, refusal
+			}
+			// Run by the server that holds it: forwarded there, as
+			// submitted (that server applies its defaults).
+			return e.forwarder.send(ctx, *holder, m, opts, refusal)
 		}
 		// Refused now rather than accepted and failed when it starts
 		// (its start checks again: submissions may race).
@@ -125,8 +130,12 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	}
 	admit := admitter(ctx, e.cfg.Quotas, need)
 	now := time.Now().UTC()
+	id := newJobID()
+	if fwd := forwardedOf(ctx); fwd != nil {
+		id = fwd.JobID // the sender's choice: it finds the job by it if this answer is lost
+	}
 	job := &delegate.Job{
-		ID:        newJobID(),
+		ID:        id,
 		Manifest:  m,
 		Status:    delegate.StatusPending,
 		Progress:  "queued",
@@ -161,6 +170,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	detail := string(m.AgentType)
 	if kept != nil {
 		detail += " in sandbox " + kept.ID
+	}
+	if fwd := forwardedOf(ctx); fwd != nil {
+		detail += ", forwarded by server " + fwd.From
 	}
 	// Stored with the job where the store can (one commit, not two).
 	entry := e.audit.entry(ctx, delegate.AuditSubmitted, job.ID, detail)

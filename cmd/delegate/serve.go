@@ -48,8 +48,22 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	if runsJobs {
 		callbacks, callbackURL = listenCallbacks(cfg, log)
 	}
+	// The --http listener first: its address goes in this server's lease,
+	// where the other servers of a shared store find it.
+	var ln net.Listener
+	var advertise string
+	if opts.HTTPAddr != "" {
+		if ln, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+			if callbacks != nil {
+				callbacks.Close()
+			}
+			return fmt.Errorf("--http: %w", err)
+		}
+		defer ln.Close() // (served, it is closed by its server first)
+		advertise = advertised(cfg.AdvertiseURL, ln.Addr(), opts.TLSCert != "")
+	}
 	a, err := openApp(ctx, cfg, log, appOptions{RunJobs: runsJobs, CallbackURL: callbackURL, Metrics: met,
-		Serve: true, Addr: opts.HTTPAddr})
+		Serve: true, Addr: advertise})
 	if err != nil {
 		if callbacks != nil {
 			callbacks.Close()
@@ -102,7 +116,31 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 		}
 		return err
 	}
-	return serveHTTP(ctx, g, cfg, opts, server, a, met, log)
+	return serveHTTP(ctx, g, cfg, opts, ln, server, a, met, log)
+}
+
+// advertised is where the other servers of a shared store reach this
+// one's --http listener: DELEGATE_ADVERTISE_URL, else the listener's
+// address (the host's name where it listens on every interface).
+func advertised(explicit string, addr net.Addr, tls bool) string {
+	if explicit != "" {
+		return explicit
+	}
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return scheme + addr.String()
+	}
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		if name, err := os.Hostname(); err == nil {
+			host = name
+		}
+	}
+	return scheme + net.JoinHostPort(host, strconv.Itoa(tcp.Port))
 }
 
 // serveUntil serves srv in g (serveFn is its Serve or ServeTLS) until ctx
@@ -144,11 +182,7 @@ func stdioProcs() {
 }
 
 // serveHTTP serves /mcp, the dashboard, /metrics and /health until ctx ends.
-func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.ServeOptions, server *mcp.Server, a *app, met *metrics.Metrics, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", opts.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("--http: %w", err)
-	}
+func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.ServeOptions, ln net.Listener, server *mcp.Server, a *app, met *metrics.Metrics, log *slog.Logger) error {
 	sessions := httpapi.LimitSessions(mcpserver.HTTPHandler(server, opts.SessionTimeout, log), opts.MaxSessions, opts.SessionTimeout)
 	met.CountSessions(sessions.Len)
 	// Every request is a principal's: the shared token's (the local
@@ -169,6 +203,10 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, cfg cli.Config, opts cli.
 	}
 	mux.Handle("/mcp", guard.Require(sessions))
 	mux.Handle("GET /metrics", guard.RequireScope(delegate.ScopeAdmin, "/metrics", met.Handler()))
+	// Commands other servers of a shared store forward here (for the
+	// local kept sandboxes this one holds): signed with the store's
+	// secret, not a user's token.
+	mux.Handle("POST "+delegate.ForwardPath, httpapi.ForwardHandler(a.eng, log))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
