@@ -58,22 +58,6 @@ int place_shim_fds(const char *id, int plan, int server) {
 	return 0;
 }
 
-/* give_back_stack returns to the kernel the stack's pages below this
- * frame and two more pages: an idle shim's, where the buffers of the
- * command it served lie dead (64 KiB and more), so that an idle shim
- * holds what it will use, not what it used. A page touched again comes
- * back zeroed, as a new stack's: a few page faults for the next
- * command. The range below the stack's lowest page is its guard gap,
- * where nothing is mapped (madvise skips it, saying ENOMEM). */
-static void __attribute__((noinline)) give_back_stack(void) {
-	char here;
-	uintptr_t page = 4096;
-	uintptr_t end = ((uintptr_t)&here - 2 * page) & ~(page - 1);
-	uintptr_t size = 256 << 10;
-	if (end > size)
-		madvise((void *)(end - size), size, MADV_DONTNEED);
-}
-
 /* shim_idle readies a command's shim whose command is recorded, and its
  * output closed, for the sandbox's next command: it closes all it had,
  * tells its keeper (IDLE_MAGIC) and waits for a command (start_shim),
@@ -100,10 +84,9 @@ int shim_idle(void) {
 	if (sock >= 0)
 		close(sock);
 	close(pair[0]);
-	give_back_stack();
-	drop_image_pages();
+	give_back_stack(); /* its command's buffers, at once */
 	struct pollfd q = {pair[1], POLLIN, 0};
-	if (k < 0 || poll(&q, 1, SHIM_IDLE_MS) <= 0) {
+	if (k < 0 || lean_poll(&q, 1, SHIM_IDLE_MS) <= 0) {
 		close(pair[1]);
 		return 0;
 	}
@@ -587,12 +570,11 @@ void spare_child(const struct plan *p, int sock, int cg) {
 	 * request is either sent before (and read here, taken) or refused
 	 * to the keeper (EPIPE), never lost with the spare. */
 	int recv_flags = MSG_CMSG_CLOEXEC;
-	drop_image_pages();
-	if (p->spare_idle_ms > 0) {
+	{
 		struct pollfd w = {3, POLLIN, 0};
 		int r;
 		do
-			r = poll(&w, 1, (int)p->spare_idle_ms);
+			r = lean_poll(&w, 1, p->spare_idle_ms > 0 ? (int)p->spare_idle_ms : -1);
 		while (r < 0 && errno == EINTR);
 		if (r == 0) {
 			shutdown(3, SHUT_RD);

@@ -3,6 +3,11 @@
 package local
 
 /*
+// -fno-plt: the C helpers call libc through the GOT, which the loader
+// fills at start, not through the PLT, whose page (and the 52 KiB
+// around it, the kernel's fault-around) a waiting helper would map
+// again at each call after it gave the binary's pages back (lean_poll).
+#cgo CFLAGS: -fno-plt
 #include <stdlib.h>
 const char *dsh_constants(void);
 const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv);

@@ -3,10 +3,12 @@
 package local
 
 import (
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -114,4 +116,78 @@ func TestCCgroups(t *testing.T) {
 			t.Errorf("%+v: Go reads %d OOM kills (%v), want %d", tt.set, n, err, tt.ooms)
 		}
 	}
+}
+
+// TestCHelperDataPages: every C variable with an initial value is named
+// in data_written (helper_linux.c), which keeps its page when a waiting
+// helper gives back the binary's file-backed data pages (lean_poll): such
+// a variable lies there, among pages that hold the file's content, and a
+// page given back would undo what the helper wrote to it. (Go's data,
+// the loader's tables and the C runtime's are never written in a helper:
+// the Go runtime never starts in one.) The C files are compiled here, as
+// cgo compiles them, and each object's initialised writable data read.
+func TestCHelperDataPages(t *testing.T) {
+	cc := strings.Fields(goEnv(t, "CC"))
+	if len(cc) == 0 {
+		t.Skip("no C compiler")
+	}
+	src, err := os.ReadFile("helper_linux.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(src)
+	if i := strings.Index(body, "static int data_written("); i >= 0 {
+		body = body[i:]
+		body = body[:strings.Index(body, "\n}\n")]
+	} else {
+		t.Fatal("helper_linux.c has no data_written")
+	}
+	files, err := filepath.Glob("*_linux.c")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no C files: %v", err)
+	}
+	var found []string
+	for _, file := range files {
+		obj := filepath.Join(t.TempDir(), file+".o")
+		args := append(cc[1:], "-O2", "-fno-plt", "-c", "-o", obj, file)
+		if out, err := exec.Command(cc[0], args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", cc[0], args, err, out)
+		}
+		f, err := elf.Open(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		syms, err := f.Symbols()
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range syms {
+			if s.Section >= elf.SHN_LORESERVE || int(s.Section) >= len(f.Sections) || s.Section == elf.SHN_UNDEF {
+				continue
+			}
+			sec := f.Sections[s.Section]
+			if sec.Type != elf.SHT_PROGBITS || sec.Flags&elf.SHF_WRITE == 0 || sec.Name == ".init_array" || sec.Name == ".fini_array" ||
+				elf.ST_TYPE(s.Info) != elf.STT_OBJECT {
+				continue
+			}
+			found = append(found, file+": "+s.Name)
+			if !strings.Contains(body, "&"+s.Name) {
+				t.Errorf("%s: the C variable %s has an initial value, in the binary's file-backed data: name it in data_written (helper_linux.c), or give it none", file, s.Name)
+			}
+		}
+	}
+	if !slices.Contains(found, "helper_linux.c: logfd") {
+		t.Errorf("the C variables with initial values found: %q, want logfd among them", found)
+	}
+}
+
+// goEnv is go env NAME.
+func goEnv(t *testing.T, name string) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", name).Output()
+	if err != nil {
+		t.Fatalf("go env %s: %v", name, err)
+	}
+	return strings.TrimSpace(string(out))
 }

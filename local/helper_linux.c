@@ -11,6 +11,7 @@
 #include "helper_linux.h"
 
 #include <link.h>
+#include <malloc.h>
 #include <sys/auxv.h>
 
 int write_all(int fd, const void *buf, size_t n) {
@@ -228,46 +229,62 @@ static void close_strays(void) {
 			close(fd);
 }
 
-/* The dispatch, at load time, before the Go runtime: cheap (one getenv)
- * in every process that is not a C shim. */
-/* image_random has the kernel map the pages of this binary one by one
- * as the helper touches them, not with the 64 KiB around each that it
- * maps on a page fault (fault-around): a helper runs a few pages of a
- * 47 MB binary, and every fault mapped its neighbours too, which a kept
- * sandbox's keeper and init then held as long as they lived (the
- * keeper: 200 KiB of the binary's data pages, where bubblewrap's whole
- * process holds 270 KiB; issue 41, item 5). */
-static void image_random(void) {
-	const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
-	size_t n = getauxval(AT_PHNUM);
-	if (ph == NULL)
-		return;
-	uintptr_t base = 0, page = (uintptr_t)sysconf(_SC_PAGESIZE);
-	for (size_t i = 0; i < n; i++)
-		if (ph[i].p_type == PT_PHDR)
-			base = (uintptr_t)ph - ph[i].p_vaddr; /* a position-independent binary's load address */
-	for (size_t i = 0; i < n; i++) {
-		if (ph[i].p_type != PT_LOAD)
-			continue;
-		uintptr_t a = (base + ph[i].p_vaddr) & ~(page - 1);
-		uintptr_t b = (base + ph[i].p_vaddr + ph[i].p_memsz + page - 1) & ~(page - 1);
-		madvise((void *)a, b - a, MADV_RANDOM);
+/* The start of .data (crt1's): what the writable segment holds before
+ * it (the GOT, written by the loader) is the loader's. */
+extern char __data_start[];
+
+/* data_written says whether the page at pg of the writable segment may
+ * hold what a C helper wrote, rather than the file's content: the
+ * loader's part (up to .data's first page), and the pages of the C
+ * variables that have initial values (all else the C code writes is in
+ * .bss, past the file's part, anonymous memory). A C variable with an
+ * initial value added elsewhere must be added here:
+ * TestCHelperDataPages fails until it is. Go's own data is never
+ * written in a helper: the Go runtime never starts in one. */
+static int data_written(uintptr_t pg, uintptr_t page) {
+	const struct {
+		const void *start;
+		size_t size;
+	} vars[] = {{&logfd, sizeof logfd}, {&report_fd, sizeof report_fd}, {&kept_fd, sizeof kept_fd}};
+	if (pg < (((uintptr_t)__data_start & ~(page - 1)) + page))
+		return 1;
+	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+		uintptr_t first = (uintptr_t)vars[i].start & ~(page - 1);
+		uintptr_t last = ((uintptr_t)vars[i].start + vars[i].size - 1) & ~(page - 1);
+		if (pg >= first && pg <= last)
+			return 1;
 	}
+	return 0;
 }
 
-/* drop_image_pages gives back, once per process, the pages of this
- * binary's code and read-only data the helper has mapped so far: those
- * the loader and its setup faulted in, with their neighbours, before
- * image_random took effect. It is called where a long-lived helper
- * waits (a kept sandbox's keeper, init, spare and idle shim): what it
- * runs when it wakes comes back page by page, a few minor faults from
- * the page cache (nothing is read from the disk again; the writable
- * data, which holds what the helper wrote, is left alone). */
-void drop_image_pages(void) {
-	static pid_t dropped;
-	if (dropped == getpid())
-		return;
-	dropped = getpid();
+/* drop_clean_data gives back the pages of the writable segment [a, b)
+ * that hold the file's content, never written (data_written): the
+ * fault-around that maps 64 KiB at each read of a C variable or of the
+ * GOT maps Go's data around them, ~200 KiB in each helper. */
+static void drop_clean_data(uintptr_t a, uintptr_t b, uintptr_t page) {
+	uintptr_t run = 0; /* the start of a run of pages to give back (0: none) */
+	for (uintptr_t pg = a; pg < b; pg += page) {
+		int keep = data_written(pg, page);
+		if (!keep && run == 0)
+			run = pg;
+		else if (keep && run != 0) {
+			madvise((void *)run, pg - run, MADV_DONTNEED);
+			run = 0;
+		}
+	}
+	if (run != 0)
+		madvise((void *)run, b - run, MADV_DONTNEED);
+}
+
+/* drop_image_pages gives back the pages of this binary a helper holds
+ * and has not written: its code and read-only data, and the writable
+ * segment's pages that hold the file's content (drop_clean_data). What
+ * the helper runs next comes back page by page (and the 64 KiB around
+ * each: the kernel's fault-around), minor faults from the page cache:
+ * nothing is read from the disk again, and what the helper wrote,
+ * anonymous memory, stays. The segments go last to first: the first
+ * holds the program headers this loop reads. */
+static void drop_image_pages(void) {
 	const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
 	size_t n = getauxval(AT_PHNUM);
 	if (ph == NULL)
@@ -276,21 +293,61 @@ void drop_image_pages(void) {
 	for (size_t i = 0; i < n; i++)
 		if (ph[i].p_type == PT_PHDR)
 			base = (uintptr_t)ph - ph[i].p_vaddr;
-	for (size_t i = 0; i < n; i++) {
-		if (ph[i].p_type != PT_LOAD || (ph[i].p_flags & PF_W))
+	for (size_t i = n; i-- > 0;) {
+		if (ph[i].p_type != PT_LOAD)
 			continue;
 		uintptr_t a = (base + ph[i].p_vaddr) & ~(page - 1);
 		uintptr_t b = (base + ph[i].p_vaddr + ph[i].p_filesz) & ~(page - 1); /* whole pages of the file only */
-		if (b > a)
+		if (b <= a)
+			continue;
+		if (ph[i].p_flags & PF_W)
+			drop_clean_data(a, b, page);
+		else
 			madvise((void *)a, b - a, MADV_DONTNEED);
 	}
 }
 
+/* give_back_stack returns to the kernel the stack's pages below this
+ * frame and two more pages, where the frames of what the helper did
+ * before it waits lie dead (the buffers of a command it served: 64 KiB
+ * and more), so that a waiting helper holds what it will use, not what
+ * it used. A page touched again comes back zeroed, as a new stack's. The
+ * range below the stack's lowest page is its guard gap, where nothing is
+ * mapped (madvise skips it, saying ENOMEM). */
+void __attribute__((noinline)) give_back_stack(void) {
+	char here;
+	uintptr_t page = 4096;
+	uintptr_t end = ((uintptr_t)&here - 2 * page) & ~(page - 1);
+	uintptr_t size = 256 << 10;
+	if (end > size)
+		madvise((void *)(end - size), size, MADV_DONTNEED);
+}
+
+/* lean_poll is poll for a long-lived helper's wait (a kept sandbox's
+ * keeper, init, spare and idle shim): once nothing has come for
+ * LEAN_AFTER_MS, the helper gives back what it holds and does not need
+ * while it waits (its dead stack, the binary's pages it has not written,
+ * its free heap) and waits on. A burst of commands never pays for it;
+ * a sandbox left idle holds, beside its anonymous memory, none of the
+ * 50 MB binary's file pages, whose union over its helpers was ~500 KiB:
+ * more than all of bubblewrap's processes (issue 41, item 5). */
+int lean_poll(struct pollfd *fds, nfds_t n, int timeout) {
+	int first = timeout < 0 || timeout > LEAN_AFTER_MS ? LEAN_AFTER_MS : timeout;
+	int r = poll(fds, n, first);
+	if (r != 0 || first == timeout)
+		return r;
+	give_back_stack();
+	malloc_trim(0);
+	drop_image_pages();
+	return poll(fds, n, timeout < 0 ? -1 : timeout - first);
+}
+
+/* The dispatch, at load time, before the Go runtime: cheap (one getenv)
+ * in every process that is not a C shim. */
 __attribute__((constructor)) static void delegate_sandbox_helper(void) {
 	const char *sel = getenv(SELECT_ENV);
 	if (sel == NULL || strcmp(sel, SELECT_C) != 0)
 		return;
-	image_random();
 	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;
@@ -382,3 +439,4 @@ const char *dsh_cgroups(int version, const char *memory, const char *cpu, const 
 	*ooms = cg_oom_kills(&p);
 	return buf;
 }
+

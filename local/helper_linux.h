@@ -143,6 +143,9 @@
 #define HANDOFF_MAGIC 0x44534831u
 #define SHIM_SERVES 256
 #define SHIM_IDLE_MS 30000
+/* LEAN_AFTER_MS: how long a helper waits before it gives back what it
+ * holds and does not need while it waits (lean_poll). */
+#define LEAN_AFTER_MS 1000
 #define IDLE_SHIMS 2
 #define FILE_SHIM_PID "shim.pid"
 #define DIR_EXECS "execs"
@@ -326,7 +329,8 @@ struct handoff {
 #pragma GCC visibility push(hidden)
 
 /* helper_linux.c: small tools. */
-void drop_image_pages(void);
+int lean_poll(struct pollfd *fds, nfds_t n, int timeout);
+void give_back_stack(void);
 int write_all(int fd, const void *buf, size_t n);
 char *read_all(int fd, size_t max, size_t *len);
 const char *errtext(int e);

@@ -566,8 +566,7 @@ int run_keeper(const struct plan *p, size_t cmdline_len) {
 			}
 			timeout = left_ns / 1000000 + 1 > 0x7fffffff ? 0x7fffffff : (int)(left_ns / 1000000 + 1);
 		}
-		drop_image_pages();
-		if (poll(fds, 2, timeout) < 0)
+		if (lean_poll(fds, 2, timeout) < 0)
 			continue;
 		if (fds[1].revents)
 			break;
@@ -634,8 +633,7 @@ void serve_commands(const struct plan *p) {
 	int spare_ended = 0, spare_ws = 0;
 	for (;;) {
 		struct pollfd fds[2] = {{4, POLLIN, 0}, {sfd, POLLIN, 0}};
-		drop_image_pages();
-		if (poll(fds, 2, -1) < 0)
+		if (lean_poll(fds, 2, -1) < 0)
 			continue;
 		if (fds[1].revents) {
 			struct signalfd_siginfo si;
