@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -58,10 +59,37 @@ type Program struct {
 	// (proxmox.go).
 	ProxmoxGC    ProxmoxGCFunc
 	ProxmoxDrain ProxmoxDrainFunc
+	// Dir is the directory relative paths of the command line are taken
+	// from ("": this process's own): the client's, for a command handed
+	// to a server (HandOff).
+	Dir string
+	// HandOff is set when the command line came from another process
+	// through a server's hand-off socket (internal/handoff, docs/cli.md):
+	// the command runs here only when it would run as it would in the
+	// process that sent it; otherwise Execute returns ExitDeclined having
+	// read and written nothing, and says why in HandOff.Declined.
+	HandOff *HandOff
 	// PollInterval is how often a command that follows a job reads it
 	// again (another process may be driving it). Default 200 ms.
 	PollInterval time.Duration
 }
+
+// HandOff is a server's side of a handed command (Program.HandOff).
+type HandOff struct {
+	// Server is the configuration the server runs with.
+	Server Config
+	// Declined is why the command was not run, when it was not.
+	Declined string
+}
+
+// ExitDeclined is what Execute returns for a handed command it did not
+// run (Program.HandOff); never a process's status.
+const ExitDeclined = -1
+
+// declined ends a handed command before it does anything.
+type declined struct{ why string }
+
+func (d declined) Error() string { return "handed command declined: " + d.why }
 
 // Services are the services the commands use, each by name: main wires
 // them (the engine is every one), so that a service the engine stops
@@ -157,6 +185,11 @@ func Execute(ctx context.Context, p Program, args []string) int {
 	if errors.As(err, &code) {
 		return int(code)
 	}
+	var d declined
+	if errors.As(err, &d) && p.HandOff != nil {
+		p.HandOff.Declined = d.why
+		return ExitDeclined
+	}
 	name := "delegate"
 	if cmd != nil {
 		name = cmd.CommandPath()
@@ -205,13 +238,27 @@ func (p *Program) root() *cobra.Command {
 			if cmd.Name() == "help" || cmd.Name() == "version" {
 				return nil // they read no configuration
 			}
+			if p.Dir != "" && !filepath.IsAbs(cfg.DataDir) {
+				cfg.DataDir = filepath.Join(p.Dir, cfg.DataDir)
+			}
+			var err error
 			if cfgErr != nil {
-				return configError{cfgErr}
+				err = configError{cfgErr}
+			} else if cerr := cfg.check(); cerr != nil {
+				err = usageError{cerr}
 			}
-			if err := cfg.check(); err != nil {
-				return usageError{err}
+			if p.HandOff != nil {
+				// Before anything is said: a refusal is silent, and the
+				// process that sent the command runs it (and says what
+				// is wrong with its settings).
+				if err != nil {
+					return declined{"the settings: " + err.Error()}
+				}
+				if why := p.HandOff.refusal(cmd, cfg); why != "" {
+					return declined{why}
+				}
 			}
-			return nil
+			return err
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {

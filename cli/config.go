@@ -257,10 +257,13 @@ func defaultDataDir(getenv func(string) string) string {
 	if d := getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "delegate")
 	}
-	if home, err := os.UserHomeDir(); err == nil {
+	// $HOME and $TMPDIR as getenv has them (os.UserHomeDir and
+	// os.TempDir read this process's): a command handed to a server is
+	// read with the environment of the process that sent it.
+	if home := getenv("HOME"); home != "" {
 		return filepath.Join(home, ".local", "state", "delegate")
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("delegate-%d", os.Getuid()))
+	return filepath.Join(cmp.Or(getenv("TMPDIR"), "/tmp"), fmt.Sprintf("delegate-%d", os.Getuid()))
 }
 
 // LoadConfig reads the environment. Every error names the variable.

@@ -19,13 +19,20 @@ func TestLoadConfig(t *testing.T) {
 		wantErr []string // every variable the error must name
 		check   func(t *testing.T, c Config)
 	}{
-		{"defaults", nil, nil, func(t *testing.T, c Config) {
+		// $HOME as getenv has it: a command handed to a server is read
+		// with its client's environment.
+		{"defaults", map[string]string{"HOME": "/home/u"}, nil, func(t *testing.T, c Config) {
 			if c.Defaults.Timeout != 3600 || c.Defaults.CPU != 2 || c.Defaults.Memory != "2G" || c.Defaults.Disk != "10G" ||
 				c.CleanupInterval != 30*time.Second || c.MaxConcurrent != 4 || c.OutputLimit != 4<<20 || c.Backend != "local" {
 				t.Errorf("defaults: %+v", c)
 			}
-			if !strings.HasSuffix(c.DataDir, "/delegate") {
+			if c.DataDir != "/home/u/.local/state/delegate" {
 				t.Errorf("data dir %q", c.DataDir)
+			}
+		}},
+		{"no home", map[string]string{"TMPDIR": "/scratch"}, nil, func(t *testing.T, c Config) {
+			if want := fmt.Sprintf("/scratch/delegate-%d", os.Getuid()); c.DataDir != want {
+				t.Errorf("data dir %q; want %q", c.DataDir, want)
 			}
 		}},
 		{"all set", map[string]string{

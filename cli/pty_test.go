@@ -8,55 +8,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/cli"
-	"golang.org/x/sys/unix"
+	"github.com/delegate-dev/delegate/internal/testkit"
 )
-
-// openPTY opens a pseudo-terminal pair: what is written to the terminal
-// end (tty) is read at the other (master), unchanged (no output
-// processing: a newline stays one byte).
-func openPTY(t *testing.T) (master, tty *os.File) {
-	t.Helper()
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals here: %v", err)
-	}
-	t.Cleanup(func() { master.Close() })
-	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetUint32(int(master.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tio, err := unix.IoctlGetTermios(int(tty.Fd()), unix.TCGETS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tio.Oflag &^= unix.OPOST
-	if err := unix.IoctlSetTermios(int(tty.Fd()), unix.TCSETS, tio); err != nil {
-		t.Fatal(err)
-	}
-	return master, tty
-}
 
 // onTerminal runs the command line with its stdout and stderr on one
 // terminal, and returns its exit code and what the terminal received.
 func onTerminal(t *testing.T, svc delegate.JobService, args ...string) (int, string) {
 	t.Helper()
-	master, tty := openPTY(t)
+	master, tty := testkit.OpenPTY(t)
 	var got bytes.Buffer
 	read := make(chan struct{})
 	go func() {

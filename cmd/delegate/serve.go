@@ -20,6 +20,8 @@ import (
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/httpauth"
+	"github.com/delegate-dev/delegate/internal/buildinfo"
+	"github.com/delegate-dev/delegate/internal/handoff"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -101,6 +103,11 @@ func serve(ctx context.Context, cfg cli.Config, opts cli.ServeOptions, log *slog
 	}
 	if runsJobs {
 		if err := a.eng.Start(ctx); err != nil {
+			return err
+		}
+	}
+	if runsJobs {
+		if err := serveHandOff(ctx, g, cfg, a, log); err != nil {
 			return err
 		}
 	}
@@ -286,4 +293,45 @@ func listenCallbacks(cfg cli.Config, log *slog.Logger) (net.Listener, string) {
 	}
 	log.Info("callback server listening", "addr", ln.Addr().String(), "public_url", cfg.CallbackPublicURL)
 	return ln, cfg.CallbackPublicURL
+}
+
+// serveHandOff takes the data dir's hand-off socket, when no other
+// server has it, and runs there the `delegate run` and `delegate exec`
+// commands handed to it (internal/handoff, docs/cli.md) over this
+// server's engine, as the CLI would run them in a process of its own.
+func serveHandOff(ctx context.Context, g *errgroup.Group, cfg cli.Config, a *app, log *slog.Logger) error {
+	hs, err := handoff.Listen(cfg.DataDir, log)
+	if err != nil {
+		// The CLI then runs its commands itself, as without a server.
+		log.Warn("the CLI's hand-off socket is not served", "err", err)
+		return nil
+	}
+	if hs == nil {
+		log.Debug("another server serves the CLI's hand-off socket", "data_dir", cfg.DataDir)
+		return nil
+	}
+	svc := cli.Services{Jobs: a.eng, Sandboxes: a.eng, Questions: a.eng, Network: a.eng, Workspaces: a.eng,
+		Retention: a.eng, Checkpoints: a.eng, Principals: engine.NewPrincipals(a.store, log)}
+	g.Go(func() error {
+		return hs.Serve(ctx, func(ctx context.Context, r *handoff.Request) (int, bool) {
+			if !handoff.HandedOff(r.Args) {
+				return 0, true
+			}
+			h := &cli.HandOff{Server: cfg}
+			code := cli.Execute(ctx, cli.Program{
+				Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr,
+				Getenv: r.Getenv, Version: buildinfo.Version(), Dir: r.Dir, HandOff: h,
+				Open: func(context.Context, cli.Config, *slog.Logger, bool) (cli.Services, func() error, error) {
+					return svc, func() error { return nil }, nil
+				},
+			}, r.Args)
+			if code == cli.ExitDeclined {
+				log.Debug("a handed command is run by its own process", "why", h.Declined, "pid", r.PID)
+				return 0, true
+			}
+			log.Debug("ran a command handed by its process", "pid", r.PID, "exit", code)
+			return code, false
+		})
+	})
+	return nil
 }

@@ -1,0 +1,222 @@
+//go:build linux
+
+package handoff
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// clientEnv makes this test binary a client: it hands its own command
+// line off (in a cgo build the C front end has done so before TestMain
+// runs; in a Go build Try does) and exits with the answer, or with
+// notHanded when the command was not handed off.
+const clientEnv = "HANDOFF_TEST_CLIENT"
+
+const notHanded = 99
+
+func TestMain(m *testing.M) {
+	if os.Getenv(clientEnv) == "1" {
+		if code, ok := Try(os.Args[1:]); ok {
+			os.Exit(code)
+		}
+		fmt.Fprintln(os.Stderr, "not handed off")
+		os.Exit(notHanded)
+	}
+	os.Exit(m.Run())
+}
+
+// testServer serves a temporary data dir with h until the test ends.
+func testServer(t *testing.T, h Handler) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "handoff-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	s, err := Listen(dir, slog.New(slog.DiscardHandler))
+	if err != nil || s == nil {
+		t.Fatalf("Listen: %v, %v", s, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, h) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, SocketName)); !os.IsNotExist(err) {
+			t.Errorf("the socket is left after Serve: %v", err)
+		}
+	})
+	return dir
+}
+
+// client is this test binary as a client of dataDir's server.
+func client(dataDir string, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), clientEnv+"=1", "DELEGATE_DATA_DIR="+dataDir, "HANDOFF_TEST_VAR=from the client")
+	return cmd
+}
+
+func exitStatus(t *testing.T, err error) int {
+	t.Helper()
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	t.Fatal(err)
+	return -1
+}
+
+// TestHandOff: the server gets the command line, the environment, the
+// working directory and the client's descriptors (its stdin read, its
+// stdout and stderr written by the server), and the client exits with
+// the server's status.
+func TestHandOff(t *testing.T) {
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
+		in, _ := io.ReadAll(r.Stdin)
+		fmt.Fprintf(r.Stdout, "args %q var %q dir %q stdin %q", r.Args, r.Getenv("HANDOFF_TEST_VAR"), r.Dir, in)
+		fmt.Fprint(r.Stderr, "on stderr")
+		return 42, false
+	})
+	cmd := client(dir, "run", "--script", "a b")
+	cmd.Dir = "/usr"
+	cmd.Stdin = strings.NewReader("input\x00bytes")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	code := exitStatus(t, cmd.Run())
+	want := `args ["run" "--script" "a b"] var "from the client" dir "/usr" stdin "input\x00bytes"`
+	if code != 42 || out.String() != want || errb.String() != "on stderr" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 42, %q, \"on stderr\"", code, out.String(), errb.String(), want)
+	}
+}
+
+// TestHandOffDeclined: a declined command, a command that is not run or
+// exec, and a data dir without a server all come back to the client.
+func TestHandOffDeclined(t *testing.T) {
+	asked := 0
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
+		asked++
+		return 0, true
+	})
+	for _, c := range []struct {
+		dir  string
+		args []string
+		asks int
+	}{
+		{dir, []string{"run", "--script", "true"}, 1},
+		{dir, []string{"--data-dir", dir, "exec", "sbx-x", "--", "true"}, 2},
+		{dir, []string{"jobs", "list"}, 2},
+		{t.TempDir(), []string{"run", "--script", "true"}, 2},
+		{"relative/dir", []string{"run", "--script", "true"}, 2},
+	} {
+		cmd := client(c.dir, c.args...)
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if code := exitStatus(t, cmd.Run()); code != notHanded || asked != c.asks {
+			t.Errorf("%s %q: exit %d (stderr %q), server asked %d times; want %d, %d", c.dir, c.args, code, errb.String(), asked, notHanded, c.asks)
+		}
+	}
+}
+
+// TestHandOffInterrupt: a SIGINT of the client ends the context of the
+// command in the server, and the client exits with what the command
+// then returns.
+func TestHandOffInterrupt(t *testing.T) {
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
+		fmt.Fprintln(r.Stdout, "started")
+		select {
+		case <-ctx.Done():
+			return 130, false
+		case <-time.After(time.Minute):
+			return 0, false
+		}
+	})
+	cmd := client(dir, "exec", "sbx-x", "--", "sleep", "60")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, len("started\n"))
+	if _, err := io.ReadFull(stdout, line); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGINT)
+	if code := exitStatus(t, cmd.Wait()); code != 130 || time.Since(start) > 30*time.Second {
+		t.Fatalf("exit %d after %v; want 130 at once", code, time.Since(start))
+	}
+}
+
+// TestHandOffRefusesOtherBinaries: a process of another binary is
+// declined before its request is read (it runs the command itself).
+func TestHandOffRefusesOtherBinaries(t *testing.T) {
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
+		t.Error("a request of another binary was served")
+		return 0, false
+	})
+	// python3 speaks the protocol as another program would.
+	py := `import socket,sys,struct,array
+s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+body=struct.pack('<I',1)+struct.pack('<I',3)+b'run'+struct.pack('<I',0)+struct.pack('<I',0)
+s.sendmsg([b'DLGH\x01'+struct.pack('<I',len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i',[0,1,2]))])
+s.sendall(body); print(s.recv(5))`
+	out, err := exec.Command("python3", "-c", py, filepath.Join(dir, SocketName)).CombinedOutput()
+	if err != nil {
+		t.Skipf("python3: %v %s", err, out)
+	}
+	if strings.TrimSpace(string(out)) != "b'D'" {
+		t.Fatalf("answer %s; want b'D'", out)
+	}
+}
+
+// TestSocketMode: the socket is its owner's alone, and a second server
+// of the same data dir leaves it to the first.
+func TestSocketMode(t *testing.T) {
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) { return 0, true })
+	fi, err := os.Stat(filepath.Join(dir, SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v; want a socket, 0600", fi.Mode())
+	}
+	s, err := Listen(dir, slog.New(slog.DiscardHandler))
+	if s != nil || err != nil {
+		t.Errorf("a second Listen: %v, %v; want nil, nil", s, err)
+	}
+}
+
+func TestDecodeBody(t *testing.T) {
+	b := encodeBody([]string{"run", ""}, []string{"A=b=c"}, "/d")
+	args, env, dir, err := decodeBody(b)
+	if err != nil || fmt.Sprint(args, env, dir) != fmt.Sprint([]string{"run", ""}, []string{"A=b=c"}, "/d") {
+		t.Fatalf("%q %q %q %v", args, env, dir, err)
+	}
+	for i := range len(b) {
+		if _, _, _, err := decodeBody(b[:i]); err == nil {
+			t.Errorf("a body cut at %d decoded", i)
+		}
+	}
+	huge := append([]byte{0xff, 0xff, 0xff, 0x7f}, b...)
+	if _, _, _, err := decodeBody(huge); err == nil {
+		t.Error("a list longer than the body decoded")
+	}
+}
