@@ -9,6 +9,7 @@ import (
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/sandbox"
+	"github.com/delegate-dev/delegate/workspace"
 )
 
 // starter is the part that takes a job from pending to running: it claims
@@ -127,13 +128,16 @@ type claimed struct {
 	job   *delegate.Job // as stored, its files apart (files)
 	token string
 	files []delegate.File // the manifest's
+	// scanned: the tree of the job's workspace directory as Submit
+	// scanned it (nil for any other source).
+	scanned *workspace.Tree
 }
 
 // runClaimed takes a job that Submit stored claimed through provisioning
 // to its end.
 func (r *starter) runClaimed(c claimed) {
 	defer r.runs.unregister(c.job.ID)
-	r.drive(c.ctx, c.h, &attempt{job: c.job, token: c.token, files: c.files, filesKnown: true})
+	r.drive(c.ctx, c.h, &attempt{job: c.job, token: c.token, files: c.files, filesKnown: true, scanned: c.scanned})
 }
 
 // drive takes a claimed job through provisioning to its end.
@@ -220,6 +224,8 @@ type attempt struct {
 	// whose changes are collected after the command (its maker had one,
 	// or its maker's manifest could not be read).
 	workspace bool
+	// scanned is the claimed's (importWorkspace starts from it).
+	scanned *workspace.Tree
 }
 
 // known is what the attempt learned, for the job's follower.

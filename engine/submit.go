@@ -103,7 +103,8 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	if err := checkResources(ctx, backend, m, e.log); err != nil {
 		return nil, err
 	}
-	if err := e.checkWorkspace(ctx, &m, backend.Capabilities(), backend.Name()); err != nil {
+	scanned, err := e.checkWorkspace(ctx, &m, backend.Capabilities(), backend.Name())
+	if err != nil {
 		return nil, err
 	}
 	for i, name := range m.Secrets {
@@ -176,7 +177,6 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	}
 	// Stored with the job where the store can (one commit, not two).
 	entry := e.audit.entry(ctx, delegate.AuditSubmitted, job.ID, detail)
-	var err error
 	audited, inOne := e.store.(delegate.AuditedJobStore)
 	if inOne {
 		err = audited.CreateJobAudited(ctx, job, admit, entry)
@@ -211,6 +211,9 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 	// The run gets its own copy, as stored (files apart).
 	direct.job = job.Clone()
 	direct.files, direct.job.Manifest.Files = direct.job.Manifest.Files, nil
+	// Its import starts from the tree just scanned (Rescan checks that
+	// a scan now would find the same); a queued job's scans again.
+	direct.scanned = scanned
 	e.sched.startClaimed(*direct)
 	return job, nil
 }
@@ -307,38 +310,39 @@ func (e *Engine) checkRoot(field, dir string) error {
 
 // checkWorkspace checks a submission's workspace source and caches (m has
 // its defaults): the source is scanned (or the git ref asked for), so
-// that what cannot be copied is a field error now.
-func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps sandbox.Capabilities, backend string) error {
+// that what cannot be copied is a field error now. It returns a
+// directory's tree, for an import that starts at once.
+func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps sandbox.Capabilities, backend string) (*workspace.Tree, error) {
 	w := m.Workspace
 	if w == nil {
-		return nil
+		return nil, nil
 	}
 	if !caps.Workspaces {
-		return &delegate.FieldError{Field: "manifest.workspace", Rule: fmt.Sprintf("the %s backend cannot copy a workspace in", backend)}
+		return nil, &delegate.FieldError{Field: "manifest.workspace", Rule: fmt.Sprintf("the %s backend cannot copy a workspace in", backend)}
 	}
 	if len(m.Caches) > 0 && !caps.Caches {
-		return &delegate.FieldError{Field: "manifest.caches", Rule: fmt.Sprintf("caches are not kept on the %s backend: leave it out", backend)}
+		return nil, &delegate.FieldError{Field: "manifest.caches", Rule: fmt.Sprintf("caches are not kept on the %s backend: leave it out", backend)}
 	}
 	maxBytes, maxFiles, why := e.cfg.workspaceLimits(m)
 	if w.Git != "" {
 		if workspace.IsLocal(w.Git) {
 			if err := e.checkRoot("manifest.workspace.git", w.Git); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		_, _, err := workspace.CheckRef(ctx, workspace.CloneOptions{URL: w.Git, Ref: w.Ref, Dial: e.cfg.gitDial()})
-		return gitErr(err)
+		return nil, gitErr(err)
 	}
 	root := rootOf(e.cfg.WorkspaceRoots, w.Dir)
 	if root == "" {
 		if len(e.cfg.WorkspaceRoots) == 0 {
-			return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: "directories are not allowed on this server: the operator allows them with DELEGATE_WORKSPACE_ROOTS (a list of directories)"}
+			return nil, &delegate.FieldError{Field: "manifest.workspace.dir", Rule: "directories are not allowed on this server: the operator allows them with DELEGATE_WORKSPACE_ROOTS (a list of directories)"}
 		}
-		return &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("%s is not under an allowed root (DELEGATE_WORKSPACE_ROOTS: %s)", w.Dir, strings.Join(e.cfg.WorkspaceRoots, ", "))}
+		return nil, &delegate.FieldError{Field: "manifest.workspace.dir", Rule: fmt.Sprintf("%s is not under an allowed root (DELEGATE_WORKSPACE_ROOTS: %s)", w.Dir, strings.Join(e.cfg.WorkspaceRoots, ", "))}
 	}
 	tree, err := workspace.Scan(ctx, w.Dir, workspace.ScanOptions{IncludeIgnored: w.IncludeIgnored, MaxBytes: maxBytes, MaxFiles: maxFiles, Within: root})
 	if err != nil {
-		return dirErr(err, why)
+		return nil, dirErr(err, why)
 	}
 	// The manifest's files are the job's input, not the project's: they
 	// must not shadow a file of it (and never show as changes).
@@ -348,8 +352,8 @@ func (e *Engine) checkWorkspace(ctx context.Context, m *delegate.Manifest, caps 
 	}
 	for i, f := range m.Files {
 		if p, err := delegate.WorkspacePath(f.Path); err == nil && entries[strings.TrimPrefix(p, delegate.Workspace+"/")] {
-			return &delegate.FieldError{Field: fmt.Sprintf("manifest.files[%d].path", i), Rule: fmt.Sprintf("%s is also in the workspace source: change it there, or name another path", f.Path)}
+			return nil, &delegate.FieldError{Field: fmt.Sprintf("manifest.files[%d].path", i), Rule: fmt.Sprintf("%s is also in the workspace source: change it there, or name another path", f.Path)}
 		}
 	}
-	return nil
+	return tree, nil
 }

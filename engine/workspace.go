@@ -171,7 +171,18 @@ func (r *workspaces) importWorkspace(ctx context.Context, a *attempt, step func(
 	} else if root == "" {
 		return fmt.Errorf("manifest.workspace.dir: %s is no longer under an allowed root (DELEGATE_WORKSPACE_ROOTS)", w.Dir)
 	}
-	tree, err := workspace.Scan(ctx, dir, workspace.ScanOptions{IncludeIgnored: w.IncludeIgnored, MaxBytes: maxBytes, MaxFiles: maxFiles, Within: root})
+	opts := workspace.ScanOptions{IncludeIgnored: w.IncludeIgnored, MaxBytes: maxBytes, MaxFiles: maxFiles, Within: root}
+	var tree *workspace.Tree
+	var err error
+	if s := a.scanned; s != nil && w.Git == "" && s.Root == filepath.Clean(dir) {
+		a.scanned = nil // not held while the job runs
+		// The submission's scan, if a scan now would find the same.
+		if tree, err = s.Rescan(ctx, opts); tree == s {
+			r.log.Debug("workspace: the submission's scan is current", "job", a.job.ID)
+		}
+	} else {
+		tree, err = workspace.Scan(ctx, dir, opts)
+	}
 	if err != nil {
 		return fmt.Errorf("workspace: %w", dirErr(err, why))
 	}

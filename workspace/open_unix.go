@@ -176,23 +176,30 @@ var (
 // readFile reads a small file beneath the root (an index, an ignore
 // file), at most max bytes; fs.ErrNotExist when it is absent.
 func (b *beneath) readFile(rel string, max int64) ([]byte, error) {
+	data, _, err := b.readFileStat(rel, max)
+	return data, err
+}
+
+// readFileStat is readFile that gives the file's status as it was opened
+// (before its data was read) too.
+func (b *beneath) readFileStat(rel string, max int64) ([]byte, *unix.Stat_t, error) {
 	fd, st, err := b.open(rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%s: %w", rel, errNotRegular)
+		return nil, nil, fmt.Errorf("%s: %w", rel, errNotRegular)
 	}
 	if st.Size > max {
-		return nil, fmt.Errorf("%s: %d bytes, more than the %d this reads: %w", rel, st.Size, max, errTooBig)
+		return nil, nil, fmt.Errorf("%s: %d bytes, more than the %d this reads: %w", rel, st.Size, max, errTooBig)
 	}
 	buf := make([]byte, st.Size)
 	if _, err := readFull(f, buf); err != nil {
-		return nil, pathErr("read", rel, err)
+		return nil, nil, pathErr("read", rel, err)
 	}
-	return buf, nil
+	return buf, st, nil
 }
 
 func readFull(f *os.File, buf []byte) (int, error) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"github.com/go-git/go-git/v5/plumbing/format/index"
@@ -99,6 +100,16 @@ type Tree struct {
 	owner    uint32
 	ownerGid uint32
 	within   string
+	// What Rescan checks to tell that a scan now would find the same:
+	// the options, when the scan began, the root's own status, the
+	// files it read to decide what is in (ignore files, the index), and
+	// the mount points it left out.
+	opts    ScanOptions
+	began   time.Time
+	rootSt  fileStamp
+	inputs  []stamped
+	mounts  []stamped
+	stamped bool // inputs and mounts are all there (none over maxStamped)
 }
 
 // ScanOptions are a scan's options; the zero value takes the defaults.
@@ -146,6 +157,7 @@ func Scan(ctx context.Context, dir string, opts ScanOptions) (*Tree, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	began := time.Now()
 	if opts.Within != "" {
 		if err := refuseGitPath(dir); err != nil {
 			return nil, err
@@ -162,7 +174,8 @@ func Scan(ctx context.Context, dir string, opts ScanOptions) (*Tree, error) {
 		}
 	}
 	t := &Tree{Root: filepath.Clean(dir), Kind: KindDir, IncludeIgnored: opts.IncludeIgnored,
-		dev: int64(st.Dev), ino: int64(st.Ino), owner: st.Uid, ownerGid: st.Gid, within: opts.Within}
+		dev: int64(st.Dev), ino: int64(st.Ino), owner: st.Uid, ownerGid: st.Gid, within: opts.Within,
+		opts: opts, began: began, rootSt: stampOf(st), stamped: true}
 	id, err := identityFor(st.Uid, st.Gid)
 	if err != nil {
 		return nil, err
@@ -294,7 +307,7 @@ func (s *scanner) scan(rootfd int) error {
 		mode = walkPlain
 	}
 	if mode == walkGit {
-		if data, err := s.b.readFile(".git/info/exclude", 1<<20); err == nil {
+		if data, err := s.readInput(".git/info/exclude", 1<<20); err == nil {
 			pats = parseIgnore(data, nil)
 		} else if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 			return err
@@ -319,7 +332,7 @@ func (s *scanner) readGit() error {
 	var data []byte
 	var err error
 	if !s.opts.IncludeIgnored {
-		data, err = s.b.readFile(".git/index", 256<<20)
+		data, err = s.readInput(".git/index", 256<<20)
 	}
 	switch {
 	case s.opts.IncludeIgnored:
@@ -373,7 +386,7 @@ func (s *scanner) walk(dirfd int, rel string, pats []gitignore.Pattern, mode wal
 		for _, n := range names {
 			if n == ".gitignore" {
 				p := join(rel, n)
-				if data, err := s.b.readFile(p, 1<<20); err == nil {
+				if data, err := s.readInput(p, 1<<20); err == nil {
 					pats = append(pats[:len(pats):len(pats)], parseIgnore(data, splitPath(rel))...)
 				} else if !errors.Is(err, unix.ELOOP) && !errors.Is(err, errNotRegular) {
 					// git does not follow a .gitignore that is a link
@@ -424,6 +437,7 @@ func (s *scanner) walk(dirfd int, rel string, pats []gitignore.Pattern, mode wal
 		case unix.S_IFDIR:
 			if int64(st.Dev) != s.t.dev {
 				s.skip(p, "a mount point (another filesystem)")
+				s.t.mounts = s.t.stamp(s.t.mounts, p, &st)
 				continue
 			}
 			fd, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
