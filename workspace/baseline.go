@@ -102,10 +102,15 @@ func (t *Type) UnmarshalText(b []byte) error {
 // of a baseline or of the changes (a job must not be able to plant hooks
 // or configuration that run on the user's machine).
 func inGit(p string) bool {
-	for _, c := range strings.Split(p, "/") {
+	if !strings.ContainsAny(p, "gG") {
+		return false // gitName needs one: the common case, every file of an import
+	}
+	for p != "" {
+		c, rest, _ := strings.Cut(p, "/")
 		if gitName(c) {
 			return true
 		}
+		p = rest
 	}
 	return false
 }

@@ -121,15 +121,16 @@ func (t *tarWriter) ustar(name string, typ byte, mode int64, size, mtime int64, 
 	return err
 }
 
-// octal writes v in a field: zero-padded octal digits and a NUL.
+// octal writes v (which fits) in a field: zero-padded octal digits and a
+// NUL. Digit by digit, as paxTime: two headers a file, a string each
+// was a tenth of writing them.
 func octal(f []byte, v int64) {
-	s := strconv.FormatInt(v, 8)
 	n := len(f) - 1
-	for i := range n {
-		f[i] = '0'
-	}
-	copy(f[n-len(s):n], s)
 	f[n] = 0
+	for i := n - 1; i >= 0; i-- {
+		f[i] = byte('0' + v&7)
+		v >>= 3
+	}
 }
 
 // paxRecord appends "LEN key=value\n", LEN counting itself.
@@ -155,7 +156,13 @@ func paxTime(ns int64) string {
 		sec--
 		frac += 1e9
 	}
-	return fmt.Sprintf("%d.%09d", sec, frac)
+	var b [32]byte
+	out := strconv.AppendInt(b[:0], sec, 10)
+	out = append(out, '.')
+	for d := int64(1e8); d > 0; d /= 10 {
+		out = append(out, byte('0'+frac/d%10))
+	}
+	return string(out)
 }
 
 // Write writes the current file's data.
