@@ -116,7 +116,7 @@ func New(store delegate.Store, backend sandbox.Backend, cfg Config) *Engine {
 	jobs := newJobWriter(store, func(j *delegate.Job) {
 		tokens.forget(j.ID)
 		runs.ended(j.ID, j.Status)
-		lease.release(j.ID)
+		lease.release(j)
 		if cfg.Egress != nil && ownsNetwork(j) {
 			id, kept := j.ID, j.Sandbox
 			life.Go(func() { endNetwork(store, cfg.Egress, id, kept) })

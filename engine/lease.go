@@ -329,14 +329,24 @@ func (l *leaser) admit() error {
 		l.me.ID, delegate.ErrConflict)
 }
 
-// release forgets a job that ended.
-func (l *leaser) release(id string) {
+// release forgets job j, which ended as the store has it (or was never
+// stored), unless it ended under another server's fence (another server
+// adopted the job, then ended it) while this server still holds it at its
+// own epoch: that fence is kept, so that the next write of this server's
+// run of the job goes to the store at the old epoch and is refused as
+// fenced (counted, the job given up), as it is when this server writes
+// before it hears of the end. Forgotten, the fence would let that write
+// go unfenced, as if the job were not this server's to drive.
+func (l *leaser) release(j *delegate.Job) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	delete(l.held, id)
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if f, held := l.held[j.ID]; held && (j.Owner != f.Owner || j.Epoch != f.Epoch) {
+		return
+	}
+	delete(l.held, j.ID)
 }
 
 type unfencedKey struct{}
@@ -378,6 +388,7 @@ func (l *leaser) refused(id string, err error) {
 	l.mu.Lock()
 	first := !l.lost[id]
 	l.lost[id] = true
+	delete(l.held, id) // fence refuses it as lost from now on
 	l.mu.Unlock()
 	if !first {
 		return

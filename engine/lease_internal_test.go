@@ -2,12 +2,15 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/storetest"
 )
 
 // TestKeptElsewhere: a command for a local kept sandbox is refused on a
@@ -57,5 +60,71 @@ func TestKeptElsewhere(t *testing.T) {
 			!strings.Contains(err.Error(), "manifest.sandbox")) {
 			t.Errorf("%s: %v, want %q", c.sb.ID, err, c.want)
 		}
+	}
+}
+
+// TestLeaseEndHeardFirst: a server that hears of its job's end before its
+// own run of the job writes again (another server adopted the job and
+// ended it) keeps its fence: that write is refused as fenced, counted,
+// and the job given up, as when the write comes first. A job that ended
+// under this server's own fence is forgotten. (It forgot both, and the
+// write went unfenced: TestLeaseRetriesProvisioning waited in vain for
+// the fenced write when the end came first, under load.)
+func TestLeaseEndHeardFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name    string
+		adopted bool
+	}{{"adopted and ended by another", true}, {"ended by its owner", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			store := testkit.OpenStore(t)
+			a := newLeaser(Leases{TTL: time.Minute, HostID: "host-a"}, store, discardLogger, "a/1/2/3", "mock", func(string) bool { return true })
+			var gaveUp []string
+			a.giveUp = func(id string) { gaveUp = append(gaveUp, id) }
+			if err := a.register(ctx); err != nil {
+				t.Fatal(err)
+			}
+			job := storetest.NewJob("job-1")
+			job.Status, job.Owner, job.Epoch = delegate.StatusRunning, a.me.ID, 1
+			if err := store.CreateJob(ctx, job); err != nil {
+				t.Fatal(err)
+			}
+			a.hold(job.ID, job.Epoch)
+			endAs := delegate.Fence{Owner: a.me.ID, Epoch: 1}
+			if c.adopted {
+				if _, err := store.RegisterServer(ctx, delegate.Server{ID: "b/1/2/3", HostID: "host-a"}, time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				if err := store.ExpireServer(ctx, a.me.ID); err != nil {
+					t.Fatal(err)
+				}
+				adopted, err := store.AdoptJobs(ctx, "b/1/2/3", []string{a.me.ID}, 10)
+				if err != nil || len(adopted) != 1 {
+					t.Fatalf("adopted %+v, %v", adopted, err)
+				}
+				endAs = delegate.Fence{Owner: "b/1/2/3", Epoch: adopted[0].Job.Epoch}
+			}
+			ended, err := store.UpdateJob(delegate.WithFence(ctx, endAs), job.ID, func(j *delegate.Job) error {
+				j.Status = delegate.StatusSuccess
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.release(ended) // heard before a's run writes again
+			fenced, err := a.fence(ctx, job.ID)
+			if err == nil {
+				_, err = store.UpdateJob(fenced, job.ID, func(j *delegate.Job) error { j.Progress = "a's run"; return nil })
+			}
+			a.refused(job.ID, err)
+			st := a.stats()
+			if c.adopted && (!errors.Is(err, delegate.ErrFenced) || st.FencedWrites != 1 || !slices.Equal(gaveUp, []string{job.ID})) {
+				t.Errorf("a's write after the adopter ended the job: %v; fenced writes %d, given up %v", err, st.FencedWrites, gaveUp)
+			}
+			if _, held := delegate.FenceOf(fenced); !c.adopted && (held || st.FencedWrites != 0 || len(gaveUp) != 0) {
+				t.Errorf("a's job ended under its own fence is still held: %v; fenced writes %d, given up %v", err, st.FencedWrites, gaveUp)
+			}
+		})
 	}
 }

@@ -184,7 +184,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		err = e.store.CreateJobAdmitted(ctx, job, admit)
 	}
 	if err != nil {
-		e.leases.release(job.ID)
+		e.leases.release(job)
 		if direct != nil {
 			e.runs.unregister(job.ID)
 			e.sched.releaseSlot()
