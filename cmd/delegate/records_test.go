@@ -18,7 +18,9 @@ func TestSandboxesDir(t *testing.T) {
 	}{
 		{"fresh", func(*testing.T, string, string) {}, true},
 		{"an empty directory before", func(t *testing.T, dataDir, _ string) { mkdir(t, filepath.Join(dataDir, "sandboxes")) }, true},
-		{"sandboxes made before", func(t *testing.T, dataDir, _ string) { mkdir(t, filepath.Join(dataDir, "sandboxes", "sb-0123456789ab")) }, false},
+		{"sandboxes made before", func(t *testing.T, dataDir, _ string) {
+			mkdir(t, filepath.Join(dataDir, "sandboxes", "sb-0123456789ab"))
+		}, false},
 		{"after a reboot", func(t *testing.T, dataDir, run string) {
 			sandboxesDir(dataDir, run)
 			if err := os.RemoveAll(run); err != nil {
