@@ -17,7 +17,10 @@ import (
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/internal/bench"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
-	"github.com/delegate-dev/delegate/internal/handoff"
+	// run and exec are handed to a server serving the data dir when there
+	// is one, by C code before the runtime starts (a cgo build) or as
+	// this package is initialised, before most others (a Go build).
+	_ "github.com/delegate-dev/delegate/internal/handoff/front"
 	"github.com/delegate-dev/delegate/local"
 )
 
@@ -25,11 +28,6 @@ func main() {
 	// The sandbox helpers are this same binary, re-executed.
 	if local.Reexec() {
 		return
-	}
-	// run and exec, to a server serving the data dir when there is one
-	// (in a cgo build its C front end has tried before the runtime began).
-	if code, ok := handoff.Try(os.Args[1:]); ok {
-		os.Exit(code)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Execute(ctx, cli.Program{

@@ -22,6 +22,7 @@ import (
 	"github.com/delegate-dev/delegate/httpauth"
 	"github.com/delegate-dev/delegate/internal/buildinfo"
 	"github.com/delegate-dev/delegate/internal/handoff"
+	"github.com/delegate-dev/delegate/internal/handoff/front"
 	"github.com/delegate-dev/delegate/mcpserver"
 	"github.com/delegate-dev/delegate/metrics"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -314,7 +315,7 @@ func serveHandOff(ctx context.Context, g *errgroup.Group, cfg cli.Config, a *app
 		Retention: a.eng, Checkpoints: a.eng, Principals: engine.NewPrincipals(a.store, log)}
 	g.Go(func() error {
 		return hs.Serve(ctx, func(ctx context.Context, r *handoff.Request) (int, bool) {
-			if !handoff.HandedOff(r.Args) {
+			if !front.HandedOff(r.Args) {
 				return 0, true
 			}
 			h := &cli.HandOff{Server: cfg}

@@ -7,9 +7,6 @@ import (
 	"log/slog"
 )
 
-// Try hands nothing off on this system: the commands run in process.
-func Try([]string) (int, bool) { return 0, false }
-
 // Handler: see server_linux.go.
 type Handler func(ctx context.Context, r *Request) (code int, declined bool)
 

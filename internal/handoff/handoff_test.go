@@ -15,21 +15,20 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/delegate-dev/delegate/internal/handoff/front"
 )
 
 // clientEnv makes this test binary a client: it hands its own command
-// line off (in a cgo build the C front end has done so before TestMain
-// runs; in a Go build Try does) and exits with the answer, or with
-// notHanded when the command was not handed off.
+// line off (package front does, as the program starts: its C front end
+// in a cgo build, its Go one in a Go build) and exits with the answer,
+// or with notHanded when the command was not handed off.
 const clientEnv = "HANDOFF_TEST_CLIENT"
 
 const notHanded = 99
 
 func TestMain(m *testing.M) {
 	if os.Getenv(clientEnv) == "1" {
-		if code, ok := Try(os.Args[1:]); ok {
-			os.Exit(code)
-		}
 		fmt.Fprintln(os.Stderr, "not handed off")
 		os.Exit(notHanded)
 	}
@@ -56,7 +55,7 @@ func testServer(t *testing.T, h Handler) string {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-		if _, err := os.Stat(filepath.Join(dir, SocketName)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(dir, front.SocketName)); !os.IsNotExist(err) {
 			t.Errorf("the socket is left after Serve: %v", err)
 		}
 	})
@@ -178,7 +177,7 @@ s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
 body=struct.pack('<I',1)+struct.pack('<I',3)+b'run'+struct.pack('<I',0)+struct.pack('<I',0)
 s.sendmsg([b'DLGH\x01'+struct.pack('<I',len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i',[0,1,2]))])
 s.sendall(body); print(s.recv(5))`
-	out, err := exec.Command("python3", "-c", py, filepath.Join(dir, SocketName)).CombinedOutput()
+	out, err := exec.Command("python3", "-c", py, filepath.Join(dir, front.SocketName)).CombinedOutput()
 	if err != nil {
 		t.Skipf("python3: %v %s", err, out)
 	}
@@ -191,7 +190,7 @@ s.sendall(body); print(s.recv(5))`
 // of the same data dir leaves it to the first.
 func TestSocketMode(t *testing.T) {
 	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) { return 0, true })
-	fi, err := os.Stat(filepath.Join(dir, SocketName))
+	fi, err := os.Stat(filepath.Join(dir, front.SocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,22 +200,5 @@ func TestSocketMode(t *testing.T) {
 	s, err := Listen(dir, slog.New(slog.DiscardHandler))
 	if s != nil || err != nil {
 		t.Errorf("a second Listen: %v, %v; want nil, nil", s, err)
-	}
-}
-
-func TestDecodeBody(t *testing.T) {
-	b := encodeBody([]string{"run", ""}, []string{"A=b=c"}, "/d")
-	args, env, dir, err := decodeBody(b)
-	if err != nil || fmt.Sprint(args, env, dir) != fmt.Sprint([]string{"run", ""}, []string{"A=b=c"}, "/d") {
-		t.Fatalf("%q %q %q %v", args, env, dir, err)
-	}
-	for i := range len(b) {
-		if _, _, _, err := decodeBody(b[:i]); err == nil {
-			t.Errorf("a body cut at %d decoded", i)
-		}
-	}
-	huge := append([]byte{0xff, 0xff, 0xff, 0x7f}, b...)
-	if _, _, _, err := decodeBody(huge); err == nil {
-		t.Error("a list longer than the body decoded")
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"github.com/delegate-dev/delegate/internal/handoff/front"
 )
 
 // Handler runs a handed request, writing to its descriptors, and returns
@@ -19,6 +21,10 @@ import (
 // written nothing, and the client runs the command itself. ctx ends when
 // the client is interrupted (Ctrl-C) or gone.
 type Handler func(ctx context.Context, r *Request) (code int, declined bool)
+
+// lockName is the file in the data dir whose lock says which server
+// owns the socket.
+const lockName = "cli.lock"
 
 // Server owns a data dir's hand-off socket.
 type Server struct {
@@ -33,7 +39,7 @@ type Server struct {
 // nil and no error when another server holds it: one server a data dir
 // serves the CLI (stdio servers, one per MCP client, share data dirs).
 func Listen(dataDir string, log *slog.Logger) (*Server, error) {
-	path, err := socketPath(dataDir)
+	path, err := front.SocketPath(dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +120,7 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, h Handler) {
 		// Declined: the client runs the command itself (another uid,
 		// such as root, or another build of delegate, may well).
 		s.log.Debug("handoff: request refused", "err", err)
-		conn.Write([]byte{frameDecl})
+		conn.Write([]byte{front.FrameDeclined})
 		return
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -124,7 +130,7 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, h Handler) {
 	go func() {
 		var b [1]byte
 		for {
-			if _, err := conn.Read(b[:]); err != nil || b[0] != frameSignal {
+			if _, err := conn.Read(b[:]); err != nil || b[0] != front.FrameSignal {
 				cancel()
 				return
 			}
@@ -136,10 +142,10 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, h Handler) {
 	// its output (a pipe, a terminal) sees the end at once.
 	req.closeFiles()
 	if declined {
-		conn.Write([]byte{frameDecl})
+		conn.Write([]byte{front.FrameDeclined})
 		return
 	}
-	conn.Write(binary.LittleEndian.AppendUint32([]byte{frameExit}, uint32(int32(code))))
+	conn.Write(binary.LittleEndian.AppendUint32([]byte{front.FrameExit}, uint32(int32(code))))
 }
 
 // read reads a request and checks who sent it.
@@ -161,7 +167,7 @@ func (s *Server) read(conn *net.UnixConn) (*Request, error) {
 	if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", cred.Pid)); err != nil || !os.SameFile(exe, s.exe) {
 		return nil, fmt.Errorf("process %d does not run this server's binary", cred.Pid)
 	}
-	buf := make([]byte, headerLen)
+	buf := make([]byte, front.HeaderLen)
 	oob := make([]byte, syscall.CmsgSpace(3*4))
 	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -181,17 +187,17 @@ func (s *Server) read(conn *net.UnixConn) (*Request, error) {
 		req.closeFiles()
 		return nil, err
 	}
-	blen := binary.LittleEndian.Uint32(buf[len(magic)+1:])
-	if string(buf[:len(magic)]) != magic || buf[len(magic)] != version || blen > maxBody {
+	blen := binary.LittleEndian.Uint32(buf[len(front.Magic)+1:])
+	if string(buf[:len(front.Magic)]) != front.Magic || buf[len(front.Magic)] != front.Version || blen > front.MaxBody {
 		req.closeFiles()
-		return nil, errBadRequest
+		return nil, front.ErrBadRequest
 	}
 	body := make([]byte, blen)
 	if _, err := io.ReadFull(conn, body); err != nil {
 		req.closeFiles()
 		return nil, err
 	}
-	if req.Args, req.Env, req.Dir, err = decodeBody(body); err != nil {
+	if req.Args, req.Env, req.Dir, err = front.DecodeBody(body); err != nil {
 		req.closeFiles()
 		return nil, err
 	}

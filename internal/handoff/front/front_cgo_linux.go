@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package handoff
+package front
 
 // The front end in C (front_linux.c) runs before the Go runtime starts;
 // this import has cgo build it into the program.

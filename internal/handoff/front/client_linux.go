@@ -1,13 +1,20 @@
-package handoff
+package front
 
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 )
+
+// The Go front end runs as this package is initialised, before most of
+// the program's packages are (see the package comment).
+func init() {
+	if code, ok := Try(os.Args[1:]); ok {
+		os.Exit(code)
+	}
+}
 
 // Try hands the command line args to the server serving its data dir,
 // when there is one and it takes the command, and returns its exit
@@ -28,7 +35,7 @@ func Try(args []string) (code int, ok bool) {
 		return 0, false
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "delegate: %v\n", err)
+		os.Stderr.WriteString("delegate: " + err.Error() + "\n")
 		return 125, true
 	}
 	return code, true
@@ -42,7 +49,7 @@ var (
 // handOff sends args to dataDir's server and waits for its answer,
 // passing on SIGINT and SIGTERM.
 func handOff(dataDir string, args []string) (int, error) {
-	path, err := socketPath(dataDir)
+	path, err := SocketPath(dataDir)
 	if err != nil {
 		return 0, errNoServer
 	}
@@ -56,13 +63,13 @@ func handOff(dataDir string, args []string) (int, error) {
 		return 0, errNoServer
 	}
 	cwd, _ := os.Getwd()
-	body := encodeBody(args, os.Environ(), cwd)
+	body := EncodeBody(args, os.Environ(), cwd)
 	// From here the server may run the command: a Ctrl-C is its.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	interrupted := false
-	if err := syscall.Sendmsg(fd, header(len(body)), syscall.UnixRights(0, 1, 2), nil, 0); err != nil {
+	if err := syscall.Sendmsg(fd, Header(len(body)), syscall.UnixRights(0, 1, 2), nil, 0); err != nil {
 		return 0, errNoServer
 	}
 	for len(body) > 0 {
@@ -76,7 +83,7 @@ func handOff(dataDir string, args []string) (int, error) {
 	go func() {
 		var b [5]byte
 		n, _ := readFull(fd, b[:1])
-		if n == 1 && b[0] == frameExit {
+		if n == 1 && b[0] == FrameExit {
 			m, _ := readFull(fd, b[1:])
 			n += m
 		}
@@ -86,17 +93,17 @@ func handOff(dataDir string, args []string) (int, error) {
 		select {
 		case <-sigs:
 			interrupted = true
-			syscall.Write(fd, []byte{frameSignal})
+			syscall.Write(fd, []byte{FrameSignal})
 		case a := <-answers:
 			switch {
-			case len(a) == 1 && a[0] == frameDecl && interrupted:
+			case len(a) == 1 && a[0] == FrameDeclined && interrupted:
 				return ExitInterrupted, nil
-			case len(a) == 1 && a[0] == frameDecl:
+			case len(a) == 1 && a[0] == FrameDeclined:
 				return 0, errDeclined
-			case len(a) == 5 && a[0] == frameExit:
+			case len(a) == 5 && a[0] == FrameExit:
 				return int(int32(binary.LittleEndian.Uint32(a[1:]))), nil
 			}
-			return 0, fmt.Errorf("the server serving %s ended before the command did", dataDir)
+			return 0, errors.New("the server serving " + dataDir + " ended before the command did")
 		}
 	}
 }

@@ -1,6 +1,6 @@
 //go:build !linux || !cgo
 
-package handoff
+package front
 
 // cFront: no C front end; Try hands the command off in Go.
 const cFront = false

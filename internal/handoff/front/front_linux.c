@@ -1,14 +1,14 @@
 //go:build linux && cgo
 
 /*
- * The hand-off's front end in C (see handoff.go for the protocol): run
+ * The hand-off's front end in C (see wire.go for the protocol): run
  * as the program is loaded, before the Go runtime starts, it hands
  * `delegate run` and `delegate exec` to the server serving the data dir
  * and exits with the command's status, so that such a command costs the
  * start of a small C program rather than of the Go one (~8 ms of CPU,
  * docs/BENCHMARKS.md). No server, a server that declines, or anything
  * unexpected before the request is sent: it returns, and the Go program
- * runs the command itself. It must stay in step with handoff.go.
+ * runs the command itself. It must stay in step with wire.go.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -121,7 +121,7 @@ static void hf_say(const char *msg, const char *dir) {
 }
 
 /* Whether argv (n words, the program's name first) is a command a server
- * may take: run or exec, after --data-dir flags at most (HandedOff). */
+ * may take: run or exec, after --data-dir flags at most (HandedOff, wire.go). */
 static int hf_handed_off(char **argv, int n) {
 	for (int i = 1; i < n; i++) {
 		if (strcmp(argv[i], "run") == 0 || strcmp(argv[i], "exec") == 0)
