@@ -1,30 +1,43 @@
 package e2e
 
 import (
+	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/postgres/pgtest"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestForwardKeptSandboxCommand (issue 37): servers of two hosts (as far
 // as they know: each its own DELEGATE_HOST_ID) share one PostgreSQL
 // store, each `delegate serve --http` with the local backend. A command
 // for a kept sandbox that server A holds, asked of server B, is forwarded
-// to A, which runs it; B's client follows it on B: its output while it
-// runs, its end, and a cancel_job on B that stops it on A. A holder that
+// to A, which runs it as the principal who asked (a token of delegate's
+// own), saying so in the audit trail; B's client follows it on B: its
+// output while it runs, its end, and a cancel_job on B that stops it on A. A holder that
 // does not answer (its advertised address reaches nothing) is refused
 // with today's error, naming it and saying so.
 func TestForwardKeptSandboxCommand(t *testing.T) {
 	url := pgtest.Own(t, pgtest.Options{}).NewDatabase(t)
 	env := func(host string, more ...string) []string {
-		return append([]string{"DELEGATE_STORE=" + url, "DELEGATE_LEASE_TTL=3s", "DELEGATE_HOST_ID=host-" + host}, more...)
+		return append([]string{"DELEGATE_STORE=" + url, "DELEGATE_LEASE_TTL=3s", "DELEGATE_HOST_ID=host-" + host, "DELEGATE_HTTP_TOKEN=" + httpToken}, more...)
 	}
 	baseA := startHTTP(t, t.TempDir(), nil, env("a")...)
 	baseB := startHTTP(t, t.TempDir(), nil, env("b")...)
-	csA, csB := httpSession(t, baseA+"/mcp", ""), httpSession(t, baseB+"/mcp", "")
+	// alice, a token of delegate's own (in the store): the principal B
+	// forwards, and A submits as.
+	out, errOut, code := delegateCLIEnv(t, t.TempDir(), env("a"), "tokens", "create", "alice", "--scopes", "jobs,sandboxes", "--json")
+	var alice struct {
+		Secret string `json:"token"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &alice) != nil || alice.Secret == "" {
+		t.Fatalf("delegate tokens create: %d %s %s", code, out, errOut)
+	}
+	csA, csB := sessionAs(t, baseA, alice.Secret), sessionAs(t, baseB, alice.Secret)
 
 	sbx := call[sandboxOut](t, csA, "open_sandbox", map[string]any{"idle_timeout": 600}).SandboxID
 	defer call[sandboxOut](t, csA, "release_job", map[string]any{"sandbox_id": sbx})
@@ -36,6 +49,24 @@ func TestForwardKeptSandboxCommand(t *testing.T) {
 	res := inSandbox(t, csB, sbx, "cat f; hostname; echo err >&2; exit 3")
 	if res.Status != "failed" || !strings.HasPrefix(res.Output, "from-a\n") || res.Stderr != "err\n" || res.ExitCode == nil || *res.ExitCode != 3 {
 		t.Fatalf("a command forwarded from B to A: %+v", res)
+	}
+
+	// A stored it as alice's, and says it was forwarded.
+	out, errOut, code = delegateCLIEnv(t, t.TempDir(), env("a"), "audit", "--json")
+	var trail struct {
+		Entries []struct {
+			Principal, Action, Target, Detail string
+		} `json:"entries"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &trail) != nil {
+		t.Fatalf("delegate audit: %d %s %s", code, out, errOut)
+	}
+	found := false
+	for _, e := range trail.Entries {
+		found = found || e.Target == res.JobID && e.Principal == "alice" && e.Action == "submitted" && strings.Contains(e.Detail, "forwarded by server")
+	}
+	if !found {
+		t.Errorf("no entry of alice's forwarded submit %s in the audit trail: %+v", res.JobID, trail.Entries)
 	}
 
 	// Its output reaches B's client while it runs on A; B's cancel_job
@@ -62,7 +93,7 @@ func TestForwardKeptSandboxCommand(t *testing.T) {
 
 	// A holder whose address answers nothing: refused, naming it.
 	baseC := startHTTP(t, t.TempDir(), nil, env("c", "DELEGATE_ADVERTISE_URL=http://127.0.0.1:1")...)
-	csC := httpSession(t, baseC+"/mcp", "")
+	csC := sessionAs(t, baseC, alice.Secret)
 	sbxC := call[sandboxOut](t, csC, "open_sandbox", map[string]any{"idle_timeout": 600}).SandboxID
 	defer call[sandboxOut](t, csC, "release_job", map[string]any{"sandbox_id": sbxC})
 	msg := callErr(t, csB, "submit_job", map[string]any{"manifest": map[string]any{"sandbox": sbxC, "task": "true"}})
@@ -70,4 +101,17 @@ func TestForwardKeptSandboxCommand(t *testing.T) {
 		!strings.Contains(msg, "(http://127.0.0.1:1)") || !strings.Contains(msg, "did not answer") {
 		t.Errorf("a command for a sandbox whose holder does not answer: %s", msg)
 	}
+}
+
+// sessionAs is an MCP session to the server at base as the principal of
+// token.
+func sessionAs(t *testing.T, base, token string) *mcp.ClientSession {
+	t.Helper()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-forward", Version: "1"}, nil).Connect(testContext(t),
+		&mcp.StreamableClientTransport{Endpoint: base + "/mcp", MaxRetries: -1, HTTPClient: &http.Client{Transport: bearer{token, http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
 }
