@@ -9,9 +9,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,6 +59,40 @@ var jobIDRE = regexp.MustCompile(`job-[a-z0-9]+`)
 // process of their own; what the server cannot run as the CLI would
 // (a secret from the CLI's environment) the CLI runs itself.
 func TestCLIHandOff(t *testing.T) {
+	t.Run("C front end", func(t *testing.T) { testHandOff(t) })
+	t.Run("Go front end", func(t *testing.T) {
+		// The CGO_ENABLED=0 build: its server and its client both.
+		bin, err := goBuild()
+		withBinary(t, bin, err)
+		testHandOff(t)
+	})
+}
+
+// goBuild is delegate built with CGO_ENABLED=0 (the Go helpers, the Go
+// front end), beside the binary TestMain built, once.
+var goBuild = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(filepath.Dir(binary), "delegate-nocgo")
+	build := exec.Command("go", "build", "-ldflags", "-X "+versionVar+"="+e2eVersion, "-o", bin, "../cmd/delegate")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// withBinary runs the rest of the test (a sequential one) with bin as
+// the binary under test.
+func withBinary(t *testing.T, bin string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := binary
+	binary = bin
+	t.Cleanup(func() { binary = old })
+}
+
+func testHandOff(t *testing.T) {
 	dataDir := t.TempDir()
 	_, _, logs := startHTTPLogged(t, dataDir, nil)
 
