@@ -34,7 +34,7 @@ type finisher struct {
 // workspaceCollector is what the finisher asks of the workspaces part: a
 // job's changes read back before its sandbox goes, and its clone removed.
 type workspaceCollector interface {
-	collectChanges(ctx context.Context, id string, inst sandbox.Instance)
+	collectChanges(ctx context.Context, id string, inst sandbox.Instance, imported *delegate.JobWorkspace)
 	removeClone(id string, m delegate.Manifest)
 }
 
@@ -88,7 +88,11 @@ func (r *finisher) settle(t *tracker, sb sandbox.Instance, exit sandbox.Exit, wa
 	}
 	// So are the changes to its workspace, before the sandbox goes.
 	if waitErr == nil && (known == nil || known.workspace) {
-		r.ws.collectChanges(context.WithoutCancel(r.life.ctx), id, sb)
+		var imported *delegate.JobWorkspace
+		if known != nil {
+			imported = known.imported
+		}
+		r.ws.collectChanges(context.WithoutCancel(r.life.ctx), id, sb, imported)
 	}
 	if m.Lifecycle != delegate.LifecyclePersistent {
 		r.ws.removeClone(id, m) // its changes' old side is read

@@ -272,6 +272,9 @@ type started struct {
 	net *jobNetwork   // its network through the proxy; nil if none
 	// workspace: its end may have workspace changes to collect.
 	workspace bool
+	// imported: the baseline of its own import, as stored (nil when not
+	// kept: the store has it).
+	imported *delegate.JobWorkspace
 }
 
 // stored is the job as its run stored it last; nil if unknown.

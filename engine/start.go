@@ -226,11 +226,14 @@ type attempt struct {
 	workspace bool
 	// scanned is the claimed's (importWorkspace starts from it).
 	scanned *workspace.Tree
+	// imported is the baseline importWorkspace stored, when small
+	// enough to keep for the job's end.
+	imported *delegate.JobWorkspace
 }
 
 // known is what the attempt learned, for the job's follower.
 func (a *attempt) known() *started {
-	return &started{job: a.job, net: a.net, workspace: a.workspace || a.job.Manifest.Workspace != nil}
+	return &started{job: a.job, net: a.net, workspace: a.workspace || a.job.Manifest.Workspace != nil, imported: a.imported}
 }
 
 // provisionSteps take a job from pending to running, in order. A new

@@ -215,8 +215,21 @@ func (r *workspaces) importWorkspace(ctx context.Context, a *attempt, step func(
 			r.progress.event(a.job.ID, "workspace: skipped "+sk, now)
 		}
 	}
-	return r.store.SaveBaseline(ctx, a.job.ID, dir, base.JSON())
+	data := base.JSON()
+	if err := r.store.SaveBaseline(ctx, a.job.ID, dir, data); err != nil {
+		return err
+	}
+	if len(data) <= maxKeptBaseline {
+		a.imported = &delegate.JobWorkspace{Source: dir, Baseline: data}
+	}
+	return nil
 }
+
+// maxKeptBaseline bounds the baseline a run keeps from its import to its
+// end (10,000 files make 1.7 MB): the changes are then computed without
+// reading it back from the store and gunzipping it (8 ms of those
+// 10,000 files' job; issue 41, item 3). A larger one is read back.
+const maxKeptBaseline = 4 << 20
 
 // clone fetches a git source into a directory of the job's own, owned by
 // nobody when the server runs as root: the clone runs as that directory's
@@ -281,15 +294,18 @@ func baselineOf(ctx context.Context, store delegate.Store, j *delegate.Job) (*de
 
 // collectChanges computes what the job changed in its workspace, before
 // its sandbox goes, and stores them with their summary (or why they
-// could not be had).
-func (r *workspaces) collectChanges(ctx context.Context, id string, inst sandbox.Instance) {
+// could not be had). imported is the baseline of the job's own import
+// as its run stored it, if the run kept it (nil: read from the store).
+func (r *workspaces) collectChanges(ctx context.Context, id string, inst sandbox.Instance, imported *delegate.JobWorkspace) {
 	j, err := r.store.GetJob(ctx, id)
 	if err != nil || (j.Manifest.Workspace == nil && j.Manifest.Sandbox == "") {
 		return
 	}
-	jw, src, err := baselineOf(ctx, r.store, j)
-	if err != nil {
-		return // no workspace was imported (or it failed before)
+	jw, src := imported, j.Manifest.Workspace
+	if jw == nil || src == nil {
+		if jw, src, err = baselineOf(ctx, r.store, j); err != nil {
+			return // no workspace was imported (or it failed before)
+		}
 	}
 	sum, data, err := r.changes(ctx, j, jw, src, inst)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 
 // TestWorkspaceScannedOnce: a job that starts at once imports the tree
 // its submission scanned when nothing changed since (the log says so),
+// and its changes are computed against the baseline its run kept,
 // and a tree changed between the submission and the start — a file's
 // content of the same size, a mode, a file removed and one added, a
 // link's target — is imported as it is then, exactly: the sandbox holds
@@ -101,6 +102,11 @@ func TestWorkspaceScannedOnce(t *testing.T) {
 	}
 	if !reused(job.ID) {
 		t.Errorf("an unchanged tree was scanned again at the start: %s", logged)
+	}
+	// The run keeps the baseline it stored for the job's end: a stored
+	// one made empty now (every file would be added) is not read.
+	if err := f.store.SaveBaseline(context.Background(), job.ID, dir, []byte(`{"version":1,"kind":"dir","files":[]}`)); err != nil {
+		t.Fatal(err)
 	}
 	finish(job, p)
 
