@@ -91,12 +91,23 @@ func TestForwardKeptSandboxCommand(t *testing.T) {
 		t.Fatalf("a command after the cancel: %+v", res)
 	}
 
+	// A file call is not forwarded: refused on B, naming A, and the
+	// sandbox goes on (B must not take it for gone, its machine being on
+	// another host).
+	msg := callErr(t, csB, "sandbox_files", map[string]any{"sandbox_id": sbx, "op": "read", "path": "f"})
+	if !strings.Contains(msg, "held by server") || !strings.Contains(msg, baseA) {
+		t.Errorf("a file call on B: %s", msg)
+	}
+	if f := call[filesOut](t, csA, "sandbox_files", map[string]any{"sandbox_id": sbx, "op": "read", "path": "f"}); f.Text == nil || *f.Text != "from-a\n" {
+		t.Errorf("the file on A after a file call on B: %+v", f)
+	}
+
 	// A holder whose address answers nothing: refused, naming it.
 	baseC := startHTTP(t, t.TempDir(), nil, env("c", "DELEGATE_ADVERTISE_URL=http://127.0.0.1:1")...)
 	csC := sessionAs(t, baseC, alice.Secret)
 	sbxC := call[sandboxOut](t, csC, "open_sandbox", map[string]any{"idle_timeout": 600}).SandboxID
 	defer call[sandboxOut](t, csC, "release_job", map[string]any{"sandbox_id": sbxC})
-	msg := callErr(t, csB, "submit_job", map[string]any{"manifest": map[string]any{"sandbox": sbxC, "task": "true"}})
+	msg = callErr(t, csB, "submit_job", map[string]any{"manifest": map[string]any{"sandbox": sbxC, "task": "true"}})
 	if !strings.Contains(msg, "manifest.sandbox") || !strings.Contains(msg, "held by server") ||
 		!strings.Contains(msg, "(http://127.0.0.1:1)") || !strings.Contains(msg, "did not answer") {
 		t.Errorf("a command for a sandbox whose holder does not answer: %s", msg)

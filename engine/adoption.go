@@ -211,9 +211,10 @@ func (e *Engine) PoolKeeper() bool {
 // keptElsewhere refuses a command for a local kept sandbox on another
 // host: only a server on its host reaches it. A holder this server has not
 // seen yet (it started since the last renewal) is looked up in the store. The error names the server
-// that holds it, and where it serves; holder is that server while its
-// lease is live (the command may be forwarded to it), nil when it is gone.
-func keptElsewhere(ctx context.Context, l *leaser, sb *delegate.Sandbox) (holder *delegate.Server, refusal *delegate.FieldError) {
+// that holds it, and where it serves (field names what the client gave:
+// manifest.sandbox, sandbox_id); holder is that server while its lease is
+// live (a command may be forwarded to it), nil when it is gone.
+func keptElsewhere(ctx context.Context, l *leaser, sb *delegate.Sandbox, field string) (holder *delegate.Server, refusal *delegate.FieldError) {
 	if l == nil || sb.Backend != "local" || sb.Owner == "" || sb.Owner == l.me.ID {
 		return nil, nil
 	}
@@ -229,13 +230,13 @@ func keptElsewhere(ctx context.Context, l *leaser, sb *delegate.Sandbox) (holder
 	switch {
 	case !ok || !l.alive(sb.Owner):
 		_, host := l.hostOf(sb.Owner)
-		return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+		return nil, &delegate.FieldError{Field: field, Rule: fmt.Sprintf(
 			"sandbox %s is a local sandbox on host %s, whose server %s is gone: no server here can reach it; open a new sandbox", sb.ID, host, sb.Owner)}
 	case srv.Addr != "":
-		return &srv, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+		return &srv, &delegate.FieldError{Field: field, Rule: fmt.Sprintf(
 			"sandbox %s is a local sandbox on host %s, held by server %s (%s): send the command to that server", sb.ID, srv.Host, srv.ID, srv.Addr)}
 	default:
-		return &srv, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf(
+		return &srv, &delegate.FieldError{Field: field, Rule: fmt.Sprintf(
 			"sandbox %s is a local sandbox on host %s, held by server %s: send the command to that server", sb.ID, srv.Host, srv.ID)}
 	}
 }

@@ -386,6 +386,12 @@ func (k *keeper) instance(ctx context.Context, id string, command bool) (*delega
 	}
 	inst := k.machines.known(sb)
 	if inst == nil {
+		// A local sandbox of another host's server is not this host's to
+		// look for (nor to find gone): refused, naming its server. (Only
+		// a command is forwarded there, by Submit.)
+		if _, refusal := keptElsewhere(ctx, k.jobs.lease, sb, "sandbox_id"); refusal != nil {
+			return sb, nil, refusal
+		}
 		inst, err = b.Recover(ctx, sb.Instance)
 		if errors.Is(err, sandbox.ErrGone) {
 			k.gone(context.WithoutCancel(ctx), sb, "its machine is gone: "+err.Error())

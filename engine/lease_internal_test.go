@@ -48,7 +48,7 @@ func TestKeptElsewhere(t *testing.T) {
 		{delegate.Sandbox{ID: "sb-3", Backend: "local", Owner: "here/1/2/3"}, ""},
 		{delegate.Sandbox{ID: "sb-4", Backend: "proxmox", Owner: "b/1/2/3"}, ""},
 	} {
-		holder, refusal := keptElsewhere(ctx, l, &c.sb)
+		holder, refusal := keptElsewhere(ctx, l, &c.sb, "manifest.sandbox")
 		var err error
 		if refusal != nil {
 			err = refusal

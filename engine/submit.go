@@ -57,7 +57,7 @@ func (e *Engine) Submit(ctx context.Context, m delegate.Manifest, opts delegate.
 		if sb.Backend != backend.Name() {
 			return nil, &delegate.FieldError{Field: "manifest.sandbox", Rule: fmt.Sprintf("sandbox %s is on the %s backend; this server runs %s", sb.ID, sb.Backend, backend.Name())}
 		}
-		if holder, refusal := keptElsewhere(ctx, e.leases, sb); refusal != nil {
+		if holder, refusal := keptElsewhere(ctx, e.leases, sb, "manifest.sandbox"); refusal != nil {
 			if holder == nil {
 				return nil, refusal
 			}
