@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -273,7 +272,7 @@ func runCommandShim(log *slog.Logger, p *plan, planFile *os.File) int {
 				// or the command never goes.
 				jobPID = m.pid
 				if cgDir == "" { // one with a group is killed through it (killExec)
-					os.WriteFile(fileJobPID, []byte(strconv.Itoa(jobPID)), 0o600)
+					writePIDFile(fileJobPID, jobPID)
 				}
 				if m.data[0] == ctlPlaced {
 					answer := byte(ctlGo)

@@ -13,10 +13,12 @@ const char *dsh_constants(void);
 const char *dsh_job_path(const char *name, const char *envblock, int envlen, const char *dir, const char **pathenv);
 const char *dsh_quote(const char *s);
 const char *dsh_cgroups(int version, const char *memory, const char *cpu, const char *pids, long *ooms);
+int write_pid_file(const char *name, const char *data, size_t n);
 */
 import "C"
 
 import (
+	"strconv"
 	"strings"
 	"unsafe"
 )
@@ -43,6 +45,18 @@ func cJobPath(name string, env []string, dir string) (path, pathEnv string) {
 		pathEnv = C.GoString(pe)
 	}
 	return path, pathEnv
+}
+
+// cWritePIDFile is helper_linux.c's write_pid_file, for TestPIDFileWhole:
+// name is in the working directory, as the helpers' are.
+func cWritePIDFile(name string, pid int) error {
+	cname, cdata := C.CString(name), C.CString(strconv.Itoa(pid))
+	defer C.free(unsafe.Pointer(cname))
+	defer C.free(unsafe.Pointer(cdata))
+	if rc, err := C.write_pid_file(cname, cdata, C.size_t(len(strconv.Itoa(pid)))); rc < 0 {
+		return err
+	}
+	return nil
 }
 
 // cQuote is helper_linux.c's rendering of %q, for TestCQuote.

@@ -3,14 +3,20 @@
 package local
 
 import (
+	"bytes"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestCHelperConstants: the C helpers (helper_linux.h) keep their own copy
@@ -190,4 +196,86 @@ func goEnv(t *testing.T, name string) string {
 		t.Fatalf("go env %s: %v", name, err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// TestPIDFileWhole: a pid file, as either helper kind writes it (Go's
+// writePIDFile, C's write_pid_file), comes into place whole, by a rename:
+// a reader never finds it created and not yet written (the e2e tests read
+// one empty in CI once). Its temporary file may have been made ahead,
+// empty (a command's directory, aheadFiles), or left by a helper that
+// died; the old pid file is replaced. The directory's inotify events show
+// the name arriving (IN_MOVED_TO) and nothing else done to it.
+func TestPIDFileWhole(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir) // the C helpers write in their working directory
+	writers := []struct {
+		kind  string
+		write func(name string, pid int) error
+	}{{"Go", writePIDFile}, {"C", cWritePIDFile}}
+	for i, c := range []struct {
+		name        string
+		tmp, before string // "-": no such file
+	}{
+		{"no file before", "-", "-"},
+		{"its temporary file made ahead", "", "-"},
+		{"a temporary file a dead helper left, an old pid file", "123456789", "99"},
+	} {
+		for j, w := range writers {
+			name := fmt.Sprintf("p%d%d.pid", i, j)
+			pid := 4000000 + 10*i + j
+			for path, data := range map[string]string{pidTemp(name): c.tmp, name: c.before} {
+				if data != "-" {
+					if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			events := watchDir(t, dir)
+			if err := w.write(name, pid); err != nil {
+				t.Fatalf("%s, %s: %v", c.name, w.kind, err)
+			}
+			if got := events()[name]; !slices.Equal(got, []uint32{unix.IN_MOVED_TO}) {
+				t.Errorf("%s, %s: the pid file's events %#x, want only IN_MOVED_TO (%#x)", c.name, w.kind, got, unix.IN_MOVED_TO)
+			}
+			if data, err := os.ReadFile(name); err != nil || string(data) != strconv.Itoa(pid) {
+				t.Errorf("%s, %s: the pid file holds %q (%v), want %d", c.name, w.kind, data, err, pid)
+			}
+			if _, err := os.Lstat(pidTemp(name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s, %s: its temporary file stayed: %v", c.name, w.kind, err)
+			}
+		}
+	}
+}
+
+// watchDir watches dir; the function returned gives the events since, by
+// the name of the file each befell, in order.
+func watchDir(t *testing.T, dir string) func() map[string][]uint32 {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MODIFY|unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO|unix.IN_MOVED_FROM|unix.IN_DELETE); err != nil {
+		t.Fatal(err)
+	}
+	return func() map[string][]uint32 {
+		out := map[string][]uint32{}
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := unix.Read(fd, buf) // the events of the calls made are queued as they return
+			if errors.Is(err, unix.EAGAIN) {
+				return out
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for off := 0; off+unix.SizeofInotifyEvent <= n; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+				name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)], "\x00"))
+				out[name] = append(out[name], ev.Mask)
+				off += unix.SizeofInotifyEvent + int(ev.Len)
+			}
+		}
+	}
 }

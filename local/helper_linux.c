@@ -151,12 +151,22 @@ int write_file_atomic(const char *name, const char *data, size_t n) {
 	return 0;
 }
 
-/* write_pid_file writes a pid record in one write: a reader sees it
- * empty (no pid yet), or whole. The file may have been made ahead,
- * empty: it is truncated only if it is not (on ext4 a truncation to
- * nothing makes the file's close start its writeback: auto_da_alloc). */
+/* write_pid_file writes a pid record whole into "." name ".tmp" (in the
+ * working directory), then
+ * renames it into place: a reader finds no file (no pid yet), or all of
+ * it, never one created and not yet written (writePIDFile in Go, which
+ * names the temporary file alike). The temporary file may have been made
+ * ahead, empty (aheadFiles): it is truncated only if it is not (on ext4 a
+ * truncation to nothing makes the file's close start its writeback:
+ * auto_da_alloc); and the rename, onto a name not there yet, is no
+ * replace-by-rename, which would start it too. */
 int write_pid_file(const char *name, const char *data, size_t n) {
-	int fd = open(name, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	char tmp[256];
+	if ((size_t)snprintf(tmp, sizeof tmp, ".%s.tmp", name) >= sizeof tmp) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -1;
 	struct stat st;
@@ -165,9 +175,15 @@ int write_pid_file(const char *name, const char *data, size_t n) {
 		rc = ftruncate(fd, 0);
 	if (rc == 0)
 		rc = write_all(fd, data, n);
-	int e = errno;
-	close(fd);
-	errno = e;
+	if (close(fd) < 0 && rc == 0)
+		rc = -1;
+	if (rc == 0)
+		rc = rename(tmp, name);
+	if (rc < 0) {
+		int e = errno;
+		unlink(tmp);
+		errno = e;
+	}
 	return rc;
 }
 

@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -165,7 +164,7 @@ func runKeeper(log *slog.Logger, p *plan, planData []byte) int {
 	}
 	pid := cmd.Process.Pid
 	relErr := func() error {
-		if err := os.WriteFile(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		if err := writePIDFile(fileInitPID, pid); err != nil {
 			return err
 		}
 		if err := p.Cgroup.addProc(pid); err != nil {

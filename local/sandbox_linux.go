@@ -319,12 +319,11 @@ func (s *sbox) makeSpareExecDir(st sandboxState) error {
 }
 
 // aheadFiles are the files of a command's directory made ahead, empty:
-// its exec.json and the pid file its shim writes as it starts, which
-// writeExecRecord and write_pid_file fill without a truncation
-// (fillFile). An empty one reads
-// as none yet (readPID, Process), as it would between creation and
-// write.
-var aheadFiles = [...]string{fileExec, fileShimPID}
+// its exec.json, which writeExecRecord fills without a truncation
+// (fillFile; an empty one reads as none yet: Process), and the temporary
+// file its shim's pid is written into (write_pid_file, writePIDFile)
+// before it is renamed into place.
+var aheadFiles = [...]string{fileExec, "." + fileShimPID + ".tmp"}
 
 // makeExecDir makes the directory and status channel of command id, and
 // with ahead its aheadFiles.
@@ -397,6 +396,31 @@ func fillFile(path string, data []byte, flags int) error {
 	return err
 }
 
+// pidTemp is where a pid file is written before it is renamed into
+// place (write_pid_file in C names it alike); made ahead, empty, in a
+// command's directory (aheadFiles).
+func pidTemp(path string) string {
+	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+}
+
+// writePIDFile writes pid whole into pidTemp(path), then renames it into
+// place: a reader finds no file (no pid yet), or all of it, never one
+// created and not yet written. The temporary file may have been made
+// ahead, empty (fillFile); the rename, onto a name not there yet, is no
+// replace-by-rename (which on ext4 starts the file's writeback).
+func writePIDFile(path string, pid int) error {
+	tmp := pidTemp(path)
+	err := fillFile(tmp, []byte(strconv.Itoa(pid)), os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
 // started records a shim this server started, and returns its process.
 // A shim the sandbox's keeper started (shim nil) records its own pid,
 // and its end is the end of recorded (its pipe closes with it, at the
@@ -407,7 +431,7 @@ func (s *sbox) started(id, dir string, shim *exec.Cmd, recorded chan struct{}) *
 		p.done = recorded
 		s.b.log.Info("sandbox exec", "sandbox", s.id, "exec", id, "shim", "the keeper's")
 	} else {
-		if err := fillFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), os.O_WRONLY|os.O_CREATE); err != nil {
+		if err := writePIDFile(filepath.Join(dir, fileShimPID), shim.Process.Pid); err != nil {
 			s.b.log.Warn("record shim pid", "sandbox", s.id, "err", err)
 		}
 		go func() {

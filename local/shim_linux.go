@@ -439,7 +439,7 @@ func supervise(log *slog.Logger, p *plan, planData []byte, loadErr error) exitRe
 	}
 	release := func() error {
 		// One write: a reader sees no pid yet, or all of it.
-		if err := os.WriteFile(fileInitPID, []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		if err := writePIDFile(fileInitPID, pid); err != nil {
 			return err
 		}
 		if err := p.Cgroup.addProc(pid); err != nil {

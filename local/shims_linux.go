@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -74,7 +73,7 @@ func (sh *shims) startKeeper(dir string, st sandboxState) error {
 		return err
 	}
 	go shim.Wait() // it outlives this call; reaped when it ends while this server runs
-	if err := os.WriteFile(filepath.Join(dir, fileShimPID), []byte(strconv.Itoa(shim.Process.Pid)), 0o600); err != nil {
+	if err := writePIDFile(filepath.Join(dir, fileShimPID), shim.Process.Pid); err != nil {
 		return err
 	}
 	readyR.SetReadDeadline(time.Now().Add(keeperTimeout))
