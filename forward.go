@@ -1,6 +1,9 @@
 package delegate
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // Several servers sharing one store (issue 37): a command for a local kept
 // sandbox runs on the server that holds it, since only a server on its
@@ -16,14 +19,20 @@ const ForwardPath = "/forward/submit"
 // hex HMAC-SHA256 of its body, keyed by the store's secret).
 const ForwardSignatureHeader = "Delegate-Forward-Signature"
 
+// ForwardKeyHeader proves the sender knows the store's secret before its
+// body is read: the hex HMAC-SHA256 of "to " and the holder's server id,
+// keyed by the secret.
+const ForwardKeyHeader = "Delegate-Forward-Key"
+
 // ForwardService takes the commands another server of the store forwards
 // to this one.
 type ForwardService interface {
-	// AcceptForward checks a forwarded request (its signature, that it
-	// is meant for this server, that it is fresh and not seen before)
-	// and submits its command as the principal of the original request,
-	// whose scopes and rights it checks as for its own clients.
-	AcceptForward(ctx context.Context, body []byte, signature string) (*Job, error)
+	// AcceptForward checks a forwarded request (its key before it reads
+	// body, then its signature, that it is meant for this server, that it
+	// is fresh and not seen before) and submits its command as the
+	// principal of the original request, whose scopes and rights it
+	// checks as for its own clients.
+	AcceptForward(ctx context.Context, key, signature string, body io.Reader) (*Job, error)
 }
 
 // ForwardAnswer is the holding server's answer: the job it stored, or

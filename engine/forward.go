@@ -130,6 +130,9 @@ func (f *forwarder) mac(body []byte) []byte {
 	return mac.Sum(nil)
 }
 
+// key is the key of requests meant for server to.
+func (f *forwarder) key(to string) []byte { return f.mac([]byte("to " + to)) }
+
 type forwardedKey struct{}
 
 // forwardedOf is the forwarded request ctx submits (nil: not forwarded).
@@ -155,7 +158,7 @@ func (f *forwarder) send(ctx context.Context, holder delegate.Server, m delegate
 		return nil, fmt.Errorf("forward the command: %w", err)
 	}
 	log := f.fwdLog.With("sandbox", m.Sandbox, "to", holder.ID, "addr", holder.Addr, "job", req.JobID)
-	ans, err := f.post(ctx, holder.Addr, body)
+	ans, err := f.post(ctx, holder.Addr, holder.ID, body)
 	if err != nil {
 		// The answer may be what was lost: the job then is in the store.
 		if job, gerr := f.jobStore.GetJob(context.WithoutCancel(ctx), req.JobID); gerr == nil {
@@ -178,8 +181,8 @@ func (f *forwarder) send(ctx context.Context, holder delegate.Server, m delegate
 	return job, nil
 }
 
-// post sends a signed request to the server at addr and reads its answer.
-func (f *forwarder) post(ctx context.Context, addr string, body []byte) (delegate.ForwardAnswer, error) {
+// post sends a signed request to server to at addr and reads its answer.
+func (f *forwarder) post(ctx context.Context, addr, to string, body []byte) (delegate.ForwardAnswer, error) {
 	var ans delegate.ForwardAnswer
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(addr, "/")+delegate.ForwardPath, bytes.NewReader(body))
 	if err != nil {
@@ -187,6 +190,7 @@ func (f *forwarder) post(ctx context.Context, addr string, body []byte) (delegat
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set(delegate.ForwardSignatureHeader, hex.EncodeToString(f.mac(body)))
+	hreq.Header.Set(delegate.ForwardKeyHeader, hex.EncodeToString(f.key(to)))
 	resp, err := f.fwdClient.Do(hreq)
 	if err != nil {
 		return ans, err
@@ -223,9 +227,18 @@ func (e *unsigned) Unwrap() error { return delegate.ErrUnauthenticated }
 
 // AcceptForward takes a command another server forwarded here
 // (delegate.ForwardService).
-func (f *forwarder) AcceptForward(ctx context.Context, body []byte, signature string) (*delegate.Job, error) {
+func (f *forwarder) AcceptForward(ctx context.Context, key, signature string, r io.Reader) (*delegate.Job, error) {
 	if f.fwdSecret.Load() == nil {
 		return nil, &unsigned{"this server shares no store with other servers, and takes no forwarded command"}
+	}
+	// The key first: a sender that does not know the secret is turned
+	// away before its body is read.
+	if k, err := hex.DecodeString(key); err != nil || !hmac.Equal(k, f.key(f.holders.me.ID)) {
+		return nil, &unsigned{"a forwarded command: its key is not this server's by the store's secret (or it was meant for a server that stopped: send it again)"}
+	}
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("a forwarded command's request could not be read whole: %v: %w", err, delegate.ErrInvalid)
 	}
 	want, err := hex.DecodeString(signature)
 	if err != nil || !hmac.Equal(want, f.mac(body)) {

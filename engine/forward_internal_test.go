@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +20,8 @@ import (
 // server (not a predecessor), sent within the window on the store's clock
 // and not seen before; the principal it names must have the scopes a
 // command in a sandbox needs, and the command is submitted as that
-// principal, with the sender's job id.
+// principal, with the sender's job id. A request without the key of this
+// server is turned away before its body is read.
 func TestAcceptForward(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -38,11 +41,14 @@ func TestAcceptForward(t *testing.T) {
 		got = append(got, took{delegate.PrincipalOf(ctx), forwardedOf(ctx), m})
 		return &delegate.Job{ID: forwardedOf(ctx).JobID}, nil
 	}
-	if _, err := f.AcceptForward(ctx, []byte("{}"), ""); !errors.Is(err, delegate.ErrUnauthenticated) {
+	accept := func(key, sig string, body []byte) (*delegate.Job, error) {
+		return f.AcceptForward(ctx, key, sig, bytes.NewReader(body))
+	}
+	if _, err := accept("", "", []byte("{}")); !errors.Is(err, delegate.ErrUnauthenticated) {
 		t.Fatalf("without the store's secret: %v", err)
 	}
-	key := []byte("the store's secret")
-	f.fwdSecret.Store(&key)
+	secret := []byte("the store's secret")
+	f.fwdSecret.Store(&secret)
 	alice := &delegate.Principal{Name: "alice", Scopes: []delegate.Scope{delegate.ScopeJobs, delegate.ScopeSandboxes}}
 	request := func(change func(*forwardRequest)) []byte {
 		r := forwardRequest{ID: newJobID(), JobID: newJobID(), From: "there/4/5/6", To: "here/1/2/3", At: l.now(), Principal: alice,
@@ -54,13 +60,22 @@ func TestAcceptForward(t *testing.T) {
 		return b
 	}
 	sign := func(b []byte) string { return hex.EncodeToString(f.mac(b)) }
+	key := hex.EncodeToString(f.key("here/1/2/3"))
 	good := request(nil)
-	job, err := f.AcceptForward(ctx, good, sign(good))
+	job, err := accept(key, sign(good), good)
 	if err != nil || len(got) != 1 || got[0].principal.Name != "alice" || got[0].fwd == nil || got[0].fwd.JobID != job.ID ||
 		got[0].m.Task != "make test" || got[0].m.Sandbox != "sb-1" {
 		t.Fatalf("a good request: %v, %+v", err, got)
 	}
 	other := []byte("another secret")
+	// Without the key (or the key of another server), the body is not
+	// even read.
+	for _, k := range []string{"", "00", hex.EncodeToString(f.key("here/1/2/0"))} {
+		body := &countingReader{r: bytes.NewReader(request(nil))}
+		if _, err := f.AcceptForward(ctx, k, sign(request(nil)), body); !errors.Is(err, delegate.ErrUnauthenticated) || body.n != 0 {
+			t.Errorf("key %q: %v, %d bytes read", k, err, body.n)
+		}
+	}
 	for _, c := range []struct {
 		name string
 		body []byte
@@ -85,7 +100,7 @@ func TestAcceptForward(t *testing.T) {
 			r.Principal = &delegate.Principal{Name: "bob", Scopes: []delegate.Scope{delegate.ScopeJobs}}
 		}), sign, delegate.ErrForbidden, "bob's token"},
 	} {
-		_, err := f.AcceptForward(ctx, c.body, c.sig(c.body))
+		_, err := accept(key, c.sig(c.body), c.body)
 		if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %v saying %q", c.name, err, c.kind, c.want)
 		}
@@ -99,4 +114,16 @@ func TestAcceptForward(t *testing.T) {
 	if delegate.ErrorKind(fe) != delegate.KindInvalid || !strings.Contains(fe.Error(), "manifest.sandbox: no") {
 		t.Errorf("a refusal of kind invalid: %v is %v", fe, delegate.ErrorKind(fe))
 	}
+}
+
+// countingReader counts what is read of r.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 
@@ -16,20 +15,16 @@ const MaxForwardBody = 96 << 20
 // ForwardHandler serves POST delegate.ForwardPath on the --http listener:
 // the commands another server of the shared store forwards to this one,
 // which holds their kept sandbox. They carry no user's token: the service
-// checks the request's signature (the store's secret) and then the
+// checks the request's key (before it reads the body, at most
+// MaxForwardBody bytes) and signature (the store's secret), then the
 // principal it names. The answer is a delegate.ForwardAnswer.
 func ForwardHandler(svc delegate.ForwardService, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxForwardBody))
-		if err != nil {
-			writeForward(w, http.StatusRequestEntityTooLarge, delegate.ForwardAnswer{Kind: delegate.KindInvalid.String(),
-				Error: "a forwarded command's request could not be read whole (at most 96 MiB): " + err.Error()})
-			return
-		}
-		job, err := svc.AcceptForward(r.Context(), body, r.Header.Get(delegate.ForwardSignatureHeader))
+		job, err := svc.AcceptForward(r.Context(), r.Header.Get(delegate.ForwardKeyHeader), r.Header.Get(delegate.ForwardSignatureHeader),
+			http.MaxBytesReader(w, r.Body, MaxForwardBody))
 		if err == nil {
 			writeForward(w, http.StatusOK, delegate.ForwardAnswer{JobID: job.ID})
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,11 +14,18 @@ import (
 	"github.com/delegate-dev/delegate/httpapi"
 )
 
-// forwardTaker takes a body "ok" signed "sig"; refuses the rest by what
-// they say.
+// forwardTaker takes a body "ok" signed "sig" with key "key"; refuses
+// the rest by what they say.
 type forwardTaker struct{}
 
-func (forwardTaker) AcceptForward(_ context.Context, body []byte, sig string) (*delegate.Job, error) {
+func (forwardTaker) AcceptForward(_ context.Context, key, sig string, r io.Reader) (*delegate.Job, error) {
+	if key != "key" {
+		return nil, fmt.Errorf("a forwarded command: its key is not this server's (%w)", delegate.ErrUnauthenticated)
+	}
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("a forwarded command's request could not be read whole: %v: %w", err, delegate.ErrInvalid)
+	}
 	switch {
 	case sig != "sig":
 		return nil, fmt.Errorf("a forwarded command: its signature is not the store's secret's (%w)", delegate.ErrUnauthenticated)
@@ -49,6 +57,7 @@ func TestForwardHandler(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+delegate.ForwardPath, strings.NewReader(c.body))
 		req.Header.Set(delegate.ForwardSignatureHeader, c.sig)
+		req.Header.Set(delegate.ForwardKeyHeader, "key")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
