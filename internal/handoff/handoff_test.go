@@ -202,3 +202,46 @@ func TestSocketMode(t *testing.T) {
 		t.Errorf("a second Listen: %v, %v; want nil, nil", s, err)
 	}
 }
+
+// TestHandOffRefusesServersOfAnotherUID: a socket in the data dir that a
+// process of another uid listens on (a data dir others may write to) is
+// not handed the command (nor the client's environment and terminal):
+// the client runs it itself.
+func TestHandOffRefusesServersOfAnotherUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to listen as another uid")
+	}
+	// Not t.TempDir: its parent is root's alone.
+	dir, err := os.MkdirTemp("", "handoff-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	// python3, as nobody, answers any request with exit status 7.
+	py := `import os,socket,sys,struct
+os.setgid(65534); os.setuid(65534)
+s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); print('ready',flush=True)
+c,_=s.accept(); c.recv(1<<20); c.sendall(b'X'+struct.pack('<i',7)); c.close()`
+	srv := exec.Command("python3", "-c", py, filepath.Join(dir, front.SocketName))
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Skipf("python3: %v", err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	ready := make([]byte, len("ready\n"))
+	if _, err := io.ReadFull(out, ready); err != nil {
+		t.Fatalf("the other uid's server: %v", err)
+	}
+	cmd := client(dir, "run", "--script", "true")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if code := exitStatus(t, cmd.Run()); code != notHanded {
+		t.Fatalf("exit %d (stderr %q); want %d: the command was handed to uid 65534", code, errb.String(), notHanded)
+	}
+}

@@ -62,6 +62,12 @@ func handOff(dataDir string, args []string) (int, error) {
 	if err := syscall.Connect(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
 		return 0, errNoServer
 	}
+	// The server must be of this process's uid: a data dir another uid
+	// can write to (DELEGATE_DATA_DIR=/tmp/...) must not get this
+	// process's environment, its terminal and its exit status.
+	if cred, err := syscall.GetsockoptUcred(fd, syscall.SOL_SOCKET, syscall.SO_PEERCRED); err != nil || int(cred.Uid) != os.Geteuid() {
+		return 0, errNoServer
+	}
 	cwd, _ := os.Getwd()
 	body := EncodeBody(args, os.Environ(), cwd)
 	// From here the server may run the command: a Ctrl-C is its.

@@ -180,6 +180,15 @@ static void hf_try(char **argv, int n) {
 		close(s);
 		return;
 	}
+	/* The server must be of this process's uid: a data dir another uid
+	 * can write to (DELEGATE_DATA_DIR=/tmp/...) must not get it this
+	 * process's environment, its terminal and its exit status. */
+	struct ucred cr;
+	socklen_t crlen = sizeof cr;
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 || cr.uid != geteuid()) {
+		close(s);
+		return;
+	}
 	struct hf_buf body = {0};
 	hf_u32(&body, (uint32_t)(n - 1));
 	for (int i = 1; i < n; i++)
