@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -107,9 +108,9 @@ func TestHandOff(t *testing.T) {
 // TestHandOffDeclined: a declined command, a command that is not run or
 // exec, and a data dir without a server all come back to the client.
 func TestHandOffDeclined(t *testing.T) {
-	asked := 0
+	var asked atomic.Int32 // atomic: the race detector does not see the socket between the handler and the test
 	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
-		asked++
+		asked.Add(1)
 		return 0, true
 	})
 	for _, c := range []struct {
@@ -126,8 +127,8 @@ func TestHandOffDeclined(t *testing.T) {
 		cmd := client(c.dir, c.args...)
 		var errb bytes.Buffer
 		cmd.Stderr = &errb
-		if code := exitStatus(t, cmd.Run()); code != notHanded || asked != c.asks {
-			t.Errorf("%s %q: exit %d (stderr %q), server asked %d times; want %d, %d", c.dir, c.args, code, errb.String(), asked, notHanded, c.asks)
+		if code := exitStatus(t, cmd.Run()); code != notHanded || int(asked.Load()) != c.asks {
+			t.Errorf("%s %q: exit %d (stderr %q), server asked %d times; want %d, %d", c.dir, c.args, code, errb.String(), asked.Load(), notHanded, c.asks)
 		}
 	}
 }
