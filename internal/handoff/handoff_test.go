@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -245,4 +246,68 @@ c,_=s.accept(); c.recv(1<<20); c.sendall(b'X'+struct.pack('<i',7)); c.close()`
 	if code := exitStatus(t, cmd.Run()); code != notHanded {
 		t.Fatalf("exit %d (stderr %q); want %d: the command was handed to uid 65534", code, errb.String(), notHanded)
 	}
+}
+
+// TestServeEndsWithASilentClient: a client that connects and sends
+// nothing (stopped by Ctrl-Z, say) neither holds its connection for
+// ever nor keeps the server from ending.
+func TestServeEndsWithASilentClient(t *testing.T) {
+	dir, err := os.MkdirTemp("", "handoff-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	serve := func(timeout time.Duration) (context.CancelFunc, chan error) {
+		s, err := Listen(dir, slog.New(slog.DiscardHandler))
+		if err != nil || s == nil {
+			t.Fatalf("Listen: %v, %v", s, err)
+		}
+		s.requestTimeout = timeout
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(ctx, func(context.Context, *Request) (int, bool) { return 0, false }) }()
+		return cancel, done
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", filepath.Join(dir, front.SocketName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(time.Minute)) // a failure, not a hang
+		return c
+	}
+	wait := func(done chan error) {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("Serve did not end with a silent client connected")
+		}
+	}
+	// Past its time, the server declines a silent client and hangs up.
+	cancel, done := serve(100 * time.Millisecond)
+	answer, err := io.ReadAll(dial())
+	if string(answer) != "D" || err != nil {
+		t.Errorf("a silent client was answered %q, %v; want \"D\" and the end", answer, err)
+	}
+	cancel()
+	wait(done)
+	// One half-way through its header when the server stops.
+	cancel, done = serve(time.Hour)
+	c := dial()
+	c.Write([]byte("DLG"))
+	// A second client answered: the first's request is being read.
+	c2 := dial().(*net.UnixConn)
+	body := front.EncodeBody([]string{"run"}, nil, "/")
+	if _, _, err := c2.WriteMsgUnix(append(front.Header(len(body)), body...), syscall.UnixRights(0, 1, 2), nil); err != nil {
+		t.Fatal(err)
+	}
+	if answer, err := io.ReadAll(c2); len(answer) != 5 || answer[0] != front.FrameExit {
+		t.Fatalf("a whole request was answered %q, %v", answer, err)
+	}
+	cancel()
+	wait(done)
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/delegate-dev/delegate/internal/handoff/front"
 )
@@ -33,7 +34,14 @@ type Server struct {
 	path string
 	exe  os.FileInfo // this binary, which a client must be too
 	log  *slog.Logger
+	// requestTimeout bounds the reading of a request: a client that
+	// connects and stops (Ctrl-Z) is declined, not waited for.
+	requestTimeout time.Duration
 }
+
+// requestTimeout is Server.requestTimeout's default: a request is sent
+// whole as soon as the client has connected.
+const requestTimeout = 10 * time.Second
 
 // Listen takes dataDir's socket (mode 0600) for this process. It returns
 // nil and no error when another server holds it: one server a data dir
@@ -73,7 +81,7 @@ func Listen(dataDir string, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("handoff: %w", err)
 	}
 	ln.SetUnlinkOnClose(false) // removed by Serve, under the lock
-	return &Server{ln: ln, lock: lock, path: path, exe: exe, log: log}, nil
+	return &Server{ln: ln, lock: lock, path: path, exe: exe, log: log, requestTimeout: requestTimeout}, nil
 }
 
 // Serve answers requests with h until ctx ends, then waits for the
@@ -115,7 +123,14 @@ func (s *Server) Close() {
 
 func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, h Handler) {
 	defer conn.Close()
+	// The request is read by its time or until the server stops (Serve
+	// waits for this connection).
+	conn.SetReadDeadline(time.Now().Add(s.requestTimeout))
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
 	req, err := s.read(conn)
+	stop()
+	// (When the server stops meanwhile, the command's context has ended.)
+	conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		// Declined: the client runs the command itself (another uid,
 		// such as root, or another build of delegate, may well).
