@@ -245,9 +245,10 @@ static void close_strays(void) {
 			close(fd);
 }
 
-/* The start of .data (crt1's): what the writable segment holds before
- * it (the GOT, written by the loader) is the loader's. */
-extern char __data_start[];
+/* The start of .data (glibc's crt1 defines it): what the writable
+ * segment holds before it (the GOT, written by the loader) is the
+ * loader's. Weak: a C runtime without it leaves the segment whole. */
+extern char __data_start[] __attribute__((weak));
 
 /* data_written says whether the page at pg of the writable segment may
  * hold what a C helper wrote, rather than the file's content: the
@@ -262,7 +263,7 @@ static int data_written(uintptr_t pg, uintptr_t page) {
 		const void *start;
 		size_t size;
 	} vars[] = {{&logfd, sizeof logfd}, {&report_fd, sizeof report_fd}, {&kept_fd, sizeof kept_fd}};
-	if (pg < (((uintptr_t)__data_start & ~(page - 1)) + page))
+	if (__data_start == NULL || pg < (((uintptr_t)__data_start & ~(page - 1)) + page))
 		return 1;
 	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
 		uintptr_t first = (uintptr_t)vars[i].start & ~(page - 1);
