@@ -387,21 +387,25 @@ type questionScanner struct {
 // What a job's status channel may make the follow loop do about
 // questions, so that a flood of question lines cannot hold it up (a job
 // is killed at its timeout whatever it writes; TestQuestionFlood): at
-// most questionLinesPerTick distinct question lines are asked per read of
-// the channel (a line seen before is skipped; past the budget the read's
+// most questionLinesPerTick distinct question lines are asked per tick of
+// the loop, and as many at the job's end, however many reads of the
+// channel that takes (a line seen before is skipped; past the budget the
 // other question lines are dropped, which only a flood reaches), and at
-// most maxRefusalFiles refusals are written into the sandbox.
+// most maxRefusalFiles refusals are written into the sandbox. (The budget
+// was per read, of 64 KiB: a tick of four reads asked 128 questions, each
+// a store transaction and a read, and the end of a job that had flooded
+// the channel up to 4,096: seconds a tick and tens of seconds at the end
+// on a loaded machine, the timeout seconds late.)
 const (
 	questionLinesPerTick = 32
 	maxSeenLines         = 1024
 	maxRefusalFiles      = 16
 )
 
-// questions calls ask with each question line of b not seen before, at
-// most questionLinesPerTick of them.
-func (s *questionScanner) questions(b []byte, final bool, ask func(line string)) {
-	budget := questionLinesPerTick
-	s.scan(b, final, func(line []byte) { s.take(line, &budget, ask) })
+// questions calls ask with each question line of b not seen before, while
+// budget lasts (each ask takes one).
+func (s *questionScanner) questions(b []byte, final bool, budget *int, ask func(line string)) {
+	s.scan(b, final, func(line []byte) { s.take(line, budget, ask) })
 }
 
 // take asks line if it was not seen and the budget allows.

@@ -227,6 +227,7 @@ func (t *tracker) collectEvents(ctx context.Context, final bool) {
 	if final {
 		budget = maxEventsAtEnd
 	}
+	asks := questionLinesPerTick // for all the reads below
 	for moved := 0; moved < budget; {
 		b, err := t.proc.ReadEvents(ctx, t.eventsRead, eventsChunk)
 		if err != nil {
@@ -236,7 +237,7 @@ func (t *tracker) collectEvents(ctx context.Context, final bool) {
 		moved += len(b)
 		lines, skipped := t.events.tail(b, final && len(b) == 0, keep)
 		t.statusLines(lines, skipped)
-		t.questionLines(ctx, b, final && len(b) == 0)
+		t.questionLines(ctx, b, final && len(b) == 0, &asks)
 		if len(b) == 0 {
 			t.collectLatest(ctx)
 			return
@@ -270,9 +271,10 @@ func (t *tracker) collectLatest(ctx context.Context) {
 
 // questionLines asks the questions among the status lines in b. Every
 // line is looked at, not only those a flood leaves for the progress (see
-// collectEvents): a question must not be lost among them.
-func (t *tracker) questionLines(ctx context.Context, b []byte, final bool) {
-	t.asks.questions(b, final, func(line string) { t.f.questions.statusLine(ctx, t.id, line) })
+// collectEvents): a question must not be lost among them. Each asked
+// takes one of budget.
+func (t *tracker) questionLines(ctx context.Context, b []byte, final bool, budget *int) {
+	t.asks.questions(b, final, budget, func(line string) { t.f.questions.statusLine(ctx, t.id, line) })
 }
 
 func (t *tracker) timeline() bool { return t.m.StatusMode != delegate.StatusModeSimple }
