@@ -20,8 +20,9 @@ const ForwardPath = "/forward/submit"
 const ForwardSignatureHeader = "Delegate-Forward-Signature"
 
 // ForwardKeyHeader proves the sender knows the store's secret before its
-// body is read: the hex HMAC-SHA256 of "to " and the holder's server id,
-// keyed by the secret.
+// body is read: "SECONDS.MAC", the time it was made (Unix seconds, the
+// store's clock; good for a minute) and the hex HMAC-SHA256, keyed by the
+// secret, of "to ", the holder's server id, " at " and SECONDS.
 const ForwardKeyHeader = "Delegate-Forward-Key"
 
 // ForwardService takes the commands another server of the store forwards

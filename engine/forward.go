@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,8 +131,28 @@ func (f *forwarder) mac(body []byte) []byte {
 	return mac.Sum(nil)
 }
 
-// key is the key of requests meant for server to.
-func (f *forwarder) key(to string) []byte { return f.mac([]byte("to " + to)) }
+// key is the key of a request meant for server to, sent at at (the
+// store's clock): "SECONDS.MAC", where MAC signs both. It is good for
+// forwardWindow: one overheard (on a listener without TLS) does not let
+// a stranger make the holder read bodies for the rest of its life.
+func (f *forwarder) key(to string, at time.Time) string {
+	sec := strconv.FormatInt(at.Unix(), 10)
+	return sec + "." + hex.EncodeToString(f.mac([]byte("to "+to+" at "+sec)))
+}
+
+// keyFresh checks a request's key: this server's, made within
+// forwardWindow of now on the store's clock.
+func (f *forwarder) keyFresh(key string) bool {
+	sec, _, ok := strings.Cut(key, ".")
+	at, err := strconv.ParseInt(sec, 10, 64)
+	if !ok || err != nil {
+		return false
+	}
+	if d := f.holders.now().Sub(time.Unix(at, 0)); d > forwardWindow || d < -forwardWindow {
+		return false
+	}
+	return hmac.Equal([]byte(key), []byte(f.key(f.holders.me.ID, time.Unix(at, 0))))
+}
 
 type forwardedKey struct{}
 
@@ -190,7 +211,7 @@ func (f *forwarder) post(ctx context.Context, addr, to string, body []byte) (del
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set(delegate.ForwardSignatureHeader, hex.EncodeToString(f.mac(body)))
-	hreq.Header.Set(delegate.ForwardKeyHeader, hex.EncodeToString(f.key(to)))
+	hreq.Header.Set(delegate.ForwardKeyHeader, f.key(to, f.holders.now()))
 	resp, err := f.fwdClient.Do(hreq)
 	if err != nil {
 		return ans, err
@@ -233,8 +254,9 @@ func (f *forwarder) AcceptForward(ctx context.Context, key, signature string, r 
 	}
 	// The key first: a sender that does not know the secret is turned
 	// away before its body is read.
-	if k, err := hex.DecodeString(key); err != nil || !hmac.Equal(k, f.key(f.holders.me.ID)) {
-		return nil, &unsigned{"a forwarded command: its key is not this server's by the store's secret (or it was meant for a server that stopped: send it again)"}
+	if !f.keyFresh(key) {
+		return nil, &unsigned{"a forwarded command: its key is not this server's by the store's secret, or not made within " + forwardWindow.String() +
+			" on the store's clock (or it was meant for a server that stopped): send it again"}
 	}
 	body, err := io.ReadAll(r)
 	if err != nil {

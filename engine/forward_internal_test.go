@@ -60,7 +60,7 @@ func TestAcceptForward(t *testing.T) {
 		return b
 	}
 	sign := func(b []byte) string { return hex.EncodeToString(f.mac(b)) }
-	key := hex.EncodeToString(f.key("here/1/2/3"))
+	key := f.key("here/1/2/3", l.now())
 	good := request(nil)
 	job, err := accept(key, sign(good), good)
 	if err != nil || len(got) != 1 || got[0].principal.Name != "alice" || got[0].fwd == nil || got[0].fwd.JobID != job.ID ||
@@ -70,7 +70,9 @@ func TestAcceptForward(t *testing.T) {
 	other := []byte("another secret")
 	// Without the key (or the key of another server), the body is not
 	// even read.
-	for _, k := range []string{"", "00", hex.EncodeToString(f.key("here/1/2/0"))} {
+	// Nor with one made longer ago than the window (overheard).
+	for _, k := range []string{"", "00", flipLast(key), f.key("here/1/2/0", l.now()), f.key("here/1/2/3", l.now().Add(-2*forwardWindow)),
+		f.key("here/1/2/3", l.now().Add(2*forwardWindow))} {
 		body := &countingReader{r: bytes.NewReader(request(nil))}
 		if _, err := f.AcceptForward(ctx, k, sign(request(nil)), body); !errors.Is(err, delegate.ErrUnauthenticated) || body.n != 0 {
 			t.Errorf("key %q: %v, %d bytes read", k, err, body.n)
@@ -114,6 +116,14 @@ func TestAcceptForward(t *testing.T) {
 	if delegate.ErrorKind(fe) != delegate.KindInvalid || !strings.Contains(fe.Error(), "manifest.sandbox: no") {
 		t.Errorf("a refusal of kind invalid: %v is %v", fe, delegate.ErrorKind(fe))
 	}
+}
+
+// flipLast is s with its last character changed.
+func flipLast(s string) string {
+	if strings.HasSuffix(s, "0") {
+		return s[:len(s)-1] + "1"
+	}
+	return s[:len(s)-1] + "0"
 }
 
 // countingReader counts what is read of r.
