@@ -311,3 +311,24 @@ func TestServeEndsWithASilentClient(t *testing.T) {
 	cancel()
 	wait(done)
 }
+
+// TestListenFollowsNoLink: a link left as the lock file (by whoever could
+// write the data dir) does not have the server create, or lock, the file
+// it names.
+func TestListenFollowsNoLink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(t.TempDir(), "nologin")
+	if err := os.Symlink(target, filepath.Join(dir, lockName)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Listen(dir, slog.New(slog.DiscardHandler))
+	if s != nil {
+		s.Close()
+	}
+	if _, serr := os.Lstat(target); !os.IsNotExist(serr) {
+		t.Errorf("Listen (%v, %v) made %s through the link: %v", s, err, target, serr)
+	}
+	if err == nil || !strings.Contains(err.Error(), lockName) {
+		t.Errorf("Listen: %v; want an error naming %s", err, lockName)
+	}
+}

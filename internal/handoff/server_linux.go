@@ -55,9 +55,11 @@ func Listen(dataDir string, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("handoff: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dataDir, lockName), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	// Not through a link: one left there would have this server create
+	// the file it names (as root, /etc/nologin say).
+	lock, err := os.OpenFile(filepath.Join(dataDir, lockName), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("handoff: %w", err)
+		return nil, fmt.Errorf("handoff: the lock file (a regular file, not a link): %w", err)
 	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
