@@ -332,3 +332,25 @@ func TestListenFollowsNoLink(t *testing.T) {
 		t.Errorf("Listen: %v; want an error naming %s", err, lockName)
 	}
 }
+
+// TestHandOffRefusesOtherMountNamespaces: a client of the server's uid
+// and binary that sees another filesystem (another mount namespace: a
+// container, a confined application, a private /tmp) is declined and
+// runs the command itself, where its paths (--file /tmp/x, its working
+// directory) mean what it sees, not what the server would read.
+func TestHandOffRefusesOtherMountNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a mount namespace")
+	}
+	dir := testServer(t, func(ctx context.Context, r *Request) (int, bool) {
+		t.Error("a client of another mount namespace was served")
+		return 0, false
+	})
+	cmd := client(dir, "run", "--script", "true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if code := exitStatus(t, cmd.Run()); code != notHanded {
+		t.Fatalf("exit %d (stderr %q); want %d", code, errb.String(), notHanded)
+	}
+}

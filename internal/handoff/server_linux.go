@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +34,11 @@ type Server struct {
 	lock *os.File
 	path string
 	exe  os.FileInfo // this binary, which a client must be too
+	// view is this process's mount namespace and root directory, which
+	// a client's must be: a client that sees another filesystem (a
+	// container, a confined application, a private /tmp) means by its
+	// paths what the server would not read.
+	view [2]os.FileInfo
 	log  *slog.Logger
 	// requestTimeout bounds the reading of a request: a client that
 	// connects and stops (Ctrl-Z) is declined, not waited for.
@@ -54,6 +60,12 @@ func Listen(dataDir string, log *slog.Logger) (*Server, error) {
 	exe, err := os.Stat("/proc/self/exe")
 	if err != nil {
 		return nil, fmt.Errorf("handoff: %w", err)
+	}
+	var view [2]os.FileInfo
+	for i, p := range viewPaths {
+		if view[i], err = os.Stat(fmt.Sprintf(p, "self")); err != nil {
+			return nil, fmt.Errorf("handoff: %w", err)
+		}
 	}
 	// Not through a link: one left there would have this server create
 	// the file it names (as root, /etc/nologin say).
@@ -83,7 +95,7 @@ func Listen(dataDir string, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("handoff: %w", err)
 	}
 	ln.SetUnlinkOnClose(false) // removed by Serve, under the lock
-	return &Server{ln: ln, lock: lock, path: path, exe: exe, log: log, requestTimeout: requestTimeout}, nil
+	return &Server{ln: ln, lock: lock, path: path, exe: exe, view: view, log: log, requestTimeout: requestTimeout}, nil
 }
 
 // Serve answers requests with h until ctx ends, then waits for the
@@ -165,6 +177,10 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, h Handler) {
 	conn.Write(binary.LittleEndian.AppendUint32([]byte{front.FrameExit}, uint32(int32(code))))
 }
 
+// viewPaths are a process's mount namespace and root directory (of
+// "self" or a pid), which a client's must share with the server's.
+var viewPaths = [...]string{"/proc/%s/ns/mnt", "/proc/%s/root"}
+
 // read reads a request and checks who sent it.
 func (s *Server) read(conn *net.UnixConn) (*Request, error) {
 	raw, err := conn.SyscallConn()
@@ -183,6 +199,11 @@ func (s *Server) read(conn *net.UnixConn) (*Request, error) {
 	}
 	if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", cred.Pid)); err != nil || !os.SameFile(exe, s.exe) {
 		return nil, fmt.Errorf("process %d does not run this server's binary", cred.Pid)
+	}
+	for i, p := range viewPaths {
+		if fi, err := os.Stat(fmt.Sprintf(p, strconv.Itoa(int(cred.Pid)))); err != nil || !os.SameFile(fi, s.view[i]) {
+			return nil, fmt.Errorf("process %d sees another filesystem than this server (%s)", cred.Pid, p)
+		}
 	}
 	buf := make([]byte, front.HeaderLen)
 	oob := make([]byte, syscall.CmsgSpace(3*4))
