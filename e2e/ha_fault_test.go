@@ -15,20 +15,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/pgproxy"
 	"github.com/delegate-dev/delegate/postgres/pgtest"
 	"github.com/delegate-dev/delegate/pvesim"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -219,11 +216,11 @@ func TestFaultServersPause(t *testing.T) {
 // finish them.
 func TestFaultServerCutFromStore(t *testing.T) {
 	c := newHACluster(t)
-	proxy := newTCPProxy(t, c.url)
-	a := c.start(t, "a", proxy.url(c.url))
+	proxy := pgproxy.New(t, c.url)
+	a := c.start(t, "a", proxy.URL)
 	b := c.start(t, "b", "")
 	ids := submitJobs(t, a.session(t), 4, 8)
-	proxy.cut()
+	proxy.Cut()
 	testkit.Eventually(t, 10*time.Second, "a gives its lease up", func() bool {
 		return a.metric(t, "delegate_lease_live") == 0 && strings.Contains(a.stderr.String(), "lease lost")
 	})
@@ -244,11 +241,11 @@ func TestFaultServerCutFromStore(t *testing.T) {
 // adopts the other's: every job ends success with its whole output, once.
 func TestFaultStoreOutage(t *testing.T) {
 	c := newHACluster(t)
-	proxy := newTCPProxy(t, c.url)
-	a, b := c.start(t, "a", proxy.url(c.url)), c.start(t, "b", proxy.url(c.url))
+	proxy := pgproxy.New(t, c.url)
+	a, b := c.start(t, "a", proxy.URL), c.start(t, "b", proxy.URL)
 	ca := a.session(t)
 	ids := append(submitJobs(t, ca, 3, 8), submitJobs(t, b.session(t), 3, 8)...)
-	proxy.cut()
+	proxy.Cut()
 	testkit.Eventually(t, 15*time.Second, "both servers give their leases up", func() bool {
 		return a.metric(t, "delegate_lease_live") == 0 && b.metric(t, "delegate_lease_live") == 0
 	})
@@ -260,7 +257,7 @@ func TestFaultStoreOutage(t *testing.T) {
 		out, _, code := delegateCLIEnv(t, t.TempDir(), []string{"DELEGATE_STORE=" + c.url}, "servers")
 		return code == 0 && strings.Count(out, "\n") == 3 && !strings.Contains(out, "live (renewed")
 	})
-	proxy.restore()
+	proxy.Restore()
 	testkit.Eventually(t, 30*time.Second, "both registered again", func() bool {
 		return a.metric(t, "delegate_lease_live") == 1 && b.metric(t, "delegate_lease_live") == 1 &&
 			strings.Contains(a.stderr.String(), "lease regained") && strings.Contains(b.stderr.String(), "lease regained")
@@ -374,84 +371,4 @@ func taskRef(t *testing.T, line []byte) task {
 		t.Fatalf("no task id in %s", sub.Reference)
 	}
 	return task{id: string(m[1]), raw: string(sub.Reference)}
-}
-
-// tcpProxy forwards TCP connections to a PostgreSQL server's Unix socket
-// until cut: then every connection is closed and new ones are refused, as
-// when the network between a server and its store fails, until restored.
-type tcpProxy struct {
-	ln     net.Listener
-	socket string
-	mu     sync.Mutex
-	conns  []net.Conn
-	down   bool
-}
-
-func newTCPProxy(t *testing.T, dbURL string) *tcpProxy {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sockets, _ := filepath.Glob(filepath.Join(u.Query().Get("host"), ".s.PGSQL.*[0-9]"))
-	if len(sockets) != 1 {
-		t.Fatalf("the server's socket in %s: %v", dbURL, sockets)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln, socket: sockets[0]}
-	t.Cleanup(func() { ln.Close(); p.cut() })
-	go p.serve()
-	return p
-}
-
-// url is the database's URL through the proxy.
-func (p *tcpProxy) url(dbURL string) string {
-	u, _ := url.Parse(dbURL)
-	u.Host, u.RawQuery = p.ln.Addr().String(), "sslmode=disable"
-	return u.String()
-}
-
-func (p *tcpProxy) serve() {
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.Dial("unix", p.socket)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			in.Close()
-			out.Close()
-			continue
-		}
-		p.conns = append(p.conns, in, out)
-		p.mu.Unlock()
-		go func() { io.Copy(out, in); out.Close() }()
-		go func() { io.Copy(in, out); in.Close() }()
-	}
-}
-
-func (p *tcpProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-// restore takes connections again.
-func (p *tcpProxy) restore() {
-	p.mu.Lock()
-	p.down = false
-	p.mu.Unlock()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/delegate-dev/delegate"
 	"github.com/delegate-dev/delegate/engine"
 	"github.com/delegate-dev/delegate/internal/testkit"
+	"github.com/delegate-dev/delegate/internal/testkit/pgproxy"
 	"github.com/delegate-dev/delegate/postgres"
 	"github.com/delegate-dev/delegate/postgres/pgtest"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -154,10 +155,10 @@ func beat(t *testing.T, jobs []*delegate.Job, procs []*sandboxtest.Process, thro
 func TestLeasesOnTheDatabasesClock(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.New(t)
-	proxy := newCountingProxy(t, url)
+	proxy := pgproxy.New(t, url)
 	fake := sandboxtest.NewFake()
 	fake.Caps.Supervised = false // the jobs' signs of life: their heartbeats alone
-	behind := startSkewed(t, proxy.url, fake, -time.Hour)
+	behind := startSkewed(t, proxy.URL, fake, -time.Hour)
 	ahead := startSkewed(t, url, fake, time.Hour)
 	jobsB, procsB := runJobs(t, behind, fake, 2)
 	jobsA, procsA := runJobs(t, ahead, fake, 2)
@@ -204,7 +205,7 @@ func TestLeasesOnTheDatabasesClock(t *testing.T) {
 	}
 
 	cutOff.Store(true)
-	proxy.cut()
+	proxy.Cut()
 	cut := time.Now()
 	var lost, adopted time.Duration
 	testkit.Eventually(t, 30*time.Second, "the jobs of the server behind adopted", func() bool {
@@ -231,7 +232,7 @@ func TestLeasesOnTheDatabasesClock(t *testing.T) {
 	}
 	finishAll(t, []*clockServer{ahead, behind}, append(jobsB, jobsA...), append(procsB, procsA...), "")
 
-	proxy.restore()
+	proxy.Restore()
 	testkit.Eventually(t, 30*time.Second, "the server behind registered again", func() bool {
 		return behind.ServerStats().Live && strings.Contains(behind.log.String(), "lease regained")
 	})
@@ -247,9 +248,9 @@ func TestLeasesOnTheDatabasesClock(t *testing.T) {
 func TestLeasesThroughADatabaseOutage(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.New(t)
-	proxy := newCountingProxy(t, url)
+	proxy := pgproxy.New(t, url)
 	fake := sandboxtest.NewFake()
-	a, b := startSkewed(t, proxy.url, fake, 0), startSkewed(t, proxy.url, fake, 0)
+	a, b := startSkewed(t, proxy.URL, fake, 0), startSkewed(t, proxy.URL, fake, 0)
 	jobsA, procsA := runJobs(t, a, fake, 2)
 	jobsB, procsB := runJobs(t, b, fake, 2)
 	jobs, procs := append(jobsA, jobsB...), append(procsA, procsB...)
@@ -266,7 +267,7 @@ func TestLeasesThroughADatabaseOutage(t *testing.T) {
 		return true
 	})
 
-	proxy.cut()
+	proxy.Cut()
 	testkit.Eventually(t, 10*time.Second, "both servers give their leases up", func() bool {
 		return !a.ServerStats().Live && !b.ServerStats().Live
 	})
@@ -291,7 +292,7 @@ func TestLeasesThroughADatabaseOutage(t *testing.T) {
 		return len(srvs) == 2
 	})
 
-	proxy.restore()
+	proxy.Restore()
 	testkit.Eventually(t, 30*time.Second, "both registered again", func() bool {
 		return a.ServerStats().Live && b.ServerStats().Live &&
 			strings.Contains(a.log.String(), "lease regained") && strings.Contains(b.log.String(), "lease regained")

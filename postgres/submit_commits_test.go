@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/delegate-dev/delegate"
+	"github.com/delegate-dev/delegate/internal/testkit/pgproxy"
 	"github.com/delegate-dev/delegate/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 )
@@ -21,8 +22,8 @@ import (
 func TestSubmitCommitsOnce(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.New(t)
-	proxy := newCountingProxy(t, dbURL)
-	eng := newEngine(t, open(t, proxy.url)) // its one run slot taken: what is submitted stays pending
+	proxy := pgproxy.New(t, dbURL)
+	eng := newEngine(t, open(t, proxy.URL)) // its one run slot taken: what is submitted stays pending
 	watch, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -42,11 +43,11 @@ func TestSubmitCommitsOnce(t *testing.T) {
 	}
 	var trips, xids []int64
 	for range 15 {
-		t0, x0 := proxy.trips.Load(), nextXID()
+		t0, x0 := proxy.Trips(), nextXID()
 		if _, err := eng.Submit(ctx, m, delegate.SubmitOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		trips, xids = append(trips, proxy.trips.Load()-t0), append(xids, nextXID()-x0)
+		trips, xids = append(trips, proxy.Trips()-t0), append(xids, nextXID()-x0)
 	}
 	median := func(v []int64) int64 { s := slices.Clone(v); slices.Sort(s); return s[len(s)/2] }
 	if median(trips) != 1 || median(xids) != 1 {
