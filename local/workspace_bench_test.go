@@ -52,19 +52,10 @@ func BenchmarkWorkspaceImport(b *testing.B) {
 	be := newBackend(b, 0)
 	dir := benchTree(b, 10_000, 10_000)
 	ctx := context.Background()
-	spec := sandbox.Spec{CPU: 2, MemoryBytes: 1 << 30, DiskBytes: 512 << 20}
 	var imp, base time.Duration
 	for b.Loop() {
 		b.StopTimer()
-		sb, err := be.Create(ctx, spec)
-		if err != nil {
-			b.Fatal(err)
-		}
-		dst := filepath.Join(b.TempDir(), "tmpfs")
-		os.Mkdir(dst, 0o755)
-		if err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", dst).Run(); err != nil {
-			b.Fatal(err)
-		}
+		sb, dst, end := importRound(b, be)
 		b.StartTimer()
 
 		t0 := time.Now()
@@ -88,8 +79,7 @@ func BenchmarkWorkspaceImport(b *testing.B) {
 		base += time.Since(t1)
 
 		b.StopTimer()
-		exec.Command("umount", dst).Run()
-		sb.Destroy(ctx)
+		end()
 		b.StartTimer()
 	}
 	n := float64(b.N)
@@ -124,19 +114,10 @@ func BenchmarkWorkspaceExtract(b *testing.B) {
 		b.Fatal(err)
 	}
 	f.Close()
-	spec := sandbox.Spec{CPU: 2, MemoryBytes: 1 << 30, DiskBytes: 512 << 20}
 	var helper, tar, helperCPU, tarCPU time.Duration
 	for b.Loop() {
 		b.StopTimer()
-		sb, err := be.Create(ctx, spec)
-		if err != nil {
-			b.Fatal(err)
-		}
-		dst := filepath.Join(b.TempDir(), "tmpfs")
-		os.Mkdir(dst, 0o755)
-		if err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", dst).Run(); err != nil {
-			b.Fatal(err)
-		}
+		sb, dst, end := importRound(b, be)
 		src, err := os.Open(archive)
 		if err != nil {
 			b.Fatal(err)
@@ -161,8 +142,7 @@ func BenchmarkWorkspaceExtract(b *testing.B) {
 
 		b.StopTimer()
 		src.Close()
-		exec.Command("umount", dst).Run()
-		sb.Destroy(ctx)
+		end()
 		b.StartTimer()
 	}
 	n := float64(b.N)
@@ -172,6 +152,29 @@ func BenchmarkWorkspaceExtract(b *testing.B) {
 	b.ReportMetric(helperCPU.Seconds()*1000/n, "helper-cpu-ms")
 	b.ReportMetric(tarCPU.Seconds()*1000/n, "tar-x-cpu-ms")
 	b.ReportMetric(helperCPU.Seconds()/tarCPU.Seconds(), "cpu-ratio")
+}
+
+// importRound makes what a round of BenchmarkWorkspaceImport and
+// BenchmarkWorkspaceExtract imports into, outside their timers: a sandbox,
+// and a tmpfs (dst) for their tar baseline; end unmounts and destroys
+// them (outside the timer too).
+func importRound(b *testing.B, be *Backend) (sb sandbox.Instance, dst string, end func()) {
+	b.Helper()
+	ctx := context.Background()
+	sb, err := be.Create(ctx, sandbox.Spec{CPU: 2, MemoryBytes: 1 << 30, DiskBytes: 512 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst = filepath.Join(b.TempDir(), "tmpfs")
+	os.Mkdir(dst, 0o755)
+	if err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", dst).Run(); err != nil {
+		sb.Destroy(ctx)
+		b.Fatal(err)
+	}
+	return sb, dst, func() {
+		exec.Command("umount", dst).Run()
+		sb.Destroy(ctx)
+	}
 }
 
 // childrenCPU is the CPU time (user and system) of this process's
