@@ -41,6 +41,11 @@ func TestMain(m *testing.M) {
 // runHelper is the test binary as a tool.
 func runHelper(name string, args []string) int {
 	switch name {
+	case "pieces": // 3 MiB to stdout in pieces (TestRawReader)
+		if err := writePieces(os.Stdout); err != nil {
+			return 1
+		}
+		return 0
 	case "alloc": // alloc MiB: allocate and touch that much memory
 		n, _ := strconv.Atoi(args[0])
 		buf := make([]byte, n<<20)
