@@ -270,7 +270,7 @@ func openBackend(ctx context.Context, cfg cli.Config, st store, log *slog.Logger
 		}
 		return b, b, nil
 	default:
-		b, err := local.New(local.Config{Dir: sandboxesDir(log, cfg.DataDir, recordPlaces()), RootfsDir: cfg.LocalRootfsDir(),
+		b, err := local.New(local.Config{Dir: filepath.Join(cfg.DataDir, "sandboxes"), RootfsDir: cfg.LocalRootfsDir(),
 			DefaultTemplate: cfg.Defaults.VMTemplate, UIDs: cfg.SandboxUIDs, ToolDirs: cfg.ToolDirs, Logger: log,
 			// The host's file table is shared by the jobs running at once
 			// and the sandboxes kept after theirs.
