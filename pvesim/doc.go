@@ -194,6 +194,17 @@
 //     lists them (src/PVE/API2/Qemu.pm vm_config, vm_pending), the digest
 //     covers them, and a snapshot rollback drops them (AbstractConfig.pm
 //     __snapshot_apply_config makes the config afresh).
+//   - A NIC deleted from a running VM under network hotplug is unplugged
+//     while the call holds the config lock (QemuServer.pm vm_deviceunplug:
+//     device_del, then qemu_devicedelverify looks for the device at once
+//     and then once a second, 5 s at most): the call takes
+//     Options.UnplugDelay (1 s in the real profile); a guest that does not
+//     let it go (Faults.StuckUnplugs) fails the call after 6 of those with
+//     the parameter error "net0: hotplug problem - error on hot-unplugging
+//     device 'net0' - still busy in guest?" (raise_param_exc), the NIC
+//     left in the config to be deleted, the call's other changes made.
+//     Without network hotplug the deletion waits in [PENDING]. A guest
+//     whose NIC is gone reaches nothing (network.go).
 //   - Migration (qemu-server src/PVE/API2/Qemu.pm migrate_vm,
 //     src/PVE/QemuMigrate.pm; pve-manager PVE/API2/Nodes.pm migrateall;
 //     migrate.go): POST .../migrate refuses at once "target is local

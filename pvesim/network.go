@@ -221,6 +221,15 @@ func portIn(spec string, port uint16) bool {
 	return false
 }
 
+// hasNIC: the VM has a NIC now. A guest booted with one keeps its
+// network namespace here when the NIC is hot-unplugged (unplugNICs), but
+// its packets have nowhere to go: nothing it sends is carried. Call with
+// s.mu held.
+func (s *Server) hasNIC(vmid int) bool {
+	v := s.vms[vmid]
+	return v != nil && slices.ContainsFunc(slices.Collect(maps.Keys(v.conf)), netKeyRe().MatchString)
+}
+
 // lease is a VM's IPv4 address on net0 once DHCP gave it one: the guest
 // booted and DHCPDelay passed. Call with s.mu held.
 func (s *Server) lease(vmid int) (netip.Addr, bool) {
@@ -301,7 +310,7 @@ func (n guestNet) carry(ctx context.Context, vmid int, conn net.Conn) {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	s := n.s
 	s.mu.Lock()
-	ok := s.lets(vmid, dst)
+	ok := s.hasNIC(vmid) && s.lets(vmid, dst)
 	host := s.opts.Hosts[dst.String()]
 	s.mu.Unlock()
 	if !ok || host == "" {

@@ -1,7 +1,9 @@
 package pvesim
 
 import (
+	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +145,88 @@ func TestGuestNetwork(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(run(t, s, 400, "/usr/bin/perl", "-e", probeScript, "10.0.0.6:443").Stdout)); got != "closed" {
 		t.Errorf("another host: %q", got)
+	}
+}
+
+// TestNICUnplug: a NIC deleted from a running VM is hot-unplugged while
+// the call waits (qemu-server's device_del and its verification), gone
+// from the config and the agent's interfaces, and the guest reaches
+// nothing after; a guest that does not let it go fails the call with
+// qemu-server's parameter error, the NIC kept and still to be removed,
+// the call's other changes made; without network hotplug the removal
+// waits for the next start.
+func TestNICUnplug(t *testing.T) {
+	proxy := standInProxy(t)
+	const delay = 300 * time.Millisecond
+	s := newSim(t, Options{DHCPDelay: time.Millisecond, UnplugDelay: delay, Hosts: map[string]string{"10.0.0.5:3128": proxy}})
+	ctx := ctxT(t)
+	c := s.c
+	id := cloneAndBoot(t, s, 410, nil)
+	probe := func() string {
+		t.Helper()
+		st := run(t, s, id, "/usr/bin/perl", "-e", probeScript, "10.0.0.5:3128")
+		return strings.TrimSpace(string(st.Stdout))
+	}
+	if got := probe(); got != "HTTP/1.1 407 Proxy Authentication Required" {
+		t.Fatalf("with its NIC: %q", got)
+	}
+	t0 := time.Now()
+	if err := c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Delete: []string{"net0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d < delay {
+		t.Errorf("the unplug answered in %s, before the device could be seen gone (%s)", d, delay)
+	}
+	cfg, err := c.CurrentVMConfig(ctx, "pve1", id)
+	if err != nil || cfg.Option("net0") != "" {
+		t.Errorf("net0 after its unplug: %q %v", cfg.Option("net0"), err)
+	}
+	ifaces, err := c.AgentNetworkInterfaces(ctx, "pve1", id)
+	if err != nil || slices.ContainsFunc(ifaces, func(in pve.NetworkInterface) bool { return in.Name == "eth0" }) {
+		t.Errorf("interfaces after the unplug: %+v %v", ifaces, err)
+	}
+	if got := probe(); got != "closed" {
+		t.Errorf("without its NIC the guest reaches the proxy: %q", got)
+	}
+
+	// A guest that keeps the device: the call fails as qemu-server's does.
+	if err := c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Nets: map[int]string{0: "virtio,bridge=vmbr0"}}); err != nil {
+		t.Fatal(err)
+	}
+	s.SetFaults(Faults{StuckUnplugs: true})
+	err = c.SetVMConfig(ctx, "pve1", id, pve.VMConfigUpdate{Name: "renamed", Delete: []string{"net0"}})
+	var api *pve.APIError
+	if !errors.As(err, &api) || api.StatusCode != 400 || api.Errors["net0"] != "hotplug problem - error on hot-unplugging device 'net0' - still busy in guest?" {
+		t.Fatalf("a stuck unplug: %v", err)
+	}
+	s.SetFaults(Faults{})
+	cfg, _ = c.CurrentVMConfig(ctx, "pve1", id)
+	pending, _ := c.Pending(ctx, "pve1", id)
+	if cfg.Name != "renamed" || cfg.Option("net0") == "" || !slices.ContainsFunc(pending, func(p pve.PendingOption) bool { return p.Key == "net0" && p.Delete > 0 }) {
+		t.Errorf("after a stuck unplug: name %q, net0 %q, pending %+v", cfg.Name, cfg.Option("net0"), pending)
+	}
+
+	// No network hotplug: the removal waits for the next start.
+	id2 := 411
+	upid, err := c.CloneVM(ctx, "pve1", tplID, pve.CloneOptions{NewID: id2})
+	if err == nil {
+		err = c.WaitTask(ctx, "pve1", upid)
+	}
+	if err == nil {
+		err = c.SetVMConfig(ctx, "pve1", id2, pve.VMConfigUpdate{Options: map[string]string{"hotplug": "disk,usb"}})
+	}
+	if err == nil {
+		if upid, err = c.StartVM(ctx, "pve1", id2); err == nil {
+			err = c.WaitTask(ctx, "pve1", upid)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetVMConfig(ctx, "pve1", id2, pve.VMConfigUpdate{Delete: []string{"net0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _ := c.CurrentVMConfig(ctx, "pve1", id2); cfg.Option("net0") == "" {
+		t.Error("net0 unplugged without network hotplug")
 	}
 }

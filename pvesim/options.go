@@ -78,6 +78,10 @@ type Options struct {
 	// answers before DHCP is done; default 300 ms, 3 s in the real
 	// profile.
 	DHCPDelay time.Duration
+	// UnplugDelay is how long a NIC's hot-unplug from a running VM takes
+	// (vmconfig.go unplugNICs: qemu-server looks for the device again
+	// a second after device_del); default 20 ms, 1 s in the real profile.
+	UnplugDelay time.Duration
 	// FirewallInterval is pve-firewall's cycle (network.go): a VM's
 	// firewall as configured is in force from the next one on; default
 	// 200 ms, 10 s in the real profile (proxmox-firewall's is 5 s).
@@ -160,6 +164,10 @@ type Faults struct {
 	// pmxcfs refuses their config ("close (rename) atomic file ... failed:
 	// File exists"). Needs two nodes.
 	CloneRaces int
+	// StuckUnplugs: guests never let a hot-unplugged device go (no ACPI
+	// PCI hotplug in the guest): a NIC's unplug fails after qemu-server's
+	// 5 s of looking, the NIC left in the config (vmconfig.go unplugNICs).
+	StuckUnplugs bool
 }
 
 func (f Faults) clone() Faults {
@@ -285,6 +293,7 @@ func RealLatency() Options {
 		StatsInterval:    10 * time.Second,
 		DHCPDelay:        3 * time.Second,
 		FirewallInterval: 10 * time.Second,
+		UnplugDelay:      time.Second,
 	}
 }
 
@@ -334,6 +343,9 @@ func (o *Options) setDefaults() error {
 		if o.FirewallInterval == 0 {
 			o.FirewallInterval = real.FirewallInterval
 		}
+		if o.UnplugDelay == 0 {
+			o.UnplugDelay = real.UnplugDelay
+		}
 	default:
 		return fmt.Errorf("pvesim: latency %q: must be fast or real", o.Latency)
 	}
@@ -351,6 +363,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.FirewallInterval <= 0 {
 		o.FirewallInterval = 200 * time.Millisecond
+	}
+	if o.UnplugDelay <= 0 {
+		o.UnplugDelay = 20 * time.Millisecond
 	}
 	if o.DaemonWorkers == 0 {
 		o.DaemonWorkers = 3

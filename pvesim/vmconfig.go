@@ -251,6 +251,7 @@ func setConfig(c *call, async bool) (any, error) {
 		return nil, err
 	}
 	digest := c.str("digest")
+	var unplugs []string // NICs apply leaves to unplugNICs
 	// apply is $updatefn, with s.mu held.
 	apply := func(t *task) error {
 		v, ok := s.vms[vmid]
@@ -322,6 +323,14 @@ func setConfig(c *call, async bool) (any, error) {
 				v.setPending(d, "", true)
 				continue
 			}
+			if _, set := v.conf[d]; running && set && netKeyRe().MatchString(d) {
+				// A NIC is unplugged from the guest: it stays in the
+				// config, to be removed, until the guest let it go
+				// (unplugNICs).
+				v.setPending(d, "", true)
+				unplugs = append(unplugs, d)
+				continue
+			}
 			delete(v.conf, d)
 			if v.pending != nil {
 				delete(v.pending, d)
@@ -364,21 +373,32 @@ func setConfig(c *call, async bool) (any, error) {
 		}
 		defer release()
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err := apply(nil); err != nil {
+		err = apply(nil)
+		s.mu.Unlock()
+		if err != nil {
 			var api *apiError
 			if errors.As(err, &api) {
 				return nil, api
 			}
 			return nil, dieErr("%s", err)
 		}
+		if err := s.unplugNICs(vmid, unplugs); err != nil {
+			return nil, err
+		}
 		return nil, nil
 	}
 	upid := s.runTask(c, taskSpec{node: node, typ: "qmconfig", id: strconv.Itoa(vmid),
 		locks: []taskLock{{vmid: vmid, timeout: configLockTimeout}}, work: func(t *task) error {
 			s.mu.Lock()
-			defer s.mu.Unlock()
-			return apply(t)
+			err := apply(t)
+			s.mu.Unlock()
+			if err == nil {
+				if perr := s.unplugNICs(vmid, unplugs); perr != nil {
+					t.logf("%s", perr.Error())
+					err = perr
+				}
+			}
+			return err
 		}})
 	s.mu.Unlock()
 	if !c.has("background_delay") {
@@ -553,4 +573,53 @@ func hPending(c *call) (any, error) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// unplugNICs hot-unplugs NICs from a running VM, as qemu-server's
+// vmconfig_hotplug_pending does with a NIC to delete (src/PVE/QemuServer.pm
+// vm_deviceunplug): device_del, then qemu_devicedelverify, which looks
+// for the device in the VM's device list right away and then once a
+// second, 5 s at most, and dies "error on hot-unplugging device 'net0'
+// - still busy in guest?" when the guest never lets it go (a guest
+// without ACPI PCI hotplug: Faults.StuckUnplugs). The guest takes some
+// time to answer the eject, so the first look finds it still there: an
+// unplug takes UnplugDelay (a second on a real cluster), a failed one
+// six times that. A NIC unplugged is gone from the config; one that
+// failed stays, still to be removed ([PENDING] delete), and the call
+// fails with the parameter's error (update_vm_api's raise_param_exc),
+// the other changes of the call made. Called holding the VM's config
+// lock, not s.mu. A guest without its NIC reaches nothing (network.go).
+func (s *Server) unplugNICs(vmid int, nets []string) error {
+	if len(nets) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	stuck, wait := s.faults.StuckUnplugs, s.opts.UnplugDelay
+	s.mu.Unlock()
+	if stuck {
+		wait *= 6
+	}
+	select {
+	case <-time.After(wait):
+	case <-s.ctx.Done():
+		return dieErr("%s", s.ctx.Err())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.vms[vmid]
+	errs := map[string]string{}
+	for _, d := range nets {
+		switch {
+		case v == nil:
+		case stuck:
+			errs[d] = fmt.Sprintf("hotplug problem - error on hot-unplugging device '%s' - still busy in guest?", d)
+		default:
+			delete(v.conf, d)
+			v.pendingDelete = slices.DeleteFunc(v.pendingDelete, func(k string) bool { return k == d })
+		}
+	}
+	if len(errs) > 0 {
+		return &ParamError{Errors: errs}
+	}
+	return nil
 }
