@@ -132,7 +132,7 @@ func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (san
 	base := xferName(".tgz")
 	if x, why := viaHTTP(s); x == nil {
 		agentPath(s.b.log, slog.LevelDebug, "workspace in", s.vmid, s.owner.job, why)
-	} else if res, used, err := x.put(ctx, s, s.vmid, s.owner.job, r, base); used {
+	} else if res, used, err := x.put(ctx, s, s.vmid, s.owner.job, r, base, check); used {
 		if err == nil {
 			err = unpack(ctx, s, base)
 		}

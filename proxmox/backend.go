@@ -362,7 +362,13 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	if err != nil {
 		return nil, err
 	}
-	if err := b.ckpts.fill(ctx, s, spec, f); err != nil {
+	err = b.ckpts.fill(ctx, s, spec, f)
+	if err == nil && s.nic && !spec.Network {
+		// A warm VM's NIC, which brought the files: the fork has no
+		// network.
+		err = nicOff(ctx, s)
+	}
+	if err != nil {
 		if derr := s.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			b.log.Warn("destroy a fork that could not be filled", "vmid", s.vmid, "err", derr)
 		}
@@ -387,13 +393,16 @@ func (b *Backend) create(ctx context.Context, spec sandbox.Spec) (*vmSandbox, er
 		defer h.Release()
 	}
 	o := owner{b.cfg.Instance, spec.JobID}
+	// A fork keeps a warm VM's NIC for its files (PoolConfig.Network),
+	// where they can come over HTTP; a job without network never has it.
+	keepNIC := spec.From != "" && b.xfers != nil
 	for attempt := 1; h.pooled != nil; attempt++ {
 		v := h.pooled
-		err := h.pool.claim(ctx, v, spec, o)
+		err := h.pool.claim(ctx, v, spec, o, keepNIC)
 		h.pool.forget(v)
 		if err == nil {
 			h.bind(v.vmid)
-			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o, kept: spec.MultiExec}, nil // a pool VM has no NIC
+			return &vmSandbox{b: b, vmid: v.vmid, node: v.node, owner: o, kept: spec.MultiExec, nic: keepNIC && h.pool.cfg.Network}, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

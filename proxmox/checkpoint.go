@@ -431,5 +431,23 @@ func (k *checkpoints) fill(ctx context.Context, s *vmSandbox, spec sandbox.Spec,
 	return nil
 }
 
+// nicOff takes a fork's NIC away once its files came over it (a warm
+// VM's, PoolConfig.Network): Proxmox hot-unplugs it while the call runs
+// (qemu-server src/PVE/QemuServer.pm vmconfig_hotplug_pending,
+// vm_deviceunplug), and it is checked gone from the running VM's config
+// before the fork is handed over. Where the unplug fails ("still busy in
+// guest?") the NIC stays, and so the fork fails.
+func nicOff(ctx context.Context, s *vmSandbox) error {
+	err := s.b.c.SetVMConfig(ctx, s.node, s.vmid, pve.VMConfigUpdate{Delete: []string{"net0"}})
+	if err == nil {
+		err = checkNICsGone(ctx, s.b.c, s.node, s.vmid)
+	}
+	if err != nil {
+		return fmt.Errorf("proxmox: take the NIC of fork VM %d away (a fork of a sandbox without network has none): %w", s.vmid, privilegeHint(err))
+	}
+	s.nic = false
+	return nil
+}
+
 const noCheckpointDir = "checkpoints, rollbacks and forks need a directory on the server for the forks' archives (Config.CheckpointDir; " +
 	"delegate serve sets it in its data directory)"

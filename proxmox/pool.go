@@ -76,6 +76,18 @@ type PoolConfig struct {
 	CheckInterval time.Duration
 	// Parallel is how many pool VMs are made at once; default 2.
 	Parallel int
+	// Network keeps the pool's VMs with a NIC on the job network
+	// (PROXMOX_JOB_BRIDGE, or the template's), behind the egress
+	// firewall where the backend has one (egress.go: it reaches the
+	// egress proxy and the callback server alone), so that a fork's
+	// files go in over HTTP, the archive fetched by the guest
+	// (transfer.go), rather than through the agent in 45 KiB calls. A job
+	// without network that takes one has its NIC hot-unplugged first, in
+	// its claim, and a fork right after its files are in (nicOff): ~1 s
+	// more on a real cluster (qemu-server's unplug waits a second for the
+	// device to go). It needs the transfers (Config.TransferURL) and
+	// network hotplug in the template (its hotplug option's default).
+	Network bool
 }
 
 // shape is a VM's size as delegate configures it.
@@ -145,7 +157,10 @@ type poolVM struct {
 	disk   int64 // its boot disk's size
 	// tpls are the vmids of the templates it may have been cloned from,
 	// when it was found in a listing (its description is checked).
-	tpls  []int
+	tpls []int
+	// nets are its NICs (PoolConfig.Network), known once it is ready or
+	// its config was read.
+	nets  []string
 	state poolState
 	gone  chan struct{} // closed once retired
 }
@@ -164,9 +179,12 @@ type pool struct {
 
 	cfg   PoolConfig
 	shape shape
-	log   *slog.Logger
-	kick  chan struct{}
-	wg    sync.WaitGroup
+	// proxied: the backend has an egress proxy, whose firewall the pool's
+	// NICs are behind (PoolConfig.Network).
+	proxied bool
+	log     *slog.Logger
+	kick    chan struct{}
+	wg      sync.WaitGroup
 	// stop ends the upkeep (KeepPool's stop and Backend.Close share it);
 	// stopErr says if it left VMs being made.
 	stop     func()
@@ -242,9 +260,13 @@ func (b *Backend) KeepPool(ctx context.Context, cfg PoolConfig) (stop func(), er
 	if cfg.Parallel <= 0 {
 		cfg.Parallel = 2
 	}
+	if cfg.Network && b.xfers == nil {
+		return nil, fmt.Errorf("proxmox: pool VMs with a NIC (PoolConfig.Network, PROXMOX_POOL_NETWORK) are for forks' files over HTTP, "+
+			"which this server does not serve: %s; set CALLBACK_PUBLIC_URL to the callback server's URL as job VMs reach it, or leave the pool's VMs without a NIC", b.xferOff)
+	}
 	p := &pool{c: b.c, instance: b.cfg.Instance, template: b.cfg.Template, placer: b.placer, cloner: b.cloner, prep: b,
 		tables: b.vms, tpls: b.tpls, clones: b.ids,
-		cfg: cfg, shape: shapeOf(cfg.CPU, cfg.MemoryBytes), log: b.log.With("pool", b.cfg.Template),
+		cfg: cfg, shape: shapeOf(cfg.CPU, cfg.MemoryBytes), proxied: b.cfg.Egress != nil, log: b.log.With("pool", b.cfg.Template),
 		kick: make(chan struct{}, 1), vms: map[int]*poolVM{}, hungry: map[string]time.Time{}}
 	if !b.pool.CompareAndSwap(nil, p) {
 		return nil, errors.New("proxmox: the backend already keeps a pool")
@@ -515,7 +537,10 @@ func jobDescription(job string) string {
 // make clones, configures and boots one pool VM, and marks it ready once
 // its agent answers. listed is set once the VM is in p.vms.
 func (p *pool) make(ctx context.Context, listed *bool) error {
-	spec := sandbox.Spec{CPU: p.cfg.CPU, MemoryBytes: p.cfg.MemoryBytes, DiskBytes: p.cfg.DiskBytes}
+	spec := sandbox.Spec{CPU: p.cfg.CPU, MemoryBytes: p.cfg.MemoryBytes, DiskBytes: p.cfg.DiskBytes, Network: p.cfg.Network}
+	if p.cfg.Network && p.proxied {
+		spec.Egress = &sandbox.Egress{} // behind the egress firewall, as a job with network
+	}
 	h, err := p.placer.place(ctx, spec, true)
 	if err != nil {
 		return err
@@ -559,9 +584,12 @@ func (p *pool) make(ctx context.Context, listed *bool) error {
 	if err != nil {
 		return fail(fmt.Errorf("proxmox: read pool VM %d: %w", vmid, err))
 	}
+	if why := p.nicUnfit(cfg); why != "" {
+		return fail(fmt.Errorf("proxmox: pool VM %d: %s", vmid, why))
+	}
 	_, size := bootDisk(cfg)
 	p.mu.Lock()
-	v.digest, v.disk, v.state = cfg.Digest, size, poolReady
+	v.digest, v.disk, v.nets, v.state = cfg.Digest, size, netKeys(cfg), poolReady
 	p.mu.Unlock()
 	p.log.Info("pool VM ready", "vmid", vmid, "node", h.node)
 	return nil
@@ -722,6 +750,7 @@ func (p *pool) adopt(ctx context.Context, r pve.Resource, tpls []pve.Resource, f
 		}
 	}
 	v.shape, _ = shapeOfConfig(cfg)
+	v.nets = netKeys(cfg)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, known := p.vms[vmid]; known {
@@ -749,8 +778,8 @@ func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls
 	if !slices.Contains(cfg.TagList(), ReadyTag) {
 		return "it was never ready"
 	}
-	if len(netKeys(cfg)) > 0 {
-		return "it has a NIC"
+	if why := p.nicUnfit(cfg); why != "" {
+		return why
 	}
 	if s, ok := shapeOfConfig(cfg); !ok || s != p.shape {
 		return fmt.Sprintf("it is %s, the pool's VMs are %s", s, p.shape)
@@ -772,6 +801,40 @@ func (p *pool) unfit(ctx context.Context, cfg pve.VMConfig, r pve.Resource, tpls
 		return fmt.Sprintf("its template %d changed since it was made", tpl)
 	}
 	return ""
+}
+
+// nicUnfit says why a pool VM's NICs are not what the pool's VMs have
+// ("" if they are): none, or (PoolConfig.Network) net0 alone, which
+// Proxmox can unplug from the running VM (network hotplug).
+func (p *pool) nicUnfit(cfg pve.VMConfig) string {
+	nets := netKeys(cfg)
+	switch {
+	case !p.cfg.Network && len(nets) > 0:
+		return "it has a NIC"
+	case !p.cfg.Network:
+		return ""
+	case len(nets) == 0:
+		return "it has no NIC, and the pool's VMs have one (PoolConfig.Network): the template has none, and PROXMOX_JOB_BRIDGE gives it none"
+	case len(nets) > 1 || nets[0] != "net0":
+		return fmt.Sprintf("it has the NICs %s, and the pool's VMs have net0 alone", strings.Join(nets, ", "))
+	case !hotplugsNetwork(cfg.Option("hotplug")):
+		return fmt.Sprintf("its hotplug option %q leaves out network: Proxmox could not take its NIC away from a job without network until it restarts "+
+			"(give the template network hotplug, the default, or leave the pool's VMs without a NIC)", cfg.Option("hotplug"))
+	}
+	return ""
+}
+
+// hotplugsNetwork: a VM's hotplug option lets Proxmox plug and unplug its
+// NICs while it runs (qemu-server's parse_hotplug_features: unset and "1"
+// are network,disk,usb; "0" is none).
+func hotplugsNetwork(opt string) bool {
+	switch opt {
+	case "", "1":
+		return true
+	case "0":
+		return false
+	}
+	return slices.Contains(strings.Split(opt, ","), "network")
 }
 
 // fits reports whether a job may take a VM of this pool.
@@ -931,10 +994,12 @@ func (p *pool) evict(ctx context.Context, node string, free, need int64, resourc
 // claim takes a reserved pool VM for a job: one config update, checked
 // against the VM's digest, renames and tags it for the job. Then the
 // agent is asked once: a VM that stopped since it was ready is not
-// given to the job.
-func (p *pool) claim(ctx context.Context, v *poolVM, spec sandbox.Spec, o owner) error {
+// given to the job. A pool VM's NIC (PoolConfig.Network) goes in the
+// same update, unplugged and then checked gone (nicOff), unless keepNIC
+// (a fork's files come over it first).
+func (p *pool) claim(ctx context.Context, v *poolVM, spec sandbox.Spec, o owner, keepNIC bool) error {
 	spec.Step(fmt.Sprintf("taking warm VM %d on %s", v.vmid, v.node))
-	digest := v.digest
+	digest, nets := v.digest, v.nets
 	if digest == "" {
 		cfg, err := p.c.CurrentVMConfig(ctx, v.node, v.vmid)
 		if err != nil {
@@ -945,17 +1010,33 @@ func (p *pool) claim(ctx context.Context, v *poolVM, spec sandbox.Spec, o owner)
 		_, disk := bootDisk(cfg)
 		m := poolDescRe().FindStringSubmatch(cfg.Description)
 		if !strings.HasPrefix(job, "pool-") || !slices.Contains(cfg.TagList(), ReadyTag) || !ok || s != p.shape ||
-			len(netKeys(cfg)) > 0 || spec.DiskBytes > disk || m == nil || !slices.Contains(v.tpls, atoi(m[1])) {
-			return fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape and template", v.vmid)
+			p.nicUnfit(cfg) != "" || spec.DiskBytes > disk || m == nil || !slices.Contains(v.tpls, atoi(m[1])) {
+			return fmt.Errorf("proxmox: VM %d is not a ready pool VM of this shape, network and template", v.vmid)
 		}
-		digest = cfg.Digest
+		digest, nets = cfg.Digest, netKeys(cfg)
 	}
 	desc := jobDescription(o.job)
-	err := p.c.SetVMConfig(ctx, v.node, v.vmid, pve.VMConfigUpdate{Name: o.vmName(), Tags: o.tags(), Description: &desc, Digest: digest})
+	u := pve.VMConfigUpdate{Name: o.vmName(), Tags: o.tags(), Description: &desc, Digest: digest}
+	if !keepNIC {
+		u.Delete = nets
+	}
+	err := p.c.SetVMConfig(ctx, v.node, v.vmid, u)
+	if err != nil && len(u.Delete) > 0 {
+		// An unplug that failed leaves the rest of the update made: the
+		// VM is the job's, its NIC still there, and not for the job
+		// (destroyed if its name says it is the job's).
+		p.tables.destroyLater(ctx, v.node, v.vmid, o)
+	}
 	if err != nil {
 		return fmt.Errorf("proxmox: take pool VM %d: %w", v.vmid, privilegeHint(err))
 	}
 	p.tables.remember(v.vmid, v.node)
+	if len(u.Delete) > 0 {
+		if err := checkNICsGone(ctx, p.c, v.node, v.vmid); err != nil {
+			p.tables.destroyLater(ctx, v.node, v.vmid, o)
+			return err
+		}
+	}
 	if err := p.c.AgentPing(ctx, v.node, v.vmid); err != nil {
 		p.tables.destroyLater(ctx, v.node, v.vmid, o)
 		return fmt.Errorf("proxmox: the guest agent of pool VM %d: %w", v.vmid, err)

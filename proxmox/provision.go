@@ -142,6 +142,21 @@ func (b *Backend) configure(ctx context.Context, vmid int, node string, o owner,
 	return s.prepare(ctx)
 }
 
+// checkNICsGone reads a running VM's config as it runs (current=1: a
+// NIC whose unplug Proxmox could not do, or left for the next start, is
+// still there, its removal pending) and fails if it has a NIC.
+func checkNICsGone(ctx context.Context, c *pve.Client, node string, vmid int) error {
+	cfg, err := c.CurrentVMConfig(ctx, node, vmid)
+	if err != nil {
+		return fmt.Errorf("proxmox: read VM %d's config: %w", vmid, privilegeHint(err))
+	}
+	if nets := netKeys(cfg); len(nets) > 0 {
+		return fmt.Errorf("proxmox: VM %d still has %s after its removal (Proxmox unplugs a NIC from a running VM only under network hotplug, and only when the guest lets it go)",
+			vmid, strings.Join(nets, ", "))
+	}
+	return nil
+}
+
 // diskKeys lists the drive keys of a config (disks and CD-ROMs).
 func diskKeys(cfg pve.VMConfig) []string {
 	var keys []string

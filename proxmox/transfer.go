@@ -192,10 +192,12 @@ type sentArchive struct {
 	err error
 }
 
-// putHTTP makes the archive as the guest fetches it into file. used
-// false: the guest never asked for it (nothing of r was read), and the
-// workspace should go through the agent.
-func (t *Transfers) put(ctx context.Context, g guest, vmid int, job string, r io.Reader, file string) (res sandbox.Unpacked, used bool, err error) {
+// putHTTP makes the archive as the guest fetches it into file (check:
+// checked and packed on the way, writeArchive; else r is the server's
+// own archive, a fork's, sent as it is). used false: the guest never
+// asked for it (nothing of r was read), and the workspace should go
+// through the agent.
+func (t *Transfers) put(ctx context.Context, g guest, vmid int, job string, r io.Reader, file string, check bool) (res sandbox.Unpacked, used bool, err error) {
 	results := make(chan sentArchive, 1)
 	serve := func(w http.ResponseWriter, req *http.Request) {
 		hctx, cancel := context.WithCancel(req.Context())
@@ -204,7 +206,13 @@ func (t *Transfers) put(ctx context.Context, g guest, vmid int, job string, r io
 		w.Header().Set("Content-Type", "application/gzip")
 		h := sha256.New()
 		cw := &countWriter{w: io.MultiWriter(w, h)}
-		res, err := writeArchive(hctx, r, cw)
+		var res sandbox.Unpacked
+		var err error
+		if check {
+			res, err = writeArchive(hctx, r, cw)
+		} else {
+			_, err = io.Copy(cw, &ctxReader{ctx: hctx, r: r})
+		}
 		results <- sentArchive{res: res, n: cw.n, sum: hex.EncodeToString(h.Sum(nil)), err: err}
 		if err != nil {
 			// A cut connection, not an end: the guest's curl fails.
@@ -449,4 +457,17 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// ctxReader reads r until ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }

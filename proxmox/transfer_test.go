@@ -12,12 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/delegate-dev/delegate/httpapi"
+	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pvesim"
 	"github.com/delegate-dev/delegate/sandbox"
@@ -416,5 +418,144 @@ func TestTransferURL(t *testing.T) {
 	}
 	if _, err := proxmox.New(nil, proxmox.Config{TransferURL: "ftp://10.0.0.7/"}); err == nil || !strings.Contains(err.Error(), "http:// or https://") {
 		t.Errorf("an ftp URL: %v", err)
+	}
+}
+
+// reaches says whether a sandbox's guest reaches the callback server
+// (any HTTP answer to curl).
+func reaches(t *testing.T, sb sandbox.Instance) bool {
+	t.Helper()
+	_, out := runCmd(t, sb, sandbox.Command{Args: []string{"/bin/sh", "-c",
+		"curl -s -o /dev/null -w '%{http_code}' --connect-timeout 3 --max-time 5 http://" + guestCallback + "/transfer/0; true"}, OutputLimit: 1 << 10})
+	return strings.TrimSpace(out) != "000"
+}
+
+// simVMOf is the simulator's VM of a sandbox (its name ends in its job).
+func simVMOf(t *testing.T, sim *pvesim.Server, job string) pvesim.VM {
+	t.Helper()
+	for _, v := range sim.VMs() {
+		if strings.HasSuffix(v.Config["name"], "-"+job) {
+			return v
+		}
+	}
+	t.Fatalf("no VM of %s", job)
+	return pvesim.VM{}
+}
+
+// TestForkWarmOverHTTP (issue 38): with a pool whose VMs have a NIC
+// (PoolConfig.Network), a fork of a sandbox without network takes warm
+// VMs and gets its files over HTTP (no agent/file-write), the archive as
+// the server packed it; then its NIC is unplugged: the fork has no NIC
+// and reaches nothing, as its source. A job without network that takes
+// such a VM has its NIC unplugged in its claim. Where the guest does not
+// let the NIC go, the fork fails and its VM is destroyed, and a job gets
+// a cold VM instead.
+func TestForkWarmOverHTTP(t *testing.T) {
+	t.Parallel()
+	rig := newXferRig(t, true, "http://"+guestCallback, func(c *proxmox.Config) { c.CheckpointDir = t.TempDir() })
+	ctx := context.Background()
+	spec := sandbox.Spec{JobID: "sbx-warmsrc", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, MultiExec: true}
+	src, err := rig.b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Destroy(context.Background()) })
+	dir, sums := randomTree(t, 3, 256<<10)
+	putTree(t, src, dir)
+	cfg := poolCfg(2)
+	cfg.Network = true
+	stop, err := rig.b.KeepPool(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	waitReady(t, rig.b, 2)
+	pooled := map[int]bool{}
+	for _, v := range poolVMs(rig.sim) {
+		pooled[v.VMID] = true
+		if v.Config["net0"] == "" {
+			t.Errorf("pool VM %d has no NIC: %v", v.VMID, v.Config)
+		}
+	}
+	cp, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0, served0 := len(rig.sim.Requests()), len(rig.served())
+	forks := make([]sandbox.Instance, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range forks {
+		wg.Go(func() {
+			fs := spec
+			fs.JobID, fs.From = fmt.Sprintf("sbx-warmfork%d", i), cp.ID
+			forks[i], errs[i] = rig.b.Create(ctx, fs)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("fork %d: %v", i, err)
+		}
+		t.Cleanup(func() { forks[i].Destroy(context.Background()) })
+	}
+	if _, _, writes, _ := agentCalls(rig.sim, n0); len(writes) > 0 {
+		t.Errorf("the forks' files went through the agent: %v; log:\n%s", writes, rig.logs)
+	}
+	if got := fmt.Sprint(rig.served()[served0:]); got != "[GET 200 GET 200]" {
+		t.Errorf("the callback server served %s to the forks, want a GET each", got)
+	}
+	for i, fk := range forks {
+		v := simVMOf(t, rig.sim, fmt.Sprintf("sbx-warmfork%d", i))
+		if !pooled[v.VMID] {
+			t.Errorf("fork %d is VM %d, not a warm one of %v", i, v.VMID, pooled)
+		}
+		if v.Config["net0"] != "" || v.Pending != nil {
+			t.Errorf("fork %d keeps a NIC: %v, pending %v", i, v.Config["net0"], v.Pending)
+		}
+		if got := guestSums(t, fk); fmt.Sprint(got) != fmt.Sprint(sums) {
+			t.Errorf("fork %d has %v, the source %v", i, got, sums)
+		}
+		if reaches(t, fk) {
+			t.Errorf("fork %d, of a sandbox without network, reaches the callback server", i)
+		}
+	}
+
+	// A job without network: the warm VM's NIC goes in its claim.
+	waitReady(t, rig.b, 2)
+	job, err := rig.b.Create(ctx, sandbox.Spec{JobID: "job-warmplain", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { job.Destroy(context.Background()) })
+	if v := simVMOf(t, rig.sim, "job-warmplain"); v.Config["net0"] != "" || !strings.Contains(v.Config["tags"], "delegate") {
+		t.Errorf("a job without network in a warm VM: %v", v.Config)
+	}
+	if reaches(t, job) {
+		t.Error("a job without network reaches the callback server")
+	}
+	// The probe does reach it from a VM with a NIC.
+	if withNet := rig.vm(t, true); !reaches(t, withNet) {
+		t.Error("a VM with a NIC does not reach the callback server: the probe proves nothing")
+	}
+
+	// A guest that keeps its NIC: the fork fails, its VM destroyed; a job
+	// goes cold.
+	waitReady(t, rig.b, 2)
+	rig.sim.SetFaults(pvesim.Faults{StuckUnplugs: true})
+	spec.JobID, spec.From = "sbx-stuckfork", cp.ID
+	if fk, err := rig.b.Create(ctx, spec); err == nil || !strings.Contains(err.Error(), "still busy in guest") {
+		t.Errorf("a fork whose NIC stays: %v %v", fk, err)
+	}
+	testkit.Eventually(t, 30*time.Second, "the stuck fork's VM destroyed", func() bool {
+		return !slices.ContainsFunc(rig.sim.VMs(), func(v pvesim.VM) bool { return strings.HasSuffix(v.Config["name"], "-sbx-stuckfork") })
+	})
+	cold, err := rig.b.Create(ctx, sandbox.Spec{JobID: "job-stuckplain", CPU: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cold.Destroy(context.Background()) })
+	if v := simVMOf(t, rig.sim, "job-stuckplain"); v.Config["net0"] != "" || pooled[v.VMID] {
+		t.Errorf("a job when warm VMs keep their NICs: VM %d %v", v.VMID, v.Config)
 	}
 }
