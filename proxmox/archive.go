@@ -141,6 +141,12 @@ func putArchive(ctx context.Context, s *vmSandbox, r io.Reader, check bool) (san
 		}
 		return res, nil
 	}
+	return putByAgent(ctx, s, r, base, check)
+}
+
+// putByAgent is putArchive through the agent: the archive in parts
+// (agent/file-write), then unpacked.
+func putByAgent(ctx context.Context, s *vmSandbox, r io.Reader, base string, check bool) (sandbox.Unpacked, error) {
 	pw := &partWriter{ctx: ctx, s: s, base: base}
 	var res sandbox.Unpacked
 	var err error

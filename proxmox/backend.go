@@ -362,13 +362,9 @@ func (b *Backend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Instan
 	if err != nil {
 		return nil, err
 	}
-	err = b.ckpts.fill(ctx, s, spec, f)
-	if err == nil && s.nic && !spec.Network {
-		// A warm VM's NIC, which brought the files: the fork has no
-		// network.
-		err = nicOff(ctx, s)
-	}
-	if err != nil {
+	// A warm VM's NIC, which brought the files, goes in fill when the
+	// fork has no network.
+	if err := b.ckpts.fill(ctx, s, spec, f); err != nil {
 		if derr := s.Destroy(context.WithoutCancel(ctx)); derr != nil {
 			b.log.Warn("destroy a fork that could not be filled", "vmid", s.vmid, "err", derr)
 		}

@@ -422,23 +422,64 @@ func (k *checkpoints) open(from string) (*os.File, error) {
 }
 
 // fill puts a fork's files into its new VM: the archive is the
-// server's own (packArchive), put in as it is.
+// server's own (packArchive), put in as it is. A fork without network
+// in a warm VM with a NIC (PoolConfig.Network) fetches it over HTTP, and
+// then loses its NIC (nicOff) while the archive is unpacked.
 func (k *checkpoints) fill(ctx context.Context, s *vmSandbox, spec sandbox.Spec, f *os.File) error {
 	spec.Step("copying the checkpoint's files")
-	if _, err := putArchive(ctx, s, f, false); err != nil {
+	err := k.put(ctx, s, spec, f)
+	if err == nil && s.nic && !spec.Network {
+		err = nicOff(ctx, s) // it went through the agent after all
+	}
+	if err != nil {
 		return fmt.Errorf("proxmox: fork %s into VM %d: %w", spec.From, s.vmid, err)
 	}
 	return nil
 }
 
+func (k *checkpoints) put(ctx context.Context, s *vmSandbox, spec sandbox.Spec, f *os.File) error {
+	x, _ := viaHTTP(s)
+	if x == nil || spec.Network {
+		_, err := putArchive(ctx, s, f, false)
+		return err
+	}
+	base := xferName(".tgz")
+	_, used, err := x.put(ctx, s, s.vmid, s.owner.job, f, base, false)
+	if !used {
+		_, err = putByAgent(ctx, s, f, base, false)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	// The archive is in the guest, checked: its NIC goes while it is
+	// unpacked.
+	off := make(chan error, 1)
+	go func() { off <- nicOff(ctx, s) }()
+	err = unpack(ctx, s, base)
+	return errors.Join(err, <-off)
+}
+
 // nicOff takes a fork's NIC away once its files came over it (a warm
-// VM's, PoolConfig.Network): Proxmox hot-unplugs it while the call runs
-// (qemu-server src/PVE/QemuServer.pm vmconfig_hotplug_pending,
-// vm_deviceunplug), and it is checked gone from the running VM's config
-// before the fork is handed over. Where the unplug fails ("still busy in
-// guest?") the NIC stays, and so the fork fails.
+// VM's, PoolConfig.Network): Proxmox hot-unplugs it (qemu-server
+// src/PVE/QemuServer.pm vmconfig_hotplug_pending, vm_deviceunplug), and
+// it is checked gone from the running VM's config before the fork is
+// handed over. Where the unplug fails ("still busy in guest?") the NIC
+// stays, and so the fork fails. The unplug takes a second or more
+// (qemu_devicedelverify looks for the device again a second after
+// device_del): a qmconfig task (POST), which leaves the pvedaemon worker
+// free meanwhile (update_vm_api forks the task's worker and answers its
+// UPID), where PUT would hold the worker and one of the node's call slots
+// (PROXMOX_NODE_CALLS) for that second, and a fork of 4 would wait for
+// its unplugs two at a time.
 func nicOff(ctx context.Context, s *vmSandbox) error {
-	err := s.b.c.SetVMConfig(ctx, s.node, s.vmid, pve.VMConfigUpdate{Delete: []string{"net0"}})
+	// Polled for every unplugPoll: the task takes a second or so, which
+	// WaitTask's growing waits would find done up to 0.7 s late.
+	upid, err := s.b.c.SetVMConfigAsync(ctx, s.node, s.vmid, pve.VMConfigUpdate{Delete: []string{"net0"}})
+	if err == nil {
+		logTask(s.b.log, "unplug NIC", s.vmid, s.owner.job, upid)
+		err = s.b.c.WaitTaskEvery(ctx, s.node, upid, unplugPoll)
+	}
 	if err == nil {
 		err = checkNICsGone(ctx, s.b.c, s.node, s.vmid)
 	}
@@ -448,6 +489,9 @@ func nicOff(ctx context.Context, s *vmSandbox) error {
 	s.nic = false
 	return nil
 }
+
+// unplugPoll is how often an unplug's task is asked whether it ended.
+const unplugPoll = 200 * time.Millisecond
 
 const noCheckpointDir = "checkpoints, rollbacks and forks need a directory on the server for the forks' archives (Config.CheckpointDir; " +
 	"delegate serve sets it in its data directory)"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delegate-dev/delegate/httpapi"
 	"github.com/delegate-dev/delegate/internal/testkit"
 	"github.com/delegate-dev/delegate/proxmox"
 	"github.com/delegate-dev/delegate/pve"
@@ -35,14 +37,17 @@ import (
 // calls competing with the forks' as equals. The last case is one node
 // whose pvedaemon has 6 workers (MAX_WORKERS=6 in /etc/default/pvedaemon,
 // which pve-manager's PVE/Service/pvedaemon.pm reads) and
-// PROXMOX_NODE_CALLS=5.
+// PROXMOX_NODE_CALLS=5. The cases pool-nic keep the pool's VMs with a
+// NIC (PoolConfig.Network) and serve transfers (Config.TransferURL, the
+// callback server the guests reach): each fork fetches the archive over
+// HTTP, and its NIC is then hot-unplugged (1 s in the real profile).
 //
 //	go test -run '^$' -bench ForkSim -benchtime 5x -timeout 30m ./proxmox/
 func BenchmarkForkSim(b *testing.B) {
 	for _, c := range []struct {
-		nodes, workers int
-		foreground     bool
-	}{{1, 3, true}, {1, 3, false}, {2, 3, false}, {1, 6, false}} {
+		nodes, workers  int
+		foreground, nic bool
+	}{{1, 3, true, false}, {1, 3, false, false}, {2, 3, false, false}, {1, 6, false, false}, {1, 3, false, true}, {2, 3, false, true}} {
 		name := fmt.Sprintf("nodes=%d", c.nodes)
 		if c.foreground {
 			name += ",refill=foreground"
@@ -50,19 +55,34 @@ func BenchmarkForkSim(b *testing.B) {
 		if c.workers != 3 {
 			name += fmt.Sprintf(",max-workers=%d", c.workers)
 		}
+		if c.nic {
+			name += ",pool-nic"
+		}
 		b.Run(name, func(b *testing.B) {
 			if c.foreground {
 				defer proxmox.RefillInForeground()()
 			}
-			benchFork(b, c.nodes, c.workers)
+			benchFork(b, c.nodes, c.workers, c.nic)
 		})
 	}
 }
 
-func benchFork(b *testing.B, nodes, workers int) {
+func benchFork(b *testing.B, nodes, workers int, nic bool) {
 	ctx := context.Background()
-	sim, err := pvesim.New(pvesim.Options{Nodes: pvesim.DefaultNodes(nodes), Latency: "real", AuthFailureDelay: -1, SandboxDir: b.TempDir(),
-		DaemonWorkers: workers})
+	opts := pvesim.Options{Nodes: pvesim.DefaultNodes(nodes), Latency: "real", AuthFailureDelay: -1, SandboxDir: b.TempDir(),
+		DaemonWorkers: workers}
+	cfg := proxmox.Config{Template: "debian-job", Instance: "forkbench", CheckpointDir: b.TempDir()}
+	var ln net.Listener
+	if nic {
+		// The callback server, which the guests reach at guestCallback.
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			b.Fatal(err)
+		}
+		opts.CallbackPort, opts.Hosts = 8765, map[string]string{guestCallback: ln.Addr().String()}
+		cfg.TransferURL = "http://" + guestCallback
+	}
+	sim, err := pvesim.New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,11 +105,23 @@ func benchFork(b *testing.B, nodes, workers int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	be, err := proxmox.New(c, proxmox.Config{Template: "debian-job", Instance: "forkbench", CheckpointDir: b.TempDir()})
+	be, err := proxmox.New(c, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer be.Close()
+	if nic {
+		srv := httpapi.CallbackServer(httpapi.Services{Transfers: be.Transfers()}, httpapi.Options{})
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			srv.Serve(ln)
+		}()
+		defer func() {
+			srv.Close()
+			<-served
+		}()
+	}
 	spec := sandbox.Spec{JobID: "sbx-forksource", CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30, MultiExec: true}
 	src, err := be.Create(ctx, spec)
 	if err != nil {
@@ -114,7 +146,8 @@ func benchFork(b *testing.B, nodes, workers int) {
 	if err := importTree(src); err != nil {
 		b.Fatal(err)
 	}
-	stop, err := be.KeepPool(ctx, proxmox.PoolConfig{Size: 4, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30, Parallel: 4, CheckInterval: time.Second})
+	stop, err := be.KeepPool(ctx, proxmox.PoolConfig{Size: 4, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30, Parallel: 4, CheckInterval: time.Second,
+		Network: nic})
 	if err != nil {
 		b.Fatal(err)
 	}

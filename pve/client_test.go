@@ -521,4 +521,12 @@ func TestWaitTask(t *testing.T) {
 	if err := f.client(t).WaitTask(ctx, "pve1", ""); err != nil {
 		t.Errorf("no task: %v", err)
 	}
+	// WaitTaskEvery does not back off: 6 polls 20 ms apart end well
+	// within a second, where WaitTask's would take 3.9 s.
+	f = newTaskFake(t, 5, "OK", 1)
+	ctx3, cancel3 := context.WithTimeout(ctx, time.Second)
+	defer cancel3()
+	if err := f.client(t).WaitTaskEvery(ctx3, "pve1", upid, 20*time.Millisecond); err != nil || f.calls.Load() != 6 {
+		t.Errorf("WaitTaskEvery: %v after %d calls", err, f.calls.Load())
+	}
 }
