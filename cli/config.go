@@ -178,6 +178,9 @@ type PoolConfig struct {
 	CPU         float64
 	MemoryBytes int64
 	DiskBytes   int64
+	// Network keeps the pool's VMs with a NIC, for forks' files over
+	// HTTP (PROXMOX_POOL_NETWORK; proxmox.PoolConfig.Network).
+	Network bool
 }
 
 // envVar documents one setting; docs/operations.md's Configuration table is written from these.
@@ -754,6 +757,14 @@ func loadPool(getenv func(string) string, d delegate.Defaults, bad func(name, ru
 			bad("PROXMOX_POOL_CPU", fmt.Sprintf("must be a number of cores from 0.01 to %d", delegate.MaxCPU))
 		} else {
 			p.CPU = n
+		}
+	}
+	if v := getenv("PROXMOX_POOL_NETWORK"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			bad("PROXMOX_POOL_NETWORK", "must be true (the pool's VMs keep a NIC, for forks' files over HTTP) or false")
+		} else {
+			p.Network = b
 		}
 	}
 	for _, sz := range []struct {

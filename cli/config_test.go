@@ -384,6 +384,9 @@ func TestPoolConfig(t *testing.T) {
 		{"bad", map[string]string{"PROXMOX_POOL_SIZE": "-1", "PROXMOX_POOL_CPU": "0", "PROXMOX_POOL_MEMORY": "1M", "PROXMOX_POOL_DISK": "lots"},
 			[]string{"PROXMOX_POOL_SIZE", "PROXMOX_POOL_CPU", "PROXMOX_POOL_MEMORY", "PROXMOX_POOL_DISK"}, PoolConfig{}},
 		{"too big", map[string]string{"PROXMOX_POOL_SIZE": "101"}, []string{"PROXMOX_POOL_SIZE"}, PoolConfig{}},
+		{"with a NIC", map[string]string{"PROXMOX_POOL_SIZE": "2", "PROXMOX_POOL_NETWORK": "true"}, nil,
+			PoolConfig{Size: 2, CPU: 2, MemoryBytes: 2 << 30, DiskBytes: 10 << 30, Network: true}},
+		{"not a bool", map[string]string{"PROXMOX_POOL_NETWORK": "sometimes"}, []string{"PROXMOX_POOL_NETWORK"}, PoolConfig{}},
 		{"not a number", map[string]string{"PROXMOX_POOL_SIZE": "two"}, []string{"PROXMOX_POOL_SIZE"}, PoolConfig{}},
 	}
 	for _, tc := range tests {

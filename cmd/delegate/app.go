@@ -299,7 +299,7 @@ func keepPool(ctx context.Context, cfg cli.Config, a *app, met *metrics.Metrics,
 		return nil, nil
 	}
 	p := cfg.ProxmoxPool
-	pc := proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes,
+	pc := proxmox.PoolConfig{Size: p.Size, CPU: p.CPU, MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes, Network: p.Network,
 		LockFile: filepath.Join(cfg.DataDir, "proxmox-pool.lock")}
 	if a.shared {
 		// Servers sharing a store: the one that holds the pool's term in
