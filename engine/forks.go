@@ -368,7 +368,7 @@ func (f *forks) openForks(ctx context.Context, spec delegate.ForkSpec, open dele
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if made[i], errs[i] = f.opener.open(ctx, open, from); errs[i] != nil {
+			if made[i], errs[i] = f.opener.open(ctx, ownSpec(open), from); errs[i] != nil {
 				failed.Store(true)
 			}
 		})
@@ -403,6 +403,18 @@ func (f *forks) openForks(ctx context.Context, spec delegate.ForkSpec, open dele
 		more = fmt.Sprintf(" (and %d more of them failed)", others)
 	}
 	return nil, fmt.Errorf("fork %s (%d of %d)%s: %w", spec.From, first+1, spec.Count, more, errs[first])
+}
+
+// ownSpec is a copy of spec that shares nothing with it: opening a
+// sandbox writes its defaults into the spec's resources, and the forks
+// of one call are opened at once (a data race on one Resources before).
+func ownSpec(spec delegate.SandboxSpec) delegate.SandboxSpec {
+	if spec.Resources != nil {
+		r := *spec.Resources
+		spec.Resources = &r
+	}
+	spec.Network.Allow = slices.Clone(spec.Network.Allow)
+	return spec
 }
 
 // makerOf is the job that made a sandbox; for a fork, the one that made
