@@ -427,6 +427,7 @@ func TestEgressAsk(t *testing.T) {
 			t.Fatal(err)
 		}
 		var q delegate.Question
+		var ended *delegate.Job
 		eventuallyWithin(t, 20*time.Second, "the proxy's question", func() bool {
 			qs, _ := eng.Questions(ctx, job.ID)
 			for _, x := range qs {
@@ -434,8 +435,22 @@ func TestEgressAsk(t *testing.T) {
 					q = x
 				}
 			}
-			return q.ID != ""
+			if j, err := eng.Get(ctx, job.ID); q.ID == "" && err == nil && j.Status.Terminal() {
+				ended = j // no question will come: say why below
+			}
+			return q.ID != "" || ended != nil
 		})
+		if q.ID == "" {
+			// A CI run once waited 20 s here: what the job did, to see
+			// whether its request reached the proxy at all.
+			res, _ := eng.Result(ctx, job.ID, delegate.ResultOptions{})
+			tl, _ := eng.Timeline(ctx, job.ID)
+			var output string
+			if res != nil {
+				output = string(res.Output)
+			}
+			t.Fatalf("the job ended (%s: %s) without the proxy's question; output %q; timeline %+v", ended.Status, ended.Error, output, tl)
+		}
 		if !strings.Contains(q.Message, "denied.test:80") || len(q.Form.Fields) != 1 || q.Form.Fields[0].Name != "allow" || q.Expires.IsZero() {
 			t.Errorf("the question: %+v", q)
 		}
