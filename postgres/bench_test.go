@@ -400,13 +400,7 @@ func BenchmarkSubmitProfile(b *testing.B) {
 	page := make([]byte, 8192)
 
 	took := map[string][]time.Duration{}
-	timed := func(name string, fn func() error) {
-		t0 := time.Now()
-		if err := fn(); err != nil {
-			b.Fatalf("%s: %v", name, err)
-		}
-		took[name] = append(took[name], time.Since(t0))
-	}
+	timed := stepTimer(b, took)
 	selectOne := func(c *pgx.Conn) func() error {
 		return func() error { var one int; return c.QueryRow(ctx, "SELECT 1").Scan(&one) }
 	}
@@ -612,13 +606,7 @@ func BenchmarkSubmitFlush(b *testing.B) {
 	var walAt int64
 	m := delegate.Manifest{AgentType: delegate.AgentScript, Task: "make test", Env: map[string]string{"A": "b"}}
 	took := map[string][]time.Duration{}
-	timed := func(name string, fn func() error) {
-		t0 := time.Now()
-		if err := fn(); err != nil {
-			b.Fatalf("%s: %v", name, err)
-		}
-		took[name] = append(took[name], time.Since(t0))
-	}
+	timed := stepTimer(b, took)
 	submit := func(name string) func() {
 		return func() {
 			timed(name, func() error { _, err := engines[name].Submit(ctx, m, delegate.SubmitOptions{}); return err })
@@ -716,4 +704,16 @@ func BenchmarkSubmitFlush(b *testing.B) {
 		b.ReportMetric(p(name+"-concurrent", 0.5), name+"-concurrent-p50-ms")
 	}
 	b.ReportMetric(load1(), "loadavg")
+}
+
+// stepTimer times a benchmark's named steps into took, each call one
+// duration of that step; a step's error ends the benchmark, naming it.
+func stepTimer(b *testing.B, took map[string][]time.Duration) func(name string, fn func() error) {
+	return func(name string, fn func() error) {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		took[name] = append(took[name], time.Since(t0))
+	}
 }
